@@ -1,0 +1,87 @@
+from services.rpc.pd.v1 import common_pb2 as _common_pb2
+from services.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReleaseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEASE_MODE_UNSPECIFIED: _ClassVar[ReleaseMode]
+    RELEASE_MODE_PINNED: _ClassVar[ReleaseMode]
+    RELEASE_MODE_SHADOW: _ClassVar[ReleaseMode]
+    RELEASE_MODE_CANARY: _ClassVar[ReleaseMode]
+    RELEASE_MODE_ACTIVE: _ClassVar[ReleaseMode]
+    RELEASE_MODE_ROLLED_BACK: _ClassVar[ReleaseMode]
+RELEASE_MODE_UNSPECIFIED: ReleaseMode
+RELEASE_MODE_PINNED: ReleaseMode
+RELEASE_MODE_SHADOW: ReleaseMode
+RELEASE_MODE_CANARY: ReleaseMode
+RELEASE_MODE_ACTIVE: ReleaseMode
+RELEASE_MODE_ROLLED_BACK: ReleaseMode
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("workers", "free_blocks", "reserved_blocks", "open_transactions", "mode", "canary_fraction", "route_epoch", "total_blocks")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    free_blocks: int
+    reserved_blocks: int
+    open_transactions: int
+    mode: ReleaseMode
+    canary_fraction: float
+    route_epoch: int
+    total_blocks: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., open_transactions: _Optional[int] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., route_epoch: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+
+class SetModeRequest(_message.Message):
+    __slots__ = ("mode", "canary_fraction", "reason")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    mode: ReleaseMode
+    canary_fraction: float
+    reason: str
+    def __init__(self, mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetModeResponse(_message.Message):
+    __slots__ = ("previous_mode", "mode", "route_epoch", "steps")
+    PREVIOUS_MODE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    previous_mode: ReleaseMode
+    mode: ReleaseMode
+    route_epoch: int
+    steps: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, previous_mode: _Optional[_Union[ReleaseMode, str]] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., route_epoch: _Optional[int] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("states", "tenant", "limit")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[_manifest_pb2.TxnState]
+    tenant: str
+    limit: int
+    def __init__(self, states: _Optional[_Iterable[_Union[_manifest_pb2.TxnState, str]]] = ..., tenant: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.Transaction]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[_manifest_pb2.Transaction, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,153 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TxnState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TXN_STATE_UNSPECIFIED: _ClassVar[TxnState]
+    TXN_STATE_RESERVED: _ClassVar[TxnState]
+    TXN_STATE_TRANSFERRING: _ClassVar[TxnState]
+    TXN_STATE_VALIDATED: _ClassVar[TxnState]
+    TXN_STATE_PUBLISHED: _ClassVar[TxnState]
+    TXN_STATE_ABORTED: _ClassVar[TxnState]
+    TXN_STATE_RELEASED: _ClassVar[TxnState]
+TXN_STATE_UNSPECIFIED: TxnState
+TXN_STATE_RESERVED: TxnState
+TXN_STATE_TRANSFERRING: TxnState
+TXN_STATE_VALIDATED: TxnState
+TXN_STATE_PUBLISHED: TxnState
+TXN_STATE_ABORTED: TxnState
+TXN_STATE_RELEASED: TxnState
+
+class CacheAbi(_message.Message):
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype", "block_size", "layout", "rope_theta", "rope_scaling_json", "model_identity", "digest", "tokenizer_identity", "adapter_identity")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    ROPE_THETA_FIELD_NUMBER: _ClassVar[int]
+    ROPE_SCALING_JSON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    block_size: int
+    layout: str
+    rope_theta: float
+    rope_scaling_json: str
+    model_identity: str
+    digest: str
+    tokenizer_identity: str
+    adapter_identity: str
+    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., rope_theta: _Optional[float] = ..., rope_scaling_json: _Optional[str] = ..., model_identity: _Optional[str] = ..., digest: _Optional[str] = ..., tokenizer_identity: _Optional[str] = ..., adapter_identity: _Optional[str] = ...) -> None: ...
+
+class TokenInterval(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class ChunkSpec(_message.Message):
+    __slots__ = ("layer", "block_start", "block_count", "num_bytes", "checksum")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_START_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    block_start: int
+    block_count: int
+    num_bytes: int
+    checksum: str
+    def __init__(self, layer: _Optional[int] = ..., block_start: _Optional[int] = ..., block_count: _Optional[int] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
+
+class HandoffManifest(_message.Message):
+    __slots__ = ("request_id", "tenant", "generation", "attempt", "prompt_digest", "token_interval", "model_identity_digest", "cache_abi_digest", "block_size", "expected_chunks", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "transfer_id", "reservation_id", "route_epoch", "checksum_algorithm")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IDENTITY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ABI_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    generation: int
+    attempt: int
+    prompt_digest: str
+    token_interval: TokenInterval
+    model_identity_digest: str
+    cache_abi_digest: str
+    block_size: int
+    expected_chunks: _containers.RepeatedCompositeFieldContainer[ChunkSpec]
+    source_worker_id: str
+    source_epoch: int
+    destination_worker_id: str
+    destination_epoch: int
+    transfer_id: str
+    reservation_id: str
+    route_epoch: int
+    checksum_algorithm: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., prompt_digest: _Optional[str] = ..., token_interval: _Optional[_Union[TokenInterval, _Mapping]] = ..., model_identity_digest: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., block_size: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[ChunkSpec, _Mapping]]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., transfer_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ...) -> None: ...
+
+class Transaction(_message.Message):
+    __slots__ = ("request_id", "transfer_id", "tenant", "generation", "attempt", "state", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "reservation_id", "chunks_expected", "kv_digest", "abort_reason", "created_unix_ms", "updated_unix_ms", "manifest")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ABORT_REASON_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    transfer_id: str
+    tenant: str
+    generation: int
+    attempt: int
+    state: TxnState
+    source_worker_id: str
+    source_epoch: int
+    destination_worker_id: str
+    destination_epoch: int
+    reservation_id: str
+    chunks_expected: int
+    kv_digest: str
+    abort_reason: str
+    created_unix_ms: int
+    updated_unix_ms: int
+    manifest: HandoffManifest
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[TxnState, str]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., reservation_id: _Optional[str] = ..., chunks_expected: _Optional[int] = ..., kv_digest: _Optional[str] = ..., abort_reason: _Optional[str] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., manifest: _Optional[_Union[HandoffManifest, _Mapping]] = ...) -> None: ...
