@@ -1,0 +1,45 @@
+"""K/V cache memory: one tensor per layer for K and one for V.
+
+Layout "LKV-BSHD": a single allocation `kv: [L, 2, num_blocks, block_size,
+n_kv_heads, head_dim]`; `k[l]` and `v[l]` are contiguous views
+`[num_blocks, block_size, n_kv_heads, head_dim]`, so a run of consecutive
+physical blocks of one layer is one contiguous byte range — what a transport
+sends from and receives into without copying.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LAYOUT = "LKV-BSHD"
+
+
+class KVCache:
+    """Paged K/V memory (no bookkeeping: that is `BlockManager`'s job)."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        # Zero-filled, never `empty`: masked attention slots multiply their
+        # values by exactly 0, which needs them finite (NaN * 0 = NaN).
+        self.kv = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
+                              dtype=dtype)
+        self.k = [self.kv[i, 0] for i in range(num_layers)]
+        self.v = [self.kv[i, 1] for i in range(num_layers)]
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+
+    @property
+    def block_bytes_per_layer(self) -> int:
+        """Bytes of one block of one layer, K plus V."""
+        return 2 * self.k[0][0].numel() * self.kv.element_size()
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v: [T, Hkv, D] at flat slots [T] (slot = block * block_size + offset)."""
+        nb, bs, hk, d = self.k[layer].shape
+        self.k[layer].view(nb * bs, hk, d).index_copy_(0, slots, k)
+        self.v[layer].view(nb * bs, hk, d).index_copy_(0, slots, v)
+
+    def block_views(self, layer: int, first_block: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous K and V views of physical blocks [first_block, first_block + count)."""
+        return (self.k[layer][first_block:first_block + count],
+                self.v[layer][first_block:first_block + count])

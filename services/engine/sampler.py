@@ -1,0 +1,74 @@
+"""Token sampling: greedy, or temperature / top-k / top-p with a seeded generator.
+
+Randomness is a pure function of (seed, step): step i of a request draws from a
+generator seeded with mix(seed, i). So any worker can take over a request at any
+step — prefill samples token 0, decode continues at token 1 — and draw exactly
+what a single worker would have drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick each next token."""
+
+    temperature: float = 0.0
+    """0 means greedy (argmax, first index on ties)."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set whose probability reaches top_p."""
+    seed: int = 0
+    """Seed of the per-request generator."""
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    """Finish when one of these is generated (in addition to the model's EOS)."""
+    ignore_eos: bool = False
+    """Do not stop at the model's EOS ids (benchmarks)."""
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} < 0")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k} < 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p {self.top_p} not in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling is argmax."""
+        return self.temperature == 0.0
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
+    """Pick a token from float32 logits [V] for output position `step`."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    x = logits / params.temperature
+    if params.top_k and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        # Drop a token when the mass before it already reaches top_p.
+        drop = (torch.cumsum(sorted_p, 0) - sorted_p) >= params.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    gen = torch.Generator().manual_seed(_step_seed(params.seed, step))
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
+    """One token per row of logits [B, V]."""
+    if all(p.greedy for p in params):
+        return torch.argmax(logits, dim=-1).tolist()
+    return [sample_one(logits[i], p, s) for i, (p, s) in enumerate(zip(params, steps))]

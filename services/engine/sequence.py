@@ -1,0 +1,72 @@
+"""One request's state inside an engine.
+
+    WAITING --prefill chunks--> PREFILLING --last chunk--> DECODING --stop--> FINISHED
+    WAITING --import_kv + commit_import--> DECODING            (disaggregated decode)
+
+The engine owns transitions; `Sequence` is plain data.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .sampler import SamplingParams
+
+
+class SeqState(enum.IntEnum):
+    """Ordered: `state >= FINISHED` means finished."""
+
+    WAITING = 0
+    PREFILLING = 1
+    DECODING = 2
+    FINISHED = 3
+
+
+class FinishReason(enum.Enum):
+    """Why generation stopped."""
+
+    STOP = "stop"          # an EOS or stop token was generated
+    LENGTH = "length"      # max_tokens reached
+    CONTEXT = "context"    # the model's context length reached
+    ABORTED = "aborted"    # cancelled or failed
+
+
+@dataclass(slots=True)
+class Sequence:
+    """Prompt, outputs and cache placement of one request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    salt: bytes = b""
+    block_table: list[int] = field(default_factory=list)
+    block_keys: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    """Prompt tokens whose K/V came from the prefix cache (not computed)."""
+    num_computed_tokens: int = 0
+    """Tokens whose K/V is in the cache (cached + computed)."""
+    output_ids: list[int] = field(default_factory=list)
+    state: SeqState = SeqState.WAITING
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt length."""
+        return len(self.prompt_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt followed by outputs."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output length."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """True once generation has stopped."""
+        return self.state >= SeqState.FINISHED
