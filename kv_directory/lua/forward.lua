@@ -1,0 +1,43 @@
+-- begin / validated / publish: arg(1) transfer_id, arg(2) target state,
+-- arg(3) expected generation ('' = unchecked; publish passes it).
+-- Returns {outcome, txn flat or {}}. Rule order: store.TransferLedger.begin.
+local now = now_ms()
+sweep(now)
+local tid, target, gen = arg(1), tonumber(arg(2)), arg(3)
+local m = txn_get(tid)
+if not m then return {OC.NOT_FOUND, {}} end
+local state = tonumber(m.state)
+if gen ~= '' and tonumber(gen) ~= tonumber(m.generation) then
+  return txn_reply(OC.STALE_GENERATION, tid)
+end
+if state == ST.ABORTED then
+  return txn_reply(ABORT_OUTCOME[m.abort_reason] or OC.ILLEGAL_TRANSITION, tid)
+end
+local rk = tkey('req', m.tenant, m.request_id)
+local cur = tonumber(redis.call('HGET', rk, 'generation') or '0')
+if cur > tonumber(m.generation) then
+  if is_unpublished(state) then txn_abort(tid, m, 'superseded', now) end
+  return txn_reply(OC.STALE_GENERATION, tid)
+end
+if state == target or (target == ST.PUBLISHED and state == ST.RELEASED) then
+  return txn_reply(OC.DUPLICATE, tid)
+end
+if is_unpublished(state) then
+  -- The sweep is bounded, so check this transaction's own deadline too.
+  if tonumber(m.deadline_ms) <= now then
+    txn_abort(tid, m, 'txn_timeout', now)
+    return txn_reply(ABORT_OUTCOME['txn_timeout'], tid)
+  end
+  if not is_live(m.dest_worker_id, m.dest_epoch, now) then
+    txn_abort(tid, m, 'dest_lease_lost', now)
+    return txn_reply(OC.LEASE_LOST, tid)
+  end
+end
+if not LEGAL[target][state] then return txn_reply(OC.ILLEGAL_TRANSITION, tid) end
+txn_set(tid, m, target, nil, now)
+if target == ST.PUBLISHED then
+  -- The compare-and-set: generation == current was checked above, in this script.
+  redis.call('HSET', rk, 'published', tid)
+  redis.call('PEXPIRE', rk, TXN_TTL_MS + RETENTION_MS)
+end
+return txn_reply(OC.APPLIED, tid)

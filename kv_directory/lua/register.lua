@@ -1,0 +1,18 @@
+-- register_worker: arg(1..5) worker_id, role, grpc_addr, data_addr, abi_digest;
+-- arg(6..) load fields in LOAD_FIELDS order. Returns {epoch, lease_expiry_ms}.
+local now = now_ms()
+sweep(now)
+local wid = arg(1)
+-- INCR on a key that is never deleted: a restarted worker always gets a
+-- strictly greater epoch, even after its record was reaped.
+local epoch = redis.call('INCR', key('epoch', wid))
+-- Everything the previous incarnation left unpublished is fenced by the new epoch.
+abort_set(key('wtxn', wid), 'worker_restarted', now)
+local exp = now + LEASE_MS
+local wk = key('w', wid)
+redis.call('DEL', wk)
+redis.call('HSET', wk, 'worker_id', wid, 'role', arg(2), 'grpc_addr', arg(3),
+  'data_addr', arg(4), 'abi_digest', arg(5), 'epoch', epoch, 'lease_expiry_ms', exp)
+set_load(wk, 6)
+redis.call('ZADD', key('leases'), exp, wid)
+return {epoch, exp}

@@ -1,0 +1,45 @@
+-- reserve: arg(1..11) transfer_id, request_id, tenant, generation,
+-- source_worker_id, source_epoch, dest_worker_id, dest_epoch, manifest_digest,
+-- chunk_checksums (JSON), route_epoch. Returns {outcome, txn flat or {}}.
+local now = now_ms()
+sweep(now)
+local FIELDS = {'transfer_id', 'request_id', 'tenant', 'generation', 'source_worker_id',
+  'source_epoch', 'dest_worker_id', 'dest_epoch', 'manifest_digest', 'chunk_checksums', 'route_epoch'}
+local tid, rid, tenant, gen = arg(1), arg(2), arg(3), tonumber(arg(4))
+
+local old = txn_get(tid)
+if old then
+  -- Idempotent only if the whole identity matches (article 0x06A): the same
+  -- transfer id with other bytes or other ends is corruption, not a retry.
+  for i, f in ipairs(FIELDS) do
+    if old[f] ~= arg(i) then return txn_reply(OC.CHECKSUM_CONFLICT, tid) end
+  end
+  return txn_reply(OC.DUPLICATE, tid)
+end
+local route_epoch = tonumber(arg(11))
+if route_epoch > 0 and route_epoch < tonumber(redis.call('GET', key('route_epoch')) or '0') then
+  return {OC.STALE_GENERATION, {}}
+end
+if not (is_live(arg(5), arg(6), now) and is_live(arg(7), arg(8), now)) then
+  return {OC.LEASE_LOST, {}}
+end
+local rk = tkey('req', tenant, rid)
+local cur = tonumber(redis.call('HGET', rk, 'generation') or '0')
+if gen <= cur then return {OC.STALE_GENERATION, {}} end
+
+-- Checks done; writes start. A newer generation supersedes every older
+-- unpublished attempt of the same request.
+abort_set(tkey('reqtx', tenant, rid), 'superseded', now)
+-- The register outlives every open txn of the request (deadline < expiry).
+redis.call('HSET', rk, 'generation', gen)
+redis.call('PEXPIRE', rk, TXN_TTL_MS + RETENTION_MS)
+local k = key('txn', tid)
+for i, f in ipairs(FIELDS) do redis.call('HSET', k, f, arg(i)) end
+local deadline = now + TXN_TTL_MS
+redis.call('HSET', k, 'state', ST.RESERVED, 'abort_reason', '', 'created_ms', now,
+  'updated_ms', now, 'deadline_ms', deadline)
+redis.call('ZADD', key('open'), deadline, tid)
+redis.call('SADD', key('wtxn', arg(5)), tid)
+redis.call('SADD', key('wtxn', arg(7)), tid)
+redis.call('SADD', tkey('reqtx', tenant, rid), tid)
+return txn_reply(OC.APPLIED, tid)

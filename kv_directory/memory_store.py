@@ -1,0 +1,354 @@
+"""In-process ``DirectoryStore``: the same semantics as the Redis store, for unit tests.
+
+Every public method holds one lock for its whole body, which plays the role a
+Lua script plays in Redis: the sweep, the checks and the writes of one call are
+one atomic step. The clock is injectable so lease tests need not sleep.
+
+The rules are written to mirror ``lua/*.lua`` line for line; when changing one,
+change the other and run the shared contract (tests/directory_contract.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from kv_directory.config import DirectoryConfig
+from kv_directory.states import ABORT_OUTCOMES, Outcome, TxnState, check_transition
+from kv_directory.store import (
+    ClusterSnapshot,
+    DirectoryStore,
+    EpochResult,
+    LeaseResult,
+    LoadReport,
+    Transaction,
+    TransferSpec,
+    TxnResult,
+    WorkerInfo,
+    WorkerRecord,
+    WorkerRef,
+    normalize_hashes,
+)
+
+
+@dataclasses.dataclass(slots=True)
+class _Request:
+    """Per-(tenant, request id) generation register: the publish CAS target."""
+
+    generation: int
+    published_transfer_id: str = ""
+    expires_ms: int = 0
+
+
+class MemoryDirectoryStore(DirectoryStore):
+    """Thread-safe dict-backed directory. ``clock`` returns seconds."""
+
+    def __init__(self, config: DirectoryConfig | None = None, clock: Callable[[], float] = time.time):
+        self._cfg = config or DirectoryConfig()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._epochs: dict[str, int] = {}  # never shrinks: epochs stay monotonic
+        self._workers: dict[str, WorkerRecord] = {}
+        self._txns: dict[str, Transaction] = {}
+        self._forget_at_ms: dict[str, int] = {}  # terminal txn -> retention end
+        self._requests: dict[tuple[str, str], _Request] = {}
+        self._prefix: dict[tuple[str, str], dict[WorkerRef, int]] = {}  # -> expiry
+        self._route_epoch = 0
+        self._nonces: dict[str, int] = {}
+
+    # ---- helpers (call with the lock held) -------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _ms(self, seconds: float) -> int:
+        return int(seconds * 1000)
+
+    def _live(self, ref: WorkerRef) -> bool:
+        w = self._workers.get(ref.worker_id)
+        return w is not None and w.epoch == ref.epoch
+
+    def _set(self, t: Transaction, now: int, state: TxnState, reason: str = "") -> Transaction:
+        t = dataclasses.replace(t, state=state, updated_ms=now, abort_reason=reason or t.abort_reason)
+        self._txns[t.transfer_id] = t
+        if state.is_terminal:
+            self._forget_at_ms[t.transfer_id] = now + self._ms(self._cfg.record_retention_s)
+        return t
+
+    def _abort(self, t: Transaction, now: int, reason: str) -> Transaction:
+        assert t.state.is_unpublished, t
+        return self._set(t, now, TxnState.ABORTED, reason)
+
+    def _abort_touching(self, worker_id: str, now: int, reason: str) -> int:
+        n = 0
+        for t in list(self._txns.values()):
+            if t.state.is_unpublished and worker_id in (t.spec.source.worker_id, t.spec.dest.worker_id):
+                self._abort(t, now, reason)
+                n += 1
+        return n
+
+    def _drop_worker(self, worker_id: str, now: int, reason: str) -> int:
+        del self._workers[worker_id]
+        return 1 + self._abort_touching(worker_id, now, reason)
+
+    def _sweep(self) -> tuple[int, int]:
+        """Lazy reaping, run first by every call; returns (now_ms, items reaped)."""
+        now, n = self._now_ms(), 0
+        for w in [w for w in self._workers.values() if w.lease_expiry_ms <= now]:
+            n += self._drop_worker(w.worker_id, now, "lease_expired")
+        for t in [t for t in self._txns.values() if t.state.is_unpublished and t.deadline_ms <= now]:
+            self._abort(t, now, "txn_timeout")
+            n += 1
+        for tid in [tid for tid, at in self._forget_at_ms.items() if at <= now]:
+            del self._txns[tid], self._forget_at_ms[tid]
+        for key in [k for k, r in self._requests.items() if r.expires_ms <= now]:
+            del self._requests[key]
+        for key in [k for k, at in self._nonces.items() if at <= now]:
+            del self._nonces[key]
+        return now, n
+
+    def _purge_prefix(self, now: int) -> None:
+        """Drop index entries of dead/stale epochs (hygiene: lookups filter anyway)."""
+        for key, holders in list(self._prefix.items()):
+            for ref in [r for r, at in holders.items() if at <= now or not self._live(r)]:
+                del holders[ref]
+            if not holders:
+                del self._prefix[key]
+
+    def _request(self, t: Transaction) -> _Request | None:
+        return self._requests.get((t.spec.tenant, t.spec.request_id))
+
+    def _touch_request(self, req: _Request, now: int) -> None:
+        # Must outlive every open transaction of the request (see redis_store).
+        req.expires_ms = now + self._ms(self._cfg.txn_ttl_s + self._cfg.record_retention_s)
+
+    def _forward(self, transfer_id: str, target: TxnState, generation: int | None = None) -> TxnResult:
+        """begin / validated / publish: the shared rule order of store.TransferLedger.begin."""
+        now, _ = self._sweep()
+        t = self._txns.get(transfer_id)
+        if t is None:
+            return TxnResult(Outcome.NOT_FOUND, None)
+        if generation is not None and generation != t.generation:
+            return TxnResult(Outcome.STALE_GENERATION, t)
+        if t.state == TxnState.ABORTED:
+            return TxnResult(ABORT_OUTCOMES.get(t.abort_reason, Outcome.ILLEGAL_TRANSITION), t)
+        req = self._request(t)
+        if req is not None and req.generation > t.generation:
+            if t.state.is_unpublished:
+                t = self._abort(t, now, "superseded")
+            return TxnResult(Outcome.STALE_GENERATION, t)
+        if t.state == target or (target == TxnState.PUBLISHED and t.state == TxnState.RELEASED):
+            return TxnResult(Outcome.DUPLICATE, t)
+        if t.state.is_unpublished and not self._live(t.spec.dest):
+            return TxnResult(Outcome.LEASE_LOST, self._abort(t, now, "dest_lease_lost"))
+        if not check_transition(t.state, target):
+            return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
+        t = self._set(t, now, target)
+        if target == TxnState.PUBLISHED and req is not None:
+            req.published_transfer_id = t.transfer_id
+            self._touch_request(req, now)
+        return TxnResult(Outcome.APPLIED, t)
+
+    # ---- WorkerRegistry ----------------------------------------------------
+
+    def register_worker(self, info: WorkerInfo, load: LoadReport | None = None) -> WorkerRecord:
+        """See ``WorkerRegistry.register_worker``."""
+        with self._lock:
+            now, _ = self._sweep()
+            epoch = self._epochs.get(info.worker_id, 0) + 1
+            self._epochs[info.worker_id] = epoch
+            self._abort_touching(info.worker_id, now, "worker_restarted")
+            rec = WorkerRecord(
+                info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
+                epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(),
+            )
+            self._workers[info.worker_id] = rec
+            return rec
+
+    def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
+        """See ``WorkerRegistry.heartbeat``."""
+        with self._lock:
+            now, _ = self._sweep()
+            w = self._workers.get(worker_id)
+            if w is None or w.epoch != epoch:
+                return LeaseResult(Outcome.LEASE_LOST, 0)
+            w = dataclasses.replace(w, lease_expiry_ms=now + self._ms(self._cfg.lease_ttl_s), load=load)
+            self._workers[worker_id] = w
+            return LeaseResult(Outcome.APPLIED, w.lease_expiry_ms)
+
+    def deregister_worker(self, worker_id: str, epoch: int) -> Outcome:
+        """See ``WorkerRegistry.deregister_worker``."""
+        with self._lock:
+            now, _ = self._sweep()
+            w = self._workers.get(worker_id)
+            if w is None or w.epoch != epoch:
+                return Outcome.LEASE_LOST
+            self._drop_worker(worker_id, now, "worker_deregistered")
+            return Outcome.APPLIED
+
+    def reap_expired(self) -> int:
+        """See ``WorkerRegistry.reap_expired``."""
+        with self._lock:
+            now, n = self._sweep()
+            self._purge_prefix(now)
+            return n
+
+    def snapshot(self) -> ClusterSnapshot:
+        """See ``WorkerRegistry.snapshot``."""
+        with self._lock:
+            now, _ = self._sweep()
+            workers = tuple(sorted(self._workers.values(), key=lambda w: w.worker_id))
+            return ClusterSnapshot(self._route_epoch, now, workers)
+
+    # ---- TransferLedger ----------------------------------------------------
+
+    def reserve(self, spec: TransferSpec) -> TxnResult:
+        """See ``TransferLedger.reserve``."""
+        with self._lock:
+            now, _ = self._sweep()
+            old = self._txns.get(spec.transfer_id)
+            if old is not None:
+                return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old)
+            if spec.route_epoch and spec.route_epoch < self._route_epoch:
+                return TxnResult(Outcome.STALE_GENERATION, None)
+            if not (self._live(spec.source) and self._live(spec.dest)):
+                return TxnResult(Outcome.LEASE_LOST, None)
+            key = (spec.tenant, spec.request_id)
+            req = self._requests.get(key)
+            if req is not None and req.generation >= spec.generation:
+                return TxnResult(Outcome.STALE_GENERATION, None)
+            for t in list(self._txns.values()):
+                if t.state.is_unpublished and (t.spec.tenant, t.spec.request_id) == key:
+                    self._abort(t, now, "superseded")
+            req = self._requests.setdefault(key, _Request(spec.generation))
+            req.generation = spec.generation  # keeps published_transfer_id, as the Redis hash does
+            self._touch_request(req, now)
+            t = Transaction(spec, TxnState.RESERVED, "", now, now, now + self._ms(self._cfg.txn_ttl_s))
+            self._txns[spec.transfer_id] = t
+            return TxnResult(Outcome.APPLIED, t)
+
+    def begin(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.begin``."""
+        with self._lock:
+            return self._forward(transfer_id, TxnState.TRANSFERRING)
+
+    def validated(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.validated``."""
+        with self._lock:
+            return self._forward(transfer_id, TxnState.VALIDATED)
+
+    def publish(self, transfer_id: str, generation: int) -> TxnResult:
+        """See ``TransferLedger.publish``."""
+        with self._lock:
+            return self._forward(transfer_id, TxnState.PUBLISHED, generation)
+
+    def abort(self, transfer_id: str, reason: str) -> TxnResult:
+        """See ``TransferLedger.abort``."""
+        with self._lock:
+            now, _ = self._sweep()
+            t = self._txns.get(transfer_id)
+            if t is None:
+                return TxnResult(Outcome.NOT_FOUND, None)
+            if t.state == TxnState.ABORTED:
+                return TxnResult(Outcome.DUPLICATE, t)
+            if not check_transition(t.state, TxnState.ABORTED):
+                return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
+            return TxnResult(Outcome.APPLIED, self._abort(t, now, reason or "aborted"))
+
+    def release(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.release``."""
+        with self._lock:
+            now, _ = self._sweep()
+            t = self._txns.get(transfer_id)
+            if t is None:
+                return TxnResult(Outcome.NOT_FOUND, None)
+            if t.state == TxnState.RELEASED:
+                return TxnResult(Outcome.DUPLICATE, t)
+            if not check_transition(t.state, TxnState.RELEASED):
+                return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
+            return TxnResult(Outcome.APPLIED, self._set(t, now, TxnState.RELEASED))
+
+    def lookup(self, transfer_id: str) -> Transaction | None:
+        """See ``TransferLedger.lookup``."""
+        with self._lock:
+            self._sweep()
+            return self._txns.get(transfer_id)
+
+    def list_open(self, worker_id: str | None = None) -> list[Transaction]:
+        """See ``TransferLedger.list_open``."""
+        with self._lock:
+            self._sweep()
+            return sorted(
+                (
+                    t for t in self._txns.values()
+                    if t.state.is_unpublished
+                    and worker_id in (None, t.spec.source.worker_id, t.spec.dest.worker_id)
+                ),
+                key=lambda t: t.transfer_id,
+            )
+
+    def all_transactions(self) -> list[Transaction]:
+        """Every stored record, for leak checks in tests."""
+        with self._lock:
+            return list(self._txns.values())
+
+    # ---- PrefixIndex -------------------------------------------------------
+
+    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str]) -> Outcome:
+        """See ``PrefixIndex.prefix_publish``."""
+        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
+        with self._lock:
+            now, _ = self._sweep()
+            ref = WorkerRef(worker_id, epoch)
+            if not self._live(ref):
+                return Outcome.LEASE_LOST
+            for h in keys:
+                self._prefix.setdefault((tenant, h), {})[ref] = now + self._ms(self._cfg.prefix_ttl_s)
+            return Outcome.APPLIED
+
+    def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
+        """See ``PrefixIndex.prefix_lookup``."""
+        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
+        with self._lock:
+            now, _ = self._sweep()
+            run: dict[str, int] = {}
+            alive: set[str] | None = None
+            for j, h in enumerate(keys):
+                entry = self._prefix.get((tenant, h), {})
+                holders = {ref.worker_id for ref, at in entry.items() if at > now and self._live(ref)}
+                alive = holders if alive is None else alive & holders
+                if not alive:
+                    break
+                for wid in alive:
+                    run[wid] = j + 1
+            return run
+
+    # ---- RouteEpochs / NonceLedger ----------------------------------------
+
+    def get_route_epoch(self) -> int:
+        """See ``RouteEpochs.get_route_epoch``."""
+        with self._lock:
+            self._sweep()
+            return self._route_epoch
+
+    def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
+        """See ``RouteEpochs.advance_route_epoch``."""
+        with self._lock:
+            self._sweep()
+            if expected is not None and expected != self._route_epoch:
+                return EpochResult(Outcome.STALE_GENERATION, self._route_epoch)
+            self._route_epoch += 1
+            return EpochResult(Outcome.APPLIED, self._route_epoch)
+
+    def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:
+        """See ``NonceLedger.consume_nonce``."""
+        if not nonce or ttl_s <= 0:
+            raise ValueError("nonce must be non-empty and ttl_s > 0")
+        with self._lock:
+            now, _ = self._sweep()
+            if nonce in self._nonces:
+                return Outcome.DUPLICATE
+            self._nonces[nonce] = now + self._ms(ttl_s)
+            return Outcome.APPLIED

@@ -1,0 +1,295 @@
+"""``DirectoryStore`` over Redis: every operation is one Lua script (EVALSHA).
+
+One script per operation makes each call — its lazy reaping, its checks and
+its writes — a single atomic step on the server; no client-side
+read-modify-write exists anywhere. Scripts live in ``lua/``; each is sent as
+
+    <header rendered from states.py / store.py>  +  lua/_lib.lua  +  lua/<op>.lua
+
+so the state numbers, the legal-transition table and the abort-reason
+outcomes have one source of truth (``states.py``) and cannot drift from the
+in-memory store. redis-py's ``Script`` runs EVALSHA and, on NOSCRIPT (a
+restarted or flushed server), loads the text and retries once.
+
+Time is the Redis server's (``TIME`` inside the scripts), deliberately: one
+clock for leases and deadlines however many directory replicas and callers
+there are, read in the same atomic step that acts on it.
+
+Failure: a connection, timeout or "server cannot serve now" error (LOADING,
+READONLY, OOM, BUSY, ...) raises ``DirectoryUnavailable``; the gRPC layer maps
+it to UNAVAILABLE. A retry after an ambiguous failure is safe: each script is
+idempotent by transfer id / epoch / nonce, so a reserve that did land answers
+DUPLICATE the second time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from kv_directory.config import DirectoryConfig
+from kv_directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
+from kv_directory.store import (
+    LOAD_FIELDS,
+    ClusterSnapshot,
+    DirectoryStore,
+    DirectoryUnavailable,
+    EpochResult,
+    LeaseResult,
+    LoadReport,
+    Transaction,
+    TransferSpec,
+    TxnResult,
+    WorkerInfo,
+    WorkerRecord,
+    WorkerRef,
+    normalize_hashes,
+)
+
+LUA_DIR = Path(__file__).with_name("lua")
+OPERATIONS = (
+    "register", "heartbeat", "deregister", "reap", "snapshot",
+    "reserve", "forward", "abort", "release", "lookup", "list_open",
+    "prefix_publish", "prefix_lookup", "route_epoch", "nonce",
+)
+_SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
+
+# Server replies meaning "not now" rather than "wrong request".
+_UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def lua_header() -> str:
+    """Lua constants rendered from the Python enums and tables."""
+
+    def table(pairs: Sequence[tuple[str, str]]) -> str:
+        return "{" + ", ".join(f"[{k}] = {v}" for k, v in pairs) + "}"
+
+    legal = [
+        (str(new.value), table([(str(old.value), "true") for old in sorted(olds)]))
+        for new, olds in LEGAL_SOURCES.items()
+    ]
+    return "\n".join([
+        "-- Rendered by kv_directory/redis_store.py:lua_header() from states.py; do not edit.",
+        "local ST = " + table([(json.dumps(s.name), str(s.value)) for s in TxnState]),
+        "local OC = " + table([(json.dumps(o.name), str(o.value)) for o in Outcome]),
+        "local LEGAL = " + table(legal),
+        "local ABORT_OUTCOME = " + table([(json.dumps(r), str(o.value)) for r, o in ABORT_OUTCOMES.items()]),
+        "local LOAD_FIELDS = {" + ", ".join(json.dumps(f) for f in LOAD_FIELDS) + "}",
+        "",
+    ])
+
+
+def script_source(operation: str) -> str:
+    """The full text sent to Redis for ``operation``."""
+    lib = (LUA_DIR / "_lib.lua").read_text()
+    body = (LUA_DIR / f"{operation}.lua").read_text()
+    return f"{lua_header()}\n{lib}\n-- ---- {operation}.lua ----\n{body}"
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _txn(flat: Sequence[Any]) -> Transaction | None:
+    if not flat:
+        return None
+    m = _pairs(flat)
+    spec = TransferSpec(
+        transfer_id=m["transfer_id"],
+        request_id=m["request_id"],
+        tenant=m["tenant"],
+        generation=int(m["generation"]),
+        source=WorkerRef(m["source_worker_id"], int(m["source_epoch"])),
+        dest=WorkerRef(m["dest_worker_id"], int(m["dest_epoch"])),
+        manifest_digest=m["manifest_digest"],
+        chunk_checksums=tuple(json.loads(m["chunk_checksums"])),
+        route_epoch=int(m["route_epoch"]),
+    )
+    return Transaction(
+        spec, TxnState(int(m["state"])), m["abort_reason"],
+        int(m["created_ms"]), int(m["updated_ms"]), int(m["deadline_ms"]),
+    )
+
+
+def _worker(flat: Sequence[Any]) -> WorkerRecord:
+    m = _pairs(flat)
+    return WorkerRecord(
+        worker_id=m["worker_id"],
+        role=m["role"],
+        grpc_addr=m["grpc_addr"],
+        data_addr=m["data_addr"],
+        abi_digest=m["abi_digest"],
+        epoch=int(m["epoch"]),
+        lease_expiry_ms=int(m["lease_expiry_ms"]),
+        load=LoadReport(**{f: int(m[f]) for f in LOAD_FIELDS}),
+    )
+
+
+def _txn_result(reply: Sequence[Any]) -> TxnResult:
+    return TxnResult(Outcome(int(reply[0])), _txn(reply[1]))
+
+
+class RedisDirectoryStore(DirectoryStore):
+    """The production directory store. Thread-safe (redis-py pools connections)."""
+
+    def __init__(self, config: DirectoryConfig, client: redis.Redis | None = None):
+        """Connects lazily; ``client``, if given, must use ``decode_responses=True``."""
+        self._cfg = config
+        self._client = client or redis.Redis.from_url(
+            config.redis_url,
+            decode_responses=True,
+            socket_timeout=config.redis_timeout_s,
+            socket_connect_timeout=config.redis_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), config.redis_retries),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        )
+        if not self._client.get_encoder().decode_responses:
+            raise ValueError("RedisDirectoryStore needs a client with decode_responses=True")
+        # Read every script now: a missing or broken file fails at start, not mid-request.
+        self._scripts = {op: self._client.register_script(script_source(op)) for op in OPERATIONS}
+        self._base_args = [
+            config.key_prefix,
+            int(config.lease_ttl_s * 1000),
+            int(config.txn_ttl_s * 1000),
+            int(config.record_retention_s * 1000),
+            int(config.prefix_ttl_s * 1000),
+        ]
+
+    def _run(self, operation: str, *args: Any) -> Any:
+        try:
+            return self._scripts[operation](args=[*self._base_args, *args])
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise DirectoryUnavailable(f"redis unreachable during {operation}: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).upper().startswith(_UNAVAILABLE_REPLIES):
+                raise DirectoryUnavailable(f"redis refused {operation}: {exc}") from exc
+            raise
+
+    def ping(self) -> None:
+        """Readiness: reach Redis and load every script; raises DirectoryUnavailable."""
+        try:
+            self._client.ping()
+            for script in self._scripts.values():
+                self._client.script_load(script.script)
+        except redis.exceptions.RedisError as exc:
+            raise DirectoryUnavailable(f"redis not ready: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+    # ---- WorkerRegistry ----------------------------------------------------
+
+    def register_worker(self, info: WorkerInfo, load: LoadReport | None = None) -> WorkerRecord:
+        """See ``WorkerRegistry.register_worker``."""
+        load = load or LoadReport()
+        epoch, expiry_ms = self._run(
+            "register", info.worker_id, info.role.value, info.grpc_addr, info.data_addr,
+            info.abi_digest, *load.as_args(),
+        )
+        return WorkerRecord(
+            info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
+            int(epoch), int(expiry_ms), load,
+        )
+
+    def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
+        """See ``WorkerRegistry.heartbeat``."""
+        outcome, expiry_ms = self._run("heartbeat", worker_id, epoch, *load.as_args())
+        return LeaseResult(Outcome(outcome), int(expiry_ms))
+
+    def deregister_worker(self, worker_id: str, epoch: int) -> Outcome:
+        """See ``WorkerRegistry.deregister_worker``."""
+        return Outcome(self._run("deregister", worker_id, epoch))
+
+    def reap_expired(self) -> int:
+        """See ``WorkerRegistry.reap_expired``. Loops the bounded sweep to completion."""
+        total = 0
+        while True:
+            n = int(self._run("reap"))
+            total += n
+            if n < _SWEEP_LIMIT:
+                return total
+
+    def snapshot(self) -> ClusterSnapshot:
+        """See ``WorkerRegistry.snapshot``."""
+        reply = self._run("snapshot")
+        workers = sorted((_worker(w) for w in reply[2:]), key=lambda w: w.worker_id)
+        return ClusterSnapshot(int(reply[0]), int(reply[1]), tuple(workers))
+
+    # ---- TransferLedger ----------------------------------------------------
+
+    def reserve(self, spec: TransferSpec) -> TxnResult:
+        """See ``TransferLedger.reserve``."""
+        # Canonical strings: the script compares them byte-for-byte with a stored retry.
+        return _txn_result(self._run(
+            "reserve", spec.transfer_id, spec.request_id, spec.tenant, str(spec.generation),
+            spec.source.worker_id, str(spec.source.epoch), spec.dest.worker_id, str(spec.dest.epoch),
+            spec.manifest_digest, spec.checksums_json(), str(spec.route_epoch),
+        ))
+
+    def begin(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.begin``."""
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.TRANSFERRING), ""))
+
+    def validated(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.validated``."""
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.VALIDATED), ""))
+
+    def publish(self, transfer_id: str, generation: int) -> TxnResult:
+        """See ``TransferLedger.publish``."""
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation))))
+
+    def abort(self, transfer_id: str, reason: str) -> TxnResult:
+        """See ``TransferLedger.abort``."""
+        return _txn_result(self._run("abort", transfer_id, reason or "aborted"))
+
+    def release(self, transfer_id: str) -> TxnResult:
+        """See ``TransferLedger.release``."""
+        return _txn_result(self._run("release", transfer_id))
+
+    def lookup(self, transfer_id: str) -> Transaction | None:
+        """See ``TransferLedger.lookup``."""
+        return _txn(self._run("lookup", transfer_id))
+
+    def list_open(self, worker_id: str | None = None) -> list[Transaction]:
+        """See ``TransferLedger.list_open``."""
+        txns = [_txn(flat) for flat in self._run("list_open", worker_id or "")]
+        return sorted((t for t in txns if t is not None), key=lambda t: t.transfer_id)
+
+    # ---- PrefixIndex -------------------------------------------------------
+
+    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str]) -> Outcome:
+        """See ``PrefixIndex.prefix_publish``."""
+        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
+        return Outcome(self._run("prefix_publish", tenant, worker_id, epoch, *keys))
+
+    def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
+        """See ``PrefixIndex.prefix_lookup``."""
+        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
+        if not keys:
+            return {}
+        flat = self._run("prefix_lookup", tenant, *keys)
+        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    # ---- RouteEpochs / NonceLedger ----------------------------------------
+
+    def get_route_epoch(self) -> int:
+        """See ``RouteEpochs.get_route_epoch``."""
+        return int(self._run("route_epoch", "get", "")[1])
+
+    def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
+        """See ``RouteEpochs.advance_route_epoch``."""
+        outcome, epoch = self._run("route_epoch", "advance", "" if expected is None else str(expected))
+        return EpochResult(Outcome(outcome), int(epoch))
+
+    def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:
+        """See ``NonceLedger.consume_nonce``."""
+        if not nonce or ttl_s <= 0:
+            raise ValueError("nonce must be non-empty and ttl_s > 0")
+        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000))))

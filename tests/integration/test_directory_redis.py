@@ -1,0 +1,181 @@
+"""KV directory logic on a real, private redis-server (Lua scripts, real clock)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+from directory_contract import DirectoryContract, Harness, make_spec, register
+from kv_directory.config import DirectoryConfig
+from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
+from kv_directory.states import Outcome, TxnState
+from kv_directory.store import DirectoryStore, DirectoryUnavailable, LoadReport
+from services.cluster.redis_proc import start_redis
+
+
+class RedisHarness(Harness):
+    """Stores on the session Redis, each under its own key prefix."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.raw = redis.Redis.from_url(url, decode_responses=True)
+        self.stores: list[RedisDirectoryStore] = []
+
+    def open(self, **config: object) -> DirectoryStore:
+        prefix = "{pdtest-" + uuid.uuid4().hex[:12] + "}"
+        store = RedisDirectoryStore(DirectoryConfig(redis_url=self.url, key_prefix=prefix, **config))
+        store.test_prefix = prefix
+        self.stores.append(store)
+        return store
+
+    def advance(self, seconds: float) -> None:
+        time.sleep(seconds)  # the store's clock is Redis TIME
+
+    def all_transactions(self, store):
+        keys = self.raw.keys(f"{store.test_prefix}:txn:*")
+        flat = ([x for kv in self.raw.hgetall(k).items() for x in kv] for k in keys)
+        return [_txn(f) for f in flat]
+
+    def assert_no_leaks(self, store) -> None:
+        super().assert_no_leaks(store)
+        # Index hygiene: no open-index entry outlives its transaction's openness.
+        p = store.test_prefix
+        assert self.raw.zrange(f"{p}:open", 0, -1) == []
+        for k in self.raw.keys(f"{p}:wtxn:*") + self.raw.keys(f"{p}:reqtx:*"):
+            assert self.raw.smembers(k) == set(), k
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.raw.close()
+
+
+class TestRedisDirectory(DirectoryContract):
+    """The shared contract against RedisDirectoryStore."""
+
+    @pytest.fixture
+    def harness(self, redis_server):
+        h = RedisHarness(redis_server.url)
+        yield h
+        h.close()
+
+    def test_noscript_reloads_after_script_flush(self, harness, ends):
+        store, p, d = ends
+        harness.raw.script_flush()
+        assert store.reserve(make_spec(p, d)).outcome == Outcome.APPLIED
+        store.abort("t1", "cleanup")
+        harness.assert_no_leaks(store)
+
+    def test_every_script_compiles(self, harness):
+        store = harness.open()
+        store.ping()  # SCRIPT LOAD of every operation: a syntax error fails here
+        assert len(OPERATIONS) == len(set(OPERATIONS))
+        assert "local LEGAL = " in script_source("forward")
+        harness.assert_no_leaks(store)
+
+    def test_terminal_records_expire_in_redis(self, harness):
+        store = harness.open(record_retention_s=60)
+        p, d = register(store, "p0", "prefill"), register(store, "d0")
+        store.reserve(make_spec(p, d))
+        store.abort("t1", "client gone")
+        ttl_ms = harness.raw.pttl(f"{store.test_prefix}:txn:t1")
+        assert 0 < ttl_ms <= 60_000
+        harness.assert_no_leaks(store)
+
+
+@pytest.fixture
+def own_redis():
+    """A Redis this test may stop and restart."""
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
+    cfg = DirectoryConfig(redis_url=own_redis.url, redis_timeout_s=0.5, redis_retries=1)
+    store = RedisDirectoryStore(cfg)
+    p, d = register(store, "p0", "prefill"), register(store, "d0")
+    assert store.reserve(make_spec(p, d)).outcome == Outcome.APPLIED
+    store.begin("t1")
+    store.abort("t1", "cleanup")
+    assert store.list_open() == []  # leak check while the backend still answers
+
+    own_redis.stop()
+    calls = {
+        "snapshot": lambda: store.snapshot(),
+        "heartbeat": lambda: store.heartbeat("d0", d.epoch, LoadReport()),
+        "register": lambda: register(store, "d1"),
+        "reserve": lambda: store.reserve(make_spec(p, d, tid="t2", gen=2)),
+        "publish": lambda: store.publish("t1", 1),
+        "abort": lambda: store.abort("t1", "again"),
+        "lookup": lambda: store.lookup("t1"),
+        "list_open": lambda: store.list_open(),
+        "prefix_lookup": lambda: store.prefix_lookup("acme", ["aa"]),
+        "route_epoch": lambda: store.get_route_epoch(),
+        "nonce": lambda: store.consume_nonce("n", 1),
+        "reap": lambda: store.reap_expired(),
+        "ping": lambda: store.ping(),
+    }
+    for name, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(DirectoryUnavailable):
+            call()
+        assert time.monotonic() - started < 5, f"{name} hung instead of failing fast"
+
+    # Back on the same port (empty: no persistence): the store reconnects and
+    # reloads its scripts (NOSCRIPT path) without being rebuilt.
+    restarted = start_redis(port=own_redis.port)
+    try:
+        assert store.lookup("t1") is None
+        assert register(store, "d0").epoch == 1
+        assert store.list_open() == []
+    finally:
+        store.close()
+        restarted.stop()
+
+
+def test_publish_cas_is_atomic_against_a_racing_reserve(redis_server):
+    """Many rounds of publish(g) racing reserve(g+1) from two clients: the old
+    generation either published before the new reserve, or was superseded —
+    never published after it."""
+
+    cfg = DirectoryConfig(redis_url=redis_server.url, key_prefix="{pdtest-race-" + uuid.uuid4().hex[:8] + "}")
+    a, b = RedisDirectoryStore(cfg), RedisDirectoryStore(cfg)
+    p, d = register(a, "p0", "prefill"), register(a, "d0")
+    for rnd in range(100):
+        rid = f"r{rnd}"
+        a.reserve(make_spec(p, d, tid=f"{rid}-1", gen=1, rid=rid))
+        a.begin(f"{rid}-1")
+        a.validated(f"{rid}-1")
+        out, gate = {}, threading.Barrier(2)
+
+        def publish_old(rid=rid):
+            gate.wait()
+            out["pub"] = a.publish(f"{rid}-1", 1)
+
+        def reserve_new(rid=rid):
+            gate.wait()
+            out["res"] = b.reserve(make_spec(p, d, tid=f"{rid}-2", gen=2, rid=rid))
+
+        threads = [threading.Thread(target=publish_old), threading.Thread(target=reserve_new)]
+        for t in threads if rnd % 2 else threads[::-1]:
+            t.start()
+        for t in threads:
+            t.join()
+        assert out["res"].outcome == Outcome.APPLIED
+        old = a.lookup(f"{rid}-1")
+        if out["pub"].outcome == Outcome.APPLIED:
+            assert old.state == TxnState.PUBLISHED and old.updated_ms <= out["res"].txn.created_ms
+        else:
+            assert out["pub"].outcome == Outcome.STALE_GENERATION
+            assert (old.state, old.abort_reason) == (TxnState.ABORTED, "superseded")
+        a.abort(f"{rid}-2", "cleanup")
+        if old.state == TxnState.PUBLISHED:
+            a.release(f"{rid}-1")
+    assert a.list_open() == []
+    a.close()
+    b.close()
