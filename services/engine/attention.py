@@ -31,7 +31,7 @@ NEG_INF = float("-inf")
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_table: torch.Tensor, q_start: int, tile: int,
-                      query_group: int = 256) -> torch.Tensor:
+                      query_group: int = 0) -> torch.Tensor:
     """Causal attention of one chunk over its sequence's cache -> [C, H*D].
 
     q: [C, H, D] (already rotated); block_table: [n] physical blocks covering
@@ -54,6 +54,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     scale = d ** -0.5
     out = torch.empty(h_kv, c * g, d, dtype=q.dtype)
     key_pos = torch.arange(tile)
+    query_group = query_group or tile
     for a in range(0, c, query_group):
         b = min(c, a + query_group)
         rows = qh[:, a * g:b * g]

@@ -144,7 +144,7 @@ class EngineConfig:
     """Intra-op threads for this engine; 0 leaves torch's default."""
     max_model_len: int = 0
     """Longest prompt + output; 0 means the model's max_position_embeddings."""
-    attn_tile_tokens: int = 256
+    attn_tile_tokens: int = 128
     """Key tile of prefill attention; a multiple of block_size (see attention.py)."""
 
     def __post_init__(self):

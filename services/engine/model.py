@@ -15,7 +15,7 @@ import torch
 from .attention import DecodeMeta, decode_attention, prefill_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .ops import apply_rope, rms_norm, rope_inv_freq, rope_tables, row_linear, silu_mul
+from .ops import Linear, apply_rope, rms_norm, rope_inv_freq, rope_tables, silu_mul
 
 LayerCallback = Callable[[int], None]
 
@@ -29,45 +29,44 @@ class LlamaModel:
         self.dtype = dtype
         w = {k: v.to(dtype) for k, v in weights.items()}
         self.embed = w["model.embed_tokens.weight"]  # [V, d]
-        self.lm_head = self.embed if cfg.tie_word_embeddings else w["lm_head.weight"]
+        self.lm_head = Linear(self.embed if cfg.tie_word_embeddings else w["lm_head.weight"])
         self.final_norm = w["model.norm.weight"]
         self.layers = []
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             self.layers.append(dict(
                 ln1=w[p + "input_layernorm.weight"],
-                qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).contiguous(),
-                o=w[p + "self_attn.o_proj.weight"],
+                qkv=Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])),
+                o=Linear(w[p + "self_attn.o_proj.weight"]),
                 ln2=w[p + "post_attention_layernorm.weight"],
-                gate_up=torch.cat([w[p + "mlp.gate_proj.weight"],
-                                   w[p + "mlp.up_proj.weight"]]).contiguous(),
-                down=w[p + "mlp.down_proj.weight"],
+                gate_up=Linear(torch.cat([w[p + "mlp.gate_proj.weight"],
+                                          w[p + "mlp.up_proj.weight"]])),
+                down=Linear(w[p + "mlp.down_proj.weight"]),
             ))
         inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.cos, self.sin = rope_tables(inv, max_len or cfg.max_position_embeddings, dtype)
         h, hk, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self._split = (h * d, hk * d, hk * d)
 
-    def _qkv(self, layer: dict, x: torch.Tensor, positions: torch.Tensor):
+    def _qkv(self, layer: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed input -> rotated q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]."""
         cfg = self.cfg
         t = x.shape[0]
-        q, k, v = row_linear(x, layer["qkv"]).split(self._split, dim=-1)
+        q, k, v = layer["qkv"](x).split(self._split, dim=-1)
         q = q.reshape(t, cfg.num_attention_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_key_value_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_key_value_heads, cfg.head_dim)
-        cos, sin = self.cos[positions], self.sin[positions]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _mlp_residual(self, layer: dict, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + row_linear(attn, layer["o"])
+        x = x + layer["o"](attn)
         h = rms_norm(x, layer["ln2"], self.cfg.rms_norm_eps)
-        return x + row_linear(silu_mul(row_linear(h, layer["gate_up"])), layer["down"])
+        return x + layer["down"](silu_mul(layer["gate_up"](h)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head: [N, d] -> float32 logits [N, V]."""
         h = rms_norm(hidden, self.final_norm, self.cfg.rms_norm_eps)
-        return row_linear(h, self.lm_head).float()
+        return self.lm_head(h).float()
 
     @torch.inference_mode()
     def forward_prefill(self, token_ids: torch.Tensor, q_start: int, slots: torch.Tensor,
@@ -80,11 +79,11 @@ class LlamaModel:
         `on_layer(l)` fires as soon as layer l's K/V for this chunk is in the cache.
         """
         c = token_ids.numel()
-        positions = torch.arange(q_start, q_start + c)
+        cos, sin = self.cos[q_start:q_start + c], self.sin[q_start:q_start + c]
         x = self.embed[token_ids]  # [C, d]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer["ln1"], self.cfg.rms_norm_eps)
-            q, k, v = self._qkv(layer, h, positions)
+            q, k, v = self._qkv(layer, h, cos, sin)
             cache.write(li, slots, k, v)
             if on_layer is not None:
                 on_layer(li)
@@ -96,10 +95,11 @@ class LlamaModel:
     def forward_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
                        slots: torch.Tensor, meta: DecodeMeta, cache: KVCache) -> torch.Tensor:
         """One new token per sequence; writes its K/V; returns logits [B, V]."""
+        cos, sin = self.cos[positions], self.sin[positions]
         x = self.embed[token_ids]  # [B, d]
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer["ln1"], self.cfg.rms_norm_eps)
-            q, k, v = self._qkv(layer, h, positions)
+            q, k, v = self._qkv(layer, h, cos, sin)
             cache.write(li, slots, k, v)
             attn = decode_attention(q, cache.k[li], cache.v[li], meta)
             x = self._mlp_residual(layer, x, attn)

@@ -35,6 +35,30 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)[:t]
 
 
+def _onednn_ok(dtype: torch.dtype) -> bool:
+    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class Linear:
+    """y = x @ W.T with row-invariant results, weight pre-packed once.  W: [N, K]."""
+
+    __slots__ = ("weight", "_packed")
+
+    def __init__(self, weight: torch.Tensor, rows_hint: int = 16):
+        self.weight = weight.contiguous()
+        self._packed = None
+        if _onednn_ok(weight.dtype):
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows_hint)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K] -> [T, N]."""
+        if self._packed is None:
+            return row_linear(x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None,
+                                                  "none", [], "")
+
+
 def row_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Batched a @ b whose rows are invariant to the row count.  a: [B, M, K], b: [B, K, N]."""
     m = a.shape[1]
