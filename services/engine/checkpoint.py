@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
@@ -32,17 +33,24 @@ def load_checkpoint(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tens
         cfg = ModelConfig.from_hf_dict(json.loads(cfg_file.read_text()))
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{cfg_file}: {e}") from e
+    try:
+        weights = _read_weights(root)
+    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        raise CheckpointError(f"{root}: cannot read weights: {e}") from e
+    check_weights(cfg, weights)
+    return cfg, weights
+
+
+def _read_weights(root: Path) -> dict[str, torch.Tensor]:
     if (root / INDEX_NAME).is_file():
         index = json.loads((root / INDEX_NAME).read_text())
         weights: dict[str, torch.Tensor] = {}
         for shard in sorted(set(index["weight_map"].values())):
             weights.update(load_file(str(root / shard)))
-    elif (root / SINGLE_NAME).is_file():
-        weights = load_file(str(root / SINGLE_NAME))
-    else:
-        raise CheckpointError(f"{root}: neither {SINGLE_NAME} nor {INDEX_NAME}")
-    check_weights(cfg, weights)
-    return cfg, weights
+        return weights
+    if (root / SINGLE_NAME).is_file():
+        return load_file(str(root / SINGLE_NAME))
+    raise CheckpointError(f"{root}: neither {SINGLE_NAME} nor {INDEX_NAME}")
 
 
 def check_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:

@@ -109,6 +109,8 @@ class Engine:
                                  f"length {self.max_model_len}")
         vocab = self.model_cfg.vocab_size
         for i, t in enumerate(prompt_ids):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise InvalidRequest(f"token id {t!r} at position {i} is not an integer")
             if not 0 <= t < vocab:
                 raise InvalidRequest(f"token id {t} at position {i} is outside the vocabulary "
                                      f"[0, {vocab})")
@@ -120,7 +122,7 @@ class Engine:
 
         Raises InvalidRequest or OutOfBlocks; on either, nothing is held.
         """
-        prompt_ids = [int(t) for t in prompt_ids]
+        prompt_ids = list(prompt_ids)
         self.validate(prompt_ids, max_tokens)
         seq = Sequence(request_id, prompt_ids, max_tokens, sampling or SamplingParams(), salt)
         seq.block_keys = hash_blocks(prompt_ids, self.block_size, self.abi.digest, salt)

@@ -54,8 +54,9 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
         return int(torch.argmax(logits))
     x = logits / params.temperature
     if params.top_k and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
+        # Exactly k survivors, ties broken toward the lower index (as greedy argmax is).
+        keep = torch.sort(x, descending=True, stable=True).indices[:params.top_k]
+        x = torch.full_like(x, float("-inf")).scatter(0, keep, x[keep])
     probs = torch.softmax(x, dim=-1)
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)

@@ -320,10 +320,6 @@ def test_commit_import_with_first_token_outside_vocabulary(token):
     assert_no_leak(engine)
 
 
-# Known gap (reported): a broken weights file or index escapes as FileNotFoundError /
-# JSONDecodeError / SafetensorError instead of CheckpointError. Strict: fixing the
-# loader turns these into failures that ask for the marker to go.
-@pytest.mark.xfail(strict=True, reason="load_checkpoint does not wrap weight-file errors")
 @pytest.mark.parametrize("damage", ["missing-shard", "corrupt-index", "corrupt-weights"])
 def test_checkpoint_with_broken_weight_files(tmp_path, damage):
     path = write_checkpoint(PRESETS["tiny"], tmp_path / "ck", seed=1, max_shard_bytes=64 * 1024)
@@ -334,5 +330,13 @@ def test_checkpoint_with_broken_weight_files(tmp_path, damage):
         (path / "model.safetensors.index.json").write_text("{not json")
     else:
         shards[0].write_bytes(b"garbage")
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match="cannot read weights"):
         Engine.from_checkpoint(path)
+
+
+@pytest.mark.parametrize("bad", [1.7, True, "5"])
+def test_non_integer_token_id_is_rejected(bad):
+    engine = tiny_engine()
+    with pytest.raises(InvalidRequest, match="position 2 is not an integer"):
+        engine.add_request("r", [1, 2, bad], 4)
+    assert_no_leak(engine)

@@ -106,3 +106,13 @@ def test_sampled_tokens_stay_in_the_top_p_nucleus():
     counts = collections.Counter(draws)
     assert set(counts) == {1, 3}
     assert abs(counts[1] / 1000 - 0.4 / 0.7) < 0.05
+
+
+def test_top_k_keeps_exactly_k_on_ties():
+    from services.engine.sampler import sample_one
+
+    logits = torch.zeros(16)
+    logits[3] = logits[7] = 5.0
+    seen = {sample_one(logits, SamplingParams(temperature=1.0, top_k=1, seed=s), 0)
+            for s in range(40)}
+    assert seen == {3}
