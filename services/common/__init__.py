@@ -1,0 +1,1 @@
+"""Runtime pieces every service uses: gRPC server setup, addresses, logging."""

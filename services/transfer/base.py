@@ -1,0 +1,169 @@
+"""Data-plane interface: move a transfer's K/V chunks from a sender to a receiver.
+
+Roles (one ABC each):
+  KVSender   — prefill side: `send` chunks from cache views, then `commit`
+               (or `abort`). `commit` returns the receiver's verdict.
+  KVReceiver — decode side: `expect` a transfer (how to resolve each chunk to
+               destination views, and whom to tell), receive bytes straight
+               into those views, report events, answer the commit.
+
+Push model: the sender writes into the receiver's reserved blocks. A pull
+backend would add `KVSource.serve(transfer_id, resolve)` on the prefill side and
+`KVReceiver.fetch(...)` on the decode side; chunk identity, checksums and the
+commit/verdict step stay as they are.
+
+A chunk's bytes are the K bytes of its blocks in logical order, then the V
+bytes; each side turns a chunk into a list of views of its own cache memory
+(runs of consecutive physical blocks), so chunk bytes never need one buffer.
+
+Failure semantics: a transfer ends exactly once, in `Committed` (verdict
+given) or `Failed` (abort frame, peer gone, bad frame, checksum mismatch,
+timeout). After `Failed` or `forget`, the receiver writes no more bytes for the
+transfer and holds no reference to its views.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+import xxhash
+
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+
+def checksum(buffers: Sequence[memoryview]) -> str:
+    """Checksum of the concatenation of `buffers` (hex), without concatenating."""
+    h = xxhash.xxh3_64()
+    for b in buffers:
+        h.update(b)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkKey:
+    """Layer `layer`, logical blocks [block_start, block_start + block_count) of the prompt."""
+
+    layer: int
+    block_start: int
+    block_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One unit of transfer, as listed in the manifest."""
+
+    key: ChunkKey
+    num_bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferCommit:
+    """Sent after the last chunk: what the receiver must validate before publishing."""
+
+    transfer_id: str
+    request_id: str
+    generation: int
+    cache_abi_digest: str
+    chunks: tuple[Chunk, ...]
+    kv_digest: str
+    """Digest of the whole prompt K/V at the source (engine.kv_digest)."""
+    first_token: int
+    """Token sampled by prefill from the last prompt position."""
+    source_worker_id: str = ""
+    source_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The receiver's answer to a commit."""
+
+    published: bool
+    reason: str = ""
+    """Why not, when not published (stale generation, checksum mismatch, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkArrived:
+    """Event: every byte of `chunk` is in the destination views (checksum computed)."""
+
+    transfer_id: str
+    key: ChunkKey
+    num_bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Event: the transfer cannot complete; the receiver has let go of its views."""
+
+    transfer_id: str
+    reason: str
+
+
+# Resolve a chunk key to destination views (K runs then V runs), or raise KeyError.
+Resolver = Callable[[ChunkKey], Sequence[memoryview]]
+EventSink = Callable[[object], None]
+CommitHandler = Callable[[TransferCommit], Awaitable[Verdict]]
+
+
+@dataclass
+class Expectation:
+    """What a receiver knows about one expected transfer."""
+
+    transfer_id: str
+    resolve: Resolver
+    on_event: EventSink
+    on_commit: CommitHandler
+    received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
+
+
+class TransferError(RuntimeError):
+    """A send, commit or abort could not be carried out (peer gone, refused, timed out)."""
+
+
+class KVSender(abc.ABC):
+    """Prefill side of a push transfer."""
+
+    @abc.abstractmethod
+    async def send(self, dest: str, transfer_id: str, chunk: Chunk,
+                   buffers: Sequence[memoryview]) -> None:
+        """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
+
+    @abc.abstractmethod
+    async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
+        """Hand over the manifest after the last chunk; returns the receiver's verdict."""
+
+    @abc.abstractmethod
+    async def abort(self, dest: str, transfer_id: str, reason: str) -> None:
+        """Tell the receiver to drop the transfer (best effort; never raises)."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+class KVReceiver(abc.ABC):
+    """Decode side of a push transfer."""
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """Where senders reach this receiver (registered in the directory)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Begin accepting transfers."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop accepting; every pending transfer ends in Failed."""
+
+    @abc.abstractmethod
+    def expect(self, expectation: Expectation) -> None:
+        """Accept chunks of `expectation.transfer_id` from now on."""
+
+    @abc.abstractmethod
+    def forget(self, transfer_id: str) -> None:
+        """Stop accepting the transfer and drop its views (idempotent)."""

@@ -1,0 +1,46 @@
+"""Chunking a sequence's K/V for transfer, on top of the engine's cache views.
+
+A transfer set is the logical prompt blocks [first_block, last_block) that the
+destination lacks. It is cut per layer into chunks of at most
+`max_chunk_blocks` blocks; each chunk's bytes are the K then V bytes of its
+blocks, which both sides map to views of their own cache memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine import Engine, Sequence, kv_views
+
+from .base import Chunk, ChunkKey, checksum
+
+
+def plan_chunks(num_layers: int, first_block: int, last_block: int,
+                max_chunk_blocks: int) -> list[ChunkKey]:
+    """Chunk keys covering layers x blocks [first_block, last_block), layer-major."""
+    assert 0 <= first_block <= last_block and max_chunk_blocks > 0
+    return [ChunkKey(layer, b, min(max_chunk_blocks, last_block - b))
+            for layer in range(num_layers)
+            for b in range(first_block, last_block, max_chunk_blocks)]
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    assert t.is_contiguous()
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def chunk_views(engine: Engine, seq: Sequence, key: ChunkKey) -> list[memoryview]:
+    """Views of `seq`'s cache memory holding `key`'s bytes: K runs, then V runs (no copy)."""
+    runs = kv_views(engine, seq, key.layer, key.block_start, key.block_count)
+    return [_bytes_view(k) for _, k, _ in runs] + [_bytes_view(v) for _, _, v in runs]
+
+
+def chunk_bytes(engine: Engine, key: ChunkKey) -> int:
+    """Size of a chunk in bytes."""
+    return key.block_count * engine.cache.block_bytes_per_layer
+
+
+def describe_chunk(engine: Engine, seq: Sequence, key: ChunkKey) -> Chunk:
+    """The manifest entry of a chunk, with its checksum computed from the cache."""
+    views = chunk_views(engine, seq, key)
+    return Chunk(key, sum(v.nbytes for v in views), checksum(views))
