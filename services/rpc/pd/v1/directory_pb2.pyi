@@ -248,3 +248,15 @@ class ConsumeNonceResponse(_message.Message):
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     consumed: bool
     def __init__(self, consumed: _Optional[bool] = ...) -> None: ...
+
+class ListOpenTransactionsRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class ListOpenTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.Transaction]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[_manifest_pb2.Transaction, _Mapping]]] = ...) -> None: ...

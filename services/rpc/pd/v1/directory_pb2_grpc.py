@@ -110,6 +110,11 @@ class DirectoryStub:
                 request_serializer=pd_dot_v1_dot_directory__pb2.ConsumeNonceRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_directory__pb2.ConsumeNonceResponse.FromString,
                 _registered_method=True)
+        self.ListOpenTransactions = channel.unary_unary(
+                '/pd.v1.Directory/ListOpenTransactions',
+                request_serializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class DirectoryServicer:
@@ -222,6 +227,13 @@ class DirectoryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOpenTransactions(self, request, context):
+        """Transactions not yet PUBLISHED/ABORTED/RELEASED (for status and leak checks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DirectoryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +311,11 @@ def add_DirectoryServicer_to_server(servicer, server):
                     servicer.ConsumeNonce,
                     request_deserializer=pd_dot_v1_dot_directory__pb2.ConsumeNonceRequest.FromString,
                     response_serializer=pd_dot_v1_dot_directory__pb2.ConsumeNonceResponse.SerializeToString,
+            ),
+            'ListOpenTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOpenTransactions,
+                    request_deserializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -707,6 +724,33 @@ class Directory:
             '/pd.v1.Directory/ConsumeNonce',
             pd_dot_v1_dot_directory__pb2.ConsumeNonceRequest.SerializeToString,
             pd_dot_v1_dot_directory__pb2.ConsumeNonceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOpenTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Directory/ListOpenTransactions',
+            pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.SerializeToString,
+            pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

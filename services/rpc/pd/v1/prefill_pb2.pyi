@@ -33,7 +33,7 @@ class PrefillTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class PrefillResult(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "computed_tokens", "reused_tokens", "kv_digest", "timings", "sent_bytes", "sent_chunks")
+    __slots__ = ("request_id", "transfer_id", "computed_tokens", "reused_tokens", "kv_digest", "timings", "sent_bytes", "sent_chunks", "first_token_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class PrefillResult(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SENT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     computed_tokens: int
@@ -50,4 +51,5 @@ class PrefillResult(_message.Message):
     timings: PrefillTimings
     sent_bytes: int
     sent_chunks: int
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., kv_digest: _Optional[str] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., sent_bytes: _Optional[int] = ..., sent_chunks: _Optional[int] = ...) -> None: ...
+    first_token_id: int
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., kv_digest: _Optional[str] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., sent_bytes: _Optional[int] = ..., sent_chunks: _Optional[int] = ..., first_token_id: _Optional[int] = ...) -> None: ...
