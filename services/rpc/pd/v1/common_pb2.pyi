@@ -115,14 +115,20 @@ class CancelResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
 
 class WorkerCapacity(_message.Message):
-    __slots__ = ("total_blocks", "max_decode_batch", "max_prefill_tokens")
+    __slots__ = ("total_blocks", "max_decode_batch", "max_prefill_tokens", "block_size", "vocab_size", "max_model_len")
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     total_blocks: int
     max_decode_batch: int
     max_prefill_tokens: int
-    def __init__(self, total_blocks: _Optional[int] = ..., max_decode_batch: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ...) -> None: ...
+    block_size: int
+    vocab_size: int
+    max_model_len: int
+    def __init__(self, total_blocks: _Optional[int] = ..., max_decode_batch: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
     __slots__ = ("pending_prefill_tokens", "active_decode_batch", "free_blocks", "reserved_blocks", "total_blocks")
