@@ -162,7 +162,7 @@ class MemoryDirectoryStore(DirectoryStore):
             self._abort_touching(info.worker_id, now, "worker_restarted")
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-                epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(),
+                epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(), info.capacity,
             )
             self._workers[info.worker_id] = rec
             return rec
@@ -296,14 +296,18 @@ class MemoryDirectoryStore(DirectoryStore):
 
     # ---- PrefixIndex -------------------------------------------------------
 
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str]) -> Outcome:
+    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
+                       evicted: Sequence[bytes | str] = ()) -> Outcome:
         """See ``PrefixIndex.prefix_publish``."""
         keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
+        gone = normalize_hashes(evicted, self._cfg.max_prefix_blocks)
         with self._lock:
             now, _ = self._sweep()
             ref = WorkerRef(worker_id, epoch)
             if not self._live(ref):
                 return Outcome.LEASE_LOST
+            for h in gone:
+                self._prefix.get((tenant, h), {}).pop(ref, None)
             for h in keys:
                 self._prefix.setdefault((tenant, h), {})[ref] = now + self._ms(self._cfg.prefix_ttl_s)
             return Outcome.APPLIED

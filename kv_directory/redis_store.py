@@ -36,6 +36,7 @@ from redis.retry import Retry
 from kv_directory.config import DirectoryConfig
 from kv_directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
 from kv_directory.store import (
+    CAPACITY_FIELDS,
     LOAD_FIELDS,
     ClusterSnapshot,
     DirectoryStore,
@@ -46,6 +47,7 @@ from kv_directory.store import (
     Transaction,
     TransferSpec,
     TxnResult,
+    WorkerCapacity,
     WorkerInfo,
     WorkerRecord,
     WorkerRef,
@@ -81,6 +83,7 @@ def lua_header() -> str:
         "local LEGAL = " + table(legal),
         "local ABORT_OUTCOME = " + table([(json.dumps(r), str(o.value)) for r, o in ABORT_OUTCOMES.items()]),
         "local LOAD_FIELDS = {" + ", ".join(json.dumps(f) for f in LOAD_FIELDS) + "}",
+        "local CAPACITY_FIELDS = {" + ", ".join(json.dumps(f) for f in CAPACITY_FIELDS) + "}",
         "",
     ])
 
@@ -110,6 +113,7 @@ def _txn(flat: Sequence[Any]) -> Transaction | None:
         manifest_digest=m["manifest_digest"],
         chunk_checksums=tuple(json.loads(m["chunk_checksums"])),
         route_epoch=int(m["route_epoch"]),
+        manifest_blob=m.get("manifest_blob", ""),
     )
     return Transaction(
         spec, TxnState(int(m["state"])), m["abort_reason"],
@@ -128,6 +132,7 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         epoch=int(m["epoch"]),
         lease_expiry_ms=int(m["lease_expiry_ms"]),
         load=LoadReport(**{f: int(m[f]) for f in LOAD_FIELDS}),
+        capacity=WorkerCapacity(**{f: int(m.get(f, 0)) for f in CAPACITY_FIELDS}),
     )
 
 
@@ -191,11 +196,11 @@ class RedisDirectoryStore(DirectoryStore):
         load = load or LoadReport()
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_addr, info.data_addr,
-            info.abi_digest, *load.as_args(),
+            info.abi_digest, *load.as_args(), *info.capacity.as_args(),
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-            int(epoch), int(expiry_ms), load,
+            int(epoch), int(expiry_ms), load, info.capacity,
         )
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
@@ -230,7 +235,7 @@ class RedisDirectoryStore(DirectoryStore):
         return _txn_result(self._run(
             "reserve", spec.transfer_id, spec.request_id, spec.tenant, str(spec.generation),
             spec.source.worker_id, str(spec.source.epoch), spec.dest.worker_id, str(spec.dest.epoch),
-            spec.manifest_digest, spec.checksums_json(), str(spec.route_epoch),
+            spec.manifest_digest, spec.checksums_json(), str(spec.route_epoch), spec.manifest_blob,
         ))
 
     def begin(self, transfer_id: str) -> TxnResult:
@@ -264,10 +269,12 @@ class RedisDirectoryStore(DirectoryStore):
 
     # ---- PrefixIndex -------------------------------------------------------
 
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str]) -> Outcome:
+    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
+                       evicted: Sequence[bytes | str] = ()) -> Outcome:
         """See ``PrefixIndex.prefix_publish``."""
         keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
-        return Outcome(self._run("prefix_publish", tenant, worker_id, epoch, *keys))
+        gone = normalize_hashes(evicted, self._cfg.max_prefix_blocks)
+        return Outcome(self._run("prefix_publish", tenant, worker_id, epoch, len(gone), *gone, *keys))
 
     def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
         """See ``PrefixIndex.prefix_lookup``."""

@@ -78,6 +78,27 @@ LOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoadRepo
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WorkerCapacity:
+    """Static capacity a worker declares at registration (stable for one epoch)."""
+
+    total_blocks: int = 0
+    max_decode_batch: int = 0
+    max_prefill_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"WorkerCapacity.{f.name} must be >= 0")
+
+    def as_args(self) -> list[int]:
+        """Field values in declaration order (the wire order of the Lua scripts)."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+CAPACITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(WorkerCapacity))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """What a worker declares when it registers (stable for one epoch)."""
 
@@ -87,6 +108,7 @@ class WorkerInfo:
     data_addr: str
     abi_digest: str
     """Digest of the worker's cache ABI; routes pair only equal digests."""
+    capacity: WorkerCapacity = WorkerCapacity()
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -108,6 +130,7 @@ class WorkerRecord:
     lease_expiry_ms: int
     """Store clock; the worker is dead at or after this instant."""
     load: LoadReport
+    capacity: WorkerCapacity = WorkerCapacity()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", WorkerRole(self.role))
@@ -172,6 +195,10 @@ class TransferSpec:
     """Optional; when given, ``manifest_digest`` must be their ``digest_checksums``."""
     route_epoch: int = 0
     """Route epoch the route was chosen under; 0 = not checked."""
+    manifest_blob: str = dataclasses.field(default="", compare=False)
+    """Opaque text stored with the transaction and returned by ``lookup`` (the
+    gRPC layer keeps the full manifest here). Not part of the identity: put a
+    digest of whatever identifies the transfer in ``manifest_digest``."""
 
     def __post_init__(self) -> None:
         for name in ("transfer_id", "request_id", "tenant", "manifest_digest"):
@@ -339,8 +366,11 @@ class PrefixIndex(abc.ABC):
     """Where hash-chained prefix blocks live, per tenant (article 0x09G)."""
 
     @abc.abstractmethod
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str]) -> Outcome:
-        """Record that ``worker_id@epoch`` holds these blocks; LEASE_LOST if not live."""
+    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
+                       evicted: Sequence[bytes | str] = ()) -> Outcome:
+        """Record that ``worker_id@epoch`` holds ``hashes`` and no longer holds
+        ``evicted`` (evictions apply first, so a hash in both is held);
+        LEASE_LOST if not live."""
 
     @abc.abstractmethod
     def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:

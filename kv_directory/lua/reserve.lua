@@ -1,6 +1,7 @@
 -- reserve: arg(1..11) transfer_id, request_id, tenant, generation,
 -- source_worker_id, source_epoch, dest_worker_id, dest_epoch, manifest_digest,
--- chunk_checksums (JSON), route_epoch. Returns {outcome, txn flat or {}}.
+-- chunk_checksums (JSON), route_epoch; arg(12) manifest_blob (opaque, stored
+-- but not part of the identity). Returns {outcome, txn flat or {}}.
 local now = now_ms()
 sweep(now)
 local FIELDS = {'transfer_id', 'request_id', 'tenant', 'generation', 'source_worker_id',
@@ -37,7 +38,7 @@ local k = key('txn', tid)
 for i, f in ipairs(FIELDS) do redis.call('HSET', k, f, arg(i)) end
 local deadline = now + TXN_TTL_MS
 redis.call('HSET', k, 'state', ST.RESERVED, 'abort_reason', '', 'created_ms', now,
-  'updated_ms', now, 'deadline_ms', deadline)
+  'updated_ms', now, 'deadline_ms', deadline, 'manifest_blob', arg(12))
 redis.call('ZADD', key('open'), deadline, tid)
 redis.call('SADD', key('wtxn', arg(5)), tid)
 redis.call('SADD', key('wtxn', arg(7)), tid)
