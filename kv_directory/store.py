@@ -79,11 +79,17 @@ LOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoadRepo
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerCapacity:
-    """Static capacity a worker declares at registration (stable for one epoch)."""
+    """Static capacity a worker declares at registration (stable for one epoch).
+
+    Must match pd.v1.WorkerCapacity field for field (kv_directory/convert.py maps
+    by name; tests/unit/test_directory_convert.py checks)."""
 
     total_blocks: int = 0
     max_decode_batch: int = 0
     max_prefill_tokens: int = 0
+    block_size: int = 0
+    vocab_size: int = 0
+    max_model_len: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
