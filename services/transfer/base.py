@@ -167,3 +167,11 @@ class KVReceiver(abc.ABC):
     @abc.abstractmethod
     def forget(self, transfer_id: str) -> None:
         """Stop accepting the transfer and drop its views (idempotent)."""
+
+    async def fence(self, transfer_id: str) -> None:
+        """Return once no write into the transfer's views is in progress.
+
+        Safety invariant: call after `forget` and before freeing the blocks, so
+        a chunk that was mid-write cannot land in blocks reused by another
+        request. Backends that write synchronously need not override it.
+        """

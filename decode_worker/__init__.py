@@ -1,0 +1,1 @@
+"""Decode worker: reservations, K/V receive, validate, publish, continuous batching."""

@@ -1,0 +1,72 @@
+"""`python -m decode_worker`: a decode worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import grpc
+
+from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc
+from services.transfer.factory import make_receiver
+from services.worker.directory_ops import TxnOps
+from services.worker.membership import Membership
+from services.worker.process import advertised, build_engine_loop, capacity, parse_config
+
+from .server import DecodeServicer
+from .worker import DecodeWorker
+
+log = logging.getLogger("decode_worker")
+
+
+async def run(argv: list[str] | None = None) -> None:
+    cfg, log_level = parse_config("decode", argv)
+    setup_logging(cfg.worker_id, log_level)
+    loop = build_engine_loop(cfg)
+    loop.start()
+    receiver = make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id)
+    await receiver.start()
+    channel = grpc.aio.insecure_channel(cfg.directory)
+    txn = TxnOps(channel, cfg.worker_id, cfg.rpc_timeout_s, lambda: membership.epoch)
+    worker = DecodeWorker(cfg, loop, receiver, txn)
+    membership: Membership | None = None
+    servicer = DecodeServicer(worker, cfg.worker_id, lambda: membership.epoch if membership else 0)
+    server, port, health = await start_server(cfg.listen, [
+        (decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode")])
+
+    def load() -> common_pb2.LoadReport:
+        e = loop.engine
+        return common_pb2.LoadReport(
+            pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
+            free_blocks=e.num_free_blocks, reserved_blocks=worker.reserved_blocks(),
+            total_blocks=e.blocks.num_blocks)
+
+    membership = Membership(cfg.directory, cfg.worker_id, common_pb2.WORKER_ROLE_DECODE,
+                            advertised(cfg, port), receiver.address, loop.engine.abi.digest,
+                            capacity(cfg, loop), load,
+                            on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"),
+                            rpc_timeout_s=cfg.rpc_timeout_s)
+    await membership.start()
+    log.info("decode worker %s serving on %s, data plane %s", cfg.worker_id,
+             advertised(cfg, port), receiver.address)
+
+    async def on_stop():
+        await worker.abort_all_unpublished("worker shutting down")
+        await membership.stop()
+        await receiver.stop()
+        loop.stop()
+
+    await wait_for_shutdown(server, health, on_stop=on_stop)
+
+
+def main() -> None:
+    try:
+        asyncio.run(run(sys.argv[1:]))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""A decode-side reservation and the checks that gate its publication.
+
+    RESERVED --first chunk--> RECEIVING --commit ok--> PUBLISHED --done--> FINISHED
+        \\____________________________\\__ any failure, cancel or TTL __--> ABORTED
+
+Safety invariant: a reservation's blocks are read by decode only after
+PUBLISHED, and PUBLISHED is entered only after `validate_commit` found every
+expected chunk present exactly once with the manifest's checksum, the cache ABI
+equal, the generation current, and the directory's compare-and-set succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+from services.engine import Sequence
+from services.transfer import ChunkArrived, ChunkKey, TransferCommit
+
+
+class ResState(enum.IntEnum):
+    """Ordered: `>= FINISHED` means over."""
+
+    RESERVED = 0
+    RECEIVING = 1
+    PUBLISHED = 2
+    FINISHED = 3
+    ABORTED = 4
+
+
+@dataclass
+class Reservation:
+    """Blocks held for one transfer (request_id at one generation)."""
+
+    transfer_id: str
+    request_id: str
+    tenant: str
+    generation: int
+    seq: Sequence
+    num_layers: int
+    first_block: int
+    """First logical block of the transfer set (blocks before it are local prefix hits)."""
+    last_block: int
+    """One past the last prompt block."""
+    deadline_s: float
+    state: ResState = ResState.RESERVED
+    received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
+    covered: set[tuple[int, int]] = field(default_factory=set)
+    abort_reason: str = ""
+    published: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the reservation leaves RESERVED/RECEIVING (published or aborted)."""
+    created_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def expected_cells(self) -> int:
+        """(layer, block) cells the transfer must cover."""
+        return self.num_layers * (self.last_block - self.first_block)
+
+    def admit_chunk_key(self, key: ChunkKey) -> None:
+        """Raise KeyError unless `key` lies in the transfer set and overlaps nothing received."""
+        if not 0 <= key.layer < self.num_layers:
+            raise KeyError(f"layer {key.layer} outside [0, {self.num_layers})")
+        end = key.block_start + key.block_count
+        if key.block_count <= 0 or key.block_start < self.first_block or end > self.last_block:
+            raise KeyError(f"blocks [{key.block_start}, {end}) outside the transfer set "
+                           f"[{self.first_block}, {self.last_block})")
+        cells = {(key.layer, b) for b in range(key.block_start, end)}
+        if cells & self.covered:
+            raise KeyError(f"duplicate chunk {key}")
+        self.covered |= cells
+
+
+def validate_commit(res: Reservation, commit: TransferCommit, abi_digest: str) -> str:
+    """Why `commit` must not be published, or '' when it may."""
+    if res.state not in (ResState.RESERVED, ResState.RECEIVING):
+        return f"reservation is {res.state.name}"
+    if commit.request_id != res.request_id or commit.generation != res.generation:
+        return (f"commit for {commit.request_id}@{commit.generation} does not match "
+                f"reservation {res.request_id}@{res.generation}")
+    if commit.cache_abi_digest != abi_digest:
+        return f"cache ABI {commit.cache_abi_digest} != local {abi_digest}"
+    listed = {c.key: c for c in commit.chunks}
+    if len(listed) != len(commit.chunks):
+        return "manifest lists a chunk twice"
+    if set(listed) != set(res.received):
+        missing = sorted(set(listed) - set(res.received), key=_order)[:3]
+        extra = sorted(set(res.received) - set(listed), key=_order)[:3]
+        return f"chunks missing {missing} / not in manifest {extra}"
+    if len(res.covered) != res.expected_cells:
+        return f"chunks cover {len(res.covered)} of {res.expected_cells} (layer, block) cells"
+    for key, spec in listed.items():
+        got = res.received[key]
+        if got.checksum != spec.checksum or got.num_bytes != spec.num_bytes:
+            return f"checksum mismatch on chunk {key}"
+    return ""
+
+
+def _order(key: ChunkKey):
+    return (key.layer, key.block_start)

@@ -1,0 +1,113 @@
+"""Decode gRPC servicer: proto -> DecodeWorker -> proto, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
+from services.worker.convert import finish_to_proto, sampling_from_proto, status_of
+
+from .reservations import ResState
+from .worker import DecodeWorker
+
+_STATE = {
+    ResState.RESERVED: manifest_pb2.TXN_STATE_RESERVED,
+    ResState.RECEIVING: manifest_pb2.TXN_STATE_TRANSFERRING,
+    ResState.PUBLISHED: manifest_pb2.TXN_STATE_PUBLISHED,
+    ResState.FINISHED: manifest_pb2.TXN_STATE_RELEASED,
+    ResState.ABORTED: manifest_pb2.TXN_STATE_ABORTED,
+}
+
+
+class DecodeServicer(decode_pb2_grpc.DecodeServicer):
+    """Serves `pd.v1.Decode` for one DecodeWorker."""
+
+    def __init__(self, worker: DecodeWorker, worker_id: str, epoch_fn):
+        self.worker = worker
+        self.worker_id = worker_id
+        self.epoch_fn = epoch_fn
+
+    async def Reserve(self, request, context):
+        if not request.request_id or request.generation == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "request_id and a generation >= 1 are required")
+        try:
+            sampling = sampling_from_proto(request.sampling)
+            res = await self.worker.reserve(
+                request.request_id, request.tenant or "default", request.generation,
+                list(request.prompt_token_ids), request.max_tokens, sampling,
+                request.cache_abi_digest)
+        except Exception as e:  # noqa: BLE001 - mapped to a precise status
+            await context.abort(*status_of(e))
+        return decode_pb2.DecodeReserveResponse(
+            request_id=request.request_id,
+            reservation=decode_pb2.DecodeReservation(
+                reservation_id=res.transfer_id, block_ids=res.seq.block_table,
+                data_plane_address=self.worker.receiver.address,
+                destination_worker_id=self.worker_id, destination_epoch=self.epoch_fn(),
+                visible_prefix_blocks=res.first_block,
+                ttl_ms=int(self.worker.cfg.reservation_ttl_s * 1000)))
+
+    async def TransferStatus(self, request, context):
+        res = self.worker.reservations.get(request.transfer_id)
+        if res is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                self.worker.ended.get(request.transfer_id,
+                                                      f"no reservation {request.transfer_id}"))
+        bytes_per_cell = self.worker.engine.cache.block_bytes_per_layer
+        return decode_pb2.TransferStatusResponse(
+            request_id=res.request_id, transfer_id=res.transfer_id, state=_STATE[res.state],
+            chunks_received=len(res.received),
+            received_bytes=sum(a.num_bytes for a in res.received.values()),
+            expected_bytes=res.expected_cells * bytes_per_cell)
+
+    async def DecodeStream(self, request, context):
+        started = time.perf_counter()
+        try:
+            async for event in self._events(request.request_id,
+                                            self.worker.stream(request.transfer_id), started):
+                yield event
+        except (KeyError, RuntimeError) as e:
+            code = grpc.StatusCode.NOT_FOUND if isinstance(e, KeyError) else grpc.StatusCode.ABORTED
+            await context.abort(code, str(e.args[0]) if e.args else str(e))
+
+    async def Generate(self, request, context):
+        started = time.perf_counter()
+        try:
+            sampling = sampling_from_proto(request.sampling)
+            items = self.worker.generate(
+                request.request_id, request.tenant or "default", max(request.generation, 1),
+                list(request.prompt_token_ids), request.max_tokens, sampling)
+            async for event in self._events(request.request_id, items, started):
+                yield event
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            await context.abort(*status_of(e))
+
+    async def _events(self, request_id: str, items, started: float):
+        first_ms = 0.0
+        n = 0
+        async for item in items:
+            now_ms = (time.perf_counter() - started) * 1000
+            if item[0] == "token":
+                _, token, index = item
+                first_ms = first_ms or now_ms
+                n += 1
+                yield decode_pb2.TokenEvent(request_id=request_id, token=decode_pb2.TokenEvent.Token(
+                    token_id=token, index=index, time_since_start_ms=now_ms))
+            else:
+                _, error, reason = item
+                if error is not None:
+                    raise RuntimeError(f"generation failed: {error!r}")
+                yield decode_pb2.TokenEvent(request_id=request_id, complete=decode_pb2.TokenEvent.Complete(
+                    finish_reason=finish_to_proto(reason), num_tokens=n, first_token_ms=first_ms,
+                    total_ms=now_ms))
+
+    async def Cancel(self, request, context):
+        found = await self.worker.cancel(request.request_id, request.generation,
+                                         request.reason or "cancelled by caller")
+        return common_pb2.CancelResponse(request_id=request.request_id, found=found)

@@ -1,0 +1,264 @@
+"""Decode worker logic (no gRPC): reserve, receive, validate, publish, decode, release.
+
+Lifecycle of a disaggregated request here, as numbered queues:
+  1. Reserved   — blocks for prompt + max_tokens allocated; receiver expects chunks
+  2. Receiving  — chunks land in the reserved (unpublished) blocks
+  3. Published  — commit validated, directory CAS applied; admitted to the batch
+  4. Decoding   — tokens streamed; at the end blocks freed, transaction released
+Every failure before 3 goes through `abort_unpublished` (idempotent): stop the
+receiver, free the blocks, abort the transaction, wake the waiting stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import AsyncIterator
+
+from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequence, commit_import
+from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver,
+                               TransferCommit, Verdict)
+from services.transfer.chunks import chunk_views
+from services.worker.config import WorkerConfig
+from services.worker.directory_ops import APPLIED, DUPLICATE, DirectoryUnreachable, TxnOps
+from services.worker.loop import AsyncSink, EngineLoop, Job
+
+from .reservations import Reservation, ResState, validate_commit
+
+log = logging.getLogger(__name__)
+
+
+class StreamSink(AsyncSink):
+    """AsyncSink that also runs `on_finished` on the event loop when the sequence ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_finished):
+        super().__init__(loop)
+        self.on_finished = on_finished
+
+    def on_done(self, seq: Sequence, error: BaseException | None) -> None:
+        super().on_done(seq, error)
+        self.loop.call_soon_threadsafe(self.on_finished, error)
+
+
+class DecodeWorker:
+    """Reservations and streams of one decode worker."""
+
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
+        self.cfg = cfg
+        self.loop = loop
+        self.engine = loop.engine
+        self.receiver = receiver
+        self.txn = txn
+        self.reservations: dict[str, Reservation] = {}
+        self.sinks: dict[str, StreamSink] = {}
+        self.colocated: dict[str, Sequence] = {}
+        self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    # ---- 1. reserve -----------------------------------------------------
+    async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
+                      max_tokens: int, sampling: SamplingParams, abi_digest: str) -> Reservation:
+        """Allocate blocks for a transfer and start expecting its chunks."""
+        if abi_digest and abi_digest != self.engine.abi.digest:
+            raise AbiMismatch(f"cache ABI {abi_digest} does not match this worker's "
+                              f"{self.engine.abi.digest}")
+        self._check_limits(max_tokens)
+        transfer_id = f"{request_id}/{generation}"
+        if transfer_id in self.reservations:
+            return self.reservations[transfer_id]  # retried call: same reservation
+        for old in [r for r in self.reservations.values()
+                    if r.request_id == request_id and r.generation < generation]:
+            await self.abort_unpublished(old, f"superseded by generation {generation}")
+        seq = await self.loop.call(lambda e: e.add_request(
+            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()))
+        bs = self.engine.block_size
+        res = Reservation(transfer_id, request_id, tenant, generation, seq,
+                          self.engine.model_cfg.num_hidden_layers, seq.num_cached_tokens // bs,
+                          -(-len(prompt) // bs), time.monotonic() + self.cfg.reservation_ttl_s)
+        self.reservations[transfer_id] = res
+        self.receiver.expect(Expectation(
+            transfer_id, resolve=lambda key: self._resolve(res, key),
+            on_event=lambda ev: self._on_event(res, ev), on_commit=lambda c: self._on_commit(res, c)))
+        self._timers[transfer_id] = asyncio.get_running_loop().call_later(
+            self.cfg.reservation_ttl_s, self._expire, res)
+        return res
+
+    def _check_limits(self, max_tokens: int) -> None:
+        if max_tokens > self.cfg.max_tokens_limit:
+            raise InvalidRequest(f"max_tokens {max_tokens} exceeds the limit "
+                                 f"{self.cfg.max_tokens_limit}")
+
+    def _expire(self, res: Reservation) -> None:
+        asyncio.ensure_future(self.abort_unpublished(res, "reservation TTL expired before publish"))
+
+    # ---- 2. receive -----------------------------------------------------
+    def _resolve(self, res: Reservation, key: ChunkKey) -> list[memoryview]:
+        if res.state > ResState.RECEIVING:
+            raise KeyError(f"reservation {res.transfer_id} is {res.state.name}")
+        res.admit_chunk_key(key)
+        res.state = ResState.RECEIVING
+        return chunk_views(self.engine, res.seq, key)
+
+    def _on_event(self, res: Reservation, event) -> None:
+        if isinstance(event, ChunkArrived):
+            res.received[event.key] = event
+        elif isinstance(event, Failed):
+            asyncio.ensure_future(self.abort_unpublished(res, event.reason))
+
+    # ---- 3. validate and publish ------------------------------------------
+    async def _on_commit(self, res: Reservation, commit: TransferCommit) -> Verdict:
+        reason = validate_commit(res, commit, self.engine.abi.digest)
+        if not reason:
+            local = await self.loop.call(lambda e: e.kv_digest(res.seq))
+            if local != commit.kv_digest:
+                reason = f"K/V digest {local} != source {commit.kv_digest}"
+        if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
+            reason = f"first token {commit.first_token} outside the vocabulary"
+        if not reason:
+            reason = await self._publish(res, commit.kv_digest)
+        if reason:
+            await self.abort_unpublished(res, reason)
+            return Verdict(False, reason)
+        self._cancel_timer(res.transfer_id)
+        res.state = ResState.PUBLISHED
+        sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
+        self.sinks[res.transfer_id] = sink
+        await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, sink))
+        res.published.set()
+        return Verdict(True)
+
+    async def _publish(self, res: Reservation, kv_digest: str) -> str:
+        """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success."""
+        try:
+            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, kv_digest)
+            if r.outcome not in (APPLIED, DUPLICATE):
+                return f"directory refused VALIDATED: {_outcome(r)}"
+            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, kv_digest)
+            if r.outcome not in (APPLIED, DUPLICATE):
+                return f"directory refused PUBLISH: {_outcome(r)}"
+        except DirectoryUnreachable as e:
+            return str(e)
+        return ""
+
+    def _admit(self, seq: Sequence, first_token: int, sink: AsyncSink) -> None:
+        """Loop thread: import done, stream token 0, then decode (or finish)."""
+        commit_import(self.engine, seq, first_token)
+        sink.on_token(seq, first_token, 0)
+        if seq.is_finished:
+            self.engine.free(seq)
+            sink.on_done(seq, None)
+        else:
+            self.loop.admit_decode(Job(seq, sink.on_token, sink.on_done))
+
+    # ---- 4. decode stream -------------------------------------------------
+    async def stream(self, transfer_id: str) -> AsyncIterator[tuple]:
+        """Wait for publication, then yield ("token", id, index) ... ("done", err, reason)."""
+        res = self.reservations.get(transfer_id)
+        if res is None:
+            raise KeyError(self.ended.get(transfer_id, f"no reservation {transfer_id}"))
+        timeout = max(0.0, res.deadline_s - time.monotonic())
+        try:
+            await asyncio.wait_for(res.published.wait(), timeout)
+        except asyncio.TimeoutError:
+            await self.abort_unpublished(res, "not published before the reservation TTL")
+        if res.state == ResState.ABORTED:
+            raise RuntimeError(f"transfer {transfer_id} aborted: {res.abort_reason}")
+        async for item in self._drain(self.sinks[transfer_id], res.seq):
+            yield item
+
+    async def _drain(self, sink: AsyncSink, seq: Sequence) -> AsyncIterator[tuple]:
+        done = False
+        try:
+            while not done:
+                item = await sink.queue.get()
+                done = item[0] == "done"
+                yield item
+        finally:
+            if not done:  # consumer went away: stop decoding this sequence
+                self.loop.cancel(seq)
+
+    def _finished(self, res: Reservation, error: BaseException | None) -> None:
+        res.state = ResState.FINISHED if error is None else ResState.ABORTED
+        self._forget(res, "finished" if error is None else f"ended: {error!r}")
+        asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
+
+    # ---- colocated ----------------------------------------------------------
+    async def generate(self, request_id: str, tenant: str, generation: int, prompt: list[int],
+                       max_tokens: int, sampling: SamplingParams) -> AsyncIterator[tuple]:
+        """Chunked prefill + decode here; yields like `stream`."""
+        self._check_limits(max_tokens)
+        key = f"{request_id}/{generation}"
+        seq = await self.loop.call(lambda e: e.add_request(
+            key, prompt, max_tokens, sampling, salt=tenant.encode()))
+        sink = AsyncSink(asyncio.get_running_loop())
+        self.colocated[key] = seq
+        self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done))
+        try:
+            async for item in self._drain(sink, seq):
+                yield item
+        finally:
+            self.colocated.pop(key, None)
+
+    # ---- cancel / abort -------------------------------------------------------
+    async def cancel(self, request_id: str, generation: int = 0, reason: str = "cancelled") -> bool:
+        """Stop every piece of state of request_id (at one generation, or all when 0)."""
+        found = False
+        for res in list(self.reservations.values()):
+            if res.request_id == request_id and generation in (0, res.generation):
+                found = True
+                if res.state == ResState.PUBLISHED:
+                    self.loop.cancel(res.seq)
+                else:
+                    await self.abort_unpublished(res, reason)
+        for key, seq in list(self.colocated.items()):
+            rid, _, gen = key.rpartition("/")
+            if rid == request_id and generation in (0, int(gen)):
+                found = True
+                self.loop.cancel(seq)
+        return found
+
+    async def abort_unpublished(self, res: Reservation, reason: str) -> None:
+        """Idempotent: fence the receiver, free the blocks, abort the transaction."""
+        if res.state >= ResState.PUBLISHED:
+            return
+        res.state = ResState.ABORTED
+        res.abort_reason = reason
+        log.info("abort %s: %s", res.transfer_id, reason)
+        self.receiver.forget(res.transfer_id)
+        await self.receiver.fence(res.transfer_id)
+        await self.loop.call(lambda e: e.free(res.seq))
+        self._forget(res, f"aborted: {reason}")
+        res.published.set()
+        await self.txn.abort(res.request_id, res.transfer_id, res.generation, reason)
+
+    async def abort_all_unpublished(self, reason: str) -> None:
+        """Lease lost or shutting down: every unpublished reservation goes."""
+        for res in list(self.reservations.values()):
+            await self.abort_unpublished(res, reason)
+
+    def _cancel_timer(self, transfer_id: str) -> None:
+        timer = self._timers.pop(transfer_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _forget(self, res: Reservation, note: str) -> None:
+        self._cancel_timer(res.transfer_id)
+        self.reservations.pop(res.transfer_id, None)
+        self.sinks.pop(res.transfer_id, None)
+        self.ended[res.transfer_id] = f"{res.transfer_id} {note}"
+        while len(self.ended) > 1024:
+            self.ended.popitem(last=False)
+
+    # ---- load ------------------------------------------------------------------
+    def reserved_blocks(self) -> int:
+        """Blocks held by unpublished reservations."""
+        return sum(len(r.seq.block_table) for r in list(self.reservations.values())
+                   if r.state < ResState.PUBLISHED)
+
+
+def _outcome(resp) -> str:
+    from services.rpc.pd.v1 import directory_pb2
+
+    return directory_pb2.TxnOutcome.Name(resp.outcome)

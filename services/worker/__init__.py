@@ -1,0 +1,1 @@
+"""Runtime shared by the prefill and decode workers: the engine loop and registration."""

@@ -1,0 +1,70 @@
+"""Configuration shared by the prefill and decode workers (one frozen dataclass)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from services.engine import EngineConfig
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Settings of one worker process."""
+
+    listen: str = "127.0.0.1:0"
+    """gRPC listen address (port 0 picks a free port)."""
+    advertise: str = ""
+    """Address others use to reach this worker; empty = the bound listen address."""
+    directory: str = "127.0.0.1:50050"
+    """Directory service address."""
+    worker_id: str = ""
+    """Stable name of this worker; empty = role-pid."""
+    model: str = "tiny"
+    """Preset name (tiny, small, name@seed) or checkpoint directory."""
+    num_blocks: int = 512
+    """K/V blocks in the pool."""
+    block_size: int = 16
+    """Tokens per block."""
+    chunk_tokens: int = 256
+    """Prefill chunk size."""
+    max_batch: int = 64
+    """Most sequences in one decode step."""
+    max_tokens_limit: int = 4096
+    """Largest max_tokens accepted."""
+    transport: str = "tcp"
+    """Data-plane backend: tcp or inproc."""
+    data_host: str = "127.0.0.1"
+    """Host the data-plane receiver binds."""
+    max_chunk_blocks: int = 64
+    """Most blocks in one transfer chunk (per layer)."""
+    reservation_ttl_s: float = 30.0
+    """An unpublished reservation is reclaimed after this long."""
+    rpc_timeout_s: float = 5.0
+    """Deadline of calls to the directory and peers."""
+    torch_threads: int = 1
+    """Intra-op threads of this worker's engine."""
+
+    def __post_init__(self):
+        if self.transport not in ("tcp", "inproc", "ucx"):
+            raise ValueError(f"transport {self.transport!r} not in tcp, inproc, ucx")
+        if self.reservation_ttl_s <= 0 or self.max_chunk_blocks <= 0:
+            raise ValueError("reservation_ttl_s and max_chunk_blocks must be positive")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine settings these worker settings imply."""
+        return EngineConfig.from_env(num_blocks=self.num_blocks, block_size=self.block_size,
+                                     chunk_tokens=self.chunk_tokens,
+                                     torch_threads=self.torch_threads)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "WorkerConfig":
+        """Defaults, then PD_<FIELD> environment variables, then keyword overrides."""
+        kw = {}
+        for f in dataclasses.fields(cls):
+            raw = os.environ.get("PD_" + f.name.upper())
+            if raw not in (None, ""):
+                kw[f.name] = type(f.default)(raw)
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)

@@ -1,0 +1,235 @@
+"""The engine loop: one thread owns the engine; asyncio code talks to it by message.
+
+Each iteration:
+  1. run every queued command (allocate, import, free, ... — `call`)
+  2. one prefill chunk of the oldest prefill job (chunked prefill)
+  3. one decode step over every admitted sequence (continuous batching)
+  4. sleep until there is work
+so a long prompt never stalls decoding for more than one chunk.
+
+Safety invariant: only this thread touches the engine and its block tables.
+Other threads may read and write the cache memory of blocks they were handed
+(a transfer's reserved, unpublished blocks; a finished prefill's blocks until
+it is freed), never anything else.
+
+Results go back through callbacks run on this thread; `AsyncSink` turns them
+into asyncio queue items on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from services.engine import Engine, Sequence
+
+log = logging.getLogger(__name__)
+
+# on_token(seq, token, index) and on_done(seq, error_or_None), run on the loop thread.
+TokenCallback = Callable[[Sequence, int, int], None]
+DoneCallback = Callable[[Sequence, "BaseException | None"], None]
+LayerCallback = Callable[[int, int, int], None]
+
+
+@dataclass(slots=True)
+class Job:
+    """A sequence the loop is working on, and whom to tell."""
+
+    seq: Sequence
+    on_token: TokenCallback
+    on_done: DoneCallback
+    on_layer: LayerCallback | None = None
+    prefill_only: bool = False
+    """Stop after the first token (prefill worker); the caller frees the sequence."""
+    cancelled: bool = False
+    started_s: float = field(default_factory=time.perf_counter)
+
+
+class EngineLoop:
+    """Owns an Engine on a dedicated thread; schedules prefill chunks and decode steps."""
+
+    def __init__(self, engine: Engine, max_batch: int = 64, name: str = "engine"):
+        self.engine = engine
+        self.max_batch = max_batch
+        self._commands: collections.deque[tuple[Callable[[Engine], Any], asyncio.Future, asyncio.AbstractEventLoop]] = collections.deque()
+        self._prefill: collections.deque[Job] = collections.deque()
+        self._decode: list[Job] = []
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.steps = 0
+
+    # ---- lifecycle ----------------------------------------------------
+    def start(self) -> None:
+        """Start the loop thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current iteration; pending jobs are failed and freed."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ---- API for asyncio code -------------------------------------------
+    def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
+        """Run fn(engine) on the loop thread between steps; await the returned future."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.append((fn, fut, loop))
+        self._wake.set()
+        return fut
+
+    def submit_prefill(self, job: Job) -> None:
+        """Queue a sequence for (chunked) prefill; afterwards it decodes unless prefill_only.
+
+        Thread-safe; may be called from the loop thread too (inside `call`).
+        """
+        self._prefill.append(job)
+        self._wake.set()
+
+    def admit_decode(self, job: Job) -> None:
+        """Add a sequence that already has its prompt K/V (imported) to the decode batch."""
+        self._decode.append(job)
+        self._wake.set()
+
+    def cancel(self, seq: Sequence) -> None:
+        """Mark the job of `seq` cancelled; the loop frees it and reports CancelledError."""
+        for job in list(self._prefill) + list(self._decode):
+            if job.seq is seq:
+                job.cancelled = True
+        self._wake.set()
+
+    # ---- load report ----------------------------------------------------
+    @property
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens queued but not yet computed."""
+        return sum(j.seq.num_prompt_tokens - j.seq.num_computed_tokens for j in list(self._prefill))
+
+    @property
+    def active_decode(self) -> int:
+        """Sequences in the decode batch."""
+        return len(self._decode)
+
+    # ---- the loop -------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.clear()
+            did = self._run_commands()
+            did |= self._prefill_one_chunk()
+            did |= self._decode_one_step()
+            if not did:
+                self._wake.wait(timeout=0.5)
+        self._shutdown()
+
+    def _run_commands(self) -> bool:
+        did = False
+        while self._commands:
+            fn, fut, loop = self._commands.popleft()
+            did = True
+            try:
+                result = fn(self.engine)
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+                loop.call_soon_threadsafe(_set_exception, fut, e)
+            else:
+                loop.call_soon_threadsafe(_set_result, fut, result)
+        return did
+
+    def _finish(self, job: Job, error: BaseException | None, free: bool = True) -> None:
+        if free:
+            self.engine.free(job.seq)
+        try:
+            job.on_done(job.seq, error)
+        except Exception:  # noqa: BLE001 - a sink must not kill the loop
+            log.exception("on_done callback failed for %s", job.seq.request_id)
+
+    def _prefill_one_chunk(self) -> bool:
+        while self._prefill and self._prefill[0].cancelled:
+            self._finish(self._prefill.popleft(), asyncio.CancelledError())
+        if not self._prefill:
+            return False
+        job = self._prefill[0]
+        try:
+            token = self.engine.prefill_chunk(job.seq, job.on_layer)
+        except Exception as e:  # noqa: BLE001 - reported to the request, loop goes on
+            log.exception("prefill of %s failed", job.seq.request_id)
+            self._prefill.popleft()
+            self._finish(job, e)
+            return True
+        if token is None:
+            return True
+        self._prefill.popleft()
+        job.on_token(job.seq, token, 0)
+        if job.prefill_only:
+            self._finish(job, None, free=False)
+        elif job.seq.is_finished:
+            self._finish(job, None)
+        else:
+            self._decode.append(job)
+        return True
+
+    def _decode_one_step(self) -> bool:
+        for job in [j for j in self._decode if j.cancelled]:
+            self._decode.remove(job)
+            self._finish(job, asyncio.CancelledError())
+        if not self._decode:
+            return False
+        batch = self._decode[:self.max_batch]
+        try:
+            tokens = self.engine.decode_step([j.seq for j in batch])
+        except Exception as e:  # noqa: BLE001
+            log.exception("decode step failed")
+            for job in batch:
+                self._decode.remove(job)
+                self._finish(job, e)
+            return True
+        self.steps += 1
+        # Rotate so that a batch larger than max_batch shares steps fairly.
+        self._decode = self._decode[len(batch):] + batch
+        for job, token in zip(batch, tokens):
+            job.on_token(job.seq, token, len(job.seq.output_ids) - 1)
+            if job.seq.is_finished:
+                self._decode.remove(job)
+                self._finish(job, None)
+        return True
+
+    def _shutdown(self) -> None:
+        err = RuntimeError("engine loop stopped")
+        for job in list(self._prefill) + self._decode:
+            self._finish(job, err)
+        self._prefill.clear()
+        self._decode.clear()
+        while self._commands:
+            _, fut, loop = self._commands.popleft()
+            loop.call_soon_threadsafe(_set_exception, fut, err)
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class AsyncSink:
+    """Token/done callbacks that feed an asyncio queue on `loop` (thread-safe)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def on_token(self, seq: Sequence, token: int, index: int) -> None:
+        """Loop thread: a new token."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", token, index))
+
+    def on_done(self, seq: Sequence, error: BaseException | None) -> None:
+        """Loop thread: finished (error None) or failed."""
+        reason = seq.finish_reason.value if seq.finish_reason else None
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("done", error, reason))

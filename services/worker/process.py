@@ -1,0 +1,70 @@
+"""Process scaffolding shared by `python -m prefill_worker` and `python -m decode_worker`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+
+import torch
+
+from services.engine import Engine
+from services.rpc.pd.v1 import common_pb2
+
+from .config import WorkerConfig
+from .loop import EngineLoop
+
+log = logging.getLogger(__name__)
+
+
+def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig, str]:
+    """Command-line flags over `WorkerConfig.from_env()`; returns (config, log level)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {role}_worker")
+    ap.add_argument("--listen")
+    ap.add_argument("--advertise")
+    ap.add_argument("--directory")
+    ap.add_argument("--worker-id")
+    ap.add_argument("--model")
+    ap.add_argument("--num-blocks", type=int)
+    ap.add_argument("--block-size", type=int)
+    ap.add_argument("--chunk-tokens", type=int)
+    ap.add_argument("--transport")
+    ap.add_argument("--reservation-ttl-s", type=float)
+    ap.add_argument("--torch-threads", type=int)
+    ap.add_argument("--log-level", default=os.environ.get("PD_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    cfg = WorkerConfig.from_env(
+        listen=args.listen, advertise=args.advertise, directory=args.directory,
+        worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
+        block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
+        reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads)
+    if not cfg.worker_id:
+        cfg = dataclasses.replace(cfg, worker_id=f"{role}-{os.getpid()}")
+    return cfg, args.log_level
+
+
+def build_engine_loop(cfg: WorkerConfig) -> EngineLoop:
+    """The engine over cfg.model, on its own thread (not started)."""
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    engine = Engine.from_spec(cfg.model, cfg.engine_config())
+    log.info("model %s abi %s blocks %d", engine.name, engine.abi.digest, cfg.num_blocks)
+    return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}")
+
+
+def capacity(cfg: WorkerConfig, loop: EngineLoop) -> common_pb2.WorkerCapacity:
+    """What this worker can hold, for registration."""
+    e = loop.engine
+    return common_pb2.WorkerCapacity(
+        total_blocks=e.blocks.num_blocks, max_decode_batch=cfg.max_batch,
+        max_prefill_tokens=cfg.chunk_tokens, block_size=e.block_size,
+        vocab_size=e.model_cfg.vocab_size, max_model_len=e.max_model_len)
+
+
+def advertised(cfg: WorkerConfig, port: int) -> str:
+    """The address to register: cfg.advertise, or the listen host with the bound port."""
+    if cfg.advertise:
+        return cfg.advertise
+    host = cfg.listen.rpartition(":")[0] or "127.0.0.1"
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{port}"
