@@ -84,6 +84,17 @@ class Engine:
             return cls.from_checkpoint(spec, cfg)
         raise ValueError(f"model {spec!r} is neither a preset {sorted(PRESETS)} nor a directory")
 
+    # ---- text ----------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (needs a checkpoint with tokenizer.json)."""
+        if self.tokenizer is None:
+            raise InvalidRequest(f"model {self.name} has no tokenizer; send token ids")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of `token_ids`, or '' without a tokenizer."""
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids)
+
     # ---- admission ----------------------------------------------------
     @property
     def block_size(self) -> int:

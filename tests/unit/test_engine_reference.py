@@ -69,3 +69,22 @@ def test_sharded_checkpoint_loads_identically(tmp_path):
     prompt = list(range(1, 40))
     params = SamplingParams(ignore_eos=True)
     assert single.generate(prompt, 8, params) == sharded.generate(prompt, 8, params)
+
+
+def test_checkpoint_tokenizer_is_loaded_and_used(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = write_checkpoint(GQA, tmp_path / "tok", seed=1)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "hello", "world", "pd"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    engine = Engine.from_checkpoint(path)
+    ids = engine.encode("hello pd world")
+    assert ids == [3, 5, 4]
+    assert engine.decode(ids).split() == ["hello", "pd", "world"]
+    assert len(engine.generate(ids, 4)) >= 1
+
+    bare = Engine.from_checkpoint(write_checkpoint(GQA, tmp_path / "bare", seed=1))
+    with pytest.raises(Exception, match="has no tokenizer"):
+        bare.encode("hello")

@@ -1,0 +1,127 @@
+"""`pdserve`: run the local cluster and manage checkpoints.
+
+  pdserve up [--prefill N] [--decode M] [--model PRESET|DIR] [--mode ...]
+  pdserve down
+  pdserve demo              up (unless running) + a few requests, printed with TTFT/TPOT
+  pdserve export-checkpoint --preset NAME --out DIR [--seed S] [--shard-mb MB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+DEFAULT_STATE = ".pdserve"
+
+
+def _spec(args):
+    from services.cluster.launcher import ClusterSpec
+
+    return ClusterSpec(prefill=args.prefill, decode=args.decode, model=args.model, mode=args.mode,
+                       transport=args.transport, num_blocks=args.num_blocks,
+                       state_dir=args.state_dir)
+
+
+def cmd_up(args) -> int:
+    from services.cluster.launcher import LocalCluster
+
+    try:
+        running = LocalCluster.load(args.state_dir)
+        if all(running.alive().values()):
+            print(running.router_address)
+            return 0
+        running.down()
+    except FileNotFoundError:
+        pass
+    cluster = LocalCluster(_spec(args))
+    address = cluster.up()
+    for name, p in cluster.procs.items():
+        print(f"  {name:<10} pid {p.pid:<7} {p.address:<22} log {p.log}", file=sys.stderr)
+    print(address)
+    return 0
+
+
+def cmd_down(args) -> int:
+    from services.cluster.launcher import LocalCluster
+
+    try:
+        cluster = LocalCluster.load(args.state_dir)
+    except FileNotFoundError:
+        print("no local cluster recorded in", args.state_dir, file=sys.stderr)
+        return 0
+    cluster.down()
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from services.sdk import Client
+
+    if cmd_up(args) != 0:
+        return 1
+    from services.cluster.launcher import LocalCluster
+
+    address = LocalCluster.load(args.state_dir).router_address
+    client = Client(address)
+    rng = random.Random(0)
+    shared = [rng.randrange(3, 500) for _ in range(48)]
+    prompts = [
+        ("disaggregated", [rng.randrange(3, 500) for _ in range(40)]),
+        ("disaggregated", shared + [rng.randrange(3, 500) for _ in range(20)]),
+        ("disaggregated", shared + [rng.randrange(3, 500) for _ in range(30)]),
+        ("colocated", shared + [rng.randrange(3, 500) for _ in range(20)]),
+    ]
+    for mode, prompt in prompts:
+        res = client.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
+                                   ignore_eos=True)
+        print(f"[{res.route:<13}] prompt {len(prompt):>3} tokens -> {res.token_ids}")
+        print(f"{'':16}TTFT {res.ttft_ms:7.1f} ms   TPOT {res.tpot_ms:6.2f} ms   "
+              f"attempts {res.attempts}   request {res.request_id}")
+    print(f"\nrouter at {address}; try `pdctl status` or `pdctl generate --prompt-ids 1,2,3 "
+          f"--max-tokens 8`; stop with `pdserve down` (or `make down`).")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from services.engine.checkpoint import export_preset
+
+    path = export_preset(args.preset, args.out, seed=args.seed,
+                         max_shard_bytes=int(args.shard_mb * 1024 * 1024))
+    print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("up", "demo"):
+        p = sub.add_parser(name)
+        p.add_argument("--prefill", type=int, default=1)
+        p.add_argument("--decode", type=int, default=1)
+        p.add_argument("--model", default="tiny")
+        p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+        p.add_argument("--transport", default="tcp")
+        p.add_argument("--num-blocks", type=int, default=512)
+        p.add_argument("--state-dir", default=DEFAULT_STATE)
+        if name == "demo":
+            p.add_argument("--max-tokens", type=int, default=12)
+    p = sub.add_parser("down")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p = sub.add_parser("export-checkpoint")
+    p.add_argument("--preset", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-mb", type=float, default=0)
+    args = ap.parse_args(argv)
+    handler = {"up": cmd_up, "down": cmd_down, "demo": cmd_demo,
+               "export-checkpoint": cmd_export}[args.cmd]
+    try:
+        return handler(args)
+    except (ValueError, OSError, RuntimeError, TimeoutError) as e:
+        print(f"pdserve {args.cmd}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Local cluster: every pdserve service as its own process on loopback.
+
+    redis-server -> kv_directory -> decode workers, prefill workers -> router
+
+`LocalCluster.up()` starts them in that order (each waits for the previous to
+answer its health check), records pids and addresses in `state_dir`, and
+returns the router address. Processes run in their own sessions, so
+`pdserve up` can exit and leave the cluster running; `pdserve down` (or
+`LocalCluster.down()`) stops them by pid, newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from .redis_proc import find_redis_server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A currently free loopback TCP port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until `address` answers gRPC health SERVING (or raise with the reason)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"process for {address} exited with {proc.returncode}")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            except grpc.RpcError as e:
+                last = e.code().name
+            time.sleep(0.1)
+    raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s ({last})")
+
+
+@dataclass
+class ClusterSpec:
+    """What to start."""
+
+    prefill: int = 1
+    decode: int = 1
+    model: str = "tiny"
+    mode: str = "disaggregated"
+    transport: str = "tcp"
+    num_blocks: int = 512
+    block_size: int = 16
+    chunk_tokens: int = 256
+    torch_threads: int = 1
+    lease_ttl_s: float = 3.0
+    reservation_ttl_s: float = 30.0
+    state_dir: str = ".pdserve"
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for every service process."""
+
+
+@dataclass
+class Proc:
+    """One started service."""
+
+    name: str
+    pid: int
+    address: str
+    log: str
+
+
+class LocalCluster:
+    """Starts, inspects and stops a local cluster described by a ClusterSpec."""
+
+    def __init__(self, spec: ClusterSpec):
+        self.spec = spec
+        self.state = Path(spec.state_dir).resolve()
+        self.procs: dict[str, Proc] = {}
+        self._popen: dict[str, subprocess.Popen] = {}
+        self.router_address = ""
+        self.directory_address = ""
+        self.redis_url = ""
+
+    # ---- start -----------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PD_LEASE_TTL_S"] = str(self.spec.lease_ttl_s)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.spec.env)
+        return env
+
+    def _spawn(self, name: str, argv: list[str], address: str) -> subprocess.Popen:
+        log_path = self.state / "logs" / f"{name}.log"
+        log = open(log_path, "ab")
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self._popen[name] = proc
+        self.procs[name] = Proc(name, proc.pid, address, str(log_path))
+        return proc
+
+    def _service(self, name: str, module: str, args: list[str], timeout_s: float) -> str:
+        address = f"127.0.0.1:{free_port()}"
+        proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *args], address)
+        wait_healthy(address, timeout_s, proc)
+        return address
+
+    def start_redis(self, timeout_s: float = 10.0) -> None:
+        """Start the private redis-server."""
+        port = free_port()
+        self._spawn("redis", [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", "", "--appendonly", "no", "--dir", str(self.state)],
+                    f"127.0.0.1:{port}")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        self.redis_url = f"redis://127.0.0.1:{port}/0"
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError("redis-server did not answer PING")
+
+    def start_worker(self, role: str, index: int, timeout_s: float = 120.0) -> str:
+        """Start prefill or decode worker number `index`; returns its address."""
+        s = self.spec
+        name = f"{role}-{index}"
+        return self._service(name, f"{role}_worker", [
+            "--directory", self.directory_address, "--worker-id", name, "--model", s.model,
+            "--num-blocks", str(s.num_blocks), "--block-size", str(s.block_size),
+            "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
+            "--torch-threads", str(s.torch_threads),
+            "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s)
+
+    def up(self, timeout_s: float = 180.0) -> str:
+        """Start everything; returns the router address."""
+        (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            self.start_redis()
+            self.directory_address = self._service(
+                "directory", "kv_directory", ["--redis-url", self.redis_url], timeout_s)
+            for i in range(self.spec.decode):
+                self.start_worker("decode", i, timeout_s)
+            for i in range(self.spec.prefill):
+                self.start_worker("prefill", i, timeout_s)
+            self.router_address = self._service("router", "router", [
+                "--directory", self.directory_address, "--mode", self.spec.mode,
+                "--model", self.spec.model], timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        self._save()
+        return self.router_address
+
+    def _save(self) -> None:
+        data = {"spec": asdict(self.spec), "router": self.router_address,
+                "directory": self.directory_address, "redis": self.redis_url,
+                "procs": {k: asdict(v) for k, v in self.procs.items()}}
+        (self.state / "cluster.json").write_text(json.dumps(data, indent=2))
+        (self.state / "router.addr").write_text(self.router_address)
+
+    # ---- inspect / stop ----------------------------------------------------
+    @classmethod
+    def load(cls, state_dir: str = ".pdserve") -> "LocalCluster":
+        """The cluster recorded in state_dir (raises FileNotFoundError if none)."""
+        data = json.loads((Path(state_dir) / "cluster.json").read_text())
+        cluster = cls(ClusterSpec(**data["spec"]))
+        cluster.router_address = data["router"]
+        cluster.directory_address = data["directory"]
+        cluster.redis_url = data["redis"]
+        cluster.procs = {k: Proc(**v) for k, v in data["procs"].items()}
+        return cluster
+
+    def alive(self) -> dict[str, bool]:
+        """Per service: is its process still running?"""
+        return {name: _pid_alive(p.pid, self._popen.get(name)) for name, p in self.procs.items()}
+
+    def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to one service (fault tests)."""
+        os.kill(self.procs[name].pid, sig)
+        if sig == signal.SIGKILL and name in self._popen:
+            self._popen[name].wait(timeout=10)
+
+    def down(self, timeout_s: float = 10.0) -> None:
+        """Stop every service, newest first: SIGTERM, then SIGKILL after timeout_s."""
+        for name in reversed(list(self.procs)):
+            pid = self.procs[name].pid
+            if _pid_alive(pid, self._popen.get(name)):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + timeout_s
+        for name in reversed(list(self.procs)):
+            pid = self.procs[name].pid
+            while _pid_alive(pid, self._popen.get(name)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _pid_alive(pid, self._popen.get(name)):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if name in self._popen:
+                try:
+                    self._popen[name].wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        for f in ("cluster.json", "router.addr"):
+            (self.state / f).unlink(missing_ok=True)
+        self.procs.clear()
+
+    def __enter__(self) -> "LocalCluster":
+        self.up()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+
+def _pid_alive(pid: int, popen: subprocess.Popen | None) -> bool:
+    if popen is not None:
+        return popen.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (not our child, not reaped) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
