@@ -1,0 +1,231 @@
+"""`pdctl`: talk to a pdserve router from the shell.
+
+    pdctl generate --prompt "Hello" --max-tokens 16 [--mode colocated] [--json]
+    pdctl generate --prompt-ids 1,2,3 --max-tokens 8 --ids
+    pdctl status [--json]
+    pdctl transactions [--state aborted] [--tenant T] [--limit N] [--json]
+    pdctl cancel REQUEST_ID
+    pdctl set-mode rolled_back --reason "drill"
+
+`--router` (before or after the command) defaults to $PD_ROUTER, then the
+local launcher's `.pdserve/router.addr`, then 127.0.0.1:50051.
+Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
+message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence, TextIO
+
+from services.sdk import wire
+from services.sdk.client import Client
+from services.sdk.types import GenerationResult, PdError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _token_id_list(text: str) -> list[int]:
+    """'1,2, 3' -> [1, 2, 3] (argparse type)."""
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {text!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"expected non-negative comma-separated token ids, got {text!r}")
+    return ids
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The pdctl argument parser (one sub-command per operation)."""
+    # --router/--timeout are accepted before or after the command; SUPPRESS keeps a
+    # value given before the command from being reset by the sub-parser's default.
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--router", default=argparse.SUPPRESS, help="router host:port")
+    shared.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="unary call timeout, s")
+
+    parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
+    parser.add_argument("--router", default=None,
+                        help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50051)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="unary call timeout, s (default 30)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = commands.add_parser("generate", parents=[shared], help="generate tokens, streaming them as they arrive")
+    prompt = gen.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompt-ids", type=_token_id_list, help="prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--max-tokens", type=_positive_int, required=True, help="most tokens to generate")
+    gen.add_argument("--mode", choices=sorted(wire.MODES), help="serving mode (default: router's)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1 disables top-p")
+    gen.add_argument("--seed", type=int, default=None, help="sampler seed")
+    gen.add_argument("--stop-token-ids", type=_token_id_list, default=[], help="extra stop ids, e.g. 2,13")
+    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    gen.add_argument("--tenant", default="default", help="tenant (default 'default')")
+    gen.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT target for admission/routing")
+    gen.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT target for admission/routing")
+    gen.add_argument("--request-id", default=None, help="request id (default: a fresh uuid)")
+    gen.add_argument("--deadline-s", type=float, default=None, help="request deadline, s")
+    gen.add_argument("--ids", action="store_true", help="print token ids instead of text")
+    gen.add_argument("--json", action="store_true", help="print one JSON object when done")
+    gen.set_defaults(run=cmd_generate)
+
+    status = commands.add_parser("status", parents=[shared], help="workers, blocks, open transactions, mode")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=cmd_status)
+
+    txns = commands.add_parser("transactions", parents=[shared], help="list transfer transactions")
+    txns.add_argument("--state", action="append", choices=sorted(wire.TXN_STATES), default=[],
+                      help="only this state (repeatable)")
+    txns.add_argument("--tenant", default="", help="only this tenant")
+    txns.add_argument("--limit", type=int, default=0, help="most to list (0 = router default)")
+    txns.add_argument("--json", action="store_true", help="print JSON")
+    txns.set_defaults(run=cmd_transactions)
+
+    cancel = commands.add_parser("cancel", parents=[shared], help="cancel a running request")
+    cancel.add_argument("request_id", help="request id to cancel")
+    cancel.add_argument("--reason", default="pdctl cancel", help="reason recorded by the router")
+    cancel.add_argument("--json", action="store_true", help="print JSON")
+    cancel.set_defaults(run=cmd_cancel)
+
+    set_mode = commands.add_parser("set-mode", parents=[shared], help="change the release mode (rollback: rolled_back)")
+    set_mode.add_argument("mode", choices=list(wire.RELEASE_MODES), help="target release mode")
+    set_mode.add_argument("--canary-fraction", type=float, default=0.0, help="canary share in [0, 1]")
+    set_mode.add_argument("--reason", default="", help="why, for the audit log")
+    set_mode.add_argument("--json", action="store_true", help="print JSON")
+    set_mode.set_defaults(run=cmd_set_mode)
+    return parser
+
+
+def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """Stream tokens to `out`, then a summary line (or one JSON object with --json)."""
+    stream = client.generate(
+        args.prompt, prompt_ids=args.prompt_ids, max_tokens=args.max_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_token_ids=args.stop_token_ids,
+        ignore_eos=args.ignore_eos, mode=args.mode, tenant=args.tenant, slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms, request_id=args.request_id, deadline_s=args.deadline_s,
+    )
+    with stream:
+        try:
+            for token in stream:
+                if not args.json:
+                    out.write(f"{token.token_id} " if args.ids else token.text)
+                    out.flush()
+            result = stream.collect()
+        except (PdError, KeyboardInterrupt):
+            if stream.tokens and not args.json:
+                out.write("\n")  # end the partial line before the error on stderr
+            raise
+    if args.json:
+        out.write(json.dumps(result.to_dict()) + "\n")
+        return EXIT_OK
+    if result.token_ids:
+        out.write("\n")
+    if not args.ids and result.token_ids and not result.text:
+        # A router without a tokenizer streams empty text; show what was generated.
+        out.write("token_ids: " + ",".join(map(str, result.token_ids)) + "\n")
+    out.write(summary_line(result) + "\n")
+    return EXIT_OK
+
+
+def summary_line(r: GenerationResult) -> str:
+    """One-line summary of a finished generation (client-side latencies first)."""
+    workers = f"{r.prefill_worker}->{r.decode_worker}" if r.prefill_worker else r.decode_worker
+    return (f"-- request_id={r.request_id} route={r.route} workers={workers or '-'} finish={r.finish_reason} "
+            f"tokens={r.num_tokens} ttft_ms={r.ttft_ms:.2f} tpot_ms={r.tpot_ms:.2f} latency_ms={r.latency_ms:.2f} "
+            f"server_ttft_ms={r.server_ttft_ms:.2f} server_tpot_ms={r.server_tpot_ms:.2f} attempts={r.attempts}")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """Print cluster status."""
+    s = client.status()
+    if args.json:
+        out.write(json.dumps(s.to_dict()) + "\n")
+        return EXIT_OK
+    out.write(f"mode: {s.mode}  canary_fraction: {s.canary_fraction:.2f}  route_epoch: {s.route_epoch}  "
+              f"open_transactions: {s.open_transactions}\n")
+    out.write(f"decode blocks: free {s.free_blocks}  reserved {s.reserved_blocks}  total {s.total_blocks}\n")
+    rows = [(w.worker_id, w.role, w.epoch, w.free_blocks, w.reserved_blocks, w.total_blocks,
+             w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
+    out.write(_table(("WORKER", "ROLE", "EPOCH", "FREE", "RESERVED", "TOTAL", "PENDING_PREFILL", "BATCH", "ADDRESS"),
+                     rows) + "\n")
+    return EXIT_OK
+
+
+def cmd_transactions(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """Print transfer transactions, newest first."""
+    txns = client.transactions(states=args.state, tenant=args.tenant, limit=args.limit)
+    if args.json:
+        out.write(json.dumps([t.to_dict() for t in txns]) + "\n")
+        return EXIT_OK
+    rows = [(t.request_id, t.transfer_id, t.state, t.generation, t.attempt,
+             f"{t.source_worker_id}@{t.source_epoch}", f"{t.destination_worker_id}@{t.destination_epoch}",
+             t.chunks_expected, t.abort_reason or "-") for t in txns]
+    out.write(_table(("REQUEST", "TRANSFER", "STATE", "GEN", "ATTEMPT", "SOURCE", "DESTINATION", "CHUNKS", "ABORT"),
+                     rows) + "\n")
+    out.write(f"{len(txns)} transaction(s)\n")
+    return EXIT_OK
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """Cancel one request (idempotent; an unknown id is reported, not an error)."""
+    found = client.cancel(args.request_id, reason=args.reason)
+    if args.json:
+        out.write(json.dumps({"request_id": args.request_id, "found": found}) + "\n")
+    else:
+        out.write(f"{args.request_id}: {'cancelled' if found else 'not found (unknown or already gone)'}\n")
+    return EXIT_OK
+
+
+def cmd_set_mode(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """Change the release mode and print the steps the router ran."""
+    change = client.set_mode(args.mode, canary_fraction=args.canary_fraction, reason=args.reason)
+    if args.json:
+        out.write(json.dumps(change.to_dict()) + "\n")
+        return EXIT_OK
+    out.write(f"mode: {change.previous_mode} -> {change.mode}  route_epoch: {change.route_epoch}\n")
+    for step in change.steps:
+        out.write(f"  {step}\n")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `pdctl` console script; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or bad arguments (2)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    out = sys.stdout
+    try:
+        with Client(args.router, timeout_s=args.timeout) as client:
+            return args.run(client, args, out)
+    except PdError as e:
+        out.flush()
+        print(f"pdctl: error: {e.code}: {e.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("pdctl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

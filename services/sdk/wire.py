@@ -1,0 +1,235 @@
+"""pd.v1 <-> SDK values: request encoding, response decoding, error mapping.
+
+The only SDK module that knows protobuf field names; `client.py` and `aio.py`
+share it so the sync and async clients encode and decode identically.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Iterable, Sequence
+
+import grpc
+
+from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
+from services.sdk.types import (
+    ClusterStatus, ModeChange, PdError, TransactionInfo, WorkerStatus,
+)
+
+# Channel options shared by both clients. Must match MAX_MESSAGE_BYTES in services/common/grpc_server.py.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+MODES = {
+    "disaggregated": router_pb2.MODE_DISAGGREGATED,
+    "colocated": router_pb2.MODE_COLOCATED,
+    "auto": router_pb2.MODE_AUTO,
+    "shadow": router_pb2.MODE_SHADOW,
+    "canary": router_pb2.MODE_CANARY,
+}
+RELEASE_MODES = {
+    "pinned": admin_pb2.RELEASE_MODE_PINNED,
+    "shadow": admin_pb2.RELEASE_MODE_SHADOW,
+    "canary": admin_pb2.RELEASE_MODE_CANARY,
+    "active": admin_pb2.RELEASE_MODE_ACTIVE,
+    "rolled_back": admin_pb2.RELEASE_MODE_ROLLED_BACK,
+}
+TXN_STATES = {
+    name.removeprefix("TXN_STATE_").lower(): number
+    for name, number in manifest_pb2.TxnState.items() if number != 0
+}
+
+# Nearest gRPC status for pd.v1 ErrorCodes whose name is not a gRPC status name.
+_GRPC_EQUIVALENT = {
+    "ADMISSION_REJECTED": "RESOURCE_EXHAUSTED",
+    "CACHE_ABI_MISMATCH": "FAILED_PRECONDITION",
+    "STALE_GENERATION": "ABORTED",
+    "CAPABILITY_DENIED": "PERMISSION_DENIED",
+    "TRANSFER_FAILED": "UNAVAILABLE",
+}
+# gRPC statuses after which the same call may succeed if repeated.
+_RETRYABLE_GRPC = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED"}
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+def _enum_name(enum, number: int, prefix: str) -> str:
+    """'ROUTE_COLOCATED' -> 'colocated'; unknown numbers keep their value visible."""
+    try:
+        return enum.Name(number).removeprefix(prefix).lower()
+    except ValueError:
+        return f"unknown({number})"
+
+
+def route_name(route: int) -> str:
+    """Route enum -> 'disaggregated' | 'colocated' ('unspecified' if unset)."""
+    return _enum_name(router_pb2.Route, route, "ROUTE_")
+
+
+def finish_reason_name(reason: int) -> str:
+    """FinishReason enum -> 'stop' | 'length' | 'cancelled'."""
+    return _enum_name(common_pb2.FinishReason, reason, "FINISH_REASON_")
+
+
+def new_request_id() -> str:
+    """A fresh client-side request id (uuid4, hex)."""
+    return uuid.uuid4().hex
+
+
+def _bad(message: str) -> PdError:
+    return PdError("INVALID_ARGUMENT", message)
+
+
+def _uint(value, name: str, limit: int) -> int:
+    """Reject values the uint32/uint64 wire fields cannot carry (protobuf would raise ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise _bad(f"{name} must be an integer in [0, {limit}], got {value!r}")
+    return value
+
+
+def _token_ids(ids: Iterable[int], name: str) -> list[int]:
+    return [_uint(t, name, _UINT32_MAX) for t in ids]
+
+
+def build_generate_request(
+    *, prompt: str | None, prompt_ids: Sequence[int] | None, max_tokens: int,
+    temperature: float, top_k: int, top_p: float, seed: int | None,
+    stop_token_ids: Sequence[int], ignore_eos: bool, mode: str | int | None,
+    tenant: str, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+    request_id: str | None, deadline_s: float | None,
+) -> router_pb2.GenerateRequest:
+    """Encode one Generate call. Raises PdError(INVALID_ARGUMENT) for what the wire cannot carry.
+
+    Semantic checks (max_tokens > 0, sampling ranges, empty prompt) are the
+    router's; the SDK only refuses values it cannot encode, so every client
+    sees the router's own message for the rest.
+    """
+    if (prompt is None) == (prompt_ids is None):
+        raise _bad("give exactly one of prompt (text) or prompt_ids (token ids)")
+    request = router_pb2.GenerateRequest(
+        request_id=request_id or new_request_id(),
+        tenant=tenant,
+        max_tokens=_uint(max_tokens, "max_tokens", _UINT32_MAX),
+        mode=encode_mode(mode),
+        sampling=common_pb2.SamplingParams(
+            temperature=float(temperature), top_k=_uint(top_k, "top_k", _UINT32_MAX), top_p=float(top_p),
+            stop_token_ids=_token_ids(stop_token_ids, "stop_token_ids"), ignore_eos=bool(ignore_eos),
+        ),
+        slo=common_pb2.Slo(ttft_ms=float(slo_ttft_ms or 0.0), tpot_ms=float(slo_tpot_ms or 0.0)),
+    )
+    if seed is not None:
+        request.sampling.seed = _uint(seed, "seed", _UINT64_MAX)
+    if prompt is not None:
+        request.prompt_text = prompt
+    else:
+        request.prompt_token_ids.ids.extend(_token_ids(prompt_ids, "prompt_ids"))
+    if deadline_s is not None:
+        if deadline_s <= 0:
+            raise _bad(f"deadline_s must be > 0, got {deadline_s!r}")
+        # Round up so a sub-millisecond deadline never turns into 0 ("no deadline").
+        request.deadline_ms = _uint(math.ceil(deadline_s * 1000), "deadline_ms", _UINT32_MAX)
+    return request
+
+
+def encode_mode(mode: str | int | None) -> int:
+    """'colocated' etc. (or a Mode number, or None for the router default) -> Mode."""
+    if mode is None:
+        return router_pb2.MODE_UNSPECIFIED
+    if isinstance(mode, int):
+        return mode
+    try:
+        return MODES[mode.lower()]
+    except KeyError:
+        raise _bad(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}") from None
+
+
+def encode_release_mode(mode: str) -> int:
+    """'pinned' | 'shadow' | 'canary' | 'active' | 'rolled_back' -> ReleaseMode."""
+    try:
+        return RELEASE_MODES[mode.lower().replace("-", "_")]
+    except KeyError:
+        raise _bad(f"unknown release mode {mode!r}; expected one of {', '.join(RELEASE_MODES)}") from None
+
+
+def encode_txn_states(states: Iterable[str]) -> list[int]:
+    """['aborted', ...] -> [TxnState, ...]."""
+    out = []
+    for state in states:
+        try:
+            out.append(TXN_STATES[state.lower()])
+        except KeyError:
+            raise _bad(f"unknown transaction state {state!r}; expected one of {', '.join(TXN_STATES)}") from None
+    return out
+
+
+def error_from_event(error: common_pb2.Error) -> PdError:
+    """A stream `error` event -> PdError; ERROR_CODE_UNSPECIFIED reads as INTERNAL (common.proto)."""
+    code = _enum_name(common_pb2.ErrorCode, error.code, "ERROR_CODE_").upper()
+    if code == "UNSPECIFIED":
+        code = "INTERNAL"
+    return PdError(code, error.message, retryable=error.retryable, grpc_code=_GRPC_EQUIVALENT.get(code, code))
+
+
+def error_from_rpc(error: grpc.RpcError) -> PdError:
+    """A failed gRPC call (sync or aio) -> PdError with the status name and the server's details."""
+    status = error.code() if callable(getattr(error, "code", None)) else None
+    code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+    details = error.details() if callable(getattr(error, "details", None)) else None
+    return PdError(code, details if details is not None else str(error), retryable=code in _RETRYABLE_GRPC)
+
+
+def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
+    """Admin.Status answer -> ClusterStatus."""
+    workers = [
+        WorkerStatus(
+            worker_id=w.worker_id,
+            role=_enum_name(common_pb2.WorkerRole, w.role, "WORKER_ROLE_"),
+            address=w.grpc_address,
+            epoch=w.epoch,
+            free_blocks=w.load.free_blocks,
+            reserved_blocks=w.load.reserved_blocks,
+            # A worker that has not reported load yet still declared its capacity.
+            total_blocks=w.load.total_blocks or w.capacity.total_blocks,
+            pending_prefill_tokens=w.load.pending_prefill_tokens,
+            active_decode_batch=w.load.active_decode_batch,
+            lease_expires_unix_ms=w.lease_expires_unix_ms,
+        )
+        for w in response.workers
+    ]
+    return ClusterStatus(
+        workers=workers,
+        free_blocks=response.free_blocks,
+        reserved_blocks=response.reserved_blocks,
+        total_blocks=response.total_blocks,
+        open_transactions=response.open_transactions,
+        mode=_enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
+        canary_fraction=response.canary_fraction,
+        route_epoch=response.route_epoch,
+    )
+
+
+def transaction_from_proto(t: manifest_pb2.Transaction) -> TransactionInfo:
+    """Transaction record -> TransactionInfo (manifest omitted)."""
+    return TransactionInfo(
+        request_id=t.request_id, transfer_id=t.transfer_id, tenant=t.tenant,
+        generation=t.generation, attempt=t.attempt,
+        state=_enum_name(manifest_pb2.TxnState, t.state, "TXN_STATE_"),
+        source_worker_id=t.source_worker_id, source_epoch=t.source_epoch,
+        destination_worker_id=t.destination_worker_id, destination_epoch=t.destination_epoch,
+        reservation_id=t.reservation_id, chunks_expected=t.chunks_expected, kv_digest=t.kv_digest,
+        abort_reason=t.abort_reason, created_unix_ms=t.created_unix_ms, updated_unix_ms=t.updated_unix_ms,
+    )
+
+
+def mode_change_from_proto(response: admin_pb2.SetModeResponse) -> ModeChange:
+    """Admin.SetMode answer -> ModeChange."""
+    return ModeChange(
+        previous_mode=_enum_name(admin_pb2.ReleaseMode, response.previous_mode, "RELEASE_MODE_"),
+        mode=_enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
+        route_epoch=response.route_epoch,
+        steps=list(response.steps),
+    )
