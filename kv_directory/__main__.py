@@ -1,0 +1,60 @@
+"""``python -m kv_directory [--listen HOST:PORT] [--redis-url URL]``
+
+Serves pd.v1.Directory until SIGTERM/SIGINT (exit 0). Flags override
+``DirectoryConfig.from_env()`` (``PD_*`` variables). Exits 2 with a one-line
+message if the configuration is invalid and 3 if Redis cannot be reached at
+start: a directory that cannot vouch for its answers does not start serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from kv_directory.config import DirectoryConfig
+from kv_directory.redis_store import RedisDirectoryStore
+from kv_directory.server import redact_url, serve
+from kv_directory.store import DirectoryUnavailable
+from services.common.grpc_server import setup_logging
+
+log = logging.getLogger("kv_directory")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags; unset flags leave the env/default value."""
+    p = argparse.ArgumentParser(prog="python -m kv_directory", description=__doc__.splitlines()[0])
+    p.add_argument("--listen", help="gRPC listen address host:port (port 0 = any); env PD_DIRECTORY_LISTEN")
+    p.add_argument("--redis-url", help="redis:// URL of the state store; env PD_REDIS_URL")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = parse_args(argv)
+    setup_logging("kv_directory", args.log_level)
+    overrides = {k: v for k, v in (("listen_addr", args.listen), ("redis_url", args.redis_url)) if v}
+    try:
+        config = DirectoryConfig.from_env(**overrides)
+    except ValueError as exc:
+        print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    store = RedisDirectoryStore(config)
+    try:
+        store.ping()
+    except DirectoryUnavailable as exc:
+        store.close()
+        print(f"kv_directory: redis unreachable at {redact_url(config.redis_url)}: {exc}", file=sys.stderr)
+        return 3
+    try:
+        asyncio.run(serve(store, config))
+    except OSError as exc:  # cannot bind the listen address
+        print(f"kv_directory: cannot serve on {config.listen_addr}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

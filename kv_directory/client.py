@@ -1,0 +1,297 @@
+"""Async client of the Directory service, for workers and the router.
+
+    async with DirectoryClient("127.0.0.1:50070", timeout_s=2.0) as d:
+        reg = await d.register_worker(WorkerInfo("decode-0", WorkerRole.DECODE, grpc, data, abi, capacity))
+        lease = await d.heartbeat("decode-0", reg.epoch, load)          # lease.ok False -> re-register
+        r = await d.reserve(manifest)                                    # r.outcome, r.state
+        r = await d.publish(rid, tid, generation, "decode-0", reg.epoch, kv_digest=digest)
+
+Errors: every call either returns the directory's answer or raises
+``DirectoryUnavailable`` (gRPC UNAVAILABLE or DEADLINE_EXCEEDED: the directory
+or its Redis is down or slow) or ``ValueError`` (INVALID_ARGUMENT: the request
+was malformed; the message names the field). A rejected transition is not an
+exception: it is ``TxnReply.outcome``. The client does not retry; every
+directory operation is idempotent, so the caller may.
+
+Types are the store's where they exist (``WorkerInfo``, ``WorkerRecord``,
+``LoadReport``, ``ClusterSnapshot``, ``Outcome``, ``TxnState``, ``WorkerRole``);
+``Outcome.LEASE_LOST`` is what the wire calls STALE_EPOCH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from kv_directory.convert import (
+    OUTCOME_FROM_PB,
+    ROLE_TO_PB,
+    STATE_FROM_PB,
+    capacity_to_pb,
+    load_to_pb,
+    worker_record_from_pb,
+)
+from kv_directory.states import Outcome, TxnState
+from kv_directory.store import (
+    ClusterSnapshot,
+    DirectoryUnavailable,
+    LoadReport,
+    WorkerInfo,
+    WorkerRef,
+    WorkerRole,
+)
+from services.common.grpc_server import MAX_MESSAGE_BYTES
+from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
+
+_UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Registration:
+    """Result of ``register_worker``: the new epoch and how often to heartbeat."""
+
+    epoch: int
+    lease_ttl_ms: int
+    route_epoch: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lease:
+    """Result of ``heartbeat``. ``ok`` False: the lease is lost; abandon
+    unpublished work and re-register."""
+
+    ok: bool
+    lease_ttl_ms: int
+    route_epoch: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TxnReply:
+    """Result of a transaction transition (reserve, begin, ..., release)."""
+
+    request_id: str
+    transfer_id: str
+    outcome: Outcome
+    state: TxnState | None
+    """State after the call; None when NOT_FOUND (or rejected before creation)."""
+    current_generation: int
+    """The transaction's generation (0 when there is none)."""
+
+    @property
+    def ok(self) -> bool:
+        """APPLIED or DUPLICATE: the requested state holds."""
+        return self.outcome.ok
+
+    @classmethod
+    def from_pb(cls, r: directory_pb2.TxnResponse) -> "TxnReply":
+        """Proto TxnResponse -> TxnReply."""
+        state = None if r.state == manifest_pb2.TXN_STATE_UNSPECIFIED else STATE_FROM_PB[r.state]
+        return cls(r.request_id, r.transfer_id, OUTCOME_FROM_PB[r.outcome], state, r.current_generation)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TxnRecord:
+    """A stored transaction, as ``lookup`` and ``list_open`` return it."""
+
+    request_id: str
+    transfer_id: str
+    tenant: str
+    generation: int
+    attempt: int
+    state: TxnState
+    source: WorkerRef
+    dest: WorkerRef
+    reservation_id: str
+    chunks_expected: int
+    kv_digest: str
+    """Set once VALIDATED (the manifest's chunk-checksum digest)."""
+    abort_reason: str
+    created_unix_ms: int
+    updated_unix_ms: int
+    manifest: manifest_pb2.HandoffManifest
+    """The manifest it was reserved with: the copy the destination validates against."""
+
+    @classmethod
+    def from_pb(cls, t: manifest_pb2.Transaction) -> "TxnRecord":
+        """Proto Transaction -> TxnRecord."""
+        return cls(
+            t.request_id, t.transfer_id, t.tenant, t.generation, t.attempt, STATE_FROM_PB[t.state],
+            WorkerRef(t.source_worker_id, t.source_epoch), WorkerRef(t.destination_worker_id, t.destination_epoch),
+            t.reservation_id, t.chunks_expected, t.kv_digest, t.abort_reason,
+            t.created_unix_ms, t.updated_unix_ms, t.manifest,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """How many leading blocks of a looked-up chain a live worker holds."""
+
+    worker_id: str
+    epoch: int
+    matched_blocks: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouteEpoch:
+    """Result of ``advance_route_epoch``."""
+
+    route_epoch: int
+    advanced: bool
+
+
+def _hex(hashes: Sequence[bytes | str]) -> list[str]:
+    return [h.hex() if isinstance(h, (bytes, bytearray)) else h for h in hashes]
+
+
+class DirectoryClient:
+    """Typed async calls to pd.v1.Directory over one grpc.aio channel.
+
+    Create and use it inside one event loop; ``close()`` (or ``async with``)
+    when done. ``timeout_s`` is the deadline of every call.
+    """
+
+    def __init__(self, address: str, timeout_s: float = 5.0):
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ])
+        self._stub = directory_pb2_grpc.DirectoryStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel; in-flight calls are cancelled."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "DirectoryClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, rpc: str, request: Any) -> Any:
+        try:
+            return await getattr(self._stub, rpc)(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _UNAVAILABLE_CODES:
+                raise DirectoryUnavailable(
+                    f"directory {self.address} {rpc}: {exc.code().name}: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(f"directory {rpc}: {exc.details()}") from exc
+            raise
+
+    # ---- registry ----------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> Registration:
+        """Register (or re-register) ``info`` (capacity included); a fresh epoch
+        fences everything the worker's previous epoch left unpublished."""
+        r = await self._call("RegisterWorker", directory_pb2.RegisterWorkerRequest(
+            worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_addr,
+            data_plane_address=info.data_addr, cache_abi_digest=info.abi_digest,
+            capacity=capacity_to_pb(info.capacity)))
+        return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch)
+
+    async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:
+        """Renew the lease and replace the load report."""
+        r = await self._call("Heartbeat", directory_pb2.HeartbeatRequest(
+            worker_id=worker_id, epoch=epoch, load=load_to_pb(load or LoadReport())))
+        return Lease(r.status == directory_pb2.LEASE_STATUS_OK, r.lease_ttl_ms, r.route_epoch)
+
+    async def snapshot(self, role: WorkerRole | None = None) -> ClusterSnapshot:
+        """Live workers sorted by id (``role``: that role or MIXED; None: all),
+        the route epoch, and the directory's clock as ``now_ms``."""
+        r = await self._call("ClusterSnapshot", directory_pb2.ClusterSnapshotRequest(
+            role=common_pb2.WORKER_ROLE_UNSPECIFIED if role is None else ROLE_TO_PB[WorkerRole(role)]))
+        workers = sorted((worker_record_from_pb(w) for w in r.workers), key=lambda w: w.worker_id)
+        return ClusterSnapshot(r.route_epoch, r.snapshot_unix_ms, tuple(workers))
+
+    # ---- transactions ------------------------------------------------------
+
+    async def reserve(self, manifest: manifest_pb2.HandoffManifest) -> TxnReply:
+        """Create the transaction in RESERVED. Same transfer id and identical
+        manifest: DUPLICATE; any field different: CHECKSUM_CONFLICT."""
+        return TxnReply.from_pb(await self._call("Reserve", directory_pb2.TxnReserveRequest(manifest=manifest)))
+
+    async def _move(self, rpc: str, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                    epoch: int, **extra: str) -> TxnReply:
+        return TxnReply.from_pb(await self._call(rpc, directory_pb2.TxnTransitionRequest(
+            request_id=request_id, transfer_id=transfer_id, generation=generation,
+            worker_id=worker_id, worker_epoch=epoch, **extra)))
+
+    async def begin(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                    epoch: int) -> TxnReply:
+        """RESERVED -> TRANSFERRING."""
+        return await self._move("Begin", request_id, transfer_id, generation, worker_id, epoch)
+
+    async def validated(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                        epoch: int, kv_digest: str = "") -> TxnReply:
+        """TRANSFERRING -> VALIDATED. ``kv_digest`` = ``digest_checksums`` of the
+        received chunk checksums; if it differs from the manifest's: CHECKSUM_CONFLICT."""
+        return await self._move("Validated", request_id, transfer_id, generation, worker_id, epoch,
+                                kv_digest=kv_digest)
+
+    async def publish(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                      epoch: int, kv_digest: str = "") -> TxnReply:
+        """VALIDATED -> PUBLISHED iff ``generation`` is still current; the caller
+        must be the destination at the manifest's epoch."""
+        return TxnReply.from_pb(await self._call("Publish", directory_pb2.TxnPublishRequest(
+            request_id=request_id, transfer_id=transfer_id, generation=generation,
+            destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest)))
+
+    async def abort(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                    epoch: int = 0, reason: str = "") -> TxnReply:
+        """Any unpublished state -> ABORTED (DUPLICATE if already). A caller that
+        is not an end of the transaction (the router) may pass epoch 0."""
+        return await self._move("Abort", request_id, transfer_id, generation, worker_id, epoch, reason=reason)
+
+    async def release(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                      epoch: int) -> TxnReply:
+        """PUBLISHED -> RELEASED (the source may free its copy)."""
+        return await self._move("Release", request_id, transfer_id, generation, worker_id, epoch)
+
+    async def lookup(self, request_id: str, transfer_id: str) -> TxnRecord | None:
+        """The transaction with its manifest, or None (unknown, other request, or retention over)."""
+        r = await self._call("Lookup", directory_pb2.TxnLookupRequest(request_id=request_id, transfer_id=transfer_id))
+        return TxnRecord.from_pb(r.transaction) if r.found else None
+
+    async def list_open(self, worker_id: str = "") -> list[TxnRecord]:
+        """Unpublished transactions (of ``worker_id`` at either end, or all), by transfer id."""
+        r = await self._call("ListOpenTransactions", directory_pb2.ListOpenTransactionsRequest(worker_id=worker_id))
+        return sorted((TxnRecord.from_pb(t) for t in r.transactions), key=lambda t: t.transfer_id)
+
+    # ---- prefix index ------------------------------------------------------
+
+    async def prefix_publish(self, tenant: str, worker_id: str, epoch: int, block_hashes: Sequence[bytes | str],
+                             evicted: Sequence[bytes | str] = ()) -> bool:
+        """Index blocks the worker holds (and drop evicted ones); False if the epoch is stale."""
+        r = await self._call("PrefixPublish", directory_pb2.PrefixPublishRequest(
+            tenant=tenant, worker_id=worker_id, epoch=epoch,
+            block_hashes=_hex(block_hashes), evicted_block_hashes=_hex(evicted)))
+        return r.accepted
+
+    async def prefix_lookup(self, tenant: str, block_hashes: Sequence[bytes | str]) -> list[PrefixMatch]:
+        """Live workers holding a leading run of ``block_hashes``, longest first."""
+        r = await self._call("PrefixLookup", directory_pb2.PrefixLookupRequest(
+            tenant=tenant, block_hashes=_hex(block_hashes)))
+        return [PrefixMatch(m.worker_id, m.epoch, m.matched_blocks) for m in r.matches]
+
+    # ---- route epoch and nonces --------------------------------------------
+
+    async def get_route_epoch(self) -> int:
+        """Current route epoch (0 before the first advance)."""
+        return (await self._call("GetRouteEpoch", directory_pb2.GetRouteEpochRequest())).route_epoch
+
+    async def advance_route_epoch(self, expected: int = 0, reason: str = "") -> RouteEpoch:
+        """Advance the route epoch; with ``expected`` != 0 only if it still equals it."""
+        r = await self._call("AdvanceRouteEpoch", directory_pb2.AdvanceRouteEpochRequest(
+            expected_route_epoch=expected, reason=reason))
+        return RouteEpoch(r.route_epoch, r.advanced)
+
+    async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "") -> bool:
+        """True the first time ``nonce`` is consumed, False on any replay."""
+        r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
+            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id))
+        return r.consumed

@@ -1,0 +1,342 @@
+"""The Directory gRPC service: a thin servicer over a ``DirectoryStore``.
+
+Each RPC is proto -> dataclass (``convert.py``) -> one or two store calls ->
+proto. Store calls block (Redis round trips with timeouts), so they run on a
+small thread pool and the event loop never waits on Redis.
+
+Errors:
+* a malformed request (missing id, generation 0, unknown role) -> INVALID_ARGUMENT
+  naming the field;
+* ``DirectoryUnavailable`` (Redis down, timing out, loading) -> UNAVAILABLE;
+* a rejected transition is *not* an error: it is ``TxnResponse.outcome``.
+
+Transitions carry the caller's identity (request id, generation, worker and
+epoch) which the store's by-transfer-id operations do not take; the servicer
+reads the transaction first and applies ``convert.fence``. That read-then-act
+is race-free because the fields it compares never change after reserve.
+
+Liveness without traffic: a background task calls ``store.reap_expired()``
+every ``lease_ttl_s / 3``, so a dead worker leaves the snapshot and its
+unpublished transactions abort even when nobody calls the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from kv_directory.config import DirectoryConfig
+from kv_directory.convert import (
+    BadRequest,
+    digest_mismatch,
+    fence,
+    hashes_from_pb,
+    initial_load,
+    load_from_pb,
+    require,
+    role_from_pb,
+    role_matches,
+    spec_from_manifest,
+    txn_response,
+    txn_to_pb,
+    worker_info_from_pb,
+    worker_record_to_pb,
+)
+from kv_directory.states import Outcome
+from kv_directory.store import DirectoryStore, DirectoryUnavailable, TxnResult
+from services.common.grpc_server import start_server, wait_for_shutdown
+from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STORE_THREADS = 16
+"""Concurrent blocking store calls; beyond this, RPCs queue (not the event loop)."""
+
+NONCE_SKEW_MARGIN_S = 60.0
+"""A nonce record outlives its capability's expiry by this much, so a verifier
+whose clock lags the directory's still sees a replay as a replay."""
+
+SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
+
+
+def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Map BadRequest -> INVALID_ARGUMENT and DirectoryUnavailable -> UNAVAILABLE."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: "DirectoryServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DirectoryUnavailable as exc:
+            log.warning("%s: store unavailable: %s", handler.__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"directory store unavailable: {exc}")
+
+    return wrapper
+
+
+class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
+    """pd.v1.Directory over a DirectoryStore. Call ``start()`` inside the event
+    loop (starts the reaper) and ``close()`` at shutdown."""
+
+    def __init__(self, store: DirectoryStore, config: DirectoryConfig):
+        self._store = store
+        self._cfg = config
+        self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
+        self._pool = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="directory-store")
+        self._reaper: asyncio.Task | None = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store call on the pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background reaper."""
+        assert self._reaper is None, "started twice"
+        self._reaper = asyncio.create_task(self._reap_forever(), name="directory-reaper")
+
+    async def stop_reaper(self) -> None:
+        """Stop the background reaper (first step of shutdown)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            self._reaper = None
+
+    async def close(self) -> None:
+        """Stop the reaper, drain the pool, close the store. Call after the
+        server stopped, so no RPC still needs the store."""
+        await self.stop_reaper()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._store.close()
+
+    async def _reap_forever(self) -> None:
+        interval_s = self._cfg.lease_ttl_s / 3
+        failing = False
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                reaped = await self._run(self._store.reap_expired)
+            except DirectoryUnavailable as exc:
+                if not failing:  # log the outage once, not every tick
+                    log.warning("reaper: store unavailable: %s", exc)
+                failing = True
+                continue
+            except Exception:  # keep reaping: a bug here must not stop lease expiry
+                log.exception("reaper: reap_expired failed")
+                continue
+            if failing:
+                log.info("reaper: store reachable again")
+            failing = False
+            if reaped:
+                log.info("reaper: reaped %d expired workers/transactions", reaped)
+
+    # ---- registry ----------------------------------------------------------
+
+    @_rpc
+    async def RegisterWorker(self, request, context):
+        """New epoch and lease; aborts what the worker's previous epoch left unpublished."""
+        info = worker_info_from_pb(request)
+        rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
+        route_epoch = await self._run(self._store.get_route_epoch)
+        log.info("registered %s (%s) epoch %d at %s", rec.worker_id, rec.role.value, rec.epoch, rec.grpc_addr)
+        return directory_pb2.RegisterWorkerResponse(
+            epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch)
+
+    @_rpc
+    async def Heartbeat(self, request, context):
+        """Renew the lease and replace the load report, or LOST."""
+        require(request.worker_id, "worker_id")
+        require(request.epoch, "epoch")
+        lease = await self._run(self._store.heartbeat, request.worker_id, request.epoch, load_from_pb(request.load))
+        route_epoch = await self._run(self._store.get_route_epoch)
+        ok = lease.outcome == Outcome.APPLIED
+        return directory_pb2.HeartbeatResponse(
+            status=directory_pb2.LEASE_STATUS_OK if ok else directory_pb2.LEASE_STATUS_LOST,
+            lease_ttl_ms=self._lease_ttl_ms if ok else 0, route_epoch=route_epoch)
+
+    @_rpc
+    async def ClusterSnapshot(self, request, context):
+        """Live workers (optionally of one role, BOTH included) and the route epoch."""
+        wanted = None if request.role == common_pb2.WORKER_ROLE_UNSPECIFIED else role_from_pb(request.role)
+        snap = await self._run(self._store.snapshot)
+        return directory_pb2.ClusterSnapshotResponse(
+            workers=[worker_record_to_pb(w) for w in snap.workers if role_matches(w.role, wanted)],
+            route_epoch=snap.route_epoch, snapshot_unix_ms=snap.now_ms)
+
+    # ---- transactions ------------------------------------------------------
+
+    @_rpc
+    async def Reserve(self, request, context):
+        """Create the transaction in RESERVED from the manifest."""
+        spec = spec_from_manifest(request.manifest)
+        result = await self._run(self._store.reserve, spec)
+        return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id)
+
+    async def _transition(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                          worker_epoch: int, op: Callable[[], TxnResult], *, digest: str = "",
+                          destination_only: bool = False) -> directory_pb2.TxnResponse:
+        """Validate, fence against the stored identity, then run ``op`` on the store."""
+        require(request_id, "request_id")
+        require(transfer_id, "transfer_id")
+        require(generation, "generation")
+        require(worker_id, "worker_id")
+        txn = await self._run(self._store.lookup, transfer_id)
+        if txn is None:
+            return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
+        rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
+        if rejected is None and digest_mismatch(txn, digest):
+            rejected = Outcome.CHECKSUM_CONFLICT
+        if rejected is not None:
+            return txn_response(rejected, txn, request_id, transfer_id)
+        result = await self._run(op)
+        return txn_response(result.outcome, result.txn, request_id, transfer_id)
+
+    def _simple(self, r, op: Callable[[], TxnResult], **kw: Any):
+        return self._transition(r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch, op, **kw)
+
+    @_rpc
+    async def Begin(self, request, context):
+        """RESERVED -> TRANSFERRING."""
+        return await self._simple(request, functools.partial(self._store.begin, request.transfer_id))
+
+    @_rpc
+    async def Validated(self, request, context):
+        """TRANSFERRING -> VALIDATED; a kv_digest other than the manifest's is CHECKSUM_CONFLICT."""
+        return await self._simple(
+            request, functools.partial(self._store.validated, request.transfer_id), digest=request.kv_digest)
+
+    @_rpc
+    async def Publish(self, request, context):
+        """VALIDATED -> PUBLISHED, compare-and-set on the current generation."""
+        r = request
+        return await self._transition(
+            r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
+            functools.partial(self._store.publish, r.transfer_id, r.generation),
+            digest=r.kv_digest, destination_only=True)
+
+    @_rpc
+    async def Abort(self, request, context):
+        """Any unpublished state -> ABORTED (idempotent)."""
+        return await self._simple(
+            request, functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"))
+
+    @_rpc
+    async def Release(self, request, context):
+        """PUBLISHED -> RELEASED."""
+        return await self._simple(request, functools.partial(self._store.release, request.transfer_id))
+
+    @_rpc
+    async def Lookup(self, request, context):
+        """One transaction with its manifest. Both ids are required: the store is
+        keyed by transfer id and has no per-request index without the tenant."""
+        require(request.request_id, "request_id")
+        require(request.transfer_id, "transfer_id")
+        txn = await self._run(self._store.lookup, request.transfer_id)
+        if txn is None or txn.spec.request_id != request.request_id:
+            return directory_pb2.TxnLookupResponse(found=False)
+        return directory_pb2.TxnLookupResponse(found=True, transaction=txn_to_pb(txn))
+
+    @_rpc
+    async def ListOpenTransactions(self, request, context):
+        """Unpublished transactions, optionally of one worker."""
+        txns = await self._run(self._store.list_open, request.worker_id or None)
+        return directory_pb2.ListOpenTransactionsResponse(transactions=[txn_to_pb(t) for t in txns])
+
+    # ---- prefix index ------------------------------------------------------
+
+    @_rpc
+    async def PrefixPublish(self, request, context):
+        """Index the hashes a live worker holds (evictions first)."""
+        require(request.tenant, "tenant")
+        require(request.worker_id, "worker_id")
+        require(request.epoch, "epoch")
+        limit = self._cfg.max_prefix_blocks
+        held = hashes_from_pb(request.block_hashes, "block_hashes", limit)
+        evicted = hashes_from_pb(request.evicted_block_hashes, "evicted_block_hashes", limit)
+        outcome = await self._run(
+            self._store.prefix_publish, request.tenant, request.worker_id, request.epoch, held, evicted)
+        return directory_pb2.PrefixPublishResponse(accepted=outcome == Outcome.APPLIED)
+
+    @_rpc
+    async def PrefixLookup(self, request, context):
+        """Longest cached prefix per live worker, longest first."""
+        require(request.tenant, "tenant")
+        hashes = hashes_from_pb(request.block_hashes, "block_hashes", self._cfg.max_prefix_blocks)
+        if not hashes:
+            return directory_pb2.PrefixLookupResponse()
+        runs = await self._run(self._store.prefix_lookup, request.tenant, hashes)
+        if not runs:
+            return directory_pb2.PrefixLookupResponse()
+        # The epoch a match is valid for; a worker that died since the lookup is dropped.
+        snap = await self._run(self._store.snapshot)
+        epochs = {w.worker_id: w.epoch for w in snap.workers}
+        matches = sorted(((-n, wid) for wid, n in runs.items() if wid in epochs))
+        return directory_pb2.PrefixLookupResponse(matches=[
+            directory_pb2.PrefixMatch(worker_id=wid, epoch=epochs[wid], matched_blocks=-neg) for neg, wid in matches
+        ])
+
+    # ---- route epoch and nonces --------------------------------------------
+
+    @_rpc
+    async def GetRouteEpoch(self, request, context):
+        """Current route epoch."""
+        return directory_pb2.RouteEpochResponse(route_epoch=await self._run(self._store.get_route_epoch))
+
+    @_rpc
+    async def AdvanceRouteEpoch(self, request, context):
+        """Advance (conditionally if expected_route_epoch != 0); logged for audit."""
+        expected = request.expected_route_epoch or None
+        result = await self._run(self._store.advance_route_epoch, expected)
+        advanced = result.outcome == Outcome.APPLIED
+        log.info("route epoch %s -> %d (expected %s, reason %r)",
+                 "advanced" if advanced else "not advanced", result.route_epoch, expected, request.reason)
+        return directory_pb2.RouteEpochResponse(route_epoch=result.route_epoch, advanced=advanced)
+
+    @_rpc
+    async def ConsumeNonce(self, request, context):
+        """True the first time a nonce is seen (kept until the capability expires, plus skew margin)."""
+        require(request.nonce, "nonce")
+        require(request.expires_unix_ms, "expires_unix_ms")
+        ttl_s = max(request.expires_unix_ms / 1000 - time.time(), 0.0) + NONCE_SKEW_MARGIN_S
+        outcome = await self._run(self._store.consume_nonce, request.nonce, ttl_s)
+        if outcome != Outcome.APPLIED:
+            log.warning("nonce replay rejected (transfer %s)", request.transfer_id)
+        return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED)
+
+
+async def serve(store: DirectoryStore, config: DirectoryConfig) -> None:
+    """Serve pd.v1.Directory (plus health and reflection) on ``config.listen_addr``
+    until SIGTERM/SIGINT, then drain and close the store."""
+    servicer = DirectoryServicer(store, config)
+    server, port, health = await start_server(
+        config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)])
+    servicer.start()
+    host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
+    log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
+             host, port, redact_url(config.redis_url), config.lease_ttl_s)
+    try:
+        await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
+    finally:
+        await servicer.close()
+    log.info("directory stopped")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password, for logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,476 @@
+"""The Directory gRPC service as a real process (``python -m kv_directory``) on a
+real redis-server, driven through ``DirectoryClient``.
+
+Every test ends with a leak check: no open transaction is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from kv_directory.client import DirectoryClient
+from kv_directory.states import Outcome, TxnState
+from kv_directory.store import (
+    DirectoryUnavailable,
+    LoadReport,
+    WorkerCapacity,
+    WorkerInfo,
+    WorkerRole,
+    digest_checksums,
+)
+from services.cluster.redis_proc import free_port, start_redis
+from services.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = "pd.v1.Directory"
+CAP = WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=2048, block_size=16,
+                     vocab_size=32000, max_model_len=4096)
+CHECKSUMS = ["c0", "c1", "c2"]
+KV_DIGEST = digest_checksums(CHECKSUMS)
+
+
+class DirectoryProcess:
+    """One ``python -m kv_directory`` subprocess under its own Redis key prefix."""
+
+    def __init__(self, redis_url: str, **env: str):
+        self.prefix = "{dirgrpc-" + uuid.uuid4().hex[:10] + "}"
+        self.address = f"127.0.0.1:{free_port()}"
+        self._log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kv_directory", "--listen", self.address, "--redis-url", redis_url],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PD_DIRECTORY_KEY_PREFIX": self.prefix, **env},
+        )
+        self._wait_serving()
+
+    def output(self) -> str:
+        """Everything the process logged so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def _wait_serving(self, timeout_s: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"directory exited {self.proc.returncode}:\n{self.output()}")
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=0.5)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        self.proc.kill()
+        raise RuntimeError(f"directory not SERVING after {timeout_s}s:\n{self.output()}")
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit status (killed -> -9)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def directory(redis_server):
+    """The shared directory process; its clean SIGTERM exit is checked at the end."""
+    proc = DirectoryProcess(redis_server.url)
+    yield proc
+    assert proc.stop() == 0, proc.output()
+
+
+def run(address: str, scenario) -> None:
+    """Run ``scenario(client)`` in a fresh event loop, then the leak check."""
+
+    async def main() -> None:
+        async with DirectoryClient(address, timeout_s=5.0) as client:
+            await scenario(client)
+            assert await client.list_open() == []
+
+    asyncio.run(main())
+
+
+def uid(name: str) -> str:
+    """A name no other test uses on the shared directory."""
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+async def two_workers(client: DirectoryClient):
+    """Register a prefill and a decode worker; returns their (id, epoch) pairs."""
+    p, d = uid("p"), uid("d")
+    rp = await client.register_worker(WorkerInfo(p, WorkerRole.PREFILL, f"{p}:1", f"{p}:2", "abi", CAP))
+    rd = await client.register_worker(WorkerInfo(d, WorkerRole.DECODE, f"{d}:1", f"{d}:2", "abi", CAP))
+    return (p, rp.epoch), (d, rd.epoch)
+
+
+def manifest(src, dst, tid: str, rid: str, gen: int = 1, checksums=CHECKSUMS, **extra) -> manifest_pb2.HandoffManifest:
+    """A manifest for ``tid`` from ``src`` to ``dst`` ((id, epoch) pairs)."""
+    return manifest_pb2.HandoffManifest(
+        request_id=rid, tenant="acme", generation=gen, transfer_id=tid, block_size=16,
+        token_interval=manifest_pb2.TokenInterval(start=0, end=48), reservation_id=f"res-{tid}",
+        expected_chunks=[manifest_pb2.ChunkSpec(layer=i, block_count=3, num_bytes=1024, checksum=c)
+                         for i, c in enumerate(checksums)],
+        source_worker_id=src[0], source_epoch=src[1], destination_worker_id=dst[0], destination_epoch=dst[1],
+        checksum_algorithm="xxh3_64", **extra,
+    )
+
+
+async def drive_to(client, rid, tid, gen, dst, state: TxnState, start: TxnState = TxnState.RESERVED) -> None:
+    """Move a transaction from ``start`` to ``state`` (<= PUBLISHED) as its destination would."""
+    steps = [
+        (TxnState.TRANSFERRING, lambda: client.begin(rid, tid, gen, *dst)),
+        (TxnState.VALIDATED, lambda: client.validated(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
+        (TxnState.PUBLISHED, lambda: client.publish(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
+    ]
+    for target, step in steps:
+        if target > state:
+            return
+        if target <= start:
+            continue
+        r = await step()
+        assert (r.outcome, r.state) == (Outcome.APPLIED, target)
+
+
+# ---- service surface -------------------------------------------------------
+
+def test_health_and_reflection(directory):
+    with grpc.insecure_channel(directory.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                            timeout=2)
+        names = {s.name for r in replies for s in r.list_services_response.service}
+    assert {SERVICE, "grpc.health.v1.Health"} <= names
+
+
+def test_start_fails_clearly_without_redis():
+    dead_port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kv_directory", "--listen", "127.0.0.1:0",
+         "--redis-url", f"redis://127.0.0.1:{dead_port}/0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PD_REDIS_TIMEOUT_S": "0.5"},
+    )
+    assert proc.returncode != 0
+    assert "redis unreachable" in proc.stderr and str(dead_port) in proc.stderr
+
+
+# ---- registry --------------------------------------------------------------
+
+def test_register_heartbeat_snapshot(directory):
+    async def scenario(client: DirectoryClient):
+        (p, ep), (d, ed) = await two_workers(client)
+        m = uid("m")
+        reg = await client.register_worker(WorkerInfo(m, "mixed", f"{m}:1", f"{m}:2", "abi", CAP))
+        assert ep >= 1 and ed >= 1 and reg.epoch >= 1 and reg.lease_ttl_ms == 10_000
+
+        load = LoadReport(pending_prefill_tokens=100, active_decode_batch=3, free_blocks=40,
+                          reserved_blocks=8, total_blocks=64)
+        lease = await client.heartbeat(d, ed, load)
+        assert lease.ok and lease.lease_ttl_ms == 10_000
+        assert not (await client.heartbeat(d, ed + 1, load)).ok  # not the live epoch
+
+        snap = await client.snapshot()
+        w = snap.worker(d)
+        assert (w.role, w.grpc_addr, w.data_addr, w.abi_digest, w.epoch) == (WorkerRole.DECODE, f"{d}:1", f"{d}:2",
+                                                                             "abi", ed)
+        assert (w.capacity, w.load) == (CAP, load)
+        assert w.lease_expiry_ms > snap.now_ms > time.time() * 1000 - 60_000
+        assert snap.worker(p).load == LoadReport(free_blocks=64, total_blocks=64)  # registered, no heartbeat yet
+        decode_side = {w.worker_id for w in (await client.snapshot(WorkerRole.DECODE)).workers}
+        assert {d, m} <= decode_side and p not in decode_side
+        prefill_side = {w.worker_id for w in (await client.snapshot(WorkerRole.PREFILL)).workers}
+        assert {p, m} <= prefill_side and d not in prefill_side
+
+        again = await client.register_worker(WorkerInfo(d, "decode", f"{d}:1", f"{d}:2", "abi", CAP))
+        assert again.epoch > ed
+        assert not (await client.heartbeat(d, ed, load)).ok  # the old incarnation is fenced
+
+    run(directory.address, scenario)
+
+
+# ---- transactions ----------------------------------------------------------
+
+def test_full_lifecycle(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        m = manifest(src, dst, tid, rid)
+        r = await client.reserve(m)
+        assert (r.outcome, r.state, r.current_generation) == (Outcome.APPLIED, TxnState.RESERVED, 1)
+        assert [t.transfer_id for t in await client.list_open(dst[0])] == [tid]
+        await drive_to(client, rid, tid, 1, dst, TxnState.PUBLISHED)
+        again = await client.publish(rid, tid, 1, *dst, kv_digest=KV_DIGEST)
+        assert (again.outcome, again.state) == (Outcome.DUPLICATE, TxnState.PUBLISHED)
+        released = await client.release(rid, tid, 1, *src)
+        assert (released.outcome, released.state) == (Outcome.APPLIED, TxnState.RELEASED)
+
+        rec = await client.lookup(rid, tid)
+        assert rec.state == TxnState.RELEASED and rec.manifest == m
+        assert (rec.kv_digest, rec.chunks_expected, rec.reservation_id) == (KV_DIGEST, 3, f"res-{tid}")
+        assert (rec.source.worker_id, rec.dest.epoch) == (src[0], dst[1])
+        assert await client.lookup("another-request", tid) is None
+        assert await client.lookup(rid, "no-such-transfer") is None
+
+    run(directory.address, scenario)
+
+
+def test_illegal_and_fenced_transitions(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        await client.reserve(manifest(src, dst, tid, rid))
+
+        async def outcome(call) -> Outcome:
+            r = await call
+            assert r.state == TxnState.RESERVED  # a rejection changes nothing
+            return r.outcome
+
+        assert await outcome(client.publish(rid, tid, 1, *dst)) == Outcome.ILLEGAL_TRANSITION
+        assert await outcome(client.release(rid, tid, 1, *src)) == Outcome.ILLEGAL_TRANSITION
+        assert await outcome(client.begin(rid, tid, 1, dst[0], dst[1] + 1)) == Outcome.LEASE_LOST  # STALE_EPOCH
+        assert await outcome(client.begin(rid, tid, 2, *dst)) == Outcome.STALE_GENERATION
+        assert await outcome(client.begin("other", tid, 1, *dst)) == Outcome.CHECKSUM_CONFLICT
+        assert (await client.begin(rid, "no-such", 1, *dst)).outcome == Outcome.NOT_FOUND
+
+        await drive_to(client, rid, tid, 1, dst, TxnState.TRANSFERRING)
+        wrong = await client.validated(rid, tid, 1, *dst, kv_digest=digest_checksums(["c0", "c2", "c1"]))
+        assert (wrong.outcome, wrong.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        await drive_to(client, rid, tid, 1, dst, TxnState.VALIDATED, start=TxnState.TRANSFERRING)
+        by_source = await client.publish(rid, tid, 1, *src, kv_digest=KV_DIGEST)
+        assert (by_source.outcome, by_source.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.VALIDATED)
+
+        aborted = await client.abort(rid, tid, 1, "router-0", 0, reason="client gone")  # not an end: allowed
+        assert (aborted.outcome, aborted.state) == (Outcome.APPLIED, TxnState.ABORTED)
+        assert (await client.abort(rid, tid, 1, *dst)).outcome == Outcome.DUPLICATE
+        late = await client.publish(rid, tid, 1, *dst, kv_digest=KV_DIGEST)
+        assert (late.outcome, late.state) == (Outcome.ILLEGAL_TRANSITION, TxnState.ABORTED)
+        assert (await client.lookup(rid, tid)).abort_reason == "client gone"
+
+    run(directory.address, scenario)
+
+
+def test_stale_generation_publish(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        rid, t1, t2, t3 = uid("r"), uid("t1"), uid("t2"), uid("t3")
+        await client.reserve(manifest(src, dst, t1, rid, gen=1))
+        await drive_to(client, rid, t1, 1, dst, TxnState.VALIDATED)
+        # Reroute: generation 2 supersedes the unpublished generation 1.
+        assert (await client.reserve(manifest(src, dst, t2, rid, gen=2))).outcome == Outcome.APPLIED
+        old = await client.lookup(rid, t1)
+        assert (old.state, old.abort_reason) == (TxnState.ABORTED, "superseded")
+        late = await client.publish(rid, t1, 1, *dst, kv_digest=KV_DIGEST)
+        assert (late.outcome, late.state) == (Outcome.STALE_GENERATION, TxnState.ABORTED)
+        stale = await client.reserve(manifest(src, dst, t3, rid, gen=1))
+        assert (stale.outcome, stale.state) == (Outcome.STALE_GENERATION, None)
+        await drive_to(client, rid, t2, 2, dst, TxnState.PUBLISHED)
+        assert (await client.release(rid, t2, 2, *src)).ok
+
+    run(directory.address, scenario)
+
+
+def test_duplicate_transfer_id_and_conflicting_checksum(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        m = manifest(src, dst, tid, rid)
+        assert (await client.reserve(m)).outcome == Outcome.APPLIED
+        dup = await client.reserve(m)
+        assert (dup.outcome, dup.state) == (Outcome.DUPLICATE, TxnState.RESERVED)
+        conflict = await client.reserve(manifest(src, dst, tid, rid, checksums=["c0", "XX", "c2"]))
+        assert (conflict.outcome, conflict.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.RESERVED)
+        other_attempt = await client.reserve(manifest(src, dst, tid, rid, attempt=1))
+        assert other_attempt.outcome == Outcome.CHECKSUM_CONFLICT
+        assert (await client.lookup(rid, tid)).manifest == m  # the original is kept
+        assert (await client.abort(rid, tid, 1, *dst, reason="test done")).ok
+
+    run(directory.address, scenario)
+
+
+def test_list_open_by_worker(directory):
+    async def scenario(client: DirectoryClient):
+        (p, ep), d1 = await two_workers(client)
+        _, d2 = await two_workers(client)
+        r1, r2, t1, t2 = uid("r"), uid("r"), uid("t"), uid("t")
+        await client.reserve(manifest((p, ep), d1, t1, r1))
+        await client.reserve(manifest((p, ep), d2, t2, r2))
+        assert [t.transfer_id for t in await client.list_open(p)] == sorted([t1, t2])
+        assert [t.transfer_id for t in await client.list_open(d2[0])] == [t2]
+        assert {t1, t2} <= {t.transfer_id for t in await client.list_open()}
+        for rid, tid, dst in ((r1, t1, d1), (r2, t2, d2)):
+            assert (await client.abort(rid, tid, 1, *dst, reason="cleanup")).ok
+
+    run(directory.address, scenario)
+
+
+# ---- prefix index, route epoch, nonces -------------------------------------
+
+def test_prefix_publish_and_lookup(directory):
+    async def scenario(client: DirectoryClient):
+        (p, ep), (d, ed) = await two_workers(client)
+        tenant = uid("tenant")
+        chain = [bytes([i]) * 8 for i in range(4)]
+        assert await client.prefix_publish(tenant, d, ed, chain)
+        assert await client.prefix_publish(tenant, p, ep, [h.hex() for h in chain[:2]])
+        matches = await client.prefix_lookup(tenant, chain)
+        assert [(m.worker_id, m.epoch, m.matched_blocks) for m in matches] == [(d, ed, 4), (p, ep, 2)]
+        assert await client.prefix_lookup("other-tenant", chain) == []
+        assert await client.prefix_publish(tenant, d, ed, [], evicted=[chain[2]])
+        assert [(m.worker_id, m.matched_blocks) for m in await client.prefix_lookup(tenant, chain)] == [(d, 2), (p, 2)]
+        assert not await client.prefix_publish(tenant, d, ed + 1, chain)  # stale epoch: not indexed
+
+    run(directory.address, scenario)
+
+
+def test_route_epoch_and_nonce(directory):
+    async def scenario(client: DirectoryClient):
+        before = await client.get_route_epoch()
+        adv = await client.advance_route_epoch(reason="test")
+        assert (adv.route_epoch, adv.advanced) == (before + 1, True)
+        assert (await client.advance_route_epoch(expected=before + 1)).advanced
+        # expected is never 0 here (0 means unconditional on the wire).
+        stale = await client.advance_route_epoch(expected=before + 1, reason="lost race")
+        assert (stale.route_epoch, stale.advanced) == (before + 2, False)
+        assert await client.get_route_epoch() == before + 2
+
+        src, dst = await two_workers(client)
+        old = await client.reserve(manifest(src, dst, uid("t"), uid("r"), route_epoch=before + 1))
+        assert old.outcome == Outcome.STALE_GENERATION  # routed under a superseded epoch
+
+        nonce, expires_ms = uuid.uuid4().hex, int(time.time() * 1000) + 30_000
+        assert await client.consume_nonce(nonce, expires_ms, transfer_id="t")
+        assert not await client.consume_nonce(nonce, expires_ms, transfer_id="t")  # replay
+
+    run(directory.address, scenario)
+
+
+# ---- bad input --------------------------------------------------------------
+
+def test_bad_input_is_invalid_argument(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        with pytest.raises(ValueError, match="manifest.transfer_id"):
+            await client.reserve(manifest(src, dst, "", uid("r")))
+        with pytest.raises(ValueError, match="manifest.generation"):
+            await client.reserve(manifest(src, dst, uid("t"), uid("r"), gen=0))
+        with pytest.raises(ValueError, match="generation"):
+            await client.begin(uid("r"), uid("t"), 0, *dst)
+        with pytest.raises(ValueError, match="worker_id"):
+            await client.begin(uid("r"), uid("t"), 1, "", 1)
+        with pytest.raises(ValueError, match="request_id"):
+            await client.abort("", uid("t"), 1, *dst)
+        with pytest.raises(ValueError, match="transfer_id"):
+            await client.lookup(uid("r"), "")
+        with pytest.raises(ValueError, match="epoch"):
+            await client.heartbeat(dst[0], 0)
+        with pytest.raises(ValueError, match="block_hashes"):
+            await client.prefix_lookup("acme", ["not-hex"])
+        with pytest.raises(ValueError, match="expires_unix_ms"):
+            await client.consume_nonce("n", 0)
+
+        # Enum values the client cannot send, straight through the stub.
+        async with grpc.aio.insecure_channel(client.address) as channel:
+            stub = directory_pb2_grpc.DirectoryStub(channel)
+            for call, request in [
+                (stub.RegisterWorker, directory_pb2.RegisterWorkerRequest(worker_id=uid("w"))),  # role unset
+                (stub.RegisterWorker, directory_pb2.RegisterWorkerRequest(worker_id=uid("w"), role=42)),
+                (stub.ClusterSnapshot, directory_pb2.ClusterSnapshotRequest(role=42)),
+            ]:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call(request, timeout=5)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "role" in err.value.details()
+
+    run(directory.address, scenario)
+
+
+# ---- failures: lease expiry, Redis down ------------------------------------
+
+def test_lease_expiry_reaps_without_traffic(redis_server):
+    directory = DirectoryProcess(redis_server.url, PD_LEASE_TTL_S="1")
+    raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        async def scenario(client: DirectoryClient):
+            src, dst = await two_workers(client)
+            rid, tid = uid("r"), uid("t")
+            assert (await client.reserve(manifest(src, dst, tid, rid))).ok
+            # No more calls to the directory: only its reaper can expire the leases.
+            # Raw Redis reads do not run the directory's lazy sweep.
+            key = f"{directory.prefix}:txn:{tid}"
+            deadline = time.monotonic() + 5
+            while raw.hget(key, "state") != str(int(TxnState.ABORTED)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert raw.hget(key, "state") == str(int(TxnState.ABORTED)), raw.hgetall(key)
+            assert raw.hget(key, "abort_reason") == "lease_expired"
+            assert raw.zrange(f"{directory.prefix}:leases", 0, -1) == []
+
+            assert (await client.snapshot()).workers == ()
+            rec = await client.lookup(rid, tid)
+            assert (rec.state, rec.abort_reason) == (TxnState.ABORTED, "lease_expired")
+            assert not (await client.heartbeat(*dst)).ok  # the worker must re-register
+            late = await client.begin(rid, tid, 1, *dst)
+            assert (late.outcome, late.state) == (Outcome.LEASE_LOST, TxnState.ABORTED)
+            again = await client.register_worker(WorkerInfo(dst[0], "decode", "h:1", "h:2", "abi", CAP))
+            assert again.epoch == dst[1] + 1
+            assert [w.worker_id for w in (await client.snapshot()).workers] == [dst[0]]
+
+        run(directory.address, scenario)
+    finally:
+        raw.close()
+        assert directory.stop() == 0, directory.output()
+    assert "reaper: reaped" in directory.output()
+
+
+def test_redis_down_is_unavailable_not_a_hang():
+    with start_redis() as own_redis:
+        directory = DirectoryProcess(own_redis.url, PD_REDIS_TIMEOUT_S="0.5", PD_REDIS_RETRIES="1")
+        try:
+            async def scenario(client: DirectoryClient):
+                src, dst = await two_workers(client)
+                own_redis.stop()
+                for call in (client.snapshot, lambda: client.heartbeat(*dst),
+                             lambda: client.reserve(manifest(src, dst, uid("t"), uid("r"))),
+                             lambda: client.begin(uid("r"), uid("t"), 1, *dst), client.list_open):
+                    started = time.monotonic()
+                    with pytest.raises(DirectoryUnavailable, match="UNAVAILABLE"):
+                        await call()
+                    assert time.monotonic() - started < 3.0
+
+            async def main():
+                async with DirectoryClient(directory.address, timeout_s=5.0) as client:
+                    await scenario(client)
+
+            asyncio.run(main())  # no leak check possible: the store is gone (nothing was reserved)
+        finally:
+            assert directory.stop() == 0, directory.output()
+    # With the directory itself gone, the client fails fast too.
+    async def gone():
+        async with DirectoryClient(directory.address, timeout_s=2.0) as client:
+            with pytest.raises(DirectoryUnavailable):
+                await client.get_route_epoch()
+
+    asyncio.run(gone())
