@@ -49,6 +49,8 @@ class Reservation:
     received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
     covered: set[tuple[int, int]] = field(default_factory=set)
     abort_reason: str = ""
+    kv_digest: str = ""
+    """Digest of the prompt K/V as published (set at publication)."""
     published: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the reservation leaves RESERVED/RECEIVING (published or aborted)."""
     created_s: float = field(default_factory=time.monotonic)

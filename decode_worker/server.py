@@ -66,9 +66,11 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def DecodeStream(self, request, context):
         started = time.perf_counter()
+        res = self.worker.reservations.get(request.transfer_id)
         try:
             async for event in self._events(request.request_id,
-                                            self.worker.stream(request.transfer_id), started):
+                                            self.worker.stream(request.transfer_id), started,
+                                            lambda: res.kv_digest if res else ""):
                 yield event
         except (KeyError, RuntimeError) as e:
             code = grpc.StatusCode.NOT_FOUND if isinstance(e, KeyError) else grpc.StatusCode.ABORTED
@@ -88,7 +90,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         except Exception as e:  # noqa: BLE001
             await context.abort(*status_of(e))
 
-    async def _events(self, request_id: str, items, started: float):
+    async def _events(self, request_id: str, items, started: float, digest=lambda: ""):
         first_ms = 0.0
         n = 0
         async for item in items:
@@ -105,7 +107,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                     raise RuntimeError(f"generation failed: {error!r}")
                 yield decode_pb2.TokenEvent(request_id=request_id, complete=decode_pb2.TokenEvent.Complete(
                     finish_reason=finish_to_proto(reason), num_tokens=n, first_token_ms=first_ms,
-                    total_ms=now_ms))
+                    total_ms=now_ms, kv_digest=digest()))
 
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id, request.generation,

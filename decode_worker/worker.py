@@ -117,11 +117,12 @@ class DecodeWorker:
         if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
             reason = f"first token {commit.first_token} outside the vocabulary"
         if not reason:
-            reason = await self._publish(res, commit.kv_digest)
+            reason = await self._publish(res)
         if reason:
             await self.abort_unpublished(res, reason)
             return Verdict(False, reason)
         self._cancel_timer(res.transfer_id)
+        res.kv_digest = commit.kv_digest
         res.state = ResState.PUBLISHED
         sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
         self.sinks[res.transfer_id] = sink
@@ -129,13 +130,18 @@ class DecodeWorker:
         res.published.set()
         return Verdict(True)
 
-    async def _publish(self, res: Reservation, kv_digest: str) -> str:
-        """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success."""
+    async def _publish(self, res: Reservation) -> str:
+        """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success.
+
+        The chunk checksums were checked here against the commit; the router's
+        manifest carries no chunk list (prefill decides the chunking), so no
+        checksum digest is sent for the directory to compare.
+        """
         try:
-            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, kv_digest)
+            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, "")
             if r.outcome not in (APPLIED, DUPLICATE):
                 return f"directory refused VALIDATED: {_outcome(r)}"
-            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, kv_digest)
+            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, "")
             if r.outcome not in (APPLIED, DUPLICATE):
                 return f"directory refused PUBLISH: {_outcome(r)}"
         except DirectoryUnreachable as e:

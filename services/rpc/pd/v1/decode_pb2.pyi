@@ -122,16 +122,18 @@ class TokenEvent(_message.Message):
         time_since_start_ms: float
         def __init__(self, token_id: _Optional[int] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ...) -> None: ...
     class Complete(_message.Message):
-        __slots__ = ("finish_reason", "num_tokens", "first_token_ms", "total_ms")
+        __slots__ = ("finish_reason", "num_tokens", "first_token_ms", "total_ms", "kv_digest")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
         NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
         FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
         TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+        KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         finish_reason: _common_pb2.FinishReason
         num_tokens: int
         first_token_ms: float
         total_ms: float
-        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_tokens: _Optional[int] = ..., first_token_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+        kv_digest: str
+        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., num_tokens: _Optional[int] = ..., first_token_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., kv_digest: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
