@@ -120,6 +120,8 @@ class PrefillWorker:
                     raise a
                 break
         t_computed = time.perf_counter()
+        if self.cfg.fault_delay_before_send_s:
+            await asyncio.sleep(self.cfg.fault_delay_before_send_s)
         self._check(task)
         r = await self.txn.begin(task.request_id, transfer_id, task.generation)
         if r.outcome not in (APPLIED, DUPLICATE):

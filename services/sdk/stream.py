@@ -97,4 +97,6 @@ class StreamTally:
             token_times_ms=[t.t_ms for t in self.tokens],
             generation=route.generation,
             route_epoch=route.route_epoch,
+            prefill_kv_digest=c.prefill_kv_digest,
+            decode_kv_digest=c.decode_kv_digest,
         )

@@ -101,6 +101,10 @@ class GenerationResult:
     """Request generation of the final route."""
     route_epoch: int = 0
     """Route epoch of the final route."""
+    prefill_kv_digest: str = ""
+    """Digest of the prompt K/V the prefill worker produced (disaggregated only)."""
+    decode_kv_digest: str = ""
+    """Digest of the prompt K/V the decode worker published; equal when the hand-off was exact."""
 
     @property
     def num_tokens(self) -> int:

@@ -45,6 +45,8 @@ class WorkerConfig:
     """Deadline of calls to the directory and peers."""
     torch_threads: int = 1
     """Intra-op threads of this worker's engine."""
+    fault_delay_before_send_s: float = 0.0
+    """Fault-injection hook for tests: prefill sleeps this long between compute and send."""
 
     def __post_init__(self):
         if self.transport not in ("tcp", "inproc", "ucx"):
