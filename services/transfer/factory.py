@@ -1,0 +1,67 @@
+"""Build a data-plane backend by name (the worker config's `transport`).
+
+    make_receiver("tcp", host="0.0.0.0")  -> TcpReceiver
+    make_sender("inproc")                 -> InprocSender
+
+A backend is one entry in each table below; its module is imported only when
+chosen (UCX pulls in ucxx). Keyword `options` go to the backend's constructor
+(e.g. idle_timeout_s for tcp, io_timeout_s for the tcp sender).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+from .base import KVReceiver, KVSender
+
+_anonymous = itertools.count()
+
+
+def _tcp_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+    from .tcp import TcpReceiver
+    return TcpReceiver(host=host, **options)
+
+
+def _inproc_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+    from .inproc import InprocReceiver
+    return InprocReceiver(name or f"receiver-{next(_anonymous)}", **options)
+
+
+def _tcp_sender(**options: Any) -> KVSender:
+    from .tcp import TcpSender
+    return TcpSender(**options)
+
+
+def _inproc_sender(**options: Any) -> KVSender:
+    from .inproc import InprocSender
+    return InprocSender(**options)
+
+
+RECEIVERS: dict[str, Callable[..., KVReceiver]] = {
+    "inproc": _inproc_receiver,
+    "tcp": _tcp_receiver,
+    # "ucx": _ucx_receiver,  -- services/transfer/ucx.py, same (host, name, **options) shape
+}
+SENDERS: dict[str, Callable[..., KVSender]] = {
+    "inproc": _inproc_sender,
+    "tcp": _tcp_sender,
+    # "ucx": _ucx_sender,
+}
+
+
+def make_receiver(kind: str, host: str = "127.0.0.1", name: str = "", **options: Any) -> KVReceiver:
+    """A receiver of backend `kind` listening on `host`; `name` is its inproc address."""
+    return _pick(RECEIVERS, kind)(host, name, **options)
+
+
+def make_sender(kind: str, **options: Any) -> KVSender:
+    """A sender of backend `kind`."""
+    return _pick(SENDERS, kind)(**options)
+
+
+def _pick(table: dict[str, Callable], kind: str) -> Callable:
+    try:
+        return table[kind]
+    except KeyError:
+        raise ValueError(f"unknown transfer backend {kind!r}; known: {sorted(table)}") from None

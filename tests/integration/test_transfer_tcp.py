@@ -1,0 +1,703 @@
+"""The TCP backend between real processes (multiprocessing spawn, loopback).
+
+Processes, each running an asyncio loop that executes the test's commands:
+
+    R   decode side: engines, a TcpReceiver; reserves a sequence, expects the
+        transfer, and on commit validates (every chunk arrived once with the
+        manifest's checksum, kv_digest equal) -> commit_import -> decodes
+    S   prefill side: engines, a TcpSender; prefills, sends chunks, commits,
+        and continues decoding itself (the reference tokens)
+    LS, LR  light sender / receiver without an engine, started per test to be
+        killed (SIGKILL) or frozen (SIGSTOP)
+
+Sizes go from one block to a 64 MiB transfer (a K/V-wide model filling a
+~66 MiB cache). Faults: a killed or silent sender, a killed or frozen receiver,
+a corrupted checksum or payload, a replayed chunk, an abort, an unexpected
+transfer id, a bad key, a short payload, forget mid-stream, bad framing, and
+(in one process) a send cancelled mid-payload.
+After every test R holds no pending transfer and no block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+
+import pytest
+import xxhash
+
+# Only light imports at module level: LS/LR import this module and start in a blink.
+from services.transfer import (Chunk, ChunkArrived, ChunkKey, Expectation, Failed,
+                               TransferCommit, TransferError, Verdict, checksum)
+from services.transfer import tcp
+
+CALL_TIMEOUT_S = 60
+IDLE_TIMEOUT_S = 1.5  # R's receiver
+IO_TIMEOUT_S = 5.0    # S's sender
+MAX_TOKENS = 6
+GREEDY_ARGS = dict(ignore_eos=True)
+
+# ---- worker side (runs in the spawned processes) ----------------------------------
+
+_state: dict = {"engines": {}, "recs": {}, "senders": {}, "sends": {}, "keep": {},
+                "ended_twice": []}
+
+
+def _engine(spec: str):
+    """R and S build the same engines: tiny preset, or 'wide' (16 KiB of K/V per token)."""
+    from services.engine import Engine, EngineConfig, ModelConfig
+    from services.engine.presets import seeded_weights
+    if spec not in _state["engines"]:
+        if spec == "tiny":
+            cfg = EngineConfig(num_blocks=96, block_size=16, chunk_tokens=256,
+                               attn_tile_tokens=64, torch_threads=1)
+            _state["engines"][spec] = Engine.from_preset("tiny", seed=3, cfg=cfg)
+        else:  # 4 layers x K,V x 8 heads x 64 dims x fp32 = 16 KiB/token; 260 blocks = 65 MiB
+            mc = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                             head_dim=64, max_position_embeddings=4160)
+            cfg = EngineConfig(num_blocks=260, block_size=16, chunk_tokens=256,
+                               attn_tile_tokens=64, torch_threads=1)
+            _state["engines"][spec] = Engine(mc, seeded_weights(mc, 4), cfg, name="wide")
+    return _state["engines"][spec]
+
+
+def _sampling():
+    from services.engine import SamplingParams
+    return SamplingParams(**GREEDY_ARGS)
+
+
+class _Rec:
+    """R's record of one reservation (what a decode worker keeps)."""
+
+    def __init__(self, tid, engine, seq, first_block, last_block, holders):
+        self.tid, self.engine, self.seq, self.holders = tid, engine, seq, holders
+        self.first_block, self.last_block = first_block, last_block
+        self.arrived: dict = {}
+        self.table = list(seq.block_table)  # kept after free, to inspect the memory
+        self.state, self.reason, self.at = "pending", "", 0.0
+        self.done = asyncio.Event()
+
+    def resolve(self, key: ChunkKey):
+        from services.transfer.chunks import chunk_views
+        layers = self.engine.model_cfg.num_hidden_layers
+        end = key.block_start + key.block_count
+        if not (0 <= key.layer < layers and self.first_block <= key.block_start < end
+                <= self.last_block):
+            raise KeyError(f"{key} outside layers x [{self.first_block}, {self.last_block})")
+        return chunk_views(self.engine, self.seq, key)
+
+    def on_event(self, ev) -> None:
+        if isinstance(ev, ChunkArrived):
+            self.arrived[ev.key] = ev.checksum
+        elif isinstance(ev, Failed):
+            self._end("failed", ev.reason)
+
+    async def on_commit(self, commit: TransferCommit) -> Verdict:
+        from services.engine import commit_import
+        layers = self.engine.model_cfg.num_hidden_layers
+        cells = [(c.key.layer, b) for c in commit.chunks
+                 for b in range(c.key.block_start, c.key.block_start + c.key.block_count)]
+        want = {(l, b) for l in range(layers) for b in range(self.first_block, self.last_block)}
+        if sorted(cells) != sorted(want):
+            reason = "manifest does not cover every (layer, block) exactly once"
+        elif self.arrived != {c.key: c.checksum for c in commit.chunks}:
+            reason = "arrived chunks or checksums differ from the manifest"
+        elif commit.cache_abi_digest != self.engine.abi.digest:
+            reason = "cache ABI differs"
+        elif self.engine.kv_digest(self.seq) != commit.kv_digest:
+            reason = "kv_digest differs"
+        else:
+            commit_import(self.engine, self.seq, commit.first_token)
+            self._end("published", "")
+            return Verdict(True)
+        self._end("rejected", reason)
+        return Verdict(False, reason)
+
+    def _end(self, state: str, reason: str) -> None:
+        if self.state != "pending":  # a transfer ends exactly once
+            _state["ended_twice"].append(f"{self.tid}: {self.state}, then {state} {reason}")
+            return
+        self.state, self.reason, self.at = state, reason, time.monotonic()
+        if state != "published":
+            self.free()
+        self.done.set()
+
+    def free(self) -> None:
+        for s in [self.seq, *self.holders]:
+            self.engine.free(s)
+
+
+async def r_start(idle_timeout_s: float) -> str:
+    recv = _state["receiver"] = tcp.TcpReceiver(idle_timeout_s=idle_timeout_s)
+    await recv.start()
+    return recv.address
+
+
+async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int = 0,
+                    holders: int = 0) -> dict:
+    """Reserve like a decode worker: maybe a cached prefix, maybe holes in the pool."""
+    engine = _engine(spec)
+    if cached_prefix:
+        other = prompt[:cached_prefix] + [7] * 30
+        engine.generate(other, 2, _sampling(), request_id=f"{tid}-earlier")
+    held = [engine.add_request(f"{tid}-h{i}", [1 + i], 1, _sampling()) for i in range(holders)]
+    seq = engine.add_request(tid, prompt, MAX_TOKENS, _sampling())
+    bs = engine.block_size
+    rec = _state["recs"][tid] = _Rec(tid, engine, seq, seq.num_cached_tokens // bs,
+                                     -(-len(prompt) // bs), held)
+    _state["receiver"].expect(Expectation(tid, rec.resolve, rec.on_event, rec.on_commit))
+    return dict(first_block=rec.first_block, last_block=rec.last_block,
+                block_bytes=engine.cache.block_bytes_per_layer, table=list(seq.block_table))
+
+
+async def r_outcome(tid: str, timeout_s: float = 10.0) -> dict:
+    rec = _state["recs"][tid]
+    await asyncio.wait_for(rec.done.wait(), timeout_s)
+    return dict(state=rec.state, reason=rec.reason, at=rec.at, arrived=len(rec.arrived))
+
+
+async def r_finish(tid: str) -> dict:
+    """Decode a published transfer to the end (digest first), free it."""
+    rec = _state["recs"].pop(tid)
+    out = dict(state=rec.state, reason=rec.reason)
+    if rec.state == "published":
+        out["kv_digest"] = rec.engine.kv_digest(rec.seq)
+        while not rec.seq.is_finished:
+            rec.engine.decode_step([rec.seq])
+        out["tokens"] = list(rec.seq.output_ids)
+        rec.free()
+    return out
+
+
+async def r_blocks_digest(tid: str) -> str:
+    """Digest of the raw cache memory of the reservation's physical blocks."""
+    import torch
+    rec = _state["recs"][tid]
+    blocks = torch.tensor(rec.table, dtype=torch.long)
+    return xxhash.xxh3_128(rec.engine.cache.kv.index_select(2, blocks).contiguous()
+                           .view(torch.uint8).numpy().data).hexdigest()
+
+
+async def r_forget(tid: str) -> None:
+    """Give the transfer up like a decode worker's abort_unpublished (forget, fence, free)."""
+    rec = _state["recs"][tid]
+    recv = _state["receiver"]
+    recv.forget(tid)
+    await recv.fence(tid)
+    rec._end("forgotten", "")
+
+
+async def r_check_clean() -> dict:
+    pools = {k: (e.num_free_blocks, e.blocks.num_blocks, max(b.ref_count for b in e.blocks.blocks))
+             for k, e in _state["engines"].items()}
+    live = {t: r.state for t, r in _state["recs"].items() if r.state == "pending"}
+    return dict(pending=sorted(_state["receiver"].pending), live=live, pools=pools,
+                ended_twice=_state["ended_twice"])
+
+
+async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
+    """Compute the prompt (tiny), or fill it with seeded random K/V and import it (wide)."""
+    import torch
+    from services.engine import commit_import
+    engine = _engine(spec)
+    seq = engine.add_request(tid, prompt, MAX_TOKENS, _sampling())
+    if spec == "tiny":
+        first = engine.prefill(seq)
+    else:  # a 4095-token prefill is too slow for a test; the bytes are what matter here
+        engine.cache.kv.normal_(generator=torch.Generator().manual_seed(len(prompt)))
+        first = 5
+        commit_import(engine, seq, first)
+    _state["sends"][tid] = dict(engine=engine, seq=seq, first=first)
+    return dict(first_token=first, kv_digest=engine.kv_digest(seq))
+
+
+def _sender(io_timeout_s: float) -> tcp.TcpSender:
+    if io_timeout_s not in _state["senders"]:
+        _state["senders"][io_timeout_s] = tcp.TcpSender(connect_timeout_s=2.0,
+                                                        io_timeout_s=io_timeout_s)
+    return _state["senders"][io_timeout_s]
+
+
+async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
+                 fault: str = "", at: int = 0, as_tid: str = "",
+                 io_timeout_s: float = IO_TIMEOUT_S) -> dict:
+    """Send every chunk then commit; `fault` at chunk index `at`:
+    checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume)."""
+    from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
+    st = _state["sends"][tid]
+    engine, seq = st["engine"], st["seq"]
+    keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
+    st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
+              sender=_sender(io_timeout_s), fault=fault, at=at)
+    return await _pump(st, describe_chunk, chunk_views)
+
+
+async def s_resume(tid: str) -> dict:
+    from services.transfer.chunks import chunk_views, describe_chunk
+    st = _state["sends"][tid]
+    st["fault"] = ""
+    return await _pump(st, describe_chunk, chunk_views)
+
+
+async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
+    engine, seq, sender = st["engine"], st["seq"], st["sender"]
+    dest, wire = st["dest"], st["wire_tid"]
+    t0 = time.monotonic()
+    out = dict(published=None, reason="", error="")
+    try:
+        while st["next"] < len(st["keys"]):
+            i, key = st["next"], st["keys"][st["next"]]
+            chunk, views = describe_chunk(engine, seq, key), chunk_views(engine, seq, key)
+            fault = st["fault"] if i == st["at"] else ""
+            if fault == "pause":
+                return dict(out, sent=i, paused=True)
+            if fault == "abort":
+                await sender.abort(dest, wire, "prefill cancelled")
+                return dict(out, sent=i, aborted=True)
+            if fault == "checksum":  # flip one hex digit of the frame's checksum
+                chunk = dataclasses.replace(chunk, checksum=chunk.checksum[:-1] + (
+                    "0" if chunk.checksum[-1] != "0" else "1"))
+            elif fault == "payload":  # flip one payload byte, keep the honest checksum
+                data = bytearray(b"".join(bytes(v) for v in views))
+                data[len(data) // 2] ^= 0x40
+                views = [memoryview(data)]
+            elif fault == "bad_key":
+                chunk = dataclasses.replace(chunk, key=ChunkKey(key.layer, 10_000, key.block_count))
+            elif fault == "short":
+                data = b"".join(bytes(v) for v in views)[:-8]
+                chunk, views = dataclasses.replace(chunk, num_bytes=len(data)), [memoryview(data)]
+            await sender.send(dest, wire, chunk, views)
+            if fault == "replay":
+                await sender.send(dest, wire, chunk, views)
+            st["chunks"].append(chunk)
+            st["next"] += 1
+        verdict = await sender.commit(dest, TransferCommit(
+            wire, seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]),
+            engine.kv_digest(seq), st["first"]))
+        out.update(published=verdict.published, reason=verdict.reason)
+    except TransferError as e:
+        out["error"] = str(e)
+        await sender.abort(dest, wire, f"send failed: {e}")
+    return dict(out, sent=st["next"], elapsed_s=time.monotonic() - t0)
+
+
+async def s_decode_self(tid: str) -> dict:
+    """The reference: S continues the request itself, then frees it."""
+    st = _state["sends"].pop(tid)
+    engine, seq = st["engine"], st["seq"]
+    while not seq.is_finished:
+        engine.decode_step([seq])
+    engine.free(seq)
+    return dict(tokens=list(seq.output_ids), free=engine.num_free_blocks,
+                total=engine.blocks.num_blocks)
+
+
+async def ls_send(dest: str, tid: str, keys: list, block_bytes: int) -> int:
+    """Light sender: send made-up (correctly sized and summed) chunks; keep the connection."""
+    sender = _state["keep"]["sender"] = tcp.TcpSender()
+    for key in keys:
+        data = memoryview(os.urandom(key.block_count * block_bytes))
+        await sender.send(dest, tid, Chunk(key, data.nbytes, checksum([data])), [data])
+    return len(keys)
+
+
+async def lr_start(tid: str, block_bytes: int) -> str:
+    """Light receiver expecting `tid` into plain buffers."""
+    recv = _state["receiver"] = tcp.TcpReceiver()
+    await recv.start()
+
+    async def on_commit(commit):
+        return Verdict(True)
+
+    recv.expect(Expectation(tid, lambda k: [memoryview(bytearray(k.block_count * block_bytes))],
+                            lambda ev: None, on_commit))
+    return recv.address
+
+
+def _serve(conn) -> None:
+    asyncio.run(_serve_async(conn))
+
+
+async def _serve_async(conn) -> None:
+    """Run each (id, function, kwargs) command as a task; reply (id, status, value)."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+
+    def readable():
+        try:
+            inbox.put_nowait(conn.recv())
+        except (EOFError, OSError):
+            loop.remove_reader(conn.fileno())
+            inbox.put_nowait(None)
+
+    async def run(i, name, kwargs):
+        try:
+            reply = (i, "ok", await globals()[name](**kwargs))
+        except BaseException:  # noqa: BLE001 - reported to the test process
+            reply = (i, "error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:
+            pass
+
+    loop.add_reader(conn.fileno(), readable)
+    tasks = set()
+    while (msg := await inbox.get()) is not None:
+        task = loop.create_task(run(*msg))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    for task in tasks:
+        task.cancel()
+    if "receiver" in _state:
+        await _state["receiver"].stop()
+    for sender in [*_state["senders"].values(), _state["keep"].get("sender")]:
+        if sender is not None:
+            await sender.close()
+
+
+# ---- test side ---------------------------------------------------------------------------
+
+
+class Worker:
+    """A spawned process running `_serve`; `start` + `result`, or `call` for both."""
+
+    def __init__(self, name: str):
+        self.conn, child = mp.get_context("spawn").Pipe()
+        self.proc = mp.get_context("spawn").Process(target=_serve, args=(child,), name=name,
+                                                    daemon=True)
+        self.proc.start()
+        child.close()
+        self._ids = itertools.count()
+        self._replies: dict[int, tuple] = {}
+
+    def start(self, fn: str, **kwargs) -> int:
+        i = next(self._ids)
+        self.conn.send((i, fn, kwargs))
+        return i
+
+    def result(self, i: int, timeout_s: float = CALL_TIMEOUT_S):
+        deadline = time.monotonic() + timeout_s
+        while i not in self._replies:
+            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"{self.proc.name}: no reply in {timeout_s} s")
+            j, status, value = self.conn.recv()
+            self._replies[j] = (status, value)
+        status, value = self._replies.pop(i)
+        if status != "ok":
+            pytest.fail(f"{self.proc.name} failed:\n{value}")
+        return value
+
+    def call(self, fn: str, timeout_s: float = CALL_TIMEOUT_S, **kwargs):
+        return self.result(self.start(fn, **kwargs), timeout_s)
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+@pytest.fixture(scope="module")
+def procs():
+    """R (with its receiver started) and S; both import torch at their first engine."""
+    r, s = Worker("decode-R"), Worker("prefill-S")
+    try:
+        addr = r.call("r_start", idle_timeout_s=IDLE_TIMEOUT_S)
+        yield r, s, addr
+    finally:
+        r.close()
+        s.close()
+    assert r.proc.exitcode == 0 and s.proc.exitcode == 0
+
+
+@pytest.fixture
+def light():
+    """Light workers started by a test, killed at its end at the latest."""
+    started: list[Worker] = []
+    yield lambda name: started.append(Worker(name)) or started[-1]
+    for w in started:
+        w.proc.kill()
+        w.proc.join()
+
+
+@pytest.fixture(autouse=True)
+def receiver_clean(procs):
+    """Every test ends with R holding no pending transfer and every block back."""
+    yield
+    r, _, _ = procs
+    clean = r.call("r_check_clean")
+    assert clean["pending"] == [] and clean["live"] == {} and not clean["ended_twice"], clean
+    for spec, (free, total, max_ref) in clean["pools"].items():
+        assert free == total and max_ref == 0, f"{spec} pool leaked: {clean}"
+
+
+_tids = itertools.count()
+
+
+def _prompt(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 512) for _ in range(n)]
+
+
+def _reserve_and_prefill(procs, spec: str, prompt: list[int], **reserve):
+    r, s, _ = procs
+    tid = f"t{next(_tids)}"
+    res_id = r.start("r_reserve", tid=tid, spec=spec, prompt=prompt, **reserve)
+    pre = s.call("s_prefill", tid=tid, spec=spec, prompt=prompt)
+    return tid, r.result(res_id), pre
+
+
+def _send(procs, tid, res, per_chunk=2, dest=None, **fault):
+    _, s, addr = procs
+    return s.call("s_send", tid=tid, dest=dest or addr, first_block=res["first_block"],
+                  last_block=res["last_block"], per_chunk=per_chunk, **fault)
+
+
+def _expect_failed(procs, tid, match=""):
+    """R's outcome for tid is Failed (matching `match`); S frees its side."""
+    r, s, _ = procs
+    out = r.call("r_outcome", tid=tid)
+    assert out["state"] == "failed" and match in out["reason"], out
+    assert r.call("r_finish", tid=tid)["state"] == "failed"
+    s.call("s_decode_self", tid=tid)
+    return out
+
+
+@pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve", [
+    ("tiny", 9, 1, {}),                                       # one block, one chunk per layer
+    ("tiny", 301, 3, dict(cached_prefix=64, holders=5)),      # prefix hit at R, shifted blocks
+    ("wide", 4095, 16, {}),                                   # 256 blocks = 64 MiB, 1 MiB chunks
+], ids=["1-block", "prefix-hit", "64MiB"])
+def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve):
+    r, s, _ = procs
+    tid, res, pre = _reserve_and_prefill(procs, spec, _prompt(prompt_len, prompt_len), **reserve)
+    sent = _send(procs, tid, res, per_chunk)
+    assert sent["published"] is True and not sent["error"], sent
+    n_chunks = 4 * -(-(res["last_block"] - res["first_block"]) // per_chunk)
+    assert sent["sent"] == n_chunks
+    if spec == "wide":
+        assert n_chunks * per_chunk * res["block_bytes"] == 64 << 20
+    if reserve:
+        assert res["first_block"] == 4 and res["table"][4] != 4  # only blocks 4.. travel
+    done_id = r.start("r_finish", tid=tid)
+    mine = s.call("s_decode_self", tid=tid)
+    got = r.result(done_id)
+    assert got["kv_digest"] == pre["kv_digest"]
+    assert got["tokens"] == mine["tokens"] and len(got["tokens"]) == MAX_TOKENS
+    assert got["tokens"][0] == pre["first_token"]
+    assert mine["free"] == mine["total"]
+
+
+@pytest.mark.parametrize("fault", ["checksum", "payload"])
+def test_corrupted_chunk_fails_with_checksum_mismatch(procs, fault):
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 1))
+    sent = _send(procs, tid, res, fault=fault, at=3)
+    assert sent["published"] is None and "checksum mismatch" in sent["error"], sent
+    _expect_failed(procs, tid, match="checksum mismatch")
+
+
+def test_replayed_chunk_fails_as_duplicate(procs):
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 2))
+    sent = _send(procs, tid, res, fault="replay", at=2)
+    assert "duplicate chunk" in sent["error"], sent
+    _expect_failed(procs, tid, match="duplicate chunk")
+
+
+def test_abort_mid_stream_fails_the_transfer(procs):
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 3))
+    sent = _send(procs, tid, res, fault="abort", at=3)
+    assert sent["aborted"] and sent["sent"] == 3
+    out = _expect_failed(procs, tid, match="aborted by sender: prefill cancelled")
+    assert out["arrived"] == 3
+
+
+@pytest.mark.parametrize("fault,match", [("bad_key", "unexpected chunk"),
+                                         ("short", "expected")])
+def test_rejected_chunk_fails_the_transfer(procs, fault, match):
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(60, 4))
+    sent = _send(procs, tid, res, fault=fault, at=1)
+    assert sent["error"] and sent["published"] is None, sent
+    _expect_failed(procs, tid, match=match)
+
+
+def test_unexpected_transfer_is_refused_and_writes_nothing(procs):
+    r, s, _ = procs
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 5))
+    before = r.call("r_blocks_digest", tid=tid)
+    sent = _send(procs, tid, res, as_tid="ghost")  # same keys, a transfer R never expected
+    assert "not expected" in sent["error"], sent
+    assert r.call("r_blocks_digest", tid=tid) == before
+    r.call("r_forget", tid=tid)
+    r.call("r_finish", tid=tid)
+    s.call("s_decode_self", tid=tid)
+
+
+def test_forget_mid_stream_drops_later_chunks(procs):
+    r, s, _ = procs
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(200, 6))
+    assert _send(procs, tid, res, per_chunk=1, fault="pause", at=10)["paused"]
+    r.call("r_forget", tid=tid)
+    frozen = r.call("r_blocks_digest", tid=tid)
+    rest = s.call("s_resume", tid=tid)
+    assert not rest["published"], rest  # refused: an ERROR per chunk or a negative verdict
+    assert r.call("r_blocks_digest", tid=tid) == frozen
+    r.call("r_finish", tid=tid)
+    s.call("s_decode_self", tid=tid)
+
+
+def _raw_connect(addr: str) -> socket.socket:
+    sock = socket.create_connection(tcp.parse_address(addr), timeout=5)
+    sock.settimeout(5)
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """The peer closed: FIN (b"") or, with our bytes still unread there, RST."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_silent_sender_mid_frame_fails_after_the_idle_timeout(procs):
+    r, _, addr = procs
+    tid = f"t{next(_tids)}"
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 7))
+    n = res["block_bytes"]
+    with _raw_connect(addr) as sock:
+        sock.sendall(tcp.chunk_frame(tid, ChunkKey(0, 0, 1), n, "0" * 16) + bytes(n // 2))
+        t0 = time.monotonic()
+        out = r.call("r_outcome", tid=tid, timeout_s=IDLE_TIMEOUT_S + 5)
+        assert _closed_by_peer(sock)
+    assert out["state"] == "failed" and "idle" in out["reason"], out
+    assert IDLE_TIMEOUT_S - 0.2 <= out["at"] - t0 <= IDLE_TIMEOUT_S + 1.0
+    r.call("r_finish", tid=tid)
+
+
+def test_bad_magic_closes_the_connection_and_fails_its_transfers(procs):
+    r, _, addr = procs
+    tid = f"t{next(_tids)}"
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 8))
+    payload = bytes(res["block_bytes"])
+    with _raw_connect(addr) as sock:
+        sock.sendall(tcp.chunk_frame(tid, ChunkKey(1, 0, 1), len(payload),
+                                     xxhash.xxh3_64_hexdigest(payload)) + payload)
+        sock.sendall(b"HTTP/1.1 GET /\r\n\r\n")
+        assert _closed_by_peer(sock)
+    out = r.call("r_outcome", tid=tid)
+    assert out["state"] == "failed" and "protocol error" in out["reason"] and out["arrived"] == 1
+    r.call("r_finish", tid=tid)
+
+
+def test_sender_killed_mid_transfer_fails_within_the_idle_timeout(procs, light):
+    r, _, addr = procs
+    ls = light("light-sender")
+    tid = f"t{next(_tids)}"
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(100, 9))
+    keys = [ChunkKey(layer, 0, 2) for layer in range(3)]
+    assert ls.call("ls_send", dest=addr, tid=tid, keys=keys, block_bytes=res["block_bytes"]) == 3
+    t0 = time.monotonic()
+    ls.signal(signal.SIGKILL)
+    out = r.call("r_outcome", tid=tid, timeout_s=IDLE_TIMEOUT_S + 5)
+    assert out["state"] == "failed" and "lost" in out["reason"] and out["arrived"] == 3, out
+    assert out["at"] - t0 < IDLE_TIMEOUT_S
+    r.call("r_finish", tid=tid)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_receiver_gone_mid_transfer_raises_transfer_error(procs, light, how):
+    _, s, _ = procs
+    tid = f"t{next(_tids)}"
+    prompt = _prompt(150, 10)
+    s.call("s_prefill", tid=tid, spec="tiny", prompt=prompt)
+    lr = light("light-receiver")
+    io_timeout_s = 1.0
+    tiny_block_bytes = 16 * 2 * 2 * 8 * 4  # 16 tokens x K,V x 2 heads x 8 dims x fp32
+    dest = lr.call("lr_start", tid=tid, block_bytes=tiny_block_bytes)
+    first = s.call("s_send", tid=tid, dest=dest, first_block=0, last_block=10, per_chunk=2,
+                   fault="pause", at=5, io_timeout_s=io_timeout_s)
+    assert first["paused"] and first["sent"] == 5
+    lr.signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    t0 = time.monotonic()
+    rest = s.call("s_resume", tid=tid, timeout_s=30)
+    elapsed = time.monotonic() - t0
+    assert rest["error"] and rest["published"] is None, rest
+    if how == "killed":
+        assert elapsed < io_timeout_s, rest  # the peer's kernel resets the connection at once
+    else:
+        assert io_timeout_s - 0.1 <= rest["elapsed_s"] and elapsed < io_timeout_s + 2, rest
+        lr.signal(signal.SIGKILL)
+    lr.proc.join(5)
+    again = f"t{next(_tids)}"
+    s.call("s_prefill", tid=again, spec="tiny", prompt=prompt)
+    t0 = time.monotonic()
+    refused = s.call("s_send", tid=again, dest=dest, first_block=0, last_block=10, per_chunk=2,
+                     io_timeout_s=io_timeout_s)
+    assert "cannot connect" in refused["error"] and time.monotonic() - t0 < 2.0, refused
+    for t in (tid, again):
+        s.call("s_decode_self", tid=t)
+
+
+def test_cancelled_send_finishes_its_frame_and_keeps_the_connection():
+    """In one process: cancelling a send mid-payload fails only that transfer."""
+    big = 32 << 20
+
+    async def run():
+        recv, sender = tcp.TcpReceiver(idle_timeout_s=5), tcp.TcpSender(io_timeout_s=5)
+        await recv.start()
+        events: list = []
+        started = asyncio.Event()
+        sink = {"a": bytearray(big), "b": bytearray(4096)}
+
+        def resolver(tid):
+            def resolve(key):
+                started.set()
+                return [memoryview(sink[tid])]
+            return resolve
+
+        async def on_commit(commit):
+            return Verdict(True)
+
+        for tid in ("a", "b"):
+            recv.expect(Expectation(tid, resolver(tid), events.append, on_commit))
+        payload = memoryview(os.urandom(big))
+        chunk = Chunk(ChunkKey(0, 0, 1), big, checksum([payload]))
+        send_a = asyncio.ensure_future(sender.send(recv.address, "a", chunk, [payload]))
+        await started.wait()  # R parsed a's header; a's payload is on its way
+        link = sender._links[recv.address]
+        send_a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await send_a
+        small = memoryview(os.urandom(4096))
+        b_chunk = Chunk(ChunkKey(0, 0, 1), 4096, checksum([small]))
+        await sender.send(recv.address, "b", b_chunk, [small])
+        verdict = await sender.commit(recv.address, TransferCommit(
+            "b", "rb", 1, "abi", (b_chunk,), "digest", 3))
+        assert verdict == Verdict(True) and sender._links[recv.address] is link
+        await sender.abort(recv.address, "a", "cancelled")
+        await sender.close()
+        await recv.stop()
+        return events, recv.pending, sink
+
+    events, pending, sink = asyncio.run(run())
+    failed = [e for e in events if isinstance(e, Failed)]
+    assert len(failed) == 1 and failed[0].transfer_id == "a", events
+    assert "checksum mismatch" in failed[0].reason
+    assert [e.transfer_id for e in events if isinstance(e, ChunkArrived)] == ["b"]
+    assert pending == {}
