@@ -1,0 +1,44 @@
+"""`python -m router --listen HOST:PORT --directory HOST:PORT [--mode M] [--model DIR_OR_PRESET]`.
+
+Flags override RouterConfig.from_env() (the PD_* table in router/config.py).
+Serves Router + Admin with health and reflection until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from router.config import MODES, RouterConfig
+from router.server import serve
+from router.text import load_tokenizer
+from services.common.grpc_server import setup_logging
+
+
+def parse_args(argv: list[str] | None = None) -> RouterConfig:
+    """Command line (over the environment) -> RouterConfig."""
+    ap = argparse.ArgumentParser(prog="python -m router", description=__doc__.splitlines()[0])
+    ap.add_argument("--listen", help="gRPC listen address host:port (PD_ROUTER_LISTEN)")
+    ap.add_argument("--directory", help="directory service host:port (PD_DIRECTORY_ADDR)")
+    ap.add_argument("--mode", choices=MODES, help="default route for requests without a mode (PD_ROUTER_MODE)")
+    ap.add_argument("--model", help="checkpoint directory (tokenizer.json) or preset name (PD_MODEL)")
+    ap.add_argument("--log-level", help="logging level (PD_LOG_LEVEL)")
+    args = ap.parse_args(argv)
+    return RouterConfig.from_env(listen_addr=args.listen, directory_addr=args.directory, default_mode=args.mode,
+                                 model=args.model, log_level=args.log_level)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging("router", config.log_level)
+    tokenizer = load_tokenizer(config.model)
+    try:
+        asyncio.run(serve(config, tokenizer))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Admission: every check a request must pass before the router does any work.
+
+Two stages. `admit` needs only the request and the router's config (mode,
+prompt, max_tokens, sampling); `check_cluster` needs the workers' declared
+capacity (vocab size, context length, K/V blocks). Every rejection names the
+problem and its numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from router.config import RouterConfig
+from router.placement import Demand, capacity_shortfall
+from router.text import encode
+from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, StatusCode
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request that passed the static checks, normalized."""
+
+    request_id: str
+    tenant: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+    route: Route
+    """Route asked for (the router may still fall back to colocated)."""
+    deadline_s: float | None
+    """Time budget from receipt; None means no deadline beyond the client's."""
+
+    @property
+    def demand(self) -> Demand:
+        """The request's shape for placement."""
+        return Demand(len(self.prompt), self.max_tokens, max(self.prompt))
+
+
+def _invalid(message: str) -> RouterError:
+    return RouterError(StatusCode.INVALID_ARGUMENT, message)
+
+
+def admit(params: GenerateParams, config: RouterConfig, default_route: Route, tokenizer: Any | None = None,
+          seed_source: Callable[[], int] = lambda: secrets.randbits(63)) -> Admitted:
+    """Static checks and normalization; raises RouterError (INVALID_ARGUMENT, UNIMPLEMENTED)."""
+    if params.mode in (Mode.AUTO, Mode.SHADOW, Mode.CANARY):
+        raise RouterError(StatusCode.UNIMPLEMENTED,
+                          f"mode {params.mode.name} comes with the SLO-aware router; use DISAGGREGATED, "
+                          "COLOCATED or UNSPECIFIED (the router default)")
+    route = {Mode.DISAGGREGATED: Route.DISAGGREGATED, Mode.COLOCATED: Route.COLOCATED}.get(params.mode, default_route)
+    if len(params.request_id) > MAX_REQUEST_ID_CHARS:
+        raise _invalid(f"request_id has {len(params.request_id)} characters; at most {MAX_REQUEST_ID_CHARS}")
+    prompt = _prompt_ids(params, tokenizer)
+    if params.max_tokens <= 0:
+        raise _invalid("max_tokens must be > 0, got 0")
+    if params.max_tokens > config.max_tokens_limit:
+        raise _invalid(f"max_tokens {params.max_tokens} exceeds this router's limit of {config.max_tokens_limit}")
+    sampling = _check_sampling(params.sampling, seed_source)
+    deadline_ms = params.deadline_ms or config.default_deadline_ms
+    return Admitted(
+        request_id=params.request_id or uuid.uuid4().hex,
+        tenant=params.tenant or config.default_tenant,
+        prompt=prompt,
+        max_tokens=params.max_tokens,
+        sampling=sampling,
+        route=route,
+        deadline_s=deadline_ms / 1000.0 if deadline_ms else None,
+    )
+
+
+def _prompt_ids(params: GenerateParams, tokenizer: Any | None) -> tuple[int, ...]:
+    if params.prompt_token_ids is not None:
+        prompt = tuple(params.prompt_token_ids)
+    elif params.prompt_text is not None:
+        if tokenizer is None:
+            raise _invalid("prompt_text needs a tokenizer, and this router has none (start it with --model "
+                           "pointing at a checkpoint directory with tokenizer.json); send prompt_token_ids instead")
+        prompt = tuple(encode(tokenizer, params.prompt_text)) if params.prompt_text else ()
+    else:
+        raise _invalid("no prompt: set prompt_text or prompt_token_ids")
+    if not prompt:
+        raise _invalid("prompt is empty (0 tokens)")
+    return prompt
+
+
+def _check_sampling(s: Sampling, seed_source: Callable[[], int]) -> Sampling:
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        raise _invalid(f"sampling.temperature must be a finite number >= 0, got {s.temperature}")
+    if not math.isfinite(s.top_p):
+        raise _invalid(f"sampling.top_p must be finite, got {s.top_p}")
+    if s.seed is None and s.temperature > 0:
+        # A retry after partial output must reproduce the tokens already sent,
+        # so every attempt of a sampled request uses one router-chosen seed.
+        return dataclasses.replace(s, seed=seed_source())
+    return s
+
+
+def check_cluster(req: Admitted, cluster: Cluster) -> None:
+    """Checks against the workers' declared capacity; raises RouterError
+    (UNAVAILABLE, INVALID_ARGUMENT, RESOURCE_EXHAUSTED).
+
+    With workers of different shapes the most permissive declared limit
+    applies here; placement then skips workers that cannot take the request.
+    """
+    decoders = [w for w in cluster.workers if w.can_decode]
+    if not decoders:
+        what = "no workers are registered" if not cluster.workers else "no decode-capable worker is registered"
+        raise RouterError(StatusCode.UNAVAILABLE, f"{what} in the directory")
+    vocab = [w.capacity.vocab_size for w in decoders]
+    if all(vocab):
+        vocab_size = max(vocab)
+        bad = next(((i, t) for i, t in enumerate(req.prompt) if t >= vocab_size), None)
+        if bad is not None:
+            raise _invalid(f"prompt token id {bad[1]} at position {bad[0]} is out of range: vocab_size is {vocab_size}")
+    lengths = [w.capacity.max_model_len for w in decoders]
+    if all(lengths):
+        max_len = max(lengths)
+        total = len(req.prompt) + req.max_tokens
+        if total > max_len:
+            raise _invalid(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) = {total} "
+                           f"exceeds max_model_len {max_len}")
+    shortfall = capacity_shortfall(decoders, req.demand)
+    if shortfall:
+        raise RouterError(StatusCode.RESOURCE_EXHAUSTED, shortfall)

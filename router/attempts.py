@@ -1,0 +1,326 @@
+"""One attempt (one generation) of a request, on one route, and its teardown.
+
+Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
+
+    1. Decode.Reserve on D           -> reservation (blocks, data-plane address)
+    2. Directory.Reserve(manifest)   -> must be APPLIED        [txn RESERVED]
+    3. Started event; concurrently
+         Prefill.Prefill on P        -> returns after D accepted the commit
+         Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
+    4. token 0 arrives               -> the transfer is published (D releases it)
+    5. complete event                -> done
+
+Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
+
+Every failure, cancellation or deadline runs one teardown (`_teardown`), in
+this order: Directory.Abort (only while the transaction may be unpublished),
+Decode.Cancel, close the stream call, Prefill.Cancel. Teardown runs in its own
+task under `asyncio.shield`, so a second cancellation cannot cut it short.
+Failures become `AttemptFailed` (the orchestrator retries elsewhere) unless
+retrying cannot help: a worker's INVALID_ARGUMENT about the client's request
+and output divergence raise `RouterError` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from router.admission import Admitted
+from router.config import RouterConfig
+from router.gateway import DirectoryGateway, WorkerGateway
+from router.handoff import build_manifest, transfer_id
+from router.output import OutputLog
+from router.placement import LoadOverlay
+from router.types import (Event, PrefillCall, PrefillDone, ReserveCall, Route, RouterError, Started, StatusCode,
+                          StreamCall, StreamComplete, StreamItem, StreamToken, TxnOutcome, Worker, WorkerCallError)
+
+log = logging.getLogger(__name__)
+
+
+class AttemptFailed(Exception):
+    """An attempt failed in a way another route may not: retry under a new generation."""
+
+    def __init__(self, stage: str, code: StatusCode, message: str, suspects: frozenset[str] = frozenset(),
+                 culprit: Worker | None = None):
+        super().__init__(f"{stage}: {code.name}: {message}")
+        self.stage = stage
+        self.code = code
+        self.message = message
+        self.suspects = suspects | ({culprit.worker_id} if culprit else set())
+        """Workers that may have caused it; later attempts avoid them when they can."""
+        self.culprit = culprit
+        """The worker whose own call failed, when the failure is certainly its
+        (its RPC or its stream broke, not a hand-off between two workers)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Attempt:
+    """One generation of a request on one route, and what it holds right now."""
+
+    generation: int
+    route: Route
+    decode: Worker
+    prefill: Worker | None = None
+    route_epoch: int = 0
+    stage: str = "placed"
+    txn_open: bool = False
+    """The directory transaction may exist unpublished (Abort on teardown)."""
+    decode_engaged: bool = False
+    """D may hold state for this generation (Cancel on teardown)."""
+    prefill_engaged: bool = False
+    """P was asked to prefill (Cancel on teardown)."""
+    prefill_done: bool = False
+    """Prefill.Prefill returned successfully."""
+    prefill_kv_digest: str = ""
+    """PrefillResult.kv_digest, once prefill returned."""
+    prefill_handle: int | None = None
+    """Overlay entry of the prompt tokens queued at P (dropped when prefill returns)."""
+    tokens_seen: int = 0
+    """Tokens this attempt streamed; also the next expected index."""
+    overlay_handles: list[int] = dataclasses.field(default_factory=list)
+    stream_task: asyncio.Task | None = None
+    prefill_task: asyncio.Task | None = None
+
+    def describe(self) -> str:
+        """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""
+        if self.route is Route.DISAGGREGATED:
+            return f"attempt {self.generation} (disaggregated {self.prefill.worker_id} -> {self.decode.worker_id})"
+        return f"attempt {self.generation} (colocated on {self.decode.worker_id})"
+
+
+def _blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
+    """Who caused a stream failure at this point. Before token 0 of a
+    disaggregated attempt an aborted hand-off may be either end's fault; an
+    unreachable D (or any failure after token 0, or once prefill returned) is D's."""
+    handoff = att.prefill is not None and att.tokens_seen == 0 and not att.prefill_done
+    if handoff and code is not StatusCode.UNAVAILABLE:
+        return {"suspects": frozenset({att.prefill.worker_id, att.decode.worker_id})}
+    return {"culprit": att.decode}
+
+
+class AttemptRunner:
+    """Runs the attempts of one request; `current` is the attempt in flight."""
+
+    def __init__(self, req: Admitted, workers: WorkerGateway, directory: DirectoryGateway, overlay: LoadOverlay,
+                 config: RouterConfig, output: OutputLog, emit: Callable[[Event], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+                 remaining_s: Callable[[], float | None]):
+        self.req = req
+        self._workers = workers
+        self._directory = directory
+        self._overlay = overlay
+        self._cfg = config
+        self._output = output
+        self._emit = emit
+        self._spawn = spawn
+        self._remaining_s = remaining_s
+        self.current: Attempt | None = None
+        self.last: Attempt | None = None
+        """The latest attempt started (kept after it ends, for error messages)."""
+
+    async def run(self, att: Attempt) -> StreamComplete:
+        """Run `att` to its complete event; raises AttemptFailed or RouterError
+        (after teardown), or CancelledError (after teardown)."""
+        self.current = self.last = att
+        try:
+            queue: asyncio.Queue = asyncio.Queue()
+            if att.route is Route.DISAGGREGATED:
+                await self._start_disaggregated(att, queue)
+            else:
+                self._start_colocated(att, queue)
+            done = await self._drive(att, queue)
+            await self._settle_prefill(att)
+            return done
+        except BaseException as exc:
+            reason = f"{att.describe()} cancelled" if isinstance(exc, asyncio.CancelledError) else \
+                f"{att.describe()} failed: {exc}"
+            await asyncio.shield(self._spawn(self._teardown(att, reason)))
+            raise
+        finally:
+            for handle in (*att.overlay_handles, att.prefill_handle):
+                self._overlay.remove(handle)
+            for task in (att.stream_task, att.prefill_task):
+                if task is not None and not task.done():
+                    task.cancel()
+            self.current = None
+
+    def _timeout(self, limit_s: float | None) -> float | None:
+        """A call's deadline: `limit_s` capped by what is left of the request's
+        (None: neither applies, as for streams of requests without a deadline)."""
+        left = self._remaining_s()
+        if left is None:
+            return limit_s
+        return max(0.001, left if limit_s is None else min(limit_s, left))
+
+    async def _start_disaggregated(self, att: Attempt, queue: asyncio.Queue) -> None:
+        req, p, d, g = self.req, att.prefill, att.decode, att.generation
+        tid = transfer_id(req.request_id, g)
+        need = req.demand.blocks_on(d)
+        att.overlay_handles.append(self._overlay.add(d, blocks=need))
+        att.prefill_handle = self._overlay.add(p, prefill_tokens=len(req.prompt))
+        att.stage = "decode reserve"
+        att.decode_engaged = True  # a reserve that timed out may still have been granted
+        try:
+            reservation = await self._workers.reserve(d, ReserveCall(
+                req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
+                self._timeout(self._cfg.reserve_timeout_s))
+        except WorkerCallError as exc:
+            if exc.code is StatusCode.INVALID_ARGUMENT:
+                raise RouterError(exc.code, exc.message) from exc  # the client's to fix: verbatim
+            raise AttemptFailed(att.stage, exc.code, exc.message, culprit=d) from exc
+        if reservation.reservation_id and reservation.reservation_id != tid:
+            log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
+        manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
+                                  prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
+        att.stage = "directory reserve"
+        att.txn_open = True  # until the directory says otherwise
+        try:
+            outcome = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
+        except WorkerCallError as exc:
+            raise AttemptFailed(att.stage, exc.code, exc.message) from exc
+        if outcome is not TxnOutcome.APPLIED:
+            att.txn_open = False
+            lost = outcome is TxnOutcome.STALE_EPOCH
+            raise AttemptFailed(att.stage, StatusCode.ABORTED, f"directory answered {outcome.name}",
+                                frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
+        att.stage = "prefill"
+        self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))
+        att.prefill_engaged = True
+        att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
+            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling), queue))
+        att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
+            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid), self._timeout(None)), queue))
+
+    def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
+        req, w = self.req, att.decode
+        att.overlay_handles.append(self._overlay.add(w, blocks=req.demand.blocks_on(w)))
+        att.stage = "colocated generate"
+        att.decode_engaged = True
+        self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))
+        att.stream_task = asyncio.create_task(self._pump(self._workers.generate(w, StreamCall(
+            req.request_id, att.generation, req.max_tokens, req.sampling, tenant=req.tenant,
+            prompt_token_ids=req.prompt), self._timeout(None)), queue))
+
+    async def _prefill(self, att: Attempt, call: PrefillCall, queue: asyncio.Queue) -> PrefillDone | None:
+        try:
+            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s))
+            queue.put_nowait(("prefill", done))
+            return done
+        except WorkerCallError as exc:
+            queue.put_nowait(("prefill_error", exc))
+        except Exception as exc:  # a gateway bug must not hang the attempt
+            queue.put_nowait(("prefill_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
+
+    @staticmethod
+    async def _pump(stream: AsyncIterator[StreamItem], queue: asyncio.Queue) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait(("item", item))
+            queue.put_nowait(("end", None))
+        except WorkerCallError as exc:
+            queue.put_nowait(("stream_error", exc))
+        except Exception as exc:
+            queue.put_nowait(("stream_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
+
+    async def _drive(self, att: Attempt, queue: asyncio.Queue) -> StreamComplete:
+        """Consume the attempt's events until its complete event."""
+        while True:
+            limit = self._cfg.first_token_timeout_s if att.tokens_seen == 0 else self._cfg.token_timeout_s
+            try:
+                kind, value = await asyncio.wait_for(queue.get(), limit)
+            except TimeoutError:
+                raise AttemptFailed(att.stage, StatusCode.DEADLINE_EXCEEDED,
+                                    f"no token {att.tokens_seen} within {limit:g} s",
+                                    **_blame(att, StatusCode.DEADLINE_EXCEEDED)) from None
+            if kind == "prefill":
+                att.prefill_done = True
+                att.prefill_kv_digest = value.kv_digest
+                self._overlay.remove(att.prefill_handle)
+            elif kind == "prefill_error":
+                if att.tokens_seen == 0:
+                    # Prefill reports its own failures and the hand-off's alike: either end.
+                    raise AttemptFailed("prefill", value.code, value.message,
+                                        frozenset({att.prefill.worker_id, att.decode.worker_id})) from value
+                log.warning("%s: prefill failed after token 0 (ignored): %s", att.describe(), value)
+            elif kind == "item" and isinstance(value, StreamToken):
+                self._on_token(att, value)
+            elif kind == "item":
+                self._output.check_finished(att.tokens_seen, att.generation)
+                return value
+            elif kind == "stream_error":
+                if (value.code is StatusCode.INVALID_ARGUMENT and att.route is Route.COLOCATED
+                        and att.tokens_seen == 0):
+                    raise RouterError(value.code, value.message) from value
+                stage = att.stage if att.tokens_seen == 0 else f"{att.stage} after {att.tokens_seen} tokens"
+                raise AttemptFailed(stage, value.code, value.message, **_blame(att, value.code)) from value
+            else:
+                raise AttemptFailed(att.stage, StatusCode.UNAVAILABLE,
+                                    f"stream ended after {att.tokens_seen} tokens without a complete event",
+                                    culprit=att.decode)
+
+    def _on_token(self, att: Attempt, tok: StreamToken) -> None:
+        if tok.index != att.tokens_seen:
+            raise AttemptFailed(att.stage, StatusCode.INTERNAL,
+                                f"token index {tok.index} out of order (expected {att.tokens_seen})",
+                                culprit=att.decode)
+        if att.tokens_seen == 0:
+            att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
+            att.stage = "decode" if att.route is Route.DISAGGREGATED else att.stage
+        att.tokens_seen += 1
+        out = self._output.offer(tok.index, tok.token_id, att.generation)
+        if out is not None:
+            self._emit(out)
+
+    async def _settle_prefill(self, att: Attempt) -> None:
+        """After a complete event, give a still-running Prefill call a moment to
+        return (its reply can trail a short decode), then cancel it."""
+        task = att.prefill_task
+        if task is None or att.prefill_done:
+            return
+        await asyncio.wait({task}, timeout=self._cfg.cancel_timeout_s)
+        if task.done():
+            if task.result() is not None:  # its event was queued behind the complete event
+                att.prefill_done, att.prefill_kv_digest = True, task.result().kv_digest
+            return
+        task.cancel()
+        await self._quietly(self._workers.cancel_prefill(att.prefill, self.req.request_id, att.generation,
+                                                         "request complete", self._cfg.cancel_timeout_s))
+
+    async def _teardown(self, att: Attempt, reason: str) -> None:
+        """Release everything `att` holds, in the contract's order; never raises."""
+        rid, g, limit = self.req.request_id, att.generation, self._cfg.cancel_timeout_s
+        if att.txn_open:
+            await self._quietly(self._directory.abort_txn(rid, transfer_id(rid, g), g, reason, limit))
+            att.txn_open = False
+        calls = []
+        if att.decode_engaged:
+            calls.append(asyncio.create_task(self._quietly(
+                self._workers.cancel_decode(att.decode, rid, g, reason, limit))))
+        if att.stream_task is not None:
+            att.stream_task.cancel()
+        if att.prefill_engaged and att.prefill is not None:
+            calls.append(asyncio.create_task(self._quietly(
+                self._workers.cancel_prefill(att.prefill, rid, g, reason, limit))))
+        if att.prefill_task is not None:
+            att.prefill_task.cancel()
+        await asyncio.gather(*calls)
+        for task in (att.stream_task, att.prefill_task):
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)
+
+    @staticmethod
+    async def _quietly(call: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await call
+        except WorkerCallError as exc:
+            log.warning("teardown call failed: %s", exc)
+        except Exception:
+            log.exception("teardown call raised")

@@ -1,0 +1,213 @@
+"""pd.v1 messages (and the directory client's records) <-> router domain values.
+Protobuf only; no gRPC here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kv_directory.convert import STATE_TO_PB as STORE_STATE_TO_PB
+from kv_directory.states import Outcome
+from kv_directory.store import ClusterSnapshot, WorkerRecord, WorkerRole
+
+from router.types import (Capacity, Cluster, Completed, Event, FinishReason, GenerateParams, Load, Manifest, Mode,
+                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Started,
+                          StatusCode, StreamCall, StreamComplete, StreamItem, StreamToken, TokenOut, TxnOutcome,
+                          Worker, WorkerCallError)
+from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
+
+# In-band pd.v1.ErrorCode -> the status class the router treats it as.
+ERROR_CODE_STATUS: dict[int, StatusCode] = {
+    common_pb2.ERROR_CODE_UNSPECIFIED: StatusCode.INTERNAL,
+    common_pb2.ERROR_CODE_INVALID_ARGUMENT: StatusCode.INVALID_ARGUMENT,
+    common_pb2.ERROR_CODE_RESOURCE_EXHAUSTED: StatusCode.RESOURCE_EXHAUSTED,
+    common_pb2.ERROR_CODE_ADMISSION_REJECTED: StatusCode.RESOURCE_EXHAUSTED,
+    common_pb2.ERROR_CODE_DEADLINE_EXCEEDED: StatusCode.DEADLINE_EXCEEDED,
+    common_pb2.ERROR_CODE_CANCELLED: StatusCode.CANCELLED,
+    common_pb2.ERROR_CODE_UNAVAILABLE: StatusCode.UNAVAILABLE,
+    common_pb2.ERROR_CODE_CACHE_ABI_MISMATCH: StatusCode.FAILED_PRECONDITION,
+    common_pb2.ERROR_CODE_STALE_GENERATION: StatusCode.ABORTED,
+    common_pb2.ERROR_CODE_CAPABILITY_DENIED: StatusCode.PERMISSION_DENIED,
+    common_pb2.ERROR_CODE_TRANSFER_FAILED: StatusCode.ABORTED,
+    common_pb2.ERROR_CODE_INTERNAL: StatusCode.INTERNAL,
+}
+
+_FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+                   common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+                   common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED}
+_FINISH_TO_PB = {v: k for k, v in _FINISH_FROM_PB.items()}
+_ROUTE_TO_PB = {Route.DISAGGREGATED: router_pb2.ROUTE_DISAGGREGATED, Route.COLOCATED: router_pb2.ROUTE_COLOCATED}
+_ROLE_TO_PB = {Role.PREFILL: common_pb2.WORKER_ROLE_PREFILL, Role.DECODE: common_pb2.WORKER_ROLE_DECODE,
+               Role.BOTH: common_pb2.WORKER_ROLE_BOTH}
+_ROLE_FROM_STORE = {WorkerRole.PREFILL: Role.PREFILL, WorkerRole.DECODE: Role.DECODE, WorkerRole.MIXED: Role.BOTH}
+
+
+def worker_from_store(rec: WorkerRecord) -> Worker:
+    """The directory client's WorkerRecord -> Worker."""
+    c, ld = rec.capacity, rec.load
+    return Worker(
+        worker_id=rec.worker_id, role=_ROLE_FROM_STORE[rec.role], grpc_address=rec.grpc_addr,
+        data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
+        capacity=Capacity(c.total_blocks, c.max_decode_batch, c.max_prefill_tokens, c.block_size, c.vocab_size,
+                          c.max_model_len),
+        load=Load(ld.pending_prefill_tokens, ld.active_decode_batch, ld.free_blocks, ld.reserved_blocks,
+                  ld.total_blocks),
+        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms)
+
+
+def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
+    """The directory client's ClusterSnapshot -> Cluster."""
+    return Cluster(tuple(worker_from_store(w) for w in snap.workers), snap.route_epoch, snap.now_ms)
+
+
+def txn_outcome_from_store(outcome: Outcome) -> TxnOutcome:
+    """kv_directory Outcome -> TxnOutcome (LEASE_LOST is STALE_EPOCH on the wire)."""
+    return TxnOutcome.STALE_EPOCH if outcome is Outcome.LEASE_LOST else TxnOutcome[outcome.name]
+
+
+def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
+    """The directory client's TxnRecord -> pd.v1.Transaction (for Admin.ListTransactions)."""
+    return manifest_pb2.Transaction(
+        request_id=r.request_id, transfer_id=r.transfer_id, tenant=r.tenant, generation=r.generation,
+        attempt=r.attempt, state=STORE_STATE_TO_PB[r.state], source_worker_id=r.source.worker_id,
+        source_epoch=r.source.epoch, destination_worker_id=r.dest.worker_id, destination_epoch=r.dest.epoch,
+        reservation_id=r.reservation_id, chunks_expected=r.chunks_expected, kv_digest=r.kv_digest,
+        abort_reason=r.abort_reason, created_unix_ms=r.created_unix_ms, updated_unix_ms=r.updated_unix_ms,
+        manifest=r.manifest)
+
+
+def worker_to_pb(w: Worker) -> common_pb2.WorkerInfo:
+    """Worker -> WorkerInfo (for Admin.Status)."""
+    c, ld = w.capacity, w.load
+    return common_pb2.WorkerInfo(
+        worker_id=w.worker_id, role=_ROLE_TO_PB[w.role], grpc_address=w.grpc_address,
+        data_plane_address=w.data_plane_address, cache_abi_digest=w.cache_abi_digest,
+        capacity=common_pb2.WorkerCapacity(
+            total_blocks=c.total_blocks, max_decode_batch=c.max_decode_batch, max_prefill_tokens=c.max_prefill_tokens,
+            block_size=c.block_size, vocab_size=c.vocab_size, max_model_len=c.max_model_len),
+        epoch=w.epoch,
+        load=common_pb2.LoadReport(
+            pending_prefill_tokens=ld.pending_prefill_tokens, active_decode_batch=ld.active_decode_batch,
+            free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks),
+        lease_expires_unix_ms=w.lease_expires_unix_ms)
+
+
+def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
+    """SamplingParams -> Sampling (seed None when unset)."""
+    return Sampling(pb.temperature, pb.top_k, pb.top_p, pb.seed if pb.HasField("seed") else None,
+                    tuple(pb.stop_token_ids), pb.ignore_eos)
+
+
+def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
+    """Sampling -> SamplingParams (seed left unset when None)."""
+    pb = common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                   stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+    if s.seed is not None:
+        pb.seed = s.seed
+    return pb
+
+
+def manifest_to_pb(m: Manifest) -> manifest_pb2.HandoffManifest:
+    """Manifest -> HandoffManifest (expected_chunks empty: prefill lists them in its commit)."""
+    return manifest_pb2.HandoffManifest(
+        request_id=m.request_id, tenant=m.tenant, generation=m.generation, attempt=m.attempt,
+        prompt_digest=m.prompt_digest, token_interval=manifest_pb2.TokenInterval(start=m.token_start, end=m.token_end),
+        model_identity_digest=m.model_identity_digest, cache_abi_digest=m.cache_abi_digest, block_size=m.block_size,
+        source_worker_id=m.source_worker_id, source_epoch=m.source_epoch,
+        destination_worker_id=m.destination_worker_id, destination_epoch=m.destination_epoch,
+        transfer_id=m.transfer_id, reservation_id=m.reservation_id, route_epoch=m.route_epoch,
+        checksum_algorithm=m.checksum_algorithm)
+
+
+def reserve_call_to_pb(c: ReserveCall) -> decode_pb2.DecodeReserveRequest:
+    """ReserveCall -> DecodeReserveRequest."""
+    return decode_pb2.DecodeReserveRequest(
+        request_id=c.request_id, tenant=c.tenant, generation=c.generation, prompt_token_ids=list(c.prompt_token_ids),
+        max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling), cache_abi_digest=c.cache_abi_digest)
+
+
+def reservation_from_pb(resp: decode_pb2.DecodeReserveResponse) -> Reservation:
+    """DecodeReserveResponse -> Reservation; raises WorkerCallError for its error result."""
+    if resp.WhichOneof("result") != "reservation":
+        err = resp.error
+        raise WorkerCallError(ERROR_CODE_STATUS.get(err.code, StatusCode.INTERNAL),
+                              err.message or "Decode.Reserve returned neither a reservation nor an error")
+    r = resp.reservation
+    return Reservation(r.reservation_id, tuple(r.block_ids), r.data_plane_address, r.destination_worker_id,
+                       r.destination_epoch, r.visible_prefix_blocks, r.ttl_ms)
+
+
+def prefill_call_to_pb(c: PrefillCall) -> prefill_pb2.PrefillRequest:
+    """PrefillCall -> PrefillRequest (no capability yet)."""
+    return prefill_pb2.PrefillRequest(manifest=manifest_to_pb(c.manifest), prompt_token_ids=list(c.prompt_token_ids),
+                                      destination_data_plane_address=c.destination_data_plane_address,
+                                      sampling=sampling_to_pb(c.sampling))
+
+
+def prefill_done_from_pb(r: prefill_pb2.PrefillResult) -> PrefillDone:
+    """PrefillResult -> PrefillDone."""
+    return PrefillDone(r.transfer_id, r.first_token_id, r.computed_tokens, r.reused_tokens, r.kv_digest)
+
+
+def stream_call_to_pb(c: StreamCall) -> decode_pb2.DecodeStreamRequest:
+    """StreamCall -> DecodeStreamRequest."""
+    return decode_pb2.DecodeStreamRequest(request_id=c.request_id, generation=c.generation, transfer_id=c.transfer_id,
+                                          max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling))
+
+
+def generate_call_to_pb(c: StreamCall) -> decode_pb2.DecodeGenerateRequest:
+    """StreamCall -> DecodeGenerateRequest."""
+    return decode_pb2.DecodeGenerateRequest(
+        request_id=c.request_id, tenant=c.tenant, generation=c.generation,
+        prompt_token_ids=list(c.prompt_token_ids), max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling))
+
+
+def token_event_from_pb(ev: decode_pb2.TokenEvent) -> StreamItem:
+    """TokenEvent -> StreamToken | StreamComplete; raises WorkerCallError for an error event."""
+    kind = ev.WhichOneof("event")
+    if kind == "token":
+        return StreamToken(ev.token.token_id, ev.token.index)
+    if kind == "complete":
+        return StreamComplete(_FINISH_FROM_PB.get(ev.complete.finish_reason, FinishReason.STOP),
+                              ev.complete.num_tokens, ev.complete.kv_digest)
+    if kind == "error":
+        raise WorkerCallError(ERROR_CODE_STATUS.get(ev.error.code, StatusCode.INTERNAL), ev.error.message)
+    raise WorkerCallError(StatusCode.INTERNAL, "TokenEvent without an event")
+
+
+def generate_params_from_pb(req: router_pb2.GenerateRequest) -> GenerateParams:
+    """GenerateRequest -> GenerateParams (unknown modes become AUTO-like rejections)."""
+    which = req.WhichOneof("prompt")
+    try:
+        mode = Mode(req.mode)
+    except ValueError:
+        mode = Mode.AUTO
+    return GenerateParams(
+        request_id=req.request_id, tenant=req.tenant,
+        prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
+        prompt_text=req.prompt_text if which == "prompt_text" else None,
+        max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling), mode=mode, deadline_ms=req.deadline_ms)
+
+
+def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:
+    """Started | TokenOut | Completed -> GenerateEvent."""
+    E = router_pb2.GenerateEvent
+    if isinstance(ev, Started):
+        return E(request_id=request_id, started=E.Started(
+            route=_ROUTE_TO_PB[ev.route], prefill_worker_id=ev.prefill_worker_id,
+            decode_worker_id=ev.decode_worker_id, generation=ev.generation, route_epoch=ev.route_epoch))
+    if isinstance(ev, TokenOut):
+        return E(request_id=request_id, token=E.Token(token_id=ev.token_id, text=ev.text, index=ev.index,
+                                                      time_since_start_ms=ev.time_since_start_ms))
+    assert isinstance(ev, Completed)
+    return E(request_id=request_id, complete=E.Complete(
+        finish_reason=_FINISH_TO_PB[ev.finish_reason], ttft_ms=ev.ttft_ms, tpot_ms=ev.tpot_ms,
+        num_tokens=ev.num_tokens, route=_ROUTE_TO_PB[ev.route], attempts=ev.attempts,
+        prefill_kv_digest=ev.prefill_kv_digest, decode_kv_digest=ev.decode_kv_digest))
+
+
+def txn_outcome_from_pb(outcome: int) -> TxnOutcome:
+    """pd.v1.TxnOutcome -> TxnOutcome (unknown values as UNSPECIFIED)."""
+    try:
+        return TxnOutcome(outcome)
+    except ValueError:
+        return TxnOutcome.UNSPECIFIED

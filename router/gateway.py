@@ -1,0 +1,89 @@
+"""What the router needs from the rest of the cluster, as two small role ABCs.
+
+`WorkerGateway` talks to prefill and decode workers, `DirectoryGateway` to the
+directory. `router.grpc_gateway` implements both over pd.v1 gRPC; the unit
+tests implement them in-process. Logic (`router.orchestrator`,
+`router.attempts`) sees only these.
+
+Failure semantics, common to every method: a call either returns its answer
+or raises `WorkerCallError` with a status code (gRPC status, or an in-band
+pd.v1.Error mapped to the closest status). `timeout_s` is the call's deadline;
+past it the call raises DEADLINE_EXCEEDED. Streams raise on a gRPC error or an
+in-band error event, and stop iterating after their complete event; closing
+(or cancelling the consumer of) a stream cancels the call.
+
+Which calls belong to which step of an attempt (see `router.attempts`):
+
+    disaggregated:  reserve -> reserve_txn -> prefill || decode_stream
+    colocated:      generate
+    teardown:       abort_txn -> cancel_decode -> (close stream) -> cancel_prefill
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StreamCall,
+                          StreamItem, TxnOutcome, Worker)
+
+
+class WorkerGateway(abc.ABC):
+    """Calls to prefill and decode workers."""
+
+    @abc.abstractmethod
+    async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
+        """Decode.Reserve: destination blocks for one generation of a request."""
+
+    @abc.abstractmethod
+    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float) -> PrefillDone:
+        """Prefill.Prefill: compute the prompt and hand its K/V to the destination;
+        returns once the destination accepted the commit."""
+
+    @abc.abstractmethod
+    def decode_stream(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+        """Decode.DecodeStream: tokens 0, 1, ... of a published transfer, then complete."""
+
+    @abc.abstractmethod
+    def generate(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+        """Decode.Generate: the whole request colocated on `worker`."""
+
+    @abc.abstractmethod
+    async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
+                            timeout_s: float) -> bool:
+        """Decode.Cancel; True if the worker knew the request."""
+
+    @abc.abstractmethod
+    async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,
+                             timeout_s: float) -> bool:
+        """Prefill.Cancel; True if the worker knew the request."""
+
+    async def close(self) -> None:
+        """Release connections (default: nothing to release)."""
+
+
+class DirectoryGateway(abc.ABC):
+    """Calls to the directory service."""
+
+    @abc.abstractmethod
+    async def snapshot(self, timeout_s: float) -> Cluster:
+        """Directory.ClusterSnapshot: live workers with load, and the route epoch."""
+
+    @abc.abstractmethod
+    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnOutcome:
+        """Directory.Reserve: create the transfer transaction (RESERVED)."""
+
+    @abc.abstractmethod
+    async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
+                        timeout_s: float) -> TxnOutcome:
+        """Directory.Abort: the abort_unpublished path for one transfer."""
+
+    @abc.abstractmethod
+    async def list_open_transactions(self, timeout_s: float) -> Sequence[Any]:
+        """Directory.ListOpenTransactions: open transaction records. The router
+        only counts them and filters on `.state`, `.tenant`, `.updated_unix_ms`;
+        the gRPC gateway returns pd.v1.Transaction messages as they are."""
+
+    async def close(self) -> None:
+        """Release connections (default: nothing to release)."""

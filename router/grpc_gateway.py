@@ -1,0 +1,177 @@
+"""The gateways over pd.v1 gRPC: one channel per worker address, one to the directory.
+
+Every gRPC failure becomes `WorkerCallError` with the same status name; an
+in-band pd.v1.Error (a Reserve error result, a TokenEvent error) becomes one
+too. Leaving a stream (consumer cancelled, generator closed) cancels the call.
+
+The directory is reached through the shared `kv_directory.client.DirectoryClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from kv_directory.client import DirectoryClient
+from kv_directory.store import DirectoryUnavailable
+from router import convert
+from router.gateway import DirectoryGateway, WorkerGateway
+from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StatusCode,
+                          StreamCall, StreamComplete, StreamItem, TxnOutcome, Worker, WorkerCallError)
+from services.common.grpc_server import MAX_MESSAGE_BYTES
+from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+]
+
+
+def grpc_code(code: StatusCode) -> grpc.StatusCode:
+    """The grpc.StatusCode of the same name (for servicers aborting with a RouterError)."""
+    return grpc.StatusCode[code.name]
+
+
+def call_error(exc: grpc.aio.AioRpcError, what: str) -> WorkerCallError:
+    """An RPC failure as WorkerCallError carrying the peer's message as it is
+    (the router returns INVALID_ARGUMENT messages verbatim); `what` names the
+    call when the peer gave no message."""
+    code = StatusCode.__members__.get(exc.code().name, StatusCode.UNKNOWN)
+    return WorkerCallError(code, exc.details() or f"{what} failed with {exc.code().name}")
+
+
+class _Channels:
+    """Lazily opened insecure channels, one per address."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return ch
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close()
+
+
+class GrpcWorkerGateway(WorkerGateway):
+    """WorkerGateway over pd.v1.Decode and pd.v1.Prefill."""
+
+    def __init__(self) -> None:
+        self._channels = _Channels()
+
+    def _decode(self, w: Worker) -> decode_pb2_grpc.DecodeStub:
+        return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address))
+
+    def _prefill(self, w: Worker) -> prefill_pb2_grpc.PrefillStub:
+        return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address))
+
+    async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
+        try:
+            resp = await self._decode(worker).Reserve(convert.reserve_call_to_pb(call), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, f"Decode.Reserve on {worker.worker_id}") from None
+        return convert.reservation_from_pb(resp)
+
+    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float) -> PrefillDone:
+        try:
+            result = await self._prefill(worker).Prefill(convert.prefill_call_to_pb(call), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None
+        return convert.prefill_done_from_pb(result)
+
+    async def _stream(self, call: Any, what: str) -> AsyncIterator[StreamItem]:
+        try:
+            async for ev in call:
+                item = convert.token_event_from_pb(ev)
+                yield item
+                if isinstance(item, StreamComplete):
+                    return  # nothing may follow a complete event
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, what) from None
+        finally:
+            call.cancel()  # no-op once the call finished
+
+    def decode_stream(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+        rpc = self._decode(worker).DecodeStream(convert.stream_call_to_pb(call), timeout=timeout_s)
+        return self._stream(rpc, f"Decode.DecodeStream on {worker.worker_id}")
+
+    def generate(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+        rpc = self._decode(worker).Generate(convert.generate_call_to_pb(call), timeout=timeout_s)
+        return self._stream(rpc, f"Decode.Generate on {worker.worker_id}")
+
+    async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
+                            timeout_s: float) -> bool:
+        req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason)
+        try:
+            return (await self._decode(worker).Cancel(req, timeout=timeout_s)).found
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, f"Decode.Cancel on {worker.worker_id}") from None
+
+    async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,
+                             timeout_s: float) -> bool:
+        req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason)
+        try:
+            return (await self._prefill(worker).Cancel(req, timeout=timeout_s)).found
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, f"Prefill.Cancel on {worker.worker_id}") from None
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+
+class GrpcDirectoryGateway(DirectoryGateway):
+    """DirectoryGateway over the shared `kv_directory.client.DirectoryClient`.
+
+    `caller_id` is the worker_id the router states in transitions it makes (the
+    directory fences only a transaction's own ends by epoch, not the router).
+    """
+
+    def __init__(self, address: str, caller_id: str = "router", timeout_s: float = 5.0):
+        self._client = DirectoryClient(address, timeout_s=timeout_s)
+        self._caller_id = caller_id
+
+    async def _call(self, what: str, coro: Any, timeout_s: float) -> Any:
+        try:
+            return await asyncio.wait_for(coro, timeout_s)  # the request's deadline may be shorter
+        except TimeoutError:
+            raise WorkerCallError(StatusCode.DEADLINE_EXCEEDED, f"{what}: no answer within {timeout_s:g} s") from None
+        except DirectoryUnavailable as exc:
+            raise WorkerCallError(StatusCode.UNAVAILABLE, str(exc)) from None
+        except ValueError as exc:
+            raise WorkerCallError(StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, what) from None
+
+    async def snapshot(self, timeout_s: float) -> Cluster:
+        snap = await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
+        return convert.cluster_from_store(snap)
+
+    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnOutcome:
+        reply = await self._call("Directory.Reserve", self._client.reserve(convert.manifest_to_pb(manifest)), timeout_s)
+        return convert.txn_outcome_from_store(reply.outcome)
+
+    async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
+                        timeout_s: float) -> TxnOutcome:
+        reply = await self._call("Directory.Abort", self._client.abort(
+            request_id, transfer_id, generation, self._caller_id, 0, reason=reason), timeout_s)
+        return convert.txn_outcome_from_store(reply.outcome)
+
+    async def list_open_transactions(self, timeout_s: float) -> Sequence[Any]:
+        records = await self._call("Directory.ListOpenTransactions", self._client.list_open(), timeout_s)
+        return [convert.txn_record_to_pb(r) for r in records]
+
+    async def close(self) -> None:
+        await self._client.close()

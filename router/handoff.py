@@ -1,0 +1,60 @@
+"""The router's part of the K/V hand-off contract: identities and the manifest.
+
+Per request, generation g = attempt number (1, 2, ...) and
+transfer_id = f"{request_id}/{g}". The manifest the router records with
+Directory.Reserve names both ends at their epochs, the reservation, the route
+epoch and the token interval the destination lacks; prefill adds the expected
+chunks in its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+from router.types import Manifest, Reservation, Worker
+
+CHECKSUM_ALGORITHM = "xxh3_64"  # Must match the transfer layer's chunk checksum (services/transfer).
+
+
+def transfer_id(request_id: str, generation: int) -> str:
+    """Transfer (and reservation) id of one generation of a request."""
+    return f"{request_id}/{generation}"
+
+
+def prompt_digest(prompt: Sequence[int]) -> str:
+    """sha256 hex of the prompt ids as little-endian uint32."""
+    return hashlib.sha256(struct.pack(f"<{len(prompt)}I", *prompt)).hexdigest()
+
+
+def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
+                   prefill: Worker, decode: Worker, reservation: Reservation, route_epoch: int,
+                   model_identity_digest: str = "") -> Manifest:
+    """The HandoffManifest for one disaggregated attempt (expected_chunks empty).
+
+    token_interval starts after the blocks the destination already holds
+    (visible_prefix_blocks, block aligned) and ends at the prompt's end.
+    """
+    block_size = prefill.capacity.block_size or decode.capacity.block_size
+    start = min(reservation.visible_prefix_blocks * block_size, len(prompt))
+    return Manifest(
+        request_id=request_id,
+        tenant=tenant,
+        generation=generation,
+        attempt=generation,
+        prompt_digest=prompt_digest(prompt),
+        token_start=start,
+        token_end=len(prompt),
+        model_identity_digest=model_identity_digest,
+        cache_abi_digest=prefill.cache_abi_digest,
+        block_size=block_size,
+        source_worker_id=prefill.worker_id,
+        source_epoch=prefill.epoch,
+        destination_worker_id=reservation.destination_worker_id or decode.worker_id,
+        destination_epoch=reservation.destination_epoch or decode.epoch,
+        transfer_id=transfer_id(request_id, generation),
+        reservation_id=reservation.reservation_id,
+        route_epoch=route_epoch,
+        checksum_algorithm=CHECKSUM_ALGORITHM,
+    )

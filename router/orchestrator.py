@@ -1,0 +1,260 @@
+"""Request orchestration: admission, the retry policy, deadlines and cancellation.
+
+Lifecycle of one request (each arrow is one place in this file):
+
+    submit:  admit (static checks) -> duplicate check -> snapshot -> check_cluster
+    serve:   attempt 1 .. max_attempts, each a new generation g:
+               disaggregated on the best untried (P, D) pair, at most
+               max_disaggregated_attempts times (only when the request wants
+               disaggregation and a prefill worker exists), then colocated on a
+               decode-capable worker; workers that failed (in this request, or
+               router-wide in the last failure_cooldown_ms) are avoided when an
+               alternative exists
+    end:     Complete | RouterError (every attempt listed) | DEADLINE_EXCEEDED |
+             CANCELLED (Complete with finish_reason CANCELLED once tokens flowed)
+
+Each request runs in its own task, so the client's RPC, Router.Cancel and the
+request deadline all stop it the same way: cancel the task; the attempt in
+flight tears itself down (Cancel reaches P and D) before the task ends.
+
+Safety invariant: a request id is registered in `_runs` from submit until its
+task is done, so a duplicate in-flight id is rejected with ALREADY_EXISTS and
+Router.Cancel always finds the attempt that holds worker state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from router.admission import Admitted, admit, check_cluster
+from router.attempts import Attempt, AttemptFailed, AttemptRunner
+from router.cluster_view import ClusterView
+from router.config import RouterConfig
+from router.gateway import DirectoryGateway, WorkerGateway
+from router.output import OutputLog
+from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
+from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, Route, RouterError, StatusCode)
+
+log = logging.getLogger(__name__)
+
+
+class RequestRun:
+    """One admitted request: its task, its client event queue, its attempts."""
+
+    def __init__(self, req: Admitted, start_s: float, output: OutputLog):
+        self.req = req
+        self.start_s = start_s
+        self.output = output
+        self.events: asyncio.Queue[Event | RouterError] = asyncio.Queue()
+        self.task: asyncio.Task | None = None
+        self.runner: AttemptRunner | None = None
+        self.failures: list[str] = []
+        self.cancel_reason: str | None = None
+        self.finished = False
+
+    def emit(self, event: Event) -> None:
+        """Queue an event for the client."""
+        self.events.put_nowait(event)
+
+    def end(self, outcome: Completed | RouterError) -> None:
+        """Queue the terminal event (only the first one counts)."""
+        if not self.finished:
+            self.finished = True
+            self.events.put_nowait(outcome)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the request: its attempt tears down, then the stream ends CANCELLED."""
+        if self.task is None or self.task.done() or self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        self.task.cancel()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Client events until Complete; raises the request's RouterError."""
+        while True:
+            item = await self.events.get()
+            if isinstance(item, RouterError):
+                raise item
+            yield item
+            if isinstance(item, Completed):
+                return
+
+
+class Orchestrator:
+    """Admits requests, runs their attempts and keeps the in-flight registry."""
+
+    def __init__(self, workers: WorkerGateway, directory: DirectoryGateway, config: RouterConfig,
+                 tokenizer: Any | None = None, clock: Callable[[], float] = time.monotonic):
+        self.workers = workers
+        self.directory = directory
+        self.config = config
+        self.tokenizer = tokenizer
+        self.view = ClusterView(directory, config, clock)
+        self.failures = FailureMemory(config.failure_cooldown_ms / 1000.0, clock)
+        self.default_route = Route.DISAGGREGATED if config.default_mode == "disaggregated" else Route.COLOCATED
+        """Route of requests with mode UNSPECIFIED; Admin.SetMode changes it."""
+        self._clock = clock
+        self._runs: dict[str, RequestRun] = {}
+        self._background: set[asyncio.Task] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet finished."""
+        return len(self._runs)
+
+    async def submit(self, params: GenerateParams) -> RequestRun:
+        """Admit a request and start it; raises RouterError when it is rejected."""
+        start_s = self._clock()
+        req = admit(params, self.config, self.default_route, self.tokenizer)
+        if req.request_id in self._runs:
+            raise RouterError(StatusCode.ALREADY_EXISTS, f"request {req.request_id!r} is already in flight")
+        run = RequestRun(req, start_s, OutputLog(start_s, self._clock, self.tokenizer))
+        self._runs[req.request_id] = run
+        try:
+            check_cluster(req, await self.view.get())
+        except BaseException:
+            del self._runs[req.request_id]
+            raise
+        run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
+                                   run.emit, self._spawn, lambda: self._remaining_s(run))
+        run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
+        run.task.add_done_callback(lambda _t: self._on_done(run))
+        return run
+
+    async def generate(self, params: GenerateParams) -> AsyncIterator[Event]:
+        """Submit and stream; leaving the iteration early cancels the request."""
+        run = await self.submit(params)
+        try:
+            async for event in run.stream():
+                yield event
+        finally:
+            run.cancel("client went away")
+
+    async def cancel(self, request_id: str, reason: str = "cancelled by client") -> bool:
+        """Cancel an in-flight request and wait (briefly) for its teardown; False if unknown."""
+        run = self._runs.get(request_id)
+        if run is None:
+            return False
+        run.cancel(reason or "cancelled by client")
+        await asyncio.wait({run.task}, timeout=3 * self.config.cancel_timeout_s + 1.0)
+        return True
+
+    async def drain(self) -> None:
+        """Wait until every request and every teardown task has finished."""
+        while self._runs or self._background:
+            await asyncio.gather(*[r.task for r in self._runs.values()], *self._background,
+                                 return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every request, wait for teardowns, close the gateways."""
+        for run in list(self._runs.values()):
+            run.cancel("router shutting down")
+        await self.drain()
+        await self.workers.close()
+        await self.directory.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _remaining_s(self, run: RequestRun) -> float | None:
+        if run.req.deadline_s is None:
+            return None
+        return run.req.deadline_s - (self._clock() - run.start_s)
+
+    def _on_done(self, run: RequestRun) -> None:
+        self._runs.pop(run.req.request_id, None)
+        # A task cancelled before it ever ran skipped _serve's handlers.
+        run.end(RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason or 'router stopped'}"))
+
+    async def _serve(self, run: RequestRun) -> None:
+        req = run.req
+        try:
+            async with asyncio.timeout(req.deadline_s):
+                run.end(await self._attempts(run))
+        except TimeoutError:
+            run.end(RouterError(StatusCode.DEADLINE_EXCEEDED,
+                                f"request deadline of {req.deadline_s * 1000:.0f} ms passed{self._where(run)}"))
+        except asyncio.CancelledError:
+            if run.cancel_reason is None:
+                raise
+            if run.output.tokens:
+                last = run.runner.last
+                run.end(run.output.completed(FinishReason.CANCELLED, last.route if last else req.route,
+                                             last.generation if last else 0))
+            else:
+                run.end(RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason}"))
+        except RouterError as exc:
+            run.end(exc)
+        except Exception as exc:  # a bug: fail this request, keep serving others
+            log.exception("request %s failed unexpectedly", req.request_id)
+            run.end(RouterError(StatusCode.INTERNAL, f"router error: {exc!r}"))
+
+    @staticmethod
+    def _where(run: RequestRun) -> str:
+        last = run.runner.last if run.runner else None
+        where = f" during {last.describe()} at stage {last.stage}" if last else ""
+        earlier = f"; earlier: {'; '.join(run.failures)}" if run.failures else ""
+        return where + earlier
+
+    async def _attempts(self, run: RequestRun) -> Completed:
+        """The retry policy; returns the Complete event or raises RouterError."""
+        req, cfg = run.req, self.config
+        avoid: Counter[str] = Counter()  # this request's failures: 1 per suspicion, 2 when certain
+        tried: set[tuple[str, str]] = set()
+        codes: list[StatusCode] = []
+        disaggregated_left = cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0
+        generation = 0
+        while generation < cfg.max_attempts:
+            cluster = await self.view.get()
+            penalties = avoid + Counter(self.failures.penalties(cluster))
+            att = self._place(cluster, req, generation + 1, disaggregated_left > 0, penalties, tried)
+            if att is None:
+                break
+            generation = att.generation
+            if att.route is Route.DISAGGREGATED:
+                disaggregated_left -= 1
+                tried.add((att.prefill.worker_id, att.decode.worker_id))
+            try:
+                done = await run.runner.run(att)
+            except AttemptFailed as exc:
+                log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
+                run.failures.append(f"{att.describe()}: {exc}")
+                codes.append(exc.code)
+                avoid.update(exc.suspects)
+                if exc.culprit is not None:
+                    avoid[exc.culprit.worker_id] += 1
+                    if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
+                        self.failures.record(exc.culprit)
+                continue
+            return run.output.completed(done.finish_reason, att.route, generation, att.prefill_kv_digest,
+                                        done.kv_digest)
+        if not run.failures:
+            raise RouterError(StatusCode.UNAVAILABLE, "no live worker can take this request")
+        code = StatusCode.RESOURCE_EXHAUSTED if all(c is StatusCode.RESOURCE_EXHAUSTED for c in codes) \
+            else StatusCode.UNAVAILABLE
+        raise RouterError(code, f"all {len(run.failures)} attempts failed: {'; '.join(run.failures)}")
+
+    def _place(self, cluster: Cluster, req: Admitted, generation: int, disaggregated: bool,
+               avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
+        """The next attempt's route, or None when no worker can take it."""
+        overlay = self.view.overlay
+        if disaggregated:
+            pair = choose_pair(cluster, req.demand, overlay, avoid, tried)
+            if pair is not None:
+                return Attempt(generation, Route.DISAGGREGATED, decode=pair[1], prefill=pair[0],
+                               route_epoch=cluster.route_epoch)
+            if generation == 1:
+                why = "no prefill worker" if not has_prefill_worker(cluster) else "no compatible (P, D) pair"
+                log.info("request %s: %s; running colocated", req.request_id, why)
+        worker = choose_colocated(cluster, req.demand, overlay, avoid)
+        if worker is None:
+            return None
+        return Attempt(generation, Route.COLOCATED, decode=worker, route_epoch=cluster.route_epoch)

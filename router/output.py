@@ -1,0 +1,64 @@
+"""The tokens a request has forwarded to its client, across attempts.
+
+Exactness (article 0x10) makes a retry after partial output seamless: the next
+attempt regenerates the same sequence from index 0, so its tokens below the
+forwarded count are compared with what the client already has and suppressed;
+a mismatch is a correctness bug and ends the request with INTERNAL
+("divergence at index i"). Also measures TTFT and TPOT at the router.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from router.text import Detokenizer
+from router.types import Completed, FinishReason, Route, RouterError, StatusCode, TokenOut
+
+
+class OutputLog:
+    """Forwarded tokens, their timing, and the continuation check."""
+
+    def __init__(self, start_s: float, clock: Callable[[], float] = time.monotonic, tokenizer: Any | None = None):
+        self._start_s = start_s
+        self._clock = clock
+        self._detok = Detokenizer(tokenizer)
+        self.tokens: list[int] = []
+        self._first_s: float | None = None
+
+    def offer(self, index: int, token_id: int, generation: int) -> TokenOut | None:
+        """A token from an attempt: the event to forward, or None when it replays an
+        already-forwarded token. Raises RouterError(INTERNAL) on divergence."""
+        if index < len(self.tokens):
+            if self.tokens[index] != token_id:
+                raise RouterError(StatusCode.INTERNAL,
+                                  f"divergence at index {index}: generation {generation} produced token "
+                                  f"{token_id}, the client already has {self.tokens[index]}")
+            return None
+        assert index == len(self.tokens), "attempts stream indices in order from 0"
+        now = self._clock()
+        if self._first_s is None:
+            self._first_s = now
+        self.tokens.append(token_id)
+        return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now))
+
+    def check_finished(self, num_tokens: int, generation: int) -> None:
+        """An attempt completed after `num_tokens` tokens; it must not stop short of
+        what was already forwarded."""
+        if num_tokens < len(self.tokens):
+            raise RouterError(StatusCode.INTERNAL,
+                              f"divergence at index {num_tokens}: generation {generation} finished after "
+                              f"{num_tokens} tokens, the client already has {len(self.tokens)}")
+
+    def completed(self, finish_reason: FinishReason, route: Route, attempts: int, prefill_kv_digest: str = "",
+                  decode_kv_digest: str = "") -> Completed:
+        """The Complete event: TTFT, TPOT = (latency - TTFT) / (n - 1)."""
+        latency_ms = self._ms(self._clock())
+        n = len(self.tokens)
+        ttft_ms = self._ms(self._first_s) if self._first_s is not None else 0.0
+        tpot_ms = (latency_ms - ttft_ms) / (n - 1) if n > 1 else 0.0
+        return Completed(finish_reason, ttft_ms, tpot_ms, n, route, attempts, prefill_kv_digest, decode_kv_digest)
+
+    def _ms(self, t: float) -> float:
+        return (t - self._start_s) * 1000.0

@@ -1,0 +1,254 @@
+"""Where a request runs: pure placement functions over a cluster snapshot.
+
+Disaggregated: prefill worker P = fewest pending prefill tokens; decode worker
+D = most free K/V blocks among workers whose cache ABI digest equals P's and
+that can hold the request's blocks; P != D. Colocated: the decode-capable
+worker with most free blocks.
+
+Heartbeats lag dispatch, so every load figure is the snapshot's plus this
+router's own dispatches that the snapshot cannot show yet (`LoadOverlay`).
+
+Ranking, most important first (every key is a tuple; ties end on worker id,
+so placement is deterministic):
+
+1. workers to avoid: least total penalty (failures of this request's earlier
+   attempts, and workers whose calls recently failed router-wide —
+   `FailureMemory`); an avoided worker is still chosen when nothing else can;
+2. fits now (free blocks >= blocks needed) before "fits only when emptier" —
+   the snapshot lags, so a worker that could ever hold the request is still
+   worth a Reserve when nothing fits now; the worker's answer is authoritative;
+3. P's pending prefill tokens, ascending;
+4. D's free blocks, descending.
+
+A worker that cannot hold the request even empty (capacity.total_blocks), or
+whose vocab / context length the request exceeds, is never chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+from router.types import Cluster, Worker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Demand:
+    """The shape of one request, as placement sees it."""
+
+    prompt_tokens: int
+    max_tokens: int
+    max_token_id: int = 0
+
+    def blocks_on(self, worker: Worker) -> int:
+        """K/V blocks the request needs on `worker` (0 if it declares no block size)."""
+        return blocks_needed(self.prompt_tokens, self.max_tokens, worker.capacity.block_size)
+
+
+def blocks_needed(prompt_tokens: int, max_tokens: int, block_size: int) -> int:
+    """ceil((prompt + max_tokens - 1) / block_size): the last sampled token needs no K/V."""
+    if block_size <= 0:
+        return 0
+    return math.ceil((prompt_tokens + max_tokens - 1) / block_size)
+
+
+def rejects(worker: Worker, demand: Demand) -> str | None:
+    """Why `worker` can never serve `demand` (vocab, context, capacity), or None."""
+    cap = worker.capacity
+    if cap.vocab_size and demand.max_token_id >= cap.vocab_size:
+        return f"token id {demand.max_token_id} >= vocab_size {cap.vocab_size}"
+    total = demand.prompt_tokens + demand.max_tokens
+    if cap.max_model_len and total > cap.max_model_len:
+        return f"prompt + max_tokens = {total} > max_model_len {cap.max_model_len}"
+    need = demand.blocks_on(worker)
+    if worker.can_decode and cap.total_blocks and need > cap.total_blocks:
+        return f"needs {need} blocks of {cap.block_size} tokens > total_blocks {cap.total_blocks}"
+    return None
+
+
+@dataclasses.dataclass(slots=True)
+class _Dispatch:
+    worker_id: str
+    epoch: int
+    prefill_tokens: int
+    blocks: int
+    after_fetch: int
+    """Id of the last snapshot fetch started before this dispatch."""
+    at_s: float
+
+
+class LoadOverlay:
+    """What this router dispatched that the latest snapshot may not show yet.
+
+    An entry stops counting when (a) its owner removes it (the attempt ended),
+    (b) a heartbeat provably newer than the dispatch shows up — the worker's
+    lease expiry changed between two snapshots whose reads both started after
+    the dispatch — (c) the worker re-registered or left, or (d) `ttl_s` passed.
+    Double counting in between is conservative: it only under-states headroom.
+    """
+
+    def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._entries: dict[int, _Dispatch] = {}
+        self._next_id = 0
+        self._fetches = 0
+        self._observed = 0
+        self._marks: dict[str, tuple[int, int, int]] = {}  # id -> (epoch, lease expiry, fetch id)
+
+    def fetch_started(self) -> int:
+        """Call before asking the directory for a snapshot; pass the id to `observe`."""
+        self._fetches += 1
+        return self._fetches
+
+    def observe(self, cluster: Cluster, fetch_id: int) -> None:
+        """Retire entries that snapshot `fetch_id` (or its heartbeats) already reflects."""
+        if fetch_id <= self._observed:
+            return  # an older fetch finished late; the newer one already counted
+        self._observed = fetch_id
+        live = {w.worker_id: w for w in cluster.workers}
+        for key, e in list(self._entries.items()):
+            w = live.get(e.worker_id)
+            prev = self._marks.get(e.worker_id)
+            if w is None or w.epoch != e.epoch:
+                del self._entries[key]  # that incarnation's state is gone
+            elif prev is not None and prev[1] != w.lease_expires_unix_ms and e.after_fetch < prev[2]:
+                del self._entries[key]  # a heartbeat newer than the dispatch arrived
+        self._marks = {w.worker_id: (w.epoch, w.lease_expires_unix_ms, fetch_id) for w in cluster.workers}
+        self._expire()
+
+    def add(self, worker: Worker, prefill_tokens: int = 0, blocks: int = 0) -> int:
+        """Count a dispatch against `worker`; returns a handle for `remove`."""
+        self._next_id += 1
+        self._entries[self._next_id] = _Dispatch(worker.worker_id, worker.epoch, prefill_tokens, blocks,
+                                                 self._fetches, self._clock())
+        return self._next_id
+
+    def remove(self, handle: int | None) -> None:
+        """Stop counting a dispatch (idempotent; None is ignored)."""
+        if handle is not None:
+            self._entries.pop(handle, None)
+
+    def prefill_tokens(self, worker_id: str) -> int:
+        """Prompt tokens dispatched to `worker_id` and not yet visible in its load."""
+        self._expire()
+        return sum(e.prefill_tokens for e in self._entries.values() if e.worker_id == worker_id)
+
+    def blocks(self, worker_id: str) -> int:
+        """K/V blocks reserved on `worker_id` and not yet visible in its load."""
+        self._expire()
+        return sum(e.blocks for e in self._entries.values() if e.worker_id == worker_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _expire(self) -> None:
+        cutoff = self._clock() - self._ttl_s
+        for key in [k for k, e in self._entries.items() if e.at_s < cutoff]:
+            del self._entries[key]
+
+
+class FailureMemory:
+    """Workers whose own calls failed (unreachable, hung) in the last `cooldown_s`.
+
+    Shared by all requests, so the request after a worker died does not pick it
+    again while the directory still lists it (until its lease expires). A
+    worker that re-registers (new epoch) starts clean.
+    """
+
+    def __init__(self, cooldown_s: float = 3.0, clock: Callable[[], float] = time.monotonic):
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._failed: dict[str, tuple[int, float]] = {}  # id -> (epoch, when)
+
+    def record(self, worker: Worker) -> None:
+        """Remember that a call to `worker` failed now."""
+        self._failed[worker.worker_id] = (worker.epoch, self._clock())
+
+    def penalties(self, cluster: Cluster, weight: int = 2) -> dict[str, int]:
+        """Penalty per recently failed worker of `cluster` (same epoch, within the cooldown)."""
+        cutoff = self._clock() - self._cooldown_s
+        self._failed = {k: v for k, v in self._failed.items() if v[1] >= cutoff}
+        live = {w.worker_id: w.epoch for w in cluster.workers}
+        return {k: weight for k, (epoch, _) in self._failed.items() if live.get(k) == epoch}
+
+
+def free_blocks(worker: Worker, overlay: LoadOverlay | None = None) -> int:
+    """Free K/V blocks: the heartbeat's figure (capacity before the first heartbeat)
+    minus this router's unreported reservations; may be negative."""
+    base = worker.load.free_blocks if worker.load.total_blocks else worker.capacity.total_blocks
+    return base - (overlay.blocks(worker.worker_id) if overlay else 0)
+
+
+def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:
+    """Prompt tokens queued at `worker`, including this router's unreported dispatches."""
+    return worker.load.pending_prefill_tokens + (overlay.prefill_tokens(worker.worker_id) if overlay else 0)
+
+
+Avoid = Mapping[str, int] | Collection[str]
+"""Worker ids to avoid: a penalty per id, or a plain collection (penalty 1 each)."""
+
+
+def _penalty(avoid: Avoid, worker_id: str) -> int:
+    if isinstance(avoid, Mapping):
+        return avoid.get(worker_id, 0)
+    return int(worker_id in avoid)
+
+
+def _decode_key(worker: Worker, demand: Demand, overlay: LoadOverlay | None) -> tuple:
+    free = free_blocks(worker, overlay)
+    return (free < demand.blocks_on(worker), -free, worker.load.active_decode_batch, worker.worker_id)
+
+
+def choose_pair(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
+                avoid: Avoid = (), tried: Collection[tuple[str, str]] = ()) -> tuple[Worker, Worker] | None:
+    """Best (prefill, decode) pair for a disaggregated attempt, or None.
+
+    `avoid`: penalties of workers that failed (chosen only when no alternative
+    exists); `tried`: (P id, D id) pairs never to choose again.
+    """
+    prefills = [w for w in cluster.workers if w.can_prefill and rejects(w, demand) is None]
+    decodes = [w for w in cluster.workers if w.can_decode and rejects(w, demand) is None]
+    best_key, best = None, None
+    for p in prefills:
+        p_key = (pending_prefill_tokens(p, overlay), p.worker_id)
+        for d in decodes:
+            if d.worker_id == p.worker_id or d.cache_abi_digest != p.cache_abi_digest:
+                continue
+            if (p.worker_id, d.worker_id) in tried:
+                continue
+            d_key = _decode_key(d, demand, overlay)
+            key = (_penalty(avoid, p.worker_id) + _penalty(avoid, d.worker_id), d_key[0], p_key, d_key[1:])
+            if best_key is None or key < best_key:
+                best_key, best = key, (p, d)
+    return best
+
+
+def choose_colocated(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
+                     avoid: Avoid = ()) -> Worker | None:
+    """Best decode-capable worker to run the whole request, or None."""
+    candidates = [w for w in cluster.workers if w.can_decode and rejects(w, demand) is None]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda w: (_penalty(avoid, w.worker_id), *_decode_key(w, demand, overlay)))
+
+
+def has_prefill_worker(cluster: Cluster) -> bool:
+    """True when some worker can run a disaggregated prefill."""
+    return any(w.can_prefill for w in cluster.workers)
+
+
+def capacity_shortfall(workers: Iterable[Worker], demand: Demand) -> str | None:
+    """A message with the numbers if no decode-capable worker could hold the
+    request's K/V even when empty; None if one could (or none declares capacity)."""
+    sized = [w for w in workers if w.can_decode and w.capacity.total_blocks]
+    if not sized or any(demand.blocks_on(w) <= w.capacity.total_blocks for w in sized):
+        return None
+    best = max(sized, key=lambda w: (w.capacity.total_blocks * max(w.capacity.block_size, 1), w.worker_id))
+    need = demand.blocks_on(best)
+    return (f"request needs {need} K/V blocks of {best.capacity.block_size} tokens "
+            f"(prompt {demand.prompt_tokens} + max_tokens {demand.max_tokens} - 1 = "
+            f"{demand.prompt_tokens + demand.max_tokens - 1} tokens), but the largest decode worker "
+            f"({best.worker_id}) has only {best.capacity.total_blocks} blocks in total")

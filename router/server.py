@@ -1,0 +1,87 @@
+"""Router gRPC servicer (thin: proto -> GenerateParams -> Orchestrator -> proto)
+and the process wiring: Router + Admin on one server with health and reflection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import grpc
+
+from router import convert
+from router.admin import AdminServicer
+from router.config import RouterConfig
+from router.gateway import DirectoryGateway, WorkerGateway
+from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
+from router.orchestrator import Orchestrator
+from router.types import RouterError
+from services.common.grpc_server import start_server, wait_for_shutdown
+from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+ROUTER_SERVICE = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    """pd.v1.Router over an Orchestrator. Errors end the RPC with their status
+    (context.abort), never as an in-band error event."""
+
+    def __init__(self, orchestrator: Orchestrator):
+        self._orch = orchestrator
+
+    async def Generate(self, request, context):
+        params = convert.generate_params_from_pb(request)
+        left_s = context.time_remaining()
+        if left_s is not None and (not params.deadline_ms or left_s * 1000 < params.deadline_ms):
+            # The client's own gRPC deadline is the tighter budget: size worker calls by it.
+            params = dataclasses.replace(params, deadline_ms=max(1, int(left_s * 1000)))
+        try:
+            run = await self._orch.submit(params)
+        except RouterError as exc:
+            await context.abort(grpc_code(exc.code), exc.message)
+        request_id = run.req.request_id
+        try:
+            async for event in run.stream():
+                yield convert.event_to_pb(request_id, event)
+        except RouterError as exc:
+            await context.abort(grpc_code(exc.code), exc.message)
+        finally:
+            run.cancel("client went away")  # no-op once the request finished
+
+    async def Cancel(self, request, context):
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        if not await self._orch.cancel(request.request_id, request.reason):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no in-flight request {request.request_id!r}")
+        return common_pb2.CancelResponse(request_id=request.request_id, found=True)
+
+
+def build(config: RouterConfig, tokenizer: Any | None = None, workers: WorkerGateway | None = None,
+          directory: DirectoryGateway | None = None) -> Orchestrator:
+    """The orchestrator over gRPC gateways (or the given ones)."""
+    return Orchestrator(workers or GrpcWorkerGateway(),
+                        directory or GrpcDirectoryGateway(config.directory_addr, config.router_id,
+                                                          config.directory_timeout_s),
+                        config, tokenizer)
+
+
+async def start(config: RouterConfig, orchestrator: Orchestrator):
+    """Start Router + Admin on config.listen_addr; returns (server, port, health servicer)."""
+    return await start_server(config.listen_addr, [
+        (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator), ROUTER_SERVICE),
+        (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(orchestrator), ADMIN_SERVICE),
+    ])
+
+
+async def serve(config: RouterConfig, tokenizer: Any | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then cancel in-flight requests (their workers
+    get Cancel) and stop."""
+    orchestrator = build(config, tokenizer)
+    server, port, health = await start(config, orchestrator)
+    log.info("router on port %d (directory %s, default mode %s, tokenizer %s)", port, config.directory_addr,
+             config.default_mode, "yes" if tokenizer is not None else "no")
+    await wait_for_shutdown(server, health, on_stop=orchestrator.close)

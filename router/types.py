@@ -1,0 +1,330 @@
+"""The router's domain values: workers, the cluster view, requests, attempts' wire
+shapes and the events it streams to clients. No gRPC and no protobuf here;
+`router.convert` maps these to and from pd.v1 messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class StatusCode(enum.Enum):
+    """Status classes the router uses; names equal `grpc.StatusCode` member names."""
+
+    OK = "OK"
+    CANCELLED = "CANCELLED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    UNIMPLEMENTED = "UNIMPLEMENTED"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNKNOWN = "UNKNOWN"
+
+
+class RouterError(Exception):
+    """A request ends with this status; the servicer aborts the RPC with it."""
+
+    def __init__(self, code: StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class WorkerCallError(Exception):
+    """A call to a worker or the directory failed (gRPC status or in-band Error)."""
+
+    def __init__(self, code: StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Role(enum.Enum):
+    """Phases a worker serves (pd.v1.WorkerRole)."""
+
+    PREFILL = 1
+    DECODE = 2
+    BOTH = 3
+
+
+class Mode(enum.Enum):
+    """Serving mode a client asks for (pd.v1.Mode); UNSPECIFIED means the router default."""
+
+    UNSPECIFIED = 0
+    DISAGGREGATED = 1
+    COLOCATED = 2
+    AUTO = 3
+    SHADOW = 4
+    CANARY = 5
+
+
+class Route(enum.Enum):
+    """Path a request attempt takes (pd.v1.Route)."""
+
+    DISAGGREGATED = 1
+    COLOCATED = 2
+
+
+class FinishReason(enum.Enum):
+    """Why a token stream ended normally (pd.v1.FinishReason)."""
+
+    STOP = 1
+    LENGTH = 2
+    CANCELLED = 3
+
+
+class TxnOutcome(enum.Enum):
+    """Outcome of a directory transaction transition (pd.v1.TxnOutcome)."""
+
+    UNSPECIFIED = 0
+    APPLIED = 1
+    DUPLICATE = 2
+    STALE_GENERATION = 3
+    ILLEGAL_TRANSITION = 4
+    CHECKSUM_CONFLICT = 5
+    NOT_FOUND = 6
+    STALE_EPOCH = 7
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capacity:
+    """Static capacity a worker declared at registration; 0 means "not declared"."""
+
+    total_blocks: int = 0
+    max_decode_batch: int = 0
+    max_prefill_tokens: int = 0
+    block_size: int = 0
+    vocab_size: int = 0
+    max_model_len: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Load:
+    """Load from a worker's latest heartbeat (all zero before the first one)."""
+
+    pending_prefill_tokens: int = 0
+    active_decode_batch: int = 0
+    free_blocks: int = 0
+    reserved_blocks: int = 0
+    total_blocks: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Worker:
+    """A live worker as the directory's snapshot shows it."""
+
+    worker_id: str
+    role: Role
+    grpc_address: str
+    data_plane_address: str = ""
+    cache_abi_digest: str = ""
+    capacity: Capacity = Capacity()
+    load: Load = Load()
+    epoch: int = 1
+    lease_expires_unix_ms: int = 0
+
+    @property
+    def can_prefill(self) -> bool:
+        """True for PREFILL and BOTH workers."""
+        return self.role in (Role.PREFILL, Role.BOTH)
+
+    @property
+    def can_decode(self) -> bool:
+        """True for DECODE and BOTH workers (they also serve colocated requests)."""
+        return self.role in (Role.DECODE, Role.BOTH)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cluster:
+    """One directory snapshot: live workers and the route epoch."""
+
+    workers: tuple[Worker, ...]
+    route_epoch: int = 0
+    snapshot_unix_ms: int = 0
+
+    def worker(self, worker_id: str) -> Worker | None:
+        """The worker with this id, or None."""
+        return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters, passed verbatim to every attempt (pd.v1.SamplingParams)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GenerateParams:
+    """A client request as the router received it (before validation)."""
+
+    request_id: str = ""
+    tenant: str = ""
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
+    max_tokens: int = 0
+    sampling: Sampling = Sampling()
+    mode: Mode = Mode.UNSPECIFIED
+    deadline_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reservation:
+    """Destination blocks granted by Decode.Reserve."""
+
+    reservation_id: str
+    block_ids: tuple[int, ...] = ()
+    data_plane_address: str = ""
+    destination_worker_id: str = ""
+    destination_epoch: int = 0
+    visible_prefix_blocks: int = 0
+    ttl_ms: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Manifest:
+    """The fields of pd.v1.HandoffManifest the router fills (chunks come from prefill)."""
+
+    request_id: str
+    tenant: str
+    generation: int
+    attempt: int
+    prompt_digest: str
+    token_start: int
+    token_end: int
+    model_identity_digest: str
+    cache_abi_digest: str
+    block_size: int
+    source_worker_id: str
+    source_epoch: int
+    destination_worker_id: str
+    destination_epoch: int
+    transfer_id: str
+    reservation_id: str
+    route_epoch: int
+    checksum_algorithm: str = "xxh3_64"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReserveCall:
+    """Arguments of Decode.Reserve."""
+
+    request_id: str
+    tenant: str
+    generation: int
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+    cache_abi_digest: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillCall:
+    """Arguments of Prefill.Prefill."""
+
+    manifest: Manifest
+    prompt_token_ids: tuple[int, ...]
+    destination_data_plane_address: str
+    sampling: Sampling
+    """Sampling of token 0, the one token prefill samples."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """What Prefill.Prefill returned (the parts the router looks at)."""
+
+    transfer_id: str = ""
+    first_token_id: int = 0
+    computed_tokens: int = 0
+    reused_tokens: int = 0
+    kv_digest: str = ""
+    """Digest over the checksums of the chunks sent."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamCall:
+    """Arguments of Decode.DecodeStream (disaggregated) or Decode.Generate (colocated)."""
+
+    request_id: str
+    generation: int
+    max_tokens: int
+    sampling: Sampling
+    transfer_id: str = ""
+    """DecodeStream only."""
+    tenant: str = ""
+    """Generate only."""
+    prompt_token_ids: tuple[int, ...] = ()
+    """Generate only."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamToken:
+    """One token event from a worker stream."""
+
+    token_id: int
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamComplete:
+    """The normal end of a worker stream."""
+
+    finish_reason: FinishReason
+    num_tokens: int
+    kv_digest: str = ""
+    """Digest of the K/V the decode worker published (empty for colocated)."""
+
+
+StreamItem = StreamToken | StreamComplete
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Started:
+    """Client event: an attempt started on this route."""
+
+    route: Route
+    prefill_worker_id: str
+    decode_worker_id: str
+    generation: int
+    route_epoch: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenOut:
+    """Client event: one generated token."""
+
+    token_id: int
+    text: str
+    index: int
+    time_since_start_ms: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completed:
+    """Client event: the request finished normally."""
+
+    finish_reason: FinishReason
+    ttft_ms: float
+    tpot_ms: float
+    num_tokens: int
+    route: Route
+    attempts: int
+    prefill_kv_digest: str = ""
+    """Disaggregated only: the digest of the K/V prefill sent ..."""
+    decode_kv_digest: str = ""
+    """... and of the K/V decode published; equal when the hand-off was exact."""
+
+
+Event = Started | TokenOut | Completed

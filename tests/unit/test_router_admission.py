@@ -1,0 +1,95 @@
+"""Router admission as pure functions: normalization and cluster-dependent checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.admission import admit, check_cluster
+from router.config import RouterConfig
+from router.output import OutputLog
+from router.text import Detokenizer, load_tokenizer
+from router.types import (Capacity, Cluster, FinishReason, GenerateParams, Mode, Role, Route, RouterError, Sampling,
+                          StatusCode, Worker)
+
+CFG = RouterConfig(default_deadline_ms=5000)
+
+
+def params(**kw) -> GenerateParams:
+    kw.setdefault("prompt_token_ids", (1, 2, 3))
+    kw.setdefault("max_tokens", 4)
+    return GenerateParams(**kw)
+
+
+def test_defaults_fill_request_id_tenant_deadline_and_route():
+    a = admit(params(), CFG, Route.DISAGGREGATED)
+    assert len(a.request_id) == 32 and a.tenant == "default" and a.deadline_s == 5.0
+    assert a.route is Route.DISAGGREGATED and a.prompt == (1, 2, 3)
+    b = admit(params(request_id="x", tenant="t", deadline_ms=250, mode=Mode.COLOCATED), CFG, Route.DISAGGREGATED)
+    assert (b.request_id, b.tenant, b.deadline_s, b.route) == ("x", "t", 0.25, Route.COLOCATED)
+    assert admit(params(), RouterConfig(default_deadline_ms=0), Route.COLOCATED).deadline_s is None
+
+
+def test_only_sampled_requests_without_a_seed_get_one():
+    assert admit(params(), CFG, Route.COLOCATED).sampling.seed is None  # greedy: nothing to pin
+    pinned = admit(params(sampling=Sampling(temperature=1.0)), CFG, Route.COLOCATED, seed_source=lambda: 42)
+    assert pinned.sampling.seed == 42
+    kept = admit(params(sampling=Sampling(temperature=1.0, seed=7)), CFG, Route.COLOCATED, seed_source=lambda: 42)
+    assert kept.sampling.seed == 7
+
+
+def test_request_id_length_is_bounded():
+    with pytest.raises(RouterError, match="257 characters"):
+        admit(params(request_id="x" * 257), CFG, Route.COLOCATED)
+
+
+def decode(vocab: int, max_len: int, blocks: int = 100, role: Role = Role.DECODE, name: str = "d") -> Worker:
+    return Worker(name, role, "a:1", capacity=Capacity(total_blocks=blocks, block_size=4, vocab_size=vocab,
+                                                       max_model_len=max_len))
+
+
+def test_cluster_checks_use_the_most_permissive_declared_limit():
+    req = admit(params(prompt_token_ids=(900,), max_tokens=100), CFG, Route.COLOCATED)
+    check_cluster(req, Cluster((decode(512, 128, name="a"), decode(1024, 256, name="b"))))
+    with pytest.raises(RouterError) as err:
+        check_cluster(req, Cluster((decode(512, 128),)))
+    assert err.value.code is StatusCode.INVALID_ARGUMENT and "vocab_size is 512" in err.value.message
+    check_cluster(req, Cluster((decode(0, 0),)))  # nothing declared: the worker decides
+
+
+def test_cluster_without_decode_capable_workers_is_unavailable():
+    req = admit(params(), CFG, Route.COLOCATED)
+    with pytest.raises(RouterError) as err:
+        check_cluster(req, Cluster((decode(512, 128, role=Role.PREFILL),)))
+    assert err.value.code is StatusCode.UNAVAILABLE and "no decode-capable worker" in err.value.message
+
+
+def test_detokenizer_holds_back_cut_characters(tmp_path):
+    from tokenizers import Tokenizer, decoders, models
+
+    # Byte-level vocabulary: "é" is two tokens (0xC3 0xA9) that only decode together.
+    vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
+    tok.decoder = decoders.ByteFallback()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    detok = Detokenizer(load_tokenizer(str(tmp_path)))
+    pieces = [detok.add(t) for t in (0x61, 0xC3, 0xA9, 0x62)]
+    assert pieces == ["a", "", "é", "b"]
+    assert Detokenizer(None).add(5) == ""
+    assert load_tokenizer("tiny") is None and load_tokenizer("") is None
+
+
+def test_output_log_times_tokens_and_checks_replays():
+    now = [10.0]
+    log = OutputLog(10.0, clock=lambda: now[0])
+    now[0] = 10.1
+    assert log.offer(0, 7, 1).time_since_start_ms == pytest.approx(100.0)
+    now[0] = 10.3
+    log.offer(1, 8, 1)
+    assert log.offer(0, 7, 2) is None  # a retry replaying what the client has
+    with pytest.raises(RouterError, match="divergence at index 1"):
+        log.offer(1, 9, 2)
+    with pytest.raises(RouterError, match="finished after 1 tokens"):
+        log.check_finished(1, 2)
+    now[0] = 10.5
+    done = log.completed(FinishReason.STOP, Route.COLOCATED, 2)
+    assert (done.ttft_ms, done.tpot_ms, done.num_tokens) == (pytest.approx(100.0), pytest.approx(400.0), 2)

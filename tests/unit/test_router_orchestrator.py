@@ -1,0 +1,600 @@
+"""Router orchestration over an in-process fake cluster: routes, retries,
+continuation, cancellation, deadlines and admission. Every lifecycle test ends
+with a leak check: nothing in flight, no overlay entries, no open transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+
+from router.config import RouterConfig
+from router.gateway import DirectoryGateway, WorkerGateway
+from router.orchestrator import Orchestrator
+from router.types import (Capacity, Cluster, Completed, FinishReason, GenerateParams, Load, Manifest, Mode,
+                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, RouterError, Sampling,
+                          Started, StatusCode, StreamCall, StreamComplete, StreamToken, TokenOut, TxnOutcome, Worker,
+                          WorkerCallError)
+
+VOCAB = 512
+CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
+               max_model_len=256)
+PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
+
+
+def model_tokens(prompt, n: int) -> list[int]:
+    """The fake model: a deterministic function of the prompt (every worker agrees)."""
+    return [(sum(prompt) * 31 + 7 * i) % VOCAB for i in range(n)]
+
+
+def worker(worker_id: str, role: Role, free: int = 64, pending: int = 0) -> Worker:
+    return Worker(worker_id, role, f"{worker_id}:50", f"{worker_id}:60", "abi-1", CAP,
+                  Load(pending_prefill_tokens=pending, free_blocks=free, total_blocks=64), epoch=5,
+                  lease_expires_unix_ms=1)
+
+
+def unavailable(msg: str = "worker down") -> WorkerCallError:
+    return WorkerCallError(StatusCode.UNAVAILABLE, msg)
+
+
+class FakeCluster(WorkerGateway, DirectoryGateway):
+    """Workers and directory in one object; records every call in order.
+
+    Knobs: `fail[(op, worker_id)]` raises on that call; `hang` holds calls
+    forever; `break_after[worker_id]` ends a stream with an error after k
+    tokens; `diverge[worker_id]` = index where that worker's tokens differ.
+    """
+
+    def __init__(self, workers: list[Worker]):
+        self.cluster = Cluster(tuple(workers), route_epoch=7)
+        self.calls: list[tuple] = []
+        self.fail: dict[tuple[str, str], WorkerCallError] = {}
+        self.hang: set[tuple[str, str]] = set()
+        self.break_after: dict[str, int] = {}
+        self.diverge: dict[str, int] = {}
+        self.txn_outcome = TxnOutcome.APPLIED
+        self.txns: dict[str, str] = {}
+        self.manifests: list[Manifest] = []
+        self.published: dict[str, asyncio.Event] = {}
+        self.token_gap_s = 0.0
+
+    def ops(self, *names: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] in names]
+
+    async def _enter(self, op: str, worker_id: str, *rest) -> None:
+        self.calls.append((op, worker_id, *rest))
+        await asyncio.sleep(0)
+        if (op, worker_id) in self.hang:
+            await asyncio.Future()
+        if (op, worker_id) in self.fail:
+            raise self.fail[(op, worker_id)]
+
+    # -- directory
+    async def snapshot(self, timeout_s):
+        return self.cluster
+
+    async def reserve_txn(self, manifest: Manifest, timeout_s):
+        self.calls.append(("txn_reserve", manifest.transfer_id))
+        self.manifests.append(manifest)
+        if self.txn_outcome is TxnOutcome.APPLIED:
+            self.txns[manifest.transfer_id] = "RESERVED"
+        return self.txn_outcome
+
+    async def abort_txn(self, request_id, transfer_id, generation, reason, timeout_s):
+        self.calls.append(("txn_abort", transfer_id, reason))
+        if self.txns.get(transfer_id) == "RESERVED":
+            self.txns[transfer_id] = "ABORTED"
+            return TxnOutcome.APPLIED
+        return TxnOutcome.ILLEGAL_TRANSITION
+
+    async def list_open_transactions(self, timeout_s):
+        return [t for t, s in self.txns.items() if s == "RESERVED"]
+
+    # -- workers
+    async def reserve(self, w: Worker, call: ReserveCall, timeout_s) -> Reservation:
+        await self._enter("reserve", w.worker_id, call.request_id, call.generation)
+        tid = f"{call.request_id}/{call.generation}"
+        self.published[tid] = asyncio.Event()
+        return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
+
+    async def prefill(self, w: Worker, call: PrefillCall, timeout_s) -> PrefillDone:
+        await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
+        tid = call.manifest.transfer_id
+        self.txns[tid] = "PUBLISHED"
+        self.published[tid].set()
+        self.prefill_sampling = call.sampling
+        return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1)[0], kv_digest=f"kv:{tid}")
+
+    def _tokens(self, w: Worker, prompt, n: int) -> list[int]:
+        tokens = model_tokens(prompt, n)
+        if w.worker_id in self.diverge and self.diverge[w.worker_id] < n:
+            tokens[self.diverge[w.worker_id]] ^= 1
+        return tokens
+
+    async def _stream(self, w: Worker, call: StreamCall, prompt) -> AsyncIterator:
+        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens)):
+            if self.break_after.get(w.worker_id) == i:
+                raise unavailable(f"{w.worker_id} died mid-stream")
+            await asyncio.sleep(self.token_gap_s)
+            yield StreamToken(tok, i)
+        yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
+
+    async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):
+        await self._enter("decode_stream", w.worker_id, call.request_id, call.generation, call.transfer_id)
+        await self.published[call.transfer_id].wait()
+        async for item in self._stream(w, call, self.prompt):
+            yield item
+        self.txns[call.transfer_id] = "RELEASED"
+
+    async def generate(self, w: Worker, call: StreamCall, timeout_s):
+        await self._enter("generate", w.worker_id, call.request_id, call.generation)
+        async for item in self._stream(w, call, call.prompt_token_ids):
+            yield item
+
+    async def cancel_decode(self, w, request_id, generation, reason, timeout_s):
+        self.calls.append(("cancel_decode", w.worker_id, request_id, generation))
+        return True
+
+    async def cancel_prefill(self, w, request_id, generation, reason, timeout_s):
+        self.calls.append(("cancel_prefill", w.worker_id, request_id, generation))
+        return True
+
+    prompt = PROMPT  # DecodeStream carries no prompt; the fake decodes this one
+
+
+def two_by_two() -> FakeCluster:
+    return FakeCluster([worker("p0", Role.PREFILL), worker("p1", Role.PREFILL, pending=10),
+                        worker("d0", Role.DECODE, free=60), worker("d1", Role.DECODE)])
+
+
+def config(**kw) -> RouterConfig:
+    kw.setdefault("snapshot_max_age_ms", 0)
+    return RouterConfig(**kw)
+
+
+def params(request_id="r", max_tokens=6, **kw) -> GenerateParams:
+    kw.setdefault("prompt_token_ids", PROMPT)
+    return GenerateParams(request_id=request_id, tenant="t", max_tokens=max_tokens, **kw)
+
+
+def run(coro, timeout_s: float = 10.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def collect(orch: Orchestrator, p: GenerateParams) -> tuple[list, RouterError | None]:
+    events, error = [], None
+    try:
+        async for ev in orch.generate(p):
+            events.append(ev)
+    except RouterError as exc:
+        error = exc
+    await orch.drain()
+    return events, error
+
+
+def assert_no_leaks(orch: Orchestrator, fake: FakeCluster) -> None:
+    assert orch.in_flight == 0
+    assert len(orch.view.overlay) == 0
+    assert not [t for t, s in fake.txns.items() if s == "RESERVED"], fake.txns
+
+
+def tokens_of(events) -> list[tuple[int, int]]:
+    return [(e.index, e.token_id) for e in events if isinstance(e, TokenOut)]
+
+
+def started(events) -> list[Started]:
+    return [e for e in events if isinstance(e, Started)]
+
+
+def test_happy_disaggregated_path():
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        events, error = await collect(orch, params())
+        return orch, events, error
+
+    orch, events, error = run(go())
+    assert error is None
+    assert started(events) == [Started(Route.DISAGGREGATED, "p0", "d1", 1, 7)]
+    assert tokens_of(events) == list(enumerate(model_tokens(PROMPT, 6)))
+    done = events[-1]
+    assert isinstance(done, Completed) and (done.finish_reason, done.num_tokens, done.route, done.attempts) == \
+        (FinishReason.LENGTH, 6, Route.DISAGGREGATED, 1)
+    assert done.ttft_ms >= 0 and done.tpot_ms >= 0
+    assert done.prefill_kv_digest == done.decode_kv_digest == "kv:r/1"
+    assert [c[0] for c in fake.calls] == ["reserve", "txn_reserve", "prefill", "decode_stream"]
+    m = fake.manifests[0]
+    assert (m.request_id, m.tenant, m.generation, m.attempt, m.transfer_id, m.reservation_id) == \
+        ("r", "t", 1, 1, "r/1", "r/1")
+    assert m.prompt_digest == hashlib.sha256(struct.pack("<9I", *PROMPT)).hexdigest()
+    assert (m.token_start, m.token_end, m.block_size) == (4, 9, 4)  # 1 visible prefix block of 4
+    assert (m.source_worker_id, m.source_epoch, m.destination_worker_id, m.destination_epoch) == ("p0", 5, "d1", 5)
+    assert (m.route_epoch, m.cache_abi_digest, m.checksum_algorithm) == (7, "abi-1", "xxh3_64")
+    assert_no_leaks(orch, fake)
+
+
+def test_prefill_failure_retries_on_another_pair_after_aborting_attempt_one():
+    fake = two_by_two()
+    fake.fail[("prefill", "p0")] = unavailable("p0 crashed")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error is None
+    assert [(s.generation, s.prefill_worker_id, s.decode_worker_id) for s in started(events)] == \
+        [(1, "p0", "d1"), (2, "p1", "d0")]
+    assert tokens_of(events) == list(enumerate(model_tokens(PROMPT, 6)))
+    assert events[-1].attempts == 2
+    calls = fake.calls
+    second_reserve = calls.index(("reserve", "d0", "r", 2))
+    teardown = calls[calls.index(("prefill", "p0", "r", 1)) + 1:second_reserve]
+    assert ("txn_abort", "r/1") in [c[:2] for c in teardown]
+    assert ("cancel_decode", "d1", "r", 1) in teardown and ("cancel_prefill", "p0", "r", 1) in teardown
+    assert [c[0] for c in teardown if c[0] != "decode_stream"][:1] == ["txn_abort"]  # abort first
+    assert fake.txns["r/1"] == "ABORTED" and fake.txns["r/2"] == "RELEASED"
+    assert_no_leaks(orch, fake)
+
+
+def test_two_disaggregated_failures_fall_back_to_colocated():
+    fake = two_by_two()
+    fake.fail[("prefill", "p0")] = fake.fail[("prefill", "p1")] = unavailable()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error is None
+    assert [(s.route, s.generation) for s in started(events)] == \
+        [(Route.DISAGGREGATED, 1), (Route.DISAGGREGATED, 2), (Route.COLOCATED, 3)]
+    assert started(events)[-1].prefill_worker_id == ""
+    assert (events[-1].route, events[-1].attempts) == (Route.COLOCATED, 3)
+    assert events[-1].prefill_kv_digest == events[-1].decode_kv_digest == ""
+    assert fake.ops("generate") == [("generate", "d1", "r", 3)]
+    assert_no_leaks(orch, fake)
+
+
+def test_every_attempt_failing_is_unavailable_listing_each_attempt():
+    fake = two_by_two()
+    fake.fail[("prefill", "p0")] = unavailable("p0 crashed")
+    fake.fail[("reserve", "d0")] = WorkerCallError(StatusCode.FAILED_PRECONDITION, "cache ABI mismatch")
+    fake.fail[("generate", "d1")] = fake.fail[("generate", "d0")] = unavailable("no engine")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error.code is StatusCode.UNAVAILABLE
+    msg = error.message
+    assert msg.startswith("all 3 attempts failed")
+    assert "attempt 1 (disaggregated p0 -> d1): prefill: UNAVAILABLE: p0 crashed" in msg
+    assert "attempt 2 (disaggregated p1 -> d0): decode reserve: FAILED_PRECONDITION: cache ABI mismatch" in msg
+    assert "attempt 3 (colocated on d1): colocated generate: UNAVAILABLE: no engine" in msg
+    assert [c[1:] for c in fake.ops("reserve")] == [("d1", "r", 1), ("d0", "r", 2)]
+    assert_no_leaks(orch, fake)
+
+
+def test_failure_after_partial_output_continues_seamlessly():
+    fake = two_by_two()
+    fake.break_after["d1"] = 3
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params(max_tokens=8)))
+
+    orch, events, error = run(go())
+    assert error is None
+    assert tokens_of(events) == list(enumerate(model_tokens(PROMPT, 8)))  # each index exactly once
+    assert [s.generation for s in started(events)] == [1, 2]
+    assert (events[-1].num_tokens, events[-1].attempts) == (8, 2)
+    assert ("cancel_decode", "d1", "r", 1) in fake.calls
+    assert ("txn_abort", "r/1") not in [c[:2] for c in fake.calls]  # published: D releases it
+    assert_no_leaks(orch, fake)
+
+
+def test_divergent_retry_is_an_internal_error_naming_the_index():
+    fake = two_by_two()
+    fake.break_after["d1"] = 3
+    fake.diverge["d0"] = 1
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params(max_tokens=8)))
+
+    orch, events, error = run(go())
+    assert error.code is StatusCode.INTERNAL and "divergence at index 1" in error.message
+    assert len(tokens_of(events)) == 3
+    assert ("cancel_decode", "d0", "r", 2) in fake.calls and ("cancel_prefill", "p0", "r", 2) in fake.calls
+    assert_no_leaks(orch, fake)
+
+
+def test_router_cancel_mid_stream_reaches_prefill_and_decode():
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        fake.token_gap_s = 0.05
+        run_ = await orch.submit(params(max_tokens=50))
+        seen = []
+        async for ev in run_.stream():
+            seen.append(ev)
+            if len(seen) == 3:  # Started, token 0, token 1
+                assert await orch.cancel("r", "user hit stop")
+        assert not await orch.cancel("r")  # gone: unknown id
+        await orch.drain()
+        return orch, seen
+
+    orch, events = run(go())
+    done = events[-1]
+    assert isinstance(done, Completed) and done.finish_reason is FinishReason.CANCELLED
+    assert 2 <= done.num_tokens < 50
+    assert ("cancel_decode", "d1", "r", 1) in fake.calls and ("cancel_prefill", "p0", "r", 1) in fake.calls
+    assert_no_leaks(orch, fake)
+
+
+def test_client_disconnect_before_token_zero_aborts_and_cancels_everywhere():
+    fake = two_by_two()
+    fake.hang.add(("decode_stream", "d1"))
+    fake.hang.add(("prefill", "p0"))
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        gen = orch.generate(params())
+        assert isinstance(await gen.__anext__(), Started)
+        await asyncio.sleep(0.01)
+        await gen.aclose()  # what a cancelled servicer does
+        await orch.drain()
+        return orch
+
+    orch = run(go())
+    assert [c[0] for c in fake.calls[-3:]] == ["txn_abort", "cancel_decode", "cancel_prefill"]
+    assert_no_leaks(orch, fake)
+
+
+def test_request_deadline_cancels_everything():
+    fake = two_by_two()
+    fake.hang.add(("decode_stream", "d1"))
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params(deadline_ms=100)))
+
+    orch, events, error = run(go())
+    assert error.code is StatusCode.DEADLINE_EXCEEDED
+    assert "100 ms" in error.message and "attempt 1 (disaggregated p0 -> d1)" in error.message
+    assert ("txn_abort", "r/1") in [c[:2] for c in fake.calls]
+    assert ("cancel_decode", "d1", "r", 1) in fake.calls and ("cancel_prefill", "p0", "r", 1) in fake.calls
+    assert_no_leaks(orch, fake)
+
+
+def test_first_token_timeout_counts_as_a_failed_attempt():
+    fake = two_by_two()
+    fake.hang.add(("decode_stream", "d1"))
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(first_token_timeout_s=0.05))
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error is None and events[-1].attempts == 2
+    assert ("txn_abort", "r/1") in [c[:2] for c in fake.calls]
+    assert_no_leaks(orch, fake)
+
+
+@pytest.mark.parametrize("kw, code, needle", [
+    (dict(prompt_token_ids=()), StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+    (dict(prompt_token_ids=None), StatusCode.INVALID_ARGUMENT, "no prompt"),
+    (dict(max_tokens=0), StatusCode.INVALID_ARGUMENT, "max_tokens must be > 0"),
+    (dict(max_tokens=5000), StatusCode.INVALID_ARGUMENT, "max_tokens 5000 exceeds this router's limit of 4096"),
+    (dict(prompt_token_ids=(1, 2, 512)), StatusCode.INVALID_ARGUMENT,
+     "prompt token id 512 at position 2 is out of range: vocab_size is 512"),
+    (dict(max_tokens=250), StatusCode.INVALID_ARGUMENT, "prompt (9 tokens) + max_tokens (250) = 259 exceeds max_model_len 256"),
+    (dict(prompt_token_ids=None, prompt_text="hello"), StatusCode.INVALID_ARGUMENT, "needs a tokenizer"),
+    (dict(sampling=Sampling(temperature=-1.0)), StatusCode.INVALID_ARGUMENT, "temperature"),
+    (dict(mode=Mode.AUTO), StatusCode.UNIMPLEMENTED, "SLO-aware router"),
+    (dict(mode=Mode.CANARY), StatusCode.UNIMPLEMENTED, "SLO-aware router"),
+])
+def test_validation_errors_name_the_problem_and_do_no_work(kw, code, needle):
+    fake = two_by_two()
+    p = params(**{"max_tokens": kw.pop("max_tokens", 6), **kw})
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        with pytest.raises(RouterError) as err:
+            await orch.submit(p)
+        return orch, err.value
+
+    orch, error = run(go())
+    assert error.code is code and needle in error.message, error.message
+    assert not [c for c in fake.calls if c[0] != "snapshot"]
+    assert orch.in_flight == 0
+
+
+def test_no_workers_is_unavailable_and_duplicates_are_rejected():
+    empty = FakeCluster([])
+
+    async def go():
+        orch = Orchestrator(empty, empty, config())
+        with pytest.raises(RouterError) as no_workers:
+            await orch.submit(params())
+        fake = two_by_two()
+        fake.hang.add(("decode_stream", "d1"))
+        orch = Orchestrator(fake, fake, config())
+        first = await orch.submit(params())
+        with pytest.raises(RouterError) as dup:
+            await orch.submit(params())
+        await orch.cancel("r")
+        await orch.drain()
+        return no_workers.value, dup.value, first
+
+    no_workers, dup, first = run(go())
+    assert no_workers.code is StatusCode.UNAVAILABLE and "no workers" in no_workers.message
+    assert dup.code is StatusCode.ALREADY_EXISTS and "'r'" in dup.message
+    assert first.finished
+
+
+def test_request_too_big_for_any_worker_is_resource_exhausted_without_trying():
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    fake.cluster = Cluster(tuple(w if w.can_prefill else Worker(
+        w.worker_id, w.role, w.grpc_address, capacity=Capacity(total_blocks=3, block_size=4)) for w in fake.cluster.workers))
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        with pytest.raises(RouterError) as err:
+            await orch.submit(params(max_tokens=10))
+        return err.value
+
+    error = run(go())
+    assert error.code is StatusCode.RESOURCE_EXHAUSTED
+    assert "needs 5 K/V blocks of 4 tokens" in error.message and "has only 3 blocks" in error.message
+    assert fake.calls == []
+
+
+def test_resource_exhausted_everywhere_tries_other_workers_then_reports_it():
+    fake = two_by_two()
+    full = WorkerCallError(StatusCode.RESOURCE_EXHAUSTED, "K/V blocks exhausted: 0 free")
+    for w in ("d0", "d1"):
+        fake.fail[("reserve", w)] = fake.fail[("generate", w)] = full
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error.code is StatusCode.RESOURCE_EXHAUSTED and "all 3 attempts failed" in error.message
+    assert [c[1] for c in fake.ops("reserve")] == ["d1", "d0"]
+    assert "0 free" in error.message
+    assert_no_leaks(orch, fake)
+
+
+def test_invalid_argument_from_a_worker_is_returned_verbatim_without_retry():
+    fake = two_by_two()
+    fake.fail[("reserve", "d1")] = WorkerCallError(StatusCode.INVALID_ARGUMENT, "top_k must be <= vocab")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error.code is StatusCode.INVALID_ARGUMENT and "top_k must be <= vocab" in error.message
+    assert len(fake.ops("reserve")) == 1 and ("cancel_decode", "d1", "r", 1) in fake.calls
+    assert_no_leaks(orch, fake)
+
+
+def test_directory_refusal_cancels_the_reservation_and_moves_on():
+    fake = two_by_two()
+    fake.txn_outcome = TxnOutcome.STALE_GENERATION
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error is None and events[-1].route is Route.COLOCATED and events[-1].attempts == 3
+    assert ("cancel_decode", "d1", "r", 1) in fake.calls and ("cancel_decode", "d0", "r", 2) in fake.calls
+    assert not fake.ops("txn_abort", "prefill")
+    assert_no_leaks(orch, fake)
+
+
+def test_without_prefill_workers_disaggregated_requests_run_colocated():
+    fake = FakeCluster([worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=10)])
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return orch, *(await collect(orch, params(mode=Mode.DISAGGREGATED)))
+
+    orch, events, error = run(go())
+    assert error is None
+    assert started(events) == [Started(Route.COLOCATED, "", "d0", 1, 7)]
+    assert tokens_of(events) == list(enumerate(model_tokens(PROMPT, 6)))
+    assert_no_leaks(orch, fake)
+
+
+def test_colocated_mode_by_config_and_per_request():
+    async def go(cfg_mode, mode):
+        fake = two_by_two()
+        orch = Orchestrator(fake, fake, config(default_mode=cfg_mode))
+        events, _ = await collect(orch, params(mode=mode))
+        return started(events)[0].route
+
+    assert run(go("colocated", Mode.UNSPECIFIED)) is Route.COLOCATED
+    assert run(go("colocated", Mode.DISAGGREGATED)) is Route.DISAGGREGATED
+    assert run(go("disaggregated", Mode.COLOCATED)) is Route.COLOCATED
+
+
+def test_sampled_requests_get_one_pinned_seed_for_every_attempt():
+    fake = two_by_two()
+    fake.fail[("prefill", "p0")] = unavailable()
+    seen: list[Sampling] = []
+    real_reserve = fake.reserve
+
+    async def spy(w, call, timeout_s):
+        seen.append(call.sampling)
+        return await real_reserve(w, call, timeout_s)
+
+    fake.reserve = spy
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        return await collect(orch, params(sampling=Sampling(temperature=0.8)))
+
+    run(go())
+    assert len(seen) == 2 and seen[0].seed is not None and seen[0] == seen[1]
+    assert fake.prefill_sampling == seen[1]  # prefill samples token 0 with the same parameters
+
+
+def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from router.text import load_tokenizer
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = load_tokenizer(str(tmp_path))
+    fake = two_by_two()
+    fake.prompt = (3, 1, 4)
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(), tokenizer=tokenizer)
+        return await collect(orch, params(prompt_token_ids=None, prompt_text="w3 w1 w4", max_tokens=3))
+
+    events, error = run(go())
+    assert error is None
+    assert fake.ops("reserve") and fake.manifests[0].token_end == 3
+    pieces = [e.text for e in events if isinstance(e, TokenOut)]
+    assert "".join(pieces).split() == [f"w{t}" for t in model_tokens((3, 1, 4), 3)]
+
+
+def test_a_dead_worker_is_avoided_by_the_fallback_and_by_the_next_request():
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=60)])
+    dead = unavailable("failed to connect to all addresses")
+    fake.fail[("reserve", "d0")] = fake.fail[("generate", "d0")] = dead
+    fake.fail[("prefill", "p0")] = unavailable("transfer failed")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        first = await collect(orch, params("a"))
+        del fake.fail[("prefill", "p0")]
+        second = await collect(orch, params("b"))
+        return orch, first, second
+
+    orch, (events_a, error_a), (events_b, error_b) = run(go())
+    assert error_a is None and error_b is None
+    # a: d0 refused the reserve (certainly its fault), then p0 -> d1 failed in the
+    # hand-off (either end's); the colocated fallback must not go back to d0.
+    assert [(s.route, s.decode_worker_id) for s in started(events_a)] == \
+        [(Route.DISAGGREGATED, "d1"), (Route.COLOCATED, "d1")]
+    assert [c[1:3] for c in fake.ops("reserve")][:2] == [("d0", "a"), ("d1", "a")]
+    # b: d0 failed moments ago, so the next request does not try it at all.
+    assert [c[1] for c in fake.ops("reserve") if c[2] == "b"] == ["d1"]
+    assert events_b[-1].attempts == 1
+    assert_no_leaks(orch, fake)
