@@ -1,0 +1,63 @@
+"""Bad requests through the real cluster get a precise status and leak nothing."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from cluster_support import assert_cluster_clean, start_cluster
+from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from services.sdk import Client, PdError
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("bad"), prefill=1, decode=1)
+    yield c
+    c.down()
+
+
+@pytest.mark.parametrize("kwargs,code,words", [
+    (dict(prompt_ids=[], max_tokens=4), "INVALID_ARGUMENT", "empty"),
+    (dict(prompt_ids=[5] * 2048, max_tokens=4), "INVALID_ARGUMENT", "2048"),
+    (dict(prompt_ids=[5, 6], max_tokens=0), "INVALID_ARGUMENT", "max_tokens"),
+    (dict(prompt_ids=[5, 6], max_tokens=100_000), "INVALID_ARGUMENT", "max_tokens"),
+    (dict(prompt_ids=[5, 512, 7], max_tokens=4), "INVALID_ARGUMENT", "512"),
+    (dict(prompt="hello", max_tokens=4), "INVALID_ARGUMENT", "tokenizer"),
+])
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_bad_request_is_rejected_precisely(cluster, kwargs, code, words, mode):
+    with Client(cluster.router_address) as client:
+        with pytest.raises(PdError) as err:
+            client.generate_full(mode=mode, **kwargs)
+    assert err.value.code == code, err.value
+    assert words in err.value.message, err.value.message
+    assert_cluster_clean(cluster)
+
+
+def test_cancel_of_unknown_request_is_not_found(cluster):
+    with Client(cluster.router_address) as client:
+        try:
+            found = client.cancel("no-such-request")
+        except PdError as e:
+            assert e.code == "NOT_FOUND"
+        else:
+            assert found is False
+
+
+def test_wrong_cache_abi_digest_is_refused_by_decode(cluster):
+    with grpc.insecure_channel(cluster.procs["decode-0"].address) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            decode_pb2_grpc.DecodeStub(ch).Reserve(decode_pb2.DecodeReserveRequest(
+                request_id="abi", generation=1, prompt_token_ids=[1, 2, 3], max_tokens=2,
+                cache_abi_digest="0" * 32, sampling=common_pb2.SamplingParams()), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cache ABI" in err.value.details()
+    assert_cluster_clean(cluster)
+
+
+def test_a_good_request_still_works_afterwards(cluster):
+    with Client(cluster.router_address) as client:
+        res = client.generate_full(prompt_ids=list(range(3, 40)), max_tokens=5, ignore_eos=True)
+    assert len(res.token_ids) == 5 and res.route == "disaggregated"
+    assert_cluster_clean(cluster)
