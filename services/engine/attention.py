@@ -64,15 +64,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         acc = torch.zeros(h_kv, rows.shape[1], d, dtype=q.dtype)
         last_tile = (q_start + b - 1) // tile
         for t in range(last_tile + 1):
-            s = row_bmm(rows, k_tiles[t]) * scale  # [Hkv, R, tile]
+            s = row_bmm(rows, k_tiles[t]).mul_(scale)  # [Hkv, R, tile]
             if (t + 1) * tile - 1 > q_start + a:  # tile reaches past the first row's position
                 mask = (t * tile + key_pos)[None, :] > row_pos[:, None]  # [R, tile]
                 s.masked_fill_(mask, NEG_INF)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new)
-            l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
-            acc = acc * alpha + row_bmm(p, v_tiles[t])
+            p = s.sub_(m_new).exp_()  # in place: s is not needed again
+            l_sum = l_sum.mul_(alpha).add_(p.sum(-1, keepdim=True))
+            acc = acc.mul_(alpha).add_(row_bmm(p, v_tiles[t]))
             m = m_new
         out[:, a * g:b * g] = acc / l_sum
     # [Hkv, C*g, D] -> [C, H*D]
