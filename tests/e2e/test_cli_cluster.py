@@ -1,0 +1,64 @@
+"""`pdserve up/demo/down` and `pdctl` as a user runs them: real processes, real CLIs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_up_pdctl_demo_down(tmp_path):
+    state = str(tmp_path / "state")
+    up = run(["services.cli", "up", "--state-dir", state])
+    try:
+        assert up.returncode == 0, up.stderr
+        router = up.stdout.strip().splitlines()[-1]
+        assert router.startswith("127.0.0.1:")
+        pids = [p["pid"] for p in json.loads((Path(state) / "cluster.json").read_text())["procs"].values()]
+        assert len(pids) == 5  # redis, directory, decode, prefill, router
+
+        gen = run(["services.sdk.cli", "--router", router, "generate", "--prompt-ids",
+                   "5,6,7,8,9", "--max-tokens", "4", "--ignore-eos", "--json"])
+        assert gen.returncode == 0, gen.stderr
+        result = json.loads(gen.stdout)
+        assert len(result["token_ids"]) == 4 and result["route"] == "disaggregated"
+        assert result["ttft_ms"] > 0
+
+        status = run(["services.sdk.cli", "--router", router, "status", "--json"])
+        assert status.returncode == 0, status.stderr
+        workers = json.loads(status.stdout)["workers"]
+        assert sorted(w["worker_id"] for w in workers) == ["decode-0", "prefill-0"]
+
+        bad = run(["services.sdk.cli", "--router", router, "generate", "--prompt-ids", "1,512",
+                   "--max-tokens", "4"])  # 512 is outside the tiny model's vocabulary
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "512" in bad.stderr
+
+        demo = run(["services.cli", "demo", "--state-dir", state, "--max-tokens", "4"])
+        assert demo.returncode == 0, demo.stderr
+        assert "TTFT" in demo.stdout and "TPOT" in demo.stdout
+        assert demo.stdout.count("[disaggregated") == 3 and "[colocated" in demo.stdout
+    finally:
+        down = run(["services.cli", "down", "--state-dir", state])
+    assert down.returncode == 0, down.stderr
+    for pid in pids:
+        assert not _alive(pid), f"pid {pid} still running after pdserve down"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
