@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
 import grpc
 
@@ -13,7 +11,8 @@ from services.rpc.pd.v1 import common_pb2, prefill_pb2_grpc
 from services.transfer.factory import make_sender
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
-from services.worker.process import advertised, build_engine_loop, capacity, parse_config
+from services.worker.process import (advertised, build_engine_loop, capacity, parse_config,
+                                     run_process)
 
 from .server import PrefillServicer
 from .worker import PrefillWorker
@@ -55,10 +54,7 @@ async def run(argv: list[str] | None = None) -> None:
 
 
 def main() -> None:
-    try:
-        asyncio.run(run(sys.argv[1:]))
-    except KeyboardInterrupt:
-        pass
+    run_process(run)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,14 @@ def advertised(cfg: WorkerConfig, port: int) -> str:
         return cfg.advertise
     host = cfg.listen.rpartition(":")[0] or "127.0.0.1"
     return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{port}"
+
+
+def run_process(run) -> None:
+    """Entry point body: `asyncio.run(run(argv))`, quiet on Ctrl-C."""
+    import asyncio
+    import sys
+
+    try:
+        asyncio.run(run(sys.argv[1:]))
+    except KeyboardInterrupt:
+        pass
