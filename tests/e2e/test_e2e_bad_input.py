@@ -61,3 +61,21 @@ def test_a_good_request_still_works_afterwards(cluster):
         res = client.generate_full(prompt_ids=list(range(3, 40)), max_tokens=5, ignore_eos=True)
     assert len(res.token_ids) == 5 and res.route == "disaggregated"
     assert_cluster_clean(cluster)
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
+    with Client(cluster.router_address) as client:
+        # 1700 tokens take the tiny model well over the 4 s allowed below: only a
+        # cancel that reaches the decode worker frees its blocks in time.
+        stream = client.generate(prompt_ids=list(range(3, 300)), max_tokens=1700, mode=mode,
+                                 ignore_eos=True)
+        got = []
+        for event in stream:
+            got.append(event.token_id)
+            if len(got) == 3:
+                break
+        stream.close()
+    assert len(got) == 3
+    # Decode stopped, blocks returned, transaction released/aborted on every worker.
+    assert_cluster_clean(cluster, timeout_s=4)
