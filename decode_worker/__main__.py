@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-import grpc
-
+from kv_directory.client import DirectoryClient
+from kv_directory.store import LoadReport, WorkerInfo, WorkerRole
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
-from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc
+from services.rpc.pd.v1 import decode_pb2_grpc
 from services.transfer.factory import make_receiver
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
@@ -27,26 +27,25 @@ async def run(argv: list[str] | None = None) -> None:
     loop.start()
     receiver = make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id)
     await receiver.start()
-    channel = grpc.aio.insecure_channel(cfg.directory)
-    txn = TxnOps(channel, cfg.worker_id, cfg.rpc_timeout_s, lambda: membership.epoch)
-    worker = DecodeWorker(cfg, loop, receiver, txn)
+    directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
     membership: Membership | None = None
+    txn = TxnOps(directory, cfg.worker_id, lambda: membership.epoch)
+    worker = DecodeWorker(cfg, loop, receiver, txn)
     servicer = DecodeServicer(worker, cfg.worker_id, lambda: membership.epoch if membership else 0)
     server, port, health = await start_server(cfg.listen, [
         (decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode")])
 
-    def load() -> common_pb2.LoadReport:
+    def load() -> LoadReport:
         e = loop.engine
-        return common_pb2.LoadReport(
+        return LoadReport(
             pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
             free_blocks=e.num_free_blocks, reserved_blocks=worker.reserved_blocks(),
             total_blocks=e.blocks.num_blocks)
 
-    membership = Membership(cfg.directory, cfg.worker_id, common_pb2.WORKER_ROLE_DECODE,
-                            advertised(cfg, port), receiver.address, loop.engine.abi.digest,
-                            capacity(cfg, loop), load,
-                            on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"),
-                            rpc_timeout_s=cfg.rpc_timeout_s)
+    membership = Membership(
+        directory, WorkerInfo(cfg.worker_id, WorkerRole.DECODE, advertised(cfg, port),
+                              receiver.address, loop.engine.abi.digest, capacity(cfg, loop)),
+        load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
     log.info("decode worker %s serving on %s, data plane %s", cfg.worker_id,
              advertised(cfg, port), receiver.address)
@@ -55,6 +54,7 @@ async def run(argv: list[str] | None = None) -> None:
         await worker.abort_all_unpublished("worker shutting down")
         await membership.stop()
         await receiver.stop()
+        await directory.close()
         loop.stop()
 
     await wait_for_shutdown(server, health, on_stop=on_stop)

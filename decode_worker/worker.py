@@ -22,7 +22,7 @@ from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVRe
                                TransferCommit, Verdict)
 from services.transfer.chunks import chunk_views
 from services.worker.config import WorkerConfig
-from services.worker.directory_ops import APPLIED, DUPLICATE, DirectoryUnreachable, TxnOps
+from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.loop import AsyncSink, EngineLoop, Job
 
 from .reservations import Reservation, ResState, validate_commit
@@ -139,13 +139,13 @@ class DecodeWorker:
         """
         try:
             r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, "")
-            if r.outcome not in (APPLIED, DUPLICATE):
-                return f"directory refused VALIDATED: {_outcome(r)}"
+            if not r.ok:
+                return f"directory refused VALIDATED: {r.outcome.name}"
             r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, "")
-            if r.outcome not in (APPLIED, DUPLICATE):
-                return f"directory refused PUBLISH: {_outcome(r)}"
-        except DirectoryUnreachable as e:
-            return str(e)
+            if not r.ok:
+                return f"directory refused PUBLISH: {r.outcome.name}"
+        except DirectoryUnavailable as e:
+            return f"directory unavailable: {e}"
         return ""
 
     def _admit(self, seq: Sequence, first_token: int, sink: AsyncSink) -> None:
@@ -263,8 +263,3 @@ class DecodeWorker:
         return sum(len(r.seq.block_table) for r in list(self.reservations.values())
                    if r.state < ResState.PUBLISHED)
 
-
-def _outcome(resp) -> str:
-    from services.rpc.pd.v1 import directory_pb2
-
-    return directory_pb2.TxnOutcome.Name(resp.outcome)

@@ -9,7 +9,7 @@ import grpc
 from services.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.transfer import TransferError
 from services.worker.convert import sampling_from_proto, status_of
-from services.worker.directory_ops import DirectoryUnreachable
+from services.worker.directory_ops import DirectoryUnavailable
 
 from .worker import PrefillWorker, TransferRefused
 
@@ -41,7 +41,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.CANCELLED, str(e) or "cancelled")
         except TransferRefused as e:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
-        except (TransferError, DirectoryUnreachable) as e:
+        except (TransferError, DirectoryUnavailable) as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"transfer failed: {e}")
         except Exception as e:  # noqa: BLE001
             await context.abort(*status_of(e))

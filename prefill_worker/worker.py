@@ -22,7 +22,7 @@ from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequenc
 from services.transfer import KVSender, TransferCommit, TransferError
 from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
-from services.worker.directory_ops import APPLIED, DUPLICATE, DirectoryUnreachable, TxnOps
+from services.worker.directory_ops import TxnOps
 from services.worker.loop import AsyncSink, EngineLoop, Job
 
 log = logging.getLogger(__name__)
@@ -124,8 +124,9 @@ class PrefillWorker:
             await asyncio.sleep(self.cfg.fault_delay_before_send_s)
         self._check(task)
         r = await self.txn.begin(task.request_id, transfer_id, task.generation)
-        if r.outcome not in (APPLIED, DUPLICATE):
-            raise TransferRefused(f"directory refused BEGIN: outcome {r.outcome}, state {r.state}")
+        if not r.ok:
+            raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
+                                  f"{r.state.name if r.state else 'none'}")
         chunks = []
         for key in plan_chunks(self.engine.model_cfg.num_hidden_layers, first_block, n_blocks,
                                self.cfg.max_chunk_blocks):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .redis_proc import find_redis_server
+from .redis_proc import find_redis_server, free_port, pings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A currently free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
@@ -131,14 +123,10 @@ class LocalCluster:
                     f"127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        self.redis_url = f"redis://127.0.0.1:{port}/0"
-                        return
-            except OSError:
-                time.sleep(0.05)
+            if pings("127.0.0.1", port):
+                self.redis_url = f"redis://127.0.0.1:{port}/0"
+                return
+            time.sleep(0.05)
         raise TimeoutError("redis-server did not answer PING")
 
     def start_worker(self, role: str, index: int, timeout_s: float = 120.0) -> str:
@@ -193,7 +181,7 @@ class LocalCluster:
 
     def alive(self) -> dict[str, bool]:
         """Per service: is its process still running?"""
-        return {name: _pid_alive(p.pid, self._popen.get(name)) for name, p in self.procs.items()}
+        return {name: pid_alive(p.pid, self._popen.get(name)) for name, p in self.procs.items()}
 
     def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one service (fault tests)."""
@@ -205,7 +193,7 @@ class LocalCluster:
         """Stop every service, newest first: SIGTERM, then SIGKILL after timeout_s."""
         for name in reversed(list(self.procs)):
             pid = self.procs[name].pid
-            if _pid_alive(pid, self._popen.get(name)):
+            if pid_alive(pid, self._popen.get(name)):
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
@@ -213,9 +201,9 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         for name in reversed(list(self.procs)):
             pid = self.procs[name].pid
-            while _pid_alive(pid, self._popen.get(name)) and time.monotonic() < deadline:
+            while pid_alive(pid, self._popen.get(name)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _pid_alive(pid, self._popen.get(name)):
+            if pid_alive(pid, self._popen.get(name)):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -237,7 +225,8 @@ class LocalCluster:
         self.down()
 
 
-def _pid_alive(pid: int, popen: subprocess.Popen | None) -> bool:
+def pid_alive(pid: int, popen: subprocess.Popen | None = None) -> bool:
+    """Is `pid` running (not exited, not a zombie)?"""
     if popen is not None:
         return popen.poll() is None
     try:

@@ -44,7 +44,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _pings(host: str, port: int) -> bool:
+def pings(host: str, port: int) -> bool:
+    """True when a Redis server answers PING at host:port."""
     # Raw RESP so this module needs no client library.
     try:
         with socket.create_connection((host, port), timeout=0.2) as s:
@@ -75,7 +76,7 @@ class RedisProcess:
 
     def alive(self) -> bool:
         """True while the process runs and answers PING."""
-        return self.proc.poll() is None and _pings(self.host, self.port)
+        return self.proc.poll() is None and pings(self.host, self.port)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate, wait, kill if it will not go; then remove the temp dir."""
@@ -116,7 +117,7 @@ def start_redis(port: int | None = None, host: str = "127.0.0.1", timeout_s: flo
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
-            if _pings(host, chosen):
+            if pings(host, chosen):
                 return RedisProcess(proc, host, chosen, workdir)
             time.sleep(0.02)
         if proc.poll() is None:

@@ -1,72 +1,62 @@
-"""The transaction calls a worker makes on the directory (thin, async)."""
+"""The transaction calls a worker makes on the directory, bound to its identity.
+
+A thin layer over `kv_directory.client.DirectoryClient`: it fills in this
+worker's id and current epoch (which changes when the worker re-registers) and
+makes the clean-up calls (`abort`, `release`) best effort. Errors are the
+client's: `DirectoryUnavailable` when the directory cannot answer.
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
-import grpc
+from kv_directory.client import DirectoryClient, TxnReply
+from kv_directory.store import DirectoryUnavailable
 
-from services.rpc.pd.v1 import directory_pb2, directory_pb2_grpc
-
-APPLIED = directory_pb2.TXN_OUTCOME_APPLIED
-DUPLICATE = directory_pb2.TXN_OUTCOME_DUPLICATE
-
-
-class DirectoryUnreachable(RuntimeError):
-    """The directory did not answer (treated as: do not publish)."""
+__all__ = ["DirectoryUnavailable", "TxnOps"]
 
 
 class TxnOps:
     """begin / validated / publish / abort / release for one worker identity."""
 
-    def __init__(self, channel: grpc.aio.Channel, worker_id: str, timeout_s: float,
+    def __init__(self, client: DirectoryClient, worker_id: str,
                  epoch_fn: Callable[[], int] = lambda: 0):
-        self.stub = directory_pb2_grpc.DirectoryStub(channel)
+        self.client = client
         self.worker_id = worker_id
-        self.timeout_s = timeout_s
         self.epoch_fn = epoch_fn
         """This worker's current epoch (it changes when the worker re-registers)."""
 
-    def _req(self, request_id: str, transfer_id: str, generation: int, reason: str = "",
-             kv_digest: str = "") -> directory_pb2.TxnTransitionRequest:
-        return directory_pb2.TxnTransitionRequest(
-            request_id=request_id, transfer_id=transfer_id, generation=generation,
-            worker_id=self.worker_id, worker_epoch=self.epoch_fn(), reason=reason, kv_digest=kv_digest)
-
-    async def _call(self, method, req) -> directory_pb2.TxnResponse:
-        try:
-            return await method(req, timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise DirectoryUnreachable(f"directory: {e.code().name} {e.details()}") from e
-
-    async def begin(self, request_id: str, transfer_id: str, generation: int):
+    async def begin(self, request_id: str, transfer_id: str, generation: int) -> TxnReply:
         """RESERVED -> TRANSFERRING."""
-        return await self._call(self.stub.Begin, self._req(request_id, transfer_id, generation))
+        return await self.client.begin(request_id, transfer_id, generation, self.worker_id,
+                                       self.epoch_fn())
 
-    async def validated(self, request_id: str, transfer_id: str, generation: int, kv_digest: str):
+    async def validated(self, request_id: str, transfer_id: str, generation: int,
+                        kv_digest: str = "") -> TxnReply:
         """TRANSFERRING -> VALIDATED."""
-        return await self._call(self.stub.Validated,
-                                self._req(request_id, transfer_id, generation, kv_digest=kv_digest))
+        return await self.client.validated(request_id, transfer_id, generation, self.worker_id,
+                                           self.epoch_fn(), kv_digest)
 
-    async def publish(self, request_id: str, transfer_id: str, generation: int, kv_digest: str):
+    async def publish(self, request_id: str, transfer_id: str, generation: int,
+                      kv_digest: str = "") -> TxnReply:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation."""
-        req = directory_pb2.TxnPublishRequest(
-            request_id=request_id, transfer_id=transfer_id, generation=generation,
-            destination_worker_id=self.worker_id, destination_epoch=self.epoch_fn(),
-            kv_digest=kv_digest)
-        return await self._call(self.stub.Publish, req)
+        return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
+                                         self.epoch_fn(), kv_digest)
 
-    async def abort(self, request_id: str, transfer_id: str, generation: int, reason: str):
-        """Any unpublished state -> ABORTED (idempotent). Never raises."""
+    async def abort(self, request_id: str, transfer_id: str, generation: int,
+                    reason: str) -> TxnReply | None:
+        """Any unpublished state -> ABORTED (idempotent). Never raises: if the
+        directory is down, its lease/TTL reaper aborts the transaction later."""
         try:
-            return await self._call(self.stub.Abort,
-                                    self._req(request_id, transfer_id, generation, reason))
-        except DirectoryUnreachable:
-            return None  # the lease/TTL reaper aborts it later
+            return await self.client.abort(request_id, transfer_id, generation, self.worker_id,
+                                           self.epoch_fn(), reason)
+        except (DirectoryUnavailable, ValueError):
+            return None
 
-    async def release(self, request_id: str, transfer_id: str, generation: int):
-        """PUBLISHED -> RELEASED. Never raises."""
+    async def release(self, request_id: str, transfer_id: str, generation: int) -> TxnReply | None:
+        """PUBLISHED -> RELEASED. Never raises (retention expiry cleans up)."""
         try:
-            return await self._call(self.stub.Release, self._req(request_id, transfer_id, generation))
-        except DirectoryUnreachable:
+            return await self.client.release(request_id, transfer_id, generation, self.worker_id,
+                                             self.epoch_fn())
+        except (DirectoryUnavailable, ValueError):
             return None

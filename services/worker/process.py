@@ -10,7 +10,7 @@ import os
 import torch
 
 from services.engine import Engine
-from services.rpc.pd.v1 import common_pb2
+from kv_directory.store import WorkerCapacity
 
 from .config import WorkerConfig
 from .loop import EngineLoop
@@ -53,10 +53,10 @@ def build_engine_loop(cfg: WorkerConfig) -> EngineLoop:
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}")
 
 
-def capacity(cfg: WorkerConfig, loop: EngineLoop) -> common_pb2.WorkerCapacity:
+def capacity(cfg: WorkerConfig, loop: EngineLoop) -> WorkerCapacity:
     """What this worker can hold, for registration."""
     e = loop.engine
-    return common_pb2.WorkerCapacity(
+    return WorkerCapacity(
         total_blocks=e.blocks.num_blocks, max_decode_batch=cfg.max_batch,
         max_prefill_tokens=cfg.chunk_tokens, block_size=e.block_size,
         vocab_size=e.model_cfg.vocab_size, max_model_len=e.max_model_len)

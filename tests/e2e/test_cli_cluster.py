@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from services.cluster.launcher import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,15 +51,4 @@ def test_up_pdctl_demo_down(tmp_path):
         down = run(["services.cli", "down", "--state-dir", state])
     assert down.returncode == 0, down.stderr
     for pid in pids:
-        assert not _alive(pid), f"pid {pid} still running after pdserve down"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+        assert not pid_alive(pid), f"pid {pid} still running after pdserve down"
