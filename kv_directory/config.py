@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any
+
+from services.common.config import env_overrides
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,15 +66,7 @@ class DirectoryConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "DirectoryConfig":
         """Defaults, then ``PD_*`` variables from ``env`` (default os.environ), then ``overrides``."""
-        env = os.environ if env is None else env
-        kwargs: dict[str, Any] = {}
-        for var, field in ENV_OVERRIDES.items():
-            if var in env:
-                kind = _FIELD_TYPES[field]
-                try:
-                    kwargs[field] = kind(env[var])
-                except ValueError as exc:
-                    raise ValueError(f"{var}={env[var]!r}: expected {kind.__name__}") from exc
+        kwargs = env_overrides(cls, ENV_OVERRIDES, env)
         kwargs.update(overrides)
         return cls(**kwargs)
 
@@ -92,4 +85,3 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_REDIS_RETRIES": "redis_retries",
 }
 
-_FIELD_TYPES = {f.name: {"str": str, "float": float, "int": int}[f.type] for f in dataclasses.fields(DirectoryConfig)}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any
+
+from services.common.config import env_overrides
 
 MODES = ("disaggregated", "colocated")
 
@@ -110,15 +111,7 @@ class RouterConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "RouterConfig":
         """Defaults, then ``PD_*`` variables from ``env`` (default os.environ), then ``overrides``."""
-        env = os.environ if env is None else env
-        kwargs: dict[str, Any] = {}
-        for var, field in ENV_OVERRIDES.items():
-            if var in env:
-                kind = _FIELD_TYPES[field]
-                try:
-                    kwargs[field] = kind(env[var])
-                except ValueError as exc:
-                    raise ValueError(f"{var}={env[var]!r}: expected {kind.__name__}") from exc
+        kwargs = env_overrides(cls, ENV_OVERRIDES, env)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
 
@@ -148,4 +141,3 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_LOG_LEVEL": "log_level",
 }
 
-_FIELD_TYPES = {f.name: {"str": str, "float": float, "int": int}[f.type] for f in dataclasses.fields(RouterConfig)}

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from services.common.config import env_overrides
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,20 +112,15 @@ class ModelConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-def _env(name: str, cast, default):
-    raw = os.environ.get(name)
-    return default if raw is None or raw == "" else cast(raw)
-
-
-# Environment overrides, one table: field -> (variable, parser).
+# Environment overrides, one table: variable -> field.
 ENV_OVERRIDES = {
-    "block_size": ("PD_BLOCK_SIZE", int),
-    "num_blocks": ("PD_NUM_BLOCKS", int),
-    "chunk_tokens": ("PD_CHUNK_TOKENS", int),
-    "dtype": ("PD_DTYPE", str),
-    "torch_threads": ("PD_TORCH_THREADS", int),
-    "max_model_len": ("PD_MAX_MODEL_LEN", int),
-    "attn_tile_tokens": ("PD_ATTN_TILE_TOKENS", int),
+    "PD_BLOCK_SIZE": "block_size",
+    "PD_NUM_BLOCKS": "num_blocks",
+    "PD_CHUNK_TOKENS": "chunk_tokens",
+    "PD_DTYPE": "dtype",
+    "PD_TORCH_THREADS": "torch_threads",
+    "PD_MAX_MODEL_LEN": "max_model_len",
+    "PD_ATTN_TILE_TOKENS": "attn_tile_tokens",
 }
 
 
@@ -166,13 +162,9 @@ class EngineConfig:
     @classmethod
     def from_env(cls, **overrides) -> "EngineConfig":
         """Defaults, then `PD_*` variables, then explicit keyword overrides."""
-        kw = {}
-        for f in dataclasses.fields(cls):
-            if f.name in ENV_OVERRIDES:
-                var, cast = ENV_OVERRIDES[f.name]
-                kw[f.name] = _env(var, cast, f.default)
+        kw = env_overrides(cls, ENV_OVERRIDES, skip_empty=True)
         kw.update(overrides)
         return cls(**kw)
 
 
-__all__ = ["ModelConfig", "EngineConfig", "DTYPES", "ENV_OVERRIDES", "field"]
+__all__ = ["ModelConfig", "EngineConfig", "DTYPES", "ENV_OVERRIDES"]

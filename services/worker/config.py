@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
+from services.common.config import env_overrides
 from services.engine import EngineConfig
 
 
@@ -63,10 +63,7 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, **overrides) -> "WorkerConfig":
         """Defaults, then PD_<FIELD> environment variables, then keyword overrides."""
-        kw = {}
-        for f in dataclasses.fields(cls):
-            raw = os.environ.get("PD_" + f.name.upper())
-            if raw not in (None, ""):
-                kw[f.name] = type(f.default)(raw)
+        table = {"PD_" + f.name.upper(): f.name for f in dataclasses.fields(cls)}
+        kw = env_overrides(cls, table, skip_empty=True)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
