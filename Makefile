@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 # Torch is pinned: an open range pulls a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: run test install proto bench-engine clean down
+.PHONY: run test install proto bench-engine bench-transfer bench-router bench-goodput clean down
 
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -28,6 +28,15 @@ proto: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(VPY) bench/engine.py
+
+bench-transfer: $(STAMP)
+	$(VPY) bench/transfer.py
+
+bench-router: $(STAMP)
+	$(VPY) bench/router.py
+
+bench-goodput: $(STAMP)
+	$(VPY) bench/goodput.py
 
 down: $(STAMP)
 	$(VPY) -m services.cli down
