@@ -29,7 +29,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("workers", "free_blocks", "reserved_blocks", "open_transactions", "mode", "canary_fraction", "route_epoch", "total_blocks")
+    __slots__ = ("workers", "free_blocks", "reserved_blocks", "open_transactions", "mode", "canary_fraction", "route_epoch", "total_blocks", "router_mode")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class StatusResponse(_message.Message):
     CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_MODE_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
     free_blocks: int
     reserved_blocks: int
@@ -46,7 +47,8 @@ class StatusResponse(_message.Message):
     canary_fraction: float
     route_epoch: int
     total_blocks: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., open_transactions: _Optional[int] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., route_epoch: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+    router_mode: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., open_transactions: _Optional[int] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., route_epoch: _Optional[int] = ..., total_blocks: _Optional[int] = ..., router_mode: _Optional[str] = ...) -> None: ...
 
 class SetModeRequest(_message.Message):
     __slots__ = ("mode", "canary_fraction", "reason")
@@ -85,3 +87,65 @@ class ListTransactionsResponse(_message.Message):
     TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     transactions: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.Transaction]
     def __init__(self, transactions: _Optional[_Iterable[_Union[_manifest_pb2.Transaction, _Mapping]]] = ...) -> None: ...
+
+class DecisionsRequest(_message.Message):
+    __slots__ = ("request_id", "limit")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    limit: int
+    def __init__(self, request_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class DecisionRecord(_message.Message):
+    __slots__ = ("request_id", "tenant", "mode", "outcome", "prefill_worker_id", "decode_worker_id", "predicted_ttft_ms", "predicted_tpot_ms", "observed_ttft_ms", "observed_tpot_ms", "slo_ttft_ms", "slo_tpot_ms", "shadow_prefill_worker_id", "shadow_decode_worker_id", "shadow_predicted_ttft_ms", "shadow_predicted_tpot_ms", "prompt_tokens", "compute_tokens", "transfer_tokens", "decision_us", "reason", "finished")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_PREDICTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_PREDICTED_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_US_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    mode: str
+    outcome: str
+    prefill_worker_id: str
+    decode_worker_id: str
+    predicted_ttft_ms: float
+    predicted_tpot_ms: float
+    observed_ttft_ms: float
+    observed_tpot_ms: float
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    shadow_prefill_worker_id: str
+    shadow_decode_worker_id: str
+    shadow_predicted_ttft_ms: float
+    shadow_predicted_tpot_ms: float
+    prompt_tokens: int
+    compute_tokens: int
+    transfer_tokens: int
+    decision_us: float
+    reason: str
+    finished: bool
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., mode: _Optional[str] = ..., outcome: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., predicted_ttft_ms: _Optional[float] = ..., predicted_tpot_ms: _Optional[float] = ..., observed_ttft_ms: _Optional[float] = ..., observed_tpot_ms: _Optional[float] = ..., slo_ttft_ms: _Optional[float] = ..., slo_tpot_ms: _Optional[float] = ..., shadow_prefill_worker_id: _Optional[str] = ..., shadow_decode_worker_id: _Optional[str] = ..., shadow_predicted_ttft_ms: _Optional[float] = ..., shadow_predicted_tpot_ms: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., compute_tokens: _Optional[int] = ..., transfer_tokens: _Optional[int] = ..., decision_us: _Optional[float] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class DecisionsResponse(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...

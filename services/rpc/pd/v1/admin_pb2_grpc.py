@@ -50,6 +50,11 @@ class AdminStub:
                 request_serializer=pd_dot_v1_dot_admin__pb2.ListTransactionsRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_admin__pb2.ListTransactionsResponse.FromString,
                 _registered_method=True)
+        self.Decisions = channel.unary_unary(
+                '/pd.v1.Admin/Decisions',
+                request_serializer=pd_dot_v1_dot_admin__pb2.DecisionsRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_admin__pb2.DecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -77,6 +82,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Decisions(self, request, context):
+        """Recent routing decisions: predicted vs observed TTFT/TPOT per request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +106,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListTransactions,
                     request_deserializer=pd_dot_v1_dot_admin__pb2.ListTransactionsRequest.FromString,
                     response_serializer=pd_dot_v1_dot_admin__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'Decisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decisions,
+                    request_deserializer=pd_dot_v1_dot_admin__pb2.DecisionsRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_admin__pb2.DecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +195,33 @@ class Admin:
             '/pd.v1.Admin/ListTransactions',
             pd_dot_v1_dot_admin__pb2.ListTransactionsRequest.SerializeToString,
             pd_dot_v1_dot_admin__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Admin/Decisions',
+            pd_dot_v1_dot_admin__pb2.DecisionsRequest.SerializeToString,
+            pd_dot_v1_dot_admin__pb2.DecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

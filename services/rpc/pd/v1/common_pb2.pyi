@@ -131,21 +131,43 @@ class WorkerCapacity(_message.Message):
     def __init__(self, total_blocks: _Optional[int] = ..., max_decode_batch: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("pending_prefill_tokens", "active_decode_batch", "free_blocks", "reserved_blocks", "total_blocks")
+    __slots__ = ("pending_prefill_tokens", "active_decode_batch", "free_blocks", "reserved_blocks", "total_blocks", "active_context_tokens")
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     pending_prefill_tokens: int
     active_decode_batch: int
     free_blocks: int
     reserved_blocks: int
     total_blocks: int
-    def __init__(self, pending_prefill_tokens: _Optional[int] = ..., active_decode_batch: _Optional[int] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+    active_context_tokens: int
+    def __init__(self, pending_prefill_tokens: _Optional[int] = ..., active_decode_batch: _Optional[int] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., active_context_tokens: _Optional[int] = ...) -> None: ...
+
+class CostProfile(_message.Message):
+    __slots__ = ("prefill_base_ms", "prefill_ms_per_token", "prefill_ms_per_pair", "decode_base_ms", "decode_ms_per_seq", "decode_ms_per_context_token", "kv_bytes_per_block", "source")
+    PREFILL_BASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BASE_MS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_PER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MS_PER_CONTEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    prefill_base_ms: float
+    prefill_ms_per_token: float
+    prefill_ms_per_pair: float
+    decode_base_ms: float
+    decode_ms_per_seq: float
+    decode_ms_per_context_token: float
+    kv_bytes_per_block: int
+    source: str
+    def __init__(self, prefill_base_ms: _Optional[float] = ..., prefill_ms_per_token: _Optional[float] = ..., prefill_ms_per_pair: _Optional[float] = ..., decode_base_ms: _Optional[float] = ..., decode_ms_per_seq: _Optional[float] = ..., decode_ms_per_context_token: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "epoch", "load", "lease_expires_unix_ms")
+    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "epoch", "load", "lease_expires_unix_ms", "profile")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +177,7 @@ class WorkerInfo(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     grpc_address: str
@@ -164,4 +187,5 @@ class WorkerInfo(_message.Message):
     epoch: int
     load: LoadReport
     lease_expires_unix_ms: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., lease_expires_unix_ms: _Optional[int] = ...) -> None: ...
+    profile: CostProfile
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., lease_expires_unix_ms: _Optional[int] = ..., profile: _Optional[_Union[CostProfile, _Mapping]] = ...) -> None: ...
