@@ -32,6 +32,7 @@ from kv_directory.convert import (
     STATE_FROM_PB,
     capacity_to_pb,
     load_to_pb,
+    profile_to_pb,
     worker_record_from_pb,
 )
 from kv_directory.states import Outcome, TxnState
@@ -191,7 +192,7 @@ class DirectoryClient:
         r = await self._call("RegisterWorker", directory_pb2.RegisterWorkerRequest(
             worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_addr,
             data_plane_address=info.data_addr, cache_abi_digest=info.abi_digest,
-            capacity=capacity_to_pb(info.capacity)))
+            capacity=capacity_to_pb(info.capacity), profile=profile_to_pb(info.profile)))
         return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch)
 
     async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:

@@ -24,6 +24,7 @@ import json
 
 from google.protobuf import json_format
 
+from kv_directory.profile import PROFILE_FIELDS, CostProfile
 from kv_directory.states import Outcome, TxnState
 from kv_directory.store import (
     CAPACITY_FIELDS,
@@ -99,12 +100,25 @@ def capacity_to_pb(cap: WorkerCapacity) -> common_pb2.WorkerCapacity:
     return common_pb2.WorkerCapacity(**dataclasses.asdict(cap))
 
 
+def profile_from_pb(pb: common_pb2.CostProfile) -> CostProfile:
+    """CostProfile proto -> dataclass; BadRequest on a negative or non-finite number."""
+    try:
+        return CostProfile(**{f: getattr(pb, f) for f in PROFILE_FIELDS})
+    except ValueError as e:
+        raise BadRequest(f"profile: {e}") from None
+
+
+def profile_to_pb(profile: CostProfile) -> common_pb2.CostProfile:
+    """CostProfile dataclass -> proto."""
+    return common_pb2.CostProfile(**dataclasses.asdict(profile))
+
+
 def worker_info_from_pb(req: directory_pb2.RegisterWorkerRequest) -> WorkerInfo:
-    """RegisterWorkerRequest -> WorkerInfo; BadRequest on empty worker_id or bad role."""
+    """RegisterWorkerRequest -> WorkerInfo; BadRequest on empty worker_id, bad role or bad profile."""
     require(req.worker_id, "worker_id")
     return WorkerInfo(
         req.worker_id, role_from_pb(req.role), req.grpc_address, req.data_plane_address,
-        req.cache_abi_digest, capacity_from_pb(req.capacity),
+        req.cache_abi_digest, capacity_from_pb(req.capacity), profile_from_pb(req.profile),
     )
 
 
@@ -120,7 +134,7 @@ def worker_record_to_pb(rec: WorkerRecord) -> common_pb2.WorkerInfo:
         worker_id=rec.worker_id, role=ROLE_TO_PB[rec.role], grpc_address=rec.grpc_addr,
         data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
         capacity=capacity_to_pb(rec.capacity), epoch=rec.epoch, load=load_to_pb(rec.load),
-        lease_expires_unix_ms=rec.lease_expiry_ms,
+        lease_expires_unix_ms=rec.lease_expiry_ms, profile=profile_to_pb(rec.profile),
     )
 
 
@@ -129,7 +143,7 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
     return WorkerRecord(
         pb.worker_id, ROLE_FROM_PB[pb.role], pb.grpc_address, pb.data_plane_address,
         pb.cache_abi_digest, pb.epoch, pb.lease_expires_unix_ms, load_from_pb(pb.load),
-        capacity_from_pb(pb.capacity),
+        capacity_from_pb(pb.capacity), profile_from_pb(pb.profile),
     )
 
 

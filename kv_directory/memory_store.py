@@ -163,6 +163,7 @@ class MemoryDirectoryStore(DirectoryStore):
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
                 epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(), info.capacity,
+                info.profile,
             )
             self._workers[info.worker_id] = rec
             return rec

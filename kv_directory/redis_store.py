@@ -34,6 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kv_directory.config import DirectoryConfig
+from kv_directory.profile import CostProfile
 from kv_directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
 from kv_directory.store import (
     CAPACITY_FIELDS,
@@ -131,8 +132,9 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         abi_digest=m["abi_digest"],
         epoch=int(m["epoch"]),
         lease_expiry_ms=int(m["lease_expiry_ms"]),
-        load=LoadReport(**{f: int(m[f]) for f in LOAD_FIELDS}),
+        load=LoadReport(**{f: int(m.get(f, 0)) for f in LOAD_FIELDS}),
         capacity=WorkerCapacity(**{f: int(m.get(f, 0)) for f in CAPACITY_FIELDS}),
+        profile=CostProfile.from_json(m.get("profile", "")),
     )
 
 
@@ -196,11 +198,11 @@ class RedisDirectoryStore(DirectoryStore):
         load = load or LoadReport()
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_addr, info.data_addr,
-            info.abi_digest, *load.as_args(), *info.capacity.as_args(),
+            info.abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-            int(epoch), int(expiry_ms), load, info.capacity,
+            int(epoch), int(expiry_ms), load, info.capacity, info.profile,
         )
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:

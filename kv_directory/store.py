@@ -35,6 +35,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+from kv_directory.profile import CostProfile
 from kv_directory.states import Outcome, TxnState
 
 
@@ -63,6 +64,8 @@ class LoadReport:
     free_blocks: int = 0
     reserved_blocks: int = 0
     total_blocks: int = 0
+    active_context_tokens: int = 0
+    """Tokens the decode batch attends over (sum of its sequences' lengths)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -115,6 +118,8 @@ class WorkerInfo:
     abi_digest: str
     """Digest of the worker's cache ABI; routes pair only equal digests."""
     capacity: WorkerCapacity = WorkerCapacity()
+    profile: CostProfile = CostProfile()
+    """Cost model measured at start (empty when the worker declares none)."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -137,6 +142,7 @@ class WorkerRecord:
     """Store clock; the worker is dead at or after this instant."""
     load: LoadReport
     capacity: WorkerCapacity = WorkerCapacity()
+    profile: CostProfile = CostProfile()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", WorkerRole(self.role))

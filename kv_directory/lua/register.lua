@@ -1,6 +1,7 @@
 -- register_worker: arg(1..5) worker_id, role, grpc_addr, data_addr, abi_digest;
 -- arg(6..) load fields in LOAD_FIELDS order, then capacity fields in
--- CAPACITY_FIELDS order. Returns {epoch, lease_expiry_ms}.
+-- CAPACITY_FIELDS order, then the cost profile as JSON (stored opaquely).
+-- Returns {epoch, lease_expiry_ms}.
 local now = now_ms()
 sweep(now)
 local wid = arg(1)
@@ -16,5 +17,6 @@ redis.call('HSET', wk, 'worker_id', wid, 'role', arg(2), 'grpc_addr', arg(3),
   'data_addr', arg(4), 'abi_digest', arg(5), 'epoch', epoch, 'lease_expiry_ms', exp)
 set_load(wk, 6)
 for i, f in ipairs(CAPACITY_FIELDS) do redis.call('HSET', wk, f, tonumber(arg(5 + #LOAD_FIELDS + i))) end
+redis.call('HSET', wk, 'profile', arg(6 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('ZADD', key('leases'), exp, wid)
 return {epoch, exp}
