@@ -1,0 +1,324 @@
+"""The two processes of bench/transfer.py: a receiver (R) and a sender (S).
+
+Each runs `serve(conn)`: an asyncio loop executing the parent's commands one at
+a time (`(name, kwargs)` in, `("ok", result)` or `("err", traceback)` out), so
+the parent sequences a transfer as R.expect -> S.send -> R.result while R's loop
+keeps receiving in the background.
+
+Both hold a K/V-cache-like tensor of the size under test:
+
+    kv: [layers, 2, blocks, half_block_bytes] uint8   (K = [:, 0], V = [:, 1])
+
+the engine's layout (services/engine/kv_cache.py, [L, 2, N, ...]). A chunk
+(layer, block_start, block_count) is two contiguous views, K run then V run, as
+services.transfer.chunks.chunk_views gives for consecutive physical blocks.
+S fills its tensor with random bytes; R zeroes its own before every transfer,
+so a transfer that moved nothing (or the wrong bytes) cannot match the digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+import traceback
+from concurrent import futures
+from dataclasses import dataclass
+
+import torch
+import xxhash
+
+from services.transfer import (Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit,
+                               Verdict, checksum)
+from services.transfer.chunks import plan_chunks
+
+GRPC_METHOD = "/pdbench.Sink/Put"
+GRPC_MAX_MESSAGE_BYTES = 64 << 20
+RAW_HEAD = struct.Struct("!Q")  # payload length, then the payload; the receiver answers one byte
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A synthetic cache: `layers` x `blocks` blocks of `block_bytes` (K + V) per layer."""
+
+    layers: int
+    blocks: int
+    block_bytes: int
+    max_chunk_blocks: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.layers * self.blocks * self.block_bytes
+
+    def plan(self) -> list[ChunkKey]:
+        """Chunk keys as the prefill worker plans them (layer-major, block ranges)."""
+        return plan_chunks(self.layers, 0, self.blocks, self.max_chunk_blocks)
+
+
+def new_cache(g: Geometry) -> torch.Tensor:
+    kv = torch.zeros(g.layers, 2, g.blocks, g.block_bytes // 2, dtype=torch.uint8)
+    assert kv.numel() == g.nbytes and kv.is_contiguous()
+    return kv
+
+
+def chunk_views(kv: torch.Tensor, key: ChunkKey) -> list[memoryview]:
+    """K run then V run of `key` in `kv` (no copy)."""
+    end = key.block_start + key.block_count
+    if not (0 <= key.layer < kv.shape[0] and 0 <= key.block_start < end <= kv.shape[2]):
+        raise KeyError(f"{key} outside the cache")
+    return [_flat(kv[key.layer, part, key.block_start:end]) for part in (0, 1)]
+
+
+def _flat(t: torch.Tensor) -> memoryview:
+    assert t.is_contiguous()
+    return memoryview(t.numpy()).cast("B")
+
+
+def digest(kv: torch.Tensor) -> str:
+    """xxh3-128 of the whole cache memory (the bytes-equal check)."""
+    return xxhash.xxh3_128(_flat(kv.reshape(-1))).hexdigest()
+
+
+class Peer:
+    """Commands of either role; the parent decides which it calls."""
+
+    def __init__(self):
+        self.kv: torch.Tensor | None = None
+        self.geometry: Geometry | None = None
+        self.receiver = None
+        self.senders: dict[str, object] = {}
+        self.pending: dict[str, dict] = {}
+        self.grpc_server = self.grpc_channel = None
+        self.raw_listener: socket.socket | None = None
+        self.raw_conn: socket.socket | None = None
+
+    # ---- both roles -------------------------------------------------------
+    async def alloc(self, geometry: dict, fill_seed: int | None = None) -> str:
+        """A fresh cache of `geometry`; random bytes when `fill_seed` is given. Returns its digest."""
+        self.kv = None  # free the previous size first
+        self.geometry = Geometry(**geometry)
+        self.kv = new_cache(self.geometry)
+        if fill_seed is not None:
+            gen = torch.Generator().manual_seed(fill_seed)
+            flat = self.kv.view(-1)
+            flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=gen))
+        return digest(self.kv)
+
+    async def zero(self) -> None:
+        self.kv.zero_()
+
+    async def digest(self) -> str:
+        return digest(self.kv)
+
+    # ---- pdserve backends: receiver ------------------------------------------
+    async def pd_listen(self, kind: str) -> str:
+        from services.transfer.factory import make_receiver
+        self.receiver = make_receiver(kind, host="127.0.0.1", name="bench-receiver")
+        await self.receiver.start()
+        return self.receiver.address
+
+    async def pd_expect(self, transfer_id: str) -> None:
+        """Zero the cache and accept `transfer_id` into it (outside the timed window)."""
+        self.kv.zero_()
+        kv, rec = self.kv, {"arrived": {}, "state": "pending", "reason": "",
+                            "done": asyncio.Event()}
+        self.pending[transfer_id] = rec
+
+        def end(state: str, reason: str = "") -> None:
+            if rec["state"] == "pending":
+                rec["state"], rec["reason"] = state, reason
+                rec["done"].set()
+
+        def on_event(ev) -> None:
+            if isinstance(ev, ChunkArrived):
+                rec["arrived"][ev.key] = ev.checksum
+            elif isinstance(ev, Failed):
+                end("failed", ev.reason)
+
+        async def on_commit(commit: TransferCommit) -> Verdict:
+            # What a decode worker checks before publishing, minus the engine's own digest.
+            if rec["arrived"] != {c.key: c.checksum for c in commit.chunks}:
+                end("rejected", "arrived chunks or checksums differ from the manifest")
+                return Verdict(False, rec["reason"])
+            end("published")
+            return Verdict(True)
+
+        self.receiver.expect(Expectation(transfer_id, lambda key: chunk_views(kv, key),
+                                         on_event, on_commit))
+
+    async def pd_result(self, transfer_id: str, timeout_s: float = 60.0) -> dict:
+        """How the transfer ended and the digest of what landed."""
+        rec = self.pending.pop(transfer_id)
+        await asyncio.wait_for(rec["done"].wait(), timeout_s)
+        self.receiver.forget(transfer_id)
+        await self.receiver.fence(transfer_id)
+        return {"state": rec["state"], "reason": rec["reason"], "chunks": len(rec["arrived"]),
+                "digest": digest(self.kv)}
+
+    async def pd_stop(self) -> None:
+        if self.receiver is not None:
+            await self.receiver.stop()
+            self.receiver = None
+
+    # ---- pdserve backends: sender ---------------------------------------------
+    async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:
+        """Send every chunk (checksummed as they go, like the prefill worker), then commit.
+
+        Timed from the first checksum to the verdict.
+        """
+        from services.transfer.factory import make_sender
+        sender = self.senders.get(kind)
+        if sender is None:
+            sender = self.senders[kind] = make_sender(kind)
+        plan = self.geometry.plan()
+        t0 = time.perf_counter()
+        chunks = []
+        for key in plan:
+            views = chunk_views(self.kv, key)
+            chunk = Chunk(key, sum(v.nbytes for v in views), checksum(views))
+            await sender.send(dest, transfer_id, chunk, views)
+            chunks.append(chunk)
+        verdict = await sender.commit(dest, TransferCommit(
+            transfer_id, f"bench-{transfer_id}", 1, "bench-abi", tuple(chunks), kv_digest, 0))
+        elapsed_s = time.perf_counter() - t0
+        return {"elapsed_s": elapsed_s, "published": verdict.published, "reason": verdict.reason,
+                "chunks": len(chunks)}
+
+    async def pd_close(self) -> None:
+        for sender in self.senders.values():
+            await sender.close()
+        self.senders.clear()
+
+    # ---- gRPC client-stream baseline -----------------------------------------
+    async def grpc_listen(self) -> int:
+        """A grpcio server whose Put(stream bytes) writes the messages into the cache in order."""
+        import grpc
+
+        def put(request_iterator, context):
+            flat, off = _flat(self.kv.view(-1)), 0
+            for msg in request_iterator:
+                flat[off:off + len(msg)] = msg
+                off += len(msg)
+            return off.to_bytes(8, "big")
+
+        handler = grpc.method_handlers_generic_handler("pdbench.Sink", {
+            "Put": grpc.stream_unary_rpc_method_handler(put)})
+        opts = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES)]
+        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler],
+                                       options=opts)
+        port = self.grpc_server.add_insecure_port("127.0.0.1:0")
+        self.grpc_server.start()
+        return port
+
+    async def grpc_send(self, port: int, message_bytes: int) -> dict:
+        """One Put call streaming the cache as `message_bytes` messages (bytes copies: gRPC
+        Python sends `bytes`). Timed from the call to its response."""
+        import grpc
+        if self.grpc_channel is None:
+            opts = [("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES)]
+            self.grpc_channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
+            grpc.channel_ready_future(self.grpc_channel).result(timeout=30)
+        put = self.grpc_channel.stream_unary(GRPC_METHOD)
+        flat = _flat(self.kv.view(-1))
+
+        def messages():
+            for off in range(0, flat.nbytes, message_bytes):
+                yield bytes(flat[off:off + message_bytes])
+
+        def call() -> dict:
+            t0 = time.perf_counter()
+            got = int.from_bytes(put(messages(), timeout=300), "big")
+            return {"elapsed_s": time.perf_counter() - t0, "received_bytes": got}
+
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def grpc_stop(self) -> None:
+        if self.grpc_channel is not None:
+            self.grpc_channel.close()
+            self.grpc_channel = None
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=None)
+            self.grpc_server = None
+
+    # ---- raw TCP socket baseline -------------------------------------------
+    async def raw_listen(self) -> int:
+        """Accept one connection; each frame (length, payload) is recv_into'd the cache."""
+        lst = self.raw_listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._raw_serve, args=(lst,), daemon=True).start()
+        return lst.getsockname()[1]
+
+    def _raw_serve(self, lst: socket.socket) -> None:
+        conn, _ = lst.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            while True:
+                head = _recv_exactly(conn, memoryview(bytearray(RAW_HEAD.size)))
+                if head is None:
+                    return
+                (nbytes,) = RAW_HEAD.unpack(head)
+                flat = _flat(self.kv.view(-1))[:nbytes]
+                if _recv_exactly(conn, flat) is None:
+                    return
+                conn.sendall(b"k")
+
+    async def raw_send(self, port: int) -> dict:
+        """sendall the cache memory as one frame; timed from the first byte to the ack."""
+        if self.raw_conn is None:
+            self.raw_conn = socket.create_connection(("127.0.0.1", port))
+            self.raw_conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock, flat = self.raw_conn, _flat(self.kv.view(-1))
+
+        def go() -> dict:
+            t0 = time.perf_counter()
+            sock.sendall(RAW_HEAD.pack(flat.nbytes))
+            sock.sendall(flat)
+            assert sock.recv(1) == b"k"
+            return {"elapsed_s": time.perf_counter() - t0}
+
+        return await asyncio.get_running_loop().run_in_executor(None, go)
+
+    async def raw_stop(self) -> None:
+        for s in (self.raw_conn, self.raw_listener):
+            if s is not None:
+                s.close()
+        self.raw_conn = self.raw_listener = None
+
+
+def _recv_exactly(conn: socket.socket, view: memoryview) -> memoryview | None:
+    """Fill `view` from `conn` (None when the peer closed first)."""
+    off = 0
+    while off < view.nbytes:
+        n = conn.recv_into(view[off:])
+        if n == 0:
+            return None
+        off += n
+    return view
+
+
+def serve(conn, threads: int = 1) -> None:
+    """Process entry: execute commands from `conn` until it sends None."""
+    torch.set_num_threads(threads)
+    asyncio.run(_loop(conn))
+
+
+async def _loop(conn) -> None:
+    loop = asyncio.get_running_loop()
+    peer = Peer()
+    while True:
+        msg = await loop.run_in_executor(None, conn.recv)
+        if msg is None:
+            break
+        name, kw = msg
+        try:
+            conn.send(("ok", await getattr(peer, name)(**kw)))
+        except Exception:  # noqa: BLE001 - reported to the parent, which decides
+            conn.send(("err", traceback.format_exc()))
+    for stop in (peer.pd_close, peer.pd_stop, peer.grpc_stop, peer.raw_stop):
+        try:
+            await stop()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass

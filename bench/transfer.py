@@ -1,0 +1,273 @@
+"""Transfer benchmark: pdserve K/V hand-off vs native UCX, a gRPC stream and a raw socket.
+
+Part 1, per cache size (1, 16, 64, 256 MiB), in one run, sender and receiver in
+two spawned processes (bench/_transfer_peers.py):
+
+  pdserve-ucx   services.transfer `ucx` backend: chunks planned like the prefill
+                worker (plan_chunks: layer-major, <= max_chunk_blocks blocks),
+                each checksummed then sent from views of the sender's cache,
+                received into views of the receiver's cache, then commit; timed
+                from the first checksum to the verdict
+  pdserve-tcp   the same over the `tcp` backend
+  ucx_perftest  native `ucx_perftest -t tag_bw`, UCX_TLS=shm,self, one message =
+                the cache size, default window (32 in flight), -n/-w iterations
+  grpc-stream   grpcio client stream of `bytes` messages (--grpc-message-mib)
+                into the receiver's cache; timed from the call to its response
+  raw-tcp       loopback socket: sendall of the cache, recv_into the receiver's
+                cache, one-byte ack; timed from the first byte to the ack
+
+Every timed transfer except ucx_perftest's lands in a receiver cache zeroed
+beforehand and must match the sender's digest (xxh3-128 of the whole cache),
+or no figure is reported for that path. The first transfer of each size and
+path is a warm-up (connection setup, page faults) and is not timed; the figure
+is the median of --repeats. gbps is 1e9 bytes/s. One JSON line per size and path:
+{"bench": "transfer", "size_mib", "path", "gbps", "ratio_vs_native", "ratio_vs_grpc"},
+ratios = this path's gbps over ucx_perftest's / grpc-stream's at the same size,
+measured in this run.
+
+Part 2 (--streaming, default on): bench/_transfer_exposed.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _transfer_peers import Geometry, serve  # noqa: E402
+from _transfer_perftest import find_perftest, run_tag_bw  # noqa: E402
+
+from services.cluster.redis_proc import free_port  # noqa: E402
+
+MIB = 1 << 20
+PATHS = ("pdserve-ucx", "pdserve-tcp", "ucx_perftest", "grpc-stream", "raw-tcp")
+CALL_TIMEOUT_S = 600
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+class Peer:
+    """Parent's handle on one spawned peer process."""
+
+    def __init__(self, ctx, name: str, threads: int):
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=serve, args=(child, threads), name=name, daemon=True)
+        self.proc.start()
+
+    def call(self, cmd: str, **kw):
+        self.conn.send((cmd, kw))
+        if not self.conn.poll(CALL_TIMEOUT_S):
+            raise TimeoutError(f"{self.name}.{cmd} gave no answer in {CALL_TIMEOUT_S} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name}.{cmd} failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+def geometry(size_bytes: int, layers: int, block_bytes: int, max_chunk_blocks: int) -> Geometry:
+    """The synthetic cache of exactly `size_bytes` (or a ValueError)."""
+    per_block_all_layers = layers * block_bytes
+    if size_bytes % per_block_all_layers:
+        raise ValueError(f"{size_bytes} bytes is not a whole number of {layers} layers x "
+                         f"{block_bytes}-byte blocks")
+    return Geometry(layers, size_bytes // per_block_all_layers, block_bytes, max_chunk_blocks)
+
+
+def timed(runs: int, one) -> list[float]:
+    """`one(i)` -> seconds, for a warm-up (i = 0, dropped) and `runs` timed transfers."""
+    return [one(i) for i in range(runs + 1)][1:]
+
+
+def check_digest(got: str, want: str, path: str) -> None:
+    if got != want:
+        raise RuntimeError(f"{path}: receiver digest {got} != sent {want} (wrong bytes moved)")
+
+
+def pdserve_path(r: Peer, s: Peer, kind: str, dest: str, sent: str, size_mib: int,
+                 repeats: int) -> list[float]:
+    def one(i: int) -> float:
+        tid = f"{kind}-{size_mib}-{i}"
+        r.call("pd_expect", transfer_id=tid)
+        out = s.call("pd_send", kind=kind, dest=dest, transfer_id=tid, kv_digest=sent)
+        res = r.call("pd_result", transfer_id=tid)
+        if not out["published"] or res["state"] != "published":
+            raise RuntimeError(f"pdserve-{kind}: not published ({out['reason']} / {res['reason']})")
+        check_digest(res["digest"], sent, f"pdserve-{kind}")
+        return out["elapsed_s"]
+    return timed(repeats, one)
+
+
+def grpc_path(r: Peer, s: Peer, port: int, sent: str, size_bytes: int, message_bytes: int,
+              repeats: int) -> list[float]:
+    def one(i: int) -> float:
+        r.call("zero")
+        out = s.call("grpc_send", port=port, message_bytes=message_bytes)
+        assert out["received_bytes"] == size_bytes, out
+        check_digest(r.call("digest"), sent, "grpc-stream")
+        return out["elapsed_s"]
+    return timed(repeats, one)
+
+
+def raw_path(r: Peer, s: Peer, port: int, sent: str, repeats: int) -> list[float]:
+    def one(i: int) -> float:
+        r.call("zero")
+        out = s.call("raw_send", port=port)
+        check_digest(r.call("digest"), sent, "raw-tcp")
+        return out["elapsed_s"]
+    return timed(repeats, one)
+
+
+def perftest_iters(size_bytes: int, total_mib: int) -> tuple[int, int]:
+    """(iterations, warm-up) moving about `total_mib` per run, at least 8 messages."""
+    iters = max(8, total_mib * MIB // size_bytes)
+    return iters, max(2, iters // 10)
+
+
+def ucx_backend_available() -> str:
+    """'' when the `ucx` backend is registered, else why not."""
+    from services.transfer import factory
+    if "ucx" in factory.SENDERS and "ucx" in factory.RECEIVERS:
+        return ""
+    return "backend 'ucx' not registered in services.transfer.factory yet"
+
+
+def transfer_part(args) -> None:
+    sizes = [int(x) for x in args.sizes_mib.split(",")]
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = set(paths) - set(PATHS)
+    if unknown:
+        raise SystemExit(f"unknown paths {sorted(unknown)}; known {PATHS}")
+    skip: dict[str, str] = {}
+    if "pdserve-ucx" in paths and (why := ucx_backend_available()):
+        skip["pdserve-ucx"] = why
+    if "ucx_perftest" in paths:
+        try:
+            find_perftest()
+        except (ImportError, FileNotFoundError) as e:
+            skip["ucx_perftest"] = str(e)
+    for p, why in skip.items():
+        emit(bench="transfer", path=p, skipped=why)
+
+    ctx = mp.get_context("spawn")
+    r, s = Peer(ctx, "receiver", args.threads), Peer(ctx, "sender", args.threads)
+    try:
+        dests = {kind: r.call("pd_listen", kind=kind) for kind in ("ucx", "tcp")
+                 if f"pdserve-{kind}" in paths and f"pdserve-{kind}" not in skip}
+        grpc_port = r.call("grpc_listen") if "grpc-stream" in paths else 0
+        raw_port = r.call("raw_listen") if "raw-tcp" in paths else 0
+        for size_mib in sizes:
+            size_bytes = size_mib * MIB
+            g = geometry(size_bytes, args.layers, args.block_kib * 1024, args.max_chunk_blocks)
+            r.call("alloc", geometry=g.__dict__)
+            sent = s.call("alloc", geometry=g.__dict__, fill_seed=size_mib)
+            runs: dict[str, list[float]] = {}
+            errors: dict[str, str] = {}
+
+            def attempt(path: str, fn) -> None:
+                if path not in paths or path in skip:
+                    return
+                try:
+                    runs[path] = fn()
+                except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
+                    errors[path] = f"{type(e).__name__}: {e}"
+
+            for kind, dest in dests.items():
+                attempt(f"pdserve-{kind}", lambda: pdserve_path(r, s, kind, dest, sent, size_mib,
+                                                                args.repeats))
+            attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes,
+                                                     args.grpc_message_mib * MIB, args.repeats))
+            attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent, args.repeats))
+            iters, warm = perftest_iters(size_bytes, args.perftest_total_mib)
+            native_extra = {}
+
+            def perftest() -> list[float]:
+                out = run_tag_bw(size_bytes, iters, warm, free_port(), args.perftest_tls)
+                native_extra.update(iterations=iters, warmup=warm)
+                return [size_bytes / out["gbps"] / 1e9]
+            attempt("ucx_perftest", perftest)
+            report(size_mib, size_bytes, g, runs, errors, native_extra)
+    finally:
+        r.close()
+        s.close()
+
+
+def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[float]],
+           errors: dict[str, str], native_extra: dict) -> None:
+    gbps = {p: size_bytes / statistics.median(t) / 1e9 for p, t in runs.items()}
+    native, grpc = gbps.get("ucx_perftest"), gbps.get("grpc-stream")
+    for path in PATHS:
+        if path in errors:
+            emit(bench="transfer", size_mib=size_mib, path=path, error=errors[path])
+        if path not in gbps:
+            continue
+        row = dict(bench="transfer", size_mib=size_mib, path=path, gbps=round(gbps[path], 3),
+                   ratio_vs_native=round(gbps[path] / native, 3) if native else None,
+                   ratio_vs_grpc=round(gbps[path] / grpc, 3) if grpc else None)
+        if path == "ucx_perftest":
+            row.update(native_extra)
+        else:
+            row.update(ms=[round(t * 1000, 2) for t in runs[path]])
+        if path.startswith("pdserve"):
+            row.update(chunks=len(g.plan()))
+        emit(**row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mib", default="1,16,64,256")
+    ap.add_argument("--repeats", type=int, default=5, help="timed transfers per size and path")
+    ap.add_argument("--paths", default=",".join(PATHS))
+    ap.add_argument("--layers", type=int, default=32, help="synthetic cache layers")
+    ap.add_argument("--block-kib", type=int, default=32, help="K+V bytes of one block per layer")
+    ap.add_argument("--max-chunk-blocks", type=int, default=64,
+                    help="blocks per chunk (WorkerConfig.max_chunk_blocks default)")
+    ap.add_argument("--grpc-message-mib", type=int, default=1)
+    ap.add_argument("--perftest-tls", default="shm,self")
+    ap.add_argument("--perftest-total-mib", type=int, default=2048,
+                    help="bytes one ucx_perftest run moves (iterations = this / size, >= 8)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in each peer")
+    ap.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run part 2 (exposed transfer on a local cluster)")
+    ap.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
+                    help="run part 1 (bandwidth per path)")
+    from _transfer_exposed import add_arguments
+    add_arguments(ap)
+    args = ap.parse_args()
+    emit(bench="transfer", metric="config", units="gbps = 1e9 bytes/s; size_mib = 2^20 bytes",
+         sizes_mib=args.sizes_mib, repeats=args.repeats, paths=args.paths,
+         timing="median of repeats after one untimed warm-up; pdserve: first checksum -> verdict",
+         geometry=f"{args.layers} layers x {args.block_kib} KiB (K+V) blocks, "
+                  f"<= {args.max_chunk_blocks} blocks/chunk, layer-major",
+         grpc_message_mib=args.grpc_message_mib,
+         perftest=f"tag_bw, UCX_TLS={args.perftest_tls}, message = cache size, default window, "
+                  f"~{args.perftest_total_mib} MiB per run",
+         ucx_env={k: v for k, v in os.environ.items() if k.startswith("UCX_")},
+         peer_torch_threads=args.threads, cpus=os.cpu_count())
+    if args.transfer:
+        transfer_part(args)
+    if args.streaming:
+        from _transfer_exposed import exposed_part
+        exposed_part(args, emit)
+
+
+if __name__ == "__main__":
+    main()
