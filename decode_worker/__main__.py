@@ -11,6 +11,7 @@ from services.rpc.pd.v1 import decode_pb2_grpc
 from services.transfer.factory import make_receiver
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
+from services.worker.profile import ProfileConfig, active_context_tokens, obtain
 from services.worker.process import (advertised, build_engine_loop, capacity, parse_config,
                                      run_process)
 
@@ -25,6 +26,8 @@ async def run(argv: list[str] | None = None) -> None:
     setup_logging(cfg.worker_id, log_level)
     loop = build_engine_loop(cfg)
     loop.start()
+    profile_cfg = ProfileConfig.from_env()
+    profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
     receiver = make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id)
     await receiver.start()
     directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
@@ -40,11 +43,11 @@ async def run(argv: list[str] | None = None) -> None:
         return LoadReport(
             pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
             free_blocks=e.num_free_blocks, reserved_blocks=worker.reserved_blocks(),
-            total_blocks=e.blocks.num_blocks)
+            total_blocks=e.blocks.num_blocks, active_context_tokens=active_context_tokens(loop))
 
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.DECODE, advertised(cfg, port),
-                              receiver.address, loop.engine.abi.digest, capacity(cfg, loop)),
+                              receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile),
         load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
     log.info("decode worker %s serving on %s, data plane %s", cfg.worker_id,

@@ -11,6 +11,7 @@ from services.rpc.pd.v1 import prefill_pb2_grpc
 from services.transfer.factory import make_sender
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
+from services.worker.profile import ProfileConfig, obtain
 from services.worker.process import (advertised, build_engine_loop, capacity, parse_config,
                                      run_process)
 
@@ -25,6 +26,8 @@ async def run(argv: list[str] | None = None) -> None:
     setup_logging(cfg.worker_id, log_level)
     loop = build_engine_loop(cfg)
     loop.start()
+    profile_cfg = ProfileConfig.from_env()
+    profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
     sender = make_sender(cfg.transport)
     directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
     membership: Membership | None = None
@@ -40,7 +43,7 @@ async def run(argv: list[str] | None = None) -> None:
 
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.PREFILL, advertised(cfg, port), "",
-                              loop.engine.abi.digest, capacity(cfg, loop)),
+                              loop.engine.abi.digest, capacity(cfg, loop), profile),
         load)
     await membership.start()
     log.info("prefill worker %s serving on %s", cfg.worker_id, advertised(cfg, port))

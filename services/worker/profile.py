@@ -1,0 +1,206 @@
+"""A worker's cost profile: a short calibration run of its own engine at start.
+
+The router prices routes with three functions (router/cost_model.py); the two
+that depend on the worker's hardware and model are measured here, in the worker
+process, before it registers:
+
+    prefill_ms(new, reused) = a + b * new + c * new * (reused + new / 2)
+    decode_step_ms(batch, ctx) = d + e * batch + f * ctx
+
+Calibration: a warm-up, then prefills of a few prompt lengths (ascending, while
+the time budget lasts) and a few decode steps at a few (batch, context) points;
+each function is a non-negative least-squares fit over its points. The run uses
+its own salt, so its blocks never match a tenant's prefix, and frees everything.
+
+Instead of calibrating, `PD_PROFILE_FILE` names a saved profile (JSON, the
+`CostProfile.to_json` format): loaded when it exists, written after a
+calibration when it does not. `PD_PROFILE_CALIBRATE=0` skips the run (the worker
+declares no profile; the router falls back to its configured defaults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import torch
+
+from kv_directory.profile import CostProfile
+from services.common.config import env_overrides
+from services.engine import Engine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SALT = b"\x00pdserve-calibration"
+PREFILL_LENGTHS = (32, 128, 512, 1024, 2048)
+DECODE_POINTS = ((1, 64), (4, 64), (16, 64), (4, 256))  # (batch, context tokens per sequence)
+DECODE_STEPS = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProfileConfig:
+    """How a worker obtains its cost profile."""
+
+    file: str = ""
+    """Saved profile (JSON): loaded if it exists, else written after calibrating; empty = none."""
+    calibrate: bool = True
+    """Run the calibration when no saved profile is loaded."""
+    budget_s: float = 5.0
+    """Rough cap on calibration time: longer prompt lengths are skipped once it is spent."""
+
+    def __post_init__(self) -> None:
+        if not self.budget_s > 0:
+            raise ValueError(f"budget_s must be > 0, got {self.budget_s!r}")
+
+    @classmethod
+    def from_env(cls, env=None) -> "ProfileConfig":
+        """Defaults, then the ``PD_PROFILE_*`` variables."""
+        return cls(**env_overrides(cls, ENV_OVERRIDES, env, skip_empty=True))
+
+
+ENV_OVERRIDES = {"PD_PROFILE_FILE": "file", "PD_PROFILE_CALIBRATE": "calibrate",
+                 "PD_PROFILE_BUDGET_S": "budget_s"}
+
+
+def kv_bytes_per_block(engine: Engine) -> int:
+    """Logical K/V bytes of one block: layers x (K, V) x kv heads x head dim x dtype x block size."""
+    abi = engine.abi
+    elem = torch.empty((), dtype=getattr(torch, abi.dtype)).element_size()
+    return abi.num_layers * 2 * abi.num_kv_heads * abi.head_dim * elem * abi.block_size
+
+
+def fit_nonneg(rows: Seq[Seq[float]], ys: Seq[float]) -> list[float]:
+    """Least squares y ~ rows @ x with x >= 0 (active set: drop a negative
+    coefficient and refit). Invariant: the result has len(rows[0]) entries, all >= 0."""
+    n = len(rows[0])
+    active = list(range(n))
+    while active:
+        x = _lstsq([[r[j] for j in active] for r in rows], ys)
+        if all(v >= 0 for v in x):
+            out = [0.0] * n
+            for j, v in zip(active, x):
+                out[j] = v
+            return out
+        active.pop(min(range(len(x)), key=lambda i: x[i]))
+    return [0.0] * n
+
+
+def _lstsq(a: Seq[Seq[float]], y: Seq[float]) -> list[float]:
+    """Normal equations solved by Gaussian elimination with a tiny ridge (columns
+    of very different scale stay solvable)."""
+    n = len(a[0])
+    m = [[sum(r[i] * r[j] for r in a) for j in range(n)] + [sum(r[i] * v for r, v in zip(a, y))]
+         for i in range(n)]
+    for i in range(n):
+        m[i][i] += 1e-12 * (m[i][i] or 1.0)
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        if m[col][col] == 0:
+            continue
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [u - f * v for u, v in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
+
+
+def prefill_features(new: int, reused: int) -> list[float]:
+    """Feature row of the prefill model. Must match router/cost_model.py prefill_ms."""
+    return [1.0, float(new), new * (reused + new / 2.0)]
+
+
+def decode_features(batch: int, context: int) -> list[float]:
+    """Feature row of the decode-step model. Must match router/cost_model.py decode_step_ms."""
+    return [1.0, float(batch), float(context)]
+
+
+def calibrate(engine: Engine, budget_s: float = 5.0) -> CostProfile:
+    """Measure and fit this engine's profile; runs on the engine's thread, before
+    the worker serves anything. Frees every block it allocates."""
+    rng = random.Random(0)
+    vocab = engine.model_cfg.vocab_size
+    tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    greedy = SamplingParams(ignore_eos=True)
+    start = time.perf_counter()
+    _timed_prefill(engine, tokens(32), greedy, "warmup")
+    pre_rows, pre_ys = [], []
+    for n in PREFILL_LENGTHS:
+        if n >= engine.max_model_len or engine.blocks_needed(n, 1) > engine.num_free_blocks:
+            break
+        if len(pre_rows) >= 2 and time.perf_counter() - start > budget_s / 2:
+            break
+        pre_rows.append(prefill_features(n, 0))
+        pre_ys.append(_timed_prefill(engine, tokens(n), greedy, f"p{n}"))
+    dec_rows, dec_ys = [], []
+    for batch, ctx in DECODE_POINTS:
+        if engine.blocks_needed(ctx, DECODE_STEPS + 2) * batch > engine.num_free_blocks:
+            continue
+        if len(dec_rows) >= 2 and time.perf_counter() - start > budget_s:
+            break
+        step_ms, total_ctx = _timed_decode(engine, [tokens(ctx) for _ in range(batch)], greedy)
+        dec_rows.append(decode_features(batch, total_ctx))
+        dec_ys.append(step_ms)
+    a, b, c = fit_nonneg(pre_rows, pre_ys) if pre_rows else (0.0, 0.0, 0.0)
+    d, e, f = fit_nonneg(dec_rows, dec_ys) if dec_rows else (0.0, 0.0, 0.0)
+    log.info("calibrated in %.2fs: prefill %s ms, decode %s ms", time.perf_counter() - start,
+             [round(y, 2) for y in pre_ys], [round(y, 2) for y in dec_ys])
+    return CostProfile(a, b, c, d, e, f, kv_bytes_per_block(engine), "calibrated")
+
+
+def _timed_prefill(engine: Engine, prompt: list[int], sampling: SamplingParams, tag: str) -> float:
+    seq = engine.add_request(f"calibration-{tag}", prompt, 1, sampling, salt=CALIBRATION_SALT + tag.encode(),
+                             reuse_prefix=False)
+    try:
+        t0 = time.perf_counter()
+        engine.prefill(seq)
+        return (time.perf_counter() - t0) * 1000.0
+    finally:
+        engine.free(seq)
+
+
+def _timed_decode(engine: Engine, prompts: list[list[int]], sampling: SamplingParams) -> tuple[float, int]:
+    """Mean ms of one decode step over len(prompts) sequences, and the batch's mean total context."""
+    seqs = [engine.add_request(f"calibration-d{i}", p, DECODE_STEPS + 2, sampling,
+                               salt=CALIBRATION_SALT + b"d", reuse_prefix=False) for i, p in enumerate(prompts)]
+    try:
+        for s in seqs:
+            engine.prefill(s)
+        engine.decode_step(seqs)  # warm-up step at this batch size
+        ctx = sum(s.num_tokens for s in seqs)
+        t0 = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            engine.decode_step(seqs)
+        return (time.perf_counter() - t0) * 1000.0 / DECODE_STEPS, ctx + len(seqs) * DECODE_STEPS // 2
+    finally:
+        for s in seqs:
+            engine.free(s)
+
+
+def obtain(engine: Engine, cfg: ProfileConfig) -> CostProfile:
+    """The profile this worker declares: the saved file, a calibration (saved when
+    `cfg.file` names a missing file), or none. Call on the engine's thread."""
+    path = Path(cfg.file) if cfg.file else None
+    if path is not None and path.exists():
+        profile = CostProfile.from_json(path.read_text())
+        return dataclasses.replace(profile, source=f"file:{path}",
+                                   kv_bytes_per_block=profile.kv_bytes_per_block or kv_bytes_per_block(engine))
+    if not cfg.calibrate:
+        return CostProfile()
+    profile = calibrate(engine, cfg.budget_s)
+    if path is not None:
+        path.write_text(profile.to_json() + "\n")
+    return profile
+
+
+def active_context_tokens(loop) -> int:
+    """Tokens the loop's decode batch attends over (the decode cost model's input).
+
+    Reads EngineLoop's decode list (a snapshot copy; the loop thread may change
+    it meanwhile, so the figure is as fresh as any heartbeat figure).
+    """
+    return sum(job.seq.num_tokens for job in list(getattr(loop, "_decode", ())))

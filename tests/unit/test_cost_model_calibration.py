@@ -1,0 +1,56 @@
+"""Worker-side calibration: the fit, a real (tiny) engine run, saved profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from kv_directory.profile import CostProfile
+from services.engine import Engine, EngineConfig
+from services.worker.profile import ProfileConfig, fit_nonneg, kv_bytes_per_block, obtain
+
+
+def test_fit_recovers_exact_coefficients():
+    rows = [[1.0, n, n * n / 2] for n in (32, 128, 512, 1024)]
+    ys = [2.0 + 0.05 * r[1] + 1e-4 * r[2] for r in rows]
+    a, b, c = fit_nonneg(rows, ys)
+    assert a == pytest.approx(2.0, rel=1e-6) and b == pytest.approx(0.05, rel=1e-6)
+    assert c == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_fit_never_returns_negative_coefficients():
+    # y falls with x: the unconstrained slope is negative, so it is dropped.
+    coef = fit_nonneg([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]], [3.0, 2.0, 1.0])
+    assert coef[1] == 0.0 and coef[0] == pytest.approx(2.0)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_spec("tiny", EngineConfig(num_blocks=256, block_size=16, chunk_tokens=256, torch_threads=1))
+
+
+def test_calibration_of_a_real_engine_is_increasing_and_frees_blocks(engine, tmp_path):
+    free = engine.num_free_blocks
+    path = tmp_path / "profile.json"
+    profile = obtain(engine, ProfileConfig(file=str(path), budget_s=2.0))
+    assert engine.num_free_blocks == free
+    assert profile.source == "calibrated" and path.exists()
+    prefill = lambda n: (profile.prefill_base_ms + profile.prefill_ms_per_token * n  # noqa: E731
+                         + profile.prefill_ms_per_pair * n * n / 2)
+    assert 0 < prefill(32) < prefill(1024)
+    assert profile.decode_base_ms + profile.decode_ms_per_seq > 0
+    assert profile.kv_bytes_per_block == kv_bytes_per_block(engine) > 0
+    # A second start loads the saved file instead of calibrating.
+    again = obtain(engine, ProfileConfig(file=str(path)))
+    assert again.source == f"file:{path}"
+    assert again.prefill_ms_per_token == profile.prefill_ms_per_token
+
+
+def test_calibration_off_declares_nothing(engine):
+    assert obtain(engine, ProfileConfig(calibrate=False)) == CostProfile()
+
+
+def test_profile_config_from_env():
+    cfg = ProfileConfig.from_env({"PD_PROFILE_CALIBRATE": "0", "PD_PROFILE_BUDGET_S": "1.5"})
+    assert cfg == ProfileConfig(calibrate=False, budget_s=1.5)
+    with pytest.raises(ValueError, match="PD_PROFILE_BUDGET_S"):
+        ProfileConfig.from_env({"PD_PROFILE_BUDGET_S": "soon"})
