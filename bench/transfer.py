@@ -150,7 +150,8 @@ def ucx_backend_available() -> str:
     return "backend 'ucx' not registered in services.transfer.factory yet"
 
 
-def transfer_part(args) -> None:
+def transfer_part(args) -> dict[int, dict[str, float]]:
+    """Run part 1; returns {size_mib: {path: gbps}}."""
     sizes = [int(x) for x in args.sizes_mib.split(",")]
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(PATHS)
@@ -167,6 +168,7 @@ def transfer_part(args) -> None:
     for p, why in skip.items():
         emit(bench="transfer", path=p, skipped=why)
 
+    table: dict[int, dict[str, float]] = {}
     ctx = mp.get_context("spawn")
     r, s = Peer(ctx, "receiver", args.threads), Peer(ctx, "sender", args.threads)
     try:
@@ -204,14 +206,15 @@ def transfer_part(args) -> None:
                 native_extra.update(iterations=iters, warmup=warm)
                 return [size_bytes / out["gbps"] / 1e9]
             attempt("ucx_perftest", perftest)
-            report(size_mib, size_bytes, g, runs, errors, native_extra)
+            table[size_mib] = report(size_mib, size_bytes, g, runs, errors, native_extra)
     finally:
         r.close()
         s.close()
+    return table
 
 
 def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[float]],
-           errors: dict[str, str], native_extra: dict) -> None:
+           errors: dict[str, str], native_extra: dict) -> dict[str, float]:
     gbps = {p: size_bytes / statistics.median(t) / 1e9 for p, t in runs.items()}
     native, grpc = gbps.get("ucx_perftest"), gbps.get("grpc-stream")
     for path in PATHS:
@@ -229,6 +232,7 @@ def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[flo
         if path.startswith("pdserve"):
             row.update(chunks=len(g.plan()))
         emit(**row)
+    return gbps
 
 
 def main() -> None:
@@ -262,11 +266,10 @@ def main() -> None:
                   f"~{args.perftest_total_mib} MiB per run",
          ucx_env={k: v for k, v in os.environ.items() if k.startswith("UCX_")},
          peer_torch_threads=args.threads, cpus=os.cpu_count())
-    if args.transfer:
-        transfer_part(args)
+    bandwidth = transfer_part(args) if args.transfer else {}
     if args.streaming:
         from _transfer_exposed import exposed_part
-        exposed_part(args, emit)
+        exposed_part(args, emit, bandwidth)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,166 @@
+"""Part 2 of bench/transfer.py: how much K/V transfer a 2,048-token prompt exposes.
+
+The router does not pass the prefill worker's timings (PrefillResult.timings:
+compute_ms, transfer_ms) on to the client, so this part measures time to first
+token at the router (GenerateEvent.Complete.ttft_ms; the client's own TTFT is
+reported beside it) on a real local cluster (redis, directory, 1 prefill +
+1 decode worker, router; services/cluster/launcher.py), `max_tokens=2` (TTFT
+is the first token, which prefill sampled; 1 would do, but a disaggregated
+max_tokens=1 request currently fails over to colocated):
+
+  colocated       the decode worker prefills and samples itself: prefill alone
+                  (`prefill_ms`), plus the router's call overhead
+  disaggregated   prefill worker computes, pushes the K/V, commits; the decode
+                  worker validates, publishes, streams the token prefill sampled:
+                  time to PUBLISHED (`published_ms`), plus the same overhead
+  exposed_ms      published_ms - prefill_ms: transfer not hidden behind compute,
+                  plus the reserve/commit round trips disaggregation adds (so an
+                  upper bound on the exposed transfer)
+
+One cluster per streaming setting (layer streaming on, then off), set through
+the worker's PD_* variable for it (found in WorkerConfig, or --stream-env), the
+transport through the launcher. Each cluster's colocated figure is its own
+baseline. Prompts are fresh random ids every request (no prefix-cache reuse);
+each mode gets one untimed warm-up request, then the median of
+--exposed-repeats is reported. JSON lines:
+{"bench": "transfer_exposed", "prompt_tokens", "mode", "prefill_ms", "published_ms", "exposed_ms"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import shutil
+import statistics
+import tempfile
+
+KV_BYTES_PER_TOKEN_LAYER_SMALL = 2 * 2 * 64 * 4  # K+V x kv heads x head_dim x fp32 (`small`)
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--exposed-prompt-tokens", type=int, default=2048)
+    ap.add_argument("--exposed-repeats", type=int, default=3)
+    ap.add_argument("--exposed-model", default="small")
+    ap.add_argument("--exposed-max-tokens", type=int, default=2,
+                    help="2, not 1: a disaggregated max_tokens=1 request fails at HEAD "
+                         "(prefill NOT_FOUND, router falls back to colocated)")
+    ap.add_argument("--exposed-transport", default="ucx",
+                    help="worker transport (falls back to tcp, reported, when ucx is not built)")
+    ap.add_argument("--exposed-chunk-tokens", type=int, default=0,
+                    help="prefill chunk size; 0 = the launcher's default")
+    ap.add_argument("--stream-env", default="",
+                    help="PD_* variable switching layer streaming; default: the WorkerConfig "
+                         "bool field with 'stream' in its name")
+
+
+def streaming_variable(explicit: str) -> str:
+    """The PD_* variable that turns layer streaming on/off, or '' if none exists yet."""
+    if explicit:
+        return explicit
+    from services.worker.config import WorkerConfig
+    names = [f.name for f in dataclasses.fields(WorkerConfig)
+             if "stream" in f.name and f.type in ("bool", bool)]
+    return f"PD_{names[0].upper()}" if len(names) == 1 else ""
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[str, list]:
+    """Start a cluster, time `colocated` and `disaggregated` requests alternately."""
+    from services.cluster.launcher import ClusterSpec, LocalCluster
+    from services.engine.presets import preset_config
+    from services.sdk import Client
+
+    vocab = preset_config(args.exposed_model).vocab_size
+    n, length = args.exposed_repeats + 1, args.exposed_prompt_tokens
+    kw = dict(chunk_tokens=args.exposed_chunk_tokens) if args.exposed_chunk_tokens else {}
+    state = tempfile.mkdtemp(prefix="pdserve-bench-transfer-")  # kept: logs to read on failure
+    spec = ClusterSpec(prefill=1, decode=1, model=args.exposed_model, transport=transport,
+                       num_blocks=8 * (length // 16), state_dir=state, env=env, **kw)
+    cluster = LocalCluster(spec)
+    cluster.up()
+    try:
+        client = Client(cluster.router_address, timeout_s=120)
+        out: dict[str, list] = {"colocated": [], "disaggregated": []}
+        for i, p in enumerate(prompts(2 * n, length, vocab, seed)):
+            mode = ("colocated", "disaggregated")[i % 2]
+            r = client.generate_full(prompt_ids=p, max_tokens=args.exposed_max_tokens, mode=mode,
+                                     ignore_eos=True, deadline_s=300)
+            if r.route != mode or r.attempts != 1:
+                raise RuntimeError(f"{mode} request ran as {r.route} after {r.attempts} "
+                                   f"attempts (see {cluster.state}/logs)")
+            if mode == "disaggregated" and r.prefill_kv_digest != r.decode_kv_digest:
+                raise RuntimeError("K/V digests differ between prefill and decode")
+            if i >= 2:  # the first of each mode is the warm-up
+                out[mode].append(r)
+        client.close()
+    finally:
+        cluster.down()
+    shutil.rmtree(state, ignore_errors=True)  # kept only when something failed
+    return {"spec": spec, "results": out}
+
+
+def one_layer_ms(bandwidth: dict, transport: str, kv_bytes: int, layer_bytes: int) -> float | None:
+    """One layer's transfer time at the part-1 bandwidth of pdserve-<transport>, taken at
+    the measured size nearest the prompt's whole K/V (None when part 1 did not measure it)."""
+    sizes = [s for s, paths in bandwidth.items() if f"pdserve-{transport}" in paths]
+    if not sizes:
+        return None
+    near = min(sizes, key=lambda s: abs(s * (1 << 20) - kv_bytes))
+    return layer_bytes / (bandwidth[near][f"pdserve-{transport}"] * 1e9) * 1000
+
+
+def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
+    """Emit the transfer_exposed lines (see the module docstring); `bandwidth` is part 1's
+    {size_mib: {path: gbps}}, for the one-layer estimate the target is stated in."""
+    from services.transfer import factory
+    transport = args.exposed_transport
+    if transport not in factory.SENDERS:
+        emit(bench="transfer_exposed", note=f"transport {transport!r} not built yet; using tcp")
+        transport = "tcp"
+    var = streaming_variable(args.stream_env)
+    settings = [("disaggregated-streaming", {var: "1"}), ("disaggregated-no-streaming", {var: "0"})]
+    if not var:
+        emit(bench="transfer_exposed", mode="disaggregated-streaming",
+             skipped="no layer-streaming flag in services/worker/config.py WorkerConfig yet "
+                     "(pass --stream-env PD_NAME once it exists)")
+        settings = [("disaggregated", {})]
+    length = args.exposed_prompt_tokens
+    layer_bytes = length * KV_BYTES_PER_TOKEN_LAYER_SMALL if args.exposed_model == "small" else None
+    emit(bench="transfer_exposed", metric="config", model=args.exposed_model, prompt_tokens=length,
+         transport=transport, stream_env=var or None, repeats=args.exposed_repeats,
+         chunk_tokens=args.exposed_chunk_tokens or "launcher default",
+         max_tokens=args.exposed_max_tokens,
+         timing="router-measured TTFT (Complete.ttft_ms), median; client TTFT beside it",
+         kv_bytes_per_layer=layer_bytes)
+    layer_ms = None
+    if layer_bytes and bandwidth:
+        from services.engine.presets import preset_config
+        n_layers = preset_config(args.exposed_model).num_hidden_layers
+        layer_ms = one_layer_ms(bandwidth, transport, layer_bytes * n_layers, layer_bytes)
+    for k, (mode, env) in enumerate(settings):
+        try:
+            run = run_cluster(args, transport, env, seed=1000 * (k + 1))
+        except Exception as e:  # noqa: BLE001 - report and go on with the other setting
+            emit(bench="transfer_exposed", prompt_tokens=length, mode=mode,
+                 error=f"{type(e).__name__}: {e}")
+            continue
+        coloc, disagg = run["results"]["colocated"], run["results"]["disaggregated"]
+        prefill = statistics.median(r.server_ttft_ms for r in coloc)
+        published = statistics.median(r.server_ttft_ms for r in disagg)
+        emit(bench="transfer_exposed", prompt_tokens=length, mode=f"colocated ({mode} cluster)",
+             prefill_ms=round(prefill, 1), published_ms=None, exposed_ms=None,
+             client_ttft_ms=round(statistics.median(r.ttft_ms for r in coloc), 1),
+             runs_ms=[round(r.server_ttft_ms, 1) for r in coloc])
+        row = dict(bench="transfer_exposed", prompt_tokens=length, mode=mode,
+                   prefill_ms=round(prefill, 1), published_ms=round(published, 1),
+                   exposed_ms=round(published - prefill, 1),
+                   client_ttft_ms=round(statistics.median(r.ttft_ms for r in disagg), 1),
+                   runs_ms=[round(r.server_ttft_ms, 1) for r in disagg], transport=transport)
+        if layer_ms is not None:
+            row.update(one_layer_transfer_ms_est=round(layer_ms, 2),
+                       target_exposed_ms=round(1.1 * layer_ms, 2))
+        emit(**row)
