@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from services.common.config import env_overrides
 
-MODES = ("disaggregated", "colocated")
+MODES = ("disaggregated", "colocated", "auto", "shadow", "canary")
+"""Router modes (see router/modes.py). bench/goodput.py and PD_ROUTER_MODE use these names."""
+
+DEFAULT_SCORER_WEIGHTS = "ttft_slack=1,tpot_slack=1,queue=0.25,kv_headroom=0.25,prefix_hit=0.25"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,8 +27,62 @@ class RouterConfig:
     """host:port of the directory service."""
 
     default_mode: str = "disaggregated"
-    """Route for requests with mode UNSPECIFIED: ``disaggregated`` or ``colocated``.
-    Admin.SetMode changes it at run time (PINNED -> colocated, ACTIVE -> disaggregated)."""
+    """Mode of requests with mode UNSPECIFIED: ``disaggregated`` / ``colocated``
+    (forced routes), ``auto`` (per-request choice from predicted TTFT/TPOT, may
+    reject), ``shadow`` (score disaggregated, execute colocated) or ``canary``
+    (``canary_fraction`` of requests disaggregated). Admin.SetMode changes it at
+    run time: PINNED -> colocated, ACTIVE -> auto, SHADOW -> shadow, CANARY -> canary."""
+
+    canary_fraction: float = 0.0
+    """Share of canary-mode requests routed disaggregated, in [0, 1] (by request id hash)."""
+
+    slo_ttft_ms: float = 0.0
+    """Default TTFT target of requests that name none; 0 = no target."""
+
+    slo_tpot_ms: float = 0.0
+    """Default TPOT target of requests that name none; 0 = no target."""
+
+    tenant_slos: str = ""
+    """Per-tenant default targets, ``tenant=ttft_ms:tpot_ms,...`` (e.g. ``gold=300:30``);
+    they override slo_ttft_ms / slo_tpot_ms for that tenant; a request's own Slo wins."""
+
+    scorer_weights: str = DEFAULT_SCORER_WEIGHTS
+    """Weights of the route scorers (router/scorers), ``name=weight,...``; unnamed ones weigh 0."""
+
+    disaggregation_margin: float = 0.05
+    """Auto mode disaggregates only when the best split route outscores the best
+    colocated one by more than this (ties stay colocated: no transfer, fewer failure modes)."""
+
+    candidate_top_k: int = 4
+    """Prefill and decode workers kept after the cheap per-worker bound; pairs are their product."""
+
+    cost_ewma_alpha: float = 0.2
+    """Weight of each new observation in the online cost corrections (EWMA)."""
+
+    default_prefill_ms_per_token: float = 0.5
+    """Prefill cost of a worker that declared no profile, per prompt token."""
+
+    default_decode_step_ms: float = 20.0
+    """Decode step time of a worker that declared no profile."""
+
+    transfer_latency_ms: float = 1.0
+    """Fixed cost of one K/V hand-off before online correction."""
+
+    transfer_mb_per_s: float = 1000.0
+    """K/V transfer bandwidth (MB/s, 10^6 bytes) before online correction."""
+
+    disaggregated_overhead_ms: float = 5.0
+    """TTFT overhead of a split route (reserve, directory, two RPC hops) before correction."""
+
+    colocated_overhead_ms: float = 1.0
+    """TTFT overhead of a colocated route before correction."""
+
+    decision_log_size: int = 4096
+    """Decisions kept for Admin.Decisions (predicted vs observed), oldest dropped first."""
+
+    prefix_index_blocks: int = 0
+    """Blocks the router's approximate prefix index remembers per worker; 0 = the
+    worker's total_blocks."""
 
     model: str = ""
     """Checkpoint directory or preset name. Only the tokenizer is used here: a
@@ -97,6 +156,20 @@ class RouterConfig:
         for name in ("max_tokens_limit", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.canary_fraction <= 1:
+            raise ValueError(f"canary_fraction must be in [0, 1], got {self.canary_fraction!r}")
+        for name in ("slo_ttft_ms", "slo_tpot_ms", "disaggregation_margin", "transfer_latency_ms",
+                     "disaggregated_overhead_ms", "colocated_overhead_ms", "prefix_index_blocks"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("default_prefill_ms_per_token", "default_decode_step_ms", "transfer_mb_per_s",
+                     "candidate_top_k", "decision_log_size"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.cost_ewma_alpha <= 1:
+            raise ValueError(f"cost_ewma_alpha must be in (0, 1], got {self.cost_ewma_alpha!r}")
+        parse_tenant_slos(self.tenant_slos)
+        parse_weights(self.scorer_weights)
         if not 0 <= self.max_disaggregated_attempts <= self.max_attempts:
             raise ValueError("max_disaggregated_attempts must be in [0, max_attempts]")
         for name in ("reserve_timeout_s", "directory_timeout_s", "prefill_timeout_s",
@@ -114,6 +187,52 @@ class RouterConfig:
         kwargs = env_overrides(cls, ENV_OVERRIDES, env)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
+
+
+    def slo_for(self, tenant: str) -> tuple[float, float]:
+        """(ttft_ms, tpot_ms) defaults of `tenant` (0 = no target)."""
+        return parse_tenant_slos(self.tenant_slos).get(tenant, (self.slo_ttft_ms, self.slo_tpot_ms))
+
+    def weights(self) -> dict[str, float]:
+        """Scorer name -> weight."""
+        return parse_weights(self.scorer_weights)
+
+
+@functools.lru_cache(maxsize=32)
+def parse_tenant_slos(text: str) -> dict[str, tuple[float, float]]:
+    """``gold=300:30,free=2000:0`` -> {tenant: (ttft_ms, tpot_ms)}; ValueError names the bad entry."""
+    out: dict[str, tuple[float, float]] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        tenant, _, targets = item.partition("=")
+        ttft, _, tpot = targets.partition(":")
+        try:
+            pair = (float(ttft), float(tpot or 0))
+        except ValueError:
+            raise ValueError(f"tenant_slos entry {item!r}: expected tenant=ttft_ms:tpot_ms") from None
+        if not tenant or min(pair) < 0 or not all(map(math.isfinite, pair)):
+            raise ValueError(f"tenant_slos entry {item!r}: expected tenant=ttft_ms:tpot_ms, both >= 0")
+        out[tenant] = pair
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def parse_weights(text: str) -> dict[str, float]:
+    """``ttft_slack=1,queue=0.25`` -> {name: weight}; ValueError on unknown names or bad numbers."""
+    from router.scorers import SCORERS  # scorers import nothing from config; lazy to keep config light
+
+    out: dict[str, float] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, raw = item.partition("=")
+        if name not in SCORERS:
+            raise ValueError(f"scorer_weights: unknown scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
+        try:
+            weight = float(raw)
+        except ValueError:
+            raise ValueError(f"scorer_weights entry {item!r}: expected name=weight") from None
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"scorer_weights entry {item!r}: weight must be finite and >= 0")
+        out[name] = weight
+    return out
 
 
 # The one table of environment overrides: variable -> field.
@@ -138,6 +257,22 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_SNAPSHOT_STALE_LIMIT_MS": "snapshot_stale_limit_ms",
     "PD_ROUTER_OVERLAY_TTL_MS": "overlay_ttl_ms",
     "PD_ROUTER_FAILURE_COOLDOWN_MS": "failure_cooldown_ms",
+    "PD_ROUTER_CANARY_FRACTION": "canary_fraction",
+    "PD_ROUTER_SLO_TTFT_MS": "slo_ttft_ms",
+    "PD_ROUTER_SLO_TPOT_MS": "slo_tpot_ms",
+    "PD_ROUTER_TENANT_SLOS": "tenant_slos",
+    "PD_ROUTER_SCORER_WEIGHTS": "scorer_weights",
+    "PD_ROUTER_DISAGGREGATION_MARGIN": "disaggregation_margin",
+    "PD_ROUTER_CANDIDATE_TOP_K": "candidate_top_k",
+    "PD_ROUTER_COST_EWMA_ALPHA": "cost_ewma_alpha",
+    "PD_ROUTER_DEFAULT_PREFILL_MS_PER_TOKEN": "default_prefill_ms_per_token",
+    "PD_ROUTER_DEFAULT_DECODE_STEP_MS": "default_decode_step_ms",
+    "PD_ROUTER_TRANSFER_LATENCY_MS": "transfer_latency_ms",
+    "PD_ROUTER_TRANSFER_MB_PER_S": "transfer_mb_per_s",
+    "PD_ROUTER_DISAGGREGATED_OVERHEAD_MS": "disaggregated_overhead_ms",
+    "PD_ROUTER_COLOCATED_OVERHEAD_MS": "colocated_overhead_ms",
+    "PD_ROUTER_DECISION_LOG_SIZE": "decision_log_size",
+    "PD_ROUTER_PREFIX_INDEX_BLOCKS": "prefix_index_blocks",
     "PD_LOG_LEVEL": "log_level",
 }
 

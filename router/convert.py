@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from kv_directory.convert import STATE_TO_PB as STORE_STATE_TO_PB
+from kv_directory.convert import profile_to_pb
 from kv_directory.states import Outcome
 from kv_directory.store import ClusterSnapshot, WorkerRecord, WorkerRole
 
 from router.types import (Capacity, Cluster, Completed, Event, FinishReason, GenerateParams, Load, Manifest, Mode,
-                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Started,
+                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Slo, Started,
                           StatusCode, StreamCall, StreamComplete, StreamItem, StreamToken, TokenOut, TxnOutcome,
                           Worker, WorkerCallError)
 from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
@@ -50,8 +51,8 @@ def worker_from_store(rec: WorkerRecord) -> Worker:
         capacity=Capacity(c.total_blocks, c.max_decode_batch, c.max_prefill_tokens, c.block_size, c.vocab_size,
                           c.max_model_len),
         load=Load(ld.pending_prefill_tokens, ld.active_decode_batch, ld.free_blocks, ld.reserved_blocks,
-                  ld.total_blocks),
-        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms)
+                  ld.total_blocks, ld.active_context_tokens),
+        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms, profile=rec.profile)
 
 
 def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
@@ -87,8 +88,9 @@ def worker_to_pb(w: Worker) -> common_pb2.WorkerInfo:
         epoch=w.epoch,
         load=common_pb2.LoadReport(
             pending_prefill_tokens=ld.pending_prefill_tokens, active_decode_batch=ld.active_decode_batch,
-            free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks),
-        lease_expires_unix_ms=w.lease_expires_unix_ms)
+            free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks,
+            active_context_tokens=ld.active_context_tokens),
+        lease_expires_unix_ms=w.lease_expires_unix_ms, profile=profile_to_pb(w.profile))
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
@@ -145,7 +147,8 @@ def prefill_call_to_pb(c: PrefillCall) -> prefill_pb2.PrefillRequest:
 
 def prefill_done_from_pb(r: prefill_pb2.PrefillResult) -> PrefillDone:
     """PrefillResult -> PrefillDone."""
-    return PrefillDone(r.transfer_id, r.first_token_id, r.computed_tokens, r.reused_tokens, r.kv_digest)
+    return PrefillDone(r.transfer_id, r.first_token_id, r.computed_tokens, r.reused_tokens, r.kv_digest,
+                       r.timings.compute_ms, r.timings.transfer_ms, r.sent_bytes)
 
 
 def stream_call_to_pb(c: StreamCall) -> decode_pb2.DecodeStreamRequest:
@@ -185,7 +188,8 @@ def generate_params_from_pb(req: router_pb2.GenerateRequest) -> GenerateParams:
         request_id=req.request_id, tenant=req.tenant,
         prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
         prompt_text=req.prompt_text if which == "prompt_text" else None,
-        max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling), mode=mode, deadline_ms=req.deadline_ms)
+        max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling), mode=mode, deadline_ms=req.deadline_ms,
+        slo=Slo(req.slo.ttft_ms, req.slo.tpot_ms))
 
 
 def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from kv_directory.profile import CostProfile
+
 
 class StatusCode(enum.Enum):
     """Status classes the router uses; names equal `grpc.StatusCode` member names."""
@@ -114,6 +116,8 @@ class Load:
     free_blocks: int = 0
     reserved_blocks: int = 0
     total_blocks: int = 0
+    active_context_tokens: int = 0
+    """Tokens the decode batch attends over (sum of its sequences' lengths)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,6 +133,8 @@ class Worker:
     load: Load = Load()
     epoch: int = 1
     lease_expires_unix_ms: int = 0
+    profile: CostProfile = CostProfile()
+    """Cost model the worker measured at start (empty: none declared)."""
 
     @property
     def can_prefill(self) -> bool:
@@ -167,6 +173,14 @@ class Sampling:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Slo:
+    """Latency targets of one request (pd.v1.Slo); 0 means no target."""
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GenerateParams:
     """A client request as the router received it (before validation)."""
 
@@ -178,6 +192,8 @@ class GenerateParams:
     sampling: Sampling = Sampling()
     mode: Mode = Mode.UNSPECIFIED
     deadline_ms: int = 0
+    slo: Slo = Slo()
+    """Targets the request names (0 fields fall back to its tenant's defaults)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -251,6 +267,12 @@ class PrefillDone:
     reused_tokens: int = 0
     kv_digest: str = ""
     """Digest over the checksums of the chunks sent."""
+    compute_ms: float = 0.0
+    """PrefillTimings.compute_ms: the forward pass over the compute set."""
+    transfer_ms: float = 0.0
+    """PrefillTimings.transfer_ms: exposed (not overlapped) transfer time."""
+    sent_bytes: int = 0
+    """Logical K/V bytes sent (the transfer set)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

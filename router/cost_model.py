@@ -1,0 +1,221 @@
+"""The router's cost model: three functions, measured per worker, corrected online.
+
+    prefill_ms(new, reused)        = a + b*new + c*new*(reused + new/2)     (per worker)
+    decode_step_ms(batch, context) = d + e*batch + f*context                 (per worker)
+    transfer_ms(bytes, P -> D)     = latency + bytes / bandwidth             (per path)
+
+(a..f) come from the CostProfile each worker measured at start (services/worker/
+profile.py) and registered; a worker without one gets the config's defaults.
+Each function then carries a multiplicative correction, an EWMA of observed /
+predicted: prefill from PrefillResult.timings.compute_ms, transfer from
+timings.transfer_ms (the exposed part), decode from each request's observed
+TPOT. A fixed per-route TTFT overhead (RPC hops, reserve, directory) is learned
+the same way, additively, from observed TTFT.
+
+`costs(worker)` folds profile, corrections and the worker's load into one
+`WorkerCosts` row, so that pricing a route is a few multiply-adds
+(router/decision.py); rows are cached per worker record and rebuilt when a
+correction changes.
+
+Invariant: every prediction is finite and >= 0; corrections stay within
+[1/CLAMP, CLAMP] so one bad sample cannot zero or explode a worker's price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from kv_directory.profile import CostProfile
+from router.config import RouterConfig
+from router.types import Route, Worker
+
+CLAMP = 20.0
+"""Bound of a correction factor and of one observed/predicted ratio."""
+
+
+@dataclasses.dataclass(slots=True)
+class WorkerCosts:
+    """One worker's corrected coefficients and its load-dependent terms."""
+
+    worker: Worker
+    pre_base: float
+    pre_tok: float
+    pre_pair: float
+    dec_base: float
+    dec_seq: float
+    dec_ctx: float
+    kv_bytes_per_block: int
+    pending_tokens: int
+    """Pending prefill tokens (heartbeat + this router's unreported dispatches)."""
+    free_blocks: int
+    """Free blocks (heartbeat + overlay); may be negative."""
+    batch: int
+    context: int
+    chunk_tokens: int
+    max_batch: int
+    queue_ms: float = 0.0
+    """Time to drain the pending prefill tokens."""
+    step_ms: float = 0.0
+    """One decode step of the current batch (0 when idle)."""
+    admission_ms: float = 0.0
+    """Wait for the next loop iteration once a hand-off is published."""
+
+    def __post_init__(self) -> None:
+        self.queue_ms = self.prefill_linear_ms(self.pending_tokens)
+        self.step_ms = self.decode_step_ms(self.batch, self.context) if self.batch else 0.0
+        self.admission_ms = self.step_ms + self.prefill_linear_ms(min(self.pending_tokens, self.chunk_tokens))
+
+    def prefill_ms(self, new: int, reused: int) -> float:
+        """Forward pass over `new` prompt tokens after `reused` cached ones."""
+        if new <= 0:
+            return 0.0
+        return self.pre_base + self.pre_tok * new + self.pre_pair * new * (reused + new / 2.0)
+
+    def prefill_linear_ms(self, tokens: int) -> float:
+        """Queued prompt work of unknown shape: base + per-token cost (no pair term)."""
+        return self.pre_base + self.pre_tok * tokens if tokens > 0 else 0.0
+
+    def decode_step_ms(self, batch: int, context: int) -> float:
+        """One decode step over `batch` sequences attending over `context` tokens in total."""
+        return self.dec_base + self.dec_seq * batch + self.dec_ctx * context
+
+    def tpot_with(self, prompt_tokens: int, max_tokens: int, extra_prefill_ms: float = 0.0) -> float:
+        """Cadence of this worker's streams with one more request of this shape:
+        a step over batch + 1 (rotated when over max_batch), plus the prefill work
+        queued here (and `extra_prefill_ms`) spread over the request's tokens."""
+        batch = self.batch + 1
+        step = self.decode_step_ms(batch, self.context + prompt_tokens + max_tokens // 2)
+        rounds = -(-batch // self.max_batch) if self.max_batch else 1
+        return step * rounds + (self.queue_ms + extra_prefill_ms) / max(1, max_tokens - 1)
+
+
+@dataclasses.dataclass(slots=True)
+class _Ewma:
+    value: float
+    samples: int = 0
+
+    def update(self, x: float, alpha: float) -> None:
+        self.value = x if self.samples == 0 else (1 - alpha) * self.value + alpha * x
+        self.samples += 1
+
+
+def _ratio(observed: float, predicted: float) -> float | None:
+    if not (observed > 0 and predicted > 0 and math.isfinite(observed) and math.isfinite(predicted)):
+        return None
+    return min(CLAMP, max(1.0 / CLAMP, observed / predicted))
+
+
+class CostModel:
+    """Profiles, online corrections and the cached per-worker cost rows."""
+
+    def __init__(self, config: RouterConfig):
+        self._cfg = config
+        self._alpha = config.cost_ewma_alpha
+        self._default = CostProfile(prefill_ms_per_token=config.default_prefill_ms_per_token,
+                                    decode_base_ms=config.default_decode_step_ms, source="default")
+        self._prefill: dict[str, _Ewma] = {}
+        self._decode: dict[str, _Ewma] = {}
+        self._path: dict[tuple[str, str], _Ewma] = {}
+        self._path_all = _Ewma(1.0)
+        self._overhead = {Route.DISAGGREGATED: _Ewma(config.disaggregated_overhead_ms),
+                          Route.COLOCATED: _Ewma(config.colocated_overhead_ms)}
+        self._latency_ms = config.transfer_latency_ms
+        self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
+        self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
+        self.version = 0
+        """Bumped by every correction; rows built under an older version are rebuilt."""
+        self._rows_version = 0
+
+    # ---- pricing --------------------------------------------------------
+    def profile(self, w: Worker) -> CostProfile:
+        """The worker's declared profile, or the defaults when it declared none."""
+        return w.profile if w.profile.declared else self._default
+
+    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0) -> WorkerCosts:
+        """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not show yet."""
+        if self._rows_version != self.version:
+            self._rows.clear()
+            self._rows_version = self.version
+        if not extra_tokens and not extra_blocks:
+            hit = self._rows.get(id(w))
+            if hit is not None and hit[0] is w:
+                return hit[1]
+        row = self._build(w, extra_tokens, extra_blocks)
+        if not extra_tokens and not extra_blocks:
+            if len(self._rows) > 4096:
+                self._rows.clear()
+            self._rows[id(w)] = (w, row)
+        return row
+
+    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int) -> WorkerCosts:
+        p = self.profile(w)
+        fp = self._prefill.get(w.worker_id)
+        fd = self._decode.get(w.worker_id)
+        fp = fp.value if fp else 1.0
+        fd = fd.value if fd else 1.0
+        ld, cap = w.load, w.capacity
+        free = (ld.free_blocks if ld.total_blocks else cap.total_blocks) - extra_blocks
+        return WorkerCosts(
+            w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
+            p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
+            p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch,
+            ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch)
+
+    def transfer_ms(self, source_id: str, dest_id: str, nbytes: int) -> float:
+        """Exposed transfer time of `nbytes` from source to destination."""
+        if nbytes <= 0:
+            return 0.0
+        f = self._path.get((source_id, dest_id))
+        return (self._latency_ms + nbytes * self._ms_per_byte) * (f.value if f else self._path_all.value)
+
+    def overhead_ms(self, route: Route) -> float:
+        """Learned fixed TTFT overhead of a route kind."""
+        return self._overhead[route].value
+
+    # ---- online correction ------------------------------------------------
+    def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
+        """A prefill of `new` tokens after `reused` took `observed_ms` of compute at `w`."""
+        p = self.profile(w)
+        raw = (p.prefill_base_ms + p.prefill_ms_per_token * new + p.prefill_ms_per_pair * new * (reused + new / 2.0))
+        self._update(self._prefill, w.worker_id, _ratio(observed_ms, raw))
+
+    def observe_transfer(self, source: Worker, dest: Worker, nbytes: int, observed_ms: float) -> None:
+        """A hand-off of `nbytes` had `observed_ms` of exposed transfer time."""
+        raw = self._latency_ms + nbytes * self._ms_per_byte
+        r = _ratio(observed_ms, raw)
+        if r is not None:
+            self._update(self._path, (source.worker_id, dest.worker_id), r)
+            self._path_all.update(r, self._alpha)
+
+    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float) -> None:
+        """A stream at `w` showed `observed_ms` per token where `predicted_ms` was priced."""
+        current = self._decode.get(w.worker_id)
+        r = _ratio(observed_ms, predicted_ms)
+        if r is not None:  # the prediction already carried the old factor: compose
+            self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * (current.value if current else 1.0))))
+
+    def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float) -> None:
+        """Fold the TTFT residual into the route's fixed overhead (never below 0)."""
+        if not (math.isfinite(predicted_ms) and math.isfinite(observed_ms)) or observed_ms <= 0:
+            return
+        o = self._overhead[route]
+        o.update(max(0.0, o.value + observed_ms - predicted_ms), self._alpha)
+        self.version += 1
+
+    def _update(self, table: dict, key, ratio: float | None) -> None:
+        if ratio is None:
+            return
+        e = table.get(key)
+        if e is None:
+            table[key] = e = _Ewma(1.0)
+        e.update(ratio, self._alpha)
+        self.version += 1
+
+    def corrections(self) -> dict[str, float]:
+        """Current factors and overheads, for logs and tests."""
+        out = {f"prefill/{k}": v.value for k, v in self._prefill.items()}
+        out.update({f"decode/{k}": v.value for k, v in self._decode.items()})
+        out.update({f"transfer/{a}->{b}": v.value for (a, b), v in self._path.items()})
+        out.update({f"overhead/{r.name.lower()}": v.value for r, v in self._overhead.items()})
+        return out

@@ -1,0 +1,247 @@
+"""The per-request route decision: price candidates, gate on SLOs, score, choose.
+
+Pure functions over cost rows (router/cost_model.py) and the request's shape;
+no I/O, no clock. For one request of S prompt tokens (block size B, usable
+prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
+
+    disaggregated (P, D):
+      compute set   = S - B*min(hit(P), usable)            tokens P computes
+      transfer set  = ceil(S/B) - min(hit(D), usable)      blocks that move to D
+      TTFT = queue(P) + prefill_P(compute set) + transfer(transfer-set bytes, P->D)
+             + admission(D) + overhead(split)
+      TPOT = D's step with batch+1 (rotated past max_batch)
+             + D's queued prefill spread over the request's tokens
+    colocated W:
+      TTFT = queue(W) + prefill_W(compute set) + one decode step of W's batch per
+             prefill chunk (chunked prefill interleaves) + overhead(colocated)
+      TPOT = W's step with batch+1 + (W's queued prefill + this prompt, when W has
+             streams to disturb) spread over the request's tokens
+
+A candidate is *feasible* when both predictions meet the request's targets
+(0 = no target). Among feasible candidates (those whose reservation fits now
+first), the weighted scorer sum picks the best split route and the best
+colocated one; the split wins only by more than `margin`. No feasible
+candidate -> REJECT, with the closest candidate's numbers, before any work.
+
+Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
+row, so each side is priced once per worker and cut to `top_k` by its cheap
+bound; only the top_k x top_k pairs (with the exact per-path transfer) and the
+top colocated workers become Candidate objects and are scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import heapq
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from router.candidate import Candidate, ScoreContext
+from router.cost_model import CostModel, WorkerCosts
+from router.scorers.base import Scorer
+from router.types import Route
+
+
+class Outcome(enum.Enum):
+    """What the decision says to do with the request."""
+
+    DISAGGREGATED = "disaggregated"
+    COLOCATED = "colocated"
+    REJECT = "rejected"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What the decision needs to know about one request."""
+
+    prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    slo_ttft_ms: float = 0.0
+    slo_tpot_ms: float = 0.0
+    hits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Worker id -> leading prompt blocks it holds (router/prefix_index.py)."""
+
+    @property
+    def usable_blocks(self) -> int:
+        """Most leading blocks any worker can reuse (the last token is always computed)."""
+        return (self.prompt_tokens - 1) // self.block_size if self.block_size > 0 else 0
+
+    @property
+    def prompt_blocks(self) -> int:
+        """Blocks the prompt's K/V occupies."""
+        return -(-self.prompt_tokens // self.block_size) if self.block_size > 0 else 0
+
+    @property
+    def need_blocks(self) -> int:
+        """Blocks a decode reservation takes: ceil((S + max_tokens - 1) / B)."""
+        return -(-(self.prompt_tokens + self.max_tokens - 1) // self.block_size) if self.block_size > 0 else 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecisionParams:
+    """Tuning of the decision (from RouterConfig)."""
+
+    scorers: tuple[tuple[float, Scorer], ...]
+    top_k: int = 4
+    margin: float = 0.05
+
+
+@dataclasses.dataclass(slots=True)
+class Decision:
+    """The choice, and the best candidate of each kind (for shadow records and messages)."""
+
+    outcome: Outcome
+    chosen: Candidate | None
+    best_disaggregated: Candidate | None
+    best_colocated: Candidate | None
+    reason: str
+
+
+Usable = Callable[[WorkerCosts], bool]
+"""Extra per-worker filter (vocab, context length, capacity), applied before pricing."""
+
+
+def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape) -> Candidate:
+    """The split route P -> D for `req`."""
+    usable = req.usable_blocks
+    reused = min(req.hits.get(p.worker.worker_id, 0), usable) * req.block_size
+    compute = req.prompt_tokens - reused
+    moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
+    nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
+    prefill = p.prefill_ms(compute, reused)
+    transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
+    overhead = model.overhead_ms(Route.DISAGGREGATED)
+    return Candidate(
+        Route.DISAGGREGATED, d.worker, p.worker,
+        p.queue_ms + prefill + transfer + d.admission_ms + overhead,
+        d.tpot_with(req.prompt_tokens, req.max_tokens),
+        p.queue_ms, prefill, transfer, d.admission_ms, overhead, req.prompt_tokens, compute,
+        min(req.prompt_tokens, moved_blocks * req.block_size), nbytes, p.pending_tokens,
+        d.free_blocks - req.need_blocks, d.worker.capacity.total_blocks)
+
+
+def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape) -> Candidate:
+    """The colocated route on W for `req`."""
+    reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
+    compute = req.prompt_tokens - reused
+    own = w.prefill_ms(compute, reused)
+    prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
+    overhead = model.overhead_ms(Route.COLOCATED)
+    return Candidate(
+        Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
+        w.tpot_with(req.prompt_tokens, req.max_tokens, own if w.batch else 0.0),
+        w.queue_ms, prefill, 0.0, 0.0, overhead, req.prompt_tokens, compute, 0, 0, w.pending_tokens,
+        w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
+
+
+def _smallest(k: int, rows: Sequence[WorkerCosts], key: Callable[[WorkerCosts], float]) -> list[WorkerCosts]:
+    if len(rows) <= k:
+        return list(rows)
+    return heapq.nsmallest(k, rows, key=key)
+
+
+def candidates(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, top_k: int,
+               usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
+    """Priced candidates after pruning each side to its `top_k` cheapest bounds."""
+    hits, bs, usable_blocks = req.hits, req.block_size, req.usable_blocks
+    n, m = req.prompt_tokens, req.max_tokens
+    decoders = [r for r in rows if r.worker.can_decode and (usable is None or usable(r))]
+    out: list[Candidate] = []
+    tpot_key = lambda r: r.tpot_with(n, m)  # noqa: E731
+    if split:
+        prefills = [r for r in rows if r.worker.can_prefill and (usable is None or usable(r))]
+
+        def p_bound(r: WorkerCosts) -> float:
+            reused = min(hits.get(r.worker.worker_id, 0), usable_blocks) * bs
+            return r.queue_ms + r.prefill_ms(n - reused, reused)
+
+        ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
+
+        def d_bound(r: WorkerCosts) -> float:
+            moved = req.prompt_blocks - min(hits.get(r.worker.worker_id, 0), usable_blocks)
+            return r.admission_ms + moved * r.kv_bytes_per_block * ms_per_byte
+
+        top_d = {id(r): r for r in _smallest(top_k, decoders, d_bound) + _smallest(top_k, decoders, tpot_key)}
+        for p in _smallest(top_k, prefills, p_bound):
+            for d in top_d.values():
+                if d.worker.worker_id != p.worker.worker_id and d.worker.cache_abi_digest == p.worker.cache_abi_digest:
+                    out.append(price_pair(model, p, d, req))
+    if colocated:
+        def w_bound(r: WorkerCosts) -> float:
+            reused = min(hits.get(r.worker.worker_id, 0), usable_blocks) * bs
+            return r.queue_ms + r.prefill_ms(n - reused, reused)
+
+        top_w = {id(r): r for r in _smallest(top_k, decoders, w_bound) + _smallest(top_k, decoders, tpot_key)}
+        out.extend(price_colocated(model, w, req) for w in top_w.values())
+    return out
+
+
+def _violations(c: Candidate, req: RequestShape) -> str:
+    parts = []
+    if req.slo_ttft_ms > 0 and c.ttft_ms > req.slo_ttft_ms:
+        parts.append(f"TTFT {c.ttft_ms:.1f} ms > SLO {req.slo_ttft_ms:g} ms")
+    if req.slo_tpot_ms > 0 and c.tpot_ms > req.slo_tpot_ms:
+        parts.append(f"TPOT {c.tpot_ms:.2f} ms > SLO {req.slo_tpot_ms:g} ms")
+    return " and ".join(parts)
+
+
+def score_all(cands: Sequence[Candidate], req: RequestShape, scorers: Sequence[tuple[float, Scorer]]) -> None:
+    """Fill `score` (weighted sum) and `violations` of every candidate."""
+    ctx = ScoreContext(req.slo_ttft_ms, req.slo_tpot_ms, min(c.ttft_ms for c in cands),
+                       min(c.tpot_ms for c in cands))
+    for c in cands:
+        c.violations = _violations(c, req)
+        c.score = sum(w * s.score(c, ctx) for w, s in scorers)
+
+
+def _best(cands: Sequence[Candidate], route: Route) -> Candidate | None:
+    pool = [c for c in cands if c.route is route]
+    fitting = [c for c in pool if c.fits] or pool
+    return max(fitting, key=lambda c: (c.score, -c.ttft_ms), default=None)
+
+
+def _shortfall(c: Candidate, req: RequestShape) -> float:
+    """How far a candidate misses its targets, relative (for choosing the closest)."""
+    over = 0.0
+    if req.slo_ttft_ms > 0:
+        over += max(0.0, c.ttft_ms / req.slo_ttft_ms - 1)
+    if req.slo_tpot_ms > 0:
+        over += max(0.0, c.tpot_ms / req.slo_tpot_ms - 1)
+    return over
+
+
+def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams) -> Decision:
+    """Score `cands` and decide (see the module docstring)."""
+    if not cands:
+        return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
+    score_all(cands, req, params.scorers)
+    feasible = [c for c in cands if not c.violations]
+    best_dis = _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
+    best_col = _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
+    if not feasible:
+        closest = min(cands, key=lambda c: (_shortfall(c, req), c.ttft_ms))
+        return Decision(Outcome.REJECT, None, best_dis, best_col,
+                        f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
+                        f"{closest.violations} [TTFT = {closest.breakdown()}]")
+    dis = best_dis if best_dis is not None and not best_dis.violations else None
+    col = best_col if best_col is not None and not best_col.violations else None
+    if dis is not None and (col is None or dis.score > col.score + params.margin):
+        why = "no colocated route meets the SLO" if col is None else \
+            f"split scores {dis.score:.3f} > colocated {col.score:.3f} + margin {params.margin:g}"
+        return Decision(Outcome.DISAGGREGATED, dis, best_dis, best_col, why)
+    why = "no split route meets the SLO" if dis is None else \
+        f"colocated scores {col.score:.3f} >= split {dis.score:.3f} - margin {params.margin:g}"
+    return Decision(Outcome.COLOCATED, col, best_dis, best_col, why)
+
+
+def decide(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, params: DecisionParams,
+           usable: Usable | None = None, split: bool = True, colocated: bool = True) -> Decision:
+    """Price, prune, gate and choose for one request."""
+    return choose(candidates(model, rows, req, params.top_k, usable, split, colocated), req, params)
+
+
+def finite(x: float) -> float:
+    """x, or 0 when not finite (records and messages)."""
+    return x if math.isfinite(x) else 0.0
