@@ -1,0 +1,172 @@
+"""Goodput benchmark: the rate search, the goodput figure, the progress bar, the plot.
+
+Rate search (coarse to fine): start at r0; while every tested rate passes,
+double; while every tested rate fails, halve; once a passing rate lies below
+a failing one, bisect that bracket geometrically until it is narrower than
+`resolution` (or the caller's point budget runs out).
+
+Goodput: the highest tested rate whose joint attainment reaches the target,
+then linearly interpolated in attainment towards the lowest failing rate
+above it ("interpolated"). With no failing rate above it the figure is that
+tested rate, a lower bound ("highest_tested_lower_bound"); with no passing
+rate at all it is 0 ("none_passed").
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+from _goodput_run import PointResult
+
+
+class RateSearch:
+    """Chooses the next rate to test from the pass/fail results so far."""
+
+    def __init__(self, r0: float, factor: float = 2.0, resolution: float = 1.15,
+                 min_rps: float = 0.02, max_rps: float = 64.0):
+        assert r0 > 0 and factor > 1 and resolution > 1
+        self.r0, self.factor, self.resolution = r0, factor, resolution
+        self.min_rps, self.max_rps = min_rps, max_rps
+        self.passed: list[float] = []
+        self.failed: list[float] = []
+
+    def record(self, rate: float, passed: bool) -> None:
+        """Add one tested rate."""
+        (self.passed if passed else self.failed).append(rate)
+
+    def next_rate(self) -> float | None:
+        """The next rate to test, or None when the search has converged or left its range."""
+        if not self.passed and not self.failed:
+            return self.r0
+        if not self.passed:
+            r = min(self.failed) / self.factor
+            return r if r >= self.min_rps else None
+        best = max(self.passed)
+        above = [f for f in self.failed if f > best]
+        if not above:
+            r = best * self.factor
+            return r if r <= self.max_rps else None
+        hi = min(above)
+        if hi / best < self.resolution:
+            return None
+        return math.sqrt(best * hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Goodput:
+    """Goodput of one (workload, mode) sweep."""
+
+    goodput_rps: float
+    method: str
+    """'interpolated', 'highest_tested_lower_bound' or 'none_passed'."""
+    highest_passing_rps: float | None
+    lowest_failing_above_rps: float | None
+
+
+def goodput(points: list[PointResult], target: float) -> Goodput:
+    """Highest rate with joint attainment >= target (see the module docstring)."""
+    passing = [p for p in points if p.passed(target)]
+    if not passing:
+        return Goodput(0.0, "none_passed", None, min((p.rate_rps for p in points), default=None))
+    best = max(passing, key=lambda p: p.rate_rps)
+    above = [p for p in points if p.rate_rps > best.rate_rps and not p.passed(target)]
+    if not above:
+        return Goodput(best.rate_rps, "highest_tested_lower_bound", best.rate_rps, None)
+    fail = min(above, key=lambda p: p.rate_rps)
+    frac = (best.joint_attainment - target) / (best.joint_attainment - fail.joint_attainment)
+    rate = best.rate_rps + frac * (fail.rate_rps - best.rate_rps)
+    return Goodput(rate, "interpolated", best.rate_rps, fail.rate_rps)
+
+
+class Progress:
+    """A one-line progress bar on stderr: work units done of a total, plus a status text.
+
+    On a terminal it redraws in place; otherwise it prints a line per `step`
+    (not per `update`) so a log file stays readable.
+    """
+
+    WIDTH = 28
+
+    def __init__(self, total: float):
+        self.total = max(total, 1e-9)
+        self.done = 0.0
+        self.t0 = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.text = ""
+
+    def _draw(self, partial: float = 0.0) -> str:
+        frac = min(1.0, (self.done + partial) / self.total)
+        fill = int(frac * self.WIDTH)
+        elapsed = int(time.monotonic() - self.t0)
+        return (f"[{'#' * fill}{'-' * (self.WIDTH - fill)}] {100 * frac:3.0f}% "
+                f"{elapsed // 60}:{elapsed % 60:02d} {self.text}")
+
+    def update(self, text: str, partial: float = 0.0) -> None:
+        """Redraw with `partial` units of the current step done."""
+        self.text = text
+        if self.tty:
+            sys.stderr.write("\r\033[K" + self._draw(partial))
+            sys.stderr.flush()
+
+    def step(self, units: float = 1.0, text: str | None = None) -> None:
+        """Finish `units` units of work (0 units: nothing to show)."""
+        if units <= 0:
+            return
+        self.done += units
+        if text is not None:
+            self.text = text
+        if self.tty:
+            self.update(self.text)
+        else:
+            print(self._draw(), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """End the bar's line."""
+        if self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+MODE_STYLE = {"colocated": ("tab:blue", "o"), "disaggregated": ("tab:orange", "s"),
+              "auto": ("tab:green", "^")}
+
+
+def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
+         goodputs: dict[str, dict[str, Goodput]], target: float, subtitle: str) -> str | None:
+    """PNG of joint attainment vs rate, one panel per workload, one line per mode.
+
+    Returns None on success, or why no PNG was written (matplotlib missing).
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no PNG: {e}"
+    names = list(results)
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, workload in zip(axes[0], names):
+        for mode, points in results[workload].items():
+            pts = sorted(points, key=lambda p: p.rate_rps)
+            color, marker = MODE_STYLE.get(mode, ("tab:gray", "x"))
+            g = goodputs[workload][mode].goodput_rps
+            ax.plot([p.rate_rps for p in pts], [p.joint_attainment for p in pts], marker=marker,
+                    color=color, label=f"{mode} (goodput {g:.2f} rps)")
+            if g > 0:
+                ax.axvline(g, color=color, linestyle=":", linewidth=1)
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("joint SLO attainment (TTFT and TPOT)")
+        ax.set_title(f"workload: {workload}")
+        ax.legend(fontsize=8, loc="lower left")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(subtitle, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,146 @@
+"""Goodput benchmark workloads: seeded request lists and arrival times.
+
+A workload is a mix of request classes (`long`, `short`) and an arrival
+process. `trace(workload, n, seed)` draws n requests and their arrival times
+at unit rate (1 request/s on average); a rate point scales the times by
+1/rate, so every rate of every mode replays the same requests in the same
+order with the same gaps and lengths, only compressed. Prompt contents are
+uniform random token ids drawn per `salt` (the rate point's index): no two
+prompts share a 16-token block, so a worker's prefix cache cannot serve one
+rate point with an earlier point's work.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+FIRST_TOKEN_ID = 3
+"""Ids below this are special (pad/bos/eos) in the presets' vocabularies."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestClass:
+    """Length ranges of one kind of request (both ends inclusive)."""
+
+    name: str
+    prompt_tokens: tuple[int, int]
+    """Prompt length range, tokens."""
+    output_tokens: tuple[int, int]
+    """Output length range (max_tokens, EOS ignored), tokens."""
+
+    def __post_init__(self) -> None:
+        for lo, hi in (self.prompt_tokens, self.output_tokens):
+            assert 1 <= lo <= hi, (self.name, lo, hi)
+        # TPOT needs at least two output tokens.
+        assert self.output_tokens[0] >= 2, self.name
+
+    @property
+    def median_prompt_tokens(self) -> int:
+        """Middle of the prompt range (what calibration measures)."""
+        return sum(self.prompt_tokens) // 2
+
+    @property
+    def median_output_tokens(self) -> int:
+        """Middle of the output range."""
+        return sum(self.output_tokens) // 2
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A request mix and an arrival process."""
+
+    name: str
+    mix: tuple[tuple[str, float], ...]
+    """(class name, probability) pairs; probabilities sum to 1."""
+    arrivals: str
+    """'poisson' (exponential gaps) or 'bursty' (gamma gaps with coefficient of variation `cv`)."""
+    cv: float = 1.0
+    """Coefficient of variation of the gaps (1 = Poisson; > 1 = bursts and lulls)."""
+    requests_per_rate: int = 12
+    """Requests sent at each rate point."""
+
+    def __post_init__(self) -> None:
+        assert abs(sum(p for _, p in self.mix) - 1.0) < 1e-9, self.mix
+        assert self.arrivals in ("poisson", "bursty"), self.arrivals
+        assert self.cv > 0 and self.requests_per_rate >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a trace."""
+
+    index: int
+    cls: str
+    """Request class name (selects its SLO)."""
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival_unit_s: float
+    """Arrival time at 1 request/s; divide by the rate."""
+    seed: int
+
+
+def request_classes(quick: bool) -> dict[str, RequestClass]:
+    """The two request classes.
+
+    `long`: prompts >= 8x their outputs (prefill-heavy); `short`: prompts about
+    equal to outputs (decode-heavy). The quick smoke run halves the long class
+    (keeping the 8x ratio) so it fits in a couple of minutes.
+    """
+    if quick:
+        long = RequestClass("long", prompt_tokens=(512, 1024), output_tokens=(32, 64))
+    else:
+        long = RequestClass("long", prompt_tokens=(1024, 2048), output_tokens=(64, 128))
+    short = RequestClass("short", prompt_tokens=(32, 128), output_tokens=(32, 128))
+    assert long.prompt_tokens[0] >= 8 * long.output_tokens[1]
+    return {"long": long, "short": short}
+
+
+def workloads(quick: bool) -> dict[str, Workload]:
+    """`long` (bursty), `short` (Poisson) and `mixed` (a quarter long, Poisson)."""
+    n = (3, 4, 4) if quick else (12, 24, 16)
+    return {
+        "long": Workload("long", (("long", 1.0),), "bursty", cv=2.0, requests_per_rate=n[0]),
+        "short": Workload("short", (("short", 1.0),), "poisson", requests_per_rate=n[1]),
+        "mixed": Workload("mixed", (("long", 0.25), ("short", 0.75)), "poisson", requests_per_rate=n[2]),
+    }
+
+
+def _gap(rng: random.Random, w: Workload) -> float:
+    if w.arrivals == "poisson":
+        return rng.expovariate(1.0)
+    shape = 1.0 / (w.cv * w.cv)  # gamma with mean 1 and CV = cv
+    return rng.gammavariate(shape, 1.0 / shape)
+
+
+def random_prompt(rng: random.Random, n_tokens: int, vocab_size: int) -> list[int]:
+    """n uniform random token ids (no special ids)."""
+    return [rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(n_tokens)]
+
+
+def trace(w: Workload, classes: dict[str, RequestClass], seed: int, vocab_size: int,
+          salt: int = 0) -> list[Request]:
+    """w.requests_per_rate seeded requests; the first arrives at 0.
+
+    Classes, lengths, gaps and sampling seeds depend on (w, seed) only; the
+    prompt token ids also on `salt`.
+    """
+    rng = random.Random(f"{w.name}/{seed}")
+    content = random.Random(f"{w.name}/{seed}/content/{salt}")
+    names = [c for c, _ in w.mix]
+    weights = [p for _, p in w.mix]
+    t = 0.0
+    out = []
+    for i in range(w.requests_per_rate):
+        if i:
+            t += _gap(rng, w)
+        c = classes[rng.choices(names, weights)[0]]
+        prompt = random_prompt(content, rng.randint(*c.prompt_tokens), vocab_size)
+        out.append(Request(i, c.name, prompt, rng.randint(*c.output_tokens), t, rng.randrange(2**31)))
+    return out
+
+
+def describe(w: Workload, classes: dict[str, RequestClass]) -> dict:
+    """JSON-ready description of a workload, its classes included."""
+    return {**asdict(w), "mix": dict(w.mix),
+            "classes": {c: asdict(classes[c]) for c, _ in w.mix}}
