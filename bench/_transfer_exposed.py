@@ -1,28 +1,24 @@
 """Part 2 of bench/transfer.py: how much K/V transfer a 2,048-token prompt exposes.
 
-The router does not pass the prefill worker's timings (PrefillResult.timings:
-compute_ms, transfer_ms) on to the client, so this part measures time to first
-token at the router (GenerateEvent.Complete.ttft_ms; the client's own TTFT is
-reported beside it) on a real local cluster (redis, directory, 1 prefill +
-1 decode worker, router; services/cluster/launcher.py), `max_tokens=2` (TTFT
-is the first token, which prefill sampled; 1 would do, but a disaggregated
-max_tokens=1 request currently fails over to colocated):
+A real local cluster (redis, directory, 1 prefill + 1 decode worker, router;
+services/cluster/launcher.py order), requests through the SDK, `max_tokens=2`
+(TTFT is the token prefill sampled; a disaggregated max_tokens=1 request
+currently fails over to colocated). The router reads PrefillResult.timings but
+does not pass them on to clients, so the prefill worker is registered under a
+pass-through proxy (bench/_transfer_tap.py) that records them:
 
-  colocated       the decode worker prefills and samples itself: prefill alone
-                  (`prefill_ms`), plus the router's call overhead
-  disaggregated   prefill worker computes, pushes the K/V, commits; the decode
-                  worker validates, publishes, streams the token prefill sampled:
-                  time to PUBLISHED (`published_ms`), plus the same overhead
-  exposed_ms      published_ms - prefill_ms: transfer not hidden behind compute,
-                  plus the reserve/commit round trips disaggregation adds (so an
-                  upper bound on the exposed transfer)
+  prefill_ms    compute_ms: receipt -> first token sampled (prefill alone)
+  published_ms  total_ms: receipt -> the destination's verdict `published`
+  exposed_ms    published_ms - queue_ms - prefill_ms: transfer not hidden behind
+                compute (send tail + commit + validate/publish)
 
-One cluster per streaming setting (layer streaming on, then off), set through
-the worker's PD_* variable for it (found in WorkerConfig, or --stream-env), the
-transport through the launcher. Each cluster's colocated figure is its own
-baseline. Prompts are fresh random ids every request (no prefix-cache reuse);
-each mode gets one untimed warm-up request, then the median of
---exposed-repeats is reported. JSON lines:
+Beside them, as a cross-check: the worker's transfer_ms and the router's TTFT
+(Complete.ttft_ms) of the disaggregated requests and of colocated ones on the
+same cluster (the decode worker prefilling itself). One cluster per streaming
+setting (layer streaming on, then off) via the worker's PD_* variable for it
+(found in WorkerConfig, or --stream-env); the transport through the launcher.
+Prompts are fresh random ids (no prefix-cache reuse); one untimed warm-up per
+mode, then the median of --exposed-repeats. JSON lines:
 {"bench": "transfer_exposed", "prompt_tokens", "mode", "prefill_ms", "published_ms", "exposed_ms"}
 """
 
@@ -33,6 +29,8 @@ import random
 import shutil
 import statistics
 import tempfile
+
+from _transfer_tap import PrefillTap  # noqa: E402
 
 KV_BYTES_PER_TOKEN_LAYER_SMALL = 2 * 2 * 64 * 4  # K+V x kv heads x head_dim x fp32 (`small`)
 
@@ -80,9 +78,9 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
     state = tempfile.mkdtemp(prefix="pdserve-bench-transfer-")  # kept: logs to read on failure
     spec = ClusterSpec(prefill=1, decode=1, model=args.exposed_model, transport=transport,
                        num_blocks=8 * (length // 16), state_dir=state, env=env, **kw)
-    cluster = LocalCluster(spec)
-    cluster.up()
+    cluster, tap = LocalCluster(spec), PrefillTap()
     try:
+        start_with_tap(cluster, tap, env)
         client = Client(cluster.router_address, timeout_s=120)
         out: dict[str, list] = {"colocated": [], "disaggregated": []}
         for i, p in enumerate(prompts(2 * n, length, vocab, seed)):
@@ -97,10 +95,27 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
             if i >= 2:  # the first of each mode is the warm-up
                 out[mode].append(r)
         client.close()
+        assert len(tap.timings) == n, tap.timings
     finally:
         cluster.down()
+        tap.close()
     shutil.rmtree(state, ignore_errors=True)  # kept only when something failed
-    return {"spec": spec, "results": out}
+    return {"spec": spec, "results": out, "timings": tap.timings[1:]}
+
+
+def start_with_tap(cluster, tap: PrefillTap, env: dict[str, str], timeout_s: float = 180.0) -> None:
+    """LocalCluster.up's order, with the prefill worker registered under the tap's address."""
+    (cluster.state / "logs").mkdir(parents=True, exist_ok=True)
+    cluster.start_redis()
+    cluster.directory_address = cluster._service(
+        "directory", "kv_directory", ["--redis-url", cluster.redis_url], timeout_s)
+    cluster.start_worker("decode", 0, timeout_s)
+    cluster.spec.env = {**env, "PD_ADVERTISE": tap.address}
+    tap.connect(cluster.start_worker("prefill", 0, timeout_s))
+    cluster.spec.env = env
+    cluster.router_address = cluster._service("router", "router", [
+        "--directory", cluster.directory_address, "--mode", "disaggregated",
+        "--model", cluster.spec.model], timeout_s)
 
 
 def one_layer_ms(bandwidth: dict, transport: str, kv_bytes: int, layer_bytes: int) -> float | None:
@@ -134,7 +149,7 @@ def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
          transport=transport, stream_env=var or None, repeats=args.exposed_repeats,
          chunk_tokens=args.exposed_chunk_tokens or "launcher default",
          max_tokens=args.exposed_max_tokens,
-         timing="router-measured TTFT (Complete.ttft_ms), median; client TTFT beside it",
+         timing="prefill worker's PrefillTimings (via a tap), median; router TTFTs beside them",
          kv_bytes_per_layer=layer_bytes)
     layer_ms = None
     if layer_bytes and bandwidth:
@@ -148,19 +163,24 @@ def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
             emit(bench="transfer_exposed", prompt_tokens=length, mode=mode,
                  error=f"{type(e).__name__}: {e}")
             continue
-        coloc, disagg = run["results"]["colocated"], run["results"]["disaggregated"]
-        prefill = statistics.median(r.server_ttft_ms for r in coloc)
-        published = statistics.median(r.server_ttft_ms for r in disagg)
-        emit(bench="transfer_exposed", prompt_tokens=length, mode=f"colocated ({mode} cluster)",
-             prefill_ms=round(prefill, 1), published_ms=None, exposed_ms=None,
-             client_ttft_ms=round(statistics.median(r.ttft_ms for r in coloc), 1),
-             runs_ms=[round(r.server_ttft_ms, 1) for r in coloc])
-        row = dict(bench="transfer_exposed", prompt_tokens=length, mode=mode,
-                   prefill_ms=round(prefill, 1), published_ms=round(published, 1),
-                   exposed_ms=round(published - prefill, 1),
-                   client_ttft_ms=round(statistics.median(r.ttft_ms for r in disagg), 1),
-                   runs_ms=[round(r.server_ttft_ms, 1) for r in disagg], transport=transport)
-        if layer_ms is not None:
-            row.update(one_layer_transfer_ms_est=round(layer_ms, 2),
-                       target_exposed_ms=round(1.1 * layer_ms, 2))
-        emit(**row)
+        emit(**rows(mode, length, transport, run, layer_ms))
+
+
+def rows(mode: str, length: int, transport: str, run: dict, layer_ms: float | None) -> dict:
+    """The disaggregated row: the prefill worker's own figures (median over requests), with
+    the router's TTFTs of both modes beside them as a cross-check."""
+    med = statistics.median
+    t = run["timings"]
+    coloc, disagg = run["results"]["colocated"], run["results"]["disaggregated"]
+    row = dict(bench="transfer_exposed", prompt_tokens=length, mode=mode,
+               prefill_ms=round(med(x["compute_ms"] for x in t), 1),
+               published_ms=round(med(x["total_ms"] for x in t), 1),
+               exposed_ms=round(med(x["total_ms"] - x["queue_ms"] - x["compute_ms"] for x in t), 1),
+               worker_transfer_ms=round(med(x["transfer_ms"] for x in t), 1),
+               router_ttft_ms=round(med(r.server_ttft_ms for r in disagg), 1),
+               router_ttft_colocated_ms=round(med(r.server_ttft_ms for r in coloc), 1),
+               runs=[{k: round(v, 1) for k, v in x.items()} for x in t], transport=transport)
+    if layer_ms is not None:
+        row.update(one_layer_transfer_ms_est=round(layer_ms, 2),
+                   target_exposed_ms=round(1.1 * layer_ms, 2))
+    return row

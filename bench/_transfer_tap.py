@@ -1,0 +1,58 @@
+"""A pass-through gRPC proxy in front of a prefill worker that keeps its PrefillTimings.
+
+The router reads PrefillResult but does not pass `timings` (queue/compute/
+transfer/total ms, measured inside the prefill worker) on to clients. The
+benchmark registers the worker under this proxy's address (PD_ADVERTISE), so
+the router's Prefill and Cancel calls pass through here unchanged (raw bytes,
+deadline and metadata forwarded) and each Prefill result's timings are recorded.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+
+from services.rpc.pd.v1 import prefill_pb2
+
+PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
+
+
+class PrefillTap(grpc.GenericRpcHandler):
+    """Forwards every unary call to `target`; records Prefill timings in `timings`."""
+
+    def __init__(self):
+        self.target = ""
+        self.timings: list[dict] = []
+        self._channel: grpc.Channel | None = None
+        self._server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[self])
+        self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def connect(self, target: str) -> None:
+        """Forward to the prefill worker at `target` from now on."""
+        self.target = target
+        self._channel = grpc.insecure_channel(target)
+
+    def service(self, details):
+        method = details.method
+
+        def forward(request: bytes, context) -> bytes:
+            try:
+                response = self._channel.unary_unary(method)(
+                    request, timeout=context.time_remaining(),
+                    metadata=context.invocation_metadata())
+            except grpc.RpcError as e:
+                context.abort(e.code(), e.details() or "")
+            if method == PREFILL_METHOD:
+                t = prefill_pb2.PrefillResult.FromString(response).timings
+                self.timings.append(dict(queue_ms=t.queue_ms, compute_ms=t.compute_ms,
+                                         transfer_ms=t.transfer_ms, total_ms=t.total_ms))
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(forward)
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+        if self._channel is not None:
+            self._channel.close()
