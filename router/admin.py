@@ -1,9 +1,12 @@
-"""Admin servicer: cluster status, release mode, transaction listing.
+"""Admin servicer: cluster status, release mode, transaction listing, decisions.
 
-Release modes implemented so far (article 0x0FF): PINNED (requests without a
-mode run colocated) and ACTIVE (they run disaggregated). SHADOW, CANARY and
-ROLLED_BACK (with the 0x0FG rollback order) come with the release state
-machine and answer UNIMPLEMENTED until then.
+Release modes (article 0x0FF) map onto router modes (router/modes.py):
+PINNED -> colocated, SHADOW -> shadow, CANARY -> canary (with canary_fraction),
+ACTIVE -> auto (disaggregated wherever the router predicts it wins). Status
+reports the release mode of the current router mode (the forced
+``disaggregated`` mode reads as ACTIVE) and the exact name in router_mode.
+ROLLED_BACK (with the 0x0FG rollback order) comes with the release state
+machine and answers UNIMPLEMENTED until then.
 """
 
 from __future__ import annotations
@@ -15,15 +18,24 @@ import grpc
 from router.convert import worker_to_pb
 from router.grpc_gateway import grpc_code
 from router.orchestrator import Orchestrator
-from router.types import Route, RouterError, WorkerCallError
+from router.records import DecisionRecord
+from router.types import RouterError, WorkerCallError
 from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 100
 
-_MODE_OF_ROUTE = {Route.COLOCATED: admin_pb2.RELEASE_MODE_PINNED, Route.DISAGGREGATED: admin_pb2.RELEASE_MODE_ACTIVE}
-_ROUTE_OF_MODE = {v: k for k, v in _MODE_OF_ROUTE.items()}
+_RELEASE_OF_MODE = {"colocated": admin_pb2.RELEASE_MODE_PINNED, "shadow": admin_pb2.RELEASE_MODE_SHADOW,
+                    "canary": admin_pb2.RELEASE_MODE_CANARY, "auto": admin_pb2.RELEASE_MODE_ACTIVE,
+                    "disaggregated": admin_pb2.RELEASE_MODE_ACTIVE}
+_MODE_OF_RELEASE = {admin_pb2.RELEASE_MODE_PINNED: "colocated", admin_pb2.RELEASE_MODE_SHADOW: "shadow",
+                    admin_pb2.RELEASE_MODE_CANARY: "canary", admin_pb2.RELEASE_MODE_ACTIVE: "auto"}
+
+
+def record_to_pb(r: DecisionRecord) -> admin_pb2.DecisionRecord:
+    """DecisionRecord -> pd.v1.DecisionRecord (fields map by name)."""
+    return admin_pb2.DecisionRecord(**{f: getattr(r, f) for f in DecisionRecord.__slots__})
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -51,27 +63,39 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             reserved_blocks=sum(w.load.reserved_blocks for w in decoders),
             total_blocks=sum(w.load.total_blocks or w.capacity.total_blocks for w in decoders),
             open_transactions=len(open_txns),
-            mode=_MODE_OF_ROUTE[self._orch.default_route],
-            canary_fraction=0.0,
-            route_epoch=cluster.route_epoch)
+            mode=_RELEASE_OF_MODE[self._orch.default_mode],
+            canary_fraction=self._orch.planner.canary_fraction,
+            route_epoch=cluster.route_epoch,
+            router_mode=self._orch.default_mode)
 
     async def SetMode(self, request, context):
-        previous = _MODE_OF_ROUTE[self._orch.default_route]
+        previous = _RELEASE_OF_MODE[self._orch.default_mode]
         if request.mode == admin_pb2.RELEASE_MODE_UNSPECIFIED:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "mode is required")
-        route = _ROUTE_OF_MODE.get(request.mode)
-        if route is None:
+        mode = _MODE_OF_RELEASE.get(request.mode)
+        if mode is None:
             name = admin_pb2.ReleaseMode.Name(request.mode) if request.mode in admin_pb2.ReleaseMode.values() \
                 else str(request.mode)
             await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                                f"{name} comes with the release state machine (shadow/canary/rollback); "
-                                "PINNED and ACTIVE are available now")
-        self._orch.default_route = route
-        log.info("release mode %s -> %s (reason: %s)", admin_pb2.ReleaseMode.Name(previous),
-                 admin_pb2.ReleaseMode.Name(request.mode), request.reason or "none given")
+                                f"{name} comes with the release state machine (rollback order); "
+                                "PINNED, SHADOW, CANARY and ACTIVE are available now")
+        steps = []
+        if mode == "canary":
+            if not 0.0 <= request.canary_fraction <= 1.0:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"canary_fraction must be in [0, 1], got {request.canary_fraction}")
+            self._orch.planner.canary_fraction = request.canary_fraction
+            steps.append(f"CANARY_FRACTION_{request.canary_fraction:g}")
+        self._orch.default_mode = mode
+        steps.insert(0, f"DEFAULT_MODE_{mode.upper()}")
+        log.info("release mode %s -> %s (router mode %s; reason: %s)", admin_pb2.ReleaseMode.Name(previous),
+                 admin_pb2.ReleaseMode.Name(request.mode), mode, request.reason or "none given")
         return admin_pb2.SetModeResponse(previous_mode=previous, mode=request.mode,
-                                         route_epoch=self._orch.view.route_epoch,
-                                         steps=[f"DEFAULT_ROUTE_{route.name}"])
+                                         route_epoch=self._orch.view.route_epoch, steps=steps)
+
+    async def Decisions(self, request, context):
+        records = self._orch.planner.log.recent(request.limit or DEFAULT_LIST_LIMIT, request.request_id)
+        return admin_pb2.DecisionsResponse(records=[record_to_pb(r) for r in records])
 
     async def ListTransactions(self, request, context):
         txns = await self._open_transactions(context)

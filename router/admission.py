@@ -18,7 +18,7 @@ from typing import Any
 from router.config import RouterConfig
 from router.placement import Demand, capacity_shortfall
 from router.text import encode
-from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, StatusCode
+from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
 
 MAX_REQUEST_ID_CHARS = 256
 
@@ -33,9 +33,13 @@ class Admitted:
     max_tokens: int
     sampling: Sampling
     route: Route
-    """Route asked for (the router may still fall back to colocated)."""
+    """Route of retries (the first attempt follows the mode's plan)."""
     deadline_s: float | None
     """Time budget from receipt; None means no deadline beyond the client's."""
+    mode: str = "disaggregated"
+    """Router mode (router/modes.py): the request's own, or the router default."""
+    slo: Slo = Slo()
+    """Targets as the request named them (tenant defaults are applied by the planner)."""
 
     @property
     def demand(self) -> Demand:
@@ -47,14 +51,22 @@ def _invalid(message: str) -> RouterError:
     return RouterError(StatusCode.INVALID_ARGUMENT, message)
 
 
-def admit(params: GenerateParams, config: RouterConfig, default_route: Route, tokenizer: Any | None = None,
+_MODE_NAMES = {Mode.DISAGGREGATED: "disaggregated", Mode.COLOCATED: "colocated", Mode.AUTO: "auto",
+               Mode.SHADOW: "shadow", Mode.CANARY: "canary"}
+
+
+def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Route, tokenizer: Any | None = None,
           seed_source: Callable[[], int] = lambda: secrets.randbits(63)) -> Admitted:
-    """Static checks and normalization; raises RouterError (INVALID_ARGUMENT, UNIMPLEMENTED)."""
-    if params.mode in (Mode.AUTO, Mode.SHADOW, Mode.CANARY):
-        raise RouterError(StatusCode.UNIMPLEMENTED,
-                          f"mode {params.mode.name} comes with the SLO-aware router; use DISAGGREGATED, "
-                          "COLOCATED or UNSPECIFIED (the router default)")
-    route = {Mode.DISAGGREGATED: Route.DISAGGREGATED, Mode.COLOCATED: Route.COLOCATED}.get(params.mode, default_route)
+    """Static checks and normalization; raises RouterError (INVALID_ARGUMENT).
+    `default_mode`: the router's mode name for requests with mode UNSPECIFIED (a
+    Route means the forced mode of that route)."""
+    if isinstance(default_mode, Route):
+        default_mode = default_mode.name.lower()
+    mode = _MODE_NAMES.get(params.mode, default_mode)
+    route = Route.COLOCATED if mode in ("colocated", "shadow") else Route.DISAGGREGATED
+    for name, value in (("slo.ttft_ms", params.slo.ttft_ms), ("slo.tpot_ms", params.slo.tpot_ms)):
+        if not (math.isfinite(value) and value >= 0):
+            raise _invalid(f"{name} must be a finite number >= 0 (0 = no target), got {value}")
     if len(params.request_id) > MAX_REQUEST_ID_CHARS:
         raise _invalid(f"request_id has {len(params.request_id)} characters; at most {MAX_REQUEST_ID_CHARS}")
     prompt = _prompt_ids(params, tokenizer)
@@ -72,6 +84,8 @@ def admit(params: GenerateParams, config: RouterConfig, default_route: Route, to
         sampling=sampling,
         route=route,
         deadline_s=deadline_ms / 1000.0 if deadline_ms else None,
+        mode=mode,
+        slo=params.slo,
     )
 
 

@@ -108,7 +108,8 @@ class AttemptRunner:
     def __init__(self, req: Admitted, workers: WorkerGateway, directory: DirectoryGateway, overlay: LoadOverlay,
                  config: RouterConfig, output: OutputLog, emit: Callable[[Event], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
-                 remaining_s: Callable[[], float | None]):
+                 remaining_s: Callable[[], float | None],
+                 on_prefill: Callable[[Attempt, PrefillDone], None] | None = None):
         self.req = req
         self._workers = workers
         self._directory = directory
@@ -118,6 +119,8 @@ class AttemptRunner:
         self._emit = emit
         self._spawn = spawn
         self._remaining_s = remaining_s
+        self._on_prefill = on_prefill
+        """Told each successful PrefillResult (the cost model learns from its timings)."""
         self.current: Attempt | None = None
         self.last: Attempt | None = None
         """The latest attempt started (kept after it ends, for error messages)."""
@@ -244,6 +247,8 @@ class AttemptRunner:
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest
                 self._overlay.remove(att.prefill_handle)
+                if self._on_prefill is not None:
+                    self._on_prefill(att, value)
             elif kind == "prefill_error":
                 if att.tokens_seen == 0:
                     # Prefill reports its own failures and the hand-off's alike: either end.

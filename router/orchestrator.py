@@ -3,7 +3,10 @@
 Lifecycle of one request (each arrow is one place in this file):
 
     submit:  admit (static checks) -> duplicate check -> snapshot -> check_cluster
-    serve:   attempt 1 .. max_attempts, each a new generation g:
+             -> plan (router/modes.py: the mode's route for attempt 1, or an
+                admission reject with RESOURCE_EXHAUSTED before any work)
+    serve:   attempt 1 on the plan's route and workers; then, on failure,
+             attempts 2 .. max_attempts, each a new generation g:
                disaggregated on the best untried (P, D) pair, at most
                max_disaggregated_attempts times (only when the request wants
                disaggregation and a prefill worker exists), then colocated on a
@@ -25,6 +28,7 @@ Router.Cancel always finds the attempt that holds worker state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -35,10 +39,13 @@ from router.admission import Admitted, admit, check_cluster
 from router.attempts import Attempt, AttemptFailed, AttemptRunner
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
+from router.decision import Outcome
 from router.gateway import DirectoryGateway, WorkerGateway
+from router.modes import Plan, Planner
 from router.output import OutputLog
 from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
-from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, Route, RouterError, StatusCode)
+from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, PrefillDone, Route, RouterError,
+                          StatusCode)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,7 @@ class RequestRun:
         self.events: asyncio.Queue[Event | RouterError] = asyncio.Queue()
         self.task: asyncio.Task | None = None
         self.runner: AttemptRunner | None = None
+        self.plan: Plan | None = None
         self.failures: list[str] = []
         self.cancel_reason: str | None = None
         self.finished = False
@@ -96,8 +104,9 @@ class Orchestrator:
         self.tokenizer = tokenizer
         self.view = ClusterView(directory, config, clock)
         self.failures = FailureMemory(config.failure_cooldown_ms / 1000.0, clock)
-        self.default_route = Route.DISAGGREGATED if config.default_mode == "disaggregated" else Route.COLOCATED
-        """Route of requests with mode UNSPECIFIED; Admin.SetMode changes it."""
+        self.planner = Planner(config)
+        self.default_mode = config.default_mode
+        """Mode of requests with mode UNSPECIFIED (router/modes.py); Admin.SetMode changes it."""
         self._clock = clock
         self._runs: dict[str, RequestRun] = {}
         self._background: set[asyncio.Task] = set()
@@ -110,18 +119,22 @@ class Orchestrator:
     async def submit(self, params: GenerateParams) -> RequestRun:
         """Admit a request and start it; raises RouterError when it is rejected."""
         start_s = self._clock()
-        req = admit(params, self.config, self.default_route, self.tokenizer)
+        req = admit(params, self.config, self.default_mode, self.tokenizer)
         if req.request_id in self._runs:
             raise RouterError(StatusCode.ALREADY_EXISTS, f"request {req.request_id!r} is already in flight")
         run = RequestRun(req, start_s, OutputLog(start_s, self._clock, self.tokenizer))
         self._runs[req.request_id] = run
         try:
-            check_cluster(req, await self.view.get())
+            cluster = await self.view.get()
+            check_cluster(req, cluster)
+            run.plan = self._plan(req, cluster)
         except BaseException:
             del self._runs[req.request_id]
             raise
+        run.req = req = dataclasses.replace(req, route=run.plan.route)
         run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
-                                   run.emit, self._spawn, lambda: self._remaining_s(run))
+                                   run.emit, self._spawn, lambda: self._remaining_s(run),
+                                   on_prefill=lambda att, done: self._on_prefill(run, att, done))
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
         return run
@@ -169,8 +182,23 @@ class Orchestrator:
             return None
         return run.req.deadline_s - (self._clock() - run.start_s)
 
+    def _plan(self, req: Admitted, cluster: Cluster) -> Plan:
+        """The mode's plan for attempt 1; raises RESOURCE_EXHAUSTED when auto mode
+        predicts no route meets the request's SLO (nothing was dispatched)."""
+        slo = self.planner.slo(req.tenant, req.slo)
+        plan = self.planner.plan(req.request_id, req.tenant, req.prompt, req.max_tokens, req.mode, slo, cluster,
+                                 self.view.overlay, self.failures.penalties(cluster))
+        if plan.outcome is Outcome.REJECT:
+            log.info("request %s rejected at admission: %s", req.request_id, plan.reason)
+            raise RouterError(StatusCode.RESOURCE_EXHAUSTED, f"admission rejected the request: {plan.reason}")
+        return plan
+
+    def _on_prefill(self, run: RequestRun, att: Attempt, done: PrefillDone) -> None:
+        self.planner.prefill_done(run.plan, att.prefill, att.decode, done)
+
     def _on_done(self, run: RequestRun) -> None:
         self._runs.pop(run.req.request_id, None)
+        self.planner.log.finish(run.req.request_id, run.cancel_reason or (run.failures[-1] if run.failures else ""))
         # A task cancelled before it ever ran skipped _serve's handlers.
         run.end(RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason or 'router stopped'}"))
 
@@ -215,7 +243,8 @@ class Orchestrator:
         while generation < cfg.max_attempts:
             cluster = await self.view.get()
             penalties = avoid + Counter(self.failures.penalties(cluster))
-            att = self._place(cluster, req, generation + 1, disaggregated_left > 0, penalties, tried)
+            att = self._planned(run, cluster) if generation == 0 else None
+            att = att or self._place(cluster, req, generation + 1, disaggregated_left > 0, penalties, tried)
             if att is None:
                 break
             generation = att.generation
@@ -234,13 +263,26 @@ class Orchestrator:
                     if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
                         self.failures.record(exc.culprit)
                 continue
-            return run.output.completed(done.finish_reason, att.route, generation, att.prefill_kv_digest,
-                                        done.kv_digest)
+            completed = run.output.completed(done.finish_reason, att.route, generation, att.prefill_kv_digest,
+                                             done.kv_digest)
+            self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
+            return completed
         if not run.failures:
             raise RouterError(StatusCode.UNAVAILABLE, "no live worker can take this request")
         code = StatusCode.RESOURCE_EXHAUSTED if all(c is StatusCode.RESOURCE_EXHAUSTED for c in codes) \
             else StatusCode.UNAVAILABLE
         raise RouterError(code, f"all {len(run.failures)} attempts failed: {'; '.join(run.failures)}")
+
+    @staticmethod
+    def _planned(run: RequestRun, cluster: Cluster) -> Attempt | None:
+        """Attempt 1 as planned, while its workers are still live at the planned epoch."""
+        plan = run.plan
+        if plan is None or plan.decode is None:
+            return None
+        live = {w.worker_id: w.epoch for w in cluster.workers}
+        if any(w is not None and live.get(w.worker_id) != w.epoch for w in (plan.prefill, plan.decode)):
+            return None
+        return Attempt(1, plan.route, decode=plan.decode, prefill=plan.prefill, route_epoch=cluster.route_epoch)
 
     def _place(self, cluster: Cluster, req: Admitted, generation: int, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:

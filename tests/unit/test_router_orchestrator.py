@@ -15,7 +15,7 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.orchestrator import Orchestrator
 from router.types import (Capacity, Cluster, Completed, FinishReason, GenerateParams, Load, Manifest, Mode,
-                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, RouterError, Sampling,
+                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, RouterError, Sampling, Slo,
                           Started, StatusCode, StreamCall, StreamComplete, StreamToken, TokenOut, TxnOutcome, Worker,
                           WorkerCallError)
 
@@ -398,8 +398,8 @@ def test_first_token_timeout_counts_as_a_failed_attempt():
     (dict(max_tokens=250), StatusCode.INVALID_ARGUMENT, "prompt (9 tokens) + max_tokens (250) = 259 exceeds max_model_len 256"),
     (dict(prompt_token_ids=None, prompt_text="hello"), StatusCode.INVALID_ARGUMENT, "needs a tokenizer"),
     (dict(sampling=Sampling(temperature=-1.0)), StatusCode.INVALID_ARGUMENT, "temperature"),
-    (dict(mode=Mode.AUTO), StatusCode.UNIMPLEMENTED, "SLO-aware router"),
-    (dict(mode=Mode.CANARY), StatusCode.UNIMPLEMENTED, "SLO-aware router"),
+    (dict(slo=Slo(ttft_ms=-1.0)), StatusCode.INVALID_ARGUMENT, "slo.ttft_ms must be a finite number >= 0"),
+    (dict(mode=Mode.AUTO, slo=Slo(tpot_ms=float("nan"))), StatusCode.INVALID_ARGUMENT, "slo.tpot_ms"),
 ])
 def test_validation_errors_name_the_problem_and_do_no_work(kw, code, needle):
     fake = two_by_two()

@@ -216,7 +216,7 @@ def test_errors_are_grpc_statuses():
         async with rig() as (router, _, _, fakes, _, _):
             codes = {}
             for name, req in (("empty", request(prompt_token_ids=common_pb2.TokenIds(ids=[]))),
-                              ("auto", request(mode=router_pb2.MODE_AUTO)),
+                              ("slo", request(slo=common_pb2.Slo(ttft_ms=-5))),
                               ("vocab", request(prompt_token_ids=common_pb2.TokenIds(ids=[600])))):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     [ev async for ev in router.Generate(req)]
@@ -233,7 +233,7 @@ def test_errors_are_grpc_statuses():
 
     codes = run(go())
     assert codes["empty"][0] == grpc.StatusCode.INVALID_ARGUMENT and "empty" in codes["empty"][1]
-    assert codes["auto"][0] == grpc.StatusCode.UNIMPLEMENTED
+    assert codes["slo"][0] == grpc.StatusCode.INVALID_ARGUMENT and "slo.ttft_ms" in codes["slo"][1]
     assert codes["vocab"][0] == grpc.StatusCode.INVALID_ARGUMENT and "vocab_size is 512" in codes["vocab"][1]
     assert codes["cancel"][0] == grpc.StatusCode.NOT_FOUND
     assert codes["worker"] == (grpc.StatusCode.INVALID_ARGUMENT, "top_k too large")
@@ -276,20 +276,20 @@ def test_admin_status_set_mode_and_transactions():
             pinned = await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_PINNED, reason="drill"))
             events = [ev async for ev in router.Generate(request())]
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_CANARY))
+                await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_ROLLED_BACK))
             txns = await admin.ListTransactions(admin_pb2.ListTransactionsRequest(tenant="a", limit=1))
             none = await admin.ListTransactions(admin_pb2.ListTransactionsRequest(
                 states=[manifest_pb2.TXN_STATE_RESERVED]))
             assert not none.transactions
             return status, pinned, events, err.value.code(), txns, log
 
-    status, pinned, events, canary_code, txns, log = run(go())
+    status, pinned, events, rollback_code, txns, log = run(go())
     assert [w.worker_id for w in status.workers] == ["d0", "d1", "p0"]
     assert (status.free_blocks, status.reserved_blocks, status.total_blocks) == (96, 4, 128)
     assert (status.open_transactions, status.mode, status.route_epoch) == (5, admin_pb2.RELEASE_MODE_ACTIVE, 9)
     assert (pinned.previous_mode, pinned.mode) == (admin_pb2.RELEASE_MODE_ACTIVE, admin_pb2.RELEASE_MODE_PINNED)
     assert events[0].started.route == router_pb2.ROUTE_COLOCATED and "Decode.Generate" in log.names()
-    assert canary_code == grpc.StatusCode.UNIMPLEMENTED
+    assert rollback_code == grpc.StatusCode.UNIMPLEMENTED
     assert [(t.transfer_id, t.state, t.source_worker_id) for t in txns.transactions] == \
         [("x/3", manifest_pb2.TXN_STATE_TRANSFERRING, "p0")]
 
@@ -302,4 +302,4 @@ def test_command_line_overrides_the_environment(monkeypatch):
         ("127.0.0.1:1", "127.0.0.1:2", "tiny", "colocated", 77)
     assert parse_args(["--mode", "disaggregated"]).default_mode == "disaggregated"
     with pytest.raises(ValueError):
-        RouterConfig(default_mode="auto")
+        RouterConfig(default_mode="sideways")

@@ -1,0 +1,185 @@
+"""Router modes: turn a request and a snapshot into the first attempt's plan.
+
+    disaggregated  the split route on the pair `choose_pair` ranks best (no SLO rejection)
+    colocated      one worker, `choose_colocated` (no SLO rejection)
+    auto           the per-request decision (router/decision.py): split, colocated,
+                   or reject with RESOURCE_EXHAUSTED before any work
+    shadow         the decision is computed and recorded (its best split route
+                   too), the best colocated route executes; never rejects
+    canary         `canary_fraction` of requests (by a hash of the request id, so a
+                   retry of the same id lands the same way) take the best split
+                   route, the rest the best colocated one; never rejects
+
+Every mode records predicted TTFT/TPOT of the route it executes in the
+DecisionLog, and the observed ones when the request completes; completions of
+first attempts correct the cost model (router/cost_model.py). Retries after a
+failed first attempt use router/placement.py as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import zlib
+from collections.abc import Mapping
+
+from router.candidate import Candidate
+from router.config import RouterConfig
+from router.cost_model import CostModel, WorkerCosts
+from router.decision import Decision, DecisionParams, Outcome, RequestShape, decide, finite, price_colocated, \
+    price_pair
+from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
+from router.prefix_index import PrefixIndex, block_hashes
+from router.records import DecisionLog, DecisionRecord
+from router.scorers import build
+from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """The first attempt of a request, as its mode decided it."""
+
+    mode: str
+    outcome: Outcome
+    route: Route
+    prefill: Worker | None = None
+    decode: Worker | None = None
+    """None: let placement choose (nothing suitable was found at decision time)."""
+    predicted: Candidate | None = None
+    reason: str = ""
+    hashes: list[int] = dataclasses.field(default_factory=list)
+    """The prompt's block chain keys, recorded in the prefix index on completion."""
+
+
+def canary_pick(request_id: str, fraction: float) -> bool:
+    """True for the `fraction` of request ids that go disaggregated (stable per id)."""
+    return zlib.crc32(request_id.encode()) / 2**32 < fraction
+
+
+class Planner:
+    """Cost model, prefix index and decision log shared by every request."""
+
+    def __init__(self, config: RouterConfig):
+        self.config = config
+        self.costs = CostModel(config)
+        self.prefix = PrefixIndex(config.prefix_index_blocks or 4096)
+        self.log = DecisionLog(config.decision_log_size)
+        self.params = DecisionParams(build(config.weights()), config.candidate_top_k, config.disaggregation_margin)
+        self.canary_fraction = config.canary_fraction
+
+    def slo(self, tenant: str, asked: Slo) -> Slo:
+        """The request's targets: its own where set, else its tenant's defaults."""
+        ttft, tpot = self.config.slo_for(tenant)
+        return Slo(asked.ttft_ms or ttft, asked.tpot_ms or tpot)
+
+    def rows(self, cluster: Cluster, overlay: LoadOverlay | None) -> list[WorkerCosts]:
+        """Cost rows of every worker, with this router's unreported dispatches folded in."""
+        extra = overlay.totals() if overlay is not None else {}
+        rows = []
+        for w in cluster.workers:
+            self.prefix.sync(w.worker_id, w.epoch, self.config.prefix_index_blocks or w.capacity.total_blocks)
+            tokens, blocks = extra.get(w.worker_id, (0, 0))
+            rows.append(self.costs.costs(w, tokens, blocks))
+        return rows
+
+    def plan(self, request_id: str, tenant: str, prompt: tuple[int, ...], max_tokens: int, mode: str, slo: Slo,
+             cluster: Cluster, overlay: LoadOverlay | None = None, avoid: Mapping[str, int] | None = None) -> Plan:
+        """Decide the first attempt under `mode` and record the prediction."""
+        t0 = time.perf_counter()
+        avoid = avoid or {}
+        block_size = next((w.capacity.block_size for w in cluster.workers if w.capacity.block_size), 16)
+        hashes = block_hashes(prompt, block_size, tenant)
+        req = RequestShape(len(prompt), max_tokens, block_size, slo.ttft_ms, slo.tpot_ms,
+                           self.prefix.match(hashes) if hashes else {})
+        rows = self.rows(cluster, overlay)
+        demand = Demand(len(prompt), max_tokens, max(prompt))
+        if mode in ("disaggregated", "colocated"):
+            plan = self._forced(mode, rows, req, demand, cluster, overlay, avoid)
+            decision = None
+        else:
+            fit = lambda r: rejects(r.worker, demand) is None  # noqa: E731
+            decision = None
+            if avoid:  # recently failed workers only when nothing else can serve
+                decision = decide(self.costs, rows, req, self.params,
+                                  lambda r: avoid.get(r.worker.worker_id, 0) == 0 and fit(r))
+            if decision is None or not (decision.best_colocated or decision.best_disaggregated):
+                decision = decide(self.costs, rows, req, self.params, fit)
+            plan = self._by_mode(mode, request_id, decision)
+        plan.hashes = hashes
+        self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
+        return plan
+
+    def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand, cluster: Cluster,
+                overlay: LoadOverlay | None, avoid: Mapping[str, int]) -> Plan:
+        by_id = {r.worker.worker_id: r for r in rows}
+        if mode == "disaggregated":
+            pair = choose_pair(cluster, demand, overlay, avoid)
+            if pair is not None:
+                c = price_pair(self.costs, by_id[pair[0].worker_id], by_id[pair[1].worker_id], req)
+                return Plan(mode, Outcome.DISAGGREGATED, Route.DISAGGREGATED, pair[0], pair[1], c, "forced split")
+        w = choose_colocated(cluster, demand, overlay, avoid)
+        if w is None:
+            return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, reason="no worker fits now")
+        c = price_colocated(self.costs, by_id[w.worker_id], req)
+        why = "forced colocated" if mode == "colocated" else "no split pair; colocated fallback"
+        return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, None, w, c, why)
+
+    def _by_mode(self, mode: str, request_id: str, d: Decision) -> Plan:
+        if mode == "auto":
+            if d.outcome is Outcome.REJECT:
+                return Plan(mode, Outcome.REJECT, Route.COLOCATED, reason=d.reason)
+            return self._execute(mode, d.chosen, d.reason)
+        if mode == "canary" and canary_pick(request_id, self.canary_fraction) and d.best_disaggregated:
+            return self._execute(mode, d.best_disaggregated, f"canary share {self.canary_fraction:g}")
+        why = "shadow: executes colocated" if mode == "shadow" else "canary: colocated share"
+        return self._execute(mode, d.best_colocated, why)
+
+    @staticmethod
+    def _execute(mode: str, c: Candidate | None, why: str) -> Plan:
+        if c is None:
+            return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, reason=f"{why}; no candidate, placement decides")
+        outcome = Outcome.DISAGGREGATED if c.route is Route.DISAGGREGATED else Outcome.COLOCATED
+        return Plan(mode, outcome, c.route, c.prefill, c.decode, c, why)
+
+    def _record(self, request_id: str, tenant: str, plan: Plan, d: Decision | None, req: RequestShape,
+                decision_us: float) -> None:
+        c, s = plan.predicted, d.best_disaggregated if d is not None else None
+        self.log.add(DecisionRecord(
+            request_id, tenant, plan.mode, plan.outcome.value,
+            prefill_worker_id=plan.prefill.worker_id if plan.prefill else "",
+            decode_worker_id=plan.decode.worker_id if plan.decode else "",
+            predicted_ttft_ms=finite(c.ttft_ms) if c else 0.0, predicted_tpot_ms=finite(c.tpot_ms) if c else 0.0,
+            slo_ttft_ms=req.slo_ttft_ms, slo_tpot_ms=req.slo_tpot_ms,
+            shadow_prefill_worker_id=s.prefill.worker_id if s else "",
+            shadow_decode_worker_id=s.decode.worker_id if s else "",
+            shadow_predicted_ttft_ms=finite(s.ttft_ms) if s else 0.0,
+            shadow_predicted_tpot_ms=finite(s.tpot_ms) if s else 0.0,
+            prompt_tokens=req.prompt_tokens, compute_tokens=c.compute_tokens if c else 0,
+            transfer_tokens=c.transfer_tokens if c else 0, decision_us=decision_us, reason=plan.reason,
+            finished=plan.outcome is Outcome.REJECT))
+
+    # ---- feedback -----------------------------------------------------------
+    def prefill_done(self, plan: Plan | None, prefill: Worker, decode: Worker, done: PrefillDone) -> None:
+        """Correct prefill and transfer costs from PrefillResult's timings."""
+        if done.compute_ms > 0 and done.computed_tokens > 0:
+            self.costs.observe_prefill(prefill, done.computed_tokens, done.reused_tokens, done.compute_ms)
+        if done.sent_bytes > 0 and done.transfer_ms > 0:
+            self.costs.observe_transfer(prefill, decode, done.sent_bytes, done.transfer_ms)
+
+    def completed(self, request_id: str, plan: Plan | None, done: Completed, prefill: Worker | None,
+                  decode: Worker) -> None:
+        """Record observed times; a first attempt on the planned route also corrects
+        the decode cost and the route overhead, and teaches the prefix index."""
+        self.log.observe(request_id, done.ttft_ms, done.tpot_ms, done.route.name.lower(),
+                         prefill.worker_id if prefill else "", decode.worker_id)
+        if plan is None:
+            return
+        for w in (prefill, decode):
+            if w is not None:
+                self.prefix.record(w.worker_id, plan.hashes)
+        c = plan.predicted
+        if c is None or done.attempts != 1 or done.route is not c.route or decode.worker_id != c.decode.worker_id:
+            return
+        if done.num_tokens > 1 and done.tpot_ms > 0:
+            self.costs.observe_tpot(decode, c.tpot_ms, done.tpot_ms)
+        self.costs.observe_ttft(c.route, c.ttft_ms, done.ttft_ms)
