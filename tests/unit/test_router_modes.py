@@ -1,0 +1,139 @@
+"""Router modes through the Orchestrator with in-process fake workers: auto
+chooses per request or rejects before any call, shadow executes colocated and
+records the split prediction, canary splits its share, the log records
+predicted vs observed, and completions correct the cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kv_directory.profile import CostProfile
+from router.modes import Planner, canary_pick
+from router.orchestrator import Orchestrator
+from router.types import Completed, Load, Mode, Role, Route, Slo, StatusCode
+from test_router_orchestrator import (FakeCluster, assert_no_leaks, collect, config, params, run, started,
+                                      two_by_two, worker)
+
+PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
+
+
+def profiled(fake: FakeCluster, busy_decode: int = 0) -> FakeCluster:
+    ws = []
+    for w in fake.cluster.workers:
+        load = dataclasses.replace(w.load, active_decode_batch=busy_decode if w.can_decode else 0)
+        ws.append(dataclasses.replace(w, profile=PROFILE, load=load))
+    fake.cluster = dataclasses.replace(fake.cluster, workers=tuple(ws))
+    return fake
+
+
+def go(fake, p, **cfg):
+    async def body():
+        orch = Orchestrator(fake, fake, config(**cfg))
+        events, error = await collect(orch, p)
+        return orch, events, error
+    return run(body())
+
+
+def test_auto_rejects_before_any_worker_call_with_predicted_numbers():
+    # 12 sequences at max_decode_batch 8: two rounds of a 10 ms x 12 step per token = 240 ms.
+    fake = profiled(two_by_two(), busy_decode=11)
+    orch, events, error = go(fake, params(mode=Mode.AUTO, slo=Slo(tpot_ms=100.0)))
+    assert error is not None and error.code is StatusCode.RESOURCE_EXHAUSTED
+    assert "TPOT 240.00 ms > SLO 100 ms" in error.message and "admission rejected" in error.message
+    assert [c for c in fake.calls if c[0] != "snapshot"] == [] and events == []
+    rec = orch.planner.log.get("r")
+    assert rec.outcome == "rejected" and rec.finished and rec.slo_tpot_ms == 100.0
+    assert_no_leaks(orch, fake)
+
+
+def test_auto_runs_short_prompt_colocated_and_records_observed_times():
+    fake = profiled(two_by_two())
+    orch, events, error = go(fake, params(mode=Mode.AUTO))
+    assert error is None and started(events)[0].route is Route.COLOCATED
+    rec = orch.planner.log.get("r")
+    assert rec.outcome == "colocated" and rec.predicted_ttft_ms > 0 and rec.finished
+    assert rec.observed_ttft_ms == events[-1].ttft_ms and rec.shadow_prefill_worker_id == "p0"
+    assert_no_leaks(orch, fake)
+
+
+def test_auto_splits_a_long_prompt_beside_running_streams():
+    fake = profiled(two_by_two(), busy_decode=2)
+    fake.prompt = tuple(range(1, 200))
+    orch, events, error = go(fake, params(mode=Mode.AUTO, prompt_token_ids=fake.prompt, max_tokens=8))
+    assert error is None, error
+    first = started(events)[0]
+    assert first.route is Route.DISAGGREGATED and first.prefill_worker_id == "p0"
+    assert orch.planner.log.get("r").outcome == "disaggregated"
+
+
+def test_tenant_default_slo_applies_when_the_request_names_none():
+    fake = profiled(two_by_two(), busy_decode=11)
+    orch, _, error = go(fake, params(mode=Mode.AUTO), tenant_slos="t=0:50")
+    assert error is not None and error.code is StatusCode.RESOURCE_EXHAUSTED and "SLO 50 ms" in error.message
+    _, _, ok = go(profiled(two_by_two(), busy_decode=11), params(mode=Mode.AUTO, slo=Slo(tpot_ms=500.0)),
+                  tenant_slos="t=0:50")
+    assert ok is None  # the request's own target wins over its tenant's
+
+
+def test_shadow_executes_colocated_and_records_the_split_prediction():
+    fake = profiled(two_by_two(), busy_decode=2)
+    fake.prompt = tuple(range(1, 200))
+    orch, events, error = go(fake, params(prompt_token_ids=fake.prompt, max_tokens=8, slo=Slo(tpot_ms=1.0)),
+                             default_mode="shadow")
+    assert error is None  # shadow never rejects
+    assert [s.route for s in started(events)] == [Route.COLOCATED] and not fake.ops("prefill", "reserve")
+    rec = orch.planner.log.get("r")
+    assert rec.mode == "shadow" and rec.outcome == "colocated"
+    assert (rec.shadow_prefill_worker_id, rec.shadow_decode_worker_id) == ("p0", rec.shadow_decode_worker_id)
+    assert rec.shadow_decode_worker_id in ("d0", "d1") and rec.shadow_predicted_ttft_ms > 0
+    assert rec.shadow_predicted_tpot_ms > 0 and rec.observed_ttft_ms > 0
+
+
+def test_canary_share_zero_and_one():
+    ids = [f"req-{i}" for i in range(200)]
+    share = sum(canary_pick(i, 0.25) for i in ids) / len(ids)
+    assert 0.15 < share < 0.35 and not any(canary_pick(i, 0.0) for i in ids) and all(canary_pick(i, 1.0) for i in ids)
+    _, events, _ = go(profiled(two_by_two()), params(), default_mode="canary", canary_fraction=1.0)
+    assert started(events)[0].route is Route.DISAGGREGATED
+    _, events, _ = go(profiled(two_by_two()), params(), default_mode="canary", canary_fraction=0.0)
+    assert started(events)[0].route is Route.COLOCATED
+
+
+def test_forced_modes_still_record_predictions():
+    orch, events, _ = go(two_by_two(), params(mode=Mode.DISAGGREGATED))
+    rec = orch.planner.log.get("r")
+    assert rec.outcome == "disaggregated" and (rec.prefill_worker_id, rec.decode_worker_id) == ("p0", "d1")
+    assert rec.predicted_ttft_ms > 0 and rec.finished
+
+
+def test_completion_corrects_costs_and_teaches_the_prefix_index():
+    planner = Planner(config(cost_ewma_alpha=1.0))
+    cluster = profiled(two_by_two()).cluster
+    plan = planner.plan("a", "t", tuple(range(64)), 8, "auto", Slo(), cluster)
+    c = plan.predicted
+    planner.completed("a", plan, Completed(None, c.ttft_ms + 40.0, c.tpot_ms * 2, 8, c.route, 1),
+                      plan.prefill, plan.decode)
+    assert planner.costs.overhead_ms(c.route) == c.overhead_ms + 40.0
+    assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 2.0
+    again = planner.plan("b", "t", tuple(range(64)), 8, "auto", Slo(), cluster)
+    assert again.predicted.compute_tokens < 64  # the index now knows where those blocks are
+    assert planner.log.get("a").observed_tpot_ms == c.tpot_ms * 2
+
+
+def test_unprofiled_workers_use_config_defaults():
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    orch, _, error = go(fake, params(mode=Mode.AUTO), default_prefill_ms_per_token=2.0)
+    rec = orch.planner.log.get("r")
+    assert error is None and rec.predicted_ttft_ms >= 2.0 * 9
+
+
+def test_load_from_heartbeat_raises_predicted_tpot():
+    planner = Planner(config())
+    idle = profiled(two_by_two()).cluster
+    busy = dataclasses.replace(idle, workers=tuple(
+        dataclasses.replace(w, load=Load(active_decode_batch=5, free_blocks=60, total_blocks=64)) for w in idle.workers))
+    p_idle = planner.plan("a", "t", (1, 2, 3), 4, "colocated", Slo(), idle)
+    p_busy = planner.plan("b", "t", (1, 2, 3), 4, "colocated", Slo(), busy)
+    # Idle: one sequence, 10 ms. Busy: 6 sequences (60 ms) plus its own 3-token
+    # prefill dilating the 5 running streams, spread over 3 token gaps (1 ms).
+    assert (p_idle.predicted.tpot_ms, p_busy.predicted.tpot_ms) == (10.0, 60.0 + 3 / 3)
