@@ -5,7 +5,8 @@
 
 A backend is one entry in each table below; its module is imported only when
 chosen (UCX pulls in ucxx). Keyword `options` go to the backend's constructor
-(e.g. idle_timeout_s for tcp, io_timeout_s for the tcp sender).
+(e.g. idle_timeout_s for receivers, io_timeout_s for senders, window_bytes for
+the ucx sender's credit window).
 """
 
 from __future__ import annotations
@@ -28,9 +29,19 @@ def _inproc_receiver(host: str, name: str, **options: Any) -> KVReceiver:
     return InprocReceiver(name or f"receiver-{next(_anonymous)}", **options)
 
 
+def _ucx_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+    from .ucx import UcxReceiver
+    return UcxReceiver(**options)
+
+
 def _tcp_sender(**options: Any) -> KVSender:
     from .tcp import TcpSender
     return TcpSender(**options)
+
+
+def _ucx_sender(**options: Any) -> KVSender:
+    from .ucx import UcxSender
+    return UcxSender(**options)
 
 
 def _inproc_sender(**options: Any) -> KVSender:
@@ -41,12 +52,12 @@ def _inproc_sender(**options: Any) -> KVSender:
 RECEIVERS: dict[str, Callable[..., KVReceiver]] = {
     "inproc": _inproc_receiver,
     "tcp": _tcp_receiver,
-    # "ucx": _ucx_receiver,  -- services/transfer/ucx.py, same (host, name, **options) shape
+    "ucx": _ucx_receiver,
 }
 SENDERS: dict[str, Callable[..., KVSender]] = {
     "inproc": _inproc_sender,
     "tcp": _tcp_sender,
-    # "ucx": _ucx_sender,
+    "ucx": _ucx_sender,
 }
 
 

@@ -31,9 +31,11 @@ from typing import Callable
 
 from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
                    Verdict, checksum)
+from .common import destination as _destination
+from .common import emit as _emit
 from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC,
                        MAX_CONTROL_BODY_BYTES, MAX_ID_BYTES, VERDICT, VERSION, ProtocolError,
-                       byte_view, control_frame, decode_commit, json_body)
+                       control_frame, decode_commit, json_body)
 
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
@@ -380,28 +382,3 @@ class TcpReceiver(KVReceiver):
             _emit(exp, Failed(exp.transfer_id, verdict.reason))
         inbox.reply(VERDICT, exp.transfer_id,
                     {"published": verdict.published, "reason": verdict.reason})
-
-
-def _destination(exp: Expectation, key: ChunkKey, payload_len: int
-                 ) -> tuple[list[memoryview], str]:
-    """(views, '') to write `key` into, or ([], why the chunk is rejected)."""
-    if key in exp.received:
-        return [], f"duplicate chunk {key}"
-    try:
-        views = [byte_view(v) for v in exp.resolve(key)]
-    except Exception as e:  # noqa: BLE001 - KeyError by contract; range errors from the engine
-        return [], f"unexpected chunk {key}: {e!r}"
-    if any(v.readonly for v in views):
-        return [], f"chunk {key} resolves to read-only memory"
-    size = sum(v.nbytes for v in views)
-    if size != payload_len:
-        return [], f"chunk {key} is {payload_len} bytes, expected {size}"
-    return views, ""
-
-
-def _emit(exp: Expectation, event: object) -> None:
-    try:
-        exp.on_event(event)
-    except Exception:  # noqa: BLE001 - a listener's bug must not break the connection
-        log.exception("on_event of %s raised", exp.transfer_id)
-

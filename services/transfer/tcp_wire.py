@@ -31,6 +31,7 @@ import json
 import struct
 
 from .base import CHECKSUM_ALGORITHM, Chunk, ChunkKey, TransferCommit
+from .common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"
 VERSION = 1
@@ -117,10 +118,6 @@ def json_body(body: bytes) -> dict:
     return obj
 
 
-def byte_view(buf) -> memoryview:
-    """buf as a flat view of bytes (the unit of payload lengths and checksums)."""
-    v = memoryview(buf)
-    return v if v.format == "B" and v.ndim == 1 else v.cast("B")
 
 
 def parse_address(address: str) -> tuple[str, int]:

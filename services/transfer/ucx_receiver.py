@@ -1,0 +1,302 @@
+"""UCX backend, receiver side: UcxReceiver posts the destination views as UCX receive
+buffers and answers each chunk (ucx_wire.py has the messages, ucx_sender.py the other side).
+
+Receiver rules:
+  HELLO                     remember the sender's worker address (an endpoint for replies)
+  CHUNK of an unknown       ERROR; nothing posted
+  transfer
+  duplicate key, key the    Failed for the transfer; ERROR
+  resolver refuses, wrong
+  length, bad sizes
+  CHUNK accepted            the views are cut where either side's views break, each
+                            segment posted as a receive on its own DATA tag, READY sent
+  every segment arrived     checksum over the views: equal -> ChunkArrived + VISIBLE;
+                            different -> Failed + ERROR
+  a segment failed (sender  Failed for the transfer
+  died mid-read) or no data
+  for idle_timeout_s
+  COMMIT                    the transfer leaves `pending`; on_commit runs in a task; VERDICT
+  ABORT                     Failed("aborted by sender: ...")
+
+Safety invariant: the only writes into a destination view are UCX receives
+posted by this object, and `fence(tid)` returns only once every receive posted
+for tid has completed — by the sender's data, by an error, or by `drain`, which
+completes a still-posted receive with one byte from ourselves. After `fence`, no
+byte can land in the transfer's views (a late sender's data no longer matches
+any posted receive). Every method runs on the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import os
+
+from . import ucx_wire as wire
+from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
+                   Verdict, checksum)
+from .common import cut_points, destination, emit, segments
+from .tcp_wire import decode_commit
+from .ucx_runtime import Mailbox, UcxRuntime, local_host, runtime, send_control
+
+log = logging.getLogger(f"{__package__}.ucx")
+
+STOP_GRACE_S = 5.0
+
+
+class UcxReceiver(KVReceiver):
+    """Accepts pushed chunks into posted views; `address` is ucx://nonce@host/worker-address."""
+
+    def __init__(self, idle_timeout_s: float = 30.0, fence_timeout_s: float = 2.0,
+                 host: str = ""):
+        """idle_timeout_s: a posted chunk whose data does not arrive in this long fails
+        its transfer. fence_timeout_s: how long `fence` waits for posted receives to
+        complete by themselves before draining them."""
+        if idle_timeout_s <= 0 or fence_timeout_s <= 0:
+            raise ValueError("idle_timeout_s and fence_timeout_s must be positive")
+        self.idle_timeout_s, self.fence_timeout_s = idle_timeout_s, fence_timeout_s
+        self.host = host or local_host()
+        self.nonce = wire.new_nonce()
+        self.pending: dict[str, Expectation] = {}
+        self._rt: UcxRuntime | None = None
+        self._mailbox: Mailbox | None = None
+        self._senders: dict[int, tuple[bytes, object]] = {}  # nonce -> (address, endpoint)
+        self._posted: dict[str, list[tuple[int, asyncio.Future]]] = {}
+        self._last_heard: dict[str, float] = {}  # pending transfers that sent something
+        self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
+        self._tasks: set[asyncio.Task] = set()
+        self._data = itertools.count(1)
+        self._oob = itertools.count(1)
+        self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
+
+    @property
+    def address(self) -> str:
+        if self._rt is None:
+            raise RuntimeError("UcxReceiver.address: not started")
+        return wire.format_address(self.nonce, self.host, os.getpid(), self._rt.address)
+
+    async def start(self) -> None:
+        self._rt = runtime()
+        self._mailbox = Mailbox(self._rt, wire.tag(wire.CTRL, self.nonce), self._on_message,
+                                f"ucx-receiver-{self.nonce:x}")
+        self._mailbox.start()
+        log.info("ucx receiver %x at %s: transports %s", self.nonce, self.host,
+                 ",".join(self._rt.transports))
+
+    async def stop(self) -> None:
+        if self._mailbox is not None:
+            await self._mailbox.stop()
+            self._mailbox = None
+        for tid in list(self.pending):
+            self._fail(tid, "receiver stopped")
+        for tid in list(self._posted):
+            await self.fence(tid)
+        if self._tasks:
+            _, late = await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
+            for t in late:
+                t.cancel()
+
+    def expect(self, expectation: Expectation) -> None:
+        self.pending[expectation.transfer_id] = expectation
+
+    def forget(self, transfer_id: str) -> None:
+        self.pending.pop(transfer_id, None)
+        self._last_heard.pop(transfer_id, None)
+        self._claimed.pop(transfer_id, None)
+
+    def _heard(self, tid: str) -> None:
+        """A message of pending transfer tid arrived: (re)arm its idle watchdog."""
+        loop = asyncio.get_running_loop()
+        first = tid not in self._last_heard
+        self._last_heard[tid] = loop.time()
+        if first:
+            self._spawn(self._watchdog(tid, self.pending[tid]))
+
+    async def _watchdog(self, tid: str, exp: Expectation) -> None:
+        """Fail a started transfer whose sender says nothing for idle_timeout_s.
+
+        With UCX error handling off a dead sender is otherwise silent; chunks in
+        flight have their own timeout in `_land`.
+        """
+        loop = asyncio.get_running_loop()
+        while self.pending.get(tid) is exp and tid in self._last_heard:
+            wait = self._last_heard[tid] + self.idle_timeout_s - loop.time()
+            if wait <= 0:
+                self._fail(tid, f"sender idle for {self.idle_timeout_s} s")
+                return
+            await asyncio.sleep(wait)
+
+    async def fence(self, transfer_id: str) -> None:
+        posted = self._posted.pop(transfer_id, [])
+        waiting = [(t, f) for t, f in posted if not f.done()]
+        if not waiting:
+            return
+        await asyncio.wait([f for _, f in waiting], timeout=self.fence_timeout_s)
+        stuck = [(t, f) for t, f in waiting if not f.done()]
+        for t, _ in stuck:
+            await self._rt.drain(t)
+            self.stats["drained"] += 1
+        if stuck:
+            _, still = await asyncio.wait([f for _, f in stuck], timeout=STOP_GRACE_S)
+            if still:  # cannot happen unless UCX lost our own message; say so loudly
+                log.error("fence of %s: %d receives still posted after drain", transfer_id,
+                          len(still))
+            log.info("fence of %s drained %d posted receives", transfer_id, len(stuck))
+
+    # -- messages (mailbox, in arrival order)
+    async def _on_message(self, kind: int, tid: str, nonce: int, body: dict) -> None:
+        if kind == wire.HELLO:
+            await self._on_hello(nonce, body)
+            return
+        if nonce not in self._senders:
+            log.warning("ucx receiver: %s from unknown sender %x dropped",
+                        wire.KIND_NAMES.get(kind), nonce)
+            if kind in (wire.CHUNK, wire.COMMIT):
+                self._fail(tid, "chunk from a sender that never said HELLO")
+            return
+        if tid in self.pending:
+            self._heard(tid)
+        if kind == wire.CHUNK:
+            self._on_chunk(nonce, tid, body)
+        elif kind == wire.COMMIT:
+            self._on_commit(nonce, tid, body)
+        elif kind == wire.ABORT:
+            self._fail(tid, f"aborted by sender: {body.get('reason', '')}")
+        else:
+            log.warning("ucx receiver: unexpected %s for %s", wire.KIND_NAMES.get(kind), tid)
+
+    async def _on_hello(self, nonce: int, body: dict) -> None:
+        try:
+            address = base64.urlsafe_b64decode(str(body["address"]).encode())
+            ep = await self._rt.endpoint(address)
+        except Exception as e:  # noqa: BLE001 - bad address or UCX error: ignore the sender
+            log.warning("ucx receiver: HELLO from %x unusable: %r", nonce, e)
+            return
+        self._senders[nonce] = (address, ep)
+
+    def _on_chunk(self, nonce: int, tid: str, body: dict) -> None:
+        exp = self.pending.get(tid)
+        try:
+            serial = int(body["serial"])
+            key = ChunkKey(*(int(x) for x in body["key"]))
+            nbytes, sent = int(body["bytes"]), str(body["checksum"])
+            sizes = [int(x) for x in body["sizes"]]
+        except (KeyError, TypeError, ValueError) as e:
+            self._reject(nonce, tid, exp, f"malformed CHUNK: {e!r}")
+            return
+        if exp is None:
+            self._reply(nonce, wire.ERROR, tid, {"reason": f"transfer {tid} not expected"})
+            return
+        claimed = self._claimed.setdefault(tid, set())
+        views, problem = ([], f"duplicate chunk {key}") if key in claimed else \
+            destination(exp, key, nbytes)
+        if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != nbytes):
+            problem = f"chunk {key}: sender views {sizes[:4]}... do not add up to {nbytes}"
+        if problem:
+            self._reject(nonce, tid, exp, problem)
+            return
+        claimed.add(key)
+        cuts = cut_points(sizes, [v.nbytes for v in views if v.nbytes])
+        segs = segments([v for v in views if v.nbytes], cuts)
+        first = next(self._data)
+        for _ in segs[1:]:
+            next(self._data)
+        posted = [(t, self._rt.post_recv(seg, t))
+                  for t, seg in ((wire.tag(wire.DATA, self.nonce, first + i), seg)
+                                 for i, seg in enumerate(segs))]
+        self._posted.setdefault(tid, []).extend(posted)
+        self._reply(nonce, wire.READY, tid, {"serial": serial, "cuts": cuts,
+                                             "tag": wire.tag(wire.DATA, self.nonce, first)})
+        self._spawn(self._land(nonce, tid, exp, serial, key, views, sent, posted))
+
+    async def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
+                    views: list[memoryview], sent: str, posted: list) -> None:
+        futs = [f for _, f in posted]
+        done, pending = await asyncio.wait(futs, timeout=self.idle_timeout_s)
+        if self.pending.get(tid) is not exp:
+            return  # forgotten, failed or committed meanwhile; fence() owns the receives
+        if pending:
+            self._fail(tid, f"chunk {key}: no data for {self.idle_timeout_s} s (sender idle)")
+            return
+        errors = [f.exception() for f in done if f.exception() is not None]
+        if errors:
+            self._fail(tid, f"chunk {key}: receive failed (sender lost?): {errors[0]!r}")
+            return
+        got = checksum(views)
+        if got != sent:
+            self._reject(nonce, tid, exp, f"checksum mismatch in chunk {key}: sender {sent}, "
+                                          f"received {got}")
+            return
+        nbytes = sum(v.nbytes for v in views)
+        self._heard(tid)
+        arrived = ChunkArrived(tid, key, nbytes, got)
+        exp.received[key] = arrived
+        self.stats["chunks"] += 1
+        self.stats["bytes"] += nbytes
+        emit(exp, arrived)
+        self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
+
+    def _on_commit(self, nonce: int, tid: str, body: dict) -> None:
+        exp = self.pending.get(tid)
+        if exp is None:
+            self._reply(nonce, wire.VERDICT, tid, {"published": False,
+                                                   "reason": f"transfer {tid} not expected"})
+            return
+        try:
+            commit = decode_commit(body)
+            if commit.transfer_id != tid:
+                raise ValueError(f"commit names transfer {commit.transfer_id}")
+        except ValueError as e:
+            self._reject(nonce, tid, exp, f"malformed commit: {e}")
+            return
+        del self.pending[tid]  # ends here: no more chunks, no Failed from stop/idle
+        self._last_heard.pop(tid, None)
+        self._claimed.pop(tid, None)
+        self._spawn(self._decide(nonce, exp, commit))
+
+    async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
+        try:
+            verdict = await exp.on_commit(commit)
+        except asyncio.CancelledError:
+            emit(exp, Failed(exp.transfer_id, "receiver stopped during commit"))
+            raise
+        except Exception as e:  # noqa: BLE001 - the handler's bug must not kill the receiver
+            log.exception("on_commit of %s raised", exp.transfer_id)
+            verdict = Verdict(False, f"commit handler failed: {e!r}")
+            emit(exp, Failed(exp.transfer_id, verdict.reason))
+        self._reply(nonce, wire.VERDICT, exp.transfer_id,
+                    {"published": verdict.published, "reason": verdict.reason})
+
+    # -- helpers
+    def _reject(self, nonce: int, tid: str, exp: Expectation | None, reason: str) -> None:
+        if exp is not None and self.pending.get(tid) is exp:
+            self._fail(tid, reason)
+        self._reply(nonce, wire.ERROR, tid, {"reason": reason})
+
+    def _fail(self, tid: str, reason: str) -> None:
+        exp = self.pending.pop(tid, None)
+        self._last_heard.pop(tid, None)
+        self._claimed.pop(tid, None)
+        if exp is not None:
+            self.stats["failed_transfers"] += 1
+            log.info("transfer %s failed: %s", tid, reason)
+            emit(exp, Failed(tid, reason))
+
+    def _reply(self, nonce: int, kind: int, tid: str, body: dict) -> None:
+        entry = self._senders.get(nonce)
+        if entry is None:
+            return
+        self._spawn(send_control(self._rt, entry[1], wire.tag(wire.REPLY, nonce), kind, tid,
+                                 self.nonce, body, lambda: next(self._oob), self.idle_timeout_s))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("ucx receiver task failed: %r", task.exception())

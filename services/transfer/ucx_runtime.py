@@ -1,0 +1,191 @@
+"""The process's UCX worker (through ucxx) as the UCX backend uses it.
+
+One ucxx application context per process (ucxx keeps it global), progressed by
+ucxx's own thread. Endpoints are made from the peer's *worker address* with
+endpoint error handling off: that is the only way UCX picks shared memory
+(sysv/posix eager, cma rendezvous) between processes on one host — endpoints
+from ucxx's listener path always take tcp. Across hosts UCX picks tcp or RDMA,
+on GPU pods cuda_ipc/GPUDirect; `UCX_TLS`, `UCX_NET_DEVICES` and friends are
+read by UCX itself and respected.
+
+With error handling off UCX reports no peer failure on an endpoint: an
+operation towards a dead peer may never complete. Every wait in the backend is
+therefore bounded by a timeout, and a posted receive is fenced by completing it
+ourselves (`drain`) when its sender is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Awaitable, Callable
+
+from . import ucx_wire as wire
+
+log = logging.getLogger(f"{__package__}.ucx")
+
+_runtime: "UcxRuntime | None" = None
+
+
+def runtime() -> "UcxRuntime":
+    """The process-wide runtime, created on first use (imports ucxx)."""
+    global _runtime
+    if _runtime is None:
+        _runtime = UcxRuntime()
+    return _runtime
+
+
+def local_host() -> str:
+    return os.environ.get("PD_DATA_HOSTNAME") or socket.gethostname()
+
+
+class UcxRuntime:
+    """ucxx context, endpoint cache, posted receives and sends that complete as futures."""
+
+    def __init__(self):
+        os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        import ucxx
+        from ucxx._lib.arr import Array
+        from ucxx._lib.libucxx import UCXAddress
+        from ucxx.types import Tag
+        self._Array, self._Tag, self._Address = Array, Tag, UCXAddress
+        self.ctx = ucxx.core._get_ctx()
+        self.address = bytes(self.ctx.worker_address)
+        self.host = local_host()
+        self._eps: dict[bytes, object] = {}
+        self.transports = _transports(self.ctx.ucp_context_info)
+        log.info("ucx runtime: transports %s (UCX_TLS=%s)", ",".join(self.transports),
+                 os.environ.get("UCX_TLS", "<all>"))
+
+    async def endpoint(self, address: bytes):
+        """An endpoint to the worker at `address` (cached; error handling off)."""
+        ep = self._eps.get(address)
+        if ep is None:
+            ep = await self.ctx.create_endpoint_from_worker_address(
+                self._Address.create_from_buffer(address), endpoint_error_handling=False)
+            self._eps[address] = ep
+        return ep
+
+    def drop(self, address: bytes) -> None:
+        """Forget the endpoint to `address` (its peer is gone); later calls make a new one."""
+        ep = self._eps.pop(address, None)
+        if ep is not None:
+            try:
+                ep.abort()
+            except Exception:  # noqa: BLE001 - the peer is gone either way
+                log.debug("ucx endpoint abort failed", exc_info=True)
+
+    def path_to(self, host: str) -> str:
+        """The data path UCX can take to a peer on `host`, as configured here."""
+        shm = [t for t in self.transports if t in ("sysv", "posix", "cma", "xpmem", "knem")]
+        if host == self.host and shm:
+            return "shm(" + "+".join(shm) + ")"
+        net = [t for t in self.transports if t not in ("self", "sysv", "posix", "cma",
+                                                       "xpmem", "knem")]
+        return "net(" + "+".join(net or ["none"]) + ")"
+
+    def post_recv(self, buffer, tag: int) -> asyncio.Future:
+        """Post a receive into `buffer` now; a future completing when the bytes are there."""
+        req = self.ctx.worker.tag_recv(self._Array(buffer), self._Tag(tag))
+        return asyncio.ensure_future(req.wait())
+
+    def post_send(self, ep, buffer, tag: int) -> asyncio.Future:
+        """Post a send of `buffer` now; a future completing when UCX is done with it."""
+        req = ep._ep.tag_send(self._Array(buffer), self._Tag(tag))
+        return asyncio.ensure_future(req.wait())
+
+    async def drain(self, tag: int) -> None:
+        """Complete a receive posted on `tag` with one byte from ourselves (fence)."""
+        ep = await self.endpoint(self.address)
+        await self.post_send(ep, bytearray(1), tag)
+
+
+def _transports(info: str) -> list[str]:
+    names = []
+    for line in info.splitlines():
+        if "component" in line and ":" in line and "md " not in line:
+            name = line.rsplit(":", 1)[1].strip()
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+Handler = Callable[[int, str, int, dict], Awaitable[None] | None]
+
+
+class Mailbox:
+    """Receives control messages on one tag and hands them, in order, to `handler`.
+
+    handler(kind, transfer_id, nonce, body) runs on the event loop; it must not
+    block (long work goes to tasks). A malformed message is logged and dropped.
+    """
+
+    def __init__(self, rt: UcxRuntime, tag: int, handler: Handler, name: str):
+        self.rt, self.tag, self.handler, self.name = rt, tag, handler, name
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._stopping = True
+        msg, _ = wire.encode(wire.STOP, "", 0)
+        ep = await self.rt.endpoint(self.rt.address)
+        await asyncio.wait_for(self.rt.post_send(ep, msg, self.tag), 5)
+        try:
+            await asyncio.wait_for(self._task, 5)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self._task.cancel()
+        self._task = None
+
+    async def _run(self) -> None:
+        buf = bytearray(wire.MESSAGE_BUFFER_BYTES)
+        view = memoryview(buf)
+        while True:
+            await self.rt.post_recv(buf, self.tag)
+            try:
+                kind, tid, nonce, body_len, oob = wire.decode_head(view)
+                if kind == wire.STOP and self._stopping:
+                    return
+                if oob:
+                    body = bytearray(body_len)
+                    await asyncio.wait_for(self.rt.post_recv(body, oob), 30)
+                else:
+                    body = wire.inline_body(view, tid, body_len)
+                obj = wire.json_body(bytes(body))
+            except (wire.ProtocolError, asyncio.TimeoutError) as e:
+                log.warning("%s: dropped a control message: %s", self.name, e)
+                continue
+            try:
+                res = self.handler(kind, tid, nonce, obj)
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception:  # noqa: BLE001 - one bad message must not stop the mailbox
+                log.exception("%s: handler of %s for %s failed", self.name,
+                              wire.KIND_NAMES.get(kind), tid)
+
+
+async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, nonce: int,
+                       obj: dict | None, oob_counter: Callable[[], int],
+                       timeout_s: float) -> None:
+    """Send one control message (its body out of line when large) within timeout_s."""
+    msg, body = wire.encode(kind, transfer_id, nonce, obj)
+    futs = []
+    if body:
+        oob = wire.tag(wire.BODY, nonce, oob_counter())
+        msg = wire.with_oob_tag(msg, oob)
+        futs.append(rt.post_send(ep, msg, to_tag))
+        futs.append(rt.post_send(ep, body, oob))
+    else:
+        futs.append(rt.post_send(ep, msg, to_tag))
+    done, pending = await asyncio.wait(futs, timeout=timeout_s)
+    if pending:
+        raise TimeoutError(f"{wire.KIND_NAMES[kind]} for {transfer_id} not delivered in "
+                           f"{timeout_s} s")
+    for f in done:
+        f.result()
