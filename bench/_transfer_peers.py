@@ -87,7 +87,7 @@ class Peer:
     def __init__(self):
         self.kv: torch.Tensor | None = None
         self.geometry: Geometry | None = None
-        self.receiver = None
+        self.receivers: dict[str, object] = {}  # backend name -> KVReceiver
         self.senders: dict[str, object] = {}
         self.pending: dict[str, dict] = {}
         self.grpc_server = self.grpc_channel = None
@@ -115,11 +115,12 @@ class Peer:
     # ---- pdserve backends: receiver ------------------------------------------
     async def pd_listen(self, kind: str) -> str:
         from services.transfer.factory import make_receiver
-        self.receiver = make_receiver(kind, host="127.0.0.1", name="bench-receiver")
-        await self.receiver.start()
-        return self.receiver.address
+        receiver = self.receivers[kind] = make_receiver(kind, host="127.0.0.1",
+                                                        name=f"bench-{kind}")
+        await receiver.start()
+        return receiver.address
 
-    async def pd_expect(self, transfer_id: str) -> None:
+    async def pd_expect(self, kind: str, transfer_id: str) -> None:
         """Zero the cache and accept `transfer_id` into it (outside the timed window)."""
         self.kv.zero_()
         kv, rec = self.kv, {"arrived": {}, "state": "pending", "reason": "",
@@ -145,22 +146,22 @@ class Peer:
             end("published")
             return Verdict(True)
 
-        self.receiver.expect(Expectation(transfer_id, lambda key: chunk_views(kv, key),
-                                         on_event, on_commit))
+        self.receivers[kind].expect(Expectation(transfer_id, lambda key: chunk_views(kv, key),
+                                                on_event, on_commit))
 
-    async def pd_result(self, transfer_id: str, timeout_s: float = 60.0) -> dict:
+    async def pd_result(self, kind: str, transfer_id: str, timeout_s: float = 60.0) -> dict:
         """How the transfer ended and the digest of what landed."""
         rec = self.pending.pop(transfer_id)
         await asyncio.wait_for(rec["done"].wait(), timeout_s)
-        self.receiver.forget(transfer_id)
-        await self.receiver.fence(transfer_id)
+        self.receivers[kind].forget(transfer_id)
+        await self.receivers[kind].fence(transfer_id)
         return {"state": rec["state"], "reason": rec["reason"], "chunks": len(rec["arrived"]),
                 "digest": digest(self.kv)}
 
     async def pd_stop(self) -> None:
-        if self.receiver is not None:
-            await self.receiver.stop()
-            self.receiver = None
+        for receiver in self.receivers.values():
+            await receiver.stop()
+        self.receivers.clear()
 
     # ---- pdserve backends: sender ---------------------------------------------
     async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:

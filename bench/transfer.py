@@ -106,9 +106,9 @@ def pdserve_path(r: Peer, s: Peer, kind: str, dest: str, sent: str, size_mib: in
                  repeats: int) -> list[float]:
     def one(i: int) -> float:
         tid = f"{kind}-{size_mib}-{i}"
-        r.call("pd_expect", transfer_id=tid)
+        r.call("pd_expect", kind=kind, transfer_id=tid)
         out = s.call("pd_send", kind=kind, dest=dest, transfer_id=tid, kv_digest=sent)
-        res = r.call("pd_result", transfer_id=tid)
+        res = r.call("pd_result", kind=kind, transfer_id=tid)
         if not out["published"] or res["state"] != "published":
             raise RuntimeError(f"pdserve-{kind}: not published ({out['reason']} / {res['reason']})")
         check_digest(res["digest"], sent, f"pdserve-{kind}")
