@@ -130,8 +130,8 @@ class Progress:
             sys.stderr.flush()
 
 
-MODE_STYLE = {"colocated": ("tab:blue", "o"), "disaggregated": ("tab:orange", "s"),
-              "auto": ("tab:green", "^")}
+MODE_STYLE = {"colocated": ("tab:blue", "o", "-"), "disaggregated": ("tab:orange", "s", "--"),
+              "auto": ("tab:green", "^", "-.")}
 
 
 def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
@@ -142,6 +142,7 @@ def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
     """
     try:
         import matplotlib
+        import matplotlib.ticker
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
@@ -151,14 +152,17 @@ def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
     for ax, workload in zip(axes[0], names):
         for mode, points in results[workload].items():
             pts = sorted(points, key=lambda p: p.rate_rps)
-            color, marker = MODE_STYLE.get(mode, ("tab:gray", "x"))
+            color, marker, line = MODE_STYLE.get(mode, ("tab:gray", "x", ":"))
             g = goodputs[workload][mode].goodput_rps
             ax.plot([p.rate_rps for p in pts], [p.joint_attainment for p in pts], marker=marker,
-                    color=color, label=f"{mode} (goodput {g:.2f} rps)")
+                    linestyle=line, color=color, label=f"{mode} (goodput {g:.2f} rps)")
             if g > 0:
                 ax.axvline(g, color=color, linestyle=":", linewidth=1)
         ax.axhline(target, color="gray", linestyle="--", linewidth=1)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.tick_params(axis="x", which="minor", labelsize=7)
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("joint SLO attainment (TTFT and TPOT)")

@@ -44,6 +44,8 @@ class Outcome:
     """'disaggregated', 'colocated', or 'error:<CODE>'."""
     start_lag_ms: float
     """How late the client issued the request against its scheduled arrival."""
+    error: str = ""
+    """The error's message, when the request failed."""
 
     @property
     def ok(self) -> bool:
@@ -76,6 +78,8 @@ class PointResult:
     routes: dict[str, int] = field(default_factory=dict)
     max_start_lag_ms: float = 0.0
     wall_s: float = 0.0
+    first_error: str = ""
+    """Message of the first failed request (diagnosis), truncated."""
 
     def passed(self, target: float) -> bool:
         """Joint attainment reaches `target`."""
@@ -104,7 +108,8 @@ def score(rate_rps: float, outcomes: list[Outcome], slo: Slo, wall_s: float) -> 
         p50_tpot_ms=_quantile([o.tpot_ms for o in done], 0.5),
         p90_tpot_ms=_quantile([o.tpot_ms for o in done], 0.9),
         errors=n - len(done), routes=dict(Counter(o.route for o in outcomes)),
-        max_start_lag_ms=max(o.start_lag_ms for o in outcomes), wall_s=wall_s)
+        max_start_lag_ms=max(o.start_lag_ms for o in outcomes), wall_s=wall_s,
+        first_error=next((o.error[:300] for o in outcomes if not o.ok), ""))
 
 
 async def _one(client: AsyncClient, r: Request, slo: Slo, lag_ms: float) -> Outcome:
@@ -114,7 +119,7 @@ async def _one(client: AsyncClient, r: Request, slo: Slo, lag_ms: float) -> Outc
             slo_ttft_ms=slo.ttft_ms[r.cls], slo_tpot_ms=slo.tpot_ms[r.cls],
             deadline_s=REQUEST_DEADLINE_S)
     except PdError as e:
-        return Outcome(r.cls, float("inf"), float("inf"), 0, f"error:{e.code}", lag_ms)
+        return Outcome(r.cls, float("inf"), float("inf"), 0, f"error:{e.code}", lag_ms, e.message)
     tpot = client_tpot_ms(res.latency_ms, res.ttft_ms, res.num_tokens)
     return Outcome(r.cls, res.ttft_ms, tpot, res.num_tokens, res.route, lag_ms)
 

@@ -54,16 +54,23 @@ class Workload:
     mix: tuple[tuple[str, float], ...]
     """(class name, probability) pairs; probabilities sum to 1."""
     arrivals: str
-    """'poisson' (exponential gaps) or 'bursty' (gamma gaps with coefficient of variation `cv`)."""
-    cv: float = 1.0
-    """Coefficient of variation of the gaps (1 = Poisson; > 1 = bursts and lulls)."""
+    """'poisson' (exponential gaps), or 'bursty': bursts of 1..max_burst requests
+    (uniform), the requests of a burst `burst_gap_unit` apart on average
+    (exponential), bursts `burst_spacing_shape`-gamma distributed apart."""
+    max_burst: int = 1
+    """Largest burst ('bursty' only)."""
+    burst_gap_unit: float = 0.02
+    """Mean gap inside a burst, in units of the mean gap between requests."""
+    burst_spacing_shape: float = 2.0
+    """Gamma shape of the gaps between bursts (1 = Poisson bursts; 2 = more regular,
+    so a dozen requests do not pile several bursts on top of each other)."""
     requests_per_rate: int = 12
     """Requests sent at each rate point."""
 
     def __post_init__(self) -> None:
         assert abs(sum(p for _, p in self.mix) - 1.0) < 1e-9, self.mix
         assert self.arrivals in ("poisson", "bursty"), self.arrivals
-        assert self.cv > 0 and self.requests_per_rate >= 1
+        assert self.max_burst >= 1 and self.requests_per_rate >= 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,20 +104,42 @@ def request_classes(quick: bool) -> dict[str, RequestClass]:
 
 
 def workloads(quick: bool) -> dict[str, Workload]:
-    """`long` (bursty), `short` (Poisson) and `mixed` (a quarter long, Poisson)."""
+    """`long` (bursts of 1-3), `short` (Poisson) and `mixed` (a quarter long, Poisson)."""
     n = (3, 4, 4) if quick else (12, 24, 16)
     return {
-        "long": Workload("long", (("long", 1.0),), "bursty", cv=2.0, requests_per_rate=n[0]),
+        "long": Workload("long", (("long", 1.0),), "bursty", max_burst=3, requests_per_rate=n[0]),
         "short": Workload("short", (("short", 1.0),), "poisson", requests_per_rate=n[1]),
         "mixed": Workload("mixed", (("long", 0.25), ("short", 0.75)), "poisson", requests_per_rate=n[2]),
     }
 
 
-def _gap(rng: random.Random, w: Workload) -> float:
-    if w.arrivals == "poisson":
-        return rng.expovariate(1.0)
-    shape = 1.0 / (w.cv * w.cv)  # gamma with mean 1 and CV = cv
-    return rng.gammavariate(shape, 1.0 / shape)
+def arrival_times(w: Workload, rng: random.Random) -> list[float]:
+    """w.requests_per_rate arrival times, the first at 0 and the last at n - 1.
+
+    Scaling the span to n - 1 makes the trace's realized rate exactly its
+    nominal rate (1 per unit), so a rate point's label is the rate it sent.
+    Bursts are bounded (not a gamma process of requests): with unbounded
+    clustering, a burst of k long prompts arriving together misses any fixed
+    TTFT objective at every rate, so attainment would never reach the target
+    however low the rate.
+    """
+    times: list[float] = []
+    t = 0.0
+    mean_burst = (1 + w.max_burst) / 2 if w.arrivals == "bursty" else 1.0
+    while len(times) < w.requests_per_rate:
+        size = rng.randint(1, w.max_burst) if w.arrivals == "bursty" else 1
+        for k in range(size):
+            if k:
+                t += rng.expovariate(1.0 / w.burst_gap_unit)
+            times.append(t)
+        # A burst of mean size m every m units on average: mean rate 1.
+        shape = w.burst_spacing_shape if w.arrivals == "bursty" else 1.0
+        t += rng.gammavariate(shape, mean_burst / shape)
+    times = times[:w.requests_per_rate]
+    span = times[-1]
+    if len(times) < 2 or span <= 0:
+        return [0.0] * len(times)
+    return [x * (len(times) - 1) / span for x in times]
 
 
 def random_prompt(rng: random.Random, n_tokens: int, vocab_size: int) -> list[int]:
@@ -129,11 +158,8 @@ def trace(w: Workload, classes: dict[str, RequestClass], seed: int, vocab_size: 
     content = random.Random(f"{w.name}/{seed}/content/{salt}")
     names = [c for c, _ in w.mix]
     weights = [p for _, p in w.mix]
-    t = 0.0
     out = []
-    for i in range(w.requests_per_rate):
-        if i:
-            t += _gap(rng, w)
+    for i, t in enumerate(arrival_times(w, rng)):
         c = classes[rng.choices(names, weights)[0]]
         prompt = random_prompt(content, rng.randint(*c.prompt_tokens), vocab_size)
         out.append(Request(i, c.name, prompt, rng.randint(*c.output_tokens), t, rng.randrange(2**31)))

@@ -82,20 +82,20 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workloads", default="long,short,mixed")
     ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--ttft-slo-x", type=float, default=3.0,
+    ap.add_argument("--ttft-slo-x", type=float, default=5.0,
                     help="TTFT SLO = this x single-request TTFT of the class's median prompt")
     ap.add_argument("--tpot-slo-x", type=float, default=2.0,
                     help="TPOT SLO = this x single-request TPOT of the class's median request")
     ap.add_argument("--target", type=float, default=0.9, help="joint attainment that counts as good")
     ap.add_argument("--max-points", type=int, default=None, help="rates per sweep (4; quick 2)")
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget of the whole run (1140; quick 200)")
+                    help="wall-clock budget of the whole run (1140; quick 330)")
     ap.add_argument("--calibration-repeats", type=int, default=None, help="(3; quick 1)")
     ap.add_argument("--num-blocks", type=int, default=2048, help="K/V blocks per worker")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "out"))
     args = ap.parse_args()
     args.max_points = args.max_points or (2 if args.quick else 4)
-    args.budget_s = args.budget_s or (200.0 if args.quick else 1140.0)
+    args.budget_s = args.budget_s or (330.0 if args.quick else 1140.0)
     args.calibration_repeats = args.calibration_repeats or (1 if args.quick else 3)
     return args
 
@@ -194,8 +194,9 @@ class Bench:
                 self.calibrate(address)
                 self.cluster_cost_s = time.monotonic() - t + 10.0
             self.progress.step(1, f"{mode}: cluster up")
-            for j, name in enumerate(self.workloads):
-                left = (remaining_modes - 1) * len(self.workloads) + len(self.workloads) - j
+            names = list(self.workloads)
+            for j, name in enumerate(names):
+                left = names[j:] + names * (remaining_modes - 1)
                 self.sweep(address, mode, name, left, remaining_modes - 1)
         finally:
             cluster.down()
@@ -215,14 +216,23 @@ class Bench:
                       start_rate_rps={n: round(start_rate(w, self.iso), 3) for n, w in self.workloads.items()})
         self.progress.step(1, "calibrated")
 
-    def sweep_deadline(self, sweeps_left: int, clusters_left: int) -> float:
-        """This sweep's share of what remains of the budget."""
-        end = self.t0 + self.args.budget_s - clusters_left * self.cluster_cost_s - 5.0
-        return time.monotonic() + max(0.0, end - time.monotonic()) / sweeps_left
+    def point_estimate_s(self, name: str, rate: float) -> float:
+        """Rough wall time of one rate point: the arrival span plus the last request's service."""
+        w = self.workloads[name]
+        span = (w.requests_per_rate - 1) / rate  # arrival_times spans n - 1 units
+        return span + drain_s(w, self.classes, self.iso)
 
-    def sweep(self, address: str, mode: str, name: str, sweeps_left: int, clusters_left: int) -> None:
+    def sweep_deadline(self, name: str, sweeps_left: list[str], clusters_left: int) -> float:
+        """This sweep's share of what remains of the budget, in proportion to its
+        estimated cost (a point at the start rate) among the sweeps left."""
+        cost = {n: self.point_estimate_s(n, start_rate(self.workloads[n], self.iso)) for n in set(sweeps_left)}
+        end = self.t0 + self.args.budget_s - clusters_left * self.cluster_cost_s - 5.0
+        share = cost[name] / sum(cost[n] for n in sweeps_left)
+        return time.monotonic() + max(0.0, end - time.monotonic()) * share
+
+    def sweep(self, address: str, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
         w, a = self.workloads[name], self.args
-        deadline = self.sweep_deadline(sweeps_left, clusters_left)
+        deadline = self.sweep_deadline(name, sweeps_left, clusters_left)
         search = RateSearch(start_rate(w, self.iso))
         points: list[PointResult] = []
         while len(points) < a.max_points:
@@ -230,7 +240,7 @@ class Bench:
             if rate is None:
                 break
             requests = trace(w, self.classes, a.seed, self.vocab, salt=len(points))
-            estimate_s = requests[-1].arrival_unit_s / rate + drain_s(w, self.classes, self.iso)
+            estimate_s = self.point_estimate_s(name, rate)
             if points and time.monotonic() + estimate_s > deadline:
                 self.out.emit("note", workload=name, mode=mode,
                               note=f"budget: stopped the sweep before {rate:.3f} rps (~{estimate_s:.0f} s)")
@@ -285,7 +295,8 @@ def _r(x: float | None) -> float | None:
 
 
 def _rounded(row: dict) -> dict:
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+    """Floats to 4 decimals; NaN (a quantile of no completed request) to null, which JSON can carry."""
+    return {k: ((None if v != v else round(v, 4)) if isinstance(v, float) else v) for k, v in row.items()}
 
 
 def main() -> None:
