@@ -60,11 +60,20 @@ class WorkerCosts:
     """One decode step of the current batch (0 when idle)."""
     admission_ms: float = 0.0
     """Wait for the next loop iteration once a hand-off is published."""
+    tpot_base: float = 0.0
+    tpot_per_token: float = 0.0
+    """tpot_with = tpot_base + tpot_per_token * (prompt + max_tokens // 2) + queue spread (precomputed)."""
+    can_prefill: bool = False
+    can_decode: bool = False
 
     def __post_init__(self) -> None:
         self.queue_ms = self.prefill_linear_ms(self.pending_tokens)
         self.step_ms = self.decode_step_ms(self.batch, self.context) if self.batch else 0.0
         self.admission_ms = self.step_ms + self.prefill_linear_ms(min(self.pending_tokens, self.chunk_tokens))
+        rounds = -(-(self.batch + 1) // self.max_batch) if self.max_batch else 1
+        self.tpot_base = self.decode_step_ms(self.batch + 1, self.context) * rounds
+        self.tpot_per_token = self.dec_ctx * rounds
+        self.can_prefill, self.can_decode = self.worker.can_prefill, self.worker.can_decode
 
     def prefill_ms(self, new: int, reused: int) -> float:
         """Forward pass over `new` prompt tokens after `reused` cached ones."""
@@ -84,10 +93,8 @@ class WorkerCosts:
         """Cadence of this worker's streams with one more request of this shape:
         a step over batch + 1 (rotated when over max_batch), plus the prefill work
         queued here (and `extra_prefill_ms`) spread over the request's tokens."""
-        batch = self.batch + 1
-        step = self.decode_step_ms(batch, self.context + prompt_tokens + max_tokens // 2)
-        rounds = -(-batch // self.max_batch) if self.max_batch else 1
-        return step * rounds + (self.queue_ms + extra_prefill_ms) / max(1, max_tokens - 1)
+        return (self.tpot_base + self.tpot_per_token * (prompt_tokens + max_tokens // 2)
+                + (self.queue_ms + extra_prefill_ms) / max(1, max_tokens - 1))
 
 
 @dataclasses.dataclass(slots=True)

@@ -136,45 +136,63 @@ def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape) -> Cand
         w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
 
 
-def _smallest(k: int, rows: Sequence[WorkerCosts], key: Callable[[WorkerCosts], float]) -> list[WorkerCosts]:
-    if len(rows) <= k:
-        return list(rows)
-    return heapq.nsmallest(k, rows, key=key)
+def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
+    """Cheap combined rank: each prediction relative to its target (or reference)."""
+    return ttft / ttft_ref + tpot / tpot_ref
 
 
 def candidates(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, top_k: int,
                usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
-    """Priced candidates after pruning each side to its `top_k` cheapest bounds."""
-    hits, bs, usable_blocks = req.hits, req.block_size, req.usable_blocks
-    n, m = req.prompt_tokens, req.max_tokens
-    decoders = [r for r in rows if r.worker.can_decode and (usable is None or usable(r))]
+    """Priced candidates: every worker priced once per side with plain arithmetic,
+    pairs priced as numbers, and only the `top_k` best pairs and `top_k` best
+    colocated workers (by TTFT and TPOT relative to their targets) become
+    Candidate objects."""
+    hits, bs, usable_blocks, n, m = req.hits, req.block_size, req.usable_blocks, req.prompt_tokens, req.max_tokens
+    gaps = max(1, m - 1)
+    ctx_add = n + m // 2
+    decoders = []  # (row, tpot with this request, usable hit blocks)
+    prefills = []  # (queue + prefill of the compute set, row, reused tokens)
+    for r in rows:
+        if usable is not None and not usable(r):
+            continue
+        hit = hits.get(r.worker.worker_id, 0) if hits else 0
+        if hit > usable_blocks:
+            hit = usable_blocks
+        if r.can_decode:  # tpot_with, inlined
+            decoders.append((r, r.tpot_base + r.tpot_per_token * ctx_add + r.queue_ms / gaps, hit))
+        if split and r.can_prefill:
+            new = n - hit * bs
+            prefills.append((r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0),
+                             r, hit * bs))
+    if not decoders:
+        return []
+    ttft_ref = req.slo_ttft_ms or max(1.0, min(p[0] for p in prefills) if prefills else 1.0)
+    tpot_ref = req.slo_tpot_ms or max(1e-3, min(d[1] for d in decoders))
     out: list[Candidate] = []
-    tpot_key = lambda r: r.tpot_with(n, m)  # noqa: E731
-    if split:
-        prefills = [r for r in rows if r.worker.can_prefill and (usable is None or usable(r))]
-
-        def p_bound(r: WorkerCosts) -> float:
-            reused = min(hits.get(r.worker.worker_id, 0), usable_blocks) * bs
-            return r.queue_ms + r.prefill_ms(n - reused, reused)
-
+    if split and prefills:
         ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
-
-        def d_bound(r: WorkerCosts) -> float:
-            moved = req.prompt_blocks - min(hits.get(r.worker.worker_id, 0), usable_blocks)
-            return r.admission_ms + moved * r.kv_bytes_per_block * ms_per_byte
-
-        top_d = {id(r): r for r in _smallest(top_k, decoders, d_bound) + _smallest(top_k, decoders, tpot_key)}
-        for p in _smallest(top_k, prefills, p_bound):
-            for d in top_d.values():
-                if d.worker.worker_id != p.worker.worker_id and d.worker.cache_abi_digest == p.worker.cache_abi_digest:
-                    out.append(price_pair(model, p, d, req))
+        blocks = req.prompt_blocks
+        d_side = [(r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte, tp, r) for r, tp, hit in decoders]
+        top_d = {id(x[2]): x for x in heapq.nsmallest(top_k, d_side, key=lambda x: x[0])
+                 + heapq.nsmallest(top_k, d_side, key=lambda x: x[1])}
+        overhead = model.overhead_ms(Route.DISAGGREGATED)
+        pairs = []
+        for p_ms, p, _ in heapq.nsmallest(top_k, prefills, key=lambda x: x[0]):
+            pid, abi = p.worker.worker_id, p.worker.cache_abi_digest
+            for d_ms, tp, d in top_d.values():
+                if d.worker.worker_id != pid and d.worker.cache_abi_digest == abi:
+                    pairs.append((_key(p_ms + d_ms + overhead, tp, ttft_ref, tpot_ref), p, d))
+        for _, p, d in heapq.nsmallest(top_k, pairs, key=lambda x: x[0]):
+            out.append(price_pair(model, p, d, req))
     if colocated:
-        def w_bound(r: WorkerCosts) -> float:
-            reused = min(hits.get(r.worker.worker_id, 0), usable_blocks) * bs
-            return r.queue_ms + r.prefill_ms(n - reused, reused)
-
-        top_w = {id(r): r for r in _smallest(top_k, decoders, w_bound) + _smallest(top_k, decoders, tpot_key)}
-        out.extend(price_colocated(model, w, req) for w in top_w.values())
+        overhead = model.overhead_ms(Route.COLOCATED)
+        cols = []
+        for r, tp, hit in decoders:
+            reused = hit * bs
+            own = r.prefill_ms(n - reused, reused)
+            ttft = r.queue_ms + own + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
+            cols.append((_key(ttft, tp + (own / gaps if r.batch else 0.0), ttft_ref, tpot_ref), r))
+        out.extend(price_colocated(model, r, req) for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
     return out
 
 

@@ -1,0 +1,124 @@
+"""Router decision latency on synthetic snapshots (not a test).
+
+For 8, 64 and 256 workers (half prefill, half decode, random load and
+calibrated-looking profiles) and a prefix index holding 10k block keys, times
+one auto-mode decision per request: prefix-index match of the prompt's block
+keys, pricing every worker, pruning to top-k per side, pricing the pairs and
+colocated candidates, SLO gates and scoring. Building the per-snapshot cost
+rows (once per snapshot fetch, shared by every request until the next one)
+and hashing the prompt (once per request) are timed separately.
+
+Prints one JSON line per size, e.g.
+    {"bench": "router", "workers": 64, "p50_us": ..., "p99_us": ..., ...}
+with a baseline measured in the same run: the old placement (`choose_pair`,
+queue/free-blocks ranking without a cost model) on the same snapshot.
+Target: p50 <= 100 us at 64 workers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kv_directory.profile import CostProfile  # noqa: E402
+from router.config import RouterConfig  # noqa: E402
+from router.cost_model import CostModel  # noqa: E402
+from router.decision import DecisionParams, RequestShape, decide  # noqa: E402
+from router.placement import Demand, choose_pair  # noqa: E402
+from router.prefix_index import PrefixIndex, block_hashes  # noqa: E402
+from router.scorers import build  # noqa: E402
+from router.types import Capacity, Cluster, Load, Role, Worker  # noqa: E402
+
+BLOCK = 16
+INDEX_KEYS = 10_000
+REQUESTS = 2_000
+
+
+def snapshot(n: int, rng: random.Random) -> Cluster:
+    """n workers, half prefill and half decode, with random load."""
+    workers = []
+    for i in range(n):
+        role = Role.PREFILL if i % 2 == 0 else Role.DECODE
+        profile = CostProfile(rng.uniform(0, 3), rng.uniform(0.05, 0.1), rng.uniform(5e-5, 1e-4),
+                              rng.uniform(2, 4), rng.uniform(0.1, 0.3), 3e-5, 8192, "calibrated")
+        workers.append(Worker(
+            f"{role.name.lower()}-{i}", role, f"10.0.0.{i}:1", cache_abi_digest="abi", profile=profile,
+            capacity=Capacity(total_blocks=4096, max_decode_batch=64, max_prefill_tokens=256, block_size=BLOCK,
+                              vocab_size=32000, max_model_len=8192),
+            load=Load(pending_prefill_tokens=rng.randrange(0, 4000), active_decode_batch=rng.randrange(0, 40),
+                      free_blocks=rng.randrange(100, 4096), total_blocks=4096,
+                      active_context_tokens=rng.randrange(0, 40_000))))
+    return Cluster(tuple(workers))
+
+
+def prompts(rng: random.Random, count: int) -> list[list[int]]:
+    """Prompts drawn from 200 shared 512-token prefixes plus a random tail."""
+    prefixes = [[rng.randrange(32000) for _ in range(512)] for _ in range(200)]
+    return [rng.choice(prefixes)[:rng.randrange(64, 513)] + [rng.randrange(32000) for _ in range(rng.randrange(8, 1024))]
+            for _ in range(count)]
+
+
+def fill_index(index: PrefixIndex, cluster: Cluster, reqs: list[list[int]], rng: random.Random) -> None:
+    """Record prompts at random workers until the index holds INDEX_KEYS keys."""
+    ids = [w.worker_id for w in cluster.workers]
+    i = 0
+    while len(index) < INDEX_KEYS:
+        index.record(rng.choice(ids), block_hashes(reqs[i % len(reqs)] + [i], BLOCK, "t")[:48])
+        i += 1
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run(n: int, seed: int = 0) -> dict:
+    rng = random.Random(seed + n)
+    cluster = snapshot(n, rng)
+    cfg = RouterConfig()
+    model = CostModel(cfg)
+    params = DecisionParams(build(cfg.weights()), cfg.candidate_top_k, cfg.disaggregation_margin)
+    reqs = prompts(rng, REQUESTS)
+    index = PrefixIndex(4096)
+    fill_index(index, cluster, reqs, rng)
+    t0 = time.perf_counter()
+    rows = [model.costs(w) for w in cluster.workers]
+    prepare_us = (time.perf_counter() - t0) * 1e6
+    hashes = [block_hashes(p, BLOCK, "t") for p in reqs]
+    hash_us = [0.0] * 0
+    for p in reqs[:200]:
+        t = time.perf_counter()
+        block_hashes(p, BLOCK, "t")
+        hash_us.append((time.perf_counter() - t) * 1e6)
+    decide_us, base_us, outcomes = [], [], {}
+    for p, h in zip(reqs, hashes):
+        t = time.perf_counter()
+        req = RequestShape(len(p), 128, BLOCK, 2000.0, 100.0, index.match(h))
+        d = decide(model, rows, req, params)
+        decide_us.append((time.perf_counter() - t) * 1e6)
+        outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
+        t = time.perf_counter()
+        choose_pair(cluster, Demand(len(p), 128))
+        base_us.append((time.perf_counter() - t) * 1e6)
+    p50, b50 = statistics.median(decide_us), statistics.median(base_us)
+    return {"bench": "router", "workers": n, "prefix_index_keys": len(index), "requests": len(reqs),
+            "p50_us": round(p50, 1), "p99_us": round(pct(decide_us, 0.99), 1),
+            "baseline_choose_pair_p50_us": round(b50, 1), "ratio_vs_baseline": round(p50 / b50, 2),
+            "snapshot_prepare_us": round(prepare_us, 1), "prompt_hash_p50_us": round(statistics.median(hash_us), 1),
+            "top_k": cfg.candidate_top_k, "outcomes": outcomes,
+            "target_p50_us_at_64": 100, "met": p50 <= 100 if n == 64 else None}
+
+
+def main() -> None:
+    for n in (8, 64, 256):
+        print(json.dumps(run(n)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
