@@ -125,8 +125,15 @@ async def _one(client: AsyncClient, r: Request, slo: Slo, lag_ms: float) -> Outc
 
 
 async def run_point(address: str, requests: list[Request], rate_rps: float, slo: Slo,
+                    max_wall_s: float = float("inf"),
                     on_done: Callable[[int], None] = lambda done: None) -> list[Outcome]:
-    """Issue each request at arrival_unit_s / rate (open loop) and wait for all of them."""
+    """Issue each request at arrival_unit_s / rate (open loop) and wait for all of them.
+
+    Requests still running `max_wall_s` after the first was issued are
+    cancelled (the router frees their work) and count as misses with
+    route 'error:POINT_WALL_CAP': a wedged or hopelessly overloaded point
+    cannot eat the run's time budget.
+    """
     loop = asyncio.get_running_loop()
     finished = 0
 
@@ -145,7 +152,13 @@ async def run_point(address: str, requests: list[Request], rate_rps: float, slo:
             task = asyncio.create_task(_one(client, r, slo, 1000 * (loop.time() - due)))
             task.add_done_callback(count)
             tasks.append(task)
-        return list(await asyncio.gather(*tasks))
+        _, late = await asyncio.wait(tasks, timeout=max(0.0, t0 + max_wall_s - loop.time()))
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+    return [Outcome(r.cls, float("inf"), float("inf"), 0, "error:POINT_WALL_CAP", 0.0,
+                    f"still running {max_wall_s:.0f} s into the point; cancelled")
+            if t.cancelled() else t.result() for r, t in zip(requests, tasks)]
 
 
 async def warm_up(address: str, vocab_size: int, seed: int, concurrent: int) -> None:

@@ -145,6 +145,12 @@ def config_row(args, classes, wls, modes, skipped) -> dict:
         "search": {"start": "1 / (mean single-request TTFT + mean output x TPOT / 4), same for every mode",
                    "factor": 2.0, "resolution": 1.15, "max_points_per_sweep": args.max_points,
                    "goodput": "interpolated between the highest passing and the next failing rate"},
+        "sizing": ("quick smoke run: long prompts 512-1024 (outputs 32-64), 3-4 requests per rate, "
+                   "2 rates per sweep; numbers are not meaningful" if args.quick else
+                   "2 cores shared by 2 workers, router, directory and client: a 2k-token prefill takes "
+                   "~2 s, so long prompts stay 1024-2048 (8x outputs of 64-128), 12 long / 24 short / "
+                   "16 mixed requests per rate (>= 90% allows 1, 2, 1 misses), up to 4 rates per sweep, "
+                   "each sweep's share of the budget in proportion to its estimated point time"),
         "budget_s": args.budget_s, "request_deadline_s": REQUEST_DEADLINE_S,
         "cluster": {"torch_threads": spec.torch_threads, "num_blocks": spec.num_blocks,
                     "block_size": spec.block_size, "chunk_tokens": spec.chunk_tokens,
@@ -164,6 +170,8 @@ class Bench:
         self.vocab = preset_config(args.preset).vocab_size
         self.loop = asyncio.new_event_loop()
         self.t0 = time.monotonic()
+        self.run_deadline = self.t0 + args.budget_s - 15.0
+        """Last moment a rate point may end (leaves time to stop the cluster and plot)."""
         self.cluster_cost_s = 45.0  # replaced by the first cluster's measured start + stop
         self.slo: Slo | None = None
         self.iso: dict[str, Isolated] = {}
@@ -177,6 +185,10 @@ class Bench:
         self.progress.close()
 
     def run_mode(self, mode: str, remaining_modes: int) -> None:
+        if time.monotonic() + self.cluster_cost_s > self.run_deadline:
+            self.out.emit("note", mode=mode, note="budget: skipped the mode (no time left to start its cluster)")
+            self.progress.step(1 + len(self.workloads) * self.args.max_points)
+            return
         self.progress.update(f"{mode}: starting cluster")
         t = time.monotonic()
         cluster = LocalCluster(cluster_spec(mode, self.args, Path(self.args.out_dir)))
@@ -191,8 +203,8 @@ class Bench:
         try:
             self.loop.run_until_complete(warm_up(address, self.vocab, self.args.seed, self.args.workers))
             if self.slo is None:
+                self.cluster_cost_s = time.monotonic() - t + 10.0  # start + warm-up, plus a stop
                 self.calibrate(address)
-                self.cluster_cost_s = time.monotonic() - t + 10.0
             self.progress.step(1, f"{mode}: cluster up")
             names = list(self.workloads)
             for j, name in enumerate(names):
@@ -222,17 +234,18 @@ class Bench:
         span = (w.requests_per_rate - 1) / rate  # arrival_times spans n - 1 units
         return span + drain_s(w, self.classes, self.iso)
 
-    def sweep_deadline(self, name: str, sweeps_left: list[str], clusters_left: int) -> float:
-        """This sweep's share of what remains of the budget, in proportion to its
-        estimated cost (a point at the start rate) among the sweeps left."""
+    def sweep_deadlines(self, name: str, sweeps_left: list[str], clusters_left: int) -> tuple[float, float]:
+        """(soft, hard): soft = this sweep's share of what remains of the budget, in
+        proportion to its estimated cost (a point at the start rate) among the
+        sweeps left; hard = the budget's end less the clusters still to start."""
         cost = {n: self.point_estimate_s(n, start_rate(self.workloads[n], self.iso)) for n in set(sweeps_left)}
-        end = self.t0 + self.args.budget_s - clusters_left * self.cluster_cost_s - 5.0
+        hard = self.run_deadline - clusters_left * self.cluster_cost_s
         share = cost[name] / sum(cost[n] for n in sweeps_left)
-        return time.monotonic() + max(0.0, end - time.monotonic()) * share
+        return time.monotonic() + max(0.0, hard - time.monotonic()) * share, hard
 
     def sweep(self, address: str, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
         w, a = self.workloads[name], self.args
-        deadline = self.sweep_deadline(name, sweeps_left, clusters_left)
+        soft, hard = self.sweep_deadlines(name, sweeps_left, clusters_left)
         search = RateSearch(start_rate(w, self.iso))
         points: list[PointResult] = []
         while len(points) < a.max_points:
@@ -241,15 +254,19 @@ class Bench:
                 break
             requests = trace(w, self.classes, a.seed, self.vocab, salt=len(points))
             estimate_s = self.point_estimate_s(name, rate)
-            if points and time.monotonic() + estimate_s > deadline:
+            # A sweep's first point may use the slack of the others; later ones only its share.
+            late = time.monotonic() + estimate_s > (soft if points else hard)
+            if late:
+                what = "stopped the sweep" if points else "skipped the sweep"
                 self.out.emit("note", workload=name, mode=mode,
-                              note=f"budget: stopped the sweep before {rate:.3f} rps (~{estimate_s:.0f} s)")
+                              note=f"budget: {what} before {rate:.3f} rps (~{estimate_s:.0f} s)")
                 break
             text = f"{name}/{mode} {rate:.3f} rps"
             self.progress.update(text)
             t = time.monotonic()
             outcomes = self.loop.run_until_complete(run_point(
                 address, requests, rate, self.slo,
+                max(estimate_s, min(max(2 * estimate_s, estimate_s + 30), hard - time.monotonic())),
                 lambda done: self.progress.update(f"{text} {done}/{len(requests)} req", done / len(requests))))
             point = score(rate, outcomes, self.slo, time.monotonic() - t)
             search.record(rate, point.passed(a.target))
