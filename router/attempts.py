@@ -201,6 +201,7 @@ class AttemptRunner:
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
         att.overlay_handles.append(self._overlay.add(w, blocks=req.demand.blocks_on(w)))
+        att.prefill_handle = self._overlay.add(w, prefill_tokens=len(req.prompt))  # queued at W until token 0
         att.stage = "colocated generate"
         att.decode_engaged = True
         self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))
@@ -278,6 +279,8 @@ class AttemptRunner:
                                 culprit=att.decode)
         if att.tokens_seen == 0:
             att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
+            if att.route is Route.COLOCATED:
+                self._overlay.remove(att.prefill_handle)  # W finished the prompt
             att.stage = "decode" if att.route is Route.DISAGGREGATED else att.stage
         att.tokens_seen += 1
         out = self._output.offer(tok.index, tok.token_id, att.generation)

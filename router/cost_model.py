@@ -125,8 +125,9 @@ class CostModel:
         self._decode: dict[str, _Ewma] = {}
         self._path: dict[tuple[str, str], _Ewma] = {}
         self._path_all = _Ewma(1.0)
-        self._overhead = {Route.DISAGGREGATED: _Ewma(config.disaggregated_overhead_ms),
-                          Route.COLOCATED: _Ewma(config.colocated_overhead_ms)}
+        self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
+                                  Route.COLOCATED: config.colocated_overhead_ms}
+        self._overhead = {r: _Ewma(v) for r, v in self._default_overhead.items()}
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
         self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
@@ -139,23 +140,25 @@ class CostModel:
         """The worker's declared profile, or the defaults when it declared none."""
         return w.profile if w.profile.declared else self._default
 
-    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0) -> WorkerCosts:
-        """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not show yet."""
+    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0, extra_seqs: int = 0) -> WorkerCosts:
+        """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not
+        show yet (prompt tokens queued, blocks reserved, sequences added to the batch)."""
         if self._rows_version != self.version:
             self._rows.clear()
             self._rows_version = self.version
-        if not extra_tokens and not extra_blocks:
+        plain = not (extra_tokens or extra_blocks or extra_seqs)
+        if plain:
             hit = self._rows.get(id(w))
             if hit is not None and hit[0] is w:
                 return hit[1]
-        row = self._build(w, extra_tokens, extra_blocks)
-        if not extra_tokens and not extra_blocks:
+        row = self._build(w, extra_tokens, extra_blocks, extra_seqs)
+        if plain:
             if len(self._rows) > 4096:
                 self._rows.clear()
             self._rows[id(w)] = (w, row)
         return row
 
-    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int) -> WorkerCosts:
+    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int, extra_seqs: int) -> WorkerCosts:
         p = self.profile(w)
         fp = self._prefill.get(w.worker_id)
         fd = self._decode.get(w.worker_id)
@@ -166,7 +169,7 @@ class CostModel:
         return WorkerCosts(
             w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
-            p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch,
+            p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch + extra_seqs,
             ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch)
 
     def transfer_ms(self, source_id: str, dest_id: str, nbytes: int) -> float:
@@ -177,8 +180,20 @@ class CostModel:
         return (self._latency_ms + nbytes * self._ms_per_byte) * (f.value if f else self._path_all.value)
 
     def overhead_ms(self, route: Route) -> float:
-        """Learned fixed TTFT overhead of a route kind."""
-        return self._overhead[route].value
+        """Learned fixed TTFT overhead of a route kind. Before its first sample, a
+        route is priced as the other, observed route plus the configured difference
+        (never below its default): what slows one route on this deployment (RPC
+        latency, a loaded host) slows the other too, and a split route has more hops.
+        Without that, the first observation of one route would make the unobserved
+        one look cheap."""
+        own = self._overhead[route]
+        if own.samples:
+            return own.value
+        other_route = Route.COLOCATED if route is Route.DISAGGREGATED else Route.DISAGGREGATED
+        other = self._overhead[other_route]
+        if not other.samples:
+            return own.value
+        return max(own.value, other.value + own.value - self._default_overhead[other_route])
 
     # ---- online correction ------------------------------------------------
     def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
@@ -206,8 +221,8 @@ class CostModel:
         """Fold the TTFT residual into the route's fixed overhead (never below 0)."""
         if not (math.isfinite(predicted_ms) and math.isfinite(observed_ms)) or observed_ms <= 0:
             return
-        o = self._overhead[route]
-        o.update(max(0.0, o.value + observed_ms - predicted_ms), self._alpha)
+        base = self.overhead_ms(route)  # what the prediction carried (maybe derived from the other route)
+        self._overhead[route].update(max(0.0, base + observed_ms - predicted_ms), self._alpha)
         self.version += 1
 
     def _update(self, table: dict, key, ratio: float | None) -> None:

@@ -78,8 +78,8 @@ class Planner:
         rows = []
         for w in cluster.workers:
             self.prefix.sync(w.worker_id, w.epoch, self.config.prefix_index_blocks or w.capacity.total_blocks)
-            tokens, blocks = extra.get(w.worker_id, (0, 0))
-            rows.append(self.costs.costs(w, tokens, blocks))
+            tokens, blocks, seqs = extra.get(w.worker_id, (0, 0, 0))
+            rows.append(self.costs.costs(w, tokens, blocks, seqs))
         return rows
 
     def plan(self, request_id: str, tenant: str, prompt: tuple[int, ...], max_tokens: int, mode: str, slo: Slo,

@@ -141,13 +141,14 @@ class LoadOverlay:
         self._expire()
         return sum(e.blocks for e in self._entries.values() if e.worker_id == worker_id)
 
-    def totals(self) -> dict[str, tuple[int, int]]:
-        """Worker id -> (prefill tokens, blocks) not yet visible in its load, in one pass."""
+    def totals(self) -> dict[str, tuple[int, int, int]]:
+        """Worker id -> (prefill tokens, blocks, sequences holding blocks) not yet
+        visible in its load, in one pass."""
         self._expire()
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, tuple[int, int, int]] = {}
         for e in self._entries.values():
-            t, b = out.get(e.worker_id, (0, 0))
-            out[e.worker_id] = (t + e.prefill_tokens, b + e.blocks)
+            t, b, n = out.get(e.worker_id, (0, 0, 0))
+            out[e.worker_id] = (t + e.prefill_tokens, b + e.blocks, n + (e.blocks > 0))
         return out
 
     def __len__(self) -> int:

@@ -86,3 +86,12 @@ def test_config_parses_weights_and_tenant_slos_with_clear_errors():
         RouterConfig(tenant_slos="gold=fast")
     with pytest.raises(ValueError, match="canary_fraction"):
         RouterConfig(canary_fraction=1.5)
+
+
+def test_an_unobserved_route_is_priced_from_the_observed_one():
+    model = CostModel(RouterConfig(disaggregated_overhead_ms=5.0, colocated_overhead_ms=1.0, cost_ewma_alpha=0.5))
+    model.observe_ttft(Route.COLOCATED, predicted_ms=10.0, observed_ms=50.0)  # 40 ms unmodeled
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(41.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(41.0 + 4.0)
+    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=45.0, observed_ms=45.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(45.0)

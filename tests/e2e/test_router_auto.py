@@ -1,0 +1,155 @@
+"""End to end, real processes: the SLO-aware router's auto and shadow modes.
+
+One prefill and one decode worker (tiny preset, TCP data plane) calibrate their
+cost profiles at start and register them; the router runs in auto mode.
+
+* A stream of short prompts runs colocated; a burst of long prompts while a
+  long-running stream decodes at the decode worker is disaggregated.
+* A request whose TPOT target no route can meet is rejected with
+  RESOURCE_EXHAUSTED before any prefill: the prefill worker's computed-token
+  counter and the directory show no work for it.
+* Shadow mode executes colocated and records the disaggregated prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from cluster_support import assert_cluster_clean, start_cluster
+from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
+from services.sdk import Client, PdError
+
+SHORT, LONG = 32, 1000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    # One saved profile for both workers (same model, same machine): the first
+    # worker calibrates and writes it, the second loads it, so calibration noise
+    # on this shared 2-core machine cannot make the two look different.
+    tmp = tmp_path_factory.mktemp("auto")
+    c = start_cluster(tmp, prefill=1, decode=1, mode="auto", transport="tcp", num_blocks=1024,
+                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})
+    yield c
+    c.down()
+
+
+def decisions(address: str, request_id: str = "") -> list:
+    async def go():
+        async with grpc.aio.insecure_channel(address) as ch:
+            resp = await admin_pb2_grpc.AdminStub(ch).Decisions(
+                admin_pb2.DecisionsRequest(request_id=request_id, limit=1000))
+            return list(resp.records)
+    return asyncio.run(go())
+
+
+def set_mode(address: str, mode: int) -> None:
+    async def go():
+        async with grpc.aio.insecure_channel(address) as ch:
+            await admin_pb2_grpc.AdminStub(ch).SetMode(admin_pb2.SetModeRequest(mode=mode, reason="test"))
+    asyncio.run(go())
+
+
+def prompt(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def test_workers_registered_calibrated_profiles(cluster):
+    async def go():
+        async with grpc.aio.insecure_channel(cluster.router_address) as ch:
+            return await admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest())
+    status = asyncio.run(go())
+    assert status.router_mode == "auto" and len(status.workers) == 2
+    sources = sorted(w.profile.source.split(":")[0] for w in status.workers)
+    assert sources == ["calibrated", "file"], sources  # one calibrated and saved, the other loaded it
+    assert all(w.profile.prefill_ms_per_token > 0 and w.profile.kv_bytes_per_block > 0 for w in status.workers)
+
+
+def test_short_stream_colocated_long_burst_disaggregated(cluster):
+    rng = random.Random(5)
+    client = Client(cluster.router_address, timeout_s=120)
+    shorts = [client.generate_full(prompt_ids=prompt(SHORT, rng), max_tokens=16, ignore_eos=True,
+                                   request_id=f"short-{i}") for i in range(6)]
+    why = {r.request_id: (r.outcome, r.reason, r.predicted_ttft_ms, r.shadow_predicted_ttft_ms)
+           for r in decisions(cluster.router_address)}
+    assert [r.route for r in shorts] == ["colocated"] * 6, why
+    # A long-running stream keeps the decode worker busy while the burst arrives.
+    background = threading.Thread(target=lambda: client.generate_full(
+        prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True, request_id="background"))
+    background.start()
+    try:
+        # Each long request asks for TPOT <= 15 ms over 8 tokens: colocating its
+        # ~1000-token prompt beside the running stream would dilate that stream by
+        # (prefill time) / 7 gaps, far over 15 ms on this model; a split route
+        # leaves the decode worker's cadence at a few ms.
+        with ThreadPoolExecutor(6) as pool:
+            longs = list(pool.map(lambda i: client.generate_full(
+                prompt_ids=prompt(LONG, random.Random(1000 + i)), max_tokens=8, ignore_eos=True,
+                slo_tpot_ms=15.0, request_id=f"long-{i}"), range(6)))
+    finally:
+        background.join(timeout=120)
+    routes = [r.route for r in longs]
+    why = {r.request_id: (r.outcome, r.reason) for r in decisions(cluster.router_address)}
+    assert routes == ["disaggregated"] * 6, (routes, why)
+    recs = {r.request_id: r for r in decisions(cluster.router_address)}
+    for i in range(6):
+        rec = recs[f"short-{i}"]
+        assert rec.outcome == "colocated" and rec.finished and rec.observed_ttft_ms > 0
+        assert rec.predicted_ttft_ms > 0 and rec.shadow_prefill_worker_id  # the split route was priced too
+    split = [recs[f"long-{i}"] for i in range(6) if recs[f"long-{i}"].outcome == "disaggregated"]
+    assert all(r.compute_tokens == LONG and r.transfer_tokens == LONG and r.observed_tpot_ms > 0 for r in split)
+    client.close()
+    assert_cluster_clean(cluster)
+
+
+def test_unmeetable_slo_is_rejected_before_any_prefill(cluster):
+    client = Client(cluster.router_address, timeout_s=60)
+    before = {r.request_id for r in decisions(cluster.router_address)}
+    with pytest.raises(PdError) as err:
+        client.generate_full(prompt_ids=prompt(LONG, random.Random(9)), max_tokens=16, slo_tpot_ms=0.001,
+                             request_id="hopeless")
+    assert err.value.code == "RESOURCE_EXHAUSTED", err.value
+    assert "TPOT" in str(err.value) and "> SLO 0.001 ms" in str(err.value)
+    (rec,) = decisions(cluster.router_address, "hopeless")
+    assert rec.outcome == "rejected" and rec.prefill_worker_id == "" and rec.observed_ttft_ms == 0
+    assert "hopeless" not in before
+    # No prefill ran for it: no transaction was ever reserved, no worker holds its blocks.
+    snap_txns = _txns(cluster)
+    assert not [t for t in snap_txns if t.request_id == "hopeless"]
+    client.close()
+    assert_cluster_clean(cluster)
+
+
+def _txns(cluster):
+    from kv_directory.client import DirectoryClient
+
+    async def go():
+        async with DirectoryClient(cluster.directory_address) as d:
+            return await d.list_open(), await d.lookup("hopeless", "hopeless/1")
+    open_txns, latest = asyncio.run(go())
+    return list(open_txns) + ([latest] if latest is not None else [])
+
+
+def test_shadow_executes_colocated_and_records_split_predictions(cluster):
+    set_mode(cluster.router_address, admin_pb2.RELEASE_MODE_SHADOW)
+    try:
+        client = Client(cluster.router_address, timeout_s=120)
+        results = [client.generate_full(prompt_ids=prompt(LONG, random.Random(100 + i)), max_tokens=8,
+                                        ignore_eos=True, request_id=f"shadow-{i}") for i in range(3)]
+        client.close()
+    finally:
+        set_mode(cluster.router_address, admin_pb2.RELEASE_MODE_ACTIVE)
+    assert [r.route for r in results] == ["colocated"] * 3
+    for i in range(3):
+        (rec,) = decisions(cluster.router_address, f"shadow-{i}")
+        assert rec.mode == "shadow" and rec.outcome == "colocated" and rec.finished
+        assert rec.shadow_prefill_worker_id and rec.shadow_decode_worker_id
+        assert rec.shadow_predicted_ttft_ms > 0 and rec.shadow_predicted_tpot_ms > 0
+        assert rec.observed_ttft_ms > 0
+    assert_cluster_clean(cluster)
