@@ -159,10 +159,13 @@ def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
             if g > 0:
                 ax.axvline(g, color=color, linestyle=":", linewidth=1)
         ax.axhline(target, color="gray", linestyle="--", linewidth=1)
+        # Log x (the search doubles and halves), ticked at the rates actually tested.
+        rates = sorted({round(p.rate_rps, 3) for pts in results[workload].values() for p in pts})
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.tick_params(axis="x", which="minor", labelsize=7)
+        if rates:
+            ax.set_xlim(rates[0] / 1.4, rates[-1] * 1.4)
+            ax.set_xticks(rates, [f"{r:.3g}" for r in rates], fontsize=7, rotation=45)
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("joint SLO attainment (TTFT and TPOT)")
