@@ -23,6 +23,7 @@ from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVRe
 from services.transfer.chunks import chunk_views
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
+from services.worker.events import EventLog
 from services.worker.loop import AsyncSink, EngineLoop, Job
 
 from .reservations import Reservation, ResState, validate_commit
@@ -56,6 +57,7 @@ class DecodeWorker:
         self.colocated: dict[str, Sequence] = {}
         self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.events = EventLog(cfg.event_log)
 
     # ---- 1. reserve -----------------------------------------------------
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
@@ -104,6 +106,8 @@ class DecodeWorker:
     def _on_event(self, res: Reservation, event) -> None:
         if isinstance(event, ChunkArrived):
             res.received[event.key] = event
+            self.events("chunk_visible", request=res.request_id, layer=event.key.layer,
+                        block_start=event.key.block_start, block_count=event.key.block_count)
         elif isinstance(event, Failed):
             asyncio.ensure_future(self.abort_unpublished(res, event.reason))
 
@@ -124,6 +128,7 @@ class DecodeWorker:
         self._cancel_timer(res.transfer_id)
         res.kv_digest = commit.kv_digest
         res.state = ResState.PUBLISHED
+        self.events("published", request=res.request_id, chunks=len(res.received))
         sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
         self.sinks[res.transfer_id] = sink
         await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, sink))

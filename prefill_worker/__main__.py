@@ -8,12 +8,11 @@ from kv_directory.client import DirectoryClient
 from kv_directory.store import LoadReport, WorkerInfo, WorkerRole
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
 from services.rpc.pd.v1 import prefill_pb2_grpc
-from services.transfer.factory import make_sender
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, obtain
-from services.worker.process import (advertised, build_engine_loop, capacity, parse_config,
-                                     run_process)
+from services.worker.process import (advertised, build_engine_loop, build_sender, capacity,
+                                     parse_config, run_process)
 
 from .server import PrefillServicer
 from .worker import PrefillWorker
@@ -28,7 +27,8 @@ async def run(argv: list[str] | None = None) -> None:
     loop.start()
     profile_cfg = ProfileConfig.from_env()
     profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
-    sender = make_sender(cfg.transport)
+    sender = build_sender(cfg)
+    await sender.start()
     directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
     membership: Membership | None = None
     txn = TxnOps(directory, cfg.worker_id, lambda: membership.epoch)

@@ -4,7 +4,10 @@ One request:
   1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
   2. Computing — chunked prefill on the engine loop; samples the first token
   3. Sending   — transaction TRANSFERRING; transfer-set chunks pushed to the
-                 destination's reserved blocks
+                 destination's reserved blocks. Streaming (transfers of at least
+                 stream_min_bytes): BEGIN before compute, and each chunk leaves as
+                 soon as prefill wrote its layer (streaming.py); otherwise after
+                 the whole prefill
   4. Committed — manifest (chunks, checksums, digest, first token) handed over;
                  the destination validates and publishes, or refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
@@ -19,11 +22,14 @@ import time
 from dataclasses import dataclass, field
 
 from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequence
-from services.transfer import KVSender, TransferCommit, TransferError
-from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
+from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit, TransferError
+from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
+from services.worker.events import EventLog
 from services.worker.loop import AsyncSink, EngineLoop, Job
+
+from .streaming import ProducerGate, stream_chunks
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,8 @@ class Task:
     generation: int
     seq: Sequence | None = None
     cancelled: bool = False
+    runner: asyncio.Task | None = None
+    """The coroutine running this prefill (cancelled by `cancel` wherever it waits)."""
     started_s: float = field(default_factory=time.perf_counter)
 
 
@@ -70,6 +78,7 @@ class PrefillWorker:
         self.sender = sender
         self.txn = txn
         self.tasks: dict[str, Task] = {}
+        self.events = EventLog(cfg.event_log)
 
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       first_token_pos: int, prompt: list[int], sampling: SamplingParams,
@@ -85,7 +94,8 @@ class PrefillWorker:
                                  f"within the prompt's {n_blocks} blocks of {bs}")
         if transfer_id in self.tasks:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
-        task = self.tasks[transfer_id] = Task(request_id, generation)
+        task = self.tasks[transfer_id] = Task(request_id, generation,
+                                              runner=asyncio.current_task())
         try:
             return await self._run(task, tenant, transfer_id, first_token_pos // bs, n_blocks,
                                    prompt, sampling, dest)
@@ -107,45 +117,88 @@ class PrefillWorker:
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, 1, sampling, salt=tenant.encode()))
         reused = seq.num_cached_tokens
+        e, bs = self.engine, self.engine.block_size
+        layers = e.model_cfg.num_hidden_layers
+        plan = plan_chunks(layers, first_block, n_blocks, self._chunk_blocks())
+        nbytes = sum(chunk_bytes(e, k) for k in plan)
+        stream = self.cfg.stream_layers and nbytes >= self.cfg.stream_min_bytes
+        rid = task.request_id
+        gate = ProducerGate(layers, reused, len(prompt), asyncio.get_running_loop(),
+                            lambda layer, end: self.events("layer_written", request=rid,
+                                                           layer=layer, token_end=end))
         sink = AsyncSink(asyncio.get_running_loop())
-        self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done, prefill_only=True))
-        first_token = None
-        while True:
-            kind, a, _ = await sink.queue.get()
-            if kind == "token":
-                first_token = a
-                t_first = time.perf_counter()
-            else:
-                if a is not None:
-                    raise a
-                break
-        t_computed = time.perf_counter()
-        if self.cfg.fault_delay_before_send_s:
-            await asyncio.sleep(self.cfg.fault_delay_before_send_s)
-        self._check(task)
-        r = await self.txn.begin(task.request_id, transfer_id, task.generation)
-        if not r.ok:
-            raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
-                                  f"{r.state.name if r.state else 'none'}")
-        chunks = []
-        for key in plan_chunks(self.engine.model_cfg.num_hidden_layers, first_block, n_blocks,
-                               self.cfg.max_chunk_blocks):
-            self._check(task)
-            chunk = describe_chunk(self.engine, seq, key)
-            await self.sender.send(dest, transfer_id, chunk, chunk_views(self.engine, seq, key))
+        chunks: list[Chunk] = []
+
+        async def send(key: ChunkKey) -> None:
+            chunk = describe_chunk(e, seq, key)
+            self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
+                        block_count=key.block_count, needs_token=min(
+                            (key.block_start + key.block_count) * bs, len(prompt)))
+            await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
             chunks.append(chunk)
-        kv_digest = await self.loop.call(lambda e: e.kv_digest(seq))
+
+        if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
+            await self._begin(task, transfer_id)
+        self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done, prefill_only=True,
+                                     on_layer=gate.on_layer if stream else None))
+        streamer = asyncio.ensure_future(stream_chunks(
+            gate, plan, bs, send, lambda: self._check(task))) if stream else None
+        try:
+            first_token, t_first = await self._computed(sink, gate)
+            t_computed = time.perf_counter()
+            digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
+            if self.cfg.fault_delay_before_send_s:
+                await asyncio.sleep(self.cfg.fault_delay_before_send_s)
+            self._check(task)
+            if streamer is None:
+                await self._begin(task, transfer_id)
+                for key in plan:
+                    self._check(task)
+                    await send(key)
+            else:
+                await streamer
+            kv_digest = await digest
+        finally:
+            if streamer is not None and not streamer.done():
+                streamer.cancel()
+                await asyncio.gather(streamer, return_exceptions=True)
         self._check(task)
         verdict = await self.sender.commit(dest, TransferCommit(
-            transfer_id, task.request_id, task.generation, self.engine.abi.digest, tuple(chunks),
+            transfer_id, rid, task.generation, e.abi.digest, tuple(chunks),
             kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn()))
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         t_end = time.perf_counter()
+        self.events("verdict", request=rid, published=True, streamed=stream)
         return PrefillOutcome(
             transfer_id, len(prompt) - reused, reused, first_token, kv_digest,
             sum(c.num_bytes for c in chunks), len(chunks), 0.0,
             (t_first - t0) * 1000, (t_end - t_computed) * 1000, (t_end - t0) * 1000)
+
+    async def _computed(self, sink: AsyncSink, gate: ProducerGate) -> tuple[int, float]:
+        """Wait for the prefill's first token; (token, when). A failure also stops the gate."""
+        first = None
+        t_first = 0.0
+        while True:
+            kind, a, _ = await sink.queue.get()
+            if kind == "token":
+                first, t_first = a, time.perf_counter()
+            elif a is not None:
+                gate.fail(a)
+                raise a
+            else:
+                return first, t_first
+
+    async def _begin(self, task: Task, transfer_id: str) -> None:
+        r = await self.txn.begin(task.request_id, transfer_id, task.generation)
+        if not r.ok:
+            raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
+                                  f"{r.state.name if r.state else 'none'}")
+
+    def _chunk_blocks(self) -> int:
+        """Blocks per chunk: one prefill chunk's worth (its layers open together), capped."""
+        per_prefill_chunk = max(1, self.engine.cfg.chunk_tokens // self.engine.block_size)
+        return max(1, min(self.cfg.max_chunk_blocks, per_prefill_chunk))
 
     def _check(self, task: Task) -> None:
         if task.cancelled:
@@ -160,4 +213,6 @@ class PrefillWorker:
                 task.cancelled = True
                 if task.seq is not None:
                     self.loop.cancel(task.seq)
+                if task.runner is not None and task.runner is not asyncio.current_task():
+                    task.runner.cancel()  # wakes it from a credit, READY or verdict wait
         return found

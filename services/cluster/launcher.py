@@ -56,7 +56,7 @@ class ClusterSpec:
     decode: int = 1
     model: str = "tiny"
     mode: str = "disaggregated"
-    transport: str = "tcp"
+    transport: str = "ucx"
     num_blocks: int = 512
     block_size: int = 16
     chunk_tokens: int = 256

@@ -127,6 +127,9 @@ class TransferError(RuntimeError):
 class KVSender(abc.ABC):
     """Prefill side of a push transfer."""
 
+    async def start(self) -> None:
+        """Get ready to send (backends with setup cost do it here, not on the first send)."""
+
     @abc.abstractmethod
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:

@@ -40,40 +40,26 @@ def emit(exp: Expectation, event: object) -> None:
         log.exception("on_event of %s raised", exp.transfer_id)
 
 
-def cut_points(*size_lists: list[int]) -> list[int]:
-    """Union of the cumulative boundaries of several partitions of the same byte range.
+def place(views: list[memoryview], sizes: list[int]) -> list[list[memoryview]]:
+    """Where each of the sender's pieces (sizes, in order) lands in `views`.
 
-    Each list partitions one total into contiguous pieces (a side's views); the
-    result, ending with the total, splits the range so that every segment lies
-    inside one piece of every list. ValueError if the totals differ.
+    Entry i lists the view slices piece i covers: one slice when the piece lies
+    inside one view (receive it there directly), several when it crosses view
+    boundaries (receive it into staging, then copy). ValueError if totals differ.
     """
-    totals = {sum(s) for s in size_lists}
-    if len(totals) != 1:
-        raise ValueError(f"partitions of different totals: {sorted(totals)}")
-    cuts = set()
-    for sizes in size_lists:
-        off = 0
-        for n in sizes:
-            off += n
-            cuts.add(off)
-    cuts.discard(0)
-    return sorted(cuts)
-
-
-def segments(views: list[memoryview], cuts: list[int]) -> list[memoryview]:
-    """Slice views (a partition of one range) at `cuts` (from cut_points over them)."""
-    out: list[memoryview] = []
-    starts, off = [], 0
-    for v in views:
-        starts.append(off)
-        off += v.nbytes
-    i, prev = 0, 0
-    for cut in cuts:
-        while starts[i] + views[i].nbytes <= prev:
-            i += 1
-        lo, hi = prev - starts[i], cut - starts[i]
-        if hi > views[i].nbytes:
-            raise ValueError(f"cut {cut} crosses a view boundary")
-        out.append(views[i][lo:hi])
-        prev = cut
+    if sum(sizes) != sum(v.nbytes for v in views):
+        raise ValueError(f"pieces of {sum(sizes)} bytes for views of "
+                         f"{sum(v.nbytes for v in views)}")
+    out: list[list[memoryview]] = []
+    vi, voff = 0, 0
+    for n in sizes:
+        parts = []
+        while n:
+            while views[vi].nbytes == voff:
+                vi, voff = vi + 1, 0
+            take = min(n, views[vi].nbytes - voff)
+            parts.append(views[vi][voff:voff + take])
+            voff += take
+            n -= take
+        out.append(parts)
     return out

@@ -8,8 +8,12 @@ Receiver rules:
   duplicate key, key the    Failed for the transfer; ERROR
   resolver refuses, wrong
   length, bad sizes
-  CHUNK accepted            the views are cut where either side's views break, each
-                            segment posted as a receive on its own DATA tag, READY sent
+  CHUNK accepted            each of the sender's pieces (its data follows on DATA tags
+                            first, first+1, ...) is posted as a receive: straight into
+                            the destination view when it lies inside one, else into a
+                            staging buffer copied into the views on arrival
+  CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
+                            the sender's sends complete
   every segment arrived     checksum over the views: equal -> ChunkArrived + VISIBLE;
                             different -> Failed + ERROR
   a segment failed (sender  Failed for the transfer
@@ -37,13 +41,15 @@ import os
 from . import ucx_wire as wire
 from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
                    Verdict, checksum)
-from .common import cut_points, destination, emit, segments
+from .common import destination, emit, place
 from .tcp_wire import decode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, local_host, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
 
 STOP_GRACE_S = 5.0
+MAX_PIECES = 1 << 16
+"""Most sender views in one chunk (a chunk's K and V runs)."""
 
 
 class UcxReceiver(KVReceiver):
@@ -67,7 +73,6 @@ class UcxReceiver(KVReceiver):
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._tasks: set[asyncio.Task] = set()
-        self._data = itertools.count(1)
         self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
 
@@ -183,10 +188,14 @@ class UcxReceiver(KVReceiver):
             key = ChunkKey(*(int(x) for x in body["key"]))
             nbytes, sent = int(body["bytes"]), str(body["checksum"])
             sizes = [int(x) for x in body["sizes"]]
+            first = int(body["tag"])
+            if first >> 60 != wire.DATA or len(sizes) > MAX_PIECES:
+                raise ValueError(f"data tag {first:#x} / {len(sizes)} pieces")
         except (KeyError, TypeError, ValueError) as e:
             self._reject(nonce, tid, exp, f"malformed CHUNK: {e!r}")
             return
         if exp is None:
+            self._swallow(first, len(sizes))
             self._reply(nonce, wire.ERROR, tid, {"reason": f"transfer {tid} not expected"})
             return
         claimed = self._claimed.setdefault(tid, set())
@@ -195,24 +204,31 @@ class UcxReceiver(KVReceiver):
         if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != nbytes):
             problem = f"chunk {key}: sender views {sizes[:4]}... do not add up to {nbytes}"
         if problem:
+            self._swallow(first, len(sizes))
             self._reject(nonce, tid, exp, problem)
             return
         claimed.add(key)
-        cuts = cut_points(sizes, [v.nbytes for v in views if v.nbytes])
-        segs = segments([v for v in views if v.nbytes], cuts)
-        first = next(self._data)
-        for _ in segs[1:]:
-            next(self._data)
-        posted = [(t, self._rt.post_recv(seg, t))
-                  for t, seg in ((wire.tag(wire.DATA, self.nonce, first + i), seg)
-                                 for i, seg in enumerate(segs))]
+        posted, staged = [], []
+        for i, parts in enumerate(place(views, sizes)):
+            t = first + i
+            if len(parts) == 1:  # inside one view: straight into the cache memory
+                posted.append((t, self._rt.post_recv(parts[0], t)))
+            else:  # crosses a view boundary: one staging buffer, one copy
+                buf = bytearray(sizes[i])
+                staged.append((buf, parts))
+                posted.append((t, self._rt.post_recv(buf, t)))
         self._posted.setdefault(tid, []).extend(posted)
-        self._reply(nonce, wire.READY, tid, {"serial": serial, "cuts": cuts,
-                                             "tag": wire.tag(wire.DATA, self.nonce, first)})
-        self._spawn(self._land(nonce, tid, exp, serial, key, views, sent, posted))
+        self._spawn(self._land(nonce, tid, exp, serial, key, views, sent, posted, staged))
+
+    def _swallow(self, first_tag: int, count: int) -> None:
+        """Take a refused chunk's data off the wire: a 1-byte receive per piece
+        completes (truncated) on both sides, so the sender's sends finish."""
+        for i in range(count):
+            fut = self._rt.post_recv(bytearray(1), first_tag + i)
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # truncated
 
     async def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
-                    views: list[memoryview], sent: str, posted: list) -> None:
+                    views: list[memoryview], sent: str, posted: list, staged: list) -> None:
         futs = [f for _, f in posted]
         done, pending = await asyncio.wait(futs, timeout=self.idle_timeout_s)
         if self.pending.get(tid) is not exp:
@@ -224,6 +240,11 @@ class UcxReceiver(KVReceiver):
         if errors:
             self._fail(tid, f"chunk {key}: receive failed (sender lost?): {errors[0]!r}")
             return
+        for buf, parts in staged:  # still pending (checked above): the views are ours
+            off = 0
+            for part in parts:
+                part[:] = memoryview(buf)[off:off + part.nbytes]
+                off += part.nbytes
         got = checksum(views)
         if got != sent:
             self._reject(nonce, tid, exp, f"checksum mismatch in chunk {key}: sender {sent}, "
@@ -235,6 +256,7 @@ class UcxReceiver(KVReceiver):
         exp.received[key] = arrived
         self.stats["chunks"] += 1
         self.stats["bytes"] += nbytes
+        self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
         emit(exp, arrived)
         self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
 

@@ -17,6 +17,7 @@ ourselves (`drain`) when its sender is gone.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -27,6 +28,8 @@ from . import ucx_wire as wire
 log = logging.getLogger(f"{__package__}.ucx")
 
 _runtime: "UcxRuntime | None" = None
+RING = 16
+"""Control buffers a mailbox keeps posted."""
 
 
 def runtime() -> "UcxRuntime":
@@ -46,6 +49,9 @@ class UcxRuntime:
 
     def __init__(self):
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        # Completions wake asyncio futures from ucxx's notifier thread; without this
+        # every pending request polls the event loop (sleep(0)) and burns a core.
+        os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
         import ucxx
         from ucxx._lib.arr import Array
         from ucxx._lib.libucxx import UCXAddress
@@ -144,10 +150,16 @@ class Mailbox:
         self._task = None
 
     async def _run(self) -> None:
-        buf = bytearray(wire.MESSAGE_BUFFER_BYTES)
-        view = memoryview(buf)
+        # A ring of posted buffers: UCX matches messages of one tag to posted
+        # receives in posting order, so a burst lands in one wake-up, in order.
+        ring = collections.deque()
+        for _ in range(RING):
+            buf = bytearray(wire.MESSAGE_BUFFER_BYTES)
+            ring.append((buf, self.rt.post_recv(buf, self.tag)))
         while True:
-            await self.rt.post_recv(buf, self.tag)
+            buf, fut = ring.popleft()
+            await fut
+            view = memoryview(buf)
             try:
                 kind, tid, nonce, body_len, oob = wire.decode_head(view)
                 if kind == wire.STOP and self._stopping:
@@ -161,6 +173,8 @@ class Mailbox:
             except (wire.ProtocolError, asyncio.TimeoutError) as e:
                 log.warning("%s: dropped a control message: %s", self.name, e)
                 continue
+            finally:
+                ring.append((buf, self.rt.post_recv(buf, self.tag)))
             try:
                 res = self.handler(kind, tid, nonce, obj)
                 if asyncio.iscoroutine(res):

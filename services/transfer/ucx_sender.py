@@ -2,10 +2,10 @@
 
 Per chunk (the chunk ledger of 0x06A):
 
-    acquire credit -> CHUNK (key, bytes, checksum, the sender's view sizes)
-    <- READY (the receiver posted its buffers; segment cuts; first data tag)
-    segment sends, zero copy from the cache views (UCX rendezvous: the receiver
-    reads them straight into its reserved blocks, cma on one host)
+    acquire credit -> CHUNK (key, bytes, checksum, the sender's view sizes, first
+    data tag), then one send per view, zero copy from the cache memory (UCX
+    rendezvous: the receiver reads it straight into its posted destination
+    views — cma on one host — once it has matched the header)
     <- VISIBLE (every byte is in the destination views, checksum verified)
     -> credit released
 
@@ -31,7 +31,7 @@ from typing import Sequence
 
 from . import ucx_wire as wire
 from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
-from .common import byte_view, segments
+from .common import byte_view
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, runtime, send_control
@@ -48,7 +48,7 @@ class _OutChunk:
     key: ChunkKey
     nbytes: int
     views: list[memoryview]
-    state: str = "issued"  # issued -> sending -> visible | fenced
+    state: str = "issued"  # issued -> sending (header and data posted) -> visible | fenced
     sends: list[asyncio.Future] = dataclasses.field(default_factory=list)
     credited: bool = True
 
@@ -93,9 +93,20 @@ class UcxSender(KVSender):
         self._connecting: dict[str, asyncio.Future] = {}
         self._outs: dict[tuple[int, str], _Out] = {}
         self._oob = itertools.count(1)
+        self._data = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0)
 
     # -- KVSender
+    async def start(self) -> None:
+        self._ensure_runtime()
+
+    def _ensure_runtime(self) -> None:
+        if self._rt is None:
+            self._rt = runtime()
+            self._mailbox = Mailbox(self._rt, wire.tag(wire.REPLY, self.nonce), self._on_reply,
+                                    f"ucx-sender-{self.nonce:x}")
+            self._mailbox.start()
+
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
         views = [byte_view(b) for b in buffers]
@@ -118,13 +129,25 @@ class UcxSender(KVSender):
             self._raise_if_failed(out)
         c = _OutChunk(next(out.serials), chunk.key, nbytes, views)
         out.chunks[c.serial] = c
+        pieces = [v for v in views if v.nbytes]
+        first = next(self._data)
+        for _ in pieces[1:]:
+            next(self._data)
+        first_tag = wire.tag(wire.DATA, self.nonce, first)
         body = {"serial": c.serial, "bytes": nbytes, "checksum": chunk.checksum,
                 "key": [chunk.key.layer, chunk.key.block_start, chunk.key.block_count],
-                "sizes": [v.nbytes for v in views if v.nbytes]}
+                "sizes": [v.nbytes for v in pieces], "tag": first_tag}
         try:
             await self._control(peer, wire.CHUNK, transfer_id, body)
-        except (TimeoutError, OSError, Exception) as e:  # noqa: BLE001 - any UCX error
-            self._fail(out, f"CHUNK to {dest} failed: {e!r}")
+            # Data right behind the header: UCX holds it (rendezvous: only its
+            # descriptor) until the receiver posts the destination views.
+            c.sends = [self._rt.post_send(peer.ep, v, first_tag + i)
+                       for i, v in enumerate(pieces)]
+            c.state = "sending"
+        except Exception as e:  # noqa: BLE001 - any UCX error
+            self._fail(out, f"CHUNK to {dest[:60]} failed: {e!r}")
+        if c.sends:
+            out.watchers.append(asyncio.ensure_future(self._watch_sends(out, c)))
         self._raise_if_failed(out)
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
@@ -226,11 +249,7 @@ class UcxSender(KVSender):
             nonce, host, pid, address = wire.parse_address(dest)
         except ValueError as e:
             raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
-        if self._rt is None:
-            self._rt = runtime()
-            self._mailbox = Mailbox(self._rt, wire.tag(wire.REPLY, self.nonce), self._on_reply,
-                                    f"ucx-sender-{self.nonce:x}")
-            self._mailbox.start()
+        self._ensure_runtime()
         if not _alive(_Peer(dest, nonce, host, pid, address, None, None, ""), self._rt):
             raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
         try:
@@ -270,9 +289,7 @@ class UcxSender(KVSender):
         out = self._outs.get((nonce, tid))
         if out is None:
             return  # settled or never ours: nothing to do
-        if kind == wire.READY:
-            self._on_ready(out, body)
-        elif kind == wire.VISIBLE:
+        if kind == wire.VISIBLE:
             c = out.chunks.get(body.get("serial"))
             if c is not None and c.state == "sending":
                 c.state = "visible"
@@ -286,24 +303,6 @@ class UcxSender(KVSender):
             if out.verdict is not None and not out.verdict.done():
                 out.verdict.set_result(Verdict(bool(body.get("published")),
                                                str(body.get("reason", ""))))
-
-    def _on_ready(self, out: _Out, body: dict) -> None:
-        c = out.chunks.get(body.get("serial"))
-        if c is None or c.state != "issued" or out.failed:
-            return  # the receiver fences its posted buffers after our ABORT
-        try:
-            cuts = [int(x) for x in body["cuts"]]
-            if not cuts or cuts[-1] != c.nbytes or cuts != sorted(set(cuts)):
-                raise ValueError(f"cuts {cuts[:4]}... do not end at {c.nbytes}")
-            segs = segments(c.views, cuts)
-            first = int(body["tag"])
-        except (KeyError, TypeError, ValueError) as e:
-            self._fail(out, f"bad READY for chunk {c.key}: {e}")
-            return
-        c.state = "sending"
-        ep = out.peer.ep
-        c.sends = [self._rt.post_send(ep, seg, first + i) for i, seg in enumerate(segs)]
-        out.watchers.append(asyncio.ensure_future(self._watch_sends(out, c)))
 
     async def _watch_sends(self, out: _Out, c: _OutChunk) -> None:
         done, pending = await asyncio.wait(c.sends, timeout=self.io_timeout_s)

@@ -5,7 +5,7 @@ Tags (64 bits) keep the three message streams of a process's UCX worker apart:
     kind (4 bits) | nonce (28 bits) | counter (32 bits)
     CTRL   kind 1, the receiver's nonce, 0     sender -> receiver control messages
     REPLY  kind 2, the sender's nonce, 0       receiver -> sender control messages
-    DATA   kind 3, the receiver's nonce, n     one payload segment (the receiver counts)
+    DATA   kind 3, the sender's nonce, n       one payload piece (the sender counts)
     BODY   kind 4, the sender's/receiver's nonce, n   an out-of-line control body
 
 A nonce is random per sender/receiver object, so several of each can share one
@@ -16,13 +16,12 @@ INLINE_BODY_BYTES travels out of line: HEAD.oob_tag names the BODY tag on which
 the body follows (the receiver posts a buffer of exactly body_len for it).
 
     HELLO    {"address": b64 UCX worker address}   sender -> receiver, first message
-    CHUNK    {"key": [layer, start, count], "bytes": n, "checksum": hex,
-              "sizes": [the sender's view sizes]}
+    CHUNK    {"serial": n, "key": [layer, start, count], "bytes": n, "checksum": hex,
+              "sizes": [the sender's view sizes], "tag": DATA tag of the first piece}
+             followed by one tagged message per piece (tag, tag + 1, ...)
     COMMIT   encode_commit(TransferCommit)
     ABORT    {"reason": str}
-    READY    {"key": [...], "tag": first DATA tag, "cuts": [segment ends]}
-             receiver -> sender: buffers posted; send segment i on tag + i
-    VISIBLE  {"key": [...], "checksum": hex}      the chunk is in the destination views
+    VISIBLE  {"serial": n, "checksum": hex}     the chunk is in the destination views
     VERDICT  {"published": bool, "reason": str}
     ERROR    {"reason": str, "key": [...] or null}
 """
@@ -36,8 +35,8 @@ import struct
 
 MAGIC = b"PDUX"
 VERSION = 1
-HELLO, CHUNK, COMMIT, ABORT, READY, VISIBLE, VERDICT, ERROR, STOP = range(1, 10)
-KIND_NAMES = {HELLO: "HELLO", CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT", READY: "READY",
+HELLO, CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP = range(1, 9)
+KIND_NAMES = {HELLO: "HELLO", CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT",
               VISIBLE: "VISIBLE", VERDICT: "VERDICT", ERROR: "ERROR", STOP: "STOP"}
 HEAD = struct.Struct("!4sBBHIQQ")  # magic, version, kind, id_len, nonce, body_len, oob_tag
 MAX_ID_BYTES = 1024

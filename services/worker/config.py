@@ -33,12 +33,22 @@ class WorkerConfig:
     """Most sequences in one decode step."""
     max_tokens_limit: int = 4096
     """Largest max_tokens accepted."""
-    transport: str = "tcp"
-    """Data-plane backend: tcp or inproc."""
+    transport: str = "ucx"
+    """Data-plane backend: ucx, tcp or inproc."""
     data_host: str = "127.0.0.1"
     """Host the data-plane receiver binds."""
     max_chunk_blocks: int = 64
     """Most blocks in one transfer chunk (per layer)."""
+    stream_layers: bool = True
+    """Send each layer's chunks as soon as prefill wrote them (else after the whole prefill)."""
+    stream_min_bytes: int = 256 << 10
+    """Transfers smaller than this go in one piece after prefill (streaming costs more there)."""
+    credit_window_bytes: int = 64 << 20
+    """Byte credits in flight per destination (ucx sender)."""
+    transfer_timeout_s: float = 10.0
+    """Bound on every wait of the data plane (a chunk's data, a peer's reply)."""
+    event_log: str = ""
+    """Append hand-off events (JSON lines) to this file; empty = off (tests)."""
     reservation_ttl_s: float = 30.0
     """An unpublished reservation is reclaimed after this long."""
     rpc_timeout_s: float = 5.0
@@ -53,6 +63,8 @@ class WorkerConfig:
             raise ValueError(f"transport {self.transport!r} not in tcp, inproc, ucx")
         if self.reservation_ttl_s <= 0 or self.max_chunk_blocks <= 0:
             raise ValueError("reservation_ttl_s and max_chunk_blocks must be positive")
+        if self.credit_window_bytes <= 0 or self.transfer_timeout_s <= 0:
+            raise ValueError("credit_window_bytes and transfer_timeout_s must be positive")
 
     def engine_config(self) -> EngineConfig:
         """The engine settings these worker settings imply."""

@@ -53,6 +53,22 @@ def build_engine_loop(cfg: WorkerConfig) -> EngineLoop:
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}")
 
 
+def build_sender(cfg: WorkerConfig):
+    """The data-plane sender of cfg.transport, with the worker's timeouts and credit window."""
+    from services.transfer.factory import make_sender
+    opts: dict = {"io_timeout_s": cfg.transfer_timeout_s}
+    if cfg.transport == "ucx":
+        opts["window_bytes"] = cfg.credit_window_bytes
+    return make_sender(cfg.transport, **({} if cfg.transport == "inproc" else opts))
+
+
+def build_receiver(cfg: WorkerConfig):
+    """The data-plane receiver of cfg.transport (bound to cfg.data_host for tcp)."""
+    from services.transfer.factory import make_receiver
+    opts = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s}
+    return make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id, **opts)
+
+
 def capacity(cfg: WorkerConfig, loop: EngineLoop) -> WorkerCapacity:
     """What this worker can hold, for registration."""
     e = loop.engine

@@ -700,6 +700,7 @@ def test_receiver_gone_mid_transfer_raises_transfer_error(procs, light, how):
         s.call("s_decode_self", tid=t)
 
 
+@pytest.mark.parametrize("procs", ["tcp"], indirect=True)
 def test_cancelled_send_finishes_its_frame_and_keeps_the_connection():
     """In one process: cancelling a send mid-payload fails only that transfer."""
     big = 32 << 20
