@@ -92,6 +92,8 @@ def parse_args() -> argparse.Namespace:
                     help="wall-clock budget of the whole run (1140; quick 330)")
     ap.add_argument("--calibration-repeats", type=int, default=None, help="(3; quick 1)")
     ap.add_argument("--num-blocks", type=int, default=2048, help="K/V blocks per worker")
+    ap.add_argument("--transport", default=ClusterSpec().transport,
+                    help="K/V hand-off transport (default: the launcher's, %(default)s)")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "out"))
     args = ap.parse_args()
     args.max_points = args.max_points or (2 if args.quick else 4)
@@ -111,7 +113,7 @@ def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterS
     prefill = 0 if mode == "colocated" else args.workers // 2
     return ClusterSpec(
         prefill=prefill, decode=args.workers - prefill, model=args.preset, mode=mode,
-        num_blocks=args.num_blocks, torch_threads=1, lease_ttl_s=10.0, reservation_ttl_s=120.0,
+        num_blocks=args.num_blocks, transport=args.transport, torch_threads=1, lease_ttl_s=10.0, reservation_ttl_s=120.0,
         state_dir=str(out_dir / f"cluster-{mode}"), env={**CLUSTER_ENV, "PD_ROUTER_MODE": mode})
 
 
