@@ -237,6 +237,7 @@ class DecodeWorker:
         res.state = ResState.ABORTED
         res.abort_reason = reason
         log.info("abort %s: %s", res.transfer_id, reason)
+        self.events("aborted", request=res.request_id, generation=res.generation, reason=reason)
         self.receiver.forget(res.transfer_id)
         await self.receiver.fence(res.transfer_id)
         await self.loop.call(lambda e: e.free(res.seq))

@@ -17,6 +17,7 @@ failure aborts the transfer at the destination and the transaction.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,9 @@ class PrefillWorker:
             if task.seq is not None:
                 seq = task.seq
                 await self.loop.call(lambda e: e.free(seq))
+            windows = getattr(self.sender, "credit_windows", dict)()
+            self.events("credits", request=request_id, transfer=transfer_id,
+                        in_flight=sum(w.in_flight for w in windows.values()))
 
     async def _run(self, task: Task, tenant: str, transfer_id: str, first_block: int,
                    n_blocks: int, prompt: list[int], sampling: SamplingParams,
@@ -130,11 +134,18 @@ class PrefillWorker:
         chunks: list[Chunk] = []
 
         async def send(key: ChunkKey) -> None:
+            i, cfg = len(chunks), self.cfg
+            if i and cfg.fault_chunk_delay_s:
+                await asyncio.sleep(cfg.fault_chunk_delay_s)
             chunk = describe_chunk(e, seq, key)
+            if i == cfg.fault_corrupt_chunk:
+                chunk = dataclasses.replace(chunk, checksum=f"{int(chunk.checksum, 16) ^ 1:016x}")
             self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
                         block_count=key.block_count, needs_token=min(
                             (key.block_start + key.block_count) * bs, len(prompt)))
             await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
+            if i == cfg.fault_replay_chunk:
+                await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
             chunks.append(chunk)
 
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves

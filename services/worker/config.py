@@ -57,6 +57,12 @@ class WorkerConfig:
     """Intra-op threads of this worker's engine."""
     fault_delay_before_send_s: float = 0.0
     """Fault-injection hook for tests: prefill sleeps this long between compute and send."""
+    fault_chunk_delay_s: float = 0.0
+    """Fault injection: prefill sleeps this long before every chunk but the first."""
+    fault_corrupt_chunk: int = -1
+    """Fault injection: the chunk with this index goes out with a wrong checksum."""
+    fault_replay_chunk: int = -1
+    """Fault injection: the chunk with this index is sent twice."""
 
     def __post_init__(self):
         if self.transport not in ("tcp", "inproc", "ucx"):

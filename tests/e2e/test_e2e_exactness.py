@@ -1,7 +1,8 @@
 """End to end on the real local cluster: disaggregated == colocated, K/V hand-off exact.
 
 200 seeded requests (prompts of 1-512 tokens, some sharing prefixes, 8 at a
-time) go through the router once disaggregated and once colocated. Greedy
+time) go through the router once disaggregated and once colocated, on a
+cluster whose data plane is ucx, then on one whose data plane is tcp. Greedy
 tokens must be identical, and for every disaggregated request the K/V digest
 the decode worker published must equal the one the prefill worker produced.
 """
@@ -19,9 +20,11 @@ N_REQUESTS = 200
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("e2e"), prefill=1, decode=2, num_blocks=1024)
+@pytest.fixture(scope="module", params=["ucx", "tcp"])
+def cluster(request, tmp_path_factory):
+    """The data plane under test: ucx (shared memory here) and the tcp fallback."""
+    c = start_cluster(tmp_path_factory.mktemp("e2e"), prefill=1, decode=2, num_blocks=1024,
+                      transport=request.param)
     yield c
     c.down()
 

@@ -1,0 +1,184 @@
+"""Faults in the middle of a streamed K/V hand-off over ucx, on the real local cluster.
+
+Workers stream every transfer (PD_STREAM_MIN_BYTES=0) and prefill waits
+PD_FAULT_CHUNK_DELAY_S before each chunk after the first, so a hand-off stays
+mid-stream for about a second. Workers append hand-off events to one JSON-lines
+file (PD_EVENT_LOG); a test acts once the decode worker reports the request's
+first chunk visible:
+
+  sender SIGKILLed / receiver SIGKILLed mid-stream, a corrupted chunk, a replayed
+  chunk (both injected on every attempt), a client cancel mid-stream
+
+and expects: generation 1's transaction ABORTED in the directory, the request
+completed by a retry or the colocated fallback with tokens equal to a colocated
+run (or, for cancel, ended), every surviving prefill's credit windows empty after
+each transfer, and no leaked block or open transaction on the survivors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cluster_support import assert_cluster_clean, start_cluster
+from kv_directory.client import DirectoryClient
+from kv_directory.states import TxnState
+from services.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from services.sdk import Client
+
+MAX_TOKENS = 8
+PROMPT = [random.Random(11).randrange(3, 500) for _ in range(150)]  # 4 chunks (tiny: 4 layers)
+
+
+def _start(tmp_path: Path, **env: str):
+    events = tmp_path / "events.jsonl"
+    env = {"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0",
+           "PD_FAULT_CHUNK_DELAY_S": "0.4", "PD_TRANSFER_TIMEOUT_S": "3", **env}
+    c = start_cluster(tmp_path, prefill=2, decode=2, lease_ttl_s=2.0, transport="ucx", env=env)
+    c.events = events
+    return c
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = _start(tmp_path)
+    yield c
+    c.down()
+
+
+def read_events(cluster, request_id: str, event: str = "") -> list[dict]:
+    if not cluster.events.exists():
+        return []
+    out = []
+    for line in cluster.events.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if e.get("request") == request_id and (not event or e["event"] == event):
+            out.append(e)
+    return out
+
+
+def when_first_chunk_visible(cluster, request_id: str, action) -> threading.Thread:
+    def watch():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if read_events(cluster, request_id, "chunk_visible"):
+                action()
+                return
+            time.sleep(0.02)
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def generate(cluster, request_id: str, on_started=None):
+    """One disaggregated request through the raw stream: (tokens, complete, started events)."""
+    request = router_pb2.GenerateRequest(
+        request_id=request_id, prompt_token_ids=common_pb2.TokenIds(ids=PROMPT),
+        max_tokens=MAX_TOKENS, mode=router_pb2.MODE_DISAGGREGATED,
+        sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000)
+    tokens, complete, started = [], None, []
+    with grpc.insecure_channel(cluster.router_address) as ch:
+        for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=90):
+            kind = event.WhichOneof("event")
+            if kind == "started":
+                started.append(event.started)
+                if on_started is not None and len(started) == 1:
+                    on_started(event.started)
+            elif kind == "token":
+                tokens.append(event.token.token_id)
+            elif kind == "complete":
+                complete = event.complete
+    return tokens, complete, started
+
+
+def txn_state(cluster, request_id: str, generation: int):
+    async def go():
+        async with DirectoryClient(cluster.directory_address) as d:
+            return await d.lookup(request_id, f"{request_id}/{generation}")
+    rec = asyncio.run(go())
+    return rec.state if rec is not None else None
+
+
+def colocated_reference(cluster) -> list[int]:
+    with Client(cluster.router_address) as client:
+        return client.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode="colocated",
+                                    ignore_eos=True).token_ids
+
+
+def assert_credits_returned(cluster, request_id: str, dead: str = "") -> None:
+    ends = read_events(cluster, request_id, "credits")
+    assert ends, "no prefill reported its credit windows"
+    assert all(e["in_flight"] == 0 for e in ends), ends
+
+
+def assert_aborted_and_clean(cluster, request_id: str) -> None:
+    assert txn_state(cluster, request_id, 1) == TxnState.ABORTED
+    assert_cluster_clean(cluster, timeout_s=20)
+
+
+@pytest.mark.parametrize("victim_role", ["prefill", "decode"])
+def test_worker_killed_mid_stream(cluster, victim_role):
+    rid = f"kill-{victim_role}-mid-stream"
+    victim = []
+
+    def on_started(st):
+        name = st.prefill_worker_id if victim_role == "prefill" else st.decode_worker_id
+        victim.append(name)
+        when_first_chunk_visible(cluster, rid, lambda: cluster.signal(name))
+
+    tokens, complete, started = generate(cluster, rid, on_started)
+    assert victim and not cluster.alive()[victim[0]]
+    sent = read_events(cluster, rid, "chunk_sent")
+    visible = read_events(cluster, rid, "chunk_visible")
+    first_visible = min(e["t"] for e in visible)
+    assert any(e["t"] > first_visible for e in sent) or victim_role == "prefill", \
+        "the kill did not land mid-stream"
+    assert complete is not None and complete.attempts >= 2 and len(tokens) == MAX_TOKENS
+    assert victim[0] not in (started[-1].prefill_worker_id, started[-1].decode_worker_id)
+    assert tokens == colocated_reference(cluster)
+    assert_aborted_and_clean(cluster, rid)
+    if victim_role == "decode":  # the sender survived: its credits came back
+        assert_credits_returned(cluster, rid)
+
+
+@pytest.mark.parametrize("fault,match", [("PD_FAULT_CORRUPT_CHUNK", "checksum mismatch"),
+                                         ("PD_FAULT_REPLAY_CHUNK", "duplicate chunk")])
+def test_bad_chunk_aborts_and_the_request_completes(tmp_path, fault, match):
+    cluster = _start(tmp_path, **{fault: "1"})
+    try:
+        rid = f"bad-chunk-{fault.lower()}"
+        tokens, complete, _ = generate(cluster, rid)
+        assert complete is not None and len(tokens) == MAX_TOKENS
+        assert complete.route == router_pb2.ROUTE_COLOCATED  # every split attempt was refused
+        assert tokens == colocated_reference(cluster)
+        aborts = read_events(cluster, rid, "aborted")
+        assert aborts and all(match in a["reason"] for a in aborts), aborts
+        assert_credits_returned(cluster, rid)
+        assert_aborted_and_clean(cluster, rid)
+    finally:
+        cluster.down()
+
+
+def test_cancel_mid_stream_aborts_everywhere(cluster):
+    rid = "cancel-mid-stream"
+    with Client(cluster.router_address) as client:
+        done = threading.Event()
+        when_first_chunk_visible(cluster, rid, lambda: (client.cancel(rid), done.set()))
+        with pytest.raises(Exception) as err:
+            client.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                 mode="disaggregated", request_id=rid)
+        assert done.is_set()
+    assert "cancel" in str(err.value).lower(), err.value
+    assert not read_events(cluster, rid, "published")
+    assert_credits_returned(cluster, rid)
+    assert_aborted_and_clean(cluster, rid)
