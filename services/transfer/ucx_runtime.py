@@ -21,6 +21,7 @@ import collections
 import logging
 import os
 import socket
+import threading
 from typing import Awaitable, Callable
 
 from . import ucx_wire as wire
@@ -38,6 +39,16 @@ def runtime() -> "UcxRuntime":
     if _runtime is None:
         _runtime = UcxRuntime()
     return _runtime
+
+
+def shutdown() -> None:
+    """Stop ucxx's notifier thread (a non-daemon thread that would hold the process
+    at exit). Runs by itself before Python joins threads at exit; idempotent."""
+    if _runtime is not None:
+        try:
+            _runtime.ctx.stop_notifier_thread()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            log.debug("ucx notifier stop failed", exc_info=True)
 
 
 def local_host() -> str:
@@ -58,6 +69,11 @@ class UcxRuntime:
         from ucxx.types import Tag
         self._Array, self._Tag, self._Address = Array, Tag, UCXAddress
         self.ctx = ucxx.core._get_ctx()
+        try:  # runs before threading joins non-daemon threads (like concurrent.futures)
+            threading._register_atexit(shutdown)
+        except (AttributeError, RuntimeError):
+            import atexit
+            atexit.register(shutdown)
         self.address = bytes(self.ctx.worker_address)
         self.host = local_host()
         self._eps: dict[bytes, object] = {}

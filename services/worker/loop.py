@@ -115,6 +115,11 @@ class EngineLoop:
         """Sequences in the decode batch."""
         return len(self._decode)
 
+    @property
+    def active_context_tokens(self) -> int:
+        """Tokens of context over the decode batch (what a decode step attends to)."""
+        return sum(job.seq.num_tokens for job in list(self._decode))
+
     # ---- the loop -------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:

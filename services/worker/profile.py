@@ -203,4 +203,4 @@ def active_context_tokens(loop) -> int:
     Reads EngineLoop's decode list (a snapshot copy; the loop thread may change
     it meanwhile, so the figure is as fresh as any heartbeat figure).
     """
-    return sum(job.seq.num_tokens for job in list(getattr(loop, "_decode", ())))
+    return loop.active_context_tokens

@@ -541,6 +541,28 @@ def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve):
     assert mine["free"] == mine["total"]
 
 
+@pytest.mark.parametrize("procs", ["ucx"], indirect=True)
+@pytest.mark.parametrize("window_kib", [256, 1024])
+def test_credit_window_bounds_bytes_in_flight(procs, window_kib):
+    """64 MiB in 1 MiB chunks through a small window: the instrumented peak of bytes in
+    flight never exceeds it, every credit comes back, and the bytes are exact."""
+    r, s, addr = procs
+    tid, res, pre = _reserve_and_prefill(procs, "wide", _prompt(4095, 4095))
+    window = window_kib << 10
+    sent = s.call("s_send", tid=tid, dest=addr, first_block=res["first_block"],
+                  last_block=res["last_block"], per_chunk=4, backend="ucx", window_bytes=window)
+    assert sent["published"] is True and not sent["error"], sent
+    credits = {k: v for k, v in s.call("s_credits", backend="ucx").items()
+               if k.startswith(f"{window}:")}
+    assert credits, "the sender kept no credit window"
+    for in_flight, peak, capacity in credits.values():
+        chunk = 4 * res["block_bytes"]  # one chunk larger than the window goes alone
+        assert capacity == window and in_flight == 0
+        assert peak <= max(window, chunk) and peak >= min(window, chunk)
+    assert r.call("r_finish", tid=tid)["kv_digest"] == pre["kv_digest"]
+    s.call("s_decode_self", tid=tid)
+
+
 @pytest.mark.parametrize("fault", ["checksum", "payload"])
 def test_corrupted_chunk_fails_with_checksum_mismatch(procs, fault):
     tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 1))

@@ -282,6 +282,10 @@ def test_factory_builds_each_backend_and_names_the_known_ones():
     tcp = make_receiver("tcp", host="127.0.0.1", idle_timeout_s=3.0)
     assert isinstance(tcp, TcpReceiver) and tcp.idle_timeout_s == 3.0
     assert isinstance(make_sender("tcp", io_timeout_s=2.0), TcpSender)
+    from services.transfer.ucx import UcxReceiver, UcxSender  # constructing starts no UCX
+    ucx = make_receiver("ucx", idle_timeout_s=4.0)
+    assert isinstance(ucx, UcxReceiver) and ucx.idle_timeout_s == 4.0
+    assert make_sender("ucx", window_bytes=1 << 20).window_bytes == 1 << 20
     for make in (make_receiver, make_sender):
-        with pytest.raises(ValueError, match=r"known: \['inproc', 'tcp'\]"):
+        with pytest.raises(ValueError, match=r"known: \['inproc', 'tcp', 'ucx'\]"):
             make("carrier-pigeon")

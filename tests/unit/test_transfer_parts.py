@@ -1,0 +1,112 @@
+"""Pieces of the data plane that need no peer: credit window, piece placement, ucx wire."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.transfer import ucx_wire as wire
+from services.transfer.common import place
+from services.transfer.credits import CreditTimeout, CreditWindow
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_credit_window_never_exceeds_its_capacity_and_is_fifo():
+    async def go():
+        w = CreditWindow(100)
+        await w.acquire(60)
+        order = []
+
+        async def take(name, n):
+            await w.acquire(n)
+            order.append(name)
+
+        a = asyncio.ensure_future(take("a", 50))  # must wait: 110 > 100
+        await asyncio.sleep(0)
+        b = asyncio.ensure_future(take("b", 10))  # would fit, but waits behind a (FIFO)
+        await asyncio.sleep(0.01)
+        assert order == [] and w.in_flight == 60
+        w.release(60)
+        await asyncio.gather(a, b)
+        assert order == ["a", "b"] and w.in_flight == 60 and w.peak <= 100
+        w.release(60)
+        assert w.in_flight == 0 and w.acquired == w.released == 120
+    run(go())
+
+
+def test_credit_window_lets_one_oversized_chunk_go_alone_and_times_out():
+    async def go():
+        w = CreditWindow(100)
+        await w.acquire(250)  # alone: allowed, else it could never go
+        assert w.in_flight == 250
+        with pytest.raises(CreditTimeout, match="no 10 bytes of credit"):
+            await w.acquire(10, timeout_s=0.05)
+        assert w.in_flight == 250 and not w._waiters  # the timed-out waiter left no trace
+        w.release(250)
+        with pytest.raises(ValueError):
+            w.release(1)
+    run(go())
+
+
+def test_credit_window_cancelled_waiter_does_not_block_the_next():
+    async def go():
+        w = CreditWindow(10)
+        await w.acquire(10)
+        t = asyncio.ensure_future(w.acquire(5))
+        await asyncio.sleep(0)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        w.release(10)
+        await asyncio.wait_for(w.acquire(10), 1)
+        assert w.in_flight == 10
+    run(go())
+
+
+def test_place_maps_sender_pieces_onto_receiver_views():
+    buf = bytearray(range(100))
+    views = [memoryview(buf)[:30], memoryview(buf)[30:100]]
+    out = place(views, [30, 50, 20])
+    assert [[bytes(p) for p in parts] for parts in out] == [
+        [bytes(range(30))], [bytes(range(30, 80))], [bytes(range(80, 100))]]
+    crossing = place(views, [20, 20, 60])  # the second piece spans both views
+    assert [len(parts) for parts in crossing] == [1, 2, 1]
+    assert b"".join(bytes(p) for parts in crossing for p in parts) == bytes(buf)
+    with pytest.raises(ValueError, match="pieces of 99 bytes"):
+        place(views, [99])
+
+
+def test_ucx_messages_round_trip_and_large_bodies_go_out_of_line():
+    msg, body = wire.encode(wire.CHUNK, "req/1", 7, {"serial": 3, "key": [1, 2, 3]})
+    assert body == b""
+    kind, tid, nonce, n, oob = wire.decode_head(memoryview(msg))
+    assert (kind, tid, nonce, oob) == (wire.CHUNK, "req/1", 7, 0)
+    assert wire.json_body(wire.inline_body(memoryview(msg), tid, n))["key"] == [1, 2, 3]
+    big = {"chunks": ["x" * 100] * 2000}
+    msg, body = wire.encode(wire.COMMIT, "req/1", 7, big)
+    assert len(body) > wire.INLINE_BODY_BYTES
+    tagged = wire.with_oob_tag(msg, wire.tag(wire.BODY, 7, 1))
+    assert wire.decode_head(memoryview(tagged))[4] == wire.tag(wire.BODY, 7, 1)
+    with pytest.raises(wire.ProtocolError, match="too large"):
+        wire.decode_head(memoryview(msg))  # a big body without its out-of-line tag
+    with pytest.raises(wire.ProtocolError, match="bad message head"):
+        wire.decode_head(memoryview(b"HTTP/1.1 200 OK\r\n" + bytes(40)))
+
+
+def test_ucx_tags_keep_streams_and_nonces_apart():
+    tags = {wire.tag(k, n, c) for k in (wire.CTRL, wire.REPLY, wire.DATA, wire.BODY)
+            for n in (1, 2) for c in (0, 1, 0xFFFFFFFF)}
+    assert len(tags) == 4 * 2 * 3
+    assert wire.tag(wire.DATA, 5, 1 << 32) == wire.tag(wire.DATA, 5, 0)  # counter wraps in place
+
+
+def test_ucx_address_round_trip_and_errors():
+    a = wire.format_address(0xABC, "node-1", 4242, b"\x00\x01worker")
+    assert wire.parse_address(a) == (0xABC, "node-1", 4242, b"\x00\x01worker")
+    for bad in ("tcp://1.2.3.4:5", "ucx://zz@h:1/AAAA", "ucx://1@h:1/"):
+        with pytest.raises(ValueError, match="is not ucx://"):
+            wire.parse_address(bad)
