@@ -6,11 +6,26 @@
 
 (a..f) come from the CostProfile each worker measured at start (services/worker/
 profile.py) and registered; a worker without one gets the config's defaults.
-Each function then carries a multiplicative correction, an EWMA of observed /
-predicted: prefill from PrefillResult.timings.compute_ms, transfer from
-timings.transfer_ms (the exposed part), decode from each request's observed
-TPOT. A fixed per-route TTFT overhead (RPC hops, reserve, directory) is learned
-the same way, additively, from observed TTFT.
+A start-up calibration on a shared host can be several times too slow (other
+workers start beside it), so every function carries a multiplicative
+correction, an EWMA of observed / predicted that follows samples up *and down*:
+
+    prefill   per worker and per size (log2 bucket of new tokens), from
+              PrefillResult.timings.compute_ms on split routes and, on colocated
+              routes whose worker had no queue, from observed TTFT - overhead
+    transfer  per path and per size (log2 bucket of bytes), from timings.transfer_ms
+    decode    per worker, from each request's observed TPOT
+
+Per size, because one factor learned from 2k-token prompts must not price a
+90-token one (the fitted curve's shape is wrong in places; a bucket with no
+sample borrows the nearest observed bucket's factor).
+
+A per-route TTFT overhead (RPC hops, reserve, directory) is learned from the
+split route's TTFT residual, as a *low* expectile: a residual below the current
+value pulls it down at full weight, one above at a quarter weight and capped
+at 4x the current value. Residuals are mostly unmodelled queueing (a burst
+whose queue the snapshot did not show yet), and a fixed overhead that absorbed
+them would price every later request, idle or not, as if it queued too.
 
 `costs(worker)` folds profile, corrections and the worker's load into one
 `WorkerCosts` row, so that pricing a route is a few multiply-adds
@@ -27,11 +42,24 @@ import dataclasses
 import math
 
 from kv_directory.profile import CostProfile
+from router.candidate import Candidate
 from router.config import RouterConfig
 from router.types import Route, Worker
 
 CLAMP = 20.0
 """Bound of a correction factor and of one observed/predicted ratio."""
+
+SIZE_BUCKETS = 24
+"""Size buckets of a sized correction: bucket = bit_length(size), capped (2^23 tokens or bytes and up share one)."""
+
+OVERHEAD_UP_WEIGHT = 0.25
+"""A TTFT residual above the learned overhead moves it at this fraction of the EWMA weight ..."""
+
+OVERHEAD_UP_CAP = 4.0
+"""... and counts at most this multiple of the current overhead (see the module docstring)."""
+
+CLEAN_QUEUE_SHARE = 0.25
+"""A colocated TTFT corrects W's prefill only when W's predicted queue was at most this share of the prefill."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,6 +93,9 @@ class WorkerCosts:
     """tpot_with = tpot_base + tpot_per_token * (prompt + max_tokens // 2) + queue spread (precomputed)."""
     can_prefill: bool = False
     can_decode: bool = False
+    pre_scale: tuple[float, ...] = ()
+    """Per size bucket of new tokens: that bucket's prefill correction / the worker's
+    overall one (pre_* carry the overall factor; the cheap bound in decision.py uses them)."""
 
     def __post_init__(self) -> None:
         self.queue_ms = self.prefill_linear_ms(self.pending_tokens)
@@ -79,7 +110,8 @@ class WorkerCosts:
         """Forward pass over `new` prompt tokens after `reused` cached ones."""
         if new <= 0:
             return 0.0
-        return self.pre_base + self.pre_tok * new + self.pre_pair * new * (reused + new / 2.0)
+        scale = self.pre_scale[min(new.bit_length(), SIZE_BUCKETS - 1)] if self.pre_scale else 1.0
+        return (self.pre_base + self.pre_tok * new + self.pre_pair * new * (reused + new / 2.0)) * scale
 
     def prefill_linear_ms(self, tokens: int) -> float:
         """Queued prompt work of unknown shape: base + per-token cost (no pair term)."""
@@ -106,6 +138,45 @@ class _Ewma:
         self.value = x if self.samples == 0 else (1 - alpha) * self.value + alpha * x
         self.samples += 1
 
+    def update_low(self, x: float, alpha: float, floor: float) -> None:
+        """Low-expectile step (see the module docstring): down at `alpha`, up at a
+        quarter of it with the sample capped at OVERHEAD_UP_CAP x max(value, floor)."""
+        if x > self.value:
+            x = min(x, OVERHEAD_UP_CAP * max(self.value, floor))
+            alpha *= OVERHEAD_UP_WEIGHT
+        self.value += alpha * (x - self.value)
+        self.samples += 1
+
+
+def size_bucket(size: int) -> int:
+    """Log2 bucket of a token or byte count."""
+    return min(max(0, int(size)).bit_length(), SIZE_BUCKETS - 1)
+
+
+@dataclasses.dataclass(slots=True)
+class _Sized:
+    """A correction factor per size bucket, plus one over all sizes."""
+
+    overall: _Ewma = dataclasses.field(default_factory=lambda: _Ewma(1.0))
+    buckets: dict[int, _Ewma] = dataclasses.field(default_factory=dict)
+
+    def update(self, size: int, ratio: float, alpha: float) -> None:
+        self.overall.update(ratio, alpha)
+        self.buckets.setdefault(size_bucket(size), _Ewma(1.0)).update(ratio, alpha)
+
+    def factor(self, size: int) -> float:
+        """The bucket's factor; else the nearest observed bucket's (the smaller on a tie); else 1."""
+        if not self.buckets:
+            return 1.0
+        b = size_bucket(size)
+        return self.buckets[min(self.buckets, key=lambda k: (abs(k - b), k))].value
+
+    def scales(self) -> tuple[float, ...]:
+        """factor(bucket) / overall factor for every bucket (WorkerCosts.pre_scale)."""
+        if not self.buckets:
+            return ()
+        return tuple(self.factor((1 << b) >> 1) / self.overall.value for b in range(SIZE_BUCKETS))
+
 
 def _ratio(observed: float, predicted: float) -> float | None:
     if not (observed > 0 and predicted > 0 and math.isfinite(observed) and math.isfinite(predicted)):
@@ -121,10 +192,10 @@ class CostModel:
         self._alpha = config.cost_ewma_alpha
         self._default = CostProfile(prefill_ms_per_token=config.default_prefill_ms_per_token,
                                     decode_base_ms=config.default_decode_step_ms, source="default")
-        self._prefill: dict[str, _Ewma] = {}
+        self._prefill: dict[str, _Sized] = {}
         self._decode: dict[str, _Ewma] = {}
-        self._path: dict[tuple[str, str], _Ewma] = {}
-        self._path_all = _Ewma(1.0)
+        self._path: dict[tuple[str, str], _Sized] = {}
+        self._path_all = _Sized()
         self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
                                   Route.COLOCATED: config.colocated_overhead_ms}
         self._overhead = {r: _Ewma(v) for r, v in self._default_overhead.items()}
@@ -160,9 +231,9 @@ class CostModel:
 
     def _build(self, w: Worker, extra_tokens: int, extra_blocks: int, extra_seqs: int) -> WorkerCosts:
         p = self.profile(w)
-        fp = self._prefill.get(w.worker_id)
+        sized = self._prefill.get(w.worker_id)
+        fp = sized.overall.value if sized else 1.0
         fd = self._decode.get(w.worker_id)
-        fp = fp.value if fp else 1.0
         fd = fd.value if fd else 1.0
         ld, cap = w.load, w.capacity
         free = (ld.free_blocks if ld.total_blocks else cap.total_blocks) - extra_blocks
@@ -170,14 +241,15 @@ class CostModel:
             w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
             p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch + extra_seqs,
-            ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch)
+            ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch,
+            pre_scale=sized.scales() if sized else ())
 
     def transfer_ms(self, source_id: str, dest_id: str, nbytes: int) -> float:
         """Exposed transfer time of `nbytes` from source to destination."""
         if nbytes <= 0:
             return 0.0
-        f = self._path.get((source_id, dest_id))
-        return (self._latency_ms + nbytes * self._ms_per_byte) * (f.value if f else self._path_all.value)
+        f = self._path.get((source_id, dest_id)) or self._path_all
+        return (self._latency_ms + nbytes * self._ms_per_byte) * f.factor(nbytes)
 
     def overhead_ms(self, route: Route) -> float:
         """Learned fixed TTFT overhead of a route kind. Before its first sample, a
@@ -195,20 +267,31 @@ class CostModel:
             return own.value
         return max(own.value, other.value + own.value - self._default_overhead[other_route])
 
+    def confirmed(self, c: Candidate) -> bool:
+        """Have completions on this router corrected both the computing worker's
+        prefill and D's (W's) decode cost, i.e. is `c` priced by more than the
+        start-up calibration? (Rejection is stricter about unconfirmed prices.)"""
+        computing = c.prefill if c.prefill is not None else c.decode
+        return computing.worker_id in self._prefill and c.decode.worker_id in self._decode
+
     # ---- online correction ------------------------------------------------
     def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
         """A prefill of `new` tokens after `reused` took `observed_ms` of compute at `w`."""
         p = self.profile(w)
         raw = (p.prefill_base_ms + p.prefill_ms_per_token * new + p.prefill_ms_per_pair * new * (reused + new / 2.0))
-        self._update(self._prefill, w.worker_id, _ratio(observed_ms, raw))
+        r = _ratio(observed_ms, raw)
+        if r is not None:
+            self._prefill.setdefault(w.worker_id, _Sized()).update(new, r, self._alpha)
+            self.version += 1
 
     def observe_transfer(self, source: Worker, dest: Worker, nbytes: int, observed_ms: float) -> None:
         """A hand-off of `nbytes` had `observed_ms` of exposed transfer time."""
         raw = self._latency_ms + nbytes * self._ms_per_byte
         r = _ratio(observed_ms, raw)
         if r is not None:
-            self._update(self._path, (source.worker_id, dest.worker_id), r)
-            self._path_all.update(r, self._alpha)
+            self._path.setdefault((source.worker_id, dest.worker_id), _Sized()).update(nbytes, r, self._alpha)
+            self._path_all.update(nbytes, r, self._alpha)
+            self.version += 1
 
     def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float) -> None:
         """A stream at `w` showed `observed_ms` per token where `predicted_ms` was priced."""
@@ -218,11 +301,39 @@ class CostModel:
             self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * (current.value if current else 1.0))))
 
     def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float) -> None:
-        """Fold the TTFT residual into the route's fixed overhead (never below 0)."""
+        """Fold the TTFT residual into the route's fixed overhead (never below 0), as
+        a low expectile: queueing the prediction missed barely moves it."""
         if not (math.isfinite(predicted_ms) and math.isfinite(observed_ms)) or observed_ms <= 0:
             return
         base = self.overhead_ms(route)  # what the prediction carried (maybe derived from the other route)
-        self._overhead[route].update(max(0.0, base + observed_ms - predicted_ms), self._alpha)
+        e = self._overhead[route]
+        if not e.samples:
+            e.value = base
+        e.update_low(max(0.0, base + observed_ms - predicted_ms), self._alpha, self._default_overhead[route])
+        self.version += 1
+
+    def observe_first_token(self, c: Candidate, observed_ms: float) -> None:
+        """A request priced as `c` saw its first token after `observed_ms`.
+
+        Split route: the residual goes to the route's overhead (prefill and
+        transfer have their own timed corrections). Colocated route: the worker
+        reports no prefill timing, so when its predicted queue was small the
+        TTFT less the overhead is a prefill sample of W (how W's calibration
+        gets corrected at all); the colocated overhead stays derived from the
+        split route's (see overhead_ms)."""
+        if c.route is Route.DISAGGREGATED:
+            self.observe_ttft(c.route, c.ttft_ms, observed_ms)
+            return
+        if not (math.isfinite(observed_ms) and observed_ms > 0 and c.prefill_ms > 0 and c.compute_tokens > 0):
+            return
+        if c.queue_ms > CLEAN_QUEUE_SHARE * c.prefill_ms:
+            return
+        r = _ratio(observed_ms - c.overhead_ms - c.queue_ms, c.prefill_ms)
+        if r is None:
+            return
+        sized = self._prefill.setdefault(c.decode.worker_id, _Sized())
+        # c.prefill_ms carried the old factor of this size: compose, as observe_tpot does.
+        sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * sized.factor(c.compute_tokens))), self._alpha)
         self.version += 1
 
     def _update(self, table: dict, key, ratio: float | None) -> None:
@@ -235,9 +346,9 @@ class CostModel:
         self.version += 1
 
     def corrections(self) -> dict[str, float]:
-        """Current factors and overheads, for logs and tests."""
-        out = {f"prefill/{k}": v.value for k, v in self._prefill.items()}
+        """Current factors and overheads, for logs and tests (sized ones: their overall factor)."""
+        out = {f"prefill/{k}": v.overall.value for k, v in self._prefill.items()}
         out.update({f"decode/{k}": v.value for k, v in self._decode.items()})
-        out.update({f"transfer/{a}->{b}": v.value for (a, b), v in self._path.items()})
+        out.update({f"transfer/{a}->{b}": v.overall.value for (a, b), v in self._path.items()})
         out.update({f"overhead/{r.name.lower()}": v.value for r, v in self._overhead.items()})
         return out

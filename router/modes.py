@@ -3,7 +3,12 @@
     disaggregated  the split route on the pair `choose_pair` ranks best (no SLO rejection)
     colocated      one worker, `choose_colocated` (no SLO rejection)
     auto           the per-request decision (router/decision.py): split, colocated,
-                   or reject with RESOURCE_EXHAUSTED before any work
+                   or reject with RESOURCE_EXHAUSTED before any work -- but only when
+                   even the closest candidate misses a target by more than
+                   `reject_slack` (`reject_slack_unconfirmed` while its costs are
+                   still the start-up calibration); a closer miss runs that
+                   candidate: a wrongly rejected request is worse than a late one,
+                   and only executed requests correct the cost model
     shadow         the decision is computed and recorded (its best split route
                    too), the best colocated route executes; never rejects
     canary         `canary_fraction` of requests (by a hash of the request id, so a
@@ -104,7 +109,7 @@ class Planner:
                                   lambda r: avoid.get(r.worker.worker_id, 0) == 0 and fit(r))
             if decision is None or not (decision.best_colocated or decision.best_disaggregated):
                 decision = decide(self.costs, rows, req, self.params, fit)
-            plan = self._by_mode(mode, request_id, decision)
+            plan = self._by_mode(mode, request_id, decision, req)
         plan.hashes = hashes
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
@@ -124,15 +129,28 @@ class Planner:
         why = "forced colocated" if mode == "colocated" else "no split pair; colocated fallback"
         return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, None, w, c, why)
 
-    def _by_mode(self, mode: str, request_id: str, d: Decision) -> Plan:
+    def _by_mode(self, mode: str, request_id: str, d: Decision, req: RequestShape) -> Plan:
         if mode == "auto":
             if d.outcome is Outcome.REJECT:
-                return Plan(mode, Outcome.REJECT, Route.COLOCATED, reason=d.reason)
+                closest = self._within_slack(d, req)
+                if closest is None:
+                    return Plan(mode, Outcome.REJECT, Route.COLOCATED, reason=d.reason)
+                return self._execute(mode, closest, f"admitted within the rejection slack: {d.reason}")
             return self._execute(mode, d.chosen, d.reason)
         if mode == "canary" and canary_pick(request_id, self.canary_fraction) and d.best_disaggregated:
             return self._execute(mode, d.best_disaggregated, f"canary share {self.canary_fraction:g}")
         why = "shadow: executes colocated" if mode == "shadow" else "canary: colocated share"
         return self._execute(mode, d.best_colocated, why)
+
+    def _within_slack(self, d: Decision, req: RequestShape) -> Candidate | None:
+        """The best candidate of a rejecting decision when its predicted miss is
+        within the rejection slack, else None (the rejection stands)."""
+        pool = [c for c in (d.best_disaggregated, d.best_colocated) if c is not None]
+        if not pool:
+            return None
+        c = min(pool, key=lambda c: (not c.fits, miss(c, req)))
+        slack = self.config.reject_slack if self.costs.confirmed(c) else self.config.reject_slack_unconfirmed
+        return c if miss(c, req) <= slack else None
 
     @staticmethod
     def _execute(mode: str, c: Candidate | None, why: str) -> Plan:
@@ -182,4 +200,12 @@ class Planner:
             return
         if done.num_tokens > 1 and done.tpot_ms > 0:
             self.costs.observe_tpot(decode, c.tpot_ms, done.tpot_ms)
-        self.costs.observe_ttft(c.route, c.ttft_ms, done.ttft_ms)
+        self.costs.observe_first_token(c, done.ttft_ms)
+
+
+def miss(c: Candidate, req: RequestShape) -> float:
+    """By how much `c`'s predictions exceed the request's targets, relative:
+    max over the set targets of predicted / target - 1 (<= 0: meets them)."""
+    over = [c.ttft_ms / req.slo_ttft_ms - 1 if req.slo_ttft_ms > 0 else -1.0,
+            c.tpot_ms / req.slo_tpot_ms - 1 if req.slo_tpot_ms > 0 else -1.0]
+    return max(over)

@@ -1,6 +1,9 @@
-"""Router cost model: profile evaluation, defaults, EWMA corrections and their bounds; scorer scales; config parsing."""
+"""Router cost model: profile evaluation, defaults, EWMA corrections (per size, both
+directions, robust overhead) and their bounds; scorer scales; config parsing."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -8,6 +11,7 @@ from kv_directory.profile import CostProfile
 from router.candidate import Candidate, ScoreContext
 from router.config import RouterConfig
 from router.cost_model import CLAMP, CostModel
+from router.decision import RequestShape, price_colocated, price_pair
 from router.scorers import SCORERS, build
 from router.types import Capacity, Load, Role, Route, Worker
 
@@ -90,8 +94,74 @@ def test_config_parses_weights_and_tenant_slos_with_clear_errors():
 
 def test_an_unobserved_route_is_priced_from_the_observed_one():
     model = CostModel(RouterConfig(disaggregated_overhead_ms=5.0, colocated_overhead_ms=1.0, cost_ewma_alpha=0.5))
-    model.observe_ttft(Route.COLOCATED, predicted_ms=10.0, observed_ms=50.0)  # 40 ms unmodeled
-    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(41.0)
-    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(41.0 + 4.0)
-    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=45.0, observed_ms=45.0)
-    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(45.0)
+    model.observe_ttft(Route.COLOCATED, predicted_ms=10.0, observed_ms=12.0)  # 2 ms unmodeled: 1 -> 3, up at 1/4 weight
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(1.0 + 0.125 * 2.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(1.25 + 4.0)
+    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=45.0, observed_ms=41.0)  # 4 ms over: down at full weight
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(5.25 - 0.5 * 4.0)
+
+
+# ---- the `auto` mode pessimism found by bench/goodput.py --quick ----------------
+# A burst of long prompts queued at P beyond what the snapshot showed; each TTFT
+# residual (~2 s) became "overhead" (the first sample set it, 415 ms after the
+# EWMA), and every later 90-token request was priced at ~740 ms and rejected.
+
+def test_queueing_in_ttft_residuals_does_not_become_a_fixed_overhead():
+    model = CostModel(RouterConfig(disaggregated_overhead_ms=5.0, cost_ewma_alpha=0.2))
+    for _ in range(3):
+        model.observe_ttft(Route.DISAGGREGATED, predicted_ms=800.0, observed_ms=2800.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) < 10.0  # was 2005 after the first sample
+    for _ in range(60):  # a real, steady 30 ms of hops is still learned (the prediction carries the overhead)
+        model.observe_ttft(Route.DISAGGREGATED, predicted_ms=100.0 + model.overhead_ms(Route.DISAGGREGATED),
+                           observed_ms=130.0)
+    assert 25.0 < model.overhead_ms(Route.DISAGGREGATED) <= 30.0
+    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=100.0, observed_ms=80.0)  # comes down at full weight
+    assert model.overhead_ms(Route.DISAGGREGATED) < 30.0
+
+
+def test_prefill_correction_is_per_size_and_follows_samples_down():
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
+    worker = w(PROFILE)
+    raw = model.costs(worker)
+    long_raw, short_raw = raw.prefill_ms(1024, 0), raw.prefill_ms(90, 0)
+    model.observe_prefill(worker, 1024, 0, 2.0 * long_raw)  # long prompts under load: 2x
+    assert model.costs(worker).prefill_ms(90, 0) == pytest.approx(2.0 * short_raw)  # nearest observed size
+    model.observe_prefill(worker, 90, 0, 0.5 * short_raw)  # short ones: calibration was 2x slow
+    row = model.costs(worker)
+    assert row.prefill_ms(90, 0) == pytest.approx(0.5 * short_raw)
+    assert row.prefill_ms(1024, 0) == pytest.approx(2.0 * long_raw)
+    for _ in range(12):
+        model.observe_prefill(worker, 1024, 0, 1.0 * long_raw)
+    assert model.costs(worker).prefill_ms(1024, 0) == pytest.approx(long_raw, rel=1e-3)  # and back down
+    # The cheap bound decision.py prunes with (pre_* coefficients) carries the overall factor.
+    assert 0.5 <= model.costs(worker).pre_tok / PROFILE.prefill_ms_per_token <= 2.0
+
+
+def test_colocated_ttft_corrects_a_pessimistic_calibration():
+    # W calibrated while its neighbour started: 2.5x too slow. Colocated routes
+    # report no prefill timing, so before, only the (never negative) overhead saw it.
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5, colocated_overhead_ms=1.0))
+    worker = dataclasses.replace(w(PROFILE), role=Role.DECODE)
+    req = RequestShape(90, 32, 16, slo_ttft_ms=0.0)
+    c = price_colocated(model, model.costs(worker), req)
+    true_ms = c.prefill_ms / 2.5 + c.overhead_ms
+    model.observe_first_token(c, true_ms)
+    again = price_colocated(model, model.costs(worker), req)
+    assert again.ttft_ms == pytest.approx(true_ms, rel=1e-6)
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(1.0)
+    # With a queue ahead of it the TTFT is not a prefill sample.
+    busy = dataclasses.replace(worker, load=Load(pending_prefill_tokens=2000))
+    queued = price_colocated(model, model.costs(busy), req)
+    before = model.corrections()["prefill/w"]
+    model.observe_first_token(queued, queued.ttft_ms * 3)
+    assert model.corrections()["prefill/w"] == before
+
+
+def test_split_ttft_goes_to_the_overhead_not_the_prefill():
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
+    p = Worker("p", Role.PREFILL, "p:1", profile=PROFILE, capacity=w().capacity)
+    d = Worker("d", Role.DECODE, "d:1", profile=PROFILE, capacity=w().capacity)
+    c = price_pair(model, model.costs(p), model.costs(d), RequestShape(90, 32, 16))
+    model.observe_first_token(c, c.ttft_ms + 8.0)
+    assert "prefill/p" not in model.corrections()
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(c.overhead_ms + 0.125 * 8.0)

@@ -23,6 +23,20 @@ def test_fit_never_returns_negative_coefficients():
     assert coef[1] == 0.0 and coef[0] == pytest.approx(2.0)
 
 
+def test_relative_fit_keeps_short_prompts_right_when_a_long_point_is_slow():
+    # A neighbour's start slowed the 2048-token run by 30%: an absolute fit
+    # prices a 32-token prompt 66% high (the bench's rejected short requests);
+    # the relative fit keeps every point within its own error.
+    true = lambda n: 3.0 + 1.0 * n + 0.0002 * n * n / 2  # noqa: E731
+    ns = (32, 128, 512, 1024, 2048)
+    ys = [true(n) * (1.3 if n == 2048 else 1.0) for n in ns]
+    rows = [[1.0, n, n * n / 2] for n in ns]
+    ratio = lambda coef, n: (coef[0] + coef[1] * n + coef[2] * n * n / 2) / true(n)  # noqa: E731
+    assert ratio(fit_nonneg(rows, ys), 32) > 1.5
+    rel = fit_nonneg(rows, ys, relative=True)
+    assert all(0.9 < ratio(rel, n) < 1.1 for n in (32, 128, 512))
+
+
 @pytest.fixture(scope="module")
 def engine():
     return Engine.from_spec("tiny", EngineConfig(num_blocks=256, block_size=16, chunk_tokens=256, torch_threads=1))

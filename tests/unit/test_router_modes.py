@@ -6,12 +6,14 @@ predicted vs observed, and completions correct the cost model."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from kv_directory.profile import CostProfile
 from router.modes import Planner, canary_pick
 from router.orchestrator import Orchestrator
-from router.types import Completed, Load, Mode, Role, Route, Slo, StatusCode
-from test_router_orchestrator import (FakeCluster, assert_no_leaks, collect, config, params, run, started,
+from router.decision import Outcome
+from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
+from test_router_orchestrator import (VOCAB, FakeCluster, assert_no_leaks, collect, config, params, run, started,
                                       two_by_two, worker)
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
@@ -111,10 +113,13 @@ def test_completion_corrects_costs_and_teaches_the_prefix_index():
     cluster = profiled(two_by_two()).cluster
     plan = planner.plan("a", "t", tuple(range(64)), 8, "auto", Slo(), cluster)
     c = plan.predicted
+    assert c.route is Route.COLOCATED
     planner.completed("a", plan, Completed(None, c.ttft_ms + 40.0, c.tpot_ms * 2, 8, c.route, 1),
                       plan.prefill, plan.decode)
-    assert planner.costs.overhead_ms(c.route) == c.overhead_ms + 40.0
     assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 2.0
+    # Colocated: the idle worker's TTFT less the overhead was its prefill.
+    fresh = planner.plan("c", "t", tuple(range(100, 164)), 8, "colocated", Slo(), cluster)
+    assert fresh.decode.worker_id == plan.decode.worker_id and fresh.predicted.ttft_ms == c.ttft_ms + 40.0
     again = planner.plan("b", "t", tuple(range(64)), 8, "auto", Slo(), cluster)
     assert again.predicted.compute_tokens < 64  # the index now knows where those blocks are
     assert planner.log.get("a").observed_tpot_ms == c.tpot_ms * 2
@@ -137,3 +142,59 @@ def test_load_from_heartbeat_raises_predicted_tpot():
     # Idle: one sequence, 10 ms. Busy: 6 sequences (60 ms) plus its own 3-token
     # prefill dilating the 5 running streams, spread over 3 token gaps (1 ms).
     assert (p_idle.predicted.tpot_ms, p_busy.predicted.tpot_ms) == (10.0, 60.0 + 3 / 3)
+
+
+def test_auto_admits_a_near_miss_and_rejects_only_a_clear_one():
+    # Predicted TPOT 240 ms (see above). Costs unconfirmed by any completion:
+    # reject beyond 2x the target (reject_slack_unconfirmed = 1.0).
+    for slo_ms, rejected in ((200.0, False), (125.0, False), (110.0, True)):
+        fake = profiled(two_by_two(), busy_decode=11)
+        orch, events, error = go(fake, params(mode=Mode.AUTO, slo=Slo(tpot_ms=slo_ms)))
+        assert (error is not None) is rejected, (slo_ms, error)
+        rec = orch.planner.log.get("r")
+        if rejected:
+            assert error.code is StatusCode.RESOURCE_EXHAUSTED and rec.outcome == "rejected"
+        else:
+            assert started(events) and "within the rejection slack" in rec.reason
+        assert_no_leaks(orch, fake)
+
+
+def test_confirmed_costs_reject_at_the_tighter_slack():
+    planner = Planner(config(cost_ewma_alpha=1.0))
+    cluster = profiled(two_by_two(), busy_decode=11).cluster
+    assert planner.plan("a", "t", tuple(range(9)), 6, "auto", Slo(tpot_ms=150.0), cluster).outcome is not \
+        Outcome.REJECT  # 240 / 150 - 1 = 0.6: within 1.0 (unconfirmed)
+    for d in ("d0", "d1"):  # both decode workers, both routes
+        one = dataclasses.replace(cluster, workers=tuple(w for w in cluster.workers if w.worker_id in ("p0", d)))
+        for mode in ("colocated", "disaggregated"):
+            plan = planner.plan(f"{d}-{mode}", "t", tuple(range(9)), 6, mode, Slo(), one)
+            c = plan.predicted
+            if plan.prefill is not None:
+                planner.prefill_done(plan, plan.prefill, plan.decode, PrefillDone(computed_tokens=9, compute_ms=9.0))
+            planner.completed(f"{d}-{mode}", plan, Completed(None, c.ttft_ms, c.tpot_ms, 6, c.route, 1),
+                              plan.prefill, plan.decode)
+            assert planner.costs.confirmed(c)
+    assert planner.plan("d", "t", tuple(range(9)), 6, "auto", Slo(tpot_ms=150.0), cluster).outcome is \
+        Outcome.REJECT  # 0.6 > reject_slack 0.5 once the prices are confirmed
+
+
+def test_queueing_seen_under_a_long_burst_does_not_reject_later_short_requests():
+    # The bench's sequence: a burst of long prompts completes with TTFTs far above
+    # their predictions (queueing the snapshot did not show), then short requests
+    # arrive at an idle cluster with a TTFT target of 5x their idle TTFT.
+    planner = Planner(config(cost_ewma_alpha=0.2))
+    cluster = profiled(two_by_two()).cluster
+    rng = random.Random(7)
+    prompt = lambda n: tuple(rng.randrange(1, VOCAB) for _ in range(n))  # noqa: E731
+    idle = planner.plan("probe", "t", prompt(24), 32, "auto", Slo(), cluster).predicted
+    for i in range(6):
+        plan = planner.plan(f"long-{i}", "t", prompt(200), 8, "disaggregated", Slo(), cluster)
+        c = plan.predicted
+        planner.prefill_done(plan, plan.prefill, plan.decode,
+                             PrefillDone(computed_tokens=200, compute_ms=c.prefill_ms, transfer_ms=c.transfer_ms,
+                                         sent_bytes=c.transfer_bytes))
+        planner.completed(f"long-{i}", plan, Completed(None, c.ttft_ms + 2000.0 * (i % 3), c.tpot_ms, 8, c.route, 1),
+                          plan.prefill, plan.decode)
+    short = planner.plan("short", "t", prompt(24), 32, "auto", Slo(ttft_ms=5 * idle.ttft_ms), cluster)
+    assert short.outcome is not Outcome.REJECT, short.reason
+    assert short.predicted.ttft_ms < 2 * idle.ttft_ms
