@@ -1,0 +1,99 @@
+"""The fast decision (router/cost_table.py) against the plain one, on random snapshots.
+
+`decide` must return what `reference_decide` (one pass over every row per
+request) returns: the same candidates in the same order, hence the same choice,
+predictions and reason. Snapshots mix roles, ABIs, identical twins (exact ties),
+prefix hits (some past the usable prefix), SLOs or none, usable filters, the
+split/colocated switches and learned corrections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from kv_directory.profile import CostProfile
+from router.config import RouterConfig
+from router.cost_model import CostModel
+from router.cost_table import CostTable
+from router.decision import DecisionParams, RequestShape, candidates, decide, reference_candidates, reference_decide
+from router.scorers import build
+from router.types import Capacity, Load, Role, Worker
+
+CFG = RouterConfig()
+
+
+def random_worker(rng: random.Random, i: int, block_size: int) -> Worker:
+    role = rng.choice((Role.PREFILL, Role.DECODE, Role.BOTH))
+    profile = CostProfile(rng.choice((0.0, rng.uniform(0, 3))), rng.uniform(0.01, 0.2), rng.uniform(0, 1e-4),
+                          rng.uniform(1, 5), rng.uniform(0.05, 0.5), rng.choice((0.0, 3e-5)),
+                          rng.choice((0, 65536, 131072)), "calibrated")
+    total = rng.choice((64, 4096))
+    return Worker(f"w{i}", role, f"h{i}:1", cache_abi_digest=rng.choice(("abi", "abi", "other")), profile=profile,
+                  capacity=Capacity(total_blocks=total, max_decode_batch=rng.choice((0, 8, 64)),
+                                    max_prefill_tokens=rng.choice((0, 64, 256)), block_size=block_size),
+                  load=Load(pending_prefill_tokens=rng.choice((0, rng.randrange(0, 5000))),
+                            active_decode_batch=rng.choice((0, rng.randrange(0, 70))),
+                            free_blocks=rng.randrange(0, total + 1), total_blocks=total,
+                            active_context_tokens=rng.randrange(0, 50_000)))
+
+
+def snapshot(rng: random.Random, block_size: int) -> list[Worker]:
+    workers = [random_worker(rng, i, block_size) for i in range(rng.randrange(1, 40))]
+    for _ in range(rng.randrange(0, 4)):  # identical twins under other ids: exact ties
+        twin = rng.choice(workers)
+        workers.insert(rng.randrange(len(workers) + 1),
+                       dataclasses.replace(twin, worker_id=f"twin{len(workers)}"))
+    return workers
+
+
+def random_request(rng: random.Random, workers: list[Worker], block_size: int) -> RequestShape:
+    n = rng.choice((0, 1, block_size, block_size + 1, rng.randrange(1, 3000), rng.randrange(1, 3000)))
+    named = rng.sample(workers, rng.randrange(0, min(6, len(workers)) + 1))
+    hits = {w.worker_id: rng.randrange(1, n // block_size + 3) for w in named}
+    return RequestShape(n, rng.choice((1, 2, 16, 128, 1000)), block_size,
+                        rng.choice((0.0, 0.0, rng.uniform(50, 5000))), rng.choice((0.0, 0.0, rng.uniform(5, 200))),
+                        hits)
+
+
+def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
+    model = CostModel(CFG)
+    for _ in range(rng.randrange(0, 6)):
+        a, b = rng.choice(workers), rng.choice(workers)
+        model.observe_prefill(a, rng.randrange(1, 4000), 0, rng.uniform(1, 500))
+        model.observe_transfer(a, b, rng.randrange(1, 1 << 26), rng.uniform(0.1, 50))
+    return model
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_decision_equals_reference(seed):
+    rng = random.Random(seed)
+    block_size = rng.choice((16, 32))
+    workers = snapshot(rng, block_size)
+    model = learned_model(rng, workers)
+    rows = [model.costs(w) for w in workers]
+    for _ in range(25):
+        req = random_request(rng, workers, block_size)
+        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+        banned = {w.worker_id for w in workers if rng.random() < 0.2}
+        usable = rng.choice((None, lambda r: r.worker.worker_id not in banned))
+        split, colocated = rng.choice(((True, True), (True, False), (False, True)))
+        want = reference_candidates(model, rows, req, params.top_k, usable, split, colocated)
+        assert candidates(model, rows, req, params.top_k, usable, split, colocated) == want
+        got, ref = (decide(model, rows, req, params, usable, split, colocated),
+                    reference_decide(model, rows, req, params, usable, split, colocated))
+        assert got == ref, (got.reason, ref.reason)
+
+
+def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
+    rng = random.Random(7)
+    workers = snapshot(rng, 16)
+    model = CostModel(CFG)
+    rows = [model.costs(w) for w in workers]
+    assert CostTable.of(rows) is CostTable.of(list(rows))  # same row objects, another list
+    table = CostTable.of(rows)
+    assert CostTable.of(table) is table
+    model.observe_transfer(workers[0], workers[-1], 1 << 20, 5.0)  # a correction: new rows
+    assert CostTable.of([model.costs(w) for w in workers]) is not table
