@@ -43,7 +43,7 @@ from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, Tran
                    Verdict, checksum)
 from .common import destination, emit, place
 from .tcp_wire import decode_commit
-from .ucx_runtime import Mailbox, UcxRuntime, local_host, runtime, send_control
+from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -218,7 +218,10 @@ class UcxReceiver(KVReceiver):
                 staged.append((buf, parts))
                 posted.append((t, self._rt.post_recv(buf, t)))
         self._posted.setdefault(tid, []).extend(posted)
-        self._spawn(self._land(nonce, tid, exp, serial, key, views, sent, posted, staged))
+        land = _Landing(len(posted), lambda: self._land(nonce, tid, exp, serial, key, views,
+                                                        sent, posted, staged))
+        for _, f in posted:
+            f.add_done_callback(land.piece_done)
 
     def _swallow(self, first_tag: int, count: int) -> None:
         """Take a refused chunk's data off the wire: a 1-byte receive per piece
@@ -227,16 +230,15 @@ class UcxReceiver(KVReceiver):
             fut = self._rt.post_recv(bytearray(1), first_tag + i)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # truncated
 
-    async def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
-                    views: list[memoryview], sent: str, posted: list, staged: list) -> None:
-        futs = [f for _, f in posted]
-        done, pending = await asyncio.wait(futs, timeout=self.idle_timeout_s)
+    def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
+              views: list[memoryview], sent: str, posted: list, staged: list) -> None:
+        """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer).
+
+        A chunk whose data never comes is failed by the transfer's idle watchdog."""
         if self.pending.get(tid) is not exp:
             return  # forgotten, failed or committed meanwhile; fence() owns the receives
-        if pending:
-            self._fail(tid, f"chunk {key}: no data for {self.idle_timeout_s} s (sender idle)")
-            return
-        errors = [f.exception() for f in done if f.exception() is not None]
+        errors = [f.exception() for _, f in posted
+                  if not f.cancelled() and f.exception() is not None]
         if errors:
             self._fail(tid, f"chunk {key}: receive failed (sender lost?): {errors[0]!r}")
             return
@@ -307,11 +309,20 @@ class UcxReceiver(KVReceiver):
             emit(exp, Failed(tid, reason))
 
     def _reply(self, nonce: int, kind: int, tid: str, body: dict) -> None:
+        """Post a reply now (in order with earlier replies); errors are only logged —
+        a sender that hears nothing times out on its side."""
         entry = self._senders.get(nonce)
         if entry is None:
             return
-        self._spawn(send_control(self._rt, entry[1], wire.tag(wire.REPLY, nonce), kind, tid,
-                                 self.nonce, body, lambda: next(self._oob), self.idle_timeout_s))
+        try:
+            futs = post_control(self._rt, entry[1], wire.tag(wire.REPLY, nonce), kind, tid,
+                                self.nonce, body, lambda: next(self._oob))
+        except Exception as e:  # noqa: BLE001 - UCX refused the post
+            log.warning("ucx receiver: reply %s for %s not posted: %r",
+                        wire.KIND_NAMES.get(kind), tid, e)
+            return
+        for f in futs:
+            f.add_done_callback(_log_reply_error)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -322,3 +333,25 @@ class UcxReceiver(KVReceiver):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("ucx receiver task failed: %r", task.exception())
+
+
+class _Landing:
+    """Counts a chunk's completed pieces; runs `then` once, when the last one completes."""
+
+    __slots__ = ("left", "then")
+
+    def __init__(self, pieces: int, then):
+        self.left, self.then = pieces, then
+
+    def piece_done(self, _fut) -> None:
+        self.left -= 1
+        if self.left == 0:
+            try:
+                self.then()
+            except Exception:  # noqa: BLE001 - a bug here must not vanish in a callback
+                log.exception("ucx receiver: landing a chunk failed")
+
+
+def _log_reply_error(f: asyncio.Future) -> None:
+    if not f.cancelled() and f.exception() is not None:
+        log.info("ucx receiver: a reply was not delivered: %r", f.exception())

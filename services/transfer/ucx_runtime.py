@@ -29,8 +29,12 @@ from . import ucx_wire as wire
 log = logging.getLogger(f"{__package__}.ucx")
 
 _runtime: "UcxRuntime | None" = None
-RING = 16
+RING = 64
 """Control buffers a mailbox keeps posted."""
+FUTURE_REFILL_EVERY = 32
+"""Posts between two refills of ucxx's future pool."""
+OOB_TIMEOUT_S = 30.0
+"""How long a mailbox waits for an out-of-line body after its head."""
 
 
 def runtime() -> "UcxRuntime":
@@ -77,6 +81,7 @@ class UcxRuntime:
         self.address = bytes(self.ctx.worker_address)
         self.host = local_host()
         self._eps: dict[bytes, object] = {}
+        self._posts = 0
         self.transports = _transports(self.ctx.ucp_context_info)
         log.info("ucx runtime: transports %s (UCX_TLS=%s)", ",".join(self.transports),
                  os.environ.get("UCX_TLS", "<all>"))
@@ -109,19 +114,46 @@ class UcxRuntime:
         return "net(" + "+".join(net or ["none"]) + ")"
 
     def post_recv(self, buffer, tag: int) -> asyncio.Future:
-        """Post a receive into `buffer` now; a future completing when the bytes are there."""
-        req = self.ctx.worker.tag_recv(self._Array(buffer), self._Tag(tag))
-        return asyncio.ensure_future(req.wait())
+        """Post a receive into `buffer` now; a future completing when the bytes are there
+        (or failing with the UCX error). No task per operation: ucxx's own future."""
+        self._refill()
+        return _future(self.ctx.worker.tag_recv(self._Array(buffer), self._Tag(tag)), buffer)
 
     def post_send(self, ep, buffer, tag: int) -> asyncio.Future:
         """Post a send of `buffer` now; a future completing when UCX is done with it."""
-        req = ep._ep.tag_send(self._Array(buffer), self._Tag(tag))
-        return asyncio.ensure_future(req.wait())
+        self._refill()
+        return _future(ep._ep.tag_send(self._Array(buffer), self._Tag(tag)), buffer)
+
+    def _refill(self) -> None:
+        """Keep ucxx's pool of Python futures stocked (its notifier refills it only
+        between completion batches; a burst of posts would otherwise run it dry)."""
+        self._posts += 1
+        if self._posts % FUTURE_REFILL_EVERY == 0:
+            self.ctx.worker.populate_python_futures_pool()
 
     async def drain(self, tag: int) -> None:
         """Complete a receive posted on `tag` with one byte from ourselves (fence)."""
-        ep = await self.endpoint(self.address)
-        await self.post_send(ep, bytearray(1), tag)
+        await self.endpoint(self.address)
+        await self.drain_now(tag)
+
+    def drain_now(self, tag: int) -> asyncio.Future:
+        """As `drain`, once the endpoint to ourselves exists (made by `endpoint`)."""
+        ep = self._eps.get(self.address)
+        if ep is None:
+            return asyncio.ensure_future(self.drain(tag))
+        return self.post_send(ep, bytearray(1), tag)
+
+
+def _future(req, buffer) -> asyncio.Future:
+    """The request's asyncio future (set by ucxx's notifier thread).
+
+    Safety invariant: the request and its buffer stay referenced until the
+    request completes (UCX reads or writes that memory until then; ucxx's request
+    object does not keep the buffer alive). An error nobody awaits is retrieved.
+    """
+    fut = req.future
+    fut.add_done_callback(lambda f, _keep=(req, buffer): f.cancelled() or f.exception())
+    return fut
 
 
 def _transports(info: str) -> list[str]:
@@ -158,7 +190,7 @@ class Mailbox:
         self._stopping = True
         msg, _ = wire.encode(wire.STOP, "", 0)
         ep = await self.rt.endpoint(self.rt.address)
-        await asyncio.wait_for(self.rt.post_send(ep, msg, self.tag), 5)
+        await asyncio.wait([self.rt.post_send(ep, msg, self.tag)], timeout=5)
         try:
             await asyncio.wait_for(self._task, 5)
         except (asyncio.TimeoutError, asyncio.CancelledError):
@@ -182,11 +214,16 @@ class Mailbox:
                     return
                 if oob:
                     body = bytearray(body_len)
-                    await asyncio.wait_for(self.rt.post_recv(body, oob), 30)
+                    got = self.rt.post_recv(body, oob)
+                    await asyncio.wait([got], timeout=OOB_TIMEOUT_S)  # never cancel it
+                    if not got.done():
+                        self.rt.drain_now(oob)
+                        raise asyncio.TimeoutError(f"body of {tid} not sent in {OOB_TIMEOUT_S} s")
+                    got.result()
                 else:
                     body = wire.inline_body(view, tid, body_len)
                 obj = wire.json_body(bytes(body))
-            except (wire.ProtocolError, asyncio.TimeoutError) as e:
+            except (wire.ProtocolError, asyncio.TimeoutError, Exception) as e:  # noqa: BLE001
                 log.warning("%s: dropped a control message: %s", self.name, e)
                 continue
             finally:
@@ -200,20 +237,26 @@ class Mailbox:
                               wire.KIND_NAMES.get(kind), tid)
 
 
+def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, nonce: int,
+                 obj: dict | None, oob_counter: Callable[[], int]) -> list[asyncio.Future]:
+    """Post one control message (its body out of line when large); its send futures.
+
+    Messages posted on one endpoint and tag are matched in posting order, so a
+    caller that does not wait still keeps the protocol's order.
+    """
+    msg, body = wire.encode(kind, transfer_id, nonce, obj)
+    if not body:
+        return [rt.post_send(ep, msg, to_tag)]
+    oob = wire.tag(wire.BODY, nonce, oob_counter())
+    return [rt.post_send(ep, wire.with_oob_tag(msg, oob), to_tag), rt.post_send(ep, body, oob)]
+
+
 async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, nonce: int,
                        obj: dict | None, oob_counter: Callable[[], int],
                        timeout_s: float) -> None:
-    """Send one control message (its body out of line when large) within timeout_s."""
-    msg, body = wire.encode(kind, transfer_id, nonce, obj)
-    futs = []
-    if body:
-        oob = wire.tag(wire.BODY, nonce, oob_counter())
-        msg = wire.with_oob_tag(msg, oob)
-        futs.append(rt.post_send(ep, msg, to_tag))
-        futs.append(rt.post_send(ep, body, oob))
-    else:
-        futs.append(rt.post_send(ep, msg, to_tag))
-    done, pending = await asyncio.wait(futs, timeout=timeout_s)
+    """Send one control message and wait (timeout_s) until UCX is done with it."""
+    futs = post_control(rt, ep, to_tag, kind, transfer_id, nonce, obj, oob_counter)
+    done, pending = await asyncio.wait(futs, timeout=timeout_s)  # never cancels ucxx's futures
     if pending:
         raise TimeoutError(f"{wire.KIND_NAMES[kind]} for {transfer_id} not delivered in "
                            f"{timeout_s} s")

@@ -34,7 +34,7 @@ from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verd
 from .common import byte_view
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
-from .ucx_runtime import Mailbox, UcxRuntime, runtime, send_control
+from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -75,7 +75,6 @@ class _Out:
     verdict: asyncio.Future | None = None
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     fences: list[asyncio.Task] = dataclasses.field(default_factory=list)
-    watchers: list[asyncio.Task] = dataclasses.field(default_factory=list)
     serials: itertools.count = dataclasses.field(default_factory=itertools.count)
 
 
@@ -138,16 +137,24 @@ class UcxSender(KVSender):
                 "key": [chunk.key.layer, chunk.key.block_start, chunk.key.block_count],
                 "sizes": [v.nbytes for v in pieces], "tag": first_tag}
         try:
-            await self._control(peer, wire.CHUNK, transfer_id, body)
-            # Data right behind the header: UCX holds it (rendezvous: only its
-            # descriptor) until the receiver posts the destination views.
-            c.sends = [self._rt.post_send(peer.ep, v, first_tag + i)
-                       for i, v in enumerate(pieces)]
+            # Header, then the data right behind it: UCX holds the data (rendezvous:
+            # only its descriptor) until the receiver posts the destination views.
+            # Nothing here waits; completions and errors arrive as callbacks.
+            c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce),
+                                   wire.CHUNK, transfer_id, self.nonce, body,
+                                   lambda: next(self._oob))
+            c.sends += [self._rt.post_send(peer.ep, v, first_tag + i)
+                        for i, v in enumerate(pieces)]
             c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error
             self._fail(out, f"CHUNK to {dest[:60]} failed: {e!r}")
-        if c.sends:
-            out.watchers.append(asyncio.ensure_future(self._watch_sends(out, c)))
+
+        def sent(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                self._fail(out, f"chunk {c.key}: send failed: {f.exception()!r}")
+
+        for f in c.sends:
+            f.add_done_callback(sent)
         self._raise_if_failed(out)
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
@@ -304,15 +311,6 @@ class UcxSender(KVSender):
                 out.verdict.set_result(Verdict(bool(body.get("published")),
                                                str(body.get("reason", ""))))
 
-    async def _watch_sends(self, out: _Out, c: _OutChunk) -> None:
-        done, pending = await asyncio.wait(c.sends, timeout=self.io_timeout_s)
-        errors = [f.exception() for f in done if f.exception() is not None]
-        if pending:
-            self._fail(out, f"chunk {c.key}: {len(pending)} segments not taken by "
-                            f"{out.peer.dest[:60]} in {self.io_timeout_s} s")
-        elif errors:
-            self._fail(out, f"chunk {c.key}: send failed: {errors[0]!r}")
-
     # -- failure
     def _fail(self, out: _Out, reason: str) -> None:
         if out.failed:
@@ -345,8 +343,6 @@ class UcxSender(KVSender):
 
     async def _settle(self, out: _Out) -> None:
         """Wait for the failed transfer's fences (bounded: they time out themselves)."""
-        for w in out.watchers:
-            w.cancel()
         while out.fences:
             fences, out.fences = out.fences, []
             await asyncio.gather(*fences, return_exceptions=True)
