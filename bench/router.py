@@ -2,16 +2,23 @@
 
 For 8, 64 and 256 workers (half prefill, half decode, random load and
 calibrated-looking profiles) and a prefix index holding 10k block keys, times
-one auto-mode decision per request: prefix-index match of the prompt's block
-keys, pricing every worker, pruning to top-k per side, pricing the pairs and
-colocated candidates, SLO gates and scoring. Building the per-snapshot cost
-rows (once per snapshot fetch, shared by every request until the next one)
-and hashing the prompt (once per request) are timed separately.
+one auto-mode decision per request (`p50_us`, `p99_us`): prefix-index match of
+the prompt's block keys, RequestShape, and `decide` (bounded scans of the
+snapshot's CostTable, pricing the top-k pairs and colocated candidates, SLO
+gates and scoring). Not included, timed separately: building the cost rows
+(`rows_build_us`) and the CostTable (`table_build_us`), both once per snapshot
+(the first decision finds the table in CostTable's cache), and hashing the
+prompt (`prompt_hash_p50_us`, once per request; in the router, RouterState.plan
+also rebuilds the rows with its overlay per request, not measured here).
+
+Same-run baselines, on the same requests and snapshot: `reference_decide` (the
+plain one-pass decision, router/decision.py; `ratio_vs_reference`, and
+`mismatches` counts requests where the two decisions differ: must be 0), and
+the old placement `choose_pair` (queue/free-blocks ranking without a cost
+model; on the first 200 requests only, it is slow at 256 workers).
 
 Prints one JSON line per size, e.g.
     {"bench": "router", "workers": 64, "p50_us": ..., "p99_us": ..., ...}
-with a baseline measured in the same run: the old placement (`choose_pair`,
-queue/free-blocks ranking without a cost model) on the same snapshot.
 Target: p50 <= 100 us at 64 workers.
 """
 
@@ -29,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kv_directory.profile import CostProfile  # noqa: E402
 from router.config import RouterConfig  # noqa: E402
 from router.cost_model import CostModel  # noqa: E402
-from router.decision import DecisionParams, RequestShape, decide  # noqa: E402
+from router.cost_table import CostTable  # noqa: E402
+from router.decision import DecisionParams, RequestShape, decide, reference_decide  # noqa: E402
 from router.placement import Demand, choose_pair  # noqa: E402
 from router.prefix_index import PrefixIndex, block_hashes  # noqa: E402
 from router.scorers import build  # noqa: E402
@@ -89,28 +97,40 @@ def run(n: int, seed: int = 0) -> dict:
     fill_index(index, cluster, reqs, rng)
     t0 = time.perf_counter()
     rows = [model.costs(w) for w in cluster.workers]
-    prepare_us = (time.perf_counter() - t0) * 1e6
+    rows_us = (time.perf_counter() - t0) * 1e6
+    t0 = time.perf_counter()
+    CostTable(rows)
+    table_us = (time.perf_counter() - t0) * 1e6
     hashes = [block_hashes(p, BLOCK, "t") for p in reqs]
-    hash_us = [0.0] * 0
+    hash_us = []
     for p in reqs[:200]:
         t = time.perf_counter()
         block_hashes(p, BLOCK, "t")
         hash_us.append((time.perf_counter() - t) * 1e6)
-    decide_us, base_us, outcomes = [], [], {}
-    for p, h in zip(reqs, hashes):
+    decide_us, ref_us, base_us, outcomes, mismatches = [], [], [], {}, 0
+    for i, (p, h) in enumerate(zip(reqs, hashes)):
         t = time.perf_counter()
         req = RequestShape(len(p), 128, BLOCK, 2000.0, 100.0, index.match(h))
         d = decide(model, rows, req, params)
         decide_us.append((time.perf_counter() - t) * 1e6)
         outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
         t = time.perf_counter()
-        choose_pair(cluster, Demand(len(p), 128))
-        base_us.append((time.perf_counter() - t) * 1e6)
-    p50, b50 = statistics.median(decide_us), statistics.median(base_us)
+        req = RequestShape(len(p), 128, BLOCK, 2000.0, 100.0, index.match(h))
+        ref = reference_decide(model, rows, req, params)
+        ref_us.append((time.perf_counter() - t) * 1e6)
+        mismatches += d != ref
+        if i < 200:
+            t = time.perf_counter()
+            choose_pair(cluster, Demand(len(p), 128))
+            base_us.append((time.perf_counter() - t) * 1e6)
+    p50, r50, b50 = statistics.median(decide_us), statistics.median(ref_us), statistics.median(base_us)
     return {"bench": "router", "workers": n, "prefix_index_keys": len(index), "requests": len(reqs),
             "p50_us": round(p50, 1), "p99_us": round(pct(decide_us, 0.99), 1),
+            "reference_p50_us": round(r50, 1), "reference_p99_us": round(pct(ref_us, 0.99), 1),
+            "ratio_vs_reference": round(p50 / r50, 2), "mismatches": mismatches,
             "baseline_choose_pair_p50_us": round(b50, 1), "ratio_vs_baseline": round(p50 / b50, 2),
-            "snapshot_prepare_us": round(prepare_us, 1), "prompt_hash_p50_us": round(statistics.median(hash_us), 1),
+            "rows_build_us": round(rows_us, 1), "table_build_us": round(table_us, 1),
+            "prompt_hash_p50_us": round(statistics.median(hash_us), 1),
             "top_k": cfg.candidate_top_k, "outcomes": outcomes,
             "target_p50_us_at_64": 100, "met": p50 <= 100 if n == 64 else None}
 

@@ -24,9 +24,12 @@ colocated one; the split wins only by more than `margin`. No feasible
 candidate -> REJECT, with the closest candidate's numbers, before any work.
 
 Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
-row, so each side is priced once per worker and cut to `top_k` by its cheap
-bound; only the top_k x top_k pairs (with the exact per-path transfer) and the
-top colocated workers become Candidate objects and are scored.
+row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
+pairs (with the exact per-path transfer) and the top colocated workers become
+Candidate objects and are scored. The keys are evaluated over the snapshot's
+CostTable (router/cost_table.py: columns built once per snapshot, scans in
+per-snapshot order that stop at a lower bound); `reference_candidates` is the
+plain one-pass definition it must match (tests/unit/test_router_decision_table.py).
 """
 
 from __future__ import annotations
@@ -104,8 +107,9 @@ Usable = Callable[[WorkerCosts], bool]
 """Extra per-worker filter (vocab, context length, capacity), applied before pricing."""
 
 
-def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape) -> Candidate:
-    """The split route P -> D for `req`."""
+def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
+               overhead: float | None = None) -> Candidate:
+    """The split route P -> D for `req`; `overhead`: the route's, when the caller already has it."""
     usable = req.usable_blocks
     reused = min(req.hits.get(p.worker.worker_id, 0), usable) * req.block_size
     compute = req.prompt_tokens - reused
@@ -113,7 +117,8 @@ def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestSha
     nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
     prefill = p.prefill_ms(compute, reused)
     transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
-    overhead = model.overhead_ms(Route.DISAGGREGATED)
+    if overhead is None:
+        overhead = model.overhead_ms(Route.DISAGGREGATED)
     return Candidate(
         Route.DISAGGREGATED, d.worker, p.worker,
         p.queue_ms + prefill + transfer + d.admission_ms + overhead,
@@ -123,13 +128,14 @@ def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestSha
         d.free_blocks - req.need_blocks, d.worker.capacity.total_blocks)
 
 
-def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape) -> Candidate:
-    """The colocated route on W for `req`."""
+def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhead: float | None = None) -> Candidate:
+    """The colocated route on W for `req`; `overhead`: the route's, when the caller already has it."""
     reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
     compute = req.prompt_tokens - reused
     own = w.prefill_ms(compute, reused)
     prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
-    overhead = model.overhead_ms(Route.COLOCATED)
+    if overhead is None:
+        overhead = model.overhead_ms(Route.COLOCATED)
     return Candidate(
         Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
         w.tpot_with(req.prompt_tokens, req.max_tokens, own if w.batch else 0.0),
@@ -149,7 +155,14 @@ def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: R
     colocated workers (by TTFT and TPOT relative to their targets) become
     Candidate objects. Same result as `reference_candidates`."""
     pairs, cols = CostTable.of(rows).select(model, req, top_k, usable, split, colocated)
-    return [price_pair(model, p, d, req) for p, d in pairs] + [price_colocated(model, w, req) for w in cols]
+    out = []
+    if pairs:
+        split_ms = model.overhead_ms(Route.DISAGGREGATED)
+        out = [price_pair(model, p, d, req, split_ms) for p, d in pairs]
+    if cols:
+        colocated_ms = model.overhead_ms(Route.COLOCATED)
+        out += [price_colocated(model, w, req, colocated_ms) for w in cols]
+    return out
 
 
 def _violations(c: Candidate, req: RequestShape) -> str:
@@ -167,7 +180,7 @@ def score_all(cands: Sequence[Candidate], req: RequestShape, scorers: Sequence[t
                        min(c.tpot_ms for c in cands))
     for c in cands:
         c.violations = _violations(c, req)
-        c.score = sum(w * s.score(c, ctx) for w, s in scorers)
+        c.score = sum([w * s.score(c, ctx) for w, s in scorers])
 
 
 def _best(cands: Sequence[Candidate], route: Route) -> Candidate | None:

@@ -67,23 +67,25 @@ def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
     return model
 
 
+@pytest.mark.parametrize("early_exit", [True, False])
 @pytest.mark.parametrize("seed", range(40))
-def test_fast_decision_equals_reference(seed):
+def test_fast_decision_equals_reference(seed, early_exit):
     rng = random.Random(seed)
     block_size = rng.choice((16, 32))
     workers = snapshot(rng, block_size)
     model = learned_model(rng, workers)
-    rows = [model.costs(w) for w in workers]
+    rows = CostTable([model.costs(w) for w in workers], early_exit)
+    assert rows.bounded is early_exit
     for _ in range(25):
         req = random_request(rng, workers, block_size)
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
         banned = {w.worker_id for w in workers if rng.random() < 0.2}
         usable = rng.choice((None, lambda r: r.worker.worker_id not in banned))
         split, colocated = rng.choice(((True, True), (True, False), (False, True)))
-        want = reference_candidates(model, rows, req, params.top_k, usable, split, colocated)
+        want = reference_candidates(model, rows.rows, req, params.top_k, usable, split, colocated)
         assert candidates(model, rows, req, params.top_k, usable, split, colocated) == want
         got, ref = (decide(model, rows, req, params, usable, split, colocated),
-                    reference_decide(model, rows, req, params, usable, split, colocated))
+                    reference_decide(model, rows.rows, req, params, usable, split, colocated))
         assert got == ref, (got.reason, ref.reason)
 
 
