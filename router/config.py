@@ -59,10 +59,11 @@ class RouterConfig:
     > 1.5x the target); a nearer miss runs that candidate. A wrong rejection costs
     more than a late request, and predictions are estimates."""
 
-    reject_slack_unconfirmed: float = 1.0
-    """The same, while the candidate's prefill and decode costs have not yet been
-    corrected by any completion on this router (the start-up calibration alone
-    can be several times off on a shared host)."""
+    reject_unconfirmed: bool = False
+    """Reject also on prices no completion on this router has corrected yet (the
+    candidate's prefill and decode workers' start-up calibration alone, which
+    can be several times off on a shared host). Off: such a request runs, and
+    its completion corrects the prices that would have rejected it."""
 
     candidate_top_k: int = 4
     """Prefill and decode workers kept after the cheap per-worker bound; pairs are their product."""
@@ -171,7 +172,7 @@ class RouterConfig:
             raise ValueError(f"canary_fraction must be in [0, 1], got {self.canary_fraction!r}")
         for name in ("slo_ttft_ms", "slo_tpot_ms", "disaggregation_margin", "transfer_latency_ms",
                      "disaggregated_overhead_ms", "colocated_overhead_ms", "prefix_index_blocks",
-                     "reject_slack", "reject_slack_unconfirmed"):
+                     "reject_slack"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("default_prefill_ms_per_token", "default_decode_step_ms", "transfer_mb_per_s",
@@ -277,7 +278,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_DISAGGREGATION_MARGIN": "disaggregation_margin",
     "PD_ROUTER_CANDIDATE_TOP_K": "candidate_top_k",
     "PD_ROUTER_REJECT_SLACK": "reject_slack",
-    "PD_ROUTER_REJECT_SLACK_UNCONFIRMED": "reject_slack_unconfirmed",
+    "PD_ROUTER_REJECT_UNCONFIRMED": "reject_unconfirmed",
     "PD_ROUTER_COST_EWMA_ALPHA": "cost_ewma_alpha",
     "PD_ROUTER_DEFAULT_PREFILL_MS_PER_TOKEN": "default_prefill_ms_per_token",
     "PD_ROUTER_DEFAULT_DECODE_STEP_MS": "default_decode_step_ms",

@@ -5,10 +5,10 @@
     auto           the per-request decision (router/decision.py): split, colocated,
                    or reject with RESOURCE_EXHAUSTED before any work -- but only when
                    even the closest candidate misses a target by more than
-                   `reject_slack` (`reject_slack_unconfirmed` while its costs are
-                   still the start-up calibration); a closer miss runs that
-                   candidate: a wrongly rejected request is worse than a late one,
-                   and only executed requests correct the cost model
+                   `reject_slack`, on prices completions have confirmed (unless
+                   `reject_unconfirmed`); otherwise that candidate runs: a wrongly
+                   rejected request is worse than a late one, and only executed
+                   requests correct the cost model
     shadow         the decision is computed and recorded (its best split route
                    too), the best colocated route executes; never rejects
     canary         `canary_fraction` of requests (by a hash of the request id, so a
@@ -149,8 +149,9 @@ class Planner:
         if not pool:
             return None
         c = min(pool, key=lambda c: (not c.fits, miss(c, req)))
-        slack = self.config.reject_slack if self.costs.confirmed(c) else self.config.reject_slack_unconfirmed
-        return c if miss(c, req) <= slack else None
+        if miss(c, req) <= self.config.reject_slack:
+            return c
+        return None if self.config.reject_unconfirmed or self.costs.confirmed(c) else c
 
     @staticmethod
     def _execute(mode: str, c: Candidate | None, why: str) -> Plan:

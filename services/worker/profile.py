@@ -46,7 +46,12 @@ PREFILL_LENGTHS = (32, 128, 512, 1024, 2048)
 PREFILL_REPEATS = 3
 """Runs of each prompt length up to REPEAT_MAX_TOKENS (the point is their minimum)."""
 REPEAT_MAX_TOKENS = 128
-DECODE_POINTS = ((1, 64), (4, 64), (16, 64), (4, 256))  # (batch, context tokens per sequence)
+DECODE_POINTS = ((1, 64), (4, 64), (2, 256), (16, 64))  # (batch, context tokens per sequence)
+"""Measured in order while the budget lasts, but at least MIN_DECODE_POINTS: the
+first three already separate the base, per-sequence and per-context-token
+terms (with only (1, 64) and (4, 64), context grows with batch and the fit is
+free to put a step's whole cost on context, pricing a long request's TPOT 7x)."""
+MIN_DECODE_POINTS = 3
 DECODE_STEPS = 4
 
 
@@ -154,7 +159,7 @@ def calibrate(engine: Engine, budget_s: float = 5.0) -> CostProfile:
     for batch, ctx in DECODE_POINTS:
         if engine.blocks_needed(ctx, DECODE_STEPS + 2) * batch > engine.num_free_blocks:
             continue
-        if len(dec_rows) >= 2 and time.perf_counter() - start > budget_s:
+        if len(dec_rows) >= MIN_DECODE_POINTS and time.perf_counter() - start > budget_s:
             break
         step_ms, total_ctx = _timed_decode(engine, [tokens(ctx) for _ in range(batch)], greedy)
         dec_rows.append(decode_features(batch, total_ctx))

@@ -68,3 +68,17 @@ def test_profile_config_from_env():
     assert cfg == ProfileConfig(calibrate=False, budget_s=1.5)
     with pytest.raises(ValueError, match="PD_PROFILE_BUDGET_S"):
         ProfileConfig.from_env({"PD_PROFILE_BUDGET_S": "soon"})
+
+
+def test_the_decode_points_always_measured_determine_all_three_terms():
+    # With only (1, 64) and (4, 64) measured, context grew with batch and the fit put
+    # a whole step on context: 191 ms predicted TPOT for a 28 ms idle stream.
+    from services.worker.profile import DECODE_POINTS, MIN_DECODE_POINTS, decode_features
+    rows = [decode_features(b, b * ctx) for b, ctx in DECODE_POINTS[:MIN_DECODE_POINTS]]
+    det = (rows[0][0] * (rows[1][1] * rows[2][2] - rows[1][2] * rows[2][1])
+           - rows[0][1] * (rows[1][0] * rows[2][2] - rows[1][2] * rows[2][0])
+           + rows[0][2] * (rows[1][0] * rows[2][1] - rows[1][1] * rows[2][0]))
+    assert abs(det) > 1.0
+    d, e, f = 5.0, 2.0, 0.01
+    a = fit_nonneg(rows, [d + e * r[1] + f * r[2] for r in rows], relative=True)
+    assert a == pytest.approx([d, e, f], rel=1e-6)
