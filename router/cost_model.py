@@ -20,12 +20,14 @@ Per size, because one factor learned from 2k-token prompts must not price a
 90-token one (the fitted curve's shape is wrong in places; a bucket with no
 sample borrows the nearest observed bucket's factor).
 
-A per-route TTFT overhead (RPC hops, reserve, directory) is learned from the
-split route's TTFT residual, as a *low* expectile: a residual below the current
+A per-route TTFT overhead (RPC hops, reserve, directory, hand-off set-up) is
+learned from the split route's TTFT residual. A *clean* sample (P's predicted
+queue at most CLEAN_QUEUE_SHARE of the prefill) is a plain EWMA step (the first
+one sets it). Any other is a *low* expectile step: a residual below the current
 value pulls it down at full weight, one above at a quarter weight and capped
-at 4x the current value. Residuals are mostly unmodelled queueing (a burst
-whose queue the snapshot did not show yet), and a fixed overhead that absorbed
-them would price every later request, idle or not, as if it queued too.
+at 4x the current value. Those residuals are mostly unmodelled queueing (a
+burst whose queue the snapshot did not show yet), and a fixed overhead that
+absorbed them would price every later request, idle or not, as if it queued.
 
 `costs(worker)` folds profile, corrections and the worker's load into one
 `WorkerCosts` row, so that pricing a route is a few multiply-adds
@@ -252,20 +254,10 @@ class CostModel:
         return (self._latency_ms + nbytes * self._ms_per_byte) * f.factor(nbytes)
 
     def overhead_ms(self, route: Route) -> float:
-        """Learned fixed TTFT overhead of a route kind. Before its first sample, a
-        route is priced as the other, observed route plus the configured difference
-        (never below its default): what slows one route on this deployment (RPC
-        latency, a loaded host) slows the other too, and a split route has more hops.
-        Without that, the first observation of one route would make the unobserved
-        one look cheap."""
-        own = self._overhead[route]
-        if own.samples:
-            return own.value
-        other_route = Route.COLOCATED if route is Route.DISAGGREGATED else Route.DISAGGREGATED
-        other = self._overhead[other_route]
-        if not other.samples:
-            return own.value
-        return max(own.value, other.value + own.value - self._default_overhead[other_route])
+        """Learned fixed TTFT overhead of a route kind (split: from its TTFT residuals;
+        colocated: the configured value, since W's prefill correction absorbs what
+        a colocated TTFT shows, see observe_first_token)."""
+        return self._overhead[route].value
 
     def confirmed(self, c: Candidate) -> bool:
         """Have completions on this router corrected both the computing worker's
@@ -300,33 +292,33 @@ class CostModel:
         if r is not None:  # the prediction already carried the old factor: compose
             self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * (current.value if current else 1.0))))
 
-    def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float) -> None:
-        """Fold the TTFT residual into the route's fixed overhead (never below 0), as
-        a low expectile: queueing the prediction missed barely moves it."""
+    def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False) -> None:
+        """Fold the TTFT residual into the route's fixed overhead (never below 0):
+        a plain EWMA step when `clean` (nothing queued ahead), else a low-expectile
+        step, so that queueing the prediction missed barely moves it."""
         if not (math.isfinite(predicted_ms) and math.isfinite(observed_ms)) or observed_ms <= 0:
             return
-        base = self.overhead_ms(route)  # what the prediction carried (maybe derived from the other route)
         e = self._overhead[route]
-        if not e.samples:
-            e.value = base
-        e.update_low(max(0.0, base + observed_ms - predicted_ms), self._alpha, self._default_overhead[route])
+        x = max(0.0, e.value + observed_ms - predicted_ms)  # the prediction carried e.value
+        if clean:
+            e.update(x, self._alpha)
+        else:
+            e.update_low(x, self._alpha, self._default_overhead[route])
         self.version += 1
 
     def observe_first_token(self, c: Candidate, observed_ms: float) -> None:
         """A request priced as `c` saw its first token after `observed_ms`.
 
         Split route: the residual goes to the route's overhead (prefill and
-        transfer have their own timed corrections). Colocated route: the worker
+        transfer have their own timed corrections); clean when P's queue was small. Colocated route: the worker
         reports no prefill timing, so when its predicted queue was small the
         TTFT less the overhead is a prefill sample of W (how W's calibration
-        gets corrected at all); the colocated overhead stays derived from the
-        split route's (see overhead_ms)."""
+        gets corrected at all); the colocated overhead keeps its configured value."""
+        clean = c.queue_ms <= CLEAN_QUEUE_SHARE * c.prefill_ms
         if c.route is Route.DISAGGREGATED:
-            self.observe_ttft(c.route, c.ttft_ms, observed_ms)
+            self.observe_ttft(c.route, c.ttft_ms, observed_ms, clean)
             return
-        if not (math.isfinite(observed_ms) and observed_ms > 0 and c.prefill_ms > 0 and c.compute_tokens > 0):
-            return
-        if c.queue_ms > CLEAN_QUEUE_SHARE * c.prefill_ms:
+        if not (clean and math.isfinite(observed_ms) and observed_ms > 0 and c.prefill_ms > 0 and c.compute_tokens > 0):
             return
         r = _ratio(observed_ms - c.overhead_ms - c.queue_ms, c.prefill_ms)
         if r is None:

@@ -92,12 +92,15 @@ def test_config_parses_weights_and_tenant_slos_with_clear_errors():
         RouterConfig(canary_fraction=1.5)
 
 
-def test_an_unobserved_route_is_priced_from_the_observed_one():
+def test_each_route_learns_its_own_overhead():
+    # Before, the unobserved route was priced from the observed one; now a colocated
+    # TTFT corrects W's prefill instead, and a split route's overhead (hand-off set-up,
+    # ~200 ms over ucx here) must not be charged to colocated routes.
     model = CostModel(RouterConfig(disaggregated_overhead_ms=5.0, colocated_overhead_ms=1.0, cost_ewma_alpha=0.5))
-    model.observe_ttft(Route.COLOCATED, predicted_ms=10.0, observed_ms=12.0)  # 2 ms unmodeled: 1 -> 3, up at 1/4 weight
-    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(1.0 + 0.125 * 2.0)
-    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(1.25 + 4.0)
-    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=45.0, observed_ms=41.0)  # 4 ms over: down at full weight
+    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=10.0, observed_ms=12.0)  # 2 ms over: up at 1/4 weight
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(5.0 + 0.125 * 2.0)
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(1.0)
+    model.observe_ttft(Route.DISAGGREGATED, predicted_ms=45.0, observed_ms=41.0)  # 4 ms under: down at full weight
     assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(5.25 - 0.5 * 4.0)
 
 
@@ -162,6 +165,10 @@ def test_split_ttft_goes_to_the_overhead_not_the_prefill():
     p = Worker("p", Role.PREFILL, "p:1", profile=PROFILE, capacity=w().capacity)
     d = Worker("d", Role.DECODE, "d:1", profile=PROFILE, capacity=w().capacity)
     c = price_pair(model, model.costs(p), model.costs(d), RequestShape(90, 32, 16))
-    model.observe_first_token(c, c.ttft_ms + 8.0)
+    model.observe_first_token(c, c.ttft_ms + 200.0)  # nothing queued at P: a clean sample sets it
     assert "prefill/p" not in model.corrections()
-    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(c.overhead_ms + 0.125 * 8.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(c.overhead_ms + 200.0)
+    busy = dataclasses.replace(p, load=Load(pending_prefill_tokens=3000))
+    queued = price_pair(model, model.costs(busy), model.costs(d), RequestShape(90, 32, 16))
+    model.observe_first_token(queued, queued.ttft_ms + 2000.0)  # a queue ahead: barely moves
+    assert model.overhead_ms(Route.DISAGGREGATED) < c.overhead_ms + 200.0 + 0.5 * 0.25 * 3 * 205.0 + 1e-6

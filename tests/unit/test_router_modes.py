@@ -10,6 +10,7 @@ import random
 
 from kv_directory.profile import CostProfile
 from router.modes import Planner, canary_pick
+from router.placement import LoadOverlay
 from router.orchestrator import Orchestrator
 from router.decision import Outcome
 from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
@@ -184,17 +185,29 @@ def test_queueing_seen_under_a_long_burst_does_not_reject_later_short_requests()
     # arrive at an idle cluster with a TTFT target of 5x their idle TTFT.
     planner = Planner(config(cost_ewma_alpha=0.2))
     cluster = profiled(two_by_two()).cluster
+    cluster = dataclasses.replace(cluster, workers=tuple(w for w in cluster.workers if w.worker_id != "p1"))
     rng = random.Random(7)
     prompt = lambda n: tuple(rng.randrange(1, VOCAB) for _ in range(n))  # noqa: E731
     idle = planner.plan("probe", "t", prompt(24), 32, "auto", Slo(), cluster).predicted
-    for i in range(6):
-        plan = planner.plan(f"long-{i}", "t", prompt(200), 8, "disaggregated", Slo(), cluster)
-        c = plan.predicted
-        planner.prefill_done(plan, plan.prefill, plan.decode,
-                             PrefillDone(computed_tokens=200, compute_ms=c.prefill_ms, transfer_ms=c.transfer_ms,
-                                         sent_bytes=c.transfer_bytes))
-        planner.completed(f"long-{i}", plan, Completed(None, c.ttft_ms + 2000.0 * (i % 3), c.tpot_ms, 8, c.route, 1),
-                          plan.prefill, plan.decode)
+    overlay = LoadOverlay(ttl_s=60.0)
+    for burst in range(3):
+        handles = []
+        for i in range(3):  # the 2nd and 3rd of a burst see the 1st in this router's overlay
+            rid = f"long-{burst}-{i}"
+            plan = planner.plan(rid, "t", prompt(200), 8, "disaggregated", Slo(), cluster, overlay)
+            handles.append(overlay.add(plan.prefill, 200))
+            c = plan.predicted
+            assert (c.queue_ms > 0) is (i > 0)
+            planner.prefill_done(plan, plan.prefill, plan.decode,
+                                 PrefillDone(computed_tokens=200, compute_ms=c.prefill_ms, transfer_ms=c.transfer_ms,
+                                             sent_bytes=c.transfer_bytes))
+            # ...and each waits far longer than its predicted queue.
+            planner.completed(rid, plan, Completed(None, c.ttft_ms + 2000.0 * i, c.tpot_ms, 8, c.route, 1),
+                              plan.prefill, plan.decode)
+        for h in handles:
+            overlay.remove(h)
     short = planner.plan("short", "t", prompt(24), 32, "auto", Slo(ttft_ms=5 * idle.ttft_ms), cluster)
     assert short.outcome is not Outcome.REJECT, short.reason
     assert short.predicted.ttft_ms < 2 * idle.ttft_ms
+    split = planner.plan("split", "t", prompt(24), 32, "disaggregated", Slo(), cluster).predicted
+    assert split.overhead_ms < 4 * planner.config.disaggregated_overhead_ms  # was ~2 s
