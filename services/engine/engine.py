@@ -246,15 +246,27 @@ class Engine:
 
     # ---- K/V export / import (see kv_io.py) ----------------------------
     def kv_digest(self, seq: Sequence, num_tokens: int | None = None) -> str:
-        """xxh3-128 of the K then V bytes of token slots [0, num_tokens), layer by layer."""
+        """xxh3-128 of the K then V bytes of token slots [0, num_tokens), layer by layer.
+
+        Hashes views of runs of consecutive physical blocks in place (no gather copy).
+        """
         n = seq.num_prompt_tokens if num_tokens is None else num_tokens
         nb = -(-n // self.block_size)
-        table = torch.tensor(seq.block_table[:nb], dtype=torch.long)
+        table = seq.block_table[:nb]
+        runs = []  # (first physical block, blocks, tokens in the run)
+        i = 0
+        while i < nb:
+            j = i + 1
+            while j < nb and table[j] == table[j - 1] + 1:
+                j += 1
+            runs.append((table[i], j - i, min(n, j * self.block_size) - i * self.block_size))
+            i = j
         h = xxhash.xxh3_128()
         for layer in range(self.model_cfg.num_hidden_layers):
             for part in (self.cache.k[layer], self.cache.v[layer]):
-                rows = part.index_select(0, table).flatten(0, 1)[:n].contiguous()
-                h.update(rows.view(torch.uint8).numpy().data)
+                for first, count, tokens in runs:
+                    rows = part[first:first + count].flatten(0, 1)[:tokens]
+                    h.update(rows.view(torch.uint8).numpy().data)
         return h.hexdigest()
 
     @property
