@@ -113,9 +113,11 @@ class DecodeWorker:
 
     # ---- 3. validate and publish ------------------------------------------
     async def _on_commit(self, res: Reservation, commit: TransferCommit) -> Verdict:
+        self.events("commit_received", request=res.request_id)
         reason = validate_commit(res, commit, self.engine.abi.digest)
         if not reason:
             local = await self.loop.call(lambda e: e.kv_digest(res.seq))
+            self.events("digest_checked", request=res.request_id)
             if local != commit.kv_digest:
                 reason = f"K/V digest {local} != source {commit.kv_digest}"
         if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:

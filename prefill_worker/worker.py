@@ -157,6 +157,7 @@ class PrefillWorker:
         try:
             first_token, t_first = await self._computed(sink, gate)
             t_computed = time.perf_counter()
+            self.events("computed", request=rid)
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             if self.cfg.fault_delay_before_send_s:
                 await asyncio.sleep(self.cfg.fault_delay_before_send_s)
@@ -169,11 +170,13 @@ class PrefillWorker:
             else:
                 await streamer
             kv_digest = await digest
+            self.events("digest", request=rid)
         finally:
             if streamer is not None and not streamer.done():
                 streamer.cancel()
                 await asyncio.gather(streamer, return_exceptions=True)
         self._check(task)
+        self.events("commit", request=rid, chunks=len(chunks))
         verdict = await self.sender.commit(dest, TransferCommit(
             transfer_id, rid, task.generation, e.abi.digest, tuple(chunks),
             kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn()))
