@@ -54,6 +54,11 @@ class Plan:
     reason: str = ""
     hashes: list[int] = dataclasses.field(default_factory=list)
     """The prompt's block chain keys, recorded in the prefix index on completion."""
+    own_tpot_ms: float = 0.0
+    """The request's own predicted cadence: `predicted.tpot_ms` less, on a colocated
+    route, its own prefill spread over its tokens (the dilation it causes W's
+    *other* streams; its own decode starts after its prefill). Decode corrections
+    compare observed TPOT with this, not with `predicted.tpot_ms`."""
 
 
 def canary_pick(request_id: str, fraction: float) -> bool:
@@ -111,6 +116,9 @@ class Planner:
                 decision = decide(self.costs, rows, req, self.params, fit)
             plan = self._by_mode(mode, request_id, decision, req)
         plan.hashes = hashes
+        if plan.predicted is not None:
+            row = next((r for r in rows if r.worker is plan.predicted.decode), None)
+            plan.own_tpot_ms = row.tpot_with(req.prompt_tokens, req.max_tokens) if row else plan.predicted.tpot_ms
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
 
@@ -200,7 +208,7 @@ class Planner:
         if c is None or done.attempts != 1 or done.route is not c.route or decode.worker_id != c.decode.worker_id:
             return
         if done.num_tokens > 1 and done.tpot_ms > 0:
-            self.costs.observe_tpot(decode, c.tpot_ms, done.tpot_ms)
+            self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.tpot_ms)
         self.costs.observe_first_token(c, done.ttft_ms)
 
 

@@ -211,3 +211,16 @@ def test_queueing_seen_under_a_long_burst_does_not_reject_later_short_requests()
     assert short.predicted.ttft_ms < 2 * idle.ttft_ms
     split = planner.plan("split", "t", prompt(24), 32, "disaggregated", Slo(), cluster).predicted
     assert split.overhead_ms < 4 * planner.config.disaggregated_overhead_ms  # was ~2 s
+
+
+def test_decode_correction_ignores_the_dilation_a_colocated_prompt_causes_others():
+    # W has streams: the colocated prediction adds the prompt's own prefill spread
+    # over its tokens (what the *others* suffer). Its own stream decodes after its
+    # prefill, so observing exactly the plain cadence must not shrink W's decode cost.
+    planner = Planner(config(cost_ewma_alpha=1.0))
+    cluster = profiled(two_by_two(), busy_decode=2).cluster
+    plan = planner.plan("a", "t", tuple(range(1, 120)), 8, "colocated", Slo(), cluster)
+    c = plan.predicted
+    assert c.tpot_ms > plan.own_tpot_ms > 0
+    planner.completed("a", plan, Completed(None, c.ttft_ms, plan.own_tpot_ms, 8, c.route, 1), None, plan.decode)
+    assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 1.0
