@@ -285,12 +285,28 @@ class CostModel:
             self._path_all.update(nbytes, r, self._alpha)
             self.version += 1
 
-    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float) -> None:
-        """A stream at `w` showed `observed_ms` per token where `predicted_ms` was priced."""
-        current = self._decode.get(w.worker_id)
+    def decode_factor(self, worker_id: str) -> float:
+        """`worker_id`'s current decode correction (what a prediction made now carries)."""
+        e = self._decode.get(worker_id)
+        return e.value if e else 1.0
+
+    def prefill_factor(self, worker_id: str, new: int) -> float:
+        """`worker_id`'s current prefill correction for `new` tokens."""
+        sized = self._prefill.get(worker_id)
+        return sized.factor(new) if sized else 1.0
+
+    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float, carried: float | None = None) -> None:
+        """A stream at `w` showed `observed_ms` per token where `predicted_ms` was
+        priced, with decode factor `carried` (default: the current one).
+
+        Safety invariant: compose with the factor the prediction *carried*, not the
+        current one: requests of one burst are all priced before the first ends,
+        and composing each with the factor its predecessors already raised
+        compounded 2x into 4x, 8x (the 115 ms predicted for a 25 ms stream)."""
         r = _ratio(observed_ms, predicted_ms)
-        if r is not None:  # the prediction already carried the old factor: compose
-            self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * (current.value if current else 1.0))))
+        if r is not None:
+            f = self.decode_factor(w.worker_id) if carried is None else carried
+            self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * f)))
 
     def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False) -> None:
         """Fold the TTFT residual into the route's fixed overhead (never below 0):
@@ -306,7 +322,7 @@ class CostModel:
             e.update_low(x, self._alpha, self._default_overhead[route])
         self.version += 1
 
-    def observe_first_token(self, c: Candidate, observed_ms: float) -> None:
+    def observe_first_token(self, c: Candidate, observed_ms: float, carried: float | None = None) -> None:
         """A request priced as `c` saw its first token after `observed_ms`.
 
         Split route: the residual goes to the route's overhead (prefill and
@@ -324,8 +340,9 @@ class CostModel:
         if r is None:
             return
         sized = self._prefill.setdefault(c.decode.worker_id, _Sized())
-        # c.prefill_ms carried the old factor of this size: compose, as observe_tpot does.
-        sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * sized.factor(c.compute_tokens))), self._alpha)
+        # c.prefill_ms carried W's factor of this size at decision time (`carried`): compose with that.
+        f = sized.factor(c.compute_tokens) if carried is None else carried
+        sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * f)), self._alpha)
         self.version += 1
 
     def _update(self, table: dict, key, ratio: float | None) -> None:

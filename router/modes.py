@@ -59,6 +59,9 @@ class Plan:
     route, its own prefill spread over its tokens (the dilation it causes W's
     *other* streams; its own decode starts after its prefill). Decode corrections
     compare observed TPOT with this, not with `predicted.tpot_ms`."""
+    carried: tuple[float, float] = (1.0, 1.0)
+    """(D's decode factor, W's prefill factor for the compute set) the prediction
+    carried; corrections compose with these, not with later values."""
 
 
 def canary_pick(request_id: str, fraction: float) -> bool:
@@ -119,6 +122,9 @@ class Planner:
         if plan.predicted is not None:
             row = next((r for r in rows if r.worker is plan.predicted.decode), None)
             plan.own_tpot_ms = row.tpot_with(req.prompt_tokens, req.max_tokens) if row else plan.predicted.tpot_ms
+            c = plan.predicted
+            plan.carried = (self.costs.decode_factor(c.decode.worker_id),
+                            self.costs.prefill_factor(c.decode.worker_id, c.compute_tokens))
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
 
@@ -208,8 +214,8 @@ class Planner:
         if c is None or done.attempts != 1 or done.route is not c.route or decode.worker_id != c.decode.worker_id:
             return
         if done.num_tokens > 1 and done.tpot_ms > 0:
-            self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.tpot_ms)
-        self.costs.observe_first_token(c, done.ttft_ms)
+            self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.tpot_ms, plan.carried[0])
+        self.costs.observe_first_token(c, done.ttft_ms, plan.carried[1])
 
 
 def miss(c: Candidate, req: RequestShape) -> float:

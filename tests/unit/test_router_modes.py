@@ -224,3 +224,17 @@ def test_decode_correction_ignores_the_dilation_a_colocated_prompt_causes_others
     assert c.tpot_ms > plan.own_tpot_ms > 0
     planner.completed("a", plan, Completed(None, c.ttft_ms, plan.own_tpot_ms, 8, c.route, 1), None, plan.decode)
     assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 1.0
+
+
+def test_a_burst_of_completions_does_not_compound_the_decode_correction():
+    # Three requests priced together, each then observed at 2x its predicted TPOT:
+    # the factor is 2, not 2 * 2 * 2.
+    planner = Planner(config(cost_ewma_alpha=0.5))
+    cluster = profiled(two_by_two()).cluster
+    one = dataclasses.replace(cluster, workers=tuple(w for w in cluster.workers if w.worker_id in ("p0", "d0")))
+    plans = [planner.plan(f"r{i}", "t", tuple(range(1 + i, 40 + i)), 8, "disaggregated", Slo(), one) for i in range(3)]
+    for i, plan in enumerate(plans):
+        c = plan.predicted
+        planner.completed(f"r{i}", plan, Completed(None, c.ttft_ms, 2 * plan.own_tpot_ms, 8, c.route, 1),
+                          plan.prefill, plan.decode)
+    assert planner.costs.corrections()["decode/d0"] == 2.0
