@@ -41,8 +41,11 @@ class WorkerConfig:
     """Most blocks in one transfer chunk (per layer)."""
     stream_layers: bool = True
     """Send each layer's chunks as soon as prefill wrote them (else after the whole prefill)."""
-    stream_min_bytes: int = 256 << 10
-    """Transfers smaller than this go in one piece after prefill (streaming costs more there)."""
+    stream_min_bytes: int = 4 << 20
+    """Transfers smaller than this go in one piece after prefill. Measured on `small`
+    (2 cores): a 100-token prompt (0.9 MiB) had 20–40 ms more TTFT streamed (the
+    sends compete with the prefill for CPU and gain ~1 ms of overlap); 2,048 tokens
+    (16 MiB) exposed 14–30 ms after compute streamed vs 67–95 ms not."""
     credit_window_bytes: int = 64 << 20
     """Byte credits in flight per destination (ucx sender)."""
     transfer_timeout_s: float = 10.0
