@@ -12,7 +12,8 @@ correction, an EWMA of observed / predicted that follows samples up *and down*:
 
     prefill   per worker and per size (log2 bucket of new tokens), from
               PrefillResult.timings.compute_ms on split routes and, on colocated
-              routes whose worker had no queue, from observed TTFT - overhead
+              routes whose worker had no queue and whose predicted prefill
+              dominates the fixed costs, from observed TTFT - overhead
     transfer  per path and per size (log2 bucket of bytes), from timings.transfer_ms
     decode    per worker, from each request's observed TPOT
 
@@ -21,13 +22,25 @@ Per size, because one factor learned from 2k-token prompts must not price a
 sample borrows the nearest observed bucket's factor).
 
 A per-route TTFT overhead (RPC hops, reserve, directory, hand-off set-up) is
-learned from the split route's TTFT residual. A *clean* sample (P's predicted
-queue at most CLEAN_QUEUE_SHARE of the prefill) is a plain EWMA step (the first
-one sets it). Any other is a *low* expectile step: a residual below the current
-value pulls it down at full weight, one above at a quarter weight and capped
-at 4x the current value. Those residuals are mostly unmodelled queueing (a
-burst whose queue the snapshot did not show yet), and a fixed overhead that
-absorbed them would price every later request, idle or not, as if it queued.
+learned from TTFT residuals: every split TTFT (its prefill and transfer are
+timed separately), and a colocated TTFT whose predicted prefill is below
+PREFILL_DOMINANT x `fixed_cost_scale_ms()` (the configured split overhead, or
+the learned colocated one if larger). Such a TTFT is not dominated by its
+prefill, and the fixed cost is the term a measured calibration knows least:
+read as prefill, ~10 ms of RPC on a 7 ms prompt on `tiny` became a 2.5x
+prefill factor while the never-observed split route kept its 5 ms default, and
+the next short request went split. A *clean* sample
+(predicted queue at most CLEAN_QUEUE_SHARE of the prefill) is a plain EWMA step
+(the first one sets it). Any other is a *low* expectile step: a residual below
+the current value pulls it down at full weight, one above at a quarter weight
+and capped at 4x the current value. Those residuals are mostly unmodelled
+queueing (a burst whose queue the snapshot did not show yet), and a fixed
+overhead that absorbed them would price every later request, idle or not, as
+if it queued.
+
+A split route makes every hop a colocated one makes, plus the hand-off, so
+its overhead is priced at least the colocated one's (an unobserved split
+route never looks cheaper than the colocated overhead already seen).
 
 `costs(worker)` folds profile, corrections and the worker's load into one
 `WorkerCosts` row, so that pricing a route is a few multiply-adds
@@ -60,8 +73,14 @@ OVERHEAD_UP_WEIGHT = 0.25
 OVERHEAD_UP_CAP = 4.0
 """... and counts at most this multiple of the current overhead (see the module docstring)."""
 
+PREFILL_DOMINANT = 4.0
+"""A colocated TTFT is a prefill sample of W only when its predicted prefill is at least this
+multiple of the fixed-cost scale (then an error in the overhead moves the ratio by <= 1/4);
+else it is an overhead sample."""
+
 CLEAN_QUEUE_SHARE = 0.25
-"""A colocated TTFT corrects W's prefill only when W's predicted queue was at most this share of the prefill."""
+"""A TTFT is a clean sample (prefill: only then; overhead: a plain EWMA step) when the predicted
+queue was at most this share of the prefill."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -254,10 +273,19 @@ class CostModel:
         return (self._latency_ms + nbytes * self._ms_per_byte) * f.factor(nbytes)
 
     def overhead_ms(self, route: Route) -> float:
-        """Learned fixed TTFT overhead of a route kind (split: from its TTFT residuals;
-        colocated: the configured value, since W's prefill correction absorbs what
-        a colocated TTFT shows, see observe_first_token)."""
-        return self._overhead[route].value
+        """Learned fixed TTFT overhead of a route kind; a split route's is at least
+        the colocated one's (it makes the same hops plus the hand-off)."""
+        own = self._overhead[route].value
+        if route is Route.DISAGGREGATED:
+            return max(own, self._overhead[Route.COLOCATED].value)
+        return own
+
+    def fixed_cost_scale_ms(self) -> float:
+        """The size of a route's fixed costs: known before any sample (the configured
+        split overhead), or the learned colocated overhead when larger. A colocated
+        TTFT whose predicted prefill is below PREFILL_DOMINANT times this is an
+        overhead sample, not a prefill one."""
+        return max(self._default_overhead[Route.DISAGGREGATED], self._overhead[Route.COLOCATED].value)
 
     def confirmed(self, c: Candidate) -> bool:
         """Have completions on this router corrected both the computing worker's
@@ -308,14 +336,16 @@ class CostModel:
             f = self.decode_factor(w.worker_id) if carried is None else carried
             self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * f)))
 
-    def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False) -> None:
+    def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False,
+                     carried_ms: float | None = None) -> None:
         """Fold the TTFT residual into the route's fixed overhead (never below 0):
         a plain EWMA step when `clean` (nothing queued ahead), else a low-expectile
-        step, so that queueing the prediction missed barely moves it."""
+        step, so that queueing the prediction missed barely moves it. `carried_ms`:
+        the overhead the prediction included (default: the route's current one)."""
         if not (math.isfinite(predicted_ms) and math.isfinite(observed_ms)) or observed_ms <= 0:
             return
         e = self._overhead[route]
-        x = max(0.0, e.value + observed_ms - predicted_ms)  # the prediction carried e.value
+        x = max(0.0, (e.value if carried_ms is None else carried_ms) + observed_ms - predicted_ms)
         if clean:
             e.update(x, self._alpha)
         else:
@@ -326,13 +356,15 @@ class CostModel:
         """A request priced as `c` saw its first token after `observed_ms`.
 
         Split route: the residual goes to the route's overhead (prefill and
-        transfer have their own timed corrections); clean when P's queue was small. Colocated route: the worker
-        reports no prefill timing, so when its predicted queue was small the
-        TTFT less the overhead is a prefill sample of W (how W's calibration
-        gets corrected at all); the colocated overhead keeps its configured value."""
+        transfer have their own timed corrections); clean when P's queue was small.
+        Colocated route: the worker reports no prefill timing. When the predicted
+        prefill does not dominate (< PREFILL_DOMINANT x `fixed_cost_scale_ms`), the
+        residual goes to the colocated overhead. Otherwise, when W's predicted queue
+        was small, the TTFT less the overhead is a prefill sample of W (how W's
+        calibration gets corrected at all)."""
         clean = c.queue_ms <= CLEAN_QUEUE_SHARE * c.prefill_ms
-        if c.route is Route.DISAGGREGATED:
-            self.observe_ttft(c.route, c.ttft_ms, observed_ms, clean)
+        if c.route is Route.DISAGGREGATED or c.prefill_ms < PREFILL_DOMINANT * self.fixed_cost_scale_ms():
+            self.observe_ttft(c.route, c.ttft_ms, observed_ms, clean, c.overhead_ms)
             return
         if not (clean and math.isfinite(observed_ms) and observed_ms > 0 and c.prefill_ms > 0 and c.compute_tokens > 0):
             return

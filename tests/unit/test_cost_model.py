@@ -172,3 +172,30 @@ def test_split_ttft_goes_to_the_overhead_not_the_prefill():
     queued = price_pair(model, model.costs(busy), model.costs(d), RequestShape(90, 32, 16))
     model.observe_first_token(queued, queued.ttft_ms + 2000.0)  # a queue ahead: barely moves
     assert model.overhead_ms(Route.DISAGGREGATED) < c.overhead_ms + 200.0 + 0.5 * 0.25 * 3 * 205.0 + 1e-6
+
+
+# ---- e2e on `tiny`: the first short colocated request's ~10 ms of RPC was read as
+# a 2.5x prefill factor for its size, the split route kept its unobserved 5 ms, and
+# the second short request went split (then the split's ~80 ms was learned).
+
+def test_fixed_cost_of_a_short_colocated_ttft_is_overhead_not_prefill():
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5, colocated_overhead_ms=1.0, disaggregated_overhead_ms=5.0))
+    tiny = CostProfile(prefill_base_ms=0.5, prefill_ms_per_token=0.2, decode_base_ms=2.0,
+                       kv_bytes_per_block=1000, source="test")
+    p = Worker("p", Role.PREFILL, "p:1", profile=tiny, capacity=w().capacity)
+    d = Worker("d", Role.DECODE, "d:1", profile=tiny, capacity=w().capacity)
+    req = RequestShape(32, 16, 16)
+    first = price_colocated(model, model.costs(d), req)
+    assert first.prefill_ms == pytest.approx(6.9)  # as on `tiny`: comparable with the fixed costs
+    model.observe_first_token(first, first.prefill_ms + 20.0)  # 20 ms of RPC on a 6.9 ms prefill
+    assert "prefill/d" not in model.corrections()  # not read as W's prefill being 3.8x slow
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(20.0)
+    again = price_colocated(model, model.costs(d), req)
+    assert again.ttft_ms == pytest.approx(first.prefill_ms + 20.0)
+    # The split route, never observed, makes the same hops plus the hand-off: never cheaper.
+    split = price_pair(model, model.costs(p), model.costs(d), req)
+    assert split.overhead_ms == pytest.approx(20.0) and split.ttft_ms > again.ttft_ms
+    # Once observed, the split route's own (larger) overhead prices it.
+    model.observe_first_token(split, split.ttft_ms + 60.0)
+    assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(80.0)
+    assert model.overhead_ms(Route.COLOCATED) == pytest.approx(20.0)
