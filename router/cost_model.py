@@ -114,6 +114,10 @@ class WorkerCosts:
     """tpot_with = tpot_base + tpot_per_token * (prompt + max_tokens // 2) + queue spread (precomputed)."""
     can_prefill: bool = False
     can_decode: bool = False
+    busy: bool = False
+    """Streams to disturb now or soon: a decode batch, or queued prompts (heartbeat + this
+    router's unreported dispatches: the next prompts of a burst land here). A colocated
+    prompt here is priced as dilating them (router/decision.py)."""
     pre_scale: tuple[float, ...] = ()
     """Per size bucket of new tokens: that bucket's prefill correction / the worker's
     overall one (pre_* carry the overall factor; the cheap bound in decision.py uses them)."""
@@ -126,6 +130,7 @@ class WorkerCosts:
         self.tpot_base = self.decode_step_ms(self.batch + 1, self.context) * rounds
         self.tpot_per_token = self.dec_ctx * rounds
         self.can_prefill, self.can_decode = self.worker.can_prefill, self.worker.can_decode
+        self.busy = self.batch > 0 or self.pending_tokens > 0
 
     def prefill_ms(self, new: int, reused: int) -> float:
         """Forward pass over `new` prompt tokens after `reused` cached ones."""

@@ -63,7 +63,7 @@ class CostTable:
         self.d_kvb = [r.kv_bytes_per_block for r in d]
         self.d_prefill = [r.prefill_ms for r in d]  # a method: corrections (per-size scales) stay its business
         self.d_chunk, self.d_step = [r.chunk_tokens for r in d], [r.step_ms for r in d]
-        self.d_busy = [bool(r.batch) for r in d]
+        self.d_busy = [r.busy for r in d]
         self.d_ids = [r.worker.worker_id for r in d]
         self.d_abi = [r.worker.cache_abi_digest for r in d]
         # Early exit (see `_select_bounded`): orders by each key's largest row-only
@@ -225,7 +225,7 @@ class CostTable:
             reused = d_hit.get(i, 0) * bs
             own = r.prefill_ms(n - reused, reused)
             ttft = r.queue_ms + own + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            insort(best, (ttft / ttft_ref + (tp(i) + (own / gaps if r.batch else 0.0)) / tpot_ref, i))
+            insort(best, (ttft / ttft_ref + (tp(i) + (own / gaps if r.busy else 0.0)) / tpot_ref, i))
             return own >= 0
 
         if not all([visit(i) for i in d_hit]):

@@ -15,7 +15,8 @@ prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
       TTFT = queue(W) + prefill_W(compute set) + one decode step of W's batch per
              prefill chunk (chunked prefill interleaves) + overhead(colocated)
       TPOT = W's step with batch+1 + (W's queued prefill + this prompt, when W has
-             streams to disturb) spread over the request's tokens
+             streams to disturb: a decode batch, or queued prompts including this
+             router's unreported dispatches) spread over the request's tokens
 
 A candidate is *feasible* when both predictions meet the request's targets
 (0 = no target). Among feasible candidates (those whose reservation fits now
@@ -138,7 +139,7 @@ def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhea
         overhead = model.overhead_ms(Route.COLOCATED)
     return Candidate(
         Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
-        w.tpot_with(req.prompt_tokens, req.max_tokens, own if w.batch else 0.0),
+        w.tpot_with(req.prompt_tokens, req.max_tokens, own if w.busy else 0.0),
         w.queue_ms, prefill, 0.0, 0.0, overhead, req.prompt_tokens, compute, 0, 0, w.pending_tokens,
         w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
 
@@ -284,7 +285,7 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
             reused = hit * bs
             own = r.prefill_ms(n - reused, reused)
             ttft = r.queue_ms + own + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            cols.append((_key(ttft, tp + (own / gaps if r.batch else 0.0), ttft_ref, tpot_ref), r))
+            cols.append((_key(ttft, tp + (own / gaps if r.busy else 0.0), ttft_ref, tpot_ref), r))
         out.extend(price_colocated(model, r, req) for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
     return out
 

@@ -13,7 +13,8 @@ import pytest
 from kv_directory.profile import CostProfile
 from router.config import RouterConfig
 from router.cost_model import CostModel
-from router.decision import DecisionParams, Outcome, RequestShape, decide, price_colocated, price_pair
+from router.decision import (DecisionParams, Outcome, RequestShape, decide, price_colocated, price_pair,
+                             reference_decide)
 from router.scorers import build
 from router.types import Capacity, Load, Role, Route, Worker
 
@@ -163,3 +164,26 @@ def test_colocated_price_by_hand():
     assert c.ttft_ms == pytest.approx(100 + 300 + 2 * 10 + 1)
     # step with 2 sequences 20 ms + (queue 100 + own 300) / 10 token gaps.
     assert c.tpot_ms == pytest.approx(20 + 400 / 10)
+
+
+def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
+    # bench/goodput.py --quick, `long`: a cold burst of long prompts; the first went
+    # colocated on an idle W, and the next was priced as slowing nobody although
+    # the first (in this router's overlay, not yet in a heartbeat) is queued there.
+    model = CostModel(CFG)
+    p, w = worker("p", Role.PREFILL), worker("w", Role.DECODE)
+    req = RequestShape(prompt_tokens=128, max_tokens=9, block_size=BS, slo_tpot_ms=30.0)
+    idle = price_colocated(model, model.costs(w), req)
+    assert idle.tpot_ms == pytest.approx(10.0)  # nothing to disturb: one step of batch 1
+    # One earlier 128-token prompt of the burst dispatched to W: queue 128 ms, batch still 0.
+    queued = model.costs(w, extra_tokens=128, extra_blocks=9)
+    assert queued.batch == 0 and queued.queue_ms == pytest.approx(128.0)
+    # TPOT = 10 + (queue 128 + own prefill 128) / 8 gaps = 42 ms (was 10 + 128 / 8 = 26).
+    assert price_colocated(model, queued, req).tpot_ms == pytest.approx(42.0)
+    # The split route leaves W's cadence at 10 + 128 / 8 = 26 ms <= 30: it wins.
+    snapshot = [model.costs(p), queued]
+    dec = decide(model, snapshot, req, params())
+    assert dec.outcome is Outcome.DISAGGREGATED and dec.chosen.tpot_ms == pytest.approx(26.0)
+    assert dec.best_colocated.violations == "TPOT 42.00 ms > SLO 30 ms"
+    ref = reference_decide(model, snapshot, req, params())
+    assert (ref.outcome, ref.reason) == (dec.outcome, dec.reason)
