@@ -12,7 +12,7 @@ from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, active_context_tokens, obtain
 from services.worker.process import (advertised, build_engine_loop, build_receiver, capacity,
-                                     parse_config, run_process)
+                                     metrics_file, parse_config, run_process)
 
 from .server import DecodeServicer
 from .worker import DecodeWorker
@@ -49,10 +49,13 @@ async def run(argv: list[str] | None = None) -> None:
                               receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile),
         load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
+    metrics = metrics_file(cfg, loop, receiver)
+    metrics.start()
     log.info("decode worker %s serving on %s, data plane %s", cfg.worker_id,
              advertised(cfg, port), receiver.address)
 
     async def on_stop():
+        await metrics.stop()
         await worker.abort_all_unpublished("worker shutting down")
         await membership.stop()
         await receiver.stop()

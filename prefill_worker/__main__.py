@@ -12,7 +12,7 @@ from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, obtain
 from services.worker.process import (advertised, build_engine_loop, build_sender, capacity,
-                                     parse_config, run_process)
+                                     metrics_file, parse_config, run_process)
 
 from .server import PrefillServicer
 from .worker import PrefillWorker
@@ -46,9 +46,12 @@ async def run(argv: list[str] | None = None) -> None:
                               loop.engine.abi.digest, capacity(cfg, loop), profile),
         load)
     await membership.start()
+    metrics = metrics_file(cfg, loop, sender)
+    metrics.start()
     log.info("prefill worker %s serving on %s", cfg.worker_id, advertised(cfg, port))
 
     async def on_stop():
+        await metrics.stop()
         await membership.stop()
         await sender.close()
         await directory.close()

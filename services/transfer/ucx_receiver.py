@@ -293,6 +293,12 @@ class UcxReceiver(KVReceiver):
         self._reply(nonce, wire.VERDICT, exp.transfer_id,
                     {"published": verdict.published, "reason": verdict.reason})
 
+    def metrics(self) -> list[tuple[str, dict, float]]:
+        """Samples for services.telemetry: totals, pending transfers, and the transports."""
+        labels = {"backend": "ucx", "transports": ",".join(self._rt.transports if self._rt else [])}
+        return [(f"pd_transfer_received_{k}_total", labels, v) for k, v in self.stats.items()] + [
+            ("pd_transfer_pending", labels, len(self.pending))]
+
     # -- helpers
     def _reject(self, nonce: int, tid: str, exp: Expectation | None, reason: str) -> None:
         if exp is not None and self.pending.get(tid) is exp:

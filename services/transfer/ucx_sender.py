@@ -352,6 +352,17 @@ class UcxSender(KVSender):
             raise TransferError(f"transfer {out.tid} to {out.peer.dest[:60]}: {out.failed}")
 
     # -- introspection (tests, metrics)
+    def metrics(self) -> list[tuple[str, dict, float]]:
+        """Samples for services.telemetry: totals, and per destination its path and credit."""
+        out = [(f"pd_transfer_sent_{k}_total", {"backend": "ucx"}, v) for k, v in self.stats.items()]
+        for p in self._peers.values():
+            peer = {"backend": "ucx", "peer": f"{p.nonce:x}@{p.host}", "path": p.path}
+            out += [("pd_transfer_path_info", peer, 1),
+                    ("pd_transfer_credit_in_flight_bytes", peer, p.credits.in_flight),
+                    ("pd_transfer_credit_peak_bytes", peer, p.credits.peak),
+                    ("pd_transfer_credit_window_bytes", peer, p.credits.capacity)]
+        return out
+
     def credit_windows(self) -> dict[str, CreditWindow]:
         return {dest: p.credits for dest, p in self._peers.items()}
 

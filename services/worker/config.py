@@ -50,6 +50,9 @@ class WorkerConfig:
     """Byte credits in flight per destination (ucx sender)."""
     transfer_timeout_s: float = 10.0
     """Bound on every wait of the data plane (a chunk's data, a peer's reply)."""
+    metrics_file: str = ""
+    """Rewrite this file every second with Prometheus-text metrics ("{worker}" is replaced
+    by the worker id); empty = off."""
     event_log: str = ""
     """Append hand-off events (JSON lines) to this file; empty = off (tests)."""
     reservation_ttl_s: float = 30.0

@@ -95,3 +95,21 @@ def run_process(run) -> None:
         asyncio.run(run(sys.argv[1:]))
     except KeyboardInterrupt:
         pass
+
+
+def metrics_file(cfg: WorkerConfig, loop: EngineLoop, transport) -> "MetricsFile":
+    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current with engine
+    load and the data plane's figures."""
+    from services.telemetry.metrics import MetricsFile
+
+    def engine():
+        e = loop.engine
+        return [("pd_engine_free_blocks", {}, e.num_free_blocks),
+                ("pd_engine_total_blocks", {}, e.blocks.num_blocks),
+                ("pd_engine_pending_prefill_tokens", {}, loop.pending_prefill_tokens),
+                ("pd_engine_active_decode", {}, loop.active_decode)]
+
+    sources = [engine]
+    if hasattr(transport, "metrics"):
+        sources.append(transport.metrics)
+    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), sources)

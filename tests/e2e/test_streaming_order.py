@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import pytest
 
 from cluster_support import assert_cluster_clean, start_cluster
 from services.sdk import Client
+from services.telemetry.metrics import parse
 
 PROMPT_TOKENS = 1000
 CHUNKS = 4 * 4  # tiny: 4 layers; 63 blocks in chunks of 16 blocks (one prefill chunk)
@@ -31,8 +33,11 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("streaming")
     events = tmp / "events.jsonl"
     c = start_cluster(tmp, prefill=1, decode=1, transport="ucx",
-                      env={"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0"})
+                      env={"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0",
+                           "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
     c.events = events
+    c.metrics = lambda worker: {(n, tuple(sorted(l.items()))): v for n, l, v in
+                                parse((tmp / f"metrics-{worker}.prom").read_text())}
     yield c
     c.down()
 
@@ -70,3 +75,23 @@ def test_chunks_leave_after_their_layer_and_publish_waits_for_all(cluster, seed)
     keys = {(v["layer"], v["block_start"]) for v in visible}
     assert keys == {(layer, b) for layer in range(4) for b in (0, 16, 32, 48)}
     assert_cluster_clean(cluster)
+
+
+def test_metrics_report_the_data_path_and_the_bytes(cluster):
+    """The path UCX took (shared memory here) and the bytes moved are in the metrics files."""
+    with Client(cluster.router_address) as client:
+        client.generate_full(prompt_ids=[3 + i % 500 for i in range(600)], max_tokens=2,
+                             ignore_eos=True, mode="disaggregated")
+    deadline = time.monotonic() + 5
+    while True:
+        sent, got = cluster.metrics("prefill-0"), cluster.metrics("decode-0")
+        paths = [dict(labels)["path"] for (name, labels) in sent if name == "pd_transfer_path_info"]
+        sent_bytes = sum(v for (n, _), v in sent.items() if n == "pd_transfer_sent_bytes_total")
+        got_bytes = sum(v for (n, _), v in got.items() if n == "pd_transfer_received_bytes_total")
+        if (paths and sent_bytes and got_bytes == sent_bytes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert paths and all(p.startswith("shm(") and "cma" in p for p in paths), paths
+    assert sent_bytes > 0 and got_bytes == sent_bytes
+    in_flight = [v for (n, _), v in sent.items() if n == "pd_transfer_credit_in_flight_bytes"]
+    assert in_flight and all(v == 0 for v in in_flight)

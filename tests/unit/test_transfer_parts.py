@@ -110,3 +110,13 @@ def test_ucx_address_round_trip_and_errors():
     for bad in ("tcp://1.2.3.4:5", "ucx://zz@h:1/AAAA", "ucx://1@h:1/"):
         with pytest.raises(ValueError, match="is not ucx://"):
             wire.parse_address(bad)
+
+
+def test_metrics_text_round_trip():
+    from services.telemetry.metrics import parse, render
+    samples = [("pd_a_total", {}, 3.0),
+               ("pd_path_info", {"path": "shm(sysv+cma)", "peer": 'x"y'}, 1.0)]
+    text = render(samples)
+    assert 'pd_path_info{path="shm(sysv+cma)",peer="x\\"y"} 1.0' in text
+    assert parse(text)[0] == ("pd_a_total", {}, 3.0)
+    assert parse(text)[1][0] == "pd_path_info" and parse(text)[1][2] == 1.0

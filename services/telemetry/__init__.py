@@ -1,0 +1,1 @@
+"""Process metrics (metrics.py)."""
