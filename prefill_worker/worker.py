@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequence
-from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit, TransferError
+from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps

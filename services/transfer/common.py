@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Sequence
 
-from .base import ChunkKey, Expectation
+from .base import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +65,27 @@ def place(views: list[memoryview], sizes: list[int]) -> list[list[memoryview]]:
             n -= take
         out.append(parts)
     return out
+
+
+async def decide(exp: Expectation, commit: TransferCommit) -> Verdict:
+    """Run the expectation's commit handler; its bug becomes a refusal plus Failed."""
+    try:
+        return await exp.on_commit(commit)
+    except asyncio.CancelledError:
+        emit(exp, Failed(exp.transfer_id, "receiver stopped during commit"))
+        raise
+    except Exception as e:  # noqa: BLE001 - the handler's bug must not kill the transport
+        log.exception("on_commit of %s raised", exp.transfer_id)
+        verdict = Verdict(False, f"commit handler failed: {e!r}")
+        emit(exp, Failed(exp.transfer_id, verdict.reason))
+        return verdict
+
+
+def chunk_buffers(chunk: Chunk, buffers: Sequence) -> list[memoryview]:
+    """The sender's buffers as byte views; ValueError unless they hold chunk.num_bytes."""
+    views = [byte_view(b) for b in buffers]
+    nbytes = sum(v.nbytes for v in views)
+    if nbytes != chunk.num_bytes:
+        raise ValueError(f"chunk {chunk.key} says {chunk.num_bytes} bytes, "
+                         f"its buffers hold {nbytes}")
+    return views

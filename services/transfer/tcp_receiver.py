@@ -30,7 +30,8 @@ import socket
 from typing import Callable
 
 from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
-                   Verdict, checksum)
+                   checksum)
+from .common import decide
 from .common import destination as _destination
 from .common import emit as _emit
 from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC,
@@ -371,14 +372,6 @@ class TcpReceiver(KVReceiver):
         task.add_done_callback(self._commits.discard)
 
     async def _decide(self, inbox: _Inbox, exp: Expectation, commit: TransferCommit) -> None:
-        try:
-            verdict = await exp.on_commit(commit)
-        except asyncio.CancelledError:
-            _emit(exp, Failed(exp.transfer_id, "receiver stopped during commit"))
-            raise
-        except Exception as e:  # noqa: BLE001 - the handler's bug must not kill the connection
-            log.exception("on_commit of %s raised", exp.transfer_id)
-            verdict = Verdict(False, f"commit handler failed: {e!r}")
-            _emit(exp, Failed(exp.transfer_id, verdict.reason))
+        verdict = await decide(exp, commit)
         inbox.reply(VERDICT, exp.transfer_id,
                     {"published": verdict.published, "reason": verdict.reason})

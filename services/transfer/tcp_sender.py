@@ -19,8 +19,9 @@ import socket
 from typing import Sequence
 
 from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
+from .common import chunk_buffers
 from .tcp_wire import (ABORT, COMMIT, ERROR, FRAME, MAGIC, MAX_CONTROL_BODY_BYTES, MAX_ID_BYTES,
-                       VERDICT, VERSION, ProtocolError, byte_view, chunk_frame, control_frame,
+                       VERDICT, VERSION, ProtocolError, chunk_frame, control_frame,
                        encode_commit, json_body, parse_address)
 
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
@@ -57,11 +58,8 @@ class TcpSender(KVSender):
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
-        views = [byte_view(b) for b in buffers]
-        nbytes = sum(v.nbytes for v in views)
-        if nbytes != chunk.num_bytes:
-            raise ValueError(f"chunk {chunk.key} says {chunk.num_bytes} bytes, "
-                             f"its buffers hold {nbytes}")
+        views = chunk_buffers(chunk, buffers)
+        nbytes = chunk.num_bytes
         head = chunk_frame(transfer_id, chunk.key, nbytes, chunk.checksum)
         self._raise_if_failed(dest, transfer_id)
         link = await self._link(dest)

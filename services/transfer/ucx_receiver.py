@@ -40,8 +40,8 @@ import os
 
 from . import ucx_wire as wire
 from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
-                   Verdict, checksum)
-from .common import destination, emit, place
+                   checksum)
+from .common import decide, destination, emit, place
 from .tcp_wire import decode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
 
@@ -281,15 +281,7 @@ class UcxReceiver(KVReceiver):
         self._spawn(self._decide(nonce, exp, commit))
 
     async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
-        try:
-            verdict = await exp.on_commit(commit)
-        except asyncio.CancelledError:
-            emit(exp, Failed(exp.transfer_id, "receiver stopped during commit"))
-            raise
-        except Exception as e:  # noqa: BLE001 - the handler's bug must not kill the receiver
-            log.exception("on_commit of %s raised", exp.transfer_id)
-            verdict = Verdict(False, f"commit handler failed: {e!r}")
-            emit(exp, Failed(exp.transfer_id, verdict.reason))
+        verdict = await decide(exp, commit)
         self._reply(nonce, wire.VERDICT, exp.transfer_id,
                     {"published": verdict.published, "reason": verdict.reason})
 

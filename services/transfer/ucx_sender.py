@@ -31,7 +31,7 @@ from typing import Sequence
 
 from . import ucx_wire as wire
 from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
-from .common import byte_view
+from .common import chunk_buffers
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
@@ -108,11 +108,8 @@ class UcxSender(KVSender):
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
-        views = [byte_view(b) for b in buffers]
-        nbytes = sum(v.nbytes for v in views)
-        if nbytes != chunk.num_bytes:
-            raise ValueError(f"chunk {chunk.key} says {chunk.num_bytes} bytes, "
-                             f"its buffers hold {nbytes}")
+        views = chunk_buffers(chunk, buffers)
+        nbytes = chunk.num_bytes
         peer = await self._peer(dest)
         out = self._outs.get((peer.nonce, transfer_id))
         if out is None:

@@ -97,7 +97,7 @@ def run_process(run) -> None:
         pass
 
 
-def metrics_file(cfg: WorkerConfig, loop: EngineLoop, transport) -> "MetricsFile":
+def metrics_file(cfg: WorkerConfig, loop: EngineLoop, transport):
     """cfg.metrics_file ("{worker}" replaced by the worker id) kept current with engine
     load and the data plane's figures."""
     from services.telemetry.metrics import MetricsFile
