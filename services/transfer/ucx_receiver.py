@@ -3,7 +3,7 @@ buffers and answers each chunk (ucx_wire.py has the messages, ucx_sender.py the 
 
 Receiver rules:
   HELLO                     remember the sender's worker address (an endpoint for replies)
-  CHUNK of an unknown       ERROR; nothing posted
+  CHUNK of an unknown       ERROR; its data swallowed (below), nothing written
   transfer
   duplicate key, key the    Failed for the transfer; ERROR
   resolver refuses, wrong
@@ -14,17 +14,19 @@ Receiver rules:
                             staging buffer copied into the views on arrival
   CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
                             the sender's sends complete
-  every segment arrived     checksum over the views: equal -> ChunkArrived + VISIBLE;
+  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE;
                             different -> Failed + ERROR
-  a segment failed (sender  Failed for the transfer
+  a piece failed (sender    Failed for the transfer
   died mid-read) or no data
   for idle_timeout_s
   COMMIT                    the transfer leaves `pending`; on_commit runs in a task; VERDICT
   ABORT                     Failed("aborted by sender: ...")
 
 Safety invariant: the only writes into a destination view are UCX receives
-posted by this object, and `fence(tid)` returns only once every receive posted
-for tid has completed — by the sender's data, by an error, or by `drain`, which
+posted by this object and the copy out of a staging buffer, which runs only
+while the transfer is still pending (re-checked on the event loop's thread right
+before it). `fence(tid)` returns only once every receive posted for tid has
+completed — by the sender's data, by an error, or by `drain`, which
 completes a still-posted receive with one byte from ourselves. After `fence`, no
 byte can land in the transfer's views (a late sender's data no longer matches
 any posted receive). Every method runs on the event loop's thread.

@@ -15,7 +15,7 @@ every chunk is VISIBLE, sends COMMIT and returns the VERDICT. Every wait on the
 peer is bounded by io_timeout_s; on a failure the transfer fails (TransferError
 on its next send/commit) and the caller calls `abort`.
 
-Credit rule on failure: a failed chunk's credit returns only after its segment
+Credit rule on failure: a failed chunk's credit returns only after its piece
 sends are fenced — completed, or (peer unresponsive for fence_timeout_s) its
 endpoint aborted and dropped, after which UCX delivers nothing more for them.
 """
