@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -56,6 +57,21 @@ def set_mode(address: str, mode: int) -> None:
     asyncio.run(go())
 
 
+def wait_for_decode_batch(address: str, timeout_s: float = 10.0) -> None:
+    """Until some worker's latest heartbeat reports a nonempty decode batch."""
+    async def go():
+        async with grpc.aio.insecure_channel(address) as ch:
+            stub = admin_pb2_grpc.AdminStub(ch)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                status = await stub.Status(admin_pb2.StatusRequest())
+                if any(w.load.active_decode_batch for w in status.workers):
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"no heartbeat showed a decode batch within {timeout_s} s")
+    asyncio.run(go())
+
+
 def prompt(n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
 
@@ -79,9 +95,14 @@ def test_short_stream_colocated_long_burst_disaggregated(cluster):
     why = {r.request_id: (r.outcome, r.reason, r.predicted_ttft_ms, r.shadow_predicted_ttft_ms)
            for r in decisions(cluster.router_address)}
     assert [r.route for r in shorts] == ["colocated"] * 6, why
-    # A long-running stream keeps the decode worker busy while the burst arrives.
-    background = threading.Thread(target=lambda: client.generate_full(
-        prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True, request_id="background"))
+    # A long-running stream keeps the decode worker busy while the burst arrives:
+    # wait until it streams and a heartbeat shows it (else the burst's first prompt
+    # can be priced against a load report that does not show the stream yet).
+    stream = client.generate(prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True,
+                             request_id="background")
+    next(stream)
+    wait_for_decode_batch(cluster.router_address)
+    background = threading.Thread(target=stream.collect)
     background.start()
     try:
         # Each long request asks for TPOT <= 15 ms over 8 tokens: colocating its
@@ -94,6 +115,7 @@ def test_short_stream_colocated_long_burst_disaggregated(cluster):
                 slo_tpot_ms=15.0, request_id=f"long-{i}"), range(6)))
     finally:
         background.join(timeout=120)
+        stream.close()
     routes = [r.route for r in longs]
     why = {r.request_id: (r.outcome, r.reason) for r in decisions(cluster.router_address)}
     assert routes == ["disaggregated"] * 6, (routes, why)
