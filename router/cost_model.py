@@ -24,9 +24,9 @@ sample borrows the nearest observed bucket's factor).
 A per-route TTFT overhead (RPC hops, reserve, directory, hand-off set-up) is
 learned from TTFT residuals: every split TTFT (its prefill and transfer are
 timed separately), and a colocated TTFT whose predicted prefill is below
-PREFILL_DOMINANT x `fixed_cost_scale_ms()` (the configured split overhead, or
-the learned colocated one if larger). Such a TTFT is not dominated by its
-prefill, and the fixed cost is the term a measured calibration knows least:
+PREFILL_DOMINANT x `fixed_cost_scale_ms()` (the configured split overhead).
+Such a TTFT is not dominated by its prefill, and the fixed cost is the term a
+measured calibration knows least:
 read as prefill, ~10 ms of RPC on a 7 ms prompt on `tiny` became a 2.5x
 prefill factor while the never-observed split route kept its 5 ms default, and
 the next short request went split. A *clean* sample
@@ -286,11 +286,12 @@ class CostModel:
         return own
 
     def fixed_cost_scale_ms(self) -> float:
-        """The size of a route's fixed costs: known before any sample (the configured
-        split overhead), or the learned colocated overhead when larger. A colocated
-        TTFT whose predicted prefill is below PREFILL_DOMINANT times this is an
-        overhead sample, not a prefill one."""
-        return max(self._default_overhead[Route.DISAGGREGATED], self._overhead[Route.COLOCATED].value)
+        """The size of a route's fixed costs known before any sample: the configured
+        split overhead. A colocated TTFT whose predicted prefill is below
+        PREFILL_DOMINANT times this is an overhead sample, not a prefill one. (Not
+        the learned overhead: a threshold that grew with what it let through would
+        feed prefill errors into the overhead ever faster.)"""
+        return self._default_overhead[Route.DISAGGREGATED]
 
     def confirmed(self, c: Candidate) -> bool:
         """Have completions on this router corrected both the computing worker's
