@@ -53,8 +53,10 @@ Invariant: every prediction is finite and >= 0; corrections stay within
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import statistics
 
 from kv_directory.profile import CostProfile
 from router.candidate import Candidate
@@ -81,6 +83,15 @@ else it is an overhead sample."""
 CLEAN_QUEUE_SHARE = 0.25
 """A TTFT is a clean sample (prefill: only then; overhead: a plain EWMA step) when the predicted
 queue was at most this share of the prefill."""
+
+DECODE_RECENT = 8
+"""Recent decode observations kept per worker (implied factor, observed TPOT) for rejection."""
+
+CONFIRM_SAMPLES = 3
+"""A decode price is confirmed by at least this many recent observations ..."""
+
+CONFIRM_AGREE = 1.5
+"""... whose implied factors agree: the largest at most this multiple of the smallest."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -220,6 +231,8 @@ class CostModel:
                                     decode_base_ms=config.default_decode_step_ms, source="default")
         self._prefill: dict[str, _Sized] = {}
         self._decode: dict[str, _Ewma] = {}
+        self._decode_recent: dict[str, collections.deque[tuple[float, float]]] = {}
+        """Per worker: (implied decode factor, observed TPOT ms) of its last DECODE_RECENT streams."""
         self._path: dict[tuple[str, str], _Sized] = {}
         self._path_all = _Sized()
         self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
@@ -293,12 +306,32 @@ class CostModel:
         feed prefill errors into the overhead ever faster.)"""
         return self._default_overhead[Route.DISAGGREGATED]
 
-    def confirmed(self, c: Candidate) -> bool:
-        """Have completions on this router corrected both the computing worker's
-        prefill and D's (W's) decode cost, i.e. is `c` priced by more than the
-        start-up calibration? (Rejection is stricter about unconfirmed prices.)"""
+    def prefill_confirmed(self, c: Candidate) -> bool:
+        """Has a completion on this router corrected the computing worker's prefill?"""
         computing = c.prefill if c.prefill is not None else c.decode
-        return computing.worker_id in self._prefill and c.decode.worker_id in self._decode
+        return computing.worker_id in self._prefill
+
+    def decode_confirmed(self, worker_id: str) -> bool:
+        """Is `worker_id`'s decode price confirmed: at least CONFIRM_SAMPLES recent
+        observations whose implied factors agree (within CONFIRM_AGREE), and the
+        current factor no higher than the largest of them? One stream, or streams
+        that disagree (interference the prediction did not know of), confirm nothing."""
+        recent = self._decode_recent.get(worker_id)
+        if not recent or len(recent) < CONFIRM_SAMPLES:
+            return False
+        last = [f for f, _ in list(recent)[-CONFIRM_SAMPLES:]]
+        return max(last) <= CONFIRM_AGREE * min(last) and self.decode_factor(worker_id) <= max(last) * 1.0001
+
+    def observed_tpot_ms(self, worker_id: str) -> float | None:
+        """Median TPOT of `worker_id`'s recent streams (None before any)."""
+        recent = self._decode_recent.get(worker_id)
+        return statistics.median(ms for _, ms in recent) if recent else None
+
+    def confirmed(self, c: Candidate) -> bool:
+        """Is `c` priced by more than the start-up calibration: the computing
+        worker's prefill corrected by a completion, and D's (W's) decode confirmed
+        by several agreeing recent streams (`decode_confirmed`)?"""
+        return self.prefill_confirmed(c) and self.decode_confirmed(c.decode.worker_id)
 
     # ---- online correction ------------------------------------------------
     def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
@@ -329,18 +362,37 @@ class CostModel:
         sized = self._prefill.get(worker_id)
         return sized.factor(new) if sized else 1.0
 
-    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float, carried: float | None = None) -> None:
+    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float, carried: float | None = None,
+                     clean: bool = True) -> None:
         """A stream at `w` showed `observed_ms` per token where `predicted_ms` was
         priced, with decode factor `carried` (default: the current one).
+
+        `clean`: nothing the prediction did not know of arrived at `w` during the
+        stream. Then a plain EWMA step (the first one sets the factor). Otherwise
+        the observed cadence includes later streams and the chunked prefills of
+        later prompts (which decision.py prices separately, as dilation), so it is
+        an upper bound on the step price: a low-expectile step (down at full
+        weight, up at a quarter, capped), as for TTFT overheads. Folding that
+        dilation into the factor priced it twice: a warm-up pair and one burst
+        made a 22 ms stream look 88 ms and every later request was rejected.
 
         Safety invariant: compose with the factor the prediction *carried*, not the
         current one: requests of one burst are all priced before the first ends,
         and composing each with the factor its predecessors already raised
         compounded 2x into 4x, 8x (the 115 ms predicted for a 25 ms stream)."""
         r = _ratio(observed_ms, predicted_ms)
-        if r is not None:
-            f = self.decode_factor(w.worker_id) if carried is None else carried
-            self._update(self._decode, w.worker_id, min(CLAMP, max(1 / CLAMP, r * f)))
+        if r is None:
+            return
+        f = self.decode_factor(w.worker_id) if carried is None else carried
+        implied = min(CLAMP, max(1 / CLAMP, r * f))
+        self._decode_recent.setdefault(w.worker_id, collections.deque(maxlen=DECODE_RECENT)).append(
+            (implied, observed_ms))
+        if clean:
+            self._update(self._decode, w.worker_id, implied)
+            return
+        e = self._decode.setdefault(w.worker_id, _Ewma(1.0))
+        e.update_low(implied, self._alpha, e.value)
+        self.version += 1
 
     def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False,
                      carried_ms: float | None = None) -> None:

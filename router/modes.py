@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 from router.candidate import Candidate
 from router.config import RouterConfig
-from router.cost_model import CostModel, WorkerCosts
+from router.cost_model import CLAMP, CostModel, WorkerCosts
 from router.decision import Decision, DecisionParams, Outcome, RequestShape, decide, finite, price_colocated, \
     price_pair
 from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
@@ -62,6 +62,14 @@ class Plan:
     carried: tuple[float, float] = (1.0, 1.0)
     """(D's decode factor, W's prefill factor for the compute set) the prediction
     carried; corrections compose with these, not with later values."""
+    arrival: int = 0
+    """D's arrival count once this plan was made (Planner._arrivals): a completion
+    whose D saw no later arrival is a clean decode sample."""
+
+
+WELL_UNDER = 0.75
+"""Auto mode never rejects on a TPOT prediction while D's recent streams ran at
+most this share of the target (median observed TPOT)."""
 
 
 def canary_pick(request_id: str, fraction: float) -> bool:
@@ -79,6 +87,9 @@ class Planner:
         self.log = DecisionLog(config.decision_log_size)
         self.params = DecisionParams(build(config.weights()), config.candidate_top_k, config.disaggregation_margin)
         self.canary_fraction = config.canary_fraction
+        self._arrivals: dict[str, int] = {}
+        """Per decode worker: requests planned onto it (streams joining its batch,
+        colocated prompts whose prefill interleaves with its streams)."""
 
     def slo(self, tenant: str, asked: Slo) -> Slo:
         """The request's targets: its own where set, else its tenant's defaults."""
@@ -120,11 +131,13 @@ class Planner:
             plan = self._by_mode(mode, request_id, decision, req)
         plan.hashes = hashes
         if plan.predicted is not None:
-            row = next((r for r in rows if r.worker is plan.predicted.decode), None)
-            plan.own_tpot_ms = row.tpot_with(req.prompt_tokens, req.max_tokens) if row else plan.predicted.tpot_ms
             c = plan.predicted
+            row = next((r for r in rows if r.worker is c.decode), None)
+            plan.own_tpot_ms = own_tpot_ms(row, c, req) if row else c.tpot_ms
             plan.carried = (self.costs.decode_factor(c.decode.worker_id),
                             self.costs.prefill_factor(c.decode.worker_id, c.compute_tokens))
+            d = c.decode.worker_id
+            self._arrivals[d] = plan.arrival = self._arrivals.get(d, 0) + 1
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
 
@@ -157,15 +170,38 @@ class Planner:
         return self._execute(mode, d.best_colocated, why)
 
     def _within_slack(self, d: Decision, req: RequestShape) -> Candidate | None:
-        """The best candidate of a rejecting decision when its predicted miss is
-        within the rejection slack, else None (the rejection stands)."""
+        """The best candidate of a rejecting decision unless its rejection stands
+        (then None). It stands only when some target is missed beyond
+        `reject_slack` on a price that is trusted for it:
+
+        * the price is confirmed (TTFT: the computing worker's prefill corrected
+          by a completion; TPOT: D's decode confirmed by several agreeing recent
+          streams, `CostModel.decode_confirmed`), or `reject_unconfirmed`, or
+          the miss survives even the largest correction (the prediction divided
+          by CLAMP still misses: no calibration error explains it);
+        * and, for TPOT, D's recent streams did not run well under the target
+          (median observed TPOT above WELL_UNDER x target): a prediction that
+          contradicts what D is measured doing is the model's error, not D's."""
         pool = [c for c in (d.best_disaggregated, d.best_colocated) if c is not None]
         if not pool:
             return None
         c = min(pool, key=lambda c: (not c.fits, miss(c, req)))
-        if miss(c, req) <= self.config.reject_slack:
+        slack = self.config.reject_slack
+        if miss(c, req) <= slack:
             return c
-        return None if self.config.reject_unconfirmed or self.costs.confirmed(c) else c
+        bound = 1 + slack
+        ttft_out = req.slo_ttft_ms > 0 and c.ttft_ms > bound * req.slo_ttft_ms
+        tpot_out = req.slo_tpot_ms > 0 and c.tpot_ms > bound * req.slo_tpot_ms
+        loose = self.config.reject_unconfirmed
+        if ttft_out and (loose or self.costs.prefill_confirmed(c) or c.ttft_ms / CLAMP > bound * req.slo_ttft_ms):
+            return None
+        if tpot_out:
+            seen = self.costs.observed_tpot_ms(c.decode.worker_id)
+            contradicted = seen is not None and seen <= WELL_UNDER * req.slo_tpot_ms
+            trusted = loose or self.costs.confirmed(c) or c.tpot_ms / CLAMP > bound * req.slo_tpot_ms
+            if trusted and not contradicted:
+                return None
+        return c
 
     @staticmethod
     def _execute(mode: str, c: Candidate | None, why: str) -> Plan:
@@ -214,8 +250,21 @@ class Planner:
         if c is None or done.attempts != 1 or done.route is not c.route or decode.worker_id != c.decode.worker_id:
             return
         if done.num_tokens > 1 and done.tpot_ms > 0:
-            self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.tpot_ms, plan.carried[0])
+            clean = self._arrivals.get(decode.worker_id, 0) == plan.arrival
+            self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.tpot_ms, plan.carried[0], clean)
         self.costs.observe_first_token(c, done.ttft_ms, plan.carried[1])
+
+
+def own_tpot_ms(row: WorkerCosts, c: Candidate, req: RequestShape) -> float:
+    """The request's own predicted cadence at D: its step with D's batch + 1, plus
+    D's queued prefill spread over its tokens on a split route (those prompts
+    interleave with its decode). Not on a colocated route: W's queued prompts and
+    its own prefill run before its first token, so they dilate W's *other*
+    streams (`c.tpot_ms`), not this one."""
+    own = row.tpot_with(req.prompt_tokens, req.max_tokens)
+    if c.route is Route.COLOCATED:
+        own -= row.queue_ms / max(1, req.max_tokens - 1)
+    return own
 
 
 def miss(c: Candidate, req: RequestShape) -> float:

@@ -199,3 +199,26 @@ def test_fixed_cost_of_a_short_colocated_ttft_is_overhead_not_prefill():
     model.observe_first_token(split, split.ttft_ms + 60.0)
     assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(80.0)
     assert model.overhead_ms(Route.COLOCATED) == pytest.approx(20.0)
+
+
+def test_decode_price_confirmed_only_by_several_agreeing_streams():
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
+    worker = w()
+    assert not model.decode_confirmed("w") and model.observed_tpot_ms("w") is None
+    for ms in (10.0, 40.0, 12.0):  # implied factors 1, 4, 1.2: they disagree
+        model.observe_tpot(worker, 10.0, ms, carried=1.0)
+    assert not model.decode_confirmed("w") and model.observed_tpot_ms("w") == 12.0
+    for ms in (20.0, 21.0, 19.0):
+        model.observe_tpot(worker, 10.0, ms, carried=1.0)
+    assert model.decode_confirmed("w")
+
+
+def test_a_stream_that_saw_later_arrivals_bounds_the_decode_price_from_above():
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
+    worker = w()
+    model.observe_tpot(worker, 10.0, 120.0, carried=1.0, clean=False)  # 12x: dilated by later prompts
+    assert model.decode_factor("w") == pytest.approx(1.0 + 0.5 * 0.25 * 3.0)  # a quarter step, capped at 4x
+    model.observe_tpot(worker, 10.0, 8.0, carried=1.0, clean=False)  # below the price: full step down
+    assert model.decode_factor("w") == pytest.approx(1.375 + 0.5 * (0.8 - 1.375))
+    model.observe_tpot(worker, 10.0, 30.0, carried=1.0)  # a clean stream: plain EWMA step
+    assert model.decode_factor("w") == pytest.approx(0.5 * 1.0875 + 0.5 * 3.0)
