@@ -60,10 +60,13 @@ class RouterConfig:
     more than a late request, and predictions are estimates."""
 
     reject_unconfirmed: bool = False
-    """Reject also on prices no completion on this router has corrected yet (the
-    candidate's prefill and decode workers' start-up calibration alone, which
-    can be several times off on a shared host). Off: such a request runs, and
-    its completion corrects the prices that would have rejected it."""
+    """Reject also on prices no completion on this router has confirmed yet (the
+    candidate's prefill not yet corrected, or its decode worker's price not yet
+    backed by several agreeing recent streams: router/cost_model.py
+    `decode_confirmed`; start-up calibration alone can be several times off on a
+    shared host). Off: such a request runs, and its completion corrects the
+    prices that would have rejected it. Either way, a TPOT prediction never
+    rejects while the decode worker's recent streams ran well under the target."""
 
     candidate_top_k: int = 4
     """Prefill and decode workers kept after the cheap per-worker bound; pairs are their product."""

@@ -15,7 +15,10 @@ correction, an EWMA of observed / predicted that follows samples up *and down*:
               routes whose worker had no queue and whose predicted prefill
               dominates the fixed costs, from observed TTFT - overhead
     transfer  per path and per size (log2 bucket of bytes), from timings.transfer_ms
-    decode    per worker, from each request's observed TPOT
+    decode    per worker, from each request's observed TPOT against its own
+              predicted cadence: a plain EWMA step when nothing was planned onto
+              the worker after it (clean), else a low-expectile step (a stream
+              that saw later arrivals only bounds the step price from above)
 
 Per size, because one factor learned from 2k-token prompts must not price a
 90-token one (the fitted curve's shape is wrong in places; a bucket with no

@@ -5,8 +5,11 @@
     auto           the per-request decision (router/decision.py): split, colocated,
                    or reject with RESOURCE_EXHAUSTED before any work -- but only when
                    even the closest candidate misses a target by more than
-                   `reject_slack`, on prices completions have confirmed (unless
-                   `reject_unconfirmed`); otherwise that candidate runs: a wrongly
+                   `reject_slack`, on prices completions have confirmed (TPOT:
+                   several agreeing recent streams at D; unless
+                   `reject_unconfirmed`, or the miss survives /CLAMP), and never
+                   on TPOT while D's recent streams ran well under the target
+                   (see Planner._within_slack); otherwise that candidate runs: a wrongly
                    rejected request is worse than a late one, and only executed
                    requests correct the cost model
     shadow         the decision is computed and recorded (its best split route
