@@ -133,15 +133,8 @@ class UcxRuntime:
 
     async def drain(self, tag: int) -> None:
         """Complete a receive posted on `tag` with one byte from ourselves (fence)."""
-        await self.endpoint(self.address)
-        await self.drain_now(tag)
-
-    def drain_now(self, tag: int) -> asyncio.Future:
-        """As `drain`, once the endpoint to ourselves exists (made by `endpoint`)."""
-        ep = self._eps.get(self.address)
-        if ep is None:
-            return asyncio.ensure_future(self.drain(tag))
-        return self.post_send(ep, bytearray(1), tag)
+        ep = await self.endpoint(self.address)
+        await self.post_send(ep, bytearray(1), tag)
 
 
 def _future(req, buffer) -> asyncio.Future:
@@ -217,7 +210,7 @@ class Mailbox:
                     got = self.rt.post_recv(body, oob)
                     await asyncio.wait([got], timeout=OOB_TIMEOUT_S)  # never cancel it
                     if not got.done():
-                        self.rt.drain_now(oob)
+                        await self.rt.drain(oob)
                         raise asyncio.TimeoutError(f"body of {tid} not sent in {OOB_TIMEOUT_S} s")
                     got.result()
                 else:

@@ -23,6 +23,7 @@ endpoint aborted and dropped, after which UCX delivers nothing more for them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import itertools
 import logging
@@ -229,7 +230,7 @@ class UcxSender(KVSender):
                 if left <= 0:
                     return False
                 await asyncio.wait([waiter], timeout=min(left, PROBE_INTERVAL_S))
-                if not waiter.done() and not _alive(out.peer, self._rt):
+                if not waiter.done() and not _alive(out.peer.host, out.peer.pid, self._rt):
                     self._drop_peer(out.peer, f"peer process {out.peer.pid} on "
                                               f"{out.peer.host} is gone")
             return waiter.done() and not out.failed
@@ -254,7 +255,7 @@ class UcxSender(KVSender):
         except ValueError as e:
             raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
         self._ensure_runtime()
-        if not _alive(_Peer(dest, nonce, host, pid, address, None, None, ""), self._rt):
+        if not _alive(host, pid, self._rt):
             raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
         try:
             ep = await asyncio.wait_for(self._rt.endpoint(address), self.io_timeout_s)
@@ -367,19 +368,19 @@ class UcxSender(KVSender):
         return {dest: p.path for dest, p in self._peers.items()}
 
 
-def _alive(peer: _Peer, rt: UcxRuntime | None) -> bool:
+def _alive(host: str, pid: int, rt: UcxRuntime | None) -> bool:
     """False only when the peer runs on this host and its process is gone."""
-    if rt is None or peer.host != rt.host or peer.pid <= 0:
+    if rt is None or host != rt.host or pid <= 0:
         return True
     try:
-        with open(f"/proc/{peer.pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rpartition(b")")[2].split()[0]
         return state not in (b"Z", b"X")  # a zombie is dead, only not reaped yet
     except FileNotFoundError:
         return False
     except (OSError, IndexError):  # no /proc here: ask the kernel
         try:
-            os.kill(peer.pid, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
@@ -388,5 +389,4 @@ def _alive(peer: _Peer, rt: UcxRuntime | None) -> bool:
 
 
 def _b64(b: bytes) -> str:
-    import base64
     return base64.urlsafe_b64encode(b).decode()
