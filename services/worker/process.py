@@ -14,6 +14,7 @@ from kv_directory.store import WorkerCapacity
 
 from .config import WorkerConfig
 from .loop import EngineLoop
+from .memory import tune_malloc
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
 
 def build_engine_loop(cfg: WorkerConfig) -> EngineLoop:
     """The engine over cfg.model, on its own thread (not started)."""
+    tune_malloc()  # before the engine allocates: see memory.py
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     engine = Engine.from_spec(cfg.model, cfg.engine_config())
