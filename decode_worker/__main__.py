@@ -1,4 +1,11 @@
-"""`python -m decode_worker`: a decode worker process."""
+"""`python -m decode_worker`: a decode worker process.
+
+With `--serve-prefill` (PD_SERVE_PREFILL=1) the same process also serves
+pd.v1.Prefill on its engine and registers as role mixed: the router may then
+run a colocated request here, decode a split one here, or prefill a split one
+here for another decode worker. Prefill-only jobs and decode steps share the
+engine loop (one prefill chunk, then one decode step), as colocated requests do.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,14 @@ import logging
 from kv_directory.client import DirectoryClient
 from kv_directory.store import LoadReport, WorkerInfo, WorkerRole
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
-from services.rpc.pd.v1 import decode_pb2_grpc
+from services.rpc.pd.v1 import decode_pb2_grpc, prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, active_context_tokens, obtain
-from services.worker.process import (advertised, build_engine_loop, build_receiver, capacity,
-                                     metrics_file, parse_config, run_process)
+from services.worker.process import (advertised, build_engine_loop, build_receiver, build_sender,
+                                     capacity, metrics_file, parse_config, run_process)
+from prefill_worker.server import PrefillServicer
+from prefill_worker.worker import PrefillWorker
 
 from .server import DecodeServicer
 from .worker import DecodeWorker
@@ -34,8 +43,15 @@ async def run(argv: list[str] | None = None) -> None:
     txn = TxnOps(directory, cfg.worker_id, lambda: membership.epoch)
     worker = DecodeWorker(cfg, loop, receiver, txn)
     servicer = DecodeServicer(worker, cfg.worker_id, lambda: membership.epoch if membership else 0)
-    server, port, health = await start_server(cfg.listen, [
-        (decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode")])
+    services = [(decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode")]
+    sender = None
+    if cfg.serve_prefill:
+        sender = build_sender(cfg)
+        await sender.start()
+        prefill = PrefillWorker(cfg, loop, sender, txn)
+        services.append((prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(prefill),
+                         "pd.v1.Prefill"))
+    server, port, health = await start_server(cfg.listen, services)
 
     def load() -> LoadReport:
         e = loop.engine
@@ -45,20 +61,23 @@ async def run(argv: list[str] | None = None) -> None:
             total_blocks=e.blocks.num_blocks, active_context_tokens=active_context_tokens(loop))
 
     membership = Membership(
-        directory, WorkerInfo(cfg.worker_id, WorkerRole.DECODE, advertised(cfg, port),
+        directory, WorkerInfo(cfg.worker_id, WorkerRole.MIXED if sender else WorkerRole.DECODE,
+                              advertised(cfg, port),
                               receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile),
         load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
     metrics = metrics_file(cfg, loop, receiver)
     metrics.start()
-    log.info("decode worker %s serving on %s, data plane %s", cfg.worker_id,
-             advertised(cfg, port), receiver.address)
+    log.info("%s worker %s serving on %s, data plane %s", "mixed" if sender else "decode",
+             cfg.worker_id, advertised(cfg, port), receiver.address)
 
     async def on_stop():
         await metrics.stop()
         await worker.abort_all_unpublished("worker shutting down")
         await membership.stop()
         await receiver.stop()
+        if sender is not None:
+            await sender.close()
         await directory.close()
         loop.stop()
 

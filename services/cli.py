@@ -1,6 +1,6 @@
 """`pdserve`: run the local cluster and manage checkpoints.
 
-  pdserve up [--prefill N] [--decode M] [--model PRESET|DIR] [--mode ...]
+  pdserve up [--prefill N] [--decode M] [--mixed K] [--model PRESET|DIR] [--mode ...]
   pdserve down
   pdserve demo              up (unless running) + a few requests, printed with TTFT/TPOT
   pdserve export-checkpoint --preset NAME --out DIR [--seed S] [--shard-mb MB]
@@ -18,7 +18,7 @@ DEFAULT_STATE = ".pdserve"
 def _spec(args):
     from services.cluster.launcher import ClusterSpec
 
-    return ClusterSpec(prefill=args.prefill, decode=args.decode, model=args.model, mode=args.mode,
+    return ClusterSpec(prefill=args.prefill, decode=args.decode, mixed=args.mixed, model=args.model, mode=args.mode,
                        transport=args.transport, num_blocks=args.num_blocks,
                        state_dir=args.state_dir)
 
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--prefill", type=int, default=1)
         p.add_argument("--decode", type=int, default=1)
+        p.add_argument("--mixed", type=int, default=0,
+                       help="decode workers that also serve Prefill (either phase, or both)")
         p.add_argument("--model", default="tiny")
         p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
         p.add_argument("--transport", default="tcp")

@@ -54,6 +54,8 @@ class ClusterSpec:
 
     prefill: int = 1
     decode: int = 1
+    mixed: int = 0
+    """Decode workers that also serve Prefill (`--serve-prefill`, directory role mixed)."""
     model: str = "tiny"
     mode: str = "disaggregated"
     transport: str = "ucx"
@@ -130,10 +132,12 @@ class LocalCluster:
         raise TimeoutError("redis-server did not answer PING")
 
     def start_worker(self, role: str, index: int, timeout_s: float = 120.0) -> str:
-        """Start prefill or decode worker number `index`; returns its address."""
+        """Start prefill, decode or mixed worker number `index`; returns its address."""
         s = self.spec
         name = f"{role}-{index}"
-        return self._service(name, f"{role}_worker", [
+        module = "decode_worker" if role == "mixed" else f"{role}_worker"
+        extra = ["--serve-prefill"] if role == "mixed" else []
+        return self._service(name, module, [*extra,
             "--directory", self.directory_address, "--worker-id", name, "--model", s.model,
             "--num-blocks", str(s.num_blocks), "--block-size", str(s.block_size),
             "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
@@ -149,6 +153,8 @@ class LocalCluster:
                 "directory", "kv_directory", ["--redis-url", self.redis_url], timeout_s)
             for i in range(self.spec.decode):
                 self.start_worker("decode", i, timeout_s)
+            for i in range(self.spec.mixed):
+                self.start_worker("mixed", i, timeout_s)
             for i in range(self.spec.prefill):
                 self.start_worker("prefill", i, timeout_s)
             self.router_address = self._service("router", "router", [

@@ -23,6 +23,9 @@ class WorkerConfig:
     """Stable name of this worker; empty = role-pid."""
     model: str = "tiny"
     """Preset name (tiny, small, name@seed) or checkpoint directory."""
+    serve_prefill: bool = False
+    """Decode worker only: also serve pd.v1.Prefill from the same engine, so the router can
+    use this worker for either phase of a split route, or for both (directory role mixed)."""
     num_blocks: int = 512
     """K/V blocks in the pool."""
     block_size: int = 16

@@ -33,13 +33,17 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
     ap.add_argument("--transport")
     ap.add_argument("--reservation-ttl-s", type=float)
     ap.add_argument("--torch-threads", type=int)
+    if role == "decode":
+        ap.add_argument("--serve-prefill", action="store_true", default=None,
+                        help="also serve pd.v1.Prefill (directory role mixed)")
     ap.add_argument("--log-level", default=os.environ.get("PD_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     cfg = WorkerConfig.from_env(
         listen=args.listen, advertise=args.advertise, directory=args.directory,
         worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
         block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
-        reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads)
+        reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads,
+        serve_prefill=getattr(args, "serve_prefill", None))
     if not cfg.worker_id:
         cfg = dataclasses.replace(cfg, worker_id=f"{role}-{os.getpid()}")
     return cfg, args.log_level

@@ -1,0 +1,54 @@
+"""End to end, real processes: workers that serve both phases (`--serve-prefill`, role mixed).
+
+Two mixed workers and no others (tiny preset, UCX data plane). Each registers
+as mixed; the router splits requests between them in both directions
+(prefill on one, K/V over UCX to the other, decode there) and runs colocated
+requests on either. Split tokens equal colocated tokens, and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cluster_support import _directory, assert_cluster_clean, start_cluster
+from kv_directory.store import WorkerRole
+from services.sdk import Client
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mixed")
+    c = start_cluster(tmp, prefill=0, decode=0, mixed=2, mode="disaggregated", num_blocks=512,
+                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})
+    yield c
+    c.down()
+
+
+def test_mixed_workers_register_both_roles(cluster):
+    snap, _ = _directory(cluster)
+    assert sorted((w.worker_id, w.role) for w in snap.workers) == [
+        ("mixed-0", WorkerRole.MIXED), ("mixed-1", WorkerRole.MIXED)]
+    assert all(w.data_addr.startswith("ucx://") for w in snap.workers)
+
+
+def test_split_in_both_directions_equals_colocated(cluster):
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(40, 300))] for _ in range(16)]
+    with Client(cluster.router_address) as client, ThreadPoolExecutor(8) as pool:
+        split = list(pool.map(lambda p: client.generate_full(
+            prompt_ids=p, max_tokens=24, ignore_eos=True, mode="disaggregated"), prompts))
+        colo = list(pool.map(lambda p: client.generate_full(
+            prompt_ids=p, max_tokens=24, ignore_eos=True, mode="colocated"), prompts))
+    pairs = {(r.prefill_worker, r.decode_worker) for r in split}
+    assert all(r.route == "disaggregated" for r in split)
+    assert all(p != d and {p, d} <= {"mixed-0", "mixed-1"} for p, d in pairs), pairs
+    assert pairs == {("mixed-0", "mixed-1"), ("mixed-1", "mixed-0")}, \
+        f"8 concurrent requests should use both directions: {pairs}"
+    assert all(r.route == "colocated" for r in colo)
+    assert {r.decode_worker for r in colo} == {"mixed-0", "mixed-1"}
+    for s, c in zip(split, colo):
+        assert s.token_ids == c.token_ids
+    assert_cluster_clean(cluster)
