@@ -92,6 +92,8 @@ def parse_args() -> argparse.Namespace:
                     help="wall-clock budget of the whole run (1140; quick 330)")
     ap.add_argument("--calibration-repeats", type=int, default=None, help="(3; quick 1)")
     ap.add_argument("--num-blocks", type=int, default=2048, help="K/V blocks per worker")
+    ap.add_argument("--auto-workers", choices=("mixed", "split"), default="mixed",
+                    help="auto's cluster: every worker mixed (default), or half prefill + half decode")
     ap.add_argument("--transport", default=ClusterSpec().transport,
                     help="K/V hand-off transport (default: the launcher's, %(default)s)")
     ap.add_argument("--out-dir", default=str(REPO / "bench" / "out"))
@@ -109,10 +111,15 @@ def auto_accepted() -> bool:
 
 
 def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterSpec:
-    """Colocated: every worker a decode worker (they prefill too); otherwise half prefill."""
+    """Colocated: every worker a decode worker (they prefill too); disaggregated: half
+    prefill, half decode; auto: every worker mixed (serves either phase or both), so
+    each request's choice of colocated W or split (P, D) can use any of them."""
     prefill = 0 if mode == "colocated" else args.workers // 2
+    mixed = args.workers if mode == "auto" and args.auto_workers == "mixed" else 0
+    if mixed:
+        prefill = 0
     return ClusterSpec(
-        prefill=prefill, decode=args.workers - prefill, model=args.preset, mode=mode,
+        prefill=prefill, decode=args.workers - prefill - mixed, mixed=mixed, model=args.preset, mode=mode,
         num_blocks=args.num_blocks, transport=args.transport, torch_threads=1,
         # Generous leases and reservations: a starved heartbeat or a long prefill
         # queue under overload must show up as latency, not as aborts and retries.
@@ -133,14 +140,20 @@ def drain_s(w: Workload, classes, iso: dict[str, Isolated]) -> float:
                for c, _ in w.mix)
 
 
+def _workers_text(mode: str, args) -> str:
+    spec = cluster_spec(mode, args, Path(args.out_dir))
+    if mode == "colocated":
+        return "0 prefill + %d decode (colocated on decode workers)" % spec.decode
+    if spec.mixed:
+        return "%d mixed (decode workers that also serve Prefill)" % spec.mixed
+    return "%d prefill + %d decode" % (spec.prefill, spec.decode)
+
+
 def config_row(args, classes, wls, modes, skipped) -> dict:
     spec = cluster_spec("disaggregated", args, Path(args.out_dir))
     return {
         "quick": args.quick, "preset": args.preset, "seed": args.seed,
-        "workers_per_mode": {m: ("0 prefill + %d decode (colocated on decode workers)" % args.workers
-                                 if m == "colocated" else
-                                 "%d prefill + %d decode" % (args.workers // 2, args.workers - args.workers // 2))
-                             for m in modes},
+        "workers_per_mode": {m: _workers_text(m, args) for m in modes},
         "modes_skipped": skipped,
         "workloads": {name: describe(w, classes) for name, w in wls.items()},
         "slo_rule": {"ttft": f"{args.ttft_slo_x} x single-request TTFT at the class's median lengths",
