@@ -132,6 +132,19 @@ def prefill_features(new: int, reused: int) -> list[float]:
     return [1.0, float(new), new * (reused + new / 2.0)]
 
 
+def fit_prefill(rows: Seq[Seq[float]], ys: Seq[float]) -> tuple[float, float, float]:
+    """(base, per token, per pair) from prefill points; with fewer points than terms
+    the pair term is left out (0): two points fit exactly by base + pair alone would
+    price prefill at 0 ms per token (seen with a 2 s calibration budget)."""
+    if not rows:
+        return 0.0, 0.0, 0.0
+    if len(rows) < 3:
+        a, b = fit_nonneg([r[:2] for r in rows], ys, relative=True)
+        return a, b, 0.0
+    a, b, c = fit_nonneg(rows, ys, relative=True)
+    return a, b, c
+
+
 def decode_features(batch: int, context: int) -> list[float]:
     """Feature row of the decode-step model. Must match router/cost_model.py decode_step_ms."""
     return [1.0, float(batch), float(context)]
@@ -164,7 +177,7 @@ def calibrate(engine: Engine, budget_s: float = 5.0) -> CostProfile:
         step_ms, total_ctx = _timed_decode(engine, [tokens(ctx) for _ in range(batch)], greedy)
         dec_rows.append(decode_features(batch, total_ctx))
         dec_ys.append(step_ms)
-    a, b, c = fit_nonneg(pre_rows, pre_ys, relative=True) if pre_rows else (0.0, 0.0, 0.0)
+    a, b, c = fit_prefill(pre_rows, pre_ys)
     d, e, f = fit_nonneg(dec_rows, dec_ys, relative=True) if dec_rows else (0.0, 0.0, 0.0)
     log.info("calibrated in %.2fs: prefill %s ms, decode %s ms", time.perf_counter() - start,
              [round(y, 2) for y in pre_ys], [round(y, 2) for y in dec_ys])

@@ -6,7 +6,8 @@ import pytest
 
 from kv_directory.profile import CostProfile
 from services.engine import Engine, EngineConfig
-from services.worker.profile import ProfileConfig, fit_nonneg, kv_bytes_per_block, obtain
+from services.worker.profile import (ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain,
+                                     prefill_features)
 
 
 def test_fit_recovers_exact_coefficients():
@@ -82,3 +83,22 @@ def test_the_decode_points_always_measured_determine_all_three_terms():
     d, e, f = 5.0, 2.0, 0.01
     a = fit_nonneg(rows, [d + e * r[1] + f * r[2] for r in rows], relative=True)
     assert a == pytest.approx([d, e, f], rel=1e-6)
+
+
+def test_two_prefill_points_fit_a_per_token_cost():
+    # A tight budget leaves (32, 128) only: base + pair alone would fit them exactly
+    # and price prefill at 0 ms per token; the pair term is left out instead.
+    rows = [prefill_features(32, 0), prefill_features(128, 0)]
+    ys = [3.0 + 0.25 * 32 + 1e-4 * 32 * 16, 3.0 + 0.25 * 128 + 1e-4 * 128 * 64]
+    a, b, c = fit_prefill(rows, ys)
+    assert c == 0.0
+    assert b > 0.2 and a > 0
+    for r, y in zip(rows, ys):
+        assert a + b * r[1] == pytest.approx(y, rel=0.02)
+
+
+def test_three_prefill_points_keep_the_pair_term():
+    truth = (2.0, 0.1, 2e-4)
+    rows = [prefill_features(n, 0) for n in (32, 512, 2048)]
+    ys = [truth[0] + truth[1] * r[1] + truth[2] * r[2] for r in rows]
+    assert fit_prefill(rows, ys) == pytest.approx(truth, rel=1e-6)
