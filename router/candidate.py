@@ -3,11 +3,18 @@
 A candidate is either disaggregated (prefill P, decode D) or colocated (one
 worker W in `decode`, `prefill` None). Every time is a prediction in ms from
 router/cost_model.py; `ttft_ms` is the sum of the parts listed below it.
+
+A decision prices its few candidates as plain tuples first (`Row`: the
+Candidate fields up to `total_blocks`, in order), scores them all at once from
+a `ScoreBatch` of columns, and builds Candidate objects only for the ones it
+returns (router/decision.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Sequence
 
 from router.types import Route, Worker
 
@@ -76,3 +83,48 @@ class ScoreContext:
     best_ttft_ms: float
     """Lowest predicted TTFT over this request's candidates (> 0)."""
     best_tpot_ms: float
+
+
+Row = tuple
+"""A priced candidate as a tuple: Candidate's fields from `route` to `total_blocks`,
+in declaration order, so `Candidate(*row)` builds it (score 0, no violations)."""
+
+TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER = 3, 4, 10, 11, 14, 15
+"""Positions in a Row. Must match Candidate's field order (asserted below)."""
+
+
+@dataclasses.dataclass(slots=True)
+class ScoreBatch:
+    """The fields scorers read, for all candidates of one request: one sequence per
+    field, aligned by candidate index (router/scorers/base.py)."""
+
+    ttft_ms: Sequence[float]
+    tpot_ms: Sequence[float]
+    prompt_tokens: Sequence[int]
+    compute_tokens: Sequence[int]
+    queue_tokens: Sequence[int]
+    free_blocks_after: Sequence[int]
+    total_blocks: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.ttft_ms)
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[Row]) -> ScoreBatch:
+        """The columns of priced rows (one transpose)."""
+        return cls(*zip(*map(_SCORED, rows)))
+
+    @classmethod
+    def of(cls, cands: Sequence[Candidate]) -> ScoreBatch:
+        """The columns of Candidate objects."""
+        return cls([c.ttft_ms for c in cands], [c.tpot_ms for c in cands], [c.prompt_tokens for c in cands],
+                   [c.compute_tokens for c in cands], [c.queue_tokens for c in cands],
+                   [c.free_blocks_after for c in cands], [c.total_blocks for c in cands])
+
+
+_SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
+"""A Row's ScoreBatch fields, in ScoreBatch's order."""
+
+assert [f.name for f in dataclasses.fields(Candidate)][TTFT:FREE_AFTER + 2:] == [
+    "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
+    "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks"]

@@ -38,10 +38,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import heapq
+import itertools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import FREE_AFTER, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
 from router.scorers.base import Scorer
@@ -111,37 +113,54 @@ Usable = Callable[[WorkerCosts], bool]
 def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
                overhead: float | None = None) -> Candidate:
     """The split route P -> D for `req`; `overhead`: the route's, when the caller already has it."""
-    usable = req.usable_blocks
-    reused = min(req.hits.get(p.worker.worker_id, 0), usable) * req.block_size
-    compute = req.prompt_tokens - reused
-    moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
-    nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
-    prefill = p.prefill_ms(compute, reused)
-    transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
     if overhead is None:
         overhead = model.overhead_ms(Route.DISAGGREGATED)
-    return Candidate(
-        Route.DISAGGREGATED, d.worker, p.worker,
-        p.queue_ms + prefill + transfer + d.admission_ms + overhead,
-        d.tpot_with(req.prompt_tokens, req.max_tokens),
-        p.queue_ms, prefill, transfer, d.admission_ms, overhead, req.prompt_tokens, compute,
-        min(req.prompt_tokens, moved_blocks * req.block_size), nbytes, p.pending_tokens,
-        d.free_blocks - req.need_blocks, d.worker.capacity.total_blocks)
+    return Candidate(*pair_rows(model, [(p, d)], req, overhead)[0])
 
 
 def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhead: float | None = None) -> Candidate:
     """The colocated route on W for `req`; `overhead`: the route's, when the caller already has it."""
-    reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
-    compute = req.prompt_tokens - reused
-    own = w.prefill_ms(compute, reused)
-    prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
     if overhead is None:
         overhead = model.overhead_ms(Route.COLOCATED)
-    return Candidate(
-        Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
-        w.tpot_with(req.prompt_tokens, req.max_tokens, own if w.busy else 0.0),
-        w.queue_ms, prefill, 0.0, 0.0, overhead, req.prompt_tokens, compute, 0, 0, w.pending_tokens,
-        w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
+    return Candidate(*colocated_rows([w], req, overhead)[0])
+
+
+def pair_rows(model: CostModel, pairs: Sequence[tuple[WorkerCosts, WorkerCosts]], req: RequestShape,
+              overhead: float) -> list[Row]:
+    """The split routes P -> D of `pairs` as Rows (router/candidate.py), per-request terms computed once."""
+    n, m, bs, hits = req.prompt_tokens, req.max_tokens, req.block_size, req.hits
+    usable, blocks, need = req.usable_blocks, req.prompt_blocks, req.need_blocks
+    transfer_ms, dis = model.transfer_ms, Route.DISAGGREGATED
+    out = []
+    for p, d in pairs:
+        pw, dw = p.worker, d.worker
+        reused = min(hits.get(pw.worker_id, 0), usable) * bs
+        compute = n - reused
+        moved_blocks = blocks - min(hits.get(dw.worker_id, 0), usable)
+        nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
+        prefill = p.prefill_ms(compute, reused)
+        transfer = transfer_ms(pw.worker_id, dw.worker_id, nbytes)
+        out.append((dis, dw, pw, p.queue_ms + prefill + transfer + d.admission_ms + overhead, d.tpot_with(n, m),
+                    p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
+                    min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - need,
+                    dw.capacity.total_blocks))
+    return out
+
+
+def colocated_rows(ws: Sequence[WorkerCosts], req: RequestShape, overhead: float) -> list[Row]:
+    """The colocated routes on `ws` as Rows (router/candidate.py), per-request terms computed once."""
+    n, m, bs, hits = req.prompt_tokens, req.max_tokens, req.block_size, req.hits
+    usable, need, col = req.usable_blocks, req.need_blocks, Route.COLOCATED
+    out = []
+    for w in ws:
+        reused = min(hits.get(w.worker.worker_id, 0), usable) * bs
+        compute = n - reused
+        own = w.prefill_ms(compute, reused)
+        prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
+        out.append((col, w.worker, None, w.queue_ms + prefill + overhead,
+                    w.tpot_with(n, m, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n, compute,
+                    0, 0, w.pending_tokens, w.free_blocks - need, w.worker.capacity.total_blocks))
+    return out
 
 
 def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
@@ -153,16 +172,18 @@ def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: R
                usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
     """Priced candidates: every worker's cheap keys from the snapshot's table
     (router/cost_table.py), and only the `top_k` best pairs and `top_k` best
-    colocated workers (by TTFT and TPOT relative to their targets) become
-    Candidate objects. Same result as `reference_candidates`."""
+    colocated workers (by TTFT and TPOT relative to their targets) are priced.
+    Same result as `reference_candidates`."""
+    return [Candidate(*r) for r in priced_rows(model, rows, req, top_k, usable, split, colocated)]
+
+
+def priced_rows(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,
+                usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Row]:
+    """`candidates` as Rows (router/candidate.py), without building Candidate objects."""
     pairs, cols = CostTable.of(rows).select(model, req, top_k, usable, split, colocated)
-    out = []
-    if pairs:
-        split_ms = model.overhead_ms(Route.DISAGGREGATED)
-        out = [price_pair(model, p, d, req, split_ms) for p, d in pairs]
+    out = pair_rows(model, pairs, req, model.overhead_ms(Route.DISAGGREGATED)) if pairs else []
     if cols:
-        colocated_ms = model.overhead_ms(Route.COLOCATED)
-        out += [price_colocated(model, w, req, colocated_ms) for w in cols]
+        out += colocated_rows(cols, req, model.overhead_ms(Route.COLOCATED))
     return out
 
 
@@ -175,13 +196,20 @@ def _violations(c: Candidate, req: RequestShape) -> str:
     return " and ".join(parts)
 
 
+def weighted_scores(batch: ScoreBatch, req: RequestShape, scorers: Sequence[tuple[float, Scorer]]) -> list[float]:
+    """Per candidate of `batch`, sum([weight * score for each scorer]), in the scorers' order."""
+    ctx = ScoreContext(req.slo_ttft_ms, req.slo_tpot_ms, min(batch.ttft_ms), min(batch.tpot_ms))
+    cols = [s.scores(batch, ctx) for _, s in scorers]
+    assert all(map(len(batch).__eq__, map(len, cols))), "a scorer must rate every candidate"
+    weights = [w for w, _ in scorers]
+    return [sum(map(operator.mul, weights, xs)) for xs in zip(*cols)] if cols else [0.0] * len(batch)
+
+
 def score_all(cands: Sequence[Candidate], req: RequestShape, scorers: Sequence[tuple[float, Scorer]]) -> None:
     """Fill `score` (weighted sum) and `violations` of every candidate."""
-    ctx = ScoreContext(req.slo_ttft_ms, req.slo_tpot_ms, min(c.ttft_ms for c in cands),
-                       min(c.tpot_ms for c in cands))
-    for c in cands:
+    for c, score in zip(cands, weighted_scores(ScoreBatch.of(cands), req, scorers)):
         c.violations = _violations(c, req)
-        c.score = sum([w * s.score(c, ctx) for w, s in scorers])
+        c.score = score
 
 
 def _best(cands: Sequence[Candidate], route: Route) -> Candidate | None:
@@ -213,6 +241,11 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
         return Decision(Outcome.REJECT, None, best_dis, best_col,
                         f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
                         f"{closest.violations} [TTFT = {closest.breakdown()}]")
+    return _pick(best_dis, best_col, params)
+
+
+def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams) -> Decision:
+    """The feasible split beats the feasible colocated route only by more than the margin."""
     dis = best_dis if best_dis is not None and not best_dis.violations else None
     col = best_col if best_col is not None and not best_col.violations else None
     if dis is not None and (col is None or dis.score > col.score + params.margin):
@@ -224,10 +257,43 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
     return Decision(Outcome.COLOCATED, col, best_dis, best_col, why)
 
 
+def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) -> Decision:
+    """`choose` over priced Rows: scored as one batch, and Candidate objects built
+    only for the best of each route (a REJECT, rare, goes through `choose`)."""
+    if not rows:
+        return choose([], req, params)
+    batch = ScoreBatch.of_rows(rows)
+    scores = weighted_scores(batch, req, params.scorers)
+    st, sp = req.slo_ttft_ms, req.slo_tpot_ms
+    feasible = [i for i, t, p in zip(itertools.count(), batch.ttft_ms, batch.tpot_ms)
+                if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
+    if not feasible:
+        return choose([Candidate(*r) for r in rows], req, params)
+
+    def best(route: Route) -> Candidate | None:
+        i = _best_at(rows, scores, route, feasible)
+        if i is None:
+            i = _best_at(rows, scores, route, range(len(rows)))
+            if i is None:
+                return None
+        c = Candidate(*rows[i], scores[i])
+        c.violations = _violations(c, req)
+        return c
+
+    return _pick(best(Route.DISAGGREGATED), best(Route.COLOCATED), params)
+
+
+def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:
+    """`_best` over Rows: the index of the best of `route` among the indices `among`."""
+    pool = [i for i in among if rows[i][0] is route]
+    fitting = [i for i in pool if rows[i][FREE_AFTER] >= 0] or pool
+    return max(fitting, key=lambda i: (scores[i], -rows[i][TTFT]), default=None)
+
+
 def decide(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, params: DecisionParams,
            usable: Usable | None = None, split: bool = True, colocated: bool = True) -> Decision:
     """Price, prune, gate and choose for one request."""
-    return choose(candidates(model, rows, req, params.top_k, usable, split, colocated), req, params)
+    return choose_rows(priced_rows(model, rows, req, params.top_k, usable, split, colocated), req, params)
 
 
 def reference_decide(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, params: DecisionParams,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import ScoreBatch, ScoreContext
 from router.scorers.base import Scorer
 
 
@@ -12,7 +12,6 @@ class KvHeadroom(Scorer):
 
     name = "kv_headroom"
 
-    def score(self, c: Candidate, ctx: ScoreContext) -> float:
-        if c.total_blocks <= 0 or c.free_blocks_after < 0:
-            return 0.0
-        return min(1.0, c.free_blocks_after / c.total_blocks)
+    def scores(self, batch: ScoreBatch, ctx: ScoreContext) -> list[float]:
+        return [0.0 if total <= 0 or free < 0 else (x if (x := free / total) < 1.0 else 1.0)
+                for free, total in zip(batch.free_blocks_after, batch.total_blocks)]

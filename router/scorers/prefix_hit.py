@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import ScoreBatch, ScoreContext
 from router.scorers.base import Scorer
 
 
@@ -14,7 +14,6 @@ class PrefixHit(Scorer):
 
     name = "prefix_hit"
 
-    def score(self, c: Candidate, ctx: ScoreContext) -> float:
-        if c.prompt_tokens <= 0:
-            return 0.0
-        return 1.0 - c.compute_tokens / c.prompt_tokens
+    def scores(self, batch: ScoreBatch, ctx: ScoreContext) -> list[float]:
+        return [0.0 if prompt <= 0 else 1.0 - compute / prompt
+                for compute, prompt in zip(batch.compute_tokens, batch.prompt_tokens)]

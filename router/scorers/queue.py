@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import ScoreBatch, ScoreContext
 from router.scorers.base import Scorer
 
 
@@ -17,5 +17,6 @@ class Queue(Scorer):
         assert ref_tokens > 0
         self.ref_tokens = ref_tokens
 
-    def score(self, c: Candidate, ctx: ScoreContext) -> float:
-        return 1.0 / (1.0 + c.queue_tokens / self.ref_tokens)
+    def scores(self, batch: ScoreBatch, ctx: ScoreContext) -> list[float]:
+        ref = self.ref_tokens
+        return [1.0 / (1.0 + q / ref) for q in batch.queue_tokens]

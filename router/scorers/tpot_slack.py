@@ -3,7 +3,7 @@ with this request added to its batch and its queued prefill interleaved."""
 
 from __future__ import annotations
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import ScoreBatch, ScoreContext
 from router.scorers.base import Scorer, slack
 
 
@@ -15,5 +15,5 @@ class TpotSlack(Scorer):
 
     name = "tpot_slack"
 
-    def score(self, c: Candidate, ctx: ScoreContext) -> float:
-        return slack(c.tpot_ms, ctx.slo_tpot_ms, ctx.best_tpot_ms)
+    def scores(self, batch: ScoreBatch, ctx: ScoreContext) -> list[float]:
+        return slack(batch.tpot_ms, ctx.slo_tpot_ms, ctx.best_tpot_ms)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.candidate import Candidate, ScoreContext
+from router.candidate import ScoreBatch, ScoreContext
 from router.scorers.base import Scorer, slack
 
 
@@ -13,5 +13,5 @@ class TtftSlack(Scorer):
 
     name = "ttft_slack"
 
-    def score(self, c: Candidate, ctx: ScoreContext) -> float:
-        return slack(c.ttft_ms, ctx.slo_ttft_ms, ctx.best_ttft_ms)
+    def scores(self, batch: ScoreBatch, ctx: ScoreContext) -> list[float]:
+        return slack(batch.ttft_ms, ctx.slo_ttft_ms, ctx.best_ttft_ms)

@@ -67,15 +67,13 @@ def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
     return model
 
 
-@pytest.mark.parametrize("early_exit", [True, False])
-@pytest.mark.parametrize("seed", range(40))
-def test_fast_decision_equals_reference(seed, early_exit):
+@pytest.mark.parametrize("seed", range(80))
+def test_fast_decision_equals_reference(seed):
     rng = random.Random(seed)
     block_size = rng.choice((16, 32))
     workers = snapshot(rng, block_size)
     model = learned_model(rng, workers)
-    rows = CostTable([model.costs(w) for w in workers], early_exit)
-    assert rows.bounded is early_exit
+    rows = CostTable([model.costs(w) for w in workers])
     for _ in range(25):
         req = random_request(rng, workers, block_size)
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
