@@ -4,7 +4,7 @@ A snapshot's cost rows (router/cost_model.py) change when a heartbeat, an
 overlay change or a correction arrives; requests arrive far more often. So
 `CostTable` lays out, once per snapshot, every row-only term of the pruning
 keys as plain float lists (no attribute lookups, no tuples per request), and
-`CostTable.select` evaluates one request's keys over them:
+`CostTable.price` evaluates one request's keys over them:
 
   - a worker the prefix index does not name has the same compute set as every
     other such worker, so each key is one list comprehension over columns
@@ -30,9 +30,11 @@ its rows stays valid while it holds them.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from router.candidate import Row
 from router.cost_model import SIZE_BUCKETS, CostModel, WorkerCosts
 from router.types import Route
 
@@ -47,6 +49,7 @@ class CostTable:
     """Columns of one snapshot's cost rows: prefill-capable (P) and decode-capable (D) sides."""
 
     _cache: dict[tuple[int, ...], CostTable] = {}
+    _last: CostTable | None = None
 
     def __init__(self, rows: Sequence[WorkerCosts]):
         self.rows = tuple(rows)
@@ -60,6 +63,7 @@ class CostTable:
         self.p_pair = [r.pre_pair for r in self.p_rows]
         self.p_ids = [r.worker.worker_id for r in self.p_rows]
         self.p_abi = [r.worker.cache_abi_digest for r in self.p_rows]
+        self.p_kvb = [r.kv_bytes_per_block for r in self.p_rows]
         d = self.d_rows
         self.d_tpb, self.d_tpt = [r.tpot_base for r in d], [r.tpot_per_token for r in d]
         self.d_queue, self.d_adm = [r.queue_ms for r in d], [r.admission_ms for r in d]
@@ -70,64 +74,80 @@ class CostTable:
         self.d_busy = [r.busy for r in d]
         self.d_ids = [r.worker.worker_id for r in d]
         self.d_abi = [r.worker.cache_abi_digest for r in d]
+        self.d_free = [r.free_blocks for r in d]
+        self.d_total = [r.worker.capacity.total_blocks for r in d]
 
     @classmethod
     def of(cls, rows: Sequence[WorkerCosts]) -> CostTable:
         """The table of `rows`, built once per distinct list of row objects."""
         if isinstance(rows, CostTable):
             return rows
+        last = cls._last
+        if last is not None and len(rows) == len(last.rows) and all(map(operator.is_, rows, last.rows)):
+            return last  # the common case: the same snapshot as the previous request (no hashing)
         key = tuple(map(id, rows))
         table = cls._cache.get(key)
         if table is None:
             if len(cls._cache) >= _CACHE_SIZE:
                 del cls._cache[next(iter(cls._cache))]
             table = cls._cache[key] = cls(rows)
+        cls._last = table
         return table
 
-    def select(self, model: CostModel, req: RequestShape, top_k: int,
-               usable: Callable[[WorkerCosts], bool] | None = None, split: bool = True, colocated: bool = True,
-               ) -> tuple[list[tuple[WorkerCosts, WorkerCosts]], list[WorkerCosts]]:
-        """The pairs (P, D) and colocated workers `reference_candidates` would price, in its order."""
+    def price(self, model: CostModel, req: RequestShape, top_k: int,
+              usable: Callable[[WorkerCosts], bool] | None = None, split: bool = True, colocated: bool = True,
+              ) -> list[Row]:
+        """What `reference_candidates` returns, as Rows (router/candidate.py): the
+        pairs and colocated workers it would price, in its order, priced from the
+        columns as `pair_rows` and `colocated_rows` in router/decision.py price them."""
         k = max(0, top_k)
-        n, m, bs, ub = req.prompt_tokens, req.max_tokens, req.block_size, req.usable_blocks
-        gaps, ctx = max(1, m - 1), n + m // 2
+        ub = req.usable_blocks
         h0 = 0 if ub >= 0 else ub  # the hit of a worker the index does not name
-        hits = [(w, h if h < ub else ub) for w, h in req.hits.items()] if req.hits else []
+        p_hit: dict[int, int] = {}  # position -> usable hit blocks, for the workers the index names
+        d_hit: dict[int, int] = {}
+        for w, h in req.hits.items():
+            h = h if h < ub else ub
+            for i in self.p_at.get(w, ()):
+                p_hit[i] = h
+            for i in self.d_at.get(w, ()):
+                d_hit[i] = h
         if usable is None:
             p_idx, d_idx = range(len(self.p_rows)), range(len(self.d_rows))
         else:
             p_idx = [i for i, r in enumerate(self.p_rows) if usable(r)]
             d_idx = [i for i, r in enumerate(self.d_rows) if usable(r)]
         if not d_idx:
-            return [], []
+            return []
+        q = _Request(req, h0, p_hit, d_hit)
         # D: TPOT with this request (WorkerCosts.tpot_with, no extra prefill).
-        tp = [b + t * ctx + q / gaps for b, t, q in zip(self.d_tpb, self.d_tpt, self.d_queue)]
+        ctx, gaps = q.ctx, q.gaps
+        tp = [b + t * ctx + qu / gaps for b, t, qu in zip(self.d_tpb, self.d_tpt, self.d_queue)]
         p_ms: list[float] = []
         if split and p_idx:  # P: queue + prefill of its compute set
+            n, bs = q.n, q.bs
             new = n - h0 * bs
             c = n - new / 2.0
             p_ms = [a + t * new + p * new * c for a, t, p in zip(self.p_qb, self.p_tok, self.p_pair)]
-            for wid, hit in hits:
-                for i in self.p_at.get(wid, ()):
-                    r, new = self.p_rows[i], n - hit * bs
-                    p_ms[i] = r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
+            for i, hit in p_hit.items():
+                r, new = self.p_rows[i], n - hit * bs
+                p_ms[i] = r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
         full = usable is None
         ttft_ref = req.slo_ttft_ms or max(1.0, (min(p_ms) if full else min(p_ms[i] for i in p_idx)) if p_ms else 1.0)
         tpot_ref = req.slo_tpot_ms or max(1e-3, min(tp) if full else min(tp[i] for i in d_idx))
-        pairs = self._pairs(model, req, k, hits, h0, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref) if p_ms else []
-        cols = self._colocated(model, req, k, hits, h0, tp, d_idx, ttft_ref, tpot_ref) if colocated else []
-        return pairs, cols
+        out = self._pairs(model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref) if p_ms else []
+        if colocated:
+            out += self._colocated(model, q, k, tp, d_idx, ttft_ref, tpot_ref)
+        return out
 
-    def _pairs(self, model, req, k, hits, h0, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref):
-        """The k best pairs among the k best P by p_ms and the k best D by each of d_ms and TPOT."""
+    def _pairs(self, model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref):
+        """The k best pairs among the k best P by p_ms and the k best D by each of d_ms and TPOT, priced."""
         ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
-        blocks = req.prompt_blocks
-        moved = blocks - h0
+        blocks = q.blocks
+        moved = blocks - q.h0
         d_ms = [a + moved * kv * ms_per_byte for a, kv in zip(self.d_adm, self.d_kvb)]
-        for wid, hit in hits:
-            for i in self.d_at.get(wid, ()):
-                r = self.d_rows[i]
-                d_ms[i] = r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte
+        for i, hit in q.d_hit.items():
+            r = self.d_rows[i]
+            d_ms[i] = r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte
         d_rows, d_ids, d_abi = self.d_rows, self.d_ids, self.d_abi
         top_d = {id(d_rows[j]): j for j in sorted(d_idx, key=d_ms.__getitem__)[:k]
                  + sorted(d_idx, key=tp.__getitem__)[:k]}.values()
@@ -138,31 +158,60 @@ class CostTable:
                  for i in sorted(p_idx, key=p_ms.__getitem__)[:k]
                  for j, did, dabi, dm, tpot in top_d if did != p_ids[i] and dabi == p_abi[i]]
         keyed.sort(key=_first)
-        return [(self.p_rows[i], d_rows[j]) for _, i, j in keyed[:k]]
+        # Priced as decision.pair_rows prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
+        n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
+        p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
+        out = []
+        for _, i, j in keyed[:k]:
+            p = p_rows[i]
+            reused = p_hit.get(i, h0) * bs
+            compute = n - reused
+            moved_blocks = blocks - d_hit.get(j, h0)
+            nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
+            prefill = p.prefill_ms(compute, reused)
+            transfer = transfer_ms(p_ids[i], d_ids[j], nbytes)
+            qm, adm = p.queue_ms, self.d_adm[j]
+            out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,
+                        transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes, p.pending_tokens,
+                        self.d_free[j] - need, self.d_total[j]))
+        return out
 
-    def _colocated(self, model, req, k, hits, h0, tp, d_idx, ttft_ref, tpot_ref):
-        """The k best colocated workers by TTFT and TPOT (with W's own prefill when busy), relative."""
-        n, bs, gaps = req.prompt_tokens, req.block_size, max(1, req.max_tokens - 1)
+    def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
+        """The k best colocated workers by TTFT and TPOT (with W's own prefill when busy), relative, priced."""
+        n, bs, gaps, h0 = q.n, q.bs, q.gaps, q.h0
         overhead = model.overhead_ms(Route.COLOCATED)
         reused = h0 * bs
         new = n - reused
-        if new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_prefill)
+        if new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
             c = reused + new / 2.0
-            key = [(q + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
+            key = [(qu + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
                    + (s + (o / gaps if busy else 0.0)) / tpot_ref
-                   for q, b, t, p, f, ch, st, s, busy in zip(
+                   for qu, b, t, p, f, ch, st, s, busy in zip(
                        self.d_queue, self.d_pb, self.d_pt, self.d_pp, self._d_scale_at(new), self.d_chunk,
                        self.d_step, tp, self.d_busy)]
         else:
-            key = [(q + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
-                   for q, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)]
-        for wid, hit in hits:
-            for i in self.d_at.get(wid, ()):
-                r, reused = self.d_rows[i], hit * bs
-                o = r.prefill_ms(n - reused, reused)
-                ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-                key[i] = ttft / ttft_ref + (tp[i] + (o / gaps if r.busy else 0.0)) / tpot_ref
-        return [self.d_rows[i] for i in sorted(d_idx, key=key.__getitem__)[:k]]
+            key = [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
+                   for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)]
+        for i, hit in q.d_hit.items():
+            r, reused = self.d_rows[i], hit * bs
+            o = r.prefill_ms(n - reused, reused)
+            ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
+            key[i] = ttft / ttft_ref + (tp[i] + (o / gaps if r.busy else 0.0)) / tpot_ref
+        # Priced as decision.colocated_rows prices them, WorkerCosts.tpot_with inlined (must
+        # match it in router/cost_model.py: the same operations in the same order).
+        ctx, need, d_hit, col = q.ctx, q.need, q.d_hit, Route.COLOCATED
+        out = []
+        for i in sorted(d_idx, key=key.__getitem__)[:k]:
+            w = self.d_rows[i]
+            reused = d_hit.get(i, h0) * bs
+            compute = n - reused
+            own = w.prefill_ms(compute, reused)
+            prefill = own + -(-compute // self.d_chunk[i]) * self.d_step[i]
+            qm = self.d_queue[i]
+            tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + (own if self.d_busy[i] else 0.0)) / gaps
+            out.append((col, w.worker, None, qm + prefill + overhead, tpot, qm, prefill, 0.0, 0.0, overhead, n, compute,
+                        0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i]))
+        return out
 
     def _d_scale_at(self, new: int) -> list[float]:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is
@@ -174,6 +223,18 @@ class CostTable:
         if scale is None:
             scale = self._d_scale[bucket] = [r.pre_scale[bucket] if r.pre_scale else 1.0 for r in self.d_rows]
         return scale
+
+
+class _Request:
+    """One request's terms the table's passes share (computed once)."""
+
+    __slots__ = ("n", "bs", "gaps", "ctx", "blocks", "need", "h0", "p_hit", "d_hit")
+
+    def __init__(self, req: RequestShape, h0: int, p_hit: dict[int, int], d_hit: dict[int, int]):
+        n, m = req.prompt_tokens, req.max_tokens
+        self.n, self.bs, self.gaps, self.ctx = n, req.block_size, max(1, m - 1), n + m // 2
+        self.blocks, self.need = req.prompt_blocks, req.need_blocks
+        self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit
 
 
 def _positions(rows: list[WorkerCosts]) -> dict[str, tuple[int, ...]]:

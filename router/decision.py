@@ -180,11 +180,7 @@ def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: R
 def priced_rows(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,
                 usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Row]:
     """`candidates` as Rows (router/candidate.py), without building Candidate objects."""
-    pairs, cols = CostTable.of(rows).select(model, req, top_k, usable, split, colocated)
-    out = pair_rows(model, pairs, req, model.overhead_ms(Route.DISAGGREGATED)) if pairs else []
-    if cols:
-        out += colocated_rows(cols, req, model.overhead_ms(Route.COLOCATED))
-    return out
+    return CostTable.of(rows).price(model, req, top_k, usable, split, colocated)
 
 
 def _violations(c: Candidate, req: RequestShape) -> str:
@@ -269,18 +265,19 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
                 if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
     if not feasible:
         return choose([Candidate(*r) for r in rows], req, params)
-
-    def best(route: Route) -> Candidate | None:
+    best = []
+    for route in (Route.DISAGGREGATED, Route.COLOCATED):
         i = _best_at(rows, scores, route, feasible)
+        c = None
         if i is None:
             i = _best_at(rows, scores, route, range(len(rows)))
-            if i is None:
-                return None
-        c = Candidate(*rows[i], scores[i])
-        c.violations = _violations(c, req)
-        return c
-
-    return _pick(best(Route.DISAGGREGATED), best(Route.COLOCATED), params)
+            if i is not None:
+                c = Candidate(*rows[i], scores[i])
+                c.violations = _violations(c, req)
+        else:
+            c = Candidate(*rows[i], scores[i])
+        best.append(c)
+    return _pick(best[0], best[1], params)
 
 
 def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:
