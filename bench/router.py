@@ -3,17 +3,19 @@
 For 8, 64 and 256 workers (half prefill, half decode, random load and
 calibrated-looking profiles) and a prefix index holding 10k block keys, times
 one auto-mode decision per request (`p50_us`, `p99_us`): prefix-index match of
-the prompt's block keys, RequestShape, and `decide` (bounded scans of the
-snapshot's CostTable, pricing the top-k pairs and colocated candidates, SLO
-gates and scoring). Not included, timed separately: building the cost rows
-(`rows_build_us`) and the CostTable (`table_build_us`), both once per snapshot
-(the first decision finds the table in CostTable's cache), and hashing the
-prompt (`prompt_hash_p50_us`, once per request; in the router, RouterState.plan
-also rebuilds the rows with its overlay per request, not measured here).
+the prompt's block keys and RequestShape (that part alone: `match_p50_us`), and
+`decide` (one columnar pass per key over the snapshot's CostTable, pricing the
+top-k pairs and colocated candidates, SLO gates and batch scoring). Not
+included, timed separately: building the cost rows (`rows_build_us`) and the
+CostTable (`table_build_us`), both once per snapshot (the first decision finds
+the table in CostTable's cache), and hashing the prompt (`prompt_hash_p50_us`,
+once per request; in the router, RouterState.plan also rebuilds the rows with
+its overlay per request, not measured here).
 
 Same-run baselines, on the same requests and snapshot: `reference_decide` (the
-plain one-pass decision, router/decision.py; `ratio_vs_reference`, and
-`mismatches` counts requests where the two decisions differ: must be 0), and
+plain one-pass decision, router/decision.py, which shares the batch scorers
+and the pricing helpers; `ratio_vs_reference`, and `mismatches` counts requests
+where the two decisions differ: must be 0), and
 the old placement `choose_pair` (queue/free-blocks ranking without a cost
 model; on the first 200 requests only, it is slow at 256 workers).
 
@@ -107,12 +109,15 @@ def run(n: int, seed: int = 0) -> dict:
         t = time.perf_counter()
         block_hashes(p, BLOCK, "t")
         hash_us.append((time.perf_counter() - t) * 1e6)
-    decide_us, ref_us, base_us, outcomes, mismatches = [], [], [], {}, 0
+    decide_us, match_us, ref_us, base_us, outcomes, mismatches = [], [], [], [], {}, 0
     for i, (p, h) in enumerate(zip(reqs, hashes)):
         t = time.perf_counter()
         req = RequestShape(len(p), 128, BLOCK, 2000.0, 100.0, index.match(h))
+        t_req = time.perf_counter()
         d = decide(model, rows, req, params)
-        decide_us.append((time.perf_counter() - t) * 1e6)
+        t_end = time.perf_counter()
+        decide_us.append((t_end - t) * 1e6)
+        match_us.append((t_req - t) * 1e6)
         outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
         t = time.perf_counter()
         req = RequestShape(len(p), 128, BLOCK, 2000.0, 100.0, index.match(h))
@@ -126,6 +131,7 @@ def run(n: int, seed: int = 0) -> dict:
     p50, r50, b50 = statistics.median(decide_us), statistics.median(ref_us), statistics.median(base_us)
     return {"bench": "router", "workers": n, "prefix_index_keys": len(index), "requests": len(reqs),
             "p50_us": round(p50, 1), "p99_us": round(pct(decide_us, 0.99), 1),
+            "match_p50_us": round(statistics.median(match_us), 1),
             "reference_p50_us": round(r50, 1), "reference_p99_us": round(pct(ref_us, 0.99), 1),
             "ratio_vs_reference": round(p50 / r50, 2), "mismatches": mismatches,
             "baseline_choose_pair_p50_us": round(b50, 1), "ratio_vs_baseline": round(p50 / b50, 2),

@@ -161,14 +161,16 @@ class CostTable:
         # Priced as decision.pair_rows prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
-        out = []
+        out, p_side = [], {}  # P position -> (reused, compute, prefill ms): the top pairs mostly share one P
         for _, i, j in keyed[:k]:
             p = p_rows[i]
-            reused = p_hit.get(i, h0) * bs
-            compute = n - reused
+            side = p_side.get(i)
+            if side is None:
+                reused = p_hit.get(i, h0) * bs
+                side = p_side[i] = (reused, n - reused, p.prefill_ms(n - reused, reused))
+            reused, compute, prefill = side
             moved_blocks = blocks - d_hit.get(j, h0)
             nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
-            prefill = p.prefill_ms(compute, reused)
             transfer = transfer_ms(p_ids[i], d_ids[j], nbytes)
             qm, adm = p.queue_ms, self.d_adm[j]
             out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,

@@ -26,11 +26,14 @@ candidate -> REJECT, with the closest candidate's numbers, before any work.
 
 Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
-pairs (with the exact per-path transfer) and the top colocated workers become
-Candidate objects and are scored. The keys are evaluated over the snapshot's
-CostTable (router/cost_table.py: columns built once per snapshot, scans in
-per-snapshot order that stop at a lower bound); `reference_candidates` is the
-plain one-pass definition it must match (tests/unit/test_router_decision_table.py).
+pairs (with the exact per-path transfer) and the top colocated workers are
+priced and scored. The keys are evaluated over the snapshot's CostTable
+(router/cost_table.py: columns built once per snapshot, one list comprehension
+per key per request), which prices the few survivors as Rows (plain tuples,
+router/candidate.py); the scorers rate them as one ScoreBatch, and only the best
+of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
+`choose` are the plain definitions they must match
+(tests/unit/test_router_decision_table.py).
 """
 
 from __future__ import annotations
@@ -284,7 +287,10 @@ def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequ
     """`_best` over Rows: the index of the best of `route` among the indices `among`."""
     pool = [i for i in among if rows[i][0] is route]
     fitting = [i for i in pool if rows[i][FREE_AFTER] >= 0] or pool
-    return max(fitting, key=lambda i: (scores[i], -rows[i][TTFT]), default=None)
+    if not fitting:
+        return None
+    keys = [(scores[i], -rows[i][TTFT]) for i in fitting]
+    return fitting[keys.index(max(keys))]  # max keeps the first of equal keys, as `_best`'s max does
 
 
 def decide(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, params: DecisionParams,
