@@ -72,6 +72,9 @@ class CostTable:
         self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
         self.d_chunk, self.d_step = [r.chunk_tokens for r in d], [r.step_ms for r in d]
         self.d_busy = [r.busy for r in d]
+        self.d_plain = all(self.d_busy) and not any(r.pre_scale for r in d) and len(set(self.d_chunk)) <= 1
+        """Every D row busy, without sized prefill corrections, one chunk size: the colocated
+        key's pass drops those terms (x * 1.0 and `o if True else 0.0` are x and o exactly)."""
         self.d_ids = [r.worker.worker_id for r in d]
         self.d_abi = [r.worker.cache_abi_digest for r in d]
         self.d_free = [r.free_blocks for r in d]
@@ -154,9 +157,10 @@ class CostTable:
         top_d = [(j, d_ids[j], d_abi[j], d_ms[j], tp[j] / tpot_ref) for j in top_d]
         overhead = model.overhead_ms(Route.DISAGGREGATED)
         p_ids, p_abi = self.p_ids, self.p_abi
-        keyed = [((p_ms[i] + dm + overhead) / ttft_ref + tpot, i, j)
-                 for i in sorted(p_idx, key=p_ms.__getitem__)[:k]
-                 for j, did, dabi, dm, tpot in top_d if did != p_ids[i] and dabi == p_abi[i]]
+        top_p = [(i, p_ids[i], p_abi[i], p_ms[i]) for i in sorted(p_idx, key=p_ms.__getitem__)[:k]]
+        keyed = [((pm + dm + overhead) / ttft_ref + tpot, i, j)
+                 for i, pid, pabi, pm in top_p
+                 for j, did, dabi, dm, tpot in top_d if did != pid and dabi == pabi]
         keyed.sort(key=_first)
         # Priced as decision.pair_rows prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
@@ -184,7 +188,12 @@ class CostTable:
         overhead = model.overhead_ms(Route.COLOCATED)
         reused = h0 * bs
         new = n - reused
-        if new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
+        if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, busy, and one chunk size
+            c = reused + new / 2.0
+            chunks = -(-new // self.d_chunk[0])
+            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref + (s + o / gaps) / tpot_ref
+                   for qu, b, t, p, st, s in zip(self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp)]
+        elif new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
             c = reused + new / 2.0
             key = [(qu + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
                    + (s + (o / gaps if busy else 0.0)) / tpot_ref

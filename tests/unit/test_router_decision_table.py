@@ -97,3 +97,21 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
     assert CostTable.of(table) is table
     model.observe_transfer(workers[0], workers[-1], 1 << 20, 5.0)  # a correction: new rows
     assert CostTable.of([model.costs(w) for w in workers]) is not table
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fast_decision_equals_reference_on_plain_tables(seed):
+    """Every decode row busy, no sized corrections, one chunk size: the colocated key's short pass."""
+    rng = random.Random(1000 + seed)
+    block_size = 16
+    workers = [dataclasses.replace(w, capacity=dataclasses.replace(w.capacity, max_prefill_tokens=256),
+                                   load=dataclasses.replace(w.load, pending_prefill_tokens=rng.randrange(1, 5000)))
+               for w in snapshot(rng, block_size)]
+    model = CostModel(CFG)
+    rows = CostTable([model.costs(w) for w in workers])
+    assert rows.d_plain
+    for _ in range(25):
+        req = random_request(rng, workers, block_size)
+        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), 0.05)
+        assert candidates(model, rows, req, params.top_k) == reference_candidates(model, rows.rows, req, params.top_k)
+        assert decide(model, rows, req, params) == reference_decide(model, rows.rows, req, params)
