@@ -30,6 +30,8 @@ its rows stays valid while it holds them.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -45,6 +47,36 @@ _CACHE_SIZE = 4
 """Tables kept by rows identity (plan() may decide twice on one snapshot: avoid, then fit)."""
 
 
+_P_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
+    "p_qb": lambda r: r.queue_ms + r.pre_base,  # queue + prefill base: the reference adds these first
+    "p_tok": operator.attrgetter("pre_tok"),
+    "p_pair": operator.attrgetter("pre_pair"),
+    "p_ids": lambda r: r.worker.worker_id,
+    "p_abi": lambda r: r.worker.cache_abi_digest,
+    "p_kvb": operator.attrgetter("kv_bytes_per_block"),
+}
+"""Per-row columns of the prefill-capable side (CostTable attributes)."""
+
+_D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
+    "d_tpb": operator.attrgetter("tpot_base"),
+    "d_tpt": operator.attrgetter("tpot_per_token"),
+    "d_queue": operator.attrgetter("queue_ms"),
+    "d_adm": operator.attrgetter("admission_ms"),
+    "d_kvb": operator.attrgetter("kv_bytes_per_block"),
+    "d_pb": operator.attrgetter("pre_base"),
+    "d_pt": operator.attrgetter("pre_tok"),
+    "d_pp": operator.attrgetter("pre_pair"),
+    "d_chunk": operator.attrgetter("chunk_tokens"),
+    "d_step": operator.attrgetter("step_ms"),
+    "d_busy": operator.attrgetter("busy"),
+    "d_ids": lambda r: r.worker.worker_id,
+    "d_abi": lambda r: r.worker.cache_abi_digest,
+    "d_free": operator.attrgetter("free_blocks"),
+    "d_total": lambda r: r.worker.capacity.total_blocks,
+}
+"""Per-row columns of the decode-capable side (CostTable attributes)."""
+
+
 class CostTable:
     """Columns of one snapshot's cost rows: prefill-capable (P) and decode-capable (D) sides."""
 
@@ -57,32 +89,22 @@ class CostTable:
         self.d_rows = [r for r in self.rows if r.can_decode]
         self.p_at = _positions(self.p_rows)
         self.d_at = _positions(self.d_rows)
-        # P: queue + prefill base (the reference adds these first), per-token and pair slopes.
-        self.p_qb = [r.queue_ms + r.pre_base for r in self.p_rows]
-        self.p_tok = [r.pre_tok for r in self.p_rows]
-        self.p_pair = [r.pre_pair for r in self.p_rows]
-        self.p_ids = [r.worker.worker_id for r in self.p_rows]
-        self.p_abi = [r.worker.cache_abi_digest for r in self.p_rows]
-        self.p_kvb = [r.kv_bytes_per_block for r in self.p_rows]
-        d = self.d_rows
-        self.d_tpb, self.d_tpt = [r.tpot_base for r in d], [r.tpot_per_token for r in d]
-        self.d_queue, self.d_adm = [r.queue_ms for r in d], [r.admission_ms for r in d]
-        self.d_kvb = [r.kv_bytes_per_block for r in d]
-        self.d_pb, self.d_pt, self.d_pp = [r.pre_base for r in d], [r.pre_tok for r in d], [r.pre_pair for r in d]
+        self._p_of = list(itertools.accumulate((r.can_prefill for r in self.rows), initial=0))
+        self._d_of = list(itertools.accumulate((r.can_decode for r in self.rows), initial=0))
+        """Row i's position on each side: _p_of[i], when rows[i] can prefill (a running count)."""
+        for name, get in _P_COLUMNS.items():
+            setattr(self, name, list(map(get, self.p_rows)))
+        for name, get in _D_COLUMNS.items():
+            setattr(self, name, list(map(get, self.d_rows)))
         self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
-        self.d_chunk, self.d_step = [r.chunk_tokens for r in d], [r.step_ms for r in d]
-        self.d_busy = [r.busy for r in d]
-        self.d_plain = all(self.d_busy) and not any(r.pre_scale for r in d) and len(set(self.d_chunk)) <= 1
+        self.d_plain = all(self.d_busy) and not any(r.pre_scale for r in self.d_rows) and len(set(self.d_chunk)) <= 1
         """Every D row busy, without sized prefill corrections, one chunk size: the colocated
         key's pass drops those terms (x * 1.0 and `o if True else 0.0` are x and o exactly)."""
-        self.d_ids = [r.worker.worker_id for r in d]
-        self.d_abi = [r.worker.cache_abi_digest for r in d]
-        self.d_free = [r.free_blocks for r in d]
-        self.d_total = [r.worker.capacity.total_blocks for r in d]
 
     @classmethod
     def of(cls, rows: Sequence[WorkerCosts]) -> CostTable:
-        """The table of `rows`, built once per distinct list of row objects."""
+        """The table of `rows`, built once per distinct list of row objects (or patched
+        from the previous one when only a few rows differ: this router's overlay)."""
         if isinstance(rows, CostTable):
             return rows
         last = cls._last
@@ -93,9 +115,43 @@ class CostTable:
         if table is None:
             if len(cls._cache) >= _CACHE_SIZE:
                 del cls._cache[next(iter(cls._cache))]
-            table = cls._cache[key] = cls(rows)
+            table = (last.patched(rows) if last is not None else None) or cls(rows)
+            cls._cache[key] = table
         cls._last = table
         return table
+
+    def patched(self, rows: Sequence[WorkerCosts]) -> CostTable | None:
+        """The table of `rows` made from this one by replacing the few rows that differ,
+        or None when too many differ or one changed its worker id or roles (then build
+        anew). Equal to CostTable(rows) (tests/unit/test_router_decision_table.py)."""
+        if len(rows) != len(self.rows):
+            return None
+        changed = [i for i, (a, b) in enumerate(zip(rows, self.rows)) if a is not b]
+        if len(changed) > max(4, len(rows) // 8):
+            return None
+        for i in changed:
+            r, old = rows[i], self.rows[i]
+            if (r.worker.worker_id, r.can_prefill, r.can_decode) != (old.worker.worker_id, old.can_prefill,
+                                                                       old.can_decode):
+                return None
+        new = copy.copy(self)  # p_at, d_at, _p_of, _d_of stay shared: ids and roles are unchanged
+        new.rows, new.p_rows, new.d_rows, new._d_scale = tuple(rows), list(self.p_rows), list(self.d_rows), {}
+        for name in itertools.chain(_P_COLUMNS, _D_COLUMNS):
+            setattr(new, name, list(getattr(self, name)))
+        for i in changed:
+            r = rows[i]
+            if r.can_prefill:
+                j = self._p_of[i]
+                new.p_rows[j] = r
+                for name, get in _P_COLUMNS.items():
+                    getattr(new, name)[j] = get(r)
+            if r.can_decode:
+                j = self._d_of[i]
+                new.d_rows[j] = r
+                for name, get in _D_COLUMNS.items():
+                    getattr(new, name)[j] = get(r)
+        new.d_plain = all(new.d_busy) and not any(r.pre_scale for r in new.d_rows) and len(set(new.d_chunk)) <= 1
+        return new
 
     def price(self, model: CostModel, req: RequestShape, top_k: int,
               usable: Callable[[WorkerCosts], bool] | None = None, split: bool = True, colocated: bool = True,

@@ -115,3 +115,35 @@ def test_fast_decision_equals_reference_on_plain_tables(seed):
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), 0.05)
         assert candidates(model, rows, req, params.top_k) == reference_candidates(model, rows.rows, req, params.top_k)
         assert decide(model, rows, req, params) == reference_decide(model, rows.rows, req, params)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_patched_table_equals_a_fresh_one(seed):
+    """The overlay case: a few rows rebuilt with this router's dispatches; the table patched
+    from the previous snapshot's is the fresh table of the new rows, and decides the same."""
+    rng = random.Random(2000 + seed)
+    block_size = 16
+    workers = snapshot(rng, block_size)
+    model = learned_model(rng, workers)
+    old = CostTable([model.costs(w) for w in workers])
+    rows = list(old.rows)
+    for i in rng.sample(range(len(rows)), rng.randrange(0, min(4, len(rows)) + 1)):
+        rows[i] = model.costs(workers[i], rng.randrange(0, 3000), rng.randrange(0, 50), rng.randrange(0, 3))
+    patched, fresh = old.patched(rows), CostTable(rows)
+    assert patched is not None
+    assert {k: v for k, v in vars(patched).items() if not k.startswith("_")} == \
+        {k: v for k, v in vars(fresh).items() if not k.startswith("_")}
+    for _ in range(10):
+        req = random_request(rng, workers, block_size)
+        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4)), 0.05)
+        assert decide(model, patched, req, params) == reference_decide(model, rows, req, params)
+
+
+def test_table_is_patched_only_for_the_same_workers_in_the_same_roles():
+    rng = random.Random(9)
+    workers = snapshot(rng, 16)
+    model = CostModel(CFG)
+    old = CostTable([model.costs(w) for w in workers])
+    other = dataclasses.replace(workers[0], worker_id="elsewhere")
+    assert old.patched([model.costs(other)] + list(old.rows[1:])) is None
+    assert old.patched(list(old.rows[1:])) is None
