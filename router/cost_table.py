@@ -158,7 +158,7 @@ class CostTable:
               ) -> list[Row]:
         """What `reference_candidates` returns, as Rows (router/candidate.py): the
         pairs and colocated workers it would price, in its order, priced from the
-        columns as `pair_rows` and `colocated_rows` in router/decision.py price them."""
+        columns as `pair_row` and `colocated_row` in router/decision.py price them."""
         k = max(0, top_k)
         ub = req.usable_blocks
         h0 = 0 if ub >= 0 else ub  # the hit of a worker the index does not name
@@ -218,7 +218,7 @@ class CostTable:
                  for i, pid, pabi, pm in top_p
                  for j, did, dabi, dm, tpot in top_d if did != pid and dabi == pabi]
         keyed.sort(key=_first)
-        # Priced as decision.pair_rows prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
+        # Priced as decision.pair_row prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
         out, p_side = [], {}  # P position -> (reused, compute, prefill ms): the top pairs mostly share one P
@@ -247,7 +247,8 @@ class CostTable:
         if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, busy, and one chunk size
             c = reused + new / 2.0
             chunks = -(-new // self.d_chunk[0])
-            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref + (s + o / gaps) / tpot_ref
+            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
+                   + (s + o / gaps) / tpot_ref
                    for qu, b, t, p, st, s in zip(self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp)]
         elif new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
             c = reused + new / 2.0
@@ -264,7 +265,7 @@ class CostTable:
             o = r.prefill_ms(n - reused, reused)
             ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
             key[i] = ttft / ttft_ref + (tp[i] + (o / gaps if r.busy else 0.0)) / tpot_ref
-        # Priced as decision.colocated_rows prices them, WorkerCosts.tpot_with inlined (must
+        # Priced as decision.colocated_row prices them, WorkerCosts.tpot_with inlined (must
         # match it in router/cost_model.py: the same operations in the same order).
         ctx, need, d_hit, col = q.ctx, q.need, q.d_hit, Route.COLOCATED
         out = []

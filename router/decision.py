@@ -118,52 +118,43 @@ def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestSha
     """The split route P -> D for `req`; `overhead`: the route's, when the caller already has it."""
     if overhead is None:
         overhead = model.overhead_ms(Route.DISAGGREGATED)
-    return Candidate(*pair_rows(model, [(p, d)], req, overhead)[0])
+    return Candidate(*pair_row(model, p, d, req, overhead))
 
 
 def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhead: float | None = None) -> Candidate:
     """The colocated route on W for `req`; `overhead`: the route's, when the caller already has it."""
     if overhead is None:
         overhead = model.overhead_ms(Route.COLOCATED)
-    return Candidate(*colocated_rows([w], req, overhead)[0])
+    return Candidate(*colocated_row(w, req, overhead))
 
 
-def pair_rows(model: CostModel, pairs: Sequence[tuple[WorkerCosts, WorkerCosts]], req: RequestShape,
-              overhead: float) -> list[Row]:
-    """The split routes P -> D of `pairs` as Rows (router/candidate.py), per-request terms computed once."""
-    n, m, bs, hits = req.prompt_tokens, req.max_tokens, req.block_size, req.hits
-    usable, blocks, need = req.usable_blocks, req.prompt_blocks, req.need_blocks
-    transfer_ms, dis = model.transfer_ms, Route.DISAGGREGATED
-    out = []
-    for p, d in pairs:
-        pw, dw = p.worker, d.worker
-        reused = min(hits.get(pw.worker_id, 0), usable) * bs
-        compute = n - reused
-        moved_blocks = blocks - min(hits.get(dw.worker_id, 0), usable)
-        nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
-        prefill = p.prefill_ms(compute, reused)
-        transfer = transfer_ms(pw.worker_id, dw.worker_id, nbytes)
-        out.append((dis, dw, pw, p.queue_ms + prefill + transfer + d.admission_ms + overhead, d.tpot_with(n, m),
-                    p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
-                    min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - need,
-                    dw.capacity.total_blocks))
-    return out
+def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape, overhead: float) -> Row:
+    """The split route P -> D as a Row (router/candidate.py). CostTable.price prices
+    its pairs the same way from its columns (router/cost_table.py)."""
+    n, bs, usable = req.prompt_tokens, req.block_size, req.usable_blocks
+    reused = min(req.hits.get(p.worker.worker_id, 0), usable) * bs
+    compute = n - reused
+    moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
+    nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
+    prefill = p.prefill_ms(compute, reused)
+    transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
+    return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
+            d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
+            min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
+            d.worker.capacity.total_blocks)
 
 
-def colocated_rows(ws: Sequence[WorkerCosts], req: RequestShape, overhead: float) -> list[Row]:
-    """The colocated routes on `ws` as Rows (router/candidate.py), per-request terms computed once."""
-    n, m, bs, hits = req.prompt_tokens, req.max_tokens, req.block_size, req.hits
-    usable, need, col = req.usable_blocks, req.need_blocks, Route.COLOCATED
-    out = []
-    for w in ws:
-        reused = min(hits.get(w.worker.worker_id, 0), usable) * bs
-        compute = n - reused
-        own = w.prefill_ms(compute, reused)
-        prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
-        out.append((col, w.worker, None, w.queue_ms + prefill + overhead,
-                    w.tpot_with(n, m, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n, compute,
-                    0, 0, w.pending_tokens, w.free_blocks - need, w.worker.capacity.total_blocks))
-    return out
+def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
+    """The colocated route on W as a Row (router/candidate.py). CostTable.price prices
+    its colocated workers the same way from its columns (router/cost_table.py)."""
+    n = req.prompt_tokens
+    reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
+    compute = n - reused
+    own = w.prefill_ms(compute, reused)
+    prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
+    return (Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
+            w.tpot_with(n, req.max_tokens, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n,
+            compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
 
 
 def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
