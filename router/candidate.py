@@ -89,7 +89,7 @@ Row = tuple
 """A priced candidate as a tuple: Candidate's fields from `route` to `total_blocks`,
 in declaration order, so `Candidate(*row)` builds it (score 0, no violations)."""
 
-TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER = 3, 4, 10, 11, 14, 15
+ROUTE, TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER = 0, 3, 4, 10, 11, 14, 15
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
 
@@ -112,7 +112,7 @@ class ScoreBatch:
     @classmethod
     def of_rows(cls, rows: Sequence[Row]) -> ScoreBatch:
         """The columns of priced rows (one transpose)."""
-        return cls(*zip(*map(_SCORED, rows)))
+        return cls(*(list(zip(*map(_SCORED, rows))) or [()] * len(cls.__slots__)))
 
     @classmethod
     def of(cls, cands: Sequence[Candidate]) -> ScoreBatch:
@@ -125,6 +125,6 @@ class ScoreBatch:
 _SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
 """A Row's ScoreBatch fields, in ScoreBatch's order."""
 
-assert [f.name for f in dataclasses.fields(Candidate)][TTFT:FREE_AFTER + 2:] == [
-    "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
+assert [f.name for f in dataclasses.fields(Candidate)][:FREE_AFTER + 2] == [
+    "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
     "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks"]

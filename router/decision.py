@@ -46,7 +46,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import FREE_AFTER, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.candidate import FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
 from router.scorers.base import Scorer
@@ -276,7 +276,7 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
 
 def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:
     """`_best` over Rows: the index of the best of `route` among the indices `among`."""
-    pool = [i for i in among if rows[i][0] is route]
+    pool = [i for i in among if rows[i][ROUTE] is route]
     fitting = [i for i in pool if rows[i][FREE_AFTER] >= 0] or pool
     if not fitting:
         return None

@@ -1,4 +1,5 @@
-"""Route scorers, one per file, each rating a candidate in [0, 1] (see base.py).
+"""Route scorers, one per file, each rating candidates in [0, 1], a request's
+candidates as one batch (see base.py).
 
 `SCORERS` maps a config name to its class; `build(weights)` makes the
 weighted list the decision uses (scorers with weight 0 are left out).
