@@ -51,6 +51,9 @@ class Candidate:
     free_blocks_after: int
     """D's (W's) free blocks once this request's reservation is taken; < 0: does not fit now."""
     total_blocks: int
+    disturb_tpot_ms: float = 0.0
+    """TPOT of the streams beside this prompt's prefill (colocated W, or a split's P when it
+    decodes too) while it runs; 0 when it stalls none (router/interference.py)."""
     score: float = 0.0
     violations: str = ""
     """Why the candidate misses the request's SLOs ("" when it meets them)."""
@@ -86,10 +89,10 @@ class ScoreContext:
 
 
 Row = tuple
-"""A priced candidate as a tuple: Candidate's fields from `route` to `total_blocks`,
+"""A priced candidate as a tuple: Candidate's fields from `route` to `disturb_tpot_ms`,
 in declaration order, so `Candidate(*row)` builds it (score 0, no violations)."""
 
-ROUTE, TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER = 0, 3, 4, 10, 11, 14, 15
+ROUTE, TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, DISTURB = 0, 3, 4, 10, 11, 14, 15, 17
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
 
@@ -125,6 +128,7 @@ class ScoreBatch:
 _SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
 """A Row's ScoreBatch fields, in ScoreBatch's order."""
 
-assert [f.name for f in dataclasses.fields(Candidate)][:FREE_AFTER + 2] == [
+assert [f.name for f in dataclasses.fields(Candidate)][:DISTURB + 1] == [
     "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
-    "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks"]
+    "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks",
+    "disturb_tpot_ms"]

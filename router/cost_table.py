@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from router.candidate import Row
 from router.cost_model import SIZE_BUCKETS, CostModel, WorkerCosts
+from router.interference import colocated_disturb_ms, split_disturb_ms
 from router.types import Route
 
 if TYPE_CHECKING:
@@ -221,21 +222,24 @@ class CostTable:
         # Priced as decision.pair_row prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
-        out, p_side = [], {}  # P position -> (reused, compute, prefill ms): the top pairs mostly share one P
+        m = q.m
+        out, p_side = [], {}  # P position -> (reused, compute, prefill ms, disturb): the top pairs mostly share one P
         for _, i, j in keyed[:k]:
             p = p_rows[i]
             side = p_side.get(i)
             if side is None:
                 reused = p_hit.get(i, h0) * bs
-                side = p_side[i] = (reused, n - reused, p.prefill_ms(n - reused, reused))
-            reused, compute, prefill = side
+                own = p.prefill_ms(n - reused, reused)
+                side = p_side[i] = (reused, n - reused, own + -(-(n - reused) // p.chunk_tokens) * p.step_ms,
+                                    split_disturb_ms(p, own, m))
+            reused, compute, prefill, disturb = side
             moved_blocks = blocks - d_hit.get(j, h0)
             nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
             transfer = transfer_ms(p_ids[i], d_ids[j], nbytes)
             qm, adm = p.queue_ms, self.d_adm[j]
             out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,
                         transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes, p.pending_tokens,
-                        self.d_free[j] - need, self.d_total[j]))
+                        self.d_free[j] - need, self.d_total[j], disturb))
         return out
 
     def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
@@ -278,7 +282,8 @@ class CostTable:
             qm = self.d_queue[i]
             tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + (own if self.d_busy[i] else 0.0)) / gaps
             out.append((col, w.worker, None, qm + prefill + overhead, tpot, qm, prefill, 0.0, 0.0, overhead, n, compute,
-                        0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i]))
+                        0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i],
+                        colocated_disturb_ms(w, own, q.m)))
         return out
 
     def _d_scale_at(self, new: int) -> list[float]:
@@ -296,10 +301,11 @@ class CostTable:
 class _Request:
     """One request's terms the table's passes share (computed once)."""
 
-    __slots__ = ("n", "bs", "gaps", "ctx", "blocks", "need", "h0", "p_hit", "d_hit")
+    __slots__ = ("n", "m", "bs", "gaps", "ctx", "blocks", "need", "h0", "p_hit", "d_hit")
 
     def __init__(self, req: RequestShape, h0: int, p_hit: dict[int, int], d_hit: dict[int, int]):
         n, m = req.prompt_tokens, req.max_tokens
+        self.m = m
         self.n, self.bs, self.gaps, self.ctx = n, req.block_size, max(1, m - 1), n + m // 2
         self.blocks, self.need = req.prompt_blocks, req.need_blocks
         self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit

@@ -7,8 +7,9 @@ prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
     disaggregated (P, D):
       compute set   = S - B*min(hit(P), usable)            tokens P computes
       transfer set  = ceil(S/B) - min(hit(D), usable)      blocks that move to D
-      TTFT = queue(P) + prefill_P(compute set) + transfer(transfer-set bytes, P->D)
-             + admission(D) + overhead(split)
+      TTFT = queue(P) + prefill_P(compute set) [+ one step of P's decode batch per
+             chunk, when P is a mixed worker that decodes too] + transfer(transfer-set
+             bytes, P->D) + admission(D) + overhead(split)
       TPOT = D's step with batch+1 (rotated past max_batch)
              + D's queued prefill spread over the request's tokens
     colocated W:
@@ -23,6 +24,10 @@ A candidate is *feasible* when both predictions meet the request's targets
 first), the weighted scorer sum picks the best split route and the best
 colocated one; the split wins only by more than `margin`. No feasible
 candidate -> REJECT, with the closest candidate's numbers, before any work.
+Interference (router/interference.py): feasible candidates whose prefill would
+hold the decode streams beside it past the TPOT target (a long prompt
+colocated; a split whose P is a mixed worker with streams) are set aside while
+any feasible candidate is not; they rank, never reject.
 
 Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
@@ -46,9 +51,10 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
+from router.interference import colocated_disturb_ms, harmful, split_disturb_ms
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -136,12 +142,13 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
     compute = n - reused
     moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
     nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
-    prefill = p.prefill_ms(compute, reused)
+    own = p.prefill_ms(compute, reused)
+    prefill = own + -(-compute // p.chunk_tokens) * p.step_ms  # a mixed P's decode steps interleave
     transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
     return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
             d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
             min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
-            d.worker.capacity.total_blocks)
+            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens))
 
 
 def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
@@ -154,7 +161,8 @@ def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
     prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
     return (Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
             w.tpot_with(n, req.max_tokens, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n,
-            compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks)
+            compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
+            colocated_disturb_ms(w, own, req.max_tokens))
 
 
 def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
@@ -224,27 +232,38 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
         return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
     score_all(cands, req, params.scorers)
     feasible = [c for c in cands if not c.violations]
-    best_dis = _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
-    best_col = _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
+    calm = [c for c in feasible if not harmful(c.disturb_tpot_ms, req.slo_tpot_ms)]
+    pool = calm or feasible
+    pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
+    best_dis = pool_dis or _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
+    best_col = pool_col or _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
     if not feasible:
         closest = min(cands, key=lambda c: (_shortfall(c, req), c.ttft_ms))
         return Decision(Outcome.REJECT, None, best_dis, best_col,
                         f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
                         f"{closest.violations} [TTFT = {closest.breakdown()}]")
-    return _pick(best_dis, best_col, params)
+    return _pick(best_dis, best_col, params, _set_aside(len(feasible) - len(calm) if calm else 0),
+                 pool_dis is not None, pool_col is not None)
 
 
-def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams) -> Decision:
-    """The feasible split beats the feasible colocated route only by more than the margin."""
-    dis = best_dis if best_dis is not None and not best_dis.violations else None
-    col = best_col if best_col is not None and not best_col.violations else None
+def _set_aside(n: int) -> str:
+    return (f"; {n} feasible route(s) set aside for interference (their prefill would hold decode "
+            f"streams past the TPOT target)") if n else ""
+
+
+def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams,
+          note: str = "", dis_ok: bool = True, col_ok: bool = True) -> Decision:
+    """The feasible split beats the feasible colocated route only by more than the margin.
+    `*_ok` False: that best was not drawn from the eligible pool (set aside for interference)."""
+    dis = best_dis if dis_ok and best_dis is not None and not best_dis.violations else None
+    col = best_col if col_ok and best_col is not None and not best_col.violations else None
     if dis is not None and (col is None or dis.score > col.score + params.margin):
         why = "no colocated route meets the SLO" if col is None else \
             f"split scores {dis.score:.3f} > colocated {col.score:.3f} + margin {params.margin:g}"
-        return Decision(Outcome.DISAGGREGATED, dis, best_dis, best_col, why)
+        return Decision(Outcome.DISAGGREGATED, dis, best_dis, best_col, why + note)
     why = "no split route meets the SLO" if dis is None else \
         f"colocated scores {col.score:.3f} >= split {dis.score:.3f} - margin {params.margin:g}"
-    return Decision(Outcome.COLOCATED, col, best_dis, best_col, why)
+    return Decision(Outcome.COLOCATED, col, best_dis, best_col, why + note)
 
 
 def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) -> Decision:
@@ -259,10 +278,15 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
                 if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
     if not feasible:
         return choose([Candidate(*r) for r in rows], req, params)
-    best = []
+    calm = [i for i in feasible if not (sp > 0 and rows[i][DISTURB] > sp)]  # interference.harmful
+    pool = calm or feasible
+    best, ok = [], []
     for route in (Route.DISAGGREGATED, Route.COLOCATED):
-        i = _best_at(rows, scores, route, feasible)
+        i = _best_at(rows, scores, route, pool)
+        ok.append(i is not None)
         c = None
+        if i is None and pool is calm:
+            i = _best_at(rows, scores, route, feasible)
         if i is None:
             i = _best_at(rows, scores, route, range(len(rows)))
             if i is not None:
@@ -271,7 +295,7 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
         else:
             c = Candidate(*rows[i], scores[i])
         best.append(c)
-    return _pick(best[0], best[1], params)
+    return _pick(best[0], best[1], params, _set_aside(len(feasible) - len(calm) if calm else 0), *ok)
 
 
 def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:

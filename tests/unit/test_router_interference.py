@@ -1,0 +1,84 @@
+"""Interference (router/interference.py) in the decision, on hand-computed cases.
+
+Round numbers as in test_router_decision.py: prefill 1 ms per token, decode
+steps of 10 ms per sequence, 1 MB K/V per block at 1000 MB/s plus 1 ms, split
+overhead 5 ms, colocated overhead 1 ms. Two mixed workers (either phase).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from router.cost_model import CostModel
+from router.decision import Outcome, RequestShape, decide, reference_decide
+from router.interference import colocated_harmful, split_harmful, stall_per_token_ms
+from router.types import Role
+
+from test_router_decision import BS, CFG, params, rows, worker
+
+
+def test_stall_is_the_prefill_over_half_the_output():
+    assert stall_per_token_ms(1000.0, 41) == pytest.approx(50.0)   # 1000 ms over 20 tokens
+    assert stall_per_token_ms(10.0, 1) == pytest.approx(10.0)      # at least one token
+
+
+def test_long_prompt_is_split_when_colocating_it_would_stall_streams():
+    model = CostModel(CFG)
+    w0, w1 = worker("w0", Role.BOTH), worker("w1", Role.BOTH)
+    # 1000 tokens: prefill 1000 ms; a stream beside it (20 tokens left) waits 50 ms per
+    # token on top of a 10 ms step = 60 ms > 55 ms target. Colocated is feasible for the
+    # request itself (TTFT 1001 ms, TPOT 10 ms: W idle), and would win on TTFT alone.
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    assert colocated_harmful(model.costs(w0), 1000.0, 41, 55.0)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1), req, params())
+        assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
+        assert "interference" in dec.reason
+        assert dec.best_colocated is not None and not dec.best_colocated.violations
+    # With a looser target the same prompt stays colocated (ties stay colocated).
+    loose = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=65)
+    assert decide(model, rows(model, w0, w1), loose, params()).outcome is Outcome.COLOCATED
+
+
+def test_short_prompt_stays_colocated():
+    model = CostModel(CFG)
+    w0, w1 = worker("w0", Role.BOTH), worker("w1", Role.BOTH)
+    req = RequestShape(prompt_tokens=32, max_tokens=41, block_size=BS, slo_ttft_ms=500, slo_tpot_ms=55)
+    dec = decide(model, rows(model, w0, w1), req, params())
+    assert dec.outcome is Outcome.COLOCATED          # 32 ms / 20 tokens = 1.6 ms of stall
+
+
+def test_split_prefills_on_the_worker_without_streams():
+    model = CostModel(CFG)
+    # w0 decodes 3 streams (step 30 ms); w1 decodes none. Prefilling the long prompt on
+    # w0 would put 30 + 50 = 80 ms > 55 on w0's streams; on w1 it stalls nobody now.
+    # Colocating it is harmful on either (10 + 50 and 40 + 50 > 55); decoding it on w0
+    # costs a 40 ms step (batch 4), within the target.
+    w0, w1 = worker("w0", Role.BOTH, batch=3), worker("w1", Role.BOTH)
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    assert split_harmful(model.costs(w0), 1000.0, 41, 55.0)
+    assert not split_harmful(model.costs(w1), 1000.0, 41, 55.0)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1), req, params())
+        assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
+        assert (dec.chosen.prefill.worker_id, dec.chosen.decode.worker_id) == ("w1", "w0")
+
+
+def test_dedicated_prefill_worker_is_never_harmful_and_no_target_means_no_rule():
+    model = CostModel(CFG)
+    p = model.costs(worker("p", Role.PREFILL, batch=0))
+    assert not split_harmful(p, 1e6, 2, 10.0)
+    assert not colocated_harmful(model.costs(worker("w", Role.BOTH)), 1e6, 2, 0.0)
+
+
+def test_every_candidate_harmful_falls_back_to_the_plain_choice():
+    model = CostModel(CFG)
+    # Only decode workers, both busy: every route is colocated and harmful; the
+    # decision still admits (the rule ranks, it never rejects).
+    d0, d1 = worker("d0", Role.DECODE, batch=1), worker("d1", Role.DECODE, batch=2)
+    # Own TPOT: d0 20 + 1000/40 = 45, d1 30 + 25 = 55 (feasible at 60); stall on their
+    # streams: 20 + 50 and 30 + 50 > 60 (harmful).
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=60)
+    assert all(colocated_harmful(model.costs(w), 1000.0, 41, 60.0) for w in (d0, d1))
+    dec = decide(model, rows(model, d0, d1), req, params())
+    assert dec.outcome is Outcome.COLOCATED and not dec.chosen.violations
