@@ -113,29 +113,21 @@ def build_decode_meta(block_tables: list[list[int]], context_lens: list[int],
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: DecodeMeta) -> torch.Tensor:
-    """One query per sequence over its paged context -> [B, H*D].  q: [B, H, D].
-
-    The gathered blocks stay in the cache's [NB, bs, Hkv, D] layout: per K/V head,
-    `bmm` reads them as strided (transposed) matrices, so no permuted copy of the
-    context is made (that copy was a third of a long-context step). Each (block,
-    head) product is the same call whatever the batch, so results do not depend
-    on batch mates; they are bit-identical to the permute-and-copy version.
-    """
+    """One query per sequence over its paged context -> [B, H*D].  q: [B, H, D]."""
     bsz, h, d = q.shape
     _, bs, h_kv, _ = k_cache.shape
     g = h // h_kv
     nb = meta.block_ids.numel()
-    k = k_cache.index_select(0, meta.block_ids)  # [NB, bs, Hkv, D]
-    v = v_cache.index_select(0, meta.block_ids)
-    qb = q.view(bsz, h_kv, g, d).index_select(0, meta.block_seq)  # [NB, Hkv, g, D]
-    s = torch.stack([torch.bmm(qb[:, i], k[:, :, i].transpose(1, 2)) for i in range(h_kv)], 1)
-    s.mul_(d ** -0.5)  # [NB, Hkv, g, bs]
+    k = k_cache.index_select(0, meta.block_ids).permute(0, 2, 3, 1).reshape(nb * h_kv, d, bs)
+    v = v_cache.index_select(0, meta.block_ids).permute(0, 2, 1, 3).reshape(nb * h_kv, bs, d)
+    qb = q.view(bsz, h_kv, g, d).index_select(0, meta.block_seq).reshape(nb * h_kv, g, d)
+    s = torch.bmm(qb, k).view(nb, h_kv, g, bs) * (d ** -0.5)
     s.masked_fill_(~meta.slot_valid[:, None, None, :], NEG_INF)
     idx = meta.block_seq.view(nb, 1, 1).expand(nb, h_kv, g)
     m = torch.full((bsz, h_kv, g), NEG_INF, dtype=q.dtype)
     m = m.scatter_reduce(0, idx, s.amax(-1), reduce="amax")  # segment max
     p = torch.exp(s - m.index_select(0, meta.block_seq)[..., None])
     l_sum = torch.zeros(bsz, h_kv, g, dtype=q.dtype).index_add_(0, meta.block_seq, p.sum(-1))
-    pv = torch.stack([torch.bmm(p[:, i], v[:, :, i]) for i in range(h_kv)], 1)  # [NB, Hkv, g, D]
+    pv = torch.bmm(p.view(nb * h_kv, g, bs), v).view(nb, h_kv, g, d)
     acc = torch.zeros(bsz, h_kv, g, d, dtype=q.dtype).index_add_(0, meta.block_seq, pv)
     return (acc / l_sum[..., None]).reshape(bsz, h * d)
