@@ -61,6 +61,10 @@ class RequestRun:
         self.task: asyncio.Task | None = None
         self.runner: AttemptRunner | None = None
         self.plan: Plan | None = None
+        self.held: list[int] = []
+        """Overlay handles taken at plan time for the planned route, so the next request
+        planned before this one's attempt starts sees it; released when attempt 1 takes
+        its own (or the request ends first)."""
         self.failures: list[str] = []
         self.cancel_reason: str | None = None
         self.finished = False
@@ -131,6 +135,7 @@ class Orchestrator:
         except BaseException:
             del self._runs[req.request_id]
             raise
+        run.held = self._hold(run.plan, req)
         run.req = req = dataclasses.replace(req, route=run.plan.route)
         run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
                                    run.emit, self._spawn, lambda: self._remaining_s(run),
@@ -193,10 +198,26 @@ class Orchestrator:
             raise RouterError(StatusCode.RESOURCE_EXHAUSTED, f"admission rejected the request: {plan.reason}")
         return plan
 
+    def _hold(self, plan: Plan, req: Admitted) -> list[int]:
+        """Count the planned route in the overlay now, as its attempt will (attempts.py):
+        a burst's requests are all planned before the first attempt runs, and would
+        otherwise all see the same loads and pile onto the same worker."""
+        overlay, d, p = self.view.overlay, plan.decode, plan.prefill
+        if d is None or (plan.route is Route.DISAGGREGATED and p is None):
+            return []
+        p = d if plan.route is Route.COLOCATED else p
+        return [overlay.add(d, blocks=req.demand.blocks_on(d)), overlay.add(p, prefill_tokens=len(req.prompt))]
+
+    def _release(self, run: RequestRun) -> None:
+        for handle in run.held:
+            self.view.overlay.remove(handle)
+        run.held = []
+
     def _on_prefill(self, run: RequestRun, att: Attempt, done: PrefillDone) -> None:
         self.planner.prefill_done(run.plan, att.prefill, att.decode, done)
 
     def _on_done(self, run: RequestRun) -> None:
+        self._release(run)
         self._runs.pop(run.req.request_id, None)
         self.planner.log.finish(run.req.request_id, run.cancel_reason or (run.failures[-1] if run.failures else ""))
         # A task cancelled before it ever ran skipped _serve's handlers.
@@ -251,6 +272,7 @@ class Orchestrator:
             if att.route is Route.DISAGGREGATED:
                 disaggregated_left -= 1
                 tried.add((att.prefill.worker_id, att.decode.worker_id))
+            self._release(run)  # no await until run() counts the attempt itself
             try:
                 done = await run.runner.run(att)
             except AttemptFailed as exc:

@@ -598,3 +598,20 @@ def test_a_dead_worker_is_avoided_by_the_fallback_and_by_the_next_request():
     assert [c[1] for c in fake.ops("reserve") if c[2] == "b"] == ["d1"]
     assert events_b[-1].attempts == 1
     assert_no_leaks(orch, fake)
+
+
+@pytest.mark.parametrize("mode", [Mode.COLOCATED, Mode.DISAGGREGATED])
+def test_a_burst_planned_before_any_attempt_runs_spreads_over_workers(mode):
+    # Four requests submitted back to back are all planned before the first one's
+    # attempt task runs; each plan must count the ones before it (overlay at plan time).
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE)])
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        runs = [await orch.submit(params(request_id=f"r{i}", mode=mode)) for i in range(4)]
+        await orch.drain()
+        return orch, [r.plan.decode.worker_id for r in runs]
+
+    orch, placed = run(go())
+    assert sorted(placed) == ["d0", "d0", "d1", "d1"], placed
+    assert_no_leaks(orch, fake)
