@@ -12,10 +12,14 @@ stall that *its* prompt and the queued ones cause it. This module prices the
 stall it causes *others*, assuming a stream there is like this request, halfway
 through (remaining = (max_tokens - 1) / 2 tokens):
 
-* colocated on W: harmful when W.tpot_base + stall > target. Colocating such
-  a prompt makes W a worker where prompts like it stall streams like it past
-  their target, whether or not W decodes anything at this instant — the next
-  such prompt lands beside this one's stream. Short prompts (stall of a few ms)
+* colocated on W: harmful when W's step + stall > target, with W's current
+  step when W decodes, else the step of one stream. Colocating such a prompt
+  makes W a worker where prompts like it stall streams like it past their
+  target, whether or not W decodes anything at this instant — the next such
+  prompt lands beside this one's stream. The step does not include this
+  request's own stream, as a split's P does not: near saturation the two
+  routes' checks then agree, instead of sending short prompts split because
+  one more stream tipped the colocated step over the target. Short prompts (stall of a few ms)
   are never harmful; long ones are when the target is tight. This is the
   article's trade: split when the interference avoided is worth the transfer.
 * split P -> D: harmful when P can decode, P has streams now (batch > 0) and
@@ -42,8 +46,11 @@ def stall_per_token_ms(own_prefill_ms: float, max_tokens: int) -> float:
 
 
 def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of a stream like this request on W while this prompt prefills beside it."""
-    return w.tpot_base + stall_per_token_ms(own_prefill_ms, max_tokens)
+    """TPOT of the streams beside this prompt's prefill on W: W's current streams at
+    W's current step (this request's own stream is priced by its own TPOT), or, on
+    an idle W, a later stream like this one (a step of one)."""
+    step = w.step_ms if w.batch > 0 else w.tpot_base
+    return step + stall_per_token_ms(own_prefill_ms, max_tokens)
 
 
 def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:

@@ -52,7 +52,7 @@ def test_split_prefills_on_the_worker_without_streams():
     model = CostModel(CFG)
     # w0 decodes 3 streams (step 30 ms); w1 decodes none. Prefilling the long prompt on
     # w0 would put 30 + 50 = 80 ms > 55 on w0's streams; on w1 it stalls nobody now.
-    # Colocating it is harmful on either (10 + 50 and 40 + 50 > 55); decoding it on w0
+    # Colocating it is harmful on either (10 + 50 and 30 + 50 > 55); decoding it on w0
     # costs a 40 ms step (batch 4), within the target.
     w0, w1 = worker("w0", Role.BOTH, batch=3), worker("w1", Role.BOTH)
     req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
@@ -62,6 +62,14 @@ def test_split_prefills_on_the_worker_without_streams():
         dec = fn(model, rows(model, w0, w1), req, params())
         assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
         assert (dec.chosen.prefill.worker_id, dec.chosen.decode.worker_id) == ("w1", "w0")
+
+
+def test_near_saturation_a_short_prompt_is_judged_alike_on_both_routes():
+    model = CostModel(CFG)
+    # Both mixed workers decode 4 streams (step 40 ms). A 32-token prompt stalls them by
+    # 32 / 20 = 1.6 ms either way; one more stream would tip a colocated W to 50 ms.
+    w0, w1 = model.costs(worker("w0", Role.BOTH, batch=4)), model.costs(worker("w1", Role.BOTH, batch=4))
+    assert colocated_harmful(w0, 32.0, 41, 45.0) == split_harmful(w1, 32.0, 41, 45.0) is False
 
 
 def test_dedicated_prefill_worker_is_never_harmful_and_no_target_means_no_rule():
@@ -76,9 +84,9 @@ def test_every_candidate_harmful_falls_back_to_the_plain_choice():
     # Only decode workers, both busy: every route is colocated and harmful; the
     # decision still admits (the rule ranks, it never rejects).
     d0, d1 = worker("d0", Role.DECODE, batch=1), worker("d1", Role.DECODE, batch=2)
-    # Own TPOT: d0 20 + 1000/40 = 45, d1 30 + 25 = 55 (feasible at 60); stall on their
-    # streams: 20 + 50 and 30 + 50 > 60 (harmful).
-    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=60)
-    assert all(colocated_harmful(model.costs(w), 1000.0, 41, 60.0) for w in (d0, d1))
+    # Own TPOT: d0 20 + 1000/40 = 45, d1 30 + 25 = 55 (feasible at 55); their streams
+    # during the prefill: 10 + 50 and 20 + 50 > 55 (harmful).
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    assert all(colocated_harmful(model.costs(w), 1000.0, 41, 55.0) for w in (d0, d1))
     dec = decide(model, rows(model, d0, d1), req, params())
     assert dec.outcome is Outcome.COLOCATED and not dec.chosen.violations
