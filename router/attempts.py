@@ -102,6 +102,14 @@ def _blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     return {"culprit": att.decode}
 
 
+def count_dispatch(overlay: LoadOverlay, req: Admitted, computing: Worker, decode: Worker) -> tuple[int, int]:
+    """Count a route in the load overlay until the heartbeats show it: the reservation's
+    blocks at D (W) and the prompt queued at the computing worker (P, or W) until token 0.
+    Returns the (blocks, prefill) handles for `LoadOverlay.remove`."""
+    return (overlay.add(decode, blocks=req.demand.blocks_on(decode)),
+            overlay.add(computing, prefill_tokens=len(req.prompt)))
+
+
 class AttemptRunner:
     """Runs the attempts of one request; `current` is the attempt in flight."""
 
@@ -162,9 +170,8 @@ class AttemptRunner:
     async def _start_disaggregated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, p, d, g = self.req, att.prefill, att.decode, att.generation
         tid = transfer_id(req.request_id, g)
-        need = req.demand.blocks_on(d)
-        att.overlay_handles.append(self._overlay.add(d, blocks=need))
-        att.prefill_handle = self._overlay.add(p, prefill_tokens=len(req.prompt))
+        blocks, att.prefill_handle = count_dispatch(self._overlay, req, p, d)
+        att.overlay_handles.append(blocks)
         att.stage = "decode reserve"
         att.decode_engaged = True  # a reserve that timed out may still have been granted
         try:
@@ -200,8 +207,8 @@ class AttemptRunner:
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
-        att.overlay_handles.append(self._overlay.add(w, blocks=req.demand.blocks_on(w)))
-        att.prefill_handle = self._overlay.add(w, prefill_tokens=len(req.prompt))  # queued at W until token 0
+        blocks, att.prefill_handle = count_dispatch(self._overlay, req, w, w)
+        att.overlay_handles.append(blocks)
         att.stage = "colocated generate"
         att.decode_engaged = True
         self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))

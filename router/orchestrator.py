@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted, admit, check_cluster
-from router.attempts import Attempt, AttemptFailed, AttemptRunner
+from router.attempts import Attempt, AttemptFailed, AttemptRunner, count_dispatch
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.decision import Outcome
@@ -202,11 +202,10 @@ class Orchestrator:
         """Count the planned route in the overlay now, as its attempt will (attempts.py):
         a burst's requests are all planned before the first attempt runs, and would
         otherwise all see the same loads and pile onto the same worker."""
-        overlay, d, p = self.view.overlay, plan.decode, plan.prefill
-        if d is None or (plan.route is Route.DISAGGREGATED and p is None):
+        computing = plan.decode if plan.route is Route.COLOCATED else plan.prefill
+        if plan.decode is None or computing is None:
             return []
-        p = d if plan.route is Route.COLOCATED else p
-        return [overlay.add(d, blocks=req.demand.blocks_on(d)), overlay.add(p, prefill_tokens=len(req.prompt))]
+        return list(count_dispatch(self.view.overlay, req, computing, plan.decode))
 
     def _release(self, run: RequestRun) -> None:
         for handle in run.held:
