@@ -5,7 +5,7 @@ worker W in `decode`, `prefill` None). Every time is a prediction in ms from
 router/cost_model.py; `ttft_ms` is the sum of the parts listed below it.
 
 A decision prices its few candidates as plain tuples first (`Row`: the
-Candidate fields up to `total_blocks`, in order), scores them all at once from
+Candidate fields up to `disturb_tpot_ms`, in order), scores them all at once from
 a `ScoreBatch` of columns, and builds Candidate objects only for the ones it
 returns (router/decision.py).
 """

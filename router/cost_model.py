@@ -153,6 +153,11 @@ class WorkerCosts:
         scale = self.pre_scale[min(new.bit_length(), SIZE_BUCKETS - 1)] if self.pre_scale else 1.0
         return (self.pre_base + self.pre_tok * new + self.pre_pair * new * (reused + new / 2.0)) * scale
 
+    def interleaved_ms(self, own_ms: float, new: int) -> float:
+        """A prefill of `new` tokens that takes `own_ms` alone, with one decode step of this
+        worker's batch between its chunks (the engine loop's chunked prefill; 0 when idle)."""
+        return own_ms + -(-new // self.chunk_tokens) * self.step_ms
+
     def prefill_linear_ms(self, tokens: int) -> float:
         """Queued prompt work of unknown shape: base + per-token cost (no pair term)."""
         return self.pre_base + self.pre_tok * tokens if tokens > 0 else 0.0

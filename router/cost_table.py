@@ -230,7 +230,7 @@ class CostTable:
             if side is None:
                 reused = p_hit.get(i, h0) * bs
                 own = p.prefill_ms(n - reused, reused)
-                side = p_side[i] = (reused, n - reused, own + -(-(n - reused) // p.chunk_tokens) * p.step_ms,
+                side = p_side[i] = (reused, n - reused, p.interleaved_ms(own, n - reused),
                                     split_disturb_ms(p, own, m))
             reused, compute, prefill, disturb = side
             moved_blocks = blocks - d_hit.get(j, h0)
@@ -278,7 +278,7 @@ class CostTable:
             reused = d_hit.get(i, h0) * bs
             compute = n - reused
             own = w.prefill_ms(compute, reused)
-            prefill = own + -(-compute // self.d_chunk[i]) * self.d_step[i]
+            prefill = w.interleaved_ms(own, compute)
             qm = self.d_queue[i]
             tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + (own if self.d_busy[i] else 0.0)) / gaps
             out.append((col, w.worker, None, qm + prefill + overhead, tpot, qm, prefill, 0.0, 0.0, overhead, n, compute,

@@ -143,7 +143,7 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
     moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
     nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
     own = p.prefill_ms(compute, reused)
-    prefill = own + -(-compute // p.chunk_tokens) * p.step_ms  # a mixed P's decode steps interleave
+    prefill = p.interleaved_ms(own, compute)  # a mixed P's decode steps interleave
     transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
     return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
             d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
@@ -158,7 +158,7 @@ def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
     reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
     compute = n - reused
     own = w.prefill_ms(compute, reused)
-    prefill = own + -(-compute // w.chunk_tokens) * w.step_ms
+    prefill = w.interleaved_ms(own, compute)
     return (Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
             w.tpot_with(n, req.max_tokens, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n,
             compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
@@ -278,7 +278,7 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
                 if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
     if not feasible:
         return choose([Candidate(*r) for r in rows], req, params)
-    calm = [i for i in feasible if not (sp > 0 and rows[i][DISTURB] > sp)]  # interference.harmful
+    calm = [i for i in feasible if not harmful(rows[i][DISTURB], sp)]
     pool = calm or feasible
     best, ok = [], []
     for route in (Route.DISAGGREGATED, Route.COLOCATED):

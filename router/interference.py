@@ -19,9 +19,10 @@ through (remaining = (max_tokens - 1) / 2 tokens):
   prompt lands beside this one's stream. The step does not include this
   request's own stream, as a split's P does not: near saturation the two
   routes' checks then agree, instead of sending short prompts split because
-  one more stream tipped the colocated step over the target. Short prompts (stall of a few ms)
-  are never harmful; long ones are when the target is tight. This is the
-  article's trade: split when the interference avoided is worth the transfer.
+  one more stream tipped the colocated step over the target. Short prompts
+  (stall of a few ms) are never harmful; long ones are when the target is
+  tight. This is the article's trade: split when the interference avoided is
+  worth the transfer.
 * split P -> D: harmful when P can decode, P has streams now (batch > 0) and
   P's step + stall > target. A dedicated prefill worker is never harmful.
 
@@ -63,13 +64,3 @@ def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> 
 def harmful(disturb_tpot_ms: float, slo_tpot_ms: float) -> bool:
     """A target is set and the disturbed streams would miss it."""
     return slo_tpot_ms > 0 and disturb_tpot_ms > slo_tpot_ms
-
-
-def colocated_harmful(w: WorkerCosts, own_prefill_ms: float, max_tokens: int, slo_tpot_ms: float) -> bool:
-    """Would prefilling this prompt on W push a stream like it on W past its target?"""
-    return harmful(colocated_disturb_ms(w, own_prefill_ms, max_tokens), slo_tpot_ms)
-
-
-def split_harmful(p: WorkerCosts, own_prefill_ms: float, max_tokens: int, slo_tpot_ms: float) -> bool:
-    """Would prefilling this prompt on P push P's own streams past the target?"""
-    return harmful(split_disturb_ms(p, own_prefill_ms, max_tokens), slo_tpot_ms)

@@ -11,10 +11,18 @@ import pytest
 
 from router.cost_model import CostModel
 from router.decision import Outcome, RequestShape, decide, reference_decide
-from router.interference import colocated_harmful, split_harmful, stall_per_token_ms
+from router.interference import colocated_disturb_ms, harmful, split_disturb_ms, stall_per_token_ms
 from router.types import Role
 
 from test_router_decision import BS, CFG, params, rows, worker
+
+
+def colocated_harmful(w, own_ms, max_tokens, slo):
+    return harmful(colocated_disturb_ms(w, own_ms, max_tokens), slo)
+
+
+def split_harmful(p, own_ms, max_tokens, slo):
+    return harmful(split_disturb_ms(p, own_ms, max_tokens), slo)
 
 
 def test_stall_is_the_prefill_over_half_the_output():
