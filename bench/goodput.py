@@ -114,12 +114,15 @@ def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterS
     """Colocated: every worker a decode worker (they prefill too); disaggregated: half
     prefill, half decode; auto: every worker mixed (serves either phase or both), so
     each request's choice of colocated W or split (P, D) can use any of them."""
-    prefill = 0 if mode == "colocated" else args.workers // 2
-    mixed = args.workers if mode == "auto" and args.auto_workers == "mixed" else 0
-    if mixed:
-        prefill = 0
+    n = args.workers
+    if mode == "colocated":
+        prefill, decode, mixed = 0, n, 0
+    elif mode == "auto" and args.auto_workers == "mixed":
+        prefill, decode, mixed = 0, 0, n
+    else:
+        prefill, decode, mixed = n // 2, n - n // 2, 0
     return ClusterSpec(
-        prefill=prefill, decode=args.workers - prefill - mixed, mixed=mixed, model=args.preset, mode=mode,
+        prefill=prefill, decode=decode, mixed=mixed, model=args.preset, mode=mode,
         num_blocks=args.num_blocks, transport=args.transport, torch_threads=1,
         # Generous leases and reservations: a starved heartbeat or a long prefill
         # queue under overload must show up as latency, not as aborts and retries.
