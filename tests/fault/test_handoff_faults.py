@@ -115,8 +115,12 @@ def colocated_reference(cluster) -> list[int]:
                                     ignore_eos=True).token_ids
 
 
-def assert_credits_returned(cluster, request_id: str, dead: str = "") -> None:
-    ends = read_events(cluster, request_id, "credits")
+def assert_credits_returned(cluster, request_id: str, dead: str = "", timeout_s: float = 10.0) -> None:
+    # A prefill reports its windows when its cleanup ends, which can be after the client
+    # has already seen the request fail (cancel): wait for the report, bounded.
+    deadline = time.monotonic() + timeout_s
+    while not (ends := read_events(cluster, request_id, "credits")) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert ends, "no prefill reported its credit windows"
     assert all(e["in_flight"] == 0 for e in ends), ends
 
