@@ -5,7 +5,7 @@ worker W in `decode`, `prefill` None). Every time is a prediction in ms from
 router/cost_model.py; `ttft_ms` is the sum of the parts listed below it.
 
 A decision prices its few candidates as plain tuples first (`Row`: the
-Candidate fields up to `disturb_tpot_ms`, in order), scores them all at once from
+Candidate fields up to `decode_streams`, in order), scores them all at once from
 a `ScoreBatch` of columns, and builds Candidate objects only for the ones it
 returns (router/decision.py).
 """
@@ -54,6 +54,11 @@ class Candidate:
     disturb_tpot_ms: float = 0.0
     """TPOT of the streams beside this prompt's prefill (colocated W, or a split's P when it
     decodes too) while it runs; 0 when it stalls none (router/interference.py)."""
+    stalled_streams: int = 0
+    """Streams the computing worker (W, or a P that decodes too) decodes now, by the
+    snapshot plus this router's overlay: the ones this prefill would hold back."""
+    decode_streams: int = 0
+    """Streams D (W) decodes now, before this request joins (snapshot plus overlay)."""
     score: float = 0.0
     violations: str = ""
     """Why the candidate misses the request's SLOs ("" when it meets them)."""
@@ -89,10 +94,11 @@ class ScoreContext:
 
 
 Row = tuple
-"""A priced candidate as a tuple: Candidate's fields from `route` to `disturb_tpot_ms`,
+"""A priced candidate as a tuple: Candidate's fields from `route` to `decode_streams`,
 in declaration order, so `Candidate(*row)` builds it (score 0, no violations)."""
 
-ROUTE, TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, DISTURB = 0, 3, 4, 10, 11, 14, 15, 17
+ROUTE, DECODE, TTFT, TPOT, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER, DISTURB, STALLED, D_STREAMS = \
+    0, 1, 3, 4, 6, 10, 11, 14, 15, 17, 18, 19
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
 
@@ -128,7 +134,7 @@ class ScoreBatch:
 _SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
 """A Row's ScoreBatch fields, in ScoreBatch's order."""
 
-assert [f.name for f in dataclasses.fields(Candidate)][:DISTURB + 1] == [
+assert [f.name for f in dataclasses.fields(Candidate)][:D_STREAMS + 1] == [
     "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
     "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks",
-    "disturb_tpot_ms"]
+    "disturb_tpot_ms", "stalled_streams", "decode_streams"]

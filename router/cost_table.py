@@ -74,6 +74,7 @@ _D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
     "d_abi": lambda r: r.worker.cache_abi_digest,
     "d_free": operator.attrgetter("free_blocks"),
     "d_total": lambda r: r.worker.capacity.total_blocks,
+    "d_batch": operator.attrgetter("batch"),
 }
 """Per-row columns of the decode-capable side (CostTable attributes)."""
 
@@ -223,7 +224,7 @@ class CostTable:
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
         m = q.m
-        out, p_side = [], {}  # P position -> (reused, compute, prefill ms, disturb): the top pairs mostly share one P
+        out, p_side = [], {}  # P position -> (reused, compute, prefill ms, disturb, stalled): the top pairs mostly share one P
         for _, i, j in keyed[:k]:
             p = p_rows[i]
             side = p_side.get(i)
@@ -231,15 +232,15 @@ class CostTable:
                 reused = p_hit.get(i, h0) * bs
                 own = p.prefill_ms(n - reused, reused)
                 side = p_side[i] = (reused, n - reused, p.interleaved_ms(own, n - reused),
-                                    split_disturb_ms(p, own, m))
-            reused, compute, prefill, disturb = side
+                                    split_disturb_ms(p, own, m), p.batch if p.can_decode else 0)
+            reused, compute, prefill, disturb, stalled = side
             moved_blocks = blocks - d_hit.get(j, h0)
             nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
             transfer = transfer_ms(p_ids[i], d_ids[j], nbytes)
             qm, adm = p.queue_ms, self.d_adm[j]
             out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,
                         transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes, p.pending_tokens,
-                        self.d_free[j] - need, self.d_total[j], disturb))
+                        self.d_free[j] - need, self.d_total[j], disturb, stalled, self.d_batch[j]))
         return out
 
     def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
@@ -283,7 +284,7 @@ class CostTable:
             tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + (own if self.d_busy[i] else 0.0)) / gaps
             out.append((col, w.worker, None, qm + prefill + overhead, tpot, qm, prefill, 0.0, 0.0, overhead, n, compute,
                         0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i],
-                        colocated_disturb_ms(w, own, q.m)))
+                        colocated_disturb_ms(w, own, q.m), self.d_batch[i], self.d_batch[i]))
         return out
 
     def _d_scale_at(self, new: int) -> list[float]:

@@ -24,10 +24,13 @@ A candidate is *feasible* when both predictions meet the request's targets
 first), the weighted scorer sum picks the best split route and the best
 colocated one; the split wins only by more than `margin`. No feasible
 candidate -> REJECT, with the closest candidate's numbers, before any work.
-Interference (router/interference.py): feasible candidates whose prefill would
-hold the decode streams beside it past the TPOT target (a long prompt
-colocated; a split whose P is a mixed worker with streams) are set aside while
-any feasible candidate is not; they rank, never reject.
+Interference (router/interference.py, `eligible`): feasible candidates whose
+prefill would hold the decode streams beside it past the TPOT target (a long
+prompt colocated; a split whose P is a mixed worker with streams) are set aside
+while any feasible candidate is not, and so are splits that would give a long
+prompt's stream to the last stream-free mixed worker; when every feasible
+candidate stalls streams decoding now, a calm one missing only TTFT is taken.
+They rank, never reject.
 
 Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
@@ -51,10 +54,11 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.candidate import D_STREAMS, DECODE, DISTURB, FREE_AFTER, PREFILL, ROUTE, STALLED, TTFT, Candidate, Row, \
+    ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
-from router.interference import colocated_disturb_ms, harmful, split_disturb_ms
+from router.interference import colocated_disturb_ms, eligible, split_disturb_ms
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -148,7 +152,8 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
     return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
             d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
             min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
-            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens))
+            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens), p.batch if p.can_decode else 0,
+            d.batch)
 
 
 def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
@@ -162,7 +167,7 @@ def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
     return (Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
             w.tpot_with(n, req.max_tokens, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n,
             compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
-            colocated_disturb_ms(w, own, req.max_tokens))
+            colocated_disturb_ms(w, own, req.max_tokens), w.batch, w.batch)
 
 
 def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
@@ -231,9 +236,13 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
     if not cands:
         return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
     score_all(cands, req, params.scorers)
+    at, note, late = eligible(
+        [c.ttft_ms for c in cands], [c.tpot_ms for c in cands], [c.prefill_ms for c in cands],
+        [c.disturb_tpot_ms for c in cands], [c.stalled_streams for c in cands], [c.decode_streams for c in cands],
+        [c.decode.can_prefill for c in cands], [c.route is Route.DISAGGREGATED for c in cands],
+        req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
     feasible = [c for c in cands if not c.violations]
-    calm = [c for c in feasible if not harmful(c.disturb_tpot_ms, req.slo_tpot_ms)]
-    pool = calm or feasible
+    pool = [cands[i] for i in at]
     pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
     best_dis = pool_dis or _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
     best_col = pool_col or _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
@@ -242,13 +251,19 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
         return Decision(Outcome.REJECT, None, best_dis, best_col,
                         f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
                         f"{closest.violations} [TTFT = {closest.breakdown()}]")
-    return _pick(best_dis, best_col, params, _set_aside(len(feasible) - len(calm) if calm else 0),
-                 pool_dis is not None, pool_col is not None)
+    if late:
+        return _late(min(pool, key=_earliest), best_dis, best_col, note)
+    return _pick(best_dis, best_col, params, note, pool_dis is not None, pool_col is not None)
 
 
-def _set_aside(n: int) -> str:
-    return (f"; {n} feasible route(s) set aside for interference (their prefill would hold decode "
-            f"streams past the TPOT target)") if n else ""
+def _earliest(c: Candidate) -> tuple[bool, float]:
+    """Among late routes: one that fits now, then the earliest first token."""
+    return not c.fits, c.ttft_ms
+
+
+def _late(c: Candidate, best_dis: Candidate | None, best_col: Candidate | None, note: str) -> Decision:
+    outcome = Outcome.DISAGGREGATED if c.route is Route.DISAGGREGATED else Outcome.COLOCATED
+    return Decision(outcome, c, best_dis, best_col, f"{c.describe()} misses only TTFT{note}")
 
 
 def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams,
@@ -273,29 +288,37 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
         return choose([], req, params)
     batch = ScoreBatch.of_rows(rows)
     scores = weighted_scores(batch, req, params.scorers)
+    dis = Route.DISAGGREGATED
+    at, note, late = eligible(
+        batch.ttft_ms, batch.tpot_ms, [r[PREFILL] for r in rows], [r[DISTURB] for r in rows],
+        [r[STALLED] for r in rows], [r[D_STREAMS] for r in rows], [r[DECODE].can_prefill for r in rows],
+        [r[ROUTE] is dis for r in rows], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    if not at:
+        return choose([Candidate(*r) for r in rows], req, params)
     st, sp = req.slo_ttft_ms, req.slo_tpot_ms
     feasible = [i for i, t, p in zip(itertools.count(), batch.ttft_ms, batch.tpot_ms)
                 if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
-    if not feasible:
-        return choose([Candidate(*r) for r in rows], req, params)
-    calm = [i for i in feasible if not harmful(rows[i][DISTURB], sp)]
-    pool = calm or feasible
     best, ok = [], []
     for route in (Route.DISAGGREGATED, Route.COLOCATED):
-        i = _best_at(rows, scores, route, pool)
+        i = _best_at(rows, scores, route, at)
         ok.append(i is not None)
-        c = None
-        if i is None and pool is calm:
+        if i is None:
             i = _best_at(rows, scores, route, feasible)
         if i is None:
             i = _best_at(rows, scores, route, range(len(rows)))
-            if i is not None:
-                c = Candidate(*rows[i], scores[i])
-                c.violations = _violations(c, req)
-        else:
-            c = Candidate(*rows[i], scores[i])
-        best.append(c)
-    return _pick(best[0], best[1], params, _set_aside(len(feasible) - len(calm) if calm else 0), *ok)
+        best.append(_candidate(rows, scores, i, req))
+    if late:
+        j = min(at, key=lambda i: (rows[i][FREE_AFTER] < 0, rows[i][TTFT]))
+        return _late(_candidate(rows, scores, j, req), best[0], best[1], note)
+    return _pick(best[0], best[1], params, note, *ok)
+
+
+def _candidate(rows: Sequence[Row], scores: list[float], i: int | None, req: RequestShape) -> Candidate | None:
+    if i is None:
+        return None
+    c = Candidate(*rows[i], scores[i])
+    c.violations = _violations(c, req)
+    return c
 
 
 def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:

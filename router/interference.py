@@ -9,8 +9,12 @@ output, that is `prefill_ms / remaining` ms on every one of its tokens.
 
 The request's own TPOT prediction (router/decision.py) already carries the
 stall that *its* prompt and the queued ones cause it. This module prices the
-stall it causes *others*, assuming a stream there is like this request, halfway
-through (remaining = (max_tokens - 1) / 2 tokens):
+stall the streams beside it suffer, assuming a stream there is like this
+request, halfway through (remaining = (max_tokens - 1) / 2 tokens): this
+prefill and every prompt queued ahead of it on that worker (they all run
+while those streams decode; counting this prompt alone let the second and
+third prompts of a burst each pass the check on a worker whose stream then
+waited for both):
 
 * colocated on W: harmful when W's step + stall > target, with W's current
   step when W decodes, else the step of one stream. Colocating such a prompt
@@ -26,9 +30,13 @@ through (remaining = (max_tokens - 1) / 2 tokens):
 * split P -> D: harmful when P can decode, P has streams now (batch > 0) and
   P's step + stall > target. A dedicated prefill worker is never harmful.
 
-The decision prefers feasible candidates that are not harmful; when every
-feasible candidate is, it chooses among all of them as before (the rule ranks,
-it never rejects). No target (tpot 0) means nothing is harmful.
+The decision chooses among the routes `eligible` returns: feasible ones that
+are not harmful; of those, ones that do not spend the cluster's last calm
+prefill capacity on a long prompt's decode (`spends_reserve`); when every
+feasible route stalls streams decoding now, a calm one that misses only TTFT
+(one late first token instead of a stall on every stream beside the prefill).
+The rules rank; they never reject. No target (tpot 0) means nothing is
+harmful.
 """
 
 from __future__ import annotations
@@ -47,20 +55,74 @@ def stall_per_token_ms(own_prefill_ms: float, max_tokens: int) -> float:
 
 
 def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of the streams beside this prompt's prefill on W: W's current streams at
+    """TPOT of the streams beside this prompt's prefill (and W's queued ones) on W: W's current streams at
     W's current step (this request's own stream is priced by its own TPOT), or, on
     an idle W, a later stream like this one (a step of one)."""
     step = w.step_ms if w.batch > 0 else w.tpot_base
-    return step + stall_per_token_ms(own_prefill_ms, max_tokens)
+    return step + stall_per_token_ms(w.queue_ms + own_prefill_ms, max_tokens)
 
 
 def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of P's streams while this prompt prefills on P; 0 when P has none (or cannot decode)."""
+    """TPOT of P's streams while this prompt (and P's queued ones) prefill on P; 0 when P
+    has none (or cannot decode)."""
     if not p.can_decode or p.batch <= 0:
         return 0.0
-    return p.step_ms + stall_per_token_ms(own_prefill_ms, max_tokens)
+    return p.step_ms + stall_per_token_ms(p.queue_ms + own_prefill_ms, max_tokens)
 
 
 def harmful(disturb_tpot_ms: float, slo_tpot_ms: float) -> bool:
     """A target is set and the disturbed streams would miss it."""
     return slo_tpot_ms > 0 and disturb_tpot_ms > slo_tpot_ms
+
+
+def spends_reserve(split: bool, d_can_prefill: bool, d_streams: int, tpot_ms: float, prefill_ms: float,
+                   max_tokens: int, slo_tpot_ms: float) -> bool:
+    """A split route that turns a stream-free worker able to prefill (a mixed D with no
+    streams) into a decoding one, for a prompt so long that the next one like it,
+    prefilled there, would hold this request's stream past the target. Such a D is the
+    cluster's calm prefill capacity: a later long prompt can prefill on it without
+    stalling anybody, but not once this stream lives there."""
+    return (split and d_can_prefill and d_streams == 0
+            and harmful(tpot_ms + stall_per_token_ms(prefill_ms, max_tokens), slo_tpot_ms))
+
+
+def eligible(ttft: list[float], tpot: list[float], prefill: list[float], disturb: list[float],
+             stalled: list[int], d_streams: list[int], d_prefills: list[bool], splits: list[bool],
+             slo_ttft_ms: float, slo_tpot_ms: float, max_tokens: int) -> tuple[list[int], str, bool]:
+    """Which priced routes (by index) the decision may choose from, why any were set
+    aside, and whether they are *late* (meet TPOT, miss TTFT). Empty: no route meets
+    both targets (the decision rejects, or admits the closest).
+
+    1. Feasible routes: both predictions meet their targets.
+    2. Of those, the calm ones (no stall past the target) when any; of the calm
+       ones, those that keep a calm prefill worker (not `spends_reserve`) when any.
+    3. Every feasible route stalls streams past the target: when each of them
+       stalls streams decoding *now*, a calm route that meets TPOT and misses
+       only TTFT is taken instead (one late first token, rather than a stall on
+       every stream beside the prefill); else the feasible routes that stall no
+       current stream (only later ones like this request's), else all feasible.
+    """
+    st, sp = slo_ttft_ms, slo_tpot_ms
+    n = len(ttft)
+    tpot_ok = [not (sp > 0 and tpot[i] > sp) for i in range(n)]
+    feasible = [i for i in range(n) if tpot_ok[i] and not (st > 0 and ttft[i] > st)]
+    if not feasible:
+        return [], "", False
+    calm = [i for i in feasible if not harmful(disturb[i], sp)]
+    aside = len(feasible) - len(calm)
+    note = (f"; {aside} feasible route(s) set aside for interference (their prefill would hold decode "
+            f"streams past the TPOT target)") if aside and calm else ""
+    if calm:
+        keep = [i for i in calm if not spends_reserve(splits[i], d_prefills[i], d_streams[i], tpot[i], prefill[i],
+                                                      max_tokens, sp)]
+        if keep and len(keep) < len(calm):
+            return keep, note + (f"; {len(calm) - len(keep)} route(s) set aside to keep a stream-free worker for "
+                                 f"the next long prefill"), False
+        return calm, note, False
+    if all(stalled[i] > 0 for i in feasible):
+        late = [i for i in range(n) if tpot_ok[i] and ttft[i] > st and not harmful(disturb[i], sp)]
+        if late:
+            return late, ("; every route meeting the SLO would hold decode streams past the TPOT target with its "
+                          "prefill, so a calm route that misses only TTFT is taken"), True
+    quiet = [i for i in feasible if stalled[i] == 0]
+    return quiet or feasible, "", False

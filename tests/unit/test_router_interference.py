@@ -98,3 +98,55 @@ def test_every_candidate_harmful_falls_back_to_the_plain_choice():
     assert all(colocated_harmful(model.costs(w), 1000.0, 41, 55.0) for w in (d0, d1))
     dec = decide(model, rows(model, d0, d1), req, params())
     assert dec.outcome is Outcome.COLOCATED and not dec.chosen.violations
+
+
+def test_stall_counts_the_prompts_queued_ahead_on_that_worker():
+    model = CostModel(CFG)
+    # P decodes one stream (step 10 ms) and has 500 prompt tokens queued (500 ms): a
+    # 500-token prompt there holds that stream for 1000 ms, over 20 tokens = 50 ms each.
+    p = model.costs(worker("p", Role.BOTH, batch=1, pending=500))
+    assert split_disturb_ms(p, 500.0, 41) == pytest.approx(10 + 50)
+    assert split_harmful(p, 500.0, 41, 55.0)
+    assert not split_harmful(model.costs(worker("q", Role.BOTH, batch=1)), 500.0, 41, 55.0)  # 10 + 25
+    assert colocated_disturb_ms(p, 500.0, 41) == pytest.approx(10 + 50)
+
+
+def test_a_long_prompts_stream_joins_the_decoding_worker_not_the_free_one():
+    model = CostModel(CFG)
+    # Three mixed workers during a burst of long prompts: the previous one prefills on w0
+    # (1000 tokens queued) and will decode on w1 (one stream). A 1000-token prompt can
+    # prefill calmly on w0 (behind the queue) or w2 (idle). Decoding it on w2 or w0 would
+    # leave no worker where the next long prompt prefills without stalling a stream
+    # (10 ms step + 1000 / 20 = 60 ms > 55), so its stream joins w1 (step 20 ms).
+    w0, w1, w2 = worker("w0", Role.BOTH, pending=1000), worker("w1", Role.BOTH, batch=1), worker("w2", Role.BOTH)
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1, w2), req, params())
+        assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
+        assert dec.chosen.decode.worker_id == "w1" and dec.chosen.prefill.worker_id == "w2", dec.reason
+        assert "stream-free worker" in dec.reason
+    # Short prompts are not held to it: 32 tokens stall a neighbour by 1.6 ms.
+    short = RequestShape(prompt_tokens=32, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    assert "stream-free" not in decide(model, rows(model, w0, w1, w2), short, params()).reason
+
+
+def test_a_late_first_token_beats_stalling_the_streams_beside_the_prefill():
+    model = CostModel(CFG)
+    # w0 decodes 2 streams (step 20 ms); w1 has 3000 prompt tokens queued and no streams.
+    # Colocated on w0 meets the request's own targets (TTFT ~1.1 s, TPOT 30 + 1000/40 =
+    # 55 ms) but holds w0's streams at 20 + 1000 / 20 = 70 ms > 60. Split w1 -> w0 stalls
+    # nobody and meets TPOT (30 ms), but its first token comes after w1's queue: TTFT
+    # ~4 s > 3.5 s. One late first token is cheaper than two stalled streams.
+    w0, w1 = worker("w0", Role.BOTH, batch=2), worker("w1", Role.BOTH, pending=3000)
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=3500, slo_tpot_ms=60)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1), req, params())
+        assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
+        assert (dec.chosen.prefill.worker_id, dec.chosen.decode.worker_id) == ("w1", "w0")
+        assert dec.chosen.ttft_ms > 3500 and dec.chosen.tpot_ms <= 60
+        assert "misses only TTFT" in dec.reason
+        assert dec.best_colocated is not None and not dec.best_colocated.violations
+    # With no streams on w0 to stall, the on-time colocated route stands.
+    idle = worker("w0", Role.BOTH)
+    dec = decide(model, rows(model, idle, w1), req, params())
+    assert not dec.chosen.violations
