@@ -10,11 +10,7 @@ output, that is `prefill_ms / remaining` ms on every one of its tokens.
 The request's own TPOT prediction (router/decision.py) already carries the
 stall that *its* prompt and the queued ones cause it. This module prices the
 stall the streams beside it suffer, assuming a stream there is like this
-request, halfway through (remaining = (max_tokens - 1) / 2 tokens): this
-prefill and every prompt queued ahead of it on that worker (they all run
-while those streams decode; counting this prompt alone let the second and
-third prompts of a burst each pass the check on a worker whose stream then
-waited for both):
+request, halfway through (remaining = (max_tokens - 1) / 2 tokens):
 
 * colocated on W: harmful when W's step + stall > target, with W's current
   step when W decodes, else the step of one stream. Colocating such a prompt
@@ -28,7 +24,15 @@ waited for both):
   tight. This is the article's trade: split when the interference avoided is
   worth the transfer.
 * split P -> D: harmful when P can decode, P has streams now (batch > 0) and
-  P's step + stall > target. A dedicated prefill worker is never harmful.
+  P's step + stall > target, the stall counting the prompts queued ahead on P
+  too: they are the other prefills sent to P, and P's streams wait for all of
+  them (counting this prompt alone let the second and third prompts of a burst
+  each pass the check on a P whose stream then waited for both). A colocated
+  W's check leaves its queue out: it asks whether prompts like this one make W
+  a place where streams like it stall, and the queue is made of short prompts
+  as often as long ones; counting it sent short prompts split near saturation,
+  to a P whose streams stall as much. A dedicated prefill worker is never
+  harmful.
 
 The decision chooses among the routes `eligible` returns: feasible ones that
 are not harmful; of those, ones that do not spend the cluster's last calm
@@ -55,11 +59,11 @@ def stall_per_token_ms(own_prefill_ms: float, max_tokens: int) -> float:
 
 
 def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of the streams beside this prompt's prefill (and W's queued ones) on W: W's current streams at
+    """TPOT of the streams beside this prompt's prefill on W: W's current streams at
     W's current step (this request's own stream is priced by its own TPOT), or, on
     an idle W, a later stream like this one (a step of one)."""
     step = w.step_ms if w.batch > 0 else w.tpot_base
-    return step + stall_per_token_ms(w.queue_ms + own_prefill_ms, max_tokens)
+    return step + stall_per_token_ms(own_prefill_ms, max_tokens)
 
 
 def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:

@@ -108,7 +108,8 @@ def test_stall_counts_the_prompts_queued_ahead_on_that_worker():
     assert split_disturb_ms(p, 500.0, 41) == pytest.approx(10 + 50)
     assert split_harmful(p, 500.0, 41, 55.0)
     assert not split_harmful(model.costs(worker("q", Role.BOTH, batch=1)), 500.0, 41, 55.0)  # 10 + 25
-    assert colocated_disturb_ms(p, 500.0, 41) == pytest.approx(10 + 50)
+    # A colocated W's queue is left out (it holds short prompts as often as long ones).
+    assert colocated_disturb_ms(p, 500.0, 41) == pytest.approx(10 + 25)
 
 
 def test_a_long_prompts_stream_joins_the_decoding_worker_not_the_free_one():
