@@ -68,6 +68,10 @@ class Candidate:
         """D (W) has the blocks free now, by the snapshot plus this router's overlay."""
         return self.free_blocks_after >= 0
 
+    def row(self) -> Row:
+        """This candidate as a Row (its fields from `route` to `decode_streams`)."""
+        return tuple(getattr(self, f) for f in _ROW_FIELDS)
+
     def describe(self) -> str:
         """e.g. "disaggregated prefill-0 -> decode-1 (TTFT 120.0 ms, TPOT 8.2 ms)"."""
         where = (f"disaggregated {self.prefill.worker_id} -> {self.decode.worker_id}"
@@ -130,6 +134,8 @@ class ScoreBatch:
                    [c.compute_tokens for c in cands], [c.queue_tokens for c in cands],
                    [c.free_blocks_after for c in cands], [c.total_blocks for c in cands])
 
+
+_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate))[:D_STREAMS + 1]
 
 _SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
 """A Row's ScoreBatch fields, in ScoreBatch's order."""

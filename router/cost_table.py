@@ -219,7 +219,7 @@ class CostTable:
         keyed = [((pm + dm + overhead) / ttft_ref + tpot, i, j)
                  for i, pid, pabi, pm in top_p
                  for j, did, dabi, dm, tpot in top_d if did != pid and dabi == pabi]
-        keyed.sort(key=_first)
+        keyed.sort(key=_FIRST)
         # Priced as decision.pair_row prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
@@ -319,5 +319,4 @@ def _positions(rows: list[WorkerCosts]) -> dict[str, tuple[int, ...]]:
     return at
 
 
-def _first(x: tuple) -> float:
-    return x[0]
+_FIRST = operator.itemgetter(0)

@@ -54,8 +54,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import D_STREAMS, DECODE, DISTURB, FREE_AFTER, PREFILL, ROUTE, STALLED, TTFT, Candidate, Row, \
-    ScoreBatch, ScoreContext
+from router.candidate import FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
 from router.interference import colocated_disturb_ms, eligible, split_disturb_ms
@@ -236,11 +235,7 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
     if not cands:
         return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
     score_all(cands, req, params.scorers)
-    at, note, late = eligible(
-        [c.ttft_ms for c in cands], [c.tpot_ms for c in cands], [c.prefill_ms for c in cands],
-        [c.disturb_tpot_ms for c in cands], [c.stalled_streams for c in cands], [c.decode_streams for c in cands],
-        [c.decode.can_prefill for c in cands], [c.route is Route.DISAGGREGATED for c in cands],
-        req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    at, note, late = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
     feasible = [c for c in cands if not c.violations]
     pool = [cands[i] for i in at]
     pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
@@ -288,21 +283,18 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
         return choose([], req, params)
     batch = ScoreBatch.of_rows(rows)
     scores = weighted_scores(batch, req, params.scorers)
-    dis = Route.DISAGGREGATED
-    at, note, late = eligible(
-        batch.ttft_ms, batch.tpot_ms, [r[PREFILL] for r in rows], [r[DISTURB] for r in rows],
-        [r[STALLED] for r in rows], [r[D_STREAMS] for r in rows], [r[DECODE].can_prefill for r in rows],
-        [r[ROUTE] is dis for r in rows], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    at, note, late = eligible(rows, req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
     if not at:
         return choose([Candidate(*r) for r in rows], req, params)
-    st, sp = req.slo_ttft_ms, req.slo_tpot_ms
-    feasible = [i for i, t, p in zip(itertools.count(), batch.ttft_ms, batch.tpot_ms)
-                if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
-    best, ok = [], []
+    best, ok, feasible = [], [], None
     for route in (Route.DISAGGREGATED, Route.COLOCATED):
         i = _best_at(rows, scores, route, at)
         ok.append(i is not None)
         if i is None:
+            if feasible is None:
+                st, sp = req.slo_ttft_ms, req.slo_tpot_ms
+                feasible = [i for i, t, p in zip(itertools.count(), batch.ttft_ms, batch.tpot_ms)
+                            if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
             i = _best_at(rows, scores, route, feasible)
         if i is None:
             i = _best_at(rows, scores, route, range(len(rows)))

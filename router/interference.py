@@ -45,7 +45,11 @@ harmful.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, ROUTE, STALLED, TPOT, TTFT, Row
 from router.cost_model import WorkerCosts
+from router.types import Route
 
 
 def remaining_tokens(max_tokens: int) -> float:
@@ -90,12 +94,12 @@ def spends_reserve(split: bool, d_can_prefill: bool, d_streams: int, tpot_ms: fl
             and harmful(tpot_ms + stall_per_token_ms(prefill_ms, max_tokens), slo_tpot_ms))
 
 
-def eligible(ttft: list[float], tpot: list[float], prefill: list[float], disturb: list[float],
-             stalled: list[int], d_streams: list[int], d_prefills: list[bool], splits: list[bool],
-             slo_ttft_ms: float, slo_tpot_ms: float, max_tokens: int) -> tuple[list[int], str, bool]:
-    """Which priced routes (by index) the decision may choose from, why any were set
-    aside, and whether they are *late* (meet TPOT, miss TTFT). Empty: no route meets
-    both targets (the decision rejects, or admits the closest).
+def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
+             max_tokens: int) -> tuple[list[int], str, bool]:
+    """Which priced routes (Rows, router/candidate.py; by index) the decision may
+    choose from, why any were set aside, and whether they are *late* (meet TPOT,
+    miss TTFT). Empty: no route meets both targets (the decision rejects, or
+    admits the closest).
 
     1. Feasible routes: both predictions meet their targets.
     2. Of those, the calm ones (no stall past the target) when any; of the calm
@@ -107,26 +111,31 @@ def eligible(ttft: list[float], tpot: list[float], prefill: list[float], disturb
        current stream (only later ones like this request's), else all feasible.
     """
     st, sp = slo_ttft_ms, slo_tpot_ms
-    n = len(ttft)
-    tpot_ok = [not (sp > 0 and tpot[i] > sp) for i in range(n)]
-    feasible = [i for i in range(n) if tpot_ok[i] and not (st > 0 and ttft[i] > st)]
-    if not feasible:
-        return [], "", False
-    calm = [i for i in feasible if not harmful(disturb[i], sp)]
-    aside = len(feasible) - len(calm)
-    note = (f"; {aside} feasible route(s) set aside for interference (their prefill would hold decode "
-            f"streams past the TPOT target)") if aside and calm else ""
+    feasible = [i for i, r in enumerate(rows) if not ((st > 0 and r[TTFT] > st) or (sp > 0 and r[TPOT] > sp))]
+    if not feasible or sp <= 0:  # no TPOT target: nothing is harmful
+        return feasible, "", False
+    calm = [i for i in feasible if rows[i][DISTURB] <= sp]
+    if len(calm) == len(feasible):
+        return (*_reserve(rows, calm, sp, max_tokens), False)
     if calm:
-        keep = [i for i in calm if not spends_reserve(splits[i], d_prefills[i], d_streams[i], tpot[i], prefill[i],
-                                                      max_tokens, sp)]
-        if keep and len(keep) < len(calm):
-            return keep, note + (f"; {len(calm) - len(keep)} route(s) set aside to keep a stream-free worker for "
-                                 f"the next long prefill"), False
-        return calm, note, False
-    if all(stalled[i] > 0 for i in feasible):
-        late = [i for i in range(n) if tpot_ok[i] and ttft[i] > st and not harmful(disturb[i], sp)]
+        at, note = _reserve(rows, calm, sp, max_tokens)
+        return at, (f"; {len(feasible) - len(calm)} feasible route(s) set aside for interference (their prefill "
+                    f"would hold decode streams past the TPOT target)") + note, False
+    if all(rows[i][STALLED] > 0 for i in feasible):
+        late = [i for i, r in enumerate(rows) if st > 0 and r[TTFT] > st and r[TPOT] <= sp and r[DISTURB] <= sp]
         if late:
             return late, ("; every route meeting the SLO would hold decode streams past the TPOT target with its "
                           "prefill, so a calm route that misses only TTFT is taken"), True
-    quiet = [i for i in feasible if stalled[i] == 0]
+    quiet = [i for i in feasible if rows[i][STALLED] == 0]
     return quiet or feasible, "", False
+
+
+def _reserve(rows: Sequence[Row], calm: list[int], sp: float, max_tokens: int) -> tuple[list[int], str]:
+    """`calm` less the routes that spend the last calm prefill worker, when any remain."""
+    spend = [i for i in calm if rows[i][ROUTE] is Route.DISAGGREGATED and rows[i][D_STREAMS] == 0
+             and spends_reserve(True, rows[i][DECODE].can_prefill, 0, rows[i][TPOT], rows[i][PREFILL], max_tokens,
+                                sp)]
+    if not spend or len(spend) == len(calm):
+        return calm, ""
+    return [i for i in calm if i not in spend], (f"; {len(spend)} route(s) set aside to keep a stream-free worker "
+                                                 f"for the next long prefill")
