@@ -150,8 +150,8 @@ class PrefillWorker:
 
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
             await self._begin(task, transfer_id)
-        self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done, prefill_only=True,
-                                     on_layer=gate.on_layer if stream else None))
+        job = Job(seq, sink.on_token, sink.on_done, prefill_only=True, on_layer=gate.on_layer if stream else None)
+        self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
         try:
@@ -184,10 +184,13 @@ class PrefillWorker:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         t_end = time.perf_counter()
         self.events("verdict", request=rid, published=True, streamed=stream)
+        # compute: the job's own chunks; queue: the rest of the wait for its first token
+        # (prompts ahead of it, decode steps between its chunks on a mixed worker).
+        compute_ms = job.compute_s * 1000
         return PrefillOutcome(
             transfer_id, len(prompt) - reused, reused, first_token, kv_digest,
-            sum(c.num_bytes for c in chunks), len(chunks), 0.0,
-            (t_first - t0) * 1000, (t_end - t_computed) * 1000, (t_end - t0) * 1000)
+            sum(c.num_bytes for c in chunks), len(chunks), max(0.0, (t_first - t0) * 1000 - compute_ms),
+            compute_ms, (t_end - t_computed) * 1000, (t_end - t0) * 1000)
 
     async def _computed(self, sink: AsyncSink, gate: ProducerGate) -> tuple[int, float]:
         """Wait for the prefill's first token; (token, when). A failure also stops the gate."""

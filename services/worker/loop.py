@@ -48,6 +48,10 @@ class Job:
     """Stop after the first token (prefill worker); the caller frees the sequence."""
     cancelled: bool = False
     started_s: float = field(default_factory=time.perf_counter)
+    compute_s: float = 0.0
+    """Time spent in this job's own prefill chunks: not the wait behind other
+    prompts, nor the decode steps the loop runs between its chunks (the
+    router's prefill price is this; the rest it prices as queue and steps)."""
 
 
 class EngineLoop:
@@ -158,6 +162,7 @@ class EngineLoop:
         if not self._prefill:
             return False
         job = self._prefill[0]
+        t0 = time.perf_counter()
         try:
             token = self.engine.prefill_chunk(job.seq, job.on_layer)
         except Exception as e:  # noqa: BLE001 - reported to the request, loop goes on
@@ -165,6 +170,7 @@ class EngineLoop:
             self._prefill.popleft()
             self._finish(job, e)
             return True
+        job.compute_s += time.perf_counter() - t0
         if token is None:
             return True
         self._prefill.popleft()
