@@ -107,8 +107,10 @@ def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
     3. Every feasible route stalls streams past the target: when each of them
        stalls streams decoding *now*, a calm route that meets TPOT and misses
        only TTFT is taken instead (one late first token, rather than a stall on
-       every stream beside the prefill); else the feasible routes that stall no
-       current stream (only later ones like this request's), else all feasible.
+       every stream beside the prefill); else the feasible routes that stall the
+       fewest streams decoding now (none: only later ones like this request's).
+       That also settles mixed workers into roles under long prompts: the one
+       with fewer streams prefills, and the streams gather where streams are.
     """
     st, sp = slo_ttft_ms, slo_tpot_ms
     feasible = [i for i, r in enumerate(rows) if not ((st > 0 and r[TTFT] > st) or (sp > 0 and r[TPOT] > sp))]
@@ -126,8 +128,8 @@ def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
         if late:
             return late, ("; every route meeting the SLO would hold decode streams past the TPOT target with its "
                           "prefill, so a calm route that misses only TTFT is taken"), True
-    quiet = [i for i in feasible if rows[i][STALLED] == 0]
-    return quiet or feasible, "", False
+    least = min(rows[i][STALLED] for i in feasible)
+    return [i for i in feasible if rows[i][STALLED] == least], "", False
 
 
 def _reserve(rows: Sequence[Row], calm: list[int], sp: float, max_tokens: int) -> tuple[list[int], str]:

@@ -151,3 +151,17 @@ def test_a_late_first_token_beats_stalling_the_streams_beside_the_prefill():
     idle = worker("w0", Role.BOTH)
     dec = decide(model, rows(model, idle, w1), req, params())
     assert not dec.chosen.violations
+
+
+def test_when_every_route_stalls_streams_the_fewest_are_stalled():
+    model = CostModel(CFG)
+    # Both mixed workers decode (w0: 1 stream, w1: 3) and no route is calm: a 1000-token
+    # prompt stalls w0's stream (10 + 50 ms) or w1's three (30 + 50 ms), past 55 either way.
+    # Both splits meet the request's own targets; prefilling on w0 stalls one stream, not three.
+    w0, w1 = worker("w0", Role.BOTH, batch=1), worker("w1", Role.BOTH, batch=3)
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1), req, params())
+        assert dec.chosen.route is not None and not dec.chosen.violations, dec.reason
+        computing = dec.chosen.prefill or dec.chosen.decode
+        assert computing.worker_id == "w0", dec.reason
