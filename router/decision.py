@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from router.candidate import FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
-from router.interference import colocated_disturb_ms, eligible, split_disturb_ms
+from router.interference import colocated_disturb_ms, eligible, harmful, split_disturb_ms
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -116,6 +116,11 @@ class Decision:
     best_disaggregated: Candidate | None
     best_colocated: Candidate | None
     reason: str
+    admissible: tuple[Candidate, ...] = ()
+    """REJECT only: the candidates auto mode may still admit within its rejection
+    slack (router/modes.py): the best of each route among those whose prefill
+    stalls no decode stream past the TPOT target, when any; else among those
+    stalling the fewest live streams. Empty: the best of each route."""
 
 
 Usable = Callable[[WorkerCosts], bool]
@@ -245,10 +250,20 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
         closest = min(cands, key=lambda c: (_shortfall(c, req), c.ttft_ms))
         return Decision(Outcome.REJECT, None, best_dis, best_col,
                         f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
-                        f"{closest.violations} [TTFT = {closest.breakdown()}]")
+                        f"{closest.violations} [TTFT = {closest.breakdown()}]", _admissible(cands, req))
     if late:
         return _late(min(pool, key=_earliest), best_dis, best_col, note)
     return _pick(best_dis, best_col, params, note, pool_dis is not None, pool_col is not None)
+
+
+def _admissible(cands: Sequence[Candidate], req: RequestShape) -> tuple[Candidate, ...]:
+    """Decision.admissible of a rejecting decision: a request admitted past its own
+    prediction must not stall other streams when a route that does not exists."""
+    calm = [c for c in cands if not harmful(c.disturb_tpot_ms, req.slo_tpot_ms)]
+    if not calm:
+        least = min(c.stalled_streams for c in cands)
+        calm = [c for c in cands if c.stalled_streams == least]
+    return tuple(c for c in (_best(calm, Route.DISAGGREGATED), _best(calm, Route.COLOCATED)) if c is not None)
 
 
 def _earliest(c: Candidate) -> tuple[bool, float]:

@@ -173,8 +173,9 @@ class Planner:
         return self._execute(mode, d.best_colocated, why)
 
     def _within_slack(self, d: Decision, req: RequestShape) -> Candidate | None:
-        """The best candidate of a rejecting decision unless its rejection stands
-        (then None). It stands only when some target is missed beyond
+        """The closest of a rejecting decision's admissible candidates (those that
+        stall no decode stream past the target when any: `Decision.admissible`)
+        unless its rejection stands (then None). It stands only when some target is missed beyond
         `reject_slack` on a price that is trusted for it:
 
         * the price is confirmed (TTFT: the computing worker's prefill corrected
@@ -185,7 +186,7 @@ class Planner:
         * and, for TPOT, D's recent streams did not run well under the target
           (median observed TPOT above WELL_UNDER x target): a prediction that
           contradicts what D is measured doing is the model's error, not D's."""
-        pool = [c for c in (d.best_disaggregated, d.best_colocated) if c is not None]
+        pool = list(d.admissible) or [c for c in (d.best_disaggregated, d.best_colocated) if c is not None]
         if not pool:
             return None
         c = min(pool, key=lambda c: (not c.fits, miss(c, req)))

@@ -165,3 +165,17 @@ def test_when_every_route_stalls_streams_the_fewest_are_stalled():
         assert dec.chosen.route is not None and not dec.chosen.violations, dec.reason
         computing = dec.chosen.prefill or dec.chosen.decode
         assert computing.worker_id == "w0", dec.reason
+
+
+def test_a_rejected_request_is_admitted_past_its_prediction_only_on_a_calm_route():
+    model = CostModel(CFG)
+    # Nothing meets a 1 s TTFT: colocated on w0 (2 streams) comes closest (~1.1 s) but
+    # stalls w0's streams (20 + 50 ms > 55); split w1 -> w0 stalls nobody but waits for
+    # w1's 3000 queued tokens. Auto's rejection slack may admit only the calm one.
+    w0, w1 = worker("w0", Role.BOTH, batch=2), worker("w1", Role.BOTH, pending=3000)
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=1000, slo_tpot_ms=55)
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1), req, params())
+        assert dec.outcome is Outcome.REJECT
+        assert "colocated on w0" in dec.reason  # the message still names the closest route
+        assert [(c.prefill.worker_id, c.decode.worker_id) for c in dec.admissible] == [("w1", "w0")]
