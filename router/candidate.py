@@ -101,8 +101,8 @@ Row = tuple
 """A priced candidate as a tuple: Candidate's fields from `route` to `decode_streams`,
 in declaration order, so `Candidate(*row)` builds it (score 0, no violations)."""
 
-ROUTE, DECODE, TTFT, TPOT, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER, DISTURB, STALLED, D_STREAMS = \
-    0, 1, 3, 4, 6, 10, 11, 14, 15, 17, 18, 19
+ROUTE, DECODE, TTFT, TPOT, QUEUE_MS, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER, DISTURB, STALLED, D_STREAMS = \
+    0, 1, 3, 4, 5, 6, 10, 11, 14, 15, 17, 18, 19
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, ROUTE, STALLED, TPOT, TTFT, Row
+from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, QUEUE_MS, ROUTE, STALLED, TPOT, TTFT, Row
 from router.cost_model import WorkerCosts
 from router.types import Route
 
@@ -83,15 +83,18 @@ def harmful(disturb_tpot_ms: float, slo_tpot_ms: float) -> bool:
     return slo_tpot_ms > 0 and disturb_tpot_ms > slo_tpot_ms
 
 
-def spends_reserve(split: bool, d_can_prefill: bool, d_streams: int, tpot_ms: float, prefill_ms: float,
-                   max_tokens: int, slo_tpot_ms: float) -> bool:
-    """A split route that turns a stream-free worker able to prefill (a mixed D with no
-    streams) into a decoding one, for a prompt so long that the next one like it,
-    prefilled there, would hold this request's stream past the target. Such a D is the
-    cluster's calm prefill capacity: a later long prompt can prefill on it without
-    stalling anybody, but not once this stream lives there."""
-    return (split and d_can_prefill and d_streams == 0
-            and harmful(tpot_ms + stall_per_token_ms(prefill_ms, max_tokens), slo_tpot_ms))
+def spends_reserve(row: Row, max_tokens: int, slo_tpot_ms: float) -> bool:
+    """The route puts this request's stream on a stream-free worker able to prefill
+    (a mixed D, or W colocated) where the next prefill would hold that stream past
+    the target. Such a worker is the cluster's calm prefill capacity: a later long
+    prompt can prefill on it without stalling anybody, but not once this stream
+    lives there. The next prefill there is taken to be like this prompt on a split
+    route, and like the prompts queued on W (prompts W now prefills for others: it
+    is acting as a prefill worker) on a colocated one."""
+    if row[D_STREAMS] != 0 or not row[DECODE].can_prefill:
+        return False
+    nxt = row[PREFILL] if row[ROUTE] is Route.DISAGGREGATED else row[QUEUE_MS]
+    return nxt > 0 and harmful(row[TPOT] + stall_per_token_ms(nxt, max_tokens), slo_tpot_ms)
 
 
 def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
@@ -134,9 +137,7 @@ def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
 
 def _reserve(rows: Sequence[Row], calm: list[int], sp: float, max_tokens: int) -> tuple[list[int], str]:
     """`calm` less the routes that spend the last calm prefill worker, when any remain."""
-    spend = [i for i in calm if rows[i][ROUTE] is Route.DISAGGREGATED and rows[i][D_STREAMS] == 0
-             and spends_reserve(True, rows[i][DECODE].can_prefill, 0, rows[i][TPOT], rows[i][PREFILL], max_tokens,
-                                sp)]
+    spend = [i for i in calm if spends_reserve(rows[i], max_tokens, sp)]
     if not spend or len(spend) == len(calm):
         return calm, ""
     return [i for i in calm if i not in spend], (f"; {len(spend)} route(s) set aside to keep a stream-free worker "

@@ -126,9 +126,14 @@ def test_a_long_prompts_stream_joins_the_decoding_worker_not_the_free_one():
         assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
         assert dec.chosen.decode.worker_id == "w1" and dec.chosen.prefill.worker_id == "w2", dec.reason
         assert "stream-free worker" in dec.reason
-    # Short prompts are not held to it: 32 tokens stall a neighbour by 1.6 ms.
+    # A short prompt runs colocated (it stalls a neighbour by 1.6 ms), but not on w0: w0
+    # prefills for others now (1000 ms queued), and a stream there would wait for the next
+    # such prefill (1000 ms over 20 tokens: 50 ms on a 10 ms step > 55).
     short = RequestShape(prompt_tokens=32, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
-    assert "stream-free" not in decide(model, rows(model, w0, w1, w2), short, params()).reason
+    for fn in (decide, reference_decide):
+        dec = fn(model, rows(model, w0, w1, w2), short, params())
+        assert dec.outcome is Outcome.COLOCATED and dec.chosen.decode.worker_id != "w0", dec.reason
+    assert decide(model, rows(model, w0, w1, w2), short, params()).chosen.decode.worker_id == "w2"
 
 
 def test_a_late_first_token_beats_stalling_the_streams_beside_the_prefill():
