@@ -224,7 +224,8 @@ class CostTable:
         n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
         m = q.m
-        out, p_side = [], {}  # P position -> (reused, compute, prefill ms, disturb, stalled): the top pairs mostly share one P
+        # P position -> (reused, compute, prefill ms, disturb, stalled): the top pairs mostly share one P
+        out, p_side = [], {}
         for _, i, j in keyed[:k]:
             p = p_rows[i]
             side = p_side.get(i)

@@ -25,6 +25,19 @@ def split_harmful(p, own_ms, max_tokens, slo):
     return harmful(split_disturb_ms(p, own_ms, max_tokens), slo)
 
 
+def request(ttft_ms: float = 5000, tpot_ms: float = 55, prompt_tokens: int = 1000) -> RequestShape:
+    """41 output tokens and, by default, a 1000-token prompt (1000 ms of prefill): beside a
+    stream halfway through such an output it adds 1000 / 20 = 50 ms to each of its tokens."""
+    return RequestShape(prompt_tokens=prompt_tokens, max_tokens=41, block_size=BS, slo_ttft_ms=ttft_ms,
+                        slo_tpot_ms=tpot_ms)
+
+
+def both(req: RequestShape, *workers):
+    """The decision on `workers`, from `decide` and from `reference_decide` (they must agree)."""
+    model = CostModel(CFG)
+    return [fn(model, rows(model, *workers), req, params()) for fn in (decide, reference_decide)]
+
+
 def test_stall_is_the_prefill_over_half_the_output():
     assert stall_per_token_ms(1000.0, 41) == pytest.approx(50.0)   # 1000 ms over 20 tokens
     assert stall_per_token_ms(10.0, 1) == pytest.approx(10.0)      # at least one token
@@ -113,74 +126,56 @@ def test_stall_counts_the_prompts_queued_ahead_on_that_worker():
 
 
 def test_a_long_prompts_stream_joins_the_decoding_worker_not_the_free_one():
-    model = CostModel(CFG)
     # Three mixed workers during a burst of long prompts: the previous one prefills on w0
     # (1000 tokens queued) and will decode on w1 (one stream). A 1000-token prompt can
     # prefill calmly on w0 (behind the queue) or w2 (idle). Decoding it on w2 or w0 would
     # leave no worker where the next long prompt prefills without stalling a stream
     # (10 ms step + 1000 / 20 = 60 ms > 55), so its stream joins w1 (step 20 ms).
     w0, w1, w2 = worker("w0", Role.BOTH, pending=1000), worker("w1", Role.BOTH, batch=1), worker("w2", Role.BOTH)
-    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
-    for fn in (decide, reference_decide):
-        dec = fn(model, rows(model, w0, w1, w2), req, params())
+    for dec in both(request(), w0, w1, w2):
         assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
         assert dec.chosen.decode.worker_id == "w1" and dec.chosen.prefill.worker_id == "w2", dec.reason
         assert "stream-free worker" in dec.reason
     # A short prompt runs colocated (it stalls a neighbour by 1.6 ms), but not on w0: w0
     # prefills for others now (1000 ms queued), and a stream there would wait for the next
     # such prefill (1000 ms over 20 tokens: 50 ms on a 10 ms step > 55).
-    short = RequestShape(prompt_tokens=32, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
-    for fn in (decide, reference_decide):
-        dec = fn(model, rows(model, w0, w1, w2), short, params())
-        assert dec.outcome is Outcome.COLOCATED and dec.chosen.decode.worker_id != "w0", dec.reason
-    assert decide(model, rows(model, w0, w1, w2), short, params()).chosen.decode.worker_id == "w2"
+    for dec in both(request(prompt_tokens=32), w0, w1, w2):
+        assert dec.outcome is Outcome.COLOCATED and dec.chosen.decode.worker_id == "w2", dec.reason
 
 
 def test_a_late_first_token_beats_stalling_the_streams_beside_the_prefill():
-    model = CostModel(CFG)
     # w0 decodes 2 streams (step 20 ms); w1 has 3000 prompt tokens queued and no streams.
     # Colocated on w0 meets the request's own targets (TTFT ~1.1 s, TPOT 30 + 1000/40 =
     # 55 ms) but holds w0's streams at 20 + 1000 / 20 = 70 ms > 60. Split w1 -> w0 stalls
     # nobody and meets TPOT (30 ms), but its first token comes after w1's queue: TTFT
     # ~4 s > 3.5 s. One late first token is cheaper than two stalled streams.
     w0, w1 = worker("w0", Role.BOTH, batch=2), worker("w1", Role.BOTH, pending=3000)
-    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=3500, slo_tpot_ms=60)
-    for fn in (decide, reference_decide):
-        dec = fn(model, rows(model, w0, w1), req, params())
+    req = request(ttft_ms=3500, tpot_ms=60)
+    for dec in both(req, w0, w1):
         assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
         assert (dec.chosen.prefill.worker_id, dec.chosen.decode.worker_id) == ("w1", "w0")
         assert dec.chosen.ttft_ms > 3500 and dec.chosen.tpot_ms <= 60
         assert "misses only TTFT" in dec.reason
         assert dec.best_colocated is not None and not dec.best_colocated.violations
     # With no streams on w0 to stall, the on-time colocated route stands.
-    idle = worker("w0", Role.BOTH)
-    dec = decide(model, rows(model, idle, w1), req, params())
-    assert not dec.chosen.violations
+    assert all(not dec.chosen.violations for dec in both(req, worker("w0", Role.BOTH), w1))
 
 
 def test_when_every_route_stalls_streams_the_fewest_are_stalled():
-    model = CostModel(CFG)
     # Both mixed workers decode (w0: 1 stream, w1: 3) and no route is calm: a 1000-token
     # prompt stalls w0's stream (10 + 50 ms) or w1's three (30 + 50 ms), past 55 either way.
     # Both splits meet the request's own targets; prefilling on w0 stalls one stream, not three.
-    w0, w1 = worker("w0", Role.BOTH, batch=1), worker("w1", Role.BOTH, batch=3)
-    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
-    for fn in (decide, reference_decide):
-        dec = fn(model, rows(model, w0, w1), req, params())
+    for dec in both(request(), worker("w0", Role.BOTH, batch=1), worker("w1", Role.BOTH, batch=3)):
         assert dec.chosen.route is not None and not dec.chosen.violations, dec.reason
         computing = dec.chosen.prefill or dec.chosen.decode
         assert computing.worker_id == "w0", dec.reason
 
 
 def test_a_rejected_request_is_admitted_past_its_prediction_only_on_a_calm_route():
-    model = CostModel(CFG)
     # Nothing meets a 1 s TTFT: colocated on w0 (2 streams) comes closest (~1.1 s) but
     # stalls w0's streams (20 + 50 ms > 55); split w1 -> w0 stalls nobody but waits for
     # w1's 3000 queued tokens. Auto's rejection slack may admit only the calm one.
-    w0, w1 = worker("w0", Role.BOTH, batch=2), worker("w1", Role.BOTH, pending=3000)
-    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=1000, slo_tpot_ms=55)
-    for fn in (decide, reference_decide):
-        dec = fn(model, rows(model, w0, w1), req, params())
+    for dec in both(request(ttft_ms=1000), worker("w0", Role.BOTH, batch=2), worker("w1", Role.BOTH, pending=3000)):
         assert dec.outcome is Outcome.REJECT
         assert "colocated on w0" in dec.reason  # the message still names the closest route
         assert [(c.prefill.worker_id, c.decode.worker_id) for c in dec.admissible] == [("w1", "w0")]
