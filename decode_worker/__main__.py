@@ -66,7 +66,7 @@ async def run(argv: list[str] | None = None) -> None:
                               receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile),
         load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
-    metrics = metrics_file(cfg, loop, receiver)
+    metrics = metrics_file(cfg, loop, receiver, *([sender] if sender else []))
     metrics.start()
     log.info("%s worker %s serving on %s, data plane %s", "mixed" if sender else "decode",
              cfg.worker_id, advertised(cfg, port), receiver.address)

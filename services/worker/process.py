@@ -103,9 +103,10 @@ def run_process(run) -> None:
         pass
 
 
-def metrics_file(cfg: WorkerConfig, loop: EngineLoop, transport):
+def metrics_file(cfg: WorkerConfig, loop: EngineLoop, *transports):
     """cfg.metrics_file ("{worker}" replaced by the worker id) kept current with engine
-    load and the data plane's figures."""
+    load and the data plane's figures: every transport's (a mixed worker has a
+    receiver and a sender; their sample names differ)."""
     from services.telemetry.metrics import MetricsFile
 
     def engine():
@@ -115,7 +116,5 @@ def metrics_file(cfg: WorkerConfig, loop: EngineLoop, transport):
                 ("pd_engine_pending_prefill_tokens", {}, loop.pending_prefill_tokens),
                 ("pd_engine_active_decode", {}, loop.active_decode)]
 
-    sources = [engine]
-    if hasattr(transport, "metrics"):
-        sources.append(transport.metrics)
+    sources = [engine] + [t.metrics for t in transports if hasattr(t, "metrics")]
     return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), sources)

@@ -9,6 +9,7 @@ requests on either. Split tokens equal colocated tokens, and nothing leaks.
 from __future__ import annotations
 
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,13 +17,17 @@ import pytest
 from cluster_support import _directory, assert_cluster_clean, start_cluster
 from kv_directory.store import WorkerRole
 from services.sdk import Client
+from services.telemetry.metrics import parse
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mixed")
     c = start_cluster(tmp, prefill=0, decode=0, mixed=2, mode="disaggregated", num_blocks=512,
-                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})
+                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json"),
+                           "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
+    c.metrics = lambda worker: {(n, tuple(sorted(l.items()))): v for n, l, v in
+                                parse((tmp / f"metrics-{worker}.prom").read_text())}
     yield c
     c.down()
 
@@ -52,3 +57,27 @@ def test_split_in_both_directions_equals_colocated(cluster):
     for s, c in zip(split, colo):
         assert s.token_ids == c.token_ids
     assert_cluster_clean(cluster)
+
+
+def test_a_mixed_workers_metrics_show_what_it_sent_and_what_it_received(cluster):
+    """Each mixed worker's metrics file has its sender's and its receiver's figures, and
+    the bytes one sent the other received (8 concurrent splits go both ways, as above)."""
+    with Client(cluster.router_address) as client, ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda i: client.generate_full(
+            prompt_ids=[3 + (i + j) % 500 for j in range(300)], max_tokens=2, ignore_eos=True,
+            mode="disaggregated"), range(8)))
+    assert {r.prefill_worker for r in done} == {"mixed-0", "mixed-1"}
+
+    def total(m, name):
+        return sum(v for (n, _), v in m.items() if n == name)
+
+    deadline = time.monotonic() + 5
+    while True:
+        m0, m1 = cluster.metrics("mixed-0"), cluster.metrics("mixed-1")
+        sent = [total(m, "pd_transfer_sent_bytes_total") for m in (m0, m1)]
+        got = [total(m, "pd_transfer_received_bytes_total") for m in (m0, m1)]
+        if (all(sent) and sent == got[::-1]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert all(sent) and all(got), (sent, got)
+    assert sent == got[::-1], "the bytes mixed-0 sent are the bytes mixed-1 received, and back"
