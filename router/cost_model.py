@@ -8,7 +8,8 @@
 profile.py) and registered; a worker without one gets the config's defaults.
 A start-up calibration on a shared host can be several times too slow (other
 workers start beside it), so every function carries a multiplicative
-correction, an EWMA of observed / predicted that follows samples up *and down*:
+correction (router/corrections.py), an EWMA of observed / predicted that follows
+samples up *and down*:
 
     prefill   per worker and per size (log2 bucket of new tokens), from
               PrefillResult.timings.compute_ms on split routes and, on colocated
@@ -64,19 +65,8 @@ import statistics
 from kv_directory.profile import CostProfile
 from router.candidate import Candidate
 from router.config import RouterConfig
+from router.corrections import CLAMP, SIZE_BUCKETS, Ewma, Sized, ratio
 from router.types import Route, Worker
-
-CLAMP = 20.0
-"""Bound of a correction factor and of one observed/predicted ratio."""
-
-SIZE_BUCKETS = 24
-"""Size buckets of a sized correction: bucket = bit_length(size), capped (2^23 tokens or bytes and up share one)."""
-
-OVERHEAD_UP_WEIGHT = 0.25
-"""A TTFT residual above the learned overhead moves it at this fraction of the EWMA weight ..."""
-
-OVERHEAD_UP_CAP = 4.0
-"""... and counts at most this multiple of the current overhead (see the module docstring)."""
 
 PREFILL_DOMINANT = 4.0
 """A colocated TTFT is a prefill sample of W only when its predicted prefill is at least this
@@ -174,61 +164,6 @@ class WorkerCosts:
                 + (self.queue_ms + extra_prefill_ms) / max(1, max_tokens - 1))
 
 
-@dataclasses.dataclass(slots=True)
-class _Ewma:
-    value: float
-    samples: int = 0
-
-    def update(self, x: float, alpha: float) -> None:
-        self.value = x if self.samples == 0 else (1 - alpha) * self.value + alpha * x
-        self.samples += 1
-
-    def update_low(self, x: float, alpha: float, floor: float) -> None:
-        """Low-expectile step (see the module docstring): down at `alpha`, up at a
-        quarter of it with the sample capped at OVERHEAD_UP_CAP x max(value, floor)."""
-        if x > self.value:
-            x = min(x, OVERHEAD_UP_CAP * max(self.value, floor))
-            alpha *= OVERHEAD_UP_WEIGHT
-        self.value += alpha * (x - self.value)
-        self.samples += 1
-
-
-def size_bucket(size: int) -> int:
-    """Log2 bucket of a token or byte count."""
-    return min(max(0, int(size)).bit_length(), SIZE_BUCKETS - 1)
-
-
-@dataclasses.dataclass(slots=True)
-class _Sized:
-    """A correction factor per size bucket, plus one over all sizes."""
-
-    overall: _Ewma = dataclasses.field(default_factory=lambda: _Ewma(1.0))
-    buckets: dict[int, _Ewma] = dataclasses.field(default_factory=dict)
-
-    def update(self, size: int, ratio: float, alpha: float) -> None:
-        self.overall.update(ratio, alpha)
-        self.buckets.setdefault(size_bucket(size), _Ewma(1.0)).update(ratio, alpha)
-
-    def factor(self, size: int) -> float:
-        """The bucket's factor; else the nearest observed bucket's (the smaller on a tie); else 1."""
-        if not self.buckets:
-            return 1.0
-        b = size_bucket(size)
-        return self.buckets[min(self.buckets, key=lambda k: (abs(k - b), k))].value
-
-    def scales(self) -> tuple[float, ...]:
-        """factor(bucket) / overall factor for every bucket (WorkerCosts.pre_scale)."""
-        if not self.buckets:
-            return ()
-        return tuple(self.factor((1 << b) >> 1) / self.overall.value for b in range(SIZE_BUCKETS))
-
-
-def _ratio(observed: float, predicted: float) -> float | None:
-    if not (observed > 0 and predicted > 0 and math.isfinite(observed) and math.isfinite(predicted)):
-        return None
-    return min(CLAMP, max(1.0 / CLAMP, observed / predicted))
-
-
 class CostModel:
     """Profiles, online corrections and the cached per-worker cost rows."""
 
@@ -237,15 +172,15 @@ class CostModel:
         self._alpha = config.cost_ewma_alpha
         self._default = CostProfile(prefill_ms_per_token=config.default_prefill_ms_per_token,
                                     decode_base_ms=config.default_decode_step_ms, source="default")
-        self._prefill: dict[str, _Sized] = {}
-        self._decode: dict[str, _Ewma] = {}
+        self._prefill: dict[str, Sized] = {}
+        self._decode: dict[str, Ewma] = {}
         self._decode_recent: dict[str, collections.deque[tuple[float, float]]] = {}
         """Per worker: (implied decode factor, observed TPOT ms) of its last DECODE_RECENT streams."""
-        self._path: dict[tuple[str, str], _Sized] = {}
-        self._path_all = _Sized()
+        self._path: dict[tuple[str, str], Sized] = {}
+        self._path_all = Sized()
         self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
                                   Route.COLOCATED: config.colocated_overhead_ms}
-        self._overhead = {r: _Ewma(v) for r, v in self._default_overhead.items()}
+        self._overhead = {r: Ewma(v) for r, v in self._default_overhead.items()}
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
         self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
@@ -346,17 +281,17 @@ class CostModel:
         """A prefill of `new` tokens after `reused` took `observed_ms` of compute at `w`."""
         p = self.profile(w)
         raw = (p.prefill_base_ms + p.prefill_ms_per_token * new + p.prefill_ms_per_pair * new * (reused + new / 2.0))
-        r = _ratio(observed_ms, raw)
+        r = ratio(observed_ms, raw)
         if r is not None:
-            self._prefill.setdefault(w.worker_id, _Sized()).update(new, r, self._alpha)
+            self._prefill.setdefault(w.worker_id, Sized()).update(new, r, self._alpha)
             self.version += 1
 
     def observe_transfer(self, source: Worker, dest: Worker, nbytes: int, observed_ms: float) -> None:
         """A hand-off of `nbytes` had `observed_ms` of exposed transfer time."""
         raw = self._latency_ms + nbytes * self._ms_per_byte
-        r = _ratio(observed_ms, raw)
+        r = ratio(observed_ms, raw)
         if r is not None:
-            self._path.setdefault((source.worker_id, dest.worker_id), _Sized()).update(nbytes, r, self._alpha)
+            self._path.setdefault((source.worker_id, dest.worker_id), Sized()).update(nbytes, r, self._alpha)
             self._path_all.update(nbytes, r, self._alpha)
             self.version += 1
 
@@ -388,7 +323,7 @@ class CostModel:
         current one: requests of one burst are all priced before the first ends,
         and composing each with the factor its predecessors already raised
         compounded 2x into 4x, 8x (the 115 ms predicted for a 25 ms stream)."""
-        r = _ratio(observed_ms, predicted_ms)
+        r = ratio(observed_ms, predicted_ms)
         if r is None:
             return
         f = self.decode_factor(w.worker_id) if carried is None else carried
@@ -398,7 +333,7 @@ class CostModel:
         if clean:
             self._update(self._decode, w.worker_id, implied)
             return
-        e = self._decode.setdefault(w.worker_id, _Ewma(1.0))
+        e = self._decode.setdefault(w.worker_id, Ewma(1.0))
         e.update_low(implied, self._alpha, e.value)
         self.version += 1
 
@@ -434,10 +369,10 @@ class CostModel:
             return
         if not (clean and math.isfinite(observed_ms) and observed_ms > 0 and c.prefill_ms > 0 and c.compute_tokens > 0):
             return
-        r = _ratio(observed_ms - c.overhead_ms - c.queue_ms, c.prefill_ms)
+        r = ratio(observed_ms - c.overhead_ms - c.queue_ms, c.prefill_ms)
         if r is None:
             return
-        sized = self._prefill.setdefault(c.decode.worker_id, _Sized())
+        sized = self._prefill.setdefault(c.decode.worker_id, Sized())
         # c.prefill_ms carried W's factor of this size at decision time (`carried`): compose with that.
         f = sized.factor(c.compute_tokens) if carried is None else carried
         sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * f)), self._alpha)
@@ -448,7 +383,7 @@ class CostModel:
             return
         e = table.get(key)
         if e is None:
-            table[key] = e = _Ewma(1.0)
+            table[key] = e = Ewma(1.0)
         e.update(ratio, self._alpha)
         self.version += 1
 

@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from router.candidate import Row
-from router.cost_model import SIZE_BUCKETS, CostModel, WorkerCosts
+from router.corrections import SIZE_BUCKETS
+from router.cost_model import CostModel, WorkerCosts
 from router.interference import colocated_disturb_ms, split_disturb_ms
 from router.types import Route
 
