@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from router.cost_model import CostModel
-from router.decision import Outcome, RequestShape, decide, reference_decide
-from router.interference import colocated_disturb_ms, harmful, split_disturb_ms, stall_per_token_ms
+from router.decision import Outcome, RequestShape, decide, price_colocated, reference_decide
+from router.interference import colocated_disturb_ms, harmful, spends_reserve, split_disturb_ms, stall_per_token_ms
 from router.types import Role
 
 from test_router_decision import BS, CFG, params, rows, worker
@@ -179,3 +179,18 @@ def test_a_rejected_request_is_admitted_past_its_prediction_only_on_a_calm_route
         assert dec.outcome is Outcome.REJECT
         assert "colocated on w0" in dec.reason  # the message still names the closest route
         assert [(c.prefill.worker_id, c.decode.worker_id) for c in dec.admissible] == [("w1", "w0")]
+
+
+def test_a_colocated_stream_on_a_worker_prefilling_for_others_spends_the_reserve():
+    model = CostModel(CFG)
+    # w0 decodes nothing but has 1000 prompt tokens queued for other workers' streams (it
+    # acts as a prefill worker). A short prompt's stream colocated there would wait for
+    # w0's next prefill like those: 1000 ms over 20 tokens = 50 ms on top of its cadence.
+    req = request(prompt_tokens=32)
+    on_w0 = price_colocated(model, model.costs(worker("w0", Role.BOTH, pending=1000)), req)
+    assert spends_reserve(on_w0.row(), req.max_tokens, req.slo_tpot_ms)
+    # Not on an idle worker (nothing queued), nor on a decode-only one (never a prefill worker).
+    idle = price_colocated(model, model.costs(worker("w1", Role.BOTH)), req)
+    assert not spends_reserve(idle.row(), req.max_tokens, req.slo_tpot_ms)
+    decode_only = price_colocated(model, model.costs(worker("d", Role.DECODE, pending=1000)), req)
+    assert not spends_reserve(decode_only.row(), req.max_tokens, req.slo_tpot_ms)
