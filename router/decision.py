@@ -49,15 +49,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import heapq
-import itertools
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from router.candidate import FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
-from router.interference import colocated_disturb_ms, eligible, harmful, split_disturb_ms
+from router.interference import colocated_disturb_ms, eligible, harmful, least_stalled, split_disturb_ms
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -240,9 +239,9 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
     if not cands:
         return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
     score_all(cands, req, params.scorers)
-    at, note, late = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    e = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
     feasible = [c for c in cands if not c.violations]
-    pool = [cands[i] for i in at]
+    pool = [cands[i] for i in e.at]
     pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
     best_dis = pool_dis or _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
     best_col = pool_col or _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
@@ -251,19 +250,18 @@ def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams
         return Decision(Outcome.REJECT, None, best_dis, best_col,
                         f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
                         f"{closest.violations} [TTFT = {closest.breakdown()}]", _admissible(cands, req))
-    if late:
-        return _late(min(pool, key=_earliest), best_dis, best_col, note)
-    return _pick(best_dis, best_col, params, note, pool_dis is not None, pool_col is not None)
+    if e.late:
+        return _late(min(pool, key=_earliest), best_dis, best_col, e.note)
+    return _pick(best_dis, best_col, params, e.note, pool_dis is not None, pool_col is not None)
 
 
 def _admissible(cands: Sequence[Candidate], req: RequestShape) -> tuple[Candidate, ...]:
     """Decision.admissible of a rejecting decision: a request admitted past its own
     prediction must not stall other streams when a route that does not exists."""
-    calm = [c for c in cands if not harmful(c.disturb_tpot_ms, req.slo_tpot_ms)]
-    if not calm:
-        least = min(c.stalled_streams for c in cands)
-        calm = [c for c in cands if c.stalled_streams == least]
-    return tuple(c for c in (_best(calm, Route.DISAGGREGATED), _best(calm, Route.COLOCATED)) if c is not None)
+    rows = [c.row() for c in cands]
+    calm = [i for i, r in enumerate(rows) if not harmful(r[DISTURB], req.slo_tpot_ms)]
+    pool = [cands[i] for i in calm or least_stalled(rows, range(len(rows)))]
+    return tuple(c for c in (_best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)) if c is not None)
 
 
 def _earliest(c: Candidate) -> tuple[bool, float]:
@@ -298,26 +296,22 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
         return choose([], req, params)
     batch = ScoreBatch.of_rows(rows)
     scores = weighted_scores(batch, req, params.scorers)
-    at, note, late = eligible(rows, req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
-    if not at:
+    e = eligible(rows, req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    if not e.at:
         return choose([Candidate(*r) for r in rows], req, params)
-    best, ok, feasible = [], [], None
+    best, ok = [], []
     for route in (Route.DISAGGREGATED, Route.COLOCATED):
-        i = _best_at(rows, scores, route, at)
+        i = _best_at(rows, scores, route, e.at)
         ok.append(i is not None)
         if i is None:
-            if feasible is None:
-                st, sp = req.slo_ttft_ms, req.slo_tpot_ms
-                feasible = [i for i, t, p in zip(itertools.count(), batch.ttft_ms, batch.tpot_ms)
-                            if not ((st > 0 and t > st) or (sp > 0 and p > sp))]  # _violations(...) == ""
-            i = _best_at(rows, scores, route, feasible)
+            i = _best_at(rows, scores, route, e.feasible)
         if i is None:
             i = _best_at(rows, scores, route, range(len(rows)))
         best.append(_candidate(rows, scores, i, req))
-    if late:
-        j = min(at, key=lambda i: (rows[i][FREE_AFTER] < 0, rows[i][TTFT]))
-        return _late(_candidate(rows, scores, j, req), best[0], best[1], note)
-    return _pick(best[0], best[1], params, note, *ok)
+    if e.late:
+        j = min(e.at, key=lambda i: (rows[i][FREE_AFTER] < 0, rows[i][TTFT]))
+        return _late(_candidate(rows, scores, j, req), best[0], best[1], e.note)
+    return _pick(best[0], best[1], params, e.note, *ok)
 
 
 def _candidate(rows: Sequence[Row], scores: list[float], i: int | None, req: RequestShape) -> Candidate | None:

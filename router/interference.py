@@ -46,6 +46,7 @@ harmful.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, QUEUE_MS, ROUTE, STALLED, TPOT, TTFT, Row
 from router.cost_model import WorkerCosts
@@ -97,8 +98,20 @@ def spends_reserve(row: Row, max_tokens: int, slo_tpot_ms: float) -> bool:
     return nxt > 0 and harmful(row[TPOT] + stall_per_token_ms(nxt, max_tokens), slo_tpot_ms)
 
 
-def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
-             max_tokens: int) -> tuple[list[int], str, bool]:
+class Eligible(NamedTuple):
+    """`eligible`'s answer, by index into the priced rows."""
+
+    at: list[int]
+    """The routes the decision may choose from; empty when none is feasible."""
+    feasible: list[int]
+    """The routes that meet both targets."""
+    note: str
+    """Why any were set aside (appended to the decision's reason)."""
+    late: bool
+    """`at` holds calm routes that meet TPOT and miss TTFT (rule 3)."""
+
+
+def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float, max_tokens: int) -> Eligible:
     """Which priced routes (Rows, router/candidate.py; by index) the decision may
     choose from, why any were set aside, and whether they are *late* (meet TPOT,
     miss TTFT). Empty: no route meets both targets (the decision rejects, or
@@ -118,21 +131,27 @@ def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float,
     st, sp = slo_ttft_ms, slo_tpot_ms
     feasible = [i for i, r in enumerate(rows) if not ((st > 0 and r[TTFT] > st) or (sp > 0 and r[TPOT] > sp))]
     if not feasible or sp <= 0:  # no TPOT target: nothing is harmful
-        return feasible, "", False
+        return Eligible(feasible, feasible, "", False)
     calm = [i for i in feasible if rows[i][DISTURB] <= sp]
-    if len(calm) == len(feasible):
-        return (*_reserve(rows, calm, sp, max_tokens), False)
     if calm:
         at, note = _reserve(rows, calm, sp, max_tokens)
-        return at, (f"; {len(feasible) - len(calm)} feasible route(s) set aside for interference (their prefill "
-                    f"would hold decode streams past the TPOT target)") + note, False
+        if len(calm) < len(feasible):
+            note = (f"; {len(feasible) - len(calm)} feasible route(s) set aside for interference (their prefill "
+                    f"would hold decode streams past the TPOT target)") + note
+        return Eligible(at, feasible, note, False)
     if all(rows[i][STALLED] > 0 for i in feasible):
         late = [i for i, r in enumerate(rows) if st > 0 and r[TTFT] > st and r[TPOT] <= sp and r[DISTURB] <= sp]
         if late:
-            return late, ("; every route meeting the SLO would hold decode streams past the TPOT target with its "
-                          "prefill, so a calm route that misses only TTFT is taken"), True
-    least = min(rows[i][STALLED] for i in feasible)
-    return [i for i in feasible if rows[i][STALLED] == least], "", False
+            return Eligible(late, feasible, "; every route meeting the SLO would hold decode streams past the TPOT "
+                                            "target with its prefill, so a calm route that misses only TTFT is taken",
+                            True)
+    return Eligible(least_stalled(rows, feasible), feasible, "", False)
+
+
+def least_stalled(rows: Sequence[Row], among: Sequence[int]) -> list[int]:
+    """The routes of `among` whose prefill holds back the fewest streams decoding now."""
+    least = min(rows[i][STALLED] for i in among)
+    return [i for i in among if rows[i][STALLED] == least]
 
 
 def _reserve(rows: Sequence[Row], calm: list[int], sp: float, max_tokens: int) -> tuple[list[int], str]:
