@@ -118,10 +118,17 @@ class WorkerCosts:
     """tpot_with = tpot_base + tpot_per_token * (prompt + max_tokens // 2) + queue spread (precomputed)."""
     can_prefill: bool = False
     can_decode: bool = False
-    busy: bool = False
-    """Streams to disturb now or soon: a decode batch, or queued prompts (heartbeat + this
-    router's unreported dispatches: the next prompts of a burst land here). A colocated
-    prompt here is priced as dilating them (router/decision.py)."""
+    live: int = -1
+    """Streams decoding now: the heartbeat's batch, or the streams this router saw start
+    here when more (router/streams.py); -1 (the default): `batch`."""
+    planned: int = 0
+    """Streams this router planned here that have not started yet (router/streams.py)."""
+    next_start_ms: float = math.inf
+    """When the first planned stream is expected to start, ms from now (0: due now)."""
+    streams_from_ms: float = math.inf
+    """From when, in ms from now, this worker has decode streams that a prefill here
+    holds back: -1 with live streams, else the next planned start, else inf
+    (computed). A prefill here that ends by then disturbs nobody (`disturbs`)."""
     pre_scale: tuple[float, ...] = ()
     """Per size bucket of new tokens: that bucket's prefill correction / the worker's
     overall one (pre_* carry the overall factor; the cheap bound in decision.py uses them)."""
@@ -134,7 +141,23 @@ class WorkerCosts:
         self.tpot_base = self.decode_step_ms(self.batch + 1, self.context) * rounds
         self.tpot_per_token = self.dec_ctx * rounds
         self.can_prefill, self.can_decode = self.worker.can_prefill, self.worker.can_decode
-        self.busy = self.batch > 0 or self.pending_tokens > 0
+        if self.live < 0:
+            self.live = self.batch
+        self.streams_from_ms = -1.0 if self.live > 0 else self.next_start_ms if self.planned > 0 else math.inf
+
+    def disturbs(self, end_ms: float) -> bool:
+        """Does a prefill here that ends `end_ms` from now overlap a decode stream here?"""
+        return end_ms > self.streams_from_ms
+
+    def overlap_ms(self, prefill_ms: float, end_ms: float) -> float:
+        """How much of a prefill of `prefill_ms` ending `end_ms` from now runs while a
+        stream here decodes: all of it with live streams, else what runs after the
+        first planned stream starts (0 when it ends before)."""
+        if self.live > 0:
+            return prefill_ms
+        if self.planned <= 0 or end_ms <= self.next_start_ms:
+            return 0.0
+        return min(prefill_ms, end_ms - self.next_start_ms)
 
     def prefill_ms(self, new: int, reused: int) -> float:
         """Forward pass over `new` prompt tokens after `reused` cached ones."""
@@ -193,25 +216,29 @@ class CostModel:
         """The worker's declared profile, or the defaults when it declared none."""
         return w.profile if w.profile.declared else self._default
 
-    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0, extra_seqs: int = 0) -> WorkerCosts:
+    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0, extra_seqs: int = 0,
+              streams: tuple[int, int, float] | None = None) -> WorkerCosts:
         """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not
-        show yet (prompt tokens queued, blocks reserved, sequences added to the batch)."""
+        show yet (prompt tokens queued, blocks reserved, sequences added to the batch);
+        `streams`: this router's own streams at `w` (router/streams.py): (started,
+        planned and not started, ms until the first planned one starts)."""
         if self._rows_version != self.version:
             self._rows.clear()
             self._rows_version = self.version
-        plain = not (extra_tokens or extra_blocks or extra_seqs)
+        plain = not (extra_tokens or extra_blocks or extra_seqs or streams)
         if plain:
             hit = self._rows.get(id(w))
             if hit is not None and hit[0] is w:
                 return hit[1]
-        row = self._build(w, extra_tokens, extra_blocks, extra_seqs)
+        row = self._build(w, extra_tokens, extra_blocks, extra_seqs, streams)
         if plain:
             if len(self._rows) > 4096:
                 self._rows.clear()
             self._rows[id(w)] = (w, row)
         return row
 
-    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int, extra_seqs: int) -> WorkerCosts:
+    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int, extra_seqs: int,
+               streams: tuple[int, int, float] | None = None) -> WorkerCosts:
         p = self.profile(w)
         sized = self._prefill.get(w.worker_id)
         fp = sized.overall.value if sized else 1.0
@@ -224,7 +251,9 @@ class CostModel:
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
             p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch + extra_seqs,
             ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch,
-            pre_scale=sized.scales() if sized else ())
+            pre_scale=sized.scales() if sized else (),
+            **({} if streams is None else
+               {"live": max(ld.active_decode_batch, streams[0]), "planned": streams[1], "next_start_ms": streams[2]}))
 
     def transfer_ms(self, source_id: str, dest_id: str, nbytes: int) -> float:
         """Exposed transfer time of `nbytes` from source to destination."""

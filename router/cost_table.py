@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from router.candidate import Row
 from router.corrections import SIZE_BUCKETS
 from router.cost_model import CostModel, WorkerCosts
-from router.interference import colocated_disturb_ms, split_disturb_ms
+from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
 from router.types import Route
 
 if TYPE_CHECKING:
@@ -70,12 +70,12 @@ _D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
     "d_pp": operator.attrgetter("pre_pair"),
     "d_chunk": operator.attrgetter("chunk_tokens"),
     "d_step": operator.attrgetter("step_ms"),
-    "d_busy": operator.attrgetter("busy"),
+    "d_from": operator.attrgetter("streams_from_ms"),
     "d_ids": lambda r: r.worker.worker_id,
     "d_abi": lambda r: r.worker.cache_abi_digest,
     "d_free": operator.attrgetter("free_blocks"),
     "d_total": lambda r: r.worker.capacity.total_blocks,
-    "d_batch": operator.attrgetter("batch"),
+    "d_streams": lambda r: r.live + r.planned,
 }
 """Per-row columns of the decode-capable side (CostTable attributes)."""
 
@@ -100,7 +100,7 @@ class CostTable:
         for name, get in _D_COLUMNS.items():
             setattr(self, name, list(map(get, self.d_rows)))
         self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
-        self.d_plain = all(self.d_busy) and not any(r.pre_scale for r in self.d_rows) and len(set(self.d_chunk)) <= 1
+        self.d_plain = _plain(self)
         """Every D row busy, without sized prefill corrections, one chunk size: the colocated
         key's pass drops those terms (x * 1.0 and `o if True else 0.0` are x and o exactly)."""
 
@@ -153,7 +153,7 @@ class CostTable:
                 new.d_rows[j] = r
                 for name, get in _D_COLUMNS.items():
                     getattr(new, name)[j] = get(r)
-        new.d_plain = all(new.d_busy) and not any(r.pre_scale for r in new.d_rows) and len(set(new.d_chunk)) <= 1
+        new.d_plain = _plain(new)
         return new
 
     def price(self, model: CostModel, req: RequestShape, top_k: int,
@@ -233,8 +233,10 @@ class CostTable:
             if side is None:
                 reused = p_hit.get(i, h0) * bs
                 own = p.prefill_ms(n - reused, reused)
-                side = p_side[i] = (reused, n - reused, p.interleaved_ms(own, n - reused),
-                                    split_disturb_ms(p, own, m), p.batch if p.can_decode else 0)
+                prefill = p.interleaved_ms(own, n - reused)
+                end = p.queue_ms + prefill
+                side = p_side[i] = (reused, n - reused, prefill, split_disturb_ms(p, own, m, end),
+                                    stalled_streams(p, end) if p.can_decode else 0)
             reused, compute, prefill, disturb, stalled = side
             moved_blocks = blocks - d_hit.get(j, h0)
             nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
@@ -242,7 +244,7 @@ class CostTable:
             qm, adm = p.queue_ms, self.d_adm[j]
             out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,
                         transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes, p.pending_tokens,
-                        self.d_free[j] - need, self.d_total[j], disturb, stalled, self.d_batch[j]))
+                        self.d_free[j] - need, self.d_total[j], disturb, stalled, self.d_streams[j]))
         return out
 
     def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
@@ -251,7 +253,7 @@ class CostTable:
         overhead = model.overhead_ms(Route.COLOCATED)
         reused = h0 * bs
         new = n - reused
-        if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, busy, and one chunk size
+        if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, live streams, one chunk size
             c = reused + new / 2.0
             chunks = -(-new // self.d_chunk[0])
             key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
@@ -259,11 +261,11 @@ class CostTable:
                    for qu, b, t, p, st, s in zip(self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp)]
         elif new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
             c = reused + new / 2.0
-            key = [(qu + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
-                   + (s + (o / gaps if busy else 0.0)) / tpot_ref
-                   for qu, b, t, p, f, ch, st, s, busy in zip(
+            key = [(qu + (o := (b + t * new + p * new * c) * f) + (cs := -(-new // ch) * st) + overhead) / ttft_ref
+                   + (s + (min(o, e - fr) / gaps if (e := qu + (o + cs)) > fr else 0.0)) / tpot_ref
+                   for qu, b, t, p, f, ch, st, s, fr in zip(
                        self.d_queue, self.d_pb, self.d_pt, self.d_pp, self._d_scale_at(new), self.d_chunk,
-                       self.d_step, tp, self.d_busy)]
+                       self.d_step, tp, self.d_from)]
         else:
             key = [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
                    for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)]
@@ -271,7 +273,8 @@ class CostTable:
             r, reused = self.d_rows[i], hit * bs
             o = r.prefill_ms(n - reused, reused)
             ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            key[i] = ttft / ttft_ref + (tp[i] + (o / gaps if r.busy else 0.0)) / tpot_ref
+            end = r.queue_ms + r.interleaved_ms(o, n - reused)
+            key[i] = ttft / ttft_ref + (tp[i] + r.overlap_ms(o, end) / gaps) / tpot_ref
         # Priced as decision.colocated_row prices them, WorkerCosts.tpot_with inlined (must
         # match it in router/cost_model.py: the same operations in the same order).
         ctx, need, d_hit, col = q.ctx, q.need, q.d_hit, Route.COLOCATED
@@ -283,10 +286,11 @@ class CostTable:
             own = w.prefill_ms(compute, reused)
             prefill = w.interleaved_ms(own, compute)
             qm = self.d_queue[i]
-            tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + (own if self.d_busy[i] else 0.0)) / gaps
+            end = qm + prefill
+            tpot = self.d_tpb[i] + self.d_tpt[i] * ctx + (qm + w.overlap_ms(own, end)) / gaps
             out.append((col, w.worker, None, qm + prefill + overhead, tpot, qm, prefill, 0.0, 0.0, overhead, n, compute,
                         0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i],
-                        colocated_disturb_ms(w, own, q.m), self.d_batch[i], self.d_batch[i]))
+                        colocated_disturb_ms(w, own, q.m, end), stalled_streams(w, end), self.d_streams[i]))
         return out
 
     def _d_scale_at(self, new: int) -> list[float]:
@@ -312,6 +316,13 @@ class _Request:
         self.n, self.bs, self.gaps, self.ctx = n, req.block_size, max(1, m - 1), n + m // 2
         self.blocks, self.need = req.prompt_blocks, req.need_blocks
         self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit
+
+
+def _plain(t: CostTable) -> bool:
+    """CostTable.d_plain: every D row has live streams (a prefill there always disturbs
+    them), no sized prefill corrections, one chunk size."""
+    return (all(f < 0 for f in t.d_from) and not any(r.pre_scale for r in t.d_rows)
+            and len(set(t.d_chunk)) <= 1)
 
 
 def _positions(rows: list[WorkerCosts]) -> dict[str, tuple[int, ...]]:

@@ -56,7 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
-from router.interference import colocated_disturb_ms, eligible, harmful, least_stalled, split_disturb_ms
+from router.interference import (colocated_disturb_ms, eligible, harmful, least_stalled, split_disturb_ms,
+                                 stalled_streams)
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -155,8 +156,8 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
     return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
             d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
             min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
-            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens), p.batch if p.can_decode else 0,
-            d.batch)
+            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens, p.queue_ms + prefill),
+            stalled_streams(p, p.queue_ms + prefill) if p.can_decode else 0, d.live + d.planned)
 
 
 def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
@@ -167,10 +168,11 @@ def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
     compute = n - reused
     own = w.prefill_ms(compute, reused)
     prefill = w.interleaved_ms(own, compute)
-    return (Route.COLOCATED, w.worker, None, w.queue_ms + prefill + overhead,
-            w.tpot_with(n, req.max_tokens, own if w.busy else 0.0), w.queue_ms, prefill, 0.0, 0.0, overhead, n,
-            compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
-            colocated_disturb_ms(w, own, req.max_tokens), w.batch, w.batch)
+    end = w.queue_ms + prefill
+    return (Route.COLOCATED, w.worker, None, end + overhead,
+            w.tpot_with(n, req.max_tokens, w.overlap_ms(own, end)), w.queue_ms, prefill, 0.0, 0.0, overhead,
+            n, compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
+            colocated_disturb_ms(w, own, req.max_tokens, end), stalled_streams(w, end), w.live + w.planned)
 
 
 def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
@@ -393,7 +395,8 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
             reused = hit * bs
             own = r.prefill_ms(n - reused, reused)
             ttft = r.queue_ms + own + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            cols.append((_key(ttft, tp + (own / gaps if r.busy else 0.0), ttft_ref, tpot_ref), r))
+            end = r.queue_ms + r.interleaved_ms(own, n - reused)
+            cols.append((_key(ttft, tp + r.overlap_ms(own, end) / gaps, ttft_ref, tpot_ref), r))
         out.extend(price_colocated(model, r, req) for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
     return out
 

@@ -45,6 +45,7 @@ harmful.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -63,20 +64,35 @@ def stall_per_token_ms(own_prefill_ms: float, max_tokens: int) -> float:
     return own_prefill_ms / remaining_tokens(max_tokens)
 
 
-def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of the streams beside this prompt's prefill on W: W's current streams at
-    W's current step (this request's own stream is priced by its own TPOT), or, on
-    an idle W, a later stream like this one (a step of one)."""
+def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int, end_ms: float = math.inf) -> float:
+    """TPOT of the streams beside this prompt's prefill on W, which ends `end_ms` from
+    now (default: late, overlapping every stream): W's live streams at W's current step (this request's own stream is priced by
+    its own TPOT); streams planned onto W for the part of the prefill after the first
+    one starts (0 when the prefill ends before: it disturbs nobody); on an idle W with
+    nothing planned, a later stream like this one (a step of one)."""
     step = w.step_ms if w.batch > 0 else w.tpot_base
-    return step + stall_per_token_ms(own_prefill_ms, max_tokens)
+    if w.live > 0 or w.planned <= 0:
+        return step + stall_per_token_ms(own_prefill_ms, max_tokens)
+    over = w.overlap_ms(own_prefill_ms, end_ms)
+    return step + stall_per_token_ms(over, max_tokens) if over > 0 else 0.0
 
 
-def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int) -> float:
-    """TPOT of P's streams while this prompt (and P's queued ones) prefill on P; 0 when P
-    has none (or cannot decode)."""
-    if not p.can_decode or p.batch <= 0:
+def split_disturb_ms(p: WorkerCosts, own_prefill_ms: float, max_tokens: int, end_ms: float = math.inf) -> float:
+    """TPOT of P's streams while this prompt (and P's queued ones) prefill on P, ending
+    `end_ms` from now; 0 when P cannot decode, or has no stream during it (none live,
+    and none planned to start before it ends)."""
+    if not p.can_decode:
         return 0.0
-    return p.step_ms + stall_per_token_ms(p.queue_ms + own_prefill_ms, max_tokens)
+    over = p.overlap_ms(p.queue_ms + own_prefill_ms, end_ms)
+    if over <= 0:
+        return 0.0
+    return (p.step_ms if p.batch > 0 else p.tpot_base) + stall_per_token_ms(over, max_tokens)
+
+
+def stalled_streams(w: WorkerCosts, end_ms: float) -> int:
+    """Streams at W that a prefill there ending `end_ms` from now holds back: the live
+    ones, and the planned ones when it runs past the first planned start."""
+    return w.live + (w.planned if end_ms > w.next_start_ms else 0)
 
 
 def harmful(disturb_tpot_ms: float, slo_tpot_ms: float) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from router.candidate import Candidate
 from router.config import RouterConfig
@@ -40,6 +40,7 @@ from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair,
 from router.prefix_index import PrefixIndex, block_hashes
 from router.records import DecisionLog, DecisionRecord
 from router.scorers import build
+from router.streams import StreamBook
 from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
 
 
@@ -83,9 +84,12 @@ def canary_pick(request_id: str, fraction: float) -> bool:
 class Planner:
     """Cost model, prefix index and decision log shared by every request."""
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.costs = CostModel(config)
+        self.streams = StreamBook(clock)
+        """This router's planned and started streams (router/streams.py): booked and
+        dropped by the orchestrator, read into the cost rows."""
         self.prefix = PrefixIndex(config.prefix_index_blocks or 4096)
         self.log = DecisionLog(config.decision_log_size)
         self.params = DecisionParams(build(config.weights()), config.candidate_top_k, config.disaggregation_margin)
@@ -102,11 +106,12 @@ class Planner:
     def rows(self, cluster: Cluster, overlay: LoadOverlay | None) -> list[WorkerCosts]:
         """Cost rows of every worker, with this router's unreported dispatches folded in."""
         extra = overlay.totals() if overlay is not None else {}
+        streams = self.streams.at({w.worker_id: w.epoch for w in cluster.workers}) if len(self.streams) else {}
         rows = []
         for w in cluster.workers:
             self.prefix.sync(w.worker_id, w.epoch, self.config.prefix_index_blocks or w.capacity.total_blocks)
             tokens, blocks, seqs = extra.get(w.worker_id, (0, 0, 0))
-            rows.append(self.costs.costs(w, tokens, blocks, seqs))
+            rows.append(self.costs.costs(w, tokens, blocks, seqs, streams.get(w.worker_id)))
         return rows
 
     def plan(self, request_id: str, tenant: str, prompt: tuple[int, ...], max_tokens: int, mode: str, slo: Slo,

@@ -45,7 +45,7 @@ from router.modes import Plan, Planner
 from router.output import OutputLog
 from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
 from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, PrefillDone, Route, RouterError,
-                          StatusCode)
+                          StatusCode, TokenOut)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class RequestRun:
         """Overlay handles taken at plan time for the planned route, so the next request
         planned before this one's attempt starts sees it; released when attempt 1 takes
         its own (or the request ends first)."""
+        self.booked: int | None = None
+        """StreamBook handle of the planned stream (router/streams.py), until attempt 1
+        fails or the request ends."""
         self.failures: list[str] = []
         self.cancel_reason: str | None = None
         self.finished = False
@@ -108,7 +111,7 @@ class Orchestrator:
         self.tokenizer = tokenizer
         self.view = ClusterView(directory, config, clock)
         self.failures = FailureMemory(config.failure_cooldown_ms / 1000.0, clock)
-        self.planner = Planner(config)
+        self.planner = Planner(config, clock)
         self.default_mode = config.default_mode
         """Mode of requests with mode UNSPECIFIED (router/modes.py); Admin.SetMode changes it."""
         self._clock = clock
@@ -136,9 +139,10 @@ class Orchestrator:
             del self._runs[req.request_id]
             raise
         run.held = self._hold(run.plan, req)
+        run.booked = self._book(run.plan)
         run.req = req = dataclasses.replace(req, route=run.plan.route)
         run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
-                                   run.emit, self._spawn, lambda: self._remaining_s(run),
+                                   lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
                                    on_prefill=lambda att, done: self._on_prefill(run, att, done))
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
@@ -207,6 +211,22 @@ class Orchestrator:
             return []
         return list(count_dispatch(self.view.overlay, req, computing, plan.decode))
 
+    def _book(self, plan: Plan) -> int | None:
+        """Book the planned stream with its predicted start (router/streams.py), so the
+        requests planned next know when it will decode beside their prefills."""
+        if plan.decode is None:
+            return None
+        return self.planner.streams.book(plan.decode, plan.predicted.ttft_ms if plan.predicted else 0.0)
+
+    def _emit(self, run: RequestRun, event: Event) -> None:
+        if run.booked is not None and isinstance(event, TokenOut):
+            self.planner.streams.started(run.booked)
+        run.emit(event)
+
+    def _unbook(self, run: RequestRun) -> None:
+        self.planner.streams.drop(run.booked)
+        run.booked = None
+
     def _release(self, run: RequestRun) -> None:
         for handle in run.held:
             self.view.overlay.remove(handle)
@@ -217,6 +237,7 @@ class Orchestrator:
 
     def _on_done(self, run: RequestRun) -> None:
         self._release(run)
+        self._unbook(run)
         self._runs.pop(run.req.request_id, None)
         self.planner.log.finish(run.req.request_id, run.cancel_reason or (run.failures[-1] if run.failures else ""))
         # A task cancelled before it ever ran skipped _serve's handlers.
@@ -276,6 +297,7 @@ class Orchestrator:
                 done = await run.runner.run(att)
             except AttemptFailed as exc:
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
+                self._unbook(run)  # a later attempt streams from elsewhere
                 run.failures.append(f"{att.describe()}: {exc}")
                 codes.append(exc.code)
                 avoid.update(exc.suspects)

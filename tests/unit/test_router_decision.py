@@ -175,11 +175,15 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
     req = RequestShape(prompt_tokens=128, max_tokens=9, block_size=BS, slo_tpot_ms=30.0)
     idle = price_colocated(model, model.costs(w), req)
     assert idle.tpot_ms == pytest.approx(10.0)  # nothing to disturb: one step of batch 1
-    # One earlier 128-token prompt of the burst dispatched to W: queue 128 ms, batch still 0.
-    queued = model.costs(w, extra_tokens=128, extra_blocks=9)
+    # One earlier 128-token prompt of the burst dispatched to W: queue 128 ms, batch still 0,
+    # its stream planned (router/streams.py) to start once its prefill is done, at 128 ms.
+    queued = model.costs(w, extra_tokens=128, extra_blocks=9, streams=(0, 1, 128.0))
     assert queued.batch == 0 and queued.queue_ms == pytest.approx(128.0)
     # TPOT = 10 + (queue 128 + own prefill 128) / 8 gaps = 42 ms (was 10 + 128 / 8 = 26).
     assert price_colocated(model, queued, req).tpot_ms == pytest.approx(42.0)
+    # Queued prompts whose streams decode elsewhere (W prefills them for a split) dilate nobody here.
+    for_others = model.costs(w, extra_tokens=128)
+    assert price_colocated(model, for_others, req).tpot_ms == pytest.approx(10.0 + 128 / 8)
     # The split route leaves W's cadence at 10 + 128 / 8 = 26 ms <= 30: it wins.
     snapshot = [model.costs(p), queued]
     dec = decide(model, snapshot, req, params())

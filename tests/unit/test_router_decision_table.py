@@ -67,13 +67,20 @@ def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
     return model
 
 
+def random_streams(rng: random.Random) -> tuple[int, int, float] | None:
+    """This router's streams at a worker (router/streams.py), for about a third of them."""
+    if rng.random() < 0.65:
+        return None
+    return rng.choice((0, 0, 1, 3)), rng.choice((0, 1, 2)), rng.choice((0.0, rng.uniform(0, 3000)))
+
+
 @pytest.mark.parametrize("seed", range(80))
 def test_fast_decision_equals_reference(seed):
     rng = random.Random(seed)
     block_size = rng.choice((16, 32))
     workers = snapshot(rng, block_size)
     model = learned_model(rng, workers)
-    rows = CostTable([model.costs(w) for w in workers])
+    rows = CostTable([model.costs(w, streams=random_streams(rng)) for w in workers])
     for _ in range(25):
         req = random_request(rng, workers, block_size)
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
@@ -101,11 +108,12 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_fast_decision_equals_reference_on_plain_tables(seed):
-    """Every decode row busy, no sized corrections, one chunk size: the colocated key's short pass."""
+    """Every decode row with live streams, no sized corrections, one chunk size: the colocated key's short pass."""
     rng = random.Random(1000 + seed)
     block_size = 16
     workers = [dataclasses.replace(w, capacity=dataclasses.replace(w.capacity, max_prefill_tokens=256),
-                                   load=dataclasses.replace(w.load, pending_prefill_tokens=rng.randrange(1, 5000)))
+                                   load=dataclasses.replace(w.load, pending_prefill_tokens=rng.randrange(1, 5000),
+                                                            active_decode_batch=rng.randrange(1, 70)))
                for w in snapshot(rng, block_size)]
     model = CostModel(CFG)
     rows = CostTable([model.costs(w) for w in workers])
