@@ -212,11 +212,16 @@ class Orchestrator:
         return list(count_dispatch(self.view.overlay, req, computing, plan.decode))
 
     def _book(self, plan: Plan) -> int | None:
-        """Book the planned stream with its predicted start (router/streams.py), so the
-        requests planned next know when it will decode beside their prefills."""
+        """Book the planned stream (router/streams.py), so the requests planned next know
+        when it will decode beside their prefills. Its start is taken as the earliest it
+        can be: the predicted TTFT less the queue ahead of its prefill. Queue estimates
+        are what burst predictions overstate most (a queue of long prompts predicted at
+        7 s drained in 3), and a start booked too late lets prefills run beside a stream
+        the router thinks has not started."""
         if plan.decode is None:
             return None
-        return self.planner.streams.book(plan.decode, plan.predicted.ttft_ms if plan.predicted else 0.0)
+        c = plan.predicted
+        return self.planner.streams.book(plan.decode, c.ttft_ms - c.queue_ms if c is not None else 0.0)
 
     def _emit(self, run: RequestRun, event: Event) -> None:
         if run.booked is not None and isinstance(event, TokenOut):
