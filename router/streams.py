@@ -5,8 +5,9 @@ shows a dispatch only until the next heartbeat. Neither tells *when* a planned
 stream will start, and that is what decides whether a prefill on its worker
 stalls it: a prefill that ends before the stream's first token holds back
 nothing. So the router books every request it plans from plan time to the end
-of its first attempt, with the start its plan predicted (plan time + predicted
-TTFT); the first token marks it started.
+of its first attempt, with the earliest start its plan allows (the orchestrator
+passes the predicted TTFT less the queue ahead of the prefill); the first token
+marks it started.
 
 `at()` gives, per worker, (streams started, streams planned and not started, ms
 until the earliest planned start; 0 when overdue), which CostModel.costs folds
