@@ -156,6 +156,11 @@ def plot(path: str, results: dict[str, dict[str, list[PointResult]]],
             g = goodputs[workload][mode].goodput_rps
             ax.plot([p.rate_rps for p in pts], [p.joint_attainment for p in pts], marker=marker,
                     linestyle=line, color=color, label=f"{mode} (goodput {g:.2f} rps)")
+            # 95% interval of each point's attainment (a dozen requests: one is 8%).
+            ax.errorbar([p.rate_rps for p in pts], [p.joint_attainment for p in pts],
+                        yerr=[[p.joint_attainment - p.joint_interval[0] for p in pts],
+                              [p.joint_interval[1] - p.joint_attainment for p in pts]],
+                        fmt="none", ecolor=color, alpha=0.35, capsize=2, linewidth=1)
             if g > 0:
                 ax.axvline(g, color=color, linestyle=":", linewidth=1)
         ax.axhline(target, color="gray", linestyle="--", linewidth=1)

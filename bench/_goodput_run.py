@@ -9,6 +9,7 @@ meets no SLO.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 from collections import Counter
@@ -80,6 +81,10 @@ class PointResult:
     wall_s: float = 0.0
     first_error: str = ""
     """Message of the first failed request (diagnosis), truncated."""
+    joint_interval: tuple[float, float] = (0.0, 1.0)
+    """95% Wilson score interval of the joint attainment: with a dozen requests a
+    point, one request is 8% of it, and two modes' points within each other's
+    intervals are not told apart by this run."""
 
     def passed(self, target: float) -> bool:
         """Joint attainment reaches `target`."""
@@ -91,6 +96,16 @@ def _quantile(xs: list[float], q: float) -> float:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion hits / n (z = 1.96: 95%)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p, z2 = hits / n, z * z
+    mid = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
 
 
 def score(rate_rps: float, outcomes: list[Outcome], slo: Slo, wall_s: float) -> PointResult:
@@ -109,7 +124,8 @@ def score(rate_rps: float, outcomes: list[Outcome], slo: Slo, wall_s: float) -> 
         p90_tpot_ms=_quantile([o.tpot_ms for o in done], 0.9),
         errors=n - len(done), routes=dict(Counter(o.route for o in outcomes)),
         max_start_lag_ms=max(o.start_lag_ms for o in outcomes), wall_s=wall_s,
-        first_error=next((o.error[:300] for o in outcomes if not o.ok), ""))
+        first_error=next((o.error[:300] for o in outcomes if not o.ok), ""),
+        joint_interval=wilson(sum(a and b for a, b in zip(ttft, tpot)), n))
 
 
 async def _one(client: AsyncClient, r: Request, slo: Slo, lag_ms: float) -> Outcome:

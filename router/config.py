@@ -59,6 +59,17 @@ class RouterConfig:
     > 1.5x the target); a nearer miss runs that candidate. A wrong rejection costs
     more than a late request, and predictions are estimates."""
 
+    stream_start_windows: bool = False
+    """Let a prefill run beside a stream this router planned when the prefill is
+    predicted to end before that stream's earliest start (router/streams.py): the
+    second prompt of a burst can prefill on the worker that will decode the first
+    one. Off: a planned stream counts as decoding from its plan until it ends (and
+    never vanishes between a heartbeat and its start, as it did before the book).
+    Off by default: on a shared host (the local cluster on two cores) a prefill
+    beside another runs slower than its calibration, so the window closes early
+    and the first stream waits; measured in docs/benchmarks.md. Worth turning on
+    where workers do not share compute (one GPU each)."""
+
     reject_unconfirmed: bool = False
     """Reject also on prices no completion on this router has confirmed yet (the
     candidate's prefill not yet corrected, or its decode worker's price not yet
@@ -282,6 +293,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_CANDIDATE_TOP_K": "candidate_top_k",
     "PD_ROUTER_REJECT_SLACK": "reject_slack",
     "PD_ROUTER_REJECT_UNCONFIRMED": "reject_unconfirmed",
+    "PD_ROUTER_STREAM_START_WINDOWS": "stream_start_windows",
     "PD_ROUTER_COST_EWMA_ALPHA": "cost_ewma_alpha",
     "PD_ROUTER_DEFAULT_PREFILL_MS_PER_TOKEN": "default_prefill_ms_per_token",
     "PD_ROUTER_DEFAULT_DECODE_STEP_MS": "default_decode_step_ms",

@@ -101,8 +101,9 @@ class CostTable:
             setattr(self, name, list(map(get, self.d_rows)))
         self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
         self.d_plain = _plain(self)
-        """Every D row busy, without sized prefill corrections, one chunk size: the colocated
-        key's pass drops those terms (x * 1.0 and `o if True else 0.0` are x and o exactly)."""
+        """Every D row with live streams, without sized prefill corrections, one chunk size:
+        the colocated key's pass drops those terms (x * 1.0 is x, and the overlap of a
+        prefill with live streams is all of it: min(o, e + 1) is o exactly)."""
 
     @classmethod
     def of(cls, rows: Sequence[WorkerCosts]) -> CostTable:
@@ -248,7 +249,8 @@ class CostTable:
         return out
 
     def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
-        """The k best colocated workers by TTFT and TPOT (with W's own prefill when busy), relative, priced."""
+        """The k best colocated workers by TTFT and TPOT (with the part of W's own prefill
+        that overlaps W's streams), relative to their targets, priced."""
         n, bs, gaps, h0 = q.n, q.bs, q.gaps, q.h0
         overhead = model.overhead_ms(Route.COLOCATED)
         reused = h0 * bs

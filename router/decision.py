@@ -15,9 +15,10 @@ prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
     colocated W:
       TTFT = queue(W) + prefill_W(compute set) + one decode step of W's batch per
              prefill chunk (chunked prefill interleaves) + overhead(colocated)
-      TPOT = W's step with batch+1 + (W's queued prefill + this prompt, when W has
-             streams to disturb: a decode batch, or queued prompts including this
-             router's unreported dispatches) spread over the request's tokens
+      TPOT = W's step with batch+1 + (W's queued prefill + the part of this prompt's
+             prefill that overlaps W's streams: all of it beside live ones, the part
+             after the first planned one starts, router/streams.py) spread over
+             the request's tokens
 
 A candidate is *feasible* when both predictions meet the request's targets
 (0 = no target). Among feasible candidates (those whose reservation fits now

@@ -66,10 +66,11 @@ def stall_per_token_ms(own_prefill_ms: float, max_tokens: int) -> float:
 
 def colocated_disturb_ms(w: WorkerCosts, own_prefill_ms: float, max_tokens: int, end_ms: float = math.inf) -> float:
     """TPOT of the streams beside this prompt's prefill on W, which ends `end_ms` from
-    now (default: late, overlapping every stream): W's live streams at W's current step (this request's own stream is priced by
-    its own TPOT); streams planned onto W for the part of the prefill after the first
-    one starts (0 when the prefill ends before: it disturbs nobody); on an idle W with
-    nothing planned, a later stream like this one (a step of one)."""
+    now (default: late, overlapping every stream): W's live streams at W's current
+    step (this request's own stream is priced by its own TPOT); streams planned onto
+    W, for the part of the prefill after the first one starts (0 when the prefill
+    ends before: it disturbs nobody); on an idle W with nothing planned, a later
+    stream like this one (a step of one)."""
     step = w.step_ms if w.batch > 0 else w.tpot_base
     if w.live > 0 or w.planned <= 0:
         return step + stall_per_token_ms(own_prefill_ms, max_tokens)

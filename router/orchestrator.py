@@ -213,15 +213,18 @@ class Orchestrator:
 
     def _book(self, plan: Plan) -> int | None:
         """Book the planned stream (router/streams.py), so the requests planned next know
-        when it will decode beside their prefills. Its start is taken as the earliest it
-        can be: the predicted TTFT less the queue ahead of its prefill. Queue estimates
+        when it will decode beside their prefills. With `stream_start_windows`, its start
+        is the earliest it can be: the predicted TTFT less the queue ahead of its
+        prefill; without, now (it counts as decoding from its plan). Queue estimates
         are what burst predictions overstate most (a queue of long prompts predicted at
         7 s drained in 3), and a start booked too late lets prefills run beside a stream
         the router thinks has not started."""
         if plan.decode is None:
             return None
         c = plan.predicted
-        return self.planner.streams.book(plan.decode, c.ttft_ms - c.queue_ms if c is not None else 0.0)
+        if c is None or not self.config.stream_start_windows:
+            return self.planner.streams.book(plan.decode, 0.0)  # starts now: every prefill beside it stalls it
+        return self.planner.streams.book(plan.decode, c.ttft_ms - c.queue_ms)
 
     def _emit(self, run: RequestRun, event: Event) -> None:
         if run.booked is not None and isinstance(event, TokenOut):

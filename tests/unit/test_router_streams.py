@@ -103,13 +103,14 @@ def test_burst_second_prompt_prefills_beside_the_first_instead_of_queueing_behin
         assert dec.chosen.ttft_ms > 2000
 
 
-def test_orchestrator_books_the_planned_stream_until_the_request_ends():
+@pytest.mark.parametrize("windows", [False, True])
+def test_orchestrator_books_the_planned_stream_until_the_request_ends(windows):
     fake = two_by_two()
     fake.hang.add(("decode_stream", "d1"))
     seen = {}
 
     async def go():
-        orch = Orchestrator(fake, fake, config())
+        orch = Orchestrator(fake, fake, config(stream_start_windows=windows), clock=lambda: 100.0)  # time stands
         gen = orch.generate(gen_params())
         assert isinstance(await gen.__anext__(), Started)
         seen["planned"] = orch.planner.streams.at()
@@ -129,7 +130,13 @@ def test_orchestrator_books_the_planned_stream_until_the_request_ends():
 
     fake2 = fake
     orch = run(go())
-    assert seen["planned"] == {"d1": (0, 1, pytest.approx(seen["planned"]["d1"][2]))}
+    (d, (started, planned, start_ms)), = seen["planned"].items()
+    assert (d, started, planned) == ("d1", 0, 1)
+    # Without windows the stream counts as starting now; with them, at its plan's
+    # predicted TTFT less the queue ahead of its prefill (the fake's queues are empty).
+    rec = orch.planner.log.get("r")
+    assert rec.predicted_ttft_ms > 5
+    assert start_ms == (pytest.approx(rec.predicted_ttft_ms) if windows else 0.0)
     assert seen["after"] == 0
     assert list(seen["streaming"].values()) == [(1, 0, math.inf)]
     assert_no_leaks(orch, fake2)
