@@ -70,7 +70,7 @@ _D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
     "d_pp": operator.attrgetter("pre_pair"),
     "d_chunk": operator.attrgetter("chunk_tokens"),
     "d_step": operator.attrgetter("step_ms"),
-    "d_from": operator.attrgetter("streams_from_ms"),
+    "d_live": lambda r: r.live > 0,
     "d_ids": lambda r: r.worker.worker_id,
     "d_abi": lambda r: r.worker.cache_abi_digest,
     "d_free": operator.attrgetter("free_blocks"),
@@ -100,10 +100,12 @@ class CostTable:
         for name, get in _D_COLUMNS.items():
             setattr(self, name, list(map(get, self.d_rows)))
         self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
-        self.d_plain = _plain(self)
-        """Every D row with live streams, without sized prefill corrections, one chunk size:
-        the colocated key's pass drops those terms (x * 1.0 is x, and the overlap of a
-        prefill with live streams is all of it: min(o, e + 1) is o exactly)."""
+        self.d_simple, self.d_plain = _simple(self)
+        self.d_timed = _timed(self)
+        """d_simple: no D row has sized prefill corrections, and all share one chunk size;
+        d_plain: also every D row has live streams. The colocated key's pass drops those
+        terms (x * 1.0 is x; the overlap of a prefill with live streams is all of it:
+        min(o, e + 1) is o exactly)."""
 
     @classmethod
     def of(cls, rows: Sequence[WorkerCosts]) -> CostTable:
@@ -154,7 +156,8 @@ class CostTable:
                 new.d_rows[j] = r
                 for name, get in _D_COLUMNS.items():
                     getattr(new, name)[j] = get(r)
-        new.d_plain = _plain(new)
+        new.d_simple, new.d_plain = _simple(new)
+        new.d_timed = _timed(new)
         return new
 
     def price(self, model: CostModel, req: RequestShape, top_k: int,
@@ -255,31 +258,41 @@ class CostTable:
         overhead = model.overhead_ms(Route.COLOCATED)
         reused = h0 * bs
         new = n - reused
+        # W's own prefill dilates W's streams: all of it on a row with live streams
+        # (d_live), none on a row without any; the rows whose streams are only planned
+        # (d_timed: a partial overlap) are keyed exactly below, with the prefix hits.
         if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, live streams, one chunk size
             c = reused + new / 2.0
             chunks = -(-new // self.d_chunk[0])
             key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
                    + (s + o / gaps) / tpot_ref
                    for qu, b, t, p, st, s in zip(self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp)]
+        elif new > 0 and self.d_simple:  # as below, with each row's scale 1.0 and one chunk size
+            c = reused + new / 2.0
+            chunks = -(-new // self.d_chunk[0])
+            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
+                   + (s + (o / gaps if lv else 0.0)) / tpot_ref
+                   for qu, b, t, p, st, s, lv in zip(
+                       self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp, self.d_live)]
         elif new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
             c = reused + new / 2.0
-            key = [(qu + (o := (b + t * new + p * new * c) * f) + (cs := -(-new // ch) * st) + overhead) / ttft_ref
-                   + (s + (min(o, e - fr) / gaps if (e := qu + (o + cs)) > fr else 0.0)) / tpot_ref
-                   for qu, b, t, p, f, ch, st, s, fr in zip(
+            key = [(qu + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
+                   + (s + (o / gaps if lv else 0.0)) / tpot_ref
+                   for qu, b, t, p, f, ch, st, s, lv in zip(
                        self.d_queue, self.d_pb, self.d_pt, self.d_pp, self._d_scale_at(new), self.d_chunk,
-                       self.d_step, tp, self.d_from)]
+                       self.d_step, tp, self.d_live)]
         else:
             key = [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
                    for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)]
-        for i, hit in q.d_hit.items():
-            r, reused = self.d_rows[i], hit * bs
-            o = r.prefill_ms(n - reused, reused)
-            ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            end = r.queue_ms + r.interleaved_ms(o, n - reused)
-            key[i] = ttft / ttft_ref + (tp[i] + r.overlap_ms(o, end) / gaps) / tpot_ref
+        d_hit = q.d_hit
+        for i in self.d_timed:
+            if i not in d_hit:
+                key[i] = self._exact_key(i, h0, q, tp, overhead, ttft_ref, tpot_ref)
+        for i, hit in d_hit.items():
+            key[i] = self._exact_key(i, hit, q, tp, overhead, ttft_ref, tpot_ref)
         # Priced as decision.colocated_row prices them, WorkerCosts.tpot_with inlined (must
         # match it in router/cost_model.py: the same operations in the same order).
-        ctx, need, d_hit, col = q.ctx, q.need, q.d_hit, Route.COLOCATED
+        ctx, need, col = q.ctx, q.need, Route.COLOCATED
         out = []
         for i in sorted(d_idx, key=key.__getitem__)[:k]:
             w = self.d_rows[i]
@@ -294,6 +307,16 @@ class CostTable:
                         0, 0, w.pending_tokens, self.d_free[i] - need, self.d_total[i],
                         colocated_disturb_ms(w, own, q.m, end), stalled_streams(w, end), self.d_streams[i]))
         return out
+
+    def _exact_key(self, i: int, hit: int, q: _Request, tp: list[float], overhead: float, ttft_ref: float,
+                   tpot_ref: float) -> float:
+        """D row i's colocated key with `hit` usable prefix blocks, as reference_candidates
+        computes it (router/decision.py)."""
+        r, n, reused = self.d_rows[i], q.n, hit * q.bs
+        o = r.prefill_ms(n - reused, reused)
+        ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
+        end = r.queue_ms + r.interleaved_ms(o, n - reused)
+        return ttft / ttft_ref + (tp[i] + r.overlap_ms(o, end) / q.gaps) / tpot_ref
 
     def _d_scale_at(self, new: int) -> list[float]:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is
@@ -320,11 +343,15 @@ class _Request:
         self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit
 
 
-def _plain(t: CostTable) -> bool:
-    """CostTable.d_plain: every D row has live streams (a prefill there always disturbs
-    them), no sized prefill corrections, one chunk size."""
-    return (all(f < 0 for f in t.d_from) and not any(r.pre_scale for r in t.d_rows)
-            and len(set(t.d_chunk)) <= 1)
+def _simple(t: CostTable) -> tuple[bool, bool]:
+    """(CostTable.d_simple, CostTable.d_plain)."""
+    simple = not any(r.pre_scale for r in t.d_rows) and len(set(t.d_chunk)) <= 1
+    return simple, simple and all(t.d_live)
+
+
+def _timed(t: CostTable) -> list[int]:
+    """CostTable.d_timed: D rows without live streams and with planned ones."""
+    return [i for i, r in enumerate(t.d_rows) if r.live <= 0 and r.planned > 0]
 
 
 def _positions(rows: list[WorkerCosts]) -> dict[str, tuple[int, ...]]:

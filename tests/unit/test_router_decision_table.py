@@ -106,21 +106,27 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
     assert CostTable.of([model.costs(w) for w in workers]) is not table
 
 
+@pytest.mark.parametrize("live", [True, False])
 @pytest.mark.parametrize("seed", range(20))
-def test_fast_decision_equals_reference_on_plain_tables(seed):
-    """Every decode row with live streams, no sized corrections, one chunk size: the colocated key's short pass."""
+def test_fast_decision_equals_reference_on_simple_tables(seed, live):
+    """No sized corrections, one chunk size: the colocated key's short passes, with every
+    decode row decoding (d_plain) or with idle rows and this router's streams (d_simple)."""
     rng = random.Random(1000 + seed)
     block_size = 16
     workers = [dataclasses.replace(w, capacity=dataclasses.replace(w.capacity, max_prefill_tokens=256),
                                    load=dataclasses.replace(w.load, pending_prefill_tokens=rng.randrange(1, 5000),
-                                                            active_decode_batch=rng.randrange(1, 70)))
+                                                            active_decode_batch=rng.randrange(1, 70) if live else rng.choice((0, 0, rng.randrange(1, 70)))))
                for w in snapshot(rng, block_size)]
+    if not live:  # at least one idle decode row
+        workers[0] = dataclasses.replace(workers[0], role=Role.DECODE,
+                                         load=dataclasses.replace(workers[0].load, active_decode_batch=0))
     model = CostModel(CFG)
-    rows = CostTable([model.costs(w) for w in workers])
-    assert rows.d_plain
-    for _ in range(25):
+    rows = CostTable([model.costs(w, streams=None if live or i == 0 else random_streams(rng))
+                      for i, w in enumerate(workers)])
+    assert rows.d_simple and rows.d_plain == live
+    for _ in range(60):
         req = random_request(rng, workers, block_size)
-        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), 0.05)
+        params = DecisionParams(build(CFG.weights()), rng.choice((1, 1, 2, 4)), 0.05)  # k = 1: the key decides
         assert candidates(model, rows, req, params.top_k) == reference_candidates(model, rows.rows, req, params.top_k)
         assert decide(model, rows, req, params) == reference_decide(model, rows.rows, req, params)
 

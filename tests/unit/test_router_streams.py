@@ -140,3 +140,20 @@ def test_orchestrator_books_the_planned_stream_until_the_request_ends(windows):
     assert seen["after"] == 0
     assert list(seen["streaming"].values()) == [(1, 0, math.inf)]
     assert_no_leaks(orch, fake2)
+
+
+def test_table_key_counts_only_the_overlap_with_a_planned_stream():
+    # top_k 1 colocated: the cheap key alone picks the worker that gets priced. wa has a
+    # stream planned at 900 ms: its 1000-token prefill (4 chunks, a 10 ms step between
+    # them) ends at 1040, 140 ms into it. Key: TTFT 1041 / 5000 + (step of 2 = 20
+    # + 140 / 40 gaps) / 55 = 0.635. wb is idle with 500 ms queued: 1501 / 5000
+    # + (10 + 500 / 40) / 55 = 0.709. Counting wa's whole prefill (20 + 1000 / 40 = 45 ms)
+    # would make it 1.026 and pick wb.
+    model = CostModel(CFG)
+    wa = model.costs(worker("wa", Role.DECODE), extra_blocks=66, extra_seqs=1, streams=(0, 1, 900.0))
+    wb = model.costs(worker("wb", Role.DECODE, pending=500))
+    req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
+    for fn in (decide, reference_decide):
+        dec = fn(model, [wa, wb], req, params(top_k=1), split=False)
+        assert dec.best_colocated.decode.worker_id == "wa"
+        assert dec.best_colocated.tpot_ms == pytest.approx(20 + 140 / 40)
