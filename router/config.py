@@ -65,10 +65,10 @@ class RouterConfig:
     second prompt of a burst can prefill on the worker that will decode the first
     one. Off: a planned stream counts as decoding from its plan until it ends (and
     never vanishes between a heartbeat and its start, as it did before the book).
-    Off by default: on a shared host (the local cluster on two cores) a prefill
-    beside another runs slower than its calibration, so the window closes early
-    and the first stream waits; measured in docs/benchmarks.md. Worth turning on
-    where workers do not share compute (one GPU each)."""
+    Off by default: on the local cluster the windows cut long prompts' median
+    TTFT by a third and cost a quarter of the streams their TPOT (predicted
+    starts are estimates, and prefills side by side on a shared host run slower
+    than alone); measured in docs/benchmarks.md."""
 
     reject_unconfirmed: bool = False
     """Reject also on prices no completion on this router has confirmed yet (the
