@@ -214,17 +214,17 @@ class Orchestrator:
     def _book(self, plan: Plan) -> int | None:
         """Book the planned stream (router/streams.py), so the requests planned next know
         when it will decode beside their prefills. With `stream_start_windows`, its start
-        is the earliest it can be: the predicted TTFT less the queue ahead of its
-        prefill; without, now (it counts as decoding from its plan). Queue estimates
-        are what burst predictions overstate most (a queue of long prompts predicted at
-        7 s drained in 3), and a start booked too late lets prefills run beside a stream
-        the router thinks has not started."""
+        is `stream_start_share` of the earliest it can be: the predicted TTFT less the
+        queue ahead of its prefill; without, now (it counts as decoding from its plan).
+        Queue estimates are what burst predictions overstate most (a queue of long
+        prompts predicted at 7 s drained in 3), and a start booked too late lets
+        prefills run beside a stream the router thinks has not started."""
         if plan.decode is None:
             return None
         c = plan.predicted
         if c is None or not self.config.stream_start_windows:
             return self.planner.streams.book(plan.decode, 0.0)  # starts now: every prefill beside it stalls it
-        return self.planner.streams.book(plan.decode, c.ttft_ms - c.queue_ms)
+        return self.planner.streams.book(plan.decode, self.config.stream_start_share * (c.ttft_ms - c.queue_ms))
 
     def _emit(self, run: RequestRun, event: Event) -> None:
         if run.booked is not None and isinstance(event, TokenOut):

@@ -132,11 +132,12 @@ def test_orchestrator_books_the_planned_stream_until_the_request_ends(windows):
     orch = run(go())
     (d, (started, planned, start_ms)), = seen["planned"].items()
     assert (d, started, planned) == ("d1", 0, 1)
-    # Without windows the stream counts as starting now; with them, at its plan's
-    # predicted TTFT less the queue ahead of its prefill (the fake's queues are empty).
+    # Without windows the stream counts as starting now; with them, at 0.75 (the
+    # default stream_start_share) of its plan's predicted TTFT less the queue ahead
+    # of its prefill (the fake's queues are empty).
     rec = orch.planner.log.get("r")
     assert rec.predicted_ttft_ms > 5
-    assert start_ms == (pytest.approx(rec.predicted_ttft_ms) if windows else 0.0)
+    assert start_ms == (pytest.approx(0.75 * rec.predicted_ttft_ms) if windows else 0.0)
     assert seen["after"] == 0
     assert list(seen["streaming"].values()) == [(1, 0, math.inf)]
     assert_no_leaks(orch, fake2)
@@ -157,3 +158,12 @@ def test_table_key_counts_only_the_overlap_with_a_planned_stream():
         dec = fn(model, [wa, wb], req, params(top_k=1), split=False)
         assert dec.best_colocated.decode.worker_id == "wa"
         assert dec.best_colocated.tpot_ms == pytest.approx(20 + 140 / 40)
+
+
+def test_start_windows_are_configured_from_the_environment_and_checked():
+    from router.config import RouterConfig
+    cfg = RouterConfig.from_env({"PD_ROUTER_STREAM_START_WINDOWS": "1", "PD_ROUTER_STREAM_START_SHARE": "0.5"})
+    assert (cfg.stream_start_windows, cfg.stream_start_share) == (True, 0.5)
+    assert (RouterConfig().stream_start_windows, RouterConfig().stream_start_share) == (False, 0.75)
+    with pytest.raises(ValueError, match="stream_start_share must be in"):
+        RouterConfig(stream_start_share=1.5)
