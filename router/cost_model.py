@@ -125,10 +125,6 @@ class WorkerCosts:
     """Streams this router planned here that have not started yet (router/streams.py)."""
     next_start_ms: float = math.inf
     """When the first planned stream is expected to start, ms from now (0: due now)."""
-    streams_from_ms: float = math.inf
-    """From when, in ms from now, this worker has decode streams that a prefill here
-    holds back: -1 with live streams, else the next planned start, else inf
-    (computed). A prefill here that ends by then disturbs nobody (`disturbs`)."""
     pre_scale: tuple[float, ...] = ()
     """Per size bucket of new tokens: that bucket's prefill correction / the worker's
     overall one (pre_* carry the overall factor; the cheap bound in decision.py uses them)."""
@@ -143,11 +139,6 @@ class WorkerCosts:
         self.can_prefill, self.can_decode = self.worker.can_prefill, self.worker.can_decode
         if self.live < 0:
             self.live = self.batch
-        self.streams_from_ms = -1.0 if self.live > 0 else self.next_start_ms if self.planned > 0 else math.inf
-
-    def disturbs(self, end_ms: float) -> bool:
-        """Does a prefill here that ends `end_ms` from now overlap a decode stream here?"""
-        return end_ms > self.streams_from_ms
 
     def overlap_ms(self, prefill_ms: float, end_ms: float) -> float:
         """How much of a prefill of `prefill_ms` ending `end_ms` from now runs while a

@@ -35,7 +35,7 @@ class _Stream:
     worker_id: str
     epoch: int
     start_s: float
-    """Predicted start (clock seconds) while planned; the first token's time once started."""
+    """Predicted start (clock seconds); read only while the stream is planned."""
     started: bool = False
 
 
@@ -58,8 +58,8 @@ class StreamBook:
     def started(self, handle: int | None) -> None:
         """The stream's first token arrived (idempotent; unknown handles are ignored)."""
         s = self._streams.get(handle) if handle is not None else None
-        if s is not None and not s.started:
-            s.started, s.start_s = True, self._clock()
+        if s is not None:
+            s.started = True
 
     def drop(self, handle: int | None) -> None:
         """The stream ended, or its attempt failed (idempotent)."""
