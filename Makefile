@@ -6,7 +6,12 @@ STAMP   := $(VENV)/.installed
 # Torch is pinned: an open range pulls a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: run test install proto bench-engine bench-transfer bench-router bench-goodput clean down
+# Compiled builds of the router's per-request modules (router/native.py), rebuilt
+# when one of them changes; without Cython or a compiler the router runs its source.
+NATIVE_SRC := $(wildcard router/*.py router/scorers/*.py)
+NATIVE  := router/_native/.stamp
+
+.PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput clean down
 
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -15,12 +20,18 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+$(NATIVE): $(STAMP) $(NATIVE_SRC)
+	$(VPY) -m router.native_build
+	@mkdir -p $(@D) && touch $@
 
-run: $(STAMP)
+install: $(STAMP) $(NATIVE)
+
+native: $(NATIVE)
+
+run: $(STAMP) $(NATIVE)
 	$(VPY) -m services.cli demo
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(VPY) -m pytest -q -p no:cacheprovider tests
 
 proto: $(STAMP)
@@ -32,10 +43,10 @@ bench-engine: $(STAMP)
 bench-transfer: $(STAMP)
 	$(VPY) bench/transfer.py
 
-bench-router: $(STAMP)
+bench-router: $(STAMP) $(NATIVE)
 	$(VPY) bench/router.py
 
-bench-goodput: $(STAMP)
+bench-goodput: $(STAMP) $(NATIVE)
 	$(VPY) bench/goodput.py
 
 down: $(STAMP)

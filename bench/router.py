@@ -20,6 +20,11 @@ where the two decisions differ: must be 0), and
 the old placement `choose_pair` (queue/free-blocks ranking without a cost
 model; on the first 200 requests only, it is slow at 256 workers).
 
+The per-request modules run compiled when their builds exist (router/native.py;
+`make bench-router` builds them): `native` says whether they did, and the same
+sizes are timed again in a child process with PD_ROUTER_NATIVE=0 (the Python
+source, same requests): `python_p50_us` and `ratio_vs_python`.
+
 Prints one JSON line per size, e.g.
     {"bench": "router", "workers": 64, "p50_us": ..., "p99_us": ..., ...}
 Target: p50 <= 100 us at 64 workers.
@@ -28,8 +33,10 @@ Target: p50 <= 100 us at 64 workers.
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kv_directory.profile import CostProfile  # noqa: E402
+from router import native  # noqa: E402
 from router.config import RouterConfig  # noqa: E402
 from router.cost_model import CostModel  # noqa: E402
 from router.cost_table import CostTable  # noqa: E402
@@ -152,9 +160,33 @@ def run(n: int, seed: int = 0) -> dict:
             "target_p50_us_at_64": 100, "met": p50 <= 100 if n == 64 else None}
 
 
+SIZES = (8, 64, 256)
+
+
+def python_run() -> dict[int, dict]:
+    """`run` of every size in a child process on the Python source (PD_ROUTER_NATIVE=0)."""
+    env = dict(os.environ, **{native.ENV: "0"})
+    out = subprocess.run([sys.executable, __file__, "--python-only"], env=env, capture_output=True, text=True,
+                         check=True)
+    return {r["workers"]: r for r in map(json.loads, out.stdout.splitlines())}
+
+
 def main() -> None:
-    for n in (8, 64, 256):
-        print(json.dumps(run(n)), flush=True)
+    if "--python-only" in sys.argv:
+        for n in SIZES:
+            print(json.dumps(run(n)), flush=True)
+        return
+    status = native.status()
+    compiled = all(status.values())
+    results = {n: run(n) for n in SIZES}
+    py = python_run() if compiled else results
+    for n in SIZES:
+        r = results[n]
+        r.update(native=compiled, python_p50_us=py[n]["p50_us"], python_p99_us=py[n]["p99_us"],
+                 ratio_vs_python=round(r["p50_us"] / py[n]["p50_us"], 2))
+        if not compiled:
+            r["native_missing"] = [m for m, c in status.items() if not c]
+        print(json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

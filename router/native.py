@@ -1,0 +1,123 @@
+"""Compiled builds of the router's per-request modules, with the Python source as fallback.
+
+A routing decision (router/decision.py over router/cost_table.py) is a few
+hundred small float operations and tuple moves per request; the interpreter's
+dispatch is most of its cost. The modules below are compiled unchanged with
+Cython into extension modules (no Cython syntax, no second implementation: the
+source stays the definition and the fallback), which runs the same decisions
+two to three times faster (bench/router.py prints both).
+
+Builds live in `router/_native/` (not in git), one file per module named by a
+hash of its source:
+
+    router/_native/router.cost_table.<sha256 of the source, 16 hex>.<EXT_SUFFIX>
+
+`install()` (called by router/__init__.py) puts a finder in front of the import
+system that loads a module's build only when one exists for the module's
+current source; an edited module falls back to its source until rebuilt, so a
+stale build can never run. PD_ROUTER_NATIVE=0 turns the builds off (the pure
+Python path, e.g. to compare). `python -m router.native_build` compiles what is
+missing (`make` runs it before `run` and `test`; it needs Cython and a C
+compiler, and without them the router runs its source);
+`python -m router.native_build status` says which modules run compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+MODULES = (
+    "router.candidate",
+    "router.corrections",
+    "router.cost_model",
+    "router.cost_table",
+    "router.decision",
+    "router.interference",
+    "router.prefix_index",
+    "router.scorers.base",
+    "router.scorers.kv_headroom",
+    "router.scorers.prefix_hit",
+    "router.scorers.queue",
+    "router.scorers.tpot_slack",
+    "router.scorers.ttft_slack",
+)
+"""The per-request path: pricing, interference, scoring, choosing, prefix matching."""
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The directory holding the `router` package."""
+
+BUILD_DIR = ROOT / "router" / "_native"
+
+ENV = "PD_ROUTER_NATIVE"
+_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def source_of(module: str) -> Path:
+    """The .py file of `module` (a name in MODULES)."""
+    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def build_path(module: str, root: Path | None = None) -> Path | None:
+    """Where the build of `module`'s current source lives (it may not exist), or None
+    when the source is missing. `root`: the directory holding the package (tests)."""
+    root = ROOT if root is None else root
+    src = root.joinpath(*module.split(".")).with_suffix(".py")
+    try:
+        data = src.read_bytes()
+    except OSError:
+        return None
+    tag = hashlib.sha256(data + _SUFFIX.encode()).hexdigest()[:16]
+    return root / "router" / "_native" / f"{module}.{tag}{_SUFFIX}"
+
+
+def enabled() -> bool:
+    """False when PD_ROUTER_NATIVE=0 (or "false"/"no"/"off")."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    """Loads a module of `modules` from its build for the current source, when one exists;
+    otherwise defers to the normal import (the source)."""
+
+    def __init__(self, modules: tuple[str, ...] = MODULES, root: Path | None = None):
+        self.modules = frozenset(modules)
+        self.root = root
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.modules:
+            return None
+        so = build_path(fullname, self.root)
+        if so is None or not so.is_file():
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(so))
+        return importlib.util.spec_from_file_location(fullname, so, loader=loader)
+
+
+def install() -> None:
+    """Put the finder first in sys.meta_path (once), unless PD_ROUTER_NATIVE=0."""
+    if enabled() and not any(isinstance(f, Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, Finder())
+
+
+def compiled(module: str) -> bool:
+    """Whether the imported `module` runs from a build."""
+    mod = sys.modules.get(module)
+    return mod is not None and str(getattr(mod, "__file__", "")).endswith(_SUFFIX)
+
+
+def status() -> dict[str, bool]:
+    """Module -> whether it runs compiled, importing each."""
+    for m in MODULES:
+        importlib.import_module(m)
+    return {m: compiled(m) for m in MODULES}
+
+
+def missing() -> list[str]:
+    """The modules with no build for their current source."""
+    return [m for m in MODULES if (p := build_path(m)) is not None and not p.is_file()]

@@ -1,0 +1,85 @@
+"""Compile the router's per-request modules (router/native.py) with Cython.
+
+    python -m router.native_build [build] [--strict]   compile the modules whose
+                                                      current source has no build
+    python -m router.native_build status              which modules run compiled
+
+`build` exits 0 when the compiler is missing or fails (the router then runs its
+Python source, and says so on stderr) unless --strict; `status` exits 1 when a
+module runs from source while builds are enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, build_path, enabled, missing, source_of, status
+
+
+def build(modules: list[str] | None = None, jobs: int = 2) -> list[Path]:
+    """Compile `modules` (default: those missing) into BUILD_DIR and remove builds of
+    sources that no longer exist. Raises when Cython or the compiler fails."""
+    todo = missing() if modules is None else modules
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    (BUILD_DIR / ".gitignore").write_text("*\n")
+    current = {build_path(m) for m in MODULES}
+    for old in BUILD_DIR.glob(f"*{_SUFFIX}"):
+        if old not in current:
+            old.unlink()
+    if not todo:
+        return []
+    from Cython.Build import cythonize  # only the build needs Cython
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    with tempfile.TemporaryDirectory(prefix="pd-native-") as tmp:
+        exts = [Extension(m, [str(source_of(m).relative_to(ROOT))]) for m in todo]
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # Cython names each module by its path under the package root
+        try:
+            exts = cythonize(exts, build_dir=str(Path(tmp) / "c"), quiet=True, nthreads=jobs,
+                             compiler_directives={"language_level": 3, "annotation_typing": False})
+            cmd = build_ext(Distribution({"name": "pdserve-router-native", "ext_modules": exts}))
+            cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "tmp"), jobs
+            cmd.ensure_finalized()
+            cmd.run()
+        finally:
+            os.chdir(cwd)
+        out = []
+        for m in todo:
+            dest = build_path(m)
+            shutil.move(str(Path(tmp, "lib", *m.split(".")).with_suffix(_SUFFIX)), str(dest))
+            out.append(dest)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cmd = next((a for a in args if not a.startswith("-")), "build")
+    if cmd == "build":
+        try:
+            done = build()
+        except Exception as e:  # noqa: BLE001 - the router still runs its source: say so
+            print(f"router.native_build: build failed ({type(e).__name__}: {e}); "
+                  f"the router runs its Python source", file=sys.stderr)
+            return 1 if "--strict" in args else 0
+        print(f"router.native_build: {len(done)} module(s) compiled; "
+              f"{len(MODULES) - len(missing())}/{len(MODULES)} have a build for their current source")
+        return 0
+    if cmd == "status":
+        st = status()
+        for m, c in st.items():
+            print(f"{m}: {'compiled' if c else 'python'}")
+        if not enabled():
+            print("(builds turned off by PD_ROUTER_NATIVE)")
+        return 0 if all(st.values()) or not enabled() else 1
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The compiled builds of the router's per-request modules (router/native.py):
+present after `make`, loaded only for the source they were built from, and
+deciding exactly as the Python source does."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router import native
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_DECISIONS = r"""
+import hashlib, random, sys
+from router import native
+from router.cost_model import CostModel
+from router.cost_table import CostTable
+from router.decision import DecisionParams, decide, reference_decide
+from router.scorers import build
+from test_router_decision_table import CFG, learned_model, random_request, random_streams, snapshot
+
+digest = hashlib.sha256()
+for seed in range(40):
+    rng = random.Random(seed)
+    block_size = rng.choice((16, 32))
+    workers = snapshot(rng, block_size)
+    model = learned_model(rng, workers)
+    rows = CostTable([model.costs(w, streams=random_streams(rng)) for w in workers])
+    for _ in range(20):
+        req = random_request(rng, workers, block_size)
+        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+        for d in (decide(model, rows, req, params), reference_decide(model, rows.rows, req, params)):
+            digest.update(repr(d).encode())
+print(sorted(native.status().items()))
+print(digest.hexdigest())
+"""
+
+
+def _run(enabled: bool) -> list[str]:
+    env = dict(os.environ, PD_ROUTER_NATIVE="1" if enabled else "0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "unit")]))
+    out = subprocess.run([sys.executable, "-c", _DECISIONS], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_per_request_modules_run_compiled():
+    if not native.enabled():
+        pytest.fail("PD_ROUTER_NATIVE turns the compiled router modules off in this run")
+    missing = [m for m, c in native.status().items() if not c]
+    assert not missing, (f"{missing} run from source: no build for their current source "
+                         f"(`make native` or `python -m router.native_build` builds them)")
+
+
+def test_compiled_decisions_equal_the_python_source():
+    on, off = _run(True), _run(False)
+    assert all(c for _, c in eval(on[0])), on[0]  # noqa: S307 - our own subprocess's repr of (str, bool) pairs
+    assert not any(c for _, c in eval(off[0])), off[0]  # noqa: S307
+    assert on[1] == off[1], "a compiled module decides differently from its Python source"
+
+
+def test_a_build_loads_only_for_the_source_it_was_built_from(tmp_path):
+    module = "router.cost_table"
+    built = native.build_path(module)
+    assert built is not None and built.is_file(), "no build of router/cost_table.py (run `make native`)"
+    # A copy of the package root holding the same source and its build: found.
+    (tmp_path / "router" / "_native").mkdir(parents=True)
+    src = tmp_path / "router" / "cost_table.py"
+    shutil.copy(native.source_of(module), src)
+    shutil.copy(built, tmp_path / "router" / "_native" / built.name)
+    finder = native.Finder((module,), root=tmp_path)
+    spec = finder.find_spec(module)
+    assert spec is not None and Path(spec.origin) == tmp_path / "router" / "_native" / built.name
+    assert finder.find_spec("router.decision") is None  # not one of this finder's modules
+    # The source edited: its old build is not the build of this source, so the source loads.
+    src.write_text(src.read_text() + "\n# edited\n")
+    assert finder.find_spec(module) is None
+    tag = hashlib.sha256(src.read_bytes() + native._SUFFIX.encode()).hexdigest()[:16]
+    assert native.build_path(module, tmp_path).name == f"{module}.{tag}{native._SUFFIX}"
+
+
+def test_builds_can_be_turned_off(monkeypatch):
+    for value, on in (("0", False), ("off", False), ("false", False), ("1", True), ("", True)):
+        monkeypatch.setenv(native.ENV, value)
+        assert native.enabled() is on
