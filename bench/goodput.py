@@ -5,7 +5,9 @@
 
 For each router mode (colocated, disaggregated, auto) a fresh local cluster
 with the same number of worker processes (colocated: 2 decode workers that
-both prefill and decode; disaggregated and auto: 1 prefill + 1 decode), the
+both prefill and decode; disaggregated: 1 prefill + 1 decode; auto: 2 mixed
+workers, each able to prefill, decode or both; --auto-workers split gives auto
+1 prefill + 1 decode), the
 `small` preset and one torch thread per worker. First, on the first cluster,
 single requests measure the unloaded TTFT and TPOT of each request class;
 the SLOs are multiples of those. Then, per workload (`long`, `short`,
