@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from router import convert
+from router import convert, native
 from router.admin import AdminServicer
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
@@ -82,6 +82,11 @@ async def serve(config: RouterConfig, tokenizer: Any | None = None) -> None:
     get Cancel) and stop."""
     orchestrator = build(config, tokenizer)
     server, port, health = await start(config, orchestrator)
-    log.info("router on port %d (directory %s, default mode %s, tokenizer %s)", port, config.directory_addr,
-             config.default_mode, "yes" if tokenizer is not None else "no")
+    compiled = native.status()
+    log.info("router on port %d (directory %s, default mode %s, tokenizer %s, per-request modules compiled %d/%d%s)",
+             port, config.directory_addr, config.default_mode, "yes" if tokenizer is not None else "no",
+             sum(compiled.values()), len(compiled),
+             "" if all(compiled.values()) else
+             f"; from source: {', '.join(m for m, c in compiled.items() if not c)}"
+             + ("" if native.enabled() else f" ({native.ENV}=0)"))
     await wait_for_shutdown(server, health, on_stop=orchestrator.close)
