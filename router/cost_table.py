@@ -10,8 +10,13 @@ keys as plain float lists (no attribute lookups, no tuples per request), and
     other such worker, so each key is one list comprehension over columns
     (the colocated key in one pass, its prefill inlined);
   - the few workers the index names (`req.hits`) are then patched one by one;
-  - each top-k is a stable `sorted` of positions keyed by the value list, cut
-    to k (what `heapq.nsmallest` returns, without its Python-level loop).
+  - each top-k is the k smallest positions in (value, position) order (what
+    `heapq.nsmallest` returns).
+
+The per-row loops (the keys over every row, the top-k picks) are the typed
+functions of router/table_kernel.py, over `array('d')` twins of the float
+columns (`a_*`): compiled (router/native.py) they are C loops; rows filtered
+by `usable` take Python's `sorted` instead.
 
 At 64-256 workers a full pass of comprehensions costs less than ordered scans
 with a lower-bound early exit (tried: the colocated bound is loose, most
@@ -33,6 +38,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -40,6 +46,7 @@ from router.candidate import Row
 from router.corrections import SIZE_BUCKETS
 from router.cost_model import CostModel, WorkerCosts
 from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
+from router.table_kernel import COMPILED, colocated_keys, least, prefill_keys, smallest, tpot_keys, transfer_keys
 from router.types import Route
 
 if TYPE_CHECKING:
@@ -79,6 +86,11 @@ _D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
 }
 """Per-row columns of the decode-capable side (CostTable attributes)."""
 
+_ARRAYS = ("p_qb", "p_tok", "p_pair", "d_tpb", "d_tpt", "d_queue", "d_adm", "d_kvb", "d_pb", "d_pt", "d_pp", "d_chunk",
+           "d_step", "d_live")
+"""Columns with an array twin `a_<name>` for router/table_kernel.py: `array('d')` (ints
+and flags convert to doubles exactly), d_chunk `array('q')`."""
+
 
 class CostTable:
     """Columns of one snapshot's cost rows: prefill-capable (P) and decode-capable (D) sides."""
@@ -99,13 +111,11 @@ class CostTable:
             setattr(self, name, list(map(get, self.p_rows)))
         for name, get in _D_COLUMNS.items():
             setattr(self, name, list(map(get, self.d_rows)))
-        self._d_scale: dict[int, list[float]] = {}  # size bucket -> each D row's prefill scale there (lazily)
-        self.d_simple, self.d_plain = _simple(self)
+        self._d_scale: dict[int, array] = {}  # size bucket -> each D row's prefill scale there (lazily)
+        self.d_simple = _simple(self)
+        """No D row has sized prefill corrections: the colocated key's scale is 1.0."""
         self.d_timed = _timed(self)
-        """d_simple: no D row has sized prefill corrections, and all share one chunk size;
-        d_plain: also every D row has live streams. The colocated key's pass drops those
-        terms (x * 1.0 is x; the overlap of a prefill with live streams is all of it:
-        min(o, e + 1) is o exactly)."""
+        _set_arrays(self)
 
     @classmethod
     def of(cls, rows: Sequence[WorkerCosts]) -> CostTable:
@@ -156,8 +166,9 @@ class CostTable:
                 new.d_rows[j] = r
                 for name, get in _D_COLUMNS.items():
                     getattr(new, name)[j] = get(r)
-        new.d_simple, new.d_plain = _simple(new)
+        new.d_simple = _simple(new)
         new.d_timed = _timed(new)
+        _set_arrays(new)
         return new
 
     def price(self, model: CostModel, req: RequestShape, top_k: int,
@@ -187,20 +198,22 @@ class CostTable:
         q = _Request(req, h0, p_hit, d_hit)
         # D: TPOT with this request (WorkerCosts.tpot_with, no extra prefill).
         ctx, gaps = q.ctx, q.gaps
-        tp = [b + t * ctx + qu / gaps for b, t, qu in zip(self.d_tpb, self.d_tpt, self.d_queue)]
-        p_ms: list[float] = []
+        tp = self._zero_d[:]
+        tpot_keys(self.a_d_tpb, self.a_d_tpt, self.a_d_queue, ctx, gaps, tp)
+        p_ms = None
         if split and p_idx:  # P: queue + prefill of its compute set
             n, bs = q.n, q.bs
             new = n - h0 * bs
-            c = n - new / 2.0
-            p_ms = [a + t * new + p * new * c for a, t, p in zip(self.p_qb, self.p_tok, self.p_pair)]
+            p_ms = self._zero_p[:]
+            prefill_keys(self.a_p_qb, self.a_p_tok, self.a_p_pair, new, n - new / 2.0, p_ms)
             for i, hit in p_hit.items():
                 r, new = self.p_rows[i], n - hit * bs
                 p_ms[i] = r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
         full = usable is None
-        ttft_ref = req.slo_ttft_ms or max(1.0, (min(p_ms) if full else min(p_ms[i] for i in p_idx)) if p_ms else 1.0)
-        tpot_ref = req.slo_tpot_ms or max(1e-3, min(tp) if full else min(tp[i] for i in d_idx))
-        out = self._pairs(model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref) if p_ms else []
+        ttft_ref = req.slo_ttft_ms or max(1.0, (least(p_ms) if full else min(p_ms[i] for i in p_idx))
+                                          if p_ms is not None else 1.0)
+        tpot_ref = req.slo_tpot_ms or max(1e-3, least(tp) if full else min(tp[i] for i in d_idx))
+        out = self._pairs(model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref) if p_ms is not None else []
         if colocated:
             out += self._colocated(model, q, k, tp, d_idx, ttft_ref, tpot_ref)
         return out
@@ -209,18 +222,17 @@ class CostTable:
         """The k best pairs among the k best P by p_ms and the k best D by each of d_ms and TPOT, priced."""
         ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
         blocks = q.blocks
-        moved = blocks - q.h0
-        d_ms = [a + moved * kv * ms_per_byte for a, kv in zip(self.d_adm, self.d_kvb)]
+        d_ms = self._zero_d[:]
+        transfer_keys(self.a_d_adm, self.a_d_kvb, blocks - q.h0, ms_per_byte, d_ms)
         for i, hit in q.d_hit.items():
             r = self.d_rows[i]
             d_ms[i] = r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte
         d_rows, d_ids, d_abi = self.d_rows, self.d_ids, self.d_abi
-        top_d = {id(d_rows[j]): j for j in sorted(d_idx, key=d_ms.__getitem__)[:k]
-                 + sorted(d_idx, key=tp.__getitem__)[:k]}.values()
+        top_d = {id(d_rows[j]): j for j in _top(d_ms, d_idx, k) + _top(tp, d_idx, k)}.values()
         top_d = [(j, d_ids[j], d_abi[j], d_ms[j], tp[j] / tpot_ref) for j in top_d]
         overhead = model.overhead_ms(Route.DISAGGREGATED)
         p_ids, p_abi = self.p_ids, self.p_abi
-        top_p = [(i, p_ids[i], p_abi[i], p_ms[i]) for i in sorted(p_idx, key=p_ms.__getitem__)[:k]]
+        top_p = [(i, p_ids[i], p_abi[i], p_ms[i]) for i in _top(p_ms, p_idx, k)]
         keyed = [((pm + dm + overhead) / ttft_ref + tpot, i, j)
                  for i, pid, pabi, pm in top_p
                  for j, did, dabi, dm, tpot in top_d if did != pid and dabi == pabi]
@@ -261,29 +273,14 @@ class CostTable:
         # W's own prefill dilates W's streams: all of it on a row with live streams
         # (d_live), none on a row without any; the rows whose streams are only planned
         # (d_timed: a partial overlap) are keyed exactly below, with the prefix hits.
-        if new > 0 and self.d_plain:  # as below, with each row's scale 1.0, live streams, one chunk size
-            c = reused + new / 2.0
-            chunks = -(-new // self.d_chunk[0])
-            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
-                   + (s + o / gaps) / tpot_ref
-                   for qu, b, t, p, st, s in zip(self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp)]
-        elif new > 0 and self.d_simple:  # as below, with each row's scale 1.0 and one chunk size
-            c = reused + new / 2.0
-            chunks = -(-new // self.d_chunk[0])
-            key = [(qu + (o := b + t * new + p * new * c) + chunks * st + overhead) / ttft_ref
-                   + (s + (o / gaps if lv else 0.0)) / tpot_ref
-                   for qu, b, t, p, st, s, lv in zip(
-                       self.d_queue, self.d_pb, self.d_pt, self.d_pp, self.d_step, tp, self.d_live)]
-        elif new > 0:  # WorkerCosts.prefill_ms inlined as `o` (see _d_scale_at)
-            c = reused + new / 2.0
-            key = [(qu + (o := (b + t * new + p * new * c) * f) + -(-new // ch) * st + overhead) / ttft_ref
-                   + (s + (o / gaps if lv else 0.0)) / tpot_ref
-                   for qu, b, t, p, f, ch, st, s, lv in zip(
-                       self.d_queue, self.d_pb, self.d_pt, self.d_pp, self._d_scale_at(new), self.d_chunk,
-                       self.d_step, tp, self.d_live)]
+        if new > 0:  # WorkerCosts.prefill_ms inlined (see _d_scale_at), in router/table_kernel.py
+            key = self._zero_d[:]
+            colocated_keys(self.a_d_queue, self.a_d_pb, self.a_d_pt, self.a_d_pp,
+                           self._ones_d if self.d_simple else self._d_scale_at(new), self.a_d_chunk, self.a_d_step,
+                           tp, self.a_d_live, new, reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, key)
         else:
-            key = [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
-                   for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)]
+            key = array("d", [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
+                              for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)])
         d_hit = q.d_hit
         for i in self.d_timed:
             if i not in d_hit:
@@ -294,7 +291,7 @@ class CostTable:
         # match it in router/cost_model.py: the same operations in the same order).
         ctx, need, col = q.ctx, q.need, Route.COLOCATED
         out = []
-        for i in sorted(d_idx, key=key.__getitem__)[:k]:
+        for i in _top(key, d_idx, k):
             w = self.d_rows[i]
             reused = d_hit.get(i, h0) * bs
             compute = n - reused
@@ -318,7 +315,7 @@ class CostTable:
         end = r.queue_ms + r.interleaved_ms(o, n - reused)
         return ttft / ttft_ref + (tp[i] + r.overlap_ms(o, end) / q.gaps) / tpot_ref
 
-    def _d_scale_at(self, new: int) -> list[float]:
+    def _d_scale_at(self, new: int) -> array:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is
         (pre_base + pre_tok * new + pre_pair * new * (reused + new / 2.0)) * scale,
         with scale 1.0 without sized corrections. Must match WorkerCosts.prefill_ms
@@ -326,7 +323,8 @@ class CostTable:
         bucket = min(new.bit_length(), SIZE_BUCKETS - 1)
         scale = self._d_scale.get(bucket)
         if scale is None:
-            scale = self._d_scale[bucket] = [r.pre_scale[bucket] if r.pre_scale else 1.0 for r in self.d_rows]
+            scale = self._d_scale[bucket] = array("d", [r.pre_scale[bucket] if r.pre_scale else 1.0
+                                                        for r in self.d_rows])
         return scale
 
 
@@ -343,10 +341,28 @@ class _Request:
         self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit
 
 
-def _simple(t: CostTable) -> tuple[bool, bool]:
-    """(CostTable.d_simple, CostTable.d_plain)."""
-    simple = not any(r.pre_scale for r in t.d_rows) and len(set(t.d_chunk)) <= 1
-    return simple, simple and all(t.d_live)
+def _simple(t: CostTable) -> bool:
+    """CostTable.d_simple."""
+    return not any(r.pre_scale for r in t.d_rows)
+
+
+def _set_arrays(t: CostTable) -> None:
+    """The `a_*` array twins of the _ARRAYS columns, and the per-request templates."""
+    for name in _ARRAYS:
+        setattr(t, "a_" + name, array("q" if name == "d_chunk" else "d", getattr(t, name)))
+    t._zero_p, t._zero_d = array("d", bytes(8 * len(t.p_rows))), array("d", bytes(8 * len(t.d_rows)))
+    t._ones_d = array("d", [1.0]) * len(t.d_rows)
+
+
+def _top(values: array, among: Sequence[int], k: int) -> list[int]:
+    """The k positions of `among` with the smallest values, ascending, ties in position
+    order: `sorted(among, key=values.__getitem__)[:k]`; in router/table_kernel.py when
+    that runs compiled, `among` is every position and no value is NaN."""
+    if COMPILED and isinstance(among, range) and len(among) == len(values):
+        top = smallest(values, k)
+        if top is not None:
+            return top
+    return sorted(among, key=values.__getitem__)[:k]
 
 
 def _timed(t: CostTable) -> list[int]:

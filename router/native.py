@@ -2,10 +2,11 @@
 
 A routing decision (router/decision.py over router/cost_table.py) is a few
 hundred small float operations and tuple moves per request; the interpreter's
-dispatch is most of its cost. The modules below are compiled unchanged with
-Cython into extension modules (no Cython syntax, no second implementation: the
-source stays the definition and the fallback), which runs the same decisions
-two to three times faster (bench/router.py prints both).
+dispatch is most of its cost. The modules below are compiled with Cython into
+extension modules: unchanged Python (no second implementation: the source
+stays the definition and the fallback), except router/table_kernel.py, whose
+per-row loops are annotated with C types (`TYPED`) and run as plain Python
+without a build. bench/router.py prints both ways.
 
 Builds live in `router/_native/` (not in git), one file per module named by a
 hash of its source:
@@ -46,8 +47,14 @@ MODULES = (
     "router.scorers.queue",
     "router.scorers.tpot_slack",
     "router.scorers.ttft_slack",
+    "router.table_kernel",
 )
 """The per-request path: pricing, interference, scoring, choosing, prefix matching."""
+
+TYPED = ("router.table_kernel",)
+"""Modules written for Cython's pure-Python mode: their annotations (cython.double,
+typed memoryviews) are C types when compiled. The others are compiled with
+annotations ignored, so they keep Python's semantics exactly."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the `router` package."""

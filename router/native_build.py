@@ -17,7 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, build_path, enabled, missing, source_of, status
+from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, TYPED, build_path, enabled, missing, source_of, status
+
+DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+"""Plain modules: annotations ignored (Python semantics). TYPED modules are built with
+annotation_typing on (and their `# cython:` header line: no bounds checks)."""
+
+CFLAGS = ["-ffp-contract=off"]
+"""No fused multiply-add: every double operation rounds as Python's float does."""
 
 
 def build(modules: list[str] | None = None, jobs: int = 2) -> list[Path]:
@@ -37,12 +44,16 @@ def build(modules: list[str] | None = None, jobs: int = 2) -> list[Path]:
     from setuptools.command.build_ext import build_ext
 
     with tempfile.TemporaryDirectory(prefix="pd-native-") as tmp:
-        exts = [Extension(m, [str(source_of(m).relative_to(ROOT))]) for m in todo]
         cwd = os.getcwd()
         os.chdir(ROOT)  # Cython names each module by its path under the package root
         try:
-            exts = cythonize(exts, build_dir=str(Path(tmp) / "c"), quiet=True, nthreads=jobs,
-                             compiler_directives={"language_level": 3, "annotation_typing": False})
+            exts = []
+            for typed in (False, True):
+                group = [Extension(m, [str(source_of(m).relative_to(ROOT))], extra_compile_args=CFLAGS)
+                         for m in todo if (m in TYPED) == typed]
+                if group:
+                    exts += cythonize(group, build_dir=str(Path(tmp) / "c"), quiet=True, nthreads=jobs,
+                                      compiler_directives={**DIRECTIVES, "annotation_typing": typed})
             cmd = build_ext(Distribution({"name": "pdserve-router-native", "ext_modules": exts}))
             cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "tmp"), jobs
             cmd.ensure_finalized()
