@@ -150,6 +150,20 @@ class WorkerCosts:
             return 0.0
         return min(prefill_ms, end_ms - self.next_start_ms)
 
+    def colocated_key(self, n: int, reused: int, tpot_ms: float, gaps: int, overhead_ms: float, ttft_ref: float,
+                      tpot_ref: float) -> float:
+        """The colocated route's pruning key here for a prompt of `n` tokens reusing
+        `reused`: TTFT and TPOT, each over its reference, the TPOT (`tpot_ms`, from
+        tpot_with without extra prefill) with the part of the prompt's own prefill that
+        overlaps this worker's streams spread over `gaps` tokens. The definition in
+        router/decision.py `reference_candidates`; router/cost_table.py keys prefix hits
+        and planned-only streams with it, and every other row in its columnar pass."""
+        new = n - reused
+        own = self.prefill_ms(new, reused)
+        ttft = self.queue_ms + own + -(-new // self.chunk_tokens) * self.step_ms + overhead_ms
+        end = self.queue_ms + self.interleaved_ms(own, new)
+        return ttft / ttft_ref + (tpot_ms + self.overlap_ms(own, end) / gaps) / tpot_ref
+
     def prefill_ms(self, new: int, reused: int) -> float:
         """Forward pass over `new` prompt tokens after `reused` cached ones."""
         if new <= 0:

@@ -305,15 +305,11 @@ class CostTable:
                         colocated_disturb_ms(w, own, q.m, end), stalled_streams(w, end), self.d_streams[i]))
         return out
 
-    def _exact_key(self, i: int, hit: int, q: _Request, tp: list[float], overhead: float, ttft_ref: float,
+    def _exact_key(self, i: int, hit: int, q: _Request, tp: array, overhead: float, ttft_ref: float,
                    tpot_ref: float) -> float:
-        """D row i's colocated key with `hit` usable prefix blocks, as reference_candidates
-        computes it (router/decision.py)."""
-        r, n, reused = self.d_rows[i], q.n, hit * q.bs
-        o = r.prefill_ms(n - reused, reused)
-        ttft = r.queue_ms + o + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-        end = r.queue_ms + r.interleaved_ms(o, n - reused)
-        return ttft / ttft_ref + (tp[i] + r.overlap_ms(o, end) / q.gaps) / tpot_ref
+        """D row i's colocated key with `hit` usable prefix blocks (WorkerCosts.colocated_key,
+        as reference_candidates in router/decision.py keys every row)."""
+        return self.d_rows[i].colocated_key(q.n, hit * q.bs, tp[i], q.gaps, overhead, ttft_ref, tpot_ref)
 
     def _d_scale_at(self, new: int) -> array:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is

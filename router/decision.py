@@ -391,13 +391,7 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
             out.append(price_pair(model, p, d, req))
     if colocated:
         overhead = model.overhead_ms(Route.COLOCATED)
-        cols = []
-        for r, tp, hit in decoders:
-            reused = hit * bs
-            own = r.prefill_ms(n - reused, reused)
-            ttft = r.queue_ms + own + -(-(n - reused) // r.chunk_tokens) * r.step_ms + overhead
-            end = r.queue_ms + r.interleaved_ms(own, n - reused)
-            cols.append((_key(ttft, tp + r.overlap_ms(own, end) / gaps, ttft_ref, tpot_ref), r))
+        cols = [(r.colocated_key(n, hit * bs, tp, gaps, overhead, ttft_ref, tpot_ref), r) for r, tp, hit in decoders]
         out.extend(price_colocated(model, r, req) for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
     return out
 
