@@ -14,8 +14,8 @@ from router.placement import LoadOverlay
 from router.orchestrator import Orchestrator
 from router.decision import Outcome
 from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
-from test_router_orchestrator import (VOCAB, FakeCluster, assert_no_leaks, collect, config, params, run, started,
-                                      two_by_two, worker)
+from orchestrator_support import (VOCAB, FakeCluster, assert_no_leaks, collect, config, params, run, started,
+                                  two_by_two, worker)
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
 

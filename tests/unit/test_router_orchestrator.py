@@ -1,193 +1,21 @@
-"""Router orchestration over an in-process fake cluster: routes, retries,
-continuation, cancellation, deadlines and admission. Every lifecycle test ends
-with a leak check: nothing in flight, no overlay entries, no open transaction."""
+"""Router orchestration over an in-process fake cluster (tests/orchestrator_support.py):
+routes, retries, continuation, cancellation, deadlines and admission. Every
+lifecycle test ends with a leak check: nothing in flight, no overlay entries, no
+open transaction."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import struct
-from collections.abc import AsyncIterator
 
 import pytest
+from orchestrator_support import (PROMPT, VOCAB, FakeCluster, assert_no_leaks, collect, config, model_tokens, params,
+                                  run, started, tokens_of, two_by_two, unavailable, worker)
 
-from router.config import RouterConfig
-from router.gateway import DirectoryGateway, WorkerGateway
 from router.orchestrator import Orchestrator
-from router.types import (Capacity, Cluster, Completed, FinishReason, GenerateParams, Load, Manifest, Mode,
-                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, RouterError, Sampling, Slo,
-                          Started, StatusCode, StreamCall, StreamComplete, StreamToken, TokenOut, TxnOutcome, Worker,
-                          WorkerCallError)
-
-VOCAB = 512
-CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
-               max_model_len=256)
-PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
-
-
-def model_tokens(prompt, n: int) -> list[int]:
-    """The fake model: a deterministic function of the prompt (every worker agrees)."""
-    return [(sum(prompt) * 31 + 7 * i) % VOCAB for i in range(n)]
-
-
-def worker(worker_id: str, role: Role, free: int = 64, pending: int = 0) -> Worker:
-    return Worker(worker_id, role, f"{worker_id}:50", f"{worker_id}:60", "abi-1", CAP,
-                  Load(pending_prefill_tokens=pending, free_blocks=free, total_blocks=64), epoch=5,
-                  lease_expires_unix_ms=1)
-
-
-def unavailable(msg: str = "worker down") -> WorkerCallError:
-    return WorkerCallError(StatusCode.UNAVAILABLE, msg)
-
-
-class FakeCluster(WorkerGateway, DirectoryGateway):
-    """Workers and directory in one object; records every call in order.
-
-    Knobs: `fail[(op, worker_id)]` raises on that call; `hang` holds calls
-    forever; `break_after[worker_id]` ends a stream with an error after k
-    tokens; `diverge[worker_id]` = index where that worker's tokens differ.
-    """
-
-    def __init__(self, workers: list[Worker]):
-        self.cluster = Cluster(tuple(workers), route_epoch=7)
-        self.calls: list[tuple] = []
-        self.fail: dict[tuple[str, str], WorkerCallError] = {}
-        self.hang: set[tuple[str, str]] = set()
-        self.break_after: dict[str, int] = {}
-        self.diverge: dict[str, int] = {}
-        self.txn_outcome = TxnOutcome.APPLIED
-        self.txns: dict[str, str] = {}
-        self.manifests: list[Manifest] = []
-        self.published: dict[str, asyncio.Event] = {}
-        self.token_gap_s = 0.0
-
-    def ops(self, *names: str) -> list[tuple]:
-        return [c for c in self.calls if c[0] in names]
-
-    async def _enter(self, op: str, worker_id: str, *rest) -> None:
-        self.calls.append((op, worker_id, *rest))
-        await asyncio.sleep(0)
-        if (op, worker_id) in self.hang:
-            await asyncio.Future()
-        if (op, worker_id) in self.fail:
-            raise self.fail[(op, worker_id)]
-
-    # -- directory
-    async def snapshot(self, timeout_s):
-        return self.cluster
-
-    async def reserve_txn(self, manifest: Manifest, timeout_s):
-        self.calls.append(("txn_reserve", manifest.transfer_id))
-        self.manifests.append(manifest)
-        if self.txn_outcome is TxnOutcome.APPLIED:
-            self.txns[manifest.transfer_id] = "RESERVED"
-        return self.txn_outcome
-
-    async def abort_txn(self, request_id, transfer_id, generation, reason, timeout_s):
-        self.calls.append(("txn_abort", transfer_id, reason))
-        if self.txns.get(transfer_id) == "RESERVED":
-            self.txns[transfer_id] = "ABORTED"
-            return TxnOutcome.APPLIED
-        return TxnOutcome.ILLEGAL_TRANSITION
-
-    async def list_open_transactions(self, timeout_s):
-        return [t for t, s in self.txns.items() if s == "RESERVED"]
-
-    # -- workers
-    async def reserve(self, w: Worker, call: ReserveCall, timeout_s) -> Reservation:
-        await self._enter("reserve", w.worker_id, call.request_id, call.generation)
-        tid = f"{call.request_id}/{call.generation}"
-        self.published[tid] = asyncio.Event()
-        return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
-
-    async def prefill(self, w: Worker, call: PrefillCall, timeout_s) -> PrefillDone:
-        await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
-        tid = call.manifest.transfer_id
-        self.txns[tid] = "PUBLISHED"
-        self.published[tid].set()
-        self.prefill_sampling = call.sampling
-        return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1)[0], kv_digest=f"kv:{tid}")
-
-    def _tokens(self, w: Worker, prompt, n: int) -> list[int]:
-        tokens = model_tokens(prompt, n)
-        if w.worker_id in self.diverge and self.diverge[w.worker_id] < n:
-            tokens[self.diverge[w.worker_id]] ^= 1
-        return tokens
-
-    async def _stream(self, w: Worker, call: StreamCall, prompt) -> AsyncIterator:
-        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens)):
-            if self.break_after.get(w.worker_id) == i:
-                raise unavailable(f"{w.worker_id} died mid-stream")
-            await asyncio.sleep(self.token_gap_s)
-            yield StreamToken(tok, i)
-        yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
-
-    async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):
-        await self._enter("decode_stream", w.worker_id, call.request_id, call.generation, call.transfer_id)
-        await self.published[call.transfer_id].wait()
-        async for item in self._stream(w, call, self.prompt):
-            yield item
-        self.txns[call.transfer_id] = "RELEASED"
-
-    async def generate(self, w: Worker, call: StreamCall, timeout_s):
-        await self._enter("generate", w.worker_id, call.request_id, call.generation)
-        async for item in self._stream(w, call, call.prompt_token_ids):
-            yield item
-
-    async def cancel_decode(self, w, request_id, generation, reason, timeout_s):
-        self.calls.append(("cancel_decode", w.worker_id, request_id, generation))
-        return True
-
-    async def cancel_prefill(self, w, request_id, generation, reason, timeout_s):
-        self.calls.append(("cancel_prefill", w.worker_id, request_id, generation))
-        return True
-
-    prompt = PROMPT  # DecodeStream carries no prompt; the fake decodes this one
-
-
-def two_by_two() -> FakeCluster:
-    return FakeCluster([worker("p0", Role.PREFILL), worker("p1", Role.PREFILL, pending=10),
-                        worker("d0", Role.DECODE, free=60), worker("d1", Role.DECODE)])
-
-
-def config(**kw) -> RouterConfig:
-    kw.setdefault("snapshot_max_age_ms", 0)
-    return RouterConfig(**kw)
-
-
-def params(request_id="r", max_tokens=6, **kw) -> GenerateParams:
-    kw.setdefault("prompt_token_ids", PROMPT)
-    return GenerateParams(request_id=request_id, tenant="t", max_tokens=max_tokens, **kw)
-
-
-def run(coro, timeout_s: float = 10.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
-
-
-async def collect(orch: Orchestrator, p: GenerateParams) -> tuple[list, RouterError | None]:
-    events, error = [], None
-    try:
-        async for ev in orch.generate(p):
-            events.append(ev)
-    except RouterError as exc:
-        error = exc
-    await orch.drain()
-    return events, error
-
-
-def assert_no_leaks(orch: Orchestrator, fake: FakeCluster) -> None:
-    assert orch.in_flight == 0
-    assert len(orch.view.overlay) == 0
-    assert len(orch.planner.streams) == 0  # router/streams.py: every booked stream dropped
-    assert not [t for t, s in fake.txns.items() if s == "RESERVED"], fake.txns
-
-
-def tokens_of(events) -> list[tuple[int, int]]:
-    return [(e.index, e.token_id) for e in events if isinstance(e, TokenOut)]
-
-
-def started(events) -> list[Started]:
-    return [e for e in events if isinstance(e, Started)]
+from router.types import (Capacity, Cluster, Completed, FinishReason, Mode, Role, Route, RouterError, Sampling, Slo,
+                          Started, StatusCode, TokenOut, TxnOutcome, Worker, WorkerCallError)
 
 
 def test_happy_disaggregated_path():

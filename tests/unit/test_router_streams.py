@@ -7,7 +7,6 @@ steps of 10 ms per sequence, split overhead 5 ms, colocated overhead 1 ms.
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
@@ -20,8 +19,8 @@ from router.streams import StreamBook
 from router.types import Role, Started, TokenOut
 
 from test_router_decision import BS, CFG, params, worker
-from test_router_orchestrator import assert_no_leaks, config, run, two_by_two
-from test_router_orchestrator import params as gen_params
+from orchestrator_support import assert_no_leaks, config, run, two_by_two
+from orchestrator_support import params as gen_params
 
 
 class Clock:

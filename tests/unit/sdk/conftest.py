@@ -1,0 +1,42 @@
+"""Fixtures of the SDK and pdctl tests: one fake Router+Admin (tests/sdk_support.py)
+per module on a real loopback gRPC server, reset before each test."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import pytest
+from sdk_support import FakeRouter
+
+from services.rpc.pd.v1 import admin_pb2_grpc, router_pb2_grpc
+from services.sdk import Client
+
+
+@pytest.fixture(scope="module")
+def server():
+    fake = FakeRouter()
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    router_pb2_grpc.add_RouterServicer_to_server(fake, srv)
+    admin_pb2_grpc.add_AdminServicer_to_server(fake, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    yield fake, f"127.0.0.1:{port}"
+    srv.stop(0)
+
+
+@pytest.fixture
+def fake(server):
+    server[0].reset()
+    return server[0]
+
+
+@pytest.fixture
+def addr(server):
+    return server[1]
+
+
+@pytest.fixture
+def client(addr):
+    with Client(addr, timeout_s=5) as c:
+        yield c
