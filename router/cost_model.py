@@ -209,6 +209,8 @@ class CostModel:
         self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
                                   Route.COLOCATED: config.colocated_overhead_ms}
         self._overhead = {r: Ewma(v) for r, v in self._default_overhead.items()}
+        self._split_overhead, self._colocated_overhead = self._overhead[Route.DISAGGREGATED], \
+            self._overhead[Route.COLOCATED]  # the same Ewma objects: overhead_ms reads them per request
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
         self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
@@ -270,10 +272,9 @@ class CostModel:
     def overhead_ms(self, route: Route) -> float:
         """Learned fixed TTFT overhead of a route kind; a split route's is at least
         the colocated one's (it makes the same hops plus the hand-off)."""
-        own = self._overhead[route].value
         if route is Route.DISAGGREGATED:
-            return max(own, self._overhead[Route.COLOCATED].value)
-        return own
+            return max(self._split_overhead.value, self._colocated_overhead.value)
+        return self._colocated_overhead.value
 
     def fixed_cost_scale_ms(self) -> float:
         """The size of a route's fixed costs known before any sample: the configured
