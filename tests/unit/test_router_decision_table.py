@@ -74,16 +74,26 @@ def random_streams(rng: random.Random) -> tuple[int, int, float] | None:
     return rng.choice((0, 0, 1, 3)), rng.choice((0, 1, 2)), rng.choice((0.0, rng.uniform(0, 3000)))
 
 
-@pytest.mark.parametrize("seed", range(80))
-def test_fast_decision_equals_reference(seed):
+def random_table(seed: int) -> tuple[random.Random, int, list[Worker], CostModel, CostTable]:
+    """A seeded snapshot: the rng to draw its requests with, block size, workers, a
+    model with learned corrections, and the table of its rows (a third carry streams)."""
     rng = random.Random(seed)
     block_size = rng.choice((16, 32))
     workers = snapshot(rng, block_size)
     model = learned_model(rng, workers)
-    rows = CostTable([model.costs(w, streams=random_streams(rng)) for w in workers])
+    return rng, block_size, workers, model, CostTable([model.costs(w, streams=random_streams(rng)) for w in workers])
+
+
+def random_params(rng: random.Random) -> DecisionParams:
+    return DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_fast_decision_equals_reference(seed):
+    rng, block_size, workers, model, rows = random_table(seed)
     for _ in range(25):
         req = random_request(rng, workers, block_size)
-        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+        params = random_params(rng)
         banned = {w.worker_id for w in workers if rng.random() < 0.2}
         usable = rng.choice((None, lambda r: r.worker.worker_id not in banned))
         split, colocated = rng.choice(((True, True), (True, False), (False, True)))

@@ -18,24 +18,17 @@ from router import native
 ROOT = Path(__file__).resolve().parents[2]
 
 _DECISIONS = r"""
-import hashlib, random, sys
+import hashlib
 from router import native
-from router.cost_model import CostModel
-from router.cost_table import CostTable
-from router.decision import DecisionParams, decide, reference_decide
-from router.scorers import build
-from test_router_decision_table import CFG, learned_model, random_request, random_streams, snapshot
+from router.decision import decide, reference_decide
+from test_router_decision_table import random_params, random_request, random_table
 
 digest = hashlib.sha256()
 for seed in range(40):
-    rng = random.Random(seed)
-    block_size = rng.choice((16, 32))
-    workers = snapshot(rng, block_size)
-    model = learned_model(rng, workers)
-    rows = CostTable([model.costs(w, streams=random_streams(rng)) for w in workers])
+    rng, block_size, workers, model, rows = random_table(seed)
     for _ in range(20):
         req = random_request(rng, workers, block_size)
-        params = DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+        params = random_params(rng)
         for d in (decide(model, rows, req, params), reference_decide(model, rows.rows, req, params)):
             digest.update(repr(d).encode())
 print(sorted(native.status().items()))
