@@ -84,3 +84,45 @@ def test_builds_can_be_turned_off(monkeypatch):
     for value, on in (("0", False), ("off", False), ("false", False), ("1", True), ("", True)):
         monkeypatch.setenv(native.ENV, value)
         assert native.enabled() is on
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_kernel_keys_are_the_references_doubles(seed):
+    """router/table_kernel.py's key loops give, bit for bit, the doubles reference_candidates
+    computes per row (router/decision.py): TPOT with the request, queue + prefill, the
+    transfer bound, and the colocated key (WorkerCosts.colocated_key). The decisions can
+    hide a last-bit difference in a pruning key; these cannot."""
+    from array import array
+
+    from test_router_decision_table import random_request, random_table
+
+    from router.table_kernel import colocated_keys, prefill_keys, tpot_keys, transfer_keys
+    rng, block_size, workers, model, table = random_table(seed)
+    for _ in range(10):
+        req = random_request(rng, workers, block_size)
+        n, m = req.prompt_tokens, req.max_tokens
+        gaps, ctx = max(1, m - 1), n + m // 2
+        tp = array("d", [0.0]) * len(table.d_rows)
+        tpot_keys(table.a_d_tpb, table.a_d_tpt, table.a_d_queue, ctx, gaps, tp)
+        assert list(tp) == [r.tpot_base + r.tpot_per_token * ctx + r.queue_ms / gaps for r in table.d_rows]
+        new = n - rng.randrange(0, max(1, req.usable_blocks + 1)) * block_size  # some prefix reused
+        p_ms = array("d", [0.0]) * len(table.p_rows)
+        prefill_keys(table.a_p_qb, table.a_p_tok, table.a_p_pair, new, n - new / 2.0, p_ms)
+        assert list(p_ms) == [r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
+                              for r in table.p_rows]
+        mpb, moved = rng.uniform(1e-7, 1e-5), rng.randrange(0, 200)
+        d_ms = array("d", [0.0]) * len(table.d_rows)
+        transfer_keys(table.a_d_adm, table.a_d_kvb, moved, mpb, d_ms)
+        assert list(d_ms) == [r.admission_ms + moved * r.kv_bytes_per_block * mpb for r in table.d_rows]
+        if new <= 0:
+            continue
+        reused, overhead = n - new, rng.uniform(0, 50)
+        ttft_ref, tpot_ref = rng.uniform(1, 5000), rng.uniform(1e-3, 200)
+        key = array("d", [0.0]) * len(table.d_rows)
+        colocated_keys(table.a_d_queue, table.a_d_pb, table.a_d_pt, table.a_d_pp,
+                       table._ones_d if table.d_simple else table._d_scale_at(new), table.a_d_chunk, table.a_d_step,
+                       tp, table.a_d_live, new, reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, key)
+        want = [r.colocated_key(n, reused, tp[i], gaps, overhead, ttft_ref, tpot_ref)
+                for i, r in enumerate(table.d_rows)]
+        timed = set(table.d_timed)  # planned-only streams: keyed exactly by the table, not by the loop
+        assert [k for i, k in enumerate(key) if i not in timed] == [k for i, k in enumerate(want) if i not in timed]
