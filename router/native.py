@@ -59,28 +59,33 @@ annotations ignored, so they keep Python's semantics exactly."""
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the `router` package."""
 
-BUILD_DIR = ROOT / "router" / "_native"
+
+def build_dir(root: Path) -> Path:
+    """Where the builds of the package under `root` live."""
+    return root / "router" / "_native"
+
+
+BUILD_DIR = build_dir(ROOT)
 
 ENV = "PD_ROUTER_NATIVE"
 _SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def source_of(module: str) -> Path:
-    """The .py file of `module` (a name in MODULES)."""
-    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
+def source_of(module: str, root: Path = ROOT) -> Path:
+    """The .py file of `module` (a name in MODULES) under `root`."""
+    return root.joinpath(*module.split(".")).with_suffix(".py")
 
 
 def build_path(module: str, root: Path | None = None) -> Path | None:
     """Where the build of `module`'s current source lives (it may not exist), or None
     when the source is missing. `root`: the directory holding the package (tests)."""
     root = ROOT if root is None else root
-    src = root.joinpath(*module.split(".")).with_suffix(".py")
     try:
-        data = src.read_bytes()
+        data = source_of(module, root).read_bytes()
     except OSError:
         return None
     tag = hashlib.sha256(data + _SUFFIX.encode()).hexdigest()[:16]
-    return root / "router" / "_native" / f"{module}.{tag}{_SUFFIX}"
+    return build_dir(root) / f"{module}.{tag}{_SUFFIX}"
 
 
 def enabled() -> bool:

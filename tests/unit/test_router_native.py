@@ -9,11 +9,14 @@ import os
 import shutil
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
+from test_router_decision_table import random_request, random_table
 
 from router import native
+from router.table_kernel import colocated_keys, prefill_keys, tpot_keys, transfer_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,11 +95,6 @@ def test_kernel_keys_are_the_references_doubles(seed):
     computes per row (router/decision.py): TPOT with the request, queue + prefill, the
     transfer bound, and the colocated key (WorkerCosts.colocated_key). The decisions can
     hide a last-bit difference in a pruning key; these cannot."""
-    from array import array
-
-    from test_router_decision_table import random_request, random_table
-
-    from router.table_kernel import colocated_keys, prefill_keys, tpot_keys, transfer_keys
     rng, block_size, workers, model, table = random_table(seed)
     for _ in range(10):
         req = random_request(rng, workers, block_size)
