@@ -67,6 +67,11 @@ class Workload:
     requests_per_rate: int = 12
     """Requests sent at each rate point."""
 
+    @property
+    def mean_burst(self) -> float:
+        """Mean requests per burst (1 for Poisson arrivals)."""
+        return (1 + self.max_burst) / 2 if self.arrivals == "bursty" else 1.0
+
     def __post_init__(self) -> None:
         assert abs(sum(p for _, p in self.mix) - 1.0) < 1e-9, self.mix
         assert self.arrivals in ("poisson", "bursty"), self.arrivals
@@ -105,7 +110,7 @@ def request_classes(quick: bool) -> dict[str, RequestClass]:
 
 def workloads(quick: bool) -> dict[str, Workload]:
     """`long` (bursts of 1-3), `short` (Poisson) and `mixed` (a quarter long, Poisson)."""
-    n = (3, 4, 4) if quick else (12, 24, 16)
+    n = (3, 4, 4) if quick else (12, 40, 16)
     return {
         "long": Workload("long", (("long", 1.0),), "bursty", max_burst=3, requests_per_rate=n[0]),
         "short": Workload("short", (("short", 1.0),), "poisson", requests_per_rate=n[1]),
@@ -125,7 +130,7 @@ def arrival_times(w: Workload, rng: random.Random) -> list[float]:
     """
     times: list[float] = []
     t = 0.0
-    mean_burst = (1 + w.max_burst) / 2 if w.arrivals == "bursty" else 1.0
+    mean_burst = w.mean_burst
     while len(times) < w.requests_per_rate:
         size = rng.randint(1, w.max_burst) if w.arrivals == "bursty" else 1
         for k in range(size):

@@ -133,8 +133,12 @@ def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterS
 
 
 def start_rate(w: Workload, iso: dict[str, Isolated]) -> float:
-    """First rate of a sweep: 1 / (mean unloaded prefill s + mean decode s at an assumed batch of 4)."""
-    prefill_s = sum(p * iso[c].ttft_ms for c, p in w.mix) / 1000
+    """First rate of a sweep: 1 / (mean burst x mean unloaded prefill s + mean decode s at an
+    assumed batch of 4). A burst's prompts arrive together and the last one's first token
+    waits for the prefills ahead of it, so a bursty workload's knee is about a burst's
+    prefill time lower than a Poisson one's (its sweeps used to start past every mode's
+    knee and spend half their budget on a point that only said "too fast")."""
+    prefill_s = w.mean_burst * sum(p * iso[c].ttft_ms for c, p in w.mix) / 1000
     decode_s = sum(p * iso[c].output_tokens * iso[c].tpot_ms for c, p in w.mix) / 1000 / 4
     return 1.0 / (prefill_s + decode_s)
 
@@ -165,14 +169,16 @@ def config_row(args, classes, wls, modes, skipped) -> dict:
                      "tpot": f"{args.tpot_slo_x} x single-request TPOT at the class's median lengths",
                      "measured_on": f"{modes[0]} cluster, {args.calibration_repeats} repeat(s), median"},
         "target_joint_attainment": args.target,
-        "search": {"start": "1 / (mean single-request TTFT + mean output x TPOT / 4), same for every mode",
+        "search": {"start": ("1 / (mean burst x mean single-request TTFT + mean output x TPOT / 4), "
+                             "same for every mode"),
                    "factor": 2.0, "resolution": 1.15, "max_points_per_sweep": args.max_points,
                    "goodput": "interpolated between the highest passing and the next failing rate"},
         "sizing": ("quick smoke run: long prompts 512-1024 (outputs 32-64), 3-4 requests per rate, "
                    "2 rates per sweep; numbers are not meaningful" if args.quick else
                    "2 cores shared by 2 workers, router, directory and client: a 2k-token prefill takes "
-                   "~2 s, so long prompts stay 1024-2048 (8x outputs of 64-128), 12 long / 24 short / "
-                   "16 mixed requests per rate (>= 90% allows 1, 2, 1 misses), up to 4 rates per sweep, "
+                   "~2 s, so long prompts stay 1024-2048 (8x outputs of 64-128), 12 long / 40 short / "
+                   "16 mixed requests per rate (>= 90% allows 1, 4, 1 misses; a short point is cheap, "
+                   "so it gets the larger sample), up to 4 rates per sweep, "
                    "each sweep's share of the budget in proportion to its estimated point time"),
         "budget_s": args.budget_s, "request_deadline_s": REQUEST_DEADLINE_S,
         "cluster": {"torch_threads": spec.torch_threads, "num_blocks": spec.num_blocks,
