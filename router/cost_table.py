@@ -7,18 +7,19 @@ keys as plain float lists (no attribute lookups, no tuples per request), and
 `CostTable.price` evaluates one request's keys over them:
 
   - a worker the prefix index does not name has the same compute set as every
-    other such worker, so each key is one list comprehension over columns
-    (the colocated key in one pass, its prefill inlined);
+    other such worker, so each key is one pass over the columns (the
+    colocated key in one pass, its prefill inlined);
   - the few workers the index names (`req.hits`) are then patched one by one;
   - each top-k is the k smallest positions in (value, position) order (what
     `heapq.nsmallest` returns).
 
 The per-row loops (the keys over every row, the top-k picks) are the typed
-functions of router/table_kernel.py, over `array('d')` twins of the float
-columns (`a_*`): compiled (router/native.py) they are C loops; rows filtered
-by `usable` take Python's `sorted` instead.
+functions of router/table_kernel.py, over two flat `array('d')` blocks of the
+float columns (`a_p`, `a_d`) and one scratch array per request holding every
+key: compiled (router/native.py) they are C loops; rows filtered by `usable`
+take Python's `sorted` instead.
 
-At 64-256 workers a full pass of comprehensions costs less than ordered scans
+At 64-256 workers a full pass over every row costs less than ordered scans
 with a lower-bound early exit (tried: the colocated bound is loose, most
 workers were visited anyway, one Python call each).
 
@@ -46,7 +47,8 @@ from router.candidate import Row
 from router.corrections import SIZE_BUCKETS
 from router.cost_model import CostModel, WorkerCosts
 from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
-from router.table_kernel import COMPILED, colocated_keys, least, prefill_keys, smallest, tpot_keys, transfer_keys
+from router.table_kernel import (COMPILED, D_COLUMNS, P_COLUMNS, colocated_keys, decode_keys, least, prefill_keys,
+                                 smallest)
 from router.types import Route
 
 if TYPE_CHECKING:
@@ -85,11 +87,6 @@ _D_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
     "d_streams": lambda r: r.live + r.planned,
 }
 """Per-row columns of the decode-capable side (CostTable attributes)."""
-
-_ARRAYS = ("p_qb", "p_tok", "p_pair", "d_tpb", "d_tpt", "d_queue", "d_adm", "d_kvb", "d_pb", "d_pt", "d_pp", "d_chunk",
-           "d_step", "d_live")
-"""Columns with an array twin `a_<name>` for router/table_kernel.py: `array('d')` (ints
-and flags convert to doubles exactly), d_chunk `array('q')`."""
 
 
 class CostTable:
@@ -196,49 +193,61 @@ class CostTable:
         if not d_idx:
             return []
         q = _Request(req, h0, p_hit, d_hit)
-        # D: TPOT with this request (WorkerCosts.tpot_with, no extra prefill).
-        ctx, gaps = q.ctx, q.gaps
-        tp = self._zero_d[:]
-        tpot_keys(self.a_d_tpb, self.a_d_tpt, self.a_d_queue, ctx, gaps, tp)
-        p_ms = None
-        if split and p_idx:  # P: queue + prefill of its compute set
-            n, bs = q.n, q.bs
+        n, bs, blocks = q.n, q.bs, q.blocks
+        np_, nd = len(self.p_rows), len(self.d_rows)
+        tp_at, dms_at, key_at = np_, np_ + nd, np_ + 2 * nd  # scratch segments: [p_ms | tp | d_ms | key]
+        s = self._scratch[:]
+        split = bool(split and p_idx)
+        if split:  # P: queue + prefill of its compute set
             new = n - h0 * bs
-            p_ms = self._zero_p[:]
-            prefill_keys(self.a_p_qb, self.a_p_tok, self.a_p_pair, new, n - new / 2.0, p_ms)
+            prefill_keys(self.a_p, np_, new, n - new / 2.0, s)
             for i, hit in p_hit.items():
                 r, new = self.p_rows[i], n - hit * bs
-                p_ms[i] = r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
+                s[i] = r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
+        # D: TPOT with this request (WorkerCosts.tpot_with, no extra prefill) and, for
+        # splits, admission + the cheap transfer bound at the all-paths factor.
+        ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20) if split else 0.0
+        decode_keys(self.a_d, nd, q.ctx, q.gaps, blocks - h0, ms_per_byte, split, s, tp_at)
+        if split:
+            for i, hit in d_hit.items():
+                r = self.d_rows[i]
+                s[dms_at + i] = r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte
         full = usable is None
-        ttft_ref = req.slo_ttft_ms or max(1.0, (least(p_ms) if full else min(p_ms[i] for i in p_idx))
-                                          if p_ms is not None else 1.0)
-        tpot_ref = req.slo_tpot_ms or max(1e-3, least(tp) if full else min(tp[i] for i in d_idx))
-        out = self._pairs(model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref) if p_ms is not None else []
+        ttft_ref = req.slo_ttft_ms or max(1.0, (least(s, 0, np_) if full else min(s[i] for i in p_idx))
+                                          if split else 1.0)
+        tpot_ref = req.slo_tpot_ms or max(1e-3, least(s, tp_at, nd) if full else min(s[tp_at + i] for i in d_idx))
+        col_overhead = model.overhead_ms(Route.COLOCATED)
         if colocated:
-            out += self._colocated(model, q, k, tp, d_idx, ttft_ref, tpot_ref)
+            self._colocated_keys(q, s, col_overhead, ttft_ref, tpot_ref)
+        spans, among = [], []
+        if split:
+            spans += [(0, np_), (dms_at, nd), (tp_at, nd)]
+            among += [p_idx, d_idx, d_idx]
+        if colocated:
+            spans.append((key_at, nd))
+            among.append(d_idx)
+        picks = _tops(s, spans, among, k, full)
+        out = self._pairs(model, q, k, s, picks[0], picks[1] + picks[2], ttft_ref, tpot_ref) if split else []
+        if colocated:
+            out += self._colocated(q, s, picks[-1], col_overhead)
         return out
 
-    def _pairs(self, model, q, k, p_ms, p_idx, tp, d_idx, ttft_ref, tpot_ref):
-        """The k best pairs among the k best P by p_ms and the k best D by each of d_ms and TPOT, priced."""
-        ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
-        blocks = q.blocks
-        d_ms = self._zero_d[:]
-        transfer_keys(self.a_d_adm, self.a_d_kvb, blocks - q.h0, ms_per_byte, d_ms)
-        for i, hit in q.d_hit.items():
-            r = self.d_rows[i]
-            d_ms[i] = r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte
+    def _pairs(self, model, q, k, s, top_p, top_d, ttft_ref, tpot_ref):
+        """The k best pairs among the k best P by p_ms (`top_p`) and the k best D by each
+        of d_ms and TPOT (`top_d`, both lists), priced."""
+        tp_at, dms_at = len(self.p_rows), len(self.p_rows) + len(self.d_rows)
         d_rows, d_ids, d_abi = self.d_rows, self.d_ids, self.d_abi
-        top_d = {id(d_rows[j]): j for j in _top(d_ms, d_idx, k) + _top(tp, d_idx, k)}.values()
-        top_d = [(j, d_ids[j], d_abi[j], d_ms[j], tp[j] / tpot_ref) for j in top_d]
+        top_d = {id(d_rows[j]): j for j in top_d}.values()
+        top_d = [(j, d_ids[j], d_abi[j], s[dms_at + j], s[tp_at + j] / tpot_ref) for j in top_d]
         overhead = model.overhead_ms(Route.DISAGGREGATED)
         p_ids, p_abi = self.p_ids, self.p_abi
-        top_p = [(i, p_ids[i], p_abi[i], p_ms[i]) for i in _top(p_ms, p_idx, k)]
+        top_p = [(i, p_ids[i], p_abi[i], s[i]) for i in top_p]
         keyed = [((pm + dm + overhead) / ttft_ref + tpot, i, j)
                  for i, pid, pabi, pm in top_p
                  for j, did, dabi, dm, tpot in top_d if did != pid and dabi == pabi]
         keyed.sort(key=_FIRST)
         # Priced as decision.pair_row prices them; D's TPOT is tp (== WorkerCosts.tpot_with(n, m)).
-        n, bs, h0, need, p_hit, d_hit = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit
+        n, bs, h0, need, p_hit, d_hit, blocks = q.n, q.bs, q.h0, q.need, q.p_hit, q.d_hit, q.blocks
         p_rows, dis, transfer_ms = self.p_rows, Route.DISAGGREGATED, model.transfer_ms
         m = q.m
         # P position -> (reused, compute, prefill ms, disturb, stalled): the top pairs mostly share one P
@@ -258,40 +267,45 @@ class CostTable:
             nbytes = moved_blocks * (self.p_kvb[i] or self.d_kvb[j])
             transfer = transfer_ms(p_ids[i], d_ids[j], nbytes)
             qm, adm = p.queue_ms, self.d_adm[j]
-            out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, tp[j], qm, prefill,
-                        transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes, p.pending_tokens,
-                        self.d_free[j] - need, self.d_total[j], disturb, stalled, self.d_streams[j]))
+            out.append((dis, d_rows[j].worker, p.worker, qm + prefill + transfer + adm + overhead, s[tp_at + j], qm,
+                        prefill, transfer, adm, overhead, n, compute, min(n, moved_blocks * bs), nbytes,
+                        p.pending_tokens, self.d_free[j] - need, self.d_total[j], disturb, stalled,
+                        self.d_streams[j]))
         return out
 
-    def _colocated(self, model, q, k, tp, d_idx, ttft_ref, tpot_ref):
-        """The k best colocated workers by TTFT and TPOT (with the part of W's own prefill
-        that overlaps W's streams), relative to their targets, priced."""
+    def _colocated_keys(self, q, s, overhead, ttft_ref, tpot_ref):
+        """Each D row's colocated key, by TTFT and TPOT (with the part of W's own prefill
+        that overlaps W's streams) relative to their targets, into the key segment of `s`."""
         n, bs, gaps, h0 = q.n, q.bs, q.gaps, q.h0
-        overhead = model.overhead_ms(Route.COLOCATED)
+        nd = len(self.d_rows)
+        tp_at, key_at = len(self.p_rows), len(self.p_rows) + 2 * nd
         reused = h0 * bs
         new = n - reused
         # W's own prefill dilates W's streams: all of it on a row with live streams
         # (d_live), none on a row without any; the rows whose streams are only planned
         # (d_timed: a partial overlap) are keyed exactly below, with the prefix hits.
         if new > 0:  # WorkerCosts.prefill_ms inlined (see _d_scale_at), in router/table_kernel.py
-            key = self._zero_d[:]
-            colocated_keys(self.a_d_queue, self.a_d_pb, self.a_d_pt, self.a_d_pp,
-                           self._ones_d if self.d_simple else self._d_scale_at(new), self.a_d_chunk, self.a_d_step,
-                           tp, self.a_d_live, new, reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, key)
+            scaled = not self.d_simple
+            colocated_keys(self.a_d, nd, self._d_scale_at(new) if scaled else self.a_d, scaled, new,
+                           reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, s, tp_at, key_at)
         else:
-            key = array("d", [(qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s + 0.0) / tpot_ref
-                              for qu, ch, st, s in zip(self.d_queue, self.d_chunk, self.d_step, tp)])
+            for i, (qu, ch, st) in enumerate(zip(self.d_queue, self.d_chunk, self.d_step)):
+                s[key_at + i] = (qu + 0.0 + -(-new // ch) * st + overhead) / ttft_ref + (s[tp_at + i] + 0.0) / tpot_ref
         d_hit = q.d_hit
         for i in self.d_timed:
             if i not in d_hit:
-                key[i] = self._exact_key(i, h0, q, tp, overhead, ttft_ref, tpot_ref)
+                s[key_at + i] = self._exact_key(i, h0, q, s[tp_at + i], overhead, ttft_ref, tpot_ref)
         for i, hit in d_hit.items():
-            key[i] = self._exact_key(i, hit, q, tp, overhead, ttft_ref, tpot_ref)
-        # Priced as decision.colocated_row prices them, WorkerCosts.tpot_with inlined (must
-        # match it in router/cost_model.py: the same operations in the same order).
+            s[key_at + i] = self._exact_key(i, hit, q, s[tp_at + i], overhead, ttft_ref, tpot_ref)
+
+    def _colocated(self, q, s, top, overhead):
+        """The colocated workers `top` (the k best keys), priced as decision.colocated_row
+        prices them, WorkerCosts.tpot_with inlined (must match it in router/cost_model.py:
+        the same operations in the same order)."""
+        n, bs, gaps, h0, d_hit = q.n, q.bs, q.gaps, q.h0, q.d_hit
         ctx, need, col = q.ctx, q.need, Route.COLOCATED
         out = []
-        for i in _top(key, d_idx, k):
+        for i in top:
             w = self.d_rows[i]
             reused = d_hit.get(i, h0) * bs
             compute = n - reused
@@ -305,11 +319,11 @@ class CostTable:
                         colocated_disturb_ms(w, own, q.m, end), stalled_streams(w, end), self.d_streams[i]))
         return out
 
-    def _exact_key(self, i: int, hit: int, q: _Request, tp: array, overhead: float, ttft_ref: float,
+    def _exact_key(self, i: int, hit: int, q: _Request, tp: float, overhead: float, ttft_ref: float,
                    tpot_ref: float) -> float:
-        """D row i's colocated key with `hit` usable prefix blocks (WorkerCosts.colocated_key,
+        """D row i's colocated key with `hit` usable prefix blocks and TPOT `tp` (WorkerCosts.colocated_key,
         as reference_candidates in router/decision.py keys every row)."""
-        return self.d_rows[i].colocated_key(q.n, hit * q.bs, tp[i], q.gaps, overhead, ttft_ref, tpot_ref)
+        return self.d_rows[i].colocated_key(q.n, hit * q.bs, tp, q.gaps, overhead, ttft_ref, tpot_ref)
 
     def _d_scale_at(self, new: int) -> array:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is
@@ -343,22 +357,23 @@ def _simple(t: CostTable) -> bool:
 
 
 def _set_arrays(t: CostTable) -> None:
-    """The `a_*` array twins of the _ARRAYS columns, and the per-request templates."""
-    for name in _ARRAYS:
-        setattr(t, "a_" + name, array("q" if name == "d_chunk" else "d", getattr(t, name)))
-    t._zero_p, t._zero_d = array("d", bytes(8 * len(t.p_rows))), array("d", bytes(8 * len(t.d_rows)))
-    t._ones_d = array("d", [1.0]) * len(t.d_rows)
+    """The column blocks of router/table_kernel.py (`a_p`, `a_d`: its P_COLUMNS and
+    D_COLUMNS, column-major, as doubles) and the per-request scratch template."""
+    t.a_p = array("d", itertools.chain.from_iterable(getattr(t, name) for name in P_COLUMNS))
+    t.a_d = array("d", itertools.chain.from_iterable(getattr(t, name) for name in D_COLUMNS))
+    t._scratch = array("d", bytes(8 * (len(t.p_rows) + 3 * len(t.d_rows))))
 
 
-def _top(values: array, among: Sequence[int], k: int) -> list[int]:
-    """The k positions of `among` with the smallest values, ascending, ties in position
-    order: `sorted(among, key=values.__getitem__)[:k]`; in router/table_kernel.py when
-    that runs compiled, `among` is every position and no value is NaN."""
-    if COMPILED and isinstance(among, range) and len(among) == len(values):
-        top = smallest(values, k)
+def _tops(s: array, spans: list[tuple[int, int]], among: list[Sequence[int]], k: int, full: bool) -> list[list[int]]:
+    """Per (offset, length) span of `s`: the k positions of its `among` with the smallest
+    values, ascending, ties in position order: `sorted(among, key=lambda i: s[offset + i])[:k]`;
+    in router/table_kernel.py when that runs compiled and `among` is every position
+    (`full`) and no value is NaN."""
+    if COMPILED and full:
+        top = smallest(s, spans, k)
         if top is not None:
             return top
-    return sorted(among, key=values.__getitem__)[:k]
+    return [sorted(idx, key=lambda i, o=off: s[o + i])[:k] for (off, _), idx in zip(spans, among)]
 
 
 def _timed(t: CostTable) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 from test_router_decision_table import random_request, random_table
 
 from router import native
-from router.table_kernel import colocated_keys, prefill_keys, tpot_keys, transfer_keys
+from router.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,31 +96,33 @@ def test_kernel_keys_are_the_references_doubles(seed):
     transfer bound, and the colocated key (WorkerCosts.colocated_key). The decisions can
     hide a last-bit difference in a pruning key; these cannot."""
     rng, block_size, workers, model, table = random_table(seed)
+    np_, nd = len(table.p_rows), len(table.d_rows)
+    tp_at, dms_at, key_at = np_, np_ + nd, np_ + 2 * nd
     for _ in range(10):
         req = random_request(rng, workers, block_size)
         n, m = req.prompt_tokens, req.max_tokens
         gaps, ctx = max(1, m - 1), n + m // 2
-        tp = array("d", [0.0]) * len(table.d_rows)
-        tpot_keys(table.a_d_tpb, table.a_d_tpt, table.a_d_queue, ctx, gaps, tp)
-        assert list(tp) == [r.tpot_base + r.tpot_per_token * ctx + r.queue_ms / gaps for r in table.d_rows]
-        new = n - rng.randrange(0, max(1, req.usable_blocks + 1)) * block_size  # some prefix reused
-        p_ms = array("d", [0.0]) * len(table.p_rows)
-        prefill_keys(table.a_p_qb, table.a_p_tok, table.a_p_pair, new, n - new / 2.0, p_ms)
-        assert list(p_ms) == [r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
-                              for r in table.p_rows]
+        s = array("d", [0.0]) * (np_ + 3 * nd)
         mpb, moved = rng.uniform(1e-7, 1e-5), rng.randrange(0, 200)
-        d_ms = array("d", [0.0]) * len(table.d_rows)
-        transfer_keys(table.a_d_adm, table.a_d_kvb, moved, mpb, d_ms)
-        assert list(d_ms) == [r.admission_ms + moved * r.kv_bytes_per_block * mpb for r in table.d_rows]
+        decode_keys(table.a_d, nd, ctx, gaps, moved, mpb, True, s, tp_at)
+        tp = s[tp_at:dms_at]
+        assert list(tp) == [r.tpot_base + r.tpot_per_token * ctx + r.queue_ms / gaps for r in table.d_rows]
+        assert list(s[dms_at:key_at]) == [r.admission_ms + moved * r.kv_bytes_per_block * mpb for r in table.d_rows]
+        new = n - rng.randrange(0, max(1, req.usable_blocks + 1)) * block_size  # some prefix reused
+        prefill_keys(table.a_p, np_, new, n - new / 2.0, s)
+        assert list(s[:np_]) == [r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
+                                 for r in table.p_rows]
         if new <= 0:
             continue
         reused, overhead = n - new, rng.uniform(0, 50)
         ttft_ref, tpot_ref = rng.uniform(1, 5000), rng.uniform(1e-3, 200)
-        key = array("d", [0.0]) * len(table.d_rows)
-        colocated_keys(table.a_d_queue, table.a_d_pb, table.a_d_pt, table.a_d_pp,
-                       table._ones_d if table.d_simple else table._d_scale_at(new), table.a_d_chunk, table.a_d_step,
-                       tp, table.a_d_live, new, reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, key)
+        scaled = not table.d_simple
+        colocated_keys(table.a_d, nd, table._d_scale_at(new) if scaled else table.a_d, scaled, new,
+                       reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, s, tp_at, key_at)
+        key = s[key_at:]
         want = [r.colocated_key(n, reused, tp[i], gaps, overhead, ttft_ref, tpot_ref)
                 for i, r in enumerate(table.d_rows)]
         timed = set(table.d_timed)  # planned-only streams: keyed exactly by the table, not by the loop
         assert [k for i, k in enumerate(key) if i not in timed] == [k for i, k in enumerate(want) if i not in timed]
+        spans = [(0, np_), (tp_at, nd), (key_at, nd)]
+        assert smallest(s, spans, 4) == [sorted(range(ln), key=lambda i, o=off: s[o + i])[:4] for off, ln in spans]
