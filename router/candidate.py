@@ -13,7 +13,6 @@ returns (router/decision.py).
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Sequence
 
 from router.types import Route, Worker
@@ -85,7 +84,7 @@ class Candidate:
                 f"{self.admission_ms:.1f} + overhead {self.overhead_ms:.1f} ms")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class ScoreContext:
     """Per-request facts every scorer may read."""
 
@@ -95,6 +94,15 @@ class ScoreContext:
     best_ttft_ms: float
     """Lowest predicted TTFT over this request's candidates (> 0)."""
     best_tpot_ms: float
+
+    def __init__(self, slo_ttft_ms: float, slo_tpot_ms: float, best_ttft_ms: float, best_tpot_ms: float):
+        # Written out (not the generated __init__): this module runs compiled (router/native.py),
+        # a dataclass's generated __init__ would not, and one is built per request.
+        setattr_ = object.__setattr__
+        setattr_(self, "slo_ttft_ms", slo_ttft_ms)
+        setattr_(self, "slo_tpot_ms", slo_tpot_ms)
+        setattr_(self, "best_ttft_ms", best_ttft_ms)
+        setattr_(self, "best_tpot_ms", best_tpot_ms)
 
 
 Row = tuple
@@ -106,7 +114,7 @@ ROUTE, DECODE, TTFT, TPOT, QUEUE_MS, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, init=False)
 class ScoreBatch:
     """The fields scorers read, for all candidates of one request: one sequence per
     field, aligned by candidate index (router/scorers/base.py)."""
@@ -119,13 +127,24 @@ class ScoreBatch:
     free_blocks_after: Sequence[int]
     total_blocks: Sequence[int]
 
+    def __init__(self, ttft_ms: Sequence[float], tpot_ms: Sequence[float], prompt_tokens: Sequence[int],
+                 compute_tokens: Sequence[int], queue_tokens: Sequence[int], free_blocks_after: Sequence[int],
+                 total_blocks: Sequence[int]):
+        # Written out: compiled with this module, unlike a generated __init__ (one per request).
+        self.ttft_ms, self.tpot_ms, self.prompt_tokens = ttft_ms, tpot_ms, prompt_tokens
+        self.compute_tokens, self.queue_tokens = compute_tokens, queue_tokens
+        self.free_blocks_after, self.total_blocks = free_blocks_after, total_blocks
+
     def __len__(self) -> int:
         return len(self.ttft_ms)
 
     @classmethod
     def of_rows(cls, rows: Sequence[Row]) -> ScoreBatch:
         """The columns of priced rows (one transpose)."""
-        return cls(*(list(zip(*map(_SCORED, rows))) or [()] * len(cls.__slots__)))
+        # Literal positions (TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1; asserted
+        # below): compiled, a constant index into a tuple is a direct read.
+        return cls([r[3] for r in rows], [r[4] for r in rows], [r[10] for r in rows], [r[11] for r in rows],
+                   [r[14] for r in rows], [r[15] for r in rows], [r[16] for r in rows])
 
     @classmethod
     def of(cls, cands: Sequence[Candidate]) -> ScoreBatch:
@@ -137,8 +156,7 @@ class ScoreBatch:
 
 _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate))[:D_STREAMS + 1]
 
-_SCORED = operator.itemgetter(TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER, FREE_AFTER + 1)
-"""A Row's ScoreBatch fields, in ScoreBatch's order."""
+assert (TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER) == (3, 4, 10, 11, 14, 15), "ScoreBatch.of_rows' positions"
 
 assert [f.name for f in dataclasses.fields(Candidate)][:D_STREAMS + 1] == [
     "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",

@@ -136,15 +136,15 @@ class Worker:
     profile: CostProfile = CostProfile()
     """Cost model the worker measured at start (empty: none declared)."""
 
-    @property
-    def can_prefill(self) -> bool:
-        """True for PREFILL and BOTH workers."""
-        return self.role in (Role.PREFILL, Role.BOTH)
+    can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
+    """True for PREFILL and BOTH workers (from `role`; a field, not a property: the
+    router's decision reads it per candidate)."""
+    can_decode: bool = dataclasses.field(init=False, repr=False, compare=False)
+    """True for DECODE and BOTH workers (they also serve colocated requests)."""
 
-    @property
-    def can_decode(self) -> bool:
-        """True for DECODE and BOTH workers (they also serve colocated requests)."""
-        return self.role in (Role.DECODE, Role.BOTH)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "can_prefill", self.role in (Role.PREFILL, Role.BOTH))
+        object.__setattr__(self, "can_decode", self.role in (Role.DECODE, Role.BOTH))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
