@@ -132,6 +132,12 @@ def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterS
         state_dir=str(out_dir / f"cluster-{mode}"), env={**CLUSTER_ENV, "PD_ROUTER_MODE": mode})
 
 
+SHARE_WEIGHT = {"long": 2.0, "short": 1.0, "mixed": 0.5}
+"""Budget weight of a workload's sweeps, by the targets it carries (issue 5: two on
+`long`, one on `short`, none on `mixed`). Without it the long sweeps, whose points
+cost a minute or two each, stopped after one point in every mode."""
+
+
 def start_rate(w: Workload, iso: dict[str, Isolated]) -> float:
     """First rate of a sweep: 1 / (mean burst x mean unloaded prefill s + mean decode s at an
     assumed batch of 4). A burst's prompts arrive together and the last one's first token
@@ -179,7 +185,8 @@ def config_row(args, classes, wls, modes, skipped) -> dict:
                    "~2 s, so long prompts stay 1024-2048 (8x outputs of 64-128), 12 long / 40 short / "
                    "16 mixed requests per rate (>= 90% allows 1, 4, 1 misses; a short point is cheap, "
                    "so it gets the larger sample), up to 4 rates per sweep, "
-                   "each sweep's share of the budget in proportion to its estimated point time"),
+                   "each sweep's share of the budget in proportion to its estimated point time x its weight "
+                   f"{SHARE_WEIGHT} (long carries two targets, short one, mixed none)"),
         "budget_s": args.budget_s, "request_deadline_s": REQUEST_DEADLINE_S,
         "cluster": {"torch_threads": spec.torch_threads, "num_blocks": spec.num_blocks,
                     "block_size": spec.block_size, "chunk_tokens": spec.chunk_tokens,
@@ -265,9 +272,11 @@ class Bench:
 
     def sweep_deadlines(self, name: str, sweeps_left: list[str], clusters_left: int) -> tuple[float, float]:
         """(soft, hard): soft = this sweep's share of what remains of the budget, in
-        proportion to its estimated cost (a point at the start rate) among the
-        sweeps left; hard = the budget's end less the clusters still to start."""
-        cost = {n: self.point_estimate_s(n, start_rate(self.workloads[n], self.iso)) for n in set(sweeps_left)}
+        proportion to its estimated cost (a point at the start rate) times its
+        workload's SHARE_WEIGHT among the sweeps left; hard = the budget's end less
+        the clusters still to start."""
+        cost = {n: SHARE_WEIGHT.get(n, 1.0) * self.point_estimate_s(n, start_rate(self.workloads[n], self.iso))
+                for n in set(sweeps_left)}
         hard = self.run_deadline - clusters_left * self.cluster_cost_s
         share = cost[name] / sum(cost[n] for n in sweeps_left)
         return time.monotonic() + max(0.0, hard - time.monotonic()) * share, hard
