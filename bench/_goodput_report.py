@@ -9,7 +9,11 @@ Goodput: the highest tested rate whose joint attainment reaches the target,
 then linearly interpolated in attainment towards the lowest failing rate
 above it ("interpolated"). With no failing rate above it the figure is that
 tested rate, a lower bound ("highest_tested_lower_bound"); with no passing
-rate at all it is 0 ("none_passed").
+rate at all it is 0 ("none_passed"), and below the lowest tested rate.
+
+A target "x >= k * y" is judged on those bounds (`at_least`): met when x's
+figure reaches k times the most y can be, not met when it misses k times y's
+figure, undecided in between (a y whose sweep never failed is unbounded above).
 """
 
 from __future__ import annotations
@@ -64,6 +68,34 @@ class Goodput:
     """'interpolated', 'highest_tested_lower_bound' or 'none_passed'."""
     highest_passing_rps: float | None
     lowest_failing_above_rps: float | None
+
+    @property
+    def upper_rps(self) -> float:
+        """The most the sweep allows the goodput to be (attainment falls with rate): the
+        figure itself once a failing rate bounds it, the lowest tested rate when none
+        passed, unbounded (inf) when every tested rate passed."""
+        if self.method == "interpolated":
+            return self.goodput_rps
+        if self.method == "none_passed":
+            return self.lowest_failing_above_rps if self.lowest_failing_above_rps is not None else math.inf
+        return math.inf
+
+
+def at_least(x: Goodput, y: Goodput, k: float) -> tuple[bool | None, str]:
+    """Does the sweeps' evidence say x >= k * y? (met, why). True only when x's figure
+    (a lower bound when every rate of x passed) reaches k times the most y can be
+    (`upper_rps`); False when even y's figure is out of reach, or x is 0; None
+    (undecided) in between, e.g. when y's sweep never found a failing rate."""
+    if x.goodput_rps <= 0:
+        return False, "no rate passed" if x.method == "none_passed" else "goodput 0"
+    if x.goodput_rps >= k * y.upper_rps:
+        if y.method == "none_passed":
+            return True, f"the other's goodput is below its lowest tested rate {y.upper_rps:.3g} rps"
+        return True, ""
+    if x.goodput_rps < k * y.goodput_rps:
+        return False, ""
+    return None, (f"undecided: the other's goodput is at least {y.goodput_rps:.3g} rps "
+                  f"({y.method}), at most {y.upper_rps:.3g}")
 
 
 def goodput(points: list[PointResult], target: float) -> Goodput:
