@@ -195,7 +195,7 @@ class CostTable:
         q = _Request(req, h0, p_hit, d_hit)
         n, bs, blocks = q.n, q.bs, q.blocks
         np_, nd = len(self.p_rows), len(self.d_rows)
-        tp_at, dms_at, key_at = np_, np_ + nd, np_ + 2 * nd  # scratch segments: [p_ms | tp | d_ms | key]
+        tp_at, dms_at, key_at = self.tp_at, self.dms_at, self.key_at
         s = self._scratch[:]
         split = bool(split and p_idx)
         if split:  # P: queue + prefill of its compute set
@@ -216,8 +216,8 @@ class CostTable:
         ttft_ref = req.slo_ttft_ms or max(1.0, (least(s, 0, np_) if full else min(s[i] for i in p_idx))
                                           if split else 1.0)
         tpot_ref = req.slo_tpot_ms or max(1e-3, least(s, tp_at, nd) if full else min(s[tp_at + i] for i in d_idx))
-        col_overhead = model.overhead_ms(Route.COLOCATED)
         if colocated:
+            col_overhead = model.overhead_ms(Route.COLOCATED)
             self._colocated_keys(q, s, col_overhead, ttft_ref, tpot_ref)
         spans, among = [], []
         if split:
@@ -235,7 +235,7 @@ class CostTable:
     def _pairs(self, model, q, k, s, top_p, top_d, ttft_ref, tpot_ref):
         """The k best pairs among the k best P by p_ms (`top_p`) and the k best D by each
         of d_ms and TPOT (`top_d`, both lists), priced."""
-        tp_at, dms_at = len(self.p_rows), len(self.p_rows) + len(self.d_rows)
+        tp_at, dms_at = self.tp_at, self.dms_at
         d_rows, d_ids, d_abi = self.d_rows, self.d_ids, self.d_abi
         top_d = {id(d_rows[j]): j for j in top_d}.values()
         top_d = [(j, d_ids[j], d_abi[j], s[dms_at + j], s[tp_at + j] / tpot_ref) for j in top_d]
@@ -277,8 +277,7 @@ class CostTable:
         """Each D row's colocated key, by TTFT and TPOT (with the part of W's own prefill
         that overlaps W's streams) relative to their targets, into the key segment of `s`."""
         n, bs, gaps, h0 = q.n, q.bs, q.gaps, q.h0
-        nd = len(self.d_rows)
-        tp_at, key_at = len(self.p_rows), len(self.p_rows) + 2 * nd
+        nd, tp_at, key_at = len(self.d_rows), self.tp_at, self.key_at
         reused = h0 * bs
         new = n - reused
         # W's own prefill dilates W's streams: all of it on a row with live streams
@@ -358,10 +357,13 @@ def _simple(t: CostTable) -> bool:
 
 def _set_arrays(t: CostTable) -> None:
     """The column blocks of router/table_kernel.py (`a_p`, `a_d`: its P_COLUMNS and
-    D_COLUMNS, column-major, as doubles) and the per-request scratch template."""
+    D_COLUMNS, column-major, as doubles), the per-request scratch template and its segments'
+    offsets: [p_ms | tp | d_ms | key] (`tp_at`, `dms_at`, `key_at`)."""
     t.a_p = array("d", itertools.chain.from_iterable(getattr(t, name) for name in P_COLUMNS))
     t.a_d = array("d", itertools.chain.from_iterable(getattr(t, name) for name in D_COLUMNS))
-    t._scratch = array("d", bytes(8 * (len(t.p_rows) + 3 * len(t.d_rows))))
+    np_, nd = len(t.p_rows), len(t.d_rows)
+    t._scratch = array("d", bytes(8 * (np_ + 3 * nd)))
+    t.tp_at, t.dms_at, t.key_at = np_, np_ + nd, np_ + 2 * nd
 
 
 def _tops(s: array, spans: list[tuple[int, int]], among: list[Sequence[int]], k: int, full: bool) -> list[list[int]]:

@@ -97,7 +97,7 @@ def test_kernel_keys_are_the_references_doubles(seed):
     hide a last-bit difference in a pruning key; these cannot."""
     rng, block_size, workers, model, table = random_table(seed)
     np_, nd = len(table.p_rows), len(table.d_rows)
-    tp_at, dms_at, key_at = np_, np_ + nd, np_ + 2 * nd
+    tp_at, dms_at, key_at = table.tp_at, table.dms_at, table.key_at  # the scratch segments [p_ms | tp | d_ms | key]
     for _ in range(10):
         req = random_request(rng, workers, block_size)
         n, m = req.prompt_tokens, req.max_tokens
