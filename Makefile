@@ -6,9 +6,11 @@ STAMP   := $(VENV)/.installed
 # Torch is pinned: an open range pulls a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
-# Compiled builds of the router's per-request modules (router/native.py), rebuilt
-# when one of them changes; without Cython or a compiler the router runs its source.
-NATIVE_SRC := $(wildcard router/*.py router/scorers/*.py)
+# Compiled builds, rebuilt when a source changes: the router's per-request modules
+# (router/native.py; without Cython or a compiler the router runs its source) and the
+# engine's exact kernels (services/kernels; without a compiler the engine runs torch's,
+# and its workers' start-up self-check decides whether they may hand off K/V).
+NATIVE_SRC := $(wildcard router/*.py router/scorers/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
 .PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput clean down
@@ -22,6 +24,7 @@ $(STAMP): pyproject.toml
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(VPY) -m router.native_build
+	$(VPY) -m services.kernels
 	@mkdir -p $(@D) && touch $@
 
 install: $(STAMP) $(NATIVE)
@@ -37,10 +40,10 @@ test: $(STAMP) $(NATIVE)
 proto: $(STAMP)
 	$(VPY) -m services.rpc.gen
 
-bench-engine: $(STAMP)
+bench-engine: $(STAMP) $(NATIVE)
 	$(VPY) bench/engine.py
 
-bench-transfer: $(STAMP)
+bench-transfer: $(STAMP) $(NATIVE)
 	$(VPY) bench/transfer.py
 
 bench-router: $(STAMP) $(NATIVE)

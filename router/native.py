@@ -25,13 +25,14 @@ compiler, and without them the router runs its source);
 
 from __future__ import annotations
 
-import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from services.common.native import EXT_SUFFIX, tagged_path
 
 MODULES = (
     "router.candidate",
@@ -68,7 +69,7 @@ def build_dir(root: Path) -> Path:
 BUILD_DIR = build_dir(ROOT)
 
 ENV = "PD_ROUTER_NATIVE"
-_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+_SUFFIX = EXT_SUFFIX
 
 
 def source_of(module: str, root: Path = ROOT) -> Path:
@@ -84,8 +85,7 @@ def build_path(module: str, root: Path | None = None) -> Path | None:
         data = source_of(module, root).read_bytes()
     except OSError:
         return None
-    tag = hashlib.sha256(data + _SUFFIX.encode()).hexdigest()[:16]
-    return build_dir(root) / f"{module}.{tag}{_SUFFIX}"
+    return tagged_path(build_dir(root), module, data)
 
 
 def enabled() -> bool:

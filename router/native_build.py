@@ -12,12 +12,12 @@ module runs from source while builds are enabled.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, TYPED, build_path, enabled, missing, source_of, status
+from services.common.native import install_file, prepare_build_dir, run_build_ext
 
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 """Plain modules: annotations ignored (Python semantics). TYPED modules are built with
@@ -31,17 +31,11 @@ def build(modules: list[str] | None = None, jobs: int = 2) -> list[Path]:
     """Compile `modules` (default: those missing) into BUILD_DIR and remove builds of
     sources that no longer exist. Raises when Cython or the compiler fails."""
     todo = missing() if modules is None else modules
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    (BUILD_DIR / ".gitignore").write_text("*\n")
-    current = {build_path(m) for m in MODULES}
-    for old in BUILD_DIR.glob(f"*{_SUFFIX}"):
-        if old not in current:
-            old.unlink()
+    prepare_build_dir(BUILD_DIR, {build_path(m) for m in MODULES})
     if not todo:
         return []
     from Cython.Build import cythonize  # only the build needs Cython
-    from setuptools import Distribution, Extension
-    from setuptools.command.build_ext import build_ext
+    from setuptools import Extension
 
     with tempfile.TemporaryDirectory(prefix="pd-native-") as tmp:
         cwd = os.getcwd()
@@ -54,16 +48,13 @@ def build(modules: list[str] | None = None, jobs: int = 2) -> list[Path]:
                 if group:
                     exts += cythonize(group, build_dir=str(Path(tmp) / "c"), quiet=True, nthreads=jobs,
                                       compiler_directives={**DIRECTIVES, "annotation_typing": typed})
-            cmd = build_ext(Distribution({"name": "pdserve-router-native", "ext_modules": exts}))
-            cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "tmp"), jobs
-            cmd.ensure_finalized()
-            cmd.run()
+            run_build_ext(exts, Path(tmp) / "lib", Path(tmp) / "tmp", jobs)
         finally:
             os.chdir(cwd)
         out = []
         for m in todo:
             dest = build_path(m)
-            shutil.move(str(Path(tmp, "lib", *m.split(".")).with_suffix(_SUFFIX)), str(dest))
+            install_file(Path(tmp, "lib", *m.split(".")).with_suffix(_SUFFIX), dest)
             out.append(dest)
         return out
 

@@ -1,83 +1,165 @@
 """Tensor kernels shared by prefill and decode.
 
-Safety invariant (exactness): every op here computes a row's result with the same
-instructions whatever other rows share the call. Then chunked prefill, prefix
-reuse and batched decode produce bit-identical K/V and logits for a token as a
-one-shot, one-request run. Element-wise ops and last-dim reductions are row
-independent by construction; matrix products are not — the BLAS picks a
-different micro-kernel for a handful of rows (measured on MKL/AVX2: fewer than 4
-rows per thread). `row_linear` and `row_bmm` therefore pad the row count up to a
-multiple of ROW_QUANTUM, which keeps every row on the same kernel.
+Safety invariant (exactness): every op on the exactness path computes a row's
+result with the same instructions whatever other rows share the call. Then
+chunked prefill, prefix reuse and batched decode produce bit-identical K/V and
+logits for a token as a one-shot, one-request run, and a prefill worker's K/V
+equal what the decode worker would have computed itself.
+
+Why each op is row-invariant (services/kernels/exact.cpp holds the kernels):
+- Matrix products — `Linear` (the q|k|v, o, gate|up and down projections and
+  lm_head) and `row_bmm` (prefill attention's scores and values, decode
+  attention's scores and values): each output element is one sequential chain of
+  fused multiply-adds over k, in order, from +0, reading only its row of A and its
+  column of B. Row count, row position, blocking, threads and instruction set
+  cannot reach it: the AVX2 path and the portable std::fma path (aarch64, x86
+  without FMA) give the same bits, and AVX-512 or AMX hosts run the AVX2 path. A
+  BLAS promises nothing of the kind: MKL picks a micro-kernel by row count and ISA
+  (on AVX-512 hosts, and with MKL limited to AVX2, a row's bits changed with the
+  rows around it).
+- Sums: RMSNorm's sum of squares (`row_sum`) and softmax's denominators (a column
+  of ones beside V, attention.py) are such chains too, not torch reductions.
+- Transcendentals: `exp_` and `silu_mul` run the kernels' own exp, one fixed
+  sequence of correctly rounded operations per element. torch's exp and silu are
+  not position-invariant: their vector body and scalar tail round differently,
+  and which elements land in the tail moves with the tensor's size and with where
+  threads split it (a 203-token prompt's one-shot prefill split a SwiGLU row
+  across two threads and changed its bits against chunked prefill).
+- Everything else on the path is correctly rounded element-wise (+, -, *, /,
+  sqrt, max, casts) or moves data (index_select, index_copy_, masked_fill_), whose
+  results IEEE 754 fixes bit for bit; segment sums (index_add_) add in index order.
+
+Without a build of the kernels (no compiler) the engine runs torch's (`KERNEL` is
+None), names that in the cache ABI, and leaves the verdict to the worker's
+start-up self-check (selfcheck.py).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 
 import torch
 import torch.nn.functional as F
 
-# Must match the padding assumed by tests/unit/test_ops.py.
-ROW_QUANTUM = 8
+from services import kernels as kernel
+
+KERNEL = kernel.load()
+"""The compiled kernel module, or None (torch's BLAS)."""
+ISA = kernel.isa()
+"""The compiled kernel's code path (PD_KERNEL_ISA)."""
+NR = 16
+"""Columns per packed panel. Must match NR in services/kernels/exact.cpp (checked below)."""
+assert KERNEL is None or KERNEL.NR == NR
 
 
-def padded_rows(n: int) -> int:
-    """Smallest multiple of ROW_QUANTUM that is >= n (and >= ROW_QUANTUM)."""
-    return max(ROW_QUANTUM, -(-n // ROW_QUANTUM) * ROW_QUANTUM)
+def kernel_family() -> str:
+    """The matrix kernels' numerics, for the cache ABI."""
+    return kernel.FAMILY if KERNEL is not None else f"torch-blas-{torch.__version__}"
 
 
-def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T with row-count-invariant results.  x: [T, K], weight: [N, K] -> [T, N]."""
-    t = x.shape[0]
-    tp = padded_rows(t)
-    if tp != t:
-        x = torch.cat([x, x.new_zeros(tp - t, x.shape[1])])
-    return F.linear(x, weight)[:t]
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> W.T in panels [ceil(N/NR), K, NR] float32, zero columns past N."""
+    n, k = weight.shape
+    panels = -(-n // NR)
+    wt = torch.zeros(k, panels * NR, dtype=torch.float32)
+    wt[:, :n] = weight.T
+    return wt.view(k, panels, NR).permute(1, 0, 2).contiguous()
 
 
-def _onednn_ok(dtype: torch.dtype) -> bool:
-    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as float32 with unit stride along its last dimension (what the kernel reads)."""
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, b_panel_stride: int, b_row_stride: int,
+         b_batch_stride: int, n: int, isa: int | None = None) -> torch.Tensor:
+    """C = A @ B by the compiled kernel.  a: [Bt, M, K] float32, unit last stride;
+    B read as in exact.cpp (panels); returns a new [Bt, M, n] float32."""
+    bt, m, k = a.shape
+    out = torch.empty(bt, m, n, dtype=torch.float32)
+    KERNEL.gemm(a.data_ptr(), a.stride(0), a.stride(1),
+                b.data_ptr(), b_batch_stride, b_row_stride, b_panel_stride,
+                out.data_ptr(), m * n, n, bt, m, n, k, torch.get_num_threads(),
+                ISA if isa is None else isa)
+    return out
 
 
 class Linear:
-    """y = x @ W.T with row-invariant results, weight pre-packed once.  W: [N, K]."""
+    """y = x @ W.T with row-invariant results; W packed once.  W: [N, K]."""
 
-    __slots__ = ("weight", "_packed")
+    __slots__ = ("weight", "packed", "out_features")
 
-    def __init__(self, weight: torch.Tensor, rows_hint: int = 16):
-        self.weight = weight.contiguous()
-        self._packed = None
-        if _onednn_ok(weight.dtype):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows_hint)
+    def __init__(self, weight: torch.Tensor):
+        self.out_features = weight.shape[0]
+        self.weight = self.packed = None
+        if KERNEL is not None:
+            self.packed = pack_panels(weight)  # [P, K, NR]
+        else:
+            self.weight = weight.contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K] -> [T, N]."""
-        if self._packed is None:
-            return row_linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None,
-                                                  "none", [], "")
+    def __call__(self, x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
+        """x: [T, K] -> [T, N] in x's dtype."""
+        if self.packed is None:
+            return F.linear(x, self.weight)
+        k = self.packed.shape[1]
+        y = gemm(_float_rows(x)[None], self.packed, k * NR, NR, 0, self.out_features, isa)[0]
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def row_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Batched a @ b whose rows are invariant to the row count.  a: [B, M, K], b: [B, K, N]."""
-    m = a.shape[1]
-    mp = padded_rows(m)
-    if mp != m:
-        a = torch.cat([a, a.new_zeros(a.shape[0], mp - m, a.shape[2])], dim=1)
-    return torch.bmm(a, b)[:, :m]
+def row_bmm(a: torch.Tensor, b: torch.Tensor, isa: int | None = None) -> torch.Tensor:
+    """Batched a @ b with row-invariant results.  a: [B, M, K], b: [B, K, N] -> [B, M, N]."""
+    if KERNEL is None:
+        return torch.bmm(a, b)
+    b32 = _float_rows(b)
+    y = gemm(_float_rows(a), b32, NR, b32.stride(1), b32.stride(0), b.shape[2], isa)
+    return y if a.dtype == torch.float32 else y.to(a.dtype)
+
+
+_ONES = torch.ones(0)
+
+
+def _ones(n: int) -> torch.Tensor:
+    """A float32 column of n ones [n, 1] (grown, never shrunk; read-only)."""
+    global _ONES
+    if _ONES.numel() < n:
+        _ONES = torch.ones(max(n, 2 * _ONES.numel()), 1)
+    return _ONES[:n]
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """Each row's sum, added in order.  x: [T, d] float32 -> [T, 1]."""
+    if KERNEL is None:
+        return x.sum(-1, keepdim=True)
+    ones = _ones(x.shape[1])
+    return gemm(_float_rows(x)[None], ones, NR, 1, 0, 1)[0]
+
+
+def exp_(x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
+    """x = exp(x) in place, the same bits for an element wherever it sits.  x: float32,
+    contiguous. exp(-inf) is exactly 0; below -87 the result is 0, above 88 it is inf."""
+    if KERNEL is None:
+        return x.exp_()
+    assert x.dtype == torch.float32 and x.is_contiguous(), "exp_ needs contiguous float32"
+    KERNEL.exp(x.data_ptr(), x.data_ptr(), x.numel(), torch.get_num_threads(),
+               ISA if isa is None else isa)
+    return x
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 and cast back (as Llama does).  x: [T, d]."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    mean_square = row_sum(xf * xf) / xf.shape[1]  # [T, 1]
+    xf = xf * (1.0 / torch.sqrt(mean_square + eps))
     return weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2], with Llama-3 frequency-dependent scaling."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> list[float]:
+    """Inverse frequencies (head_dim/2 Python floats), with Llama-3 frequency-dependent
+    scaling. Computed in double precision, one element at a time (see rope_tables)."""
+    inv = [1.0 / theta ** (i / head_dim) for i in range(0, head_dim, 2)]
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind != "llama3":
         return inv
@@ -86,21 +168,35 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
     high = float(scaling.get("high_freq_factor", 4.0))
     old_len = float(scaling["original_max_position_embeddings"])
     low_wavelen, high_wavelen = old_len / low, old_len / high
-    wavelen = 2 * math.pi / inv
-    # Long wavelengths are stretched by `factor`, short ones kept, the band between blended.
-    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return torch.where(medium, blended, scaled)
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        # Long wavelengths are stretched by `factor`, short ones kept, the band between blended.
+        scaled = f / factor if wavelen > low_wavelen else f
+        if high_wavelen <= wavelen <= low_wavelen:
+            smooth = (old_len / wavelen - low) / (high - low)
+            scaled = (1 - smooth) * scaled / factor + smooth * scaled
+        out.append(scaled)
+    return out
 
 
-def rope_tables(inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype):
-    """cos/sin tables [max_len, head_dim] in the 'rotate half' layout."""
-    pos = torch.arange(max_len, dtype=torch.float32)
-    freqs = pos[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+def rope_tables(inv_freq: list[float], max_len: int, dtype: torch.dtype):
+    """cos/sin tables [max_len, head_dim] in the 'rotate half' layout.
+
+    Every entry is math.cos / math.sin of a double-precision angle, rounded once to
+    `dtype`: the same bits for a position whatever max_len, the thread count or the
+    CPU (torch's cos/sin round differently in their vector body and scalar tail, and
+    the tail moves with the table's size). Keys are stored rotated, so two workers
+    must agree on these bits to agree on K/V.
+    """
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * torch.tensor(inv_freq, dtype=torch.float64)
+    flat = angles.flatten().tolist()  # a double product is correctly rounded: exact bits
+
+    def table(fn) -> torch.Tensor:
+        return torch.frombuffer(array("d", map(fn, flat)), dtype=torch.float64).view(angles.shape).to(dtype)
+
+    cos, sin = table(math.cos), table(math.sin)
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -110,7 +206,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU activation of a fused [T, 2I] gate|up projection -> [T, I]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+def silu_mul(gate_up: torch.Tensor, isa: int | None = None) -> torch.Tensor:
+    """SwiGLU activation of a fused [T, 2I] gate|up projection -> [T, I]:
+    gate / (1 + exp(-gate)) * up, with the kernels' exp."""
+    if KERNEL is None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    gu = _float_rows(gate_up)
+    t, inner = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(t, inner, dtype=torch.float32)
+    KERNEL.silu_mul(gu.data_ptr(), out.data_ptr(), t, inner, gu.stride(0), inner,
+                    torch.get_num_threads(), ISA if isa is None else isa)
+    return out if gate_up.dtype == torch.float32 else out.to(gate_up.dtype)

@@ -3,7 +3,9 @@
 Randomness is a pure function of (seed, step): step i of a request draws from a
 generator seeded with mix(seed, i). So any worker can take over a request at any
 step — prefill samples token 0, decode continues at token 1 — and draw exactly
-what a single worker would have drawn.
+what a single worker would have drawn. The probabilities are the same bits on
+every worker too: the softmax runs the engine's exact exp and in-order sum
+(ops.py), not torch's, whose bits follow the CPU's vector width; sorts are stable.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .ops import exp_, row_sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +61,21 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
         # Exactly k survivors, ties broken toward the lower index (as greedy argmax is).
         keep = torch.sort(x, descending=True, stable=True).indices[:params.top_k]
         x = torch.full_like(x, float("-inf")).scatter(0, keep, x[keep])
-    probs = torch.softmax(x, dim=-1)
+    probs = softmax(x)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
+        sorted_p, order = torch.sort(probs, descending=True, stable=True)
         # Drop a token when the mass before it already reaches top_p.
         drop = (torch.cumsum(sorted_p, 0) - sorted_p) >= params.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     gen = torch.Generator().manual_seed(_step_seed(params.seed, step))
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """softmax of float32 x [V] by the exact kernels (exp(-inf) = 0 exactly)."""
+    e = exp_(x - x.max())
+    return e / row_sum(e[None])[0]
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:

@@ -1,0 +1,32 @@
+"""`python -m services.kernels [build|status]` (see services/kernels/__init__.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import services.kernels
+from services.kernels import ENV_KERNEL, build, build_path, choice, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cmd = next((a for a in args if not a.startswith("-")), "build")
+    if cmd == "build":
+        try:
+            done = build()
+        except Exception as e:  # noqa: BLE001 - the engine still runs torch's kernels: say so
+            print(f"services.kernels: build failed ({type(e).__name__}: {e}); the engine "
+                  f"runs torch's kernels", file=sys.stderr)
+            return 1 if "--strict" in args else 0
+        print(f"services.kernels: {'compiled' if done else 'up to date'}: {build_path().name}")
+        return 0
+    if cmd == "status":
+        mod = load()
+        print(f"kernel: {'pdkernels ' + mod.isa() if mod else 'torch'} ({ENV_KERNEL}={choice()})")
+        return 0 if mod is not None or choice() == "torch" else 1
+    print(services.kernels.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
