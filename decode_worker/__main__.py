@@ -32,7 +32,7 @@ log = logging.getLogger("decode_worker")
 async def run(argv: list[str] | None = None) -> None:
     cfg, log_level = parse_config("decode", argv)
     setup_logging(cfg.worker_id, log_level)
-    loop = build_engine_loop(cfg)
+    loop, check = build_engine_loop(cfg)
     loop.start()
     profile_cfg = ProfileConfig.from_env()
     profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
@@ -63,7 +63,8 @@ async def run(argv: list[str] | None = None) -> None:
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.MIXED if sender else WorkerRole.DECODE,
                               advertised(cfg, port),
-                              receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile),
+                              receiver.address, loop.engine.abi.digest, capacity(cfg, loop), profile,
+                              check.reason),
         load, on_lease_lost=lambda: worker.abort_all_unpublished("lease lost"))
     await membership.start()
     metrics = metrics_file(cfg, loop, receiver, *([sender] if sender else []))

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import AsyncIterator
 
-from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequence, commit_import
+from services.engine import InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver,
                                TransferCommit, Verdict)
 from services.transfer.chunks import chunk_views
@@ -63,9 +63,8 @@ class DecodeWorker:
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
                       max_tokens: int, sampling: SamplingParams, abi_digest: str) -> Reservation:
         """Allocate blocks for a transfer and start expecting its chunks."""
-        if abi_digest and abi_digest != self.engine.abi.digest:
-            raise AbiMismatch(f"cache ABI {abi_digest} does not match this worker's "
-                              f"{self.engine.abi.digest}")
+        if abi_digest:
+            self.engine.abi.check_compatible(abi_digest)
         self._check_limits(max_tokens)
         transfer_id = f"{request_id}/{generation}"
         if transfer_id in self.reservations:

@@ -119,6 +119,7 @@ def worker_info_from_pb(req: directory_pb2.RegisterWorkerRequest) -> WorkerInfo:
     return WorkerInfo(
         req.worker_id, role_from_pb(req.role), req.grpc_address, req.data_plane_address,
         req.cache_abi_digest, capacity_from_pb(req.capacity), profile_from_pb(req.profile),
+        req.colocated_only_reason,
     )
 
 
@@ -135,6 +136,7 @@ def worker_record_to_pb(rec: WorkerRecord) -> common_pb2.WorkerInfo:
         data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
         capacity=capacity_to_pb(rec.capacity), epoch=rec.epoch, load=load_to_pb(rec.load),
         lease_expires_unix_ms=rec.lease_expiry_ms, profile=profile_to_pb(rec.profile),
+        colocated_only_reason=rec.colocated_only_reason,
     )
 
 
@@ -143,7 +145,7 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
     return WorkerRecord(
         pb.worker_id, ROLE_FROM_PB[pb.role], pb.grpc_address, pb.data_plane_address,
         pb.cache_abi_digest, pb.epoch, pb.lease_expires_unix_ms, load_from_pb(pb.load),
-        capacity_from_pb(pb.capacity), profile_from_pb(pb.profile),
+        capacity_from_pb(pb.capacity), profile_from_pb(pb.profile), pb.colocated_only_reason,
     )
 
 

@@ -163,7 +163,7 @@ class MemoryDirectoryStore(DirectoryStore):
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
                 epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(), info.capacity,
-                info.profile,
+                info.profile, info.colocated_only_reason,
             )
             self._workers[info.worker_id] = rec
             return rec

@@ -135,6 +135,7 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         load=LoadReport(**{f: int(m.get(f, 0)) for f in LOAD_FIELDS}),
         capacity=WorkerCapacity(**{f: int(m.get(f, 0)) for f in CAPACITY_FIELDS}),
         profile=CostProfile.from_json(m.get("profile", "")),
+        colocated_only_reason=m.get("colocated_only_reason", ""),
     )
 
 
@@ -199,10 +200,11 @@ class RedisDirectoryStore(DirectoryStore):
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_addr, info.data_addr,
             info.abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
+            info.colocated_only_reason,
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-            int(epoch), int(expiry_ms), load, info.capacity, info.profile,
+            int(epoch), int(expiry_ms), load, info.capacity, info.profile, info.colocated_only_reason,
         )
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:

@@ -120,6 +120,9 @@ class WorkerInfo:
     capacity: WorkerCapacity = WorkerCapacity()
     profile: CostProfile = CostProfile()
     """Cost model measured at start (empty when the worker declares none)."""
+    colocated_only_reason: str = ""
+    """Why the worker serves colocated requests only and never exchanges K/V (its
+    start-up kernel self-check failed); empty: hand-offs allowed."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -143,6 +146,8 @@ class WorkerRecord:
     load: LoadReport
     capacity: WorkerCapacity = WorkerCapacity()
     profile: CostProfile = CostProfile()
+    colocated_only_reason: str = ""
+    """As declared at registration (WorkerInfo.colocated_only_reason)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "role", WorkerRole(self.role))

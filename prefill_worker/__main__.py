@@ -23,7 +23,7 @@ log = logging.getLogger("prefill_worker")
 async def run(argv: list[str] | None = None) -> None:
     cfg, log_level = parse_config("prefill", argv)
     setup_logging(cfg.worker_id, log_level)
-    loop = build_engine_loop(cfg)
+    loop, check = build_engine_loop(cfg)
     loop.start()
     profile_cfg = ProfileConfig.from_env()
     profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
@@ -43,7 +43,7 @@ async def run(argv: list[str] | None = None) -> None:
 
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.PREFILL, advertised(cfg, port), "",
-                              loop.engine.abi.digest, capacity(cfg, loop), profile),
+                              loop.engine.abi.digest, capacity(cfg, loop), profile, check.reason),
         load)
     await membership.start()
     metrics = metrics_file(cfg, loop, sender)

@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.engine import AbiMismatch, InvalidRequest, SamplingParams, Sequence
+from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
@@ -85,9 +85,8 @@ class PrefillWorker:
                       first_token_pos: int, prompt: list[int], sampling: SamplingParams,
                       dest: str, abi_digest: str, dest_worker: str = "") -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup)."""
-        if abi_digest and abi_digest != self.engine.abi.digest:
-            raise AbiMismatch(f"cache ABI {abi_digest} does not match this worker's "
-                              f"{self.engine.abi.digest}")
+        if abi_digest:
+            self.engine.abi.check_compatible(abi_digest)
         bs = self.engine.block_size
         n_blocks = -(-len(prompt) // bs)
         if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:

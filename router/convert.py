@@ -52,7 +52,8 @@ def worker_from_store(rec: WorkerRecord) -> Worker:
                           c.max_model_len),
         load=Load(ld.pending_prefill_tokens, ld.active_decode_batch, ld.free_blocks, ld.reserved_blocks,
                   ld.total_blocks, ld.active_context_tokens),
-        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms, profile=rec.profile)
+        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms, profile=rec.profile,
+        colocated_only_reason=rec.colocated_only_reason)
 
 
 def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
@@ -90,7 +91,8 @@ def worker_to_pb(w: Worker) -> common_pb2.WorkerInfo:
             pending_prefill_tokens=ld.pending_prefill_tokens, active_decode_batch=ld.active_decode_batch,
             free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks,
             active_context_tokens=ld.active_context_tokens),
-        lease_expires_unix_ms=w.lease_expires_unix_ms, profile=profile_to_pb(w.profile))
+        lease_expires_unix_ms=w.lease_expires_unix_ms, profile=profile_to_pb(w.profile),
+        colocated_only_reason=w.colocated_only_reason)
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:

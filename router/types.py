@@ -135,6 +135,9 @@ class Worker:
     lease_expires_unix_ms: int = 0
     profile: CostProfile = CostProfile()
     """Cost model the worker measured at start (empty: none declared)."""
+    colocated_only_reason: str = ""
+    """Why the worker never exchanges K/V (failed start-up self-check; its cache ABI
+    digest is its own, so no route pairs it); empty: hand-offs allowed."""
 
     can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
     """True for PREFILL and BOTH workers (from `role`; a field, not a property: the

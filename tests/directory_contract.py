@@ -254,6 +254,15 @@ class DirectoryContract:
         assert snap.worker("p0").role.value == "prefill"
         harness.assert_no_leaks(store)
 
+    def test_colocated_only_reason_is_kept(self, harness):
+        store = harness.open()
+        why = "lm_head: rows 0..0 computed apart differ"
+        rec = store.register_worker(WorkerInfo("m0", "mixed", "m0:1", "m0:2", "abi-x", colocated_only_reason=why))
+        assert rec.colocated_only_reason == why
+        assert store.snapshot().worker("m0").colocated_only_reason == why
+        assert register(store, "d0").colocated_only_reason == ""
+        assert store.snapshot().worker("d0").colocated_only_reason == ""
+
     def test_lease_expiry_hides_worker_and_aborts_its_transactions(self, harness):
         store = harness.open(lease_ttl_s=1.0)
         p, d = register(store, "p0", "prefill"), register(store, "d0")

@@ -68,6 +68,9 @@ class ClusterSpec:
     state_dir: str = ".pdserve"
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every service process."""
+    worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra environment for one worker, by name, over `env`: e.g.
+    {"decode-1": {"PD_ATTN_TILE_TOKENS": "64"}} for a worker with other numerics."""
 
 
 @dataclass
@@ -93,18 +96,19 @@ class LocalCluster:
         self.redis_url = ""
 
     # ---- start -----------------------------------------------------------
-    def _env(self) -> dict[str, str]:
+    def _env(self, name: str) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["PD_LEASE_TTL_S"] = str(self.spec.lease_ttl_s)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(self.spec.env)
+        env.update(self.spec.worker_env.get(name, {}))
         return env
 
     def _spawn(self, name: str, argv: list[str], address: str) -> subprocess.Popen:
         log_path = self.state / "logs" / f"{name}.log"
         log = open(log_path, "ab")
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(name), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self._popen[name] = proc

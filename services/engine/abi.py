@@ -2,8 +2,11 @@
 
 The descriptor names the byte layout (layers, K/V heads, head dim, dtype, block
 size, layout), what the bytes mean (RoPE parameters — keys are stored rotated),
-and whose they are (model identity = digest of config and weights). Two engines
-exchange K/V only when their `digest` values are equal.
+whose they are (model identity = digest of config and weights), and the numerics
+that produced them (attention tile, kernel family): two engines whose kernels would
+compute different bits for the same prompt must not exchange K/V, or a
+disaggregated request would decode from K/V its decode worker could not have
+computed itself. Two engines exchange K/V only when their `digest` values are equal.
 """
 
 from __future__ import annotations
@@ -42,12 +45,25 @@ class CacheAbi:
     """Canonical JSON of the RoPE scaling dict ('null' when none)."""
     model_identity: str
     """Digest of model config and weights."""
+    attn_tile_tokens: int
+    """Key tile of prefill attention (PD_ATTN_TILE_TOKENS): it orders the online softmax,
+    so every layer's K/V after the first depends on it."""
+    kernels: str
+    """Numerics of the compute kernels (ops.kernel_family()): the exact kernels give the
+    same bits on every CPU; torch's are named with torch's version and ATen's CPU
+    capability. A worker whose start-up self-check failed has a name of its own here
+    (selfcheck.py), so it pairs with nobody."""
 
     @property
     def digest(self) -> str:
         """Hex digest of the whole descriptor."""
         body = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+    def summary(self) -> str:
+        """The fields that most often differ between two workers, for error messages."""
+        return (f"{self.dtype}, block {self.block_size}, attention tile {self.attn_tile_tokens}, "
+                f"kernels {self.kernels}, model {self.model_identity[:12]}")
 
     def to_dict(self) -> dict:
         """Plain dict (for protos and logs)."""
@@ -57,7 +73,8 @@ class CacheAbi:
         """Raise AbiMismatch naming the differing fields unless `other` equals self."""
         if isinstance(other, str):
             if other != self.digest:
-                raise AbiMismatch(f"cache ABI digest {other} does not match local {self.digest}")
+                raise AbiMismatch(f"cache ABI digest {other} does not match this worker's {self.digest} "
+                                  f"({self.summary()})")
             return
         diff = [f.name for f in dataclasses.fields(self)
                 if getattr(self, f.name) != getattr(other, f.name)]
@@ -77,12 +94,13 @@ def model_identity(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def make_abi(cfg: ModelConfig, identity: str, dtype: str, block_size: int, layout: str) -> CacheAbi:
-    """The ABI of an engine running `cfg` with these cache settings."""
+def make_abi(cfg: ModelConfig, identity: str, dtype: str, block_size: int, layout: str,
+             attn_tile_tokens: int, kernels: str) -> CacheAbi:
+    """The ABI of an engine running `cfg` with these cache settings and numerics."""
     return CacheAbi(
         num_layers=cfg.num_hidden_layers, num_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim, dtype=dtype, block_size=block_size, layout=layout,
         rope_theta=cfg.rope_theta,
         rope_scaling=json.dumps(cfg.rope_scaling, sort_keys=True, separators=(",", ":")),
-        model_identity=identity,
+        model_identity=identity, attn_tile_tokens=attn_tile_tokens, kernels=kernels,
     )

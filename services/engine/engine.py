@@ -25,6 +25,7 @@ from .config import EngineConfig, ModelConfig
 from .errors import InvalidRequest
 from .kv_cache import LAYOUT, KVCache
 from .model import LlamaModel
+from .ops import kernel_family
 from .prefix import hash_blocks
 from .presets import DEFAULT_SEED, PRESETS, preset_config, seeded_weights
 from .sampler import SamplingParams, sample
@@ -56,7 +57,8 @@ class Engine:
                              self.cfg.torch_dtype)
         self.blocks = BlockManager(self.cfg.num_blocks)
         self.abi: CacheAbi = make_abi(model_cfg, self.identity, self.cfg.dtype,
-                                      self.cfg.block_size, LAYOUT)
+                                      self.cfg.block_size, LAYOUT, self.cfg.attn_tile_tokens,
+                                      kernel_family())
         self.last_logits: torch.Tensor | None = None
         """float32 logits of the latest forward ([1, V] prefill, [B, V] decode), for tests."""
 

@@ -78,6 +78,14 @@ class LlamaModel:
         block_table: the sequence's blocks padded to whole attention tiles.
         `on_layer(l)` fires as soon as layer l's K/V for this chunk is in the cache.
         """
+        x = self.prefill_hidden(token_ids, q_start, slots, block_table, cache, tile, on_layer)
+        return self.logits(x[-1:])
+
+    @torch.inference_mode()
+    def prefill_hidden(self, token_ids: torch.Tensor, q_start: int, slots: torch.Tensor,
+                       block_table: torch.Tensor, cache: KVCache, tile: int,
+                       on_layer: LayerCallback | None = None) -> torch.Tensor:
+        """forward_prefill up to the last layer's output [C, d] (no final norm, no lm_head)."""
         c = token_ids.numel()
         cos, sin = self.cos[q_start:q_start + c], self.sin[q_start:q_start + c]
         x = self.embed[token_ids]  # [C, d]
@@ -89,12 +97,18 @@ class LlamaModel:
                 on_layer(li)
             attn = prefill_attention(q, cache.k[li], cache.v[li], block_table, q_start, tile)
             x = self._mlp_residual(layer, x, attn)
-        return self.logits(x[-1:])
+        return x
 
     @torch.inference_mode()
     def forward_decode(self, token_ids: torch.Tensor, positions: torch.Tensor,
                        slots: torch.Tensor, meta: DecodeMeta, cache: KVCache) -> torch.Tensor:
         """One new token per sequence; writes its K/V; returns logits [B, V]."""
+        return self.logits(self.decode_hidden(token_ids, positions, slots, meta, cache))
+
+    @torch.inference_mode()
+    def decode_hidden(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                      slots: torch.Tensor, meta: DecodeMeta, cache: KVCache) -> torch.Tensor:
+        """forward_decode up to the last layer's output [B, d] (no final norm, no lm_head)."""
         cos, sin = self.cos[positions], self.sin[positions]
         x = self.embed[token_ids]  # [B, d]
         for li, layer in enumerate(self.layers):
@@ -103,4 +117,4 @@ class LlamaModel:
             cache.write(li, slots, k, v)
             attn = decode_attention(q, cache.k[li], cache.v[li], meta)
             x = self._mlp_residual(layer, x, attn)
-        return self.logits(x)
+        return x

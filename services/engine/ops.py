@@ -54,8 +54,11 @@ assert KERNEL is None or KERNEL.NR == NR
 
 
 def kernel_family() -> str:
-    """The matrix kernels' numerics, for the cache ABI."""
-    return kernel.FAMILY if KERNEL is not None else f"torch-blas-{torch.__version__}"
+    """The kernels' numerics, for the cache ABI: the exact kernels' family, or torch's
+    version and ATen CPU capability (its results follow both)."""
+    if KERNEL is not None:
+        return kernel.FAMILY
+    return f"torch-{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}"
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -90,10 +93,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, b_panel_stride: int, b_row_stride: in
 class Linear:
     """y = x @ W.T with row-invariant results; W packed once.  W: [N, K]."""
 
-    __slots__ = ("weight", "packed", "out_features")
+    __slots__ = ("weight", "packed", "out_features", "in_features")
 
     def __init__(self, weight: torch.Tensor):
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
         self.weight = self.packed = None
         if KERNEL is not None:
             self.packed = pack_panels(weight)  # [P, K, NR]
@@ -104,8 +107,8 @@ class Linear:
         """x: [T, K] -> [T, N] in x's dtype."""
         if self.packed is None:
             return F.linear(x, self.weight)
-        k = self.packed.shape[1]
-        y = gemm(_float_rows(x)[None], self.packed, k * NR, NR, 0, self.out_features, isa)[0]
+        y = gemm(_float_rows(x)[None], self.packed, self.in_features * NR, NR, 0, self.out_features,
+                 isa)[0]
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 

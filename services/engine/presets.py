@@ -1,13 +1,17 @@
 """Seeded model presets: the embedded default when no checkpoint is given.
 
-The same preset and seed give bitwise-identical weights in every process: every
-tensor is drawn from one CPU `torch.Generator` in a fixed name order.
+The same preset and seed give bitwise-identical weights in every process on every
+CPU: every tensor is drawn from one numpy PCG64 generator in a fixed name order
+(numpy's ziggurat is scalar C code). torch.randn is not CPU-independent: its
+vectorized Box-Muller rounds differently under each ATen CPU capability, so an
+AVX2 and an AVX-512 host would have built different "tiny@0" models.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .config import ModelConfig
@@ -63,15 +67,16 @@ def seeded_weights(cfg: ModelConfig, seed: int = DEFAULT_SEED) -> dict[str, torc
 
     Projections are N(0, 1/fan_in) so activations stay O(1) and greedy decoding
     is not a string of near-ties; norm weights are 1 + small noise so a loader
-    that drops them is caught by the reference comparison.
+    that drops them is caught by the reference comparison. (The scalings are single
+    IEEE operations: the same bits everywhere.)
     """
-    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.Generator(np.random.PCG64(seed))
     out = {}
     for name, shape in hf_weight_shapes(cfg).items():
+        x = rng.standard_normal(shape, dtype=np.float32)
         if len(shape) == 1:
-            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif "embed_tokens" in name:
-            out[name] = torch.randn(shape, generator=gen)
-        else:
-            out[name] = torch.randn(shape, generator=gen) / math.sqrt(shape[1])
+            x = np.float32(1.0) + np.float32(0.1) * x
+        elif "embed_tokens" not in name:
+            x = x / np.float32(math.sqrt(shape[1]))
+        out[name] = torch.from_numpy(x)
     return out

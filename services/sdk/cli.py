@@ -168,6 +168,9 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
              w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
     out.write(_table(("WORKER", "ROLE", "EPOCH", "FREE", "RESERVED", "TOTAL", "PENDING_PREFILL", "BATCH", "ADDRESS"),
                      rows) + "\n")
+    for w in s.workers:
+        if w.colocated_only_reason:
+            out.write(f"{w.worker_id}: colocated only, no K/V hand-off: {w.colocated_only_reason}\n")
     return EXIT_OK
 
 

@@ -147,6 +147,9 @@ class WorkerStatus:
     """Requests in the current decode batch."""
     lease_expires_unix_ms: int
     """Wall-clock lease expiry, Unix ms."""
+    colocated_only_reason: str = ""
+    """Why the worker serves colocated requests only and never exchanges K/V (its
+    start-up kernel self-check failed); empty: hand-offs allowed."""
 
 
 @dataclass(frozen=True, slots=True)

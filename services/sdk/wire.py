@@ -197,6 +197,7 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
             pending_prefill_tokens=w.load.pending_prefill_tokens,
             active_decode_batch=w.load.active_decode_batch,
             lease_expires_unix_ms=w.lease_expires_unix_ms,
+            colocated_only_reason=w.colocated_only_reason,
         )
         for w in response.workers
     ]

@@ -72,6 +72,9 @@ class WorkerConfig:
     """Fault injection: the chunk with this index goes out with a wrong checksum."""
     fault_replay_chunk: int = -1
     """Fault injection: the chunk with this index is sent twice."""
+    fault_row_dependent_kernels: bool = False
+    """Fault injection: lm_head gives a row other bits in calls of fewer than 4 rows (as a
+    BLAS may), so the start-up self-check fails and the worker registers colocated-only."""
 
     def __post_init__(self):
         if self.transport not in ("tcp", "inproc", "ucx"):

@@ -9,7 +9,8 @@ import os
 
 import torch
 
-from services.engine import Engine
+from services.engine import Engine, selfcheck
+from services.engine.selfcheck import SelfCheck
 from kv_directory.store import WorkerCapacity
 
 from .config import WorkerConfig
@@ -49,14 +50,25 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
     return cfg, args.log_level
 
 
-def build_engine_loop(cfg: WorkerConfig) -> EngineLoop:
-    """The engine over cfg.model, on its own thread (not started)."""
+def build_engine_loop(cfg: WorkerConfig) -> tuple[EngineLoop, SelfCheck]:
+    """The engine over cfg.model, on its own thread (not started), and the verdict of its
+    start-up self-check. A worker whose check failed gets a cache ABI of its own
+    (selfcheck.py): register it with the check's reason as colocated-only."""
     tune_malloc()  # before the engine allocates: see memory.py
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     engine = Engine.from_spec(cfg.model, cfg.engine_config())
+    if cfg.fault_row_dependent_kernels:
+        selfcheck.make_rows_depend_on_count(engine)
+    check = selfcheck.run(engine)
+    if check.passed:
+        log.info("kernel self-check passed in %.0f ms (%s)", check.elapsed_ms, engine.abi.kernels)
+    else:
+        selfcheck.mark_colocated_only(engine, cfg.worker_id)
+        log.error("kernel self-check FAILED: %s; serving colocated requests only, no K/V hand-off",
+                  check.reason)
     log.info("model %s abi %s blocks %d", engine.name, engine.abi.digest, cfg.num_blocks)
-    return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}")
+    return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
 
 
 def build_sender(cfg: WorkerConfig):

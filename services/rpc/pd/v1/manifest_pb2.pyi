@@ -25,7 +25,7 @@ TXN_STATE_ABORTED: TxnState
 TXN_STATE_RELEASED: TxnState
 
 class CacheAbi(_message.Message):
-    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype", "block_size", "layout", "rope_theta", "rope_scaling_json", "model_identity", "digest", "tokenizer_identity", "adapter_identity")
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype", "block_size", "layout", "rope_theta", "rope_scaling_json", "model_identity", "digest", "tokenizer_identity", "adapter_identity", "attn_tile_tokens", "kernels")
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
     HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,8 @@ class CacheAbi(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    ATTN_TILE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -50,7 +52,9 @@ class CacheAbi(_message.Message):
     digest: str
     tokenizer_identity: str
     adapter_identity: str
-    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., rope_theta: _Optional[float] = ..., rope_scaling_json: _Optional[str] = ..., model_identity: _Optional[str] = ..., digest: _Optional[str] = ..., tokenizer_identity: _Optional[str] = ..., adapter_identity: _Optional[str] = ...) -> None: ...
+    attn_tile_tokens: int
+    kernels: str
+    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., rope_theta: _Optional[float] = ..., rope_scaling_json: _Optional[str] = ..., model_identity: _Optional[str] = ..., digest: _Optional[str] = ..., tokenizer_identity: _Optional[str] = ..., adapter_identity: _Optional[str] = ..., attn_tile_tokens: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
 
 class TokenInterval(_message.Message):
     __slots__ = ("start", "end")

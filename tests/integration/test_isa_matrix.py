@@ -1,0 +1,102 @@
+"""Exactness on more than the host's instruction set, each setting in its own processes.
+
+MKL honours MKL_ENABLE_INSTRUCTIONS and oneDNN ONEDNN_MAX_CPU_ISA (as on an older
+CPU); ATen honours ATEN_CPU_CAPABILITY; the exact kernels honour PD_KERNEL_ISA
+(`portable` is the std::fma path aarch64 runs). Under each setting:
+
+* the invariance tests and an end-to-end exactness test pass (pytest in a child
+  process, the local cluster's processes inheriting the setting), and
+* the K/V bytes, logits and tokens of fixed prompts are the same bits as under
+  every other setting, and so is the cache ABI digest: the numerics do not depend
+  on the CPU, which is why the ABI names no instruction set (abi.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SETTINGS = {
+    "host": {},
+    "mkl-onednn-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "portable-aten-default": {"PD_KERNEL_ISA": "portable", "ATEN_CPU_CAPABILITY": "default"},
+}
+
+INVARIANCE_TESTS = ["tests/unit/test_ops.py", "tests/unit/test_engine_exactness.py",
+                    "tests/unit/test_selfcheck.py"]
+E2E_TEST = "tests/e2e/test_e2e_exactness.py::test_disaggregated_equals_colocated_with_exact_handoff[ucx]"
+
+_FINGERPRINT = r"""
+import hashlib, json, random
+import torch
+from services.engine import Engine, EngineConfig, SamplingParams
+from services import kernels
+from services.engine.ops import ISA, KERNEL
+rng = random.Random(7)
+path = {v: k for k, v in kernels.ISAS.items()}[ISA]
+out = {"kernel_path": (KERNEL.isa() if path == "auto" else path) if KERNEL else "torch",
+       "aten": torch.backends.cpu.get_cpu_capability()}
+for tile in (64, 128):
+    engine = Engine.from_preset("tiny", cfg=EngineConfig(num_blocks=256, attn_tile_tokens=tile, chunk_tokens=37))
+    h = hashlib.sha256(engine.abi.digest.encode())
+    seqs = [engine.add_request(f"r{i}", [rng.randrange(512) for _ in range(n)], 9,
+                               SamplingParams(temperature=0.9 if i % 2 else 0.0, top_p=0.9, seed=i,
+                                              ignore_eos=True))
+            for i, n in enumerate((5, 130, 300))]
+    for s in seqs:
+        engine.prefill(s)
+        h.update(engine.kv_digest(s).encode())
+    while not all(s.is_finished for s in seqs):
+        engine.decode_step([s for s in seqs if not s.is_finished])
+        h.update(engine.last_logits.numpy().tobytes())
+    h.update(json.dumps([s.output_ids for s in seqs]).encode())
+    out[f"tile{tile}"] = h.hexdigest()
+print(json.dumps(out))
+"""
+
+
+def _env(setting: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **SETTINGS[setting])
+    for var in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "PD_KERNEL_ISA", "ATEN_CPU_CAPABILITY"):
+        if var not in SETTINGS[setting]:
+            env.pop(var, None)  # each setting is exactly what it names
+    return env
+
+
+def _pytest(setting: str, tests: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                         cwd=ROOT, env=_env(setting), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{setting}:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("setting", ["mkl-onednn-avx2", "portable-aten-default"])
+def test_invariance_tests_pass(setting):
+    _pytest(setting, INVARIANCE_TESTS)
+
+
+@pytest.mark.slow
+def test_end_to_end_exactness_with_mkl_and_onednn_limited_to_avx2():
+    _pytest("mkl-onednn-avx2", [E2E_TEST])
+
+
+def test_bits_are_the_same_under_every_setting():
+    prints = {}
+    for setting in SETTINGS:
+        out = subprocess.run([sys.executable, "-c", _FINGERPRINT], cwd=ROOT, env=_env(setting),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"{setting}: {out.stderr[-2000:]}"
+        prints[setting] = json.loads(out.stdout.strip().splitlines()[-1])
+    # Each setting took the path it names.
+    assert prints["portable-aten-default"]["kernel_path"] == "portable"
+    assert prints["portable-aten-default"]["aten"] == "DEFAULT"
+    assert prints["host"]["kernel_path"] != "torch"
+    for tile in ("tile64", "tile128"):
+        assert len({p[tile] for p in prints.values()}) == 1, {s: (p["kernel_path"], p["aten"], p[tile])
+                                                              for s, p in prints.items()}
