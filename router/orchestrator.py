@@ -315,7 +315,7 @@ class Orchestrator:
                         self.failures.record(exc.culprit)
                 continue
             completed = run.output.completed(done.finish_reason, att.route, generation, att.prefill_kv_digest,
-                                             done.kv_digest)
+                                             done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             return completed
         if not run.failures:

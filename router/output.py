@@ -52,13 +52,14 @@ class OutputLog:
                               f"{num_tokens} tokens, the client already has {len(self.tokens)}")
 
     def completed(self, finish_reason: FinishReason, route: Route, attempts: int, prefill_kv_digest: str = "",
-                  decode_kv_digest: str = "") -> Completed:
+                  decode_kv_digest: str = "", failed_attempts: str = "") -> Completed:
         """The Complete event: TTFT, TPOT = (latency - TTFT) / (n - 1)."""
         latency_ms = self._ms(self._clock())
         n = len(self.tokens)
         ttft_ms = self._ms(self._first_s) if self._first_s is not None else 0.0
         tpot_ms = (latency_ms - ttft_ms) / (n - 1) if n > 1 else 0.0
-        return Completed(finish_reason, ttft_ms, tpot_ms, n, route, attempts, prefill_kv_digest, decode_kv_digest)
+        return Completed(finish_reason, ttft_ms, tpot_ms, n, route, attempts, prefill_kv_digest, decode_kv_digest,
+                         failed_attempts)
 
     def _ms(self, t: float) -> float:
         return (t - self._start_s) * 1000.0

@@ -350,6 +350,8 @@ class Completed:
     """Disaggregated only: the digest of the K/V prefill sent ..."""
     decode_kv_digest: str = ""
     """... and of the K/V decode published; equal when the hand-off was exact."""
+    failed_attempts: str = ""
+    """Why the attempts before the last failed ('; '-joined); empty when the first succeeded."""
 
 
 Event = Started | TokenOut | Completed

@@ -78,6 +78,8 @@ def cmd_demo(args) -> int:
         print(f"[{res.route:<13}] prompt {len(prompt):>3} tokens -> {res.token_ids}")
         print(f"{'':16}TTFT {res.ttft_ms:7.1f} ms   TPOT {res.tpot_ms:6.2f} ms   "
               f"attempts {res.attempts}   request {res.request_id}")
+        if res.route != mode:
+            print(f"{'':16}asked for {mode}, served {res.route}: {res.failed_attempts or 'no such route'}")
     print(f"\nrouter at {address}; try `pdctl status` or `pdctl generate --prompt-ids 1,2,3 "
           f"--max-tokens 8`; stop with `pdserve down` (or `make down`).")
     return 0

@@ -30,10 +30,11 @@ def token(index, token_id, text="", server_ms=0.0):
     return Event(token=Event.Token(index=index, token_id=token_id, text=text, time_since_start_ms=server_ms))
 
 
-def complete(n, reason=common_pb2.FINISH_REASON_LENGTH, route=router_pb2.ROUTE_DISAGGREGATED, attempts=1):
+def complete(n, reason=common_pb2.FINISH_REASON_LENGTH, route=router_pb2.ROUTE_DISAGGREGATED, attempts=1,
+             failed_attempts=""):
     # Router-side latencies deliberately far from anything the client can measure.
     return Event(complete=Event.Complete(finish_reason=reason, ttft_ms=1.0, tpot_ms=2.0, num_tokens=n,
-                                         route=route, attempts=attempts))
+                                         route=route, attempts=attempts, failed_attempts=failed_attempts))
 
 
 def error(code, message, retryable=False):

@@ -99,4 +99,5 @@ class StreamTally:
             route_epoch=route.route_epoch,
             prefill_kv_digest=c.prefill_kv_digest,
             decode_kv_digest=c.decode_kv_digest,
+            failed_attempts=c.failed_attempts,
         )

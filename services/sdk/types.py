@@ -105,6 +105,9 @@ class GenerationResult:
     """Digest of the prompt K/V the prefill worker produced (disaggregated only)."""
     decode_kv_digest: str = ""
     """Digest of the prompt K/V the decode worker published; equal when the hand-off was exact."""
+    failed_attempts: str = ""
+    """Why the router's earlier attempts failed ('; '-joined); empty when the first succeeded.
+    Says why a request that asked for a disaggregated route came back colocated."""
 
     @property
     def num_tokens(self) -> int:

@@ -85,6 +85,9 @@ def test_two_disaggregated_failures_fall_back_to_colocated():
     assert started(events)[-1].prefill_worker_id == ""
     assert (events[-1].route, events[-1].attempts) == (Route.COLOCATED, 3)
     assert events[-1].prefill_kv_digest == events[-1].decode_kv_digest == ""
+    # The Complete event says why the disaggregated attempts failed.
+    assert events[-1].failed_attempts.startswith("attempt 1 (disaggregated p0 -> d1): prefill: UNAVAILABLE")
+    assert "; attempt 2 (disaggregated p1 -> d0): prefill: UNAVAILABLE" in events[-1].failed_attempts
     assert fake.ops("generate") == [("generate", "d1", "r", 3)]
     assert_no_leaks(orch, fake)
 

@@ -45,6 +45,14 @@ def test_stream_yields_tokens_with_client_clock_and_result_math(fake, client):
     uuid.UUID(result.request_id)
 
 
+def test_result_says_why_earlier_attempts_failed(fake, client):
+    why = "attempt 1 (disaggregated p0 -> d0): prefill: UNAVAILABLE: p0 crashed"
+    fake.script = [started(route=router_pb2.ROUTE_COLOCATED, generation=2), token(0, 5),
+                   complete(1, route=router_pb2.ROUTE_COLOCATED, attempts=2, failed_attempts=why)]
+    result = client.generate_full(prompt_ids=[1, 2], max_tokens=1)
+    assert (result.route, result.attempts, result.failed_attempts) == ("colocated", 2, why)
+
+
 @pytest.mark.parametrize("n", [0, 1])
 def test_tpot_is_zero_without_an_inter_token_interval(fake, client, n):
     fake.script = [started(router_pb2.ROUTE_COLOCATED, prefill="")] + [token(i, 5 + i) for i in range(n)] + \

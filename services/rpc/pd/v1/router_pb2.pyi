@@ -80,7 +80,7 @@ class GenerateEvent(_message.Message):
         time_since_start_ms: float
         def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ...) -> None: ...
     class Complete(_message.Message):
-        __slots__ = ("finish_reason", "ttft_ms", "tpot_ms", "num_tokens", "route", "attempts", "prefill_kv_digest", "decode_kv_digest")
+        __slots__ = ("finish_reason", "ttft_ms", "tpot_ms", "num_tokens", "route", "attempts", "prefill_kv_digest", "decode_kv_digest", "failed_attempts")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
         TTFT_MS_FIELD_NUMBER: _ClassVar[int]
         TPOT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class GenerateEvent(_message.Message):
         ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
         PREFILL_KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         DECODE_KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
+        FAILED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
         finish_reason: _common_pb2.FinishReason
         ttft_ms: float
         tpot_ms: float
@@ -97,7 +98,8 @@ class GenerateEvent(_message.Message):
         attempts: int
         prefill_kv_digest: str
         decode_kv_digest: str
-        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., route: _Optional[_Union[Route, str]] = ..., attempts: _Optional[int] = ..., prefill_kv_digest: _Optional[str] = ..., decode_kv_digest: _Optional[str] = ...) -> None: ...
+        failed_attempts: str
+        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., route: _Optional[_Union[Route, str]] = ..., attempts: _Optional[int] = ..., prefill_kv_digest: _Optional[str] = ..., decode_kv_digest: _Optional[str] = ..., failed_attempts: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
