@@ -93,11 +93,15 @@ __attribute__((target("avx2,fma"))) inline __m256i lane_mask(int valid) {
 // in memory and stores it back on every step, which halves the speed.
 #define PD_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
-template <int R, bool FULL>
+// FULL: all 16 columns valid (plain loads). Otherwise masked loads and stores;
+// TWO: whether columns 8..15 hold any valid column (a panel of at most 8 valid
+// columns — head_dim 8, a softmax sum column — runs half the FMAs).
+template <int R, bool FULL, bool TWO>
 __attribute__((target("avx2,fma"))) void micro_avx2_body(long k, const float* a, long lda,
                                                          const float* b, long ldb, float* c,
                                                          long ldc, int nr) {
   static_assert(R >= 1 && R <= MR, "row count");
+  static_assert(TWO || !FULL, "a full panel has 16 columns");
 #define PD_DECL(i)                                         \
   __m256 acc##i##_0 = _mm256_setzero_ps(), acc##i##_1 = acc##i##_0; \
   const float* a##i = a + (R > i ? i : 0) * lda;
@@ -108,33 +112,34 @@ __attribute__((target("avx2,fma"))) void micro_avx2_body(long k, const float* a,
     m0 = lane_mask(std::min(nr, 8));
     m1 = lane_mask(std::max(nr - 8, 0));
   }
+#pragma GCC unroll 4
   for (long p = 0; p < k; ++p, b += ldb) {
-    __m256 b0, b1;
+    __m256 b0, b1 = _mm256_setzero_ps();
     if (FULL) {
       b0 = _mm256_loadu_ps(b);
       b1 = _mm256_loadu_ps(b + 8);
     } else {
       b0 = _mm256_maskload_ps(b, m0);
-      b1 = _mm256_maskload_ps(b + 8, m1);
+      if (TWO) b1 = _mm256_maskload_ps(b + 8, m1);
     }
-#define PD_STEP(i)                                        \
-    if constexpr (R > i) {                                \
-      const __m256 ai = _mm256_broadcast_ss(a##i + p);    \
-      acc##i##_0 = _mm256_fmadd_ps(ai, b0, acc##i##_0);   \
-      acc##i##_1 = _mm256_fmadd_ps(ai, b1, acc##i##_1);   \
+#define PD_STEP(i)                                                \
+    if constexpr (R > i) {                                        \
+      const __m256 ai = _mm256_broadcast_ss(a##i + p);            \
+      acc##i##_0 = _mm256_fmadd_ps(ai, b0, acc##i##_0);           \
+      if constexpr (TWO) acc##i##_1 = _mm256_fmadd_ps(ai, b1, acc##i##_1); \
     }
     PD_ROWS(PD_STEP)
 #undef PD_STEP
   }
-#define PD_STORE(i)                                          \
-  if constexpr (R > i) {                                     \
-    if (FULL) {                                              \
-      _mm256_storeu_ps(c + i * ldc, acc##i##_0);             \
-      _mm256_storeu_ps(c + i * ldc + 8, acc##i##_1);         \
-    } else {                                                 \
-      _mm256_maskstore_ps(c + i * ldc, m0, acc##i##_0);      \
-      _mm256_maskstore_ps(c + i * ldc + 8, m1, acc##i##_1);  \
-    }                                                        \
+#define PD_STORE(i)                                                  \
+  if constexpr (R > i) {                                             \
+    if (FULL) {                                                      \
+      _mm256_storeu_ps(c + i * ldc, acc##i##_0);                     \
+      _mm256_storeu_ps(c + i * ldc + 8, acc##i##_1);                 \
+    } else {                                                         \
+      _mm256_maskstore_ps(c + i * ldc, m0, acc##i##_0);              \
+      if (TWO) _mm256_maskstore_ps(c + i * ldc + 8, m1, acc##i##_1); \
+    }                                                                \
   }
   PD_ROWS(PD_STORE)
 #undef PD_STORE
@@ -146,9 +151,11 @@ __attribute__((target("avx2,fma"))) void micro_avx2(long k, const float* a, long
                                                     const float* b, long ldb, float* c,
                                                     long ldc, int nr) {
   if (nr == NR)
-    micro_avx2_body<R, true>(k, a, lda, b, ldb, c, ldc, nr);
+    micro_avx2_body<R, true, true>(k, a, lda, b, ldb, c, ldc, nr);
+  else if (nr > 8)
+    micro_avx2_body<R, false, true>(k, a, lda, b, ldb, c, ldc, nr);
   else
-    micro_avx2_body<R, false>(k, a, lda, b, ldb, c, ldc, nr);
+    micro_avx2_body<R, false, false>(k, a, lda, b, ldb, c, ldc, nr);
 }
 
 bool has_avx2() {
