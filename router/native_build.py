@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, TYPED, build_path, enabled, missing, source_of, status
-from services.common.native import install_file, prepare_build_dir, run_build_ext
+from services.common.native import build_step, install_file, prepare_build_dir, run_build_ext
 
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 """Plain modules: annotations ignored (Python semantics). TYPED modules are built with
@@ -63,11 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd = next((a for a in args if not a.startswith("-")), "build")
     if cmd == "build":
-        try:
-            done = build()
-        except Exception as e:  # noqa: BLE001 - the router still runs its source: say so
-            print(f"router.native_build: build failed ({type(e).__name__}: {e}); "
-                  f"the router runs its Python source", file=sys.stderr)
+        ok, done = build_step("router.native_build", build, "the router runs its Python source")
+        if not ok:
             return 1 if "--strict" in args else 0
         print(f"router.native_build: {len(done)} module(s) compiled; "
               f"{len(MODULES) - len(missing())}/{len(MODULES)} have a build for their current source")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from kv_directory.client import DirectoryClient
 from services.cluster.launcher import ClusterSpec, LocalCluster
+from services.sdk import Client
 
 
 def start_cluster(tmp_path, **kw) -> LocalCluster:
@@ -55,3 +57,10 @@ def assert_cluster_clean(cluster: LocalCluster, timeout_s: float = 15.0) -> None
             raise AssertionError(f"leaks: workers {leaks}, open transactions "
                                  f"{[(t.transfer_id, t.state) for t in open_txns]}")
         time.sleep(0.3)
+
+
+def generate_all(address: str, prompts: list[list[int]], concurrency: int = 8, **kwargs) -> list:
+    """generate_full for every prompt, `concurrency` at a time, results in prompt order
+    (kwargs: max_tokens, mode, ignore_eos, ...)."""
+    with Client(address, timeout_s=60) as client, ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda p: client.generate_full(prompt_ids=p, **kwargs), prompts))

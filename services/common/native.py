@@ -20,7 +20,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -71,3 +72,13 @@ def load_extension(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def build_step(prog: str, build: Callable[[], object], fallback: str) -> tuple[bool, object]:
+    """Run `build()` for a `python -m <prog> build` command: (True, its result), or, when
+    the compiler or Cython fails, print why and what runs instead, and (False, None)."""
+    try:
+        return True, build()
+    except Exception as e:  # noqa: BLE001 - the service still runs without the build: say so
+        print(f"{prog}: build failed ({type(e).__name__}: {e}); {fallback}", file=sys.stderr)
+        return False, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import services.kernels
+from services.common.native import build_step
 from services.kernels import ENV_KERNEL, build, build_path, choice, load
 
 
@@ -12,11 +13,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd = next((a for a in args if not a.startswith("-")), "build")
     if cmd == "build":
-        try:
-            done = build()
-        except Exception as e:  # noqa: BLE001 - the engine still runs torch's kernels: say so
-            print(f"services.kernels: build failed ({type(e).__name__}: {e}); the engine "
-                  f"runs torch's kernels", file=sys.stderr)
+        ok, done = build_step("services.kernels", build, "the engine runs torch's kernels")
+        if not ok:
             return 1 if "--strict" in args else 0
         print(f"services.kernels: {'compiled' if done else 'up to date'}: {build_path().name}")
         return 0

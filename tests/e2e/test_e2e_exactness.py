@@ -9,12 +9,10 @@ the decode worker published must equal the one the prefill worker produced.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cluster_support import assert_cluster_clean, seeded_requests, start_cluster
-from services.sdk import Client
+from cluster_support import assert_cluster_clean, generate_all, seeded_requests, start_cluster
 
 N_REQUESTS = 200
 MAX_TOKENS = 12
@@ -30,16 +28,7 @@ def cluster(request, tmp_path_factory):
 
 
 def run_all(address: str, prompts: list[list[int]], mode: str):
-    client = Client(address, timeout_s=60)
-
-    def one(prompt):
-        return client.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS, mode=mode,
-                                    ignore_eos=True, deadline_s=120)
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(one, prompts))
-    client.close()
-    return results
+    return generate_all(address, prompts, max_tokens=MAX_TOKENS, mode=mode, ignore_eos=True, deadline_s=120)
 
 
 def test_disaggregated_equals_colocated_with_exact_handoff(cluster):

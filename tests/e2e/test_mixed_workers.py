@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cluster_support import _directory, assert_cluster_clean, start_cluster
+from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 from kv_directory.store import WorkerRole
 from services.sdk import Client
 from services.telemetry.metrics import parse
@@ -42,11 +42,8 @@ def test_mixed_workers_register_both_roles(cluster):
 def test_split_in_both_directions_equals_colocated(cluster):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(40, 300))] for _ in range(16)]
-    with Client(cluster.router_address) as client, ThreadPoolExecutor(8) as pool:
-        split = list(pool.map(lambda p: client.generate_full(
-            prompt_ids=p, max_tokens=24, ignore_eos=True, mode="disaggregated"), prompts))
-        colo = list(pool.map(lambda p: client.generate_full(
-            prompt_ids=p, max_tokens=24, ignore_eos=True, mode="colocated"), prompts))
+    split = generate_all(cluster.router_address, prompts, max_tokens=24, ignore_eos=True, mode="disaggregated")
+    colo = generate_all(cluster.router_address, prompts, max_tokens=24, ignore_eos=True, mode="colocated")
     pairs = {(r.prefill_worker, r.decode_worker) for r in split}
     assert all(r.route == "disaggregated" for r in split)
     assert all(p != d and {p, d} <= {"mixed-0", "mixed-1"} for p, d in pairs), pairs

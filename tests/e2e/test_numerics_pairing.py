@@ -13,12 +13,11 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
-from cluster_support import _directory, assert_cluster_clean, start_cluster
+from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 from services.cluster.launcher import REPO_ROOT
 from services.engine import Engine, EngineConfig, SamplingParams
 from services.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
@@ -53,9 +52,7 @@ def test_digests_follow_numerics(cluster):
 def test_router_pairs_each_prefill_worker_only_with_its_numerics(cluster):
     rng = random.Random(14)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(70, 300))] for _ in range(16)]
-    with Client(cluster.router_address) as client, ThreadPoolExecutor(8) as pool:
-        split = list(pool.map(lambda p: client.generate_full(
-            prompt_ids=p, max_tokens=12, ignore_eos=True, mode="disaggregated"), prompts))
+    split = generate_all(cluster.router_address, prompts, max_tokens=12, ignore_eos=True, mode="disaggregated")
     pairs = {(r.prefill_worker, r.decode_worker) for r in split if r.route == "disaggregated"}
     assert pairs == {("prefill-0", "decode-0"), ("prefill-1", "decode-1")}, pairs
     assert "mixed-0" not in {w for r in split for w in (r.prefill_worker, r.decode_worker)}
