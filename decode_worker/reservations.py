@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from services.engine import Sequence
 from services.transfer import ChunkArrived, ChunkKey, TransferCommit
+from services.worker.loop import AsyncSink
 
 
 class ResState(enum.IntEnum):
@@ -54,6 +55,10 @@ class Reservation:
     published: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the reservation leaves RESERVED/RECEIVING (published or aborted)."""
     created_s: float = field(default_factory=time.monotonic)
+    sink: AsyncSink | None = None
+    """The published sequence's token stream; tokens wait in it until DecodeStream reads them."""
+    streamed: bool = False
+    """A DecodeStream has attached to this reservation."""
 
     @property
     def expected_cells(self) -> int:

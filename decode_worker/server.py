@@ -66,7 +66,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def DecodeStream(self, request, context):
         started = time.perf_counter()
-        res = self.worker.reservations.get(request.transfer_id)
+        res = self.worker.find(request.transfer_id)
         try:
             async for event in self._events(request.request_id,
                                             self.worker.stream(request.transfer_id), started,

@@ -53,7 +53,9 @@ class DecodeWorker:
         self.receiver = receiver
         self.txn = txn
         self.reservations: dict[str, Reservation] = {}
-        self.sinks: dict[str, StreamSink] = {}
+        self.unread: dict[str, Reservation] = {}
+        """Finished before any DecodeStream attached (max_tokens 1 finishes at publication):
+        kept with their queued tokens until a stream reads them or the reservation TTL."""
         self.colocated: dict[str, Sequence] = {}
         self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -130,9 +132,8 @@ class DecodeWorker:
         res.kv_digest = commit.kv_digest
         res.state = ResState.PUBLISHED
         self.events("published", request=res.request_id, chunks=len(res.received))
-        sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
-        self.sinks[res.transfer_id] = sink
-        await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, sink))
+        res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
+        await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, res.sink))
         res.published.set()
         return Verdict(True)
 
@@ -165,11 +166,19 @@ class DecodeWorker:
             self.loop.admit_decode(Job(seq, sink.on_token, sink.on_done))
 
     # ---- 4. decode stream -------------------------------------------------
+    def find(self, transfer_id: str) -> Reservation | None:
+        """The live reservation of transfer_id, or its finished one no stream has read yet."""
+        return self.reservations.get(transfer_id) or self.unread.get(transfer_id)
+
     async def stream(self, transfer_id: str) -> AsyncIterator[tuple]:
-        """Wait for publication, then yield ("token", id, index) ... ("done", err, reason)."""
+        """Wait for publication, then yield ("token", id, index) ... ("done", err, reason).
+        A sequence that finished before this call (max_tokens 1) streams what it queued."""
         res = self.reservations.get(transfer_id)
+        if res is None and (res := self.unread.pop(transfer_id, None)) is not None:
+            self._cancel_timer(transfer_id)
         if res is None:
             raise KeyError(self.ended.get(transfer_id, f"no reservation {transfer_id}"))
+        res.streamed = True
         timeout = max(0.0, res.deadline_s - time.monotonic())
         try:
             await asyncio.wait_for(res.published.wait(), timeout)
@@ -177,7 +186,7 @@ class DecodeWorker:
             await self.abort_unpublished(res, "not published before the reservation TTL")
         if res.state == ResState.ABORTED:
             raise RuntimeError(f"transfer {transfer_id} aborted: {res.abort_reason}")
-        async for item in self._drain(self.sinks[transfer_id], res.seq):
+        async for item in self._drain(res.sink, res.seq):
             yield item
 
     async def _drain(self, sink: AsyncSink, seq: Sequence) -> AsyncIterator[tuple]:
@@ -194,6 +203,10 @@ class DecodeWorker:
     def _finished(self, res: Reservation, error: BaseException | None) -> None:
         res.state = ResState.FINISHED if error is None else ResState.ABORTED
         self._forget(res, "finished" if error is None else f"ended: {error!r}")
+        if not res.streamed:  # the DecodeStream call is still on its way: keep the tokens
+            self.unread[res.transfer_id] = res
+            self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
+                self.cfg.reservation_ttl_s, self.unread.pop, res.transfer_id, None)
         asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
 
     # ---- colocated ----------------------------------------------------------
@@ -259,7 +272,6 @@ class DecodeWorker:
     def _forget(self, res: Reservation, note: str) -> None:
         self._cancel_timer(res.transfer_id)
         self.reservations.pop(res.transfer_id, None)
-        self.sinks.pop(res.transfer_id, None)
         self.ended[res.transfer_id] = f"{res.transfer_id} {note}"
         while len(self.ended) > 1024:
             self.ended.popitem(last=False)

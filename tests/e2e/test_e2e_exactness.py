@@ -43,3 +43,17 @@ def test_disaggregated_equals_colocated_with_exact_handoff(cluster):
     for r in disagg:
         assert r.prefill_kv_digest and r.prefill_kv_digest == r.decode_kv_digest, r.request_id
     assert_cluster_clean(cluster)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_shortest_outputs_succeed_disaggregated_at_the_first_attempt(cluster, max_tokens):
+    """A 1-token request finishes at publication, possibly before its DecodeStream call
+    arrives: the tokens wait for the stream, and no attempt fails (issue 15, item 2)."""
+    prompts = seeded_requests(20, seed=max_tokens, max_prompt=300)
+    results = generate_all(cluster.router_address, prompts, max_tokens=max_tokens, mode="disaggregated",
+                           ignore_eos=True)
+    failed = [(r.attempts, r.failed_attempts) for r in results if r.attempts != 1 or r.failed_attempts]
+    assert not failed, failed
+    assert all(r.route == "disaggregated" and len(r.token_ids) == max_tokens for r in results)
+    assert all(r.prefill_kv_digest == r.decode_kv_digest for r in results)
+    assert_cluster_clean(cluster)
