@@ -17,7 +17,7 @@ import logging
 import time
 from typing import AsyncIterator
 
-from services.engine import InvalidRequest, SamplingParams, Sequence, commit_import
+from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver,
                                TransferCommit, Verdict)
 from services.transfer.chunks import chunk_views
@@ -75,7 +75,7 @@ class DecodeWorker:
                     if r.request_id == request_id and r.generation < generation]:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
         seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()))
+            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
         bs = self.engine.block_size
         res = Reservation(transfer_id, request_id, tenant, generation, seq,
                           self.engine.model_cfg.num_hidden_layers, seq.num_cached_tokens // bs,
@@ -216,7 +216,7 @@ class DecodeWorker:
         self._check_limits(max_tokens)
         key = f"{request_id}/{generation}"
         seq = await self.loop.call(lambda e: e.add_request(
-            key, prompt, max_tokens, sampling, salt=tenant.encode()))
+            key, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
         sink = AsyncSink(asyncio.get_running_loop())
         self.colocated[key] = seq
         self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done))

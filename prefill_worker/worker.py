@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from services.engine import InvalidRequest, SamplingParams, Sequence
+from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
@@ -118,7 +118,7 @@ class PrefillWorker:
                    dest: str) -> PrefillOutcome:
         t0 = time.perf_counter()
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, 1, sampling, salt=tenant.encode()))
+            transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
         reused = seq.num_cached_tokens
         e, bs = self.engine, self.engine.block_size
         layers = e.model_cfg.num_hidden_layers

@@ -14,6 +14,11 @@ it is freed), never anything else.
 
 Results go back through callbacks run on this thread; `AsyncSink` turns them
 into asyncio queue items on the server's event loop.
+
+Safety invariant (ownership): a `call` that takes blocks names how to give them
+back (`undo`). If its caller stops waiting — a deadline or a cancel lands while
+the call is queued behind a long prefill — the call does not run; if it already
+ran, what it took is given back. Blocks are never held by a result nobody reads.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class EngineLoop:
     def __init__(self, engine: Engine, max_batch: int = 64, name: str = "engine"):
         self.engine = engine
         self.max_batch = max_batch
-        self._commands: collections.deque[tuple[Callable[[Engine], Any], asyncio.Future, asyncio.AbstractEventLoop]] = collections.deque()
+        self._commands: collections.deque[_Command] = collections.deque()
         self._prefill: collections.deque[Job] = collections.deque()
         self._decode: list[Job] = []
         self._wake = threading.Event()
@@ -80,11 +85,17 @@ class EngineLoop:
         self._thread.join(timeout=10)
 
     # ---- API for asyncio code -------------------------------------------
-    def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
-        """Run fn(engine) on the loop thread between steps; await the returned future."""
+    def call(self, fn: Callable[[Engine], Any],
+             undo: Callable[[Engine, Any], None] | None = None) -> asyncio.Future:
+        """Run fn(engine) on the loop thread between steps; await the returned future.
+
+        `undo(engine, result)` says fn takes something (blocks) and how to give it back:
+        a call whose awaiting task was cancelled before it ran is skipped, and one
+        cancelled after gets undone on this thread (see the module's safety invariant).
+        """
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._commands.append((fn, fut, loop))
+        self._commands.append(_Command(fn, fut, loop, undo))
         self._wake.set()
         return fut
 
@@ -138,15 +149,25 @@ class EngineLoop:
     def _run_commands(self) -> bool:
         did = False
         while self._commands:
-            fn, fut, loop = self._commands.popleft()
+            cmd = self._commands.popleft()
             did = True
+            if cmd.undo is not None and cmd.fut.cancelled():
+                continue  # nobody waits for what it would take
             try:
-                result = fn(self.engine)
+                result = cmd.fn(self.engine)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_set_exception, fut, e)
+                cmd.loop.call_soon_threadsafe(_set_exception, cmd.fut, e)
             else:
-                loop.call_soon_threadsafe(_set_result, fut, result)
+                cmd.loop.call_soon_threadsafe(self._deliver, cmd, result)
         return did
+
+    def _deliver(self, cmd: "_Command", result: Any) -> None:
+        """Event loop: hand `result` to the caller, or give it back if the caller is gone."""
+        if not cmd.fut.done():
+            cmd.fut.set_result(result)
+        elif cmd.undo is not None:
+            undo = cmd.undo
+            self.call(lambda e: undo(e, result))
 
     def _finish(self, job: Job, error: BaseException | None, free: bool = True) -> None:
         if free:
@@ -215,13 +236,18 @@ class EngineLoop:
         self._prefill.clear()
         self._decode.clear()
         while self._commands:
-            _, fut, loop = self._commands.popleft()
-            loop.call_soon_threadsafe(_set_exception, fut, err)
+            cmd = self._commands.popleft()
+            cmd.loop.call_soon_threadsafe(_set_exception, cmd.fut, err)
 
 
-def _set_result(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)
+@dataclass(slots=True)
+class _Command:
+    """A queued `call`."""
+
+    fn: Callable[[Engine], Any]
+    fut: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    undo: Callable[[Engine, Any], None] | None
 
 
 def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:

@@ -1,0 +1,93 @@
+"""A call that takes blocks gives them back when its caller stops waiting, whenever that
+happens (services/worker/loop.py, safety invariant "ownership"; issue 15, item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from engine_support import assert_no_leak, tiny_engine
+from services.engine import Engine
+from services.worker.loop import EngineLoop
+
+PROMPT = list(range(3, 103))
+
+
+@pytest.fixture
+def loop():
+    engine_loop = EngineLoop(tiny_engine(num_blocks=64))
+    engine_loop.start()
+    yield engine_loop
+    engine_loop.stop()
+
+
+async def _drained(loop: EngineLoop) -> None:
+    """Run no-op calls until every queued call and every give-back has run."""
+    for _ in range(100):
+        await loop.call(lambda e: None)
+        if loop.engine.num_free_blocks == loop.engine.blocks.num_blocks:
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_a_call_cancelled_while_queued_never_takes_blocks(loop):
+    ran = []
+
+    async def go():
+        gate = threading.Event()
+        busy = loop.call(lambda e: gate.wait(10))  # the loop thread is busy (a long prefill)
+        alloc = asyncio.ensure_future(loop.call(
+            lambda e: ran.append(1) or e.add_request("r", PROMPT, 8), undo=Engine.free))
+        await asyncio.sleep(0.01)
+        alloc.cancel()  # the caller's deadline passes while the call is queued
+        gate.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await alloc
+        await _drained(loop)
+
+    asyncio.run(go())
+    assert ran == []
+    assert_no_leak(loop.engine)
+
+
+def test_a_call_cancelled_after_it_ran_gives_its_blocks_back(loop):
+    async def go():
+        allocated, proceed = threading.Event(), threading.Event()
+
+        def alloc(e):
+            seq = e.add_request("r", PROMPT, 8)
+            allocated.set()
+            proceed.wait(10)  # the caller gives up while the result is on its way
+            return seq
+
+        task = asyncio.ensure_future(loop.call(alloc, undo=Engine.free))
+        assert await asyncio.to_thread(allocated.wait, 10)
+        assert loop.engine.num_free_blocks < loop.engine.blocks.num_blocks
+        task.cancel()
+        proceed.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _drained(loop)
+
+    asyncio.run(go())
+    assert_no_leak(loop.engine)
+
+
+def test_a_call_without_undo_runs_even_if_its_caller_left(loop):
+    """Frees and other give-backs must run whether or not anyone waits for them."""
+    async def go():
+        seq = await loop.call(lambda e: e.add_request("r", PROMPT, 8), undo=Engine.free)
+        gate = threading.Event()
+        busy = loop.call(lambda e: gate.wait(10))
+        free = asyncio.ensure_future(loop.call(lambda e: e.free(seq)))
+        await asyncio.sleep(0.01)
+        free.cancel()
+        gate.set()
+        await busy
+        await _drained(loop)
+
+    asyncio.run(go())
+    assert_no_leak(loop.engine)
