@@ -29,6 +29,7 @@ from kv_directory.store import (
     WorkerInfo,
     WorkerRecord,
     WorkerRef,
+    next_fence,
     normalize_hashes,
 )
 
@@ -55,13 +56,19 @@ class MemoryDirectoryStore(DirectoryStore):
         self._forget_at_ms: dict[str, int] = {}  # terminal txn -> retention end
         self._requests: dict[tuple[str, str], _Request] = {}
         self._prefix: dict[tuple[str, str], dict[WorkerRef, int]] = {}  # -> expiry
-        self._route_epoch = 0
+        self._route_epoch: int | None = None  # created at the first read (_route_epoch_at)
         self._nonces: dict[str, int] = {}
 
     # ---- helpers (call with the lock held) -------------------------------
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    def _route_epoch_at(self, now: int) -> int:
+        """The route epoch, created at `now` when missing (as the Redis store does)."""
+        if self._route_epoch is None:
+            self._route_epoch = now
+        return self._route_epoch
 
     def _ms(self, seconds: float) -> int:
         return int(seconds * 1000)
@@ -157,7 +164,7 @@ class MemoryDirectoryStore(DirectoryStore):
         """See ``WorkerRegistry.register_worker``."""
         with self._lock:
             now, _ = self._sweep()
-            epoch = self._epochs.get(info.worker_id, 0) + 1
+            epoch = next_fence(self._epochs.get(info.worker_id, 0), now)
             self._epochs[info.worker_id] = epoch
             self._abort_touching(info.worker_id, now, "worker_restarted")
             rec = WorkerRecord(
@@ -201,7 +208,7 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             now, _ = self._sweep()
             workers = tuple(sorted(self._workers.values(), key=lambda w: w.worker_id))
-            return ClusterSnapshot(self._route_epoch, now, workers)
+            return ClusterSnapshot(self._route_epoch_at(now), now, workers)
 
     # ---- TransferLedger ----------------------------------------------------
 
@@ -212,7 +219,7 @@ class MemoryDirectoryStore(DirectoryStore):
             old = self._txns.get(spec.transfer_id)
             if old is not None:
                 return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old)
-            if spec.route_epoch and spec.route_epoch < self._route_epoch:
+            if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):
                 return TxnResult(Outcome.STALE_GENERATION, None)
             if not (self._live(spec.source) and self._live(spec.dest)):
                 return TxnResult(Outcome.LEASE_LOST, None)
@@ -335,16 +342,17 @@ class MemoryDirectoryStore(DirectoryStore):
     def get_route_epoch(self) -> int:
         """See ``RouteEpochs.get_route_epoch``."""
         with self._lock:
-            self._sweep()
-            return self._route_epoch
+            now, _ = self._sweep()
+            return self._route_epoch_at(now)
 
     def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
         """See ``RouteEpochs.advance_route_epoch``."""
         with self._lock:
-            self._sweep()
-            if expected is not None and expected != self._route_epoch:
-                return EpochResult(Outcome.STALE_GENERATION, self._route_epoch)
-            self._route_epoch += 1
+            now, _ = self._sweep()
+            cur = self._route_epoch_at(now)
+            if expected is not None and expected != cur:
+                return EpochResult(Outcome.STALE_GENERATION, cur)
+            self._route_epoch = next_fence(cur, now)
             return EpochResult(Outcome.APPLIED, self._route_epoch)
 
     def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:

@@ -303,8 +303,9 @@ class WorkerRegistry(abc.ABC):
 
     @abc.abstractmethod
     def register_worker(self, info: WorkerInfo, load: LoadReport | None = None) -> WorkerRecord:
-        """Start a new epoch for ``info.worker_id`` (strictly greater than any before)
-        and abort every unpublished transaction of its previous epochs."""
+        """Start a new epoch for ``info.worker_id`` (``next_fence``: strictly greater than
+        any before, even across a data loss) and abort every unpublished transaction of
+        its previous epochs."""
 
     @abc.abstractmethod
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
@@ -395,17 +396,29 @@ class PrefixIndex(abc.ABC):
         (only workers with at least one). Dead or stale epochs never count."""
 
 
+def next_fence(current: int, now_ms: int) -> int:
+    """The fence after `current` (a worker epoch, the route epoch) at store time `now_ms`.
+
+    Safety invariant: fences never move backwards, even when the backend lost its
+    data (Redis restarted without its files): a new fence is at least the store's
+    clock in ms, and every fence was issued at or before its own issue time, so it
+    is below any later `now_ms`. Must match next_fence in lua/_lib.lua.
+    """
+    return max(current + 1, now_ms)
+
+
 class RouteEpochs(abc.ABC):
     """The cluster-wide route epoch (rollback step ADVANCE_ROUTE_EPOCH)."""
 
     @abc.abstractmethod
     def get_route_epoch(self) -> int:
-        """Current route epoch (0 before the first advance)."""
+        """Current route epoch: the store's clock in ms when it was first read or last
+        advanced (never smaller than an epoch read before, see ``next_fence``)."""
 
     @abc.abstractmethod
     def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
-        """Increment the epoch; with ``expected``, only if it is still current
-        (else STALE_GENERATION and the current value)."""
+        """Advance the epoch (``next_fence``); with ``expected``, only if it is still
+        current (else STALE_GENERATION and the current value)."""
 
 
 class NonceLedger(abc.ABC):

@@ -54,6 +54,22 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Fences (worker epochs, the route epoch) never move backwards, even when Redis
+-- lost its data: a new fence is at least the clock in ms, and every fence was
+-- issued at or before its own issue time, so it is smaller than any later `now`.
+-- (Redis's clock stepping back across a data loss is the one way around this.)
+local function next_fence(current, now)
+  return math.max(current + 1, now)
+end
+
+-- The route epoch; a missing key (a new cluster, or Redis lost its data) starts at `now`.
+local function route_epoch_at(now)
+  local v = redis.call('GET', key('route_epoch'))
+  if v then return tonumber(v) end
+  redis.call('SET', key('route_epoch'), now)
+  return now
+end
+
 -- Epoch of worker `wid` if its lease is unexpired at `now`, else nil.
 local function live_epoch(wid, now)
   local exp = redis.call('ZSCORE', key('leases'), wid)

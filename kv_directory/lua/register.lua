@@ -6,9 +6,10 @@
 local now = now_ms()
 sweep(now)
 local wid = arg(1)
--- INCR on a key that is never deleted: a restarted worker always gets a
--- strictly greater epoch, even after its record was reaped.
-local epoch = redis.call('INCR', key('epoch', wid))
+-- A key that is never deleted, and a fence (next_fence): a restarted worker always
+-- gets a strictly greater epoch, even after its record was reaped or Redis lost it.
+local epoch = next_fence(tonumber(redis.call('GET', key('epoch', wid)) or '0'), now)
+redis.call('SET', key('epoch', wid), epoch)
 -- Everything the previous incarnation left unpublished is fenced by the new epoch.
 abort_set(key('wtxn', wid), 'worker_restarted', now)
 local exp = now + LEASE_MS

@@ -18,7 +18,7 @@ if old then
   return txn_reply(OC.DUPLICATE, tid)
 end
 local route_epoch = tonumber(arg(11))
-if route_epoch > 0 and route_epoch < tonumber(redis.call('GET', key('route_epoch')) or '0') then
+if route_epoch > 0 and route_epoch < route_epoch_at(now) then
   return {OC.STALE_GENERATION, {}}
 end
 if not (is_live(arg(5), arg(6), now) and is_live(arg(7), arg(8), now)) then

@@ -1,8 +1,10 @@
 -- route epoch: arg(1) 'get' | 'advance', arg(2) expected ('' = unconditional).
 -- Returns {outcome, route_epoch}.
-sweep(now_ms())
-local k = key('route_epoch')
-local cur = tonumber(redis.call('GET', k) or '0')
+local now = now_ms()
+sweep(now)
+local cur = route_epoch_at(now)
 if arg(1) == 'get' then return {OC.APPLIED, cur} end
 if arg(2) ~= '' and tonumber(arg(2)) ~= cur then return {OC.STALE_GENERATION, cur} end
-return {OC.APPLIED, redis.call('INCR', k)}
+local nxt = next_fence(cur, now)
+redis.call('SET', key('route_epoch'), nxt)
+return {OC.APPLIED, nxt}

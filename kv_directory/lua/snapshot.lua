@@ -1,7 +1,7 @@
 -- snapshot: no args. Returns {route_epoch, now_ms, {worker hash flat}, ...}.
 local now = now_ms()
 sweep(now)
-local out = {tonumber(redis.call('GET', key('route_epoch')) or '0'), now}
+local out = {route_epoch_at(now), now}
 -- '(' makes the bound exclusive: a lease expiring exactly now is dead.
 for _, wid in ipairs(redis.call('ZRANGEBYSCORE', key('leases'), '(' .. now, '+inf')) do
   local w = redis.call('HGETALL', key('w', wid))

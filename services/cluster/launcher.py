@@ -124,8 +124,11 @@ class LocalCluster:
     def start_redis(self, timeout_s: float = 10.0) -> None:
         """Start the private redis-server."""
         port = free_port()
+        # AOF on (fsync every second): the directory's state — fences, transactions —
+        # survives a Redis restart; the fences survive even losing the files (next_fence).
         self._spawn("redis", [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                              "--save", "", "--appendonly", "no", "--dir", str(self.state)],
+                              "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                              "--dir", str(self.state)],
                     f"127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

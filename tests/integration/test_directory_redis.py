@@ -99,6 +99,7 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
     cfg = DirectoryConfig(redis_url=own_redis.url, redis_timeout_s=0.5, redis_retries=1)
     store = RedisDirectoryStore(cfg)
     p, d = register(store, "p0", "prefill"), register(store, "d0")
+    route_epoch = store.advance_route_epoch().route_epoch
     assert store.reserve(make_spec(p, d)).outcome == Outcome.APPLIED
     store.begin("t1")
     store.abort("t1", "cleanup")
@@ -126,12 +127,15 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
             call()
         assert time.monotonic() - started < 5, f"{name} hung instead of failing fast"
 
-    # Back on the same port (empty: no persistence): the store reconnects and
-    # reloads its scripts (NOSCRIPT path) without being rebuilt.
+    # Back on the same port with its data gone: the store reconnects and reloads its
+    # scripts (NOSCRIPT path) without being rebuilt, and no fence moved backwards: a
+    # stale holder of the old epochs is still fenced off (issue 15, item 3).
     restarted = start_redis(port=own_redis.port)
     try:
         assert store.lookup("t1") is None
-        assert register(store, "d0").epoch == 1
+        assert register(store, "d0").epoch > d.epoch
+        assert store.get_route_epoch() > route_epoch
+        assert store.heartbeat("d0", d.epoch, LoadReport()).outcome == Outcome.LEASE_LOST
         assert store.list_open() == []
     finally:
         store.close()
