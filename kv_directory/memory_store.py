@@ -96,9 +96,17 @@ class MemoryDirectoryStore(DirectoryStore):
                 n += 1
         return n
 
+    def _release_held(self, worker_id: str, now: int, reason: str) -> int:
+        """Release the PUBLISHED transactions whose K/V `worker_id` held (it is gone)."""
+        held = [t for t in self._txns.values()
+                if t.state == TxnState.PUBLISHED and t.spec.dest.worker_id == worker_id]
+        for t in held:
+            self._set(t, now, TxnState.RELEASED, f"decode worker gone: {reason}")
+        return len(held)
+
     def _drop_worker(self, worker_id: str, now: int, reason: str) -> int:
         del self._workers[worker_id]
-        return 1 + self._abort_touching(worker_id, now, reason)
+        return 1 + self._abort_touching(worker_id, now, reason) + self._release_held(worker_id, now, reason)
 
     def _sweep(self) -> tuple[int, int]:
         """Lazy reaping, run first by every call; returns (now_ms, items reaped)."""
@@ -167,6 +175,7 @@ class MemoryDirectoryStore(DirectoryStore):
             epoch = next_fence(self._epochs.get(info.worker_id, 0), now)
             self._epochs[info.worker_id] = epoch
             self._abort_touching(info.worker_id, now, "worker_restarted")
+            self._release_held(info.worker_id, now, "worker_restarted")
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
                 epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(), info.capacity,

@@ -233,7 +233,9 @@ class DirectoryContract:
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "worker_restarted")
         assert store.validated("t1").outcome == Outcome.LEASE_LOST
-        assert store.lookup("pub").state == TxnState.PUBLISHED
+        # Published K/V went with the old process: released, not aborted (issue 15, item 5).
+        pub = store.lookup("pub")
+        assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: worker_restarted")
         assert store.heartbeat("d0", d.epoch, LoadReport()).outcome == Outcome.LEASE_LOST
         assert store.heartbeat("d0", d2.epoch, LoadReport()).outcome == Outcome.APPLIED
         assert store.snapshot().worker("d0").epoch == d2.epoch
@@ -268,6 +270,8 @@ class DirectoryContract:
         p, d = register(store, "p0", "prefill"), register(store, "d0")
         store.reserve(make_spec(p, d))
         store.begin("t1")
+        store.reserve(make_spec(p, d, tid="pub", rid="r0"))
+        drive(store, "pub", 1, TxnState.PUBLISHED)
         store.prefix_publish("acme", "d0", d.epoch, ["aa"])
         # Real sleeps only overshoot, so d0's side is safe; p0 keeps 0.5 s of slack.
         harness.advance(0.6)
@@ -278,6 +282,10 @@ class DirectoryContract:
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "lease_expired")
         assert store.validated("t1").outcome == Outcome.LEASE_LOST
+        # A decode worker killed after publication leaves nothing PUBLISHED (issue 15, item 5).
+        pub = store.lookup("pub")
+        assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: lease_expired")
+        assert store.release("pub").outcome == Outcome.DUPLICATE  # a late release is harmless
         assert store.heartbeat("d0", d.epoch, LoadReport()).outcome == Outcome.LEASE_LOST
         assert store.prefix_lookup("acme", ["aa"]) == {}
         harness.assert_no_leaks(store)

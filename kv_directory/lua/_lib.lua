@@ -19,6 +19,7 @@
 --   w:<wid>           hash  WorkerRecord fields + load fields
 --   epoch:<wid>       int   last epoch issued; never deleted (epochs stay monotonic)
 --   wtxn:<wid>        set   open transfer ids with this worker at either end
+--   dpub:<wid>        set   PUBLISHED transfer ids whose K/V this (decode) worker holds
 --   open              zset  open (unpublished) transfer id -> deadline ms
 --   txn:<tid>         hash  Transaction fields; PEXPIREs once terminal
 --   req:<n>:<tenant>:<rid>    hash  generation, published (the publish CAS register)
@@ -105,6 +106,11 @@ local function txn_set(tid, m, state, reason, now)
   else
     redis.call('HSET', k, 'state', state, 'updated_ms', now)
   end
+  if state == ST.PUBLISHED then
+    redis.call('SADD', key('dpub', m.dest_worker_id), tid)
+  elseif tonumber(m.state) == ST.PUBLISHED then
+    redis.call('SREM', key('dpub', m.dest_worker_id), tid)
+  end
   if is_unpublished(m.state) and not is_unpublished(state) then
     redis.call('ZREM', key('open'), tid)
     redis.call('SREM', key('wtxn', m.source_worker_id), tid)
@@ -134,10 +140,27 @@ local function abort_set(setkey, reason, now)
   return n
 end
 
+-- Release every PUBLISHED transaction whose K/V worker `wid` held: the worker is
+-- gone (lease expired, deregistered, restarted), and its published K/V with it.
+-- Returns the count.
+local function release_held(wid, reason, now)
+  local n = 0
+  for _, tid in ipairs(redis.call('SMEMBERS', key('dpub', wid))) do
+    local m = txn_get(tid)
+    if m and tonumber(m.state) == ST.PUBLISHED then
+      txn_set(tid, m, ST.RELEASED, 'decode worker gone: ' .. reason, now)
+      n = n + 1
+    else
+      redis.call('SREM', key('dpub', wid), tid)  -- index entry outlived its record
+    end
+  end
+  return n
+end
+
 local function drop_worker(wid, reason, now)
   redis.call('ZREM', key('leases'), wid)
   redis.call('DEL', key('w', wid))
-  return 1 + abort_set(key('wtxn', wid), reason, now)
+  return 1 + abort_set(key('wtxn', wid), reason, now) + release_held(wid, reason, now)
 end
 
 -- Lazy reaping, run first by every operation: expired leases, then overdue

@@ -10,8 +10,10 @@ local wid = arg(1)
 -- gets a strictly greater epoch, even after its record was reaped or Redis lost it.
 local epoch = next_fence(tonumber(redis.call('GET', key('epoch', wid)) or '0'), now)
 redis.call('SET', key('epoch', wid), epoch)
--- Everything the previous incarnation left unpublished is fenced by the new epoch.
+-- Everything the previous incarnation left unpublished is fenced by the new epoch,
+-- and what it had published is gone with its memory.
 abort_set(key('wtxn', wid), 'worker_restarted', now)
+release_held(wid, 'worker_restarted', now)
 local exp = now + LEASE_MS
 local wk = key('w', wid)
 redis.call('DEL', wk)

@@ -47,6 +47,10 @@ class RedisHarness(Harness):
         assert self.raw.zrange(f"{p}:open", 0, -1) == []
         for k in self.raw.keys(f"{p}:wtxn:*") + self.raw.keys(f"{p}:reqtx:*"):
             assert self.raw.smembers(k) == set(), k
+        # Every dpub entry is a transaction still PUBLISHED.
+        for k in self.raw.keys(f"{p}:dpub:*"):
+            for tid in self.raw.smembers(k):
+                assert self.raw.hget(f"{p}:txn:{tid}", "state") == str(int(TxnState.PUBLISHED)), (k, tid)
 
     def close(self) -> None:
         for store in self.stores:
