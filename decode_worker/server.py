@@ -78,6 +78,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def Generate(self, request, context):
         started = time.perf_counter()
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
         try:
             sampling = sampling_from_proto(request.sampling)
             items = self.worker.generate(

@@ -20,7 +20,11 @@ from router.placement import Demand, capacity_shortfall
 from router.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
 
-MAX_REQUEST_ID_CHARS = 256
+MAX_REQUEST_ID_BYTES = 256
+"""UTF-8 bytes: a transfer id (request id, '/', generation) must fit the data plane's
+1,024-byte id field, whatever characters the id uses."""
+MAX_TENANT_BYTES = 128
+"""UTF-8 bytes of a tenant name (it keys prefix caches and directory records)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,8 +71,11 @@ def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Rout
     for name, value in (("slo.ttft_ms", params.slo.ttft_ms), ("slo.tpot_ms", params.slo.tpot_ms)):
         if not (math.isfinite(value) and value >= 0):
             raise _invalid(f"{name} must be a finite number >= 0 (0 = no target), got {value}")
-    if len(params.request_id) > MAX_REQUEST_ID_CHARS:
-        raise _invalid(f"request_id has {len(params.request_id)} characters; at most {MAX_REQUEST_ID_CHARS}")
+    for name, value, limit in (("request_id", params.request_id, MAX_REQUEST_ID_BYTES),
+                               ("tenant", params.tenant, MAX_TENANT_BYTES)):
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise _invalid(f"{name} is {size} bytes in UTF-8; at most {limit}")
     prompt = _prompt_ids(params, tokenizer)
     if params.max_tokens <= 0:
         raise _invalid("max_tokens must be > 0, got 0")

@@ -13,7 +13,7 @@ from kv_directory.store import ClusterSnapshot, WorkerRecord, WorkerRole
 from router.types import (Capacity, Cluster, Completed, Event, FinishReason, GenerateParams, Load, Manifest, Mode,
                           PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Slo, Started,
                           StatusCode, StreamCall, StreamComplete, StreamItem, StreamToken, TokenOut, TxnOutcome,
-                          Worker, WorkerCallError)
+                          RouterError, Worker, WorkerCallError)
 from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 
 # In-band pd.v1.ErrorCode -> the status class the router treats it as.
@@ -180,12 +180,14 @@ def token_event_from_pb(ev: decode_pb2.TokenEvent) -> StreamItem:
 
 
 def generate_params_from_pb(req: router_pb2.GenerateRequest) -> GenerateParams:
-    """GenerateRequest -> GenerateParams (unknown modes become AUTO-like rejections)."""
+    """GenerateRequest -> GenerateParams; RouterError (INVALID_ARGUMENT) for a mode value
+    this router does not know (a newer client's), rather than serving it as another mode."""
     which = req.WhichOneof("prompt")
     try:
         mode = Mode(req.mode)
     except ValueError:
-        mode = Mode.AUTO
+        known = ", ".join(f"{m.value} ({m.name})" for m in Mode)
+        raise RouterError(StatusCode.INVALID_ARGUMENT, f"mode {req.mode} is not a known pd.v1.Mode: {known}") from None
     return GenerateParams(
         request_id=req.request_id, tenant=req.tenant,
         prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,

@@ -34,12 +34,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._orch = orchestrator
 
     async def Generate(self, request, context):
-        params = convert.generate_params_from_pb(request)
-        left_s = context.time_remaining()
-        if left_s is not None and (not params.deadline_ms or left_s * 1000 < params.deadline_ms):
-            # The client's own gRPC deadline is the tighter budget: size worker calls by it.
-            params = dataclasses.replace(params, deadline_ms=max(1, int(left_s * 1000)))
         try:
+            params = convert.generate_params_from_pb(request)
+            left_s = context.time_remaining()
+            if left_s is not None and (not params.deadline_ms or left_s * 1000 < params.deadline_ms):
+                # The client's own gRPC deadline is the tighter budget: size worker calls by it.
+                params = dataclasses.replace(params, deadline_ms=max(1, int(left_s * 1000)))
             run = await self._orch.submit(params)
         except RouterError as exc:
             await context.abort(grpc_code(exc.code), exc.message)

@@ -152,7 +152,8 @@ def config(**kw) -> RouterConfig:
 
 def params(request_id="r", max_tokens=6, **kw) -> GenerateParams:
     kw.setdefault("prompt_token_ids", PROMPT)
-    return GenerateParams(request_id=request_id, tenant="t", max_tokens=max_tokens, **kw)
+    kw.setdefault("tenant", "t")
+    return GenerateParams(request_id=request_id, max_tokens=max_tokens, **kw)
 
 
 def run(coro, timeout_s: float = 10.0):

@@ -10,6 +10,7 @@ every worker too: the softmax runs the engine's exact exp and in-order sum
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -35,8 +36,8 @@ class SamplingParams:
     """Do not stop at the model's EOS ids (benchmarks)."""
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature} < 0")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature {self.temperature} is not a finite number >= 0")
         if self.top_k < 0:
             raise ValueError(f"top_k {self.top_k} < 0")
         if not 0.0 < self.top_p <= 1.0:

@@ -56,6 +56,31 @@ def test_wrong_cache_abi_digest_is_refused_by_decode(cluster):
     assert_cluster_clean(cluster)
 
 
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("call,request_,words", [
+    ("Reserve", decode_pb2.DecodeReserveRequest(
+        request_id="nan", generation=1, prompt_token_ids=[1, 2, 3], max_tokens=2,
+        sampling=common_pb2.SamplingParams(temperature=NAN)), "temperature nan"),
+    ("Generate", decode_pb2.DecodeGenerateRequest(
+        request_id="nan", generation=1, prompt_token_ids=[1, 2, 3], max_tokens=2,
+        sampling=common_pb2.SamplingParams(temperature=NAN)), "temperature nan"),
+    ("Generate", decode_pb2.DecodeGenerateRequest(generation=1, prompt_token_ids=[1, 2, 3], max_tokens=2),
+     "request_id is required"),
+], ids=["reserve-nan-temperature", "generate-nan-temperature", "generate-without-request-id"])
+def test_decode_worker_refuses_bad_calls_precisely(cluster, call, request_, words):
+    """Straight to the worker, past the router's checks (issue 15, item 8)."""
+    with grpc.insecure_channel(cluster.procs["decode-0"].address) as ch:
+        stub = decode_pb2_grpc.DecodeStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            result = getattr(stub, call)(request_, timeout=10)
+            list(result) if call == "Generate" else result
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert words in err.value.details()
+    assert_cluster_clean(cluster)
+
+
 def test_a_good_request_still_works_afterwards(cluster):
     with Client(cluster.router_address) as client:
         res = client.generate_full(prompt_ids=list(range(3, 40)), max_tokens=5, ignore_eos=True)

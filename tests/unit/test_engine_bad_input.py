@@ -105,7 +105,10 @@ def test_boundary_token_ids_are_accepted():
 # ---- sampling parameters and model specs ------------------------------------
 
 @pytest.mark.parametrize("kw,text", [
-    (dict(temperature=-0.5), "temperature -0.5 < 0"),
+    (dict(temperature=-0.5), "temperature -0.5 is not a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature nan is not a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature inf is not a finite number >= 0"),
+    (dict(top_p=float("nan")), "top_p nan not in (0, 1]"),
     (dict(top_p=0.0), "top_p 0.0 not in (0, 1]"),
     (dict(top_p=1.5), "top_p 1.5 not in (0, 1]"),
     (dict(top_p=-0.1), "top_p -0.1 not in (0, 1]"),

@@ -232,6 +232,10 @@ def test_first_token_timeout_counts_as_a_failed_attempt():
     (dict(sampling=Sampling(temperature=-1.0)), StatusCode.INVALID_ARGUMENT, "temperature"),
     (dict(slo=Slo(ttft_ms=-1.0)), StatusCode.INVALID_ARGUMENT, "slo.ttft_ms must be a finite number >= 0"),
     (dict(mode=Mode.AUTO, slo=Slo(tpot_ms=float("nan"))), StatusCode.INVALID_ARGUMENT, "slo.tpot_ms"),
+    # Limits in bytes, not characters (issue 15, item 8): 65 four-byte characters.
+    (dict(request_id="\U0001F600" * 65), StatusCode.INVALID_ARGUMENT, "request_id is 260 bytes in UTF-8; at most 256"),
+    (dict(request_id="r" * 257), StatusCode.INVALID_ARGUMENT, "request_id is 257 bytes"),
+    (dict(tenant="t" * (1 << 20)), StatusCode.INVALID_ARGUMENT, "tenant is 1048576 bytes in UTF-8; at most 128"),
 ])
 def test_validation_errors_name_the_problem_and_do_no_work(kw, code, needle):
     fake = two_by_two()

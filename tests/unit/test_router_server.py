@@ -217,7 +217,8 @@ def test_errors_are_grpc_statuses():
             codes = {}
             for name, req in (("empty", request(prompt_token_ids=common_pb2.TokenIds(ids=[]))),
                               ("slo", request(slo=common_pb2.Slo(ttft_ms=-5))),
-                              ("vocab", request(prompt_token_ids=common_pb2.TokenIds(ids=[600])))):
+                              ("vocab", request(prompt_token_ids=common_pb2.TokenIds(ids=[600]))),
+                              ("mode", request(mode=99))):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     [ev async for ev in router.Generate(req)]
                 codes[name] = (err.value.code(), err.value.details())
@@ -235,6 +236,9 @@ def test_errors_are_grpc_statuses():
     assert codes["empty"][0] == grpc.StatusCode.INVALID_ARGUMENT and "empty" in codes["empty"][1]
     assert codes["slo"][0] == grpc.StatusCode.INVALID_ARGUMENT and "slo.ttft_ms" in codes["slo"][1]
     assert codes["vocab"][0] == grpc.StatusCode.INVALID_ARGUMENT and "vocab_size is 512" in codes["vocab"][1]
+    # A mode this router does not know is refused, not served as another mode (issue 15, item 8).
+    assert codes["mode"][0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert codes["mode"][1].startswith("mode 99 is not a known pd.v1.Mode: 0 (UNSPECIFIED), 1 (DISAGGREGATED)")
     assert codes["cancel"][0] == grpc.StatusCode.NOT_FOUND
     assert codes["worker"] == (grpc.StatusCode.INVALID_ARGUMENT, "top_k too large")
 
