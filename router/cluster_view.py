@@ -2,10 +2,15 @@
 plus the overlay of its own dispatches the snapshot cannot show yet.
 
 Many concurrent requests share one snapshot fetch (a lock serializes fetches,
-which also keeps `LoadOverlay.observe` calls in fetch order). If the directory
-is unreachable, a cached snapshot up to `snapshot_stale_limit_ms` old still
-serves: colocated routes need no directory, and disaggregated attempts will
-fail at Directory.Reserve and fall back.
+which also keeps `LoadOverlay.observe` calls in fetch order).
+
+Directory outage: colocated serving must not depend on the directory (it needs
+no transaction). While the directory is unreachable the view is `degraded`: it
+serves the last snapshot it got, whatever its age, asks the directory again at
+most every `directory_retry_ms` (requests in between pay no timeout), and the
+orchestrator places colocated routes only. A worker that died meanwhile fails its
+attempt and the request retries elsewhere. The first snapshot that arrives ends
+the outage, and disaggregated routes resume.
 """
 
 from __future__ import annotations
@@ -34,33 +39,47 @@ class ClusterView:
         self.overlay = LoadOverlay(config.overlay_ttl_ms / 1000.0, clock)
         self._cached: Cluster | None = None
         self._cached_at = 0.0
+        self._retry_at = 0.0
+        self.degraded = False
+        """True while the directory is unreachable and the last snapshot stands in."""
         self._lock = asyncio.Lock()
 
     def _fresh(self, max_age_s: float) -> bool:
         return self._cached is not None and self._clock() - self._cached_at <= max_age_s
 
-    async def get(self, max_age_s: float | None = None) -> Cluster:
-        """A snapshot at most `max_age_s` old (default: the config's max age).
+    def _waiting_to_retry(self) -> bool:
+        return self.degraded and self._clock() < self._retry_at
 
-        Raises RouterError(UNAVAILABLE) when the directory cannot be reached
-        and no snapshot within the stale limit is cached.
+    async def get(self, max_age_s: float | None = None) -> Cluster:
+        """A snapshot at most `max_age_s` old (default: the config's max age), or during a
+        directory outage the last one (`degraded`).
+
+        Raises RouterError(UNAVAILABLE) when the directory cannot be reached and no
+        snapshot was ever fetched.
         """
         max_age_s = self._config.snapshot_max_age_ms / 1000.0 if max_age_s is None else max_age_s
-        if self._fresh(max_age_s):
+        if self._fresh(max_age_s) or self._waiting_to_retry():
             return self._cached
         async with self._lock:
-            if self._fresh(max_age_s):
-                return self._cached  # another request refreshed it while we waited
+            if self._fresh(max_age_s) or self._waiting_to_retry():
+                return self._cached  # another request refreshed (or tried) while we waited
             fetch_id = self.overlay.fetch_started()
             try:
                 cluster = await self._directory.snapshot(self._config.directory_timeout_s)
             except WorkerCallError as exc:
-                if self._fresh(self._config.snapshot_stale_limit_ms / 1000.0):
-                    log.warning("directory snapshot failed (%s); using a cached one", exc)
-                    return self._cached
-                raise RouterError(StatusCode.UNAVAILABLE,
-                                  f"directory unreachable ({exc.code.name}: {exc.message}) and no recent "
-                                  "cluster snapshot is cached") from exc
+                if self._cached is None:
+                    raise RouterError(StatusCode.UNAVAILABLE,
+                                      f"directory unreachable ({exc.code.name}: {exc.message}) and no "
+                                      "cluster snapshot was ever fetched") from exc
+                if not self.degraded:
+                    log.warning("directory unreachable (%s: %s); placing colocated routes on the last "
+                                "snapshot until it answers", exc.code.name, exc.message)
+                self.degraded = True
+                self._retry_at = self._clock() + self._config.directory_retry_ms / 1000.0
+                return self._cached
+            if self.degraded:
+                log.warning("directory answers again; disaggregated routes resume")
+            self.degraded = False
             self.overlay.observe(cluster, fetch_id)
             self._cached, self._cached_at = cluster, self._clock()
             return cluster

@@ -164,9 +164,10 @@ class RouterConfig:
     snapshot_max_age_ms: int = 100
     """A cluster snapshot younger than this is reused instead of asking the directory."""
 
-    snapshot_stale_limit_ms: int = 5_000
-    """When the directory is unreachable, a cached snapshot up to this old still
-    places requests (colocated routes need no directory)."""
+    directory_retry_ms: int = 1_000
+    """While the directory is unreachable, ask it for a snapshot at most this often; the
+    requests in between are placed on the last snapshot, colocated only (a colocated
+    route needs no directory), until a snapshot arrives again."""
 
     overlay_ttl_ms: int = 5_000
     """Longest the router counts its own dispatch against a worker's load before
@@ -213,7 +214,7 @@ class RouterConfig:
                      "first_token_timeout_s", "token_timeout_s", "cancel_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("default_deadline_ms", "snapshot_max_age_ms", "snapshot_stale_limit_ms",
+        for name in ("default_deadline_ms", "snapshot_max_age_ms", "directory_retry_ms",
                      "overlay_ttl_ms", "failure_cooldown_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
@@ -291,7 +292,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_TOKEN_TIMEOUT_S": "token_timeout_s",
     "PD_ROUTER_CANCEL_TIMEOUT_S": "cancel_timeout_s",
     "PD_ROUTER_SNAPSHOT_MAX_AGE_MS": "snapshot_max_age_ms",
-    "PD_ROUTER_SNAPSHOT_STALE_LIMIT_MS": "snapshot_stale_limit_ms",
+    "PD_ROUTER_DIRECTORY_RETRY_MS": "directory_retry_ms",
     "PD_ROUTER_OVERLAY_TTL_MS": "overlay_ttl_ms",
     "PD_ROUTER_FAILURE_COOLDOWN_MS": "failure_cooldown_ms",
     "PD_ROUTER_CANARY_FRACTION": "canary_fraction",

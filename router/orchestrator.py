@@ -293,7 +293,10 @@ class Orchestrator:
             cluster = await self.view.get()
             penalties = avoid + Counter(self.failures.penalties(cluster))
             att = self._planned(run, cluster) if generation == 0 else None
-            att = att or self._place(cluster, req, generation + 1, disaggregated_left > 0, penalties, tried)
+            if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
+                att = None  # no transaction can run while the directory is unreachable
+            att = att or self._place(cluster, req, generation + 1,
+                                     disaggregated_left > 0 and not self.view.degraded, penalties, tried)
             if att is None:
                 break
             generation = att.generation

@@ -55,6 +55,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.manifests: list[Manifest] = []
         self.published: dict[str, asyncio.Event] = {}
         self.token_gap_s = 0.0
+        self.directory_down = False
+        """Every directory call raises UNAVAILABLE (an outage)."""
+        self.snapshots = 0
 
     def ops(self, *names: str) -> list[tuple]:
         return [c for c in self.calls if c[0] in names]
@@ -68,11 +71,18 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             raise self.fail[(op, worker_id)]
 
     # -- directory
+    def _directory_call(self) -> None:
+        if self.directory_down:
+            raise WorkerCallError(StatusCode.UNAVAILABLE, "directory unreachable")
+
     async def snapshot(self, timeout_s):
+        self.snapshots += 1
+        self._directory_call()
         return self.cluster
 
     async def reserve_txn(self, manifest: Manifest, timeout_s):
         self.calls.append(("txn_reserve", manifest.transfer_id))
+        self._directory_call()
         self.manifests.append(manifest)
         if self.txn_outcome is TxnOutcome.APPLIED:
             self.txns[manifest.transfer_id] = "RESERVED"

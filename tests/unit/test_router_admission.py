@@ -37,9 +37,12 @@ def test_only_sampled_requests_without_a_seed_get_one():
     assert kept.sampling.seed == 7
 
 
-def test_request_id_length_is_bounded():
-    with pytest.raises(RouterError, match="257 characters"):
+def test_request_id_length_is_bounded_in_bytes():
+    with pytest.raises(RouterError, match="request_id is 257 bytes in UTF-8; at most 256"):
         admit(params(request_id="x" * 257), CFG, Route.COLOCATED)
+    with pytest.raises(RouterError, match="request_id is 260 bytes"):
+        admit(params(request_id="\u00e9" * 130), CFG, Route.COLOCATED)  # 130 two-byte characters
+    assert admit(params(request_id="\u00e9" * 128), CFG, Route.COLOCATED).request_id == "\u00e9" * 128
 
 
 def decode(vocab: int, max_len: int, blocks: int = 100, role: Role = Role.DECODE, name: str = "d") -> Worker:
