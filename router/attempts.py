@@ -41,6 +41,10 @@ from router.types import (Event, PrefillCall, PrefillDone, ReserveCall, Route, R
 log = logging.getLogger(__name__)
 
 
+DIRECTORY_RESERVE = "directory reserve"
+"""The stage of an attempt that opens its transaction in the directory."""
+
+
 class AttemptFailed(Exception):
     """An attempt failed in a way another route may not: retry under a new generation."""
 
@@ -186,7 +190,7 @@ class AttemptRunner:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
-        att.stage = "directory reserve"
+        att.stage = DIRECTORY_RESERVE
         att.txn_open = True  # until the directory says otherwise
         try:
             outcome = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))

@@ -47,6 +47,15 @@ class ClusterView:
     def _fresh(self, max_age_s: float) -> bool:
         return self._cached is not None and self._clock() - self._cached_at <= max_age_s
 
+    def directory_unreachable(self) -> None:
+        """A directory call other than the snapshot failed for want of the directory: treat
+        it as an outage now, rather than when the cached snapshot next expires."""
+        if self._cached is not None:
+            if not self.degraded:
+                log.warning("directory unreachable; placing colocated routes until it answers")
+            self.degraded = True
+            self._retry_at = self._clock() + self._config.directory_retry_ms / 1000.0
+
     def _waiting_to_retry(self) -> bool:
         return self.degraded and self._clock() < self._retry_at
 
@@ -71,11 +80,7 @@ class ClusterView:
                     raise RouterError(StatusCode.UNAVAILABLE,
                                       f"directory unreachable ({exc.code.name}: {exc.message}) and no "
                                       "cluster snapshot was ever fetched") from exc
-                if not self.degraded:
-                    log.warning("directory unreachable (%s: %s); placing colocated routes on the last "
-                                "snapshot until it answers", exc.code.name, exc.message)
-                self.degraded = True
-                self._retry_at = self._clock() + self._config.directory_retry_ms / 1000.0
+                self.directory_unreachable()
                 return self._cached
             if self.degraded:
                 log.warning("directory answers again; disaggregated routes resume")

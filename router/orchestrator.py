@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted, admit, check_cluster
-from router.attempts import Attempt, AttemptFailed, AttemptRunner, count_dispatch
+from router.attempts import DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, count_dispatch
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.decision import Outcome
@@ -312,6 +312,9 @@ class Orchestrator:
                 run.failures.append(f"{att.describe()}: {exc}")
                 codes.append(exc.code)
                 avoid.update(exc.suspects)
+                if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
+                                                                   StatusCode.DEADLINE_EXCEEDED):
+                    self.view.directory_unreachable()
                 if exc.culprit is not None:
                     avoid[exc.culprit.worker_id] += 1
                     if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):

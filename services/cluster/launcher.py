@@ -81,6 +81,8 @@ class Proc:
     pid: int
     address: str
     log: str
+    argv: list[str] = field(default_factory=list)
+    """The command line it was started with (`LocalCluster.restart` reuses it)."""
 
 
 class LocalCluster:
@@ -112,7 +114,7 @@ class LocalCluster:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self._popen[name] = proc
-        self.procs[name] = Proc(name, proc.pid, address, str(log_path))
+        self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv))
         return proc
 
     def _service(self, name: str, module: str, args: list[str], timeout_s: float) -> str:
@@ -201,6 +203,17 @@ class LocalCluster:
         os.kill(self.procs[name].pid, sig)
         if sig == signal.SIGKILL and name in self._popen:
             self._popen[name].wait(timeout=10)
+
+    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start a stopped service again with the same command line and address (fault
+        tests: a directory or worker coming back)."""
+        p = self.procs[name]
+        if pid_alive(p.pid, self._popen.get(name)):
+            raise RuntimeError(f"{name} (pid {p.pid}) is still running")
+        proc = self._spawn(name, p.argv, p.address)
+        if name != "redis":
+            wait_healthy(p.address, timeout_s, proc)
+        self._save()
 
     def down(self, timeout_s: float = 10.0) -> None:
         """Stop every service, newest first: SIGTERM, then SIGKILL after timeout_s."""
