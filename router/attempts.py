@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted
@@ -35,7 +35,7 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.handoff import build_manifest, transfer_id
 from router.output import OutputLog
 from router.placement import LoadOverlay
-from router.types import (Event, PrefillCall, PrefillDone, ReserveCall, Route, RouterError, Started, StatusCode,
+from router.types import (Cluster, Event, PrefillCall, PrefillDone, ReserveCall, Route, RouterError, Started, StatusCode,
                           StreamCall, StreamComplete, StreamItem, StreamToken, TxnOutcome, Worker, WorkerCallError)
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ class AttemptRunner:
                  config: RouterConfig, output: OutputLog, emit: Callable[[Event], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  remaining_s: Callable[[], float | None],
-                 on_prefill: Callable[[Attempt, PrefillDone], None] | None = None):
+                 on_prefill: Callable[[Attempt, PrefillDone], None] | None = None,
+                 cluster: Callable[[], Awaitable[Cluster]] | None = None):
         self.req = req
         self._workers = workers
         self._directory = directory
@@ -133,6 +134,8 @@ class AttemptRunner:
         self._remaining_s = remaining_s
         self._on_prefill = on_prefill
         """Told each successful PrefillResult (the cost model learns from its timings)."""
+        self._cluster = cluster
+        """The current cluster snapshot (liveness of the attempt's workers), if any."""
         self.current: Attempt | None = None
         self.last: Attempt | None = None
         """The latest attempt started (kept after it ends, for error messages)."""
@@ -245,16 +248,46 @@ class AttemptRunner:
             if close is not None:
                 await close()
 
+    async def _next(self, att: Attempt, queue: asyncio.Queue) -> tuple[str, Any]:
+        """The attempt's next event. While waiting, checks every liveness_check_s that its
+        workers still hold their leases; raises AttemptFailed at the token timeout."""
+        limit = self._cfg.first_token_timeout_s if att.tokens_seen == 0 else self._cfg.token_timeout_s
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + limit
+        while True:
+            wait = min(self._cfg.liveness_check_s, give_up - loop.time())
+            try:
+                return await asyncio.wait_for(queue.get(), max(wait, 0.0))
+            except TimeoutError:
+                pass
+            if loop.time() >= give_up:
+                raise AttemptFailed(att.stage, StatusCode.DEADLINE_EXCEEDED,
+                                    f"no token {att.tokens_seen} within {limit:g} s",
+                                    **_blame(att, StatusCode.DEADLINE_EXCEEDED))
+            await self._check_leases(att)
+
+    async def _check_leases(self, att: Attempt) -> None:
+        """AttemptFailed(UNAVAILABLE) when a worker of `att` no longer holds its lease at
+        the attempt's epoch (the directory expired it: dead, or hung past its lease)."""
+        if self._cluster is None:
+            return
+        try:
+            cluster = await self._cluster()
+        except RouterError:
+            return  # no snapshot to judge by: the token timeout still applies
+        live = {w.worker_id: w.epoch for w in cluster.workers}
+        waiting_on = [att.decode] if att.prefill is None or att.prefill_done else [att.decode, att.prefill]
+        for w in waiting_on:
+            if live.get(w.worker_id) != w.epoch:
+                now = "registered at another epoch" if w.worker_id in live else "gone from the directory"
+                raise AttemptFailed(att.stage, StatusCode.UNAVAILABLE,
+                                    f"{w.worker_id}'s lease at epoch {w.epoch} expired ({now}): dead or hung",
+                                    culprit=w)
+
     async def _drive(self, att: Attempt, queue: asyncio.Queue) -> StreamComplete:
         """Consume the attempt's events until its complete event."""
         while True:
-            limit = self._cfg.first_token_timeout_s if att.tokens_seen == 0 else self._cfg.token_timeout_s
-            try:
-                kind, value = await asyncio.wait_for(queue.get(), limit)
-            except TimeoutError:
-                raise AttemptFailed(att.stage, StatusCode.DEADLINE_EXCEEDED,
-                                    f"no token {att.tokens_seen} within {limit:g} s",
-                                    **_blame(att, StatusCode.DEADLINE_EXCEEDED)) from None
+            kind, value = await self._next(att, queue)
             if kind == "prefill":
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest

@@ -158,6 +158,11 @@ class RouterConfig:
     token_timeout_s: float = 30.0
     """Longest gap between two tokens of one attempt before it counts as failed."""
 
+    liveness_check_s: float = 1.0
+    """While an attempt waits for a token, check this often that its workers still hold
+    their leases at the attempt's epochs: a hung (SIGSTOPped) or dead worker is noticed
+    when its lease expires, not at the token timeout."""
+
     cancel_timeout_s: float = 1.0
     """Deadline of each Cancel / Abort sent while tearing an attempt down."""
 
@@ -211,7 +216,7 @@ class RouterConfig:
         if not 0 <= self.max_disaggregated_attempts <= self.max_attempts:
             raise ValueError("max_disaggregated_attempts must be in [0, max_attempts]")
         for name in ("reserve_timeout_s", "directory_timeout_s", "prefill_timeout_s",
-                     "first_token_timeout_s", "token_timeout_s", "cancel_timeout_s"):
+                     "first_token_timeout_s", "token_timeout_s", "cancel_timeout_s", "liveness_check_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("default_deadline_ms", "snapshot_max_age_ms", "directory_retry_ms",
@@ -290,6 +295,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_PREFILL_TIMEOUT_S": "prefill_timeout_s",
     "PD_ROUTER_FIRST_TOKEN_TIMEOUT_S": "first_token_timeout_s",
     "PD_ROUTER_TOKEN_TIMEOUT_S": "token_timeout_s",
+    "PD_ROUTER_LIVENESS_CHECK_S": "liveness_check_s",
     "PD_ROUTER_CANCEL_TIMEOUT_S": "cancel_timeout_s",
     "PD_ROUTER_SNAPSHOT_MAX_AGE_MS": "snapshot_max_age_ms",
     "PD_ROUTER_DIRECTORY_RETRY_MS": "directory_retry_ms",

@@ -143,7 +143,8 @@ class Orchestrator:
         run.req = req = dataclasses.replace(req, route=run.plan.route)
         run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
                                    lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
-                                   on_prefill=lambda att, done: self._on_prefill(run, att, done))
+                                   on_prefill=lambda att, done: self._on_prefill(run, att, done),
+                                   cluster=self.view.get)
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
         return run

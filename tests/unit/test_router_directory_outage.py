@@ -1,13 +1,17 @@
-"""Colocated serving outlives a directory outage; disaggregated routes resume after it
-(router/cluster_view.py; issue 15, item 4)."""
+"""Colocated serving outlives a directory outage, and disaggregated routes resume after
+it (router/cluster_view.py; issue 15, item 4); a hung worker is noticed by its lease
+(router/attempts.py; item 8)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+
+import pytest
 
 from orchestrator_support import assert_no_leaks, collect, config, params, run, started, two_by_two
 from router.orchestrator import Orchestrator
-from router.types import Route, RouterError, StatusCode
+from router.types import Mode, Route, RouterError, StatusCode
 
 
 def test_colocated_serving_survives_a_directory_outage_and_splits_resume():
@@ -52,3 +56,28 @@ def test_no_snapshot_ever_is_unavailable():
     events, error = run(go())
     assert events == [] and isinstance(error, RouterError)
     assert error.code is StatusCode.UNAVAILABLE and "no cluster snapshot was ever fetched" in error.message
+
+
+@pytest.mark.parametrize("mode,stalled", [(Mode.COLOCATED, ("generate", "d1")),
+                                          (Mode.DISAGGREGATED, ("decode_stream", "d1"))])
+def test_a_hung_worker_is_noticed_when_its_lease_expires_not_at_the_token_timeout(mode, stalled):
+    """The worker answers nothing (SIGSTOP); the directory expires its lease; the attempt
+    fails then and the request completes elsewhere (issue 15, item 8)."""
+    fake = two_by_two()
+    fake.hang.add(stalled)
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(liveness_check_s=0.02, first_token_timeout_s=30,
+                                                token_timeout_s=30))
+        task = asyncio.ensure_future(collect(orch, params(mode=mode)))
+        while stalled not in [c[:2] for c in fake.calls]:
+            await asyncio.sleep(0.01)
+        fake.cluster = dataclasses.replace(  # d1's lease expired: gone from the snapshot
+            fake.cluster, workers=tuple(w for w in fake.cluster.workers if w.worker_id != "d1"))
+        return orch, *(await asyncio.wait_for(task, 10))
+
+    orch, events, error = run(go())
+    assert error is None, error
+    assert events[-1].attempts == 2
+    assert "d1's lease at epoch 5 expired (gone from the directory): dead or hung" in events[-1].failed_attempts
+    assert "d1" not in {s.decode_worker_id for s in started(events)[1:]}
