@@ -21,12 +21,69 @@ log = logging.getLogger(__name__)
 # Registration hook: (servicer, server) -> None, e.g. router_pb2_grpc.add_RouterServicer_to_server.
 Registration = tuple[Callable[[object, grpc.aio.Server], None], object, str]
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""Largest control-plane message. K/V never travels over gRPC; the largest legal
+message is a prompt (a 1M-token prompt is under 5 MiB of varints). Parsing costs
+far more memory than the wire size (a Python int per token), so the cap is set
+well below what a service can hold: 64 MiB let a 48 MB prompt cost the router
+818 MB. Must match MAX_MESSAGE_BYTES in services/sdk/wire.py."""
+
+
+class _Malformed:
+    """Stands in for a request whose bytes did not parse."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+class MalformedRequests(grpc.aio.ServerInterceptor):
+    """A request that does not parse as its message is INVALID_ARGUMENT saying so,
+    not UNKNOWN naming a Python class (gRPC's default for a deserializer error)."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None or handler.request_streaming:
+            return handler
+        parse, method = handler.request_deserializer, handler_call_details.method
+
+        def deserialize(data: bytes):
+            try:
+                return parse(data)
+            except Exception as e:  # noqa: BLE001 - any parse failure is the caller's bad bytes
+                return _Malformed(e)
+
+        async def refuse(request, context):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{method}: the request is not a valid protobuf message of its type "
+                                f"({type(request.error).__name__}: {request.error})")
+
+        if handler.response_streaming:
+            inner = handler.unary_stream
+
+            async def behaviour(request, context):
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                async for item in inner(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                behaviour, request_deserializer=deserialize, response_serializer=handler.response_serializer)
+        inner = handler.unary_unary
+
+        async def unary(request, context):
+            if isinstance(request, _Malformed):
+                await refuse(request, context)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
 async def start_server(listen: str, registrations: Iterable[Registration]) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health)."""
-    server = grpc.aio.server(options=[
+    server = grpc.aio.server(interceptors=[MalformedRequests()], options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),

@@ -18,7 +18,7 @@ from services.sdk.types import (
 )
 
 # Channel options shared by both clients. Must match MAX_MESSAGE_BYTES in services/common/grpc_server.py.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from cluster_support import assert_cluster_clean, start_cluster
-from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
 from services.sdk import Client, PdError
 
 
@@ -104,3 +104,35 @@ def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
     assert len(got) == 3
     # Decode stopped, blocks returned, transaction released/aborted on every worker.
     assert_cluster_clean(cluster, timeout_s=4)
+
+
+@pytest.mark.parametrize("service,method", [("router", "/pd.v1.Router/Generate"),
+                                            ("router", "/pd.v1.Router/Cancel"),
+                                            ("decode-0", "/pd.v1.Decode/Reserve"),
+                                            ("decode-0", "/pd.v1.Decode/Generate"),
+                                            ("directory", "/pd.v1.Directory/RegisterWorker")])
+def test_malformed_bytes_are_invalid_argument(cluster, service, method):
+    """Bytes that are no protobuf message get a status a person can act on (issue 15, item 7)."""
+    address = cluster.router_address if service == "router" else cluster.procs[service].address
+    with grpc.insecure_channel(address) as ch:
+        streaming = method.endswith("Generate")
+        call = (ch.unary_stream if streaming else ch.unary_unary)(method)
+        with pytest.raises(grpc.RpcError) as err:
+            result = call(b"\x0a\xff\xff\xff\xff\xff", timeout=10)  # field 1: a truncated length
+            list(result) if streaming else result
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert err.value.details().startswith(f"{method}: the request is not a valid protobuf message")
+    assert_cluster_clean(cluster)
+
+
+def test_a_message_over_the_size_limit_is_refused_before_it_is_parsed(cluster):
+    """The router refuses a 9 MB request at the transport (the SDK would refuse to send it)."""
+    request = router_pb2.GenerateRequest(  # 3-byte varints: 9 MB, over the 8 MiB limit
+        request_id="huge", prompt_token_ids=common_pb2.TokenIds(ids=[200_000] * 3_000_000), max_tokens=1)
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(cluster.router_address, options=options) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            list(router_pb2_grpc.RouterStub(ch).Generate(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    assert "larger than max" in err.value.details()
+    assert_cluster_clean(cluster)
