@@ -9,8 +9,10 @@ no transaction). While the directory is unreachable the view is `degraded`: it
 serves the last snapshot it got, whatever its age, asks the directory again at
 most every `directory_retry_ms` (requests in between pay no timeout), and the
 orchestrator places colocated routes only. A worker that died meanwhile fails its
-attempt and the request retries elsewhere. The first snapshot that arrives ends
-the outage, and disaggregated routes resume.
+attempt and the request retries elsewhere. The first snapshot that arrives with a
+decode-capable worker ends the outage (after an outage longer than a lease the
+directory knows no live worker until they register again), and disaggregated
+routes resume.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class ClusterView:
                                       f"directory unreachable ({exc.code.name}: {exc.message}) and no "
                                       "cluster snapshot was ever fetched") from exc
                 self.directory_unreachable()
+                return self._cached
+            if self.degraded and not any(w.can_decode for w in cluster.workers):
+                # Back after an outage longer than a lease: the workers' leases lapsed while
+                # nobody could renew them, and none has registered again yet. Keep serving
+                # colocated on the last snapshot until one has (a heartbeat period).
+                self._retry_at = self._clock() + self._config.directory_retry_ms / 1000.0
                 return self._cached
             if self.degraded:
                 log.warning("directory answers again; disaggregated routes resume")

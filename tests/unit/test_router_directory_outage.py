@@ -81,3 +81,27 @@ def test_a_hung_worker_is_noticed_when_its_lease_expires_not_at_the_token_timeou
     assert events[-1].attempts == 2
     assert "d1's lease at epoch 5 expired (gone from the directory): dead or hung" in events[-1].failed_attempts
     assert "d1" not in {s.decode_worker_id for s in started(events)[1:]}
+
+
+def test_a_directory_back_without_live_workers_keeps_the_last_snapshot():
+    """After an outage longer than a lease the directory answers before the workers have
+    registered again: requests keep going colocated instead of failing UNAVAILABLE."""
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(directory_retry_ms=0))
+        assert (await collect(orch, params("before")))[1] is None
+        fake.directory_down = True
+        assert (await collect(orch, params("down")))[1] is None
+        workers = fake.cluster
+        fake.cluster = dataclasses.replace(workers, workers=())  # every lease lapsed
+        fake.directory_down = False
+        back = await collect(orch, params("back-but-empty"))
+        fake.cluster = workers  # they registered again
+        resumed = await collect(orch, params("resumed"))
+        return orch, back, resumed
+
+    orch, back, resumed = run(go())
+    assert back[1] is None and back[0][-1].route is Route.COLOCATED
+    assert resumed[1] is None and resumed[0][-1].route is Route.DISAGGREGATED
+    assert not orch.view.degraded
