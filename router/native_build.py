@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, TYPED, build_path, enabled, missing, source_of, status
-from services.common.native import build_step, install_file, prepare_build_dir, run_build_ext
+from services.common.native import build_command, install_file, prepare_build_dir, run_build_ext
 
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 """Plain modules: annotations ignored (Python semantics). TYPED modules are built with
@@ -63,12 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd = next((a for a in args if not a.startswith("-")), "build")
     if cmd == "build":
-        ok, done = build_step("router.native_build", build, "the router runs its Python source")
-        if not ok:
-            return 1 if "--strict" in args else 0
-        print(f"router.native_build: {len(done)} module(s) compiled; "
-              f"{len(MODULES) - len(missing())}/{len(MODULES)} have a build for their current source")
-        return 0
+        return build_command(
+            "router.native_build", build, "the router runs its Python source",
+            lambda done: f"{len(done)} module(s) compiled; {len(MODULES) - len(missing())}/{len(MODULES)} "
+                         f"have a build for their current source", "--strict" in args)
     if cmd == "status":
         st = status()
         for m, c in st.items():

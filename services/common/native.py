@@ -74,11 +74,15 @@ def load_extension(name: str, path: Path) -> ModuleType:
     return module
 
 
-def build_step(prog: str, build: Callable[[], object], fallback: str) -> tuple[bool, object]:
-    """Run `build()` for a `python -m <prog> build` command: (True, its result), or, when
-    the compiler or Cython fails, print why and what runs instead, and (False, None)."""
+def build_command(prog: str, build: Callable[[], object], fallback: str,
+                  summary: Callable[[object], str], strict: bool) -> int:
+    """`python -m <prog> build`: run `build()` and print `summary(result)`; when the
+    compiler or Cython fails, say why and what runs instead (`fallback`). Exit code 0,
+    or 1 for a failed build with --strict (`strict`)."""
     try:
-        return True, build()
+        done = build()
     except Exception as e:  # noqa: BLE001 - the service still runs without the build: say so
         print(f"{prog}: build failed ({type(e).__name__}: {e}); {fallback}", file=sys.stderr)
-        return False, None
+        return 1 if strict else 0
+    print(f"{prog}: {summary(done)}")
+    return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import services.kernels
-from services.common.native import build_step
+from services.common.native import build_command
 from services.kernels import ENV_KERNEL, build, build_path, choice, load
 
 
@@ -13,11 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     cmd = next((a for a in args if not a.startswith("-")), "build")
     if cmd == "build":
-        ok, done = build_step("services.kernels", build, "the engine runs torch's kernels")
-        if not ok:
-            return 1 if "--strict" in args else 0
-        print(f"services.kernels: {'compiled' if done else 'up to date'}: {build_path().name}")
-        return 0
+        return build_command("services.kernels", build, "the engine runs torch's kernels",
+                             lambda done: f"{'compiled' if done else 'up to date'}: {build_path().name}",
+                             "--strict" in args)
     if cmd == "status":
         mod = load()
         print(f"kernel: {'pdkernels ' + mod.isa() if mod else 'torch'} ({ENV_KERNEL}={choice()})")
