@@ -23,7 +23,7 @@ from .block_manager import BlockManager
 from .checkpoint import load_checkpoint, load_tokenizer
 from .config import EngineConfig, ModelConfig
 from .errors import InvalidRequest
-from .kv_cache import LAYOUT, KVCache
+from .kv_cache import LAYOUT, KVCache, slot
 from .model import LlamaModel
 from .ops import kernel_family
 from .prefix import hash_blocks
@@ -148,8 +148,7 @@ class Engine:
 
     # ---- compute ------------------------------------------------------
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        bs = self.block_size
-        return torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in range(start, end)],
+        return torch.tensor([slot(seq.block_table, p, self.block_size) for p in range(start, end)],
                             dtype=torch.long)
 
     def _tile_table(self, seq: Sequence, ctx: int) -> torch.Tensor:
@@ -198,7 +197,7 @@ class Engine:
         assert seqs and all(s.state == SeqState.DECODING for s in seqs)
         bs = self.block_size
         positions = [s.num_tokens - 1 for s in seqs]  # the newest token gets its K/V now
-        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
+        slots = [slot(s.block_table, p, bs) for s, p in zip(seqs, positions)]
         meta = build_decode_meta([s.block_table for s in seqs], [p + 1 for p in positions], bs)
         logits = self.model.forward_decode(
             torch.tensor([s.output_ids[-1] for s in seqs], dtype=torch.long),

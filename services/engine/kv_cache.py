@@ -14,6 +14,11 @@ import torch
 LAYOUT = "LKV-BSHD"
 
 
+def slot(block_table: list[int], pos: int, block_size: int) -> int:
+    """Flat cache slot of token position `pos` of a sequence with this block table."""
+    return block_table[pos // block_size] * block_size + pos % block_size
+
+
 class KVCache:
     """Paged K/V memory (no bookkeeping: that is `BlockManager`'s job)."""
 

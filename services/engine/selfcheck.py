@@ -4,7 +4,7 @@ surrounds it, on this model's real shapes?
 Exactness across the hand-off rests on row invariance (ops.py). The exact kernels
 have it by construction, but a worker may run torch's kernels (no compiler, or
 PD_ENGINE_KERNEL=torch), a CPU may surprise, a build may be broken. So each
-worker checks before it registers (about 0.1 s on `small` here: seven forward passes
+worker checks before it registers (0.12-0.17 s on `small` here: seven forward passes
 and four lm_head passes, each bound by reading the weights from memory):
 
 1. rows: every projection of layer 0 and lm_head, RMSNorm and SwiGLU, on a batch
@@ -14,7 +14,8 @@ and four lm_head passes, each bound by reading the weights from memory):
    and the same last-token output;
 3. decode: one step of two sequences batched gives the first one's output bit for
    bit as a step of it alone.
-(Steps 2 and 3 stop before lm_head: step 1 checked it, and it is most of the cost.)
+(Steps 2 and 3 stop before the final norm and lm_head: step 1 checked both, and lm_head
+is the largest weight.)
 
 A worker whose check fails logs why and registers colocated-only
 (`mark_colocated_only`): its cache ABI names its own numerics, so no other worker
@@ -32,7 +33,7 @@ import torch
 
 from .attention import build_decode_meta
 from .engine import Engine
-from .kv_cache import KVCache
+from .kv_cache import KVCache, slot
 from .ops import Linear, rms_norm, silu_mul
 
 ROWS = 13
@@ -97,7 +98,7 @@ def _check_prefill_and_decode(engine: Engine, gen: torch.Generator) -> str:
     one, chunked = _scratch(engine, 2 * per_seq), _scratch(engine, 2 * per_seq)
 
     def prefill(cache: KVCache, table: list[int], tokens: torch.Tensor, start: int, end: int):
-        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(start, end)])
+        slots = torch.tensor([slot(table, p, bs) for p in range(start, end)])
         tiled = torch.tensor(table[:-(-end // tile) * tile // bs])  # [0, end) in whole tiles
         return model.prefill_hidden(tokens[start:end], start, slots, tiled, cache, tile)[-1:]
 
@@ -114,7 +115,7 @@ def _check_prefill_and_decode(engine: Engine, gen: torch.Generator) -> str:
     def step(cache: KVCache, seqs: list[tuple[list[int], int]]) -> torch.Tensor:
         positions = [n for _, n in seqs]
         meta = build_decode_meta([t for t, _ in seqs], [n + 1 for n in positions], bs)
-        slots = torch.tensor([t[n // bs] * bs + n % bs for t, n in seqs])
+        slots = torch.tensor([slot(t, n, bs) for t, n in seqs])
         tokens = torch.tensor([7] * len(seqs))
         return model.decode_hidden(tokens, torch.tensor(positions), slots, meta, cache)
 
