@@ -79,7 +79,9 @@ class TxnReply:
     state: TxnState | None
     """State after the call; None when NOT_FOUND (or rejected before creation)."""
     current_generation: int
-    """The transaction's generation (0 when there is none)."""
+    """Reserve: the request's current generation after the call (a reserve at or
+    below it was refused as stale). Other transitions: the transaction's
+    generation. 0 when there is none."""
 
     @property
     def ok(self) -> bool:

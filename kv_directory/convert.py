@@ -224,13 +224,13 @@ def txn_to_pb(t: Transaction) -> manifest_pb2.Transaction:
 
 
 def txn_response(outcome: Outcome, txn: Transaction | None, request_id: str,
-                 transfer_id: str) -> directory_pb2.TxnResponse:
-    """TxnResponse for any transition. ``current_generation`` is the
-    transaction's generation: the store exposes no read of a newer one."""
+                 transfer_id: str, request_generation: int = 0) -> directory_pb2.TxnResponse:
+    """TxnResponse for any transition. ``current_generation`` is the request's
+    current generation where the store answers it (reserve), else the transaction's."""
     return directory_pb2.TxnResponse(
         request_id=request_id, transfer_id=transfer_id, outcome=OUTCOME_TO_PB[outcome],
         state=STATE_TO_PB[txn.state] if txn else manifest_pb2.TXN_STATE_UNSPECIFIED,
-        current_generation=txn.generation if txn else 0,
+        current_generation=request_generation or (txn.generation if txn else 0),
     )
 
 

@@ -225,17 +225,18 @@ class MemoryDirectoryStore(DirectoryStore):
         """See ``TransferLedger.reserve``."""
         with self._lock:
             now, _ = self._sweep()
-            old = self._txns.get(spec.transfer_id)
-            if old is not None:
-                return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old)
-            if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):
-                return TxnResult(Outcome.STALE_GENERATION, None)
-            if not (self._live(spec.source) and self._live(spec.dest)):
-                return TxnResult(Outcome.LEASE_LOST, None)
             key = (spec.tenant, spec.request_id)
             req = self._requests.get(key)
+            cur = req.generation if req is not None else 0
+            old = self._txns.get(spec.transfer_id)
+            if old is not None:
+                return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old, cur)
+            if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):
+                return TxnResult(Outcome.STALE_GENERATION, None, cur)
+            if not (self._live(spec.source) and self._live(spec.dest)):
+                return TxnResult(Outcome.LEASE_LOST, None, cur)
             if req is not None and req.generation >= spec.generation:
-                return TxnResult(Outcome.STALE_GENERATION, None)
+                return TxnResult(Outcome.STALE_GENERATION, None, cur)
             for t in list(self._txns.values()):
                 if t.state.is_unpublished and (t.spec.tenant, t.spec.request_id) == key:
                     self._abort(t, now, "superseded")
@@ -244,7 +245,7 @@ class MemoryDirectoryStore(DirectoryStore):
             self._touch_request(req, now)
             t = Transaction(spec, TxnState.RESERVED, "", now, now, now + self._ms(self._cfg.txn_ttl_s))
             self._txns[spec.transfer_id] = t
-            return TxnResult(Outcome.APPLIED, t)
+            return TxnResult(Outcome.APPLIED, t, spec.generation)
 
     def begin(self, transfer_id: str) -> TxnResult:
         """See ``TransferLedger.begin``."""

@@ -140,7 +140,8 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
 
 
 def _txn_result(reply: Sequence[Any]) -> TxnResult:
-    return TxnResult(Outcome(int(reply[0])), _txn(reply[1]))
+    generation = int(reply[2]) if len(reply) > 2 else 0  # reserve answers the request's generation
+    return TxnResult(Outcome(int(reply[0])), _txn(reply[1]), generation)
 
 
 class RedisDirectoryStore(DirectoryStore):

@@ -182,7 +182,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Create the transaction in RESERVED from the manifest."""
         spec = spec_from_manifest(request.manifest)
         result = await self._run(self._store.reserve, spec)
-        return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id)
+        return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
+                            result.request_generation)
 
     async def _transition(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
                           worker_epoch: int, op: Callable[[], TxnResult], *, digest: str = "",

@@ -262,6 +262,10 @@ class TxnResult:
 
     outcome: Outcome
     txn: Transaction | None
+    request_generation: int = 0
+    """reserve only: the request's current generation after the call (0: none yet).
+    A caller whose generation is not above it learns how far behind it is, e.g. a
+    client re-using a finished request id within the retention window."""
 
     @property
     def ok(self) -> bool:

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 DIRECTORY_RESERVE = "directory reserve"
 """The stage of an attempt that opens its transaction in the directory."""
 
+_RAN_BEFORE = frozenset({TxnOutcome.STALE_GENERATION, TxnOutcome.DUPLICATE, TxnOutcome.CHECKSUM_CONFLICT})
+"""Reserve outcomes that, with the request's generation at or above the attempt's,
+mean an earlier run of the same request id holds the transfer id or the generation."""
+
 
 class AttemptFailed(Exception):
     """An attempt failed in a way another route may not: retry under a new generation."""
@@ -59,6 +63,16 @@ class AttemptFailed(Exception):
         self.culprit = culprit
         """The worker whose own call failed, when the failure is certainly its
         (its RPC or its stream broke, not a hand-off between two workers)."""
+
+
+class GenerationBehind(AttemptFailed):
+    """The directory refused the reserve because this request id already ran at
+    `current` or later (a client re-using a finished id within the directory's
+    retention). Nobody failed: the next attempt goes above `current`, uncounted."""
+
+    def __init__(self, current: int, message: str):
+        super().__init__(DIRECTORY_RESERVE, StatusCode.ABORTED, message)
+        self.current = current
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,12 +102,20 @@ class Attempt:
     overlay_handles: list[int] = dataclasses.field(default_factory=list)
     stream_task: asyncio.Task | None = None
     prefill_task: asyncio.Task | None = None
+    number: int = 0
+    """1 for the request's first attempt, ...; the generation unless the request id
+    ran before (then generations continue above the earlier run's). 0: = generation."""
+
+    def __post_init__(self) -> None:
+        self.number = self.number or self.generation
 
     def describe(self) -> str:
         """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""
+        gen = f", generation {self.generation}" if self.generation != self.number else ""
         if self.route is Route.DISAGGREGATED:
-            return f"attempt {self.generation} (disaggregated {self.prefill.worker_id} -> {self.decode.worker_id})"
-        return f"attempt {self.generation} (colocated on {self.decode.worker_id})"
+            return (f"attempt {self.number} (disaggregated {self.prefill.worker_id} -> "
+                    f"{self.decode.worker_id}{gen})")
+        return f"attempt {self.number} (colocated on {self.decode.worker_id}{gen})"
 
 
 def _blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
@@ -196,13 +218,18 @@ class AttemptRunner:
         att.stage = DIRECTORY_RESERVE
         att.txn_open = True  # until the directory says otherwise
         try:
-            outcome = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
+            answer = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
         except WorkerCallError as exc:
             raise AttemptFailed(att.stage, exc.code, exc.message) from exc
-        if outcome is not TxnOutcome.APPLIED:
+        if answer.outcome is not TxnOutcome.APPLIED:
             att.txn_open = False
-            lost = outcome is TxnOutcome.STALE_EPOCH
-            raise AttemptFailed(att.stage, StatusCode.ABORTED, f"directory answered {outcome.name}",
+            what = f"directory answered {answer.outcome.name}"
+            if answer.outcome in _RAN_BEFORE and answer.current_generation >= g:
+                raise GenerationBehind(answer.current_generation,
+                                       f"{what}: request id {req.request_id!r} ran before, up to "
+                                       f"generation {answer.current_generation}")
+            lost = answer.outcome is TxnOutcome.STALE_EPOCH
+            raise AttemptFailed(att.stage, StatusCode.ABORTED, what,
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
         att.stage = "prefill"
         self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))

@@ -184,6 +184,11 @@ class RouterConfig:
     it for this long unless nothing else can serve them (its lease may not have
     expired in the directory yet)."""
 
+    recent_request_ids: int = 65_536
+    """How many served request ids the router remembers with their last generation
+    (about 200 bytes each): a client re-using one within the directory's retention
+    starts above the earlier run's generation instead of colliding with it."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 
@@ -204,7 +209,7 @@ class RouterConfig:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("default_prefill_ms_per_token", "default_decode_step_ms", "transfer_mb_per_s",
-                     "candidate_top_k", "decision_log_size"):
+                     "candidate_top_k", "decision_log_size", "recent_request_ids"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.stream_start_share <= 1:
@@ -321,6 +326,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_COLOCATED_OVERHEAD_MS": "colocated_overhead_ms",
     "PD_ROUTER_DECISION_LOG_SIZE": "decision_log_size",
     "PD_ROUTER_PREFIX_INDEX_BLOCKS": "prefix_index_blocks",
+    "PD_ROUTER_RECENT_REQUEST_IDS": "recent_request_ids",
     "PD_LOG_LEVEL": "log_level",
 }
 

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StreamCall,
-                          StreamItem, TxnOutcome, Worker)
+                          StreamItem, TxnAnswer, TxnOutcome, Worker)
 
 
 class WorkerGateway(abc.ABC):
@@ -71,7 +71,7 @@ class DirectoryGateway(abc.ABC):
         """Directory.ClusterSnapshot: live workers with load, and the route epoch."""
 
     @abc.abstractmethod
-    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnOutcome:
+    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnAnswer:
         """Directory.Reserve: create the transfer transaction (RESERVED)."""
 
     @abc.abstractmethod

@@ -21,7 +21,8 @@ from kv_directory.store import DirectoryUnavailable
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StatusCode,
-                          StreamCall, StreamComplete, StreamItem, TxnOutcome, Worker, WorkerCallError)
+                          StreamCall, StreamComplete, StreamItem, TxnAnswer, TxnOutcome, Worker,
+                          WorkerCallError)
 from services.common.grpc_server import MAX_MESSAGE_BYTES
 from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
@@ -159,9 +160,9 @@ class GrpcDirectoryGateway(DirectoryGateway):
         snap = await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
         return convert.cluster_from_store(snap)
 
-    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnOutcome:
+    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnAnswer:
         reply = await self._call("Directory.Reserve", self._client.reserve(convert.manifest_to_pb(manifest)), timeout_s)
-        return convert.txn_outcome_from_store(reply.outcome)
+        return TxnAnswer(convert.txn_outcome_from_store(reply.outcome), reply.current_generation)
 
     async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
                         timeout_s: float) -> TxnOutcome:

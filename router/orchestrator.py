@@ -28,6 +28,7 @@ Router.Cancel always finds the attempt that holds worker state.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -36,7 +37,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted, admit, check_cluster
-from router.attempts import DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, count_dispatch
+from router.attempts import (DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, GenerationBehind,
+                             count_dispatch)
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.decision import Outcome
@@ -100,6 +102,27 @@ class RequestRun:
                 return
 
 
+class RecentGenerations:
+    """(tenant, request id) -> the highest generation this router used for it, for
+    the last `capacity` request ids. A miss (another router replica ran it, or it was
+    long ago) costs one decode reservation: the directory answers the generation."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._last: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+
+    def last(self, req: Admitted) -> int:
+        """The generation to go above (0: none known)."""
+        return self._last.get((req.tenant, req.request_id), 0)
+
+    def note(self, req: Admitted, generation: int) -> None:
+        """`generation` was used (or found used) for `req`."""
+        key = (req.tenant, req.request_id)
+        self._last[key] = max(generation, self._last.pop(key, 0))
+        while len(self._last) > self.capacity:
+            self._last.popitem(last=False)
+
+
 class Orchestrator:
     """Admits requests, runs their attempts and keeps the in-flight registry."""
 
@@ -117,6 +140,9 @@ class Orchestrator:
         self._clock = clock
         self._runs: dict[str, RequestRun] = {}
         self._background: set[asyncio.Task] = set()
+        self.generations = RecentGenerations(config.recent_request_ids)
+        """The last generation of recently served request ids: a client re-using one
+        starts above it instead of colliding with the earlier run's transactions."""
 
     @property
     def in_flight(self) -> int:
@@ -289,24 +315,43 @@ class Orchestrator:
         tried: set[tuple[str, str]] = set()
         codes: list[StatusCode] = []
         disaggregated_left = cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0
-        generation = 0
-        while generation < cfg.max_attempts:
+        number = 0  # attempts made
+        generation = self.generations.last(req)  # above any earlier run of this request id
+        behind_hops = 0
+        while number < cfg.max_attempts:
             cluster = await self.view.get()
             penalties = avoid + Counter(self.failures.penalties(cluster))
-            att = self._planned(run, cluster) if generation == 0 else None
+            att = self._planned(run, cluster, generation + 1) if number == 0 else None
             if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
                 att = None  # no transaction can run while the directory is unreachable
-            att = att or self._place(cluster, req, generation + 1,
+            att = att or self._place(cluster, req, generation + 1, number == 0,
                                      disaggregated_left > 0 and not self.view.degraded, penalties, tried)
             if att is None:
                 break
+            number += 1
+            att.number = number
             generation = att.generation
+            self.generations.note(req, generation)
             if att.route is Route.DISAGGREGATED:
                 disaggregated_left -= 1
                 tried.add((att.prefill.worker_id, att.decode.worker_id))
             self._release(run)  # no await until run() counts the attempt itself
             try:
                 done = await run.runner.run(att)
+            except GenerationBehind as exc:
+                behind_hops += 1
+                if behind_hops <= 2:  # nobody failed: the same attempt again, above the earlier run
+                    log.info("request %s: %s", req.request_id, exc.message)
+                    self._unbook(run)
+                    generation = max(generation, exc.current)
+                    self.generations.note(req, generation)
+                    number -= 1
+                    disaggregated_left += 1
+                    tried.discard((att.prefill.worker_id, att.decode.worker_id))
+                    continue
+                run.failures.append(f"{att.describe()}: {exc}")
+                codes.append(exc.code)
+                continue
             except AttemptFailed as exc:
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
                 self._unbook(run)  # a later attempt streams from elsewhere
@@ -321,7 +366,7 @@ class Orchestrator:
                     if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
                         self.failures.record(exc.culprit)
                 continue
-            completed = run.output.completed(done.finish_reason, att.route, generation, att.prefill_kv_digest,
+            completed = run.output.completed(done.finish_reason, att.route, number, att.prefill_kv_digest,
                                              done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             return completed
@@ -332,7 +377,7 @@ class Orchestrator:
         raise RouterError(code, f"all {len(run.failures)} attempts failed: {'; '.join(run.failures)}")
 
     @staticmethod
-    def _planned(run: RequestRun, cluster: Cluster) -> Attempt | None:
+    def _planned(run: RequestRun, cluster: Cluster, generation: int) -> Attempt | None:
         """Attempt 1 as planned, while its workers are still live at the planned epoch."""
         plan = run.plan
         if plan is None or plan.decode is None:
@@ -340,9 +385,10 @@ class Orchestrator:
         live = {w.worker_id: w.epoch for w in cluster.workers}
         if any(w is not None and live.get(w.worker_id) != w.epoch for w in (plan.prefill, plan.decode)):
             return None
-        return Attempt(1, plan.route, decode=plan.decode, prefill=plan.prefill, route_epoch=cluster.route_epoch)
+        return Attempt(generation, plan.route, decode=plan.decode, prefill=plan.prefill,
+                       route_epoch=cluster.route_epoch)
 
-    def _place(self, cluster: Cluster, req: Admitted, generation: int, disaggregated: bool,
+    def _place(self, cluster: Cluster, req: Admitted, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
         """The next attempt's route, or None when no worker can take it."""
         overlay = self.view.overlay
@@ -351,7 +397,7 @@ class Orchestrator:
             if pair is not None:
                 return Attempt(generation, Route.DISAGGREGATED, decode=pair[1], prefill=pair[0],
                                route_epoch=cluster.route_epoch)
-            if generation == 1:
+            if first:
                 why = "no prefill worker" if not has_prefill_worker(cluster) else "no compatible (P, D) pair"
                 log.info("request %s: %s; running colocated", req.request_id, why)
         worker = choose_colocated(cluster, req.demand, overlay, avoid)

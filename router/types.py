@@ -96,6 +96,17 @@ class TxnOutcome(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TxnAnswer:
+    """The directory's answer to Reserve."""
+
+    outcome: TxnOutcome
+    current_generation: int = 0
+    """The request's generation after the call. A refused reserve at or below it
+    means the request id ran before (within the directory's retention): the next
+    attempt must go above it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Capacity:
     """Static capacity a worker declared at registration; 0 means "not declared"."""
 

@@ -184,6 +184,27 @@ class DirectoryContract:
         drive(store, "t2", 2, TxnState.PUBLISHED)
         assert store.release("t1").outcome == Outcome.APPLIED
         harness.assert_no_leaks(store)
+    def test_reserve_answers_the_requests_current_generation(self, harness, ends):
+        """A request id re-used after its run finished: the reserve of generation 1
+        learns the generation to go above (the router re-reserves there)."""
+        store, p, d = ends
+        assert store.reserve(make_spec(p, d, tid="r1/1", gen=1)).request_generation == 1
+        assert store.reserve(make_spec(p, d, tid="r1/3", gen=3)).request_generation == 3
+        drive(store, "r1/3", 3, TxnState.PUBLISHED)
+        store.release("r1/3")
+        again = store.reserve(make_spec(p, d, tid="r1/1", gen=1))  # same bytes: the old record
+        assert (again.outcome, again.txn.state, again.request_generation) == \
+            (Outcome.DUPLICATE, TxnState.ABORTED, 3)
+        other = store.reserve(make_spec(p, d, tid="r1/2", gen=2, checksums=("x",)))
+        assert (other.outcome, other.txn, other.request_generation) == (Outcome.STALE_GENERATION, None, 3)
+        conflict = store.reserve(make_spec(p, d, tid="r1/3", gen=3, checksums=("y",)))
+        assert (conflict.outcome, conflict.request_generation) == (Outcome.CHECKSUM_CONFLICT, 3)
+        assert store.reserve(make_spec(p, d, tid="r1/4", gen=4)).outcome == Outcome.APPLIED
+        drive(store, "r1/4", 4, TxnState.PUBLISHED)
+        assert store.reserve(make_spec(p, d, tid="r9/1", gen=1, rid="r9")).request_generation == 1
+        store.abort("r9/1", "cleanup")
+        harness.assert_no_leaks(store)
+
 
     def test_generations_are_per_tenant_and_request(self, harness, ends):
         store, p, d = ends

@@ -12,7 +12,7 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.orchestrator import Orchestrator
 from router.types import (Capacity, Cluster, FinishReason, GenerateParams, Load, Manifest, PrefillCall, PrefillDone,
                           Reservation, ReserveCall, Role, RouterError, Started, StatusCode, StreamCall, StreamComplete,
-                          StreamToken, TokenOut, TxnOutcome, Worker, WorkerCallError)
+                          StreamToken, TokenOut, TxnAnswer, TxnOutcome, Worker, WorkerCallError)
 
 VOCAB = 512
 CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
@@ -52,6 +52,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.diverge: dict[str, int] = {}
         self.txn_outcome = TxnOutcome.APPLIED
         self.txns: dict[str, str] = {}
+        self.request_generations: dict[str, int] = {}
+        """The directory's per-request generation register (reserve refuses at or below it)."""
         self.manifests: list[Manifest] = []
         self.published: dict[str, asyncio.Event] = {}
         self.token_gap_s = 0.0
@@ -84,9 +86,13 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.calls.append(("txn_reserve", manifest.transfer_id))
         self._directory_call()
         self.manifests.append(manifest)
+        behind = self.request_generations.get(manifest.request_id, 0)
+        if self.txn_outcome is TxnOutcome.APPLIED and manifest.generation <= behind:
+            return TxnAnswer(TxnOutcome.STALE_GENERATION, behind)  # the id ran before
         if self.txn_outcome is TxnOutcome.APPLIED:
             self.txns[manifest.transfer_id] = "RESERVED"
-        return self.txn_outcome
+            self.request_generations[manifest.request_id] = manifest.generation
+        return TxnAnswer(self.txn_outcome, self.request_generations.get(manifest.request_id, 0))
 
     async def abort_txn(self, request_id, transfer_id, generation, reason, timeout_s):
         self.calls.append(("txn_abort", transfer_id, reason))

@@ -1,32 +1,38 @@
 -- reserve: arg(1..11) transfer_id, request_id, tenant, generation,
 -- source_worker_id, source_epoch, dest_worker_id, dest_epoch, manifest_digest,
 -- chunk_checksums (JSON), route_epoch; arg(12) manifest_blob (opaque, stored
--- but not part of the identity). Returns {outcome, txn flat or {}}.
+-- but not part of the identity). Returns {outcome, txn flat or {}, the
+-- request's current generation after the call}.
 local now = now_ms()
 sweep(now)
 local FIELDS = {'transfer_id', 'request_id', 'tenant', 'generation', 'source_worker_id',
   'source_epoch', 'dest_worker_id', 'dest_epoch', 'manifest_digest', 'chunk_checksums', 'route_epoch'}
 local tid, rid, tenant, gen = arg(1), arg(2), arg(3), tonumber(arg(4))
 
+local rk = tkey('req', tenant, rid)
+local cur = tonumber(redis.call('HGET', rk, 'generation') or '0')
+local function reply(outcome, with_txn)
+  local flat = with_txn and redis.call('HGETALL', key('txn', tid)) or {}
+  return {outcome, flat, cur}
+end
+
 local old = txn_get(tid)
 if old then
   -- Idempotent only if the whole identity matches (article 0x06A): the same
   -- transfer id with other bytes or other ends is corruption, not a retry.
   for i, f in ipairs(FIELDS) do
-    if old[f] ~= arg(i) then return txn_reply(OC.CHECKSUM_CONFLICT, tid) end
+    if old[f] ~= arg(i) then return reply(OC.CHECKSUM_CONFLICT, true) end
   end
-  return txn_reply(OC.DUPLICATE, tid)
+  return reply(OC.DUPLICATE, true)
 end
 local route_epoch = tonumber(arg(11))
 if route_epoch > 0 and route_epoch < route_epoch_at(now) then
-  return {OC.STALE_GENERATION, {}}
+  return reply(OC.STALE_GENERATION, false)
 end
 if not (is_live(arg(5), arg(6), now) and is_live(arg(7), arg(8), now)) then
-  return {OC.LEASE_LOST, {}}
+  return reply(OC.LEASE_LOST, false)
 end
-local rk = tkey('req', tenant, rid)
-local cur = tonumber(redis.call('HGET', rk, 'generation') or '0')
-if gen <= cur then return {OC.STALE_GENERATION, {}} end
+if gen <= cur then return reply(OC.STALE_GENERATION, false) end
 
 -- Checks done; writes start. A newer generation supersedes every older
 -- unpublished attempt of the same request.
@@ -43,4 +49,5 @@ redis.call('ZADD', key('open'), deadline, tid)
 redis.call('SADD', key('wtxn', arg(5)), tid)
 redis.call('SADD', key('wtxn', arg(7)), tid)
 redis.call('SADD', tkey('reqtx', tenant, rid), tid)
-return txn_reply(OC.APPLIED, tid)
+cur = gen
+return reply(OC.APPLIED, true)

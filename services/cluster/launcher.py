@@ -204,6 +204,18 @@ class LocalCluster:
         if sig == signal.SIGKILL and name in self._popen:
             self._popen[name].wait(timeout=10)
 
+    def stop(self, name: str, timeout_s: float = 10.0) -> None:
+        """Stop one service gracefully (SIGTERM; SIGKILL after timeout_s) and wait for it."""
+        pid, popen = self.procs[name].pid, self._popen.get(name)
+        if not pid_alive(pid, popen):
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(pid, popen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(pid, popen):
+            self.signal(name)
+
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Start a stopped service again with the same command line and address (fault
         tests: a directory or worker coming back)."""

@@ -57,3 +57,25 @@ def test_shortest_outputs_succeed_disaggregated_at_the_first_attempt(cluster, ma
     assert all(r.route == "disaggregated" and len(r.token_ids) == max_tokens for r in results)
     assert all(r.prefill_kv_digest == r.decode_kv_digest for r in results)
     assert_cluster_clean(cluster)
+
+
+def test_a_reused_request_id_is_served_at_its_first_attempt(cluster):
+    """Issue 15, item 8: re-using a finished request id within the directory's retention
+    failed the first attempt (transfer id r/1 already taken). The router that served it
+    goes above its last generation; a restarted router (no memory) learns the generation
+    from the directory's refusal and re-reserves above it without counting a failure."""
+    prompt = seeded_requests(1, seed=77, max_prompt=200)[0]
+    rid = f"reused-{cluster.spec.transport}"
+
+    def once():
+        [r] = generate_all(cluster.router_address, [prompt], max_tokens=4, mode="disaggregated",
+                           ignore_eos=True, request_id=rid)
+        return r
+
+    runs = [once(), once()]
+    cluster.stop("router")
+    cluster.restart("router")
+    runs.append(once())
+    assert [(r.route, r.attempts, r.failed_attempts) for r in runs] == [("disaggregated", 1, "")] * 3
+    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+    assert_cluster_clean(cluster)

@@ -451,3 +451,44 @@ def test_a_burst_planned_before_any_attempt_runs_spreads_over_workers(mode):
     orch, placed = run(go())
     assert sorted(placed) == ["d0", "d0", "d1", "d1"], placed
     assert_no_leaks(orch, fake)
+
+
+def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
+    """Issue 15, item 8: a client re-using a finished request id within the directory's
+    retention found transfer id r/1 taken and lost its first attempt. The router that
+    served the id starts above it; another router (no memory of it) learns the
+    generation from the directory's refusal and re-reserves above it, uncounted."""
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        first = await collect(orch, params())
+        again = await collect(orch, params())
+        other = Orchestrator(fake, fake, config())  # another replica: has not seen "r"
+        third = await collect(other, params())
+        return orch, other, first, again, third
+
+    orch, other, first, again, third = run(go())
+    for events, error in (first, again, third):
+        assert error is None and tokens_of(events) == list(enumerate(model_tokens(PROMPT, 6)))
+        done = events[-1]
+        assert (done.route, done.attempts, done.failed_attempts) == (Route.DISAGGREGATED, 1, "")
+    assert [s.generation for s in started(first[0])] == [1]
+    assert [s.generation for s in started(again[0])] == [2]
+    assert [s.generation for s in started(third[0])] == [3]  # after r/1 was refused: generation 2 ran
+    assert [c[1] for c in fake.calls if c[0] == "txn_reserve"] == ["r/1", "r/2", "r/1", "r/3"]
+    assert ("cancel_decode", "d1", "r", 1) in fake.calls  # the refused reservation was given back
+    assert_no_leaks(orch, fake)
+    assert_no_leaks(other, fake)
+
+
+def test_recent_generations_are_bounded():
+    from router.orchestrator import RecentGenerations
+    from router.admission import admit
+    cfg = config()
+    mem = RecentGenerations(2)
+    reqs = [admit(params(request_id=f"r{i}"), cfg, "auto", None) for i in range(3)]
+    for i, req in enumerate(reqs):
+        mem.note(req, i + 5)
+    mem.note(reqs[1], 1)  # never goes back
+    assert [mem.last(r) for r in reqs] == [0, 6, 7]
