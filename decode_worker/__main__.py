@@ -18,8 +18,8 @@ from services.rpc.pd.v1 import decode_pb2_grpc, prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, active_context_tokens, obtain
-from services.worker.process import (advertised, build_engine_loop, build_receiver, build_sender,
-                                     capacity, metrics_file, parse_config, run_process)
+from services.worker.process import (advertised, block_counts, build_engine_loop, build_receiver,
+                                     build_sender, capacity, metrics_file, parse_config, run_process)
 from prefill_worker.server import PrefillServicer
 from prefill_worker.worker import PrefillWorker
 
@@ -57,8 +57,8 @@ async def run(argv: list[str] | None = None) -> None:
         e = loop.engine
         return LoadReport(
             pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
-            free_blocks=e.num_free_blocks, reserved_blocks=worker.reserved_blocks(),
-            total_blocks=e.blocks.num_blocks, active_context_tokens=active_context_tokens(loop))
+            active_context_tokens=active_context_tokens(loop),
+            **block_counts(e, worker.reserved_blocks()))
 
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.MIXED if sender else WorkerRole.DECODE,

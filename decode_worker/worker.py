@@ -135,7 +135,18 @@ class DecodeWorker:
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
         await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, res.sink))
         res.published.set()
+        if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
+            self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
+                self.cfg.reservation_ttl_s, self._unclaimed, res)
         return Verdict(True)
+
+    def _unclaimed(self, res: Reservation) -> None:
+        """Published, still decoding, and no DecodeStream came for it within the TTL (its
+        router died between the commit and the stream call): stop it, free its blocks."""
+        if not res.streamed and res.state == ResState.PUBLISHED:
+            res.abort_reason = f"published but no DecodeStream came within {self.cfg.reservation_ttl_s:g} s"
+            log.warning("%s: %s; stopped", res.transfer_id, res.abort_reason)
+            self.loop.cancel(res.seq)
 
     async def _publish(self, res: Reservation) -> str:
         """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success.
@@ -179,6 +190,8 @@ class DecodeWorker:
         if res is None:
             raise KeyError(self.ended.get(transfer_id, f"no reservation {transfer_id}"))
         res.streamed = True
+        if res.state == ResState.PUBLISHED:
+            self._cancel_timer(transfer_id)  # claimed: the unclaimed-publication timer stops
         timeout = max(0.0, res.deadline_s - time.monotonic())
         try:
             await asyncio.wait_for(res.published.wait(), timeout)

@@ -66,6 +66,11 @@ class LoadReport:
     total_blocks: int = 0
     active_context_tokens: int = 0
     """Tokens the decode batch attends over (sum of its sequences' lengths)."""
+    active_blocks: int = 0
+    """Blocks held by running work (prefills in flight, sequences decoding);
+    free + reserved + active == total."""
+    cached_blocks: int = 0
+    """Of the free blocks, those holding a reusable prefix."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

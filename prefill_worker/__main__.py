@@ -11,7 +11,7 @@ from services.rpc.pd.v1 import prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
 from services.worker.profile import ProfileConfig, obtain
-from services.worker.process import (advertised, build_engine_loop, build_sender, capacity,
+from services.worker.process import (advertised, block_counts, build_engine_loop, build_sender, capacity,
                                      metrics_file, parse_config, run_process)
 
 from .server import PrefillServicer
@@ -37,9 +37,7 @@ async def run(argv: list[str] | None = None) -> None:
         (prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(worker), "pd.v1.Prefill")])
 
     def load() -> LoadReport:
-        e = loop.engine
-        return LoadReport(pending_prefill_tokens=loop.pending_prefill_tokens,
-                          free_blocks=e.num_free_blocks, total_blocks=e.blocks.num_blocks)
+        return LoadReport(pending_prefill_tokens=loop.pending_prefill_tokens, **block_counts(loop.engine))
 
     membership = Membership(
         directory, WorkerInfo(cfg.worker_id, WorkerRole.PREFILL, advertised(cfg, port), "",

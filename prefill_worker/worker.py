@@ -96,6 +96,7 @@ class PrefillWorker:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
         task = self.tasks[transfer_id] = Task(request_id, generation,
                                               runner=asyncio.current_task())
+        ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
             return await self._run(task, tenant, transfer_id, first_token_pos // bs, n_blocks,
                                    prompt, sampling, dest)
@@ -105,6 +106,7 @@ class PrefillWorker:
             await self.txn.abort(request_id, transfer_id, generation, f"prefill: {reason}")
             raise
         finally:
+            ttl.cancel()
             self.tasks.pop(transfer_id, None)
             if task.seq is not None:
                 seq = task.seq
@@ -215,6 +217,20 @@ class PrefillWorker:
         """Blocks per chunk: one prefill chunk's worth (its layers open together), capped."""
         per_prefill_chunk = max(1, self.engine.cfg.chunk_tokens // self.engine.block_size)
         return max(1, min(self.cfg.max_chunk_blocks, per_prefill_chunk))
+
+    def _expire(self, task: Task) -> None:
+        """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""
+        log.warning("prefill %s@%d still running after %.0f s: cancelled", task.request_id,
+                    task.generation, self.cfg.prefill_ttl_s)
+        task.cancelled = True
+        if task.seq is not None:
+            self.loop.cancel(task.seq)
+        if task.runner is not None:
+            task.runner.cancel(f"prefill TTL of {self.cfg.prefill_ttl_s:g} s expired")
+
+    def held_blocks(self) -> int:
+        """Blocks held by prefills in flight (computing, sending or awaiting the verdict)."""
+        return len({b for t in list(self.tasks.values()) if t.seq is not None for b in t.seq.block_table})
 
     def _check(self, task: Task) -> None:
         if task.cancelled:

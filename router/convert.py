@@ -51,7 +51,7 @@ def worker_from_store(rec: WorkerRecord) -> Worker:
         capacity=Capacity(c.total_blocks, c.max_decode_batch, c.max_prefill_tokens, c.block_size, c.vocab_size,
                           c.max_model_len),
         load=Load(ld.pending_prefill_tokens, ld.active_decode_batch, ld.free_blocks, ld.reserved_blocks,
-                  ld.total_blocks, ld.active_context_tokens),
+                  ld.total_blocks, ld.active_context_tokens, ld.active_blocks, ld.cached_blocks),
         epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms, profile=rec.profile,
         colocated_only_reason=rec.colocated_only_reason)
 
@@ -90,7 +90,8 @@ def worker_to_pb(w: Worker) -> common_pb2.WorkerInfo:
         load=common_pb2.LoadReport(
             pending_prefill_tokens=ld.pending_prefill_tokens, active_decode_batch=ld.active_decode_batch,
             free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks,
-            active_context_tokens=ld.active_context_tokens),
+            active_context_tokens=ld.active_context_tokens, active_blocks=ld.active_blocks,
+            cached_blocks=ld.cached_blocks),
         lease_expires_unix_ms=w.lease_expires_unix_ms, profile=profile_to_pb(w.profile),
         colocated_only_reason=w.colocated_only_reason)
 

@@ -129,6 +129,10 @@ class Load:
     total_blocks: int = 0
     active_context_tokens: int = 0
     """Tokens the decode batch attends over (sum of its sequences' lengths)."""
+    active_blocks: int = 0
+    """Blocks held by running work (free + reserved + active == total)."""
+    cached_blocks: int = 0
+    """Of the free blocks, those holding a reusable prefix."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -48,9 +48,11 @@ def assert_cluster_clean(cluster: LocalCluster, timeout_s: float = 15.0) -> None
     deadline = time.monotonic() + timeout_s
     while True:
         snap, open_txns = _directory(cluster)
-        leaks = [(w.worker_id, w.load.free_blocks, w.load.total_blocks, w.load.reserved_blocks)
+        leaks = [(w.worker_id, f"free {w.load.free_blocks}/{w.load.total_blocks}",
+                  f"reserved {w.load.reserved_blocks}", f"active {w.load.active_blocks}")
                  for w in snap.workers
-                 if w.load.free_blocks != w.load.total_blocks or w.load.reserved_blocks]
+                 if w.load.free_blocks != w.load.total_blocks or w.load.reserved_blocks
+                 or w.load.active_blocks]
         if not leaks and not open_txns:
             return
         if time.monotonic() > deadline:

@@ -125,7 +125,8 @@ class FakeRouter(router_pb2_grpc.RouterServicer, admin_pb2_grpc.AdminServicer):
             common_pb2.WorkerInfo(worker_id="prefill-0", role=common_pb2.WORKER_ROLE_PREFILL, epoch=3,
                                   grpc_address="127.0.0.1:7001",
                                   load=common_pb2.LoadReport(pending_prefill_tokens=512, free_blocks=60,
-                                                             total_blocks=64)),
+                                                             total_blocks=64, active_blocks=4,
+                                                             cached_blocks=10)),
             # No load report yet: total blocks come from the declared capacity.
             common_pb2.WorkerInfo(worker_id="decode-0", role=common_pb2.WORKER_ROLE_DECODE, epoch=1,
                                   grpc_address="127.0.0.1:7002",

@@ -164,10 +164,10 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"mode: {s.mode}  canary_fraction: {s.canary_fraction:.2f}  route_epoch: {s.route_epoch}  "
               f"open_transactions: {s.open_transactions}\n")
     out.write(f"decode blocks: free {s.free_blocks}  reserved {s.reserved_blocks}  total {s.total_blocks}\n")
-    rows = [(w.worker_id, w.role, w.epoch, w.free_blocks, w.reserved_blocks, w.total_blocks,
-             w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
-    out.write(_table(("WORKER", "ROLE", "EPOCH", "FREE", "RESERVED", "TOTAL", "PENDING_PREFILL", "BATCH", "ADDRESS"),
-                     rows) + "\n")
+    rows = [(w.worker_id, w.role, w.epoch, w.free_blocks, w.cached_blocks, w.reserved_blocks, w.active_blocks,
+             w.total_blocks, w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
+    out.write(_table(("WORKER", "ROLE", "EPOCH", "FREE", "(CACHED)", "RESERVED", "ACTIVE", "TOTAL",
+                      "PENDING_PREFILL", "BATCH", "ADDRESS"), rows) + "\n")
     for w in s.workers:
         if w.colocated_only_reason:
             out.write(f"{w.worker_id}: colocated only, no K/V hand-off: {w.colocated_only_reason}\n")

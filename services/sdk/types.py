@@ -139,7 +139,7 @@ class WorkerStatus:
     epoch: int
     """Registration epoch."""
     free_blocks: int
-    """K/V blocks neither reserved nor in use."""
+    """K/V blocks that can be allocated now (the unreferenced prefix cache included)."""
     reserved_blocks: int
     """K/V blocks held by unpublished reservations."""
     total_blocks: int
@@ -153,6 +153,11 @@ class WorkerStatus:
     colocated_only_reason: str = ""
     """Why the worker serves colocated requests only and never exchanges K/V (its
     start-up kernel self-check failed); empty: hand-offs allowed."""
+    active_blocks: int = 0
+    """K/V blocks held by running work (prefills in flight, sequences decoding):
+    free + reserved + active == total, so a worker at rest shows 0 here."""
+    cached_blocks: int = 0
+    """Of the free blocks, those holding a reusable prompt prefix."""
 
 
 @dataclass(frozen=True, slots=True)

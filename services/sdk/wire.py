@@ -198,6 +198,8 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
             active_decode_batch=w.load.active_decode_batch,
             lease_expires_unix_ms=w.lease_expires_unix_ms,
             colocated_only_reason=w.colocated_only_reason,
+            active_blocks=w.load.active_blocks,
+            cached_blocks=w.load.cached_blocks,
         )
         for w in response.workers
     ]

@@ -59,7 +59,13 @@ class WorkerConfig:
     event_log: str = ""
     """Append hand-off events (JSON lines) to this file; empty = off (tests)."""
     reservation_ttl_s: float = 30.0
-    """An unpublished reservation is reclaimed after this long."""
+    """An unpublished reservation is reclaimed after this long; so is a published
+    sequence no DecodeStream has claimed this long after publication."""
+    prefill_ttl_s: float = 120.0
+    """A prefill (compute, send, commit) still running this long after it was accepted
+    is cancelled and its blocks freed, whatever it waits on: the backstop for a caller
+    that vanished without its call being cancelled (the router's own deadline is
+    shorter; a lost connection is usually noticed sooner by gRPC)."""
     rpc_timeout_s: float = 5.0
     """Deadline of calls to the directory and peers."""
     torch_threads: int = 1
@@ -79,8 +85,8 @@ class WorkerConfig:
     def __post_init__(self):
         if self.transport not in ("tcp", "inproc", "ucx"):
             raise ValueError(f"transport {self.transport!r} not in tcp, inproc, ucx")
-        if self.reservation_ttl_s <= 0 or self.max_chunk_blocks <= 0:
-            raise ValueError("reservation_ttl_s and max_chunk_blocks must be positive")
+        if self.reservation_ttl_s <= 0 or self.prefill_ttl_s <= 0 or self.max_chunk_blocks <= 0:
+            raise ValueError("reservation_ttl_s, prefill_ttl_s and max_chunk_blocks must be positive")
         if self.credit_window_bytes <= 0 or self.transfer_timeout_s <= 0:
             raise ValueError("credit_window_bytes and transfer_timeout_s must be positive")
 

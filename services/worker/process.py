@@ -104,6 +104,15 @@ def advertised(cfg: WorkerConfig, port: int) -> str:
     return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{port}"
 
 
+def block_counts(engine, reserved: int = 0) -> dict[str, int]:
+    """LoadReport's block fields. Every held block is counted: what is neither free
+    nor reserved is held by running work (active), so free + reserved + active ==
+    total by construction and a worker at rest with active > 0 has leaked."""
+    total, free = engine.blocks.num_blocks, engine.num_free_blocks
+    return {"free_blocks": free, "reserved_blocks": reserved, "total_blocks": total,
+            "active_blocks": max(0, total - free - reserved), "cached_blocks": engine.blocks.num_cached}
+
+
 def run_process(run) -> None:
     """Entry point body: `asyncio.run(run(argv))`, quiet on Ctrl-C."""
     import asyncio

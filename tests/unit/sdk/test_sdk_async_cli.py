@@ -155,7 +155,8 @@ def test_cli_status_transactions_cancel_set_mode(fake, addr, capsys):
     out = capsys.readouterr().out
     assert "mode: canary" in out and "open_transactions: 2" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("prefill-0", "decode-0"))}
-    assert rows["prefill-0"][1:8] == ["prefill", "3", "60", "0", "64", "512", "0"]
+    # WORKER ROLE EPOCH FREE (CACHED) RESERVED ACTIVE TOTAL PENDING_PREFILL BATCH
+    assert rows["prefill-0"][1:10] == ["prefill", "3", "60", "10", "0", "4", "64", "512", "0"]
 
     assert main(["--router", addr, "status", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
