@@ -253,6 +253,14 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     return await _pump(st, describe_chunk, chunk_views)
 
 
+async def s_commit_ghost(dest: str, backend: str, n_chunks: int) -> dict:
+    """Commit a transfer R never expected, listing n_chunks made-up chunks (a large body)."""
+    chunks = tuple(Chunk(ChunkKey(i % 4, i // 4, 1), 4096, f"{i:016x}") for i in range(n_chunks))
+    verdict = await _sender(backend, IO_TIMEOUT_S).commit(dest, TransferCommit(
+        "ghost/commit", "ghost", 1, "abi", chunks, "digest", 7))
+    return dict(published=verdict.published, reason=verdict.reason)
+
+
 async def s_resume(tid: str) -> dict:
     from services.transfer.chunks import chunk_views, describe_chunk
     st = _state["sends"][tid]

@@ -32,6 +32,26 @@ import xxhash
 
 CHECKSUM_ALGORITHM = "xxh3_64"
 
+MAX_COMMIT_BODY_BYTES = 8 << 20
+"""Largest COMMIT body on any data plane (the same cap as a control-plane message).
+A commit lists every chunk (~60 bytes each): 8 MiB is ~140,000 chunks, far above a
+1M-token prompt on 80 layers in 64-block chunks (~80,000)."""
+MAX_SMALL_BODY_BYTES = 64 << 10
+"""Largest ABORT / VERDICT / ERROR / HELLO body (a reason string, an address)."""
+
+
+def max_body_bytes(is_commit: bool) -> int:
+    """The cap of a control body: a commit's, or a small message's."""
+    return MAX_COMMIT_BODY_BYTES if is_commit else MAX_SMALL_BODY_BYTES
+
+
+def short_reason(obj: dict, limit: int = 4096) -> dict:
+    """`obj` with its "reason" cut to `limit` characters (a reason may quote a peer's input)."""
+    reason = obj.get("reason")
+    if isinstance(reason, str) and len(reason) > limit:
+        return {**obj, "reason": reason[:limit] + f"... ({len(reason) - limit} more characters)"}
+    return obj
+
 
 def checksum(buffers: Sequence[memoryview]) -> str:
     """Checksum of the concatenation of `buffers` (hex), without concatenating."""

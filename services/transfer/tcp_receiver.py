@@ -34,9 +34,9 @@ from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, Tran
 from .common import decide
 from .common import destination as _destination
 from .common import emit as _emit
-from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC,
-                       MAX_CONTROL_BODY_BYTES, MAX_ID_BYTES, VERDICT, VERSION, ProtocolError,
-                       control_frame, decode_commit, json_body)
+from .base import max_body_bytes
+from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC, MAX_ID_BYTES, VERDICT,
+                       VERSION, ProtocolError, control_frame, decode_commit, json_body)
 
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
@@ -293,7 +293,7 @@ class TcpReceiver(KVReceiver):
                     await inbox.read(FRAME.size, idle_s if busy else None))
                 if magic != MAGIC or version != VERSION:
                     raise ProtocolError(f"bad magic/version {magic!r}/{version}")
-                if id_len > MAX_ID_BYTES or (kind != CHUNK and body_len > MAX_CONTROL_BODY_BYTES):
+                if id_len > MAX_ID_BYTES or (kind != CHUNK and body_len > max_body_bytes(kind == COMMIT)):
                     raise ProtocolError(f"frame too large: id {id_len}, body {body_len} bytes")
                 try:
                     tid = (await inbox.read(id_len, idle_s)).decode()
@@ -303,6 +303,9 @@ class TcpReceiver(KVReceiver):
                     if tid in self.pending:
                         touched.add(tid)
                     await self._on_chunk(inbox, tid, body_len)
+                elif kind == COMMIT and tid not in self.pending:  # its body is not worth memory
+                    await inbox.drain(body_len, idle_s)
+                    inbox.reply(VERDICT, tid, {"published": False, "reason": f"transfer {tid} not expected"})
                 elif kind == COMMIT:
                     self._on_commit(inbox, tid, await inbox.read(body_len, idle_s))
                 elif kind == ABORT:

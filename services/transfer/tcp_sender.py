@@ -18,9 +18,9 @@ import logging
 import socket
 from typing import Sequence
 
-from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
+from .base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers
-from .tcp_wire import (ABORT, COMMIT, ERROR, FRAME, MAGIC, MAX_CONTROL_BODY_BYTES, MAX_ID_BYTES,
+from .tcp_wire import (ABORT, COMMIT, ERROR, FRAME, MAGIC, MAX_ID_BYTES,
                        VERDICT, VERSION, ProtocolError, chunk_frame, control_frame,
                        encode_commit, json_body, parse_address)
 
@@ -206,7 +206,7 @@ class TcpSender(KVSender):
                 magic, version, kind, id_len, body_len = FRAME.unpack(
                     await link.reader.readexactly(FRAME.size))
                 if (magic != MAGIC or version != VERSION or kind not in (VERDICT, ERROR)
-                        or id_len > MAX_ID_BYTES or body_len > MAX_CONTROL_BODY_BYTES):
+                        or id_len > MAX_ID_BYTES or body_len > MAX_SMALL_BODY_BYTES):
                     raise ProtocolError(f"bad reply frame {magic!r}/{version}/{kind}")
                 tid = (await link.reader.readexactly(id_len)).decode(errors="replace")
                 body = json_body(await link.reader.readexactly(body_len))

@@ -30,7 +30,8 @@ from __future__ import annotations
 import json
 import struct
 
-from .base import CHECKSUM_ALGORITHM, Chunk, ChunkKey, TransferCommit
+from .base import (CHECKSUM_ALGORITHM, MAX_COMMIT_BODY_BYTES, Chunk, ChunkKey, TransferCommit, max_body_bytes,
+                   short_reason)
 from .common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"
@@ -43,8 +44,9 @@ CHUNK_HEAD = struct.Struct("!IIIQQ")
 assert CHECKSUM_ALGORITHM == "xxh3_64"
 
 MAX_ID_BYTES = 1024
-MAX_CONTROL_BODY_BYTES = 64 << 20
-"""Largest COMMIT/ABORT/VERDICT/ERROR body (a commit lists every chunk)."""
+MAX_CONTROL_BODY_BYTES = MAX_COMMIT_BODY_BYTES
+"""Largest control body (a COMMIT's); ABORT/VERDICT/ERROR are capped at
+MAX_SMALL_BODY_BYTES (`max_body_bytes`)."""
 
 
 class ProtocolError(Exception):
@@ -73,8 +75,11 @@ def chunk_frame(transfer_id: str, key: ChunkKey, payload_len: int, checksum_hex:
 
 
 def control_frame(kind: int, transfer_id: str, obj: dict) -> bytes:
-    """A frame whose body is JSON."""
-    return frame(kind, transfer_id, json.dumps(obj, separators=(",", ":")).encode())
+    """A frame whose body is JSON; ValueError when the body is over its kind's cap."""
+    body = json.dumps(short_reason(obj), separators=(",", ":")).encode()
+    if len(body) > max_body_bytes(kind == COMMIT):
+        raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind == COMMIT)}")
+    return frame(kind, transfer_id, body)
 
 
 def encode_commit(c: TransferCommit) -> dict:

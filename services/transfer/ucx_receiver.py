@@ -50,8 +50,9 @@ from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
 log = logging.getLogger(f"{__package__}.ucx")
 
 STOP_GRACE_S = 5.0
-MAX_PIECES = 1 << 16
-"""Most sender views in one chunk (a chunk's K and V runs)."""
+MAX_PIECES = 4096
+"""Most sender views in one chunk (its K and V runs: at most 2 per block, so chunks of
+up to 2,048 blocks; the CHUNK message listing their sizes stays under its 64 KiB cap)."""
 
 
 class UcxReceiver(KVReceiver):
@@ -87,7 +88,7 @@ class UcxReceiver(KVReceiver):
     async def start(self) -> None:
         self._rt = runtime()
         self._mailbox = Mailbox(self._rt, wire.tag(wire.CTRL, self.nonce), self._on_message,
-                                f"ucx-receiver-{self.nonce:x}")
+                                f"ucx-receiver-{self.nonce:x}", wants_body=self._wants_body)
         self._mailbox.start()
         log.info("ucx receiver %x at %s: transports %s", self.nonce, self.host,
                  ",".join(self._rt.transports))
@@ -264,9 +265,13 @@ class UcxReceiver(KVReceiver):
         emit(exp, arrived)
         self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
 
-    def _on_commit(self, nonce: int, tid: str, body: dict) -> None:
+    def _wants_body(self, kind: int, tid: str) -> bool:
+        """A COMMIT's body (up to 8 MiB) is read only for a transfer this receiver expects."""
+        return kind != wire.COMMIT or tid in self.pending
+
+    def _on_commit(self, nonce: int, tid: str, body: dict | None) -> None:
         exp = self.pending.get(tid)
-        if exp is None:
+        if exp is None or body is None:
             self._reply(nonce, wire.VERDICT, tid, {"published": False,
                                                    "reason": f"transfer {tid} not expected"})
             return

@@ -159,7 +159,7 @@ def _transports(info: str) -> list[str]:
     return names
 
 
-Handler = Callable[[int, str, int, dict], Awaitable[None] | None]
+Handler = Callable[[int, str, int, dict | None], Awaitable[None] | None]
 
 
 class Mailbox:
@@ -169,8 +169,13 @@ class Mailbox:
     block (long work goes to tasks). A malformed message is logged and dropped.
     """
 
-    def __init__(self, rt: UcxRuntime, tag: int, handler: Handler, name: str):
+    def __init__(self, rt: UcxRuntime, tag: int, handler: Handler, name: str,
+                 wants_body: Callable[[int, str], bool] | None = None):
+        """wants_body(kind, transfer_id): False for a message whose out-of-line body is
+        not worth memory (a COMMIT for no pending transfer); that body is taken off the
+        wire by a 1-byte receive and the handler gets body None."""
         self.rt, self.tag, self.handler, self.name = rt, tag, handler, name
+        self.wants_body = wants_body
         self._task: asyncio.Task | None = None
         self._stopping = False
 
@@ -205,7 +210,11 @@ class Mailbox:
                 kind, tid, nonce, body_len, oob = wire.decode_head(view)
                 if kind == wire.STOP and self._stopping:
                     return
-                if oob:
+                if oob and self.wants_body is not None and not self.wants_body(kind, tid):
+                    got = self.rt.post_recv(bytearray(1), oob)  # completes truncated: discarded
+                    got.add_done_callback(lambda f: f.cancelled() or f.exception())
+                    obj = None
+                elif oob:
                     body = bytearray(body_len)
                     got = self.rt.post_recv(body, oob)
                     await asyncio.wait([got], timeout=OOB_TIMEOUT_S)  # never cancel it
@@ -213,9 +222,9 @@ class Mailbox:
                         await self.rt.drain(oob)
                         raise asyncio.TimeoutError(f"body of {tid} not sent in {OOB_TIMEOUT_S} s")
                     got.result()
+                    obj = wire.json_body(bytes(body))
                 else:
-                    body = wire.inline_body(view, tid, body_len)
-                obj = wire.json_body(bytes(body))
+                    obj = wire.json_body(wire.inline_body(view, tid, body_len))
             except (wire.ProtocolError, asyncio.TimeoutError, Exception) as e:  # noqa: BLE001
                 log.warning("%s: dropped a control message: %s", self.name, e)
                 continue

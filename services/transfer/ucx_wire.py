@@ -33,6 +33,8 @@ import json
 import secrets
 import struct
 
+from .base import MAX_COMMIT_BODY_BYTES, max_body_bytes, short_reason
+
 MAGIC = b"PDUX"
 VERSION = 1
 HELLO, CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP = range(1, 9)
@@ -42,7 +44,8 @@ HEAD = struct.Struct("!4sBBHIQQ")  # magic, version, kind, id_len, nonce, body_l
 MAX_ID_BYTES = 1024
 INLINE_BODY_BYTES = 60 << 10
 MESSAGE_BUFFER_BYTES = HEAD.size + MAX_ID_BYTES + INLINE_BODY_BYTES
-MAX_BODY_BYTES = 64 << 20
+MAX_BODY_BYTES = MAX_COMMIT_BODY_BYTES
+"""Largest control body (a COMMIT's); others are capped at MAX_SMALL_BODY_BYTES."""
 
 CTRL, REPLY, DATA, BODY = 1, 2, 3, 4
 NONCE_BITS = 28
@@ -66,9 +69,9 @@ def encode(kind: int, transfer_id: str, nonce: int, obj: dict | None = None
     tid = transfer_id.encode()
     if len(tid) > MAX_ID_BYTES:
         raise ValueError(f"transfer id of {len(tid)} bytes exceeds {MAX_ID_BYTES}")
-    body = json.dumps(obj or {}, separators=(",", ":")).encode()
-    if len(body) > MAX_BODY_BYTES:
-        raise ValueError(f"control body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    body = json.dumps(short_reason(obj or {}), separators=(",", ":")).encode()
+    if len(body) > max_body_bytes(kind == COMMIT):
+        raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind == COMMIT)}")
     inline = len(body) <= INLINE_BODY_BYTES
     head = HEAD.pack(MAGIC, VERSION, kind, len(tid), nonce, len(body), 0)
     return (head + tid + body, b"") if inline else (head + tid, body)
@@ -84,8 +87,8 @@ def decode_head(buf: memoryview) -> tuple[int, str, int, int, int]:
     magic, version, kind, id_len, nonce, body_len, oob = HEAD.unpack_from(buf)
     if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
         raise ProtocolError(f"bad message head {bytes(magic)!r}/{version}/{kind}")
-    if id_len > MAX_ID_BYTES or body_len > MAX_BODY_BYTES or (not oob and
-                                                              body_len > INLINE_BODY_BYTES):
+    if id_len > MAX_ID_BYTES or body_len > max_body_bytes(kind == COMMIT) or (
+            not oob and body_len > INLINE_BODY_BYTES):
         raise ProtocolError(f"message too large: id {id_len}, body {body_len} bytes")
     try:
         tid = bytes(buf[HEAD.size:HEAD.size + id_len]).decode()

@@ -115,6 +115,14 @@ def test_unexpected_transfer_is_refused_and_writes_nothing(procs):
     s.call("s_decode_self", tid=tid)
 
 
+def test_a_large_commit_for_no_transfer_is_refused_unread(procs):
+    """Issue 15, item 7: the commit's body (here ~200 KB, out of line on ucx) is not
+    taken into memory for a transfer R does not expect; the verdict says why."""
+    _, s, addr = procs
+    out = s.call("s_commit_ghost", dest=addr, backend=procs.backend, n_chunks=4000)
+    assert out["published"] is False and "not expected" in out["reason"], out
+
+
 def test_forget_mid_stream_drops_later_chunks(procs):
     r, s, _ = procs
     tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(200, 6))
