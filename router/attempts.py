@@ -128,12 +128,13 @@ def _blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     return {"culprit": att.decode}
 
 
-def count_dispatch(overlay: LoadOverlay, req: Admitted, computing: Worker, decode: Worker) -> tuple[int, int]:
+def count_dispatch(overlay: LoadOverlay, req: Admitted, computing: Worker, decode: Worker,
+                   planned: bool = False) -> tuple[int, int]:
     """Count a route in the load overlay until the heartbeats show it: the reservation's
     blocks at D (W) and the prompt queued at the computing worker (P, or W) until token 0.
     Returns the (blocks, prefill) handles for `LoadOverlay.remove`."""
-    return (overlay.add(decode, blocks=req.demand.blocks_on(decode)),
-            overlay.add(computing, prefill_tokens=len(req.prompt)))
+    return (overlay.add(decode, blocks=req.demand.blocks_on(decode), planned=planned),
+            overlay.add(computing, prefill_tokens=len(req.prompt), planned=planned))
 
 
 class AttemptRunner:

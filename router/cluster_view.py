@@ -98,6 +98,11 @@ class ClusterView:
             return cluster
 
     @property
+    def latest(self) -> Cluster | None:
+        """The last snapshot fetched (None before the first), whatever its age."""
+        return self._cached
+
+    @property
     def route_epoch(self) -> int:
         """Route epoch of the latest snapshot (0 before the first)."""
         return self._cached.route_epoch if self._cached else 0

@@ -184,6 +184,19 @@ class RouterConfig:
     it for this long unless nothing else can serve them (its lease may not have
     expired in the directory yet)."""
 
+    queue_per_tenant: int = 256
+    """Most requests of one tenant waiting for K/V room in the admission queue; one
+    more is rejected RESOURCE_EXHAUSTED at once (router/queueing.py)."""
+
+    queue_poll_ms: int = 50
+    """While requests wait for room, re-check it at least this often (an attempt
+    ending in this router re-checks at once)."""
+
+    max_requeues: int = 16
+    """Times one request may go back to the admission queue because the worker it
+    was sent to had no room after all (a lagging snapshot); then it counts as a
+    failed attempt."""
+
     recent_request_ids: int = 65_536
     """How many served request ids the router remembers with their last generation
     (about 200 bytes each): a client re-using one within the directory's retention
@@ -209,7 +222,8 @@ class RouterConfig:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("default_prefill_ms_per_token", "default_decode_step_ms", "transfer_mb_per_s",
-                     "candidate_top_k", "decision_log_size", "recent_request_ids"):
+                     "candidate_top_k", "decision_log_size", "recent_request_ids", "queue_per_tenant",
+                     "queue_poll_ms"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.stream_start_share <= 1:
@@ -327,6 +341,9 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_DECISION_LOG_SIZE": "decision_log_size",
     "PD_ROUTER_PREFIX_INDEX_BLOCKS": "prefix_index_blocks",
     "PD_ROUTER_RECENT_REQUEST_IDS": "recent_request_ids",
+    "PD_ROUTER_QUEUE_PER_TENANT": "queue_per_tenant",
+    "PD_ROUTER_QUEUE_POLL_MS": "queue_poll_ms",
+    "PD_ROUTER_MAX_REQUEUES": "max_requeues",
     "PD_LOG_LEVEL": "log_level",
 }
 

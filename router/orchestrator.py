@@ -46,6 +46,7 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.modes import Plan, Planner
 from router.output import OutputLog
 from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
+from router.queueing import AdmissionQueue
 from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, PrefillDone, Route, RouterError,
                           StatusCode, TokenOut)
 
@@ -71,6 +72,8 @@ class RequestRun:
         """StreamBook handle of the planned stream (router/streams.py), until attempt 1
         fails or the request ends."""
         self.failures: list[str] = []
+        self.refusals: list[str] = []
+        """Attempts a worker refused for want of K/V room (sent back to the queue)."""
         self.cancel_reason: str | None = None
         self.finished = False
 
@@ -140,6 +143,10 @@ class Orchestrator:
         self._clock = clock
         self._runs: dict[str, RequestRun] = {}
         self._background: set[asyncio.Task] = set()
+        self.queue = AdmissionQueue(self.view.overlay, self.view.get, per_tenant=config.queue_per_tenant,
+                                    poll_s=config.queue_poll_ms / 1000.0,
+                                    fence_ttl_s=config.overlay_ttl_ms / 1000.0, clock=clock)
+        """Requests waiting for K/V room (router/queueing.py)."""
         self.generations = RecentGenerations(config.recent_request_ids)
         """The last generation of recently served request ids: a client re-using one
         starts above it instead of colliding with the earlier run's transactions."""
@@ -236,7 +243,7 @@ class Orchestrator:
         computing = plan.decode if plan.route is Route.COLOCATED else plan.prefill
         if plan.decode is None or computing is None:
             return []
-        return list(count_dispatch(self.view.overlay, req, computing, plan.decode))
+        return list(count_dispatch(self.view.overlay, req, computing, plan.decode, planned=True))
 
     def _book(self, plan: Plan) -> int | None:
         """Book the planned stream (router/streams.py), so the requests planned next know
@@ -317,13 +324,25 @@ class Orchestrator:
         disaggregated_left = cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0
         number = 0  # attempts made
         generation = self.generations.last(req)  # above any earlier run of this request id
-        behind_hops = 0
+        behind_hops = requeues = 0
+        fits = self.queue.room_for(req.demand)
         while number < cfg.max_attempts:
             cluster = await self.view.get()
-            penalties = avoid + Counter(self.failures.penalties(cluster))
+            self._release(run)  # the plan-time hold must not count against the request's own room
+            if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/queueing.py)
+                try:
+                    self.view.overlay.remove(await self.queue.wait(
+                        req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))
+                except RouterError as exc:
+                    refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
+                    raise RouterError(exc.code, exc.message + refused) from None
+                cluster = self.view.latest or cluster  # no await from here to the dispatch
+            penalties = avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
             att = self._planned(run, cluster, generation + 1) if number == 0 else None
             if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
                 att = None  # no transaction can run while the directory is unreachable
+            if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
+                att = None  # the planned D has no room (any more): place where there is
             att = att or self._place(cluster, req, generation + 1, number == 0,
                                      disaggregated_left > 0 and not self.view.degraded, penalties, tried)
             if att is None:
@@ -335,7 +354,6 @@ class Orchestrator:
             if att.route is Route.DISAGGREGATED:
                 disaggregated_left -= 1
                 tried.add((att.prefill.worker_id, att.decode.worker_id))
-            self._release(run)  # no await until run() counts the attempt itself
             try:
                 done = await run.runner.run(att)
             except GenerationBehind as exc:
@@ -353,6 +371,23 @@ class Orchestrator:
                 codes.append(exc.code)
                 continue
             except AttemptFailed as exc:
+                if exc.code is StatusCode.RESOURCE_EXHAUSTED and requeues < cfg.max_requeues:
+                    # No room after all (the snapshot lagged, or another router filled it): no
+                    # one failed. Count the worker full until it reports room, and queue again.
+                    requeues += 1
+                    run.refusals.append(f"{att.describe()}: {exc.message}")
+                    log.info("request %s: %s found no room (%s); back to the admission queue",
+                             req.request_id, att.describe(), exc.message)
+                    self._unbook(run)
+                    if exc.culprit is not None:
+                        self.queue.fence_full(exc.culprit)
+                    else:
+                        await asyncio.sleep(min(0.05 * 2 ** requeues, 1.0))
+                    number -= 1
+                    if att.route is Route.DISAGGREGATED:
+                        disaggregated_left += 1
+                        tried.discard((att.prefill.worker_id, att.decode.worker_id))
+                    continue
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
                 self._unbook(run)  # a later attempt streams from elsewhere
                 run.failures.append(f"{att.describe()}: {exc}")
@@ -366,6 +401,8 @@ class Orchestrator:
                     if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
                         self.failures.record(exc.culprit)
                 continue
+            finally:
+                self.queue.kick()  # what the attempt held is free again
             completed = run.output.completed(done.finish_reason, att.route, number, att.prefill_kv_digest,
                                              done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
@@ -375,6 +412,21 @@ class Orchestrator:
         code = StatusCode.RESOURCE_EXHAUSTED if all(c is StatusCode.RESOURCE_EXHAUSTED for c in codes) \
             else StatusCode.UNAVAILABLE
         raise RouterError(code, f"all {len(run.failures)} attempts failed: {'; '.join(run.failures)}")
+
+    def _patience_s(self, run: RequestRun) -> float | None:
+        """How long the request may wait for K/V room: what is left of its deadline less
+        its predicted service time (the planner's prediction, else the config's default
+        costs); None without a deadline."""
+        left = self._remaining_s(run)
+        if left is None:
+            return None
+        req, cfg, plan = run.req, self.config, run.plan
+        if plan is not None and plan.predicted is not None:
+            service_ms = plan.predicted.ttft_ms + plan.predicted.tpot_ms * max(0, req.max_tokens - 1)
+        else:
+            service_ms = (cfg.default_prefill_ms_per_token * len(req.prompt)
+                          + cfg.default_decode_step_ms * req.max_tokens)
+        return left - service_ms / 1000.0
 
     @staticmethod
     def _planned(run: RequestRun, cluster: Cluster, generation: int) -> Attempt | None:

@@ -77,6 +77,8 @@ class _Dispatch:
     after_fetch: int
     """Id of the last snapshot fetch started before this dispatch."""
     at_s: float
+    planned: bool = False
+    """Counted at plan time for a request not dispatched yet (see `add`)."""
 
 
 class LoadOverlay:
@@ -119,11 +121,13 @@ class LoadOverlay:
         self._marks = {w.worker_id: (w.epoch, w.lease_expires_unix_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
-    def add(self, worker: Worker, prefill_tokens: int = 0, blocks: int = 0) -> int:
-        """Count a dispatch against `worker`; returns a handle for `remove`."""
+    def add(self, worker: Worker, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False) -> int:
+        """Count a dispatch against `worker`; returns a handle for `remove`. `planned`:
+        a route planned but not dispatched yet (placement counts it, so a burst spreads;
+        the admission queue's room check does not, the request may wait instead)."""
         self._next_id += 1
         self._entries[self._next_id] = _Dispatch(worker.worker_id, worker.epoch, prefill_tokens, blocks,
-                                                 self._fetches, self._clock())
+                                                 self._fetches, self._clock(), planned)
         return self._next_id
 
     def remove(self, handle: int | None) -> None:
@@ -136,10 +140,12 @@ class LoadOverlay:
         self._expire()
         return sum(e.prefill_tokens for e in self._entries.values() if e.worker_id == worker_id)
 
-    def blocks(self, worker_id: str) -> int:
-        """K/V blocks reserved on `worker_id` and not yet visible in its load."""
+    def blocks(self, worker_id: str, planned: bool = True) -> int:
+        """K/V blocks reserved on `worker_id` and not yet visible in its load (with
+        `planned` False: dispatched ones only)."""
         self._expire()
-        return sum(e.blocks for e in self._entries.values() if e.worker_id == worker_id)
+        return sum(e.blocks for e in self._entries.values()
+                   if e.worker_id == worker_id and (planned or not e.planned))
 
     def totals(self) -> dict[str, tuple[int, int, int]]:
         """Worker id -> (prefill tokens, blocks, sequences holding blocks) not yet
@@ -185,11 +191,12 @@ class FailureMemory:
         return {k: weight for k, (epoch, _) in self._failed.items() if live.get(k) == epoch}
 
 
-def free_blocks(worker: Worker, overlay: LoadOverlay | None = None) -> int:
+def free_blocks(worker: Worker, overlay: LoadOverlay | None = None, planned: bool = True) -> int:
     """Free K/V blocks: the heartbeat's figure (capacity before the first heartbeat)
-    minus this router's unreported reservations; may be negative."""
+    minus this router's unreported reservations (`planned`: and plan-time holds);
+    may be negative."""
     base = worker.load.free_blocks if worker.load.total_blocks else worker.capacity.total_blocks
-    return base - (overlay.blocks(worker.worker_id) if overlay else 0)
+    return base - (overlay.blocks(worker.worker_id, planned) if overlay else 0)
 
 
 def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:

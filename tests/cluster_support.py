@@ -61,8 +61,18 @@ def assert_cluster_clean(cluster: LocalCluster, timeout_s: float = 15.0) -> None
         time.sleep(0.3)
 
 
-def generate_all(address: str, prompts: list[list[int]], concurrency: int = 8, **kwargs) -> list:
+def generate_all(address: str, prompts: list[list[int]], concurrency: int = 8, raise_errors: bool = True,
+                 **kwargs) -> list:
     """generate_full for every prompt, `concurrency` at a time, results in prompt order
-    (kwargs: max_tokens, mode, ignore_eos, ...)."""
-    with Client(address, timeout_s=60) as client, ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda p: client.generate_full(prompt_ids=p, **kwargs), prompts))
+    (kwargs: max_tokens, mode, ignore_eos, ...); with raise_errors False a failed
+    request's place holds its exception."""
+    def one(prompt):
+        try:
+            return client.generate_full(prompt_ids=prompt, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported in place
+            if raise_errors:
+                raise
+            return exc
+
+    with Client(address, timeout_s=120) as client, ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, prompts))

@@ -293,7 +293,10 @@ def test_request_too_big_for_any_worker_is_resource_exhausted_without_trying():
     assert fake.calls == []
 
 
-def test_resource_exhausted_everywhere_tries_other_workers_then_reports_it():
+def test_resource_exhausted_everywhere_tries_other_workers_then_waits_out_its_deadline():
+    """Workers full although their heartbeats show room (issue 15, item 6): each refusal
+    fences that worker full and the retry goes to another; with none left the request
+    waits in the admission queue, and is refused once its deadline can no longer be met."""
     fake = two_by_two()
     full = WorkerCallError(StatusCode.RESOURCE_EXHAUSTED, "K/V blocks exhausted: 0 free")
     for w in ("d0", "d1"):
@@ -301,12 +304,15 @@ def test_resource_exhausted_everywhere_tries_other_workers_then_reports_it():
 
     async def go():
         orch = Orchestrator(fake, fake, config())
-        return orch, *(await collect(orch, params()))
+        t0 = asyncio.get_running_loop().time()
+        out = await collect(orch, params(deadline_ms=1500))
+        return orch, asyncio.get_running_loop().time() - t0, *out
 
-    orch, events, error = run(go())
-    assert error.code is StatusCode.RESOURCE_EXHAUSTED and "all 3 attempts failed" in error.message
-    assert [c[1] for c in fake.ops("reserve")] == ["d1", "d0"]
+    orch, took_s, events, error = run(go())
+    assert error.code is StatusCode.RESOURCE_EXHAUSTED and "no K/V room within the deadline" in error.message
+    assert [c[1] for c in fake.ops("reserve")] == ["d1", "d0"]  # never the same full worker twice
     assert "0 free" in error.message
+    assert 1.0 < took_s < 1.5  # waited, and gave up before the deadline
     assert_no_leaks(orch, fake)
 
 
