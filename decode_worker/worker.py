@@ -23,7 +23,7 @@ from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVRe
 from services.transfer.chunks import chunk_views
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
-from services.worker.events import EventLog
+from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job
 
 from .reservations import Reservation, ResState, validate_commit
@@ -59,7 +59,9 @@ class DecodeWorker:
         self.colocated: dict[str, Sequence] = {}
         self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self.events = EventLog(cfg.event_log)
+        self.events = EventLog(cfg.event_log, cfg.worker_id)
+        self.pause = FaultPause(cfg.fault_pause_s)
+        self._releases: set[asyncio.Task] = set()
 
     # ---- 1. reserve -----------------------------------------------------
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
@@ -86,6 +88,12 @@ class DecodeWorker:
             on_event=lambda ev: self._on_event(res, ev), on_commit=lambda c: self._on_commit(res, c)))
         self._timers[transfer_id] = asyncio.get_running_loop().call_later(
             self.cfg.reservation_ttl_s, self._expire, res)
+        self.events("reserved", request=request_id, generation=generation, blocks=len(seq.block_table))
+        try:
+            await self.pause("reserved", request_id)
+        except asyncio.CancelledError:  # the caller never learns of this reservation: give it back
+            await asyncio.shield(self.abort_unpublished(res, "Reserve call cancelled"))
+            raise
         return res
 
     def _check_limits(self, max_tokens: int) -> None:
@@ -115,6 +123,7 @@ class DecodeWorker:
     # ---- 3. validate and publish ------------------------------------------
     async def _on_commit(self, res: Reservation, commit: TransferCommit) -> Verdict:
         self.events("commit_received", request=res.request_id)
+        await self.pause("commit", res.request_id)
         reason = validate_commit(res, commit, self.engine.abi.digest)
         if not reason:
             local = await self.loop.call(lambda e: e.kv_digest(res.seq))
@@ -132,6 +141,7 @@ class DecodeWorker:
         res.kv_digest = commit.kv_digest
         res.state = ResState.PUBLISHED
         self.events("published", request=res.request_id, chunks=len(res.received))
+        await self.pause("published", res.request_id)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
         await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, res.sink))
         res.published.set()
@@ -197,6 +207,9 @@ class DecodeWorker:
             await asyncio.wait_for(res.published.wait(), timeout)
         except asyncio.TimeoutError:
             await self.abort_unpublished(res, "not published before the reservation TTL")
+        except asyncio.CancelledError:  # the stream's caller left: unclaimed again (TTL applies)
+            res.streamed = False
+            raise
         if res.state == ResState.ABORTED:
             raise RuntimeError(f"transfer {transfer_id} aborted: {res.abort_reason}")
         async for item in self._drain(res.sink, res.seq):
@@ -220,7 +233,9 @@ class DecodeWorker:
             self.unread[res.transfer_id] = res
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
                 self.cfg.reservation_ttl_s, self.unread.pop, res.transfer_id, None)
-        asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
+        task = asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
+        self._releases.add(task)  # a strong reference until it is done (retried while the directory is away)
+        task.add_done_callback(self._releases.discard)
 
     # ---- colocated ----------------------------------------------------------
     async def generate(self, request_id: str, tenant: str, generation: int, prompt: list[int],

@@ -44,7 +44,7 @@ from kv_directory.store import (
     WorkerRef,
     WorkerRole,
 )
-from services.common.grpc_server import MAX_MESSAGE_BYTES
+from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
 
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -162,6 +162,7 @@ class DirectoryClient:
         self._channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            *RECONNECT_OPTIONS,  # a restarted directory is reached again within a second
         ])
         self._stub = directory_pb2_grpc.DirectoryStub(self._channel)
 

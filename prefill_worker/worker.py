@@ -27,7 +27,7 @@ from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
-from services.worker.events import EventLog
+from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job
 
 from .streaming import ProducerGate, stream_chunks
@@ -79,7 +79,8 @@ class PrefillWorker:
         self.sender = sender
         self.txn = txn
         self.tasks: dict[str, Task] = {}
-        self.events = EventLog(cfg.event_log)
+        self.events = EventLog(cfg.event_log, cfg.worker_id)
+        self.pause = FaultPause(cfg.fault_pause_s)
 
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       first_token_pos: int, prompt: list[int], sampling: SamplingParams,
@@ -138,6 +139,8 @@ class PrefillWorker:
             i, cfg = len(chunks), self.cfg
             if i and cfg.fault_chunk_delay_s:
                 await asyncio.sleep(cfg.fault_chunk_delay_s)
+            if i:
+                await self.pause("chunk", rid)
             chunk = describe_chunk(e, seq, key)
             if i == cfg.fault_corrupt_chunk:
                 chunk = dataclasses.replace(chunk, checksum=f"{int(chunk.checksum, 16) ^ 1:016x}")
@@ -162,6 +165,7 @@ class PrefillWorker:
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             if self.cfg.fault_delay_before_send_s:
                 await asyncio.sleep(self.cfg.fault_delay_before_send_s)
+            await self.pause("computed", rid)
             self._check(task)
             if streamer is None:
                 await self._begin(task, transfer_id)

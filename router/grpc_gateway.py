@@ -23,7 +23,7 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StatusCode,
                           StreamCall, StreamComplete, StreamItem, TxnAnswer, TxnOutcome, Worker,
                           WorkerCallError)
-from services.common.grpc_server import MAX_MESSAGE_BYTES
+from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,12 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    *RECONNECT_OPTIONS,
 ]
+
+RETIRE_AFTER_S = 600.0
+"""A worker incarnation's channel is closed this long after a newer one appeared at its
+address (its last streams have ended by then: the default deadline is 120 s)."""
 
 
 def grpc_code(code: StatusCode) -> grpc.StatusCode:
@@ -50,19 +55,37 @@ def call_error(exc: grpc.aio.AioRpcError, what: str) -> WorkerCallError:
 
 
 class _Channels:
-    """Lazily opened insecure channels, one per address."""
+    """Lazily opened insecure channels, one per worker incarnation (address, epoch).
+
+    A worker restarted at the same address registers a new epoch and gets a fresh
+    channel: the old one may sit in reconnect backoff after the crash and would fail
+    calls to the new process at once. The old channel is not closed at once (the same
+    process re-registering after a lease blip still streams on it); it is closed
+    `RETIRE_AFTER_S` later."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, tuple[int, grpc.aio.Channel]] = {}
+        self._retired: set[grpc.aio.Channel] = set()
 
-    def get(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def get(self, address: str, epoch: int = 0) -> grpc.aio.Channel:
+        entry = self._channels.get(address)
+        if entry is not None and entry[0] >= epoch:
+            return entry[1]  # this incarnation's, or a call for an older one: whoever is there now
+        if entry is not None:
+            self._retire(entry[1])
+        ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channels[address] = (epoch, ch)
         return ch
 
+    def _retire(self, ch: grpc.aio.Channel) -> None:
+        self._retired.add(ch)
+        loop = asyncio.get_running_loop()
+        loop.call_later(RETIRE_AFTER_S, lambda: self._retired.discard(ch) is None and
+                        loop.create_task(ch.close()))
+
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
+        channels = [ch for _, ch in self._channels.values()] + list(self._retired)
+        self._channels, self._retired = {}, set()
         for ch in channels:
             await ch.close()
 
@@ -74,10 +97,10 @@ class GrpcWorkerGateway(WorkerGateway):
         self._channels = _Channels()
 
     def _decode(self, w: Worker) -> decode_pb2_grpc.DecodeStub:
-        return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address))
+        return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address, w.epoch))
 
     def _prefill(self, w: Worker) -> prefill_pb2_grpc.PrefillStub:
-        return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address))
+        return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address, w.epoch))
 
     async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
         try:

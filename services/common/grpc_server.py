@@ -28,6 +28,16 @@ far more memory than the wire size (a Python int per token), so the cap is set
 well below what a service can hold: 64 MiB let a 48 MB prompt cost the router
 818 MB. Must match MAX_MESSAGE_BYTES in services/sdk/wire.py."""
 
+RECONNECT_OPTIONS = [
+    # A peer that was unreachable (restarted, or a blip) is tried again within a second,
+    # not after gRPC's default reconnect backoff of up to two minutes, during which every
+    # call fails at once: whether the peer is alive is the directory's lease to decide.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+"""Client channel options for calls between pdserve's services."""
+
 
 class _Malformed:
     """Stands in for a request whose bytes did not parse."""

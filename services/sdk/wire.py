@@ -22,6 +22,11 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # A restarted router is reached again within a second (gRPC's default reconnect
+    # backoff grows to two minutes, failing every call meanwhile).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
 MODES = {

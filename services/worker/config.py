@@ -74,6 +74,9 @@ class WorkerConfig:
     """Fault-injection hook for tests: prefill sleeps this long between compute and send."""
     fault_chunk_delay_s: float = 0.0
     """Fault injection: prefill sleeps this long before every chunk but the first."""
+    fault_pause_s: float = 0.0
+    """Fault injection: a request whose id contains "@<step>" waits this long at that
+    hand-off step (services/worker/events.PAUSE_STEPS); 0 = off."""
     fault_corrupt_chunk: int = -1
     """Fault injection: the chunk with this index goes out with a wrong checksum."""
     fault_replay_chunk: int = -1

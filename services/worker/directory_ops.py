@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+import tenacity
+
 from kv_directory.client import DirectoryClient, TxnReply
 from kv_directory.store import DirectoryUnavailable
 
 __all__ = ["DirectoryUnavailable", "TxnOps"]
+
+RELEASE_RETRY_S = 120.0
+"""How long a worker keeps retrying the release of a finished transaction."""
 
 
 class TxnOps:
@@ -53,10 +58,22 @@ class TxnOps:
         except (DirectoryUnavailable, ValueError):
             return None
 
-    async def release(self, request_id: str, transfer_id: str, generation: int) -> TxnReply | None:
-        """PUBLISHED -> RELEASED. Never raises (retention expiry cleans up)."""
+    async def release(self, request_id: str, transfer_id: str, generation: int,
+                      give_up_s: float = RELEASE_RETRY_S) -> TxnReply | None:
+        """PUBLISHED -> RELEASED. Never raises. While the directory is unreachable the
+        call is retried (backoff 0.2 s doubling to 5 s) for up to `give_up_s`: a
+        published transaction must not stay PUBLISHED because the directory blinked
+        as its sequence finished. Past that, this worker's lease expiry or restart
+        releases it (the directory's `dpub` index)."""
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(DirectoryUnavailable),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+            stop=tenacity.stop_after_delay(give_up_s), reraise=True)
         try:
-            return await self.client.release(request_id, transfer_id, generation, self.worker_id,
-                                             self.epoch_fn())
+            async for attempt in retrying:
+                with attempt:
+                    return await self.client.release(request_id, transfer_id, generation,
+                                                     self.worker_id, self.epoch_fn())
         except (DirectoryUnavailable, ValueError):
             return None
+        return None

@@ -7,6 +7,7 @@ prefill and a decode worker. Empty path: records nothing (the default).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -17,10 +18,33 @@ class EventLog:
     Times are time.monotonic() (CLOCK_MONOTONIC: comparable across processes on one host).
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, worker: str = ""):
         self.path = path
+        self.worker = worker
+        """Written into every record (one file may collect every worker's events)."""
         self._f = open(path, "a", buffering=1) if path else None
 
     def __call__(self, event: str, **fields) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(dict(event=event, t=time.monotonic(), **fields)) + "\n")
+            self._f.write(json.dumps(dict(event=event, t=time.monotonic(), worker=self.worker,
+                                          **fields)) + "\n")
+
+
+PAUSE_STEPS = ("reserved", "computed", "chunk", "commit", "published")
+"""Hand-off steps a fault test can stop a request at (`FaultPause`): decode reserved its
+blocks (the Reserve call has not returned); prefill computed (nothing sent); prefill
+between two chunks (mid-transfer); decode received the commit (not validated);
+decode published (token 0 not yet streamed)."""
+
+
+class FaultPause:
+    """Fault injection for tests and drills: a request whose id names a step as
+    `@<step>` waits `seconds` at that step (0: off, the default), so that a test can
+    kill, stop, cancel or time out exactly there."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    async def __call__(self, step: str, request_id: str) -> None:
+        if self.seconds > 0 and f"@{step}" in request_id:
+            await asyncio.sleep(self.seconds)
