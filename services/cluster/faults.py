@@ -225,7 +225,23 @@ class FaultRunner:
         if target:
             self.cluster.restart(target)
         (res.held_blocks, res.open_txns, res.unreleased), res.settle_s = settle(self.cluster, rid)
+        self._until_disaggregated()
         return res
+
+    def _until_disaggregated(self, timeout_s: float = 15.0) -> bool:
+        """Probe until a request is served disaggregated again (after a directory or Redis
+        outage the router serves colocated until it sees a decode-capable worker)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.cluster.router_address, timeout_s=10) as c:
+                    r = c.generate_full(prompt_ids=self.prompt[:8], max_tokens=1, mode="disaggregated")
+                if r.route == "disaggregated":
+                    return True
+            except Exception:  # noqa: BLE001 - still coming back
+                pass
+            time.sleep(0.2)
+        return False
 
     def _victim(self, victim: str, rid: str) -> str:
         if victim == "prefill":
