@@ -59,6 +59,8 @@ class Reservation:
     """The published sequence's token stream; tokens wait in it until DecodeStream reads them."""
     streamed: bool = False
     """A DecodeStream has attached to this reservation."""
+    cancelled: bool = False
+    """Cancel came after publication: stop it (before or after it joined the batch)."""
 
     @property
     def expected_cells(self) -> int:

@@ -132,8 +132,14 @@ class DecodeWorker:
                 reason = f"K/V digest {local} != source {commit.kv_digest}"
         if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
             reason = f"first token {commit.first_token} outside the vocabulary"
+        if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
+            reason = f"aborted while validating: {res.abort_reason}"
         if not reason:
             reason = await self._publish(res)
+            if not reason and res.state == ResState.ABORTED:
+                # Aborted (blocks freed) while the directory published: give the publication back.
+                self._release_later(res)
+                reason = f"aborted while publishing: {res.abort_reason}"
         if reason:
             await self.abort_unpublished(res, reason)
             return Verdict(False, reason)
@@ -143,7 +149,7 @@ class DecodeWorker:
         self.events("published", request=res.request_id, chunks=len(res.received))
         await self.pause("published", res.request_id)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
-        await self.loop.call(lambda e: self._admit(res.seq, commit.first_token, res.sink))
+        await self.loop.call(lambda e: self._admit(res, commit.first_token))
         res.published.set()
         if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
@@ -176,11 +182,16 @@ class DecodeWorker:
             return f"directory unavailable: {e}"
         return ""
 
-    def _admit(self, seq: Sequence, first_token: int, sink: AsyncSink) -> None:
-        """Loop thread: import done, stream token 0, then decode (or finish)."""
+    def _admit(self, res: Reservation, first_token: int) -> None:
+        """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
+        came between publication and now stops it here."""
+        seq, sink = res.seq, res.sink
         commit_import(self.engine, seq, first_token)
         sink.on_token(seq, first_token, 0)
-        if seq.is_finished:
+        if res.cancelled:
+            self.engine.free(seq)
+            sink.on_done(seq, asyncio.CancelledError("cancelled before decoding began"))
+        elif seq.is_finished:
             self.engine.free(seq)
             sink.on_done(seq, None)
         else:
@@ -233,8 +244,12 @@ class DecodeWorker:
             self.unread[res.transfer_id] = res
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
                 self.cfg.reservation_ttl_s, self.unread.pop, res.transfer_id, None)
+        self._release_later(res)
+
+    def _release_later(self, res: Reservation) -> None:
+        """PUBLISHED -> RELEASED in the directory, retried while it is away."""
         task = asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
-        self._releases.add(task)  # a strong reference until it is done (retried while the directory is away)
+        self._releases.add(task)  # a strong reference until it is done
         task.add_done_callback(self._releases.discard)
 
     # ---- colocated ----------------------------------------------------------
@@ -262,6 +277,7 @@ class DecodeWorker:
             if res.request_id == request_id and generation in (0, res.generation):
                 found = True
                 if res.state == ResState.PUBLISHED:
+                    res.cancelled = True  # not admitted yet: `_admit` stops it
                     self.loop.cancel(res.seq)
                 else:
                     await self.abort_unpublished(res, reason)

@@ -88,11 +88,13 @@ class RequestRun:
             self.events.put_nowait(outcome)
 
     def cancel(self, reason: str) -> None:
-        """Stop the request: its attempt tears down, then the stream ends CANCELLED."""
-        if self.task is None or self.task.done() or self.cancel_reason is not None:
+        """Stop the request: its attempt tears down, then the stream ends CANCELLED. A
+        request still in admission (no task yet) is refused CANCELLED when admission ends."""
+        if (self.task is not None and self.task.done()) or self.cancel_reason is not None:
             return
         self.cancel_reason = reason
-        self.task.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
     async def stream(self) -> AsyncIterator[Event]:
         """Client events until Complete; raises the request's RouterError."""
@@ -166,6 +168,8 @@ class Orchestrator:
         self._runs[req.request_id] = run
         try:
             cluster = await self.view.get()
+            if run.cancel_reason is not None:  # cancelled while in admission
+                raise RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason}")
             check_cluster(req, cluster)
             run.plan = self._plan(req, cluster)
         except BaseException:
@@ -197,7 +201,8 @@ class Orchestrator:
         if run is None:
             return False
         run.cancel(reason or "cancelled by client")
-        await asyncio.wait({run.task}, timeout=3 * self.config.cancel_timeout_s + 1.0)
+        if run.task is not None:  # else still in admission: it ends there, CANCELLED
+            await asyncio.wait({run.task}, timeout=3 * self.config.cancel_timeout_s + 1.0)
         return True
 
     async def drain(self) -> None:

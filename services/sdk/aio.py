@@ -159,10 +159,16 @@ class AsyncClient:
     complete = generate_full
 
     async def cancel(self, request_id: str, reason: str = "client cancel") -> bool:
-        """Cancel a running request; True if the router knew it. Idempotent."""
+        """Cancel a running request; True if the router knew it, False if it did not
+        (unknown, or already ended). Idempotent."""
         router, _ = self._stubs()
         request = common_pb2.CancelRequest(request_id=request_id, reason=reason)
-        return (await self._unary(router.Cancel, request)).found
+        try:
+            return (await self._unary(router.Cancel, request)).found
+        except PdError as e:
+            if e.code == "NOT_FOUND":
+                return False
+            raise
 
     async def status(self) -> ClusterStatus:
         """Cluster status from Admin.Status."""

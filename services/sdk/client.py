@@ -168,9 +168,15 @@ class Client:
     complete = generate_full
 
     def cancel(self, request_id: str, reason: str = "client cancel") -> bool:
-        """Cancel a running request; True if the router knew it. Idempotent."""
+        """Cancel a running request; True if the router knew it, False if it did not
+        (unknown, or already ended: a cancel racing the end is not an error). Idempotent."""
         request = common_pb2.CancelRequest(request_id=request_id, reason=reason)
-        return self._unary(self._router.Cancel, request).found
+        try:
+            return self._unary(self._router.Cancel, request).found
+        except PdError as e:
+            if e.code == "NOT_FOUND":
+                return False
+            raise
 
     def status(self) -> ClusterStatus:
         """Cluster status from Admin.Status."""

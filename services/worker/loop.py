@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from services.engine import Engine, Sequence
 
@@ -86,8 +86,8 @@ class EngineLoop:
 
     # ---- API for asyncio code -------------------------------------------
     def call(self, fn: Callable[[Engine], Any],
-             undo: Callable[[Engine, Any], None] | None = None) -> asyncio.Future:
-        """Run fn(engine) on the loop thread between steps; await the returned future.
+             undo: Callable[[Engine, Any], None] | None = None) -> Awaitable[Any]:
+        """Run fn(engine) on the loop thread between steps; await the result.
 
         `undo(engine, result)` says fn takes something (blocks) and how to give it back:
         a call whose awaiting task was cancelled before it ran is skipped, and one
@@ -97,7 +97,19 @@ class EngineLoop:
         fut = loop.create_future()
         self._commands.append(_Command(fn, fut, loop, undo))
         self._wake.set()
-        return fut
+        return fut if undo is None else self._owned(fut, undo)
+
+    async def _owned(self, fut: asyncio.Future, undo: Callable[[Engine, Any], None]) -> Any:
+        """Await a call that takes something. The cancel that lands after the result was
+        delivered but before the awaiting task resumed (asyncio throws it in at the await,
+        the result in hand) must give the result back too."""
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                result = fut.result()
+                self.call(lambda e: undo(e, result))
+            raise
 
     def submit_prefill(self, job: Job) -> None:
         """Queue a sequence for (chunked) prefill; afterwards it decodes unless prefill_only.

@@ -91,3 +91,29 @@ def test_a_call_without_undo_runs_even_if_its_caller_left(loop):
 
     asyncio.run(go())
     assert_no_leak(loop.engine)
+
+
+def test_a_cancel_between_delivery_and_resumption_gives_the_blocks_back(loop):
+    """Found by the 1,000-request cancel storm: the result is delivered (the future
+    done), then the awaiting task is cancelled before it runs again; asyncio throws
+    CancelledError in at the await with the result in hand, which was dropped.
+
+    Deterministic: the engine thread is held by a gate while two commands queue: the
+    allocation, then one that schedules `task.cancel` on the event loop. Both run in
+    one pass, so the event loop's ready queue is [deliver allocation, cancel task]:
+    the delivery wakes the task, the cancel lands before the task resumes."""
+    async def go():
+        aloop = asyncio.get_running_loop()
+        gate = threading.Event()
+        busy = loop.call(lambda e: gate.wait(10))
+        task = asyncio.ensure_future(loop.call(lambda e: e.add_request("r", PROMPT, 8), undo=Engine.free))
+        loop.call(lambda e: aloop.call_soon_threadsafe(task.cancel))
+        await asyncio.sleep(0)  # the task starts awaiting
+        gate.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _drained(loop)
+
+    asyncio.run(go())
+    assert_no_leak(loop.engine)

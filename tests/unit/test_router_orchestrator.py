@@ -498,3 +498,33 @@ def test_recent_generations_are_bounded():
         mem.note(req, i + 5)
     mem.note(reqs[1], 1)  # never goes back
     assert [mem.last(r) for r in reqs] == [0, 6, 7]
+
+
+def test_a_cancel_during_admission_ends_the_request_cancelled():
+    """Found by the cancel storm: Router.Cancel of a request still in admission (its
+    snapshot fetch in flight, no task yet) failed UNKNOWN with an AttributeError."""
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        gate = asyncio.Event()
+        real_snapshot = fake.snapshot
+
+        async def slow_snapshot(timeout_s):
+            await gate.wait()
+            return await real_snapshot(timeout_s)
+
+        fake.snapshot = slow_snapshot
+        submitted = asyncio.ensure_future(orch.submit(params()))
+        await asyncio.sleep(0.01)
+        found = await orch.cancel("r", "changed my mind")
+        gate.set()
+        with pytest.raises(RouterError) as err:
+            await submitted
+        return orch, found, err.value
+
+    orch, found, error = run(go())
+    assert found is True
+    assert error.code is StatusCode.CANCELLED and "changed my mind" in error.message
+    assert fake.ops("reserve") == []
+    assert_no_leaks(orch, fake)
