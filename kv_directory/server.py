@@ -65,6 +65,9 @@ STORE_THREADS = 16
 NONCE_SKEW_MARGIN_S = 60.0
 """A nonce record outlives its capability's expiry by this much, so a verifier
 whose clock lags the directory's still sees a replay as a replay."""
+MAX_CAPABILITY_LIFETIME_S = 3600.0
+"""A capability expiring further ahead than this is refused (a nonce record must not
+be kept for years, and Redis refuses expiry times past 2^63 ms)."""
 
 SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
 
@@ -310,7 +313,11 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """True the first time a nonce is seen (kept until the capability expires, plus skew margin)."""
         require(request.nonce, "nonce")
         require(request.expires_unix_ms, "expires_unix_ms")
-        ttl_s = max(request.expires_unix_ms / 1000 - time.time(), 0.0) + NONCE_SKEW_MARGIN_S
+        ahead_s = request.expires_unix_ms / 1000 - time.time()
+        if ahead_s > MAX_CAPABILITY_LIFETIME_S:
+            raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
+                             f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
+        ttl_s = max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S
         outcome = await self._run(self._store.consume_nonce, request.nonce, ttl_s)
         if outcome != Outcome.APPLIED:
             log.warning("nonce replay rejected (transfer %s)", request.transfer_id)
