@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/scorers/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput clean down
+.PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput bench-faults clean down
 
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-router: $(STAMP) $(NATIVE)
 
 bench-goodput: $(STAMP) $(NATIVE)
 	$(VPY) bench/goodput.py
+
+bench-faults: $(STAMP) $(NATIVE)
+	$(VPY) bench/faults.py
 
 down: $(STAMP)
 	$(VPY) -m services.cli down

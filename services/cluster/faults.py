@@ -181,9 +181,10 @@ class FaultRunner:
 
     def run(self, action: str, victim: str, step: str, mode: str = "disaggregated") -> CaseResult:
         """One case: the request stopped at `step`, then `action` (kill `victim`, cancel,
-        or a deadline that passes during the pause); restart; settle."""
+        or a deadline that passes during the pause; "none": a plain request, the
+        baseline); restart; settle."""
         self._n += 1
-        rid = f"{action}-{victim}@{step}-{self._n}"
+        rid = f"{action}-{victim}@{step}-{self._n}" if action != "none" else f"baseline-{self._n}"
         res = CaseResult(action, victim, step, rid)
         deadline_s = self.pause_s * 0.6 if action == "deadline" else self.patience_s
         box: dict = {}
@@ -201,8 +202,8 @@ class FaultRunner:
 
         thread = threading.Thread(target=request, daemon=True)
         thread.start()
-        hit = self.events.wait(rid, STEP_EVENT[step], timeout_s=20.0)
-        res.reached = hit is not None
+        hit = self.events.wait(rid, STEP_EVENT[step], timeout_s=20.0) if action != "none" else None
+        res.reached = hit is not None or action == "none"
         target = None
         if hit is not None and action == "kill":
             target = self._victim(victim, rid)
@@ -352,5 +353,72 @@ def burst(cluster: LocalCluster, prompts: list[list[int]], mode: str, max_tokens
         else:
             out.failed += 1
             out.errors.append(r.failed_attempts or f"{len(r.token_ids)} tokens")
+    (out.held_blocks, out.open_txns, _), out.settle_s = settle(cluster)
+    return out
+
+
+def _fences(cluster: LocalCluster) -> tuple[dict[str, int], int]:
+    async def read(d):
+        snap = await d.snapshot()
+        return {w.worker_id: w.epoch for w in snap.workers}, await d.get_route_epoch()
+    return _directory(cluster, read)
+
+
+def redis_restart(cluster: LocalCluster, prompt: list[int], keep_data: bool, max_tokens: int = 4,
+                  down_s: float = 1.0) -> LoadResult:
+    """Requests keep coming (one at a time, alternating modes) while Redis is SIGKILLed and,
+    `down_s` later, restarted with its AOF files or without them. `wrong_tokens` counts
+    fence regressions too (a worker epoch or the route epoch that moved backwards would
+    let a stale publication through)."""
+    import shutil
+    import signal
+
+    out = LoadResult(f"redis restart ({'with data' if keep_data else 'data lost'})", 0, 1)
+    with Client(cluster.router_address, timeout_s=30) as c:
+        reference = c.generate_full(prompt_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
+                                    mode="colocated").token_ids
+    time.sleep(1.2)  # appendfsync everysec
+    epochs, route_epoch = _fences(cluster)
+    stop = threading.Event()
+
+    def traffic():
+        with Client(cluster.router_address, timeout_s=30) as c:
+            while not stop.is_set():
+                mode = ("disaggregated", "colocated")[out.requests % 2]
+                out.requests += 1
+                try:
+                    r = c.generate_full(prompt_ids=prompt, max_tokens=max_tokens, ignore_eos=True, mode=mode,
+                                        deadline_s=20)
+                    out.ok += 1
+                    out.wrong_tokens += list(r.token_ids) != list(reference)
+                except Exception as exc:  # noqa: BLE001 - counted
+                    out.failed += 1
+                    out.errors.append(str(exc))
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    cluster.signal("redis", signal.SIGKILL)
+    if not keep_data:
+        for path in cluster.state.glob("appendonly*"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    time.sleep(down_s)
+    cluster.restart("redis")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until disaggregated serving is back
+        try:
+            with Client(cluster.router_address, timeout_s=10) as c:
+                if c.generate_full(prompt_ids=prompt, max_tokens=1, mode="disaggregated").route == "disaggregated":
+                    break
+        except Exception:  # noqa: BLE001 - still coming back
+            pass
+        time.sleep(0.2)
+    stop.set()
+    thread.join(60)
+    out.hung = int(thread.is_alive())
+    out.took_s = time.monotonic() - t0
+    after, route_after = _fences(cluster)
+    out.wrong_tokens += sum(after.get(w, e) < e for w, e in epochs.items()) + (route_after < route_epoch)
     (out.held_blocks, out.open_txns, _), out.settle_s = settle(cluster)
     return out

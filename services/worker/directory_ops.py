@@ -8,7 +8,8 @@ client's: `DirectoryUnavailable` when the directory cannot answer.
 
 from __future__ import annotations
 
-from typing import Callable
+import asyncio
+from typing import Awaitable, Callable
 
 import tenacity
 
@@ -30,6 +31,8 @@ class TxnOps:
         self.worker_id = worker_id
         self.epoch_fn = epoch_fn
         """This worker's current epoch (it changes when the worker re-registers)."""
+        self._background: set[asyncio.Task] = set()
+        """Aborts being retried while the directory is away (strong references)."""
 
     async def begin(self, request_id: str, transfer_id: str, generation: int) -> TxnReply:
         """RESERVED -> TRANSFERRING."""
@@ -50,13 +53,37 @@ class TxnOps:
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:
-        """Any unpublished state -> ABORTED (idempotent). Never raises: if the
-        directory is down, its lease/TTL reaper aborts the transaction later."""
+        """Any unpublished state -> ABORTED (idempotent). Never raises and never waits
+        for an absent directory: if it cannot answer now, the abort is retried in the
+        background (as `release` is) for up to RELEASE_RETRY_S, so that a transaction
+        does not stay open until its TTL because the directory blinked; past that the
+        lease/TTL reaper aborts it."""
         try:
             return await self.client.abort(request_id, transfer_id, generation, self.worker_id,
                                            self.epoch_fn(), reason)
+        except ValueError:
+            return None
+        except DirectoryUnavailable:
+            task = asyncio.ensure_future(self._retry(lambda: self.client.abort(
+                request_id, transfer_id, generation, self.worker_id, self.epoch_fn(), reason)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return None
+
+    async def _retry(self, call: Callable[[], Awaitable[TxnReply]],
+                     give_up_s: float = RELEASE_RETRY_S) -> TxnReply | None:
+        """`call` until the directory answers (backoff 0.2 s doubling to 5 s) or give_up_s."""
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(DirectoryUnavailable),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+            stop=tenacity.stop_after_delay(give_up_s), reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await call()
         except (DirectoryUnavailable, ValueError):
             return None
+        return None
 
     async def release(self, request_id: str, transfer_id: str, generation: int,
                       give_up_s: float = RELEASE_RETRY_S) -> TxnReply | None:
@@ -65,15 +92,5 @@ class TxnOps:
         published transaction must not stay PUBLISHED because the directory blinked
         as its sequence finished. Past that, this worker's lease expiry or restart
         releases it (the directory's `dpub` index)."""
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(DirectoryUnavailable),
-            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
-            stop=tenacity.stop_after_delay(give_up_s), reraise=True)
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await self.client.release(request_id, transfer_id, generation,
-                                                     self.worker_id, self.epoch_fn())
-        except (DirectoryUnavailable, ValueError):
-            return None
-        return None
+        return await self._retry(lambda: self.client.release(
+            request_id, transfer_id, generation, self.worker_id, self.epoch_fn()), give_up_s)
