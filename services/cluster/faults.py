@@ -2,7 +2,8 @@
 
 A case stops one request at one step of the hand-off and does something to it
 there: SIGKILL a process (prefill, decode, directory, Redis or the router),
-cancel the request, or let its deadline pass. Workers started with
+SIGSTOP a worker (hung: it is continued after the request ended), cancel the
+request, or let its deadline pass. Workers started with
 PD_FAULT_PAUSE_S > 0 wait that long at a step a request's id names as
 `@<step>` (services/worker/events.FaultPause), and append their hand-off events
 to PD_EVENT_LOG, which is how a case knows the request reached the step and
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -40,7 +42,7 @@ STEP_EVENT = {"reserved": "reserved", "computed": "computed", "chunk": "chunk_vi
 PREFILL_EVENTS = ("computed", "chunk_sent", "commit", "verdict")
 DECODE_EVENTS = ("reserved", "chunk_visible", "commit_received", "published")
 VICTIMS = ("prefill", "decode", "directory", "redis", "router")
-ACTIONS = ("kill", "cancel", "deadline")
+ACTIONS = ("kill", "stop", "cancel", "deadline")
 
 
 def kill_cases() -> list[tuple[str, str]]:
@@ -205,10 +207,10 @@ class FaultRunner:
         hit = self.events.wait(rid, STEP_EVENT[step], timeout_s=20.0) if action != "none" else None
         res.reached = hit is not None or action == "none"
         target = None
-        if hit is not None and action == "kill":
+        if hit is not None and action in ("kill", "stop"):
             target = self._victim(victim, rid)
             if target:
-                self.cluster.signal(target)
+                self.cluster.signal(target, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
         elif hit is not None and action == "cancel":
             with Client(self.cluster.router_address) as c:
                 c.cancel(rid, reason="fault suite")
@@ -223,8 +225,10 @@ class FaultRunner:
             err = box.get("error")
             res.outcome = f"failed: {getattr(err, 'code', type(err).__name__)}"
             res.detail = str(getattr(err, "message", err))
-        if target:
+        if target and action == "kill":
             self.cluster.restart(target)
+        elif target:  # stopped (hung): it comes back, finds its lease lost, registers again
+            self.cluster.signal(target, signal.SIGCONT)
         (res.held_blocks, res.open_txns, res.unreleased), res.settle_s = settle(self.cluster, rid)
         self._until_disaggregated()
         return res

@@ -2,7 +2,8 @@
 every await (issue 15): services/cluster/faults.py stops one request at one step,
 acts there, restarts the victim and waits for the cluster to settle.
 
-Expected: a worker, the directory or Redis killed, the request still completes with
+Expected: a worker, the directory or Redis killed (or a worker stopped), the request
+still completes with
 the fault-free run's tokens (a retry on the other pair, or the colocated recompute);
 the router killed, its client's request fails; a cancel or a deadline ends the
 request with CANCELLED or DEADLINE_EXCEEDED. In every case the cluster settles
@@ -42,6 +43,17 @@ def test_kill_at_each_step(runner, victim, step):
         assert r.outcome.startswith("failed"), r  # its client's stream went with it
     else:
         assert (r.outcome, r.tokens_match) == ("ok", True), r
+    assert r.clean(), r
+
+
+@pytest.mark.parametrize("victim,step", [("prefill", "chunk"), ("decode", "chunk"), ("decode", "published")])
+def test_a_hung_worker_is_routed_around(runner, victim, step):
+    """SIGSTOP: the worker stops answering without closing anything; its lease lapses
+    and the request completes elsewhere; continued, it finds its lease lost, drops
+    what it held and registers again."""
+    r = runner.run("stop", victim, step)
+    assert r.reached, f"the request never reached {step}"
+    assert (r.outcome, r.tokens_match) == ("ok", True), r
     assert r.clean(), r
 
 
