@@ -43,3 +43,14 @@ def assert_no_leak(engine: Engine) -> None:
     assert engine.num_free_blocks == engine.blocks.num_blocks, (
         f"{engine.blocks.num_blocks - engine.num_free_blocks} blocks leaked")
     assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+
+
+def running_loop(num_blocks: int = 64):
+    """A started EngineLoop over a tiny engine (a generator for pytest fixtures: stopped after)."""
+    from services.worker.loop import EngineLoop
+    engine_loop = EngineLoop(tiny_engine(num_blocks=num_blocks))
+    engine_loop.start()
+    try:
+        yield engine_loop
+    finally:
+        engine_loop.stop()

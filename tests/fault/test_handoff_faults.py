@@ -18,7 +18,6 @@ each transfer, and no leaked block or open transaction on the survivors.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import threading
 import time
@@ -31,6 +30,7 @@ from cluster_support import assert_cluster_clean, start_cluster
 from kv_directory.client import DirectoryClient
 from kv_directory.states import TxnState
 from services.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from services.cluster.faults import EventFile
 from services.sdk import Client
 
 MAX_TOKENS = 8
@@ -54,17 +54,7 @@ def cluster(tmp_path):
 
 
 def read_events(cluster, request_id: str, event: str = "") -> list[dict]:
-    if not cluster.events.exists():
-        return []
-    out = []
-    for line in cluster.events.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if e.get("request") == request_id and (not event or e["event"] == event):
-            out.append(e)
-    return out
+    return EventFile(cluster.events).of(request_id, event)
 
 
 def when_first_chunk_visible(cluster, request_id: str, action) -> threading.Thread:

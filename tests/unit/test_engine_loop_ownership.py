@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine_support import assert_no_leak, tiny_engine
+from engine_support import assert_no_leak, running_loop
 from services.engine import Engine
 from services.worker.loop import EngineLoop
 
@@ -17,10 +17,7 @@ PROMPT = list(range(3, 103))
 
 @pytest.fixture
 def loop():
-    engine_loop = EngineLoop(tiny_engine(num_blocks=64))
-    engine_loop.start()
-    yield engine_loop
-    engine_loop.stop()
+    yield from running_loop(num_blocks=64)
 
 
 async def _drained(loop: EngineLoop) -> None:

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from engine_support import assert_no_leak, tiny_engine
+from engine_support import assert_no_leak, running_loop, tiny_engine
 from kv_directory.states import Outcome, TxnState
 from prefill_worker.worker import PrefillWorker
 from services.engine import SamplingParams
@@ -77,10 +77,7 @@ class SilentPeer(KVSender):
 
 @pytest.fixture
 def loop():
-    engine_loop = EngineLoop(tiny_engine(num_blocks=64))
-    engine_loop.start()
-    yield engine_loop
-    engine_loop.stop()
+    yield from running_loop(num_blocks=64)
 
 
 def test_a_prefill_stuck_on_a_silent_peer_is_cancelled_at_its_ttl(loop):
