@@ -265,9 +265,11 @@ class UcxReceiver(KVReceiver):
         emit(exp, arrived)
         self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
 
-    def _wants_body(self, kind: int, tid: str) -> bool:
-        """A COMMIT's body (up to 8 MiB) is read only for a transfer this receiver expects."""
-        return kind != wire.COMMIT or tid in self.pending
+    def _wants_body(self, kind: int, tid: str, nonce: int) -> bool:
+        """An out-of-line body is received only from a sender that said HELLO (anyone else
+        could stall the mailbox with bodies that never come), and a COMMIT's (up to 8 MiB)
+        only for a transfer this receiver expects."""
+        return nonce in self._senders and (kind != wire.COMMIT or tid in self.pending)
 
     def _on_commit(self, nonce: int, tid: str, body: dict | None) -> None:
         exp = self.pending.get(tid)

@@ -170,10 +170,11 @@ class Mailbox:
     """
 
     def __init__(self, rt: UcxRuntime, tag: int, handler: Handler, name: str,
-                 wants_body: Callable[[int, str], bool] | None = None):
-        """wants_body(kind, transfer_id): False for a message whose out-of-line body is
-        not worth memory (a COMMIT for no pending transfer); that body is taken off the
-        wire by a 1-byte receive and the handler gets body None."""
+                 wants_body: Callable[[int, str, int], bool] | None = None):
+        """wants_body(kind, transfer_id, nonce): False for a message whose out-of-line
+        body is not worth memory or waiting for (a sender that never said HELLO, a COMMIT
+        for no pending transfer); that body is taken off the wire by a 1-byte receive
+        and the handler gets body None."""
         self.rt, self.tag, self.handler, self.name = rt, tag, handler, name
         self.wants_body = wants_body
         self._task: asyncio.Task | None = None
@@ -204,13 +205,20 @@ class Mailbox:
             ring.append((buf, self.rt.post_recv(buf, self.tag)))
         while True:
             buf, fut = ring.popleft()
-            await fut
+            try:
+                await fut
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. a message larger than the buffer (truncated)
+                log.warning("%s: dropped a message that could not be received: %r", self.name, e)
+                ring.append((buf, self.rt.post_recv(buf, self.tag)))  # the mailbox keeps receiving
+                continue
             view = memoryview(buf)
             try:
                 kind, tid, nonce, body_len, oob = wire.decode_head(view)
                 if kind == wire.STOP and self._stopping:
                     return
-                if oob and self.wants_body is not None and not self.wants_body(kind, tid):
+                if oob and self.wants_body is not None and not self.wants_body(kind, tid, nonce):
                     got = self.rt.post_recv(bytearray(1), oob)  # completes truncated: discarded
                     got.add_done_callback(lambda f: f.cancelled() or f.exception())
                     obj = None
