@@ -104,7 +104,7 @@ def load_rows(root: Path, quick: bool) -> list[dict]:
     out = []
     # A short transaction TTL: a transaction whose abort Redis lost with its last second of
     # AOF (appendfsync everysec) is reaped by it within the settle window.
-    c = cluster(root / "s", prefill=1, decode=1, num_blocks=512, lease_ttl_s=1.5, env={"PD_TXN_TTL_S": "15"})
+    c = cluster(root / "s", prefill=1, decode=1, num_blocks=512, env={"PD_TXN_TTL_S": "15"})
     try:
         storm = cancel_storm(c, n=200 if quick else 1000)
         out.append(storm)

@@ -142,6 +142,10 @@ def fit_prefill(rows: Seq[Seq[float]], ys: Seq[float]) -> tuple[float, float, fl
         a, b = fit_nonneg([r[:2] for r in rows], ys, relative=True)
         return a, b, 0.0
     a, b, c = fit_nonneg(rows, ys, relative=True)
+    i = max(range(len(rows)), key=lambda k: rows[k][1])
+    if b * rows[i][1] <= 0.01 * ys[i]:  # noisy points (a loaded machine) let the pair term take
+        a, b = fit_nonneg([r[:2] for r in rows], ys, relative=True)  # the per-token cost: refit without
+        c = 0.0  # it (a prefill is never free per token)
     return a, b, c
 
 

@@ -19,8 +19,7 @@ from services.cluster.faults import burst
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("burst"), prefill=1, decode=1, num_blocks=512,
-                      lease_ttl_s=1.5)
+    c = start_cluster(tmp_path_factory.mktemp("burst"), prefill=1, decode=1, num_blocks=512)
     yield c
     c.down()
 

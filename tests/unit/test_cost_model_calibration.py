@@ -102,3 +102,15 @@ def test_three_prefill_points_keep_the_pair_term():
     rows = [prefill_features(n, 0) for n in (32, 512, 2048)]
     ys = [truth[0] + truth[1] * r[1] + truth[2] * r[2] for r in rows]
     assert fit_prefill(rows, ys) == pytest.approx(truth, rel=1e-6)
+
+
+def test_fit_prefill_never_prices_a_token_at_zero():
+    """Seen on a loaded machine (the suite with two workers and a busy core): noisy
+    calibration points that the pair term alone fits best gave prefill_ms_per_token 0.
+    The fit then drops the pair term instead: every prefill token costs something."""
+    from services.worker.profile import fit_prefill, prefill_features
+    news = [64, 128, 256, 512]
+    rows = [prefill_features(n, 0) for n in news]
+    ys = [1e-5 * n * n / 2 for n in news]  # all quadratic: the full fit puts nothing per token
+    base, per_token, per_pair = fit_prefill(rows, ys)
+    assert per_token > 0 and per_pair == 0.0
