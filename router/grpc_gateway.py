@@ -34,6 +34,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     *RECONNECT_OPTIONS,
+    # gRPC shares subchannels between channels to one target by default: a new
+    # incarnation's channel would inherit the dead one's subchannel, still in reconnect
+    # backoff, and fail its first calls at once ("connection refused"). Its own pool.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 RETIRE_AFTER_S = 600.0
