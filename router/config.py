@@ -184,6 +184,13 @@ class RouterConfig:
     it for this long unless nothing else can serve them (its lease may not have
     expired in the directory yet)."""
 
+    unreachable_wait_ms: int = 5_000
+    """When every worker that could take a request's next attempt already failed to
+    answer in this request (connection refused, lease about to lapse), how long the
+    request waits for the cluster to change (the worker restarts and registers again,
+    its lease lapses, another joins) before dispatching into it anyway; bounded by the
+    request's deadline less its predicted service time. 0 retries at once."""
+
     queue_per_tenant: int = 256
     """Most requests of one tenant waiting for K/V room in the admission queue; one
     more is rejected RESOURCE_EXHAUSTED at once (router/queueing.py)."""
@@ -239,7 +246,7 @@ class RouterConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("default_deadline_ms", "snapshot_max_age_ms", "directory_retry_ms",
-                     "overlay_ttl_ms", "failure_cooldown_ms"):
+                     "overlay_ttl_ms", "failure_cooldown_ms", "unreachable_wait_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -320,6 +327,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_DIRECTORY_RETRY_MS": "directory_retry_ms",
     "PD_ROUTER_OVERLAY_TTL_MS": "overlay_ttl_ms",
     "PD_ROUTER_FAILURE_COOLDOWN_MS": "failure_cooldown_ms",
+    "PD_ROUTER_UNREACHABLE_WAIT_MS": "unreachable_wait_ms",
     "PD_ROUTER_CANARY_FRACTION": "canary_fraction",
     "PD_ROUTER_SLO_TTFT_MS": "slo_ttft_ms",
     "PD_ROUTER_SLO_TPOT_MS": "slo_tpot_ms",

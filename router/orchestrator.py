@@ -12,7 +12,9 @@ Lifecycle of one request (each arrow is one place in this file):
                disaggregation and a prefill worker exists), then colocated on a
                decode-capable worker; workers that failed (in this request, or
                router-wide in the last failure_cooldown_ms) are avoided when an
-               alternative exists
+               alternative exists; when the only workers left failed to answer
+               in this request (UNAVAILABLE), it waits up to unreachable_wait_ms
+               for the cluster to change (a restart re-registers) first
     end:     Complete | RouterError (every attempt listed) | DEADLINE_EXCEEDED |
              CANCELLED (Complete with finish_reason CANCELLED once tokens flowed)
 
@@ -331,6 +333,8 @@ class Orchestrator:
         generation = self.generations.last(req)  # above any earlier run of this request id
         behind_hops = requeues = 0
         fits = self.queue.room_for(req.demand)
+        unreachable: dict[str, int] = {}  # worker id -> epoch whose own call failed UNAVAILABLE here
+        wait_until: float | None = None  # how long this request waits for those to be replaced
         while number < cfg.max_attempts:
             cluster = await self.view.get()
             self._release(run)  # the plan-time hold must not count against the request's own room
@@ -350,6 +354,20 @@ class Orchestrator:
                 att = None  # the planned D has no room (any more): place where there is
             att = att or self._place(cluster, req, generation + 1, number == 0,
                                      disaggregated_left > 0 and not self.view.degraded, penalties, tried)
+            if att is not None and att.route is Route.DISAGGREGATED and _into(att, unreachable):
+                # A colocated worker that answers beats a pair with one that did not.
+                colocated = self._place(cluster, req, generation + 1, False, False, penalties, tried)
+                att = colocated if colocated is not None and not _into(colocated, unreachable) else att
+            if (att is None or _into(att, unreachable)) and unreachable:
+                if wait_until is None:
+                    patience = self._patience_s(run)
+                    wait_s = cfg.unreachable_wait_ms / 1000.0
+                    wait_until = time.monotonic() + (wait_s if patience is None else min(wait_s, patience))
+                if time.monotonic() < wait_until:
+                    # Only workers that failed to answer in this request (or none) are
+                    # left: wait for the cluster to change rather than burn an attempt.
+                    await asyncio.sleep(cfg.queue_poll_ms / 1000.0)
+                    continue
             if att is None:
                 break
             number += 1
@@ -405,6 +423,8 @@ class Orchestrator:
                     avoid[exc.culprit.worker_id] += 1
                     if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
                         self.failures.record(exc.culprit)
+                    if exc.code is StatusCode.UNAVAILABLE:
+                        unreachable[exc.culprit.worker_id] = exc.culprit.epoch
                 continue
             finally:
                 self.queue.kick()  # what the attempt held is free again
@@ -461,3 +481,8 @@ class Orchestrator:
         if worker is None:
             return None
         return Attempt(generation, Route.COLOCATED, decode=worker, route_epoch=cluster.route_epoch)
+
+
+def _into(att: Attempt, unreachable: dict[str, int]) -> bool:
+    """True when `att` would run on a worker (at the same epoch) that failed to answer."""
+    return any(w is not None and unreachable.get(w.worker_id) == w.epoch for w in (att.prefill, att.decode))

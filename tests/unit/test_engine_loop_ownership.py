@@ -96,18 +96,29 @@ def test_a_cancel_between_delivery_and_resumption_gives_the_blocks_back(loop):
     CancelledError in at the await with the result in hand, which was dropped.
 
     Deterministic: the engine thread is held by a gate while two commands queue: the
-    allocation, then one that schedules `task.cancel` on the event loop. Both run in
-    one pass, so the event loop's ready queue is [deliver allocation, cancel task]:
-    the delivery wakes the task, the cancel lands before the task resumes."""
+    allocation, then one that schedules `task.cancel` on the event loop. The event
+    loop itself is then held (a blocking wait, not an await) until the engine thread
+    has run both, so its ready queue is [deliver allocation, cancel task] before it
+    runs again: the delivery wakes the task, the cancel lands before the task resumes.
+    (Awaiting instead let the event loop deliver and resume the task between the two
+    commands on a fast machine: the CI failure this replaces.)"""
     async def go():
         aloop = asyncio.get_running_loop()
         gate = threading.Event()
+        scheduled = threading.Event()
+
+        def cancel_task(e):
+            aloop.call_soon_threadsafe(task.cancel)
+            scheduled.set()
+
         busy = loop.call(lambda e: gate.wait(10))
         task = asyncio.ensure_future(loop.call(lambda e: e.add_request("r", PROMPT, 8), undo=Engine.free))
-        loop.call(lambda e: aloop.call_soon_threadsafe(task.cancel))
+        canceller = loop.call(cancel_task)
         await asyncio.sleep(0)  # the task starts awaiting
         gate.set()
+        assert scheduled.wait(10)  # holds the event loop on purpose
         await busy
+        await canceller
         with pytest.raises(asyncio.CancelledError):
             await task
         await _drained(loop)

@@ -528,3 +528,64 @@ def test_a_cancel_during_admission_ends_the_request_cancelled():
     assert error.code is StatusCode.CANCELLED and "changed my mind" in error.message
     assert fake.ops("reserve") == []
     assert_no_leaks(orch, fake)
+
+
+def test_when_only_unreachable_workers_are_left_the_request_waits_for_a_replacement():
+    """Found in CI: d1 was killed while d0's lease had lapsed under load (gone from the
+    snapshot for a moment); attempts 2 and 3 went straight back to d1 (connection
+    refused) and the request failed while d0 was re-registering."""
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("p1", Role.PREFILL), worker("d1", Role.DECODE)])
+    dead = unavailable("failed to connect to all addresses; Connection refused")
+    fake.fail[("reserve", "d1")] = fake.fail[("generate", "d1")] = dead
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(unreachable_wait_ms=5_000, queue_poll_ms=10))
+        request = asyncio.ensure_future(collect(orch, params()))
+        await asyncio.sleep(0.3)
+        assert not request.done()
+        assert len(fake.ops("reserve", "generate")) == 1  # it waits; it does not spin on d1
+        fake.cluster = Cluster((*fake.cluster.workers, worker("d0", Role.DECODE)), fake.cluster.route_epoch)
+        return orch, *(await request)
+
+    orch, events, error = run(go())
+    assert error is None
+    assert [c[1] for c in fake.ops("reserve")] == ["d1", "d0"]
+    assert [(s.route, s.decode_worker_id) for s in started(events)] == [(Route.DISAGGREGATED, "d0")]
+    assert events[-1].attempts == 2 and tokens_of(events) == list(enumerate(model_tokens(PROMPT, 6)))
+    assert_no_leaks(orch, fake)
+
+
+def test_the_wait_for_a_replacement_is_bounded_then_the_attempts_run_out():
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE)])
+    fake.fail[("reserve", "d1")] = fake.fail[("generate", "d1")] = unavailable("Connection refused")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(unreachable_wait_ms=300, queue_poll_ms=10))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        events, error = await collect(orch, params())
+        return orch, events, error, loop.time() - start
+
+    orch, events, error, took_s = run(go())
+    assert error is not None and error.code is StatusCode.UNAVAILABLE
+    assert error.message.startswith("all 3 attempts failed")
+    assert 0.3 <= took_s < 3.0
+    assert len(fake.ops("reserve", "generate")) == 3
+    assert_no_leaks(orch, fake)
+
+
+def test_a_colocated_worker_that_answers_beats_a_pair_with_one_that_did_not():
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE), worker("m0", Role.BOTH)])
+    fake.fail[("reserve", "d1")] = unavailable("Connection refused")
+    fake.fail[("reserve", "m0")] = WorkerCallError(StatusCode.FAILED_PRECONDITION, "no room for a hand-off")
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(unreachable_wait_ms=5_000, max_disaggregated_attempts=3,
+                                               max_attempts=4))
+        return orch, *(await collect(orch, params()))
+
+    orch, events, error = run(go())
+    assert error is None
+    assert [(s.route, s.decode_worker_id) for s in started(events)] == [(Route.COLOCATED, "m0")]
+    assert [c[1] for c in fake.ops("reserve")] == ["d1", "m0"]  # not d1 again, and no wait
+    assert_no_leaks(orch, fake)
