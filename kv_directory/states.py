@@ -12,7 +12,9 @@ One K/V hand-off is one transaction, keyed by transfer id (article 0x06A, 0x10):
                coverage and checksum checks at the destination.
 * PUBLISHED    one compare-and-set on the request's current generation made the
                complete cache visible to decode. The only state decode may read.
-* RELEASED     the source acknowledged release after publication (terminal).
+* RELEASED     the decode worker released it when the sequence ended, or the
+               directory did when that decode worker was gone (terminal). The
+               prefill side never releases: it keeps its blocks as prefix cache.
 * ABORTED      any failure before PUBLISHED (terminal). A published cache is
                never aborted: it is released.
 

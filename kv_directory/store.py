@@ -4,9 +4,10 @@ Who calls what (the gRPC servicer maps one RPC to one method):
 
 * ``WorkerRegistry``   — workers: register at start, heartbeat, deregister;
   the router reads ``snapshot()``.
-* ``TransferLedger``   — the decode worker drives a transaction
-  reserve -> begin -> validated -> publish; the prefill worker calls
-  ``release`` after publication; anyone on a failure path calls ``abort``.
+* ``TransferLedger``   — the router reserves a transaction, the prefill worker
+  begins it, the decode worker marks it validated, publishes it and releases
+  it when the sequence ends; anyone on a failure path calls ``abort`` (the
+  owners are written once, in docs/design.md "The transaction").
 * ``PrefixIndex``      — workers publish the hash chains they hold; the
   router looks up where a prompt's leading blocks already live.
 * ``RouteEpochs``      — the router's rollback path advances the route epoch.

@@ -1,7 +1,7 @@
 """Plain values the SDK hands to callers: token events, results, status, errors.
 
 Nothing here imports gRPC or protobuf; `wire.py` converts to and from `pd.v1`.
-Latency fields follow DESIGN.md "Measurement": TTFT is the time to the first
+Latency fields follow docs/design.md "Measurement": TTFT is the time to the first
 token, TPOT = (latency - TTFT) / (output_tokens - 1), 0 with fewer than two
 tokens. Client-side values (`ttft_ms`, `tpot_ms`, `latency_ms`, `t_ms`) are
 measured with `time.perf_counter` from the moment `generate` is called; the
