@@ -38,7 +38,7 @@ async def run(argv: list[str] | None = None) -> None:
     profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
     receiver = build_receiver(cfg)
     await receiver.start()
-    directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
+    directory = DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s)
     membership: Membership | None = None
     txn = TxnOps(directory, cfg.worker_id, lambda: membership.epoch)
     worker = DecodeWorker(cfg, loop, receiver, txn)

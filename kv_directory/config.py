@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from services import contract
 from services.common.config import env_overrides
 
 
@@ -20,7 +21,7 @@ class DirectoryConfig:
     """Prefix of every Redis key. The ``{...}`` hash tag keeps all keys in one
     cluster slot, which Lua scripts touching computed keys require."""
 
-    listen_addr: str = "127.0.0.1:50070"
+    listen_addr: str = contract.DEFAULT_DIRECTORY_ADDRESS
     """gRPC listen address of the directory service (used by ``server.py``)."""
 
     lease_ttl_s: float = 10.0

@@ -29,7 +29,7 @@ async def run(argv: list[str] | None = None) -> None:
     profile = await loop.call(lambda e: obtain(e, profile_cfg))  # before serving: nothing else runs yet
     sender = build_sender(cfg)
     await sender.start()
-    directory = DirectoryClient(cfg.directory, cfg.rpc_timeout_s)
+    directory = DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s)
     membership: Membership | None = None
     txn = TxnOps(directory, cfg.worker_id, lambda: membership.epoch)
     worker = PrefillWorker(cfg, loop, sender, txn)

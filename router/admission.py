@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.config import RouterConfig
+from services import contract
 from router.placement import Demand, capacity_shortfall
 from router.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
@@ -55,8 +56,7 @@ def _invalid(message: str) -> RouterError:
     return RouterError(StatusCode.INVALID_ARGUMENT, message)
 
 
-_MODE_NAMES = {Mode.DISAGGREGATED: "disaggregated", Mode.COLOCATED: "colocated", Mode.AUTO: "auto",
-               Mode.SHADOW: "shadow", Mode.CANARY: "canary"}
+_MODE_NAMES = {Mode[name.upper()]: name for name in contract.MODES}
 
 
 def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Route, tokenizer: Any | None = None,

@@ -8,9 +8,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from services import contract
 from services.common.config import env_overrides
 
-MODES = ("disaggregated", "colocated", "auto", "shadow", "canary")
+MODES = contract.MODES
 """Router modes (see router/modes.py). bench/goodput.py and PD_ROUTER_MODE use these names."""
 
 DEFAULT_SCORER_WEIGHTS = "ttft_slack=1,tpot_slack=1,queue=0.25,kv_headroom=0.25,prefix_hit=0.25"
@@ -20,10 +21,10 @@ DEFAULT_SCORER_WEIGHTS = "ttft_slack=1,tpot_slack=1,queue=0.25,kv_headroom=0.25,
 class RouterConfig:
     """Everything the router needs to run; build with ``from_env()``."""
 
-    listen_addr: str = "127.0.0.1:50080"
+    listen_addr: str = contract.DEFAULT_ROUTER_ADDRESS
     """gRPC listen address of the Router and Admin services."""
 
-    directory_addr: str = "127.0.0.1:50070"
+    directory_addr: str = contract.DEFAULT_DIRECTORY_ADDRESS
     """host:port of the directory service."""
 
     default_mode: str = "disaggregated"
@@ -307,7 +308,7 @@ def parse_weights(text: str) -> dict[str, float]:
 # The one table of environment overrides: variable -> field.
 ENV_OVERRIDES: dict[str, str] = {
     "PD_ROUTER_LISTEN": "listen_addr",
-    "PD_DIRECTORY_ADDR": "directory_addr",
+    contract.DIRECTORY_ADDRESS_ENV: "directory_addr",
     "PD_ROUTER_MODE": "default_mode",
     "PD_MODEL": "model",
     "PD_ROUTER_ID": "router_id",

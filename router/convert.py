@@ -14,23 +14,13 @@ from router.types import (Capacity, Cluster, Completed, Event, FinishReason, Gen
                           PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Slo, Started,
                           StatusCode, StreamCall, StreamComplete, StreamItem, StreamToken, TokenOut, TxnOutcome,
                           RouterError, Worker, WorkerCallError)
+from services import contract
 from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 
-# In-band pd.v1.ErrorCode -> the status class the router treats it as.
 ERROR_CODE_STATUS: dict[int, StatusCode] = {
-    common_pb2.ERROR_CODE_UNSPECIFIED: StatusCode.INTERNAL,
-    common_pb2.ERROR_CODE_INVALID_ARGUMENT: StatusCode.INVALID_ARGUMENT,
-    common_pb2.ERROR_CODE_RESOURCE_EXHAUSTED: StatusCode.RESOURCE_EXHAUSTED,
-    common_pb2.ERROR_CODE_ADMISSION_REJECTED: StatusCode.RESOURCE_EXHAUSTED,
-    common_pb2.ERROR_CODE_DEADLINE_EXCEEDED: StatusCode.DEADLINE_EXCEEDED,
-    common_pb2.ERROR_CODE_CANCELLED: StatusCode.CANCELLED,
-    common_pb2.ERROR_CODE_UNAVAILABLE: StatusCode.UNAVAILABLE,
-    common_pb2.ERROR_CODE_CACHE_ABI_MISMATCH: StatusCode.FAILED_PRECONDITION,
-    common_pb2.ERROR_CODE_STALE_GENERATION: StatusCode.ABORTED,
-    common_pb2.ERROR_CODE_CAPABILITY_DENIED: StatusCode.PERMISSION_DENIED,
-    common_pb2.ERROR_CODE_TRANSFER_FAILED: StatusCode.ABORTED,
-    common_pb2.ERROR_CODE_INTERNAL: StatusCode.INTERNAL,
-}
+    common_pb2.ErrorCode.Value(f"ERROR_CODE_{name}"): StatusCode[status]
+    for name, status in contract.ERROR_CODE_STATUS.items()}
+"""pd.v1.ErrorCode -> status, as services/contract.py maps them."""
 
 _FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
                    common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,

@@ -12,7 +12,9 @@ import argparse
 import random
 import sys
 
-DEFAULT_STATE = ".pdserve"
+from services import contract
+
+DEFAULT_STATE = contract.LOCAL_STATE_DIR
 
 
 def _spec(args):
@@ -95,18 +97,20 @@ def cmd_export(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from services.cluster.launcher import ClusterSpec
+
     ap = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("up", "demo"):
         p = sub.add_parser(name)
-        p.add_argument("--prefill", type=int, default=1)
-        p.add_argument("--decode", type=int, default=1)
-        p.add_argument("--mixed", type=int, default=0,
+        p.add_argument("--prefill", type=int, default=ClusterSpec.prefill)
+        p.add_argument("--decode", type=int, default=ClusterSpec.decode)
+        p.add_argument("--mixed", type=int, default=ClusterSpec.mixed,
                        help="decode workers that also serve Prefill (either phase, or both)")
-        p.add_argument("--model", default="tiny")
-        p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
-        p.add_argument("--transport", default="tcp")
-        p.add_argument("--num-blocks", type=int, default=512)
+        p.add_argument("--model", default=ClusterSpec.model)
+        p.add_argument("--mode", default=ClusterSpec.mode, choices=contract.MODES)
+        p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"))
+        p.add_argument("--num-blocks", type=int, default=ClusterSpec.num_blocks)
         p.add_argument("--state-dir", default=DEFAULT_STATE)
         if name == "demo":
             p.add_argument("--max-tokens", type=int, default=12)

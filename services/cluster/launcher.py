@@ -23,7 +23,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services import contract
+
 from .redis_proc import find_redis_server, free_port, pings
+
+ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +69,7 @@ class ClusterSpec:
     torch_threads: int = 1
     lease_ttl_s: float = 3.0
     reservation_ttl_s: float = 30.0
-    state_dir: str = ".pdserve"
+    state_dir: str = contract.LOCAL_STATE_DIR
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every service process."""
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -180,7 +184,7 @@ class LocalCluster:
                 "directory": self.directory_address, "redis": self.redis_url,
                 "procs": {k: asdict(v) for k, v in self.procs.items()}}
         (self.state / "cluster.json").write_text(json.dumps(data, indent=2))
-        (self.state / "router.addr").write_text(self.router_address)
+        (self.state / ROUTER_ADDRESS_NAME).write_text(self.router_address)
 
     # ---- inspect / stop ----------------------------------------------------
     @classmethod
@@ -251,7 +255,7 @@ class LocalCluster:
                     self._popen[name].wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-        for f in ("cluster.json", "router.addr"):
+        for f in ("cluster.json", ROUTER_ADDRESS_NAME):
             (self.state / f).unlink(missing_ok=True)
         self.procs.clear()
 

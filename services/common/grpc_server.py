@@ -16,17 +16,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services import contract
+
 log = logging.getLogger(__name__)
 
 # Registration hook: (servicer, server) -> None, e.g. router_pb2_grpc.add_RouterServicer_to_server.
 Registration = tuple[Callable[[object, grpc.aio.Server], None], object, str]
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+MAX_MESSAGE_BYTES = contract.MAX_MESSAGE_BYTES
 """Largest control-plane message. K/V never travels over gRPC; the largest legal
 message is a prompt (a 1M-token prompt is under 5 MiB of varints). Parsing costs
 far more memory than the wire size (a Python int per token), so the cap is set
 well below what a service can hold: 64 MiB let a 48 MB prompt cost the router
-818 MB. Must match MAX_MESSAGE_BYTES in services/sdk/wire.py."""
+818 MB."""
 
 RECONNECT_OPTIONS = [
     # A peer that was unreachable (restarted, or a blip) is tried again within a second,

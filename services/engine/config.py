@@ -130,14 +130,16 @@ class EngineConfig:
 
     block_size: int = 16
     """Tokens per K/V block."""
-    num_blocks: int = 256
+    num_blocks: int = 512
     """Blocks in the pool (per layer, K and V each)."""
-    chunk_tokens: int = 512
+    chunk_tokens: int = 256
     """Most prompt tokens one prefill forward computes (chunked prefill)."""
     dtype: str = "float32"
     """Compute and cache dtype: float32 (CPU default), bfloat16 or float16."""
-    torch_threads: int = 0
-    """Intra-op threads for this engine; 0 leaves torch's default."""
+    torch_threads: int = 1
+    """Intra-op threads for this engine; 0 leaves torch's default (every core). One by
+    default: a serving host runs several engines (one per worker process) that would
+    otherwise each start a thread per core and fight over them."""
     max_model_len: int = 0
     """Longest prompt + output; 0 means the model's max_position_embeddings."""
     attn_tile_tokens: int = 128

@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_ROUTER_ADDRESS = "127.0.0.1:50051"
-ROUTER_ENV = "PD_ROUTER"
-# Must match the path the local launcher writes (services/cluster).
-ROUTER_ADDR_FILE = Path(".pdserve") / "router.addr"
+from services import contract
+
+DEFAULT_ROUTER_ADDRESS = contract.DEFAULT_ROUTER_ADDRESS
+ROUTER_ENV = contract.ROUTER_ADDRESS_ENV
+ROUTER_ADDR_FILE = Path(contract.ROUTER_ADDRESS_FILE)
 
 
 def resolve_router_address(explicit: str | None = None, cwd: Path | None = None) -> str:
-    """First non-empty of: `explicit`, $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50051."""
+    """First non-empty of: `explicit`, $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50080."""
     if explicit:
         return explicit
     from_env = os.environ.get(ROUTER_ENV, "").strip()

@@ -1,6 +1,6 @@
 """asyncio pdserve client: the same calls as `client.Client`, awaited.
 
-    async with AsyncClient("127.0.0.1:50051") as client:
+    async with AsyncClient("127.0.0.1:50080") as client:
         async for token in client.generate(prompt="Hello", max_tokens=16):
             print(token.text, end="", flush=True)
         result = await client.generate_full(prompt_ids=[1, 2, 3], max_tokens=8)

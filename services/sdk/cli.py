@@ -8,7 +8,7 @@
     pdctl set-mode rolled_back --reason "drill"
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
-local launcher's `.pdserve/router.addr`, then 127.0.0.1:50051.
+local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080.
 Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
 message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
 """
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
     parser.add_argument("--router", default=None,
-                        help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50051)")
+                        help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50080)")
     parser.add_argument("--timeout", type=float, default=30.0, help="unary call timeout, s (default 30)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

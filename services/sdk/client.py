@@ -1,6 +1,6 @@
 """Synchronous pdserve client: Generate as an iterator of tokens, Cancel, and Admin calls.
 
-    with Client("127.0.0.1:50051") as client:
+    with Client("127.0.0.1:50080") as client:
         for token in client.generate(prompt="Hello", max_tokens=16):
             print(token.text, end="", flush=True)
         result = client.generate_full(prompt_ids=[1, 2, 3], max_tokens=8)

@@ -12,13 +12,14 @@ from typing import Iterable, Sequence
 
 import grpc
 
+from services import contract
 from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from services.sdk.types import (
     ClusterStatus, ModeChange, PdError, TransactionInfo, WorkerStatus,
 )
 
-# Channel options shared by both clients. Must match MAX_MESSAGE_BYTES in services/common/grpc_server.py.
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# Channel options shared by both clients.
+MAX_MESSAGE_BYTES = contract.MAX_MESSAGE_BYTES
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -29,35 +30,16 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 
-MODES = {
-    "disaggregated": router_pb2.MODE_DISAGGREGATED,
-    "colocated": router_pb2.MODE_COLOCATED,
-    "auto": router_pb2.MODE_AUTO,
-    "shadow": router_pb2.MODE_SHADOW,
-    "canary": router_pb2.MODE_CANARY,
-}
-RELEASE_MODES = {
-    "pinned": admin_pb2.RELEASE_MODE_PINNED,
-    "shadow": admin_pb2.RELEASE_MODE_SHADOW,
-    "canary": admin_pb2.RELEASE_MODE_CANARY,
-    "active": admin_pb2.RELEASE_MODE_ACTIVE,
-    "rolled_back": admin_pb2.RELEASE_MODE_ROLLED_BACK,
-}
+MODES = {name: router_pb2.Mode.Value(f"MODE_{name.upper()}") for name in contract.MODES}
+RELEASE_MODES = {name: admin_pb2.ReleaseMode.Value(f"RELEASE_MODE_{name.upper()}")
+                 for name in contract.RELEASE_MODES}
 TXN_STATES = {
     name.removeprefix("TXN_STATE_").lower(): number
     for name, number in manifest_pb2.TxnState.items() if number != 0
 }
 
-# Nearest gRPC status for pd.v1 ErrorCodes whose name is not a gRPC status name.
-_GRPC_EQUIVALENT = {
-    "ADMISSION_REJECTED": "RESOURCE_EXHAUSTED",
-    "CACHE_ABI_MISMATCH": "FAILED_PRECONDITION",
-    "STALE_GENERATION": "ABORTED",
-    "CAPABILITY_DENIED": "PERMISSION_DENIED",
-    "TRANSFER_FAILED": "UNAVAILABLE",
-}
-# gRPC statuses after which the same call may succeed if repeated.
-_RETRYABLE_GRPC = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED"}
+_GRPC_EQUIVALENT = contract.ERROR_CODE_STATUS
+_RETRYABLE_GRPC = contract.RETRYABLE_STATUSES
 _UINT32_MAX = 2**32 - 1
 _UINT64_MAX = 2**64 - 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from services import contract
 from services.common.config import env_overrides
 from services.engine import EngineConfig
 
@@ -17,8 +18,8 @@ class WorkerConfig:
     """gRPC listen address (port 0 picks a free port)."""
     advertise: str = ""
     """Address others use to reach this worker; empty = the bound listen address."""
-    directory: str = "127.0.0.1:50050"
-    """Directory service address."""
+    directory_addr: str = contract.DEFAULT_DIRECTORY_ADDRESS
+    """Directory service address (PD_DIRECTORY_ADDR, as the router reads it)."""
     worker_id: str = ""
     """Stable name of this worker; empty = role-pid."""
     model: str = "tiny"
@@ -26,11 +27,11 @@ class WorkerConfig:
     serve_prefill: bool = False
     """Decode worker only: also serve pd.v1.Prefill from the same engine, so the router can
     use this worker for either phase of a split route, or for both (directory role mixed)."""
-    num_blocks: int = 512
-    """K/V blocks in the pool."""
-    block_size: int = 16
+    num_blocks: int = EngineConfig.num_blocks
+    """K/V blocks in the pool (the engine's default: one default, one variable)."""
+    block_size: int = EngineConfig.block_size
     """Tokens per block."""
-    chunk_tokens: int = 256
+    chunk_tokens: int = EngineConfig.chunk_tokens
     """Prefill chunk size."""
     max_batch: int = 64
     """Most sequences in one decode step."""
@@ -68,7 +69,7 @@ class WorkerConfig:
     shorter; a lost connection is usually noticed sooner by gRPC)."""
     rpc_timeout_s: float = 5.0
     """Deadline of calls to the directory and peers."""
-    torch_threads: int = 1
+    torch_threads: int = EngineConfig.torch_threads
     """Intra-op threads of this worker's engine."""
     fault_delay_before_send_s: float = 0.0
     """Fault-injection hook for tests: prefill sleeps this long between compute and send."""

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from services import contract
 from services.engine import Engine, selfcheck
 from services.engine.selfcheck import SelfCheck
 from kv_directory.store import WorkerCapacity
@@ -25,7 +26,7 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
     ap = argparse.ArgumentParser(prog=f"python -m {role}_worker")
     ap.add_argument("--listen")
     ap.add_argument("--advertise")
-    ap.add_argument("--directory")
+    ap.add_argument("--directory", help=f"directory service host:port (${contract.DIRECTORY_ADDRESS_ENV})")
     ap.add_argument("--worker-id")
     ap.add_argument("--model")
     ap.add_argument("--num-blocks", type=int)
@@ -40,7 +41,7 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
     ap.add_argument("--log-level", default=os.environ.get("PD_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     cfg = WorkerConfig.from_env(
-        listen=args.listen, advertise=args.advertise, directory=args.directory,
+        listen=args.listen, advertise=args.advertise, directory_addr=args.directory,
         worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
         block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
         reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads,

@@ -98,7 +98,7 @@ def test_unencodable_arguments_fail_locally(fake, client, kwargs):
 @pytest.mark.parametrize("code,name,grpc_name,retryable", [
     (common_pb2.ERROR_CODE_ADMISSION_REJECTED, "ADMISSION_REJECTED", "RESOURCE_EXHAUSTED", True),
     (common_pb2.ERROR_CODE_INVALID_ARGUMENT, "INVALID_ARGUMENT", "INVALID_ARGUMENT", False),
-    (common_pb2.ERROR_CODE_TRANSFER_FAILED, "TRANSFER_FAILED", "UNAVAILABLE", True),
+    (common_pb2.ERROR_CODE_TRANSFER_FAILED, "TRANSFER_FAILED", "ABORTED", True),
     (common_pb2.ERROR_CODE_UNSPECIFIED, "INTERNAL", "INTERNAL", False),
 ])
 def test_stream_error_event_becomes_pd_error(fake, client, code, name, grpc_name, retryable):

@@ -180,7 +180,7 @@ def test_cli_status_transactions_cancel_set_mode(fake, addr, capsys):
 def test_router_address_resolution(fake, addr, monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PD_ROUTER", raising=False)
-    assert resolve_router_address() == "127.0.0.1:50051"
+    assert resolve_router_address() == "127.0.0.1:50080"
     (tmp_path / ".pdserve").mkdir()
     (tmp_path / ".pdserve" / "router.addr").write_text(addr + "\n")
     assert resolve_router_address() == addr

@@ -1,0 +1,58 @@
+"""The names and numbers every pdserve process and client must agree on, defined once.
+
+Default addresses, the environment variables that name other services, the
+serving and release mode names, how a pd.v1 ErrorCode maps onto a gRPC status,
+and the message limits. Imported by the router, the directory, the workers, the
+launcher and the SDK (so it imports nothing but the standard library: the SDK
+installs without the server's dependencies). tests/unit/test_contract.py pins
+that every user agrees.
+"""
+
+from __future__ import annotations
+
+ROUTER_PORT = 50080
+"""Default gRPC port of the router (pd.v1.Router and pd.v1.Admin)."""
+DIRECTORY_PORT = 50070
+"""Default gRPC port of the directory (pd.v1.Directory)."""
+DEFAULT_ROUTER_ADDRESS = f"127.0.0.1:{ROUTER_PORT}"
+DEFAULT_DIRECTORY_ADDRESS = f"127.0.0.1:{DIRECTORY_PORT}"
+
+ROUTER_ADDRESS_ENV = "PD_ROUTER"
+"""host:port of the router, for clients (SDK, pdctl)."""
+DIRECTORY_ADDRESS_ENV = "PD_DIRECTORY_ADDR"
+"""host:port of the directory, for the router and the workers."""
+LOCAL_STATE_DIR = ".pdserve"
+"""Default state folder of the local cluster (`pdserve up`), under the current directory."""
+ROUTER_ADDRESS_FILE = f"{LOCAL_STATE_DIR}/router.addr"
+"""Where the local launcher writes the router's host:port, relative to the directory
+it was started from; `pdctl` run from there finds the cluster."""
+
+MODES = ("disaggregated", "colocated", "auto", "shadow", "canary")
+"""Serving modes by name: pd.v1.Mode without its MODE_ prefix, lower case."""
+RELEASE_MODES = ("pinned", "shadow", "canary", "active", "rolled_back")
+"""Release modes by name: pd.v1.ReleaseMode without its RELEASE_MODE_ prefix, lower case."""
+
+ERROR_CODE_STATUS = {
+    "UNSPECIFIED": "INTERNAL",
+    "INVALID_ARGUMENT": "INVALID_ARGUMENT",
+    "RESOURCE_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "ADMISSION_REJECTED": "RESOURCE_EXHAUSTED",
+    "DEADLINE_EXCEEDED": "DEADLINE_EXCEEDED",
+    "CANCELLED": "CANCELLED",
+    "UNAVAILABLE": "UNAVAILABLE",
+    "CACHE_ABI_MISMATCH": "FAILED_PRECONDITION",
+    "STALE_GENERATION": "ABORTED",
+    "CAPABILITY_DENIED": "PERMISSION_DENIED",
+    "TRANSFER_FAILED": "ABORTED",
+    "INTERNAL": "INTERNAL",
+}
+"""pd.v1.ErrorCode name (without ERROR_CODE_) -> gRPC status name. A failed transfer is
+ABORTED: the transaction was aborted and the request may run again under a new
+generation (the router does that itself; a client may retry the request)."""
+
+RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED"})
+"""gRPC statuses after which the same request may succeed if sent again."""
+
+MAX_MESSAGE_BYTES = 8 << 20
+"""Largest gRPC message any pdserve channel or server sends or accepts (8 MiB: a
+prompt of ~1M token ids; the default 4 MiB of gRPC allows ~500k)."""
