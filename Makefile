@@ -38,6 +38,7 @@ run: $(STAMP) $(NATIVE)
 # worker): most of the suite waits on real processes (startups, leases, pauses), so two
 # run in about 11 minutes what one runs in 17 on two cores.
 test: $(STAMP) $(NATIVE)
+	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 proto: $(STAMP)

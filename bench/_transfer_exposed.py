@@ -30,7 +30,7 @@ import shutil
 import statistics
 import tempfile
 
-from _transfer_tap import PrefillTap  # noqa: E402
+from _transfer_tap import PrefillTap
 
 KV_BYTES_PER_TOKEN_LAYER_SMALL = 2 * 2 * 64 * 4  # K+V x kv heads x head_dim x fp32 (`small`)
 

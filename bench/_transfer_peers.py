@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
-from services.transfer import (Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit,
-                               Verdict, checksum)
+from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum
 from services.transfer.chunks import plan_chunks
 
 GRPC_METHOD = "/pdbench.Sink/Put"

@@ -35,9 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.cluster.faults import (STEPS, FaultRunner, burst, cancel_storm, fault_env, kill_cases,  # noqa: E402
-                                     redis_restart)
-from services.cluster.launcher import ClusterSpec, LocalCluster  # noqa: E402
+from services.cluster.faults import STEPS, FaultRunner, burst, cancel_storm, fault_env, kill_cases, redis_restart
+from services.cluster.launcher import ClusterSpec, LocalCluster
 
 PAUSE_S = 2.0
 COLUMNS = ("fault", "injected", "affected", "failed", "expected_ends", "hung", "blocks_leaked",

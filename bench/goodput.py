@@ -41,8 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _goodput_report import Goodput, Progress, RateSearch, at_least, goodput, plot  # noqa: E402
-from _goodput_run import (REQUEST_DEADLINE_S, Isolated, PointResult, Slo, measure_isolated,  # noqa: E402
-                          run_point, score, warm_up)
+from _goodput_run import REQUEST_DEADLINE_S, Isolated, PointResult, Slo, measure_isolated, run_point, score, warm_up  # noqa: E402
 from _goodput_workload import Workload, describe, request_classes, trace, workloads  # noqa: E402
 
 from services.cluster.launcher import ClusterSpec, LocalCluster  # noqa: E402
@@ -160,10 +159,10 @@ def drain_s(w: Workload, classes, iso: dict[str, Isolated]) -> float:
 def _workers_text(mode: str, args) -> str:
     spec = cluster_spec(mode, args, Path(args.out_dir))
     if mode == "colocated":
-        return "0 prefill + %d decode (colocated on decode workers)" % spec.decode
+        return f"0 prefill + {spec.decode} decode (colocated on decode workers)"
     if spec.mixed:
-        return "%d mixed (decode workers that also serve Prefill)" % spec.mixed
-    return "%d prefill + %d decode" % (spec.prefill, spec.decode)
+        return f"{spec.mixed} mixed (decode workers that also serve Prefill)"
+    return f"{spec.prefill} prefill + {spec.decode} decode"
 
 
 def config_row(args, classes, wls, modes, skipped) -> dict:
@@ -350,8 +349,8 @@ class Bench:
             best = max(by["colocated"].goodput_rps, by["disaggregated"].goodput_rps)
             self.out.emit("target", target=f"auto >= 0.95x the better of the two on {w}",
                           value=round(by["auto"].goodput_rps / best, 3) if best else None, met=met,
-                          why="; ".join(f"vs {m}: {why}" for m, (_, why) in zip(("colocated", "disaggregated"), verdicts)
-                                        if why))
+                          why="; ".join(f"vs {m}: {why}"
+                                        for m, (_, why) in zip(("colocated", "disaggregated"), verdicts) if why))
 
 
 def _r(x: float | None) -> float | None:

@@ -54,16 +54,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_directory.profile import CostProfile  # noqa: E402
-from router import native  # noqa: E402
-from router.config import RouterConfig  # noqa: E402
-from router.cost_model import CostModel  # noqa: E402
-from router.cost_table import CostTable  # noqa: E402
-from router.decision import DecisionParams, RequestShape, decide, reference_decide  # noqa: E402
-from router.placement import Demand, choose_pair  # noqa: E402
-from router.prefix_index import PrefixIndex, block_hashes  # noqa: E402
-from router.scorers import build  # noqa: E402
-from router.types import Capacity, Cluster, Load, Role, Worker  # noqa: E402
+from kv_directory.profile import CostProfile
+from router import native
+from router.config import RouterConfig
+from router.cost_model import CostModel
+from router.cost_table import CostTable
+from router.decision import DecisionParams, RequestShape, decide, reference_decide
+from router.placement import Demand, choose_pair
+from router.prefix_index import PrefixIndex, block_hashes
+from router.scorers import build
+from router.types import Capacity, Cluster, Load, Role, Worker
 
 BLOCK = 16
 INDEX_KEYS = 10_000
@@ -92,7 +92,8 @@ def snapshot(n: int, rng: random.Random) -> Cluster:
 def prompts(rng: random.Random, count: int) -> list[list[int]]:
     """Prompts drawn from 200 shared 512-token prefixes plus a random tail."""
     prefixes = [[rng.randrange(32000) for _ in range(512)] for _ in range(200)]
-    return [rng.choice(prefixes)[:rng.randrange(64, 513)] + [rng.randrange(32000) for _ in range(rng.randrange(8, 1024))]
+    return [rng.choice(prefixes)[:rng.randrange(64, 513)]
+            + [rng.randrange(32000) for _ in range(rng.randrange(8, 1024))]
             for _ in range(count)]
 
 

@@ -40,10 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _transfer_peers import Geometry, serve  # noqa: E402
-from _transfer_perftest import find_perftest, run_tag_bw  # noqa: E402
+from _transfer_peers import Geometry, serve
+from _transfer_perftest import find_perftest, run_tag_bw
 
-from services.cluster.redis_proc import free_port  # noqa: E402
+from services.cluster.redis_proc import free_port
 
 MIB = 1 << 20
 PATHS = ("pdserve-ucx", "pdserve-tcp", "ucx_perftest", "grpc-stream", "raw-tcp")

@@ -13,15 +13,24 @@ import logging
 
 from kv_directory.client import DirectoryClient
 from kv_directory.store import LoadReport, WorkerInfo, WorkerRole
+from prefill_worker.server import PrefillServicer
+from prefill_worker.worker import PrefillWorker
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
 from services.rpc.pd.v1 import decode_pb2_grpc, prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
+from services.worker.process import (
+    advertised,
+    block_counts,
+    build_engine_loop,
+    build_receiver,
+    build_sender,
+    capacity,
+    metrics_file,
+    parse_config,
+    run_process,
+)
 from services.worker.profile import ProfileConfig, active_context_tokens, obtain
-from services.worker.process import (advertised, block_counts, build_engine_loop, build_receiver,
-                                     build_sender, capacity, metrics_file, parse_config, run_process)
-from prefill_worker.server import PrefillServicer
-from prefill_worker.worker import PrefillWorker
 
 from .server import DecodeServicer
 from .worker import DecodeWorker

@@ -15,11 +15,10 @@ import asyncio
 import collections
 import logging
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
-from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver,
-                               TransferCommit, Verdict)
+from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_views
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps

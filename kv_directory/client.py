@@ -89,7 +89,7 @@ class TxnReply:
         return self.outcome.ok
 
     @classmethod
-    def from_pb(cls, r: directory_pb2.TxnResponse) -> "TxnReply":
+    def from_pb(cls, r: directory_pb2.TxnResponse) -> TxnReply:
         """Proto TxnResponse -> TxnReply."""
         state = None if r.state == manifest_pb2.TXN_STATE_UNSPECIFIED else STATE_FROM_PB[r.state]
         return cls(r.request_id, r.transfer_id, OUTCOME_FROM_PB[r.outcome], state, r.current_generation)
@@ -118,7 +118,7 @@ class TxnRecord:
     """The manifest it was reserved with: the copy the destination validates against."""
 
     @classmethod
-    def from_pb(cls, t: manifest_pb2.Transaction) -> "TxnRecord":
+    def from_pb(cls, t: manifest_pb2.Transaction) -> TxnRecord:
         """Proto Transaction -> TxnRecord."""
         return cls(
             t.request_id, t.transfer_id, t.tenant, t.generation, t.attempt, STATE_FROM_PB[t.state],
@@ -170,7 +170,7 @@ class DirectoryClient:
         """Close the channel; in-flight calls are cancelled."""
         await self._channel.close()
 
-    async def __aenter__(self) -> "DirectoryClient":
+    async def __aenter__(self) -> DirectoryClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -65,7 +65,7 @@ class DirectoryConfig:
             raise ValueError("redis_retries must be >= 0")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "DirectoryConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> DirectoryConfig:
         """Defaults, then ``PD_*`` variables from ``env`` (default os.environ), then ``overrides``."""
         kwargs = env_overrides(cls, ENV_OVERRIDES, env)
         kwargs.update(overrides)

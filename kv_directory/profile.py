@@ -49,7 +49,7 @@ class CostProfile:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "CostProfile":
+    def from_json(cls, text: str) -> CostProfile:
         """Inverse of ``to_json``; unknown keys are ignored, missing ones default."""
         data = json.loads(text) if text else {}
         names = {f.name for f in dataclasses.fields(cls)}

@@ -76,7 +76,7 @@ def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Map BadRequest -> INVALID_ARGUMENT and DirectoryUnavailable -> UNAVAILABLE."""
 
     @functools.wraps(handler)
-    async def wrapper(self: "DirectoryServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def wrapper(self: DirectoryServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await handler(self, request, context)
         except BadRequest as exc:

@@ -159,7 +159,7 @@ class WorkerRecord:
         object.__setattr__(self, "role", WorkerRole(self.role))
 
     @property
-    def ref(self) -> "WorkerRef":
+    def ref(self) -> WorkerRef:
         """This worker at this epoch."""
         return WorkerRef(self.worker_id, self.epoch)
 
@@ -449,7 +449,7 @@ class DirectoryStore(WorkerRegistry, TransferLedger, PrefixIndex, RouteEpochs, N
     def close(self) -> None:
         """Release backend resources (connections)."""
 
-    def __enter__(self) -> "DirectoryStore":
+    def __enter__(self) -> DirectoryStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

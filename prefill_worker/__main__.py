@@ -10,9 +10,17 @@ from services.common.grpc_server import setup_logging, start_server, wait_for_sh
 from services.rpc.pd.v1 import prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership
+from services.worker.process import (
+    advertised,
+    block_counts,
+    build_engine_loop,
+    build_sender,
+    capacity,
+    metrics_file,
+    parse_config,
+    run_process,
+)
 from services.worker.profile import ProfileConfig, obtain
-from services.worker.process import (advertised, block_counts, build_engine_loop, build_sender, capacity,
-                                     metrics_file, parse_config, run_process)
 
 from .server import PrefillServicer
 from .worker import PrefillWorker

@@ -19,7 +19,7 @@ opened, and the engine never rewrites a (layer, token) it reported written.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from services.transfer import ChunkKey
 

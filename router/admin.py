@@ -100,6 +100,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def ListTransactions(self, request, context):
         txns = await self._open_transactions(context)
         states = set(request.states)
-        txns = [t for t in txns if (not states or t.state in states) and (not request.tenant or t.tenant == request.tenant)]
+        txns = [t for t in txns
+                if (not states or t.state in states) and (not request.tenant or t.tenant == request.tenant)]
         txns.sort(key=lambda t: t.updated_unix_ms, reverse=True)
         return admin_pb2.ListTransactionsResponse(transactions=txns[:request.limit or DEFAULT_LIST_LIMIT])

@@ -35,8 +35,24 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.handoff import build_manifest, transfer_id
 from router.output import OutputLog
 from router.placement import LoadOverlay
-from router.types import (Cluster, Event, PrefillCall, PrefillDone, ReserveCall, Route, RouterError, Started, StatusCode,
-                          StreamCall, StreamComplete, StreamItem, StreamToken, TxnOutcome, Worker, WorkerCallError)
+from router.types import (
+    Cluster,
+    Event,
+    PrefillCall,
+    PrefillDone,
+    ReserveCall,
+    Route,
+    RouterError,
+    Started,
+    StatusCode,
+    StreamCall,
+    StreamComplete,
+    StreamItem,
+    StreamToken,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +274,7 @@ class AttemptRunner:
             return done
         except WorkerCallError as exc:
             queue.put_nowait(("prefill_error", exc))
-        except Exception as exc:  # a gateway bug must not hang the attempt
+        except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
             queue.put_nowait(("prefill_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
 
     @staticmethod
@@ -269,7 +285,7 @@ class AttemptRunner:
             queue.put_nowait(("end", None))
         except WorkerCallError as exc:
             queue.put_nowait(("stream_error", exc))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
             queue.put_nowait(("stream_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
         finally:
             close = getattr(stream, "aclose", None)

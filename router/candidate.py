@@ -159,6 +159,7 @@ _ROW_FIELDS = tuple(f.name for f in dataclasses.fields(Candidate))[:D_STREAMS + 
 assert (TTFT, TPOT, PROMPT, COMPUTE, QUEUE, FREE_AFTER) == (3, 4, 10, 11, 14, 15), "ScoreBatch.of_rows' positions"
 
 assert [f.name for f in dataclasses.fields(Candidate)][:D_STREAMS + 1] == [
-    "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms", "overhead_ms", "prompt_tokens",
-    "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens", "free_blocks_after", "total_blocks",
+    "route", "decode", "prefill", "ttft_ms", "tpot_ms", "queue_ms", "prefill_ms", "transfer_ms", "admission_ms",
+    "overhead_ms", "prompt_tokens", "compute_tokens", "transfer_tokens", "transfer_bytes", "queue_tokens",
+    "free_blocks_after", "total_blocks",
     "disturb_tpot_ms", "stalled_streams", "decode_streams"]

@@ -252,7 +252,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "RouterConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> RouterConfig:
         """Defaults, then ``PD_*`` variables from ``env`` (default os.environ), then ``overrides``."""
         kwargs = env_overrides(cls, ENV_OVERRIDES, env)
         kwargs.update({k: v for k, v in overrides.items() if v is not None})

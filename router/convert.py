@@ -9,11 +9,36 @@ from kv_directory.convert import STATE_TO_PB as STORE_STATE_TO_PB
 from kv_directory.convert import profile_to_pb
 from kv_directory.states import Outcome
 from kv_directory.store import ClusterSnapshot, WorkerRecord, WorkerRole
-
-from router.types import (Capacity, Cluster, Completed, Event, FinishReason, GenerateParams, Load, Manifest, Mode,
-                          PrefillCall, PrefillDone, Reservation, ReserveCall, Role, Route, Sampling, Slo, Started,
-                          StatusCode, StreamCall, StreamComplete, StreamItem, StreamToken, TokenOut, TxnOutcome,
-                          RouterError, Worker, WorkerCallError)
+from router.types import (
+    Capacity,
+    Cluster,
+    Completed,
+    Event,
+    FinishReason,
+    GenerateParams,
+    Load,
+    Manifest,
+    Mode,
+    PrefillCall,
+    PrefillDone,
+    Reservation,
+    ReserveCall,
+    Role,
+    Route,
+    RouterError,
+    Sampling,
+    Slo,
+    Started,
+    StatusCode,
+    StreamCall,
+    StreamComplete,
+    StreamItem,
+    StreamToken,
+    TokenOut,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 from services import contract
 from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 

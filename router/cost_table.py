@@ -47,8 +47,16 @@ from router.candidate import Row
 from router.corrections import SIZE_BUCKETS
 from router.cost_model import CostModel, WorkerCosts
 from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
-from router.table_kernel import (COMPILED, D_COLUMNS, P_COLUMNS, colocated_keys, decode_keys, least, prefill_keys,
-                                 smallest)
+from router.table_kernel import (
+    COMPILED,
+    D_COLUMNS,
+    P_COLUMNS,
+    colocated_keys,
+    decode_keys,
+    least,
+    prefill_keys,
+    smallest,
+)
 from router.types import Route
 
 if TYPE_CHECKING:

@@ -57,8 +57,14 @@ from collections.abc import Callable, Mapping, Sequence
 from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.cost_model import CostModel, WorkerCosts
 from router.cost_table import CostTable
-from router.interference import (colocated_disturb_ms, eligible, harmful, least_stalled, split_disturb_ms,
-                                 stalled_streams)
+from router.interference import (
+    colocated_disturb_ms,
+    eligible,
+    harmful,
+    least_stalled,
+    split_disturb_ms,
+    stalled_streams,
+)
 from router.scorers.base import Scorer
 from router.types import Route
 
@@ -377,7 +383,8 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
     if split and prefills:
         ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
         blocks = req.prompt_blocks
-        d_side = [(r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte, tp, r) for r, tp, hit in decoders]
+        d_side = [(r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte, tp, r)
+                  for r, tp, hit in decoders]
         top_d = {id(x[2]): x for x in heapq.nsmallest(top_k, d_side, key=lambda x: x[0])
                  + heapq.nsmallest(top_k, d_side, key=lambda x: x[1])}
         overhead = model.overhead_ms(Route.DISAGGREGATED)

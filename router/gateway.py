@@ -25,8 +25,19 @@ import abc
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StreamCall,
-                          StreamItem, TxnAnswer, TxnOutcome, Worker)
+from router.types import (
+    Cluster,
+    Manifest,
+    PrefillCall,
+    PrefillDone,
+    Reservation,
+    ReserveCall,
+    StreamCall,
+    StreamItem,
+    TxnAnswer,
+    TxnOutcome,
+    Worker,
+)
 
 
 class WorkerGateway(abc.ABC):

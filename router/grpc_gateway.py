@@ -20,9 +20,22 @@ from kv_directory.client import DirectoryClient
 from kv_directory.store import DirectoryUnavailable
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
-from router.types import (Cluster, Manifest, PrefillCall, PrefillDone, Reservation, ReserveCall, StatusCode,
-                          StreamCall, StreamComplete, StreamItem, TxnAnswer, TxnOutcome, Worker,
-                          WorkerCallError)
+from router.types import (
+    Cluster,
+    Manifest,
+    PrefillCall,
+    PrefillDone,
+    Reservation,
+    ReserveCall,
+    StatusCode,
+    StreamCall,
+    StreamComplete,
+    StreamItem,
+    TxnAnswer,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 

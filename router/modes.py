@@ -34,8 +34,7 @@ from collections.abc import Callable, Mapping
 from router.candidate import Candidate
 from router.config import RouterConfig
 from router.cost_model import CLAMP, CostModel, WorkerCosts
-from router.decision import Decision, DecisionParams, Outcome, RequestShape, decide, finite, price_colocated, \
-    price_pair
+from router.decision import Decision, DecisionParams, Outcome, RequestShape, decide, finite, price_colocated, price_pair
 from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
 from router.prefix_index import PrefixIndex, block_hashes
 from router.records import DecisionLog, DecisionRecord

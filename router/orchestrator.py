@@ -39,8 +39,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted, admit, check_cluster
-from router.attempts import (DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, GenerationBehind,
-                             count_dispatch)
+from router.attempts import DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, GenerationBehind, count_dispatch
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.decision import Outcome
@@ -49,8 +48,18 @@ from router.modes import Plan, Planner
 from router.output import OutputLog
 from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
 from router.queueing import AdmissionQueue
-from router.types import (Cluster, Completed, Event, FinishReason, GenerateParams, PrefillDone, Route, RouterError,
-                          StatusCode, TokenOut)
+from router.types import (
+    Cluster,
+    Completed,
+    Event,
+    FinishReason,
+    GenerateParams,
+    PrefillDone,
+    Route,
+    RouterError,
+    StatusCode,
+    TokenOut,
+)
 
 log = logging.getLogger(__name__)
 

@@ -123,7 +123,7 @@ def smallest(v: cython.double[:], spans: list, k: cython.Py_ssize_t):
         kk = k if k < n else n
         out = []
         pv, pi = 0.0, -1
-        for j in range(kk):  # each pick: the least (value, position) after the previous pick
+        for j in range(kk):  # noqa: B007 - a typed counter: each pick, the least (value, position) after the last
             best = -1
             for i in range(n):
                 x = v[off + i]

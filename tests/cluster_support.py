@@ -69,7 +69,7 @@ def generate_all(address: str, prompts: list[list[int]], concurrency: int = 8, r
     def one(prompt):
         try:
             return client.generate_full(prompt_ids=prompt, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - reported in place
+        except Exception as exc:  # reported in place
             if raise_errors:
                 raise
             return exc

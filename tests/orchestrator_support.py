@@ -10,9 +10,30 @@ from collections.abc import AsyncIterator
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.orchestrator import Orchestrator
-from router.types import (Capacity, Cluster, FinishReason, GenerateParams, Load, Manifest, PrefillCall, PrefillDone,
-                          Reservation, ReserveCall, Role, RouterError, Started, StatusCode, StreamCall, StreamComplete,
-                          StreamToken, TokenOut, TxnAnswer, TxnOutcome, Worker, WorkerCallError)
+from router.types import (
+    Capacity,
+    Cluster,
+    FinishReason,
+    GenerateParams,
+    Load,
+    Manifest,
+    PrefillCall,
+    PrefillDone,
+    Reservation,
+    ReserveCall,
+    Role,
+    RouterError,
+    Started,
+    StatusCode,
+    StreamCall,
+    StreamComplete,
+    StreamToken,
+    TokenOut,
+    TxnAnswer,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 
 VOCAB = 512
 CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,

@@ -33,8 +33,17 @@ import pytest
 import xxhash
 
 # Only light imports at module level: LS/LR import this module and start in a blink.
-from services.transfer import (Chunk, ChunkArrived, ChunkKey, Expectation, Failed,
-                               TransferCommit, TransferError, Verdict, checksum)
+from services.transfer import (
+    Chunk,
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    Failed,
+    TransferCommit,
+    TransferError,
+    Verdict,
+    checksum,
+)
 from services.transfer.factory import make_receiver, make_sender
 
 CALL_TIMEOUT_S = 60
@@ -109,7 +118,7 @@ class _Rec:
         layers = self.engine.model_cfg.num_hidden_layers
         cells = [(c.key.layer, b) for c in commit.chunks
                  for b in range(c.key.block_start, c.key.block_start + c.key.block_count)]
-        want = {(l, b) for l in range(layers) for b in range(self.first_block, self.last_block)}
+        want = {(layer, b) for layer in range(layers) for b in range(self.first_block, self.last_block)}
         if sorted(cells) != sorted(want):
             reason = "manifest does not cover every (layer, block) exactly once"
         elif self.arrived != {c.key: c.checksum for c in commit.chunks}:
@@ -210,6 +219,7 @@ async def r_check_clean() -> dict:
 async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
     """Compute the prompt (tiny), or fill it with seeded random K/V and import it (wide)."""
     import torch
+
     from services.engine import commit_import
     engine = _engine(spec)
     seq = engine.add_request(tid, prompt, MAX_TOKENS, _sampling())
@@ -246,7 +256,7 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume)."""
     from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
-    engine, seq = st["engine"], st["seq"]
+    engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
               sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at)

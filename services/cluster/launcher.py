@@ -188,7 +188,7 @@ class LocalCluster:
 
     # ---- inspect / stop ----------------------------------------------------
     @classmethod
-    def load(cls, state_dir: str = ".pdserve") -> "LocalCluster":
+    def load(cls, state_dir: str = ".pdserve") -> LocalCluster:
         """The cluster recorded in state_dir (raises FileNotFoundError if none)."""
         data = json.loads((Path(state_dir) / "cluster.json").read_text())
         cluster = cls(ClusterSpec(**data["spec"]))
@@ -259,7 +259,7 @@ class LocalCluster:
             (self.state / f).unlink(missing_ok=True)
         self.procs.clear()
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         self.up()
         return self
 

@@ -89,7 +89,7 @@ class RedisProcess:
                 self.proc.wait(timeout=timeout_s)
         self._workdir.cleanup()
 
-    def __enter__(self) -> "RedisProcess":
+    def __enter__(self) -> RedisProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -93,7 +93,8 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
             unary, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
-async def start_server(listen: str, registrations: Iterable[Registration]) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+async def start_server(listen: str, registrations: Iterable[Registration]
+                       ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health)."""
     server = grpc.aio.server(interceptors=[MalformedRequests()], options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

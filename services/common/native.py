@@ -19,8 +19,8 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
-import tempfile
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType

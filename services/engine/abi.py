@@ -69,7 +69,7 @@ class CacheAbi:
         """Plain dict (for protos and logs)."""
         return dataclasses.asdict(self)
 
-    def check_compatible(self, other: "CacheAbi | str") -> None:
+    def check_compatible(self, other: CacheAbi | str) -> None:
         """Raise AbiMismatch naming the differing fields unless `other` equals self."""
         if isinstance(other, str):
             if other != self.digest:

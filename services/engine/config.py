@@ -88,7 +88,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Parse a Hugging Face Llama config.json (transformers 4 or 5 spelling)."""
         if d.get("model_type", "llama") != "llama":
             raise ValueError(f"model_type {d.get('model_type')!r} is not llama")
@@ -162,7 +162,7 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     @classmethod
-    def from_env(cls, **overrides) -> "EngineConfig":
+    def from_env(cls, **overrides) -> EngineConfig:
         """Defaults, then `PD_*` variables, then explicit keyword overrides."""
         kw = env_overrides(cls, ENV_OVERRIDES, skip_empty=True)
         kw.update(overrides)

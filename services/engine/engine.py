@@ -11,8 +11,8 @@ The engine is single-threaded: one caller drives it (the worker's batch loop).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import xxhash
@@ -65,19 +65,19 @@ class Engine:
     # ---- construction -------------------------------------------------
     @classmethod
     def from_preset(cls, name: str, seed: int = DEFAULT_SEED,
-                    cfg: EngineConfig | None = None) -> "Engine":
+                    cfg: EngineConfig | None = None) -> Engine:
         """Engine over a seeded preset (`tiny`, `small`)."""
         mc = preset_config(name)
         return cls(mc, seeded_weights(mc, seed), cfg, name=f"{name}@{seed}")
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, cfg: EngineConfig | None = None) -> "Engine":
+    def from_checkpoint(cls, path: str | Path, cfg: EngineConfig | None = None) -> Engine:
         """Engine over a Hugging Face Llama checkpoint directory."""
         mc, weights = load_checkpoint(path)
         return cls(mc, weights, cfg, tokenizer=load_tokenizer(path), name=str(path))
 
     @classmethod
-    def from_spec(cls, spec: str, cfg: EngineConfig | None = None) -> "Engine":
+    def from_spec(cls, spec: str, cfg: EngineConfig | None = None) -> Engine:
         """`spec` is a preset name (optionally `name@seed`) or a checkpoint directory."""
         name, _, seed = spec.partition("@")
         if name in PRESETS:

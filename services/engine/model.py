@@ -8,7 +8,7 @@ slots the engine gives them.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

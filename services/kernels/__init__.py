@@ -27,8 +27,14 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from services.common.native import (EXT_SUFFIX, install_file, load_extension, prepare_build_dir,
-                                    run_build_ext, tagged_path)
+from services.common.native import (
+    EXT_SUFFIX,
+    install_file,
+    load_extension,
+    prepare_build_dir,
+    run_build_ext,
+    tagged_path,
+)
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,14 @@ from services.sdk.address import resolve_router_address
 from services.sdk.aio import AsyncClient, AsyncTokenStream
 from services.sdk.client import Client, TokenStream
 from services.sdk.types import (
-    ClusterStatus, GenerationResult, ModeChange, PdError, RouteInfo, TokenEvent, TransactionInfo, WorkerStatus,
+    ClusterStatus,
+    GenerationResult,
+    ModeChange,
+    PdError,
+    RouteInfo,
+    TokenEvent,
+    TransactionInfo,
+    WorkerStatus,
 )
 
 __all__ = [

@@ -13,7 +13,7 @@ cancels the gRPC call, which the router sees as a cancelled request.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 import grpc.aio
@@ -23,13 +23,21 @@ from services.sdk import wire
 from services.sdk.address import resolve_router_address
 from services.sdk.client import generate_timeout_s
 from services.sdk.stream import StreamTally
-from services.sdk.types import ClusterStatus, GenerationResult, ModeChange, PdError, RouteInfo, TokenEvent, TransactionInfo
+from services.sdk.types import (
+    ClusterStatus,
+    GenerationResult,
+    ModeChange,
+    PdError,
+    RouteInfo,
+    TokenEvent,
+    TransactionInfo,
+)
 
 
 class AsyncTokenStream:
     """An open Generate call: `async for` it for TokenEvents; `result` is set once it completes."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, tally: StreamTally, client: "AsyncClient"):
+    def __init__(self, call: grpc.aio.UnaryStreamCall, tally: StreamTally, client: AsyncClient):
         self._call = call
         self._tally = tally
         self._client = client
@@ -55,7 +63,7 @@ class AsyncTokenStream:
         """The finished generation, once the stream completed normally."""
         return self._tally.result
 
-    def __aiter__(self) -> "AsyncTokenStream":
+    def __aiter__(self) -> AsyncTokenStream:
         return self
 
     async def __anext__(self) -> TokenEvent:
@@ -103,7 +111,7 @@ class AsyncTokenStream:
         finally:
             self.close()
 
-    async def __aenter__(self) -> "AsyncTokenStream":
+    async def __aenter__(self) -> AsyncTokenStream:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -201,7 +209,7 @@ class AsyncClient:
             await self._channel.close()
             self._channel = None
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

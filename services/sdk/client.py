@@ -14,7 +14,7 @@ gRPC call, which the router sees as a cancelled request.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -22,7 +22,15 @@ from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2
 from services.sdk import wire
 from services.sdk.address import resolve_router_address
 from services.sdk.stream import StreamTally
-from services.sdk.types import ClusterStatus, GenerationResult, ModeChange, PdError, RouteInfo, TokenEvent, TransactionInfo
+from services.sdk.types import (
+    ClusterStatus,
+    GenerationResult,
+    ModeChange,
+    PdError,
+    RouteInfo,
+    TokenEvent,
+    TransactionInfo,
+)
 
 # Extra gRPC time past the request's own deadline, so the router's DEADLINE_EXCEEDED
 # error event (with its message) arrives before the transport deadline fires.
@@ -40,7 +48,7 @@ class TokenStream:
     Iteration raises PdError on a stream `error` event or a gRPC failure.
     """
 
-    def __init__(self, call, tally: StreamTally, client: "Client"):
+    def __init__(self, call, tally: StreamTally, client: Client):
         self._call = call
         self._tally = tally
         self._client = client
@@ -66,7 +74,7 @@ class TokenStream:
         """The finished generation, once the stream completed normally."""
         return self._tally.result
 
-    def __iter__(self) -> "TokenStream":
+    def __iter__(self) -> TokenStream:
         return self
 
     def __next__(self) -> TokenEvent:
@@ -110,7 +118,7 @@ class TokenStream:
         finally:
             self.close()
 
-    def __enter__(self) -> "TokenStream":
+    def __enter__(self) -> TokenStream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -204,7 +212,7 @@ class Client:
         """Close the channel; open streams are cancelled."""
         self._channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

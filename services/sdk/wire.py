@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 
 from services import contract
 from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from services.sdk.types import (
-    ClusterStatus, ModeChange, PdError, TransactionInfo, WorkerStatus,
+    ClusterStatus,
+    ModeChange,
+    PdError,
+    TransactionInfo,
+    WorkerStatus,
 )
 
 # Channel options shared by both clients.

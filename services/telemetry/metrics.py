@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class MetricsFile:
         for source in self.sources:
             try:
                 samples.extend(source())
-            except Exception:  # noqa: BLE001 - one bad source must not stop the rest
+            except Exception:  # one bad source must not stop the rest
                 log.exception("metrics source failed")
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:

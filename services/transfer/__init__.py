@@ -1,7 +1,19 @@
 """pdserve data plane: K/V transfer backends behind one interface (see base.py)."""
 
-from .base import (CHECKSUM_ALGORITHM, Chunk, ChunkArrived, ChunkKey, Expectation, Failed,
-                   KVReceiver, KVSender, TransferCommit, TransferError, Verdict, checksum)
+from .base import (
+                   CHECKSUM_ALGORITHM,
+                   Chunk,
+                   ChunkArrived,
+                   ChunkKey,
+                   Expectation,
+                   Failed,
+                   KVReceiver,
+                   KVSender,
+                   TransferCommit,
+                   TransferError,
+                   Verdict,
+                   checksum,
+)
 
 __all__ = ["CHECKSUM_ALGORITHM", "Chunk", "ChunkArrived", "ChunkKey", "Expectation", "Failed",
            "KVReceiver", "KVSender", "TransferCommit", "TransferError", "Verdict", "checksum"]

@@ -25,8 +25,8 @@ transfer and holds no reference to its views.
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
 
 import xxhash
 

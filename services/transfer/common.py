@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict
 
@@ -38,7 +38,7 @@ def emit(exp: Expectation, event: object) -> None:
     """Deliver an event to the expectation's listener; a listener's bug is logged, not raised."""
     try:
         exp.on_event(event)
-    except Exception:  # noqa: BLE001 - a listener's bug must not break the transport
+    except Exception:  # a listener's bug must not break the transport
         log.exception("on_event of %s raised", exp.transfer_id)
 
 
@@ -74,7 +74,7 @@ async def decide(exp: Expectation, commit: TransferCommit) -> Verdict:
     except asyncio.CancelledError:
         emit(exp, Failed(exp.transfer_id, "receiver stopped during commit"))
         raise
-    except Exception as e:  # noqa: BLE001 - the handler's bug must not kill the transport
+    except Exception as e:  # the handler's bug must not kill the transport
         log.exception("on_commit of %s raised", exp.transfer_id)
         verdict = Verdict(False, f"commit handler failed: {e!r}")
         emit(exp, Failed(exp.transfer_id, verdict.reason))

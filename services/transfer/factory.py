@@ -12,7 +12,8 @@ the ucx sender's credit window).
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .base import KVReceiver, KVSender
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from .base import (ChunkArrived, Expectation, Failed, KVReceiver, KVSender, Chunk,
-                   TransferCommit, TransferError, Verdict, checksum)
+from .base import (
+    Chunk,
+    ChunkArrived,
+    Expectation,
+    Failed,
+    KVReceiver,
+    KVSender,
+    TransferCommit,
+    TransferError,
+    Verdict,
+    checksum,
+)
 
-_RECEIVERS: dict[str, "InprocReceiver"] = {}
+_RECEIVERS: dict[str, InprocReceiver] = {}
 
 
 class InprocReceiver(KVReceiver):

@@ -13,10 +13,26 @@ This module re-exports their public names; import the backend from here.
 
 from .tcp_receiver import TcpReceiver
 from .tcp_sender import TcpSender
-from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC,
-                       MAX_CONTROL_BODY_BYTES, MAX_ID_BYTES, VERDICT, VERSION, ProtocolError,
-                       chunk_frame, control_frame, decode_commit, encode_commit, frame,
-                       parse_address)
+from .tcp_wire import (
+                       ABORT,
+                       CHUNK,
+                       CHUNK_HEAD,
+                       COMMIT,
+                       ERROR,
+                       FRAME,
+                       MAGIC,
+                       MAX_CONTROL_BODY_BYTES,
+                       MAX_ID_BYTES,
+                       VERDICT,
+                       VERSION,
+                       ProtocolError,
+                       chunk_frame,
+                       control_frame,
+                       decode_commit,
+                       encode_commit,
+                       frame,
+                       parse_address,
+)
 
 __all__ = ["TcpReceiver", "TcpSender", "ProtocolError", "MAGIC", "VERSION", "CHUNK", "COMMIT",
            "ABORT", "VERDICT", "ERROR", "FRAME", "CHUNK_HEAD", "MAX_ID_BYTES",

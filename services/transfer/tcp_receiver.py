@@ -27,16 +27,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Callable
+from collections.abc import Callable
 
-from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
-                   checksum)
+from .base import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, checksum, max_body_bytes
 from .common import decide
 from .common import destination as _destination
 from .common import emit as _emit
-from .base import max_body_bytes
-from .tcp_wire import (ABORT, CHUNK, CHUNK_HEAD, COMMIT, ERROR, FRAME, MAGIC, MAX_ID_BYTES, VERDICT,
-                       VERSION, ProtocolError, control_frame, decode_commit, json_body)
+from .tcp_wire import (
+    ABORT,
+    CHUNK,
+    CHUNK_HEAD,
+    COMMIT,
+    ERROR,
+    FRAME,
+    MAGIC,
+    MAX_ID_BYTES,
+    VERDICT,
+    VERSION,
+    ProtocolError,
+    control_frame,
+    decode_commit,
+    json_body,
+)
 
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
@@ -95,7 +107,7 @@ class _Sink:
 class _Inbox(asyncio.BufferedProtocol):
     """One accepted connection: headers go to a small buffer, payloads straight into a sink."""
 
-    def __init__(self, receiver: "TcpReceiver"):
+    def __init__(self, receiver: TcpReceiver):
         self._receiver = receiver
         self._ctl = bytearray(CONTROL_BUFFER_BYTES)
         self._ctl_view = memoryview(self._ctl)
@@ -317,7 +329,7 @@ class TcpReceiver(KVReceiver):
             reason = str(e)
         except ProtocolError as e:
             reason = f"protocol error from {inbox.peer}: {e}"
-        except Exception as e:  # noqa: BLE001 - a bug here must still fail the transfers
+        except Exception as e:  # a bug here must still fail the transfers
             log.exception("tcp receiver: connection from %s", inbox.peer)
             reason = f"receiver error: {e!r}"
         finally:

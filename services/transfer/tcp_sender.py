@@ -16,13 +16,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from .base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers
-from .tcp_wire import (ABORT, COMMIT, ERROR, FRAME, MAGIC, MAX_ID_BYTES,
-                       VERDICT, VERSION, ProtocolError, chunk_frame, control_frame,
-                       encode_commit, json_body, parse_address)
+from .tcp_wire import (
+    ABORT,
+    COMMIT,
+    ERROR,
+    FRAME,
+    MAGIC,
+    MAX_ID_BYTES,
+    VERDICT,
+    VERSION,
+    ProtocolError,
+    chunk_frame,
+    control_frame,
+    encode_commit,
+    json_body,
+    parse_address,
+)
 
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
@@ -105,7 +118,7 @@ class TcpSender(KVSender):
         links = list(self._links.values())
         for link in links:
             self._kill(link, "sender closed")
-        await asyncio.gather(*(l.task for l in links if l.task), return_exceptions=True)
+        await asyncio.gather(*(link.task for link in links if link.task), return_exceptions=True)
 
     def _raise_if_failed(self, dest: str, transfer_id: str) -> None:
         reason = self._failed.get((dest, transfer_id))
@@ -224,6 +237,6 @@ class TcpSender(KVSender):
         except (asyncio.IncompleteReadError, OSError, ProtocolError) as e:
             why = "closed by peer" if isinstance(e, asyncio.IncompleteReadError) else repr(e)
             self._kill(link, f"connection to {link.dest} lost: {why}")
-        except Exception as e:  # noqa: BLE001 - never leave a link without its reader
+        except Exception as e:  # never leave a link without its reader
             log.exception("tcp sender: replies from %s", link.dest)
             self._kill(link, f"reply reader failed: {e!r}")

@@ -30,8 +30,15 @@ from __future__ import annotations
 import json
 import struct
 
-from .base import (CHECKSUM_ALGORITHM, MAX_COMMIT_BODY_BYTES, Chunk, ChunkKey, TransferCommit, max_body_bytes,
-                   short_reason)
+from .base import (
+    CHECKSUM_ALGORITHM,
+    MAX_COMMIT_BODY_BYTES,
+    Chunk,
+    ChunkKey,
+    TransferCommit,
+    max_body_bytes,
+    short_reason,
+)
 from .common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"

@@ -41,8 +41,7 @@ import logging
 import os
 
 from . import ucx_wire as wire
-from .base import (ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit,
-                   checksum)
+from .base import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, checksum
 from .common import decide, destination, emit, place
 from .tcp_wire import decode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
@@ -355,7 +354,7 @@ class _Landing:
         if self.left == 0:
             try:
                 self.then()
-            except Exception:  # noqa: BLE001 - a bug here must not vanish in a callback
+            except Exception:  # a bug here must not vanish in a callback
                 log.exception("ucx receiver: landing a chunk failed")
 
 

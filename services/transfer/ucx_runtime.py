@@ -22,13 +22,13 @@ import logging
 import os
 import socket
 import threading
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from . import ucx_wire as wire
 
 log = logging.getLogger(f"{__package__}.ucx")
 
-_runtime: "UcxRuntime | None" = None
+_runtime: UcxRuntime | None = None
 RING = 64
 """Control buffers a mailbox keeps posted."""
 FUTURE_REFILL_EVERY = 32
@@ -37,7 +37,7 @@ OOB_TIMEOUT_S = 30.0
 """How long a mailbox waits for an out-of-line body after its head."""
 
 
-def runtime() -> "UcxRuntime":
+def runtime() -> UcxRuntime:
     """The process-wide runtime, created on first use (imports ucxx)."""
     global _runtime
     if _runtime is None:
@@ -51,7 +51,7 @@ def shutdown() -> None:
     if _runtime is not None:
         try:
             _runtime.ctx.stop_notifier_thread()
-        except Exception:  # noqa: BLE001 - exiting anyway
+        except Exception:  # exiting anyway
             log.debug("ucx notifier stop failed", exc_info=True)
 
 
@@ -101,7 +101,7 @@ class UcxRuntime:
         if ep is not None:
             try:
                 ep.abort()
-            except Exception:  # noqa: BLE001 - the peer is gone either way
+            except Exception:  # the peer is gone either way
                 log.debug("ucx endpoint abort failed", exc_info=True)
 
     def path_to(self, host: str) -> str:
@@ -242,7 +242,7 @@ class Mailbox:
                 res = self.handler(kind, tid, nonce, obj)
                 if asyncio.iscoroutine(res):
                     await res
-            except Exception:  # noqa: BLE001 - one bad message must not stop the mailbox
+            except Exception:  # one bad message must not stop the mailbox
                 log.exception("%s: handler of %s for %s failed", self.name,
                               wire.KIND_NAMES.get(kind), tid)
 

@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import ucx_wire as wire
 from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict

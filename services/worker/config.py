@@ -101,7 +101,7 @@ class WorkerConfig:
                                      torch_threads=self.torch_threads)
 
     @classmethod
-    def from_env(cls, **overrides) -> "WorkerConfig":
+    def from_env(cls, **overrides) -> WorkerConfig:
         """Defaults, then PD_<FIELD> environment variables, then keyword overrides."""
         table = {"PD_" + f.name.upper(): f.name for f in dataclasses.fields(cls)}
         kw = env_overrides(cls, table, skip_empty=True)

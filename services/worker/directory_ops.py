@@ -9,7 +9,7 @@ client's: `DirectoryUnavailable` when the directory cannot answer.
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import tenacity
 

@@ -28,8 +28,9 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from services.engine import Engine, Sequence
 
@@ -173,7 +174,7 @@ class EngineLoop:
                 cmd.loop.call_soon_threadsafe(self._deliver, cmd, result)
         return did
 
-    def _deliver(self, cmd: "_Command", result: Any) -> None:
+    def _deliver(self, cmd: _Command, result: Any) -> None:
         """Event loop: hand `result` to the caller, or give it back if the caller is gone."""
         if not cmd.fut.done():
             cmd.fut.set_result(result)
@@ -186,7 +187,7 @@ class EngineLoop:
             self.engine.free(job.seq)
         try:
             job.on_done(job.seq, error)
-        except Exception:  # noqa: BLE001 - a sink must not kill the loop
+        except Exception:  # a sink must not kill the loop
             log.exception("on_done callback failed for %s", job.seq.request_id)
 
     def _prefill_one_chunk(self) -> bool:
@@ -198,7 +199,7 @@ class EngineLoop:
         t0 = time.perf_counter()
         try:
             token = self.engine.prefill_chunk(job.seq, job.on_layer)
-        except Exception as e:  # noqa: BLE001 - reported to the request, loop goes on
+        except Exception as e:  # reported to the request, loop goes on
             log.exception("prefill of %s failed", job.seq.request_id)
             self._prefill.popleft()
             self._finish(job, e)
@@ -225,7 +226,7 @@ class EngineLoop:
         batch = self._decode[:self.max_batch]
         try:
             tokens = self.engine.decode_step([j.seq for j in batch])
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.exception("decode step failed")
             for job in batch:
                 self._decode.remove(job)

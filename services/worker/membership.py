@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from kv_directory.client import DirectoryClient
 from kv_directory.store import DirectoryUnavailable, LoadReport, WorkerInfo
@@ -73,7 +73,7 @@ class Membership:
                 raise
             except DirectoryUnavailable as e:
                 log.warning("heartbeat failed: %s", e)
-            except Exception:  # noqa: BLE001 - keep beating
+            except Exception:  # keep beating
                 log.exception("heartbeat error")
 
     async def stop(self) -> None:

@@ -9,10 +9,10 @@ import os
 
 import torch
 
+from kv_directory.store import WorkerCapacity
 from services import contract
 from services.engine import Engine, selfcheck
 from services.engine.selfcheck import SelfCheck
-from kv_directory.store import WorkerCapacity
 
 from .config import WorkerConfig
 from .loop import EngineLoop

@@ -71,7 +71,7 @@ class ProfileConfig:
             raise ValueError(f"budget_s must be > 0, got {self.budget_s!r}")
 
     @classmethod
-    def from_env(cls, env=None) -> "ProfileConfig":
+    def from_env(cls, env=None) -> ProfileConfig:
         """Defaults, then the ``PD_PROFILE_*`` variables."""
         return cls(**env_overrides(cls, ENV_OVERRIDES, env, skip_empty=True))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
 from services.sdk import Client, PdError
 

@@ -13,8 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
+
 from kv_directory.store import WorkerRole
 from services.sdk import Client
 from services.telemetry.metrics import parse
@@ -26,7 +26,7 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp, prefill=0, decode=0, mixed=2, mode="disaggregated", num_blocks=512,
                       env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json"),
                            "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
-    c.metrics = lambda worker: {(n, tuple(sorted(l.items()))): v for n, l, v in
+    c.metrics = lambda worker: {(n, tuple(sorted(labels.items()))): v for n, labels, v in
                                 parse((tmp / f"metrics-{worker}.prom").read_text())}
     yield c
     c.down()

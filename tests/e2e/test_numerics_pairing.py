@@ -16,8 +16,8 @@ import sys
 
 import grpc
 import pytest
-
 from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
+
 from services.cluster.launcher import REPO_ROOT
 from services.engine import Engine, EngineConfig, SamplingParams
 from services.rpc.pd.v1 import decode_pb2, decode_pb2_grpc

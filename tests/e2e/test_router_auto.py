@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from services.sdk import Client, PdError
 

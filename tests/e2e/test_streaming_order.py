@@ -19,8 +19,8 @@ import random
 import time
 
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from services.sdk import Client
 from services.telemetry.metrics import parse
 
@@ -36,7 +36,7 @@ def cluster(tmp_path_factory):
                       env={"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0",
                            "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
     c.events = events
-    c.metrics = lambda worker: {(n, tuple(sorted(l.items()))): v for n, l, v in
+    c.metrics = lambda worker: {(n, tuple(sorted(labels.items()))): v for n, labels, v in
                                 parse((tmp / f"metrics-{worker}.prom").read_text())}
     yield c
     c.down()

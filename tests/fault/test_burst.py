@@ -12,8 +12,8 @@ on that router). Now every one is served at its first attempt within its deadlin
 from __future__ import annotations
 
 import pytest
-
 from cluster_support import seeded_requests, start_cluster
+
 from services.cluster.faults import burst
 
 

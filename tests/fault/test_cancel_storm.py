@@ -10,8 +10,8 @@ transaction."""
 from __future__ import annotations
 
 import pytest
-
 from cluster_support import start_cluster
+
 from services.cluster.faults import cancel_storm
 
 

@@ -6,12 +6,11 @@ cap closes the connection before a byte of it is read; the worker keeps serving.
 from __future__ import annotations
 
 import socket
-import struct
 import time
 
 import pytest
-
 from cluster_support import assert_cluster_clean, generate_all, start_cluster
+
 from services.transfer.base import MAX_COMMIT_BODY_BYTES, MAX_SMALL_BODY_BYTES
 from services.transfer.tcp_wire import ABORT, COMMIT, FRAME, VERDICT, frame, json_body, parse_address
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from cluster_support import start_cluster
+
 from services.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
 
 PAUSE_S = 2.0

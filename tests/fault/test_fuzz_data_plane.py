@@ -9,10 +9,10 @@ from __future__ import annotations
 import socket
 
 import pytest
+from cluster_support import assert_cluster_clean, generate_all, start_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_support import assert_cluster_clean, generate_all, start_cluster
 from services.transfer.tcp_wire import FRAME, MAGIC, VERSION, parse_address
 
 

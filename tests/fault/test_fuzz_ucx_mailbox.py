@@ -7,13 +7,12 @@ receiving: afterwards it serves a disaggregated request over ucx with nothing he
 from __future__ import annotations
 
 import asyncio
-import struct
 
 import pytest
+from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 from services.transfer import ucx_wire as wire
 
 

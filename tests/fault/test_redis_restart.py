@@ -12,8 +12,8 @@ import signal
 import time
 
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from kv_directory.client import DirectoryClient
 from services.sdk import Client
 

@@ -13,8 +13,8 @@ import signal
 import time
 
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from services.sdk import Client
 
 PROMPT = list(range(3, 60))

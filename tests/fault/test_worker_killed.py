@@ -14,8 +14,8 @@ import random
 
 import grpc
 import pytest
-
 from cluster_support import assert_cluster_clean, start_cluster
+
 from services.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from services.sdk import Client
 

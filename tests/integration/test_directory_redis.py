@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 import redis
-
 from directory_contract import DirectoryContract, Harness, make_spec, register
+
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
 from kv_directory.states import Outcome, TxnState

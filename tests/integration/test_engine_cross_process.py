@@ -17,10 +17,15 @@ import random
 import traceback
 
 import pytest
-
 from engine_support import random_prompt
+
 from services.engine import (
-    Engine, EngineConfig, SamplingParams, commit_import, export_kv, import_kv,
+    Engine,
+    EngineConfig,
+    SamplingParams,
+    commit_import,
+    export_kv,
+    import_kv,
 )
 
 SEED = 7

@@ -16,10 +16,20 @@ import signal
 import time
 
 import pytest
+from transfer_harness import (
+    IDLE_TIMEOUT_S,
+    MAX_TOKENS,
+    _expect_failed,
+    _prompt,
+    _reserve_and_prefill,
+    _send,
+    _tids,
+    light,
+    procs,
+    receiver_clean,
+)
 
 from services.transfer import ChunkKey
-from transfer_harness import (IDLE_TIMEOUT_S, MAX_TOKENS, _expect_failed, _prompt, _reserve_and_prefill, _send, _tids,
-                              light, procs, receiver_clean)
 
 __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
 @pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve", [

@@ -12,10 +12,9 @@ import time
 
 import pytest
 import xxhash
-
-from services.transfer import (Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict,
-                               checksum, tcp)
 from transfer_harness import IDLE_TIMEOUT_S, _prompt, _tids, procs, receiver_clean
+
+from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum, tcp
 
 __all__ = ["procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
 def _raw_connect(addr: str) -> socket.socket:

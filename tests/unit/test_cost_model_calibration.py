@@ -6,8 +6,7 @@ import pytest
 
 from kv_directory.profile import CostProfile
 from services.engine import Engine, EngineConfig
-from services.worker.profile import (ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain,
-                                     prefill_features)
+from services.worker.profile import ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain, prefill_features
 
 
 def test_fit_recovers_exact_coefficients():

@@ -9,8 +9,7 @@ import uuid
 import pytest
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.convert import BadRequest, profile_from_pb, profile_to_pb, worker_record_from_pb, \
-    worker_record_to_pb
+from kv_directory.convert import BadRequest, profile_from_pb, profile_to_pb, worker_record_from_pb, worker_record_to_pb
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.profile import CostProfile
 from kv_directory.store import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole

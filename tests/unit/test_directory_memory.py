@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from directory_contract import DirectoryContract, Harness, make_spec, register
+
 from kv_directory.config import ENV_OVERRIDES, DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition

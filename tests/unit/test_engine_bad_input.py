@@ -10,12 +10,20 @@ import random
 
 import pytest
 import torch
+from engine_support import assert_no_leak, random_prompt, tiny_engine, write_checkpoint
 from safetensors.torch import load_file, save_file
 
-from engine_support import assert_no_leak, random_prompt, tiny_engine, write_checkpoint
 from services.engine import (
-    AbiMismatch, CheckpointError, Engine, EngineConfig, InvalidRequest, OutOfBlocks,
-    SamplingParams, commit_import, export_kv, import_kv,
+    AbiMismatch,
+    CheckpointError,
+    Engine,
+    EngineConfig,
+    InvalidRequest,
+    OutOfBlocks,
+    SamplingParams,
+    commit_import,
+    export_kv,
+    import_kv,
 )
 from services.engine.prefix import hash_blocks
 from services.engine.presets import PRESETS

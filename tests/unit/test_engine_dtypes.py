@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_support import assert_no_leak
+
 from services.engine import Engine, EngineConfig, SamplingParams
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from engine_support import assert_no_leak, random_prompt, tiny_engine
+
 from services.engine import SamplingParams
 
 GREEDY = SamplingParams(ignore_eos=True)

@@ -7,8 +7,8 @@ import asyncio
 import threading
 
 import pytest
-
 from engine_support import assert_no_leak, running_loop
+
 from services.engine import Engine
 from services.worker.loop import EngineLoop
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 import torch
-
 from engine_support import GQA, MHA, assert_no_leak, random_prompt, write_checkpoint
+
 from services.engine import Engine, EngineConfig, SamplingParams
 
 transformers = pytest.importorskip("transformers")

@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from _goodput_report import at_least, goodput  # noqa: E402
-from _goodput_run import PointResult  # noqa: E402
+from _goodput_report import at_least, goodput
+from _goodput_run import PointResult
 
 
 def point(rate: float, joint: float) -> PointResult:

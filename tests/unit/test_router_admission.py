@@ -8,8 +8,19 @@ from router.admission import admit, check_cluster
 from router.config import RouterConfig
 from router.output import OutputLog
 from router.text import Detokenizer, load_tokenizer
-from router.types import (Capacity, Cluster, FinishReason, GenerateParams, Mode, Role, Route, RouterError, Sampling,
-                          StatusCode, Worker)
+from router.types import (
+    Capacity,
+    Cluster,
+    FinishReason,
+    GenerateParams,
+    Mode,
+    Role,
+    Route,
+    RouterError,
+    Sampling,
+    StatusCode,
+    Worker,
+)
 
 CFG = RouterConfig(default_deadline_ms=5000)
 

@@ -123,9 +123,12 @@ def test_fast_decision_equals_reference_on_simple_tables(seed, live):
     with every decode row decoding, or with idle rows and this router's streams."""
     rng = random.Random(1000 + seed)
     block_size = 16
+    def batch():
+        return rng.randrange(1, 70) if live else rng.choice((0, 0, rng.randrange(1, 70)))
+
     workers = [dataclasses.replace(w, capacity=dataclasses.replace(w.capacity, max_prefill_tokens=256),
                                    load=dataclasses.replace(w.load, pending_prefill_tokens=rng.randrange(1, 5000),
-                                                            active_decode_batch=rng.randrange(1, 70) if live else rng.choice((0, 0, rng.randrange(1, 70)))))
+                                                            active_decode_batch=batch()))
                for w in snapshot(rng, block_size)]
     if not live:  # at least one idle decode row
         workers[0] = dataclasses.replace(workers[0], role=Role.DECODE,

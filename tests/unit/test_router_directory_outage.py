@@ -8,8 +8,8 @@ import asyncio
 import dataclasses
 
 import pytest
-
 from orchestrator_support import assert_no_leaks, collect, config, params, run, started, two_by_two
+
 from router.orchestrator import Orchestrator
 from router.types import Mode, Route, RouterError, StatusCode
 

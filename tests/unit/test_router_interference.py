@@ -8,13 +8,12 @@ overhead 5 ms, colocated overhead 1 ms. Two mixed workers (either phase).
 from __future__ import annotations
 
 import pytest
+from test_router_decision import BS, CFG, params, rows, worker
 
 from router.cost_model import CostModel
 from router.decision import Outcome, RequestShape, decide, price_colocated, reference_decide
 from router.interference import colocated_disturb_ms, harmful, spends_reserve, split_disturb_ms, stall_per_token_ms
 from router.types import Role
-
-from test_router_decision import BS, CFG, params, rows, worker
 
 
 def colocated_harmful(w, own_ms, max_tokens, slo):

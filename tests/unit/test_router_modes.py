@@ -8,14 +8,25 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from orchestrator_support import (
+    VOCAB,
+    FakeCluster,
+    assert_no_leaks,
+    collect,
+    config,
+    params,
+    run,
+    started,
+    two_by_two,
+    worker,
+)
+
 from kv_directory.profile import CostProfile
-from router.modes import Planner, canary_pick
-from router.placement import LoadOverlay
-from router.orchestrator import Orchestrator
 from router.decision import Outcome
+from router.modes import Planner, canary_pick
+from router.orchestrator import Orchestrator
+from router.placement import LoadOverlay
 from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
-from orchestrator_support import (VOCAB, FakeCluster, assert_no_leaks, collect, config, params, run, started,
-                                  two_by_two, worker)
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
 
@@ -137,7 +148,8 @@ def test_load_from_heartbeat_raises_predicted_tpot():
     planner = Planner(config())
     idle = profiled(two_by_two()).cluster
     busy = dataclasses.replace(idle, workers=tuple(
-        dataclasses.replace(w, load=Load(active_decode_batch=5, free_blocks=60, total_blocks=64)) for w in idle.workers))
+        dataclasses.replace(w, load=Load(active_decode_batch=5, free_blocks=60, total_blocks=64))
+        for w in idle.workers))
     p_idle = planner.plan("a", "t", (1, 2, 3), 4, "colocated", Slo(), idle)
     p_busy = planner.plan("b", "t", (1, 2, 3), 4, "colocated", Slo(), busy)
     # Idle: one sequence, 10 ms. Busy: 6 sequences (60 ms) plus its own 3-token

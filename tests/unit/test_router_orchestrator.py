@@ -10,12 +10,42 @@ import hashlib
 import struct
 
 import pytest
-from orchestrator_support import (PROMPT, VOCAB, FakeCluster, assert_no_leaks, collect, config, model_tokens, params,
-                                  run, started, tokens_of, two_by_two, unavailable, worker)
+from orchestrator_support import (
+    PROMPT,
+    VOCAB,
+    FakeCluster,
+    assert_no_leaks,
+    collect,
+    config,
+    model_tokens,
+    params,
+    run,
+    started,
+    tokens_of,
+    two_by_two,
+    unavailable,
+    worker,
+)
 
 from router.orchestrator import Orchestrator
-from router.types import (Capacity, Cluster, Completed, FinishReason, Mode, Role, Route, RouterError, Sampling, Slo,
-                          Started, StatusCode, TokenOut, TxnOutcome, Worker, WorkerCallError)
+from router.types import (
+    Capacity,
+    Cluster,
+    Completed,
+    FinishReason,
+    Mode,
+    Role,
+    Route,
+    RouterError,
+    Sampling,
+    Slo,
+    Started,
+    StatusCode,
+    TokenOut,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 
 
 def test_happy_disaggregated_path():
@@ -227,7 +257,8 @@ def test_first_token_timeout_counts_as_a_failed_attempt():
     (dict(max_tokens=5000), StatusCode.INVALID_ARGUMENT, "max_tokens 5000 exceeds this router's limit of 4096"),
     (dict(prompt_token_ids=(1, 2, 512)), StatusCode.INVALID_ARGUMENT,
      "prompt token id 512 at position 2 is out of range: vocab_size is 512"),
-    (dict(max_tokens=250), StatusCode.INVALID_ARGUMENT, "prompt (9 tokens) + max_tokens (250) = 259 exceeds max_model_len 256"),
+    (dict(max_tokens=250), StatusCode.INVALID_ARGUMENT,
+     "prompt (9 tokens) + max_tokens (250) = 259 exceeds max_model_len 256"),
     (dict(prompt_token_ids=None, prompt_text="hello"), StatusCode.INVALID_ARGUMENT, "needs a tokenizer"),
     (dict(sampling=Sampling(temperature=-1.0)), StatusCode.INVALID_ARGUMENT, "temperature"),
     (dict(slo=Slo(ttft_ms=-1.0)), StatusCode.INVALID_ARGUMENT, "slo.ttft_ms must be a finite number >= 0"),
@@ -279,7 +310,8 @@ def test_no_workers_is_unavailable_and_duplicates_are_rejected():
 def test_request_too_big_for_any_worker_is_resource_exhausted_without_trying():
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
     fake.cluster = Cluster(tuple(w if w.can_prefill else Worker(
-        w.worker_id, w.role, w.grpc_address, capacity=Capacity(total_blocks=3, block_size=4)) for w in fake.cluster.workers))
+        w.worker_id, w.role, w.grpc_address, capacity=Capacity(total_blocks=3, block_size=4))
+        for w in fake.cluster.workers))
 
     async def go():
         orch = Orchestrator(fake, fake, config())
@@ -489,8 +521,8 @@ def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
 
 
 def test_recent_generations_are_bounded():
-    from router.orchestrator import RecentGenerations
     from router.admission import admit
+    from router.orchestrator import RecentGenerations
     cfg = config()
     mem = RecentGenerations(2)
     reqs = [admit(params(request_id=f"r{i}"), cfg, "auto", None) for i in range(3)]

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from router.placement import (Demand, FailureMemory, LoadOverlay, blocks_needed, capacity_shortfall, choose_colocated, choose_pair,
-                              free_blocks, pending_prefill_tokens, rejects)
+from router.placement import (
+    Demand,
+    FailureMemory,
+    LoadOverlay,
+    blocks_needed,
+    capacity_shortfall,
+    choose_colocated,
+    choose_pair,
+    free_blocks,
+    pending_prefill_tokens,
+    rejects,
+)
 from router.types import Capacity, Cluster, Load, Role, Worker
 
 CAP = Capacity(total_blocks=100, max_decode_batch=8, max_prefill_tokens=512, block_size=16, vocab_size=512,
@@ -69,7 +79,8 @@ def test_a_both_worker_is_never_paired_with_itself():
 
 def test_workers_that_can_never_hold_the_request_are_skipped():
     small = Capacity(total_blocks=3, block_size=16, vocab_size=512, max_model_len=2048)
-    c = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE, cap=small, free=3), worker("d1", Role.DECODE, free=4))
+    c = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE, cap=small, free=3),
+                worker("d1", Role.DECODE, free=4))
     assert choose_pair(c, DEMAND)[1].worker_id == "d1"
     assert "total_blocks 3" in rejects(c.workers[1], DEMAND)
     short = Capacity(total_blocks=100, block_size=16, vocab_size=8, max_model_len=50)

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator_support import (PROMPT, FakeCluster, assert_no_leaks, collect, config, model_tokens, params, run,
-                                  tokens_of, worker)
+from orchestrator_support import (
+    PROMPT,
+    FakeCluster,
+    assert_no_leaks,
+    collect,
+    config,
+    model_tokens,
+    params,
+    run,
+    tokens_of,
+    worker,
+)
 
 from router.orchestrator import Orchestrator
 from router.types import Mode, Role, RouterError, StatusCode
@@ -62,7 +72,8 @@ def _burst(fake, requests, **cfg):
 
 def test_a_burst_larger_than_the_room_is_queued_and_every_request_served():
     fake = Gauged(free_blocks=2 * NEED)  # room for two at a time
-    orch, results = _burst(fake, [params(request_id=f"r{i}", deadline_ms=20_000, mode=Mode.DISAGGREGATED) for i in range(12)])
+    orch, results = _burst(fake, [params(request_id=f"r{i}", deadline_ms=20_000, mode=Mode.DISAGGREGATED)
+                                  for i in range(12)])
     errors = [e for _, e in results if e is not None]
     assert not errors, errors
     for events, _ in results:
@@ -89,8 +100,8 @@ def test_tenants_are_served_round_robin():
 
 def test_a_tenants_queue_is_bounded():
     fake = Gauged(free_blocks=NEED)
-    orch, results = _burst(fake, [params(request_id=f"r{i}", deadline_ms=20_000, mode=Mode.DISAGGREGATED) for i in range(6)],
-                           queue_per_tenant=3)
+    orch, results = _burst(fake, [params(request_id=f"r{i}", deadline_ms=20_000, mode=Mode.DISAGGREGATED)
+                                  for i in range(6)], queue_per_tenant=3)
     errors = [e for _, e in results if e is not None]
     # one runs, three wait, the other two find the queue full at once
     assert len(errors) == 2 and all(e.code is StatusCode.RESOURCE_EXHAUSTED for e in errors)

@@ -14,9 +14,20 @@ from router.__main__ import parse_args
 from router.config import RouterConfig
 from router.server import build, start
 from services.common.grpc_server import start_server
-from services.rpc.pd.v1 import (admin_pb2, admin_pb2_grpc, common_pb2, decode_pb2, decode_pb2_grpc, directory_pb2,
-                                directory_pb2_grpc, manifest_pb2, prefill_pb2, prefill_pb2_grpc, router_pb2,
-                                router_pb2_grpc)
+from services.rpc.pd.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    directory_pb2,
+    directory_pb2_grpc,
+    manifest_pb2,
+    prefill_pb2,
+    prefill_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+)
 
 CAP = common_pb2.WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4,
                                 vocab_size=512, max_model_len=256)
@@ -78,13 +89,14 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
 
     async def Prefill(self, request, context):
         m = request.manifest
-        self.log.append(("Prefill.Prefill", self.name, m.request_id, m.generation, request.destination_data_plane_address))
+        self.log.append(("Prefill.Prefill", self.name, m.request_id, m.generation,
+                         request.destination_data_plane_address))
         self.sampling = request.sampling
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "transport to destination broke")
         self.published.setdefault(m.transfer_id, asyncio.Event()).set()
-        return prefill_pb2.PrefillResult(request_id=m.request_id, transfer_id=m.transfer_id, first_token_id=tokens(1)[0],
-                                         kv_digest=f"kv-{m.transfer_id}")
+        return prefill_pb2.PrefillResult(request_id=m.request_id, transfer_id=m.transfer_id,
+                                         first_token_id=tokens(1)[0], kv_digest=f"kv-{m.transfer_id}")
 
     async def Cancel(self, request, context):
         self.log.append(("Prefill.Cancel", self.name, request.request_id, request.generation))
@@ -134,9 +146,11 @@ async def rig(gap_s: float = 0.0, **config):
     for name, role in (("p0", common_pb2.WORKER_ROLE_PREFILL), ("d0", common_pb2.WORKER_ROLE_DECODE),
                        ("d1", common_pb2.WORKER_ROLE_DECODE)):
         if role == common_pb2.WORKER_ROLE_PREFILL:
-            fake, add, svc = FakePrefill(name, log, published), prefill_pb2_grpc.add_PrefillServicer_to_server, "pd.v1.Prefill"
+            fake, add, svc = (FakePrefill(name, log, published), prefill_pb2_grpc.add_PrefillServicer_to_server,
+                              "pd.v1.Prefill")
         else:
-            fake, add, svc = FakeDecode(name, log, published, gap_s), decode_pb2_grpc.add_DecodeServicer_to_server, "pd.v1.Decode"
+            fake, add, svc = (FakeDecode(name, log, published, gap_s), decode_pb2_grpc.add_DecodeServicer_to_server,
+                              "pd.v1.Decode")
         server, port, _ = await start_server("127.0.0.1:0", [(add, fake, svc)])
         servers.append(server)
         fakes[name] = fake
@@ -186,7 +200,8 @@ def test_generate_disaggregated_over_grpc():
     assert (prefill_sampling.seed, prefill_sampling.top_k, list(prefill_sampling.stop_token_ids)) == (11, 5, [2])
     assert all(ev.request_id == "r1" for ev in events)
     m = manifests[0]
-    assert (m.transfer_id, m.reservation_id, m.tenant, m.destination_epoch, m.source_epoch) == ("r1/1", "r1/1", "acme", 3, 3)
+    assert (m.transfer_id, m.reservation_id, m.tenant, m.destination_epoch, m.source_epoch) == \
+        ("r1/1", "r1/1", "acme", 3, 3)
     assert (m.token_interval.start, m.token_interval.end, m.block_size, m.route_epoch) == (0, 5, 4, 9)
     assert ("Prefill.Prefill", "p0", "r1", 1, "dp-d0") in log
     assert "Directory.Abort" not in log.names() and "Decode.Cancel" not in log.names()

@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from orchestrator_support import assert_no_leaks, config, run, two_by_two
+from orchestrator_support import params as gen_params
+from test_router_decision import BS, CFG, params, worker
 
 from router.cost_model import CostModel
 from router.decision import Outcome, RequestShape, decide, reference_decide
@@ -17,10 +20,6 @@ from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_
 from router.orchestrator import Orchestrator
 from router.streams import StreamBook
 from router.types import Role, Started, TokenOut
-
-from test_router_decision import BS, CFG, params, worker
-from orchestrator_support import assert_no_leaks, config, run, two_by_two
-from orchestrator_support import params as gen_params
 
 
 class Clock:

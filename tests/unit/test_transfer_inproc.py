@@ -18,11 +18,19 @@ import random
 from collections import Counter
 
 import pytest
-
 from engine_support import assert_no_leak, random_prompt, tiny_engine
+
 from services.engine import SamplingParams, commit_import, export_kv
-from services.transfer import (ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit,
-                               TransferError, Verdict, checksum)
+from services.transfer import (
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    Failed,
+    TransferCommit,
+    TransferError,
+    Verdict,
+    checksum,
+)
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.transfer.factory import make_receiver, make_sender
 from services.transfer.inproc import InprocReceiver, InprocSender
@@ -42,7 +50,7 @@ def test_plan_chunks_covers_every_cell_exactly_once(layers, first, last, per_chu
     keys = plan_chunks(layers, first, last, per_chunk)
     cells = Counter((k.layer, b) for k in keys for b in range(k.block_start,
                                                               k.block_start + k.block_count))
-    assert set(cells) == {(l, b) for l in range(layers) for b in range(first, last)}
+    assert set(cells) == {(layer, b) for layer in range(layers) for b in range(first, last)}
     assert all(n == 1 for n in cells.values())
     assert all(0 < k.block_count <= per_chunk for k in keys)
     assert [k.layer for k in keys] == sorted(k.layer for k in keys)  # layer-major
@@ -282,7 +290,7 @@ def test_factory_builds_each_backend_and_names_the_known_ones():
     tcp = make_receiver("tcp", host="127.0.0.1", idle_timeout_s=3.0)
     assert isinstance(tcp, TcpReceiver) and tcp.idle_timeout_s == 3.0
     assert isinstance(make_sender("tcp", io_timeout_s=2.0), TcpSender)
-    from services.transfer.ucx import UcxReceiver, UcxSender  # constructing starts no UCX
+    from services.transfer.ucx import UcxReceiver  # constructing starts no UCX
     ucx = make_receiver("ucx", idle_timeout_s=4.0)
     assert isinstance(ucx, UcxReceiver) and ucx.idle_timeout_s == 4.0
     assert make_sender("ucx", window_bytes=1 << 20).window_bytes == 1 << 20

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from engine_support import assert_no_leak, running_loop, tiny_engine
+
 from kv_directory.states import Outcome, TxnState
 from prefill_worker.worker import PrefillWorker
 from services.engine import SamplingParams

@@ -17,7 +17,6 @@ from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from services.sdk import Client, PdError
 from services.sdk.stream import StreamTally
 
-
 # --------------------------------------------------------------------------- sync client
 
 
@@ -186,7 +185,8 @@ def test_status_transactions_and_set_mode(fake, client):
     s = client.status()
     assert (s.mode, s.canary_fraction, s.route_epoch, s.open_transactions) == ("canary", 0.25, 7, 2)
     prefill, decode = s.workers
-    assert (prefill.role, prefill.epoch, prefill.pending_prefill_tokens, prefill.total_blocks) == ("prefill", 3, 512, 64)
+    assert (prefill.role, prefill.epoch, prefill.pending_prefill_tokens, prefill.total_blocks) == \
+        ("prefill", 3, 512, 64)
     assert (decode.role, decode.total_blocks, decode.address) == ("decode", 128, "127.0.0.1:7002")
 
     txns = client.transactions(states=["aborted", "RESERVED"], tenant="a", limit=5)

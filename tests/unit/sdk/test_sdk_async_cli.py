@@ -14,7 +14,6 @@ from services.rpc.pd.v1 import common_pb2, manifest_pb2, router_pb2
 from services.sdk import AsyncClient, PdError, resolve_router_address
 from services.sdk.cli import main
 
-
 # --------------------------------------------------------------------------- async client
 
 
@@ -123,7 +122,8 @@ def test_cli_generate_ids_and_textless_output(fake, addr, capsys):
 
 
 def test_cli_error_goes_to_stderr_with_code_and_message(fake, addr, capsys):
-    fake.script = [started(), token(0, 1, "par"), error(common_pb2.ERROR_CODE_ADMISSION_REJECTED, "TTFT SLO 5 ms unmeetable")]
+    fake.script = [started(), token(0, 1, "par"),
+                   error(common_pb2.ERROR_CODE_ADMISSION_REJECTED, "TTFT SLO 5 ms unmeetable")]
     assert main(["--router", addr, "generate", "--prompt", "x", "--max-tokens", "4"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "par\n"
