@@ -54,7 +54,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kv_directory.profile import CostProfile
 from router import native
 from router.config import RouterConfig
 from router.cost_model import CostModel
@@ -64,6 +63,7 @@ from router.placement import Demand, choose_pair
 from router.prefix_index import PrefixIndex, block_hashes
 from router.scorers import build
 from router.types import Capacity, Cluster, Load, Role, Worker
+from services.directory.cost_profile import CostProfile
 
 BLOCK = 16
 INDEX_KEYS = 10_000

@@ -16,8 +16,8 @@ import sys
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import RedisDirectoryStore
 from kv_directory.server import redact_url, serve
-from kv_directory.store import DirectoryUnavailable
 from services.common.grpc_server import setup_logging
+from services.directory.records import DirectoryUnavailable
 
 log = logging.getLogger("kv_directory")
 

@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.states import ABORT_OUTCOMES, Outcome, TxnState, check_transition
-from kv_directory.store import (
+from kv_directory.store import DirectoryStore, next_fence, normalize_hashes
+from services.directory.records import (
     ClusterSnapshot,
-    DirectoryStore,
     EpochResult,
     LeaseResult,
     LoadReport,
@@ -29,9 +28,8 @@ from kv_directory.store import (
     WorkerInfo,
     WorkerRecord,
     WorkerRef,
-    next_fence,
-    normalize_hashes,
 )
+from services.directory.states import ABORT_OUTCOMES, Outcome, TxnState, check_transition
 
 
 @dataclasses.dataclass(slots=True)

@@ -34,13 +34,12 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.profile import CostProfile
-from kv_directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
-from kv_directory.store import (
+from kv_directory.store import DirectoryStore, normalize_hashes
+from services.directory.cost_profile import CostProfile
+from services.directory.records import (
     CAPACITY_FIELDS,
     LOAD_FIELDS,
     ClusterSnapshot,
-    DirectoryStore,
     DirectoryUnavailable,
     EpochResult,
     LeaseResult,
@@ -52,8 +51,8 @@ from kv_directory.store import (
     WorkerInfo,
     WorkerRecord,
     WorkerRef,
-    normalize_hashes,
 )
+from services.directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
 
 LUA_DIR = Path(__file__).with_name("lua")
 OPERATIONS = (

@@ -35,24 +35,21 @@ import grpc
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
-    BadRequest,
     digest_mismatch,
     fence,
     hashes_from_pb,
     initial_load,
-    load_from_pb,
-    require,
-    role_from_pb,
     role_matches,
     spec_from_manifest,
     txn_response,
     txn_to_pb,
     worker_info_from_pb,
-    worker_record_to_pb,
 )
-from kv_directory.states import Outcome
-from kv_directory.store import DirectoryStore, DirectoryUnavailable, TxnResult
+from kv_directory.store import DirectoryStore
 from services.common.grpc_server import start_server, wait_for_shutdown
+from services.directory.records import DirectoryUnavailable, TxnResult
+from services.directory.states import Outcome
+from services.directory.wire import BadRequest, load_from_pb, require, role_from_pb, worker_record_to_pb
 from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 
 log = logging.getLogger(__name__)

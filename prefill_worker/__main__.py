@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from kv_directory.client import DirectoryClient
-from kv_directory.store import LoadReport, WorkerInfo, WorkerRole
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from services.directory.client import DirectoryClient
+from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 from services.rpc.pd.v1 import prefill_pb2_grpc
 from services.worker.directory_ops import TxnOps
 from services.worker.membership import Membership

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_directory.convert import STATE_TO_PB as STORE_STATE_TO_PB
-from kv_directory.convert import profile_to_pb
-from kv_directory.states import Outcome
-from kv_directory.store import ClusterSnapshot, WorkerRecord, WorkerRole
 from router.types import (
     Capacity,
     Cluster,
@@ -40,6 +36,10 @@ from router.types import (
     WorkerCallError,
 )
 from services import contract
+from services.directory.records import ClusterSnapshot, WorkerRecord, WorkerRole
+from services.directory.states import Outcome
+from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
+from services.directory.wire import profile_to_pb
 from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 
 ERROR_CODE_STATUS: dict[int, StatusCode] = {

@@ -62,11 +62,11 @@ import dataclasses
 import math
 import statistics
 
-from kv_directory.profile import CostProfile
 from router.candidate import Candidate
 from router.config import RouterConfig
 from router.corrections import CLAMP, SIZE_BUCKETS, Ewma, Sized, ratio
 from router.types import Route, Worker
+from services.directory.cost_profile import CostProfile
 
 PREFILL_DOMINANT = 4.0
 """A colocated TTFT is a prefill sample of W only when its predicted prefill is at least this

@@ -4,7 +4,7 @@ Every gRPC failure becomes `WorkerCallError` with the same status name; an
 in-band pd.v1.Error (a Reserve error result, a TokenEvent error) becomes one
 too. Leaving a stream (consumer cancelled, generator closed) cancels the call.
 
-The directory is reached through the shared `kv_directory.client.DirectoryClient`.
+The directory is reached through the shared `services.directory.client.DirectoryClient`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 
 import grpc
 
-from kv_directory.client import DirectoryClient
-from kv_directory.store import DirectoryUnavailable
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (
@@ -37,6 +35,8 @@ from router.types import (
     WorkerCallError,
 )
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
+from services.directory.client import DirectoryClient
+from services.directory.records import DirectoryUnavailable
 from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class GrpcWorkerGateway(WorkerGateway):
 
 
 class GrpcDirectoryGateway(DirectoryGateway):
-    """DirectoryGateway over the shared `kv_directory.client.DirectoryClient`.
+    """DirectoryGateway over the shared `services.directory.client.DirectoryClient`.
 
     `caller_id` is the worker_id the router states in transitions it makes (the
     directory fences only a transaction's own ends by epoch, not the router).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from kv_directory.profile import CostProfile
+from services.directory.cost_profile import CostProfile
 
 
 class StatusCode(enum.Enum):

@@ -7,8 +7,8 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from kv_directory.client import DirectoryClient
 from services.cluster.launcher import ClusterSpec, LocalCluster
+from services.directory.client import DirectoryClient
 from services.sdk import Client
 
 

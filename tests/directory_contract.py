@@ -13,9 +13,8 @@ import threading
 
 import pytest
 
-from kv_directory.states import Outcome, TxnState, check_transition
-from kv_directory.store import (
-    DirectoryStore,
+from kv_directory.store import DirectoryStore
+from services.directory.records import (
     LoadReport,
     Transaction,
     TransferSpec,
@@ -23,6 +22,7 @@ from kv_directory.store import (
     WorkerRecord,
     digest_checksums,
 )
+from services.directory.states import Outcome, TxnState, check_transition
 
 FINAL_OK = {TxnState.PUBLISHED, TxnState.ABORTED, TxnState.RELEASED}
 

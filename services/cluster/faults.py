@@ -30,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-from kv_directory.client import DirectoryClient
-from kv_directory.states import TxnState
 from services.cluster.launcher import LocalCluster
+from services.directory.client import DirectoryClient
+from services.directory.states import TxnState
 from services.sdk import Client, PdError
 
 STEPS = ("reserved", "computed", "chunk", "commit", "published")

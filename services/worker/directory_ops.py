@@ -1,6 +1,6 @@
 """The transaction calls a worker makes on the directory, bound to its identity.
 
-A thin layer over `kv_directory.client.DirectoryClient`: it fills in this
+A thin layer over `services.directory.client.DirectoryClient`: it fills in this
 worker's id and current epoch (which changes when the worker re-registers) and
 makes the clean-up calls (`abort`, `release`) best effort. Errors are the
 client's: `DirectoryUnavailable` when the directory cannot answer.
@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 
 import tenacity
 
-from kv_directory.client import DirectoryClient, TxnReply
-from kv_directory.store import DirectoryUnavailable
+from services.directory.client import DirectoryClient, TxnReply
+from services.directory.records import DirectoryUnavailable
 
 __all__ = ["DirectoryUnavailable", "TxnOps"]
 

@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from kv_directory.client import DirectoryClient
-from kv_directory.store import DirectoryUnavailable, LoadReport, WorkerInfo
+from services.directory.client import DirectoryClient
+from services.directory.records import DirectoryUnavailable, LoadReport, WorkerInfo
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from kv_directory.store import WorkerCapacity
 from services import contract
+from services.directory.records import WorkerCapacity
 from services.engine import Engine, selfcheck
 from services.engine.selfcheck import SelfCheck
 

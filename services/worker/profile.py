@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from kv_directory.profile import CostProfile
 from services.common.config import env_overrides
+from services.directory.cost_profile import CostProfile
 from services.engine import Engine, SamplingParams
 
 log = logging.getLogger(__name__)

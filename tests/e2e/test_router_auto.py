@@ -149,7 +149,7 @@ def test_unmeetable_slo_is_rejected_before_any_prefill(cluster):
 
 
 def _txns(cluster):
-    from kv_directory.client import DirectoryClient
+    from services.directory.client import DirectoryClient
 
     async def go():
         async with DirectoryClient(cluster.directory_address) as d:

@@ -27,9 +27,9 @@ import grpc
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from kv_directory.client import DirectoryClient
-from kv_directory.states import TxnState
 from services.cluster.faults import EventFile
+from services.directory.client import DirectoryClient
+from services.directory.states import TxnState
 from services.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from services.sdk import Client
 

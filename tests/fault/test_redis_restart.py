@@ -14,7 +14,7 @@ import time
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from kv_directory.client import DirectoryClient
+from services.directory.client import DirectoryClient
 from services.sdk import Client
 
 PROMPT = list(range(3, 120))

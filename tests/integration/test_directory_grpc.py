@@ -22,9 +22,9 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from kv_directory.client import DirectoryClient
-from kv_directory.states import Outcome, TxnState
-from kv_directory.store import (
+from services.cluster.redis_proc import free_port, start_redis
+from services.directory.client import DirectoryClient
+from services.directory.records import (
     DirectoryUnavailable,
     LoadReport,
     WorkerCapacity,
@@ -32,7 +32,7 @@ from kv_directory.store import (
     WorkerRole,
     digest_checksums,
 )
-from services.cluster.redis_proc import free_port, start_redis
+from services.directory.states import Outcome, TxnState
 from services.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
 
 ROOT = Path(__file__).resolve().parents[2]

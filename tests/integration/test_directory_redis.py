@@ -12,9 +12,10 @@ from directory_contract import DirectoryContract, Harness, make_spec, register
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
-from kv_directory.states import Outcome, TxnState
-from kv_directory.store import DirectoryStore, DirectoryUnavailable, LoadReport
+from kv_directory.store import DirectoryStore
 from services.cluster.redis_proc import start_redis
+from services.directory.records import DirectoryUnavailable, LoadReport
+from services.directory.states import Outcome, TxnState
 
 
 class RedisHarness(Harness):

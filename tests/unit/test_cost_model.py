@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from kv_directory.profile import CostProfile
 from router.candidate import Candidate, ScoreContext
 from router.config import RouterConfig
 from router.cost_model import CLAMP, CostModel
 from router.decision import RequestShape, price_colocated, price_pair
 from router.scorers import SCORERS, build
 from router.types import Capacity, Load, Role, Route, Worker
+from services.directory.cost_profile import CostProfile
 
 PROFILE = CostProfile(prefill_base_ms=2.0, prefill_ms_per_token=0.5, prefill_ms_per_pair=0.001,
                       decode_base_ms=4.0, decode_ms_per_seq=1.0, decode_ms_per_context_token=0.01,

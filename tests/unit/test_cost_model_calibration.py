@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kv_directory.profile import CostProfile
+from services.directory.cost_profile import CostProfile
 from services.engine import Engine, EngineConfig
 from services.worker.profile import ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain, prefill_features
 

@@ -9,10 +9,16 @@ import uuid
 import pytest
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.convert import BadRequest, profile_from_pb, profile_to_pb, worker_record_from_pb, worker_record_to_pb
 from kv_directory.memory_store import MemoryDirectoryStore
-from kv_directory.profile import CostProfile
-from kv_directory.store import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
+from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
+from services.directory.wire import (
+    BadRequest,
+    profile_from_pb,
+    profile_to_pb,
+    worker_record_from_pb,
+    worker_record_to_pb,
+)
 from services.rpc.pd.v1 import common_pb2
 
 PROFILE = CostProfile(prefill_base_ms=1.5, prefill_ms_per_token=0.02, prefill_ms_per_pair=1e-6,

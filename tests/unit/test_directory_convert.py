@@ -4,31 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from kv_directory.client import TxnRecord, TxnReply
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
-    OUTCOME_FROM_PB,
-    OUTCOME_TO_PB,
-    STATE_TO_PB,
-    BadRequest,
     digest_mismatch,
     fence,
     hashes_from_pb,
     kv_digest,
     manifest_blob,
     manifest_from_blob,
-    role_from_pb,
     role_matches,
     spec_from_manifest,
     txn_response,
     txn_to_pb,
     worker_info_from_pb,
-    worker_record_from_pb,
-    worker_record_to_pb,
 )
 from kv_directory.memory_store import MemoryDirectoryStore
-from kv_directory.states import Outcome, TxnState
-from kv_directory.store import (
+from services.directory.client import TxnRecord, TxnReply
+from services.directory.records import (
     CAPACITY_FIELDS,
     LOAD_FIELDS,
     LoadReport,
@@ -38,6 +30,16 @@ from kv_directory.store import (
     WorkerRecord,
     WorkerRole,
     digest_checksums,
+)
+from services.directory.states import Outcome, TxnState
+from services.directory.wire import (
+    OUTCOME_FROM_PB,
+    OUTCOME_TO_PB,
+    STATE_TO_PB,
+    BadRequest,
+    role_from_pb,
+    worker_record_from_pb,
+    worker_record_to_pb,
 )
 from services.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
 

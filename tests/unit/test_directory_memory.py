@@ -7,8 +7,9 @@ from directory_contract import DirectoryContract, Harness, make_spec, register
 
 from kv_directory.config import ENV_OVERRIDES, DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
-from kv_directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
-from kv_directory.store import DirectoryStore, LoadReport, TransferSpec, WorkerRef, digest_checksums
+from kv_directory.store import DirectoryStore
+from services.directory.records import LoadReport, TransferSpec, WorkerRef, digest_checksums
+from services.directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
 
 
 class FakeClock:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from kv_directory.profile import CostProfile
 from router.config import RouterConfig
 from router.cost_model import CostModel
 from router.decision import DecisionParams, Outcome, RequestShape, decide, price_colocated, price_pair, reference_decide
 from router.scorers import build
 from router.types import Capacity, Load, Role, Worker
+from services.directory.cost_profile import CostProfile
 
 BS = 16
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1_000_000,

@@ -14,13 +14,13 @@ import random
 
 import pytest
 
-from kv_directory.profile import CostProfile
 from router.config import RouterConfig
 from router.cost_model import CostModel
 from router.cost_table import CostTable
 from router.decision import DecisionParams, RequestShape, candidates, decide, reference_candidates, reference_decide
 from router.scorers import build
 from router.types import Capacity, Load, Role, Worker
+from services.directory.cost_profile import CostProfile
 
 CFG = RouterConfig()
 

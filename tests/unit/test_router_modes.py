@@ -21,12 +21,12 @@ from orchestrator_support import (
     worker,
 )
 
-from kv_directory.profile import CostProfile
 from router.decision import Outcome
 from router.modes import Planner, canary_pick
 from router.orchestrator import Orchestrator
 from router.placement import LoadOverlay
 from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
+from services.directory.cost_profile import CostProfile
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
 

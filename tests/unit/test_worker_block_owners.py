@@ -15,8 +15,8 @@ import asyncio
 import pytest
 from engine_support import assert_no_leak, running_loop, tiny_engine
 
-from kv_directory.states import Outcome, TxnState
 from prefill_worker.worker import PrefillWorker
+from services.directory.states import Outcome, TxnState
 from services.engine import SamplingParams
 from services.transfer import KVSender
 from services.worker.config import WorkerConfig

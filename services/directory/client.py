@@ -26,7 +26,17 @@ from typing import Any
 
 import grpc
 
-from kv_directory.convert import (
+from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
+from services.directory.records import (
+    ClusterSnapshot,
+    DirectoryUnavailable,
+    LoadReport,
+    WorkerInfo,
+    WorkerRef,
+    WorkerRole,
+)
+from services.directory.states import Outcome, TxnState
+from services.directory.wire import (
     OUTCOME_FROM_PB,
     ROLE_TO_PB,
     STATE_FROM_PB,
@@ -35,16 +45,6 @@ from kv_directory.convert import (
     profile_to_pb,
     worker_record_from_pb,
 )
-from kv_directory.states import Outcome, TxnState
-from kv_directory.store import (
-    ClusterSnapshot,
-    DirectoryUnavailable,
-    LoadReport,
-    WorkerInfo,
-    WorkerRef,
-    WorkerRole,
-)
-from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
 
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -1,0 +1,273 @@
+"""The directory's records: what workers, the router, the SDK and the directory
+service say to each other about workers and transfer transactions, in one place
+(the store interface is kv_directory/store.py; the wire mapping is
+services/directory/wire.py).
+
+Time: every ``*_ms`` field is on the directory store's clock (Redis ``TIME``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from collections.abc import Sequence
+
+from services.directory.cost_profile import CostProfile
+from services.directory.states import Outcome, TxnState
+
+
+class DirectoryUnavailable(RuntimeError):
+    """The backing store could not be reached or refused service; retry later.
+
+    The gRPC layer maps this to UNAVAILABLE. Raised instead of any answer the
+    store could not vouch for.
+    """
+
+
+class WorkerRole(str, enum.Enum):
+    """What a worker serves. MIXED runs both phases (colocated fallback)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadReport:
+    """A worker's self-reported load, replaced wholesale on every heartbeat."""
+
+    pending_prefill_tokens: int = 0
+    active_decode_batch: int = 0
+    free_blocks: int = 0
+    reserved_blocks: int = 0
+    total_blocks: int = 0
+    active_context_tokens: int = 0
+    """Tokens the decode batch attends over (sum of its sequences' lengths)."""
+    active_blocks: int = 0
+    """Blocks held by running work (prefills in flight, sequences decoding);
+    free + reserved + active == total."""
+    cached_blocks: int = 0
+    """Of the free blocks, those holding a reusable prefix."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"LoadReport.{f.name} must be >= 0")
+
+    def as_args(self) -> list[int]:
+        """Field values in declaration order (the wire order of the Lua scripts)."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+LOAD_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoadReport))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerCapacity:
+    """Static capacity a worker declares at registration (stable for one epoch).
+
+    Must match pd.v1.WorkerCapacity field for field (kv_directory/convert.py maps
+    by name; tests/unit/test_directory_convert.py checks)."""
+
+    total_blocks: int = 0
+    max_decode_batch: int = 0
+    max_prefill_tokens: int = 0
+    block_size: int = 0
+    vocab_size: int = 0
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"WorkerCapacity.{f.name} must be >= 0")
+
+    def as_args(self) -> list[int]:
+        """Field values in declaration order (the wire order of the Lua scripts)."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+CAPACITY_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(WorkerCapacity))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker declares when it registers (stable for one epoch)."""
+
+    worker_id: str
+    role: WorkerRole
+    grpc_addr: str
+    data_addr: str
+    abi_digest: str
+    """Digest of the worker's cache ABI; routes pair only equal digests."""
+    capacity: WorkerCapacity = WorkerCapacity()
+    profile: CostProfile = CostProfile()
+    """Cost model measured at start (empty when the worker declares none)."""
+    colocated_only_reason: str = ""
+    """Why the worker serves colocated requests only and never exchanges K/V (its
+    start-up kernel self-check failed); empty: hand-offs allowed."""
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            raise ValueError("worker_id must be non-empty")
+        object.__setattr__(self, "role", WorkerRole(self.role))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A registered, live worker as the directory sees it."""
+
+    worker_id: str
+    role: WorkerRole
+    grpc_addr: str
+    data_addr: str
+    abi_digest: str
+    epoch: int
+    """Bumped on every registration; fences everything the previous process did."""
+    lease_expiry_ms: int
+    """Store clock; the worker is dead at or after this instant."""
+    load: LoadReport
+    capacity: WorkerCapacity = WorkerCapacity()
+    profile: CostProfile = CostProfile()
+    colocated_only_reason: str = ""
+    """As declared at registration (WorkerInfo.colocated_only_reason)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "role", WorkerRole(self.role))
+
+    @property
+    def ref(self) -> WorkerRef:
+        """This worker at this epoch."""
+        return WorkerRef(self.worker_id, self.epoch)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerRef:
+    """One worker incarnation: a transaction is bound to both ends' epochs."""
+
+    worker_id: str
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not self.worker_id or self.epoch < 1:
+            raise ValueError(f"bad worker ref {self.worker_id!r}@{self.epoch}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """Live workers (sorted by id) and the route epoch, read atomically."""
+
+    route_epoch: int
+    now_ms: int
+    workers: tuple[WorkerRecord, ...]
+
+    def worker(self, worker_id: str) -> WorkerRecord | None:
+        """The live record of ``worker_id``, or None."""
+        return next((w for w in self.workers if w.worker_id == worker_id), None)
+
+
+def digest_checksums(chunk_checksums: Sequence[str]) -> str:
+    """Order-sensitive digest of a manifest's per-chunk checksums (hex sha256)."""
+    h = hashlib.sha256()
+    for c in chunk_checksums:
+        h.update(c.encode())
+        h.update(b"\n")  # separator: ("ab","c") and ("a","bc") must differ
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransferSpec:
+    """The immutable identity of one transfer, fixed at reserve time.
+
+    A retry with the same transfer id is idempotent only if every field here is
+    equal; otherwise it is CHECKSUM_CONFLICT (corruption, article 0x06A).
+    """
+
+    transfer_id: str
+    request_id: str
+    tenant: str
+    generation: int
+    """Attempt number of the request; a newer one supersedes older ones."""
+    source: WorkerRef
+    dest: WorkerRef
+    manifest_digest: str
+    chunk_checksums: tuple[str, ...] = ()
+    """Optional; when given, ``manifest_digest`` must be their ``digest_checksums``."""
+    route_epoch: int = 0
+    """Route epoch the route was chosen under; 0 = not checked."""
+    manifest_blob: str = dataclasses.field(default="", compare=False)
+    """Opaque text stored with the transaction and returned by ``lookup`` (the
+    gRPC layer keeps the full manifest here). Not part of the identity: put a
+    digest of whatever identifies the transfer in ``manifest_digest``."""
+
+    def __post_init__(self) -> None:
+        for name in ("transfer_id", "request_id", "tenant", "manifest_digest"):
+            if not getattr(self, name):
+                raise ValueError(f"TransferSpec.{name} must be non-empty")
+        if self.generation < 1 or self.route_epoch < 0:
+            raise ValueError("generation must be >= 1 and route_epoch >= 0")
+        object.__setattr__(self, "chunk_checksums", tuple(self.chunk_checksums))
+        if self.chunk_checksums and digest_checksums(self.chunk_checksums) != self.manifest_digest:
+            raise ValueError("manifest_digest does not match chunk_checksums")
+
+    def checksums_json(self) -> str:
+        """Checksums as stored (a JSON list; Lua treats it as an opaque string)."""
+        return json.dumps(list(self.chunk_checksums))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transaction:
+    """A transfer transaction as stored: its identity plus where it stands."""
+
+    spec: TransferSpec
+    state: TxnState
+    abort_reason: str
+    created_ms: int
+    updated_ms: int
+    deadline_ms: int
+    """Store clock; an unpublished transaction is aborted at this instant."""
+
+    @property
+    def transfer_id(self) -> str:
+        """Shorthand for ``spec.transfer_id``."""
+        return self.spec.transfer_id
+
+    @property
+    def generation(self) -> int:
+        """Shorthand for ``spec.generation``."""
+        return self.spec.generation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TxnResult:
+    """Outcome of a transaction operation and the record as it now stands
+    (None only for NOT_FOUND)."""
+
+    outcome: Outcome
+    txn: Transaction | None
+    request_generation: int = 0
+    """reserve only: the request's current generation after the call (0: none yet).
+    A caller whose generation is not above it learns how far behind it is, e.g. a
+    client re-using a finished request id within the retention window."""
+
+    @property
+    def ok(self) -> bool:
+        """The requested state holds (APPLIED or DUPLICATE)."""
+        return self.outcome.ok
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseResult:
+    """Outcome of a heartbeat: APPLIED with the new expiry, or LEASE_LOST (expiry 0)."""
+
+    outcome: Outcome
+    lease_expiry_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EpochResult:
+    """Outcome of a route-epoch change and the epoch now current."""
+
+    outcome: Outcome
+    route_epoch: int

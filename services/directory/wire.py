@@ -1,0 +1,115 @@
+"""pd.v1 protobuf <-> the directory's records: one mapping for both ends of the wire
+(the directory service and its client), so they cannot disagree.
+
+Mappings that are *not* by number (the enums were numbered independently):
+
+* ``TxnState``: store RELEASED=5/ABORTED=6, proto ABORTED=5/RELEASED=6 — mapped by name.
+* ``Outcome.LEASE_LOST`` is ``TXN_OUTCOME_STALE_EPOCH`` on the wire.
+* ``WorkerRole.MIXED`` is ``WORKER_ROLE_BOTH`` on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.directory.cost_profile import PROFILE_FIELDS, CostProfile
+from services.directory.records import (
+    CAPACITY_FIELDS,
+    LOAD_FIELDS,
+    LoadReport,
+    WorkerCapacity,
+    WorkerRecord,
+    WorkerRole,
+)
+from services.directory.states import Outcome, TxnState
+from services.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
+
+
+class BadRequest(ValueError):
+    """A request field is missing or malformed; the servicer answers INVALID_ARGUMENT."""
+
+
+ROLE_TO_PB: dict[WorkerRole, int] = {
+    WorkerRole.PREFILL: common_pb2.WORKER_ROLE_PREFILL,
+    WorkerRole.DECODE: common_pb2.WORKER_ROLE_DECODE,
+    WorkerRole.MIXED: common_pb2.WORKER_ROLE_BOTH,
+}
+ROLE_FROM_PB: dict[int, WorkerRole] = {v: k for k, v in ROLE_TO_PB.items()}
+
+STATE_TO_PB: dict[TxnState, int] = {s: manifest_pb2.TxnState.Value(f"TXN_STATE_{s.name}") for s in TxnState}
+STATE_FROM_PB: dict[int, TxnState] = {v: k for k, v in STATE_TO_PB.items()}
+
+_OUTCOME_PB_NAME = {o: o.name for o in Outcome} | {Outcome.LEASE_LOST: "STALE_EPOCH"}
+OUTCOME_TO_PB: dict[Outcome, int] = {
+    o: directory_pb2.TxnOutcome.Value(f"TXN_OUTCOME_{name}") for o, name in _OUTCOME_PB_NAME.items()
+}
+OUTCOME_FROM_PB: dict[int, Outcome] = {v: k for k, v in OUTCOME_TO_PB.items()}
+
+
+def require(value: object, field: str) -> None:
+    """BadRequest naming ``field`` unless ``value`` is truthy (non-empty, non-zero)."""
+    if not value:
+        raise BadRequest(f"{field} is required (empty or zero)")
+
+
+def role_from_pb(role: int, field: str = "role") -> WorkerRole:
+    """Proto WorkerRole -> store role; UNSPECIFIED or an unknown number is a BadRequest."""
+    try:
+        return ROLE_FROM_PB[role]
+    except KeyError:
+        raise BadRequest(f"{field} must be PREFILL, DECODE or BOTH, got {role}") from None
+
+
+# ---- workers ---------------------------------------------------------------
+
+def load_from_pb(pb: common_pb2.LoadReport) -> LoadReport:
+    """LoadReport proto -> dataclass (fields map by name)."""
+    return LoadReport(**{f: getattr(pb, f) for f in LOAD_FIELDS})
+
+
+def load_to_pb(load: LoadReport) -> common_pb2.LoadReport:
+    """LoadReport dataclass -> proto."""
+    return common_pb2.LoadReport(**dataclasses.asdict(load))
+
+
+def capacity_from_pb(pb: common_pb2.WorkerCapacity) -> WorkerCapacity:
+    """WorkerCapacity proto -> dataclass (fields map by name)."""
+    return WorkerCapacity(**{f: getattr(pb, f) for f in CAPACITY_FIELDS})
+
+
+def capacity_to_pb(cap: WorkerCapacity) -> common_pb2.WorkerCapacity:
+    """WorkerCapacity dataclass -> proto."""
+    return common_pb2.WorkerCapacity(**dataclasses.asdict(cap))
+
+
+def profile_from_pb(pb: common_pb2.CostProfile) -> CostProfile:
+    """CostProfile proto -> dataclass; BadRequest on a negative or non-finite number."""
+    try:
+        return CostProfile(**{f: getattr(pb, f) for f in PROFILE_FIELDS})
+    except ValueError as e:
+        raise BadRequest(f"profile: {e}") from None
+
+
+def profile_to_pb(profile: CostProfile) -> common_pb2.CostProfile:
+    """CostProfile dataclass -> proto."""
+    return common_pb2.CostProfile(**dataclasses.asdict(profile))
+
+
+def worker_record_to_pb(rec: WorkerRecord) -> common_pb2.WorkerInfo:
+    """A live worker as ClusterSnapshot reports it."""
+    return common_pb2.WorkerInfo(
+        worker_id=rec.worker_id, role=ROLE_TO_PB[rec.role], grpc_address=rec.grpc_addr,
+        data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
+        capacity=capacity_to_pb(rec.capacity), epoch=rec.epoch, load=load_to_pb(rec.load),
+        lease_expires_unix_ms=rec.lease_expiry_ms, profile=profile_to_pb(rec.profile),
+        colocated_only_reason=rec.colocated_only_reason,
+    )
+
+
+def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
+    """ClusterSnapshot entry -> WorkerRecord (the client's view of a live worker)."""
+    return WorkerRecord(
+        pb.worker_id, ROLE_FROM_PB[pb.role], pb.grpc_address, pb.data_plane_address,
+        pb.cache_abi_digest, pb.epoch, pb.lease_expires_unix_ms, load_from_pb(pb.load),
+        capacity_from_pb(pb.capacity), profile_from_pb(pb.profile), pb.colocated_only_reason,
+    )
