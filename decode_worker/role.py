@@ -1,0 +1,48 @@
+"""The decode role of a worker node: reserves blocks, receives K/V, validates,
+publishes and decodes; serves pd.v1.Decode (services/worker/node.py)."""
+
+from __future__ import annotations
+
+from services.common.grpc_server import Registration
+from services.rpc.pd.v1 import decode_pb2_grpc
+from services.worker.node import Role, WorkerNode
+from services.worker.process import build_receiver
+
+from .server import DecodeServicer
+from .worker import DecodeWorker
+
+
+class DecodeRole(Role):
+    name = "decode"
+
+    def __init__(self):
+        self.receiver = None
+        self.worker: DecodeWorker | None = None
+
+    async def start(self, node: WorkerNode) -> Registration:
+        self.receiver = build_receiver(node.cfg)
+        await self.receiver.start()
+        self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn)
+        servicer = DecodeServicer(self.worker, node.cfg.worker_id, lambda: node.epoch)
+        return decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode"
+
+    @property
+    def data_plane_address(self) -> str:
+        return self.receiver.address
+
+    @property
+    def transports(self) -> list:
+        return [self.receiver]
+
+    def reserved_blocks(self) -> int:
+        return self.worker.reserved_blocks()
+
+    async def on_lease_lost(self) -> None:
+        # The directory already aborted this worker's unpublished transactions.
+        await self.worker.abort_all_unpublished("lease lost")
+
+    async def stop(self) -> None:
+        await self.worker.abort_all_unpublished("worker shutting down")
+
+    async def close(self) -> None:
+        await self.receiver.stop()

@@ -1,0 +1,160 @@
+"""One worker process, whatever phases it serves.
+
+`WorkerNode` builds what every worker has, in this order: the engine loop (with
+its start-up self-check), the calibrated cost profile, each role's data-plane
+endpoint and worker, the gRPC server, directory membership with its heartbeat,
+the metrics file; and on SIGTERM it stops them in the reverse order, each role
+first giving back what it holds (a decode role aborts its unpublished
+transactions while the lease still stands).
+
+A role is one phase: `prefill` (serves pd.v1.Prefill, sends K/V) or `decode`
+(serves pd.v1.Decode, receives K/V). A node with both is the mixed worker
+(directory role MIXED): the router may run a colocated request on it, decode a
+split one on it, or prefill a split one on it for another decode worker. Roles
+are found by name through the `pdserve.worker_roles` entry points (see
+pyproject.toml), so this shared module imports neither service, and neither
+service imports the other.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from importlib.metadata import entry_points
+from typing import ClassVar
+
+from services.common.grpc_server import Registration, setup_logging, start_server, wait_for_shutdown
+from services.directory.client import DirectoryClient
+from services.directory.records import LoadReport, WorkerInfo, WorkerRole
+
+from .config import WorkerConfig
+from .directory_ops import TxnOps
+from .loop import EngineLoop
+from .membership import Membership
+from .process import advertised, block_counts, build_engine_loop, capacity, metrics_file, parse_config
+from .profile import ProfileConfig, active_context_tokens, obtain
+
+log = logging.getLogger(__name__)
+
+ROLE_GROUP = "pdserve.worker_roles"
+
+
+class Role(abc.ABC):
+    """One phase a node serves. `start` builds the role's endpoint and worker on the
+    node's loop and returns its gRPC registration; the rest are hooks with defaults."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    async def start(self, node: WorkerNode) -> Registration:
+        """Build and start the role (its data-plane endpoint first); its servicer."""
+
+    @property
+    def data_plane_address(self) -> str:
+        """Where peers send this role K/V ("" when it receives none)."""
+        return ""
+
+    @property
+    def transports(self) -> list:
+        """Its data-plane endpoints (their figures go to the metrics file)."""
+        return []
+
+    def reserved_blocks(self) -> int:
+        """Blocks it holds reserved for transfers not yet published."""
+        return 0
+
+    async def on_lease_lost(self) -> None:
+        """The directory expired this node's lease (and aborted its unpublished transactions)."""
+
+    async def stop(self) -> None:
+        """Give back what it holds, while the node is still registered."""
+
+    async def close(self) -> None:
+        """Close its endpoints, after the node left the directory."""
+
+
+def load_role(name: str) -> Role:
+    """The role registered under `name` in the `pdserve.worker_roles` entry points."""
+    found = {ep.name: ep for ep in entry_points(group=ROLE_GROUP)}
+    if name not in found:
+        raise ValueError(f"no worker role {name!r} (installed: {', '.join(sorted(found)) or 'none'}; "
+                         "is the package installed?)")
+    return found[name].load()()
+
+
+def directory_role(roles: list[Role]) -> WorkerRole:
+    names = {r.name for r in roles}
+    if names == {"prefill"}:
+        return WorkerRole.PREFILL
+    if names == {"decode"}:
+        return WorkerRole.DECODE
+    if names == {"prefill", "decode"}:
+        return WorkerRole.MIXED
+    raise ValueError(f"a worker serves prefill, decode or both, not {sorted(names)}")
+
+
+class WorkerNode:
+    """What every worker process has; its roles plug in (see the module docstring)."""
+
+    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, directory: DirectoryClient):
+        self.cfg = cfg
+        self.loop = loop
+        self.directory = directory
+        self.membership: Membership | None = None
+        self.txn = TxnOps(directory, cfg.worker_id, lambda: self.epoch)
+
+    @property
+    def epoch(self) -> int:
+        """This node's registration epoch (0 before it registered)."""
+        return self.membership.epoch if self.membership else 0
+
+    def load(self, roles: list[Role]) -> LoadReport:
+        loop = self.loop
+        return LoadReport(
+            pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
+            active_context_tokens=active_context_tokens(loop),
+            **block_counts(loop.engine, sum(r.reserved_blocks() for r in roles)))
+
+
+async def run_node(role_names: list[str], argv: list[str] | None = None, prog: str = "worker") -> None:
+    """Run a worker process serving `role_names` until SIGTERM (the body of
+    `python -m prefill_worker` and `python -m decode_worker`)."""
+    cfg, log_level = parse_config(prog, argv)
+    if cfg.serve_prefill and "prefill" not in role_names:
+        role_names = [*role_names, "prefill"]
+    setup_logging(cfg.worker_id, log_level)
+    roles = [load_role(name) for name in role_names]
+    kind = directory_role(roles)
+    loop, check = build_engine_loop(cfg)
+    loop.start()
+    profile = await loop.call(lambda e: obtain(e, ProfileConfig.from_env()))  # before serving: nothing else runs
+    node = WorkerNode(cfg, loop, DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s))
+    registrations = [await role.start(node) for role in roles]
+    server, port, health = await start_server(cfg.listen, registrations)
+    data_plane = next((r.data_plane_address for r in roles if r.data_plane_address), "")
+
+    async def lease_lost() -> None:
+        for role in roles:
+            await role.on_lease_lost()
+
+    node.membership = Membership(
+        node.directory, WorkerInfo(cfg.worker_id, kind, advertised(cfg, port), data_plane, loop.engine.abi.digest,
+                                   capacity(cfg, loop), profile, check.reason),
+        lambda: node.load(roles), on_lease_lost=lease_lost)
+    await node.membership.start()
+    metrics = metrics_file(cfg, loop, *(t for role in roles for t in role.transports))
+    metrics.start()
+    log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),
+             f", data plane {data_plane}" if data_plane else "")
+
+    async def on_stop() -> None:
+        await metrics.stop()
+        for role in roles:
+            await role.stop()
+        await node.membership.stop()
+        for role in roles:
+            await role.close()
+        await node.directory.close()
+        loop.stop()
+
+    await wait_for_shutdown(server, health, on_stop=on_stop)
