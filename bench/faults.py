@@ -35,8 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.cluster.faults import STEPS, FaultRunner, burst, cancel_storm, fault_env, kill_cases, redis_restart
+from services.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
 from services.cluster.launcher import ClusterSpec, LocalCluster
+from services.cluster.load import burst, cancel_storm, redis_restart
 
 PAUSE_S = 2.0
 COLUMNS = ("fault", "injected", "affected", "failed", "expected_ends", "hung", "blocks_leaked",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from cluster_support import seeded_requests, start_cluster
 
-from services.cluster.faults import burst
+from services.cluster.load import burst
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from cluster_support import start_cluster
 
-from services.cluster.faults import cancel_storm
+from services.cluster.load import cancel_storm
 
 
 @pytest.fixture(scope="module")

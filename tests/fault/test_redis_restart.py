@@ -6,7 +6,6 @@ and the cluster ends clean."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import signal
 import time
@@ -14,25 +13,10 @@ import time
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from services.directory.client import DirectoryClient
+from services.cluster.faults import advance_route_epoch, fences
 from services.sdk import Client
 
 PROMPT = list(range(3, 120))
-
-
-def _fences(cluster) -> tuple[dict[str, int], int]:
-    async def go():
-        async with DirectoryClient(cluster.directory_address, 3.0) as d:
-            snap = await d.snapshot()
-            return {w.worker_id: w.epoch for w in snap.workers}, await d.get_route_epoch()
-    return asyncio.run(go())
-
-
-def _advance_route_epoch(cluster) -> int:
-    async def go():
-        async with DirectoryClient(cluster.directory_address, 3.0) as d:
-            return (await d.advance_route_epoch(reason="fault suite")).route_epoch
-    return asyncio.run(go())
 
 
 @pytest.mark.parametrize("keep_data", [True, False], ids=["with-data", "data-lost"])
@@ -41,9 +25,9 @@ def test_fences_never_move_backwards_across_a_redis_restart(tmp_path, keep_data)
     try:
         with Client(cluster.router_address, timeout_s=60) as client:
             before = client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True, mode="disaggregated")
-            _advance_route_epoch(cluster)
+            advance_route_epoch(cluster)
             time.sleep(1.5)  # appendfsync everysec: what the restart may keep is on disk
-            epochs, route_epoch = _fences(cluster)
+            epochs, route_epoch = fences(cluster)
             assert len(epochs) == 2 and route_epoch > 0
 
             cluster.signal("redis", signal.SIGKILL)
@@ -64,7 +48,7 @@ def test_fences_never_move_backwards_across_a_redis_restart(tmp_path, keep_data)
                 assert time.monotonic() < deadline, "disaggregated serving did not resume"
                 time.sleep(0.2)
             assert again.token_ids == before.token_ids
-        after, route_after = _fences(cluster)
+        after, route_after = fences(cluster)
         assert set(after) == set(epochs)
         for wid, epoch in after.items():
             assert epoch >= epochs[wid], (wid, epochs[wid], epoch)
