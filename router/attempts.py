@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -57,8 +58,49 @@ from router.types import (
 log = logging.getLogger(__name__)
 
 
-DIRECTORY_RESERVE = "directory reserve"
-"""The stage of an attempt that opens its transaction in the directory."""
+class Stage(enum.Enum):
+    """Where an attempt is; the value names it in error messages. Moves only forward,
+    through `advance` (the numbered steps of the module docstring)::
+
+        PLACED -> DECODE_RESERVE -> DIRECTORY_RESERVE -> PREFILL -> DECODE   (split)
+        PLACED -> COLOCATED                                                    (colocated)
+
+    A failure leaves the attempt at the stage it failed in; teardown reads from the
+    stage what the attempt engaged.
+    """
+
+    PLACED = "placed"
+    DECODE_RESERVE = "decode reserve"
+    """D was asked for blocks (a reserve that timed out may still have been granted)."""
+    DIRECTORY_RESERVE = "directory reserve"
+    """The transaction is being opened in the directory."""
+    PREFILL = "prefill"
+    """The hand-off runs: P prefills and sends, D waits for publication."""
+    DECODE = "decode"
+    """Token 0 arrived: D decodes from PUBLISHED K/V and owns the transaction's release."""
+    COLOCATED = "colocated generate"
+    """W computes the prompt and decodes; no transaction."""
+
+
+_NEXT: dict[Stage, frozenset[Stage]] = {
+    Stage.PLACED: frozenset({Stage.DECODE_RESERVE, Stage.COLOCATED}),
+    Stage.DECODE_RESERVE: frozenset({Stage.DIRECTORY_RESERVE}),
+    Stage.DIRECTORY_RESERVE: frozenset({Stage.PREFILL}),
+    Stage.PREFILL: frozenset({Stage.DECODE}),
+    Stage.DECODE: frozenset(),
+    Stage.COLOCATED: frozenset(),
+}
+
+
+def advance(att: Attempt, to: Stage) -> None:
+    """Move `att` to stage `to`; an illegal move is a router bug and raises."""
+    if to not in _NEXT[att.stage]:
+        raise RuntimeError(f"{att.describe()}: stage {att.stage.value!r} -> {to.value!r} is not a legal move")
+    att.stage = to
+
+
+DIRECTORY_RESERVE = Stage.DIRECTORY_RESERVE.value
+"""The stage label of an attempt that opens its transaction in the directory."""
 
 _RAN_BEFORE = frozenset({TxnOutcome.STALE_GENERATION, TxnOutcome.DUPLICATE, TxnOutcome.CHECKSUM_CONFLICT})
 """Reserve outcomes that, with the request's generation at or above the attempt's,
@@ -100,13 +142,9 @@ class Attempt:
     decode: Worker
     prefill: Worker | None = None
     route_epoch: int = 0
-    stage: str = "placed"
+    stage: Stage = Stage.PLACED
     txn_open: bool = False
     """The directory transaction may exist unpublished (Abort on teardown)."""
-    decode_engaged: bool = False
-    """D may hold state for this generation (Cancel on teardown)."""
-    prefill_engaged: bool = False
-    """P was asked to prefill (Cancel on teardown)."""
     prefill_done: bool = False
     """Prefill.Prefill returned successfully."""
     prefill_kv_digest: str = ""
@@ -124,6 +162,16 @@ class Attempt:
 
     def __post_init__(self) -> None:
         self.number = self.number or self.generation
+
+    @property
+    def decode_engaged(self) -> bool:
+        """D (or W) may hold state for this generation (Cancel on teardown)."""
+        return self.stage is not Stage.PLACED
+
+    @property
+    def prefill_engaged(self) -> bool:
+        """P was asked to prefill (Cancel on teardown)."""
+        return self.stage in (Stage.PREFILL, Stage.DECODE)
 
     def describe(self) -> str:
         """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""
@@ -218,8 +266,7 @@ class AttemptRunner:
         tid = transfer_id(req.request_id, g)
         blocks, att.prefill_handle = count_dispatch(self._overlay, req, p, d)
         att.overlay_handles.append(blocks)
-        att.stage = "decode reserve"
-        att.decode_engaged = True  # a reserve that timed out may still have been granted
+        advance(att, Stage.DECODE_RESERVE)
         try:
             reservation = await self._workers.reserve(d, ReserveCall(
                 req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
@@ -227,17 +274,17 @@ class AttemptRunner:
         except WorkerCallError as exc:
             if exc.code is StatusCode.INVALID_ARGUMENT:
                 raise RouterError(exc.code, exc.message) from exc  # the client's to fix: verbatim
-            raise AttemptFailed(att.stage, exc.code, exc.message, culprit=d) from exc
+            raise AttemptFailed(att.stage.value, exc.code, exc.message, culprit=d) from exc
         if reservation.reservation_id and reservation.reservation_id != tid:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
-        att.stage = DIRECTORY_RESERVE
+        advance(att, Stage.DIRECTORY_RESERVE)
         att.txn_open = True  # until the directory says otherwise
         try:
             answer = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
         except WorkerCallError as exc:
-            raise AttemptFailed(att.stage, exc.code, exc.message) from exc
+            raise AttemptFailed(att.stage.value, exc.code, exc.message) from exc
         if answer.outcome is not TxnOutcome.APPLIED:
             att.txn_open = False
             what = f"directory answered {answer.outcome.name}"
@@ -246,11 +293,10 @@ class AttemptRunner:
                                        f"{what}: request id {req.request_id!r} ran before, up to "
                                        f"generation {answer.current_generation}")
             lost = answer.outcome is TxnOutcome.STALE_EPOCH
-            raise AttemptFailed(att.stage, StatusCode.ABORTED, what,
+            raise AttemptFailed(att.stage.value, StatusCode.ABORTED, what,
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
-        att.stage = "prefill"
+        advance(att, Stage.PREFILL)
         self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))
-        att.prefill_engaged = True
         att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
             manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling), queue))
         att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
@@ -260,8 +306,7 @@ class AttemptRunner:
         req, w = self.req, att.decode
         blocks, att.prefill_handle = count_dispatch(self._overlay, req, w, w)
         att.overlay_handles.append(blocks)
-        att.stage = "colocated generate"
-        att.decode_engaged = True
+        advance(att, Stage.COLOCATED)
         self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))
         att.stream_task = asyncio.create_task(self._pump(self._workers.generate(w, StreamCall(
             req.request_id, att.generation, req.max_tokens, req.sampling, tenant=req.tenant,
@@ -305,7 +350,7 @@ class AttemptRunner:
             except TimeoutError:
                 pass
             if loop.time() >= give_up:
-                raise AttemptFailed(att.stage, StatusCode.DEADLINE_EXCEEDED,
+                raise AttemptFailed(att.stage.value, StatusCode.DEADLINE_EXCEEDED,
                                     f"no token {att.tokens_seen} within {limit:g} s",
                                     **_blame(att, StatusCode.DEADLINE_EXCEEDED))
             await self._check_leases(att)
@@ -324,7 +369,7 @@ class AttemptRunner:
         for w in waiting_on:
             if live.get(w.worker_id) != w.epoch:
                 now = "registered at another epoch" if w.worker_id in live else "gone from the directory"
-                raise AttemptFailed(att.stage, StatusCode.UNAVAILABLE,
+                raise AttemptFailed(att.stage.value, StatusCode.UNAVAILABLE,
                                     f"{w.worker_id}'s lease at epoch {w.epoch} expired ({now}): dead or hung",
                                     culprit=w)
 
@@ -353,23 +398,24 @@ class AttemptRunner:
                 if (value.code is StatusCode.INVALID_ARGUMENT and att.route is Route.COLOCATED
                         and att.tokens_seen == 0):
                     raise RouterError(value.code, value.message) from value
-                stage = att.stage if att.tokens_seen == 0 else f"{att.stage} after {att.tokens_seen} tokens"
+                stage = att.stage.value + (f" after {att.tokens_seen} tokens" if att.tokens_seen else "")
                 raise AttemptFailed(stage, value.code, value.message, **_blame(att, value.code)) from value
             else:
-                raise AttemptFailed(att.stage, StatusCode.UNAVAILABLE,
+                raise AttemptFailed(att.stage.value, StatusCode.UNAVAILABLE,
                                     f"stream ended after {att.tokens_seen} tokens without a complete event",
                                     culprit=att.decode)
 
     def _on_token(self, att: Attempt, tok: StreamToken) -> None:
         if tok.index != att.tokens_seen:
-            raise AttemptFailed(att.stage, StatusCode.INTERNAL,
+            raise AttemptFailed(att.stage.value, StatusCode.INTERNAL,
                                 f"token index {tok.index} out of order (expected {att.tokens_seen})",
                                 culprit=att.decode)
         if att.tokens_seen == 0:
             att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
             if att.route is Route.COLOCATED:
                 self._overlay.remove(att.prefill_handle)  # W finished the prompt
-            att.stage = "decode" if att.route is Route.DISAGGREGATED else att.stage
+            if att.route is Route.DISAGGREGATED:
+                advance(att, Stage.DECODE)
         att.tokens_seen += 1
         out = self._output.offer(tok.index, tok.token_id, att.generation)
         if out is not None:

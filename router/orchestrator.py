@@ -327,7 +327,7 @@ class Orchestrator:
     @staticmethod
     def _where(run: RequestRun) -> str:
         last = run.runner.last if run.runner else None
-        where = f" during {last.describe()} at stage {last.stage}" if last else ""
+        where = f" during {last.describe()} at stage {last.stage.value}" if last else ""
         earlier = f"; earlier: {'; '.join(run.failures)}" if run.failures else ""
         return where + earlier
 
