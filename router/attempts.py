@@ -24,13 +24,12 @@ and output divergence raise `RouterError` directly.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted
+from router.attempt import RAN_BEFORE, Attempt, AttemptFailed, GenerationBehind, Stage, advance, blame, count_dispatch
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.handoff import build_manifest, transfer_id
@@ -51,154 +50,10 @@ from router.types import (
     StreamItem,
     StreamToken,
     TxnOutcome,
-    Worker,
     WorkerCallError,
 )
 
 log = logging.getLogger(__name__)
-
-
-class Stage(enum.Enum):
-    """Where an attempt is; the value names it in error messages. Moves only forward,
-    through `advance` (the numbered steps of the module docstring)::
-
-        PLACED -> DECODE_RESERVE -> DIRECTORY_RESERVE -> PREFILL -> DECODE   (split)
-        PLACED -> COLOCATED                                                    (colocated)
-
-    A failure leaves the attempt at the stage it failed in; teardown reads from the
-    stage what the attempt engaged.
-    """
-
-    PLACED = "placed"
-    DECODE_RESERVE = "decode reserve"
-    """D was asked for blocks (a reserve that timed out may still have been granted)."""
-    DIRECTORY_RESERVE = "directory reserve"
-    """The transaction is being opened in the directory."""
-    PREFILL = "prefill"
-    """The hand-off runs: P prefills and sends, D waits for publication."""
-    DECODE = "decode"
-    """Token 0 arrived: D decodes from PUBLISHED K/V and owns the transaction's release."""
-    COLOCATED = "colocated generate"
-    """W computes the prompt and decodes; no transaction."""
-
-
-_NEXT: dict[Stage, frozenset[Stage]] = {
-    Stage.PLACED: frozenset({Stage.DECODE_RESERVE, Stage.COLOCATED}),
-    Stage.DECODE_RESERVE: frozenset({Stage.DIRECTORY_RESERVE}),
-    Stage.DIRECTORY_RESERVE: frozenset({Stage.PREFILL}),
-    Stage.PREFILL: frozenset({Stage.DECODE}),
-    Stage.DECODE: frozenset(),
-    Stage.COLOCATED: frozenset(),
-}
-
-
-def advance(att: Attempt, to: Stage) -> None:
-    """Move `att` to stage `to`; an illegal move is a router bug and raises."""
-    if to not in _NEXT[att.stage]:
-        raise RuntimeError(f"{att.describe()}: stage {att.stage.value!r} -> {to.value!r} is not a legal move")
-    att.stage = to
-
-
-DIRECTORY_RESERVE = Stage.DIRECTORY_RESERVE.value
-"""The stage label of an attempt that opens its transaction in the directory."""
-
-_RAN_BEFORE = frozenset({TxnOutcome.STALE_GENERATION, TxnOutcome.DUPLICATE, TxnOutcome.CHECKSUM_CONFLICT})
-"""Reserve outcomes that, with the request's generation at or above the attempt's,
-mean an earlier run of the same request id holds the transfer id or the generation."""
-
-
-class AttemptFailed(Exception):
-    """An attempt failed in a way another route may not: retry under a new generation."""
-
-    def __init__(self, stage: str, code: StatusCode, message: str, suspects: frozenset[str] = frozenset(),
-                 culprit: Worker | None = None):
-        super().__init__(f"{stage}: {code.name}: {message}")
-        self.stage = stage
-        self.code = code
-        self.message = message
-        self.suspects = suspects | ({culprit.worker_id} if culprit else set())
-        """Workers that may have caused it; later attempts avoid them when they can."""
-        self.culprit = culprit
-        """The worker whose own call failed, when the failure is certainly its
-        (its RPC or its stream broke, not a hand-off between two workers)."""
-
-
-class GenerationBehind(AttemptFailed):
-    """The directory refused the reserve because this request id already ran at
-    `current` or later (a client re-using a finished id within the directory's
-    retention). Nobody failed: the next attempt goes above `current`, uncounted."""
-
-    def __init__(self, current: int, message: str):
-        super().__init__(DIRECTORY_RESERVE, StatusCode.ABORTED, message)
-        self.current = current
-
-
-@dataclasses.dataclass(slots=True)
-class Attempt:
-    """One generation of a request on one route, and what it holds right now."""
-
-    generation: int
-    route: Route
-    decode: Worker
-    prefill: Worker | None = None
-    route_epoch: int = 0
-    stage: Stage = Stage.PLACED
-    txn_open: bool = False
-    """The directory transaction may exist unpublished (Abort on teardown)."""
-    prefill_done: bool = False
-    """Prefill.Prefill returned successfully."""
-    prefill_kv_digest: str = ""
-    """PrefillResult.kv_digest, once prefill returned."""
-    prefill_handle: int | None = None
-    """Overlay entry of the prompt tokens queued at P (dropped when prefill returns)."""
-    tokens_seen: int = 0
-    """Tokens this attempt streamed; also the next expected index."""
-    overlay_handles: list[int] = dataclasses.field(default_factory=list)
-    stream_task: asyncio.Task | None = None
-    prefill_task: asyncio.Task | None = None
-    number: int = 0
-    """1 for the request's first attempt, ...; the generation unless the request id
-    ran before (then generations continue above the earlier run's). 0: = generation."""
-
-    def __post_init__(self) -> None:
-        self.number = self.number or self.generation
-
-    @property
-    def decode_engaged(self) -> bool:
-        """D (or W) may hold state for this generation (Cancel on teardown)."""
-        return self.stage is not Stage.PLACED
-
-    @property
-    def prefill_engaged(self) -> bool:
-        """P was asked to prefill (Cancel on teardown)."""
-        return self.stage in (Stage.PREFILL, Stage.DECODE)
-
-    def describe(self) -> str:
-        """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""
-        gen = f", generation {self.generation}" if self.generation != self.number else ""
-        if self.route is Route.DISAGGREGATED:
-            return (f"attempt {self.number} (disaggregated {self.prefill.worker_id} -> "
-                    f"{self.decode.worker_id}{gen})")
-        return f"attempt {self.number} (colocated on {self.decode.worker_id}{gen})"
-
-
-def _blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
-    """Who caused a stream failure at this point. Before token 0 of a
-    disaggregated attempt an aborted hand-off may be either end's fault; an
-    unreachable D (or any failure after token 0, or once prefill returned) is D's."""
-    handoff = att.prefill is not None and att.tokens_seen == 0 and not att.prefill_done
-    if handoff and code is not StatusCode.UNAVAILABLE:
-        return {"suspects": frozenset({att.prefill.worker_id, att.decode.worker_id})}
-    return {"culprit": att.decode}
-
-
-def count_dispatch(overlay: LoadOverlay, req: Admitted, computing: Worker, decode: Worker,
-                   planned: bool = False) -> tuple[int, int]:
-    """Count a route in the load overlay until the heartbeats show it: the reservation's
-    blocks at D (W) and the prompt queued at the computing worker (P, or W) until token 0.
-    Returns the (blocks, prefill) handles for `LoadOverlay.remove`."""
-    return (overlay.add(decode, blocks=req.demand.blocks_on(decode), planned=planned),
-            overlay.add(computing, prefill_tokens=len(req.prompt), planned=planned))
 
 
 class AttemptRunner:
@@ -288,7 +143,7 @@ class AttemptRunner:
         if answer.outcome is not TxnOutcome.APPLIED:
             att.txn_open = False
             what = f"directory answered {answer.outcome.name}"
-            if answer.outcome in _RAN_BEFORE and answer.current_generation >= g:
+            if answer.outcome in RAN_BEFORE and answer.current_generation >= g:
                 raise GenerationBehind(answer.current_generation,
                                        f"{what}: request id {req.request_id!r} ran before, up to "
                                        f"generation {answer.current_generation}")
@@ -352,7 +207,7 @@ class AttemptRunner:
             if loop.time() >= give_up:
                 raise AttemptFailed(att.stage.value, StatusCode.DEADLINE_EXCEEDED,
                                     f"no token {att.tokens_seen} within {limit:g} s",
-                                    **_blame(att, StatusCode.DEADLINE_EXCEEDED))
+                                    **blame(att, StatusCode.DEADLINE_EXCEEDED))
             await self._check_leases(att)
 
     async def _check_leases(self, att: Attempt) -> None:
@@ -399,7 +254,7 @@ class AttemptRunner:
                         and att.tokens_seen == 0):
                     raise RouterError(value.code, value.message) from value
                 stage = att.stage.value + (f" after {att.tokens_seen} tokens" if att.tokens_seen else "")
-                raise AttemptFailed(stage, value.code, value.message, **_blame(att, value.code)) from value
+                raise AttemptFailed(stage, value.code, value.message, **blame(att, value.code)) from value
             else:
                 raise AttemptFailed(att.stage.value, StatusCode.UNAVAILABLE,
                                     f"stream ended after {att.tokens_seen} tokens without a complete event",

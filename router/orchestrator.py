@@ -30,7 +30,6 @@ Router.Cancel always finds the attempt that holds worker state.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import time
@@ -39,7 +38,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.admission import Admitted, admit, check_cluster
-from router.attempts import DIRECTORY_RESERVE, Attempt, AttemptFailed, AttemptRunner, GenerationBehind, count_dispatch
+from router.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind, count_dispatch
+from router.attempts import AttemptRunner
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.decision import Outcome
@@ -48,6 +48,8 @@ from router.modes import Plan, Planner
 from router.output import OutputLog
 from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
 from router.queueing import AdmissionQueue
+from router.request_run import RecentGenerations, RequestRun
+from router.retries import Retries
 from router.types import (
     Cluster,
     Completed,
@@ -62,81 +64,6 @@ from router.types import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class RequestRun:
-    """One admitted request: its task, its client event queue, its attempts."""
-
-    def __init__(self, req: Admitted, start_s: float, output: OutputLog):
-        self.req = req
-        self.start_s = start_s
-        self.output = output
-        self.events: asyncio.Queue[Event | RouterError] = asyncio.Queue()
-        self.task: asyncio.Task | None = None
-        self.runner: AttemptRunner | None = None
-        self.plan: Plan | None = None
-        self.held: list[int] = []
-        """Overlay handles taken at plan time for the planned route, so the next request
-        planned before this one's attempt starts sees it; released when attempt 1 takes
-        its own (or the request ends first)."""
-        self.booked: int | None = None
-        """StreamBook handle of the planned stream (router/streams.py), until attempt 1
-        fails or the request ends."""
-        self.failures: list[str] = []
-        self.refusals: list[str] = []
-        """Attempts a worker refused for want of K/V room (sent back to the queue)."""
-        self.cancel_reason: str | None = None
-        self.finished = False
-
-    def emit(self, event: Event) -> None:
-        """Queue an event for the client."""
-        self.events.put_nowait(event)
-
-    def end(self, outcome: Completed | RouterError) -> None:
-        """Queue the terminal event (only the first one counts)."""
-        if not self.finished:
-            self.finished = True
-            self.events.put_nowait(outcome)
-
-    def cancel(self, reason: str) -> None:
-        """Stop the request: its attempt tears down, then the stream ends CANCELLED. A
-        request still in admission (no task yet) is refused CANCELLED when admission ends."""
-        if (self.task is not None and self.task.done()) or self.cancel_reason is not None:
-            return
-        self.cancel_reason = reason
-        if self.task is not None:
-            self.task.cancel()
-
-    async def stream(self) -> AsyncIterator[Event]:
-        """Client events until Complete; raises the request's RouterError."""
-        while True:
-            item = await self.events.get()
-            if isinstance(item, RouterError):
-                raise item
-            yield item
-            if isinstance(item, Completed):
-                return
-
-
-class RecentGenerations:
-    """(tenant, request id) -> the highest generation this router used for it, for
-    the last `capacity` request ids. A miss (another router replica ran it, or it was
-    long ago) costs one decode reservation: the directory answers the generation."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._last: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
-
-    def last(self, req: Admitted) -> int:
-        """The generation to go above (0: none known)."""
-        return self._last.get((req.tenant, req.request_id), 0)
-
-    def note(self, req: Admitted, generation: int) -> None:
-        """`generation` was used (or found used) for `req`."""
-        key = (req.tenant, req.request_id)
-        self._last[key] = max(generation, self._last.pop(key, 0))
-        while len(self._last) > self.capacity:
-            self._last.popitem(last=False)
 
 
 class Orchestrator:
@@ -237,9 +164,7 @@ class Orchestrator:
         return task
 
     def _remaining_s(self, run: RequestRun) -> float | None:
-        if run.req.deadline_s is None:
-            return None
-        return run.req.deadline_s - (self._clock() - run.start_s)
+        return None if run.req.deadline_s is None else run.req.deadline_s - (self._clock() - run.start_s)
 
     def _plan(self, req: Admitted, cluster: Cluster) -> Plan:
         """The mode's plan for attempt 1; raises RESOURCE_EXHAUSTED when auto mode
@@ -334,17 +259,10 @@ class Orchestrator:
     async def _attempts(self, run: RequestRun) -> Completed:
         """The retry policy; returns the Complete event or raises RouterError."""
         req, cfg = run.req, self.config
-        avoid: Counter[str] = Counter()  # this request's failures: 1 per suspicion, 2 when certain
-        tried: set[tuple[str, str]] = set()
-        codes: list[StatusCode] = []
-        disaggregated_left = cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0
-        number = 0  # attempts made
-        generation = self.generations.last(req)  # above any earlier run of this request id
-        behind_hops = requeues = 0
+        r = Retries(cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0,
+                    self.generations.last(req), failures=run.failures)  # above any earlier run of this id
         fits = self.queue.room_for(req.demand)
-        unreachable: dict[str, int] = {}  # worker id -> epoch whose own call failed UNAVAILABLE here
-        wait_until: float | None = None  # how long this request waits for those to be replaced
-        while number < cfg.max_attempts:
+        while r.number < cfg.max_attempts:
             cluster = await self.view.get()
             self._release(run)  # the plan-time hold must not count against the request's own room
             if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/queueing.py)
@@ -355,58 +273,35 @@ class Orchestrator:
                     refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
                     raise RouterError(exc.code, exc.message + refused) from None
                 cluster = self.view.latest or cluster  # no await from here to the dispatch
-            penalties = avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
-            att = self._planned(run, cluster, generation + 1) if number == 0 else None
-            if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
-                att = None  # no transaction can run while the directory is unreachable
-            if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
-                att = None  # the planned D has no room (any more): place where there is
-            att = att or self._place(cluster, req, generation + 1, number == 0,
-                                     disaggregated_left > 0 and not self.view.degraded, penalties, tried)
-            if att is not None and att.route is Route.DISAGGREGATED and _into(att, unreachable):
-                # A colocated worker that answers beats a pair with one that did not.
-                colocated = self._place(cluster, req, generation + 1, False, False, penalties, tried)
-                att = colocated if colocated is not None and not _into(colocated, unreachable) else att
-            if (att is None or _into(att, unreachable)) and unreachable:
-                if wait_until is None:
-                    patience = self._patience_s(run)
-                    wait_s = cfg.unreachable_wait_ms / 1000.0
-                    wait_until = time.monotonic() + (wait_s if patience is None else min(wait_s, patience))
-                if time.monotonic() < wait_until:
-                    # Only workers that failed to answer in this request (or none) are
-                    # left: wait for the cluster to change rather than burn an attempt.
-                    await asyncio.sleep(cfg.queue_poll_ms / 1000.0)
-                    continue
+            att = self._next_attempt(run, r, cluster, fits)
+            if (att is None or r.into_unreachable(att)) and r.unreachable and self._wait_for_change(run, r):
+                # Only workers that failed to answer in this request (or none) are left:
+                # wait for the cluster to change rather than burn an attempt.
+                await asyncio.sleep(cfg.queue_poll_ms / 1000.0)
+                continue
             if att is None:
                 break
-            number += 1
-            att.number = number
-            generation = att.generation
-            self.generations.note(req, generation)
-            if att.route is Route.DISAGGREGATED:
-                disaggregated_left -= 1
-                tried.add((att.prefill.worker_id, att.decode.worker_id))
+            r.dispatch(att)
+            self.generations.note(req, r.generation)
             try:
                 done = await run.runner.run(att)
             except GenerationBehind as exc:
-                behind_hops += 1
-                if behind_hops <= 2:  # nobody failed: the same attempt again, above the earlier run
+                r.behind_hops += 1
+                if r.behind_hops <= 2:  # nobody failed: the same attempt again, above the earlier run
                     log.info("request %s: %s", req.request_id, exc.message)
                     self._unbook(run)
-                    generation = max(generation, exc.current)
-                    self.generations.note(req, generation)
-                    number -= 1
-                    disaggregated_left += 1
-                    tried.discard((att.prefill.worker_id, att.decode.worker_id))
+                    r.generation = max(r.generation, exc.current)
+                    self.generations.note(req, r.generation)
+                    r.uncount(att)
                     continue
-                run.failures.append(f"{att.describe()}: {exc}")
-                codes.append(exc.code)
+                r.failures.append(f"{att.describe()}: {exc}")
+                r.codes.append(exc.code)
                 continue
             except AttemptFailed as exc:
-                if exc.code is StatusCode.RESOURCE_EXHAUSTED and requeues < cfg.max_requeues:
+                if exc.code is StatusCode.RESOURCE_EXHAUSTED and r.requeues < cfg.max_requeues:
                     # No room after all (the snapshot lagged, or another router filled it): no
                     # one failed. Count the worker full until it reports room, and queue again.
-                    requeues += 1
+                    r.requeues += 1
                     run.refusals.append(f"{att.describe()}: {exc.message}")
                     log.info("request %s: %s found no room (%s); back to the admission queue",
                              req.request_id, att.describe(), exc.message)
@@ -414,38 +309,51 @@ class Orchestrator:
                     if exc.culprit is not None:
                         self.queue.fence_full(exc.culprit)
                     else:
-                        await asyncio.sleep(min(0.05 * 2 ** requeues, 1.0))
-                    number -= 1
-                    if att.route is Route.DISAGGREGATED:
-                        disaggregated_left += 1
-                        tried.discard((att.prefill.worker_id, att.decode.worker_id))
+                        await asyncio.sleep(min(0.05 * 2 ** r.requeues, 1.0))
+                    r.uncount(att)
                     continue
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
                 self._unbook(run)  # a later attempt streams from elsewhere
-                run.failures.append(f"{att.describe()}: {exc}")
-                codes.append(exc.code)
-                avoid.update(exc.suspects)
+                r.failed(att, exc)
                 if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
                                                                    StatusCode.DEADLINE_EXCEEDED):
                     self.view.directory_unreachable()
-                if exc.culprit is not None:
-                    avoid[exc.culprit.worker_id] += 1
-                    if exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
-                        self.failures.record(exc.culprit)
-                    if exc.code is StatusCode.UNAVAILABLE:
-                        unreachable[exc.culprit.worker_id] = exc.culprit.epoch
+                if exc.culprit is not None and exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
+                    self.failures.record(exc.culprit)
                 continue
             finally:
                 self.queue.kick()  # what the attempt held is free again
-            completed = run.output.completed(done.finish_reason, att.route, number, att.prefill_kv_digest,
+            completed = run.output.completed(done.finish_reason, att.route, r.number, att.prefill_kv_digest,
                                              done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             return completed
-        if not run.failures:
-            raise RouterError(StatusCode.UNAVAILABLE, "no live worker can take this request")
-        code = StatusCode.RESOURCE_EXHAUSTED if all(c is StatusCode.RESOURCE_EXHAUSTED for c in codes) \
-            else StatusCode.UNAVAILABLE
-        raise RouterError(code, f"all {len(run.failures)} attempts failed: {'; '.join(run.failures)}")
+        raise r.exhausted()
+
+    def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
+        """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
+        what failed (a colocated worker that answers beats a pair with one that did not)."""
+        req, first, g = run.req, r.number == 0, r.generation + 1
+        penalties = r.avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
+        att = self._planned(run, cluster, g) if first else None
+        if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
+            att = None  # no transaction can run while the directory is unreachable
+        if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
+            att = None  # the planned D has no room (any more): place where there is
+        att = att or self._place(cluster, req, g, first, r.disaggregated_left > 0 and not self.view.degraded,
+                                 penalties, r.tried)
+        if att is not None and att.route is Route.DISAGGREGATED and r.into_unreachable(att):
+            colocated = self._place(cluster, req, g, False, False, penalties, r.tried)
+            if colocated is not None and not r.into_unreachable(colocated):
+                att = colocated
+        return att
+
+    def _wait_for_change(self, run: RequestRun, r: Retries) -> bool:
+        """True while the request may still wait (unreachable_wait_ms, within its patience)."""
+        if r.wait_until is None:
+            patience = self._patience_s(run)
+            wait_s = self.config.unreachable_wait_ms / 1000.0
+            r.wait_until = time.monotonic() + (wait_s if patience is None else min(wait_s, patience))
+        return time.monotonic() < r.wait_until
 
     def _patience_s(self, run: RequestRun) -> float | None:
         """How long the request may wait for K/V room: what is left of its deadline less
@@ -490,8 +398,3 @@ class Orchestrator:
         if worker is None:
             return None
         return Attempt(generation, Route.COLOCATED, decode=worker, route_epoch=cluster.route_epoch)
-
-
-def _into(att: Attempt, unreachable: dict[str, int]) -> bool:
-    """True when `att` would run on a worker (at the same epoch) that failed to answer."""
-    return any(w is not None and unreachable.get(w.worker_id) == w.epoch for w in (att.prefill, att.decode))

@@ -522,7 +522,7 @@ def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
 
 def test_recent_generations_are_bounded():
     from router.admission import admit
-    from router.orchestrator import RecentGenerations
+    from router.request_run import RecentGenerations
     cfg = config()
     mem = RecentGenerations(2)
     reqs = [admit(params(request_id=f"r{i}"), cfg, "auto", None) for i in range(3)]

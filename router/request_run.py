@@ -1,0 +1,90 @@
+"""The records the orchestrator keeps per request: `RequestRun` (one admitted
+request: its task, its client events, its plan-time holds and failures) and
+`RecentGenerations` (the last generation this router used per request id)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+
+from router.admission import Admitted
+from router.attempts import AttemptRunner
+from router.modes import Plan
+from router.output import OutputLog
+from router.types import Completed, Event, RouterError
+
+
+class RequestRun:
+    """One admitted request: its task, its client event queue, its attempts."""
+
+    def __init__(self, req: Admitted, start_s: float, output: OutputLog):
+        self.req = req
+        self.start_s = start_s
+        self.output = output
+        self.events: asyncio.Queue[Event | RouterError] = asyncio.Queue()
+        self.task: asyncio.Task | None = None
+        self.runner: AttemptRunner | None = None
+        self.plan: Plan | None = None
+        self.held: list[int] = []
+        """Overlay handles taken at plan time for the planned route, so the next request
+        planned before this one's attempt starts sees it; released when attempt 1 takes
+        its own (or the request ends first)."""
+        self.booked: int | None = None
+        """StreamBook handle of the planned stream (router/streams.py), until attempt 1
+        fails or the request ends."""
+        self.failures: list[str] = []
+        self.refusals: list[str] = []
+        """Attempts a worker refused for want of K/V room (sent back to the queue)."""
+        self.cancel_reason: str | None = None
+        self.finished = False
+
+    def emit(self, event: Event) -> None:
+        """Queue an event for the client."""
+        self.events.put_nowait(event)
+
+    def end(self, outcome: Completed | RouterError) -> None:
+        """Queue the terminal event (only the first one counts)."""
+        if not self.finished:
+            self.finished = True
+            self.events.put_nowait(outcome)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the request: its attempt tears down, then the stream ends CANCELLED. A
+        request still in admission (no task yet) is refused CANCELLED when admission ends."""
+        if (self.task is not None and self.task.done()) or self.cancel_reason is not None:
+            return
+        self.cancel_reason = reason
+        if self.task is not None:
+            self.task.cancel()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Client events until Complete; raises the request's RouterError."""
+        while True:
+            item = await self.events.get()
+            if isinstance(item, RouterError):
+                raise item
+            yield item
+            if isinstance(item, Completed):
+                return
+
+
+class RecentGenerations:
+    """(tenant, request id) -> the highest generation this router used for it, for
+    the last `capacity` request ids. A miss (another router replica ran it, or it was
+    long ago) costs one decode reservation: the directory answers the generation."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._last: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+
+    def last(self, req: Admitted) -> int:
+        """The generation to go above (0: none known)."""
+        return self._last.get((req.tenant, req.request_id), 0)
+
+    def note(self, req: Admitted, generation: int) -> None:
+        """`generation` was used (or found used) for `req`."""
+        key = (req.tenant, req.request_id)
+        self._last[key] = max(generation, self._last.pop(key, 0))
+        while len(self._last) > self.capacity:
+            self._last.popitem(last=False)
