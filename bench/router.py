@@ -58,10 +58,12 @@ from router import native
 from router.config import RouterConfig
 from router.cost_model import CostModel
 from router.cost_table import CostTable
-from router.decision import DecisionParams, RequestShape, decide, reference_decide
+from router.decision import decide
 from router.placement import Demand, choose_pair
 from router.prefix_index import PrefixIndex, block_hashes
+from router.reference import reference_decide
 from router.scorers import build
+from router.shapes import DecisionParams, RequestShape
 from router.types import Capacity, Cluster, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 

@@ -23,7 +23,7 @@ At 64-256 workers a full pass over every row costs less than ordered scans
 with a lower-bound early exit (tried: the colocated bound is loose, most
 workers were visited anyway, one Python call each).
 
-Must match `reference_candidates` in router/decision.py: the same keys computed
+Must match `reference_candidates` in router/reference.py: the same keys computed
 with the same operations in the same order (so the same floats; the terms
 folded into columns are ones the reference adds first, left to right), and the
 same tie order (both keep rows order on ties).
@@ -41,12 +41,12 @@ import itertools
 import operator
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from router.candidate import Row
 from router.corrections import SIZE_BUCKETS
-from router.cost_model import CostModel, WorkerCosts
+from router.cost_model import CostModel
 from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
+from router.shapes import RequestShape
 from router.table_kernel import (
     COMPILED,
     D_COLUMNS,
@@ -58,12 +58,11 @@ from router.table_kernel import (
     smallest,
 )
 from router.types import Route
-
-if TYPE_CHECKING:
-    from router.decision import RequestShape
+from router.worker_costs import WorkerCosts
 
 _CACHE_SIZE = 4
 """Tables kept by rows identity (plan() may decide twice on one snapshot: avoid, then fit)."""
+_FIRST = operator.itemgetter(0)
 
 
 _P_COLUMNS: dict[str, Callable[[WorkerCosts], object]] = {
@@ -329,7 +328,7 @@ class CostTable:
     def _exact_key(self, i: int, hit: int, q: _Request, tp: float, overhead: float, ttft_ref: float,
                    tpot_ref: float) -> float:
         """D row i's colocated key with `hit` usable prefix blocks and TPOT `tp` (WorkerCosts.colocated_key,
-        as reference_candidates in router/decision.py keys every row)."""
+        as reference_candidates in router/reference.py keys every row)."""
         return self.d_rows[i].colocated_key(q.n, hit * q.bs, tp, q.gaps, overhead, ttft_ref, tpot_ref)
 
     def _d_scale_at(self, new: int) -> array:
@@ -352,8 +351,7 @@ class _Request:
 
     def __init__(self, req: RequestShape, h0: int, p_hit: dict[int, int], d_hit: dict[int, int]):
         n, m = req.prompt_tokens, req.max_tokens
-        self.m = m
-        self.n, self.bs, self.gaps, self.ctx = n, req.block_size, max(1, m - 1), n + m // 2
+        self.n, self.m, self.bs, self.gaps, self.ctx = n, m, req.block_size, max(1, m - 1), n + m // 2
         self.blocks, self.need = req.prompt_blocks, req.need_blocks
         self.h0, self.p_hit, self.d_hit = h0, p_hit, d_hit
 
@@ -394,8 +392,5 @@ def _timed(t: CostTable) -> list[int]:
 def _positions(rows: list[WorkerCosts]) -> dict[str, tuple[int, ...]]:
     at: dict[str, tuple[int, ...]] = {}
     for i, r in enumerate(rows):
-        at[r.worker.worker_id] = at.get(r.worker.worker_id, ()) + (i,)
+        at[r.worker.worker_id] = (*at.get(r.worker.worker_id, ()), i)
     return at
-
-
-_FIRST = operator.itemgetter(0)

@@ -47,15 +47,12 @@ of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import heapq
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
 from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
-from router.cost_model import CostModel, WorkerCosts
+from router.cost_model import CostModel
 from router.cost_table import CostTable
 from router.interference import (
     colocated_disturb_ms,
@@ -66,72 +63,9 @@ from router.interference import (
     stalled_streams,
 )
 from router.scorers.base import Scorer
+from router.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
 from router.types import Route
-
-
-class Outcome(enum.Enum):
-    """What the decision says to do with the request."""
-
-    DISAGGREGATED = "disaggregated"
-    COLOCATED = "colocated"
-    REJECT = "rejected"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RequestShape:
-    """What the decision needs to know about one request."""
-
-    prompt_tokens: int
-    max_tokens: int
-    block_size: int
-    slo_ttft_ms: float = 0.0
-    slo_tpot_ms: float = 0.0
-    hits: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """Worker id -> leading prompt blocks it holds (router/prefix_index.py)."""
-
-    @property
-    def usable_blocks(self) -> int:
-        """Most leading blocks any worker can reuse (the last token is always computed)."""
-        return (self.prompt_tokens - 1) // self.block_size if self.block_size > 0 else 0
-
-    @property
-    def prompt_blocks(self) -> int:
-        """Blocks the prompt's K/V occupies."""
-        return -(-self.prompt_tokens // self.block_size) if self.block_size > 0 else 0
-
-    @property
-    def need_blocks(self) -> int:
-        """Blocks a decode reservation takes: ceil((S + max_tokens - 1) / B)."""
-        return -(-(self.prompt_tokens + self.max_tokens - 1) // self.block_size) if self.block_size > 0 else 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DecisionParams:
-    """Tuning of the decision (from RouterConfig)."""
-
-    scorers: tuple[tuple[float, Scorer], ...]
-    top_k: int = 4
-    margin: float = 0.05
-
-
-@dataclasses.dataclass(slots=True)
-class Decision:
-    """The choice, and the best candidate of each kind (for shadow records and messages)."""
-
-    outcome: Outcome
-    chosen: Candidate | None
-    best_disaggregated: Candidate | None
-    best_colocated: Candidate | None
-    reason: str
-    admissible: tuple[Candidate, ...] = ()
-    """REJECT only: the candidates auto mode may still admit within its rejection
-    slack (router/modes.py): the best of each route among those whose prefill
-    stalls no decode stream past the TPOT target, when any; else among those
-    stalling the fewest live streams. Empty: the best of each route."""
-
-
-Usable = Callable[[WorkerCosts], bool]
-"""Extra per-worker filter (vocab, context length, capacity), applied before pricing."""
+from router.worker_costs import WorkerCosts
 
 
 def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
@@ -182,7 +116,7 @@ def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
             colocated_disturb_ms(w, own, req.max_tokens, end), stalled_streams(w, end), w.live + w.planned)
 
 
-def _key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
+def route_key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
     """Cheap combined rank: each prediction relative to its target (or reference)."""
     return ttft / ttft_ref + tpot / tpot_ref
 
@@ -345,62 +279,6 @@ def decide(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: Reque
            usable: Usable | None = None, split: bool = True, colocated: bool = True) -> Decision:
     """Price, prune, gate and choose for one request."""
     return choose_rows(priced_rows(model, rows, req, params.top_k, usable, split, colocated), req, params)
-
-
-def reference_decide(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, params: DecisionParams,
-                     usable: Usable | None = None, split: bool = True, colocated: bool = True) -> Decision:
-    """`decide` over `reference_candidates` (tests and the bench's baseline)."""
-    return choose(reference_candidates(model, rows, req, params.top_k, usable, split, colocated), req, params)
-
-
-def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, top_k: int,
-               usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
-    """`candidates` written plainly: one pass over every row per request. The
-    definition the fast path (router/cost_table.py) must match, kept for tests
-    and the bench's same-run baseline."""
-    hits, bs, usable_blocks, n, m = req.hits, req.block_size, req.usable_blocks, req.prompt_tokens, req.max_tokens
-    gaps = max(1, m - 1)
-    ctx_add = n + m // 2
-    decoders = []  # (row, tpot with this request, usable hit blocks)
-    prefills = []  # (queue + prefill of the compute set, row, reused tokens)
-    for r in rows:
-        if usable is not None and not usable(r):
-            continue
-        hit = hits.get(r.worker.worker_id, 0) if hits else 0
-        if hit > usable_blocks:
-            hit = usable_blocks
-        if r.can_decode:  # tpot_with, inlined
-            decoders.append((r, r.tpot_base + r.tpot_per_token * ctx_add + r.queue_ms / gaps, hit))
-        if split and r.can_prefill:
-            new = n - hit * bs
-            prefills.append((r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0),
-                             r, hit * bs))
-    if not decoders:
-        return []
-    ttft_ref = req.slo_ttft_ms or max(1.0, min(p[0] for p in prefills) if prefills else 1.0)
-    tpot_ref = req.slo_tpot_ms or max(1e-3, min(d[1] for d in decoders))
-    out: list[Candidate] = []
-    if split and prefills:
-        ms_per_byte = model.transfer_ms("", "", 1 << 20) / (1 << 20)  # all-paths factor: a cheap bound
-        blocks = req.prompt_blocks
-        d_side = [(r.admission_ms + (blocks - hit) * r.kv_bytes_per_block * ms_per_byte, tp, r)
-                  for r, tp, hit in decoders]
-        top_d = {id(x[2]): x for x in heapq.nsmallest(top_k, d_side, key=lambda x: x[0])
-                 + heapq.nsmallest(top_k, d_side, key=lambda x: x[1])}
-        overhead = model.overhead_ms(Route.DISAGGREGATED)
-        pairs = []
-        for p_ms, p, _ in heapq.nsmallest(top_k, prefills, key=lambda x: x[0]):
-            pid, abi = p.worker.worker_id, p.worker.cache_abi_digest
-            for d_ms, tp, d in top_d.values():
-                if d.worker.worker_id != pid and d.worker.cache_abi_digest == abi:
-                    pairs.append((_key(p_ms + d_ms + overhead, tp, ttft_ref, tpot_ref), p, d))
-        for _, p, d in heapq.nsmallest(top_k, pairs, key=lambda x: x[0]):
-            out.append(price_pair(model, p, d, req))
-    if colocated:
-        overhead = model.overhead_ms(Route.COLOCATED)
-        cols = [(r.colocated_key(n, hit * bs, tp, gaps, overhead, ttft_ref, tpot_ref), r) for r, tp, hit in decoders]
-        out.extend(price_colocated(model, r, req) for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
-    return out
 
 
 def finite(x: float) -> float:

@@ -50,8 +50,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, QUEUE_MS, ROUTE, STALLED, TPOT, TTFT, Row
-from router.cost_model import WorkerCosts
 from router.types import Route
+from router.worker_costs import WorkerCosts
 
 
 def remaining_tokens(max_tokens: int) -> float:

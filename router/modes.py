@@ -33,14 +33,16 @@ from collections.abc import Callable, Mapping
 
 from router.candidate import Candidate
 from router.config import RouterConfig
-from router.cost_model import CLAMP, CostModel, WorkerCosts
-from router.decision import Decision, DecisionParams, Outcome, RequestShape, decide, finite, price_colocated, price_pair
+from router.cost_model import CLAMP, CostModel
+from router.decision import decide, finite, price_colocated, price_pair
 from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
 from router.prefix_index import PrefixIndex, block_hashes
 from router.records import DecisionLog, DecisionRecord
 from router.scorers import build
+from router.shapes import Decision, DecisionParams, Outcome, RequestShape
 from router.streams import StreamBook
 from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
+from router.worker_costs import WorkerCosts
 
 
 @dataclasses.dataclass(slots=True)

@@ -48,7 +48,9 @@ MODULES = (
     "router.scorers.queue",
     "router.scorers.tpot_slack",
     "router.scorers.ttft_slack",
+    "router.shapes",
     "router.table_kernel",
+    "router.worker_costs",
 )
 """The per-request path: pricing, interference, scoring, choosing, prefix matching."""
 

@@ -42,7 +42,6 @@ from router.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, Generation
 from router.attempts import AttemptRunner
 from router.cluster_view import ClusterView
 from router.config import RouterConfig
-from router.decision import Outcome
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.modes import Plan, Planner
 from router.output import OutputLog
@@ -50,6 +49,7 @@ from router.placement import FailureMemory, choose_colocated, choose_pair, has_p
 from router.queueing import AdmissionQueue
 from router.request_run import RecentGenerations, RequestRun
 from router.retries import Retries
+from router.shapes import Outcome
 from router.types import (
     Cluster,
     Completed,

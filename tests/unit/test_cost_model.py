@@ -10,8 +10,9 @@ import pytest
 from router.candidate import Candidate, ScoreContext
 from router.config import RouterConfig
 from router.cost_model import CLAMP, CostModel
-from router.decision import RequestShape, price_colocated, price_pair
+from router.decision import price_colocated, price_pair
 from router.scorers import SCORERS, build
+from router.shapes import RequestShape
 from router.types import Capacity, Load, Role, Route, Worker
 from services.directory.cost_profile import CostProfile
 

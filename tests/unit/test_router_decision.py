@@ -12,8 +12,10 @@ import pytest
 
 from router.config import RouterConfig
 from router.cost_model import CostModel
-from router.decision import DecisionParams, Outcome, RequestShape, decide, price_colocated, price_pair, reference_decide
+from router.decision import decide, price_colocated, price_pair
+from router.reference import reference_decide
 from router.scorers import build
+from router.shapes import DecisionParams, Outcome, RequestShape
 from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 

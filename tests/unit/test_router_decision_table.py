@@ -17,8 +17,10 @@ import pytest
 from router.config import RouterConfig
 from router.cost_model import CostModel
 from router.cost_table import CostTable
-from router.decision import DecisionParams, RequestShape, candidates, decide, reference_candidates, reference_decide
+from router.decision import candidates, decide
+from router.reference import reference_candidates, reference_decide
 from router.scorers import build
+from router.shapes import DecisionParams, RequestShape
 from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 

@@ -11,8 +11,10 @@ import pytest
 from test_router_decision import BS, CFG, params, rows, worker
 
 from router.cost_model import CostModel
-from router.decision import Outcome, RequestShape, decide, price_colocated, reference_decide
+from router.decision import decide, price_colocated
 from router.interference import colocated_disturb_ms, harmful, spends_reserve, split_disturb_ms, stall_per_token_ms
+from router.reference import reference_decide
+from router.shapes import Outcome, RequestShape
 from router.types import Role
 
 

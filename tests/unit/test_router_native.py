@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _DECISIONS = r"""
 import hashlib
 from router import native
-from router.decision import decide, reference_decide
+from router.decision import decide
+from router.reference import reference_decide
 from test_router_decision_table import random_params, random_request, random_table
 
 digest = hashlib.sha256()

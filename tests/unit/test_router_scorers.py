@@ -10,8 +10,9 @@ import random
 import pytest
 
 from router.candidate import Candidate, ScoreBatch, ScoreContext
-from router.decision import RequestShape, weighted_scores
+from router.decision import weighted_scores
 from router.scorers import SCORERS, build
+from router.shapes import RequestShape
 from router.types import Capacity, Role, Route, Worker
 
 W = Worker("w", Role.BOTH, "w:1", capacity=Capacity(total_blocks=100))

@@ -15,9 +15,11 @@ from orchestrator_support import params as gen_params
 from test_router_decision import BS, CFG, params, worker
 
 from router.cost_model import CostModel
-from router.decision import Outcome, RequestShape, decide, reference_decide
+from router.decision import decide
 from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
 from router.orchestrator import Orchestrator
+from router.reference import reference_decide
+from router.shapes import Outcome, RequestShape
 from router.streams import StreamBook
 from router.types import Role, Started, TokenOut
 

@@ -1,0 +1,78 @@
+"""What the route decision takes and gives: the request's shape, the tuning, the
+decision and its outcome (used by router/decision.py, the compiled fast path
+router/cost_table.py, the reference router/reference.py and the planner)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+
+from router.candidate import Candidate
+from router.scorers.base import Scorer
+from router.worker_costs import WorkerCosts
+
+
+class Outcome(enum.Enum):
+    """What the decision says to do with the request."""
+
+    DISAGGREGATED = "disaggregated"
+    COLOCATED = "colocated"
+    REJECT = "rejected"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What the decision needs to know about one request."""
+
+    prompt_tokens: int
+    max_tokens: int
+    block_size: int
+    slo_ttft_ms: float = 0.0
+    slo_tpot_ms: float = 0.0
+    hits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Worker id -> leading prompt blocks it holds (router/prefix_index.py)."""
+
+    @property
+    def usable_blocks(self) -> int:
+        """Most leading blocks any worker can reuse (the last token is always computed)."""
+        return (self.prompt_tokens - 1) // self.block_size if self.block_size > 0 else 0
+
+    @property
+    def prompt_blocks(self) -> int:
+        """Blocks the prompt's K/V occupies."""
+        return -(-self.prompt_tokens // self.block_size) if self.block_size > 0 else 0
+
+    @property
+    def need_blocks(self) -> int:
+        """Blocks a decode reservation takes: ceil((S + max_tokens - 1) / B)."""
+        return -(-(self.prompt_tokens + self.max_tokens - 1) // self.block_size) if self.block_size > 0 else 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecisionParams:
+    """Tuning of the decision (from RouterConfig)."""
+
+    scorers: tuple[tuple[float, Scorer], ...]
+    top_k: int = 4
+    margin: float = 0.05
+
+
+@dataclasses.dataclass(slots=True)
+class Decision:
+    """The choice, and the best candidate of each kind (for shadow records and messages)."""
+
+    outcome: Outcome
+    chosen: Candidate | None
+    best_disaggregated: Candidate | None
+    best_colocated: Candidate | None
+    reason: str
+    admissible: tuple[Candidate, ...] = ()
+    """REJECT only: the candidates auto mode may still admit within its rejection
+    slack (router/modes.py): the best of each route among those whose prefill
+    stalls no decode stream past the TPOT target, when any; else among those
+    stalling the fewest live streams. Empty: the best of each route."""
+
+
+Usable = Callable[[WorkerCosts], bool]
+"""Extra per-worker filter (vocab, context length, capacity), applied before pricing."""
