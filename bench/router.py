@@ -17,7 +17,7 @@ hashing the prompt (`prompt_hash_p50_us`, once per request).
 Same-run baselines, on the same requests and snapshot, timed in their own loops
 (a router runs decisions back to back; each round times the fast path over
 every request, then the reference): `reference_decide` (the
-plain one-pass decision, router/decision.py, which shares the batch scorers
+plain one-pass decision, router/reference.py, which shares the batch scorers
 and the pricing helpers; `ratio_vs_reference`, and `mismatches` counts requests
 where the two decisions differ: must be 0), and
 the old placement `choose_pair` (queue/free-blocks ranking without a cost
