@@ -14,9 +14,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_INCOMPLETE = "\ufffd"  # what a decoder returns for a cut multi-byte character
-
-
 def load_tokenizer(model: str) -> Any | None:
     """The `tokenizers.Tokenizer` of checkpoint directory `model`, or None.
 
@@ -46,28 +43,21 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 
 class Detokenizer:
-    """Turns a growing token list into text pieces, one call per token.
-
-    Decodes a short window (from the last emitted boundary) rather than the
-    whole output each time, and holds text back while it ends in a cut UTF-8
-    sequence, so each piece is valid text and the pieces concatenate to the
-    decoding of the whole output.
-    """
+    """Turns a growing token list into text pieces, one call per token: tokenizers'
+    own `DecodeStream`, which holds text back while it ends in a cut UTF-8 sequence,
+    so each piece is valid text and the pieces concatenate to the decoding of the
+    whole output."""
 
     def __init__(self, tokenizer: Any | None):
         self._tok = tokenizer
-        self._ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
+        self._stream = None
+        if tokenizer is not None:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         """Append one token; returns the new text it completes (may be empty)."""
-        if self._tok is None:
+        if self._stream is None:
             return ""
-        self._ids.append(token_id)
-        prefix = self._tok.decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
-        full = self._tok.decode(self._ids[self._prefix_offset:], skip_special_tokens=True)
-        if len(full) > len(prefix) and not full.endswith(_INCOMPLETE):
-            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-            return full[len(prefix):]
-        return ""
+        return self._stream.step(self._tok, token_id) or ""

@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import contract
+from services.common.liveness import process_running
 
 from .redis_proc import find_redis_server, free_port, pings
 
@@ -271,15 +272,4 @@ def pid_alive(pid: int, popen: subprocess.Popen | None = None) -> bool:
     """Is `pid` running (not exited, not a zombie)?"""
     if popen is not None:
         return popen.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (not our child, not reaped) counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    return process_running(pid)

@@ -27,8 +27,9 @@ import base64
 import dataclasses
 import itertools
 import logging
-import os
 from collections.abc import Sequence
+
+from services.common.liveness import process_running
 
 from . import ucx_wire as wire
 from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
@@ -372,20 +373,7 @@ def _alive(host: str, pid: int, rt: UcxRuntime | None) -> bool:
     """False only when the peer runs on this host and its process is gone."""
     if rt is None or host != rt.host or pid <= 0:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0]
-        return state not in (b"Z", b"X")  # a zombie is dead, only not reaped yet
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc here: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+    return process_running(pid)
 
 
 def _b64(b: bytes) -> str:
