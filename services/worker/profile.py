@@ -33,7 +33,9 @@ import time
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy.optimize import nnls
 
 from services.common.config import env_overrides
 from services.directory.cost_profile import CostProfile
@@ -88,43 +90,18 @@ def kv_bytes_per_block(engine: Engine) -> int:
 
 
 def fit_nonneg(rows: Seq[Seq[float]], ys: Seq[float], relative: bool = False) -> list[float]:
-    """Least squares y ~ rows @ x with x >= 0 (active set: drop a negative
-    coefficient and refit); `relative`: minimise relative error (row and y
-    scaled by 1/y). Invariant: the result has len(rows[0]) entries, all >= 0."""
-    if relative and all(y > 0 for y in ys):
-        rows = [[v / y for v in r] for r, y in zip(rows, ys)]
-        ys = [1.0] * len(ys)
-    n = len(rows[0])
-    active = list(range(n))
-    while active:
-        x = _lstsq([[r[j] for j in active] for r in rows], ys)
-        if all(v >= 0 for v in x):
-            out = [0.0] * n
-            for j, v in zip(active, x):
-                out[j] = v
-            return out
-        active.pop(min(range(len(x)), key=lambda i: x[i]))
-    return [0.0] * n
-
-
-def _lstsq(a: Seq[Seq[float]], y: Seq[float]) -> list[float]:
-    """Normal equations solved by Gaussian elimination with a tiny ridge (columns
-    of very different scale stay solvable)."""
-    n = len(a[0])
-    m = [[sum(r[i] * r[j] for r in a) for j in range(n)] + [sum(r[i] * v for r, v in zip(a, y))]
-         for i in range(n)]
-    for i in range(n):
-        m[i][i] += 1e-12 * (m[i][i] or 1.0)
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[piv] = m[piv], m[col]
-        if m[col][col] == 0:
-            continue
-        for r in range(n):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [u - f * v for u, v in zip(m[r], m[col])]
-    return [m[i][n] / m[i][i] if m[i][i] else 0.0 for i in range(n)]
+    """Least squares y ~ rows @ x with x >= 0 (scipy's NNLS, on columns scaled to unit
+    norm: a per-pair term is ~1e6 times a base term); `relative`: minimise relative
+    error (row and y scaled by 1/y). Invariant: the result has len(rows[0]) entries,
+    all >= 0."""
+    a = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    if relative and np.all(y > 0):
+        a, y = a / y[:, None], np.ones_like(y)
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    x, _ = nnls(a / norms, y)
+    return [float(v) for v in x / norms]
 
 
 def prefill_features(new: int, reused: int) -> list[float]:
