@@ -15,11 +15,13 @@ NATIVE  := router/_native/.stamp
 
 .PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput bench-faults clean down
 
-$(STAMP): pyproject.toml
+# The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
+# the server, which depends on it.
+$(STAMP): pyproject.toml client/pyproject.toml
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(TORCH)
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -e ./client -e '.[test]'
 	@touch $(STAMP)
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from _goodput_workload import Request, RequestClass, random_prompt
 
-from services.sdk import AsyncClient
-from services.sdk.types import PdError, client_tpot_ms
+from pdserve_client import AsyncClient
+from pdserve_client.types import PdError, client_tpot_ms
 
 REQUEST_DEADLINE_S = 120.0
 """Router-side time budget of every benchmark request (the router's default)."""

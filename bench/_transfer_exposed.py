@@ -68,9 +68,9 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[str, list]:
     """Start a cluster, time `colocated` and `disaggregated` requests alternately."""
+    from pdserve_client import Client
     from services.cluster.launcher import ClusterSpec, LocalCluster
     from services.engine.presets import preset_config
-    from services.sdk import Client
 
     vocab = preset_config(args.exposed_model).vocab_size
     n, length = args.exposed_repeats + 1, args.exposed_prompt_tokens

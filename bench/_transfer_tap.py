@@ -13,7 +13,7 @@ from concurrent import futures
 
 import grpc
 
-from services.rpc.pd.v1 import prefill_pb2
+from pdserve_client.rpc.pd.v1 import prefill_pb2
 
 PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
 

@@ -3,8 +3,8 @@ publishes and decodes; serves pd.v1.Decode (services/worker/node.py)."""
 
 from __future__ import annotations
 
+from pdserve_client.rpc.pd.v1 import decode_pb2_grpc
 from services.common.grpc_server import Registration
-from services.rpc.pd.v1 import decode_pb2_grpc
 from services.worker.node import Role, WorkerNode
 from services.worker.process import build_receiver
 

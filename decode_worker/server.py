@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
 from services.worker.convert import finish_to_proto, sampling_from_proto, status_of
 
 from .reservations import ResState

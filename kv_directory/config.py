@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from services import contract
+from pdserve_client import contract
 from services.common.config import env_overrides
 
 

@@ -17,6 +17,7 @@ import json
 from google.protobuf import json_format
 
 from kv_directory.store import normalize_hashes
+from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
 from services.directory.records import (
     LoadReport,
     Transaction,
@@ -37,7 +38,6 @@ from services.directory.wire import (
     require,
     role_from_pb,
 )
-from services.rpc.pd.v1 import directory_pb2, manifest_pb2
 
 
 def worker_info_from_pb(req: directory_pb2.RegisterWorkerRequest) -> WorkerInfo:

@@ -46,11 +46,11 @@ from kv_directory.convert import (
     worker_info_from_pb,
 )
 from kv_directory.store import DirectoryStore
+from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.directory.records import DirectoryUnavailable, TxnResult
 from services.directory.states import Outcome
 from services.directory.wire import BadRequest, load_from_pb, require, role_from_pb, worker_record_to_pb
-from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pdserve_client.rpc.pd.v1 import prefill_pb2_grpc
 from services.common.grpc_server import Registration
-from services.rpc.pd.v1 import prefill_pb2_grpc
 from services.worker.node import Role, WorkerNode
 from services.worker.process import build_sender
 

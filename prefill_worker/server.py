@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from services.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.transfer import TransferError
 from services.worker.convert import sampling_from_proto, status_of
 from services.worker.directory_ops import DirectoryUnavailable

@@ -15,12 +15,12 @@ import logging
 
 import grpc
 
+from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from router.convert import worker_to_pb
 from router.grpc_gateway import grpc_code
 from router.orchestrator import Orchestrator
 from router.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
-from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 

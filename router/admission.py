@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pdserve_client import contract
 from router.config import RouterConfig
 from router.placement import Demand, capacity_shortfall
 from router.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
-from services import contract
 
 MAX_REQUEST_ID_BYTES = 256
 """UTF-8 bytes: a transfer id (request id, '/', generation) must fit the data plane's

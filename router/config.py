@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from services import contract
+from pdserve_client import contract
 from services.common.config import env_overrides
 
 MODES = contract.MODES

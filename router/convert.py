@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdserve_client import contract
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 from router.types import (
     Capacity,
     Cluster,
@@ -35,17 +37,15 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
-from services import contract
 from services.directory.records import ClusterSnapshot, WorkerRecord, WorkerRole
 from services.directory.states import Outcome
 from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
 from services.directory.wire import profile_to_pb
-from services.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 
 ERROR_CODE_STATUS: dict[int, StatusCode] = {
     common_pb2.ErrorCode.Value(f"ERROR_CODE_{name}"): StatusCode[status]
     for name, status in contract.ERROR_CODE_STATUS.items()}
-"""pd.v1.ErrorCode -> status, as services/contract.py maps them."""
+"""pd.v1.ErrorCode -> status, as pdserve_client/contract.py maps them."""
 
 _FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
                    common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,

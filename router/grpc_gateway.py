@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (
@@ -37,7 +38,6 @@ from router.types import (
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.directory.client import DirectoryClient
 from services.directory.records import DirectoryUnavailable
-from services.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
 from router import convert, native
 from router.admin import AdminServicer
 from router.config import RouterConfig
@@ -18,7 +19,6 @@ from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_co
 from router.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
-from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import argparse
 import random
 import sys
 
-from services import contract
+from pdserve_client import contract
 
 DEFAULT_STATE = contract.LOCAL_STATE_DIR
 
@@ -58,7 +58,7 @@ def cmd_down(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from services.sdk import Client
+    from pdserve_client import Client
 
     if cmd_up(args) != 0:
         return 1

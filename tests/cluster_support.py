@@ -7,9 +7,9 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from pdserve_client import Client
 from services.cluster.launcher import ClusterSpec, LocalCluster
 from services.directory.client import DirectoryClient
-from services.sdk import Client
 
 
 def start_cluster(tmp_path, **kw) -> LocalCluster:

@@ -13,7 +13,7 @@ import time
 
 import grpc
 
-from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, manifest_pb2, router_pb2, router_pb2_grpc
+from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, manifest_pb2, router_pb2, router_pb2_grpc
 
 Event = router_pb2.GenerateEvent
 

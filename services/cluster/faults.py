@@ -30,10 +30,10 @@ import threading
 import time
 from pathlib import Path
 
+from pdserve_client import Client, PdError
 from services.cluster.launcher import LocalCluster
 from services.directory.client import DirectoryClient
 from services.directory.states import TxnState
-from services.sdk import Client, PdError
 
 STEPS = ("reserved", "computed", "chunk", "commit", "published")
 STEP_EVENT = {"reserved": "reserved", "computed": "computed", "chunk": "chunk_visible",

@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services import contract
+from pdserve_client import contract
 from services.common.liveness import process_running
 
 from .redis_proc import find_redis_server, free_port, pings

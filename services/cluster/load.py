@@ -9,9 +9,9 @@ import dataclasses
 import threading
 import time
 
+from pdserve_client import Client, PdError
 from services.cluster.faults import fences, settle, until_disaggregated
 from services.cluster.launcher import LocalCluster
-from services.sdk import Client, PdError
 
 
 @dataclasses.dataclass

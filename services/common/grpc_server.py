@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services import contract
+from pdserve_client import contract
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.directory.records import (
     ClusterSnapshot,
@@ -45,7 +46,6 @@ from services.directory.wire import (
     profile_to_pb,
     worker_record_from_pb,
 )
-from services.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
 
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
 from services.directory.cost_profile import PROFILE_FIELDS, CostProfile
 from services.directory.records import (
     CAPACITY_FIELDS,
@@ -22,7 +23,6 @@ from services.directory.records import (
     WorkerRole,
 )
 from services.directory.states import Outcome, TxnState
-from services.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
 
 
 class BadRequest(ValueError):

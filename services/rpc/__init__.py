@@ -1,12 +1,3 @@
-"""Generated gRPC/protobuf stubs for the pd.v1 contract (sources in proto/pd/v1).
-
-Import them as a normal package::
-
-    from services.rpc.pd.v1 import manifest_pb2, router_pb2, router_pb2_grpc
-
-Modules: ``common_pb2``, ``manifest_pb2``, ``directory_pb2(_grpc)``,
-``prefill_pb2(_grpc)``, ``decode_pb2(_grpc)``, ``router_pb2(_grpc)``,
-``admin_pb2(_grpc)``; each ``_pb2`` has a ``.pyi`` beside it for type checkers.
-Everything under ``pd/`` and ``field_numbers.lock`` is written by ``make proto``
-(``python -m services.rpc.gen``); edit the .proto files, never the stubs.
-"""
+"""The pd.v1 stub generator (`make proto`, gen.py) and the field-number lock. The
+stubs themselves are written into the client distribution
+(client/pdserve_client/rpc/pd/v1), which every process imports them from."""

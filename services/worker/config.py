@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from services import contract
+from pdserve_client import contract
 from services.common.config import env_overrides
 from services.engine import EngineConfig
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
+from pdserve_client.rpc.pd.v1 import common_pb2
 from services.engine import AbiMismatch, FinishReason, InvalidRequest, OutOfBlocks, SamplingParams
-from services.rpc.pd.v1 import common_pb2
 
 
 def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from services import contract
+from pdserve_client import contract
 from services.directory.records import WorkerCapacity
 from services.engine import Engine, selfcheck
 from services.engine.selfcheck import SelfCheck

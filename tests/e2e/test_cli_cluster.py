@@ -27,19 +27,19 @@ def test_up_pdctl_demo_down(tmp_path):
         pids = [p["pid"] for p in json.loads((Path(state) / "cluster.json").read_text())["procs"].values()]
         assert len(pids) == 5  # redis, directory, decode, prefill, router
 
-        gen = run(["services.sdk.cli", "--router", router, "generate", "--prompt-ids",
+        gen = run(["pdserve_client.cli", "--router", router, "generate", "--prompt-ids",
                    "5,6,7,8,9", "--max-tokens", "4", "--ignore-eos", "--json"])
         assert gen.returncode == 0, gen.stderr
         result = json.loads(gen.stdout)
         assert len(result["token_ids"]) == 4 and result["route"] == "disaggregated"
         assert result["ttft_ms"] > 0
 
-        status = run(["services.sdk.cli", "--router", router, "status", "--json"])
+        status = run(["pdserve_client.cli", "--router", router, "status", "--json"])
         assert status.returncode == 0, status.stderr
         workers = json.loads(status.stdout)["workers"]
         assert sorted(w["worker_id"] for w in workers) == ["decode-0", "prefill-0"]
 
-        bad = run(["services.sdk.cli", "--router", router, "generate", "--prompt-ids", "1,512",
+        bad = run(["pdserve_client.cli", "--router", router, "generate", "--prompt-ids", "1,512",
                    "--max-tokens", "4"])  # 512 is outside the tiny model's vocabulary
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "512" in bad.stderr
 

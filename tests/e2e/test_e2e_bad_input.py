@@ -6,8 +6,8 @@ import grpc
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from services.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
-from services.sdk import Client, PdError
+from pdserve_client import Client, PdError
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 
+from pdserve_client import Client
 from services.directory.records import WorkerRole
-from services.sdk import Client
 from services.telemetry.metrics import parse
 
 

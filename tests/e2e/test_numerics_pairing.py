@@ -18,10 +18,10 @@ import grpc
 import pytest
 from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 
+from pdserve_client import Client
+from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
 from services.cluster.launcher import REPO_ROOT
 from services.engine import Engine, EngineConfig, SamplingParams
-from services.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
-from services.sdk import Client
 
 TILE_64 = {"PD_ATTN_TILE_TOKENS": "64"}
 
@@ -87,7 +87,7 @@ def test_failed_self_check_is_colocated_only_and_says_why(cluster):
     why = workers["mixed-0"].colocated_only_reason
     assert why.startswith("lm_head: rows 0..0 computed apart differ"), why
     assert all(not w.colocated_only_reason for name, w in workers.items() if name != "mixed-0")
-    out = subprocess.run([sys.executable, "-m", "services.sdk.cli", "status", "--router", cluster.router_address],
+    out = subprocess.run([sys.executable, "-m", "pdserve_client.cli", "status", "--router", cluster.router_address],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"mixed-0: colocated only, no K/V hand-off: {why}" in out.stdout

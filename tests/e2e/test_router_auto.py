@@ -23,8 +23,8 @@ import grpc
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
-from services.sdk import Client, PdError
+from pdserve_client import Client, PdError
+from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 
 SHORT, LONG = 32, 1000
 

@@ -21,7 +21,7 @@ import time
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from services.sdk import Client
+from pdserve_client import Client
 from services.telemetry.metrics import parse
 
 PROMPT_TOKENS = 1000

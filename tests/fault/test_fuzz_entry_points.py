@@ -26,7 +26,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.rpc.pd.v1 import admin_pb2, decode_pb2, directory_pb2, prefill_pb2, router_pb2
+from pdserve_client.rpc.pd.v1 import admin_pb2, decode_pb2, directory_pb2, prefill_pb2, router_pb2
 
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -198,7 +198,7 @@ def test_fuzzed_messages_get_a_deliberate_status(cluster, service_name, method_n
 
 
 def test_the_cluster_is_clean_and_serving_after_the_fuzzing(cluster):
-    from services.sdk import Client
+    from pdserve_client import Client
     with Client(cluster.router_address, timeout_s=60) as client:
         r = client.generate_full(prompt_ids=list(range(3, 60)), max_tokens=4, mode="disaggregated")
     assert r.route == "disaggregated" and len(r.token_ids) == 4

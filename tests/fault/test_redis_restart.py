@@ -13,8 +13,8 @@ import time
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
+from pdserve_client import Client
 from services.cluster.faults import advance_route_epoch, fences
-from services.sdk import Client
 
 PROMPT = list(range(3, 120))
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from cluster_support import assert_cluster_clean, start_cluster
 
-from services.sdk import Client
+from pdserve_client import Client
 
 PROMPT = list(range(3, 60))
 MAX_TOKENS = 300

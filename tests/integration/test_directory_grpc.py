@@ -22,6 +22,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
 from services.cluster.redis_proc import free_port, start_redis
 from services.directory.client import DirectoryClient
 from services.directory.records import (
@@ -33,7 +34,6 @@ from services.directory.records import (
     digest_checksums,
 )
 from services.directory.states import Outcome, TxnState
-from services.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "pd.v1.Directory"

@@ -1,4 +1,4 @@
-"""services/contract.py is the one vocabulary: every process and the SDK agree on
+"""pdserve_client/contract.py is the one vocabulary: every process and the SDK agree on
 default addresses, the variables that name other services, mode names, the
 ErrorCode -> status mapping and message limits. Each test pins one disagreement
 that once existed (the SDK looked for the router on 50051 while it listened on
@@ -15,15 +15,14 @@ import dataclasses
 import pytest
 
 from kv_directory.config import DirectoryConfig
+from pdserve_client import address, contract, wire
+from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, router_pb2
 from router.config import RouterConfig
 from router.convert import ERROR_CODE_STATUS
-from services import contract
 from services.cluster.launcher import ClusterSpec
 from services.common import grpc_server
 from services.engine.config import ENV_OVERRIDES as ENGINE_ENV
 from services.engine.config import EngineConfig
-from services.rpc.pd.v1 import admin_pb2, common_pb2, router_pb2
-from services.sdk import address, wire
 from services.worker.config import WorkerConfig
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
+from pdserve_client.rpc.pd.v1 import common_pb2
 from services.directory.cost_profile import CostProfile
 from services.directory.records import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
 from services.directory.wire import (
@@ -19,7 +20,6 @@ from services.directory.wire import (
     worker_record_from_pb,
     worker_record_to_pb,
 )
-from services.rpc.pd.v1 import common_pb2
 
 PROFILE = CostProfile(prefill_base_ms=1.5, prefill_ms_per_token=0.02, prefill_ms_per_pair=1e-6,
                       decode_base_ms=3.0, decode_ms_per_seq=0.25, decode_ms_per_context_token=1e-4,

@@ -19,6 +19,7 @@ from kv_directory.convert import (
     worker_info_from_pb,
 )
 from kv_directory.memory_store import MemoryDirectoryStore
+from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
 from services.directory.client import TxnRecord, TxnReply
 from services.directory.records import (
     CAPACITY_FIELDS,
@@ -41,7 +42,6 @@ from services.directory.wire import (
     worker_record_from_pb,
     worker_record_to_pb,
 )
-from services.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
 
 
 def make_manifest(**overrides) -> manifest_pb2.HandoffManifest:

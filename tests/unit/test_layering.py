@@ -10,17 +10,18 @@ import collections
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("router", "services", "kv_directory", "prefill_worker", "decode_worker")
+PRODUCT = ("router", "services", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client")
 SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
     for top in PRODUCT:
+        base = (ROOT / top).parent
         for p in (ROOT / top).rglob("*.py"):
             if "_pb2" in p.name or "_native" in p.parts:
                 continue
-            parts = p.relative_to(ROOT).with_suffix("").parts
+            parts = p.relative_to(base).with_suffix("").parts
             mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return mods
 
@@ -54,6 +55,14 @@ def test_the_shared_floor_imports_no_service():
     up = sorted((a, b) for a, deps in graph.items() if _top(a) == "services"
                 for b in deps if _top(b) in SERVICES)
     assert up == []
+
+
+def test_the_client_distribution_imports_nothing_of_the_server():
+    graph = _graph()
+    assert "pdserve_client.client" in graph
+    server = sorted((a, b) for a, deps in graph.items() if _top(a) == "pdserve_client"
+                    for b in deps if _top(b) != "pdserve_client")
+    assert server == []
 
 
 def test_no_service_imports_another():

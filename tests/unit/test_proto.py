@@ -29,8 +29,8 @@ NOT_DECLARATIONS = re.compile(r"^(?:(?:syntax|package|import|option|reserved)\b|
 
 
 def pb2(stem: str):
-    """Import services.rpc.pd.v1.<stem>_pb2."""
-    return importlib.import_module(f"services.rpc.pd.v1.{stem}_pb2")
+    """Import pdserve_client.rpc.pd.v1.<stem>_pb2."""
+    return importlib.import_module(f"pdserve_client.rpc.pd.v1.{stem}_pb2")
 
 
 def all_messages():
@@ -75,7 +75,7 @@ def test_every_module_imports(stem):
     assert module.DESCRIPTOR.name == f"pd/v1/{stem}.proto"
     assert module.DESCRIPTOR.package == "pd.v1"
     for service in module.DESCRIPTOR.services_by_name:
-        grpc_module = importlib.import_module(f"services.rpc.pd.v1.{stem}_pb2_grpc")
+        grpc_module = importlib.import_module(f"pdserve_client.rpc.pd.v1.{stem}_pb2_grpc")
         for suffix in ("Stub", "Servicer"):
             assert hasattr(grpc_module, service + suffix)
         assert hasattr(grpc_module, f"add_{service}Servicer_to_server")

@@ -10,11 +10,7 @@ import contextlib
 import grpc
 import pytest
 
-from router.__main__ import parse_args
-from router.config import RouterConfig
-from router.server import build, start
-from services.common.grpc_server import start_server
-from services.rpc.pd.v1 import (
+from pdserve_client.rpc.pd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
@@ -28,6 +24,10 @@ from services.rpc.pd.v1 import (
     router_pb2,
     router_pb2_grpc,
 )
+from router.__main__ import parse_args
+from router.config import RouterConfig
+from router.server import build, start
+from services.common.grpc_server import start_server
 
 CAP = common_pb2.WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4,
                                 vocab_size=512, max_model_len=256)

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from sdk_support import FakeRouter
 
-from services.rpc.pd.v1 import admin_pb2_grpc, router_pb2_grpc
-from services.sdk import Client
+from pdserve_client import Client
+from pdserve_client.rpc.pd.v1 import admin_pb2_grpc, router_pb2_grpc
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import grpc
 import pytest
 from sdk_support import Abort, Forever, complete, error, free_port, paced_script, started, token
 
-from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
-from services.sdk import Client, PdError
-from services.sdk.stream import StreamTally
+from pdserve_client import Client, PdError
+from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
+from pdserve_client.stream import StreamTally
 
 # --------------------------------------------------------------------------- sync client
 

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from sdk_support import Abort, Forever, complete, error, free_port, paced_script, started, token
 
-from services.rpc.pd.v1 import common_pb2, manifest_pb2, router_pb2
-from services.sdk import AsyncClient, PdError, resolve_router_address
-from services.sdk.cli import main
+from pdserve_client import AsyncClient, PdError, resolve_router_address
+from pdserve_client.cli import main
+from pdserve_client.rpc.pd.v1 import common_pb2, manifest_pb2, router_pb2
 
 # --------------------------------------------------------------------------- async client
 

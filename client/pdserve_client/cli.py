@@ -21,9 +21,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from services.sdk import wire
-from services.sdk.client import Client
-from services.sdk.types import GenerationResult, PdError
+from pdserve_client import wire
+from pdserve_client.client import Client
+from pdserve_client.types import GenerationResult, PdError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import grpc
 
-from services.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2_grpc
-from services.sdk import wire
-from services.sdk.address import resolve_router_address
-from services.sdk.stream import StreamTally
-from services.sdk.types import (
+from pdserve_client import wire
+from pdserve_client.address import resolve_router_address
+from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2_grpc
+from pdserve_client.stream import StreamTally
+from pdserve_client.types import (
     ClusterStatus,
     GenerationResult,
     ModeChange,

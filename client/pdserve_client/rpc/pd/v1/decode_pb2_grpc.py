@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from services.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
-from services.rpc.pd.v1 import decode_pb2 as pd_dot_v1_dot_decode__pb2
+from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
+from pdserve_client.rpc.pd.v1 import decode_pb2 as pd_dot_v1_dot_decode__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

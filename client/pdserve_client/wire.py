@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 
 import grpc
 
-from services import contract
-from services.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
-from services.sdk.types import (
+from pdserve_client import contract
+from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
+from pdserve_client.types import (
     ClusterStatus,
     ModeChange,
     PdError,

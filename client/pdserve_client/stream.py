@@ -12,9 +12,9 @@ dropped, so callers see each output position once.
 
 from __future__ import annotations
 
-from services.rpc.pd.v1 import router_pb2
-from services.sdk import wire
-from services.sdk.types import GenerationResult, PdError, RouteInfo, TokenEvent, client_tpot_ms
+from pdserve_client import wire
+from pdserve_client.rpc.pd.v1 import router_pb2
+from pdserve_client.types import GenerationResult, PdError, RouteInfo, TokenEvent, client_tpot_ms
 
 
 class StreamTally:

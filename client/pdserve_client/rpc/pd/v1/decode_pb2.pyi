@@ -1,5 +1,5 @@
-from services.rpc.pd.v1 import common_pb2 as _common_pb2
-from services.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
+from pdserve_client.rpc.pd.v1 import common_pb2 as _common_pb2
+from pdserve_client.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

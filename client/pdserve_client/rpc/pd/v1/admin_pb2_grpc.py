@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from services.rpc.pd.v1 import admin_pb2 as pd_dot_v1_dot_admin__pb2
+from pdserve_client.rpc.pd.v1 import admin_pb2 as pd_dot_v1_dot_admin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -5,10 +5,10 @@ error mapping), `stream` (event folding and client-side TTFT/TPOT),
 `client` / `aio` (the two clients), `address` (where the router is), `cli`.
 """
 
-from services.sdk.address import resolve_router_address
-from services.sdk.aio import AsyncClient, AsyncTokenStream
-from services.sdk.client import Client, TokenStream
-from services.sdk.types import (
+from pdserve_client.address import resolve_router_address
+from pdserve_client.aio import AsyncClient, AsyncTokenStream
+from pdserve_client.client import Client, TokenStream
+from pdserve_client.types import (
     ClusterStatus,
     GenerationResult,
     ModeChange,

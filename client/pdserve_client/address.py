@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services import contract
+from pdserve_client import contract
 
 DEFAULT_ROUTER_ADDRESS = contract.DEFAULT_ROUTER_ADDRESS
 ROUTER_ENV = contract.ROUTER_ADDRESS_ENV

@@ -1,4 +1,4 @@
-from services.rpc.pd.v1 import common_pb2 as _common_pb2
+from pdserve_client.rpc.pd.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -1,0 +1,71 @@
+"""The client distribution on its own (issue 16): `pip install ./client` into a fresh
+virtualenv brings grpcio and protobuf and nothing of the server (no torch, no UCX),
+and the examples in client/README.md run with it against a real local cluster."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_support import assert_cluster_clean, start_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "client" / "README.md"
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory) -> Path:
+    venv = tmp_path_factory.mktemp("client-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    done = subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT / "client")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return py
+
+
+def test_the_client_installs_alone_without_the_servers_dependencies(client_venv):
+    listed = subprocess.run([str(client_venv), "-m", "pip", "list", "--format=freeze"],
+                            capture_output=True, text=True, check=True).stdout.lower()
+    names = {line.split("==")[0] for line in listed.split()}
+    assert {"pdserve-client", "grpcio", "protobuf"} <= names
+    assert not names & {"torch", "ucxx-cu12", "numpy", "redis", "cython", "pdserve"}, names
+    probe = ("import importlib.util, pdserve_client, pdserve_client.rpc.pd.v1.router_pb2; "
+             "print(importlib.util.find_spec('torch'), importlib.util.find_spec('services'))")
+    out = subprocess.run([str(client_venv), "-c", probe], capture_output=True, text=True, cwd="/",
+                         check=True).stdout
+    assert out.split() == ["None", "None"]
+    typed = subprocess.run([str(client_venv), "-c", "import pdserve_client, pathlib; "
+                            "print((pathlib.Path(pdserve_client.__file__).parent / 'py.typed').exists())"],
+                           capture_output=True, text=True, cwd="/", check=True).stdout
+    assert typed.strip() == "True"
+
+
+def test_the_readme_examples_run_against_a_local_cluster(client_venv, tmp_path):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert len(blocks) == 2
+    cluster = start_cluster(tmp_path, prefill=1, decode=1, transport="tcp")
+    try:
+        env = dict(os.environ, PD_ROUTER=cluster.router_address)
+        outputs = []
+        for code in blocks:
+            done = subprocess.run([str(client_venv), "-c", code], capture_output=True, text=True, env=env,
+                                  cwd=tmp_path, timeout=120)
+            assert done.returncode == 0, done.stdout + done.stderr
+            outputs.append(done.stdout)
+        sync, aio = outputs
+        assert len(re.findall(r"^\d+ \d+ ''$", sync, re.M)) == 8  # the streamed tokens (no tokenizer)
+        assert re.search(r"^\[(\d+, ){7}\d+\] (disaggregated|colocated) TTFT [\d.]+ ms, TPOT [\d.]+ ms$",
+                         sync, re.M)
+        assert "cancelled after token 0" in sync
+        assert re.search(r"^(DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED) (True|False) .+", sync, re.M)
+        assert re.search(r"^INVALID_ARGUMENT .*1000000000", sync, re.M)
+        assert len(re.findall(r"^\d+ \d+$", aio, re.M)) == 8
+        assert re.search(r"^(disaggregated|colocated) [\d.]+$", aio, re.M)
+        assert_cluster_clean(cluster, timeout_s=30)
+    finally:
+        cluster.down()
