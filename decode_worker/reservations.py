@@ -22,13 +22,32 @@ from services.worker.loop import AsyncSink
 
 
 class ResState(enum.IntEnum):
-    """Ordered: `>= FINISHED` means over."""
+    """Ordered: `>= FINISHED` means over. Moves only through `advance` (the machine in
+    the module docstring; a transfer set the destination already holds entirely
+    goes from RESERVED straight to PUBLISHED, and a published sequence that fails
+    while decoding ends ABORTED)."""
 
     RESERVED = 0
     RECEIVING = 1
     PUBLISHED = 2
     FINISHED = 3
     ABORTED = 4
+
+
+_NEXT: dict[ResState, frozenset[ResState]] = {
+    ResState.RESERVED: frozenset({ResState.RECEIVING, ResState.PUBLISHED, ResState.ABORTED}),
+    ResState.RECEIVING: frozenset({ResState.PUBLISHED, ResState.ABORTED}),
+    ResState.PUBLISHED: frozenset({ResState.FINISHED, ResState.ABORTED}),
+    ResState.FINISHED: frozenset(),
+    ResState.ABORTED: frozenset(),
+}
+
+
+def advance(res: Reservation, to: ResState) -> None:
+    """Move `res` to `to`; an illegal move is a bug and raises (nothing is changed)."""
+    if to not in _NEXT[res.state]:
+        raise RuntimeError(f"reservation {res.transfer_id}: {res.state.name} -> {to.name} is not a legal move")
+    res.state = to
 
 
 @dataclass

@@ -9,6 +9,7 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
 from services.worker.convert import finish_to_proto, sampling_from_proto, status_of
+from services.worker.loop import TokenOut
 
 from .reservations import ResState
 from .worker import DecodeWorker
@@ -97,18 +98,16 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         n = 0
         async for item in items:
             now_ms = (time.perf_counter() - started) * 1000
-            if item[0] == "token":
-                _, token, index = item
+            if isinstance(item, TokenOut):
                 first_ms = first_ms or now_ms
                 n += 1
                 yield decode_pb2.TokenEvent(request_id=request_id, token=decode_pb2.TokenEvent.Token(
-                    token_id=token, index=index, time_since_start_ms=now_ms))
+                    token_id=item.token_id, index=item.index, time_since_start_ms=now_ms))
             else:
-                _, error, reason = item
-                if error is not None:
-                    raise RuntimeError(f"generation failed: {error!r}")
+                if item.error is not None:
+                    raise RuntimeError(f"generation failed: {item.error!r}")
                 yield decode_pb2.TokenEvent(request_id=request_id, complete=decode_pb2.TokenEvent.Complete(
-                    finish_reason=finish_to_proto(reason), num_tokens=n, first_token_ms=first_ms,
+                    finish_reason=finish_to_proto(item.finish_reason), num_tokens=n, first_token_ms=first_ms,
                     total_ms=now_ms, kv_digest=digest()))
 
     async def Cancel(self, request, context):

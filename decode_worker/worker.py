@@ -23,9 +23,9 @@ from services.transfer.chunks import chunk_views
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
-from services.worker.loop import AsyncSink, EngineLoop, Job
+from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
 
-from .reservations import Reservation, ResState, validate_commit
+from .reservations import Reservation, ResState, advance, validate_commit
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ class DecodeWorker:
         if res.state > ResState.RECEIVING:
             raise KeyError(f"reservation {res.transfer_id} is {res.state.name}")
         res.admit_chunk_key(key)
-        res.state = ResState.RECEIVING
+        if res.state is ResState.RESERVED:
+            advance(res, ResState.RECEIVING)
         return chunk_views(self.engine, res.seq, key)
 
     def _on_event(self, res: Reservation, event) -> None:
@@ -144,7 +145,7 @@ class DecodeWorker:
             return Verdict(False, reason)
         self._cancel_timer(res.transfer_id)
         res.kv_digest = commit.kv_digest
-        res.state = ResState.PUBLISHED
+        advance(res, ResState.PUBLISHED)
         self.events("published", request=res.request_id, chunks=len(res.received))
         await self.pause("published", res.request_id)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
@@ -201,8 +202,8 @@ class DecodeWorker:
         """The live reservation of transfer_id, or its finished one no stream has read yet."""
         return self.reservations.get(transfer_id) or self.unread.get(transfer_id)
 
-    async def stream(self, transfer_id: str) -> AsyncIterator[tuple]:
-        """Wait for publication, then yield ("token", id, index) ... ("done", err, reason).
+    async def stream(self, transfer_id: str) -> AsyncIterator[TokenOut | SeqDone]:
+        """Wait for publication, then yield TokenOut ... SeqDone (services/worker/loop.py).
         A sequence that finished before this call (max_tokens 1) streams what it queued."""
         res = self.reservations.get(transfer_id)
         if res is None and (res := self.unread.pop(transfer_id, None)) is not None:
@@ -225,19 +226,19 @@ class DecodeWorker:
         async for item in self._drain(res.sink, res.seq):
             yield item
 
-    async def _drain(self, sink: AsyncSink, seq: Sequence) -> AsyncIterator[tuple]:
+    async def _drain(self, sink: AsyncSink, seq: Sequence) -> AsyncIterator[TokenOut | SeqDone]:
         done = False
         try:
             while not done:
                 item = await sink.queue.get()
-                done = item[0] == "done"
+                done = isinstance(item, SeqDone)
                 yield item
         finally:
             if not done:  # consumer went away: stop decoding this sequence
                 self.loop.cancel(seq)
 
     def _finished(self, res: Reservation, error: BaseException | None) -> None:
-        res.state = ResState.FINISHED if error is None else ResState.ABORTED
+        advance(res, ResState.FINISHED if error is None else ResState.ABORTED)
         self._forget(res, "finished" if error is None else f"ended: {error!r}")
         if not res.streamed:  # the DecodeStream call is still on its way: keep the tokens
             self.unread[res.transfer_id] = res
@@ -253,7 +254,7 @@ class DecodeWorker:
 
     # ---- colocated ----------------------------------------------------------
     async def generate(self, request_id: str, tenant: str, generation: int, prompt: list[int],
-                       max_tokens: int, sampling: SamplingParams) -> AsyncIterator[tuple]:
+                       max_tokens: int, sampling: SamplingParams) -> AsyncIterator[TokenOut | SeqDone]:
         """Chunked prefill + decode here; yields like `stream`."""
         self._check_limits(max_tokens)
         key = f"{request_id}/{generation}"
@@ -291,7 +292,7 @@ class DecodeWorker:
         """Idempotent: fence the receiver, free the blocks, abort the transaction."""
         if res.state >= ResState.PUBLISHED:
             return
-        res.state = ResState.ABORTED
+        advance(res, ResState.ABORTED)
         res.abort_reason = reason
         log.info("abort %s: %s", res.transfer_id, reason)
         self.events("aborted", request=res.request_id, generation=res.generation, reason=reason)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, p
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
-from services.worker.loop import AsyncSink, EngineLoop, Job
+from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .streaming import ProducerGate, stream_chunks
 
@@ -56,6 +57,39 @@ class PrefillOutcome:
     total_ms: float
 
 
+class TaskState(enum.Enum):
+    """Where a prefill is (the numbered steps of the module docstring). Moves only
+    through `advance`; CANCELLED (a caller's Cancel, or the prefill TTL), FAILED and
+    PUBLISHED are terminal. With streaming, chunks leave during COMPUTING."""
+
+    QUEUED = "queued"
+    COMPUTING = "computing"
+    COMMITTING = "committing"
+    """Every chunk sent; the commit is with the destination, the verdict awaited."""
+    PUBLISHED = "published"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+_ENDS = frozenset({TaskState.CANCELLED, TaskState.FAILED})
+_NEXT: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.QUEUED: frozenset({TaskState.COMPUTING}) | _ENDS,
+    TaskState.COMPUTING: frozenset({TaskState.COMMITTING}) | _ENDS,
+    TaskState.COMMITTING: frozenset({TaskState.PUBLISHED}) | _ENDS,
+    TaskState.PUBLISHED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+    TaskState.FAILED: frozenset(),
+}
+
+
+def advance(task: Task, to: TaskState) -> None:
+    """Move `task` to `to`; an illegal move is a bug and raises (nothing is changed)."""
+    if to not in _NEXT[task.state]:
+        raise RuntimeError(f"prefill {task.request_id}@{task.generation}: {task.state.value} -> {to.value} "
+                           "is not a legal move")
+    task.state = to
+
+
 @dataclass
 class Task:
     """A prefill in flight (for cancel)."""
@@ -63,7 +97,7 @@ class Task:
     request_id: str
     generation: int
     seq: Sequence | None = None
-    cancelled: bool = False
+    state: TaskState = TaskState.QUEUED
     runner: asyncio.Task | None = None
     """The coroutine running this prefill (cancelled by `cancel` wherever it waits)."""
     started_s: float = field(default_factory=time.perf_counter)
@@ -102,6 +136,8 @@ class PrefillWorker:
             return await self._run(task, tenant, transfer_id, first_token_pos // bs, n_blocks,
                                    prompt, sampling, dest)
         except BaseException as e:
+            if TaskState.FAILED in _NEXT[task.state]:
+                advance(task, TaskState.FAILED)
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             await self.sender.abort(dest, transfer_id, reason)
             await self.txn.abort(request_id, transfer_id, generation, f"prefill: {reason}")
@@ -122,6 +158,8 @@ class PrefillWorker:
         t0 = time.perf_counter()
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
+        self._check(task)
+        advance(task, TaskState.COMPUTING)
         reused = seq.num_cached_tokens
         e, bs = self.engine, self.engine.block_size
         layers = e.model_cfg.num_hidden_layers
@@ -181,12 +219,14 @@ class PrefillWorker:
                 streamer.cancel()
                 await asyncio.gather(streamer, return_exceptions=True)
         self._check(task)
+        advance(task, TaskState.COMMITTING)
         self.events("commit", request=rid, chunks=len(chunks))
         verdict = await self.sender.commit(dest, TransferCommit(
             transfer_id, rid, task.generation, e.abi.digest, tuple(chunks),
             kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn()))
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
+        advance(task, TaskState.PUBLISHED)
         t_end = time.perf_counter()
         self.events("verdict", request=rid, published=True, streamed=stream)
         # compute: the job's own chunks; queue: the rest of the wait for its first token
@@ -202,12 +242,12 @@ class PrefillWorker:
         first = None
         t_first = 0.0
         while True:
-            kind, a, _ = await sink.queue.get()
-            if kind == "token":
-                first, t_first = a, time.perf_counter()
-            elif a is not None:
-                gate.fail(a)
-                raise a
+            item = await sink.queue.get()
+            if isinstance(item, TokenOut):
+                first, t_first = item.token_id, time.perf_counter()
+            elif item.error is not None:
+                gate.fail(item.error)
+                raise item.error
             else:
                 return first, t_first
 
@@ -226,7 +266,8 @@ class PrefillWorker:
         """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""
         log.warning("prefill %s@%d still running after %.0f s: cancelled", task.request_id,
                     task.generation, self.cfg.prefill_ttl_s)
-        task.cancelled = True
+        if TaskState.CANCELLED in _NEXT[task.state]:
+            advance(task, TaskState.CANCELLED)
         if task.seq is not None:
             self.loop.cancel(task.seq)
         if task.runner is not None:
@@ -237,7 +278,7 @@ class PrefillWorker:
         return len({b for t in list(self.tasks.values()) if t.seq is not None for b in t.seq.block_table})
 
     def _check(self, task: Task) -> None:
-        if task.cancelled:
+        if task.state is TaskState.CANCELLED:
             raise asyncio.CancelledError("cancelled by caller")
 
     async def cancel(self, request_id: str, generation: int = 0) -> bool:
@@ -246,7 +287,8 @@ class PrefillWorker:
         for task in list(self.tasks.values()):
             if task.request_id == request_id and generation in (0, task.generation):
                 found = True
-                task.cancelled = True
+                if TaskState.CANCELLED in _NEXT[task.state]:
+                    advance(task, TaskState.CANCELLED)
                 if task.seq is not None:
                     self.loop.cancel(task.seq)
                 if task.runner is not None and task.runner is not asyncio.current_task():

@@ -268,8 +268,27 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    """One generated token of a sequence, as a sink delivers it."""
+
+    token_id: int
+    index: int
+    """Position in the output, from 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeqDone:
+    """A sequence ended: `error` None and its `finish_reason` ("stop", "length"...), or
+    the error that ended it."""
+
+    error: BaseException | None
+    finish_reason: str | None
+
+
 class AsyncSink:
-    """Token/done callbacks that feed an asyncio queue on `loop` (thread-safe)."""
+    """Token/done callbacks that feed an asyncio queue of `TokenOut` ... `SeqDone` on
+    `loop` (thread-safe)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -277,9 +296,9 @@ class AsyncSink:
 
     def on_token(self, seq: Sequence, token: int, index: int) -> None:
         """Loop thread: a new token."""
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("token", token, index))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, TokenOut(token, index))
 
     def on_done(self, seq: Sequence, error: BaseException | None) -> None:
         """Loop thread: finished (error None) or failed."""
         reason = seq.finish_reason.value if seq.finish_reason else None
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("done", error, reason))
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, SeqDone(error, reason))

@@ -1,0 +1,31 @@
+"""A prefill's lifecycle is an Enum moved by one checked transition function
+(prefill_worker/worker.py `advance`): QUEUED -> COMPUTING -> COMMITTING -> PUBLISHED,
+CANCELLED or FAILED from any step before the end, nothing after one."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefill_worker.worker import Task, TaskState, advance
+
+Q, C, M, P, X, F = (TaskState.QUEUED, TaskState.COMPUTING, TaskState.COMMITTING, TaskState.PUBLISHED,
+                    TaskState.CANCELLED, TaskState.FAILED)
+
+
+@pytest.mark.parametrize("path", [[C, M, P], [X], [C, X], [C, M, X], [F], [C, F], [C, M, F]])
+def test_legal_lifecycles(path):
+    task = Task("r", 1)
+    for state in path:
+        advance(task, state)
+    assert task.state is path[-1]
+
+
+@pytest.mark.parametrize("path", [[M], [P], [C, P], [C, C], [C, M, P, X], [X, C], [F, X], [C, M, P, F]])
+def test_illegal_moves_raise_and_change_nothing(path):
+    task = Task("r", 1)
+    for state in path[:-1]:
+        advance(task, state)
+    before = task.state
+    with pytest.raises(RuntimeError, match="is not a legal move"):
+        advance(task, path[-1])
+    assert task.state is before
