@@ -17,7 +17,6 @@ failure aborts the transfer at the destination and the transaction.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import time
@@ -174,20 +173,13 @@ class PrefillWorker:
         chunks: list[Chunk] = []
 
         async def send(key: ChunkKey) -> None:
-            i, cfg = len(chunks), self.cfg
-            if i and cfg.fault_chunk_delay_s:
-                await asyncio.sleep(cfg.fault_chunk_delay_s)
-            if i:
+            if chunks:
                 await self.pause("chunk", rid)
             chunk = describe_chunk(e, seq, key)
-            if i == cfg.fault_corrupt_chunk:
-                chunk = dataclasses.replace(chunk, checksum=f"{int(chunk.checksum, 16) ^ 1:016x}")
             self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
                         block_count=key.block_count, needs_token=min(
                             (key.block_start + key.block_count) * bs, len(prompt)))
             await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
-            if i == cfg.fault_replay_chunk:
-                await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
             chunks.append(chunk)
 
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
@@ -201,8 +193,6 @@ class PrefillWorker:
             t_computed = time.perf_counter()
             self.events("computed", request=rid)
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
-            if self.cfg.fault_delay_before_send_s:
-                await asyncio.sleep(self.cfg.fault_delay_before_send_s)
             await self.pause("computed", rid)
             self._check(task)
             if streamer is None:

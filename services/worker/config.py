@@ -72,7 +72,7 @@ class WorkerConfig:
     torch_threads: int = EngineConfig.torch_threads
     """Intra-op threads of this worker's engine."""
     fault_delay_before_send_s: float = 0.0
-    """Fault-injection hook for tests: prefill sleeps this long between compute and send."""
+    """Fault injection (services/transfer/faults.py): a transfer's first chunk waits this long."""
     fault_chunk_delay_s: float = 0.0
     """Fault injection: prefill sleeps this long before every chunk but the first."""
     fault_pause_s: float = 0.0

@@ -75,10 +75,17 @@ def build_engine_loop(cfg: WorkerConfig) -> tuple[EngineLoop, SelfCheck]:
 def build_sender(cfg: WorkerConfig):
     """The data-plane sender of cfg.transport, with the worker's timeouts and credit window."""
     from services.transfer.factory import make_sender
+    from services.transfer.faults import FaultySender, SenderFaults
     opts: dict = {"io_timeout_s": cfg.transfer_timeout_s}
     if cfg.transport == "ucx":
         opts["window_bytes"] = cfg.credit_window_bytes
-    return make_sender(cfg.transport, **({} if cfg.transport == "inproc" else opts))
+    sender = make_sender(cfg.transport, **({} if cfg.transport == "inproc" else opts))
+    faults = SenderFaults(cfg.fault_delay_before_send_s, cfg.fault_chunk_delay_s, cfg.fault_corrupt_chunk,
+                          cfg.fault_replay_chunk)
+    if faults.any:
+        log.warning("data-plane faults injected (fault suite): %s", faults)
+        return FaultySender(sender, faults)
+    return sender
 
 
 def build_receiver(cfg: WorkerConfig):
