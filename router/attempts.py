@@ -147,7 +147,7 @@ class AttemptRunner:
                 raise GenerationBehind(answer.current_generation,
                                        f"{what}: request id {req.request_id!r} ran before, up to "
                                        f"generation {answer.current_generation}")
-            lost = answer.outcome is TxnOutcome.STALE_EPOCH
+            lost = answer.outcome is TxnOutcome.LEASE_LOST
             raise AttemptFailed(att.stage.value, StatusCode.ABORTED, what,
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
         advance(att, Stage.PREFILL)

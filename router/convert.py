@@ -33,12 +33,10 @@ from router.types import (
     StreamItem,
     StreamToken,
     TokenOut,
-    TxnOutcome,
     Worker,
     WorkerCallError,
 )
 from services.directory.records import ClusterSnapshot, WorkerRecord, WorkerRole
-from services.directory.states import Outcome
 from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
 from services.directory.wire import profile_to_pb
 
@@ -53,8 +51,8 @@ _FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
 _FINISH_TO_PB = {v: k for k, v in _FINISH_FROM_PB.items()}
 _ROUTE_TO_PB = {Route.DISAGGREGATED: router_pb2.ROUTE_DISAGGREGATED, Route.COLOCATED: router_pb2.ROUTE_COLOCATED}
 _ROLE_TO_PB = {Role.PREFILL: common_pb2.WORKER_ROLE_PREFILL, Role.DECODE: common_pb2.WORKER_ROLE_DECODE,
-               Role.BOTH: common_pb2.WORKER_ROLE_BOTH}
-_ROLE_FROM_STORE = {WorkerRole.PREFILL: Role.PREFILL, WorkerRole.DECODE: Role.DECODE, WorkerRole.MIXED: Role.BOTH}
+               Role.MIXED: common_pb2.WORKER_ROLE_BOTH}
+_ROLE_FROM_STORE = {WorkerRole.PREFILL: Role.PREFILL, WorkerRole.DECODE: Role.DECODE, WorkerRole.MIXED: Role.MIXED}
 
 
 def worker_from_store(rec: WorkerRecord) -> Worker:
@@ -74,11 +72,6 @@ def worker_from_store(rec: WorkerRecord) -> Worker:
 def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
     """The directory client's ClusterSnapshot -> Cluster."""
     return Cluster(tuple(worker_from_store(w) for w in snap.workers), snap.route_epoch, snap.now_ms)
-
-
-def txn_outcome_from_store(outcome: Outcome) -> TxnOutcome:
-    """kv_directory Outcome -> TxnOutcome (LEASE_LOST is STALE_EPOCH on the wire)."""
-    return TxnOutcome.STALE_EPOCH if outcome is Outcome.LEASE_LOST else TxnOutcome[outcome.name]
 
 
 def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
@@ -228,11 +221,3 @@ def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:
         num_tokens=ev.num_tokens, route=_ROUTE_TO_PB[ev.route], attempts=ev.attempts,
         prefill_kv_digest=ev.prefill_kv_digest, decode_kv_digest=ev.decode_kv_digest,
         failed_attempts=ev.failed_attempts))
-
-
-def txn_outcome_from_pb(outcome: int) -> TxnOutcome:
-    """pd.v1.TxnOutcome -> TxnOutcome (unknown values as UNSPECIFIED)."""
-    try:
-        return TxnOutcome(outcome)
-    except ValueError:
-        return TxnOutcome.UNSPECIFIED

@@ -202,13 +202,13 @@ class GrpcDirectoryGateway(DirectoryGateway):
 
     async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnAnswer:
         reply = await self._call("Directory.Reserve", self._client.reserve(convert.manifest_to_pb(manifest)), timeout_s)
-        return TxnAnswer(convert.txn_outcome_from_store(reply.outcome), reply.current_generation)
+        return TxnAnswer(reply.outcome, reply.current_generation)
 
     async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
                         timeout_s: float) -> TxnOutcome:
         reply = await self._call("Directory.Abort", self._client.abort(
             request_id, transfer_id, generation, self._caller_id, 0, reason=reason), timeout_s)
-        return convert.txn_outcome_from_store(reply.outcome)
+        return reply.outcome
 
     async def list_open_transactions(self, timeout_s: float) -> Sequence[Any]:
         records = await self._call("Directory.ListOpenTransactions", self._client.list_open(), timeout_s)

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 
 from services.directory.cost_profile import CostProfile
+from services.directory.states import Outcome
 
 
 class StatusCode(enum.Enum):
@@ -53,7 +54,7 @@ class Role(enum.Enum):
 
     PREFILL = 1
     DECODE = 2
-    BOTH = 3
+    MIXED = 3
 
 
 class Mode(enum.Enum):
@@ -82,17 +83,9 @@ class FinishReason(enum.Enum):
     CANCELLED = 3
 
 
-class TxnOutcome(enum.Enum):
-    """Outcome of a directory transaction transition (pd.v1.TxnOutcome)."""
-
-    UNSPECIFIED = 0
-    APPLIED = 1
-    DUPLICATE = 2
-    STALE_GENERATION = 3
-    ILLEGAL_TRANSITION = 4
-    CHECKSUM_CONFLICT = 5
-    NOT_FOUND = 6
-    STALE_EPOCH = 7
+TxnOutcome = Outcome
+"""What a directory transaction transition did: the directory's own `Outcome`
+(services/directory/states.py; one definition), under the router's name for it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,14 +148,14 @@ class Worker:
     digest is its own, so no route pairs it); empty: hand-offs allowed."""
 
     can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
-    """True for PREFILL and BOTH workers (from `role`; a field, not a property: the
+    """True for PREFILL and MIXED workers (from `role`; a field, not a property: the
     router's decision reads it per candidate)."""
     can_decode: bool = dataclasses.field(init=False, repr=False, compare=False)
-    """True for DECODE and BOTH workers (they also serve colocated requests)."""
+    """True for DECODE and MIXED workers (they also serve colocated requests)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "can_prefill", self.role in (Role.PREFILL, Role.BOTH))
-        object.__setattr__(self, "can_decode", self.role in (Role.DECODE, Role.BOTH))
+        object.__setattr__(self, "can_prefill", self.role in (Role.PREFILL, Role.MIXED))
+        object.__setattr__(self, "can_decode", self.role in (Role.DECODE, Role.MIXED))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

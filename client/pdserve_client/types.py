@@ -133,7 +133,7 @@ class WorkerStatus:
     worker_id: str
     """Stable worker name."""
     role: str
-    """'prefill', 'decode' or 'both'."""
+    """'prefill', 'decode' or 'mixed' (both phases)."""
     address: str
     """host:port of the worker's gRPC server."""
     epoch: int

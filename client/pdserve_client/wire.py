@@ -56,6 +56,12 @@ def _enum_name(enum, number: int, prefix: str) -> str:
         return f"unknown({number})"
 
 
+def role_name(role: int) -> str:
+    """WorkerRole -> 'prefill' | 'decode' | 'mixed' (both phases; WORKER_ROLE_BOTH on the wire)."""
+    name = _enum_name(common_pb2.WorkerRole, role, "WORKER_ROLE_")
+    return "mixed" if name == "both" else name
+
+
 def route_name(route: int) -> str:
     """Route enum -> 'disaggregated' | 'colocated' ('unspecified' if unset)."""
     return _enum_name(router_pb2.Route, route, "ROUTE_")
@@ -178,7 +184,7 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
     workers = [
         WorkerStatus(
             worker_id=w.worker_id,
-            role=_enum_name(common_pb2.WorkerRole, w.role, "WORKER_ROLE_"),
+            role=role_name(w.role),
             address=w.grpc_address,
             epoch=w.epoch,
             free_blocks=w.load.free_blocks,

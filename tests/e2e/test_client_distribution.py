@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ README = ROOT / "client" / "README.md"
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("client-venv")
+    source = tmp_path_factory.mktemp("client-src") / "client"  # a build writes beside its sources
+    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    done = subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT / "client")],
+    done = subprocess.run([str(py), "-m", "pip", "install", "-q", str(source)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return py

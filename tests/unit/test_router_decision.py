@@ -136,7 +136,7 @@ def test_ttft_slo_rejects_when_queue_too_long_everywhere():
 
 def test_abi_mismatch_and_self_pairs_are_never_candidates():
     model = CostModel(CFG)
-    both = Worker("b", Role.BOTH, "b:1", cache_abi_digest="abi", profile=PROFILE,
+    both = Worker("b", Role.MIXED, "b:1", cache_abi_digest="abi", profile=PROFILE,
                   capacity=Capacity(total_blocks=100, block_size=BS, max_prefill_tokens=256))
     other = Worker("d", Role.DECODE, "d:1", cache_abi_digest="other", profile=PROFILE,
                    capacity=Capacity(total_blocks=100, block_size=BS))

@@ -28,7 +28,7 @@ CFG = RouterConfig()
 
 
 def random_worker(rng: random.Random, i: int, block_size: int) -> Worker:
-    role = rng.choice((Role.PREFILL, Role.DECODE, Role.BOTH))
+    role = rng.choice((Role.PREFILL, Role.DECODE, Role.MIXED))
     profile = CostProfile(rng.choice((0.0, rng.uniform(0, 3))), rng.uniform(0.01, 0.2), rng.uniform(0, 1e-4),
                           rng.uniform(1, 5), rng.uniform(0.05, 0.5), rng.choice((0.0, 3e-5)),
                           rng.choice((0, 65536, 131072)), "calibrated")

@@ -607,7 +607,7 @@ def test_the_wait_for_a_replacement_is_bounded_then_the_attempts_run_out():
 
 
 def test_a_colocated_worker_that_answers_beats_a_pair_with_one_that_did_not():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE), worker("m0", Role.BOTH)])
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE), worker("m0", Role.MIXED)])
     fake.fail[("reserve", "d1")] = unavailable("Connection refused")
     fake.fail[("reserve", "m0")] = WorkerCallError(StatusCode.FAILED_PRECONDITION, "no room for a hand-off")
 

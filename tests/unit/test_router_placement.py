@@ -70,10 +70,10 @@ def test_ties_break_on_worker_id_whatever_the_snapshot_order():
 
 
 def test_a_both_worker_is_never_paired_with_itself():
-    c = cluster(worker("b0", Role.BOTH))
+    c = cluster(worker("b0", Role.MIXED))
     assert choose_pair(c, DEMAND) is None
     assert choose_colocated(c, DEMAND).worker_id == "b0"
-    c2 = cluster(worker("b0", Role.BOTH, free=100), worker("b1", Role.BOTH, free=50, pending=10))
+    c2 = cluster(worker("b0", Role.MIXED, free=100), worker("b1", Role.MIXED, free=50, pending=10))
     assert [w.worker_id for w in choose_pair(c2, DEMAND)] == ["b0", "b1"]
 
 
@@ -115,7 +115,7 @@ def test_tried_pairs_are_never_chosen_again():
 
 def test_colocated_picks_most_headroom_among_decode_capable_workers():
     c = cluster(worker("p0", Role.PREFILL, free=1000), worker("d0", Role.DECODE, free=10),
-                worker("b0", Role.BOTH, free=60), worker("d1", Role.DECODE, free=60, batch=3))
+                worker("b0", Role.MIXED, free=60), worker("d1", Role.DECODE, free=60, batch=3))
     assert choose_colocated(c, DEMAND).worker_id == "b0"
     assert choose_colocated(cluster(worker("p0", Role.PREFILL)), DEMAND) is None
 

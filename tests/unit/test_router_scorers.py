@@ -15,7 +15,7 @@ from router.scorers import SCORERS, build
 from router.shapes import RequestShape
 from router.types import Capacity, Role, Route, Worker
 
-W = Worker("w", Role.BOTH, "w:1", capacity=Capacity(total_blocks=100))
+W = Worker("w", Role.MIXED, "w:1", capacity=Capacity(total_blocks=100))
 
 
 def random_candidate(rng: random.Random) -> Candidate:

@@ -58,7 +58,7 @@ def burst_rows(model: CostModel, first_start_ms: float):
     """Two idle mixed workers just after the router planned a 1000-token prompt r1
     split w0 -> w1: r1 queues on w0 (1000 ms), its stream is planned on w1 (blocks and
     a sequence in the overlay, not in a heartbeat yet) to start `first_start_ms` from now."""
-    w0, w1 = worker("w0", Role.BOTH), worker("w1", Role.BOTH)
+    w0, w1 = worker("w0", Role.MIXED), worker("w1", Role.MIXED)
     return [model.costs(w0, extra_tokens=1000, streams=(0, 0, math.inf)),
             model.costs(w1, extra_blocks=66, extra_seqs=1, streams=(0, 1, first_start_ms))]
 
@@ -79,7 +79,7 @@ def test_prefill_that_ends_before_a_planned_stream_starts_stalls_nobody():
     assert split_disturb_ms(w1, 1000.0, 41, 1040.0) == pytest.approx(10 + 29 / 20)
     assert split_disturb_ms(w1, 1000.0, 41, 1000.0) == 0.0
     # Without the book the planned stream counts as live: the whole prefill stalls it.
-    plain = model.costs(worker("w1", Role.BOTH), extra_blocks=66, extra_seqs=1)
+    plain = model.costs(worker("w1", Role.MIXED), extra_blocks=66, extra_seqs=1)
     assert plain.live == 1 and colocated_disturb_ms(plain, 1000.0, 41, 1040.0) == pytest.approx(10 + 50)
 
 
