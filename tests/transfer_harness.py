@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import math
 import multiprocessing as mp
 import os
 import random
@@ -83,28 +84,35 @@ def _sampling():
 
 
 class _Rec:
-    """R's record of one reservation (what a decode worker keeps)."""
+    """R's record of one reservation: a decode worker's own `Reservation`, its chunk
+    admission and its commit validation (decode_worker/reservations.py), the same
+    code the decode worker runs; plus what the tests inspect."""
 
     def __init__(self, tid, engine, seq, first_block, last_block, holders):
+        from decode_worker.reservations import Reservation
         self.tid, self.engine, self.seq, self.holders = tid, engine, seq, holders
+        self.res = Reservation(tid, tid, "t", 1, seq, engine.model_cfg.num_hidden_layers, first_block, last_block,
+                               deadline_s=math.inf)
         self.first_block, self.last_block = first_block, last_block
-        self.arrived: dict = {}
         self.table = list(seq.block_table)  # kept after free, to inspect the memory
         self.state, self.reason, self.at = "pending", "", 0.0
         self.done = asyncio.Event()
 
+    @property
+    def arrived(self) -> dict:
+        return self.res.received
+
     def resolve(self, key: ChunkKey):
+        from decode_worker.reservations import ResState, advance
         from services.transfer.chunks import chunk_views
-        layers = self.engine.model_cfg.num_hidden_layers
-        end = key.block_start + key.block_count
-        if not (0 <= key.layer < layers and self.first_block <= key.block_start < end
-                <= self.last_block):
-            raise KeyError(f"{key} outside layers x [{self.first_block}, {self.last_block})")
+        self.res.admit_chunk_key(key)  # KeyError outside the transfer set or overlapping
+        if self.res.state is ResState.RESERVED:
+            advance(self.res, ResState.RECEIVING)
         return chunk_views(self.engine, self.seq, key)
 
     def on_event(self, ev) -> None:
         if isinstance(ev, ChunkArrived):
-            self.arrived[ev.key] = ev.checksum
+            self.res.received[ev.key] = ev
         elif isinstance(ev, Failed):
             asyncio.ensure_future(self._failed(ev.reason))
 
@@ -114,25 +122,18 @@ class _Rec:
         self._end("failed", reason)
 
     async def on_commit(self, commit: TransferCommit) -> Verdict:
+        from decode_worker.reservations import ResState, advance, validate_commit
         from services.engine import commit_import
-        layers = self.engine.model_cfg.num_hidden_layers
-        cells = [(c.key.layer, b) for c in commit.chunks
-                 for b in range(c.key.block_start, c.key.block_start + c.key.block_count)]
-        want = {(layer, b) for layer in range(layers) for b in range(self.first_block, self.last_block)}
-        if sorted(cells) != sorted(want):
-            reason = "manifest does not cover every (layer, block) exactly once"
-        elif self.arrived != {c.key: c.checksum for c in commit.chunks}:
-            reason = "arrived chunks or checksums differ from the manifest"
-        elif commit.cache_abi_digest != self.engine.abi.digest:
-            reason = "cache ABI differs"
-        elif self.engine.kv_digest(self.seq) != commit.kv_digest:
+        reason = validate_commit(self.res, commit, self.engine.abi.digest)
+        if not reason and self.engine.kv_digest(self.seq) != commit.kv_digest:
             reason = "kv_digest differs"
-        else:
-            commit_import(self.engine, self.seq, commit.first_token)
-            self._end("published", "")
-            return Verdict(True)
-        self._end("rejected", reason)
-        return Verdict(False, reason)
+        if reason:
+            self._end("rejected", reason)
+            return Verdict(False, reason)
+        commit_import(self.engine, self.seq, commit.first_token)
+        advance(self.res, ResState.PUBLISHED)
+        self._end("published", "")
+        return Verdict(True)
 
     def _end(self, state: str, reason: str) -> None:
         if self.state != "pending":  # a transfer ends exactly once
