@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from services.directory.records import TransferRef
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_views
@@ -69,7 +70,7 @@ class DecodeWorker:
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
         self._check_limits(max_tokens)
-        transfer_id = f"{request_id}/{generation}"
+        transfer_id = TransferRef(request_id, generation).transfer_id
         if transfer_id in self.reservations:
             return self.reservations[transfer_id]  # retried call: same reservation
         for old in [r for r in self.reservations.values()
@@ -257,7 +258,7 @@ class DecodeWorker:
                        max_tokens: int, sampling: SamplingParams) -> AsyncIterator[TokenOut | SeqDone]:
         """Chunked prefill + decode here; yields like `stream`."""
         self._check_limits(max_tokens)
-        key = f"{request_id}/{generation}"
+        key = TransferRef(request_id, generation).transfer_id
         seq = await self.loop.call(lambda e: e.add_request(
             key, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
         sink = AsyncSink(asyncio.get_running_loop())
@@ -282,8 +283,8 @@ class DecodeWorker:
                 else:
                     await self.abort_unpublished(res, reason)
         for key, seq in list(self.colocated.items()):
-            rid, _, gen = key.rpartition("/")
-            if rid == request_id and generation in (0, int(gen)):
+            ref = TransferRef.parse(key)
+            if ref.request_id == request_id and generation in (0, ref.generation):
                 found = True
                 self.loop.cancel(seq)
         return found

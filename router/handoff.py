@@ -14,13 +14,13 @@ import struct
 from collections.abc import Sequence
 
 from router.types import Manifest, Reservation, Worker
-
-CHECKSUM_ALGORITHM = "xxh3_64"  # Must match the transfer layer's chunk checksum (services/transfer).
+from services.directory.records import TransferRef
+from services.transfer.base import CHECKSUM_ALGORITHM
 
 
 def transfer_id(request_id: str, generation: int) -> str:
     """Transfer (and reservation) id of one generation of a request."""
-    return f"{request_id}/{generation}"
+    return TransferRef(request_id, generation).transfer_id
 
 
 def prompt_digest(prompt: Sequence[int]) -> str:

@@ -271,3 +271,25 @@ class EpochResult:
 
     outcome: Outcome
     route_epoch: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransferRef:
+    """One generation of a request, and the transfer (and decode reservation) it owns:
+    the one place the transfer id rule lives (the router, the decode worker and the
+    directory all name a hand-off by it)."""
+
+    request_id: str
+    generation: int
+
+    @property
+    def transfer_id(self) -> str:
+        return f"{self.request_id}/{self.generation}"
+
+    @classmethod
+    def parse(cls, transfer_id: str) -> TransferRef:
+        """The ref a transfer id names; ValueError if it names none."""
+        request_id, sep, generation = transfer_id.rpartition("/")
+        if not sep or not request_id or not generation.isdigit():
+            raise ValueError(f"{transfer_id!r} is not a transfer id (request_id/generation)")
+        return cls(request_id, int(generation))

@@ -89,3 +89,14 @@ def test_pdserve_up_defaults_are_the_launchers(monkeypatch):
 def test_one_message_limit_for_servers_and_clients():
     assert grpc_server.MAX_MESSAGE_BYTES == wire.MAX_MESSAGE_BYTES == contract.MAX_MESSAGE_BYTES
     assert ("grpc.max_receive_message_length", contract.MAX_MESSAGE_BYTES) in wire.CHANNEL_OPTIONS
+
+
+def test_one_rule_names_a_transfer():
+    from router.handoff import transfer_id
+    from services.directory.records import TransferRef
+    ref = TransferRef("req/with/slashes", 12)
+    assert ref.transfer_id == transfer_id("req/with/slashes", 12) == "req/with/slashes/12"
+    assert TransferRef.parse(ref.transfer_id) == ref
+    for bad in ("no-generation", "r/", "/3", "r/x"):
+        with pytest.raises(ValueError, match="not a transfer id"):
+            TransferRef.parse(bad)
