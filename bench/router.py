@@ -17,7 +17,7 @@ hashing the prompt (`prompt_hash_p50_us`, once per request).
 Same-run baselines, on the same requests and snapshot, timed in their own loops
 (a router runs decisions back to back; each round times the fast path over
 every request, then the reference): `reference_decide` (the
-plain one-pass decision, router/reference.py, which shares the batch scorers
+plain one-pass decision, router/pricing/reference.py, which shares the batch scorers
 and the pricing helpers; `ratio_vs_reference`, and `mismatches` counts requests
 where the two decisions differ: must be 0), and
 the old placement `choose_pair` (queue/free-blocks ranking without a cost
@@ -56,14 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router import native
 from router.config import RouterConfig
-from router.cost_model import CostModel
-from router.cost_table import CostTable
-from router.decision import decide
-from router.placement import Demand, choose_pair
-from router.prefix_index import PrefixIndex, block_hashes
-from router.reference import reference_decide
-from router.scorers import build
-from router.shapes import DecisionParams, RequestShape
+from router.pricing.cost_model import CostModel
+from router.pricing.cost_table import CostTable
+from router.pricing.decision import decide
+from router.pricing.prefix_index import PrefixIndex, block_hashes
+from router.pricing.reference import reference_decide
+from router.pricing.scorers import build
+from router.pricing.shapes import DecisionParams, RequestShape
+from router.requests.placement import Demand, choose_pair
 from router.types import Capacity, Cluster, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 

@@ -1,13 +1,12 @@
-"""The router: admission, placement, attempts and retries for client requests.
+"""The router: admission, route choice, attempts and retries for client requests.
 
-Modules: `config` (RouterConfig), `types` (domain values), `admission`
-(request checks), `placement` (pure placement + load overlay), `cluster_view`
-(cached snapshot), `handoff` (manifest), `attempts` (one generation on one
-route, and its teardown), `output` (forwarded tokens, continuation check),
-`orchestrator` (retry policy, deadlines, cancellation), `gateway` (the ABCs it
-talks through). gRPC lives only in `grpc_gateway`, `convert`, `server`,
-`admin` and `__main__`. `native` loads compiled builds of the per-request modules when
-they exist for the current source (router/native.py).
+Two wings over a small edge. `pricing/` prices routes and chooses one (the
+per-request path, compiled when a build exists: router/native.py) and imports
+nothing of the other wing; `requests/` runs a request (admission and its queue,
+the planner, attempts and their teardown, the retry policy, the cluster view,
+output and decision logs). The edge: `config`, `types`, `gateway` (the ABCs the
+request wing talks through), and the only gRPC code, `grpc_gateway`, `convert`,
+`server`, `admin` and `__main__`.
 """
 
 from router.native import install as _install_native

@@ -11,8 +11,8 @@ import asyncio
 import sys
 
 from router.config import MODES, RouterConfig
+from router.requests.text import load_tokenizer
 from router.server import serve
-from router.text import load_tokenizer
 from services.common.grpc_server import setup_logging
 
 

@@ -1,6 +1,6 @@
 """Admin servicer: cluster status, release mode, transaction listing, decisions.
 
-Release modes (article 0x0FF) map onto router modes (router/modes.py):
+Release modes (article 0x0FF) map onto router modes (router/requests/planner.py):
 PINNED -> colocated, SHADOW -> shadow, CANARY -> canary (with canary_fraction),
 ACTIVE -> auto (disaggregated wherever the router predicts it wins). Status
 reports the release mode of the current router mode (the forced
@@ -18,8 +18,8 @@ import grpc
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from router.convert import worker_to_pb
 from router.grpc_gateway import grpc_code
-from router.orchestrator import Orchestrator
-from router.records import DecisionRecord
+from router.requests.orchestrator import Orchestrator
+from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
 
 log = logging.getLogger(__name__)

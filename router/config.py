@@ -12,7 +12,7 @@ from pdserve_client import contract
 from services.common.config import env_overrides
 
 MODES = contract.MODES
-"""Router modes (see router/modes.py). bench/goodput.py and PD_ROUTER_MODE use these names."""
+"""Router modes (see router/requests/planner.py). bench/goodput.py and PD_ROUTER_MODE use these names."""
 
 DEFAULT_SCORER_WEIGHTS = "ttft_slack=1,tpot_slack=1,queue=0.25,kv_headroom=0.25,prefix_hit=0.25"
 
@@ -48,7 +48,7 @@ class RouterConfig:
     they override slo_ttft_ms / slo_tpot_ms for that tenant; a request's own Slo wins."""
 
     scorer_weights: str = DEFAULT_SCORER_WEIGHTS
-    """Weights of the route scorers (router/scorers), ``name=weight,...``; unnamed ones weigh 0."""
+    """Weights of the route scorers (router/pricing/scorers), ``name=weight,...``; unnamed ones weigh 0."""
 
     disaggregation_margin: float = 0.05
     """Auto mode disaggregates only when the best split route outscores the best
@@ -62,7 +62,7 @@ class RouterConfig:
 
     stream_start_windows: bool = False
     """Let a prefill run beside a stream this router planned when the prefill is
-    predicted to end before that stream's earliest start (router/streams.py): the
+    predicted to end before that stream's earliest start (router/requests/streams.py): the
     second prompt of a burst can prefill on the worker that will decode the first
     one. Off: a planned stream counts as decoding from its plan until it ends (and
     never vanishes between a heartbeat and its start, as it did before the book).
@@ -82,7 +82,7 @@ class RouterConfig:
     reject_unconfirmed: bool = False
     """Reject also on prices no completion on this router has confirmed yet (the
     candidate's prefill not yet corrected, or its decode worker's price not yet
-    backed by several agreeing recent streams: router/cost_model.py
+    backed by several agreeing recent streams: router/pricing/cost_model.py
     `decode_confirmed`; start-up calibration alone can be several times off on a
     shared host). Off: such a request runs, and its completion corrects the
     prices that would have rejected it. Either way, a TPOT prediction never
@@ -194,7 +194,7 @@ class RouterConfig:
 
     queue_per_tenant: int = 256
     """Most requests of one tenant waiting for K/V room in the admission queue; one
-    more is rejected RESOURCE_EXHAUSTED at once (router/queueing.py)."""
+    more is rejected RESOURCE_EXHAUSTED at once (router/requests/queueing.py)."""
 
     queue_poll_ms: int = 50
     """While requests wait for room, re-check it at least this often (an attempt
@@ -288,7 +288,7 @@ def parse_tenant_slos(text: str) -> dict[str, tuple[float, float]]:
 @functools.lru_cache(maxsize=32)
 def parse_weights(text: str) -> dict[str, float]:
     """``ttft_slack=1,queue=0.25`` -> {name: weight}; ValueError on unknown names or bad numbers."""
-    from router.scorers import SCORERS  # scorers import nothing from config; lazy to keep config light
+    from router.pricing.scorers import SCORERS  # scorers import nothing from config; lazy to keep config light
 
     out: dict[str, float] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):

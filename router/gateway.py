@@ -2,8 +2,8 @@
 
 `WorkerGateway` talks to prefill and decode workers, `DirectoryGateway` to the
 directory. `router.grpc_gateway` implements both over pd.v1 gRPC; the unit
-tests implement them in-process. Logic (`router.orchestrator`,
-`router.attempts`) sees only these.
+tests implement them in-process. Logic (`router.requests.orchestrator`,
+`router.requests.attempts`) sees only these.
 
 Failure semantics, common to every method: a call either returns its answer
 or raises `WorkerCallError` with a status code (gRPC status, or an in-band
@@ -12,7 +12,7 @@ past it the call raises DEADLINE_EXCEEDED. Streams raise on a gRPC error or an
 in-band error event, and stop iterating after their complete event; closing
 (or cancelling the consumer of) a stream cancels the call.
 
-Which calls belong to which step of an attempt (see `router.attempts`):
+Which calls belong to which step of an attempt (see `router.requests.attempts`):
 
     disaggregated:  reserve -> reserve_txn -> prefill || decode_stream
     colocated:      generate

@@ -1,17 +1,17 @@
 """Compiled builds of the router's per-request modules, with the Python source as fallback.
 
-A routing decision (router/decision.py over router/cost_table.py) is a few
+A routing decision (router/pricing/decision.py over router/pricing/cost_table.py) is a few
 hundred small float operations and tuple moves per request; the interpreter's
 dispatch is most of its cost. The modules below are compiled with Cython into
 extension modules: unchanged Python (no second implementation: the source
-stays the definition and the fallback), except router/table_kernel.py, whose
+stays the definition and the fallback), except router/pricing/table_kernel.py, whose
 per-row loops are annotated with C types (`TYPED`) and run as plain Python
 without a build. bench/router.py prints both ways.
 
 Builds live in `router/_native/` (not in git), one file per module named by a
 hash of its source:
 
-    router/_native/router.cost_table.<sha256 of the source, 16 hex>.<EXT_SUFFIX>
+    router/_native/router.pricing.cost_table.<sha256 of the source, 16 hex>.<EXT_SUFFIX>
 
 `install()` (called by router/__init__.py) puts a finder in front of the import
 system that loads a module's build only when one exists for the module's
@@ -35,26 +35,26 @@ from pathlib import Path
 from services.common.native import EXT_SUFFIX, tagged_path
 
 MODULES = (
-    "router.candidate",
-    "router.corrections",
-    "router.cost_model",
-    "router.cost_table",
-    "router.decision",
-    "router.interference",
-    "router.prefix_index",
-    "router.scorers.base",
-    "router.scorers.kv_headroom",
-    "router.scorers.prefix_hit",
-    "router.scorers.queue",
-    "router.scorers.tpot_slack",
-    "router.scorers.ttft_slack",
-    "router.shapes",
-    "router.table_kernel",
-    "router.worker_costs",
+    "router.pricing.candidate",
+    "router.pricing.corrections",
+    "router.pricing.cost_model",
+    "router.pricing.cost_table",
+    "router.pricing.decision",
+    "router.pricing.interference",
+    "router.pricing.prefix_index",
+    "router.pricing.scorers.base",
+    "router.pricing.scorers.kv_headroom",
+    "router.pricing.scorers.prefix_hit",
+    "router.pricing.scorers.queue",
+    "router.pricing.scorers.tpot_slack",
+    "router.pricing.scorers.ttft_slack",
+    "router.pricing.shapes",
+    "router.pricing.table_kernel",
+    "router.pricing.worker_costs",
 )
 """The per-request path: pricing, interference, scoring, choosing, prefix matching."""
 
-TYPED = ("router.table_kernel",)
+TYPED = ("router.pricing.table_kernel",)
 """Modules written for Cython's pure-Python mode: their annotations (cython.double,
 typed memoryviews) are C types when compiled. The others are compiled with
 annotations ignored, so they keep Python's semantics exactly."""

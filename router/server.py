@@ -16,7 +16,7 @@ from router.admin import AdminServicer
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
-from router.orchestrator import Orchestrator
+from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
-from router.orchestrator import Orchestrator
+from router.requests.orchestrator import Orchestrator
 from router.types import (
     Capacity,
     Cluster,
@@ -211,7 +211,7 @@ async def collect(orch: Orchestrator, p: GenerateParams) -> tuple[list, RouterEr
 def assert_no_leaks(orch: Orchestrator, fake: FakeCluster) -> None:
     assert orch.in_flight == 0
     assert len(orch.view.overlay) == 0
-    assert len(orch.planner.streams) == 0  # router/streams.py: every booked stream dropped
+    assert len(orch.planner.streams) == 0  # router/requests/streams.py: every booked stream dropped
     assert not [t for t, s in fake.txns.items() if s == "RESERVED"], fake.txns
 
 

@@ -2,7 +2,7 @@
 
 Workers measure it at start (services/worker/profile.py) and send it once at
 registration; the directory stores it opaquely with the worker record and the
-router evaluates it (router/cost_model.py).
+router evaluates it (router/pricing/cost_model.py).
 """
 
 from __future__ import annotations

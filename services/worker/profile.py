@@ -1,6 +1,6 @@
 """A worker's cost profile: a short calibration run of its own engine at start.
 
-The router prices routes with three functions (router/cost_model.py); the two
+The router prices routes with three functions (router/pricing/cost_model.py); the two
 that depend on the worker's hardware and model are measured here, in the worker
 process, before it registers:
 
@@ -15,7 +15,7 @@ priced as well as the long ones. Workers start side by side on a shared host
 and calibrate while their neighbours load and calibrate too, so every point is
 the *minimum* of its repeats (short prompts: PREFILL_REPEATS; decode: of the
 single steps): interference only ever adds time. The router corrects what is
-left online (router/cost_model.py). The run uses its own salt, so its blocks
+left online (router/pricing/cost_model.py). The run uses its own salt, so its blocks
 never match a tenant's prefix, and frees everything.
 
 Instead of calibrating, `PD_PROFILE_FILE` names a saved profile (JSON, the
@@ -105,7 +105,7 @@ def fit_nonneg(rows: Seq[Seq[float]], ys: Seq[float], relative: bool = False) ->
 
 
 def prefill_features(new: int, reused: int) -> list[float]:
-    """Feature row of the prefill model. Must match router/cost_model.py prefill_ms."""
+    """Feature row of the prefill model. Must match router/pricing/cost_model.py prefill_ms."""
     return [1.0, float(new), new * (reused + new / 2.0)]
 
 
@@ -127,7 +127,7 @@ def fit_prefill(rows: Seq[Seq[float]], ys: Seq[float]) -> tuple[float, float, fl
 
 
 def decode_features(batch: int, context: int) -> list[float]:
-    """Feature row of the decode-step model. Must match router/cost_model.py decode_step_ms."""
+    """Feature row of the decode-step model. Must match router/pricing/cost_model.py decode_step_ms."""
     return [1.0, float(batch), float(context)]
 
 

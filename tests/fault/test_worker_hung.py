@@ -2,7 +2,7 @@
 
 Real processes (2 decode workers, tiny, colocated requests), router token timeout
 raised to 120 s: the only way the request can finish well before that is the router
-noticing the stopped worker's lease expire (router/attempts.py, liveness check).
+noticing the stopped worker's lease expire (router/requests/attempts.py, liveness check).
 The request then completes on the other worker with the same tokens; once the hung
 worker resumes it finds its lease lost, registers again, and nothing leaks.
 """

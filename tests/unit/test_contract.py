@@ -92,7 +92,7 @@ def test_one_message_limit_for_servers_and_clients():
 
 
 def test_one_rule_names_a_transfer():
-    from router.handoff import transfer_id
+    from router.requests.handoff import transfer_id
     from services.directory.records import TransferRef
     ref = TransferRef("req/with/slashes", 12)
     assert ref.transfer_id == transfer_id("req/with/slashes", 12) == "req/with/slashes/12"

@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from router.candidate import Candidate, ScoreContext
 from router.config import RouterConfig
-from router.cost_model import CLAMP, CostModel
-from router.decision import price_colocated, price_pair
-from router.scorers import SCORERS, build
-from router.shapes import RequestShape
+from router.pricing.candidate import Candidate, ScoreContext
+from router.pricing.cost_model import CLAMP, CostModel
+from router.pricing.decision import price_colocated, price_pair
+from router.pricing.scorers import SCORERS, build
+from router.pricing.shapes import RequestShape
 from router.types import Capacity, Load, Role, Route, Worker
 from services.directory.cost_profile import CostProfile
 

@@ -1,7 +1,7 @@
 """EngineLoop's per-job prefill time: the job's own chunks, not its wait.
 
 The router corrects its prefill price from PrefillResult.timings.compute_ms
-(router/cost_model.py); a time that included the prompts ahead in the loop's
+(router/pricing/cost_model.py); a time that included the prompts ahead in the loop's
 FIFO, or the decode steps between chunks, taught it that prefill was two to
 three times slower after every burst.
 """

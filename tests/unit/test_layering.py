@@ -72,6 +72,14 @@ def test_no_service_imports_another():
     assert across == []
 
 
+def test_the_routers_pricing_wing_imports_nothing_of_its_request_wing():
+    graph = _graph()
+    assert "router.pricing.decision" in graph
+    across = sorted((a, b) for a, deps in graph.items() if a.startswith("router.pricing")
+                    for b in deps if b.startswith("router.requests"))
+    assert across == []
+
+
 def test_no_import_cycles():
     graph = _graph()
     index: dict[str, int] = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.admission import admit, check_cluster
 from router.config import RouterConfig
-from router.output import OutputLog
-from router.text import Detokenizer, load_tokenizer
+from router.requests.admission import admit, check_cluster
+from router.requests.output import OutputLog
+from router.requests.text import Detokenizer, load_tokenizer
 from router.types import (
     Capacity,
     Cluster,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from orchestrator_support import worker
 
-from router.attempt import Attempt, Stage, advance
+from router.requests.attempt import Attempt, Stage, advance
 from router.types import Role, Route
 
 SPLIT = [Stage.DECODE_RESERVE, Stage.DIRECTORY_RESERVE, Stage.PREFILL, Stage.DECODE]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from router.config import RouterConfig
-from router.cost_model import CostModel
-from router.decision import decide, price_colocated, price_pair
-from router.reference import reference_decide
-from router.scorers import build
-from router.shapes import DecisionParams, Outcome, RequestShape
+from router.pricing.cost_model import CostModel
+from router.pricing.decision import decide, price_colocated, price_pair
+from router.pricing.reference import reference_decide
+from router.pricing.scorers import build
+from router.pricing.shapes import DecisionParams, Outcome, RequestShape
 from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 
@@ -177,7 +177,7 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
     idle = price_colocated(model, model.costs(w), req)
     assert idle.tpot_ms == pytest.approx(10.0)  # nothing to disturb: one step of batch 1
     # One earlier 128-token prompt of the burst dispatched to W: queue 128 ms, batch still 0,
-    # its stream planned (router/streams.py) to start once its prefill is done, at 128 ms.
+    # its stream planned (router/requests/streams.py) to start once its prefill is done, at 128 ms.
     queued = model.costs(w, extra_tokens=128, extra_blocks=9, streams=(0, 1, 128.0))
     assert queued.batch == 0 and queued.queue_ms == pytest.approx(128.0)
     # TPOT = 10 + (queue 128 + own prefill 128) / 8 gaps = 42 ms (was 10 + 128 / 8 = 26).

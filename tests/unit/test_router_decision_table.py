@@ -1,4 +1,4 @@
-"""The fast decision (router/cost_table.py) against the plain one, on random snapshots.
+"""The fast decision (router/pricing/cost_table.py) against the plain one, on random snapshots.
 
 `decide` must return what `reference_decide` (one pass over every row per
 request) returns: the same candidates in the same order, hence the same choice,
@@ -15,12 +15,12 @@ import random
 import pytest
 
 from router.config import RouterConfig
-from router.cost_model import CostModel
-from router.cost_table import CostTable
-from router.decision import candidates, decide
-from router.reference import reference_candidates, reference_decide
-from router.scorers import build
-from router.shapes import DecisionParams, RequestShape
+from router.pricing.cost_model import CostModel
+from router.pricing.cost_table import CostTable
+from router.pricing.decision import candidates, decide
+from router.pricing.reference import reference_candidates, reference_decide
+from router.pricing.scorers import build
+from router.pricing.shapes import DecisionParams, RequestShape
 from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 
@@ -70,7 +70,7 @@ def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
 
 
 def random_streams(rng: random.Random) -> tuple[int, int, float] | None:
-    """This router's streams at a worker (router/streams.py), for about a third of them."""
+    """This router's streams at a worker (router/requests/streams.py), for about a third of them."""
     if rng.random() < 0.65:
         return None
     return rng.choice((0, 0, 1, 3)), rng.choice((0, 1, 2)), rng.choice((0.0, rng.uniform(0, 3000)))

@@ -1,6 +1,6 @@
 """Colocated serving outlives a directory outage, and disaggregated routes resume after
-it (router/cluster_view.py; issue 15, item 4); a hung worker is noticed by its lease
-(router/attempts.py; item 8)."""
+it (router/requests/cluster_view.py; issue 15, item 4); a hung worker is noticed by its lease
+(router/requests/attempts.py; item 8)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from orchestrator_support import assert_no_leaks, collect, config, params, run, started, two_by_two
 
-from router.orchestrator import Orchestrator
+from router.requests.orchestrator import Orchestrator
 from router.types import Mode, Route, RouterError, StatusCode
 
 

@@ -1,4 +1,4 @@
-"""Interference (router/interference.py) in the decision, on hand-computed cases.
+"""Interference (router/pricing/interference.py) in the decision, on hand-computed cases.
 
 Round numbers as in test_router_decision.py: prefill 1 ms per token, decode
 steps of 10 ms per sequence, 1 MB K/V per block at 1000 MB/s plus 1 ms, split
@@ -10,11 +10,17 @@ from __future__ import annotations
 import pytest
 from test_router_decision import BS, CFG, params, rows, worker
 
-from router.cost_model import CostModel
-from router.decision import decide, price_colocated
-from router.interference import colocated_disturb_ms, harmful, spends_reserve, split_disturb_ms, stall_per_token_ms
-from router.reference import reference_decide
-from router.shapes import Outcome, RequestShape
+from router.pricing.cost_model import CostModel
+from router.pricing.decision import decide, price_colocated
+from router.pricing.interference import (
+    colocated_disturb_ms,
+    harmful,
+    spends_reserve,
+    split_disturb_ms,
+    stall_per_token_ms,
+)
+from router.pricing.reference import reference_decide
+from router.pricing.shapes import Outcome, RequestShape
 from router.types import Role
 
 

@@ -21,10 +21,10 @@ from orchestrator_support import (
     worker,
 )
 
-from router.modes import Planner, canary_pick
-from router.orchestrator import Orchestrator
-from router.placement import LoadOverlay
-from router.shapes import Outcome
+from router.pricing.shapes import Outcome
+from router.requests.orchestrator import Orchestrator
+from router.requests.placement import LoadOverlay
+from router.requests.planner import Planner, canary_pick
 from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
 from services.directory.cost_profile import CostProfile
 

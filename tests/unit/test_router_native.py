@@ -16,15 +16,15 @@ import pytest
 from test_router_decision_table import random_request, random_table
 
 from router import native
-from router.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
+from router.pricing.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _DECISIONS = r"""
 import hashlib
 from router import native
-from router.decision import decide
-from router.reference import reference_decide
+from router.pricing.decision import decide
+from router.pricing.reference import reference_decide
 from test_router_decision_table import random_params, random_request, random_table
 
 digest = hashlib.sha256()
@@ -70,18 +70,19 @@ def test_compiled_decisions_equal_the_python_source():
 
 
 def test_a_build_loads_only_for_the_source_it_was_built_from(tmp_path):
-    module = "router.cost_table"
+    module = "router.pricing.cost_table"
     built = native.build_path(module)
-    assert built is not None and built.is_file(), "no build of router/cost_table.py (run `make native`)"
+    assert built is not None and built.is_file(), "no build of router/pricing/cost_table.py (run `make native`)"
     # A copy of the package root holding the same source and its build: found.
     (tmp_path / "router" / "_native").mkdir(parents=True)
-    src = tmp_path / "router" / "cost_table.py"
+    (tmp_path / "router" / "pricing").mkdir()
+    src = tmp_path / "router" / "pricing" / "cost_table.py"
     shutil.copy(native.source_of(module), src)
     shutil.copy(built, tmp_path / "router" / "_native" / built.name)
     finder = native.Finder((module,), root=tmp_path)
     spec = finder.find_spec(module)
     assert spec is not None and Path(spec.origin) == tmp_path / "router" / "_native" / built.name
-    assert finder.find_spec("router.decision") is None  # not one of this finder's modules
+    assert finder.find_spec("router.pricing.decision") is None  # not one of this finder's modules
     # The source edited: its old build is not the build of this source, so the source loads.
     src.write_text(src.read_text() + "\n# edited\n")
     assert finder.find_spec(module) is None
@@ -97,8 +98,8 @@ def test_builds_can_be_turned_off(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_kernel_keys_are_the_references_doubles(seed):
-    """router/table_kernel.py's key loops give, bit for bit, the doubles reference_candidates
-    computes per row (router/decision.py): TPOT with the request, queue + prefill, the
+    """router/pricing/table_kernel.py's key loops give, bit for bit, the doubles reference_candidates
+    computes per row (router/pricing/reference.py): TPOT with the request, queue + prefill, the
     transfer bound, and the colocated key (WorkerCosts.colocated_key). The decisions can
     hide a last-bit difference in a pruning key; these cannot."""
     rng, block_size, workers, model, table = random_table(seed)

@@ -27,7 +27,7 @@ from orchestrator_support import (
     worker,
 )
 
-from router.orchestrator import Orchestrator
+from router.requests.orchestrator import Orchestrator
 from router.types import (
     Capacity,
     Cluster,
@@ -427,7 +427,7 @@ def test_sampled_requests_get_one_pinned_seed_for_every_attempt():
 def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from router.text import load_tokenizer
+    from router.requests.text import load_tokenizer
 
     vocab = {f"w{i}": i for i in range(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
@@ -521,8 +521,8 @@ def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
 
 
 def test_recent_generations_are_bounded():
-    from router.admission import admit
-    from router.request_run import RecentGenerations
+    from router.requests.admission import admit
+    from router.requests.request_run import RecentGenerations
     cfg = config()
     mem = RecentGenerations(2)
     reqs = [admit(params(request_id=f"r{i}"), cfg, "auto", None) for i in range(3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.placement import (
+from router.requests.placement import (
     Demand,
     FailureMemory,
     LoadOverlay,

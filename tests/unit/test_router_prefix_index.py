@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.prefix_index import PrefixIndex, block_hashes
+from router.pricing.prefix_index import PrefixIndex, block_hashes
 
 
 def test_longest_leading_run_per_worker():

@@ -1,4 +1,4 @@
-"""The admission queue (router/queueing.py; issue 15, item 6): a burst waits for K/V
+"""The admission queue (router/requests/queueing.py; issue 15, item 6): a burst waits for K/V
 room instead of being shed, tenants are served round robin, each tenant's queue is
 bounded, and a waiter leaves only when its deadline can no longer be met. Over the
 in-process fake cluster of tests/orchestrator_support.py, whose decode worker
@@ -22,7 +22,7 @@ from orchestrator_support import (
     worker,
 )
 
-from router.orchestrator import Orchestrator
+from router.requests.orchestrator import Orchestrator
 from router.types import Mode, Role, RouterError, StatusCode
 
 NEED = 4  # blocks per request: 9 prompt + 6 tokens - 1 = 14 tokens of 4 per block

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from router.candidate import Candidate, ScoreBatch, ScoreContext
-from router.decision import weighted_scores
-from router.scorers import SCORERS, build
-from router.shapes import RequestShape
+from router.pricing.candidate import Candidate, ScoreBatch, ScoreContext
+from router.pricing.decision import weighted_scores
+from router.pricing.scorers import SCORERS, build
+from router.pricing.shapes import RequestShape
 from router.types import Capacity, Role, Route, Worker
 
 W = Worker("w", Role.MIXED, "w:1", capacity=Capacity(total_blocks=100))

@@ -1,5 +1,5 @@
-"""The router's own stream book (router/streams.py) and the timing-aware
-interference it enables (router/interference.py), on hand-computed cases.
+"""The router's own stream book (router/requests/streams.py) and the timing-aware
+interference it enables (router/pricing/interference.py), on hand-computed cases.
 
 Round numbers as in test_router_decision.py: prefill 1 ms per token, decode
 steps of 10 ms per sequence, split overhead 5 ms, colocated overhead 1 ms.
@@ -14,13 +14,13 @@ from orchestrator_support import assert_no_leaks, config, run, two_by_two
 from orchestrator_support import params as gen_params
 from test_router_decision import BS, CFG, params, worker
 
-from router.cost_model import CostModel
-from router.decision import decide
-from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
-from router.orchestrator import Orchestrator
-from router.reference import reference_decide
-from router.shapes import Outcome, RequestShape
-from router.streams import StreamBook
+from router.pricing.cost_model import CostModel
+from router.pricing.decision import decide
+from router.pricing.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
+from router.pricing.reference import reference_decide
+from router.pricing.shapes import Outcome, RequestShape
+from router.requests.orchestrator import Orchestrator
+from router.requests.streams import StreamBook
 from router.types import Role, Started, TokenOut
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway
-from router.placement import LoadOverlay
+from router.requests.placement import LoadOverlay
 from router.types import Cluster, RouterError, StatusCode, WorkerCallError
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@ with this request added to its batch and its queued prefill interleaved."""
 
 from __future__ import annotations
 
-from router.candidate import ScoreBatch, ScoreContext
-from router.scorers.base import Scorer, slack
+from router.pricing.candidate import ScoreBatch, ScoreContext
+from router.pricing.scorers.base import Scorer, slack
 
 
 class TpotSlack(Scorer):

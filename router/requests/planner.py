@@ -2,7 +2,7 @@
 
     disaggregated  the split route on the pair `choose_pair` ranks best (no SLO rejection)
     colocated      one worker, `choose_colocated` (no SLO rejection)
-    auto           the per-request decision (router/decision.py): split, colocated,
+    auto           the per-request decision (router/pricing/decision.py): split, colocated,
                    or reject with RESOURCE_EXHAUSTED before any work -- but only when
                    even the closest candidate misses a target by more than
                    `reject_slack`, on prices completions have confirmed (TPOT:
@@ -20,8 +20,8 @@
 
 Every mode records predicted TTFT/TPOT of the route it executes in the
 DecisionLog, and the observed ones when the request completes; completions of
-first attempts correct the cost model (router/cost_model.py). Retries after a
-failed first attempt use router/placement.py as before.
+first attempts correct the cost model (router/pricing/cost_model.py). Retries after a
+failed first attempt use router/requests/placement.py as before.
 """
 
 from __future__ import annotations
@@ -31,18 +31,18 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 
-from router.candidate import Candidate
 from router.config import RouterConfig
-from router.cost_model import CLAMP, CostModel
-from router.decision import decide, finite, price_colocated, price_pair
-from router.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
-from router.prefix_index import PrefixIndex, block_hashes
-from router.records import DecisionLog, DecisionRecord
-from router.scorers import build
-from router.shapes import Decision, DecisionParams, Outcome, RequestShape
-from router.streams import StreamBook
+from router.pricing.candidate import Candidate
+from router.pricing.cost_model import CLAMP, CostModel
+from router.pricing.decision import decide, finite, price_colocated, price_pair
+from router.pricing.prefix_index import PrefixIndex, block_hashes
+from router.pricing.scorers import build
+from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape
+from router.pricing.worker_costs import WorkerCosts
+from router.requests.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
+from router.requests.records import DecisionLog, DecisionRecord
+from router.requests.streams import StreamBook
 from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
-from router.worker_costs import WorkerCosts
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,7 +89,7 @@ class Planner:
         self.config = config
         self.costs = CostModel(config)
         self.streams = StreamBook(clock)
-        """This router's planned and started streams (router/streams.py): booked and
+        """This router's planned and started streams (router/requests/streams.py): booked and
         dropped by the orchestrator, read into the cost rows."""
         self.prefix = PrefixIndex(config.prefix_index_blocks or 4096)
         self.log = DecisionLog(config.decision_log_size)

@@ -1,5 +1,5 @@
 # cython: annotation_typing=True, boundscheck=False, wraparound=False, initializedcheck=False
-"""The per-row loops of CostTable.price (router/cost_table.py), typed for Cython.
+"""The per-row loops of CostTable.price (router/pricing/cost_table.py), typed for Cython.
 
 A snapshot's table keeps its float columns in two flat `array('d')` blocks,
 column-major: the prefill-capable side's P_COLUMNS (`CostTable.a_p`) and the
@@ -16,7 +16,7 @@ ordinary loops, with `cython` the shadow module Cython ships.
 
 The formulas are CostTable's keys term for term, in the same order, so the
 doubles come out bit-identical to the Python floats of `reference_candidates`
-(router/decision.py): every operation is one IEEE-754 double operation either
+(router/pricing/decision.py): every operation is one IEEE-754 double operation either
 way (ints convert exactly, below 2**53), and the build turns off floating-point
 contraction (no fused multiply-add). tests/unit/test_router_decision_table.py
 and tests/unit/test_router_native.py check both builds against the reference.

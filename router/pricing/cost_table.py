@@ -1,6 +1,6 @@
 """Per-snapshot columns of the cost rows, and the per-request pruning over them.
 
-A snapshot's cost rows (router/cost_model.py) change when a heartbeat, an
+A snapshot's cost rows (router/pricing/cost_model.py) change when a heartbeat, an
 overlay change or a correction arrives; requests arrive far more often. So
 `CostTable` lays out, once per snapshot, every row-only term of the pruning
 keys as plain float lists (no attribute lookups, no tuples per request), and
@@ -14,7 +14,7 @@ keys as plain float lists (no attribute lookups, no tuples per request), and
     `heapq.nsmallest` returns).
 
 The per-row loops (the keys over every row, the top-k picks) are the typed
-functions of router/table_kernel.py, over two flat `array('d')` blocks of the
+functions of router/pricing/table_kernel.py, over two flat `array('d')` blocks of the
 float columns (`a_p`, `a_d`) and one scratch array per request holding every
 key: compiled (router/native.py) they are C loops; rows filtered by `usable`
 take Python's `sorted` instead.
@@ -23,7 +23,7 @@ At 64-256 workers a full pass over every row costs less than ordered scans
 with a lower-bound early exit (tried: the colocated bound is loose, most
 workers were visited anyway, one Python call each).
 
-Must match `reference_candidates` in router/reference.py: the same keys computed
+Must match `reference_candidates` in router/pricing/reference.py: the same keys computed
 with the same operations in the same order (so the same floats; the terms
 folded into columns are ones the reference adds first, left to right), and the
 same tie order (both keep rows order on ties).
@@ -42,12 +42,12 @@ import operator
 from array import array
 from collections.abc import Callable, Sequence
 
-from router.candidate import Row
-from router.corrections import SIZE_BUCKETS
-from router.cost_model import CostModel
-from router.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
-from router.shapes import RequestShape
-from router.table_kernel import (
+from router.pricing.candidate import Row
+from router.pricing.corrections import SIZE_BUCKETS
+from router.pricing.cost_model import CostModel
+from router.pricing.interference import colocated_disturb_ms, split_disturb_ms, stalled_streams
+from router.pricing.shapes import RequestShape
+from router.pricing.table_kernel import (
     COMPILED,
     D_COLUMNS,
     P_COLUMNS,
@@ -57,8 +57,8 @@ from router.table_kernel import (
     prefill_keys,
     smallest,
 )
+from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-from router.worker_costs import WorkerCosts
 
 _CACHE_SIZE = 4
 """Tables kept by rows identity (plan() may decide twice on one snapshot: avoid, then fit)."""
@@ -178,9 +178,9 @@ class CostTable:
     def price(self, model: CostModel, req: RequestShape, top_k: int,
               usable: Callable[[WorkerCosts], bool] | None = None, split: bool = True, colocated: bool = True,
               ) -> list[Row]:
-        """What `reference_candidates` returns, as Rows (router/candidate.py): the
+        """What `reference_candidates` returns, as Rows (router/pricing/candidate.py): the
         pairs and colocated workers it would price, in its order, priced from the
-        columns as `pair_row` and `colocated_row` in router/decision.py price them."""
+        columns as `pair_row` and `colocated_row` in router/pricing/decision.py price them."""
         k = max(0, top_k)
         ub = req.usable_blocks
         h0 = 0 if ub >= 0 else ub  # the hit of a worker the index does not name
@@ -290,7 +290,7 @@ class CostTable:
         # W's own prefill dilates W's streams: all of it on a row with live streams
         # (d_live), none on a row without any; the rows whose streams are only planned
         # (d_timed: a partial overlap) are keyed exactly below, with the prefix hits.
-        if new > 0:  # WorkerCosts.prefill_ms inlined (see _d_scale_at), in router/table_kernel.py
+        if new > 0:  # WorkerCosts.prefill_ms inlined (see _d_scale_at), in router/pricing/table_kernel.py
             scaled = not self.d_simple
             colocated_keys(self.a_d, nd, self._d_scale_at(new) if scaled else self.a_d, scaled, new,
                            reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, s, tp_at, key_at)
@@ -306,7 +306,7 @@ class CostTable:
 
     def _colocated(self, q, s, top, overhead):
         """The colocated workers `top` (the k best keys), priced as decision.colocated_row
-        prices them, WorkerCosts.tpot_with inlined (must match it in router/cost_model.py:
+        prices them, WorkerCosts.tpot_with inlined (must match it in router/pricing/cost_model.py:
         the same operations in the same order)."""
         n, bs, gaps, h0, d_hit = q.n, q.bs, q.gaps, q.h0, q.d_hit
         ctx, need, col = q.ctx, q.need, Route.COLOCATED
@@ -328,14 +328,14 @@ class CostTable:
     def _exact_key(self, i: int, hit: int, q: _Request, tp: float, overhead: float, ttft_ref: float,
                    tpot_ref: float) -> float:
         """D row i's colocated key with `hit` usable prefix blocks and TPOT `tp` (WorkerCosts.colocated_key,
-        as reference_candidates in router/reference.py keys every row)."""
+        as reference_candidates in router/pricing/reference.py keys every row)."""
         return self.d_rows[i].colocated_key(q.n, hit * q.bs, tp, q.gaps, overhead, ttft_ref, tpot_ref)
 
     def _d_scale_at(self, new: int) -> array:
         """Each D row's prefill scale for `new` tokens: WorkerCosts.prefill_ms is
         (pre_base + pre_tok * new + pre_pair * new * (reused + new / 2.0)) * scale,
         with scale 1.0 without sized corrections. Must match WorkerCosts.prefill_ms
-        in router/cost_model.py (same operations, same order: the same floats)."""
+        in router/pricing/cost_model.py (same operations, same order: the same floats)."""
         bucket = min(new.bit_length(), SIZE_BUCKETS - 1)
         scale = self._d_scale.get(bucket)
         if scale is None:
@@ -362,7 +362,7 @@ def _simple(t: CostTable) -> bool:
 
 
 def _set_arrays(t: CostTable) -> None:
-    """The column blocks of router/table_kernel.py (`a_p`, `a_d`: its P_COLUMNS and
+    """The column blocks of router/pricing/table_kernel.py (`a_p`, `a_d`: its P_COLUMNS and
     D_COLUMNS, column-major, as doubles), the per-request scratch template and its segments'
     offsets: [p_ms | tp | d_ms | key] (`tp_at`, `dms_at`, `key_at`)."""
     t.a_p = array("d", itertools.chain.from_iterable(getattr(t, name) for name in P_COLUMNS))
@@ -375,7 +375,7 @@ def _set_arrays(t: CostTable) -> None:
 def _tops(s: array, spans: list[tuple[int, int]], among: list[Sequence[int]], k: int, full: bool) -> list[list[int]]:
     """Per (offset, length) span of `s`: the k positions of its `among` with the smallest
     values, ascending, ties in position order: `sorted(among, key=lambda i: s[offset + i])[:k]`;
-    in router/table_kernel.py when that runs compiled and `among` is every position
+    in router/pricing/table_kernel.py when that runs compiled and `among` is every position
     (`full`) and no value is NaN."""
     if COMPILED and full:
         top = smallest(s, spans, k)

@@ -1,6 +1,6 @@
 """One attempt (one generation) of a request on one route: what it holds, the
 stages it goes through (`Stage`, moved only by `advance`), and how it fails
-(`AttemptFailed`, with the workers to blame). router/attempts.py runs attempts.
+(`AttemptFailed`, with the workers to blame). router/requests/attempts.py runs attempts.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import asyncio
 import dataclasses
 import enum
 
-from router.admission import Admitted
-from router.placement import LoadOverlay
+from router.requests.admission import Admitted
+from router.requests.placement import LoadOverlay
 from router.types import Route, StatusCode, TxnOutcome, Worker
 
 

@@ -2,12 +2,12 @@
 
 A candidate is either disaggregated (prefill P, decode D) or colocated (one
 worker W in `decode`, `prefill` None). Every time is a prediction in ms from
-router/cost_model.py; `ttft_ms` is the sum of the parts listed below it.
+router/pricing/cost_model.py; `ttft_ms` is the sum of the parts listed below it.
 
 A decision prices its few candidates as plain tuples first (`Row`: the
 Candidate fields up to `decode_streams`, in order), scores them all at once from
 a `ScoreBatch` of columns, and builds Candidate objects only for the ones it
-returns (router/decision.py).
+returns (router/pricing/decision.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Candidate:
     total_blocks: int
     disturb_tpot_ms: float = 0.0
     """TPOT of the streams beside this prompt's prefill (colocated W, or a split's P when it
-    decodes too) while it runs; 0 when it stalls none (router/interference.py)."""
+    decodes too) while it runs; 0 when it stalls none (router/pricing/interference.py)."""
     stalled_streams: int = 0
     """Streams the computing worker (W, or a P that decodes too) decodes now, by the
     snapshot plus this router's overlay: the ones this prefill would hold back."""
@@ -117,7 +117,7 @@ ROUTE, DECODE, TTFT, TPOT, QUEUE_MS, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER
 @dataclasses.dataclass(slots=True, init=False)
 class ScoreBatch:
     """The fields scorers read, for all candidates of one request: one sequence per
-    field, aligned by candidate index (router/scorers/base.py)."""
+    field, aligned by candidate index (router/pricing/scorers/base.py)."""
 
     ttft_ms: Sequence[float]
     tpot_ms: Sequence[float]

@@ -1,4 +1,4 @@
-"""Online correction factors: the primitives router/cost_model.py keeps per worker,
+"""Online correction factors: the primitives router/pricing/cost_model.py keeps per worker,
 per path and per route.
 
 A factor is observed / predicted, clamped to [1/CLAMP, CLAMP] (`ratio`), and

@@ -7,7 +7,7 @@ chunked prefill interleaves one chunk with one step, so every stream there
 waits for the whole prefill in pieces. Spread over what is left of a stream's
 output, that is `prefill_ms / remaining` ms on every one of its tokens.
 
-The request's own TPOT prediction (router/decision.py) already carries the
+The request's own TPOT prediction (router/pricing/decision.py) already carries the
 stall that *its* prompt and the queued ones cause it. This module prices the
 stall the streams beside it suffer, assuming a stream there is like this
 request, halfway through (remaining = (max_tokens - 1) / 2 tokens):
@@ -49,9 +49,9 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from router.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, QUEUE_MS, ROUTE, STALLED, TPOT, TTFT, Row
+from router.pricing.candidate import D_STREAMS, DECODE, DISTURB, PREFILL, QUEUE_MS, ROUTE, STALLED, TPOT, TTFT, Row
+from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-from router.worker_costs import WorkerCosts
 
 
 def remaining_tokens(max_tokens: int) -> float:
@@ -129,7 +129,7 @@ class Eligible(NamedTuple):
 
 
 def eligible(rows: Sequence[Row], slo_ttft_ms: float, slo_tpot_ms: float, max_tokens: int) -> Eligible:
-    """Which priced routes (Rows, router/candidate.py; by index) the decision may
+    """Which priced routes (Rows, router/pricing/candidate.py; by index) the decision may
     choose from, why any were set aside, and whether they are *late* (meet TPOT,
     miss TTFT). Empty: no route meets both targets (the decision rejects, or
     admits the closest).

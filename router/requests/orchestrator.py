@@ -3,7 +3,7 @@
 Lifecycle of one request (each arrow is one place in this file):
 
     submit:  admit (static checks) -> duplicate check -> snapshot -> check_cluster
-             -> plan (router/modes.py: the mode's route for attempt 1, or an
+             -> plan (router/requests/planner.py: the mode's route for attempt 1, or an
                 admission reject with RESOURCE_EXHAUSTED before any work)
     serve:   attempt 1 on the plan's route and workers; then, on failure,
              attempts 2 .. max_attempts, each a new generation g:
@@ -37,19 +37,19 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from router.admission import Admitted, admit, check_cluster
-from router.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind, count_dispatch
-from router.attempts import AttemptRunner
-from router.cluster_view import ClusterView
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
-from router.modes import Plan, Planner
-from router.output import OutputLog
-from router.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
-from router.queueing import AdmissionQueue
-from router.request_run import RecentGenerations, RequestRun
-from router.retries import Retries
-from router.shapes import Outcome
+from router.pricing.shapes import Outcome
+from router.requests.admission import Admitted, admit, check_cluster
+from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind, count_dispatch
+from router.requests.attempts import AttemptRunner
+from router.requests.cluster_view import ClusterView
+from router.requests.output import OutputLog
+from router.requests.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
+from router.requests.planner import Plan, Planner
+from router.requests.queueing import AdmissionQueue
+from router.requests.request_run import RecentGenerations, RequestRun
+from router.requests.retries import Retries
 from router.types import (
     Cluster,
     Completed,
@@ -79,14 +79,14 @@ class Orchestrator:
         self.failures = FailureMemory(config.failure_cooldown_ms / 1000.0, clock)
         self.planner = Planner(config, clock)
         self.default_mode = config.default_mode
-        """Mode of requests with mode UNSPECIFIED (router/modes.py); Admin.SetMode changes it."""
+        """Mode of requests with mode UNSPECIFIED (router/requests/planner.py); Admin.SetMode changes it."""
         self._clock = clock
         self._runs: dict[str, RequestRun] = {}
         self._background: set[asyncio.Task] = set()
         self.queue = AdmissionQueue(self.view.overlay, self.view.get, per_tenant=config.queue_per_tenant,
                                     poll_s=config.queue_poll_ms / 1000.0,
                                     fence_ttl_s=config.overlay_ttl_ms / 1000.0, clock=clock)
-        """Requests waiting for K/V room (router/queueing.py)."""
+        """Requests waiting for K/V room (router/requests/queueing.py)."""
         self.generations = RecentGenerations(config.recent_request_ids)
         """The last generation of recently served request ids: a client re-using one
         starts above it instead of colliding with the earlier run's transactions."""
@@ -187,7 +187,7 @@ class Orchestrator:
         return list(count_dispatch(self.view.overlay, req, computing, plan.decode, planned=True))
 
     def _book(self, plan: Plan) -> int | None:
-        """Book the planned stream (router/streams.py), so the requests planned next know
+        """Book the planned stream (router/requests/streams.py), so the requests planned next know
         when it will decode beside their prefills. With `stream_start_windows`, its start
         is `stream_start_share` of the earliest it can be: the predicted TTFT less the
         queue ahead of its prefill; without, now (it counts as decoding from its plan).
@@ -265,7 +265,7 @@ class Orchestrator:
         while r.number < cfg.max_attempts:
             cluster = await self.view.get()
             self._release(run)  # the plan-time hold must not count against the request's own room
-            if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/queueing.py)
+            if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/requests/queueing.py)
                 try:
                     self.view.overlay.remove(await self.queue.wait(
                         req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))

@@ -8,10 +8,10 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator
 
-from router.admission import Admitted
-from router.attempts import AttemptRunner
-from router.modes import Plan
-from router.output import OutputLog
+from router.requests.admission import Admitted
+from router.requests.attempts import AttemptRunner
+from router.requests.output import OutputLog
+from router.requests.planner import Plan
 from router.types import Completed, Event, RouterError
 
 
@@ -31,7 +31,7 @@ class RequestRun:
         planned before this one's attempt starts sees it; released when attempt 1 takes
         its own (or the request ends first)."""
         self.booked: int | None = None
-        """StreamBook handle of the planned stream (router/streams.py), until attempt 1
+        """StreamBook handle of the planned stream (router/requests/streams.py), until attempt 1
         fails or the request ends."""
         self.failures: list[str] = []
         self.refusals: list[str] = []

@@ -1,6 +1,6 @@
 """The per-request route decision: price candidates, gate on SLOs, score, choose.
 
-Pure functions over cost rows (router/cost_model.py) and the request's shape;
+Pure functions over cost rows (router/pricing/cost_model.py) and the request's shape;
 no I/O, no clock. For one request of S prompt tokens (block size B, usable
 prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
 
@@ -17,7 +17,7 @@ prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
              prefill chunk (chunked prefill interleaves) + overhead(colocated)
       TPOT = W's step with batch+1 + (W's queued prefill + the part of this prompt's
              prefill that overlaps W's streams: all of it beside live ones, the part
-             after the first planned one starts, router/streams.py) spread over
+             after the first planned one starts, router/requests/streams.py) spread over
              the request's tokens
 
 A candidate is *feasible* when both predictions meet the request's targets
@@ -25,7 +25,7 @@ A candidate is *feasible* when both predictions meet the request's targets
 first), the weighted scorer sum picks the best split route and the best
 colocated one; the split wins only by more than `margin`. No feasible
 candidate -> REJECT, with the closest candidate's numbers, before any work.
-Interference (router/interference.py, `eligible`): feasible candidates whose
+Interference (router/pricing/interference.py, `eligible`): feasible candidates whose
 prefill would hold the decode streams beside it past the TPOT target (a long
 prompt colocated; a split whose P is a mixed worker with streams) are set aside
 while any feasible candidate is not, and so are splits that would give a long
@@ -37,9 +37,9 @@ Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
 pairs (with the exact per-path transfer) and the top colocated workers are
 priced and scored. The keys are evaluated over the snapshot's CostTable
-(router/cost_table.py: columns built once per snapshot, one list comprehension
+(router/pricing/cost_table.py: columns built once per snapshot, one list comprehension
 per key per request), which prices the few survivors as Rows (plain tuples,
-router/candidate.py); the scorers rate them as one ScoreBatch, and only the best
+router/pricing/candidate.py); the scorers rate them as one ScoreBatch, and only the best
 of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
 `choose` are the plain definitions they must match
 (tests/unit/test_router_decision_table.py).
@@ -51,10 +51,10 @@ import math
 import operator
 from collections.abc import Sequence
 
-from router.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
-from router.cost_model import CostModel
-from router.cost_table import CostTable
-from router.interference import (
+from router.pricing.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.pricing.cost_model import CostModel
+from router.pricing.cost_table import CostTable
+from router.pricing.interference import (
     colocated_disturb_ms,
     eligible,
     harmful,
@@ -62,10 +62,10 @@ from router.interference import (
     split_disturb_ms,
     stalled_streams,
 )
-from router.scorers.base import Scorer
-from router.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
+from router.pricing.scorers.base import Scorer
+from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
+from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-from router.worker_costs import WorkerCosts
 
 
 def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
@@ -84,8 +84,8 @@ def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhea
 
 
 def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The split route P -> D as a Row (router/candidate.py). CostTable.price prices
-    its pairs the same way from its columns (router/cost_table.py)."""
+    """The split route P -> D as a Row (router/pricing/candidate.py). CostTable.price prices
+    its pairs the same way from its columns (router/pricing/cost_table.py)."""
     n, bs, usable = req.prompt_tokens, req.block_size, req.usable_blocks
     reused = min(req.hits.get(p.worker.worker_id, 0), usable) * bs
     compute = n - reused
@@ -102,8 +102,8 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
 
 
 def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The colocated route on W as a Row (router/candidate.py). CostTable.price prices
-    its colocated workers the same way from its columns (router/cost_table.py)."""
+    """The colocated route on W as a Row (router/pricing/candidate.py). CostTable.price prices
+    its colocated workers the same way from its columns (router/pricing/cost_table.py)."""
     n = req.prompt_tokens
     reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
     compute = n - reused
@@ -124,7 +124,7 @@ def route_key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> flo
 def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,
                usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
     """Priced candidates: every worker's cheap keys from the snapshot's table
-    (router/cost_table.py), and only the `top_k` best pairs and `top_k` best
+    (router/pricing/cost_table.py), and only the `top_k` best pairs and `top_k` best
     colocated workers (by TTFT and TPOT relative to their targets) are priced.
     Same result as `reference_candidates`."""
     return [Candidate(*r) for r in priced_rows(model, rows, req, top_k, usable, split, colocated)]
@@ -132,7 +132,7 @@ def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: R
 
 def priced_rows(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,
                 usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Row]:
-    """`candidates` as Rows (router/candidate.py), without building Candidate objects."""
+    """`candidates` as Rows (router/pricing/candidate.py), without building Candidate objects."""
     return CostTable.of(rows).price(model, req, top_k, usable, split, colocated)
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from router.text import Detokenizer
+from router.requests.text import Detokenizer
 from router.types import Completed, FinishReason, Route, RouterError, StatusCode, TokenOut
 
 

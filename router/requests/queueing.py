@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from router.placement import LoadOverlay, free_blocks, rejects
+from router.requests.placement import LoadOverlay, free_blocks, rejects
 from router.types import Cluster, RouterError, StatusCode, Worker
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@
 profile.py) and registered; a worker without one gets the config's defaults.
 A start-up calibration on a shared host can be several times too slow (other
 workers start beside it), so every function carries a multiplicative
-correction (router/corrections.py), an EWMA of observed / predicted that follows
+correction (router/pricing/corrections.py), an EWMA of observed / predicted that follows
 samples up *and down*:
 
     prefill   per worker and per size (log2 bucket of new tokens), from
@@ -48,7 +48,7 @@ route never looks cheaper than the colocated overhead already seen).
 
 `costs(worker)` folds profile, corrections and the worker's load into one
 `WorkerCosts` row, so that pricing a route is a few multiply-adds
-(router/decision.py); rows are cached per worker record and rebuilt when a
+(router/pricing/decision.py); rows are cached per worker record and rebuilt when a
 correction changes.
 
 Invariant: every prediction is finite and >= 0; corrections stay within
@@ -61,11 +61,11 @@ import collections
 import math
 import statistics
 
-from router.candidate import Candidate
 from router.config import RouterConfig
-from router.corrections import CLAMP, Ewma, Sized, ratio
+from router.pricing.candidate import Candidate
+from router.pricing.corrections import CLAMP, Ewma, Sized, ratio
+from router.pricing.worker_costs import WorkerCosts
 from router.types import Route, Worker
-from router.worker_costs import WorkerCosts
 from services.directory.cost_profile import CostProfile
 
 PREFILL_DOMINANT = 4.0
@@ -122,7 +122,7 @@ class CostModel:
               streams: tuple[int, int, float] | None = None) -> WorkerCosts:
         """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not
         show yet (prompt tokens queued, blocks reserved, sequences added to the batch);
-        `streams`: this router's own streams at `w` (router/streams.py): (started,
+        `streams`: this router's own streams at `w` (router/requests/streams.py): (started,
         planned and not started, ms until the first planned one starts)."""
         if self._rows_version != self.version:
             self._rows.clear()

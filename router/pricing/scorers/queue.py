@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from router.candidate import ScoreBatch, ScoreContext
-from router.scorers.base import Scorer
+from router.pricing.candidate import ScoreBatch, ScoreContext
+from router.pricing.scorers.base import Scorer
 
 
 class Queue(Scorer):

@@ -15,7 +15,7 @@ import abc
 from collections.abc import Sequence
 from typing import ClassVar
 
-from router.candidate import Candidate, ScoreBatch, ScoreContext
+from router.pricing.candidate import Candidate, ScoreBatch, ScoreContext
 
 
 class Scorer(abc.ABC):

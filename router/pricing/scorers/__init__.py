@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from router.scorers.base import Scorer
-from router.scorers.kv_headroom import KvHeadroom
-from router.scorers.prefix_hit import PrefixHit
-from router.scorers.queue import Queue
-from router.scorers.tpot_slack import TpotSlack
-from router.scorers.ttft_slack import TtftSlack
+from router.pricing.scorers.base import Scorer
+from router.pricing.scorers.kv_headroom import KvHeadroom
+from router.pricing.scorers.prefix_hit import PrefixHit
+from router.pricing.scorers.queue import Queue
+from router.pricing.scorers.tpot_slack import TpotSlack
+from router.pricing.scorers.ttft_slack import TtftSlack
 
 SCORERS: dict[str, type[Scorer]] = {cls.name: cls for cls in (TtftSlack, TpotSlack, Queue, KvHeadroom, PrefixHit)}
 

@@ -1,6 +1,6 @@
 """This router's own decode streams per worker: planned (not started yet) and started.
 
-A heartbeat shows a stream once it decodes; the load overlay (router/placement.py)
+A heartbeat shows a stream once it decodes; the load overlay (router/requests/placement.py)
 shows a dispatch only until the next heartbeat. Neither tells *when* a planned
 stream will start, and that is what decides whether a prefill on its worker
 stalls it: a prefill that ends before the stream's first token holds back
@@ -12,11 +12,11 @@ marks it started.
 `at()` gives, per worker, (streams started, streams planned and not started, ms
 until the earliest planned start; 0 when overdue), which CostModel.costs folds
 into the worker's cost row (`WorkerCosts.live`, `planned`, `next_start_ms`) for
-the interference rules (router/interference.py).
+the interference rules (router/pricing/interference.py).
 
 A stream overdue (its predicted start passed, no token yet) is taken to start
 now: any prefill beside it holds it back. Entries are owned by the request's
-run (router/orchestrator.py): booked at plan time, dropped when attempt 1 fails
+run (router/requests/orchestrator.py): booked at plan time, dropped when attempt 1 fails
 or the request ends, so none outlives its request.
 """
 

@@ -1,13 +1,13 @@
 """One worker's price row: its corrected cost coefficients and load-dependent terms,
-folded by `CostModel.costs` (router/cost_model.py) so that pricing a route is a
-few multiply-adds (router/decision.py, the compiled fast path router/cost_table.py)."""
+folded by `CostModel.costs` (router/pricing/cost_model.py) so that pricing a route is a
+few multiply-adds (router/pricing/decision.py, the compiled fast path router/pricing/cost_table.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from router.corrections import SIZE_BUCKETS
+from router.pricing.corrections import SIZE_BUCKETS
 from router.types import Worker
 
 
@@ -44,9 +44,9 @@ class WorkerCosts:
     can_decode: bool = False
     live: int = -1
     """Streams decoding now: the heartbeat's batch, or the streams this router saw start
-    here when more (router/streams.py); -1 (the default): `batch`."""
+    here when more (router/requests/streams.py); -1 (the default): `batch`."""
     planned: int = 0
-    """Streams this router planned here that have not started yet (router/streams.py)."""
+    """Streams this router planned here that have not started yet (router/requests/streams.py)."""
     next_start_ms: float = math.inf
     """When the first planned stream is expected to start, ms from now (0: due now)."""
     pre_scale: tuple[float, ...] = ()
@@ -80,7 +80,7 @@ class WorkerCosts:
         `reused`: TTFT and TPOT, each over its reference, the TPOT (`tpot_ms`, from
         tpot_with without extra prefill) with the part of the prompt's own prefill that
         overlaps this worker's streams spread over `gaps` tokens. The definition in
-        router/reference.py `reference_candidates`; router/cost_table.py keys prefix hits
+        router/pricing/reference.py `reference_candidates`; router/pricing/cost_table.py keys prefix hits
         and planned-only streams with it, and every other row in its columnar pass."""
         new = n - reused
         own = self.prefill_ms(new, reused)

@@ -28,13 +28,22 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from router.admission import Admitted
-from router.attempt import RAN_BEFORE, Attempt, AttemptFailed, GenerationBehind, Stage, advance, blame, count_dispatch
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
-from router.handoff import build_manifest, transfer_id
-from router.output import OutputLog
-from router.placement import LoadOverlay
+from router.requests.admission import Admitted
+from router.requests.attempt import (
+    RAN_BEFORE,
+    Attempt,
+    AttemptFailed,
+    GenerationBehind,
+    Stage,
+    advance,
+    blame,
+    count_dispatch,
+)
+from router.requests.handoff import build_manifest, transfer_id
+from router.requests.output import OutputLog
+from router.requests.placement import LoadOverlay
 from router.types import (
     Cluster,
     Event,

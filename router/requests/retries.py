@@ -1,5 +1,5 @@
 """One request's retry bookkeeping across its attempts, for the orchestrator's policy
-(router/orchestrator.py `_attempts`): what was tried, whom to avoid, how many
+(router/requests/orchestrator.py `_attempts`): what was tried, whom to avoid, how many
 attempts and disaggregated attempts are left, and the attempts that do not count
 (a worker that had no room after all; a request id that ran before)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from router.attempt import Attempt, AttemptFailed
+from router.requests.attempt import Attempt, AttemptFailed
 from router.types import Route, RouterError, StatusCode
 
 

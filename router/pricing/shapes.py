@@ -1,6 +1,6 @@
 """What the route decision takes and gives: the request's shape, the tuning, the
-decision and its outcome (used by router/decision.py, the compiled fast path
-router/cost_table.py, the reference router/reference.py and the planner)."""
+decision and its outcome (used by router/pricing/decision.py, the compiled fast path
+router/pricing/cost_table.py, the reference router/pricing/reference.py and the planner)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import dataclasses
 import enum
 from collections.abc import Callable, Mapping
 
-from router.candidate import Candidate
-from router.scorers.base import Scorer
-from router.worker_costs import WorkerCosts
+from router.pricing.candidate import Candidate
+from router.pricing.scorers.base import Scorer
+from router.pricing.worker_costs import WorkerCosts
 
 
 class Outcome(enum.Enum):
@@ -31,7 +31,7 @@ class RequestShape:
     slo_ttft_ms: float = 0.0
     slo_tpot_ms: float = 0.0
     hits: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """Worker id -> leading prompt blocks it holds (router/prefix_index.py)."""
+    """Worker id -> leading prompt blocks it holds (router/pricing/prefix_index.py)."""
 
     @property
     def usable_blocks(self) -> int:
@@ -69,7 +69,7 @@ class Decision:
     reason: str
     admissible: tuple[Candidate, ...] = ()
     """REJECT only: the candidates auto mode may still admit within its rejection
-    slack (router/modes.py): the best of each route among those whose prefill
+    slack (router/requests/planner.py): the best of each route among those whose prefill
     stalls no decode stream past the TPOT target, when any; else among those
     stalling the fewest live streams. Empty: the best of each route."""
 

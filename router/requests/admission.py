@@ -17,8 +17,8 @@ from typing import Any
 
 from pdserve_client import contract
 from router.config import RouterConfig
-from router.placement import Demand, capacity_shortfall
-from router.text import encode
+from router.requests.placement import Demand, capacity_shortfall
+from router.requests.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
 
 MAX_REQUEST_ID_BYTES = 256
@@ -42,7 +42,7 @@ class Admitted:
     deadline_s: float | None
     """Time budget from receipt; None means no deadline beyond the client's."""
     mode: str = "disaggregated"
-    """Router mode (router/modes.py): the request's own, or the router default."""
+    """Router mode (router/requests/planner.py): the request's own, or the router default."""
     slo: Slo = Slo()
     """Targets as the request named them (tenant defaults are applied by the planner)."""
 

@@ -1,6 +1,6 @@
 """The reference decision: the router's route choice written plainly, one pass over
-every row per request. It is the oracle the fast path (router/cost_table.py and
-router/table_kernel.py, compiled) must match bit for bit
+every row per request. It is the oracle the fast path (router/pricing/cost_table.py and
+router/pricing/table_kernel.py, compiled) must match bit for bit
 (tests/unit/test_router_decision_table.py, test_router_native.py), and the bench's
 same-run baseline (bench/router.py). Not on the serving path.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from router.candidate import Candidate
-from router.cost_model import CostModel
-from router.decision import choose, price_colocated, price_pair, route_key
-from router.shapes import Decision, DecisionParams, RequestShape, Usable
+from router.pricing.candidate import Candidate
+from router.pricing.cost_model import CostModel
+from router.pricing.decision import choose, price_colocated, price_pair, route_key
+from router.pricing.shapes import Decision, DecisionParams, RequestShape, Usable
+from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-from router.worker_costs import WorkerCosts
 
 
 def reference_decide(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, params: DecisionParams,
@@ -27,7 +27,7 @@ def reference_decide(model: CostModel, rows: Sequence[WorkerCosts], req: Request
 def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: RequestShape, top_k: int,
                usable: Usable | None = None, split: bool = True, colocated: bool = True) -> list[Candidate]:
     """`candidates` written plainly: one pass over every row per request. The
-    definition the fast path (router/cost_table.py) must match, kept for tests
+    definition the fast path (router/pricing/cost_table.py) must match, kept for tests
     and the bench's same-run baseline."""
     hits, bs, usable_blocks, n, m = req.hits, req.block_size, req.usable_blocks, req.prompt_tokens, req.max_tokens
     gaps = max(1, m - 1)

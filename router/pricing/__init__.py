@@ -1,0 +1,5 @@
+"""The router's pricing wing: the per-request path that prices routes and chooses
+one (cost model and its corrections, the columnar fast path and its compiled
+kernel, interference, scorers, prefix index), compiled as a whole when a build
+exists (router/native.py), and the reference decision it must match
+(reference.py). Imports nothing from the request wing."""
