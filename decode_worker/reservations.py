@@ -16,6 +16,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.common.lifecycle import Moves
 from services.engine import Sequence
 from services.transfer import ChunkArrived, ChunkKey, TransferCommit
 from services.worker.loop import AsyncSink
@@ -34,20 +35,18 @@ class ResState(enum.IntEnum):
     ABORTED = 4
 
 
-_NEXT: dict[ResState, frozenset[ResState]] = {
-    ResState.RESERVED: frozenset({ResState.RECEIVING, ResState.PUBLISHED, ResState.ABORTED}),
-    ResState.RECEIVING: frozenset({ResState.PUBLISHED, ResState.ABORTED}),
-    ResState.PUBLISHED: frozenset({ResState.FINISHED, ResState.ABORTED}),
-    ResState.FINISHED: frozenset(),
-    ResState.ABORTED: frozenset(),
-}
+_MOVES = Moves({
+    ResState.RESERVED: {ResState.RECEIVING, ResState.PUBLISHED, ResState.ABORTED},
+    ResState.RECEIVING: {ResState.PUBLISHED, ResState.ABORTED},
+    ResState.PUBLISHED: {ResState.FINISHED, ResState.ABORTED},
+    ResState.FINISHED: (),
+    ResState.ABORTED: (),
+})
 
 
 def advance(res: Reservation, to: ResState) -> None:
     """Move `res` to `to`; an illegal move is a bug and raises (nothing is changed)."""
-    if to not in _NEXT[res.state]:
-        raise RuntimeError(f"reservation {res.transfer_id}: {res.state.name} -> {to.name} is not a legal move")
-    res.state = to
+    res.state = _MOVES.check(res.state, to, f"reservation {res.transfer_id}")
 
 
 @dataclass

@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from services.common.lifecycle import Moves
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
@@ -70,23 +71,26 @@ class TaskState(enum.Enum):
     FAILED = "failed"
 
 
-_ENDS = frozenset({TaskState.CANCELLED, TaskState.FAILED})
-_NEXT: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.QUEUED: frozenset({TaskState.COMPUTING}) | _ENDS,
-    TaskState.COMPUTING: frozenset({TaskState.COMMITTING}) | _ENDS,
-    TaskState.COMMITTING: frozenset({TaskState.PUBLISHED}) | _ENDS,
-    TaskState.PUBLISHED: frozenset(),
-    TaskState.CANCELLED: frozenset(),
-    TaskState.FAILED: frozenset(),
-}
+_ENDS = {TaskState.CANCELLED, TaskState.FAILED}
+_MOVES = Moves({
+    TaskState.QUEUED: {TaskState.COMPUTING, *_ENDS},
+    TaskState.COMPUTING: {TaskState.COMMITTING, *_ENDS},
+    TaskState.COMMITTING: {TaskState.PUBLISHED, *_ENDS},
+    TaskState.PUBLISHED: (),
+    TaskState.CANCELLED: (),
+    TaskState.FAILED: (),
+})
 
 
 def advance(task: Task, to: TaskState) -> None:
     """Move `task` to `to`; an illegal move is a bug and raises (nothing is changed)."""
-    if to not in _NEXT[task.state]:
-        raise RuntimeError(f"prefill {task.request_id}@{task.generation}: {task.state.value} -> {to.value} "
-                           "is not a legal move")
-    task.state = to
+    task.state = _MOVES.check(task.state, to, f"prefill {task.request_id}@{task.generation}")
+
+
+def end(task: Task, to: TaskState) -> None:
+    """Move `task` to CANCELLED or FAILED unless it already ended (a cancel racing its end)."""
+    if _MOVES.allows(task.state, to):
+        task.state = to
 
 
 @dataclass
@@ -135,8 +139,7 @@ class PrefillWorker:
             return await self._run(task, tenant, transfer_id, first_token_pos // bs, n_blocks,
                                    prompt, sampling, dest)
         except BaseException as e:
-            if TaskState.FAILED in _NEXT[task.state]:
-                advance(task, TaskState.FAILED)
+            end(task, TaskState.FAILED)
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             await self.sender.abort(dest, transfer_id, reason)
             await self.txn.abort(request_id, transfer_id, generation, f"prefill: {reason}")
@@ -256,8 +259,7 @@ class PrefillWorker:
         """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""
         log.warning("prefill %s@%d still running after %.0f s: cancelled", task.request_id,
                     task.generation, self.cfg.prefill_ttl_s)
-        if TaskState.CANCELLED in _NEXT[task.state]:
-            advance(task, TaskState.CANCELLED)
+        end(task, TaskState.CANCELLED)
         if task.seq is not None:
             self.loop.cancel(task.seq)
         if task.runner is not None:
@@ -277,8 +279,7 @@ class PrefillWorker:
         for task in list(self.tasks.values()):
             if task.request_id == request_id and generation in (0, task.generation):
                 found = True
-                if TaskState.CANCELLED in _NEXT[task.state]:
-                    advance(task, TaskState.CANCELLED)
+                end(task, TaskState.CANCELLED)
                 if task.seq is not None:
                     self.loop.cancel(task.seq)
                 if task.runner is not None and task.runner is not asyncio.current_task():

@@ -12,6 +12,7 @@ import enum
 from router.requests.admission import Admitted
 from router.requests.placement import LoadOverlay
 from router.types import Route, StatusCode, TxnOutcome, Worker
+from services.common.lifecycle import Moves
 
 
 class Stage(enum.Enum):
@@ -38,21 +39,19 @@ class Stage(enum.Enum):
     """W computes the prompt and decodes; no transaction."""
 
 
-_NEXT: dict[Stage, frozenset[Stage]] = {
-    Stage.PLACED: frozenset({Stage.DECODE_RESERVE, Stage.COLOCATED}),
-    Stage.DECODE_RESERVE: frozenset({Stage.DIRECTORY_RESERVE}),
-    Stage.DIRECTORY_RESERVE: frozenset({Stage.PREFILL}),
-    Stage.PREFILL: frozenset({Stage.DECODE}),
-    Stage.DECODE: frozenset(),
-    Stage.COLOCATED: frozenset(),
-}
+_MOVES = Moves({
+    Stage.PLACED: {Stage.DECODE_RESERVE, Stage.COLOCATED},
+    Stage.DECODE_RESERVE: {Stage.DIRECTORY_RESERVE},
+    Stage.DIRECTORY_RESERVE: {Stage.PREFILL},
+    Stage.PREFILL: {Stage.DECODE},
+    Stage.DECODE: (),
+    Stage.COLOCATED: (),
+})
 
 
 def advance(att: Attempt, to: Stage) -> None:
     """Move `att` to stage `to`; an illegal move is a router bug and raises."""
-    if to not in _NEXT[att.stage]:
-        raise RuntimeError(f"{att.describe()}: stage {att.stage.value!r} -> {to.value!r} is not a legal move")
-    att.stage = to
+    att.stage = _MOVES.check(att.stage, to, att.describe())
 
 
 DIRECTORY_RESERVE = Stage.DIRECTORY_RESERVE.value

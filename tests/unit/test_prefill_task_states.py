@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefill_worker.worker import Task, TaskState, advance
+from prefill_worker.worker import Task, TaskState, advance, end
 
 Q, C, M, P, X, F = (TaskState.QUEUED, TaskState.COMPUTING, TaskState.COMMITTING, TaskState.PUBLISHED,
                     TaskState.CANCELLED, TaskState.FAILED)
@@ -29,3 +29,17 @@ def test_illegal_moves_raise_and_change_nothing(path):
     with pytest.raises(RuntimeError, match="is not a legal move"):
         advance(task, path[-1])
     assert task.state is before
+
+
+def test_ending_a_task_that_already_ended_changes_nothing():
+    task = Task("r", 1)
+    advance(task, C)
+    end(task, X)
+    assert task.state is X
+    end(task, F)  # a failure racing the cancel: the first end stands
+    assert task.state is X
+    done = Task("r", 2)
+    for state in (C, M, P):
+        advance(done, state)
+    end(done, X)  # a cancel racing publication
+    assert done.state is P
