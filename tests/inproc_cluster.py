@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import struct
 import time
 
 from engine_support import tiny_engine
@@ -23,15 +21,18 @@ from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.server import SERVICE_NAME, DirectoryServicer
 from pdserve_client.rpc.pd.v1 import directory_pb2_grpc, manifest_pb2
 from prefill_worker.worker import PrefillWorker
+from router.requests.handoff import prompt_digest
 from services.common.grpc_server import start_server
 from services.directory.client import DirectoryClient
 from services.directory.cost_profile import CostProfile
-from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
+from services.directory.records import WorkerInfo, WorkerRole
 from services.engine import SamplingParams
+from services.transfer.base import CHECKSUM_ALGORITHM
 from services.transfer.inproc import InprocReceiver, InprocSender
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.loop import EngineLoop, SeqDone, TokenOut
+from services.worker.process import capacity
 
 GREEDY = SamplingParams()
 
@@ -74,12 +75,9 @@ class InprocCluster:
         loop.start()
         node = Node(worker_id, loop, None)
         node.txn = TxnOps(self.directory, worker_id, lambda: node.epoch)
-        e = loop.engine
-        cap = WorkerCapacity(total_blocks=e.blocks.num_blocks, max_decode_batch=8, max_prefill_tokens=256,
-                             block_size=e.block_size, vocab_size=e.model_cfg.vocab_size,
-                             max_model_len=e.max_model_len)
         reg = await self.directory.register_worker(WorkerInfo(
-            worker_id, role, f"{worker_id}:1", f"inproc://{worker_id}", e.abi.digest, cap, CostProfile(), ""))
+            worker_id, role, f"{worker_id}:1", f"inproc://{worker_id}", loop.engine.abi.digest,
+            capacity(self.cfg, loop), CostProfile(), ""))
         node.epoch = reg.epoch
         return node
 
@@ -98,12 +96,12 @@ class InprocCluster:
         bs = self.d.loop.engine.block_size
         return manifest_pb2.HandoffManifest(
             request_id=request_id, tenant="t", generation=generation, attempt=1,
-            prompt_digest=hashlib.sha256(struct.pack(f"<{len(prompt)}I", *prompt)).hexdigest(),
+            prompt_digest=prompt_digest(prompt),
             token_interval=manifest_pb2.TokenInterval(start=reservation.first_block * bs, end=len(prompt)),
             cache_abi_digest=self.d.loop.engine.abi.digest, block_size=bs,
             source_worker_id="p0", source_epoch=self.p.epoch, destination_worker_id="d0",
             destination_epoch=self.d.epoch, transfer_id=reservation.transfer_id,
-            reservation_id=reservation.transfer_id, checksum_algorithm="xxh3_64")
+            reservation_id=reservation.transfer_id, checksum_algorithm=CHECKSUM_ALGORITHM)
 
     async def reserve(self, request_id: str, prompt: list[int], max_tokens: int, generation: int = 1):
         """Decode.Reserve then Directory.Reserve, as the router does; the reservation."""

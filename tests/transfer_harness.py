@@ -93,7 +93,6 @@ class _Rec:
         self.tid, self.engine, self.seq, self.holders = tid, engine, seq, holders
         self.res = Reservation(tid, tid, "t", 1, seq, engine.model_cfg.num_hidden_layers, first_block, last_block,
                                deadline_s=math.inf)
-        self.first_block, self.last_block = first_block, last_block
         self.table = list(seq.block_table)  # kept after free, to inspect the memory
         self.state, self.reason, self.at = "pending", "", 0.0
         self.done = asyncio.Event()
@@ -168,7 +167,7 @@ async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int =
     rec = _state["recs"][tid] = _Rec(tid, engine, seq, seq.num_cached_tokens // bs,
                                      -(-len(prompt) // bs), held)
     _state["receiver"].expect(Expectation(tid, rec.resolve, rec.on_event, rec.on_commit))
-    return dict(first_block=rec.first_block, last_block=rec.last_block,
+    return dict(first_block=rec.res.first_block, last_block=rec.res.last_block,
                 block_bytes=engine.cache.block_bytes_per_layer, table=list(seq.block_table))
 
 

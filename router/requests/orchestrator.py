@@ -294,8 +294,7 @@ class Orchestrator:
                     self.generations.note(req, r.generation)
                     r.uncount(att)
                     continue
-                r.failures.append(f"{att.describe()}: {exc}")
-                r.codes.append(exc.code)
+                r.failed(att, exc)  # no suspects: nobody's fault, only out of hops
                 continue
             except AttemptFailed as exc:
                 if exc.code is StatusCode.RESOURCE_EXHAUSTED and r.requeues < cfg.max_requeues:

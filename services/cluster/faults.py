@@ -230,7 +230,7 @@ class FaultRunner:
         elif target:  # stopped (hung): it comes back, finds its lease lost, registers again
             self.cluster.signal(target, signal.SIGCONT)
         (res.held_blocks, res.open_txns, res.unreleased), res.settle_s = settle(self.cluster, rid)
-        until_disaggregated(self.cluster, self.prompt[:8])
+        until_disaggregated(self.cluster, self.prompt[:8], timeout_s=15.0)
         return res
 
     def _victim(self, victim: str, rid: str) -> str:
