@@ -232,8 +232,7 @@ class Orchestrator:
             async with asyncio.timeout(req.deadline_s):
                 run.end(await self._attempts(run))
         except TimeoutError:
-            run.end(RouterError(StatusCode.DEADLINE_EXCEEDED,
-                                f"request deadline of {req.deadline_s * 1000:.0f} ms passed{self._where(run)}"))
+            run.end(self._deadline_passed(run))
         except asyncio.CancelledError:
             if run.cancel_reason is None:
                 raise
@@ -249,6 +248,15 @@ class Orchestrator:
             log.exception("request %s failed unexpectedly", req.request_id)
             run.end(RouterError(StatusCode.INTERNAL, f"router error: {exc!r}"))
 
+    def _deadline_passed(self, run: RequestRun) -> RouterError | None:
+        """DEADLINE_EXCEEDED once the request's deadline passed (None before): also when its
+        attempts' calls, whose deadlines are the request's, failed before the timer fired."""
+        left = self._remaining_s(run)
+        if left is None or left > 0:
+            return None
+        return RouterError(StatusCode.DEADLINE_EXCEEDED,
+                           f"request deadline of {run.req.deadline_s * 1000:.0f} ms passed{self._where(run)}")
+
     @staticmethod
     def _where(run: RequestRun) -> str:
         last = run.runner.last if run.runner else None
@@ -262,7 +270,7 @@ class Orchestrator:
         r = Retries(cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0,
                     self.generations.last(req), failures=run.failures)  # above any earlier run of this id
         fits = self.queue.room_for(req.demand)
-        while r.number < cfg.max_attempts:
+        while r.number < cfg.max_attempts and not self._deadline_passed(run):
             cluster = await self.view.get()
             self._release(run)  # the plan-time hold must not count against the request's own room
             if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/requests/queueing.py)
@@ -326,14 +334,14 @@ class Orchestrator:
                                              done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             return completed
-        raise r.exhausted()
+        raise self._deadline_passed(run) or r.exhausted()
 
     def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
         """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
         what failed (a colocated worker that answers beats a pair with one that did not)."""
         req, first, g = run.req, r.number == 0, r.generation + 1
         penalties = r.avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
-        att = self._planned(run, cluster, g) if first else None
+        att = run.planned_attempt(cluster, g) if first else None
         if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
             att = None  # no transaction can run while the directory is unreachable
         if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
@@ -368,18 +376,6 @@ class Orchestrator:
             service_ms = (cfg.default_prefill_ms_per_token * len(req.prompt)
                           + cfg.default_decode_step_ms * req.max_tokens)
         return left - service_ms / 1000.0
-
-    @staticmethod
-    def _planned(run: RequestRun, cluster: Cluster, generation: int) -> Attempt | None:
-        """Attempt 1 as planned, while its workers are still live at the planned epoch."""
-        plan = run.plan
-        if plan is None or plan.decode is None:
-            return None
-        live = {w.worker_id: w.epoch for w in cluster.workers}
-        if any(w is not None and live.get(w.worker_id) != w.epoch for w in (plan.prefill, plan.decode)):
-            return None
-        return Attempt(generation, plan.route, decode=plan.decode, prefill=plan.prefill,
-                       route_epoch=cluster.route_epoch)
 
     def _place(self, cluster: Cluster, req: Admitted, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:

@@ -9,10 +9,11 @@ import collections
 from collections.abc import AsyncIterator
 
 from router.requests.admission import Admitted
+from router.requests.attempt import Attempt
 from router.requests.attempts import AttemptRunner
 from router.requests.output import OutputLog
 from router.requests.planner import Plan
-from router.types import Completed, Event, RouterError
+from router.types import Cluster, Completed, Event, RouterError
 
 
 class RequestRun:
@@ -57,6 +58,17 @@ class RequestRun:
         self.cancel_reason = reason
         if self.task is not None:
             self.task.cancel()
+
+    def planned_attempt(self, cluster: Cluster, generation: int) -> Attempt | None:
+        """Attempt 1 as planned, while its workers are still live at the planned epoch."""
+        plan = self.plan
+        if plan is None or plan.decode is None:
+            return None
+        live = {w.worker_id: w.epoch for w in cluster.workers}
+        if any(w is not None and live.get(w.worker_id) != w.epoch for w in (plan.prefill, plan.decode)):
+            return None
+        return Attempt(generation, plan.route, decode=plan.decode, prefill=plan.prefill,
+                       route_epoch=cluster.route_epoch)
 
     async def stream(self) -> AsyncIterator[Event]:
         """Client events until Complete; raises the request's RouterError."""
