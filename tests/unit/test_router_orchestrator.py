@@ -621,3 +621,29 @@ def test_a_colocated_worker_that_answers_beats_a_pair_with_one_that_did_not():
     assert [(s.route, s.decode_worker_id) for s in started(events)] == [(Route.COLOCATED, "m0")]
     assert [c[1] for c in fake.ops("reserve")] == ["d1", "m0"]  # not d1 again, and no wait
     assert_no_leaks(orch, fake)
+
+
+def test_attempts_failing_on_the_requests_own_deadline_end_deadline_exceeded_without_more_attempts():
+    """Found in CI: the calls of an attempt carry the request's deadline, so they can
+    fail DEADLINE_EXCEEDED just before the router's own timer fires; the router then
+    ran two more (instantly failing) attempts and answered UNAVAILABLE."""
+    fake = two_by_two()
+    now = [0.0]
+    reserve = fake.reserve
+
+    async def late_reserve(w, call, timeout_s):
+        await reserve(w, call, timeout_s)
+        now[0] = 5.0  # the call took the request's whole deadline
+        raise WorkerCallError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    fake.reserve = late_reserve
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(), clock=lambda: now[0])
+        return orch, *(await collect(orch, params(deadline_ms=1000)))
+
+    orch, events, error = run(go())
+    assert error is not None and error.code is StatusCode.DEADLINE_EXCEEDED
+    assert "request deadline of 1000 ms passed" in error.message
+    assert len(fake.ops("reserve")) == 1
+    assert_no_leaks(orch, fake)
