@@ -5,8 +5,10 @@
 
 Safety invariant: a reservation's blocks are read by decode only after
 PUBLISHED, and PUBLISHED is entered only after `validate_commit` found every
-expected chunk present exactly once with the manifest's checksum, the cache ABI
-equal, the generation current, and the directory's compare-and-set succeeded.
+expected chunk (the list planned at reserve) present exactly once with the
+commit's checksum, the cache ABI equal and the generation current, and the
+directory validated (this worker's K/V digest is the one the source declared,
+the chunk list is the manifest's) and its compare-and-set succeeded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.lifecycle import Moves
+from services.directory.chunk_plan import Layout
 from services.engine import Sequence
 from services.transfer import ChunkArrived, ChunkKey, TransferCommit
 from services.worker.loop import AsyncSink
@@ -63,10 +66,14 @@ class Reservation:
     """First logical block of the transfer set (blocks before it are local prefix hits)."""
     last_block: int
     """One past the last prompt block."""
+    expected: dict[ChunkKey, int]
+    """The transfer set as planned at reserve: chunk -> bytes, in manifest order (the
+    router copies it into the manifest; the source must send exactly these)."""
     deadline_s: float
     state: ResState = ResState.RESERVED
     received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
-    covered: set[tuple[int, int]] = field(default_factory=set)
+    admitted: set[ChunkKey] = field(default_factory=set)
+    """Chunks whose bytes the receiver was allowed to write (each at most once)."""
     abort_reason: str = ""
     kv_digest: str = ""
     """Digest of the prompt K/V as published (set at publication)."""
@@ -81,22 +88,22 @@ class Reservation:
     """Cancel came after publication: stop it (before or after it joined the batch)."""
 
     @property
-    def expected_cells(self) -> int:
-        """(layer, block) cells the transfer must cover."""
-        return self.num_layers * (self.last_block - self.first_block)
+    def expected_bytes(self) -> int:
+        """Bytes the transfer must bring."""
+        return sum(self.expected.values())
+
+    def expected_layouts(self) -> list[Layout]:
+        """The expected chunks as (layer, block_start, block_count, num_bytes), in order."""
+        return [(k.layer, k.block_start, k.block_count, n) for k, n in self.expected.items()]
 
     def admit_chunk_key(self, key: ChunkKey) -> None:
-        """Raise KeyError unless `key` lies in the transfer set and overlaps nothing received."""
-        if not 0 <= key.layer < self.num_layers:
-            raise KeyError(f"layer {key.layer} outside [0, {self.num_layers})")
-        end = key.block_start + key.block_count
-        if key.block_count <= 0 or key.block_start < self.first_block or end > self.last_block:
-            raise KeyError(f"blocks [{key.block_start}, {end}) outside the transfer set "
-                           f"[{self.first_block}, {self.last_block})")
-        cells = {(key.layer, b) for b in range(key.block_start, end)}
-        if cells & self.covered:
+        """Raise KeyError unless `key` is an expected chunk that has not arrived yet."""
+        if key not in self.expected:
+            raise KeyError(f"chunk {key} is not in the expected list of {self.transfer_id} "
+                           f"(blocks [{self.first_block}, {self.last_block}) of {self.num_layers} layers)")
+        if key in self.admitted:
             raise KeyError(f"duplicate chunk {key}")
-        self.covered |= cells
+        self.admitted.add(key)
 
 
 def validate_commit(res: Reservation, commit: TransferCommit, abi_digest: str) -> str:
@@ -110,16 +117,15 @@ def validate_commit(res: Reservation, commit: TransferCommit, abi_digest: str) -
         return f"cache ABI {commit.cache_abi_digest} != local {abi_digest}"
     listed = {c.key: c for c in commit.chunks}
     if len(listed) != len(commit.chunks):
-        return "manifest lists a chunk twice"
-    if set(listed) != set(res.received):
-        missing = sorted(set(listed) - set(res.received), key=_order)[:3]
-        extra = sorted(set(res.received) - set(listed), key=_order)[:3]
-        return f"chunks missing {missing} / not in manifest {extra}"
-    if len(res.covered) != res.expected_cells:
-        return f"chunks cover {len(res.covered)} of {res.expected_cells} (layer, block) cells"
+        return "the commit lists a chunk twice"
+    if list(listed) != list(res.expected):
+        return "the commit's chunk list is not the expected one"
+    if set(res.received) != set(res.expected):
+        missing = sorted(set(res.expected) - set(res.received), key=_order)[:3]
+        return f"chunks missing {missing}"
     for key, spec in listed.items():
         got = res.received[key]
-        if got.checksum != spec.checksum or got.num_bytes != spec.num_bytes:
+        if got.checksum != spec.checksum or not got.num_bytes == spec.num_bytes == res.expected[key]:
             return f"checksum mismatch on chunk {key}"
     return ""
 

@@ -50,7 +50,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 data_plane_address=self.worker.receiver.address,
                 destination_worker_id=self.worker_id, destination_epoch=self.epoch_fn(),
                 visible_prefix_blocks=res.first_block,
-                ttl_ms=int(self.worker.cfg.reservation_ttl_s * 1000)))
+                ttl_ms=int(self.worker.cfg.reservation_ttl_s * 1000),
+                expected_chunks=[manifest_pb2.ChunkSpec(layer=layer, block_start=start, block_count=count,
+                                                        num_bytes=nbytes)
+                                 for layer, start, count, nbytes in res.expected_layouts()]))
 
     async def TransferStatus(self, request, context):
         res = self.worker.reservations.get(request.transfer_id)
@@ -58,12 +61,12 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 self.worker.ended.get(request.transfer_id,
                                                       f"no reservation {request.transfer_id}"))
-        bytes_per_cell = self.worker.engine.cache.block_bytes_per_layer
         return decode_pb2.TransferStatusResponse(
             request_id=res.request_id, transfer_id=res.transfer_id, state=_STATE[res.state],
             chunks_received=len(res.received),
+            chunks_expected=len(res.expected),
             received_bytes=sum(a.num_bytes for a in res.received.values()),
-            expected_bytes=res.expected_cells * bytes_per_cell)
+            expected_bytes=res.expected_bytes)
 
     async def DecodeStream(self, request, context):
         started = time.perf_counter()

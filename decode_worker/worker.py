@@ -17,10 +17,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.records import TransferRef
+from services.directory.states import Outcome
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
-from services.transfer.chunks import chunk_views
+from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
@@ -78,10 +80,12 @@ class DecodeWorker:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
         seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
-        bs = self.engine.block_size
-        res = Reservation(transfer_id, request_id, tenant, generation, seq,
-                          self.engine.model_cfg.num_hidden_layers, seq.num_cached_tokens // bs,
-                          -(-len(prompt) // bs), time.monotonic() + self.cfg.reservation_ttl_s)
+        bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
+        first, last = seq.num_cached_tokens // bs, -(-len(prompt) // bs)
+        plan = plan_chunks(layers, first, last, self._chunk_blocks())
+        res = Reservation(transfer_id, request_id, tenant, generation, seq, layers, first, last,
+                          {key: chunk_bytes(self.engine, key) for key in plan},
+                          time.monotonic() + self.cfg.reservation_ttl_s)
         self.reservations[transfer_id] = res
         self.receiver.expect(Expectation(
             transfer_id, resolve=lambda key: self._resolve(res, key),
@@ -95,6 +99,12 @@ class DecodeWorker:
             await asyncio.shield(self.abort_unpublished(res, "Reserve call cancelled"))
             raise
         return res
+
+    def _chunk_blocks(self) -> int:
+        """Blocks per chunk: one prefill chunk's worth (the source's layers open that
+        many blocks at a time; engines that pair share the chunk size), capped."""
+        per_prefill_chunk = max(1, self.engine.cfg.chunk_tokens // self.engine.block_size)
+        return max(1, min(self.cfg.max_chunk_blocks, per_prefill_chunk))
 
     def _check_limits(self, max_tokens: int) -> None:
         if max_tokens > self.cfg.max_tokens_limit:
@@ -126,17 +136,16 @@ class DecodeWorker:
         self.events("commit_received", request=res.request_id)
         await self.pause("commit", res.request_id)
         reason = validate_commit(res, commit, self.engine.abi.digest)
+        local = ""
         if not reason:
             local = await self.loop.call(lambda e: e.kv_digest(res.seq))
-            self.events("digest_checked", request=res.request_id)
-            if local != commit.kv_digest:
-                reason = f"K/V digest {local} != source {commit.kv_digest}"
+            self.events("digest_computed", request=res.request_id)
         if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
             reason = f"first token {commit.first_token} outside the vocabulary"
         if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
             reason = f"aborted while validating: {res.abort_reason}"
         if not reason:
-            reason = await self._publish(res)
+            reason = await self._publish(res, local, commit.kv_digest)
             if not reason and res.state == ResState.ABORTED:
                 # Aborted (blocks freed) while the directory published: give the publication back.
                 self._release_later(res)
@@ -145,7 +154,7 @@ class DecodeWorker:
             await self.abort_unpublished(res, reason)
             return Verdict(False, reason)
         self._cancel_timer(res.transfer_id)
-        res.kv_digest = commit.kv_digest
+        res.kv_digest = local
         advance(res, ResState.PUBLISHED)
         self.events("published", request=res.request_id, chunks=len(res.received))
         await self.pause("published", res.request_id)
@@ -165,18 +174,23 @@ class DecodeWorker:
             log.warning("%s: %s; stopped", res.transfer_id, res.abort_reason)
             self.loop.cancel(res.seq)
 
-    async def _publish(self, res: Reservation) -> str:
+    async def _publish(self, res: Reservation, local_digest: str, commit_digest: str) -> str:
         """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success.
 
-        The chunk checksums were checked here against the commit; the router's
-        manifest carries no chunk list (prefill decides the chunking), so no
-        checksum digest is sent for the directory to compare.
+        The directory is the judge of the K/V: it validates only if this worker's
+        digest of what it holds is the one the source declared, and the chunks that
+        arrived are the manifest's expected list.
         """
+        chunks = [manifest_pb2.ChunkSpec(layer=k.layer, block_start=k.block_start, block_count=k.block_count,
+                                         num_bytes=res.received[k].num_bytes, checksum=res.received[k].checksum)
+                  for k in res.expected]
         try:
-            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, "")
+            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
             if not r.ok:
-                return f"directory refused VALIDATED: {r.outcome.name}"
-            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, "")
+                digests = (f" (K/V digest here {local_digest}, the source's commit says {commit_digest})"
+                           if r.outcome is Outcome.CHECKSUM_CONFLICT else "")
+                return f"directory refused VALIDATED: {r.outcome.name}{digests}"
+            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, local_digest)
             if not r.ok:
                 return f"directory refused PUBLISH: {r.outcome.name}"
         except DirectoryUnavailable as e:

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 
 from kv_directory.store import normalize_hashes
 from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
+from services.directory.chunk_plan import tiling_error
 from services.directory.records import (
     LoadReport,
     Transaction,
@@ -26,14 +27,15 @@ from services.directory.records import (
     WorkerInfo,
     WorkerRef,
     WorkerRole,
-    digest_checksums,
+    chunk_list_digest,
 )
-from services.directory.states import Outcome, TxnState
+from services.directory.states import Outcome
 from services.directory.wire import (
     OUTCOME_TO_PB,
     STATE_TO_PB,
     BadRequest,
     capacity_from_pb,
+    chunk_layouts,
     profile_from_pb,
     require,
     role_from_pb,
@@ -86,11 +88,21 @@ def manifest_from_blob(blob: str) -> manifest_pb2.HandoffManifest:
     return m
 
 
-def kv_digest(m: manifest_pb2.HandoffManifest) -> str:
-    """Digest over the manifest's chunk checksums, in chunk order: the value
-    Validated/Publish must carry as ``kv_digest``. Must match what the decode
-    worker computes (``kv_directory.store.digest_checksums`` over the checksums)."""
-    return digest_checksums([c.checksum for c in m.expected_chunks])
+def expected_chunks_digest(m: manifest_pb2.HandoffManifest) -> str:
+    """``chunk_list_digest`` of the manifest's expected chunks, after checking they
+    tile its token interval (BadRequest naming what is wrong)."""
+    layouts = chunk_layouts(m.expected_chunks)
+    start, end = m.token_interval.start, m.token_interval.end
+    if layouts or end > start:
+        if not m.block_size:
+            raise BadRequest("manifest.block_size must be set when the manifest moves tokens")
+        if start % m.block_size:
+            raise BadRequest(f"manifest.token_interval.start {start} is not a multiple of "
+                             f"block_size {m.block_size}")
+        why = tiling_error(layouts, start // m.block_size, -(-end // m.block_size))
+        if why:
+            raise BadRequest(f"manifest.expected_chunks do not tile token_interval [{start}, {end}): {why}")
+    return chunk_list_digest(layouts)
 
 
 def spec_from_manifest(m: manifest_pb2.HandoffManifest) -> TransferSpec:
@@ -98,25 +110,20 @@ def spec_from_manifest(m: manifest_pb2.HandoffManifest) -> TransferSpec:
     for field in ("transfer_id", "request_id", "tenant", "generation",
                   "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch"):
         require(getattr(m, field), f"manifest.{field}")
+    chunks_digest = expected_chunks_digest(m)
     blob = manifest_blob(m)
     return TransferSpec(
         transfer_id=m.transfer_id, request_id=m.request_id, tenant=m.tenant, generation=m.generation,
         source=WorkerRef(m.source_worker_id, m.source_epoch),
         dest=WorkerRef(m.destination_worker_id, m.destination_epoch),
-        manifest_digest=hashlib.sha256(blob.encode()).hexdigest(),
+        manifest_digest=hashlib.sha256(blob.encode()).hexdigest(), chunks_digest=chunks_digest,
         route_epoch=m.route_epoch, manifest_blob=blob,
     )
 
 
-_VALIDATED_OR_LATER = (TxnState.VALIDATED, TxnState.PUBLISHED, TxnState.RELEASED)
-
-
 def txn_to_pb(t: Transaction) -> manifest_pb2.Transaction:
-    """Stored transaction -> proto, with the manifest it was reserved with.
-
-    ``kv_digest`` is reported once the transaction passed VALIDATED; Validated
-    only applies when the caller's digest equals the manifest's (or is empty),
-    so the manifest's digest is the recorded one."""
+    """Stored transaction -> proto, with the manifest it was reserved with and the
+    K/V digest the source declared (both ends' once VALIDATED)."""
     s, m = t.spec, manifest_from_blob(t.spec.manifest_blob)
     return manifest_pb2.Transaction(
         request_id=s.request_id, transfer_id=s.transfer_id, tenant=s.tenant, generation=s.generation,
@@ -124,7 +131,7 @@ def txn_to_pb(t: Transaction) -> manifest_pb2.Transaction:
         source_worker_id=s.source.worker_id, source_epoch=s.source.epoch,
         destination_worker_id=s.dest.worker_id, destination_epoch=s.dest.epoch,
         reservation_id=m.reservation_id, chunks_expected=len(m.expected_chunks),
-        kv_digest=kv_digest(m) if t.state in _VALIDATED_OR_LATER and s.manifest_blob else "",
+        kv_digest=t.kv_digest,
         abort_reason=t.abort_reason, created_unix_ms=t.created_ms, updated_unix_ms=t.updated_ms,
         manifest=m,
     )
@@ -163,9 +170,3 @@ def fence(t: Transaction, request_id: str, generation: int, worker_id: str, work
     if generation != s.generation:
         return Outcome.STALE_GENERATION
     return None
-
-
-def digest_mismatch(t: Transaction, digest: str) -> bool:
-    """True if ``digest`` is given and is not the manifest's kv digest.
-    Transactions reserved without a manifest (store-level callers) are not checked."""
-    return bool(digest and t.spec.manifest_blob and digest != kv_digest(manifest_from_blob(t.spec.manifest_blob)))

@@ -75,8 +75,10 @@ class MemoryDirectoryStore(DirectoryStore):
         w = self._workers.get(ref.worker_id)
         return w is not None and w.epoch == ref.epoch
 
-    def _set(self, t: Transaction, now: int, state: TxnState, reason: str = "") -> Transaction:
-        t = dataclasses.replace(t, state=state, updated_ms=now, abort_reason=reason or t.abort_reason)
+    def _set(self, t: Transaction, now: int, state: TxnState, reason: str = "",
+             kv_digest: str = "") -> Transaction:
+        t = dataclasses.replace(t, state=state, updated_ms=now, abort_reason=reason or t.abort_reason,
+                                kv_digest=t.kv_digest or kv_digest)
         self._txns[t.transfer_id] = t
         if state.is_terminal:
             self._forget_at_ms[t.transfer_id] = now + self._ms(self._cfg.record_retention_s)
@@ -137,7 +139,8 @@ class MemoryDirectoryStore(DirectoryStore):
         # Must outlive every open transaction of the request (see redis_store).
         req.expires_ms = now + self._ms(self._cfg.txn_ttl_s + self._cfg.record_retention_s)
 
-    def _forward(self, transfer_id: str, target: TxnState, generation: int | None = None) -> TxnResult:
+    def _forward(self, transfer_id: str, target: TxnState, generation: int | None = None,
+                 kv_digest: str = "", chunks_digest: str = "") -> TxnResult:
         """begin / validated / publish: the shared rule order of store.TransferLedger.begin."""
         now, _ = self._sweep()
         t = self._txns.get(transfer_id)
@@ -152,13 +155,21 @@ class MemoryDirectoryStore(DirectoryStore):
             if t.state.is_unpublished:
                 t = self._abort(t, now, "superseded")
             return TxnResult(Outcome.STALE_GENERATION, t)
+        if kv_digest and t.kv_digest and kv_digest != t.kv_digest:
+            return TxnResult(Outcome.CHECKSUM_CONFLICT, t)
+        if target == TxnState.VALIDATED and chunks_digest != t.spec.chunks_digest:
+            return TxnResult(Outcome.CHECKSUM_CONFLICT, t)
         if t.state == target or (target == TxnState.PUBLISHED and t.state == TxnState.RELEASED):
+            if target == TxnState.TRANSFERRING and kv_digest and not t.kv_digest:
+                return TxnResult(Outcome.APPLIED, self._set(t, now, target, kv_digest=kv_digest))
             return TxnResult(Outcome.DUPLICATE, t)
         if t.state.is_unpublished and not self._live(t.spec.dest):
             return TxnResult(Outcome.LEASE_LOST, self._abort(t, now, "dest_lease_lost"))
         if not check_transition(t.state, target):
             return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
-        t = self._set(t, now, target)
+        if target != TxnState.TRANSFERRING and (not t.kv_digest or kv_digest != t.kv_digest):
+            return TxnResult(Outcome.CHECKSUM_CONFLICT, t)
+        t = self._set(t, now, target, kv_digest=kv_digest)
         if target == TxnState.PUBLISHED and req is not None:
             req.published_transfer_id = t.transfer_id
             self._touch_request(req, now)
@@ -245,20 +256,21 @@ class MemoryDirectoryStore(DirectoryStore):
             self._txns[spec.transfer_id] = t
             return TxnResult(Outcome.APPLIED, t, spec.generation)
 
-    def begin(self, transfer_id: str) -> TxnResult:
+    def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
         """See ``TransferLedger.begin``."""
         with self._lock:
-            return self._forward(transfer_id, TxnState.TRANSFERRING)
+            return self._forward(transfer_id, TxnState.TRANSFERRING, kv_digest=kv_digest)
 
-    def validated(self, transfer_id: str) -> TxnResult:
+    def validated(self, transfer_id: str, kv_digest: str, chunks_digest: str) -> TxnResult:
         """See ``TransferLedger.validated``."""
         with self._lock:
-            return self._forward(transfer_id, TxnState.VALIDATED)
+            return self._forward(transfer_id, TxnState.VALIDATED, kv_digest=kv_digest,
+                                 chunks_digest=chunks_digest)
 
-    def publish(self, transfer_id: str, generation: int) -> TxnResult:
+    def publish(self, transfer_id: str, generation: int, kv_digest: str) -> TxnResult:
         """See ``TransferLedger.publish``."""
         with self._lock:
-            return self._forward(transfer_id, TxnState.PUBLISHED, generation)
+            return self._forward(transfer_id, TxnState.PUBLISHED, generation, kv_digest)
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""

@@ -111,13 +111,13 @@ def _txn(flat: Sequence[Any]) -> Transaction | None:
         source=WorkerRef(m["source_worker_id"], int(m["source_epoch"])),
         dest=WorkerRef(m["dest_worker_id"], int(m["dest_epoch"])),
         manifest_digest=m["manifest_digest"],
-        chunk_checksums=tuple(json.loads(m["chunk_checksums"])),
+        chunks_digest=m["chunks_digest"],
         route_epoch=int(m["route_epoch"]),
         manifest_blob=m.get("manifest_blob", ""),
     )
     return Transaction(
         spec, TxnState(int(m["state"])), m["abort_reason"],
-        int(m["created_ms"]), int(m["updated_ms"]), int(m["deadline_ms"]),
+        int(m["created_ms"]), int(m["updated_ms"]), int(m["deadline_ms"]), m.get("kv_digest", ""),
     )
 
 
@@ -239,20 +239,22 @@ class RedisDirectoryStore(DirectoryStore):
         return _txn_result(self._run(
             "reserve", spec.transfer_id, spec.request_id, spec.tenant, str(spec.generation),
             spec.source.worker_id, str(spec.source.epoch), spec.dest.worker_id, str(spec.dest.epoch),
-            spec.manifest_digest, spec.checksums_json(), str(spec.route_epoch), spec.manifest_blob,
+            spec.manifest_digest, spec.chunks_digest, str(spec.route_epoch), spec.manifest_blob,
         ))
 
-    def begin(self, transfer_id: str) -> TxnResult:
+    def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
         """See ``TransferLedger.begin``."""
-        return _txn_result(self._run("forward", transfer_id, int(TxnState.TRANSFERRING), ""))
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.TRANSFERRING), "", kv_digest, ""))
 
-    def validated(self, transfer_id: str) -> TxnResult:
+    def validated(self, transfer_id: str, kv_digest: str, chunks_digest: str) -> TxnResult:
         """See ``TransferLedger.validated``."""
-        return _txn_result(self._run("forward", transfer_id, int(TxnState.VALIDATED), ""))
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.VALIDATED), "", kv_digest,
+                                     chunks_digest))
 
-    def publish(self, transfer_id: str, generation: int) -> TxnResult:
+    def publish(self, transfer_id: str, generation: int, kv_digest: str) -> TxnResult:
         """See ``TransferLedger.publish``."""
-        return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation))))
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation)),
+                                     kv_digest, ""))
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""

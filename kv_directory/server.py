@@ -35,7 +35,6 @@ import grpc
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
-    digest_mismatch,
     fence,
     hashes_from_pb,
     initial_load,
@@ -48,9 +47,9 @@ from kv_directory.convert import (
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
-from services.directory.records import DirectoryUnavailable, TxnResult
+from services.directory.records import DirectoryUnavailable, TxnResult, chunk_list_digest
 from services.directory.states import Outcome
-from services.directory.wire import BadRequest, load_from_pb, require, role_from_pb, worker_record_to_pb
+from services.directory.wire import BadRequest, chunk_layouts, load_from_pb, require, role_from_pb, worker_record_to_pb
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +185,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
                             result.request_generation)
 
     async def _transition(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                          worker_epoch: int, op: Callable[[], TxnResult], *, digest: str = "",
+                          worker_epoch: int, op: Callable[[], TxnResult], *,
                           destination_only: bool = False) -> directory_pb2.TxnResponse:
         """Validate, fence against the stored identity, then run ``op`` on the store."""
         require(request_id, "request_id")
@@ -197,8 +196,6 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         if txn is None:
             return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
         rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
-        if rejected is None and digest_mismatch(txn, digest):
-            rejected = Outcome.CHECKSUM_CONFLICT
         if rejected is not None:
             return txn_response(rejected, txn, request_id, transfer_id)
         result = await self._run(op)
@@ -209,23 +206,28 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     @_rpc
     async def Begin(self, request, context):
-        """RESERVED -> TRANSFERRING."""
-        return await self._simple(request, functools.partial(self._store.begin, request.transfer_id))
+        """RESERVED -> TRANSFERRING, and the source's K/V digest once it has one."""
+        return await self._simple(
+            request, functools.partial(self._store.begin, request.transfer_id, request.kv_digest))
 
     @_rpc
     async def Validated(self, request, context):
-        """TRANSFERRING -> VALIDATED; a kv_digest other than the manifest's is CHECKSUM_CONFLICT."""
-        return await self._simple(
-            request, functools.partial(self._store.validated, request.transfer_id), digest=request.kv_digest)
+        """TRANSFERRING -> VALIDATED iff the destination's K/V digest is the source's and
+        the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
+        require(request.kv_digest, "kv_digest")
+        chunks = chunk_list_digest(chunk_layouts(request.chunks))
+        return await self._simple(request, functools.partial(
+            self._store.validated, request.transfer_id, request.kv_digest, chunks), destination_only=True)
 
     @_rpc
     async def Publish(self, request, context):
         """VALIDATED -> PUBLISHED, compare-and-set on the current generation."""
         r = request
+        require(r.kv_digest, "kv_digest")
         return await self._transition(
             r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
-            functools.partial(self._store.publish, r.transfer_id, r.generation),
-            digest=r.kv_digest, destination_only=True)
+            functools.partial(self._store.publish, r.transfer_id, r.generation, r.kv_digest),
+            destination_only=True)
 
     @_rpc
     async def Abort(self, request, context):

@@ -99,29 +99,39 @@ class TransferLedger(abc.ABC):
         old route epoch). Supersedes (aborts) older unpublished generations."""
 
     @abc.abstractmethod
-    def begin(self, transfer_id: str) -> TxnResult:
-        """RESERVED -> TRANSFERRING.
+    def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
+        """RESERVED -> TRANSFERRING, and the source's declaration of the prompt's
+        K/V digest once it has computed it: in this call or in a second ``begin``
+        while TRANSFERRING (APPLIED: recorded). The digest is written once.
 
-        Forward moves (begin, validated, publish) share one rule set: DUPLICATE
-        if already in the target state; on an ABORTED transaction, the cause of
-        the abort (``ABORT_OUTCOMES``: STALE_GENERATION if superseded,
-        LEASE_LOST if a lease or deadline ran out, else ILLEGAL_TRANSITION);
-        LEASE_LOST (and abort) if the destination is no longer live at its
-        epoch; ILLEGAL_TRANSITION if ``check_transition`` says no."""
+        Forward moves (begin, validated, publish) share one rule order: on an
+        ABORTED transaction, the cause of the abort (``ABORT_OUTCOMES``:
+        STALE_GENERATION if superseded, LEASE_LOST if a lease or deadline ran
+        out, else ILLEGAL_TRANSITION); STALE_GENERATION (and abort) if a newer
+        generation was reserved; CHECKSUM_CONFLICT if a digest is given that
+        is not the declared one, or (validated) the chunk layout is not the
+        reserved one; DUPLICATE if already in the target state; LEASE_LOST (and
+        abort) if the destination is no longer live at its epoch;
+        ILLEGAL_TRANSITION if ``check_transition`` says no; CHECKSUM_CONFLICT
+        (validated, publish) if no digest was declared or the caller's is not it."""
 
     @abc.abstractmethod
-    def validated(self, transfer_id: str) -> TxnResult:
-        """TRANSFERRING -> VALIDATED (every chunk checked and device-visible)."""
+    def validated(self, transfer_id: str, kv_digest: str, chunks_digest: str) -> TxnResult:
+        """TRANSFERRING -> VALIDATED: the destination holds every chunk, and
+        ``kv_digest`` (its digest of what it holds) is the source's declared one
+        and ``chunks_digest`` (``chunk_list_digest`` of what it received) is the
+        spec's; else CHECKSUM_CONFLICT and nothing changes."""
 
     @abc.abstractmethod
-    def publish(self, transfer_id: str, generation: int) -> TxnResult:
+    def publish(self, transfer_id: str, generation: int, kv_digest: str) -> TxnResult:
         """VALIDATED -> PUBLISHED iff ``generation`` is the transaction's and the
-        request's current generation (compare-and-set) and the destination is
-        live at its epoch. DUPLICATE if already published/released.
-        STALE_GENERATION if ``generation`` is not the transaction's (nothing
-        changes) or a newer generation was reserved (the transaction was
-        aborted as ``superseded``); LEASE_LOST if the destination is not live
-        (the transaction is aborted); ILLEGAL_TRANSITION from other states."""
+        request's current generation (compare-and-set), ``kv_digest`` is the one
+        validated, and the destination is live at its epoch. DUPLICATE if
+        already published/released. STALE_GENERATION if ``generation`` is not
+        the transaction's (nothing changes) or a newer generation was reserved
+        (the transaction was aborted as ``superseded``); CHECKSUM_CONFLICT for
+        another digest; LEASE_LOST if the destination is not live (the
+        transaction is aborted); ILLEGAL_TRANSITION from other states."""
 
     @abc.abstractmethod
     def abort(self, transfer_id: str, reason: str) -> TxnResult:

@@ -7,6 +7,7 @@ import asyncio
 import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from services.directory.wire import chunk_layouts
 from services.transfer import TransferError
 from services.worker.convert import sampling_from_proto, status_of
 from services.worker.directory_ops import DirectoryUnavailable
@@ -34,6 +35,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 transfer_id=m.transfer_id, first_token_pos=m.token_interval.start,
                 prompt=list(request.prompt_token_ids), sampling=sampling_from_proto(request.sampling),
                 dest=request.destination_data_plane_address, abi_digest=m.cache_abi_digest,
+                chunks=chunk_layouts(m.expected_chunks),
                 dest_worker=m.destination_worker_id)
         except asyncio.CancelledError as e:
             if context.cancelled():

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.lifecycle import Moves
+from services.directory.chunk_plan import Layout, tiling_error
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
-from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
+from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
@@ -121,23 +122,20 @@ class PrefillWorker:
 
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       first_token_pos: int, prompt: list[int], sampling: SamplingParams,
-                      dest: str, abi_digest: str, dest_worker: str = "") -> PrefillOutcome:
-        """Compute, send and commit one transfer; raises on any failure (after cleanup)."""
+                      dest: str, abi_digest: str, chunks: list[Layout],
+                      dest_worker: str = "") -> PrefillOutcome:
+        """Compute, send and commit one transfer; raises on any failure (after cleanup).
+        ``chunks`` is the manifest's expected list: exactly what is sent."""
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
-        bs = self.engine.block_size
-        n_blocks = -(-len(prompt) // bs)
-        if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:
-            raise InvalidRequest(f"token_interval.start {first_token_pos} is not a block boundary "
-                                 f"within the prompt's {n_blocks} blocks of {bs}")
+        plan = self._plan(first_token_pos, len(prompt), chunks)
         if transfer_id in self.tasks:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
         task = self.tasks[transfer_id] = Task(request_id, generation,
                                               runner=asyncio.current_task())
         ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
-            return await self._run(task, tenant, transfer_id, first_token_pos // bs, n_blocks,
-                                   prompt, sampling, dest)
+            return await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest)
         except BaseException as e:
             end(task, TaskState.FAILED)
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -154,9 +152,23 @@ class PrefillWorker:
             self.events("credits", request=request_id, transfer=transfer_id,
                         in_flight=sum(w.in_flight for w in windows.values()))
 
-    async def _run(self, task: Task, tenant: str, transfer_id: str, first_block: int,
-                   n_blocks: int, prompt: list[int], sampling: SamplingParams,
-                   dest: str) -> PrefillOutcome:
+    def _plan(self, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:
+        """The chunks to send, checked: they tile the transfer set with this engine's sizes."""
+        bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
+        n_blocks = -(-prompt_len // bs)
+        if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:
+            raise InvalidRequest(f"token_interval.start {first_token_pos} is not a block boundary "
+                                 f"within the prompt's {n_blocks} blocks of {bs}")
+        why = tiling_error(chunks, first_token_pos // bs, n_blocks, layers)
+        plan = [ChunkKey(layer, start, count) for layer, start, count, _ in chunks]
+        if not why and any(nbytes != chunk_bytes(self.engine, key) for key, (*_, nbytes) in zip(plan, chunks)):
+            why = f"chunk sizes are not this engine's {self.engine.cache.block_bytes_per_layer} B per block"
+        if why:
+            raise InvalidRequest(f"manifest.expected_chunks: {why}")
+        return plan
+
+    async def _run(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
+                   prompt: list[int], sampling: SamplingParams, dest: str) -> PrefillOutcome:
         t0 = time.perf_counter()
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
@@ -165,7 +177,6 @@ class PrefillWorker:
         reused = seq.num_cached_tokens
         e, bs = self.engine, self.engine.block_size
         layers = e.model_cfg.num_hidden_layers
-        plan = plan_chunks(layers, first_block, n_blocks, self._chunk_blocks())
         nbytes = sum(chunk_bytes(e, k) for k in plan)
         stream = self.cfg.stream_layers and nbytes >= self.cfg.stream_min_bytes
         rid = task.request_id
@@ -191,6 +202,7 @@ class PrefillWorker:
         self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
+        declared = None
         try:
             first_token, t_first = await self._computed(sink, gate)
             t_computed = time.perf_counter()
@@ -198,19 +210,22 @@ class PrefillWorker:
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             await self.pause("computed", rid)
             self._check(task)
-            if streamer is None:
-                await self._begin(task, transfer_id)
+            if streamer is None:  # one Begin opens the transfer and declares the digest
+                kv_digest = await digest
+                await self._begin(task, transfer_id, kv_digest)
                 for key in plan:
                     self._check(task)
                     await send(key)
-            else:
+            else:  # the digest is declared while the last layers stream
+                declared = asyncio.ensure_future(self._declare(task, transfer_id, digest))
                 await streamer
-            kv_digest = await digest
+                kv_digest = await declared
             self.events("digest", request=rid)
         finally:
-            if streamer is not None and not streamer.done():
-                streamer.cancel()
-                await asyncio.gather(streamer, return_exceptions=True)
+            for pending in (streamer, declared):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    await asyncio.gather(pending, return_exceptions=True)
         self._check(task)
         advance(task, TaskState.COMMITTING)
         self.events("commit", request=rid, chunks=len(chunks))
@@ -244,16 +259,17 @@ class PrefillWorker:
             else:
                 return first, t_first
 
-    async def _begin(self, task: Task, transfer_id: str) -> None:
-        r = await self.txn.begin(task.request_id, transfer_id, task.generation)
+    async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "") -> None:
+        """Directory Begin: open the transfer and/or declare the prompt's K/V digest."""
+        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest)
         if not r.ok:
             raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
                                   f"{r.state.name if r.state else 'none'}")
 
-    def _chunk_blocks(self) -> int:
-        """Blocks per chunk: one prefill chunk's worth (its layers open together), capped."""
-        per_prefill_chunk = max(1, self.engine.cfg.chunk_tokens // self.engine.block_size)
-        return max(1, min(self.cfg.max_chunk_blocks, per_prefill_chunk))
+    async def _declare(self, task: Task, transfer_id: str, digest: asyncio.Future[str]) -> str:
+        kv_digest = await digest
+        await self._begin(task, transfer_id, kv_digest)
+        return kv_digest
 
     def _expire(self, task: Task) -> None:
         """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""

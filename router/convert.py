@@ -15,7 +15,6 @@ from router.types import (
     FinishReason,
     GenerateParams,
     Load,
-    Manifest,
     Mode,
     PrefillCall,
     PrefillDone,
@@ -119,18 +118,6 @@ def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
     return pb
 
 
-def manifest_to_pb(m: Manifest) -> manifest_pb2.HandoffManifest:
-    """Manifest -> HandoffManifest (expected_chunks empty: prefill lists them in its commit)."""
-    return manifest_pb2.HandoffManifest(
-        request_id=m.request_id, tenant=m.tenant, generation=m.generation, attempt=m.attempt,
-        prompt_digest=m.prompt_digest, token_interval=manifest_pb2.TokenInterval(start=m.token_start, end=m.token_end),
-        model_identity_digest=m.model_identity_digest, cache_abi_digest=m.cache_abi_digest, block_size=m.block_size,
-        source_worker_id=m.source_worker_id, source_epoch=m.source_epoch,
-        destination_worker_id=m.destination_worker_id, destination_epoch=m.destination_epoch,
-        transfer_id=m.transfer_id, reservation_id=m.reservation_id, route_epoch=m.route_epoch,
-        checksum_algorithm=m.checksum_algorithm)
-
-
 def reserve_call_to_pb(c: ReserveCall) -> decode_pb2.DecodeReserveRequest:
     """ReserveCall -> DecodeReserveRequest."""
     return decode_pb2.DecodeReserveRequest(
@@ -146,12 +133,12 @@ def reservation_from_pb(resp: decode_pb2.DecodeReserveResponse) -> Reservation:
                               err.message or "Decode.Reserve returned neither a reservation nor an error")
     r = resp.reservation
     return Reservation(r.reservation_id, tuple(r.block_ids), r.data_plane_address, r.destination_worker_id,
-                       r.destination_epoch, r.visible_prefix_blocks, r.ttl_ms)
+                       r.destination_epoch, r.visible_prefix_blocks, r.ttl_ms, tuple(r.expected_chunks))
 
 
 def prefill_call_to_pb(c: PrefillCall) -> prefill_pb2.PrefillRequest:
     """PrefillCall -> PrefillRequest (no capability yet)."""
-    return prefill_pb2.PrefillRequest(manifest=manifest_to_pb(c.manifest), prompt_token_ids=list(c.prompt_token_ids),
+    return prefill_pb2.PrefillRequest(manifest=c.manifest, prompt_token_ids=list(c.prompt_token_ids),
                                       destination_data_plane_address=c.destination_data_plane_address,
                                       sampling=sampling_to_pb(c.sampling))
 

@@ -25,9 +25,9 @@ import abc
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from pdserve_client.rpc.pd.v1 import manifest_pb2
 from router.types import (
     Cluster,
-    Manifest,
     PrefillCall,
     PrefillDone,
     Reservation,
@@ -82,7 +82,7 @@ class DirectoryGateway(abc.ABC):
         """Directory.ClusterSnapshot: live workers with load, and the route epoch."""
 
     @abc.abstractmethod
-    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnAnswer:
+    async def reserve_txn(self, manifest: manifest_pb2.HandoffManifest, timeout_s: float) -> TxnAnswer:
         """Directory.Reserve: create the transfer transaction (RESERVED)."""
 
     @abc.abstractmethod

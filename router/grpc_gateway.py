@@ -16,12 +16,11 @@ from typing import Any
 
 import grpc
 
-from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2_grpc, manifest_pb2, prefill_pb2_grpc
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (
     Cluster,
-    Manifest,
     PrefillCall,
     PrefillDone,
     Reservation,
@@ -200,8 +199,8 @@ class GrpcDirectoryGateway(DirectoryGateway):
         snap = await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
         return convert.cluster_from_store(snap)
 
-    async def reserve_txn(self, manifest: Manifest, timeout_s: float) -> TxnAnswer:
-        reply = await self._call("Directory.Reserve", self._client.reserve(convert.manifest_to_pb(manifest)), timeout_s)
+    async def reserve_txn(self, manifest: manifest_pb2.HandoffManifest, timeout_s: float) -> TxnAnswer:
+        reply = await self._call("Directory.Reserve", self._client.reserve(manifest), timeout_s)
         return TxnAnswer(reply.outcome, reply.current_generation)
 
     async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.cost_profile import CostProfile
 from services.directory.states import Outcome
 
@@ -218,30 +219,8 @@ class Reservation:
     destination_epoch: int = 0
     visible_prefix_blocks: int = 0
     ttl_ms: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Manifest:
-    """The fields of pd.v1.HandoffManifest the router fills (chunks come from prefill)."""
-
-    request_id: str
-    tenant: str
-    generation: int
-    attempt: int
-    prompt_digest: str
-    token_start: int
-    token_end: int
-    model_identity_digest: str
-    cache_abi_digest: str
-    block_size: int
-    source_worker_id: str
-    source_epoch: int
-    destination_worker_id: str
-    destination_epoch: int
-    transfer_id: str
-    reservation_id: str
-    route_epoch: int
-    checksum_algorithm: str = "xxh3_64"
+    expected_chunks: tuple[manifest_pb2.ChunkSpec, ...] = ()
+    """The transfer set in chunks as the destination planned it: goes into the manifest."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -261,7 +240,8 @@ class ReserveCall:
 class PrefillCall:
     """Arguments of Prefill.Prefill."""
 
-    manifest: Manifest
+    manifest: manifest_pb2.HandoffManifest
+    """The hand-off manifest, as recorded with Directory.Reserve."""
     prompt_token_ids: tuple[int, ...]
     destination_data_plane_address: str
     sampling: Sampling

@@ -20,7 +20,7 @@ from services.directory.records import (
     TransferSpec,
     WorkerInfo,
     WorkerRecord,
-    digest_checksums,
+    chunk_list_digest,
 )
 from services.directory.states import Outcome, TxnState, check_transition
 
@@ -54,17 +54,25 @@ def register(store: DirectoryStore, worker_id: str, role: str = "decode") -> Wor
     return store.register_worker(WorkerInfo(worker_id, role, f"{worker_id}:1", f"{worker_id}:2", "abi-1"))
 
 
+LAYOUT = ((0, 0, 2, 4096), (1, 0, 2, 4096))
+"""The expected chunks of the specs below: two layers of two blocks."""
+CHUNKS = chunk_list_digest(LAYOUT)
+KV = "kv" * 16
+"""The K/V digest the source declares and the destination matches."""
+
+
 def make_spec(p: WorkerRecord, d: WorkerRecord, tid: str = "t1", gen: int = 1, rid: str = "r1",
-              tenant: str = "acme", checksums: tuple[str, ...] = ("c0", "c1"), route_epoch: int = 0) -> TransferSpec:
+              tenant: str = "acme", chunks: tuple = LAYOUT, route_epoch: int = 0) -> TransferSpec:
     """A TransferSpec from ``p`` to ``d`` at their current epochs."""
-    return TransferSpec(tid, rid, tenant, gen, p.ref, d.ref, digest_checksums(checksums), checksums, route_epoch)
+    digest = chunk_list_digest(chunks)
+    return TransferSpec(tid, rid, tenant, gen, p.ref, d.ref, f"manifest-{digest[:16]}", digest, route_epoch)
 
 
 # op name -> (target state, call)
 OPS = {
-    "begin": (TxnState.TRANSFERRING, lambda s, tid, gen: s.begin(tid)),
-    "validated": (TxnState.VALIDATED, lambda s, tid, gen: s.validated(tid)),
-    "publish": (TxnState.PUBLISHED, lambda s, tid, gen: s.publish(tid, gen)),
+    "begin": (TxnState.TRANSFERRING, lambda s, tid, gen: s.begin(tid, KV)),
+    "validated": (TxnState.VALIDATED, lambda s, tid, gen: s.validated(tid, KV, CHUNKS)),
+    "publish": (TxnState.PUBLISHED, lambda s, tid, gen: s.publish(tid, gen, KV)),
     "release": (TxnState.RELEASED, lambda s, tid, gen: s.release(tid)),
     "abort": (TxnState.ABORTED, lambda s, tid, gen: s.abort(tid, "test")),
 }
@@ -104,8 +112,41 @@ class DirectoryContract:
             first, again = call(store, "t1", 1), call(store, "t1", 1)
             assert (first.outcome, first.txn.state) == (Outcome.APPLIED, target)
             assert (again.outcome, again.txn.state) == (Outcome.DUPLICATE, target)
-        assert store.publish("t1", 1).outcome == Outcome.DUPLICATE  # late duplicate after release
+        assert store.publish("t1", 1, KV).outcome == Outcome.DUPLICATE  # late duplicate after release
         assert store.lookup("t1").state == TxnState.RELEASED
+        harness.assert_no_leaks(store)
+
+    def test_a_wrong_kv_digest_or_chunk_list_is_refused_and_changes_nothing(self, harness, ends):
+        store, p, d = ends
+        store.reserve(make_spec(p, d))
+        assert store.begin("t1").outcome == Outcome.APPLIED  # streaming: opened before the digest exists
+        undeclared = store.validated("t1", KV, CHUNKS)
+        assert (undeclared.outcome, undeclared.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        declared = store.begin("t1", KV)  # the source declares it once computed
+        assert (declared.outcome, declared.txn.kv_digest) == (Outcome.APPLIED, KV)
+        assert store.begin("t1", KV).outcome == Outcome.DUPLICATE
+        assert store.begin("t1", "other").outcome == Outcome.CHECKSUM_CONFLICT  # written once
+        wrong = store.validated("t1", "f" * 32, CHUNKS)
+        assert (wrong.outcome, wrong.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        partial = store.validated("t1", KV, chunk_list_digest(LAYOUT[:1]))
+        assert (partial.outcome, partial.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.APPLIED
+        assert store.validated("t1", "f" * 32, CHUNKS).outcome == Outcome.CHECKSUM_CONFLICT
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.DUPLICATE
+        assert store.publish("t1", 1, "f" * 32).outcome == Outcome.CHECKSUM_CONFLICT
+        assert store.lookup("t1").state == TxnState.VALIDATED
+        assert store.publish("t1", 1, KV).outcome == Outcome.APPLIED
+        assert store.lookup("t1").kv_digest == KV
+        store.release("t1")
+        harness.assert_no_leaks(store)
+
+    def test_one_begin_opens_and_declares(self, harness, ends):
+        store, p, d = ends
+        store.reserve(make_spec(p, d))
+        r = store.begin("t1", KV)
+        assert (r.outcome, r.txn.state, r.txn.kv_digest) == (Outcome.APPLIED, TxnState.TRANSFERRING, KV)
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.APPLIED
+        store.abort("t1", "test over")
         harness.assert_no_leaks(store)
 
     @pytest.mark.parametrize("state", list(TxnState), ids=lambda s: s.name)
@@ -134,10 +175,10 @@ class DirectoryContract:
     def test_named_illegal_moves(self, harness, ends):
         store, p, d = ends
         store.reserve(make_spec(p, d))
-        assert store.publish("t1", 1).outcome == Outcome.ILLEGAL_TRANSITION  # from RESERVED
+        assert store.publish("t1", 1, KV).outcome == Outcome.ILLEGAL_TRANSITION  # from RESERVED
         assert store.release("t1").outcome == Outcome.ILLEGAL_TRANSITION  # before publish
         store.abort("t1", "client gone")
-        assert store.begin("t1").outcome == Outcome.ILLEGAL_TRANSITION  # after ABORTED
+        assert store.begin("t1", KV).outcome == Outcome.ILLEGAL_TRANSITION  # after ABORTED
         assert store.lookup("t1").abort_reason == "client gone"
         store.reserve(make_spec(p, d, tid="t2", gen=2))
         drive(store, "t2", 2, TxnState.PUBLISHED)
@@ -162,16 +203,16 @@ class DirectoryContract:
         old = store.lookup("t1")
         assert (old.state, old.abort_reason) == (TxnState.ABORTED, "superseded")
         # The late completion of the abandoned route is rejected as stale.
-        assert store.publish("t1", 1).outcome == Outcome.STALE_GENERATION
-        assert store.begin("t1").outcome == Outcome.STALE_GENERATION
+        assert store.publish("t1", 1, KV).outcome == Outcome.STALE_GENERATION
+        assert store.begin("t1", KV).outcome == Outcome.STALE_GENERATION
         # An attempt that is not newer than the current one cannot reserve.
         assert store.reserve(make_spec(p, d, tid="t3", gen=2)).outcome == Outcome.STALE_GENERATION
         assert store.reserve(make_spec(p, d, tid="t4", gen=1)).outcome == Outcome.STALE_GENERATION
         assert store.lookup("t3") is None and store.lookup("t4") is None
         drive(store, "t2", 2, TxnState.VALIDATED)
-        wrong = store.publish("t2", 1)  # caller's generation is not the txn's: no change
+        wrong = store.publish("t2", 1, KV)  # caller's generation is not the txn's: no change
         assert (wrong.outcome, wrong.txn.state) == (Outcome.STALE_GENERATION, TxnState.VALIDATED)
-        assert store.publish("t2", 2).outcome == Outcome.APPLIED
+        assert store.publish("t2", 2, KV).outcome == Outcome.APPLIED
         harness.assert_no_leaks(store)
 
     def test_published_generation_is_stale_after_reroute(self, harness, ends):
@@ -180,7 +221,7 @@ class DirectoryContract:
         drive(store, "t1", 1, TxnState.PUBLISHED)
         assert store.reserve(make_spec(p, d, tid="t2", gen=2)).outcome == Outcome.APPLIED
         assert store.lookup("t1").state == TxnState.PUBLISHED  # published is never aborted
-        assert store.publish("t1", 1).outcome == Outcome.STALE_GENERATION
+        assert store.publish("t1", 1, KV).outcome == Outcome.STALE_GENERATION
         drive(store, "t2", 2, TxnState.PUBLISHED)
         assert store.release("t1").outcome == Outcome.APPLIED
         harness.assert_no_leaks(store)
@@ -195,9 +236,9 @@ class DirectoryContract:
         again = store.reserve(make_spec(p, d, tid="r1/1", gen=1))  # same bytes: the old record
         assert (again.outcome, again.txn.state, again.request_generation) == \
             (Outcome.DUPLICATE, TxnState.ABORTED, 3)
-        other = store.reserve(make_spec(p, d, tid="r1/2", gen=2, checksums=("x",)))
+        other = store.reserve(make_spec(p, d, tid="r1/2", gen=2, chunks=((0, 0, 1, 8),)))
         assert (other.outcome, other.txn, other.request_generation) == (Outcome.STALE_GENERATION, None, 3)
-        conflict = store.reserve(make_spec(p, d, tid="r1/3", gen=3, checksums=("y",)))
+        conflict = store.reserve(make_spec(p, d, tid="r1/3", gen=3, chunks=((0, 0, 1, 9),)))
         assert (conflict.outcome, conflict.request_generation) == (Outcome.CHECKSUM_CONFLICT, 3)
         assert store.reserve(make_spec(p, d, tid="r1/4", gen=4)).outcome == Outcome.APPLIED
         drive(store, "r1/4", 4, TxnState.PUBLISHED)
@@ -219,13 +260,13 @@ class DirectoryContract:
     def test_retry_by_transfer_id(self, harness, ends):
         store, p, d = ends
         first = store.reserve(make_spec(p, d))
-        store.begin("t1")
+        store.begin("t1", KV)
         again = store.reserve(make_spec(p, d))
         assert again.outcome == Outcome.DUPLICATE and again.ok
         assert again.txn.state == TxnState.TRANSFERRING and again.txn.created_ms == first.txn.created_ms
-        corrupt = store.reserve(make_spec(p, d, checksums=("c0", "XX")))
+        corrupt = store.reserve(make_spec(p, d, chunks=((0, 0, 2, 4096), (1, 0, 2, 4000))))
         assert corrupt.outcome == Outcome.CHECKSUM_CONFLICT and not corrupt.ok
-        other_end = store.reserve(make_spec(p, register(store, "d1"), checksums=("c0", "c1")))
+        other_end = store.reserve(make_spec(p, register(store, "d1"), chunks=LAYOUT))
         assert other_end.outcome == Outcome.CHECKSUM_CONFLICT
         assert store.lookup("t1") == again.txn  # the conflicting retries changed nothing
         store.abort("t1", "cleanup")
@@ -248,12 +289,12 @@ class DirectoryContract:
         store.reserve(make_spec(p, d, tid="pub", rid="r0"))
         drive(store, "pub", 1, TxnState.PUBLISHED)
         store.reserve(make_spec(p, d, tid="t1"))
-        store.begin("t1")
+        store.begin("t1", KV)
         d2 = register(store, "d0")
         assert d2.epoch > d.epoch
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "worker_restarted")
-        assert store.validated("t1").outcome == Outcome.LEASE_LOST
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.LEASE_LOST
         # Published K/V went with the old process: released, not aborted (issue 15, item 5).
         pub = store.lookup("pub")
         assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: worker_restarted")
@@ -290,7 +331,7 @@ class DirectoryContract:
         store = harness.open(lease_ttl_s=1.0)
         p, d = register(store, "p0", "prefill"), register(store, "d0")
         store.reserve(make_spec(p, d))
-        store.begin("t1")
+        store.begin("t1", KV)
         store.reserve(make_spec(p, d, tid="pub", rid="r0"))
         drive(store, "pub", 1, TxnState.PUBLISHED)
         store.prefix_publish("acme", "d0", d.epoch, ["aa"])
@@ -302,7 +343,7 @@ class DirectoryContract:
         assert [w.worker_id for w in snap.workers] == ["p0"]
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "lease_expired")
-        assert store.validated("t1").outcome == Outcome.LEASE_LOST
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.LEASE_LOST
         # A decode worker killed after publication leaves nothing PUBLISHED (issue 15, item 5).
         pub = store.lookup("pub")
         assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: lease_expired")
@@ -326,9 +367,9 @@ class DirectoryContract:
         store = harness.open(txn_ttl_s=1.0)
         p, d = register(store, "p0", "prefill"), register(store, "d0")
         store.reserve(make_spec(p, d))
-        store.begin("t1")
+        store.begin("t1", KV)
         harness.advance(1.2)
-        assert store.validated("t1").outcome == Outcome.LEASE_LOST
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.LEASE_LOST
         assert store.lookup("t1").abort_reason == "txn_timeout"
         harness.assert_no_leaks(store)
 
@@ -405,7 +446,8 @@ class DirectoryContract:
             tid = f"t{gen}"
             outs = [store.reserve(make_spec(p, d, tid=tid, gen=gen)).outcome]
             if outs[0] == Outcome.APPLIED:
-                outs += [store.begin(tid).outcome, store.validated(tid).outcome, store.publish(tid, gen).outcome]
+                outs += [store.begin(tid, KV).outcome, store.validated(tid, KV, CHUNKS).outcome,
+                         store.publish(tid, gen, KV).outcome]
             results[gen] = outs
 
         threads = [threading.Thread(target=attempt, args=(g,)) for g in range(1, 9)]

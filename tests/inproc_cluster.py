@@ -99,6 +99,8 @@ class InprocCluster:
             prompt_digest=prompt_digest(prompt),
             token_interval=manifest_pb2.TokenInterval(start=reservation.first_block * bs, end=len(prompt)),
             cache_abi_digest=self.d.loop.engine.abi.digest, block_size=bs,
+            expected_chunks=[manifest_pb2.ChunkSpec(layer=a, block_start=b, block_count=c, num_bytes=n)
+                             for a, b, c, n in reservation.expected_layouts()],
             source_worker_id="p0", source_epoch=self.p.epoch, destination_worker_id="d0",
             destination_epoch=self.d.epoch, transfer_id=reservation.transfer_id,
             reservation_id=reservation.transfer_id, checksum_algorithm=CHECKSUM_ALGORITHM)
@@ -118,7 +120,8 @@ class InprocCluster:
         outcome = await self.prefill.prefill(
             request_id=request_id, tenant="t", generation=generation, transfer_id=res.transfer_id,
             first_token_pos=res.first_block * self.d.loop.engine.block_size, prompt=prompt, sampling=GREEDY,
-            dest=self.receiver.address, abi_digest=self.d.loop.engine.abi.digest, dest_worker="d0")
+            dest=self.receiver.address, abi_digest=self.d.loop.engine.abi.digest,
+            chunks=res.expected_layouts(), dest_worker="d0")
         return await stream, outcome
 
     @staticmethod

@@ -16,7 +16,6 @@ from router.types import (
     FinishReason,
     GenerateParams,
     Load,
-    Manifest,
     PrefillCall,
     PrefillDone,
     Reservation,
@@ -75,7 +74,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.txns: dict[str, str] = {}
         self.request_generations: dict[str, int] = {}
         """The directory's per-request generation register (reserve refuses at or below it)."""
-        self.manifests: list[Manifest] = []
+        self.manifests: list = []
         self.published: dict[str, asyncio.Event] = {}
         self.token_gap_s = 0.0
         self.directory_down = False
@@ -103,7 +102,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self._directory_call()
         return self.cluster
 
-    async def reserve_txn(self, manifest: Manifest, timeout_s):
+    async def reserve_txn(self, manifest, timeout_s):
         self.calls.append(("txn_reserve", manifest.transfer_id))
         self._directory_call()
         self.manifests.append(manifest)

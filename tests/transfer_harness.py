@@ -88,10 +88,13 @@ class _Rec:
     admission and its commit validation (decode_worker/reservations.py), the same
     code the decode worker runs; plus what the tests inspect."""
 
-    def __init__(self, tid, engine, seq, first_block, last_block, holders):
+    def __init__(self, tid, engine, seq, first_block, last_block, holders, per_chunk):
         from decode_worker.reservations import Reservation
+        from services.transfer.chunks import chunk_bytes, plan_chunks
         self.tid, self.engine, self.seq, self.holders = tid, engine, seq, holders
-        self.res = Reservation(tid, tid, "t", 1, seq, engine.model_cfg.num_hidden_layers, first_block, last_block,
+        layers = engine.model_cfg.num_hidden_layers
+        expected = {k: chunk_bytes(engine, k) for k in plan_chunks(layers, first_block, last_block, per_chunk)}
+        self.res = Reservation(tid, tid, "t", 1, seq, layers, first_block, last_block, expected,
                                deadline_s=math.inf)
         self.table = list(seq.block_table)  # kept after free, to inspect the memory
         self.state, self.reason, self.at = "pending", "", 0.0
@@ -104,7 +107,7 @@ class _Rec:
     def resolve(self, key: ChunkKey):
         from decode_worker.reservations import ResState, advance
         from services.transfer.chunks import chunk_views
-        self.res.admit_chunk_key(key)  # KeyError outside the transfer set or overlapping
+        self.res.admit_chunk_key(key)  # KeyError for a chunk not expected, or a second time
         if self.res.state is ResState.RESERVED:
             advance(self.res, ResState.RECEIVING)
         return chunk_views(self.engine, self.seq, key)
@@ -155,8 +158,9 @@ async def r_start(idle_timeout_s: float, backend: str) -> str:
 
 
 async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int = 0,
-                    holders: int = 0) -> dict:
-    """Reserve like a decode worker: maybe a cached prefix, maybe holes in the pool."""
+                    holders: int = 0, per_chunk: int = 2) -> dict:
+    """Reserve like a decode worker: maybe a cached prefix, maybe holes in the pool; the
+    expected chunks are `per_chunk` blocks each (the sender must cut them the same)."""
     engine = _engine(spec)
     if cached_prefix:
         other = prompt[:cached_prefix] + [7] * 30
@@ -165,7 +169,7 @@ async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int =
     seq = engine.add_request(tid, prompt, MAX_TOKENS, _sampling())
     bs = engine.block_size
     rec = _state["recs"][tid] = _Rec(tid, engine, seq, seq.num_cached_tokens // bs,
-                                     -(-len(prompt) // bs), held)
+                                     -(-len(prompt) // bs), held, per_chunk)
     _state["receiver"].expect(Expectation(tid, rec.resolve, rec.on_event, rec.on_commit))
     return dict(first_block=rec.res.first_block, last_block=rec.res.last_block,
                 block_bytes=engine.cache.block_bytes_per_layer, table=list(seq.block_table))

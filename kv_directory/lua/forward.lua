@@ -1,9 +1,10 @@
 -- begin / validated / publish: arg(1) transfer_id, arg(2) target state,
--- arg(3) expected generation ('' = unchecked; publish passes it).
+-- arg(3) expected generation ('' = unchecked; publish passes it), arg(4) the
+-- caller's K/V digest ('' = none), arg(5) the chunk layout digest (validated).
 -- Returns {outcome, txn flat or {}}. Rule order: store.TransferLedger.begin.
 local now = now_ms()
 sweep(now)
-local tid, target, gen = arg(1), tonumber(arg(2)), arg(3)
+local tid, target, gen, digest, chunks = arg(1), tonumber(arg(2)), arg(3), arg(4), arg(5)
 local m = txn_get(tid)
 if not m then return {OC.NOT_FOUND, {}} end
 local state = tonumber(m.state)
@@ -19,7 +20,19 @@ if cur > tonumber(m.generation) then
   if is_unpublished(state) then txn_abort(tid, m, 'superseded', now) end
   return txn_reply(OC.STALE_GENERATION, tid)
 end
+local declared = m.kv_digest or ''
+if digest ~= '' and declared ~= '' and digest ~= declared then
+  return txn_reply(OC.CHECKSUM_CONFLICT, tid)
+end
+if target == ST.VALIDATED and chunks ~= m.chunks_digest then
+  return txn_reply(OC.CHECKSUM_CONFLICT, tid)
+end
 if state == target or (target == ST.PUBLISHED and state == ST.RELEASED) then
+  if target == ST.TRANSFERRING and digest ~= '' and declared == '' then
+    -- The source declares its digest after the transfer began.
+    redis.call('HSET', key('txn', tid), 'kv_digest', digest, 'updated_ms', now)
+    return txn_reply(OC.APPLIED, tid)
+  end
   return txn_reply(OC.DUPLICATE, tid)
 end
 if is_unpublished(state) then
@@ -34,7 +47,13 @@ if is_unpublished(state) then
   end
 end
 if not LEGAL[target][state] then return txn_reply(OC.ILLEGAL_TRANSITION, tid) end
+if target ~= ST.TRANSFERRING and (declared == '' or digest ~= declared) then
+  return txn_reply(OC.CHECKSUM_CONFLICT, tid)
+end
 txn_set(tid, m, target, nil, now)
+if declared == '' and digest ~= '' then
+  redis.call('HSET', key('txn', tid), 'kv_digest', digest)
+end
 if target == ST.PUBLISHED then
   -- The compare-and-set: generation == current was checked above, in this script.
   redis.call('HSET', rk, 'published', tid)

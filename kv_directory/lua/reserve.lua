@@ -1,12 +1,12 @@
 -- reserve: arg(1..11) transfer_id, request_id, tenant, generation,
 -- source_worker_id, source_epoch, dest_worker_id, dest_epoch, manifest_digest,
--- chunk_checksums (JSON), route_epoch; arg(12) manifest_blob (opaque, stored
+-- chunks_digest, route_epoch; arg(12) manifest_blob (opaque, stored
 -- but not part of the identity). Returns {outcome, txn flat or {}, the
 -- request's current generation after the call}.
 local now = now_ms()
 sweep(now)
 local FIELDS = {'transfer_id', 'request_id', 'tenant', 'generation', 'source_worker_id',
-  'source_epoch', 'dest_worker_id', 'dest_epoch', 'manifest_digest', 'chunk_checksums', 'route_epoch'}
+  'source_epoch', 'dest_worker_id', 'dest_epoch', 'manifest_digest', 'chunks_digest', 'route_epoch'}
 local tid, rid, tenant, gen = arg(1), arg(2), arg(3), tonumber(arg(4))
 
 local rk = tkey('req', tenant, rid)
@@ -43,7 +43,7 @@ redis.call('PEXPIRE', rk, TXN_TTL_MS + RETENTION_MS)
 local k = key('txn', tid)
 for i, f in ipairs(FIELDS) do redis.call('HSET', k, f, arg(i)) end
 local deadline = now + TXN_TTL_MS
-redis.call('HSET', k, 'state', ST.RESERVED, 'abort_reason', '', 'created_ms', now,
+redis.call('HSET', k, 'state', ST.RESERVED, 'abort_reason', '', 'kv_digest', '', 'created_ms', now,
   'updated_ms', now, 'deadline_ms', deadline, 'manifest_blob', arg(12))
 redis.call('ZADD', key('open'), deadline, tid)
 redis.call('SADD', key('wtxn', arg(5)), tid)

@@ -13,7 +13,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-from router.types import Manifest, Reservation, Worker
+from pdserve_client.rpc.pd.v1 import manifest_pb2
+from router.types import Reservation, Worker
 from services.directory.records import TransferRef
 from services.transfer.base import CHECKSUM_ALGORITHM
 
@@ -30,25 +31,25 @@ def prompt_digest(prompt: Sequence[int]) -> str:
 
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
                    prefill: Worker, decode: Worker, reservation: Reservation, route_epoch: int,
-                   model_identity_digest: str = "") -> Manifest:
-    """The HandoffManifest for one disaggregated attempt (expected_chunks empty).
+                   model_identity_digest: str = "") -> manifest_pb2.HandoffManifest:
+    """The HandoffManifest for one disaggregated attempt.
 
     token_interval starts after the blocks the destination already holds
     (visible_prefix_blocks, block aligned) and ends at the prompt's end.
     """
     block_size = prefill.capacity.block_size or decode.capacity.block_size
     start = min(reservation.visible_prefix_blocks * block_size, len(prompt))
-    return Manifest(
+    return manifest_pb2.HandoffManifest(
         request_id=request_id,
         tenant=tenant,
         generation=generation,
         attempt=generation,
         prompt_digest=prompt_digest(prompt),
-        token_start=start,
-        token_end=len(prompt),
+        token_interval=manifest_pb2.TokenInterval(start=start, end=len(prompt)),
         model_identity_digest=model_identity_digest,
         cache_abi_digest=prefill.cache_abi_digest,
         block_size=block_size,
+        expected_chunks=reservation.expected_chunks,
         source_worker_id=prefill.worker_id,
         source_epoch=prefill.epoch,
         destination_worker_id=reservation.destination_worker_id or decode.worker_id,

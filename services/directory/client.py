@@ -110,7 +110,7 @@ class TxnRecord:
     reservation_id: str
     chunks_expected: int
     kv_digest: str
-    """Set once VALIDATED (the manifest's chunk-checksum digest)."""
+    """The K/V digest the source declared; both ends' once VALIDATED."""
     abort_reason: str
     created_unix_ms: int
     updated_unix_ms: int
@@ -221,27 +221,31 @@ class DirectoryClient:
         return TxnReply.from_pb(await self._call("Reserve", directory_pb2.TxnReserveRequest(manifest=manifest)))
 
     async def _move(self, rpc: str, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                    epoch: int, **extra: str) -> TxnReply:
+                    epoch: int, **extra: Any) -> TxnReply:
         return TxnReply.from_pb(await self._call(rpc, directory_pb2.TxnTransitionRequest(
             request_id=request_id, transfer_id=transfer_id, generation=generation,
             worker_id=worker_id, worker_epoch=epoch, **extra)))
 
     async def begin(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                    epoch: int) -> TxnReply:
-        """RESERVED -> TRANSFERRING."""
-        return await self._move("Begin", request_id, transfer_id, generation, worker_id, epoch)
-
-    async def validated(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                        epoch: int, kv_digest: str = "") -> TxnReply:
-        """TRANSFERRING -> VALIDATED. ``kv_digest`` = ``digest_checksums`` of the
-        received chunk checksums; if it differs from the manifest's: CHECKSUM_CONFLICT."""
-        return await self._move("Validated", request_id, transfer_id, generation, worker_id, epoch,
+                    epoch: int, kv_digest: str = "") -> TxnReply:
+        """RESERVED -> TRANSFERRING; with ``kv_digest`` (the source's digest of the
+        prompt's K/V, once computed) also declares it, here or in a second begin."""
+        return await self._move("Begin", request_id, transfer_id, generation, worker_id, epoch,
                                 kv_digest=kv_digest)
 
+    async def validated(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                        epoch: int, kv_digest: str,
+                        chunks: Sequence[manifest_pb2.ChunkSpec]) -> TxnReply:
+        """TRANSFERRING -> VALIDATED iff ``kv_digest`` (the destination's digest of
+        what it holds) is the one the source declared and ``chunks`` (what arrived,
+        in manifest order) has the manifest's layout; else CHECKSUM_CONFLICT."""
+        return await self._move("Validated", request_id, transfer_id, generation, worker_id, epoch,
+                                kv_digest=kv_digest, chunks=list(chunks))
+
     async def publish(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                      epoch: int, kv_digest: str = "") -> TxnReply:
-        """VALIDATED -> PUBLISHED iff ``generation`` is still current; the caller
-        must be the destination at the manifest's epoch."""
+                      epoch: int, kv_digest: str) -> TxnReply:
+        """VALIDATED -> PUBLISHED iff ``generation`` is still current and ``kv_digest``
+        is the validated one; the caller must be the destination at the manifest's epoch."""
         return TxnReply.from_pb(await self._call("Publish", directory_pb2.TxnPublishRequest(
             request_id=request_id, transfer_id=transfer_id, generation=generation,
             destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest)))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import json
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterable
 
 from services.directory.cost_profile import CostProfile
 from services.directory.states import Outcome, TxnState
@@ -167,13 +167,18 @@ class ClusterSnapshot:
         return next((w for w in self.workers if w.worker_id == worker_id), None)
 
 
-def digest_checksums(chunk_checksums: Sequence[str]) -> str:
-    """Order-sensitive digest of a manifest's per-chunk checksums (hex sha256)."""
+def chunk_list_digest(chunks: Iterable[tuple[int, int, int, int]]) -> str:
+    """Order-sensitive sha256 hex of a transfer set's chunk layout: one
+    (layer, block_start, block_count, num_bytes) per chunk, in manifest order.
+    The directory fixes it at reserve and compares the destination's at VALIDATED."""
     h = hashlib.sha256()
-    for c in chunk_checksums:
-        h.update(c.encode())
-        h.update(b"\n")  # separator: ("ab","c") and ("a","bc") must differ
+    for chunk in chunks:
+        h.update(struct.pack("<4Q", *chunk))
     return h.hexdigest()
+
+
+NO_CHUNKS_DIGEST = chunk_list_digest(())
+"""The layout digest of an empty transfer set (the destination held every block)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -192,8 +197,8 @@ class TransferSpec:
     source: WorkerRef
     dest: WorkerRef
     manifest_digest: str
-    chunk_checksums: tuple[str, ...] = ()
-    """Optional; when given, ``manifest_digest`` must be their ``digest_checksums``."""
+    chunks_digest: str = NO_CHUNKS_DIGEST
+    """``chunk_list_digest`` of the expected chunks: VALIDATED needs the same list."""
     route_epoch: int = 0
     """Route epoch the route was chosen under; 0 = not checked."""
     manifest_blob: str = dataclasses.field(default="", compare=False)
@@ -202,18 +207,11 @@ class TransferSpec:
     digest of whatever identifies the transfer in ``manifest_digest``."""
 
     def __post_init__(self) -> None:
-        for name in ("transfer_id", "request_id", "tenant", "manifest_digest"):
+        for name in ("transfer_id", "request_id", "tenant", "manifest_digest", "chunks_digest"):
             if not getattr(self, name):
                 raise ValueError(f"TransferSpec.{name} must be non-empty")
         if self.generation < 1 or self.route_epoch < 0:
             raise ValueError("generation must be >= 1 and route_epoch >= 0")
-        object.__setattr__(self, "chunk_checksums", tuple(self.chunk_checksums))
-        if self.chunk_checksums and digest_checksums(self.chunk_checksums) != self.manifest_digest:
-            raise ValueError("manifest_digest does not match chunk_checksums")
-
-    def checksums_json(self) -> str:
-        """Checksums as stored (a JSON list; Lua treats it as an opaque string)."""
-        return json.dumps(list(self.chunk_checksums))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,6 +225,9 @@ class Transaction:
     updated_ms: int
     deadline_ms: int
     """Store clock; an unpublished transaction is aborted at this instant."""
+    kv_digest: str = ""
+    """The K/V digest the source declared (``begin``); VALIDATED needs the
+    destination's to be equal. Empty until declared."""
 
     @property
     def transfer_id(self) -> str:

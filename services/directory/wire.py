@@ -11,8 +11,10 @@ Mappings that are *not* by number (the enums were numbered independently):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
+from services.directory.chunk_plan import Layout
 from services.directory.cost_profile import PROFILE_FIELDS, CostProfile
 from services.directory.records import (
     CAPACITY_FIELDS,
@@ -113,3 +115,8 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
         pb.cache_abi_digest, pb.epoch, pb.lease_expires_unix_ms, load_from_pb(pb.load),
         capacity_from_pb(pb.capacity), profile_from_pb(pb.profile), pb.colocated_only_reason,
     )
+
+
+def chunk_layouts(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[Layout]:
+    """ChunkSpecs -> (layer, block_start, block_count, num_bytes), in list order."""
+    return [(c.layer, c.block_start, c.block_count, c.num_bytes) for c in chunks]

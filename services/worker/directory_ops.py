@@ -9,10 +9,11 @@ client's: `DirectoryUnavailable` when the directory cannot answer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import tenacity
 
+from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.client import DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
 
@@ -34,19 +35,20 @@ class TxnOps:
         self._background: set[asyncio.Task] = set()
         """Aborts being retried while the directory is away (strong references)."""
 
-    async def begin(self, request_id: str, transfer_id: str, generation: int) -> TxnReply:
-        """RESERVED -> TRANSFERRING."""
+    async def begin(self, request_id: str, transfer_id: str, generation: int,
+                    kv_digest: str = "") -> TxnReply:
+        """RESERVED -> TRANSFERRING; with ``kv_digest`` also declares the source's digest."""
         return await self.client.begin(request_id, transfer_id, generation, self.worker_id,
-                                       self.epoch_fn())
+                                       self.epoch_fn(), kv_digest)
 
-    async def validated(self, request_id: str, transfer_id: str, generation: int,
-                        kv_digest: str = "") -> TxnReply:
-        """TRANSFERRING -> VALIDATED."""
+    async def validated(self, request_id: str, transfer_id: str, generation: int, kv_digest: str,
+                        chunks: Sequence[manifest_pb2.ChunkSpec]) -> TxnReply:
+        """TRANSFERRING -> VALIDATED (the digest and the chunk list checked by the directory)."""
         return await self.client.validated(request_id, transfer_id, generation, self.worker_id,
-                                           self.epoch_fn(), kv_digest)
+                                           self.epoch_fn(), kv_digest, chunks)
 
     async def publish(self, request_id: str, transfer_id: str, generation: int,
-                      kv_digest: str = "") -> TxnReply:
+                      kv_digest: str) -> TxnReply:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation."""
         return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
                                          self.epoch_fn(), kv_digest)

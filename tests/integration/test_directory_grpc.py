@@ -31,7 +31,6 @@ from services.directory.records import (
     WorkerCapacity,
     WorkerInfo,
     WorkerRole,
-    digest_checksums,
 )
 from services.directory.states import Outcome, TxnState
 
@@ -40,7 +39,10 @@ SERVICE = "pd.v1.Directory"
 CAP = WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=2048, block_size=16,
                      vocab_size=32000, max_model_len=4096)
 CHECKSUMS = ["c0", "c1", "c2"]
-KV_DIGEST = digest_checksums(CHECKSUMS)
+RECEIVED = [manifest_pb2.ChunkSpec(layer=i, block_count=3, num_bytes=1024, checksum=c) for i, c in enumerate(CHECKSUMS)]
+"""What the destination received: the manifest's expected chunks (3 layers x 3 blocks)."""
+KV_DIGEST = "ab" * 16
+"""The K/V digest the source declares at Begin and the destination matches."""
 
 
 class DirectoryProcess:
@@ -123,11 +125,12 @@ async def two_workers(client: DirectoryClient):
     return (p, rp.epoch), (d, rd.epoch)
 
 
-def manifest(src, dst, tid: str, rid: str, gen: int = 1, checksums=CHECKSUMS, **extra) -> manifest_pb2.HandoffManifest:
+def manifest(src, dst, tid: str, rid: str, gen: int = 1, checksums=CHECKSUMS, end: int = 48,
+             **extra) -> manifest_pb2.HandoffManifest:
     """A manifest for ``tid`` from ``src`` to ``dst`` ((id, epoch) pairs)."""
     return manifest_pb2.HandoffManifest(
         request_id=rid, tenant="acme", generation=gen, transfer_id=tid, block_size=16,
-        token_interval=manifest_pb2.TokenInterval(start=0, end=48), reservation_id=f"res-{tid}",
+        token_interval=manifest_pb2.TokenInterval(start=0, end=end), reservation_id=f"res-{tid}",
         expected_chunks=[manifest_pb2.ChunkSpec(layer=i, block_count=3, num_bytes=1024, checksum=c)
                          for i, c in enumerate(checksums)],
         source_worker_id=src[0], source_epoch=src[1], destination_worker_id=dst[0], destination_epoch=dst[1],
@@ -138,8 +141,8 @@ def manifest(src, dst, tid: str, rid: str, gen: int = 1, checksums=CHECKSUMS, **
 async def drive_to(client, rid, tid, gen, dst, state: TxnState, start: TxnState = TxnState.RESERVED) -> None:
     """Move a transaction from ``start`` to ``state`` (<= PUBLISHED) as its destination would."""
     steps = [
-        (TxnState.TRANSFERRING, lambda: client.begin(rid, tid, gen, *dst)),
-        (TxnState.VALIDATED, lambda: client.validated(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
+        (TxnState.TRANSFERRING, lambda: client.begin(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
+        (TxnState.VALIDATED, lambda: client.validated(rid, tid, gen, *dst, KV_DIGEST, RECEIVED)),
         (TxnState.PUBLISHED, lambda: client.publish(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
     ]
     for target, step in steps:
@@ -249,7 +252,7 @@ def test_illegal_and_fenced_transitions(directory):
             assert r.state == TxnState.RESERVED  # a rejection changes nothing
             return r.outcome
 
-        assert await outcome(client.publish(rid, tid, 1, *dst)) == Outcome.ILLEGAL_TRANSITION
+        assert await outcome(client.publish(rid, tid, 1, *dst, KV_DIGEST)) == Outcome.ILLEGAL_TRANSITION
         assert await outcome(client.release(rid, tid, 1, *src)) == Outcome.ILLEGAL_TRANSITION
         assert await outcome(client.begin(rid, tid, 1, dst[0], dst[1] + 1)) == Outcome.LEASE_LOST  # STALE_EPOCH
         assert await outcome(client.begin(rid, tid, 2, *dst)) == Outcome.STALE_GENERATION
@@ -257,8 +260,8 @@ def test_illegal_and_fenced_transitions(directory):
         assert (await client.begin(rid, "no-such", 1, *dst)).outcome == Outcome.NOT_FOUND
 
         await drive_to(client, rid, tid, 1, dst, TxnState.TRANSFERRING)
-        wrong = await client.validated(rid, tid, 1, *dst, kv_digest=digest_checksums(["c0", "c2", "c1"]))
-        assert (wrong.outcome, wrong.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        by_source = await client.validated(rid, tid, 1, *src, KV_DIGEST, RECEIVED)
+        assert (by_source.outcome, by_source.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
         await drive_to(client, rid, tid, 1, dst, TxnState.VALIDATED, start=TxnState.TRANSFERRING)
         by_source = await client.publish(rid, tid, 1, *src, kv_digest=KV_DIGEST)
         assert (by_source.outcome, by_source.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.VALIDATED)
@@ -269,6 +272,54 @@ def test_illegal_and_fenced_transitions(directory):
         late = await client.publish(rid, tid, 1, *dst, kv_digest=KV_DIGEST)
         assert (late.outcome, late.state) == (Outcome.ILLEGAL_TRANSITION, TxnState.ABORTED)
         assert (await client.lookup(rid, tid)).abort_reason == "client gone"
+
+    run(directory.address, scenario)
+
+
+def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(directory):
+    """The directory is the judge of a hand-off's bytes: VALIDATED needs the
+    destination's K/V digest to be the one the source declared, and the chunks it
+    received to be exactly the manifest's expected list."""
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        await client.reserve(manifest(src, dst, tid, rid))
+        assert (await client.begin(rid, tid, 1, *src)).state == TxnState.TRANSFERRING  # no digest yet
+        undeclared = await client.validated(rid, tid, 1, *dst, KV_DIGEST, RECEIVED)
+        assert (undeclared.outcome, undeclared.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        assert (await client.begin(rid, tid, 1, *src, kv_digest=KV_DIGEST)).outcome == Outcome.APPLIED
+        redeclared = await client.begin(rid, tid, 1, *src, kv_digest="cd" * 16)
+        assert redeclared.outcome == Outcome.CHECKSUM_CONFLICT  # declared once
+
+        wrong = await client.validated(rid, tid, 1, *dst, "cd" * 16, RECEIVED)
+        assert (wrong.outcome, wrong.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        for partial in (RECEIVED[:2], RECEIVED[::-1], RECEIVED + RECEIVED[:1]):
+            r = await client.validated(rid, tid, 1, *dst, KV_DIGEST, partial)
+            assert (r.outcome, r.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        bigger = [manifest_pb2.ChunkSpec(layer=c.layer, block_count=3, num_bytes=2048) for c in RECEIVED]
+        r = await client.validated(rid, tid, 1, *dst, KV_DIGEST, bigger)
+        assert r.outcome == Outcome.CHECKSUM_CONFLICT
+        assert (await client.lookup(rid, tid)).state == TxnState.TRANSFERRING  # nothing changed
+
+        right = await client.validated(rid, tid, 1, *dst, KV_DIGEST, RECEIVED)
+        assert (right.outcome, right.state) == (Outcome.APPLIED, TxnState.VALIDATED)
+        other = await client.publish(rid, tid, 1, *dst, "cd" * 16)
+        assert (other.outcome, other.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.VALIDATED)
+        with pytest.raises(ValueError, match="kv_digest"):
+            await client.publish(rid, tid, 1, *dst, "")
+        assert (await client.publish(rid, tid, 1, *dst, KV_DIGEST)).state == TxnState.PUBLISHED
+        assert (await client.lookup(rid, tid)).kv_digest == KV_DIGEST
+        assert (await client.release(rid, tid, 1, *dst)).ok
+
+    run(directory.address, scenario)
+
+
+def test_a_manifest_whose_chunks_do_not_tile_its_interval_is_invalid(directory):
+    async def scenario(client: DirectoryClient):
+        src, dst = await two_workers(client)
+        with pytest.raises(ValueError, match="expected_chunks do not tile"):
+            await client.reserve(manifest(src, dst, uid("t"), uid("r"), end=64))
+        assert await client.list_open(dst[0]) == []
 
     run(directory.address, scenario)
 

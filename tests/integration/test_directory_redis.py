@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 import redis
-from directory_contract import DirectoryContract, Harness, make_spec, register
+from directory_contract import CHUNKS, KV, DirectoryContract, Harness, make_spec, register
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
@@ -106,7 +106,7 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
     p, d = register(store, "p0", "prefill"), register(store, "d0")
     route_epoch = store.advance_route_epoch().route_epoch
     assert store.reserve(make_spec(p, d)).outcome == Outcome.APPLIED
-    store.begin("t1")
+    store.begin("t1", KV)
     store.abort("t1", "cleanup")
     assert store.list_open() == []  # leak check while the backend still answers
 
@@ -116,7 +116,7 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
         "heartbeat": lambda: store.heartbeat("d0", d.epoch, LoadReport()),
         "register": lambda: register(store, "d1"),
         "reserve": lambda: store.reserve(make_spec(p, d, tid="t2", gen=2)),
-        "publish": lambda: store.publish("t1", 1),
+        "publish": lambda: store.publish("t1", 1, KV),
         "abort": lambda: store.abort("t1", "again"),
         "lookup": lambda: store.lookup("t1"),
         "list_open": lambda: store.list_open(),
@@ -158,13 +158,13 @@ def test_publish_cas_is_atomic_against_a_racing_reserve(redis_server):
     for rnd in range(100):
         rid = f"r{rnd}"
         a.reserve(make_spec(p, d, tid=f"{rid}-1", gen=1, rid=rid))
-        a.begin(f"{rid}-1")
-        a.validated(f"{rid}-1")
+        a.begin(f"{rid}-1", KV)
+        a.validated(f"{rid}-1", KV, CHUNKS)
         out, gate = {}, threading.Barrier(2)
 
         def publish_old(rid=rid):
             gate.wait()
-            out["pub"] = a.publish(f"{rid}-1", 1)
+            out["pub"] = a.publish(f"{rid}-1", 1, KV)
 
         def reserve_new(rid=rid):
             gate.wait()

@@ -39,7 +39,8 @@ __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used 
 ], ids=["1-block", "prefix-hit", "64MiB"])
 def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve):
     r, s, _ = procs
-    tid, res, pre = _reserve_and_prefill(procs, spec, _prompt(prompt_len, prompt_len), **reserve)
+    tid, res, pre = _reserve_and_prefill(procs, spec, _prompt(prompt_len, prompt_len), per_chunk=per_chunk,
+                                         **reserve)
     sent = _send(procs, tid, res, per_chunk)
     assert sent["published"] is True and not sent["error"], sent
     n_chunks = 4 * -(-(res["last_block"] - res["first_block"]) // per_chunk)
@@ -63,7 +64,7 @@ def test_credit_window_bounds_bytes_in_flight(procs, window_kib):
     """64 MiB in 1 MiB chunks through a small window: the instrumented peak of bytes in
     flight never exceeds it, every credit comes back, and the bytes are exact."""
     r, s, addr = procs
-    tid, res, pre = _reserve_and_prefill(procs, "wide", _prompt(4095, 4095))
+    tid, res, pre = _reserve_and_prefill(procs, "wide", _prompt(4095, 4095), per_chunk=4)
     window = window_kib << 10
     sent = s.call("s_send", tid=tid, dest=addr, first_block=res["first_block"],
                   last_block=res["last_block"], per_chunk=4, backend="ucx", window_bytes=window)
@@ -135,7 +136,7 @@ def test_a_large_commit_for_no_transfer_is_refused_unread(procs):
 
 def test_forget_mid_stream_drops_later_chunks(procs):
     r, s, _ = procs
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(200, 6))
+    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(200, 6), per_chunk=1)
     assert _send(procs, tid, res, per_chunk=1, fault="pause", at=10)["paused"]
     r.call("r_forget", tid=tid)
     frozen = r.call("r_blocks_digest", tid=tid)

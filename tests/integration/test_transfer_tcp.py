@@ -35,7 +35,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def test_silent_sender_mid_frame_fails_after_the_idle_timeout(procs):
     r, _, addr = procs
     tid = f"t{next(_tids)}"
-    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 7))
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 7), per_chunk=1)
     n = res["block_bytes"]
     with _raw_connect(addr) as sock:
         sock.sendall(tcp.chunk_frame(tid, ChunkKey(0, 0, 1), n, "0" * 16) + bytes(n // 2))
@@ -51,7 +51,7 @@ def test_silent_sender_mid_frame_fails_after_the_idle_timeout(procs):
 def test_bad_magic_closes_the_connection_and_fails_its_transfers(procs):
     r, _, addr = procs
     tid = f"t{next(_tids)}"
-    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 8))
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 8), per_chunk=1)
     payload = bytes(res["block_bytes"])
     with _raw_connect(addr) as sock:
         sock.sendall(tcp.chunk_frame(tid, ChunkKey(1, 0, 1), len(payload),

@@ -11,7 +11,8 @@ R, C, P, F, A = ResState.RESERVED, ResState.RECEIVING, ResState.PUBLISHED, ResSt
 
 
 def _res() -> Reservation:
-    return Reservation("r/1", "r", "t", 1, seq=None, num_layers=2, first_block=0, last_block=2, deadline_s=30.0)
+    return Reservation("r/1", "r", "t", 1, seq=None, num_layers=2, first_block=0, last_block=2, expected={},
+                       deadline_s=30.0)
 
 
 @pytest.mark.parametrize("path", [[C, P, F], [C, P, A], [C, A], [P, F], [A]])

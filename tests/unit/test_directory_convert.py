@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
-    digest_mismatch,
     fence,
     hashes_from_pb,
-    kv_digest,
     manifest_blob,
     manifest_from_blob,
     role_matches,
@@ -30,7 +30,7 @@ from services.directory.records import (
     WorkerInfo,
     WorkerRecord,
     WorkerRole,
-    digest_checksums,
+    chunk_list_digest,
 )
 from services.directory.states import Outcome, TxnState
 from services.directory.wire import (
@@ -124,11 +124,37 @@ def test_manifest_blob_is_canonical_and_round_trips():
 
 def test_identity_digest_covers_every_manifest_field():
     base = spec_from_manifest(make_manifest())
-    for change in [dict(attempt=1), dict(reservation_id="res-2"), dict(block_size=32),
-                   dict(token_interval=manifest_pb2.TokenInterval(start=0, end=16)),
-                   dict(expected_chunks=[manifest_pb2.ChunkSpec(layer=0, checksum="zz")])]:
+    for change in [dict(attempt=1), dict(reservation_id="res-2"), dict(block_size=17),
+                   dict(token_interval=manifest_pb2.TokenInterval(start=0, end=31)),
+                   dict(expected_chunks=[manifest_pb2.ChunkSpec(layer=i, block_start=0, block_count=2,
+                                                                num_bytes=4096, checksum="zz") for i in range(2)])]:
         assert spec_from_manifest(make_manifest(**change)).manifest_digest != base.manifest_digest, change
     assert spec_from_manifest(make_manifest()) == base
+    assert base.chunks_digest == chunk_list_digest([(0, 0, 2, 4096), (1, 0, 2, 4096)])
+
+
+def chunks(*layouts):
+    return [manifest_pb2.ChunkSpec(layer=a, block_start=b, block_count=c, num_bytes=n) for a, b, c, n in layouts]
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(expected_chunks=chunks((1, 0, 2, 4096))), "layers"),                        # no layer 0
+    (dict(expected_chunks=chunks((0, 0, 1, 2048), (1, 0, 2, 4096))), "layer 0"),      # short
+    (dict(expected_chunks=chunks((0, 0, 2, 4096), (0, 1, 1, 2048), (1, 0, 2, 4096))), "twice"),
+    (dict(expected_chunks=chunks((0, 0, 2, 4096), (1, 0, 2, 4000))), "bytes per block"),
+    (dict(expected_chunks=chunks((0, 0, 2, 0), (1, 0, 2, 0))), "empty"),
+    (dict(expected_chunks=[]), "no chunks"),                                          # tokens, no chunks
+    (dict(token_interval=manifest_pb2.TokenInterval(start=8, end=32)), "block"),      # not aligned
+    (dict(block_size=0), "block_size"),
+])
+def test_expected_chunks_must_tile_the_token_interval(change, why):
+    with pytest.raises(BadRequest, match=why):
+        spec_from_manifest(make_manifest(**change))
+
+
+def test_an_empty_transfer_set_has_no_chunks():
+    m = make_manifest(token_interval=manifest_pb2.TokenInterval(start=32, end=32), expected_chunks=[])
+    assert spec_from_manifest(m).chunks_digest == chunk_list_digest([])
 
 
 @pytest.mark.parametrize("field", ["transfer_id", "request_id", "tenant", "generation", "source_worker_id",
@@ -146,8 +172,9 @@ def test_transaction_to_pb_and_back():
     assert (rec.request_id, rec.transfer_id, rec.tenant, rec.generation) == ("r1", "t1", "acme", 1)
     assert (rec.state, rec.reservation_id, rec.chunks_expected) == (TxnState.RESERVED, "res-1", 2)
     assert (rec.source.worker_id, rec.dest.epoch, rec.created_unix_ms, rec.updated_unix_ms) == ("p0", 1, 10, 20)
-    assert rec.manifest == m and rec.kv_digest == ""  # not validated yet
-    assert txn_to_pb(stored(m, TxnState.PUBLISHED)).kv_digest == digest_checksums(["c0", "c1"]) == kv_digest(m)
+    assert rec.manifest == m and rec.kv_digest == ""  # the source has declared none yet
+    declared = dataclasses.replace(stored(m, TxnState.PUBLISHED), kv_digest="ab" * 16)
+    assert txn_to_pb(declared).kv_digest == "ab" * 16
 
 
 def test_txn_response_round_trip():
@@ -180,13 +207,6 @@ def test_hashes_are_validated():
 def test_fence(call, want):
     args = dict(request_id="r1", generation=1, worker_id="d0", worker_epoch=1) | call
     assert fence(stored(), **args) == want
-
-
-def test_digest_mismatch():
-    t = stored()
-    assert not digest_mismatch(t, "")  # not given: not checked
-    assert not digest_mismatch(t, digest_checksums(["c0", "c1"]))
-    assert digest_mismatch(t, digest_checksums(["c1", "c0"]))
 
 
 # ---- the store keeps what the wire needs (memory twin; Redis in integration) --

@@ -8,7 +8,7 @@ from directory_contract import DirectoryContract, Harness, make_spec, register
 from kv_directory.config import ENV_OVERRIDES, DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.store import DirectoryStore
-from services.directory.records import LoadReport, TransferSpec, WorkerRef, digest_checksums
+from services.directory.records import LoadReport, TransferSpec, WorkerRef, chunk_list_digest
 from services.directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
 
 
@@ -93,8 +93,8 @@ def test_spec_validation():
     with pytest.raises(ValueError):
         TransferSpec("t", "r", "acme", 0, ref, ref, "dg")  # generation starts at 1
     with pytest.raises(ValueError):
-        TransferSpec("t", "r", "acme", 1, ref, ref, "wrong", ("c0",))  # digest must match
-    assert digest_checksums(["ab", "c"]) != digest_checksums(["a", "bc"])
+        TransferSpec("t", "r", "acme", 1, ref, ref, "dg", "")  # the chunk layout is named
+    assert chunk_list_digest([(0, 1, 2, 3)]) != chunk_list_digest([(0, 1, 3, 2)])
     with pytest.raises(ValueError):
         WorkerRef("w", 0)
     with pytest.raises(ValueError):

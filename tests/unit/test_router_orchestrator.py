@@ -70,7 +70,7 @@ def test_happy_disaggregated_path():
     assert (m.request_id, m.tenant, m.generation, m.attempt, m.transfer_id, m.reservation_id) == \
         ("r", "t", 1, 1, "r/1", "r/1")
     assert m.prompt_digest == hashlib.sha256(struct.pack("<9I", *PROMPT)).hexdigest()
-    assert (m.token_start, m.token_end, m.block_size) == (4, 9, 4)  # 1 visible prefix block of 4
+    assert (m.token_interval.start, m.token_interval.end, m.block_size) == (4, 9, 4)  # 1 visible prefix block of 4
     assert (m.source_worker_id, m.source_epoch, m.destination_worker_id, m.destination_epoch) == ("p0", 5, "d1", 5)
     assert (m.route_epoch, m.cache_abi_digest, m.checksum_algorithm) == (7, "abi-1", "xxh3_64")
     assert_no_leaks(orch, fake)
@@ -443,7 +443,7 @@ def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
 
     events, error = run(go())
     assert error is None
-    assert fake.ops("reserve") and fake.manifests[0].token_end == 3
+    assert fake.ops("reserve") and fake.manifests[0].token_interval.end == 3
     pieces = [e.text for e in events if isinstance(e, TokenOut)]
     assert "".join(pieces).split() == [f"w{t}" for t in model_tokens((3, 1, 4), 3)]
 

@@ -19,6 +19,7 @@ from prefill_worker.worker import PrefillWorker
 from services.directory.states import Outcome, TxnState
 from services.engine import SamplingParams
 from services.transfer import KVSender
+from services.transfer.chunks import chunk_bytes, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.loop import EngineLoop
 from services.worker.process import block_counts
@@ -44,7 +45,7 @@ class FakeTxn:
     def epoch_fn(self):
         return 1
 
-    async def begin(self, request_id, transfer_id, generation):
+    async def begin(self, request_id, transfer_id, generation, kv_digest=""):
         return _Reply()
 
     async def abort(self, request_id, transfer_id, generation, reason):
@@ -89,7 +90,9 @@ def test_a_prefill_stuck_on_a_silent_peer_is_cancelled_at_its_ttl(loop):
     async def go():
         run = asyncio.ensure_future(worker.prefill(
             request_id="r", tenant="t", generation=1, transfer_id="r/1", first_token_pos=0,
-            prompt=PROMPT, sampling=SamplingParams(), dest="nowhere", abi_digest=""))
+            prompt=PROMPT, sampling=SamplingParams(), dest="nowhere", abi_digest="",
+            chunks=[(k.layer, k.block_start, k.block_count, chunk_bytes(loop.engine, k))
+                    for k in plan_chunks(loop.engine.model_cfg.num_hidden_layers, 0, 7, 16)]))
         await asyncio.wait_for(peer.sending.wait(), 10)
         seen["while_stuck"] = block_counts(loop.engine)
         seen["held"] = worker.held_blocks()
@@ -121,7 +124,7 @@ class FakeDecodeTxn(FakeTxn):
         super().__init__()
         self.released: list[str] = []
 
-    async def validated(self, request_id, transfer_id, generation, digest):
+    async def validated(self, request_id, transfer_id, generation, digest, chunks):
         return _Reply()
 
     async def publish(self, request_id, transfer_id, generation, digest):
@@ -150,10 +153,10 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
         decode = DecodeWorker(cfg, d_loop, receiver, txn)
         prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
         sampling = SamplingParams(ignore_eos=True)
-        await decode.reserve("r", "t", 1, PROMPT, 1900, sampling, "")
+        res = await decode.reserve("r", "t", 1, PROMPT, 1900, sampling, "")
         await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
                               first_token_pos=0, prompt=PROMPT, sampling=sampling,
-                              dest=receiver.address, abi_digest="")
+                              dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
         seen["decoding"] = block_counts(d_loop.engine, decode.reserved_blocks())
         for _ in range(300):
             await asyncio.sleep(0.05)

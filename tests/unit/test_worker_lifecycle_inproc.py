@@ -14,6 +14,7 @@ from inproc_cluster import GREEDY, InprocCluster
 from decode_worker.reservations import ResState
 from prefill_worker.worker import TaskState, TransferRefused
 from services.directory.states import TxnState
+from services.engine import InvalidRequest
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
 
@@ -58,7 +59,7 @@ def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
             prefill = asyncio.ensure_future(c.prefill.prefill(
                 request_id="x@computed", tenant="t", generation=1, transfer_id=res.transfer_id,
                 first_token_pos=0, prompt=PROMPT, sampling=GREEDY, dest=c.receiver.address,
-                abi_digest=c.d.loop.engine.abi.digest))
+                abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()))
             while "x@computed/1" not in c.prefill.tasks or \
                     c.prefill.tasks["x@computed/1"].state is not TaskState.COMPUTING:
                 await asyncio.sleep(0.01)
@@ -77,27 +78,72 @@ def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
     assert res.state is ResState.ABORTED
 
 
-def test_a_commit_whose_digest_does_not_match_the_bytes_is_refused_and_nothing_is_published():
+def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothing_is_published():
+    """The directory judges the bytes: the destination's digest of what it holds
+    must be the one the source declared at Begin."""
     async def go():
         async with InprocCluster() as c:
-            real = c.sender.commit
+            real = c.p.txn.begin
 
-            async def lying_commit(dest, commit):
-                return await real(dest, type(commit)(**{**{f: getattr(commit, f) for f in commit.__slots__},
-                                                        "kv_digest": "0" * 32}))
+            async def lying_begin(request_id, transfer_id, generation, kv_digest=""):
+                return await real(request_id, transfer_id, generation, "0" * 32 if kv_digest else "")
 
-            c.sender.commit = lying_commit
+            c.p.txn.begin = lying_begin
             res = await c.reserve("lie", PROMPT, 4)
-            with pytest.raises(TransferRefused, match="K/V digest"):
+            with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
                 await c.prefill.prefill(request_id="lie", tenant="t", generation=1, transfer_id=res.transfer_id,
                                         first_token_pos=0, prompt=PROMPT, sampling=GREEDY,
-                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest)
+                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest,
+                                        chunks=res.expected_layouts())
             record = await c.directory.lookup("lie", "lie/1")
             await c.assert_all_returned()
             return record, res
 
     record, res = run(go())
     assert record.state is TxnState.ABORTED and res.state is ResState.ABORTED
+    assert record.kv_digest == "0" * 32
+
+
+def test_bytes_changed_after_their_checksum_are_refused_by_the_directory():
+    """A chunk's checksum is taken as it lands; a byte that changes afterwards (a stray
+    write into the reserved blocks) changes the destination's K/V digest, and the
+    directory refuses to validate it."""
+    async def go():
+        async with InprocCluster() as c:
+            real = c.decode._on_commit
+
+            async def corrupt_then_commit(res, commit):
+                seq, engine = res.seq, c.d.loop.engine
+                engine.cache.k[0][seq.block_table[0]].view(-1)[0] += 1.0
+                return await real(res, commit)
+
+            c.decode._on_commit = corrupt_then_commit
+            res = await c.reserve("stray", PROMPT, 4)
+            with pytest.raises(TransferRefused, match="CHECKSUM_CONFLICT"):
+                await c.prefill.prefill(request_id="stray", tenant="t", generation=1,
+                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
+                                        sampling=GREEDY, dest=c.receiver.address,
+                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts())
+            await c.assert_all_returned()
+            return res
+
+    assert run(go()).state is ResState.ABORTED
+
+
+def test_a_prefill_refuses_a_chunk_list_that_is_not_the_transfer_set():
+    async def go():
+        async with InprocCluster() as c:
+            res = await c.reserve("short", PROMPT, 4)
+            with pytest.raises(InvalidRequest, match="expected_chunks"):
+                await c.prefill.prefill(request_id="short", tenant="t", generation=1,
+                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
+                                        sampling=GREEDY, dest=c.receiver.address,
+                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()[1:])
+            await c.decode.cancel("short", 1)
+            await c.directory.abort("short", "short/1", 1, "d0", c.d.epoch, "test over")
+            await c.assert_all_returned()
+
+    run(go())
 
 
 def test_the_everything_returned_check_sees_a_held_reservation():

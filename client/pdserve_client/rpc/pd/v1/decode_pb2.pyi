@@ -27,7 +27,7 @@ class DecodeReserveRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ...) -> None: ...
 
 class DecodeReservation(_message.Message):
-    __slots__ = ("reservation_id", "block_ids", "data_plane_address", "destination_worker_id", "destination_epoch", "visible_prefix_blocks", "ttl_ms")
+    __slots__ = ("reservation_id", "block_ids", "data_plane_address", "destination_worker_id", "destination_epoch", "visible_prefix_blocks", "ttl_ms", "expected_chunks")
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class DecodeReservation(_message.Message):
     DESTINATION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     VISIBLE_PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     reservation_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     data_plane_address: str
@@ -42,7 +43,8 @@ class DecodeReservation(_message.Message):
     destination_epoch: int
     visible_prefix_blocks: int
     ttl_ms: int
-    def __init__(self, reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., data_plane_address: _Optional[str] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., visible_prefix_blocks: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    expected_chunks: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.ChunkSpec]
+    def __init__(self, reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., data_plane_address: _Optional[str] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., visible_prefix_blocks: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
 
 class DecodeReserveResponse(_message.Message):
     __slots__ = ("request_id", "reservation", "error")

@@ -94,7 +94,7 @@ class TxnReserveRequest(_message.Message):
     def __init__(self, manifest: _Optional[_Union[_manifest_pb2.HandoffManifest, _Mapping]] = ...) -> None: ...
 
 class TxnTransitionRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "generation", "worker_id", "worker_epoch", "reason", "kv_digest")
+    __slots__ = ("request_id", "transfer_id", "generation", "worker_id", "worker_epoch", "reason", "kv_digest", "chunks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class TxnTransitionRequest(_message.Message):
     WORKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     generation: int
@@ -109,7 +110,8 @@ class TxnTransitionRequest(_message.Message):
     worker_epoch: int
     reason: str
     kv_digest: str
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., worker_id: _Optional[str] = ..., worker_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., kv_digest: _Optional[str] = ...) -> None: ...
+    chunks: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.ChunkSpec]
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., worker_id: _Optional[str] = ..., worker_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
 
 class TxnPublishRequest(_message.Message):
     __slots__ = ("request_id", "transfer_id", "generation", "destination_worker_id", "destination_epoch", "kv_digest")
