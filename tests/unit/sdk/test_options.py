@@ -1,0 +1,80 @@
+"""GenerateOptions: the one list of Generate's options, its validation, and the two ways
+both clients take it (options= and keywords) against the fake router (conftest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from pdserve_client import GenerateOptions, InvalidArgumentError, PdError
+from pdserve_client.options import resolve_options
+
+
+@pytest.mark.parametrize("fields,name,rule", [
+    (dict(max_tokens=0), "max_tokens", "an integer in [1, 4294967295]"),
+    (dict(max_tokens=2**32), "max_tokens", "an integer in [1, 4294967295]"),
+    (dict(max_tokens=True), "max_tokens", "an integer"),
+    (dict(max_tokens=4.0), "max_tokens", "an integer"),
+    (dict(temperature=-0.1), "temperature", "a finite number >= 0"),
+    (dict(temperature=math.nan), "temperature", "a finite number >= 0"),
+    (dict(temperature="0.7"), "temperature", "a finite number >= 0"),
+    (dict(top_k=-1), "top_k", "an integer in [0, 4294967295]"),
+    (dict(top_p=0.0), "top_p", "a number in (0, 1]"),
+    (dict(top_p=1.5), "top_p", "a number in (0, 1]"),
+    (dict(seed=-1), "seed", "an integer in [0, 18446744073709551615]"),
+    (dict(seed=2**64), "seed", "an integer in [0, 18446744073709551615]"),
+    (dict(stop_token_ids=[2, -13]), "stop_token_ids", "a sequence of token ids, integers in [0, 4294967295]"),
+    (dict(stop_token_ids=[2, 13.0]), "stop_token_ids", "a sequence of token ids"),
+    (dict(stop_token_ids="2,13"), "stop_token_ids", "a sequence of token ids"),
+    (dict(stop_token_ids=7), "stop_token_ids", "a sequence of token ids"),
+    (dict(ignore_eos=1), "ignore_eos", "True or False"),
+    (dict(mode="sideways"), "mode", "None or one of disaggregated, colocated, auto, shadow, canary"),
+    (dict(tenant=None), "tenant", "a string"),
+    (dict(slo_ttft_ms=-5), "slo_ttft_ms", "None or a finite number >= 0"),
+    (dict(slo_tpot_ms=math.inf), "slo_tpot_ms", "None or a finite number >= 0"),
+    (dict(request_id=""), "request_id", "None or a non-empty string"),
+    (dict(deadline_s=0), "deadline_s", "None or a number in (0, 4294967]"),
+    (dict(deadline_s=5e6), "deadline_s", "None or a number in (0, 4294967]"),
+])
+def test_each_bad_field_is_refused_by_name_rule_and_value(fields, name, rule):
+    with pytest.raises(ValueError) as info:
+        GenerateOptions(**{"max_tokens": 4, **fields})
+    message = str(info.value)
+    assert message.startswith(f"INVALID_ARGUMENT: {name} must be {rule}"), message
+    assert message.endswith(f"got {fields[name]!r}"), message
+    # The SDK's own error type too: code INVALID_ARGUMENT, not retryable.
+    assert isinstance(info.value, PdError) and isinstance(info.value, InvalidArgumentError)
+    assert (info.value.code, info.value.grpc_code, info.value.retryable) == ("INVALID_ARGUMENT",) * 2 + (False,)
+
+
+def test_defaults_normalisation_and_immutability():
+    options = GenerateOptions(max_tokens=8, stop_token_ids=[2, 13], mode="Colocated")
+    assert options.stop_token_ids == (2, 13) and options.mode == "colocated"
+    assert GenerateOptions(max_tokens=8, stop_token_ids=(t for t in [7])).stop_token_ids == (7,)
+    assert (options.temperature, options.top_k, options.top_p, options.seed) == (0.0, 0, 1.0, None)
+    assert (options.tenant, options.deadline_s, options.grpc_timeout_s) == ("default", None, None)
+    assert GenerateOptions(max_tokens=1, deadline_s=2.5).grpc_timeout_s == 3.5  # the router's error arrives first
+    assert hash(options) == hash(GenerateOptions(max_tokens=8, stop_token_ids=(2, 13), mode="colocated"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.max_tokens = 9
+    with pytest.raises(TypeError):
+        GenerateOptions(8)  # keyword only: a bare number is too easy to misread
+    with pytest.raises(TypeError):
+        GenerateOptions()
+
+
+def test_resolve_options_lays_keywords_over_options():
+    base = GenerateOptions(max_tokens=8, seed=1, tenant="acme")
+    assert resolve_options(base, {}) is base
+    assert resolve_options(base, {"seed": 2}) == dataclasses.replace(base, seed=2)
+    assert resolve_options(None, {"max_tokens": 3}) == GenerateOptions(max_tokens=3)
+    with pytest.raises(InvalidArgumentError, match="top_p must be"):
+        resolve_options(base, {"top_p": 0})  # an override is validated like a field
+    with pytest.raises(TypeError, match="max_token"):
+        resolve_options(None, {"max_token": 3})
+    with pytest.raises(TypeError, match="needs max_tokens"):
+        resolve_options(None, {"seed": 3})
+    with pytest.raises(TypeError, match="GenerateOptions, got dict"):
+        resolve_options({"max_tokens": 3}, {})
