@@ -3,7 +3,8 @@
 Modules: `options` (GenerateOptions, the options of a generation), `types`
 (returned values and PdError), `wire` (pd.v1 encoding and error mapping),
 `stream` (event folding and client-side TTFT/TPOT), `client` / `aio` (the two
-clients), `address` (where the router is), `cli`.
+clients, one source: `_async/client.py`, from which `_sync/client.py` is
+generated), `address` (where the router is), `cli`.
 """
 
 from pdserve_client.address import resolve_router_address

@@ -3,13 +3,17 @@ both clients take it (options= and keywords) against the fake router (conftest.p
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 
 import pytest
+from sdk_support import complete, started
 
-from pdserve_client import GenerateOptions, InvalidArgumentError, PdError
-from pdserve_client.options import resolve_options
+from pdserve_client import AsyncClient, GenerateOptions, InvalidArgumentError, PdError
+from pdserve_client.cli import build_parser
+from pdserve_client.options import OPTION_NAMES, resolve_options
+from pdserve_client.rpc.pd.v1 import router_pb2
 
 
 @pytest.mark.parametrize("fields,name,rule", [
@@ -78,3 +82,45 @@ def test_resolve_options_lays_keywords_over_options():
         resolve_options(None, {"seed": 3})
     with pytest.raises(TypeError, match="GenerateOptions, got dict"):
         resolve_options({"max_tokens": 3}, {})
+
+
+def test_options_and_keywords_encode_the_same_request(fake, client):
+    fake.script = [started(), complete(0)]
+    options = GenerateOptions(max_tokens=9, temperature=0.7, top_k=40, top_p=0.9, seed=0, stop_token_ids=[2, 13],
+                              ignore_eos=True, mode="colocated", tenant="acme", slo_ttft_ms=250, slo_tpot_ms=30,
+                              request_id="req-1", deadline_s=1.5)
+    client.generate_full(prompt_ids=[3, 4, 5], options=options)
+    client.generate_full(prompt_ids=[3, 4, 5], **dataclasses.asdict(options))
+    client.generate_full(prompt_ids=[3, 4, 5], options=options, seed=7, request_id="req-2")
+    by_options, by_keywords, overridden = fake.requests
+    assert by_options == by_keywords
+    assert (by_options.max_tokens, by_options.mode, by_options.deadline_ms) == (9, router_pb2.MODE_COLOCATED, 1500)
+    assert (overridden.sampling.seed, overridden.request_id, overridden.tenant) == (7, "req-2", "acme")
+
+
+def test_bad_options_fail_before_anything_is_sent(fake, client):
+    with pytest.raises(TypeError, match="temprature"):
+        client.generate(prompt="x", max_tokens=4, temprature=0.5)
+    with pytest.raises(ValueError, match="top_p must be"):
+        client.generate(prompt="x", options=GenerateOptions(max_tokens=4), top_p=2.0)
+    assert fake.requests == []
+
+
+def test_async_client_takes_options(fake, addr):
+    fake.script = [started(), complete(0)]
+
+    async def run():
+        async with AsyncClient(addr, timeout_s=5) as c:
+            await c.generate_full(prompt="x", options=GenerateOptions(max_tokens=5, tenant="t", seed=3))
+            with pytest.raises(InvalidArgumentError, match="mode must be"):
+                c.generate(prompt="x", max_tokens=5, mode="sideways")
+
+    asyncio.run(run())
+    (request,) = fake.requests
+    assert (request.max_tokens, request.tenant, request.sampling.seed) == (5, "t", 3)
+
+
+def test_pdctl_has_a_flag_for_every_option():
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--max-tokens", "2"])
+    assert OPTION_NAMES <= set(vars(args)), OPTION_NAMES - set(vars(args))
+    assert GenerateOptions(**{name: getattr(args, name) for name in OPTION_NAMES}) == GenerateOptions(max_tokens=2)
