@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install native proto bench-engine bench-transfer bench-router bench-goodput bench-faults clean down
+.PHONY: run test install native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -45,6 +45,10 @@ test: $(STAMP) $(NATIVE)
 
 proto: $(STAMP)
 	$(VPY) -m services.rpc.gen
+
+# The blocking client (client/pdserve_client/_sync/client.py) from the asyncio one, checked in like the stubs.
+sync-client: $(STAMP)
+	$(VPY) client/gen_sync.py
 
 bench-engine: $(STAMP) $(NATIVE)
 	$(VPY) bench/engine.py

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from pdserve_client import wire
 from pdserve_client.client import Client
+from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.types import GenerationResult, PdError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-ids", type=_token_id_list, help="prompt token ids, e.g. 1,2,3")
+    # One flag per GenerateOptions field, --name-with-dashes; cmd_generate reads them back by field name.
     gen.add_argument("--max-tokens", type=_positive_int, required=True, help="most tokens to generate")
     gen.add_argument("--mode", choices=sorted(wire.MODES), help="serving mode (default: router's)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -113,12 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Stream tokens to `out`, then a summary line (or one JSON object with --json)."""
-    stream = client.generate(
-        args.prompt, prompt_ids=args.prompt_ids, max_tokens=args.max_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop_token_ids=args.stop_token_ids,
-        ignore_eos=args.ignore_eos, mode=args.mode, tenant=args.tenant, slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms, request_id=args.request_id, deadline_s=args.deadline_s,
-    )
+    options = GenerateOptions(**{name: getattr(args, name) for name in OPTION_NAMES})
+    stream = client.generate(args.prompt, prompt_ids=args.prompt_ids, options=options)
     with stream:
         try:
             for token in stream:

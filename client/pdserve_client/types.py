@@ -33,6 +33,15 @@ class PdError(Exception):
         self.grpc_code = grpc_code or code
 
 
+class InvalidArgumentError(PdError, ValueError):
+    """An argument the SDK refuses before sending anything (`GenerateOptions`, a prompt, a
+    name it does not know): a PdError with code INVALID_ARGUMENT, and a ValueError for
+    callers that check arguments the Python way."""
+
+    def __init__(self, message: str):
+        super().__init__("INVALID_ARGUMENT", message)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One generated token as the client received it."""

@@ -1,7 +1,7 @@
 """pd.v1 <-> SDK values: request encoding, response decoding, error mapping.
 
-The only SDK module that knows protobuf field names; `client.py` and `aio.py`
-share it so the sync and async clients encode and decode identically.
+The only SDK module that knows protobuf field names; both clients (one source,
+`_async/client.py`) share it, so they encode and decode identically.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from collections.abc import Iterable, Sequence
 import grpc
 
 from pdserve_client import contract
+from pdserve_client.options import UINT32_MAX, GenerateOptions
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from pdserve_client.types import (
     ClusterStatus,
+    InvalidArgumentError,
     ModeChange,
     PdError,
     TransactionInfo,
@@ -44,8 +46,6 @@ TXN_STATES = {
 
 _GRPC_EQUIVALENT = contract.ERROR_CODE_STATUS
 _RETRYABLE_GRPC = contract.RETRYABLE_STATUSES
-_UINT32_MAX = 2**32 - 1
-_UINT64_MAX = 2**64 - 1
 
 
 def _enum_name(enum, number: int, prefix: str) -> str:
@@ -77,67 +77,58 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _bad(message: str) -> PdError:
-    return PdError("INVALID_ARGUMENT", message)
-
-
-def _uint(value, name: str, limit: int) -> int:
-    """Reject values the uint32/uint64 wire fields cannot carry (protobuf would raise ValueError)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
-        raise _bad(f"{name} must be an integer in [0, {limit}], got {value!r}")
-    return value
+def _bad(message: str) -> InvalidArgumentError:
+    return InvalidArgumentError(message)
 
 
 def _token_ids(ids: Iterable[int], name: str) -> list[int]:
-    return [_uint(t, name, _UINT32_MAX) for t in ids]
+    """Reject ids the uint32 wire field cannot carry (protobuf would raise a bare ValueError)."""
+    ids = list(ids)
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= UINT32_MAX), None)
+    if bad is not None:
+        raise _bad(f"{name} must be integers in [0, {UINT32_MAX}], got {bad!r}")
+    return ids
 
 
 def build_generate_request(
-    *, prompt: str | None, prompt_ids: Sequence[int] | None, max_tokens: int,
-    temperature: float, top_k: int, top_p: float, seed: int | None,
-    stop_token_ids: Sequence[int], ignore_eos: bool, mode: str | int | None,
-    tenant: str, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
-    request_id: str | None, deadline_s: float | None,
+    prompt: str | None, prompt_ids: Sequence[int] | None, options: GenerateOptions,
 ) -> router_pb2.GenerateRequest:
-    """Encode one Generate call. Raises PdError(INVALID_ARGUMENT) for what the wire cannot carry.
+    """Encode one Generate call: exactly one of `prompt` (text) or `prompt_ids`, and its options.
 
-    Semantic checks (max_tokens > 0, sampling ranges, empty prompt) are the
-    router's; the SDK only refuses values it cannot encode, so every client
-    sees the router's own message for the rest.
+    `options` was validated when it was built; the prompt is checked here only for
+    what the wire cannot carry (its emptiness, and ids past the vocabulary, are the
+    router's to refuse, with its own message). Raises InvalidArgumentError.
     """
     if (prompt is None) == (prompt_ids is None):
         raise _bad("give exactly one of prompt (text) or prompt_ids (token ids)")
+    o = options
     request = router_pb2.GenerateRequest(
-        request_id=request_id or new_request_id(),
-        tenant=tenant,
-        max_tokens=_uint(max_tokens, "max_tokens", _UINT32_MAX),
-        mode=encode_mode(mode),
+        request_id=o.request_id or new_request_id(),
+        tenant=o.tenant,
+        max_tokens=o.max_tokens,
+        mode=encode_mode(o.mode),
         sampling=common_pb2.SamplingParams(
-            temperature=float(temperature), top_k=_uint(top_k, "top_k", _UINT32_MAX), top_p=float(top_p),
-            stop_token_ids=_token_ids(stop_token_ids, "stop_token_ids"), ignore_eos=bool(ignore_eos),
+            temperature=float(o.temperature), top_k=o.top_k, top_p=float(o.top_p),
+            stop_token_ids=o.stop_token_ids, ignore_eos=o.ignore_eos,
         ),
-        slo=common_pb2.Slo(ttft_ms=float(slo_ttft_ms or 0.0), tpot_ms=float(slo_tpot_ms or 0.0)),
+        slo=common_pb2.Slo(ttft_ms=float(o.slo_ttft_ms or 0.0), tpot_ms=float(o.slo_tpot_ms or 0.0)),
     )
-    if seed is not None:
-        request.sampling.seed = _uint(seed, "seed", _UINT64_MAX)
+    if o.seed is not None:
+        request.sampling.seed = o.seed  # an explicit 0 is a seed, not "unset"
     if prompt is not None:
         request.prompt_text = prompt
     else:
         request.prompt_token_ids.ids.extend(_token_ids(prompt_ids, "prompt_ids"))
-    if deadline_s is not None:
-        if deadline_s <= 0:
-            raise _bad(f"deadline_s must be > 0, got {deadline_s!r}")
+    if o.deadline_s is not None:
         # Round up so a sub-millisecond deadline never turns into 0 ("no deadline").
-        request.deadline_ms = _uint(math.ceil(deadline_s * 1000), "deadline_ms", _UINT32_MAX)
+        request.deadline_ms = math.ceil(o.deadline_s * 1000)
     return request
 
 
-def encode_mode(mode: str | int | None) -> int:
-    """'colocated' etc. (or a Mode number, or None for the router default) -> Mode."""
+def encode_mode(mode: str | None) -> int:
+    """'colocated' etc. (or None for the router default) -> Mode."""
     if mode is None:
         return router_pb2.MODE_UNSPECIFIED
-    if isinstance(mode, int):
-        return mode
     try:
         return MODES[mode.lower()]
     except KeyError:
