@@ -36,11 +36,7 @@ class DirectoryConfig:
     """How long terminal (ABORTED/RELEASED) records are kept so late retries get
     DUPLICATE/STALE answers instead of NOT_FOUND."""
 
-    prefix_ttl_s: float = 3600.0
-    """Lifetime of a prefix-index entry since it was last published."""
 
-    max_prefix_blocks: int = 8192
-    """Largest hash chain accepted by prefix publish/lookup (bounds one script run)."""
 
     redis_timeout_s: float = 2.0
     """Socket connect/read timeout; past it the call raises DirectoryUnavailable."""
@@ -54,13 +50,11 @@ class DirectoryConfig:
             raise ValueError(f"redis_url must be redis://, rediss:// or unix://: {self.redis_url!r}")
         if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             raise ValueError(f"key_prefix must be non-empty without spaces: {self.key_prefix!r}")
-        for name in ("lease_ttl_s", "txn_ttl_s", "prefix_ttl_s", "redis_timeout_s"):
+        for name in ("lease_ttl_s", "txn_ttl_s", "redis_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.record_retention_s < 0:
             raise ValueError("record_retention_s must be >= 0")
-        if self.max_prefix_blocks < 1:
-            raise ValueError("max_prefix_blocks must be >= 1")
         if self.redis_retries < 0:
             raise ValueError("redis_retries must be >= 0")
 
@@ -80,8 +74,6 @@ ENV_OVERRIDES: dict[str, str] = {
     "PD_LEASE_TTL_S": "lease_ttl_s",
     "PD_TXN_TTL_S": "txn_ttl_s",
     "PD_RECORD_RETENTION_S": "record_retention_s",
-    "PD_PREFIX_TTL_S": "prefix_ttl_s",
-    "PD_MAX_PREFIX_BLOCKS": "max_prefix_blocks",
     "PD_REDIS_TIMEOUT_S": "redis_timeout_s",
     "PD_REDIS_RETRIES": "redis_retries",
 }

@@ -16,7 +16,6 @@ import json
 
 from google.protobuf import json_format
 
-from kv_directory.store import normalize_hashes
 from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
 from services.directory.chunk_plan import tiling_error
 from services.directory.records import (
@@ -61,14 +60,6 @@ def initial_load(cap: WorkerCapacity) -> LoadReport:
 def role_matches(role: WorkerRole, wanted: WorkerRole | None) -> bool:
     """Snapshot filter: None matches all; a phase also matches MIXED workers."""
     return wanted is None or role == wanted or role == WorkerRole.MIXED
-
-
-def hashes_from_pb(hashes, field: str, limit: int) -> list[str]:
-    """Hex chain hashes, validated; BadRequest names ``field``."""
-    try:
-        return normalize_hashes(list(hashes), limit)
-    except ValueError as exc:
-        raise BadRequest(f"{field}: {exc}") from None
 
 
 # ---- manifests and transactions ------------------------------------------

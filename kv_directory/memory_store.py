@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.store import DirectoryStore, next_fence, normalize_hashes
+from kv_directory.store import DirectoryStore, next_fence
 from services.directory.records import (
     ClusterSnapshot,
     EpochResult,
@@ -53,7 +53,6 @@ class MemoryDirectoryStore(DirectoryStore):
         self._txns: dict[str, Transaction] = {}
         self._forget_at_ms: dict[str, int] = {}  # terminal txn -> retention end
         self._requests: dict[tuple[str, str], _Request] = {}
-        self._prefix: dict[tuple[str, str], dict[WorkerRef, int]] = {}  # -> expiry
         self._route_epoch: int | None = None  # created at the first read (_route_epoch_at)
         self._nonces: dict[str, int] = {}
 
@@ -123,14 +122,6 @@ class MemoryDirectoryStore(DirectoryStore):
         for key in [k for k, at in self._nonces.items() if at <= now]:
             del self._nonces[key]
         return now, n
-
-    def _purge_prefix(self, now: int) -> None:
-        """Drop index entries of dead/stale epochs (hygiene: lookups filter anyway)."""
-        for key, holders in list(self._prefix.items()):
-            for ref in [r for r, at in holders.items() if at <= now or not self._live(r)]:
-                del holders[ref]
-            if not holders:
-                del self._prefix[key]
 
     def _request(self, t: Transaction) -> _Request | None:
         return self._requests.get((t.spec.tenant, t.spec.request_id))
@@ -217,9 +208,7 @@ class MemoryDirectoryStore(DirectoryStore):
     def reap_expired(self) -> int:
         """See ``WorkerRegistry.reap_expired``."""
         with self._lock:
-            now, n = self._sweep()
-            self._purge_prefix(now)
-            return n
+            return self._sweep()[1]
 
     def snapshot(self) -> ClusterSnapshot:
         """See ``WorkerRegistry.snapshot``."""
@@ -321,41 +310,6 @@ class MemoryDirectoryStore(DirectoryStore):
         """Every stored record, for leak checks in tests."""
         with self._lock:
             return list(self._txns.values())
-
-    # ---- PrefixIndex -------------------------------------------------------
-
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
-                       evicted: Sequence[bytes | str] = ()) -> Outcome:
-        """See ``PrefixIndex.prefix_publish``."""
-        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
-        gone = normalize_hashes(evicted, self._cfg.max_prefix_blocks)
-        with self._lock:
-            now, _ = self._sweep()
-            ref = WorkerRef(worker_id, epoch)
-            if not self._live(ref):
-                return Outcome.LEASE_LOST
-            for h in gone:
-                self._prefix.get((tenant, h), {}).pop(ref, None)
-            for h in keys:
-                self._prefix.setdefault((tenant, h), {})[ref] = now + self._ms(self._cfg.prefix_ttl_s)
-            return Outcome.APPLIED
-
-    def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
-        """See ``PrefixIndex.prefix_lookup``."""
-        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
-        with self._lock:
-            now, _ = self._sweep()
-            run: dict[str, int] = {}
-            alive: set[str] | None = None
-            for j, h in enumerate(keys):
-                entry = self._prefix.get((tenant, h), {})
-                holders = {ref.worker_id for ref, at in entry.items() if at > now and self._live(ref)}
-                alive = holders if alive is None else alive & holders
-                if not alive:
-                    break
-                for wid in alive:
-                    run[wid] = j + 1
-            return run
 
     # ---- RouteEpochs / NonceLedger ----------------------------------------
 

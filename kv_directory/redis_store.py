@@ -34,7 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.store import DirectoryStore, normalize_hashes
+from kv_directory.store import DirectoryStore
 from services.directory.cost_profile import CostProfile
 from services.directory.records import (
     CAPACITY_FIELDS,
@@ -58,7 +58,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 OPERATIONS = (
     "register", "heartbeat", "deregister", "reap", "snapshot",
     "reserve", "forward", "abort", "release", "lookup", "list_open",
-    "prefix_publish", "prefix_lookup", "route_epoch", "nonce",
+    "route_epoch", "nonce",
 )
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 
@@ -166,7 +166,6 @@ class RedisDirectoryStore(DirectoryStore):
             int(config.lease_ttl_s * 1000),
             int(config.txn_ttl_s * 1000),
             int(config.record_retention_s * 1000),
-            int(config.prefix_ttl_s * 1000),
         ]
 
     def _run(self, operation: str, *args: Any) -> Any:
@@ -272,25 +271,6 @@ class RedisDirectoryStore(DirectoryStore):
         """See ``TransferLedger.list_open``."""
         txns = [_txn(flat) for flat in self._run("list_open", worker_id or "")]
         return sorted((t for t in txns if t is not None), key=lambda t: t.transfer_id)
-
-    # ---- PrefixIndex -------------------------------------------------------
-
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
-                       evicted: Sequence[bytes | str] = ()) -> Outcome:
-        """See ``PrefixIndex.prefix_publish``."""
-        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
-        gone = normalize_hashes(evicted, self._cfg.max_prefix_blocks)
-        return Outcome(self._run("prefix_publish", tenant, worker_id, epoch, len(gone), *gone, *keys))
-
-    def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
-        """See ``PrefixIndex.prefix_lookup``."""
-        keys = normalize_hashes(hashes, self._cfg.max_prefix_blocks)
-        if not keys:
-            return {}
-        flat = self._run("prefix_lookup", tenant, *keys)
-        return {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-    # ---- RouteEpochs / NonceLedger ----------------------------------------
 
     def get_route_epoch(self) -> int:
         """See ``RouteEpochs.get_route_epoch``."""

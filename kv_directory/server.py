@@ -36,7 +36,6 @@ import grpc
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
-    hashes_from_pb,
     initial_load,
     role_matches,
     spec_from_manifest,
@@ -256,39 +255,6 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Unpublished transactions, optionally of one worker."""
         txns = await self._run(self._store.list_open, request.worker_id or None)
         return directory_pb2.ListOpenTransactionsResponse(transactions=[txn_to_pb(t) for t in txns])
-
-    # ---- prefix index ------------------------------------------------------
-
-    @_rpc
-    async def PrefixPublish(self, request, context):
-        """Index the hashes a live worker holds (evictions first)."""
-        require(request.tenant, "tenant")
-        require(request.worker_id, "worker_id")
-        require(request.epoch, "epoch")
-        limit = self._cfg.max_prefix_blocks
-        held = hashes_from_pb(request.block_hashes, "block_hashes", limit)
-        evicted = hashes_from_pb(request.evicted_block_hashes, "evicted_block_hashes", limit)
-        outcome = await self._run(
-            self._store.prefix_publish, request.tenant, request.worker_id, request.epoch, held, evicted)
-        return directory_pb2.PrefixPublishResponse(accepted=outcome == Outcome.APPLIED)
-
-    @_rpc
-    async def PrefixLookup(self, request, context):
-        """Longest cached prefix per live worker, longest first."""
-        require(request.tenant, "tenant")
-        hashes = hashes_from_pb(request.block_hashes, "block_hashes", self._cfg.max_prefix_blocks)
-        if not hashes:
-            return directory_pb2.PrefixLookupResponse()
-        runs = await self._run(self._store.prefix_lookup, request.tenant, hashes)
-        if not runs:
-            return directory_pb2.PrefixLookupResponse()
-        # The epoch a match is valid for; a worker that died since the lookup is dropped.
-        snap = await self._run(self._store.snapshot)
-        epochs = {w.worker_id: w.epoch for w in snap.workers}
-        matches = sorted(((-n, wid) for wid, n in runs.items() if wid in epochs))
-        return directory_pb2.PrefixLookupResponse(matches=[
-            directory_pb2.PrefixMatch(worker_id=wid, epoch=epochs[wid], matched_blocks=-neg) for neg, wid in matches
-        ])
 
     # ---- route epoch and nonces --------------------------------------------
 

@@ -8,8 +8,6 @@ Who calls what (the gRPC servicer maps one RPC to one method):
   begins it, the decode worker marks it validated, publishes it and releases
   it when the sequence ends; anyone on a failure path calls ``abort`` (the
   owners are written once, in docs/design.md "The transaction").
-* ``PrefixIndex``      — workers publish the hash chains they hold; the
-  router looks up where a prompt's leading blocks already live.
 * ``RouteEpochs``      — the router's rollback path advances the route epoch.
 * ``NonceLedger``      — capability checks consume a nonce exactly once.
 
@@ -30,7 +28,6 @@ overdue transactions (so nothing expired is ever *returned*), and
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
 
 from services.directory.records import (
     ClusterSnapshot,
@@ -44,19 +41,6 @@ from services.directory.records import (
     WorkerRecord,
 )
 from services.directory.states import Outcome
-
-
-def normalize_hashes(hashes: Sequence[bytes | str], limit: int) -> list[str]:
-    """Prefix block hashes as lowercase hex strings (the stored form)."""
-    if len(hashes) > limit:
-        raise ValueError(f"{len(hashes)} prefix blocks exceed the limit of {limit}")
-    out = []
-    for h in hashes:
-        s = h.hex() if isinstance(h, (bytes, bytearray)) else h.lower()
-        if not s or any(c not in "0123456789abcdef" for c in s):
-            raise ValueError(f"prefix hash is not bytes or hex: {h!r}")
-        out.append(s)
-    return out
 
 
 class WorkerRegistry(abc.ABC):
@@ -151,22 +135,6 @@ class TransferLedger(abc.ABC):
         """Unpublished transactions (optionally touching ``worker_id``), by transfer id."""
 
 
-class PrefixIndex(abc.ABC):
-    """Where hash-chained prefix blocks live, per tenant (article 0x09G)."""
-
-    @abc.abstractmethod
-    def prefix_publish(self, tenant: str, worker_id: str, epoch: int, hashes: Sequence[bytes | str],
-                       evicted: Sequence[bytes | str] = ()) -> Outcome:
-        """Record that ``worker_id@epoch`` holds ``hashes`` and no longer holds
-        ``evicted`` (evictions apply first, so a hash in both is held);
-        LEASE_LOST if not live."""
-
-    @abc.abstractmethod
-    def prefix_lookup(self, tenant: str, hashes: Sequence[bytes | str]) -> dict[str, int]:
-        """For each live worker, how many *leading* blocks of ``hashes`` it holds
-        (only workers with at least one). Dead or stale epochs never count."""
-
-
 def next_fence(current: int, now_ms: int) -> int:
     """The fence after `current` (a worker epoch, the route epoch) at store time `now_ms`.
 
@@ -200,7 +168,7 @@ class NonceLedger(abc.ABC):
         """APPLIED the first time within ``ttl_s``, DUPLICATE (a replay) after."""
 
 
-class DirectoryStore(WorkerRegistry, TransferLedger, PrefixIndex, RouteEpochs, NonceLedger):
+class DirectoryStore(WorkerRegistry, TransferLedger, RouteEpochs, NonceLedger):
     """All directory roles over one backend: ``RedisDirectoryStore`` or
     ``MemoryDirectoryStore``. Thread-safe."""
 

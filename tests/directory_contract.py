@@ -334,7 +334,6 @@ class DirectoryContract:
         store.begin("t1", KV)
         store.reserve(make_spec(p, d, tid="pub", rid="r0"))
         drive(store, "pub", 1, TxnState.PUBLISHED)
-        store.prefix_publish("acme", "d0", d.epoch, ["aa"])
         # Real sleeps only overshoot, so d0's side is safe; p0 keeps 0.5 s of slack.
         harness.advance(0.6)
         assert store.heartbeat("p0", p.epoch, LoadReport()).outcome == Outcome.APPLIED
@@ -349,7 +348,6 @@ class DirectoryContract:
         assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: lease_expired")
         assert store.release("pub").outcome == Outcome.DUPLICATE  # a late release is harmless
         assert store.heartbeat("d0", d.epoch, LoadReport()).outcome == Outcome.LEASE_LOST
-        assert store.prefix_lookup("acme", ["aa"]) == {}
         harness.assert_no_leaks(store)
 
     def test_reap_expired_explicitly(self, harness):
@@ -385,30 +383,7 @@ class DirectoryContract:
         store.abort("b", "cleanup")
         harness.assert_no_leaks(store)
 
-    # ---- prefix index, route epoch, nonces ---------------------------------
-
-    def test_prefix_index_longest_leading_run_per_live_worker(self, harness):
-        store = harness.open()
-        w = {wid: register(store, wid) for wid in ("w1", "w2", "w3", "w4")}
-        chain = [bytes([i]) * 4 for i in range(4)]
-        store.prefix_publish("acme", "w1", w["w1"].epoch, chain)
-        store.prefix_publish("acme", "w2", w["w2"].epoch, [c.hex() for c in chain[:2]])
-        store.prefix_publish("zeta", "w3", w["w3"].epoch, chain)
-        store.prefix_publish("acme", "w4", w["w4"].epoch, [chain[0], chain[2]])  # a gap
-        assert store.prefix_lookup("acme", chain) == {"w1": 4, "w2": 2, "w4": 1}
-        assert store.prefix_lookup("zeta", [c.hex().upper() for c in chain]) == {"w3": 4}
-        assert store.prefix_lookup("acme", [b"\xff", *chain]) == {}  # leading run only
-        assert store.prefix_lookup("other", chain) == {}
-        w1 = register(store, "w1")  # restart: the old epoch's entries never count
-        assert store.prefix_lookup("acme", chain) == {"w2": 2, "w4": 1}
-        assert store.prefix_publish("acme", "w1", w["w1"].epoch, chain) == Outcome.LEASE_LOST
-        assert store.prefix_publish("acme", "w1", w1.epoch, chain[:3]) == Outcome.APPLIED
-        store.deregister_worker("w2", w["w2"].epoch)
-        assert store.prefix_lookup("acme", chain) == {"w1": 3, "w4": 1}
-        assert store.reap_expired() == 0
-        with pytest.raises(ValueError):
-            store.prefix_lookup("acme", ["not-hex"])
-        harness.assert_no_leaks(store)
+    # ---- route epoch, nonces ---------------------------------
 
     def test_route_epoch(self, harness, ends):
         store, p, d = ends

@@ -24,7 +24,6 @@
 --   txn:<tid>         hash  Transaction fields; PEXPIREs once terminal
 --   req:<n>:<tenant>:<rid>    hash  generation, published (the publish CAS register)
 --   reqtx:<n>:<tenant>:<rid>  set   open transfer ids of the request
---   pfx:<n>:<tenant>:<hex>    zset  "<epoch>:<wid>" -> entry expiry ms
 --   route_epoch       int
 --   nonce:<nonce>     string, PX = its ttl
 
@@ -32,9 +31,8 @@ local PREFIX = ARGV[1]
 local LEASE_MS = tonumber(ARGV[2])
 local TXN_TTL_MS = tonumber(ARGV[3])
 local RETENTION_MS = tonumber(ARGV[4])
-local PREFIX_TTL_MS = tonumber(ARGV[5])
-local function arg(i) return ARGV[5 + i] end
-local function argn() return #ARGV - 5 end
+local function arg(i) return ARGV[4 + i] end
+local function argn() return #ARGV - 4 end
 
 -- Lazy reaping does at most this much per call; liveness checks below never
 -- rely on the sweep being complete (they compare expiry with now themselves).

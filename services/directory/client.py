@@ -129,24 +129,11 @@ class TxnRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """How many leading blocks of a looked-up chain a live worker holds."""
-
-    worker_id: str
-    epoch: int
-    matched_blocks: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class RouteEpoch:
     """Result of ``advance_route_epoch``."""
 
     route_epoch: int
     advanced: bool
-
-
-def _hex(hashes: Sequence[bytes | str]) -> list[str]:
-    return [h.hex() if isinstance(h, (bytes, bytearray)) else h for h in hashes]
 
 
 class DirectoryClient:
@@ -270,22 +257,6 @@ class DirectoryClient:
         """Unpublished transactions (of ``worker_id`` at either end, or all), by transfer id."""
         r = await self._call("ListOpenTransactions", directory_pb2.ListOpenTransactionsRequest(worker_id=worker_id))
         return sorted((TxnRecord.from_pb(t) for t in r.transactions), key=lambda t: t.transfer_id)
-
-    # ---- prefix index ------------------------------------------------------
-
-    async def prefix_publish(self, tenant: str, worker_id: str, epoch: int, block_hashes: Sequence[bytes | str],
-                             evicted: Sequence[bytes | str] = ()) -> bool:
-        """Index blocks the worker holds (and drop evicted ones); False if the epoch is stale."""
-        r = await self._call("PrefixPublish", directory_pb2.PrefixPublishRequest(
-            tenant=tenant, worker_id=worker_id, epoch=epoch,
-            block_hashes=_hex(block_hashes), evicted_block_hashes=_hex(evicted)))
-        return r.accepted
-
-    async def prefix_lookup(self, tenant: str, block_hashes: Sequence[bytes | str]) -> list[PrefixMatch]:
-        """Live workers holding a leading run of ``block_hashes``, longest first."""
-        r = await self._call("PrefixLookup", directory_pb2.PrefixLookupRequest(
-            tenant=tenant, block_hashes=_hex(block_hashes)))
-        return [PrefixMatch(m.worker_id, m.epoch, m.matched_blocks) for m in r.matches]
 
     # ---- route epoch and nonces --------------------------------------------
 

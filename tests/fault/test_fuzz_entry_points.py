@@ -10,7 +10,7 @@ no held block, no open transaction.
 
 Not fuzzed with well-formed messages (until issue 17 authorizes callers, they
 would change the cluster for the other cases, not test input handling):
-Directory.RegisterWorker, PrefixPublish and AdvanceRouteEpoch, and Admin.SetMode.
+Directory.RegisterWorker and AdvanceRouteEpoch, and Admin.SetMode.
 Their malformed-bytes and oversize cases are fuzzed.
 """
 
@@ -37,7 +37,7 @@ UNKNOWN or INTERNAL; never a call that hangs (DEADLINE_EXCEEDED at the caller's 
 timeout). DEADLINE_EXCEEDED answered by the service before that (a request whose own
 `deadline_ms` is 1) is deliberate: `_call` reports it as SERVICE_DEADLINE."""
 SERVICE_DEADLINE = "DEADLINE_EXCEEDED answered by the service (the request's own deadline)"
-SKIP_WELL_FORMED = {"RegisterWorker", "PrefixPublish", "AdvanceRouteEpoch", "SetMode"}
+SKIP_WELL_FORMED = {"RegisterWorker", "AdvanceRouteEpoch", "SetMode"}
 CALL_TIMEOUT_S = 20.0
 EXAMPLES = 50
 

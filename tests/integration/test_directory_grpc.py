@@ -380,22 +380,6 @@ def test_list_open_by_worker(directory):
 
 # ---- prefix index, route epoch, nonces -------------------------------------
 
-def test_prefix_publish_and_lookup(directory):
-    async def scenario(client: DirectoryClient):
-        (p, ep), (d, ed) = await two_workers(client)
-        tenant = uid("tenant")
-        chain = [bytes([i]) * 8 for i in range(4)]
-        assert await client.prefix_publish(tenant, d, ed, chain)
-        assert await client.prefix_publish(tenant, p, ep, [h.hex() for h in chain[:2]])
-        matches = await client.prefix_lookup(tenant, chain)
-        assert [(m.worker_id, m.epoch, m.matched_blocks) for m in matches] == [(d, ed, 4), (p, ep, 2)]
-        assert await client.prefix_lookup("other-tenant", chain) == []
-        assert await client.prefix_publish(tenant, d, ed, [], evicted=[chain[2]])
-        assert [(m.worker_id, m.matched_blocks) for m in await client.prefix_lookup(tenant, chain)] == [(d, 2), (p, 2)]
-        assert not await client.prefix_publish(tenant, d, ed + 1, chain)  # stale epoch: not indexed
-
-    run(directory.address, scenario)
-
 
 def test_route_epoch_and_nonce(directory):
     async def scenario(client: DirectoryClient):
@@ -440,8 +424,6 @@ def test_bad_input_is_invalid_argument(directory):
             await client.lookup(uid("r"), "")
         with pytest.raises(ValueError, match="epoch"):
             await client.heartbeat(dst[0], 0)
-        with pytest.raises(ValueError, match="block_hashes"):
-            await client.prefix_lookup("acme", ["not-hex"])
         with pytest.raises(ValueError, match="expires_unix_ms"):
             await client.consume_nonce("n", 0)
 

@@ -120,7 +120,6 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
         "abort": lambda: store.abort("t1", "again"),
         "lookup": lambda: store.lookup("t1"),
         "list_open": lambda: store.list_open(),
-        "prefix_lookup": lambda: store.prefix_lookup("acme", ["aa"]),
         "route_epoch": lambda: store.get_route_epoch(),
         "nonce": lambda: store.consume_nonce("n", 1),
         "reap": lambda: store.reap_expired(),

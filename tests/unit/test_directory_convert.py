@@ -9,7 +9,6 @@ import pytest
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
-    hashes_from_pb,
     manifest_blob,
     manifest_from_blob,
     role_matches,
@@ -184,14 +183,6 @@ def test_txn_response_round_trip():
     assert (missing.outcome, missing.state, missing.ok) == (Outcome.NOT_FOUND, None, False)
 
 
-def test_hashes_are_validated():
-    assert hashes_from_pb(["AB", "cd"], "block_hashes", 8) == ["ab", "cd"]
-    with pytest.raises(BadRequest, match="block_hashes"):
-        hashes_from_pb(["xyz"], "block_hashes", 8)
-    with pytest.raises(BadRequest, match="evicted_block_hashes"):
-        hashes_from_pb(["aa"] * 9, "evicted_block_hashes", 8)
-
-
 # ---- the fence -------------------------------------------------------------
 
 @pytest.mark.parametrize("call, want", [
@@ -211,7 +202,7 @@ def test_fence(call, want):
 
 # ---- the store keeps what the wire needs (memory twin; Redis in integration) --
 
-def test_memory_store_keeps_capacity_manifest_and_evictions():
+def test_memory_store_keeps_capacity_and_manifest():
     store = MemoryDirectoryStore(DirectoryConfig())
     cap = WorkerCapacity(total_blocks=64, block_size=16)
     p = store.register_worker(WorkerInfo("p0", "prefill", "p:1", "p:2", "abi", cap))
@@ -222,10 +213,5 @@ def test_memory_store_keeps_capacity_manifest_and_evictions():
     assert txn_to_pb(store.lookup("t1")).manifest == m
     changed = spec_from_manifest(make_manifest(source_epoch=p.epoch, destination_epoch=d.epoch, attempt=1))
     assert store.reserve(changed).outcome == Outcome.CHECKSUM_CONFLICT
-    store.prefix_publish("acme", "d0", d.epoch, ["aa", "bb", "cc"])
-    store.prefix_publish("acme", "d0", d.epoch, [], evicted=["bb"])
-    assert store.prefix_lookup("acme", ["aa", "bb", "cc"]) == {"d0": 1}
-    store.prefix_publish("acme", "d0", d.epoch, ["bb"], evicted=["bb"])  # held wins over evicted
-    assert store.prefix_lookup("acme", ["aa", "bb", "cc"]) == {"d0": 3}
     store.abort("t1", "cleanup")
     assert store.list_open() == []

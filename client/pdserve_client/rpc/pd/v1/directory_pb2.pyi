@@ -159,50 +159,6 @@ class TxnLookupResponse(_message.Message):
     transaction: _manifest_pb2.Transaction
     def __init__(self, found: _Optional[bool] = ..., transaction: _Optional[_Union[_manifest_pb2.Transaction, _Mapping]] = ...) -> None: ...
 
-class PrefixLookupRequest(_message.Message):
-    __slots__ = ("tenant", "block_hashes")
-    TENANT_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
-    tenant: str
-    block_hashes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tenant: _Optional[str] = ..., block_hashes: _Optional[_Iterable[str]] = ...) -> None: ...
-
-class PrefixMatch(_message.Message):
-    __slots__ = ("worker_id", "epoch", "matched_blocks")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    MATCHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    worker_id: str
-    epoch: int
-    matched_blocks: int
-    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., matched_blocks: _Optional[int] = ...) -> None: ...
-
-class PrefixLookupResponse(_message.Message):
-    __slots__ = ("matches",)
-    MATCHES_FIELD_NUMBER: _ClassVar[int]
-    matches: _containers.RepeatedCompositeFieldContainer[PrefixMatch]
-    def __init__(self, matches: _Optional[_Iterable[_Union[PrefixMatch, _Mapping]]] = ...) -> None: ...
-
-class PrefixPublishRequest(_message.Message):
-    __slots__ = ("tenant", "worker_id", "epoch", "block_hashes", "evicted_block_hashes")
-    TENANT_FIELD_NUMBER: _ClassVar[int]
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
-    EVICTED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
-    tenant: str
-    worker_id: str
-    epoch: int
-    block_hashes: _containers.RepeatedScalarFieldContainer[str]
-    evicted_block_hashes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., block_hashes: _Optional[_Iterable[str]] = ..., evicted_block_hashes: _Optional[_Iterable[str]] = ...) -> None: ...
-
-class PrefixPublishResponse(_message.Message):
-    __slots__ = ("accepted",)
-    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
-    accepted: bool
-    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
-
 class ClusterSnapshotRequest(_message.Message):
     __slots__ = ("role",)
     ROLE_FIELD_NUMBER: _ClassVar[int]

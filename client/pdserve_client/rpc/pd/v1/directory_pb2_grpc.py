@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DirectoryStub:
-    """Registry, transaction, prefix-index and epoch operations.
+    """Registry, transaction, nonce and epoch operations.
     """
 
     def __init__(self, channel):
@@ -80,16 +80,6 @@ class DirectoryStub:
                 request_serializer=pd_dot_v1_dot_directory__pb2.TxnLookupRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_directory__pb2.TxnLookupResponse.FromString,
                 _registered_method=True)
-        self.PrefixLookup = channel.unary_unary(
-                '/pd.v1.Directory/PrefixLookup',
-                request_serializer=pd_dot_v1_dot_directory__pb2.PrefixLookupRequest.SerializeToString,
-                response_deserializer=pd_dot_v1_dot_directory__pb2.PrefixLookupResponse.FromString,
-                _registered_method=True)
-        self.PrefixPublish = channel.unary_unary(
-                '/pd.v1.Directory/PrefixPublish',
-                request_serializer=pd_dot_v1_dot_directory__pb2.PrefixPublishRequest.SerializeToString,
-                response_deserializer=pd_dot_v1_dot_directory__pb2.PrefixPublishResponse.FromString,
-                _registered_method=True)
         self.ClusterSnapshot = channel.unary_unary(
                 '/pd.v1.Directory/ClusterSnapshot',
                 request_serializer=pd_dot_v1_dot_directory__pb2.ClusterSnapshotRequest.SerializeToString,
@@ -118,7 +108,7 @@ class DirectoryStub:
 
 
 class DirectoryServicer:
-    """Registry, transaction, prefix-index and epoch operations.
+    """Registry, transaction, nonce and epoch operations.
     """
 
     def RegisterWorker(self, request, context):
@@ -180,20 +170,6 @@ class DirectoryServicer:
 
     def Lookup(self, request, context):
         """Read one transaction.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PrefixLookup(self, request, context):
-        """Longest cached prefix per worker for a chain of block hashes.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PrefixPublish(self, request, context):
-        """Add (and drop) block hashes a worker holds in its prefix cache.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,16 +258,6 @@ def add_DirectoryServicer_to_server(servicer, server):
                     request_deserializer=pd_dot_v1_dot_directory__pb2.TxnLookupRequest.FromString,
                     response_serializer=pd_dot_v1_dot_directory__pb2.TxnLookupResponse.SerializeToString,
             ),
-            'PrefixLookup': grpc.unary_unary_rpc_method_handler(
-                    servicer.PrefixLookup,
-                    request_deserializer=pd_dot_v1_dot_directory__pb2.PrefixLookupRequest.FromString,
-                    response_serializer=pd_dot_v1_dot_directory__pb2.PrefixLookupResponse.SerializeToString,
-            ),
-            'PrefixPublish': grpc.unary_unary_rpc_method_handler(
-                    servicer.PrefixPublish,
-                    request_deserializer=pd_dot_v1_dot_directory__pb2.PrefixPublishRequest.FromString,
-                    response_serializer=pd_dot_v1_dot_directory__pb2.PrefixPublishResponse.SerializeToString,
-            ),
             'ClusterSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterSnapshot,
                     request_deserializer=pd_dot_v1_dot_directory__pb2.ClusterSnapshotRequest.FromString,
@@ -326,7 +292,7 @@ def add_DirectoryServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Directory:
-    """Registry, transaction, prefix-index and epoch operations.
+    """Registry, transaction, nonce and epoch operations.
     """
 
     @staticmethod
@@ -562,60 +528,6 @@ class Directory:
             '/pd.v1.Directory/Lookup',
             pd_dot_v1_dot_directory__pb2.TxnLookupRequest.SerializeToString,
             pd_dot_v1_dot_directory__pb2.TxnLookupResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PrefixLookup(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/pd.v1.Directory/PrefixLookup',
-            pd_dot_v1_dot_directory__pb2.PrefixLookupRequest.SerializeToString,
-            pd_dot_v1_dot_directory__pb2.PrefixLookupResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PrefixPublish(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/pd.v1.Directory/PrefixPublish',
-            pd_dot_v1_dot_directory__pb2.PrefixPublishRequest.SerializeToString,
-            pd_dot_v1_dot_directory__pb2.PrefixPublishResponse.FromString,
             options,
             channel_credentials,
             insecure,
