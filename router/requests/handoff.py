@@ -30,8 +30,8 @@ def prompt_digest(prompt: Sequence[int]) -> str:
 
 
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
-                   prefill: Worker, decode: Worker, reservation: Reservation, route_epoch: int,
-                   model_identity_digest: str = "") -> manifest_pb2.HandoffManifest:
+                   prefill: Worker, decode: Worker, reservation: Reservation,
+                   route_epoch: int) -> manifest_pb2.HandoffManifest:
     """The HandoffManifest for one disaggregated attempt.
 
     token_interval starts after the blocks the destination already holds
@@ -46,7 +46,6 @@ def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Seq
         attempt=generation,
         prompt_digest=prompt_digest(prompt),
         token_interval=manifest_pb2.TokenInterval(start=start, end=len(prompt)),
-        model_identity_digest=model_identity_digest,
         cache_abi_digest=prefill.cache_abi_digest,
         block_size=block_size,
         expected_chunks=reservation.expected_chunks,

@@ -47,7 +47,7 @@ def make_manifest(**overrides) -> manifest_pb2.HandoffManifest:
     """A complete manifest from p0@1 to d0@1."""
     fields = dict(
         request_id="r1", tenant="acme", generation=1, attempt=0, prompt_digest="ab" * 32,
-        token_interval=manifest_pb2.TokenInterval(start=0, end=32), model_identity_digest="cd" * 32,
+        token_interval=manifest_pb2.TokenInterval(start=0, end=32),
         cache_abi_digest="ef" * 32, block_size=16,
         expected_chunks=[manifest_pb2.ChunkSpec(layer=i, block_start=0, block_count=2, num_bytes=4096,
                                                 checksum=f"c{i}") for i in range(2)],

@@ -91,7 +91,6 @@ def test_handoff_manifest_round_trip():
         attempt=1,
         prompt_digest="ab" * 32,
         token_interval=m.TokenInterval(start=16, end=40),
-        model_identity_digest="cd" * 32,
         cache_abi_digest="ef" * 32,
         block_size=16,
         expected_chunks=[

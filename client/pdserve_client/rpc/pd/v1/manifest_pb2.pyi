@@ -24,38 +24,6 @@ TXN_STATE_PUBLISHED: TxnState
 TXN_STATE_ABORTED: TxnState
 TXN_STATE_RELEASED: TxnState
 
-class CacheAbi(_message.Message):
-    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype", "block_size", "layout", "rope_theta", "rope_scaling_json", "model_identity", "digest", "tokenizer_identity", "adapter_identity", "attn_tile_tokens", "kernels")
-    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
-    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
-    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
-    LAYOUT_FIELD_NUMBER: _ClassVar[int]
-    ROPE_THETA_FIELD_NUMBER: _ClassVar[int]
-    ROPE_SCALING_JSON_FIELD_NUMBER: _ClassVar[int]
-    MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
-    DIGEST_FIELD_NUMBER: _ClassVar[int]
-    TOKENIZER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
-    ADAPTER_IDENTITY_FIELD_NUMBER: _ClassVar[int]
-    ATTN_TILE_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    KERNELS_FIELD_NUMBER: _ClassVar[int]
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    block_size: int
-    layout: str
-    rope_theta: float
-    rope_scaling_json: str
-    model_identity: str
-    digest: str
-    tokenizer_identity: str
-    adapter_identity: str
-    attn_tile_tokens: int
-    kernels: str
-    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., layout: _Optional[str] = ..., rope_theta: _Optional[float] = ..., rope_scaling_json: _Optional[str] = ..., model_identity: _Optional[str] = ..., digest: _Optional[str] = ..., tokenizer_identity: _Optional[str] = ..., adapter_identity: _Optional[str] = ..., attn_tile_tokens: _Optional[int] = ..., kernels: _Optional[str] = ...) -> None: ...
-
 class TokenInterval(_message.Message):
     __slots__ = ("start", "end")
     START_FIELD_NUMBER: _ClassVar[int]
@@ -79,14 +47,13 @@ class ChunkSpec(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., block_start: _Optional[int] = ..., block_count: _Optional[int] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class HandoffManifest(_message.Message):
-    __slots__ = ("request_id", "tenant", "generation", "attempt", "prompt_digest", "token_interval", "model_identity_digest", "cache_abi_digest", "block_size", "expected_chunks", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "transfer_id", "reservation_id", "route_epoch", "checksum_algorithm")
+    __slots__ = ("request_id", "tenant", "generation", "attempt", "prompt_digest", "token_interval", "cache_abi_digest", "block_size", "expected_chunks", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "transfer_id", "reservation_id", "route_epoch", "checksum_algorithm")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     TOKEN_INTERVAL_FIELD_NUMBER: _ClassVar[int]
-    MODEL_IDENTITY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CACHE_ABI_DIGEST_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -104,7 +71,6 @@ class HandoffManifest(_message.Message):
     attempt: int
     prompt_digest: str
     token_interval: TokenInterval
-    model_identity_digest: str
     cache_abi_digest: str
     block_size: int
     expected_chunks: _containers.RepeatedCompositeFieldContainer[ChunkSpec]
@@ -116,7 +82,7 @@ class HandoffManifest(_message.Message):
     reservation_id: str
     route_epoch: int
     checksum_algorithm: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., prompt_digest: _Optional[str] = ..., token_interval: _Optional[_Union[TokenInterval, _Mapping]] = ..., model_identity_digest: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., block_size: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[ChunkSpec, _Mapping]]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., transfer_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., prompt_digest: _Optional[str] = ..., token_interval: _Optional[_Union[TokenInterval, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ..., block_size: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[ChunkSpec, _Mapping]]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., transfer_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("request_id", "transfer_id", "tenant", "generation", "attempt", "state", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "reservation_id", "chunks_expected", "kv_digest", "abort_reason", "created_unix_ms", "updated_unix_ms", "manifest")
