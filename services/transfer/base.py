@@ -25,10 +25,13 @@ transfer and holds no reference to its views.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
+
+log = logging.getLogger(__name__)
 
 CHECKSUM_ALGORITHM = "xxh3_64"
 
@@ -167,8 +170,26 @@ class KVSender(abc.ABC):
         """Release connections."""
 
 
+def emit(exp: Expectation, event: object) -> None:
+    """Deliver an event to the expectation's listener; a listener's bug is logged, not raised."""
+    try:
+        exp.on_event(event)
+    except Exception:  # a listener's bug must not break the transport
+        log.exception("on_event of %s raised", exp.transfer_id)
+
+
 class KVReceiver(abc.ABC):
-    """Decode side of a push transfer."""
+    """Decode side of a push transfer.
+
+    The bookkeeping every backend shares lives here: ``pending`` (the transfers it
+    accepts chunks of), ``expect``, ``forget`` and ``_fail`` (a transfer ends once:
+    it leaves ``pending``, the backend drops its state in ``_drop``, and the
+    listener hears ``Failed``). Backends implement the wire.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Expectation] = {}
+        """Transfers this receiver accepts chunks of, by transfer id."""
 
     @property
     @abc.abstractmethod
@@ -183,13 +204,25 @@ class KVReceiver(abc.ABC):
     async def stop(self) -> None:
         """Stop accepting; every pending transfer ends in Failed."""
 
-    @abc.abstractmethod
     def expect(self, expectation: Expectation) -> None:
         """Accept chunks of `expectation.transfer_id` from now on."""
+        self.pending[expectation.transfer_id] = expectation
 
-    @abc.abstractmethod
     def forget(self, transfer_id: str) -> None:
         """Stop accepting the transfer and drop its views (idempotent)."""
+        self.pending.pop(transfer_id, None)
+        self._drop(transfer_id)
+
+    def _drop(self, transfer_id: str) -> None:
+        """Drop the backend's own state of a transfer that ended (forgotten or failed)."""
+
+    def _fail(self, transfer_id: str, reason: str) -> None:
+        """End a pending transfer with Failed(reason); nothing if it already ended."""
+        exp = self.pending.pop(transfer_id, None)
+        self._drop(transfer_id)
+        if exp is not None:
+            log.info("transfer %s failed: %s", transfer_id, reason)
+            emit(exp, Failed(transfer_id, reason))
 
     async def fence(self, transfer_id: str) -> None:
         """Return once no write into the transfer's views is in progress.

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from .base import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict
+from .base import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict, emit
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +32,6 @@ def destination(exp: Expectation, key: ChunkKey, payload_len: int
     if size != payload_len:
         return [], f"chunk {key} is {payload_len} bytes, expected {size}"
     return views, ""
-
-
-def emit(exp: Expectation, event: object) -> None:
-    """Deliver an event to the expectation's listener; a listener's bug is logged, not raised."""
-    try:
-        exp.on_event(event)
-    except Exception:  # a listener's bug must not break the transport
-        log.exception("on_event of %s raised", exp.transfer_id)
 
 
 def place(views: list[memoryview], sizes: list[int]) -> list[list[memoryview]]:

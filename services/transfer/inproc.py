@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from .base import (
     Chunk,
     ChunkArrived,
-    Expectation,
-    Failed,
     KVReceiver,
     KVSender,
     TransferCommit,
@@ -24,8 +22,8 @@ class InprocReceiver(KVReceiver):
     """Receiver registered under `inproc://NAME` in this process."""
 
     def __init__(self, name: str):
+        super().__init__()
         self._address = f"inproc://{name}"
-        self.pending: dict[str, Expectation] = {}
 
     @property
     def address(self) -> str:
@@ -38,17 +36,6 @@ class InprocReceiver(KVReceiver):
         _RECEIVERS.pop(self._address, None)
         for tid in list(self.pending):
             self._fail(tid, "receiver stopped")
-
-    def expect(self, expectation: Expectation) -> None:
-        self.pending[expectation.transfer_id] = expectation
-
-    def forget(self, transfer_id: str) -> None:
-        self.pending.pop(transfer_id, None)
-
-    def _fail(self, transfer_id: str, reason: str) -> None:
-        exp = self.pending.pop(transfer_id, None)
-        if exp is not None:
-            exp.on_event(Failed(transfer_id, reason))
 
     def _write(self, transfer_id: str, chunk: Chunk, buffers: Sequence[memoryview]) -> None:
         exp = self.pending.get(transfer_id)

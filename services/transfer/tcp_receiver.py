@@ -29,7 +29,7 @@ import logging
 import socket
 from collections.abc import Callable
 
-from .base import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, checksum, max_body_bytes
+from .base import ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, max_body_bytes
 from .common import decide
 from .common import destination as _destination
 from .common import emit as _emit
@@ -246,8 +246,8 @@ class TcpReceiver(KVReceiver):
         if idle_timeout_s <= 0:
             raise ValueError("idle_timeout_s must be positive")
         self.host, self.port, self.idle_timeout_s = host, port, idle_timeout_s
+        super().__init__()
         self.advertise_host = advertise_host or host
-        self.pending: dict[str, Expectation] = {}
         self._server: asyncio.AbstractServer | None = None
         self._inboxes: set[_Inbox] = set()
         self._commits: set[asyncio.Task] = set()
@@ -280,18 +280,6 @@ class TcpReceiver(KVReceiver):
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
-
-    def expect(self, expectation: Expectation) -> None:
-        self.pending[expectation.transfer_id] = expectation
-
-    def forget(self, transfer_id: str) -> None:
-        self.pending.pop(transfer_id, None)
-
-    def _fail(self, transfer_id: str, reason: str) -> None:
-        exp = self.pending.pop(transfer_id, None)
-        if exp is not None:
-            log.info("transfer %s failed: %s", transfer_id, reason)
-            _emit(exp, Failed(transfer_id, reason))
 
     # -- one connection
     async def _serve(self, inbox: _Inbox) -> None:

@@ -41,7 +41,7 @@ import logging
 import os
 
 from . import ucx_wire as wire
-from .base import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, checksum
+from .base import ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum
 from .common import decide, destination, emit, place
 from .tcp_wire import decode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
@@ -66,8 +66,8 @@ class UcxReceiver(KVReceiver):
             raise ValueError("idle_timeout_s and fence_timeout_s must be positive")
         self.idle_timeout_s, self.fence_timeout_s = idle_timeout_s, fence_timeout_s
         self.host = host or local_host()
+        super().__init__()
         self.nonce = wire.new_nonce()
-        self.pending: dict[str, Expectation] = {}
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
         self._senders: dict[int, tuple[bytes, object]] = {}  # nonce -> (address, endpoint)
@@ -105,11 +105,7 @@ class UcxReceiver(KVReceiver):
             for t in late:
                 t.cancel()
 
-    def expect(self, expectation: Expectation) -> None:
-        self.pending[expectation.transfer_id] = expectation
-
-    def forget(self, transfer_id: str) -> None:
-        self.pending.pop(transfer_id, None)
+    def _drop(self, transfer_id: str) -> None:
         self._last_heard.pop(transfer_id, None)
         self._claimed.pop(transfer_id, None)
 
@@ -306,13 +302,9 @@ class UcxReceiver(KVReceiver):
         self._reply(nonce, wire.ERROR, tid, {"reason": reason})
 
     def _fail(self, tid: str, reason: str) -> None:
-        exp = self.pending.pop(tid, None)
-        self._last_heard.pop(tid, None)
-        self._claimed.pop(tid, None)
-        if exp is not None:
+        if tid in self.pending:
             self.stats["failed_transfers"] += 1
-            log.info("transfer %s failed: %s", tid, reason)
-            emit(exp, Failed(tid, reason))
+        super()._fail(tid, reason)
 
     def _reply(self, nonce: int, kind: int, tid: str, body: dict) -> None:
         """Post a reply now (in order with earlier replies); errors are only logged —
