@@ -69,7 +69,7 @@ class RouterConfig:
     Off by default: on the local cluster the windows cut long prompts' median
     TTFT by a third and cost a quarter of the streams their TPOT (predicted
     starts are estimates, and prefills side by side on a shared host run slower
-    than alone); measured in docs/benchmarks.md."""
+    than alone); measured in bench/results/goodput.md."""
 
     stream_start_share: float = 0.75
     """With `stream_start_windows`: the share of a planned stream's earliest start
@@ -77,7 +77,7 @@ class RouterConfig:
     window closes that much before the predicted start (a margin for prefills
     that run slower side by side, and for starts that come early). Measured on
     the local cluster: 0.75 gave joint 0.78-0.97 where 1.0 gave 0.64-0.69
-    (docs/benchmarks.md)."""
+    (bench/results/goodput.md)."""
 
     reject_unconfirmed: bool = False
     """Reject also on prices no completion on this router has confirmed yet (the
