@@ -177,8 +177,8 @@ class MemoryDirectoryStore(DirectoryStore):
             self._abort_touching(info.worker_id, now, "worker_restarted")
             self._release_held(info.worker_id, now, "worker_restarted")
             rec = WorkerRecord(
-                info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-                epoch, now + self._ms(self._cfg.lease_ttl_s), load or LoadReport(), info.capacity,
+                info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
+                info.capacity, load or LoadReport(), epoch, now + self._ms(self._cfg.lease_ttl_s),
                 info.profile, info.colocated_only_reason,
             )
             self._workers[info.worker_id] = rec

@@ -126,9 +126,9 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
     return WorkerRecord(
         worker_id=m["worker_id"],
         role=m["role"],
-        grpc_addr=m["grpc_addr"],
-        data_addr=m["data_addr"],
-        abi_digest=m["abi_digest"],
+        grpc_address=m["grpc_addr"],
+        data_plane_address=m["data_addr"],
+        cache_abi_digest=m["abi_digest"],
         epoch=int(m["epoch"]),
         lease_expiry_ms=int(m["lease_expiry_ms"]),
         load=LoadReport(**{f: int(m.get(f, 0)) for f in LOAD_FIELDS}),
@@ -197,13 +197,13 @@ class RedisDirectoryStore(DirectoryStore):
         """See ``WorkerRegistry.register_worker``."""
         load = load or LoadReport()
         epoch, expiry_ms = self._run(
-            "register", info.worker_id, info.role.value, info.grpc_addr, info.data_addr,
-            info.abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
+            "register", info.worker_id, info.role.value, info.grpc_address, info.data_plane_address,
+            info.cache_abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
             info.colocated_only_reason,
         )
         return WorkerRecord(
-            info.worker_id, info.role, info.grpc_addr, info.data_addr, info.abi_digest,
-            int(epoch), int(expiry_ms), load, info.capacity, info.profile, info.colocated_only_reason,
+            info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
+            info.capacity, load, int(epoch), int(expiry_ms), info.profile, info.colocated_only_reason,
         )
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:

@@ -148,7 +148,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         info = worker_info_from_pb(request)
         rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
         route_epoch = await self._run(self._store.get_route_epoch)
-        log.info("registered %s (%s) epoch %d at %s", rec.worker_id, rec.role.value, rec.epoch, rec.grpc_addr)
+        log.info("registered %s (%s) epoch %d at %s", rec.worker_id, rec.role.value, rec.epoch, rec.grpc_address)
         return directory_pb2.RegisterWorkerResponse(
             epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch)
 

@@ -16,11 +16,11 @@ import logging
 import grpc
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
-from router.convert import worker_to_pb
 from router.grpc_gateway import grpc_code
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
+from services.directory.wire import worker_record_to_pb
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         open_txns = await self._open_transactions(context)
         decoders = [w for w in cluster.workers if w.can_decode]
         return admin_pb2.StatusResponse(
-            workers=[worker_to_pb(w) for w in cluster.workers],
+            workers=[worker_record_to_pb(w) for w in cluster.workers],
             free_blocks=sum(w.load.free_blocks for w in decoders),
             reserved_blocks=sum(w.load.reserved_blocks for w in decoders),
             total_blocks=sum(w.load.total_blocks or w.capacity.total_blocks for w in decoders),

@@ -8,19 +8,16 @@ from typing import Any
 from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 from router.types import (
-    Capacity,
     Cluster,
     Completed,
     Event,
     FinishReason,
     GenerateParams,
-    Load,
     Mode,
     PrefillCall,
     PrefillDone,
     Reservation,
     ReserveCall,
-    Role,
     Route,
     RouterError,
     Sampling,
@@ -32,12 +29,10 @@ from router.types import (
     StreamItem,
     StreamToken,
     TokenOut,
-    Worker,
     WorkerCallError,
 )
-from services.directory.records import ClusterSnapshot, WorkerRecord, WorkerRole
+from services.directory.records import ClusterSnapshot
 from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
-from services.directory.wire import profile_to_pb
 
 ERROR_CODE_STATUS: dict[int, StatusCode] = {
     common_pb2.ErrorCode.Value(f"ERROR_CODE_{name}"): StatusCode[status]
@@ -49,28 +44,11 @@ _FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
                    common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED}
 _FINISH_TO_PB = {v: k for k, v in _FINISH_FROM_PB.items()}
 _ROUTE_TO_PB = {Route.DISAGGREGATED: router_pb2.ROUTE_DISAGGREGATED, Route.COLOCATED: router_pb2.ROUTE_COLOCATED}
-_ROLE_TO_PB = {Role.PREFILL: common_pb2.WORKER_ROLE_PREFILL, Role.DECODE: common_pb2.WORKER_ROLE_DECODE,
-               Role.MIXED: common_pb2.WORKER_ROLE_BOTH}
-_ROLE_FROM_STORE = {WorkerRole.PREFILL: Role.PREFILL, WorkerRole.DECODE: Role.DECODE, WorkerRole.MIXED: Role.MIXED}
-
-
-def worker_from_store(rec: WorkerRecord) -> Worker:
-    """The directory client's WorkerRecord -> Worker."""
-    c, ld = rec.capacity, rec.load
-    return Worker(
-        worker_id=rec.worker_id, role=_ROLE_FROM_STORE[rec.role], grpc_address=rec.grpc_addr,
-        data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
-        capacity=Capacity(c.total_blocks, c.max_decode_batch, c.max_prefill_tokens, c.block_size, c.vocab_size,
-                          c.max_model_len),
-        load=Load(ld.pending_prefill_tokens, ld.active_decode_batch, ld.free_blocks, ld.reserved_blocks,
-                  ld.total_blocks, ld.active_context_tokens, ld.active_blocks, ld.cached_blocks),
-        epoch=rec.epoch, lease_expires_unix_ms=rec.lease_expiry_ms, profile=rec.profile,
-        colocated_only_reason=rec.colocated_only_reason)
 
 
 def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
     """The directory client's ClusterSnapshot -> Cluster."""
-    return Cluster(tuple(worker_from_store(w) for w in snap.workers), snap.route_epoch, snap.now_ms)
+    return Cluster(snap.workers, snap.route_epoch, snap.now_ms)
 
 
 def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
@@ -82,25 +60,6 @@ def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
         reservation_id=r.reservation_id, chunks_expected=r.chunks_expected, kv_digest=r.kv_digest,
         abort_reason=r.abort_reason, created_unix_ms=r.created_unix_ms, updated_unix_ms=r.updated_unix_ms,
         manifest=r.manifest)
-
-
-def worker_to_pb(w: Worker) -> common_pb2.WorkerInfo:
-    """Worker -> WorkerInfo (for Admin.Status)."""
-    c, ld = w.capacity, w.load
-    return common_pb2.WorkerInfo(
-        worker_id=w.worker_id, role=_ROLE_TO_PB[w.role], grpc_address=w.grpc_address,
-        data_plane_address=w.data_plane_address, cache_abi_digest=w.cache_abi_digest,
-        capacity=common_pb2.WorkerCapacity(
-            total_blocks=c.total_blocks, max_decode_batch=c.max_decode_batch, max_prefill_tokens=c.max_prefill_tokens,
-            block_size=c.block_size, vocab_size=c.vocab_size, max_model_len=c.max_model_len),
-        epoch=w.epoch,
-        load=common_pb2.LoadReport(
-            pending_prefill_tokens=ld.pending_prefill_tokens, active_decode_batch=ld.active_decode_batch,
-            free_blocks=ld.free_blocks, reserved_blocks=ld.reserved_blocks, total_blocks=ld.total_blocks,
-            active_context_tokens=ld.active_context_tokens, active_blocks=ld.active_blocks,
-            cached_blocks=ld.cached_blocks),
-        lease_expires_unix_ms=w.lease_expires_unix_ms, profile=profile_to_pb(w.profile),
-        colocated_only_reason=w.colocated_only_reason)
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:

@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 from services.directory.states import Outcome
 
 
@@ -50,14 +50,6 @@ class WorkerCallError(Exception):
         self.message = message
 
 
-class Role(enum.Enum):
-    """Phases a worker serves (pd.v1.WorkerRole)."""
-
-    PREFILL = 1
-    DECODE = 2
-    MIXED = 3
-
-
 class Mode(enum.Enum):
     """Serving mode a client asks for (pd.v1.Mode); UNSPECIFIED means the router default."""
 
@@ -88,6 +80,13 @@ TxnOutcome = Outcome
 """What a directory transaction transition did: the directory's own `Outcome`
 (services/directory/states.py; one definition), under the router's name for it."""
 
+# The worker record is the directory's (services/directory/records.py; one
+# definition), under the names the router's code reads.
+Worker = WorkerRecord
+Role = WorkerRole
+Capacity = WorkerCapacity
+Load = LoadReport
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TxnAnswer:
@@ -98,65 +97,6 @@ class TxnAnswer:
     """The request's generation after the call. A refused reserve at or below it
     means the request id ran before (within the directory's retention): the next
     attempt must go above it."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Capacity:
-    """Static capacity a worker declared at registration; 0 means "not declared"."""
-
-    total_blocks: int = 0
-    max_decode_batch: int = 0
-    max_prefill_tokens: int = 0
-    block_size: int = 0
-    vocab_size: int = 0
-    max_model_len: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Load:
-    """Load from a worker's latest heartbeat (all zero before the first one)."""
-
-    pending_prefill_tokens: int = 0
-    active_decode_batch: int = 0
-    free_blocks: int = 0
-    reserved_blocks: int = 0
-    total_blocks: int = 0
-    active_context_tokens: int = 0
-    """Tokens the decode batch attends over (sum of its sequences' lengths)."""
-    active_blocks: int = 0
-    """Blocks held by running work (free + reserved + active == total)."""
-    cached_blocks: int = 0
-    """Of the free blocks, those holding a reusable prefix."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Worker:
-    """A live worker as the directory's snapshot shows it."""
-
-    worker_id: str
-    role: Role
-    grpc_address: str
-    data_plane_address: str = ""
-    cache_abi_digest: str = ""
-    capacity: Capacity = Capacity()
-    load: Load = Load()
-    epoch: int = 1
-    lease_expires_unix_ms: int = 0
-    profile: CostProfile = CostProfile()
-    """Cost model the worker measured at start (empty: none declared)."""
-    colocated_only_reason: str = ""
-    """Why the worker never exchanges K/V (failed start-up self-check; its cache ABI
-    digest is its own, so no route pairs it); empty: hand-offs allowed."""
-
-    can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
-    """True for PREFILL and MIXED workers (from `role`; a field, not a property: the
-    router's decision reads it per candidate)."""
-    can_decode: bool = dataclasses.field(init=False, repr=False, compare=False)
-    """True for DECODE and MIXED workers (they also serve colocated requests)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "can_prefill", self.role in (Role.PREFILL, Role.MIXED))
-        object.__setattr__(self, "can_decode", self.role in (Role.DECODE, Role.MIXED))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

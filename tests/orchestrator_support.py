@@ -48,7 +48,7 @@ def model_tokens(prompt, n: int) -> list[int]:
 def worker(worker_id: str, role: Role, free: int = 64, pending: int = 0) -> Worker:
     return Worker(worker_id, role, f"{worker_id}:50", f"{worker_id}:60", "abi-1", CAP,
                   Load(pending_prefill_tokens=pending, free_blocks=free, total_blocks=64), epoch=5,
-                  lease_expires_unix_ms=1)
+                  lease_expiry_ms=1)
 
 
 def unavailable(msg: str = "worker down") -> WorkerCallError:

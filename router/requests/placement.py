@@ -116,9 +116,9 @@ class LoadOverlay:
             prev = self._marks.get(e.worker_id)
             if w is None or w.epoch != e.epoch:
                 del self._entries[key]  # that incarnation's state is gone
-            elif prev is not None and prev[1] != w.lease_expires_unix_ms and e.after_fetch < prev[2]:
+            elif prev is not None and prev[1] != w.lease_expiry_ms and e.after_fetch < prev[2]:
                 del self._entries[key]  # a heartbeat newer than the dispatch arrived
-        self._marks = {w.worker_id: (w.epoch, w.lease_expires_unix_ms, fetch_id) for w in cluster.workers}
+        self._marks = {w.worker_id: (w.epoch, w.lease_expiry_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
     def add(self, worker: Worker, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False) -> int:

@@ -107,7 +107,7 @@ class AdmissionQueue:
         """`worker` refused for lack of blocks although this router's view showed room:
         count it full until a heartbeat newer than that view (its lease expiry moves),
         a new incarnation, or `fence_ttl_s`."""
-        self._full[worker.worker_id] = (worker.epoch, worker.lease_expires_unix_ms,
+        self._full[worker.worker_id] = (worker.epoch, worker.lease_expiry_ms,
                                         self._clock() + self.fence_ttl_s)
 
     def fenced(self, cluster: Cluster, weight: int = 4) -> dict[str, int]:
@@ -119,7 +119,7 @@ class AdmissionQueue:
         if entry is None:
             return False
         epoch, lease, until = entry
-        if (w.epoch, w.lease_expires_unix_ms) != (epoch, lease) or self._clock() >= until:
+        if (w.epoch, w.lease_expiry_ms) != (epoch, lease) or self._clock() >= until:
             del self._full[w.worker_id]
             return False
         return True

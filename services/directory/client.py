@@ -180,8 +180,8 @@ class DirectoryClient:
         """Register (or re-register) ``info`` (capacity included); a fresh epoch
         fences everything the worker's previous epoch left unpublished."""
         r = await self._call("RegisterWorker", directory_pb2.RegisterWorkerRequest(
-            worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_addr,
-            data_plane_address=info.data_addr, cache_abi_digest=info.abi_digest,
+            worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_address,
+            data_plane_address=info.data_plane_address, cache_abi_digest=info.cache_abi_digest,
             capacity=capacity_to_pb(info.capacity), profile=profile_to_pb(info.profile),
             colocated_only_reason=info.colocated_only_reason))
         return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch)

@@ -97,9 +97,9 @@ class WorkerInfo:
 
     worker_id: str
     role: WorkerRole
-    grpc_addr: str
-    data_addr: str
-    abi_digest: str
+    grpc_address: str
+    data_plane_address: str
+    cache_abi_digest: str
     """Digest of the worker's cache ABI; routes pair only equal digests."""
     capacity: WorkerCapacity = WorkerCapacity()
     profile: CostProfile = CostProfile()
@@ -116,25 +116,38 @@ class WorkerInfo:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerRecord:
-    """A registered, live worker as the directory sees it."""
+    """A registered, live worker as the directory sees it: the one worker record
+    (the directory stores it, the router places requests on it, pdctl shows it)."""
 
     worker_id: str
     role: WorkerRole
-    grpc_addr: str
-    data_addr: str
-    abi_digest: str
-    epoch: int
-    """Bumped on every registration; fences everything the previous process did."""
-    lease_expiry_ms: int
-    """Store clock; the worker is dead at or after this instant."""
-    load: LoadReport
+    grpc_address: str
+    data_plane_address: str = ""
+    cache_abi_digest: str = ""
+    """Digest of the worker's cache ABI; routes pair only equal digests."""
     capacity: WorkerCapacity = WorkerCapacity()
+    load: LoadReport = LoadReport()
+    """From the latest heartbeat (before the first: every block free)."""
+    epoch: int = 1
+    """Bumped on every registration; fences everything the previous process did."""
+    lease_expiry_ms: int = 0
+    """Store clock; the worker is dead at or after this instant."""
     profile: CostProfile = CostProfile()
+    """Cost model the worker measured at start (empty: none declared)."""
     colocated_only_reason: str = ""
     """As declared at registration (WorkerInfo.colocated_only_reason)."""
 
+    can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
+    """PREFILL and MIXED workers (from `role`; a field, not a property: the router's
+    decision reads it per candidate)."""
+    can_decode: bool = dataclasses.field(init=False, repr=False, compare=False)
+    """DECODE and MIXED workers (they also serve colocated requests)."""
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "role", WorkerRole(self.role))
+        role = WorkerRole(self.role)
+        object.__setattr__(self, "role", role)
+        object.__setattr__(self, "can_prefill", role is not WorkerRole.DECODE)
+        object.__setattr__(self, "can_decode", role is not WorkerRole.PREFILL)
 
     @property
     def ref(self) -> WorkerRef:

@@ -100,8 +100,8 @@ def profile_to_pb(profile: CostProfile) -> common_pb2.CostProfile:
 def worker_record_to_pb(rec: WorkerRecord) -> common_pb2.WorkerInfo:
     """A live worker as ClusterSnapshot reports it."""
     return common_pb2.WorkerInfo(
-        worker_id=rec.worker_id, role=ROLE_TO_PB[rec.role], grpc_address=rec.grpc_addr,
-        data_plane_address=rec.data_addr, cache_abi_digest=rec.abi_digest,
+        worker_id=rec.worker_id, role=ROLE_TO_PB[rec.role], grpc_address=rec.grpc_address,
+        data_plane_address=rec.data_plane_address, cache_abi_digest=rec.cache_abi_digest,
         capacity=capacity_to_pb(rec.capacity), epoch=rec.epoch, load=load_to_pb(rec.load),
         lease_expires_unix_ms=rec.lease_expiry_ms, profile=profile_to_pb(rec.profile),
         colocated_only_reason=rec.colocated_only_reason,
@@ -112,8 +112,8 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
     """ClusterSnapshot entry -> WorkerRecord (the client's view of a live worker)."""
     return WorkerRecord(
         pb.worker_id, ROLE_FROM_PB[pb.role], pb.grpc_address, pb.data_plane_address,
-        pb.cache_abi_digest, pb.epoch, pb.lease_expires_unix_ms, load_from_pb(pb.load),
-        capacity_from_pb(pb.capacity), profile_from_pb(pb.profile), pb.colocated_only_reason,
+        pb.cache_abi_digest, capacity_from_pb(pb.capacity), load_from_pb(pb.load), pb.epoch,
+        pb.lease_expires_unix_ms, profile_from_pb(pb.profile), pb.colocated_only_reason,
     )
 
 

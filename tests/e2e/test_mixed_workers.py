@@ -36,7 +36,7 @@ def test_mixed_workers_register_both_roles(cluster):
     snap, _ = _directory(cluster)
     assert sorted((w.worker_id, w.role) for w in snap.workers) == [
         ("mixed-0", WorkerRole.MIXED), ("mixed-1", WorkerRole.MIXED)]
-    assert all(w.data_addr.startswith("ucx://") for w in snap.workers)
+    assert all(w.data_plane_address.startswith("ucx://") for w in snap.workers)
 
 
 def test_split_in_both_directions_equals_colocated(cluster):

@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
 
 def _digests(cluster) -> dict[str, str]:
     snap, _ = _directory(cluster)
-    return {w.worker_id: w.abi_digest for w in snap.workers}
+    return {w.worker_id: w.cache_abi_digest for w in snap.workers}
 
 
 def test_digests_follow_numerics(cluster):

@@ -26,7 +26,7 @@ def data_address(cluster) -> tuple[str, int]:
     from cluster_support import _directory
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
-    return parse_address(d.data_addr)
+    return parse_address(d.data_plane_address)
 
 
 def rss_bytes(pid: int) -> int:

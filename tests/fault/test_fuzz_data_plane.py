@@ -27,7 +27,7 @@ def data_address(cluster):
     from cluster_support import _directory
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
-    return parse_address(d.data_addr)
+    return parse_address(d.data_plane_address)
 
 
 frames = st.builds(

@@ -29,7 +29,7 @@ def sender(cluster):
     from services.transfer.ucx_runtime import runtime
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
-    nonce, _, _, address = wire.parse_address(d.data_addr)
+    nonce, _, _, address = wire.parse_address(d.data_plane_address)
     loop = asyncio.new_event_loop()
     rt = loop.run_until_complete(_rt(runtime))
     ep = loop.run_until_complete(rt.endpoint(address))

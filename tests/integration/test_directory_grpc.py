@@ -198,8 +198,8 @@ def test_register_heartbeat_snapshot(directory):
 
         snap = await client.snapshot()
         w = snap.worker(d)
-        assert (w.role, w.grpc_addr, w.data_addr, w.abi_digest, w.epoch) == (WorkerRole.DECODE, f"{d}:1", f"{d}:2",
-                                                                             "abi", ed)
+        assert (w.role, w.grpc_address, w.data_plane_address, w.cache_abi_digest, w.epoch) == \
+            (WorkerRole.DECODE, f"{d}:1", f"{d}:2", "abi", ed)
         assert (w.capacity, w.load) == (CAP, load)
         assert w.lease_expiry_ms > snap.now_ms > time.time() * 1000 - 60_000
         assert snap.worker(p).load == LoadReport(free_blocks=64, total_blocks=64)  # registered, no heartbeat yet

@@ -90,8 +90,8 @@ def test_dataclass_fields_match_proto_fields():
 def test_worker_round_trip():
     cap = WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=2048, block_size=16,
                          vocab_size=32000, max_model_len=4096)
-    rec = WorkerRecord("d0", WorkerRole.MIXED, "h:1", "h:2", "abi", 3, 12345,
-                       LoadReport(1, 2, 3, 4, 64), cap, colocated_only_reason="self-check failed")
+    rec = WorkerRecord("d0", WorkerRole.MIXED, "h:1", "h:2", "abi", cap, LoadReport(1, 2, 3, 4, 64), 3, 12345,
+                       colocated_only_reason="self-check failed")
     assert worker_record_from_pb(worker_record_to_pb(rec)) == rec
     req = directory_pb2.RegisterWorkerRequest(
         worker_id="d0", role=common_pb2.WORKER_ROLE_DECODE, grpc_address="h:1", data_plane_address="h:2",
