@@ -21,7 +21,7 @@ from services.directory.records import TransferRef
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_views
-from services.worker.config import WorkerConfig
+from services.worker.config import DecodeWorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
@@ -46,7 +46,7 @@ class StreamSink(AsyncSink):
 class DecodeWorker:
     """Reservations and streams of one decode worker."""
 
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
+    def __init__(self, cfg: DecodeWorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
         self.cfg = cfg
         self.loop = loop
         self.engine = loop.engine
