@@ -155,17 +155,19 @@ def run_process(run) -> None:
 
 
 def metrics_file(cfg: NodeConfig, loop: EngineLoop, *transports):
-    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current with engine
-    load and the data plane's figures: every transport's (a mixed worker has a
-    receiver and a sender; their sample names differ)."""
-    from services.telemetry.metrics import MetricsFile
+    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current from this
+    process's registry: the engine's load as gauges, and the data plane's figures of
+    every transport (a mixed worker has a receiver and a sender; their names differ)."""
+    from prometheus_client import Gauge
 
-    def engine():
-        e = loop.engine
-        return [("pd_engine_free_blocks", {}, e.num_free_blocks),
-                ("pd_engine_total_blocks", {}, e.blocks.num_blocks),
-                ("pd_engine_pending_prefill_tokens", {}, loop.pending_prefill_tokens),
-                ("pd_engine_active_decode", {}, loop.active_decode)]
+    from services.telemetry.metrics import MetricsFile, registry_of
 
-    sources = [engine] + [t.metrics for t in transports if hasattr(t, "metrics")]
-    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), sources)
+    registry = registry_of([t.metrics for t in transports if hasattr(t, "metrics")])
+    for name, doc, read in (
+            ("pd_engine_free_blocks", "K/V blocks free in the pool.", lambda: loop.engine.num_free_blocks),
+            ("pd_engine_total_blocks", "K/V blocks in the pool.", lambda: loop.engine.blocks.num_blocks),
+            ("pd_engine_pending_prefill_tokens", "Prompt tokens waiting to be prefilled.",
+             lambda: loop.pending_prefill_tokens),
+            ("pd_engine_active_decode", "Sequences in the decode batch.", lambda: loop.active_decode)):
+        Gauge(name, doc, registry=registry).set_function(read)
+    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), registry)
