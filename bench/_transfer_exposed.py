@@ -24,7 +24,6 @@ mode, then the median of --exposed-repeats. JSON lines:
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import shutil
 import statistics
@@ -56,9 +55,9 @@ def streaming_variable(explicit: str) -> str:
     if explicit:
         return explicit
     from services.worker.config import WorkerConfig
-    names = [f.name for f in dataclasses.fields(WorkerConfig)
-             if "stream" in f.name and f.type in ("bool", bool)]
-    return f"PD_{names[0].upper()}" if len(names) == 1 else ""
+    names = [f.validation_alias for name, f in WorkerConfig.model_fields.items()
+             if "stream" in name and f.annotation is bool]
+    return names[0] if len(names) == 1 else ""
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:

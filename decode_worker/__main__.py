@@ -13,7 +13,7 @@ from services.worker.process import run_process
 
 
 def main() -> None:
-    run_process(lambda argv: run_node(["decode"], argv, prog="decode"))
+    run_process(lambda argv: run_node("decode", argv))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from services.directory.states import Outcome
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
-from services.worker.config import WorkerConfig
+from services.worker.config import DecodeWorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
@@ -48,7 +48,7 @@ class StreamSink(AsyncSink):
 class DecodeWorker:
     """Reservations and streams of one decode worker."""
 
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
+    def __init__(self, cfg: DecodeWorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
         self.cfg = cfg
         self.loop = loop
         self.engine = loop.engine

@@ -27,20 +27,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kv_directory", description=__doc__.splitlines()[0])
     p.add_argument("--listen", help="gRPC listen address host:port (port 0 = any); env PD_DIRECTORY_LISTEN")
     p.add_argument("--redis-url", help="redis:// URL of the state store; env PD_REDIS_URL")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--log-level", help="logging level; env PD_LOG_LEVEL, default INFO")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)
-    setup_logging("kv_directory", args.log_level)
-    overrides = {k: v for k, v in (("listen_addr", args.listen), ("redis_url", args.redis_url)) if v}
+    overrides = {k: v for k, v in (("listen_addr", args.listen), ("redis_url", args.redis_url),
+                                   ("log_level", args.log_level)) if v}
     try:
         config = DirectoryConfig.from_env(**overrides)
     except ValueError as exc:
         print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
         return 2
+    setup_logging("kv_directory", config.log_level)
     store = RedisDirectoryStore(config)
     try:
         store.ping()

@@ -7,7 +7,7 @@ from services.worker.process import run_process
 
 
 def main() -> None:
-    run_process(lambda argv: run_node(["prefill"], argv, prog="prefill"))
+    run_process(lambda argv: run_node("prefill", argv))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from services.directory.chunk_plan import Layout, tiling_error
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
-from services.worker.config import WorkerConfig
+from services.worker.config import PrefillWorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
@@ -110,7 +110,7 @@ class Task:
 class PrefillWorker:
     """Runs prefills and pushes their K/V."""
 
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps):
+    def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps):
         self.cfg = cfg
         self.loop = loop
         self.engine = loop.engine

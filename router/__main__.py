@@ -1,6 +1,7 @@
 """`python -m router --listen HOST:PORT --directory HOST:PORT [--mode M] [--model DIR_OR_PRESET]`.
 
-Flags override RouterConfig.from_env() (the PD_* table in router/config.py).
+Flags override RouterConfig.from_env() (the PD_* variables declared in router/config.py);
+a bad setting exits 2 with a one-line message.
 Serves Router + Admin with health and reflection until SIGTERM.
 """
 
@@ -14,6 +15,7 @@ from router.config import MODES, RouterConfig
 from router.requests.text import load_tokenizer
 from router.server import serve
 from services.common.grpc_server import setup_logging
+from services.common.settings import SettingsError
 
 
 def parse_args(argv: list[str] | None = None) -> RouterConfig:
@@ -25,8 +27,12 @@ def parse_args(argv: list[str] | None = None) -> RouterConfig:
     ap.add_argument("--model", help="checkpoint directory (tokenizer.json) or preset name (PD_MODEL)")
     ap.add_argument("--log-level", help="logging level (PD_LOG_LEVEL)")
     args = ap.parse_args(argv)
-    return RouterConfig.from_env(listen_addr=args.listen, directory_addr=args.directory, default_mode=args.mode,
-                                 model=args.model, log_level=args.log_level)
+    try:
+        return RouterConfig.from_env(listen_addr=args.listen, directory_addr=args.directory,
+                                     default_mode=args.mode, model=args.model, log_level=args.log_level)
+    except SettingsError as exc:  # one line, not a traceback
+        print(f"router: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,9 +64,9 @@ class InprocCluster:
         self.receiver = InprocReceiver(f"d0-{id(self)}")
         await self.sender.start()
         await self.receiver.start()
-        self.prefill = PrefillWorker(dataclasses.replace(self.cfg, worker_id="p0"), self.p.loop, self.sender,
+        self.prefill = PrefillWorker(self.cfg.replace(worker_id="p0"), self.p.loop, self.sender,
                                      self.p.txn)
-        self.decode = DecodeWorker(dataclasses.replace(self.cfg, worker_id="d0"), self.d.loop, self.receiver,
+        self.decode = DecodeWorker(self.cfg.replace(worker_id="d0"), self.d.loop, self.receiver,
                                    self.d.txn)
         return self
 

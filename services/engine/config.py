@@ -2,7 +2,8 @@
 
 `ModelConfig` mirrors the Hugging Face Llama `config.json` fields we use, so a
 preset and a real checkpoint describe a model the same way. `EngineConfig` is the
-runtime knob set of one engine instance, with `PD_*` environment overrides.
+runtime knob set of one engine instance, a settings class (services/common/settings.py)
+whose `PD_*` variables the worker's settings inherit.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
+from pydantic import model_validator
+from pydantic_settings import SettingsConfigDict
 
-from services.common.config import env_overrides
+from services.common.settings import Settings, env
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -112,61 +115,47 @@ class ModelConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-# Environment overrides, one table: variable -> field.
-ENV_OVERRIDES = {
-    "PD_BLOCK_SIZE": "block_size",
-    "PD_NUM_BLOCKS": "num_blocks",
-    "PD_CHUNK_TOKENS": "chunk_tokens",
-    "PD_DTYPE": "dtype",
-    "PD_TORCH_THREADS": "torch_threads",
-    "PD_MAX_MODEL_LEN": "max_model_len",
-    "PD_ATTN_TILE_TOKENS": "attn_tile_tokens",
-}
+DType = Literal["float32", "bfloat16", "float16"]
+assert set(get_args(DType)) == set(DTYPES)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Runtime settings of one engine instance."""
+class EngineConfig(Settings):
+    """Runtime settings of one engine instance (the worker's settings extend these)."""
 
-    block_size: int = 16
+    model_config = SettingsConfigDict(env_ignore_empty=True)
+
+    block_size: int = env("PD_BLOCK_SIZE", 16, gt=0)
     """Tokens per K/V block."""
-    num_blocks: int = 512
+    num_blocks: int = env("PD_NUM_BLOCKS", 512, gt=0)
     """Blocks in the pool (per layer, K and V each)."""
-    chunk_tokens: int = 256
+    chunk_tokens: int = env("PD_CHUNK_TOKENS", 256, gt=0)
     """Most prompt tokens one prefill forward computes (chunked prefill)."""
-    dtype: str = "float32"
+    dtype: DType = env("PD_DTYPE", "float32")
     """Compute and cache dtype: float32 (CPU default), bfloat16 or float16."""
-    torch_threads: int = 1
+    torch_threads: int = env("PD_TORCH_THREADS", 1, ge=0)
     """Intra-op threads for this engine; 0 leaves torch's default (every core). One by
     default: a serving host runs several engines (one per worker process) that would
     otherwise each start a thread per core and fight over them."""
-    max_model_len: int = 0
+    max_model_len: int = env("PD_MAX_MODEL_LEN", 0, ge=0)
     """Longest prompt + output; 0 means the model's max_position_embeddings."""
-    attn_tile_tokens: int = 128
+    attn_tile_tokens: int = env("PD_ATTN_TILE_TOKENS", 128, gt=0)
     """Key tile of prefill attention; a multiple of block_size (see attention.py)."""
 
-    def __post_init__(self):
-        if self.block_size <= 0 or self.num_blocks <= 0 or self.chunk_tokens <= 0:
-            raise ValueError("block_size, num_blocks and chunk_tokens must be positive")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {sorted(DTYPES)}")
+    @model_validator(mode="after")
+    def _tile_holds_whole_blocks(self):
         if self.attn_tile_tokens % self.block_size:
-            raise ValueError(
-                f"attn_tile_tokens={self.attn_tile_tokens} is not a multiple of "
-                f"block_size={self.block_size}"
-            )
+            raise ValueError(f"attn_tile_tokens={self.attn_tile_tokens} is not a multiple of "
+                             f"block_size={self.block_size}")
+        return self
 
     @property
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype named by `dtype`."""
         return DTYPES[self.dtype]
 
-    @classmethod
-    def from_env(cls, **overrides) -> EngineConfig:
-        """Defaults, then `PD_*` variables, then explicit keyword overrides."""
-        kw = env_overrides(cls, ENV_OVERRIDES, skip_empty=True)
-        kw.update(overrides)
-        return cls(**kw)
+    def engine_config(self) -> EngineConfig:
+        """Just the engine's settings (the worker's settings carry them among others)."""
+        return EngineConfig(**{name: getattr(self, name) for name in EngineConfig.model_fields})
 
 
-__all__ = ["ModelConfig", "EngineConfig", "DTYPES", "ENV_OVERRIDES"]
+__all__ = ["ModelConfig", "EngineConfig", "DTYPES"]

@@ -1,76 +1,107 @@
-"""Process metrics in the Prometheus text format, written to a file (textfile-collector style).
+"""Process metrics through prometheus_client, written to a file (textfile-collector style).
 
 A worker started with PD_METRICS_FILE=<path> rewrites that file every
-`interval_s` (atomically: write then rename) with the samples its sources
-return; node_exporter's textfile collector, a sidecar, or a test reads it.
+`interval_s` (prometheus_client's write_to_textfile: write, then rename) with the
+exposition of the process's registry; node_exporter's textfile collector, a
+sidecar, or a test reads it.
+
+Each worker process has one `CollectorRegistry` (services/worker/process.py builds
+it): the engine's figures are prometheus_client Gauges read at collection time
+(`set_function`); the data plane's stay with the transports, which return samples
 
     source() -> [(name, {label: value}, number), ...]
+
+and `SampleCollector` turns those into metric families at each collection: a
+name ending in ``_total`` is a counter (the transports' own running totals,
+exported as they are), any other a gauge.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
 Sample = tuple[str, dict[str, str], float]
 Source = Callable[[], Iterable[Sample]]
 
+HELP = {
+    "pd_transfer_sent_chunks": "K/V chunks the sender delivered.",
+    "pd_transfer_sent_bytes": "K/V bytes the sender delivered.",
+    "pd_transfer_sent_failed_transfers": "Transfers the sender gave up.",
+    "pd_transfer_received_chunks": "K/V chunks the receiver made visible.",
+    "pd_transfer_received_bytes": "K/V bytes the receiver made visible.",
+    "pd_transfer_received_failed_transfers": "Transfers the receiver failed.",
+    "pd_transfer_received_drained": "Late chunks of forgotten transfers the receiver drained.",
+    "pd_transfer_received_staged_pieces": "Chunk pieces the receiver staged before copying.",
+    "pd_transfer_pending": "Transfers the receiver expects and has not decided.",
+    "pd_transfer_path_info": "The path UCX took to a peer (value 1).",
+    "pd_transfer_credit_in_flight_bytes": "Byte credit in flight to a peer.",
+    "pd_transfer_credit_peak_bytes": "Most byte credit ever in flight to a peer.",
+    "pd_transfer_credit_window_bytes": "Byte credit window per peer.",
+}
+"""HELP text by family name (a counter's name without _total); others get their name.
+Names must match the transports' metrics() (services/transfer/ucx_sender.py, ucx_receiver.py)."""
 
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+class SampleCollector(Collector):
+    """A prometheus_client collector over sample sources, read at every collection."""
+
+    def __init__(self, sources: list[Source]):
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for source in self.sources:
+            try:
+                for name, labels, value in source():
+                    by_name.setdefault(name, []).append((labels, value))
+            except Exception:  # one bad source must not stop the rest
+                log.exception("metrics source failed")
+        for name, samples in by_name.items():
+            label_names = sorted({k for labels, _ in samples for k in labels})
+            kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+            family = name.removesuffix("_total")
+            metric = kind(name, HELP.get(family, family), labels=label_names)
+            for labels, value in samples:
+                metric.add_metric([str(labels.get(k, "")) for k in label_names], float(value))
+            yield metric
 
 
-def render(samples: Iterable[Sample]) -> str:
-    """Samples as Prometheus text exposition lines (labels sorted, one sample per line)."""
-    lines = []
-    for name, labels, value in samples:
-        if labels:
-            body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-            lines.append(f"{name}{{{body}}} {float(value)!r}")
-        else:
-            lines.append(f"{name} {float(value)!r}")
-    return "\n".join(lines) + "\n"
+def registry_of(sources: list[Source]) -> CollectorRegistry:
+    """A registry of its own holding a SampleCollector over `sources`."""
+    registry = CollectorRegistry()
+    registry.register(SampleCollector(sources))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> str:
+    """The registry's Prometheus text exposition."""
+    return generate_latest(registry).decode()
 
 
 def parse(text: str) -> list[Sample]:
-    """Inverse of `render` for its own output (tests, drills)."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, rest = head.partition("{")
-        labels = {}
-        if rest:
-            for part in rest.rstrip("}").split('",'):
-                k, _, v = part.partition('="')
-                labels[k] = v.rstrip('"')
-        out.append((name, labels, float(value)))
-    return out
+    """Every sample of an exposition, as (sample name, labels, value) (tests, drills)."""
+    return [(s.name, dict(s.labels), s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 class MetricsFile:
-    """Rewrites `path` with every source's samples every interval_s (no-op without a path)."""
+    """Rewrites `path` with `registry`'s exposition every interval_s (no-op without a path)."""
 
-    def __init__(self, path: str, sources: list[Source], interval_s: float = 1.0):
-        self.path, self.sources, self.interval_s = path, sources, interval_s
+    def __init__(self, path: str, registry: CollectorRegistry, interval_s: float = 1.0):
+        self.path, self.registry, self.interval_s = path, registry, interval_s
         self._task: asyncio.Task | None = None
 
     def write(self) -> None:
-        samples: list[Sample] = []
-        for source in self.sources:
-            try:
-                samples.extend(source())
-            except Exception:  # one bad source must not stop the rest
-                log.exception("metrics source failed")
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(render(samples))
-        os.replace(tmp, self.path)
+        write_to_textfile(self.path, self.registry)
 
     def start(self) -> None:
         if self.path:

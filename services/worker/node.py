@@ -27,7 +27,7 @@ from services.common.grpc_server import Registration, setup_logging, start_serve
 from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 
-from .config import WorkerConfig
+from .config import NodeConfig
 from .directory_ops import TxnOps
 from .loop import EngineLoop
 from .membership import Membership
@@ -96,7 +96,7 @@ def directory_role(roles: list[Role]) -> WorkerRole:
 class WorkerNode:
     """What every worker process has; its roles plug in (see the module docstring)."""
 
-    def __init__(self, cfg: WorkerConfig, loop: EngineLoop, directory: DirectoryClient):
+    def __init__(self, cfg: NodeConfig, loop: EngineLoop, directory: DirectoryClient):
         self.cfg = cfg
         self.loop = loop
         self.directory = directory
@@ -116,13 +116,12 @@ class WorkerNode:
             **block_counts(loop.engine, sum(r.reserved_blocks() for r in roles)))
 
 
-async def run_node(role_names: list[str], argv: list[str] | None = None, prog: str = "worker") -> None:
-    """Run a worker process serving `role_names` until SIGTERM (the body of
+async def run_node(role: str, argv: list[str] | None = None) -> None:
+    """Run a worker process serving `role` (and prefill too for a decode worker with
+    --serve-prefill) until SIGTERM (the body of
     `python -m prefill_worker` and `python -m decode_worker`)."""
-    cfg, log_level = parse_config(prog, argv)
-    if cfg.serve_prefill and "prefill" not in role_names:
-        role_names = [*role_names, "prefill"]
-    setup_logging(cfg.worker_id, log_level)
+    cfg, role_names = parse_config(role, argv)
+    setup_logging(cfg.worker_id, cfg.log_level)
     roles = [load_role(name) for name in role_names]
     kind = directory_role(roles)
     loop, check = build_engine_loop(cfg)

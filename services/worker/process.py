@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
+import sys
+from typing import Any
 
 import torch
 
 from pdserve_client import contract
+from services.common.settings import SettingsError
 from services.directory.records import WorkerCapacity
 from services.engine import Engine, selfcheck
 from services.engine.selfcheck import SelfCheck
 
-from .config import WorkerConfig
+from .config import ROLE_CONFIGS, DecodeWorkerConfig, NodeConfig, PrefillWorkerConfig
 from .loop import EngineLoop
 from .memory import tune_malloc
 
 log = logging.getLogger(__name__)
 
 
-def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig, str]:
-    """Command-line flags over `WorkerConfig.from_env()`; returns (config, log level)."""
+def parse_config(role: str, argv: list[str] | None = None) -> tuple[NodeConfig, list[str]]:
+    """Command-line flags over the environment -> (the settings of the node, its roles):
+    a decode worker with --serve-prefill (PD_SERVE_PREFILL) serves both phases.
+
+    Every worker takes the same flags (the launcher passes them all); a flag for a
+    setting the node's roles do not have (--reservation-ttl-s on a prefill worker) is
+    ignored, as its variable is."""
     ap = argparse.ArgumentParser(prog=f"python -m {role}_worker")
     ap.add_argument("--listen")
     ap.add_argument("--advertise")
@@ -33,25 +40,40 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[WorkerConfig
     ap.add_argument("--block-size", type=int)
     ap.add_argument("--chunk-tokens", type=int)
     ap.add_argument("--transport")
-    ap.add_argument("--reservation-ttl-s", type=float)
+    ap.add_argument("--reservation-ttl-s", type=float, help="decode role only")
     ap.add_argument("--torch-threads", type=int)
     if role == "decode":
         ap.add_argument("--serve-prefill", action="store_true", default=None,
                         help="also serve pd.v1.Prefill (directory role mixed)")
-    ap.add_argument("--log-level", default=os.environ.get("PD_LOG_LEVEL", "INFO"))
+    ap.add_argument("--log-level", help="logging level (PD_LOG_LEVEL, default INFO)")
     args = ap.parse_args(argv)
-    cfg = WorkerConfig.from_env(
-        listen=args.listen, advertise=args.advertise, directory_addr=args.directory,
-        worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
-        block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
-        reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads,
-        serve_prefill=getattr(args, "serve_prefill", None))
+    flags = dict(listen=args.listen, advertise=args.advertise, directory_addr=args.directory,
+                 worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
+                 block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
+                 reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads,
+                 serve_prefill=getattr(args, "serve_prefill", None), log_level=args.log_level)
+    try:
+        return node_config(role, flags)
+    except SettingsError as exc:  # one line, not a traceback
+        print(f"{role}_worker: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def node_config(role: str, flags: dict[str, Any]) -> tuple[NodeConfig, list[str]]:
+    """The settings of a `role` node (flags over the environment) and the roles it serves."""
+    def load(cls: type[NodeConfig]) -> NodeConfig:
+        return cls.from_env(**{k: v for k, v in flags.items() if k in cls.model_fields})
+
+    roles = [role]
+    if role == "decode" and load(DecodeWorkerConfig).serve_prefill:
+        roles.append("prefill")
+    cfg = load(ROLE_CONFIGS[frozenset(roles)])
     if not cfg.worker_id:
-        cfg = dataclasses.replace(cfg, worker_id=f"{role}-{os.getpid()}")
-    return cfg, args.log_level
+        cfg = cfg.replace(worker_id=f"{role}-{os.getpid()}")
+    return cfg, roles
 
 
-def build_engine_loop(cfg: WorkerConfig) -> tuple[EngineLoop, SelfCheck]:
+def build_engine_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
     """The engine over cfg.model, on its own thread (not started), and the verdict of its
     start-up self-check. A worker whose check failed gets a cache ABI of its own
     (selfcheck.py): register it with the check's reason as colocated-only."""
@@ -72,7 +94,7 @@ def build_engine_loop(cfg: WorkerConfig) -> tuple[EngineLoop, SelfCheck]:
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
 
 
-def build_sender(cfg: WorkerConfig):
+def build_sender(cfg: PrefillWorkerConfig):
     """The data-plane sender of cfg.transport, with the worker's timeouts and credit window."""
     from services.transfer.factory import make_sender
     from services.transfer.faults import FaultySender, SenderFaults
@@ -88,14 +110,14 @@ def build_sender(cfg: WorkerConfig):
     return sender
 
 
-def build_receiver(cfg: WorkerConfig):
+def build_receiver(cfg: DecodeWorkerConfig):
     """The data-plane receiver of cfg.transport (bound to cfg.data_host for tcp)."""
     from services.transfer.factory import make_receiver
     opts = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s}
     return make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id, **opts)
 
 
-def capacity(cfg: WorkerConfig, loop: EngineLoop) -> WorkerCapacity:
+def capacity(cfg: NodeConfig, loop: EngineLoop) -> WorkerCapacity:
     """What this worker can hold, for registration."""
     e = loop.engine
     return WorkerCapacity(
@@ -104,7 +126,7 @@ def capacity(cfg: WorkerConfig, loop: EngineLoop) -> WorkerCapacity:
         vocab_size=e.model_cfg.vocab_size, max_model_len=e.max_model_len)
 
 
-def advertised(cfg: WorkerConfig, port: int) -> str:
+def advertised(cfg: NodeConfig, port: int) -> str:
     """The address to register: cfg.advertise, or the listen host with the bound port."""
     if cfg.advertise:
         return cfg.advertise
@@ -132,18 +154,20 @@ def run_process(run) -> None:
         pass
 
 
-def metrics_file(cfg: WorkerConfig, loop: EngineLoop, *transports):
-    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current with engine
-    load and the data plane's figures: every transport's (a mixed worker has a
-    receiver and a sender; their sample names differ)."""
-    from services.telemetry.metrics import MetricsFile
+def metrics_file(cfg: NodeConfig, loop: EngineLoop, *transports):
+    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current from this
+    process's registry: the engine's load as gauges, and the data plane's figures of
+    every transport (a mixed worker has a receiver and a sender; their names differ)."""
+    from prometheus_client import Gauge
 
-    def engine():
-        e = loop.engine
-        return [("pd_engine_free_blocks", {}, e.num_free_blocks),
-                ("pd_engine_total_blocks", {}, e.blocks.num_blocks),
-                ("pd_engine_pending_prefill_tokens", {}, loop.pending_prefill_tokens),
-                ("pd_engine_active_decode", {}, loop.active_decode)]
+    from services.telemetry.metrics import MetricsFile, registry_of
 
-    sources = [engine] + [t.metrics for t in transports if hasattr(t, "metrics")]
-    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), sources)
+    registry = registry_of([t.metrics for t in transports if hasattr(t, "metrics")])
+    for name, doc, read in (
+            ("pd_engine_free_blocks", "K/V blocks free in the pool.", lambda: loop.engine.num_free_blocks),
+            ("pd_engine_total_blocks", "K/V blocks in the pool.", lambda: loop.engine.blocks.num_blocks),
+            ("pd_engine_pending_prefill_tokens", "Prompt tokens waiting to be prefilled.",
+             lambda: loop.pending_prefill_tokens),
+            ("pd_engine_active_decode", "Sequences in the decode batch.", lambda: loop.active_decode)):
+        Gauge(name, doc, registry=registry).set_function(read)
+    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), registry)

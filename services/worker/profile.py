@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic_settings import SettingsConfigDict
 from scipy.optimize import nnls
 
-from services.common.config import env_overrides
+from services.common.settings import Settings, env
 from services.directory.cost_profile import CostProfile
 from services.engine import Engine, SamplingParams
 
@@ -57,29 +58,17 @@ MIN_DECODE_POINTS = 3
 DECODE_STEPS = 4
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ProfileConfig:
+class ProfileConfig(Settings):
     """How a worker obtains its cost profile."""
 
-    file: str = ""
+    model_config = SettingsConfigDict(env_ignore_empty=True)
+
+    file: str = env("PD_PROFILE_FILE", "")
     """Saved profile (JSON): loaded if it exists, else written after calibrating; empty = none."""
-    calibrate: bool = True
+    calibrate: bool = env("PD_PROFILE_CALIBRATE", True)
     """Run the calibration when no saved profile is loaded."""
-    budget_s: float = 5.0
+    budget_s: float = env("PD_PROFILE_BUDGET_S", 5.0, gt=0)
     """Rough cap on calibration time: longer prompt lengths are skipped once it is spent."""
-
-    def __post_init__(self) -> None:
-        if not self.budget_s > 0:
-            raise ValueError(f"budget_s must be > 0, got {self.budget_s!r}")
-
-    @classmethod
-    def from_env(cls, env=None) -> ProfileConfig:
-        """Defaults, then the ``PD_PROFILE_*`` variables."""
-        return cls(**env_overrides(cls, ENV_OVERRIDES, env, skip_empty=True))
-
-
-ENV_OVERRIDES = {"PD_PROFILE_FILE": "file", "PD_PROFILE_CALIBRATE": "calibrate",
-                 "PD_PROFILE_BUDGET_S": "budget_s"}
 
 
 def kv_bytes_per_block(engine: Engine) -> int:

@@ -10,8 +10,6 @@ different defaults in the worker and the engine)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from kv_directory.config import DirectoryConfig
@@ -21,7 +19,6 @@ from router.config import RouterConfig
 from router.convert import ERROR_CODE_STATUS
 from services.cluster.launcher import ClusterSpec
 from services.common import grpc_server
-from services.engine.config import ENV_OVERRIDES as ENGINE_ENV
 from services.engine.config import EngineConfig
 from services.worker.config import WorkerConfig
 
@@ -65,12 +62,11 @@ def test_mode_names_are_the_protos_and_every_user_takes_them_all():
 
 
 def test_a_variable_the_worker_and_the_engine_both_read_has_one_default():
-    worker_fields = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
-    engine_fields = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    shared = [field for var, field in ENGINE_ENV.items() if "PD_" + field.upper() == var and field in worker_fields]
-    assert {"num_blocks", "chunk_tokens", "block_size", "torch_threads"} <= set(shared)
+    worker_env, engine_env = WorkerConfig.env_names(), EngineConfig.env_names()
+    shared = {engine_env[var] for var in engine_env.keys() & worker_env.keys()}
+    assert {"num_blocks", "chunk_tokens", "block_size", "torch_threads"} <= shared
     for field in shared:
-        assert worker_fields[field] == engine_fields[field], field
+        assert WorkerConfig.model_fields[field].default == EngineConfig.model_fields[field].default, field
     cfg = WorkerConfig().engine_config()
     assert (cfg.num_blocks, cfg.chunk_tokens) == (ClusterSpec.num_blocks, ClusterSpec.chunk_tokens)
 

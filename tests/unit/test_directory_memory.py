@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from directory_contract import DirectoryContract, Harness, make_spec, register
 
-from kv_directory.config import ENV_OVERRIDES, DirectoryConfig
+from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.store import DirectoryStore
 from services.directory.records import LoadReport, TransferSpec, WorkerRef, chunk_list_digest
@@ -79,8 +79,7 @@ def test_config_env_overrides_and_validation():
                                     "PD_REDIS_RETRIES": "0", "UNRELATED": "x"})
     assert (cfg.redis_url, cfg.lease_ttl_s, cfg.redis_retries) == ("redis://h:1/2", 1.5, 0)
     assert DirectoryConfig.from_env({}, txn_ttl_s=3).txn_ttl_s == 3
-    assert set(ENV_OVERRIDES.values()) <= {f for f in DirectoryConfig.__dataclass_fields__}
-    assert all(var.startswith("PD_") for var in ENV_OVERRIDES)
+    assert all(var.startswith("PD_") for var in DirectoryConfig.env_names())
     for bad in ({"lease_ttl_s": 0}, {"redis_url": "http://x"}, {"key_prefix": ""}, {"redis_retries": -1}):
         with pytest.raises(ValueError):
             DirectoryConfig(**bad)

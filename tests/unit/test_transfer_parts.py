@@ -113,10 +113,10 @@ def test_ucx_address_round_trip_and_errors():
 
 
 def test_metrics_text_round_trip():
-    from services.telemetry.metrics import parse, render
+    from services.telemetry.metrics import parse, registry_of, render
     samples = [("pd_a_total", {}, 3.0),
                ("pd_path_info", {"path": "shm(sysv+cma)", "peer": 'x"y'}, 1.0)]
-    text = render(samples)
+    text = render(registry_of([lambda: samples]))
     assert 'pd_path_info{path="shm(sysv+cma)",peer="x\\"y"} 1.0' in text
     assert parse(text)[0] == ("pd_a_total", {}, 3.0)
     assert parse(text)[1][0] == "pd_path_info" and parse(text)[1][2] == 1.0
