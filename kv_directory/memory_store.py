@@ -215,7 +215,7 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             now, _ = self._sweep()
             workers = tuple(sorted(self._workers.values(), key=lambda w: w.worker_id))
-            return ClusterSnapshot(self._route_epoch_at(now), now, workers)
+            return ClusterSnapshot(workers, self._route_epoch_at(now), now)
 
     # ---- TransferLedger ----------------------------------------------------
 

@@ -228,7 +228,7 @@ class RedisDirectoryStore(DirectoryStore):
         """See ``WorkerRegistry.snapshot``."""
         reply = self._run("snapshot")
         workers = sorted((_worker(w) for w in reply[2:]), key=lambda w: w.worker_id)
-        return ClusterSnapshot(int(reply[0]), int(reply[1]), tuple(workers))
+        return ClusterSnapshot(tuple(workers), int(reply[0]), int(reply[1]))
 
     # ---- TransferLedger ----------------------------------------------------
 

@@ -8,7 +8,6 @@ from typing import Any
 from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, manifest_pb2, prefill_pb2, router_pb2
 from router.types import (
-    Cluster,
     Completed,
     Event,
     FinishReason,
@@ -31,7 +30,6 @@ from router.types import (
     TokenOut,
     WorkerCallError,
 )
-from services.directory.records import ClusterSnapshot
 from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
 
 ERROR_CODE_STATUS: dict[int, StatusCode] = {
@@ -44,11 +42,6 @@ _FINISH_FROM_PB = {common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
                    common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED}
 _FINISH_TO_PB = {v: k for k, v in _FINISH_FROM_PB.items()}
 _ROUTE_TO_PB = {Route.DISAGGREGATED: router_pb2.ROUTE_DISAGGREGATED, Route.COLOCATED: router_pb2.ROUTE_COLOCATED}
-
-
-def cluster_from_store(snap: ClusterSnapshot) -> Cluster:
-    """The directory client's ClusterSnapshot -> Cluster."""
-    return Cluster(snap.workers, snap.route_epoch, snap.now_ms)
 
 
 def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:

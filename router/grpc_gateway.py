@@ -196,8 +196,7 @@ class GrpcDirectoryGateway(DirectoryGateway):
             raise call_error(exc, what) from None
 
     async def snapshot(self, timeout_s: float) -> Cluster:
-        snap = await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
-        return convert.cluster_from_store(snap)
+        return await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
 
     async def reserve_txn(self, manifest: manifest_pb2.HandoffManifest, timeout_s: float) -> TxnAnswer:
         reply = await self._call("Directory.Reserve", self._client.reserve(manifest), timeout_s)

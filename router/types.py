@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 from services.directory.states import Outcome
 
 
@@ -86,6 +86,7 @@ Worker = WorkerRecord
 Role = WorkerRole
 Capacity = WorkerCapacity
 Load = LoadReport
+Cluster = ClusterSnapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,19 +98,6 @@ class TxnAnswer:
     """The request's generation after the call. A refused reserve at or below it
     means the request id ran before (within the directory's retention): the next
     attempt must go above it."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Cluster:
-    """One directory snapshot: live workers and the route epoch."""
-
-    workers: tuple[Worker, ...]
-    route_epoch: int = 0
-    snapshot_unix_ms: int = 0
-
-    def worker(self, worker_id: str) -> Worker | None:
-        """The worker with this id, or None."""
-        return next((w for w in self.workers if w.worker_id == worker_id), None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -198,7 +198,7 @@ class DirectoryClient:
         r = await self._call("ClusterSnapshot", directory_pb2.ClusterSnapshotRequest(
             role=common_pb2.WORKER_ROLE_UNSPECIFIED if role is None else ROLE_TO_PB[WorkerRole(role)]))
         workers = sorted((worker_record_from_pb(w) for w in r.workers), key=lambda w: w.worker_id)
-        return ClusterSnapshot(r.route_epoch, r.snapshot_unix_ms, tuple(workers))
+        return ClusterSnapshot(tuple(workers), r.route_epoch, r.snapshot_unix_ms)
 
     # ---- transactions ------------------------------------------------------
 

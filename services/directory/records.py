@@ -169,11 +169,13 @@ class WorkerRef:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
-    """Live workers (sorted by id) and the route epoch, read atomically."""
+    """Live workers (sorted by id) and the route epoch, read atomically: the one
+    cluster view (the router places requests on it)."""
 
-    route_epoch: int
-    now_ms: int
     workers: tuple[WorkerRecord, ...]
+    route_epoch: int = 0
+    now_ms: int = 0
+    """Store clock when the snapshot was read."""
 
     def worker(self, worker_id: str) -> WorkerRecord | None:
         """The live record of ``worker_id``, or None."""
