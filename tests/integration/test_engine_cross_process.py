@@ -17,7 +17,6 @@ import random
 import traceback
 
 import pytest
-from engine_support import random_prompt
 
 from services.engine import (
     Engine,
@@ -27,6 +26,7 @@ from services.engine import (
     export_kv,
     import_kv,
 )
+from tests.support.engine import random_prompt
 
 SEED = 7
 PROMPT_TOKENS = 150

@@ -1,5 +1,5 @@
 """The tcp and ucx backends between real processes: every case runs on both
-(the `procs` fixture's parameter; tests/transfer_harness.py has the processes).
+(the `procs` fixture's parameter; tests/support/transfer_harness.py has the processes).
 
 Sizes go from one block to a 64 MiB transfer (a K/V-wide model filling a
 ~66 MiB cache). Faults: a killed or silent sender, a killed or frozen receiver,
@@ -16,7 +16,9 @@ import signal
 import time
 
 import pytest
-from transfer_harness import (
+
+from services.transfer import ChunkKey
+from tests.support.transfer_harness import (
     IDLE_TIMEOUT_S,
     MAX_TOKENS,
     _expect_failed,
@@ -28,8 +30,6 @@ from transfer_harness import (
     procs,
     receiver_clean,
 )
-
-from services.transfer import ChunkKey
 
 __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
 @pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve", [

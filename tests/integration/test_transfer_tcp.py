@@ -1,6 +1,6 @@
 """The tcp backend's wire between real processes: raw-socket faults (a sender silent
 mid-frame, bad magic) and, in one process, a send cancelled mid-payload. The
-processes and fixtures are tests/transfer_harness.py's; every case runs on tcp only.
+processes and fixtures are tests/support/transfer_harness.py's; every case runs on tcp only.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 
 import pytest
 import xxhash
-from transfer_harness import IDLE_TIMEOUT_S, _prompt, _tids, procs, receiver_clean
 
 from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum, tcp
+from tests.support.transfer_harness import IDLE_TIMEOUT_S, _prompt, _tids, procs, receiver_clean
 
 __all__ = ["procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
 def _raw_connect(addr: str) -> socket.socket:

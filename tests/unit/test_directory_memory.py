@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from directory_contract import DirectoryContract, Harness, make_spec, register
 
 from kv_directory.config import ENV_OVERRIDES, DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.store import DirectoryStore
 from services.directory.records import LoadReport, TransferSpec, WorkerRef, chunk_list_digest
 from services.directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
+from tests.support.directory.contract import DirectoryContract
+from tests.support.directory.harness import Harness, make_spec, register
 
 
 class FakeClock:

@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from engine_support import assert_no_leak, random_prompt, tiny_engine, write_checkpoint
 from safetensors.torch import load_file, save_file
 
 from services.engine import (
@@ -27,6 +26,7 @@ from services.engine import (
 )
 from services.engine.prefix import hash_blocks
 from services.engine.presets import PRESETS
+from tests.support.engine import assert_no_leak, random_prompt, tiny_engine, write_checkpoint
 
 GREEDY = SamplingParams(ignore_eos=True)
 VOCAB = PRESETS["tiny"].vocab_size  # 512

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import assert_no_leak
 
 from services.engine import Engine, EngineConfig, SamplingParams
+from tests.support.engine import assert_no_leak
 
 
 @pytest.mark.parametrize("dtype,torch_dtype", [("bfloat16", torch.bfloat16),

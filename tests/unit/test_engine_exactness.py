@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from engine_support import assert_no_leak, random_prompt, tiny_engine
 
 from services.engine import SamplingParams
+from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 GREEDY = SamplingParams(ignore_eos=True)
 

@@ -7,10 +7,10 @@ import asyncio
 import threading
 
 import pytest
-from engine_support import assert_no_leak, running_loop
 
 from services.engine import Engine
 from services.worker.loop import EngineLoop
+from tests.support.engine import assert_no_leak, running_loop
 
 PROMPT = list(range(3, 103))
 

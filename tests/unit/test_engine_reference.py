@@ -6,9 +6,9 @@ import random
 
 import pytest
 import torch
-from engine_support import GQA, MHA, assert_no_leak, random_prompt, write_checkpoint
 
 from services.engine import Engine, EngineConfig, SamplingParams
+from tests.support.engine import GQA, MHA, assert_no_leak, random_prompt, write_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

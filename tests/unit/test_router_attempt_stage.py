@@ -5,10 +5,10 @@ state, P's prefill) is read from the stage, not from flags set beside it."""
 from __future__ import annotations
 
 import pytest
-from orchestrator_support import worker
 
 from router.requests.attempt import Attempt, Stage, advance
 from router.types import Role, Route
+from tests.support.orchestrator import worker
 
 SPLIT = [Stage.DECODE_RESERVE, Stage.DIRECTORY_RESERVE, Stage.PREFILL, Stage.DECODE]
 

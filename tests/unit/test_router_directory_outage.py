@@ -8,10 +8,10 @@ import asyncio
 import dataclasses
 
 import pytest
-from orchestrator_support import assert_no_leaks, collect, config, params, run, started, two_by_two
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Mode, Route, RouterError, StatusCode
+from tests.support.orchestrator import assert_no_leaks, collect, config, params, run, started, two_by_two
 
 
 def test_colocated_serving_survives_a_directory_outage_and_splits_resume():

@@ -8,7 +8,6 @@ overhead 5 ms, colocated overhead 1 ms. Two mixed workers (either phase).
 from __future__ import annotations
 
 import pytest
-from test_router_decision import BS, CFG, params, rows, worker
 
 from router.pricing.cost_model import CostModel
 from router.pricing.decision import decide, price_colocated
@@ -22,6 +21,7 @@ from router.pricing.interference import (
 from router.pricing.reference import reference_decide
 from router.pricing.shapes import Outcome, RequestShape
 from router.types import Role
+from tests.support.pricing import BS, CFG, params, rows, worker
 
 
 def colocated_harmful(w, own_ms, max_tokens, slo):

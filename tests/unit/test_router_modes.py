@@ -8,7 +8,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from orchestrator_support import (
+from router.pricing.shapes import Outcome
+from router.requests.orchestrator import Orchestrator
+from router.requests.placement import LoadOverlay
+from router.requests.planner import Planner, canary_pick
+from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
+from services.directory.cost_profile import CostProfile
+from tests.support.orchestrator import (
     VOCAB,
     FakeCluster,
     assert_no_leaks,
@@ -20,13 +26,6 @@ from orchestrator_support import (
     two_by_two,
     worker,
 )
-
-from router.pricing.shapes import Outcome
-from router.requests.orchestrator import Orchestrator
-from router.requests.placement import LoadOverlay
-from router.requests.planner import Planner, canary_pick
-from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
-from services.directory.cost_profile import CostProfile
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000, source="test")
 

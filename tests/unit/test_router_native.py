@@ -13,10 +13,10 @@ from array import array
 from pathlib import Path
 
 import pytest
-from test_router_decision_table import random_request, random_table
 
 from router import native
 from router.pricing.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
+from tests.support.random_tables import random_request, random_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ import hashlib
 from router import native
 from router.pricing.decision import decide
 from router.pricing.reference import reference_decide
-from test_router_decision_table import random_params, random_request, random_table
+from tests.support.random_tables import random_params, random_request, random_table
 
 digest = hashlib.sha256()
 for seed in range(40):
@@ -42,7 +42,7 @@ print(digest.hexdigest())
 
 def _run(enabled: bool) -> list[str]:
     env = dict(os.environ, PD_ROUTER_NATIVE="1" if enabled else "0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "unit")]))
+               PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", _DECISIONS], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Router orchestration over an in-process fake cluster (tests/orchestrator_support.py):
+"""Router orchestration over an in-process fake cluster (tests/support/orchestrator.py):
 routes, retries, continuation, cancellation, deadlines and admission. Every
 lifecycle test ends with a leak check: nothing in flight, no overlay entries, no
 open transaction."""
@@ -10,22 +10,6 @@ import hashlib
 import struct
 
 import pytest
-from orchestrator_support import (
-    PROMPT,
-    VOCAB,
-    FakeCluster,
-    assert_no_leaks,
-    collect,
-    config,
-    model_tokens,
-    params,
-    run,
-    started,
-    tokens_of,
-    two_by_two,
-    unavailable,
-    worker,
-)
 
 from router.requests.orchestrator import Orchestrator
 from router.types import (
@@ -45,6 +29,22 @@ from router.types import (
     TxnOutcome,
     Worker,
     WorkerCallError,
+)
+from tests.support.orchestrator import (
+    PROMPT,
+    VOCAB,
+    FakeCluster,
+    assert_no_leaks,
+    collect,
+    config,
+    model_tokens,
+    params,
+    run,
+    started,
+    tokens_of,
+    two_by_two,
+    unavailable,
+    worker,
 )
 
 

@@ -1,7 +1,7 @@
 """The admission queue (router/requests/queueing.py; issue 15, item 6): a burst waits for K/V
 room instead of being shed, tenants are served round robin, each tenant's queue is
 bounded, and a waiter leaves only when its deadline can no longer be met. Over the
-in-process fake cluster of tests/orchestrator_support.py, whose decode worker
+in-process fake cluster of tests/support/orchestrator.py, whose decode worker
 reports a fixed number of free blocks: this router's own in-flight requests are
 what fills it (the overlay), so room frees exactly when requests end."""
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator_support import (
+from router.requests.orchestrator import Orchestrator
+from router.types import Mode, Role, RouterError, StatusCode
+from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
     assert_no_leaks,
@@ -21,9 +23,6 @@ from orchestrator_support import (
     tokens_of,
     worker,
 )
-
-from router.requests.orchestrator import Orchestrator
-from router.types import Mode, Role, RouterError, StatusCode
 
 NEED = 4  # blocks per request: 9 prompt + 6 tokens - 1 = 14 tokens of 4 per block
 

@@ -10,9 +10,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from orchestrator_support import assert_no_leaks, config, run, two_by_two
-from orchestrator_support import params as gen_params
-from test_router_decision import BS, CFG, params, worker
 
 from router.pricing.cost_model import CostModel
 from router.pricing.decision import decide
@@ -22,6 +19,9 @@ from router.pricing.shapes import Outcome, RequestShape
 from router.requests.orchestrator import Orchestrator
 from router.requests.streams import StreamBook
 from router.types import Role, Started, TokenOut
+from tests.support.orchestrator import assert_no_leaks, config, run, two_by_two
+from tests.support.orchestrator import params as gen_params
+from tests.support.pricing import BS, CFG, params, worker
 
 
 class Clock:

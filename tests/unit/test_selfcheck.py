@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import GQA, MHA, assert_no_leak, tiny_engine
 
 from services.engine import AbiMismatch, Engine, EngineConfig, attention, ops, selfcheck
 from services.engine.presets import seeded_weights
+from tests.support.engine import GQA, MHA, assert_no_leak, tiny_engine
 
 
 @pytest.mark.parametrize("model", ["tiny", "gqa", "mha"])

@@ -18,7 +18,6 @@ import random
 from collections import Counter
 
 import pytest
-from engine_support import assert_no_leak, random_prompt, tiny_engine
 
 from services.engine import SamplingParams, commit_import, export_kv
 from services.transfer import (
@@ -35,6 +34,7 @@ from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, p
 from services.transfer.factory import make_receiver, make_sender
 from services.transfer.inproc import InprocReceiver, InprocSender
 from services.transfer.tcp import TcpReceiver, TcpSender
+from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 GREEDY = SamplingParams(ignore_eos=True)
 MAX_TOKENS = 9

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_support import assert_no_leak, running_loop, tiny_engine
 
 from prefill_worker.worker import PrefillWorker
 from services.directory.states import Outcome, TxnState
@@ -23,6 +22,7 @@ from services.transfer.chunks import chunk_bytes, plan_chunks
 from services.worker.config import WorkerConfig
 from services.worker.loop import EngineLoop
 from services.worker.process import block_counts
+from tests.support.engine import assert_no_leak, running_loop, tiny_engine
 
 PROMPT = list(range(3, 103))
 

@@ -1,6 +1,6 @@
 """The two workers below the full cluster (issue 16): real PrefillWorker and
 DecodeWorker on tiny engines, the inproc data plane, the real directory servicer
-over the memory store (tests/inproc_cluster.py). A hand-off driven in the router's
+over the memory store (tests/support/inproc_cluster.py). A hand-off driven in the router's
 order equals a colocated run, and every test ends with everything returned."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import asyncio
 import random
 
 import pytest
-from inproc_cluster import GREEDY, InprocCluster
 
 from decode_worker.reservations import ResState
 from prefill_worker.worker import TaskState, TransferRefused
 from services.directory.states import TxnState
 from services.engine import InvalidRequest
+from tests.support.inproc_cluster import GREEDY, InprocCluster
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
 

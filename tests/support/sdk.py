@@ -1,5 +1,5 @@
 """An in-process fake Router+Admin on a real loopback gRPC server for the SDK and pdctl
-tests (tests/unit/test_sdk.py, test_sdk_async_cli.py): scripted streams (events,
+tests (tests/unit/sdk/test_sdk.py, test_sdk_async_cli.py): scripted streams (events,
 sleeps, gRPC aborts, endless token streams), a record of what reached it
 (requests, Cancel calls, whether a stream's RPC was cancelled by the client), and
 the fixtures `server`, `fake`, `addr`, `client`.

@@ -13,8 +13,6 @@ import asyncio
 import dataclasses
 import time
 
-from engine_support import tiny_engine
-
 from decode_worker.worker import DecodeWorker
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
@@ -33,6 +31,7 @@ from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.loop import EngineLoop, SeqDone, TokenOut
 from services.worker.process import capacity
+from tests.support.engine import tiny_engine
 
 GREEDY = SamplingParams()
 
