@@ -1,7 +1,7 @@
 """The router's own stream book (router/requests/streams.py) and the timing-aware
 interference it enables (router/pricing/interference.py), on hand-computed cases.
 
-Round numbers as in test_router_decision.py: prefill 1 ms per token, decode
+Round numbers as in tests/support/pricing.py: prefill 1 ms per token, decode
 steps of 10 ms per sequence, split overhead 5 ms, colocated overhead 1 ms.
 """
 

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.support import REPO
 
 PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, resource, sys

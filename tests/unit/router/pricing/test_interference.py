@@ -1,6 +1,6 @@
 """Interference (router/pricing/interference.py) in the decision, on hand-computed cases.
 
-Round numbers as in test_router_decision.py: prefill 1 ms per token, decode
+Round numbers as in tests/support/pricing.py: prefill 1 ms per token, decode
 steps of 10 ms per sequence, 1 MB K/V per block at 1000 MB/s plus 1 ms, split
 overhead 5 ms, colocated overhead 1 ms. Two mixed workers (either phase).
 """

@@ -1,7 +1,7 @@
 """The house's plan, read from the code's own imports (issue 16): services/ is the
 shared floor and imports no service; the services do not import each other (a
 mixed worker is one node with two roles, found by entry point); no import cycle;
-no product file over 400 lines."""
+no product file, and no test helper (tests/support), over 400 lines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import ast
 import collections
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO as ROOT
+
 PRODUCT = ("router", "services", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client")
 SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
 
@@ -114,5 +115,11 @@ def test_no_import_cycles():
 
 def test_no_product_file_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_no_test_helper_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tests" / "support").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}

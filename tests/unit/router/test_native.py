@@ -16,9 +16,8 @@ import pytest
 
 from router import native
 from router.pricing.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
+from tests.support import REPO as ROOT
 from tests.support.random_tables import random_request, random_table
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _DECISIONS = r"""
 import hashlib

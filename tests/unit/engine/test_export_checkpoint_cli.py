@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from services.engine import Engine, SamplingParams
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
 
 
 def test_export_checkpoint_round_trips(tmp_path):
