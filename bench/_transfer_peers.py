@@ -1,9 +1,9 @@
 """The two processes of bench/transfer.py: a receiver (R) and a sender (S).
 
-Each runs `serve(conn)`: an asyncio loop executing the parent's commands one at
-a time (`(name, kwargs)` in, `("ok", result)` or `("err", traceback)` out), so
-the parent sequences a transfer as R.expect -> S.send -> R.result while R's loop
-keeps receiving in the background.
+Each is a `Peer` in a process of bench/_spawned.py, which runs the parent's
+commands (the Peer's methods) on an asyncio loop, so the parent sequences a
+transfer as R.expect -> S.send -> R.result while R's loop keeps receiving in the
+background.
 
 Both hold a K/V-cache-like tensor of the size under test:
 
@@ -23,7 +23,6 @@ import socket
 import struct
 import threading
 import time
-import traceback
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -83,7 +82,8 @@ def digest(kv: torch.Tensor) -> str:
 class Peer:
     """Commands of either role; the parent decides which it calls."""
 
-    def __init__(self):
+    def __init__(self, threads: int = 1):
+        torch.set_num_threads(threads)
         self.kv: torch.Tensor | None = None
         self.geometry: Geometry | None = None
         self.receivers: dict[str, object] = {}  # backend name -> KVReceiver
@@ -287,6 +287,14 @@ class Peer:
                 s.close()
         self.raw_conn = self.raw_listener = None
 
+    async def at_exit(self) -> None:
+        """Stop whatever is still open (bench/_spawned.py calls it on the way out)."""
+        for stop in (self.pd_close, self.pd_stop, self.grpc_stop, self.raw_stop):
+            try:
+                await stop()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+
 
 def _recv_exactly(conn: socket.socket, view: memoryview) -> memoryview | None:
     """Fill `view` from `conn` (None when the peer closed first)."""
@@ -297,28 +305,3 @@ def _recv_exactly(conn: socket.socket, view: memoryview) -> memoryview | None:
             return None
         off += n
     return view
-
-
-def serve(conn, threads: int = 1) -> None:
-    """Process entry: execute commands from `conn` until it sends None."""
-    torch.set_num_threads(threads)
-    asyncio.run(_loop(conn))
-
-
-async def _loop(conn) -> None:
-    loop = asyncio.get_running_loop()
-    peer = Peer()
-    while True:
-        msg = await loop.run_in_executor(None, conn.recv)
-        if msg is None:
-            break
-        name, kw = msg
-        try:
-            conn.send(("ok", await getattr(peer, name)(**kw)))
-        except Exception:  # noqa: BLE001 - reported to the parent, which decides
-            conn.send(("err", traceback.format_exc()))
-    for stop in (peer.pd_close, peer.pd_stop, peer.grpc_stop, peer.raw_stop):
-        try:
-            await stop()
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass

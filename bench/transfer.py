@@ -1,7 +1,7 @@
 """Transfer benchmark: pdserve K/V hand-off vs native UCX, a gRPC stream and a raw socket.
 
 Part 1, per cache size (1, 16, 64, 256 MiB), in one run, sender and receiver in
-two spawned processes (bench/_transfer_peers.py):
+two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
 
   pdserve-ucx   services.transfer `ucx` backend: chunks planned like the prefill
                 worker (plan_chunks: layer-major, <= max_chunk_blocks blocks),
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -40,7 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _transfer_peers import Geometry, serve
+from _spawned import Spawned
+from _transfer_peers import Geometry
 from _transfer_perftest import find_perftest, run_tag_bw
 
 from services.cluster.redis_proc import free_port
@@ -52,35 +52,6 @@ CALL_TIMEOUT_S = 600
 
 def emit(**row) -> None:
     print(json.dumps(row), flush=True)
-
-
-class Peer:
-    """Parent's handle on one spawned peer process."""
-
-    def __init__(self, ctx, name: str, threads: int):
-        self.name = name
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, threads), name=name, daemon=True)
-        self.proc.start()
-
-    def call(self, cmd: str, **kw):
-        self.conn.send((cmd, kw))
-        if not self.conn.poll(CALL_TIMEOUT_S):
-            raise TimeoutError(f"{self.name}.{cmd} gave no answer in {CALL_TIMEOUT_S} s")
-        status, value = self.conn.recv()
-        if status != "ok":
-            raise RuntimeError(f"{self.name}.{cmd} failed:\n{value}")
-        return value
-
-    def close(self) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
 
 
 def geometry(size_bytes: int, layers: int, block_bytes: int, max_chunk_blocks: int) -> Geometry:
@@ -102,7 +73,7 @@ def check_digest(got: str, want: str, path: str) -> None:
         raise RuntimeError(f"{path}: receiver digest {got} != sent {want} (wrong bytes moved)")
 
 
-def pdserve_path(r: Peer, s: Peer, kind: str, dest: str, sent: str, size_mib: int,
+def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_mib: int,
                  repeats: int) -> list[float]:
     def one(i: int) -> float:
         tid = f"{kind}-{size_mib}-{i}"
@@ -116,7 +87,7 @@ def pdserve_path(r: Peer, s: Peer, kind: str, dest: str, sent: str, size_mib: in
     return timed(repeats, one)
 
 
-def grpc_path(r: Peer, s: Peer, port: int, sent: str, size_bytes: int, message_bytes: int,
+def grpc_path(r: Spawned, s: Spawned, port: int, sent: str, size_bytes: int, message_bytes: int,
               repeats: int) -> list[float]:
     def one(i: int) -> float:
         r.call("zero")
@@ -127,7 +98,7 @@ def grpc_path(r: Peer, s: Peer, port: int, sent: str, size_bytes: int, message_b
     return timed(repeats, one)
 
 
-def raw_path(r: Peer, s: Peer, port: int, sent: str, repeats: int) -> list[float]:
+def raw_path(r: Spawned, s: Spawned, port: int, sent: str, repeats: int) -> list[float]:
     def one(i: int) -> float:
         r.call("zero")
         out = s.call("raw_send", port=port)
@@ -169,8 +140,8 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
         emit(bench="transfer", path=p, skipped=why)
 
     table: dict[int, dict[str, float]] = {}
-    ctx = mp.get_context("spawn")
-    r, s = Peer(ctx, "receiver", args.threads), Peer(ctx, "sender", args.threads)
+    r, s = (Spawned(name, "_transfer_peers:Peer", call_timeout_s=CALL_TIMEOUT_S, threads=args.threads)
+            for name in ("receiver", "sender"))
     try:
         dests = {kind: r.call("pd_listen", kind=kind) for kind in ("ucx", "tcp")
                  if f"pdserve-{kind}" in paths and f"pdserve-{kind}" not in skip}

@@ -5,7 +5,7 @@ Lua script plays in Redis: the sweep, the checks and the writes of one call are
 one atomic step. The clock is injectable so lease tests need not sleep.
 
 The rules are written to mirror ``lua/*.lua`` line for line; when changing one,
-change the other and run the shared contract (tests/directory_contract.py).
+change the other and run the shared contract (tests/support/directory/contract.py).
 """
 
 from __future__ import annotations

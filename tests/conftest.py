@@ -1,17 +1,8 @@
-"""Fixtures shared by every test tier."""
+"""Fixtures shared by every test tier (helpers: tests/support)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-# Shared contract modules (tests/*_contract.py) import as top-level modules,
-# whether or not tests/ later becomes a package.
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ Default addresses, the environment variables that name other services, the
 serving and release mode names, how a pd.v1 ErrorCode maps onto a gRPC status,
 and the message limits. Imported by the router, the directory, the workers, the
 launcher and the SDK (so it imports nothing but the standard library: the SDK
-installs without the server's dependencies). tests/unit/test_contract.py pins
+installs without the server's dependencies). tests/unit/common/test_contract.py pins
 that every user agrees.
 """
 

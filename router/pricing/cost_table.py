@@ -27,7 +27,7 @@ Must match `reference_candidates` in router/pricing/reference.py: the same keys 
 with the same operations in the same order (so the same floats; the terms
 folded into columns are ones the reference adds first, left to right), and the
 same tie order (both keep rows order on ties).
-tests/unit/test_router_decision_table.py checks both on random snapshots.
+tests/unit/router/pricing/test_decision_table.py checks both on random snapshots.
 
 Safety invariant: cost rows are never mutated after CostModel builds them (a
 new load or correction builds new rows), so a table cached by the identity of
@@ -143,7 +143,7 @@ class CostTable:
     def patched(self, rows: Sequence[WorkerCosts]) -> CostTable | None:
         """The table of `rows` made from this one by replacing the few rows that differ,
         or None when too many differ or one changed its worker id or roles (then build
-        anew). Equal to CostTable(rows) (tests/unit/test_router_decision_table.py)."""
+        anew). Equal to CostTable(rows) (tests/unit/router/pricing/test_decision_table.py)."""
         if len(rows) != len(self.rows):
             return None
         changed = [i for i, (a, b) in enumerate(zip(rows, self.rows)) if a is not b]

@@ -42,7 +42,7 @@ per key per request), which prices the few survivors as Rows (plain tuples,
 router/pricing/candidate.py); the scorers rate them as one ScoreBatch, and only the best
 of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
 `choose` are the plain definitions they must match
-(tests/unit/test_router_decision_table.py).
+(tests/unit/router/pricing/test_decision_table.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The reference decision: the router's route choice written plainly, one pass over
 every row per request. It is the oracle the fast path (router/pricing/cost_table.py and
 router/pricing/table_kernel.py, compiled) must match bit for bit
-(tests/unit/test_router_decision_table.py, test_router_native.py), and the bench's
+(tests/unit/router/pricing/test_decision_table.py, tests/unit/router/test_native.py), and the bench's
 same-run baseline (bench/router.py). Not on the serving path.
 """
 

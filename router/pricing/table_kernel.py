@@ -18,8 +18,8 @@ The formulas are CostTable's keys term for term, in the same order, so the
 doubles come out bit-identical to the Python floats of `reference_candidates`
 (router/pricing/decision.py): every operation is one IEEE-754 double operation either
 way (ints convert exactly, below 2**53), and the build turns off floating-point
-contraction (no fused multiply-add). tests/unit/test_router_decision_table.py
-and tests/unit/test_router_native.py check both builds against the reference.
+contraction (no fused multiply-add). tests/unit/router/pricing/test_decision_table.py
+and tests/unit/router/test_native.py check both builds against the reference.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class WorkerCapacity:
     """Static capacity a worker declares at registration (stable for one epoch).
 
     Must match pd.v1.WorkerCapacity field for field (kv_directory/convert.py maps
-    by name; tests/unit/test_directory_convert.py checks)."""
+    by name; tests/unit/directory/test_convert.py checks)."""
 
     total_blocks: int = 0
     max_decode_batch: int = 0

@@ -14,7 +14,7 @@
 // into micro-tiles, which thread computes it, nor on the instruction set. A
 // vector FMA computes each lane as the correctly rounded a * b + c, exactly what
 // the scalar std::fma computes, so the AVX2 kernel and the portable kernel (the
-// one aarch64 and FMA-less x86 run) give the same bits; tests/unit/test_ops.py
+// one aarch64 and FMA-less x86 run) give the same bits; tests/unit/engine/test_ops.py
 // compares them. Build without -ffast-math and with -ffp-contract=off so the
 // compiler adds or reorders nothing.
 //

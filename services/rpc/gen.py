@@ -17,7 +17,7 @@ without touching sys.path. Descriptor file names stay ``pd/v1/<name>.proto``.
 The lock enforces "never renumber" (STYLE.md): a name keeps its number forever,
 a number is never given to a different name, and a removed field's number must
 be ``reserved`` in its message. Output is deterministic: running twice gives
-identical bytes, and tests/unit/test_proto.py compares a fresh run against the
+identical bytes, and tests/unit/common/test_proto.py compares a fresh run against the
 checked-in files.
 """
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
+
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "client" / "README.md"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client, PdError
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ the decode worker published must equal the one the prefill worker produced.
 from __future__ import annotations
 
 import pytest
-from cluster_support import assert_cluster_clean, generate_all, seeded_requests, start_cluster
+
+from tests.support.cluster import assert_cluster_clean, generate_all, seeded_requests, start_cluster
 
 N_REQUESTS = 200
 MAX_TOKENS = 12

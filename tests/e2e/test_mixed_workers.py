@@ -13,11 +13,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 
 from pdserve_client import Client
 from services.directory.records import WorkerRole
 from services.telemetry.metrics import parse
+from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
 
 
 @pytest.fixture(scope="module")

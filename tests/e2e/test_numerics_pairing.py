@@ -16,12 +16,12 @@ import sys
 
 import grpc
 import pytest
-from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 
 from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
 from services.cluster.launcher import REPO_ROOT
 from services.engine import Engine, EngineConfig, SamplingParams
+from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
 
 TILE_64 = {"PD_ATTN_TILE_TOKENS": "64"}
 

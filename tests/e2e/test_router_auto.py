@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client, PdError
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 SHORT, LONG = 32, 1000
 

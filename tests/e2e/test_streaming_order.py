@@ -19,10 +19,10 @@ import random
 import time
 
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client
 from services.telemetry.metrics import parse
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 PROMPT_TOKENS = 1000
 CHUNKS = 4 * 4  # tiny: 4 layers; 63 blocks in chunks of 16 blocks (one prefill chunk)

@@ -12,9 +12,9 @@ on that router). Now every one is served at its first attempt within its deadlin
 from __future__ import annotations
 
 import pytest
-from cluster_support import seeded_requests, start_cluster
 
 from services.cluster.load import burst
+from tests.support.cluster import seeded_requests, start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ transaction."""
 from __future__ import annotations
 
 import pytest
-from cluster_support import start_cluster
 
 from services.cluster.load import cancel_storm
+from tests.support.cluster import start_cluster
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import socket
 import time
 
 import pytest
-from cluster_support import assert_cluster_clean, generate_all, start_cluster
 
 from services.transfer.base import MAX_COMMIT_BODY_BYTES, MAX_SMALL_BODY_BYTES
 from services.transfer.tcp_wire import ABORT, COMMIT, FRAME, VERDICT, frame, json_body, parse_address
+from tests.support.cluster import assert_cluster_clean, generate_all, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def cluster(tmp_path_factory):
 
 
 def data_address(cluster) -> tuple[str, int]:
-    from cluster_support import _directory
+    from tests.support.cluster import _directory
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
     return parse_address(d.data_plane_address)

@@ -14,9 +14,9 @@ import signal
 import time
 
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 PROMPT = list(range(3, 90))
 

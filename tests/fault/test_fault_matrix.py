@@ -16,9 +16,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from cluster_support import start_cluster
 
 from services.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
+from tests.support.cluster import start_cluster
 
 PAUSE_S = 2.0
 PROMPT = [random.Random(15).randrange(3, 500) for _ in range(150)]

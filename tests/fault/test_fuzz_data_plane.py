@@ -9,11 +9,11 @@ from __future__ import annotations
 import socket
 
 import pytest
-from cluster_support import assert_cluster_clean, generate_all, start_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.transfer.tcp_wire import FRAME, MAGIC, VERSION, parse_address
+from tests.support.cluster import assert_cluster_clean, generate_all, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def cluster(tmp_path_factory):
 
 
 def data_address(cluster):
-    from cluster_support import _directory
+    from tests.support.cluster import _directory
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
     return parse_address(d.data_plane_address)

@@ -20,13 +20,13 @@ import time
 
 import grpc
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 from google.protobuf.descriptor import FieldDescriptor as F
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, decode_pb2, directory_pb2, prefill_pb2, router_pb2
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,

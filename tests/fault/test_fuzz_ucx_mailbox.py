@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cluster_support import _directory, assert_cluster_clean, generate_all, start_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.transfer import ucx_wire as wire
+from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
 
 
 @pytest.fixture(scope="module")

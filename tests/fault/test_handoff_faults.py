@@ -25,13 +25,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from services.cluster.faults import EventFile
 from services.directory.client import DirectoryClient
 from services.directory.states import TxnState
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 MAX_TOKENS = 8
 PROMPT = [random.Random(11).randrange(3, 500) for _ in range(150)]  # 4 chunks (tiny: 4 layers)

@@ -11,10 +11,10 @@ import signal
 import time
 
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client
 from services.cluster.faults import advance_route_epoch, fences
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 PROMPT = list(range(3, 120))
 

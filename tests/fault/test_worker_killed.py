@@ -14,10 +14,10 @@ import random
 
 import grpc
 import pytest
-from cluster_support import assert_cluster_clean, start_cluster
 
 from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 MAX_TOKENS = 10
 

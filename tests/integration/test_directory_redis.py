@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 import redis
-from directory_contract import CHUNKS, KV, DirectoryContract, Harness, make_spec, register
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
@@ -16,6 +15,8 @@ from kv_directory.store import DirectoryStore
 from services.cluster.redis_proc import start_redis
 from services.directory.records import DirectoryUnavailable, LoadReport
 from services.directory.states import Outcome, TxnState
+from tests.support.directory.contract import DirectoryContract
+from tests.support.directory.harness import CHUNKS, KV, Harness, make_spec, register
 
 
 class RedisHarness(Harness):

@@ -12,12 +12,9 @@ Both token lists must be equal, and both pools full again afterwards.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import random
-import traceback
 
 import pytest
-from engine_support import random_prompt
 
 from services.engine import (
     Engine,
@@ -27,6 +24,8 @@ from services.engine import (
     export_kv,
     import_kv,
 )
+from tests.support.engine import random_prompt
+from tests.support.spawned import spawned
 
 SEED = 7
 PROMPT_TOKENS = 150
@@ -35,7 +34,6 @@ MAX_TOKENS = DECODE_TOKENS + 1  # the first token comes from prefill
 SHARED_TOKENS = 64
 BLOCK = 16
 A_BLOCKS, B_BLOCKS = 48, 64
-CALL_TIMEOUT_S = 60
 
 # ---- worker side (runs in the spawned processes) ---------------------------
 
@@ -104,65 +102,15 @@ def a_decode_rest() -> dict:
     return dict(tokens=list(seq.output_ids), finish=seq.finish_reason.value, pool=_pool(engine))
 
 
-def _serve(conn) -> None:
-    """Worker loop: (function name, kwargs) in, ("ok", result) or ("error", traceback) out."""
-    while (msg := conn.recv()) is not None:
-        name, kwargs = msg
-        try:
-            conn.send(("ok", globals()[name](**kwargs)))
-        except BaseException:  # noqa: BLE001 - the test process reports it
-            conn.send(("error", traceback.format_exc()))
-
-
 # ---- test side ------------------------------------------------------------------
-
-
-class Worker:
-    """A spawned process running `_serve`; `call` is a blocking remote call."""
-
-    def __init__(self, ctx, name: str):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), name=name, daemon=True)
-        self.proc.start()
-        child.close()
-
-    def send(self, name: str, **kwargs) -> None:
-        self.conn.send((name, kwargs))
-
-    def result(self):
-        if not self.conn.poll(CALL_TIMEOUT_S):
-            raise TimeoutError(f"{self.proc.name}: no reply in {CALL_TIMEOUT_S} s")
-        status, value = self.conn.recv()
-        if status != "ok":
-            pytest.fail(f"{self.proc.name} failed:\n{value}")
-        return value
-
-    def call(self, name: str, **kwargs):
-        self.send(name, **kwargs)
-        return self.result()
-
-    def close(self) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
 
 
 @pytest.fixture(scope="module")
 def workers():
-    """Process A (prefill) and process B (decode); fresh engines per call sequence."""
-    ctx = mp.get_context("spawn")
-    a, b = Worker(ctx, "prefill-A"), Worker(ctx, "decode-B")
-    try:
+    """Process A (prefill) and process B (decode), each serving this module's functions
+    above; fresh engines per call sequence."""
+    with spawned(("prefill-A", __name__), ("decode-B", __name__)) as (a, b):
         yield a, b
-    finally:
-        a.close()
-        b.close()
-    assert a.proc.exitcode == 0 and b.proc.exitcode == 0
 
 
 def _hand_off(workers, prompt, sampling, shared_prefix=()) -> tuple[dict, dict, dict, dict]:
@@ -171,11 +119,11 @@ def _hand_off(workers, prompt, sampling, shared_prefix=()) -> tuple[dict, dict, 
                       shared_prefix=list(shared_prefix))
     sent = a.call("a_prefill_and_export", prompt=prompt, sampling=sampling,
                   first_block=reserved["first_block"])
-    a.send("a_decode_rest")  # A and B decode at the same time
-    b.send("b_import_and_decode", kv=sent["kv"], abi_digest=sent["abi_digest"],
-           kv_digest=sent["kv_digest"], first_token=sent["first_token"],
-           first_block=reserved["first_block"])
-    a_done, b_done = a.result(), b.result()
+    a_id = a.start("a_decode_rest")  # A and B decode at the same time
+    b_id = b.start("b_import_and_decode", kv=sent["kv"], abi_digest=sent["abi_digest"],
+                   kv_digest=sent["kv_digest"], first_token=sent["first_token"],
+                   first_block=reserved["first_block"])
+    a_done, b_done = a.result(a_id), b.result(b_id)
     for side in (a_done, b_done):
         pool = side["pool"]
         assert pool["free"] == pool["total"] and pool["max_ref"] == 0, f"leak: {pool}"

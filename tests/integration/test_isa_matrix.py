@@ -29,8 +29,8 @@ SETTINGS = {
     "portable-aten-default": {"PD_KERNEL_ISA": "portable", "ATEN_CPU_CAPABILITY": "default"},
 }
 
-INVARIANCE_TESTS = ["tests/unit/test_ops.py", "tests/unit/test_engine_exactness.py",
-                    "tests/unit/test_selfcheck.py"]
+INVARIANCE_TESTS = ["tests/unit/engine/test_ops.py", "tests/unit/engine/test_exactness.py",
+                    "tests/unit/engine/test_selfcheck.py"]
 E2E_TEST = "tests/e2e/test_e2e_exactness.py::test_disaggregated_equals_colocated_with_exact_handoff[ucx]"
 
 _FINGERPRINT = r"""

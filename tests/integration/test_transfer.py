@@ -1,5 +1,5 @@
 """The tcp and ucx backends between real processes: every case runs on both
-(the `procs` fixture's parameter; tests/transfer_harness.py has the processes).
+(the `procs` fixture's parameter; tests/support/transfer has the processes).
 
 Sizes go from one block to a 64 MiB transfer (a K/V-wide model filling a
 ~66 MiB cache). Faults: a killed or silent sender, a killed or frozen receiver,
@@ -16,22 +16,23 @@ import signal
 import time
 
 import pytest
-from transfer_harness import (
-    IDLE_TIMEOUT_S,
-    MAX_TOKENS,
-    _expect_failed,
-    _prompt,
-    _reserve_and_prefill,
-    _send,
-    _tids,
-    light,
-    procs,
-    receiver_clean,
-)
 
 from services.transfer import ChunkKey
+from tests.support.transfer.engines import IDLE_TIMEOUT_S, MAX_TOKENS
+from tests.support.transfer.fixtures import (
+    expect_failed,
+    light,
+    make_prompt,
+    new_tid,
+    procs,
+    receiver_clean,
+    reserve_and_prefill,
+    send,
+)
 
 __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
+
+
 @pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve", [
     ("tiny", 9, 1, {}),                                       # one block, one chunk per layer
     ("tiny", 301, 3, dict(cached_prefix=64, holders=5)),      # prefix hit at R, shifted blocks
@@ -39,9 +40,9 @@ __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used 
 ], ids=["1-block", "prefix-hit", "64MiB"])
 def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve):
     r, s, _ = procs
-    tid, res, pre = _reserve_and_prefill(procs, spec, _prompt(prompt_len, prompt_len), per_chunk=per_chunk,
+    tid, res, pre = reserve_and_prefill(procs, spec, make_prompt(prompt_len, prompt_len), per_chunk=per_chunk,
                                          **reserve)
-    sent = _send(procs, tid, res, per_chunk)
+    sent = send(procs, tid, res, per_chunk)
     assert sent["published"] is True and not sent["error"], sent
     n_chunks = 4 * -(-(res["last_block"] - res["first_block"]) // per_chunk)
     assert sent["sent"] == n_chunks
@@ -64,7 +65,7 @@ def test_credit_window_bounds_bytes_in_flight(procs, window_kib):
     """64 MiB in 1 MiB chunks through a small window: the instrumented peak of bytes in
     flight never exceeds it, every credit comes back, and the bytes are exact."""
     r, s, addr = procs
-    tid, res, pre = _reserve_and_prefill(procs, "wide", _prompt(4095, 4095), per_chunk=4)
+    tid, res, pre = reserve_and_prefill(procs, "wide", make_prompt(4095, 4095), per_chunk=4)
     window = window_kib << 10
     sent = s.call("s_send", tid=tid, dest=addr, first_block=res["first_block"],
                   last_block=res["last_block"], per_chunk=4, backend="ucx", window_bytes=window)
@@ -82,24 +83,24 @@ def test_credit_window_bounds_bytes_in_flight(procs, window_kib):
 
 @pytest.mark.parametrize("fault", ["checksum", "payload"])
 def test_corrupted_chunk_fails_with_checksum_mismatch(procs, fault):
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 1))
-    sent = _send(procs, tid, res, fault=fault, at=3)
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 1))
+    sent = send(procs, tid, res, fault=fault, at=3)
     assert sent["published"] is None and "checksum mismatch" in sent["error"], sent
-    _expect_failed(procs, tid, match="checksum mismatch")
+    expect_failed(procs, tid, match="checksum mismatch")
 
 
 def test_replayed_chunk_fails_as_duplicate(procs):
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 2))
-    sent = _send(procs, tid, res, fault="replay", at=2)
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 2))
+    sent = send(procs, tid, res, fault="replay", at=2)
     assert "duplicate chunk" in sent["error"], sent
-    _expect_failed(procs, tid, match="duplicate chunk")
+    expect_failed(procs, tid, match="duplicate chunk")
 
 
 def test_abort_mid_stream_fails_the_transfer(procs):
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 3))
-    sent = _send(procs, tid, res, fault="abort", at=3)
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 3))
+    sent = send(procs, tid, res, fault="abort", at=3)
     assert sent["aborted"] and sent["sent"] == 3
-    out = _expect_failed(procs, tid, match="aborted by sender: prefill cancelled")
+    out = expect_failed(procs, tid, match="aborted by sender: prefill cancelled")
     # tcp: the chunks were on the wire before the ABORT; ucx: sends are issued, and
     # the ABORT may overtake their data (the receiver fences what it posted)
     assert out["arrived"] == 3 if procs.backend == "tcp" else out["arrived"] <= 3
@@ -108,17 +109,17 @@ def test_abort_mid_stream_fails_the_transfer(procs):
 @pytest.mark.parametrize("fault,match", [("bad_key", "unexpected chunk"),
                                          ("short", "expected")])
 def test_rejected_chunk_fails_the_transfer(procs, fault, match):
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(60, 4))
-    sent = _send(procs, tid, res, fault=fault, at=1)
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(60, 4))
+    sent = send(procs, tid, res, fault=fault, at=1)
     assert sent["error"] and sent["published"] is None, sent
-    _expect_failed(procs, tid, match=match)
+    expect_failed(procs, tid, match=match)
 
 
 def test_unexpected_transfer_is_refused_and_writes_nothing(procs):
     r, s, _ = procs
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(100, 5))
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 5))
     before = r.call("r_blocks_digest", tid=tid)
-    sent = _send(procs, tid, res, as_tid="ghost")  # same keys, a transfer R never expected
+    sent = send(procs, tid, res, as_tid="ghost")  # same keys, a transfer R never expected
     assert "not expected" in sent["error"], sent
     assert r.call("r_blocks_digest", tid=tid) == before
     r.call("r_forget", tid=tid)
@@ -136,8 +137,8 @@ def test_a_large_commit_for_no_transfer_is_refused_unread(procs):
 
 def test_forget_mid_stream_drops_later_chunks(procs):
     r, s, _ = procs
-    tid, res, _ = _reserve_and_prefill(procs, "tiny", _prompt(200, 6), per_chunk=1)
-    assert _send(procs, tid, res, per_chunk=1, fault="pause", at=10)["paused"]
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(200, 6), per_chunk=1)
+    assert send(procs, tid, res, per_chunk=1, fault="pause", at=10)["paused"]
     r.call("r_forget", tid=tid)
     frozen = r.call("r_blocks_digest", tid=tid)
     rest = s.call("s_resume", tid=tid)
@@ -149,9 +150,9 @@ def test_forget_mid_stream_drops_later_chunks(procs):
 
 def test_sender_killed_mid_transfer_fails_within_the_idle_timeout(procs, light):
     r, _, addr = procs
-    ls = light("light-sender")
-    tid = f"t{next(_tids)}"
-    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(100, 9))
+    ls = light("sender")
+    tid = new_tid()
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=make_prompt(100, 9))
     keys = [ChunkKey(layer, 0, 2) for layer in range(3)]
     assert ls.call("ls_send", dest=addr, tid=tid, keys=keys, block_bytes=res["block_bytes"],
                    backend=procs.backend) == 3
@@ -169,10 +170,10 @@ def test_sender_killed_mid_transfer_fails_within_the_idle_timeout(procs, light):
 @pytest.mark.parametrize("how", ["killed", "frozen"])
 def test_receiver_gone_mid_transfer_raises_transfer_error(procs, light, how):
     _, s, _ = procs
-    tid = f"t{next(_tids)}"
-    prompt = _prompt(150, 10)
+    tid = new_tid()
+    prompt = make_prompt(150, 10)
     s.call("s_prefill", tid=tid, spec="tiny", prompt=prompt)
-    lr = light("light-receiver")
+    lr = light("receiver")
     io_timeout_s = 1.0
     tiny_block_bytes = 16 * 2 * 2 * 8 * 4  # 16 tokens x K,V x 2 heads x 8 dims x fp32
     dest = lr.call("lr_start", tid=tid, block_bytes=tiny_block_bytes, backend=procs.backend)
@@ -190,7 +191,7 @@ def test_receiver_gone_mid_transfer_raises_transfer_error(procs, light, how):
         assert io_timeout_s - 0.1 <= rest["elapsed_s"] and elapsed < io_timeout_s + 2, rest
         lr.signal(signal.SIGKILL)
     lr.proc.join(5)
-    again = f"t{next(_tids)}"
+    again = new_tid()
     s.call("s_prefill", tid=again, spec="tiny", prompt=prompt)
     t0 = time.monotonic()
     refused = s.call("s_send", tid=again, dest=dest, first_block=0, last_block=10, per_chunk=2,

@@ -1,6 +1,6 @@
 """The tcp backend's wire between real processes: raw-socket faults (a sender silent
 mid-frame, bad magic) and, in one process, a send cancelled mid-payload. The
-processes and fixtures are tests/transfer_harness.py's; every case runs on tcp only.
+processes and fixtures are tests/support/transfer's; every case runs on tcp only.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ import time
 
 import pytest
 import xxhash
-from transfer_harness import IDLE_TIMEOUT_S, _prompt, _tids, procs, receiver_clean
 
 from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum, tcp
+from tests.support.transfer.engines import IDLE_TIMEOUT_S
+from tests.support.transfer.fixtures import make_prompt, new_tid, procs, receiver_clean
 
 __all__ = ["procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
+
+
 def _raw_connect(addr: str) -> socket.socket:
     sock = socket.create_connection(tcp.parse_address(addr), timeout=5)
     sock.settimeout(5)
@@ -34,8 +37,8 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 @pytest.mark.parametrize("procs", ["tcp"], indirect=True)
 def test_silent_sender_mid_frame_fails_after_the_idle_timeout(procs):
     r, _, addr = procs
-    tid = f"t{next(_tids)}"
-    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 7), per_chunk=1)
+    tid = new_tid()
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=make_prompt(40, 7), per_chunk=1)
     n = res["block_bytes"]
     with _raw_connect(addr) as sock:
         sock.sendall(tcp.chunk_frame(tid, ChunkKey(0, 0, 1), n, "0" * 16) + bytes(n // 2))
@@ -50,8 +53,8 @@ def test_silent_sender_mid_frame_fails_after_the_idle_timeout(procs):
 @pytest.mark.parametrize("procs", ["tcp"], indirect=True)
 def test_bad_magic_closes_the_connection_and_fails_its_transfers(procs):
     r, _, addr = procs
-    tid = f"t{next(_tids)}"
-    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=_prompt(40, 8), per_chunk=1)
+    tid = new_tid()
+    res = r.call("r_reserve", tid=tid, spec="tiny", prompt=make_prompt(40, 8), per_chunk=1)
     payload = bytes(res["block_bytes"])
     with _raw_connect(addr) as sock:
         sock.sendall(tcp.chunk_frame(tid, ChunkKey(1, 0, 1), len(payload),

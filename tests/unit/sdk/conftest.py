@@ -1,4 +1,4 @@
-"""Fixtures of the SDK and pdctl tests: one fake Router+Admin (tests/sdk_support.py)
+"""Fixtures of the SDK and pdctl tests: one fake Router+Admin (tests/support/sdk.py)
 per module on a real loopback gRPC server, reset before each test."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from concurrent import futures
 
 import grpc
 import pytest
-from sdk_support import FakeRouter
 
 from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import admin_pb2_grpc, router_pb2_grpc
+from tests.support.sdk import FakeRouter
 
 
 @pytest.fixture(scope="module")

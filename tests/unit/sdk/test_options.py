@@ -8,12 +8,12 @@ import dataclasses
 import math
 
 import pytest
-from sdk_support import complete, started
 
 from pdserve_client import AsyncClient, GenerateOptions, InvalidArgumentError, PdError
 from pdserve_client.cli import build_parser
 from pdserve_client.options import OPTION_NAMES, resolve_options
 from pdserve_client.rpc.pd.v1 import router_pb2
+from tests.support.sdk import complete, started
 
 
 @pytest.mark.parametrize("fields,name,rule", [

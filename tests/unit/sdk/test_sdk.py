@@ -1,5 +1,5 @@
 """Client SDK against an in-process fake Router+Admin on a real loopback gRPC server
-(tests/sdk_support.py, fixtures in conftest.py): the sync client and the stream folding.
+(tests/support/sdk.py, fixtures in conftest.py): the sync client and the stream folding.
 
 Assertions are on what the SDK computes (client-side TTFT/TPOT, error mapping,
 request encoding, cancel on close), not on values echoed from the script.
@@ -11,11 +11,11 @@ import uuid
 
 import grpc
 import pytest
-from sdk_support import Abort, Forever, complete, error, free_port, paced_script, started, token
 
 from pdserve_client import Client, PdError
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from pdserve_client.stream import StreamTally
+from tests.support.sdk import Abort, Forever, complete, error, free_port, paced_script, started, token
 
 # --------------------------------------------------------------------------- sync client
 

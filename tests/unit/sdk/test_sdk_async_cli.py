@@ -1,5 +1,5 @@
 """Async SDK client and pdctl against the in-process fake Router+Admin
-(tests/sdk_support.py, fixtures in conftest.py) on a real loopback gRPC server."""
+(tests/support/sdk.py, fixtures in conftest.py) on a real loopback gRPC server."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 
 import grpc
 import pytest
-from sdk_support import Abort, Forever, complete, error, free_port, paced_script, started, token
 
 from pdserve_client import AsyncClient, PdError, resolve_router_address
 from pdserve_client.cli import main
 from pdserve_client.rpc.pd.v1 import common_pb2, manifest_pb2, router_pb2
+from tests.support.sdk import Abort, Forever, complete, error, free_port, paced_script, started, token
 
 # --------------------------------------------------------------------------- async client
 

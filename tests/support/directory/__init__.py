@@ -1,0 +1,1 @@
+"""The DirectoryStore contract (contract.py) and what it runs on (harness.py)."""

@@ -1,0 +1,37 @@
+"""Round-number workers for the decision tests (tests/unit/router/pricing, and the
+stream and interference tests that price with them).
+
+Every profile uses round numbers so each prediction can be checked by hand:
+prefill 1 ms per token, 1 MB K/V per block at 1000 MB/s (1 ms per block) plus
+1 ms latency, decode steps of 10 ms per sequence, split overhead 5 ms,
+colocated overhead 1 ms.
+"""
+
+from __future__ import annotations
+
+from router.config import RouterConfig
+from router.pricing.scorers import build
+from router.pricing.shapes import DecisionParams
+from router.types import Capacity, Load, Role, Worker
+from services.directory.cost_profile import CostProfile
+
+BS = 16
+PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1_000_000,
+                      source="test")
+CFG = RouterConfig(transfer_latency_ms=1.0, transfer_mb_per_s=1000.0, disaggregated_overhead_ms=5.0,
+                   colocated_overhead_ms=1.0)
+
+
+def worker(wid: str, role: Role, pending: int = 0, batch: int = 0, free: int = 1000, profile=PROFILE) -> Worker:
+    return Worker(wid, role, f"{wid}:1", cache_abi_digest="abi", profile=profile,
+                  capacity=Capacity(total_blocks=1000, max_decode_batch=64, max_prefill_tokens=256, block_size=BS),
+                  load=Load(pending_prefill_tokens=pending, active_decode_batch=batch, free_blocks=free,
+                            total_blocks=1000))
+
+
+def params(**kw) -> DecisionParams:
+    return DecisionParams(build(CFG.weights()), **kw)
+
+
+def rows(model, *workers):
+    return [model.costs(w) for w in workers]

@@ -1,0 +1,154 @@
+"""S and LS of the transfer harness (tests/support/transfer): the commands a spawned
+sender process serves. S prefills on a real engine and sends its chunks, with a
+fault at a chosen chunk when asked; LS sends made-up chunks and keeps the connection.
+
+Only light imports at module level: LS imports this module and starts in a blink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+
+from services.transfer import Chunk, ChunkKey, TransferCommit, TransferError, checksum
+from services.transfer.factory import make_sender
+from tests.support.transfer.engines import IO_TIMEOUT_S, MAX_TOKENS, engine_for, sampling
+
+_state: dict = {"senders": {}, "sends": {}, "keep": {}}
+
+
+async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
+    """Compute the prompt (tiny), or fill it with seeded random K/V and import it (wide)."""
+    import torch
+
+    from services.engine import commit_import
+    engine = engine_for(spec)
+    seq = engine.add_request(tid, prompt, MAX_TOKENS, sampling())
+    if spec == "tiny":
+        first = engine.prefill(seq)
+    else:  # a 4095-token prefill is too slow for a test; the bytes are what matter here
+        engine.cache.kv.normal_(generator=torch.Generator().manual_seed(len(prompt)))
+        first = 5
+        commit_import(engine, seq, first)
+    _state["sends"][tid] = dict(engine=engine, seq=seq, first=first)
+    return dict(first_token=first, kv_digest=engine.kv_digest(seq))
+
+
+def _sender(backend: str, io_timeout_s: float, window_bytes: int = 0):
+    key = (backend, io_timeout_s, window_bytes)
+    if key not in _state["senders"]:
+        opts = dict(connect_timeout_s=2.0) if backend == "tcp" else (
+            dict(window_bytes=window_bytes) if window_bytes else {})
+        _state["senders"][key] = make_sender(backend, io_timeout_s=io_timeout_s, **opts)
+    return _state["senders"][key]
+
+
+async def s_credits(backend: str) -> dict:
+    """Credit windows of S's ucx senders: (in flight, peak, capacity) per destination."""
+    return {f"{k[2]}:{dest[-12:]}": (w.in_flight, w.peak, w.capacity)
+            for k, snd in _state["senders"].items() if k[0] == backend == "ucx"
+            for dest, w in snd.credit_windows().items()}
+
+
+async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
+                 backend: str, fault: str = "", at: int = 0, as_tid: str = "",
+                 io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0) -> dict:
+    """Send every chunk then commit; `fault` at chunk index `at`:
+    checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume)."""
+    from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
+    st = _state["sends"][tid]
+    engine, _seq = st["engine"], st["seq"]
+    keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
+    st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
+              sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at)
+    return await _pump(st, describe_chunk, chunk_views)
+
+
+async def s_commit_ghost(dest: str, backend: str, n_chunks: int) -> dict:
+    """Commit a transfer R never expected, listing n_chunks made-up chunks (a large body)."""
+    chunks = tuple(Chunk(ChunkKey(i % 4, i // 4, 1), 4096, f"{i:016x}") for i in range(n_chunks))
+    verdict = await _sender(backend, IO_TIMEOUT_S).commit(dest, TransferCommit(
+        "ghost/commit", "ghost", 1, "abi", chunks, "digest", 7))
+    return dict(published=verdict.published, reason=verdict.reason)
+
+
+async def s_resume(tid: str) -> dict:
+    from services.transfer.chunks import chunk_views, describe_chunk
+    st = _state["sends"][tid]
+    st["fault"] = ""
+    return await _pump(st, describe_chunk, chunk_views)
+
+
+async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
+    engine, seq, sender = st["engine"], st["seq"], st["sender"]
+    dest, wire = st["dest"], st["wire_tid"]
+    t0 = time.monotonic()
+    out = dict(published=None, reason="", error="")
+    try:
+        while st["next"] < len(st["keys"]):
+            i, key = st["next"], st["keys"][st["next"]]
+            chunk, views = describe_chunk(engine, seq, key), chunk_views(engine, seq, key)
+            fault = st["fault"] if i == st["at"] else ""
+            if fault == "pause":
+                return dict(out, sent=i, paused=True)
+            if fault == "abort":
+                await sender.abort(dest, wire, "prefill cancelled")
+                return dict(out, sent=i, aborted=True)
+            if fault == "checksum":  # flip one hex digit of the frame's checksum
+                chunk = dataclasses.replace(chunk, checksum=chunk.checksum[:-1] + (
+                    "0" if chunk.checksum[-1] != "0" else "1"))
+            elif fault == "payload":  # flip one payload byte, keep the honest checksum
+                data = bytearray(b"".join(bytes(v) for v in views))
+                data[len(data) // 2] ^= 0x40
+                views = [memoryview(data)]
+            elif fault == "bad_key":
+                chunk = dataclasses.replace(chunk, key=ChunkKey(key.layer, 10_000, key.block_count))
+            elif fault == "short":
+                data = b"".join(bytes(v) for v in views)[:-8]
+                chunk, views = dataclasses.replace(chunk, num_bytes=len(data)), [memoryview(data)]
+            await sender.send(dest, wire, chunk, views)
+            if fault == "replay":
+                await sender.send(dest, wire, chunk, views)
+            st["chunks"].append(chunk)
+            st["next"] += 1
+        verdict = await sender.commit(dest, TransferCommit(
+            wire, seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]),
+            engine.kv_digest(seq), st["first"]))
+        out.update(published=verdict.published, reason=verdict.reason)
+    except TransferError as e:
+        out["error"] = str(e)
+        await sender.abort(dest, wire, f"send failed: {e}")
+    return dict(out, sent=st["next"], elapsed_s=time.monotonic() - t0)
+
+
+async def s_decode_self(tid: str) -> dict:
+    """The reference: S continues the request itself, then frees it."""
+    st = _state["sends"].pop(tid)
+    engine, seq = st["engine"], st["seq"]
+    while not seq.is_finished:
+        engine.decode_step([seq])
+    engine.free(seq)
+    return dict(tokens=list(seq.output_ids), free=engine.num_free_blocks,
+                total=engine.blocks.num_blocks)
+
+
+async def ls_send(dest: str, tid: str, keys: list, block_bytes: int, backend: str) -> int:
+    """Light sender: send made-up (correctly sized and summed) chunks; keep the connection.
+    Returns once the chunks are at R (ucx: every credit is back, i.e. each chunk VISIBLE)."""
+    sender = _state["keep"]["sender"] = make_sender(backend)
+    keep = _state["keep"].setdefault("data", [])
+    for key in keys:
+        data = memoryview(os.urandom(key.block_count * block_bytes))
+        keep.append(data)
+        await sender.send(dest, tid, Chunk(key, data.nbytes, checksum([data])), [data])
+    while backend == "ucx" and any(w.in_flight for w in sender.credit_windows().values()):
+        await asyncio.sleep(0.01)
+    return len(keys)
+
+
+async def at_exit() -> None:
+    for sender in [*_state["senders"].values(), _state["keep"].get("sender")]:
+        if sender is not None:
+            await sender.close()

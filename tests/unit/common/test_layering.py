@@ -1,0 +1,125 @@
+"""The house's plan, read from the code's own imports (issue 16): services/ is the
+shared floor and imports no service; the services do not import each other (a
+mixed worker is one node with two roles, found by entry point); no import cycle;
+no product file, and no test helper (tests/support), over 400 lines."""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+from tests.support import REPO as ROOT
+
+PRODUCT = ("router", "services", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client")
+SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for top in PRODUCT:
+        base = (ROOT / top).parent
+        for p in (ROOT / top).rglob("*.py"):
+            if "_pb2" in p.name or "_native" in p.parts:
+                continue
+            parts = p.relative_to(base).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> product modules it imports (anywhere in the file, TYPE_CHECKING too)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = collections.defaultdict(set)
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                mod = ".".join(base + [node.module] if node.module else base)
+                subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in mods]
+                targets = subs + ([mod] if len(subs) < len(node.names) else [])
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in mods and t != name)
+    return graph
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_shared_floor_imports_no_service():
+    graph = _graph()
+    up = sorted((a, b) for a, deps in graph.items() if _top(a) == "services"
+                for b in deps if _top(b) in SERVICES)
+    assert up == []
+
+
+def test_the_client_distribution_imports_nothing_of_the_server():
+    graph = _graph()
+    assert "pdserve_client.client" in graph
+    server = sorted((a, b) for a, deps in graph.items() if _top(a) == "pdserve_client"
+                    for b in deps if _top(b) != "pdserve_client")
+    assert server == []
+
+
+def test_no_service_imports_another():
+    graph = _graph()
+    across = sorted((a, b) for a, deps in graph.items() if _top(a) in SERVICES
+                    for b in deps if _top(b) in SERVICES and _top(b) != _top(a))
+    assert across == []
+
+
+def test_the_routers_pricing_wing_imports_nothing_of_its_request_wing():
+    graph = _graph()
+    assert "router.pricing.decision" in graph
+    across = sorted((a, b) for a, deps in graph.items() if a.startswith("router.pricing")
+                    for b in deps if b.startswith("router.requests"))
+    assert across == []
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_no_product_file_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+def test_no_test_helper_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tests" / "support").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}

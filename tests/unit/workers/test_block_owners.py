@@ -1,0 +1,181 @@
+"""Every block a worker holds has an owner and a way back (issue 15, item 1).
+
+Prefill: a prefill whose caller vanished without cancelling (it waits on a peer
+that never answers) is cancelled at its TTL and its blocks freed. Decode: a
+published sequence that no DecodeStream ever claims is stopped at the TTL.
+Block accounting (`block_counts`) covers every held block: free + reserved +
+active == total. In-process fakes stand in for the sender, receiver and
+directory (unit level); the fault suite runs the same paths on real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from prefill_worker.worker import PrefillWorker
+from services.directory.states import Outcome, TxnState
+from services.engine import SamplingParams
+from services.transfer import KVSender
+from services.transfer.chunks import chunk_bytes, plan_chunks
+from services.worker.config import WorkerConfig
+from services.worker.loop import EngineLoop
+from services.worker.process import block_counts
+from tests.support.engine import assert_no_leak, running_loop, tiny_engine
+
+PROMPT = list(range(3, 103))
+
+
+class _Reply:
+    def __init__(self, outcome=Outcome.APPLIED):
+        self.outcome, self.state = outcome, TxnState.TRANSFERRING
+
+    @property
+    def ok(self):
+        return self.outcome.ok
+
+
+class FakeTxn:
+    worker_id = "p0"
+
+    def __init__(self):
+        self.aborts: list[tuple[str, str]] = []
+
+    def epoch_fn(self):
+        return 1
+
+    async def begin(self, request_id, transfer_id, generation, kv_digest=""):
+        return _Reply()
+
+    async def abort(self, request_id, transfer_id, generation, reason):
+        self.aborts.append((transfer_id, reason))
+
+
+class SilentPeer(KVSender):
+    """A destination that accepts the connection and never answers a chunk."""
+
+    def __init__(self):
+        self.aborted: list[str] = []
+        self.sending = asyncio.Event()
+
+    async def start(self):
+        pass
+
+    async def send(self, dest, transfer_id, chunk, views):
+        self.sending.set()
+        await asyncio.Future()
+
+    async def commit(self, dest, commit):
+        await asyncio.Future()
+
+    async def abort(self, dest, transfer_id, reason):
+        self.aborted.append(transfer_id)
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture
+def loop():
+    yield from running_loop(num_blocks=64)
+
+
+def test_a_prefill_stuck_on_a_silent_peer_is_cancelled_at_its_ttl(loop):
+    cfg = WorkerConfig(prefill_ttl_s=0.5, stream_layers=False)
+    peer, txn = SilentPeer(), FakeTxn()
+    worker = PrefillWorker(cfg, loop, peer, txn)
+    seen = {}
+
+    async def go():
+        run = asyncio.ensure_future(worker.prefill(
+            request_id="r", tenant="t", generation=1, transfer_id="r/1", first_token_pos=0,
+            prompt=PROMPT, sampling=SamplingParams(), dest="nowhere", abi_digest="",
+            chunks=[(k.layer, k.block_start, k.block_count, chunk_bytes(loop.engine, k))
+                    for k in plan_chunks(loop.engine.model_cfg.num_hidden_layers, 0, 7, 16)]))
+        await asyncio.wait_for(peer.sending.wait(), 10)
+        seen["while_stuck"] = block_counts(loop.engine)
+        seen["held"] = worker.held_blocks()
+        with pytest.raises(asyncio.CancelledError) as err:
+            await asyncio.wait_for(run, 10)
+        seen["error"] = str(err.value)
+        for _ in range(100):  # the free is a queued engine-loop call
+            await loop.call(lambda e: None)
+            if loop.engine.num_free_blocks == loop.engine.blocks.num_blocks:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    c = seen["while_stuck"]
+    assert c["active_blocks"] == seen["held"] == 7 and c["reserved_blocks"] == 0  # 100 tokens / 16
+    assert c["free_blocks"] + c["active_blocks"] == c["total_blocks"] == 64
+    assert "TTL" in seen["error"]
+    assert peer.aborted == ["r/1"] and txn.aborts and txn.aborts[0][0] == "r/1"
+    assert worker.tasks == {}
+    assert_no_leak(loop.engine)
+    after = block_counts(loop.engine)
+    assert after["active_blocks"] == 0 and after["cached_blocks"] == 6  # full prompt blocks stay as prefix cache
+
+
+class FakeDecodeTxn(FakeTxn):
+    worker_id = "d0"
+
+    def __init__(self):
+        super().__init__()
+        self.released: list[str] = []
+
+    async def validated(self, request_id, transfer_id, generation, digest, chunks):
+        return _Reply()
+
+    async def publish(self, request_id, transfer_id, generation, digest):
+        return _Reply()
+
+    async def release(self, request_id, transfer_id, generation):
+        self.released.append(transfer_id)
+
+
+def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
+    """The router died between the commit and its DecodeStream call: the sequence
+    would decode to max_tokens holding its blocks; the TTL stops it and frees them."""
+    from decode_worker.worker import DecodeWorker
+    from services.transfer.inproc import InprocReceiver, InprocSender
+
+    p_loop, d_loop = EngineLoop(tiny_engine(num_blocks=64)), EngineLoop(tiny_engine(num_blocks=256))
+    p_loop.start()
+    d_loop.start()
+    cfg = WorkerConfig(reservation_ttl_s=0.5, stream_layers=False, transport="inproc")
+    seen = {}
+
+    async def go():
+        receiver = InprocReceiver("d0-unclaimed")
+        await receiver.start()
+        txn = FakeDecodeTxn()
+        decode = DecodeWorker(cfg, d_loop, receiver, txn)
+        prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
+        sampling = SamplingParams(ignore_eos=True)
+        res = await decode.reserve("r", "t", 1, PROMPT, 1900, sampling, "")
+        await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
+                              first_token_pos=0, prompt=PROMPT, sampling=sampling,
+                              dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
+        seen["decoding"] = block_counts(d_loop.engine, decode.reserved_blocks())
+        for _ in range(300):
+            await asyncio.sleep(0.05)
+            if txn.released:
+                break
+        seen["released"] = list(txn.released)
+        seen["steps"] = d_loop.steps
+        with pytest.raises(RuntimeError, match="no DecodeStream came within 0.5 s"):  # a late stream
+            async for _ in decode.stream("r/1"):
+                pass
+        await receiver.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        p_loop.stop()
+        d_loop.stop()
+    assert seen["decoding"]["active_blocks"] > 0 and seen["decoding"]["reserved_blocks"] == 0
+    assert seen["released"] == ["r/1"]
+    assert seen["steps"] < 1900  # stopped long before max_tokens
+    assert_no_leak(d_loop.engine)
+    assert_no_leak(p_loop.engine)

@@ -1,0 +1,161 @@
+"""The two workers below the full cluster (issue 16): real PrefillWorker and
+DecodeWorker on tiny engines, the inproc data plane, the real directory servicer
+over the memory store (tests/support/inproc_cluster.py). A hand-off driven in the router's
+order equals a colocated run, and every test ends with everything returned."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from decode_worker.reservations import ResState
+from prefill_worker.worker import TaskState, TransferRefused
+from services.directory.states import TxnState
+from services.engine import InvalidRequest
+from tests.support.inproc_cluster import GREEDY, InprocCluster
+
+PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_a_handoff_equals_colocated_and_gives_everything_back():
+    async def go():
+        async with InprocCluster() as c:
+            tokens, outcome = await c.handoff("r", PROMPT, 6)
+            reference = await c.colocated("ref", PROMPT, 6)
+            record = await c.directory.lookup("r", "r/1")
+            await c.assert_all_returned()
+            return tokens, reference, outcome, record
+
+    tokens, reference, outcome, record = run(go())
+    assert tokens == reference and len(tokens) == 6
+    assert outcome.first_token == tokens[0] and outcome.sent_chunks > 0
+    assert record.state is TxnState.RELEASED  # decode released it when the sequence ended
+
+
+def test_the_second_request_reuses_the_prefix_at_both_ends():
+    async def go():
+        async with InprocCluster() as c:
+            await c.handoff("a", PROMPT, 2)
+            tokens, outcome = await c.handoff("b", PROMPT + [7, 8], 3)
+            reference = await c.colocated("ref", PROMPT + [7, 8], 3)
+            await c.assert_all_returned()
+            return tokens, reference, outcome
+
+    tokens, reference, outcome = run(go())
+    assert tokens == reference
+    assert outcome.reused_tokens == 64  # 4 full blocks of the shared prompt stayed cached at P
+
+
+def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
+    async def go():
+        async with InprocCluster(fault_pause_s=30.0) as c:  # "@computed": the prefill waits there
+            res = await c.reserve("x@computed", PROMPT, 4)
+            prefill = asyncio.ensure_future(c.prefill.prefill(
+                request_id="x@computed", tenant="t", generation=1, transfer_id=res.transfer_id,
+                first_token_pos=0, prompt=PROMPT, sampling=GREEDY, dest=c.receiver.address,
+                abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()))
+            while "x@computed/1" not in c.prefill.tasks or \
+                    c.prefill.tasks["x@computed/1"].state is not TaskState.COMPUTING:
+                await asyncio.sleep(0.01)
+            task = c.prefill.tasks["x@computed/1"]
+            assert await c.prefill.cancel("x@computed", 1)
+            with pytest.raises(asyncio.CancelledError):
+                await prefill
+            assert task.state is TaskState.CANCELLED
+            await c.decode.cancel("x@computed", 1)  # the router's teardown reaches D too
+            record = await c.directory.lookup("x@computed", "x@computed/1")
+            await c.assert_all_returned()
+            return record, res
+
+    record, res = run(go())
+    assert record.state is TxnState.ABORTED
+    assert res.state is ResState.ABORTED
+
+
+def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothing_is_published():
+    """The directory judges the bytes: the destination's digest of what it holds
+    must be the one the source declared at Begin."""
+    async def go():
+        async with InprocCluster() as c:
+            real = c.p.txn.begin
+
+            async def lying_begin(request_id, transfer_id, generation, kv_digest=""):
+                return await real(request_id, transfer_id, generation, "0" * 32 if kv_digest else "")
+
+            c.p.txn.begin = lying_begin
+            res = await c.reserve("lie", PROMPT, 4)
+            with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
+                await c.prefill.prefill(request_id="lie", tenant="t", generation=1, transfer_id=res.transfer_id,
+                                        first_token_pos=0, prompt=PROMPT, sampling=GREEDY,
+                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest,
+                                        chunks=res.expected_layouts())
+            record = await c.directory.lookup("lie", "lie/1")
+            await c.assert_all_returned()
+            return record, res
+
+    record, res = run(go())
+    assert record.state is TxnState.ABORTED and res.state is ResState.ABORTED
+    assert record.kv_digest == "0" * 32
+
+
+def test_bytes_changed_after_their_checksum_are_refused_by_the_directory():
+    """A chunk's checksum is taken as it lands; a byte that changes afterwards (a stray
+    write into the reserved blocks) changes the destination's K/V digest, and the
+    directory refuses to validate it."""
+    async def go():
+        async with InprocCluster() as c:
+            real = c.decode._on_commit
+
+            async def corrupt_then_commit(res, commit):
+                seq, engine = res.seq, c.d.loop.engine
+                engine.cache.k[0][seq.block_table[0]].view(-1)[0] += 1.0
+                return await real(res, commit)
+
+            c.decode._on_commit = corrupt_then_commit
+            res = await c.reserve("stray", PROMPT, 4)
+            with pytest.raises(TransferRefused, match="CHECKSUM_CONFLICT"):
+                await c.prefill.prefill(request_id="stray", tenant="t", generation=1,
+                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
+                                        sampling=GREEDY, dest=c.receiver.address,
+                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts())
+            await c.assert_all_returned()
+            return res
+
+    assert run(go()).state is ResState.ABORTED
+
+
+def test_a_prefill_refuses_a_chunk_list_that_is_not_the_transfer_set():
+    async def go():
+        async with InprocCluster() as c:
+            res = await c.reserve("short", PROMPT, 4)
+            with pytest.raises(InvalidRequest, match="expected_chunks"):
+                await c.prefill.prefill(request_id="short", tenant="t", generation=1,
+                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
+                                        sampling=GREEDY, dest=c.receiver.address,
+                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()[1:])
+            await c.decode.cancel("short", 1)
+            await c.directory.abort("short", "short/1", 1, "d0", c.d.epoch, "test over")
+            await c.assert_all_returned()
+
+    run(go())
+
+
+def test_the_everything_returned_check_sees_a_held_reservation():
+    async def go():
+        async with InprocCluster() as c:
+            await c.reserve("held", PROMPT, 4)
+            with pytest.raises(AssertionError, match="not returned") as err:
+                await c.assert_all_returned(timeout_s=0.2)
+            await c.decode.cancel("held", 1)
+            await c.directory.abort("held", "held/1", 1, "d0", c.d.epoch, "test over")
+            await c.assert_all_returned()
+            return str(err.value)
+
+    message = run(go())
+    assert "'d0'" in message and "held/1" in message
