@@ -38,6 +38,25 @@ def test_a_handoff_equals_colocated_and_gives_everything_back():
     assert record.state is TxnState.RELEASED  # decode released it when the sequence ended
 
 
+def test_a_streamed_handoff_equals_colocated_and_gives_everything_back():
+    """Layer streaming (chunks leave as their layer is written, so the commit lists them
+    in another order than the manifest; the digest is declared while they stream)."""
+    prompt = [random.Random(5).randrange(3, 500) for _ in range(600)]  # 3 prefill chunks of 256
+
+    async def go():
+        async with InprocCluster(stream_min_bytes=0, chunk_tokens=256, max_chunk_blocks=4) as c:
+            tokens, outcome = await c.handoff("s", prompt, 4)
+            reference = await c.colocated("ref", prompt, 4)
+            record = await c.directory.lookup("s", "s/1")
+            await c.assert_all_returned()
+            return tokens, reference, outcome, record
+
+    tokens, reference, outcome, record = run(go())
+    assert tokens == reference
+    assert outcome.sent_chunks == 4 * 10  # tiny: 4 layers x 38 blocks in chunks of 4
+    assert record.state is TxnState.RELEASED and record.kv_digest == outcome.kv_digest
+
+
 def test_the_second_request_reuses_the_prefix_at_both_ends():
     async def go():
         async with InprocCluster() as c:
