@@ -37,10 +37,11 @@ Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
 pairs (with the exact per-path transfer) and the top colocated workers are
 priced and scored. The keys are evaluated over the snapshot's CostTable
-(router/pricing/cost_table.py: columns built once per snapshot, one list comprehension
-per key per request), which prices the few survivors as Rows (plain tuples,
-router/pricing/candidate.py); the scorers rate them as one ScoreBatch, and only the best
-of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
+(router/pricing/cost_table.py: columns built once per snapshot, one compiled pass per
+key per request, the terms of router/pricing/formula.py), which prices the few
+survivors as Rows (plain tuples, router/pricing/candidate.py; router/pricing/routes.py);
+the scorers rate them as one ScoreBatch, and only the best of each route becomes a
+Candidate (`choose_rows`). `reference_candidates` and
 `choose` are the plain definitions they must match
 (tests/unit/test_router_decision_table.py).
 """
@@ -54,71 +55,11 @@ from collections.abc import Sequence
 from router.pricing.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.pricing.cost_model import CostModel
 from router.pricing.cost_table import CostTable
-from router.pricing.interference import (
-    colocated_disturb_ms,
-    eligible,
-    harmful,
-    least_stalled,
-    split_disturb_ms,
-    stalled_streams,
-)
+from router.pricing.interference import eligible, harmful, least_stalled
 from router.pricing.scorers.base import Scorer
 from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
 from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-
-
-def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
-               overhead: float | None = None) -> Candidate:
-    """The split route P -> D for `req`; `overhead`: the route's, when the caller already has it."""
-    if overhead is None:
-        overhead = model.overhead_ms(Route.DISAGGREGATED)
-    return Candidate(*pair_row(model, p, d, req, overhead))
-
-
-def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhead: float | None = None) -> Candidate:
-    """The colocated route on W for `req`; `overhead`: the route's, when the caller already has it."""
-    if overhead is None:
-        overhead = model.overhead_ms(Route.COLOCATED)
-    return Candidate(*colocated_row(w, req, overhead))
-
-
-def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The split route P -> D as a Row (router/pricing/candidate.py). CostTable.price prices
-    its pairs the same way from its columns (router/pricing/cost_table.py)."""
-    n, bs, usable = req.prompt_tokens, req.block_size, req.usable_blocks
-    reused = min(req.hits.get(p.worker.worker_id, 0), usable) * bs
-    compute = n - reused
-    moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
-    nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
-    own = p.prefill_ms(compute, reused)
-    prefill = p.interleaved_ms(own, compute)  # a mixed P's decode steps interleave
-    transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
-    return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
-            d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
-            min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
-            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens, p.queue_ms + prefill),
-            stalled_streams(p, p.queue_ms + prefill) if p.can_decode else 0, d.live + d.planned)
-
-
-def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The colocated route on W as a Row (router/pricing/candidate.py). CostTable.price prices
-    its colocated workers the same way from its columns (router/pricing/cost_table.py)."""
-    n = req.prompt_tokens
-    reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
-    compute = n - reused
-    own = w.prefill_ms(compute, reused)
-    prefill = w.interleaved_ms(own, compute)
-    end = w.queue_ms + prefill
-    return (Route.COLOCATED, w.worker, None, end + overhead,
-            w.tpot_with(n, req.max_tokens, w.overlap_ms(own, end)), w.queue_ms, prefill, 0.0, 0.0, overhead,
-            n, compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
-            colocated_disturb_ms(w, own, req.max_tokens, end), stalled_streams(w, end), w.live + w.planned)
-
-
-def route_key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
-    """Cheap combined rank: each prediction relative to its target (or reference)."""
-    return ttft / ttft_ref + tpot / tpot_ref
 
 
 def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,

@@ -34,8 +34,9 @@ from collections.abc import Callable, Mapping
 from router.config import RouterConfig
 from router.pricing.candidate import Candidate
 from router.pricing.cost_model import CLAMP, CostModel
-from router.pricing.decision import decide, finite, price_colocated, price_pair
+from router.pricing.decision import decide, finite
 from router.pricing.prefix_index import PrefixIndex, block_hashes
+from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import build
 from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape
 from router.pricing.worker_costs import WorkerCosts

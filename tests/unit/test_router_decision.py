@@ -12,8 +12,9 @@ import pytest
 
 from router.config import RouterConfig
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import decide, price_colocated, price_pair
+from router.pricing.decision import decide
 from router.pricing.reference import reference_decide
+from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, Outcome, RequestShape
 from router.types import Capacity, Load, Role, Worker

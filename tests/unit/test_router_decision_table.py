@@ -121,7 +121,7 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
 @pytest.mark.parametrize("live", [True, False])
 @pytest.mark.parametrize("seed", range(20))
 def test_fast_decision_equals_reference_on_simple_tables(seed, live):
-    """No sized corrections, one chunk size (the colocated key's scale-1.0 path, d_simple),
+    """No sized corrections (every prefill scale 1.0), one chunk size,
     with every decode row decoding, or with idle rows and this router's streams."""
     rng = random.Random(1000 + seed)
     block_size = 16
@@ -138,7 +138,7 @@ def test_fast_decision_equals_reference_on_simple_tables(seed, live):
     model = CostModel(CFG)
     rows = CostTable([model.costs(w, streams=None if live or i == 0 else random_streams(rng))
                       for i, w in enumerate(workers)])
-    assert rows.d_simple and all(rows.d_live) == live
+    assert not any(r.pre_scale for r in rows.d_rows) and all(rows.d_live) == live
     for _ in range(60):
         req = random_request(rng, workers, block_size)
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 1, 2, 4)), 0.05)  # k = 1: the key decides

@@ -11,7 +11,7 @@ import pytest
 from test_router_decision import BS, CFG, params, rows, worker
 
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import decide, price_colocated
+from router.pricing.decision import decide
 from router.pricing.interference import (
     colocated_disturb_ms,
     harmful,
@@ -20,6 +20,7 @@ from router.pricing.interference import (
     stall_per_token_ms,
 )
 from router.pricing.reference import reference_decide
+from router.pricing.routes import price_colocated
 from router.pricing.shapes import Outcome, RequestShape
 from router.types import Role
 
