@@ -11,12 +11,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from router.pricing.candidate import Candidate
+from router.pricing.candidate import DISTURB, Candidate, ScoreBatch
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import choose
+from router.pricing.decision import NO_WORKER, late, pick, rejected, shortfall, violations, weighted_scores
 from router.pricing.formula import handoff_ms, route_key
+from router.pricing.interference import eligible, harmful, least_stalled
 from router.pricing.routes import colocated_key, price_colocated, price_pair, usable_hit
-from router.pricing.shapes import Decision, DecisionParams, RequestShape, Usable
+from router.pricing.scorers.base import Scorer
+from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
 from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
 
@@ -71,3 +73,44 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
         out.extend(price_colocated(model, r, req, overhead)
                    for _, r in heapq.nsmallest(top_k, cols, key=lambda x: x[0]))
     return out
+
+
+def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams) -> Decision:
+    """`choose_rows` (router/pricing/decision.py) written over Candidate objects: score
+    them all, gate on the targets and interference, choose."""
+    if not cands:
+        return Decision(Outcome.REJECT, None, None, None, NO_WORKER)
+    score_all(cands, req, params.scorers)
+    e = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    feasible = [c for c in cands if not c.violations]
+    pool = [cands[i] for i in e.at]
+    pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
+    best_dis = pool_dis or _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
+    best_col = pool_col or _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
+    if not feasible:
+        closest = min(cands, key=lambda c: (shortfall(c.ttft_ms, c.tpot_ms, req), c.ttft_ms))
+        return rejected(closest, best_dis, best_col, _admissible(cands, req))
+    if e.late:
+        return late(min(pool, key=lambda c: (not c.fits, c.ttft_ms)), best_dis, best_col, e.note)
+    return pick(best_dis, best_col, params, e.note, pool_dis is not None, pool_col is not None)
+
+
+def score_all(cands: Sequence[Candidate], req: RequestShape, scorers: Sequence[tuple[float, Scorer]]) -> None:
+    """Fill `score` (weighted sum) and `violations` of every candidate."""
+    for c, score in zip(cands, weighted_scores(ScoreBatch.of(cands), req, scorers)):
+        c.violations = violations(c, req)
+        c.score = score
+
+
+def _best(cands: Sequence[Candidate], route: Route) -> Candidate | None:
+    pool = [c for c in cands if c.route is route]
+    fitting = [c for c in pool if c.fits] or pool
+    return max(fitting, key=lambda c: (c.score, -c.ttft_ms), default=None)
+
+
+def _admissible(cands: Sequence[Candidate], req: RequestShape) -> tuple[Candidate, ...]:
+    """Decision.admissible of a rejecting decision."""
+    rows = [c.row() for c in cands]
+    calm = [i for i, r in enumerate(rows) if not harmful(r[DISTURB], req.slo_tpot_ms)]
+    pool = [cands[i] for i in calm or least_stalled(rows, range(len(rows)))]
+    return tuple(c for c in (_best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)) if c is not None)

@@ -20,7 +20,7 @@ from router.pricing.cost_table import CostTable
 from router.pricing.decision import candidates, decide
 from router.pricing.reference import reference_candidates, reference_decide
 from router.pricing.scorers import build
-from router.pricing.shapes import DecisionParams, RequestShape
+from router.pricing.shapes import DecisionParams, Outcome, RequestShape
 from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 
@@ -176,3 +176,21 @@ def test_table_is_patched_only_for_the_same_workers_in_the_same_roles():
     other = dataclasses.replace(workers[0], worker_id="elsewhere")
     assert old.patched([model.costs(other)] + list(old.rows[1:])) is None
     assert old.patched(list(old.rows[1:])) is None
+
+
+def test_rejections_are_decided_by_the_fast_path_as_by_the_reference():
+    """No route meets the targets: the fast path's own rejection (decision.py `_reject`, not
+    the reference's `choose`) names the same closest route, the same best of each route and
+    the same admissible routes, with the same reason, on snapshots under tight targets."""
+    rejects = admissible = 0
+    for seed in range(40):
+        rng, block_size, workers, model, rows = random_table(3000 + seed)
+        for _ in range(20):
+            req = dataclasses.replace(random_request(rng, workers, block_size), slo_ttft_ms=rng.uniform(1, 80),
+                                      slo_tpot_ms=rng.choice((0.0, rng.uniform(0.5, 30))))
+            params = random_params(rng)
+            got = decide(model, rows, req, params)
+            assert got == reference_decide(model, rows.rows, req, params), got.reason
+            rejects += got.outcome is Outcome.REJECT
+            admissible += bool(got.admissible)
+    assert rejects > 150 and admissible > 100
