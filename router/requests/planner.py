@@ -21,7 +21,8 @@
 Every mode records predicted TTFT/TPOT of the route it executes in the
 DecisionLog, and the observed ones when the request completes; completions of
 first attempts correct the cost model (router/pricing/cost_model.py). Retries after a
-failed first attempt use router/requests/placement.py as before.
+failed first attempt are priced the same way (`Planner.place`), within the route kind
+the retry policy allows, away from the workers that failed.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from router.config import RouterConfig
-from router.pricing.candidate import Candidate
+from router.pricing.candidate import DECODE, PREFILL_WORKER, ROUTE, Candidate
 from router.pricing.cost_model import CLAMP, CostModel
-from router.pricing.decision import decide, finite
+from router.pricing.decision import choose_rows, decide, finite, priced_rows
 from router.pricing.prefix_index import PrefixIndex, block_hashes
 from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import build
@@ -121,10 +122,7 @@ class Planner:
         """Decide the first attempt under `mode` and record the prediction."""
         t0 = time.perf_counter()
         avoid = avoid or {}
-        block_size = next((w.capacity.block_size for w in cluster.workers if w.capacity.block_size), 16)
-        hashes = block_hashes(prompt, block_size, tenant)
-        req = RequestShape(len(prompt), max_tokens, block_size, slo.ttft_ms, slo.tpot_ms,
-                           self.prefix.match(hashes) if hashes else {})
+        req, hashes = self._shape(tenant, prompt, max_tokens, slo, cluster)
         rows = self.rows(cluster, overlay)
         demand = Demand(len(prompt), max_tokens, max(prompt))
         if mode in ("disaggregated", "colocated"):
@@ -150,6 +148,40 @@ class Planner:
             self._arrivals[d] = plan.arrival = self._arrivals.get(d, 0) + 1
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
+
+    def place(self, tenant: str, prompt: tuple[int, ...], max_tokens: int, slo: Slo, cluster: Cluster,
+              overlay: LoadOverlay | None, split: bool, avoid: Mapping[str, int],
+              tried: Collection[tuple[str, str]] = ()) -> Candidate | None:
+        """A retry's route (router/requests/orchestrator.py), priced and chosen as a first
+        attempt's (`decide`), within one route kind: the best split route when `split`, else
+        the best colocated one; None when no worker can take the request.
+
+        Left out: workers that can never take it (`rejects`) and the `tried` (P, D) pairs.
+        Workers to avoid (this request's failures, recent router-wide ones, workers fenced
+        full: `avoid`, a penalty each) are priced only when no route avoids them: first the
+        routes whose workers all have penalty 0, then those whose workers' largest penalty
+        is the next one up, and so on. Never a rejection: a retry of an admitted request
+        takes the best route of its kind even when it misses the targets."""
+        req = self._shape(tenant, prompt, max_tokens, slo, cluster)[0]
+        rows = self.rows(cluster, overlay)
+        demand = Demand(len(prompt), max_tokens, max(prompt))
+        top_k = self.params.top_k + len(tried)  # the tried pairs among them still leave top_k others
+        for level in sorted({0, *avoid.values()}):
+            usable = lambda r, t=level: avoid.get(r.worker.worker_id, 0) <= t and rejects(r.worker, demand) is None  # noqa: E731
+            priced = [r for r in priced_rows(self.costs, rows, req, top_k, usable, split, not split)
+                      if r[ROUTE] is Route.COLOCATED or (r[PREFILL_WORKER].worker_id, r[DECODE].worker_id) not in tried]
+            if priced:
+                d = choose_rows(priced, req, self.params)
+                return d.chosen or (d.best_disaggregated if split else d.best_colocated)
+        return None
+
+    def _shape(self, tenant: str, prompt: tuple[int, ...], max_tokens: int, slo: Slo,
+               cluster: Cluster) -> tuple[RequestShape, list[int]]:
+        """The request's shape for pricing (its prefix hits included), and its block chain keys."""
+        block_size = next((w.capacity.block_size for w in cluster.workers if w.capacity.block_size), 16)
+        hashes = block_hashes(prompt, block_size, tenant)
+        return RequestShape(len(prompt), max_tokens, block_size, slo.ttft_ms, slo.tpot_ms,
+                            self.prefix.match(hashes) if hashes else {}), hashes
 
     def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand, cluster: Cluster,
                 overlay: LoadOverlay | None, avoid: Mapping[str, int]) -> Plan:
