@@ -2,9 +2,8 @@
 route P -> D and the colocated route on W, from the workers' cost rows
 (router/pricing/worker_costs.py) and the terms of router/pricing/formula.py.
 
-The decision prices its survivors with these (router/pricing/cost_table.py), the
-forced modes their one route (router/requests/planner.py), the reference every
-route it keeps (router/pricing/reference.py). A worker's usable prefix hit is
+The decision prices its survivors with these (router/pricing/cost_table.py), and
+the reference every route it keeps (router/pricing/reference.py). A worker's usable prefix hit is
 min(hit, usable blocks) (router/pricing/shapes.py `RequestShape.usable_blocks`).
 """
 
