@@ -381,8 +381,7 @@ class Orchestrator:
 
     def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
-        """The next attempt's route, priced as the first attempt's (Planner.place), or None
-        when no worker can take it."""
+        """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
         req = run.req
         place = functools.partial(self.planner.place, req.tenant, req.prompt, req.max_tokens,
                                   self.planner.slo(req.tenant, req.slo), cluster, self.view.overlay)
