@@ -64,18 +64,19 @@ def prefill_ms(base: cython.double, per_token: cython.double, per_pair: cython.d
     return queued_prefill_ms(0.0, base, per_token, per_pair, new, reused) * scale
 
 
-def chunks(new: cython.longlong, chunk: cython.longlong) -> cython.longlong:
-    """Chunks of at most `chunk` tokens a prefill of `new` tokens runs in: ceil(new / chunk)."""
+def chunks(new: cython.longlong, chunk: cython.double) -> cython.double:
+    """Chunks of at most `chunk` tokens a prefill of `new` tokens runs in: ceil(new / chunk)
+    (floor division of exact integers, as a double or an int)."""
     return -((-new) // chunk)
 
 
-def interleaved_ms(own: cython.double, new: cython.longlong, chunk: cython.longlong,
+def interleaved_ms(own: cython.double, new: cython.longlong, chunk: cython.double,
                    step: cython.double) -> cython.double:
     """A prefill that takes `own` alone, with one decode step of `step` between its chunks."""
     return own + chunks(new, chunk) * step
 
 
-def overlap_ms(live: cython.longlong, planned: cython.longlong, next_start: cython.double, prefill: cython.double,
+def overlap_ms(live: cython.double, planned: cython.double, next_start: cython.double, prefill: cython.double,
                end: cython.double) -> cython.double:
     """How much of a prefill of `prefill` ms ending `end` ms from now runs while the worker
     decodes: all of it with `live` streams, else what runs after the first of the
@@ -142,15 +143,13 @@ def colocated_keys(a: cython.double[:], n: cython.Py_ssize_t, scale: cython.doub
     i: cython.Py_ssize_t
     own: cython.double
     end: cython.double
+    over: cython.double
     for i in range(n):  # column offsets in `a`: D_COLUMNS' order
         own = prefill_ms(a[5 * n + i], a[6 * n + i], a[7 * n + i], new, reused, scale[i])
-        end = a[2 * n + i] + interleaved_ms(own, new, cython.cast(cython.longlong, a[8 * n + i]), a[9 * n + i])
-        out[off + i] = route_key(
-            end + overhead,
-            tpot_ms(a[i], a[n + i], ctx, a[2 * n + i] + overlap_ms(cython.cast(cython.longlong, a[10 * n + i]),
-                                                                   cython.cast(cython.longlong, a[11 * n + i]),
-                                                                   a[12 * n + i], own, end), gaps),
-            ttft_ref, tpot_ref)
+        end = a[2 * n + i] + interleaved_ms(own, new, a[8 * n + i], a[9 * n + i])
+        over = overlap_ms(a[10 * n + i], a[11 * n + i], a[12 * n + i], own, end)
+        out[off + i] = route_key(end + overhead, tpot_ms(a[i], a[n + i], ctx, a[2 * n + i] + over, gaps),
+                                 ttft_ref, tpot_ref)
 
 
 def smallest(v: cython.double[:], spans: list, k: cython.Py_ssize_t):
