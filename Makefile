@@ -10,7 +10,7 @@ TORCH   := torch==2.13.0
 # (router/native.py; without Cython or a compiler the router runs its source) and the
 # engine's exact kernels (services/kernels; without a compiler the engine runs torch's,
 # and its workers' start-up self-check decides whether they may hand off K/V).
-NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*/*.py services/kernels/*)
+NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
 .PHONY: run test install native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults clean down

@@ -4,14 +4,19 @@ A routing decision (router/pricing/decision.py over router/pricing/cost_table.py
 hundred small float operations and tuple moves per request; the interpreter's
 dispatch is most of its cost. The modules below are compiled with Cython into
 extension modules: unchanged Python (no second implementation: the source
-stays the definition and the fallback), except router/pricing/table_kernel.py, whose
+stays the definition and the fallback), except router/pricing/formula.py, whose
 per-row loops are annotated with C types (`TYPED`) and run as plain Python
 without a build. bench/router.py prints both ways.
 
 Builds live in `router/_native/` (not in git), one file per module named by a
-hash of its source:
+hash of its source and of the shared C declarations (`SHARED`):
 
-    router/_native/router.pricing.cost_table.<sha256 of the source, 16 hex>.<EXT_SUFFIX>
+    router/_native/router.pricing.cost_table.<sha256 of the source + SHARED, 16 hex>.<EXT_SUFFIX>
+
+The compiled pricing modules call router/pricing/formula.py's terms as C functions
+(cimported through formula.pxd), which needs formula's build, made from the same
+declarations, to be the one loaded: so formula.py and formula.pxd are part of every
+module's hash, and an edit to either sends every module back to its source together.
 
 `install()` (called by router/__init__.py) puts a finder in front of the import
 system that loads a module's build only when one exists for the module's
@@ -40,8 +45,10 @@ MODULES = (
     "router.pricing.cost_model",
     "router.pricing.cost_table",
     "router.pricing.decision",
+    "router.pricing.formula",
     "router.pricing.interference",
     "router.pricing.prefix_index",
+    "router.pricing.routes",
     "router.pricing.scorers.base",
     "router.pricing.scorers.kv_headroom",
     "router.pricing.scorers.prefix_hit",
@@ -49,18 +56,20 @@ MODULES = (
     "router.pricing.scorers.tpot_slack",
     "router.pricing.scorers.ttft_slack",
     "router.pricing.shapes",
-    "router.pricing.table_kernel",
     "router.pricing.worker_costs",
 )
 """The per-request path: pricing, interference, scoring, choosing, prefix matching."""
 
-TYPED = ("router.pricing.table_kernel",)
+TYPED = ("router.pricing.formula",)
 """Modules written for Cython's pure-Python mode: their annotations (cython.double,
 typed memoryviews) are C types when compiled. The others are compiled with
 annotations ignored, so they keep Python's semantics exactly."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory holding the `router` package."""
+
+SHARED = ("router/pricing/formula.py", "router/pricing/formula.pxd")
+"""Files every build depends on (relative to ROOT): the terms other modules cimport."""
 
 
 def build_dir(root: Path) -> Path:
@@ -87,7 +96,18 @@ def build_path(module: str, root: Path | None = None) -> Path | None:
         data = source_of(module, root).read_bytes()
     except OSError:
         return None
-    return tagged_path(build_dir(root), module, data)
+    return tagged_path(build_dir(root), module, data + shared_bytes(root))
+
+
+def shared_bytes(root: Path = ROOT) -> bytes:
+    """The contents of the SHARED files under `root` (a missing one counts as empty)."""
+    parts = []
+    for name in SHARED:
+        try:
+            parts.append((root / name).read_bytes())
+        except OSError:
+            parts.append(b"")
+    return b"\0".join(parts)
 
 
 def enabled() -> bool:

@@ -113,6 +113,9 @@ ROUTE, DECODE, TTFT, TPOT, QUEUE_MS, PREFILL, PROMPT, COMPUTE, QUEUE, FREE_AFTER
     0, 1, 3, 4, 5, 6, 10, 11, 14, 15, 17, 18, 19
 """Positions in a Row. Must match Candidate's field order (asserted below)."""
 
+PREFILL_WORKER = 2
+"""Position in a Row of P (None on a colocated route); PREFILL is P's prefill time."""
+
 
 @dataclasses.dataclass(slots=True, init=False)
 class ScoreBatch:

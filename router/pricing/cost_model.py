@@ -64,6 +64,7 @@ import statistics
 from router.config import RouterConfig
 from router.pricing.candidate import Candidate
 from router.pricing.corrections import CLAMP, Ewma, Sized, ratio
+from router.pricing.formula import prefill_ms
 from router.pricing.worker_costs import WorkerCosts
 from router.types import Route, Worker
 from services.directory.cost_profile import CostProfile
@@ -210,7 +211,7 @@ class CostModel:
     def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
         """A prefill of `new` tokens after `reused` took `observed_ms` of compute at `w`."""
         p = self.profile(w)
-        raw = (p.prefill_base_ms + p.prefill_ms_per_token * new + p.prefill_ms_per_pair * new * (reused + new / 2.0))
+        raw = prefill_ms(p.prefill_base_ms, p.prefill_ms_per_token, p.prefill_ms_per_pair, new, reused, 1.0)
         r = ratio(observed_ms, raw)
         if r is not None:
             self._prefill.setdefault(w.worker_id, Sized()).update(new, r, self._alpha)

@@ -37,12 +37,14 @@ Speed: pricing a P needs only P's row and the prefix hit, pricing a D only D's
 row, so each side is cut to `top_k` by its cheap key; only the top_k x top_k
 pairs (with the exact per-path transfer) and the top colocated workers are
 priced and scored. The keys are evaluated over the snapshot's CostTable
-(router/pricing/cost_table.py: columns built once per snapshot, one list comprehension
-per key per request), which prices the few survivors as Rows (plain tuples,
-router/pricing/candidate.py); the scorers rate them as one ScoreBatch, and only the best
-of each route becomes a Candidate (`choose_rows`). `reference_candidates` and
-`choose` are the plain definitions they must match
-(tests/unit/router/pricing/test_decision_table.py).
+(router/pricing/cost_table.py: columns built once per snapshot, one compiled pass per
+key per request, the terms of router/pricing/formula.py), which prices the few
+survivors as Rows (plain tuples, router/pricing/candidate.py; router/pricing/routes.py);
+the scorers rate them as one ScoreBatch, and only the best of each route becomes a
+Candidate (`choose_rows`). router/pricing/reference.py writes the same decision
+plainly over Candidate objects (`reference_decide`): the oracle of
+tests/unit/router/pricing/test_decision_table.py and the bench's baseline, imported by no
+product module.
 """
 
 from __future__ import annotations
@@ -51,74 +53,14 @@ import math
 import operator
 from collections.abc import Sequence
 
-from router.pricing.candidate import DISTURB, FREE_AFTER, ROUTE, TTFT, Candidate, Row, ScoreBatch, ScoreContext
+from router.pricing.candidate import DISTURB, FREE_AFTER, ROUTE, TPOT, TTFT, Candidate, Row, ScoreBatch, ScoreContext
 from router.pricing.cost_model import CostModel
 from router.pricing.cost_table import CostTable
-from router.pricing.interference import (
-    colocated_disturb_ms,
-    eligible,
-    harmful,
-    least_stalled,
-    split_disturb_ms,
-    stalled_streams,
-)
+from router.pricing.interference import eligible, harmful, least_stalled
 from router.pricing.scorers.base import Scorer
 from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape, Usable
 from router.pricing.worker_costs import WorkerCosts
 from router.types import Route
-
-
-def price_pair(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape,
-               overhead: float | None = None) -> Candidate:
-    """The split route P -> D for `req`; `overhead`: the route's, when the caller already has it."""
-    if overhead is None:
-        overhead = model.overhead_ms(Route.DISAGGREGATED)
-    return Candidate(*pair_row(model, p, d, req, overhead))
-
-
-def price_colocated(model: CostModel, w: WorkerCosts, req: RequestShape, overhead: float | None = None) -> Candidate:
-    """The colocated route on W for `req`; `overhead`: the route's, when the caller already has it."""
-    if overhead is None:
-        overhead = model.overhead_ms(Route.COLOCATED)
-    return Candidate(*colocated_row(w, req, overhead))
-
-
-def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The split route P -> D as a Row (router/pricing/candidate.py). CostTable.price prices
-    its pairs the same way from its columns (router/pricing/cost_table.py)."""
-    n, bs, usable = req.prompt_tokens, req.block_size, req.usable_blocks
-    reused = min(req.hits.get(p.worker.worker_id, 0), usable) * bs
-    compute = n - reused
-    moved_blocks = req.prompt_blocks - min(req.hits.get(d.worker.worker_id, 0), usable)
-    nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
-    own = p.prefill_ms(compute, reused)
-    prefill = p.interleaved_ms(own, compute)  # a mixed P's decode steps interleave
-    transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
-    return (Route.DISAGGREGATED, d.worker, p.worker, p.queue_ms + prefill + transfer + d.admission_ms + overhead,
-            d.tpot_with(n, req.max_tokens), p.queue_ms, prefill, transfer, d.admission_ms, overhead, n, compute,
-            min(n, moved_blocks * bs), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
-            d.worker.capacity.total_blocks, split_disturb_ms(p, own, req.max_tokens, p.queue_ms + prefill),
-            stalled_streams(p, p.queue_ms + prefill) if p.can_decode else 0, d.live + d.planned)
-
-
-def colocated_row(w: WorkerCosts, req: RequestShape, overhead: float) -> Row:
-    """The colocated route on W as a Row (router/pricing/candidate.py). CostTable.price prices
-    its colocated workers the same way from its columns (router/pricing/cost_table.py)."""
-    n = req.prompt_tokens
-    reused = min(req.hits.get(w.worker.worker_id, 0), req.usable_blocks) * req.block_size
-    compute = n - reused
-    own = w.prefill_ms(compute, reused)
-    prefill = w.interleaved_ms(own, compute)
-    end = w.queue_ms + prefill
-    return (Route.COLOCATED, w.worker, None, end + overhead,
-            w.tpot_with(n, req.max_tokens, w.overlap_ms(own, end)), w.queue_ms, prefill, 0.0, 0.0, overhead,
-            n, compute, 0, 0, w.pending_tokens, w.free_blocks - req.need_blocks, w.worker.capacity.total_blocks,
-            colocated_disturb_ms(w, own, req.max_tokens, end), stalled_streams(w, end), w.live + w.planned)
-
-
-def route_key(ttft: float, tpot: float, ttft_ref: float, tpot_ref: float) -> float:
-    """Cheap combined rank: each prediction relative to its target (or reference)."""
-    return ttft / ttft_ref + tpot / tpot_ref
 
 
 def candidates(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, top_k: int,
@@ -136,7 +78,12 @@ def priced_rows(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: 
     return CostTable.of(rows).price(model, req, top_k, usable, split, colocated)
 
 
-def _violations(c: Candidate, req: RequestShape) -> str:
+NO_WORKER = "no worker can take this request"
+"""The reason of a REJECT with no priced route at all."""
+
+
+def violations(c: Candidate, req: RequestShape) -> str:
+    """Why `c` misses the request's targets ("" when it meets them)."""
     parts = []
     if req.slo_ttft_ms > 0 and c.ttft_ms > req.slo_ttft_ms:
         parts.append(f"TTFT {c.ttft_ms:.1f} ms > SLO {req.slo_ttft_ms:g} ms")
@@ -154,70 +101,31 @@ def weighted_scores(batch: ScoreBatch, req: RequestShape, scorers: Sequence[tupl
     return [sum(map(operator.mul, weights, xs)) for xs in zip(*cols)] if cols else [0.0] * len(batch)
 
 
-def score_all(cands: Sequence[Candidate], req: RequestShape, scorers: Sequence[tuple[float, Scorer]]) -> None:
-    """Fill `score` (weighted sum) and `violations` of every candidate."""
-    for c, score in zip(cands, weighted_scores(ScoreBatch.of(cands), req, scorers)):
-        c.violations = _violations(c, req)
-        c.score = score
-
-
-def _best(cands: Sequence[Candidate], route: Route) -> Candidate | None:
-    pool = [c for c in cands if c.route is route]
-    fitting = [c for c in pool if c.fits] or pool
-    return max(fitting, key=lambda c: (c.score, -c.ttft_ms), default=None)
-
-
-def _shortfall(c: Candidate, req: RequestShape) -> float:
-    """How far a candidate misses its targets, relative (for choosing the closest)."""
+def shortfall(ttft_ms: float, tpot_ms: float, req: RequestShape) -> float:
+    """How far a route's predictions miss the request's targets, relative (for choosing the closest)."""
     over = 0.0
     if req.slo_ttft_ms > 0:
-        over += max(0.0, c.ttft_ms / req.slo_ttft_ms - 1)
+        over += max(0.0, ttft_ms / req.slo_ttft_ms - 1)
     if req.slo_tpot_ms > 0:
-        over += max(0.0, c.tpot_ms / req.slo_tpot_ms - 1)
+        over += max(0.0, tpot_ms / req.slo_tpot_ms - 1)
     return over
 
 
-def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams) -> Decision:
-    """Score `cands` and decide (see the module docstring)."""
-    if not cands:
-        return Decision(Outcome.REJECT, None, None, None, "no worker can take this request")
-    score_all(cands, req, params.scorers)
-    e = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
-    feasible = [c for c in cands if not c.violations]
-    pool = [cands[i] for i in e.at]
-    pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)
-    best_dis = pool_dis or _best(feasible, Route.DISAGGREGATED) or _best(cands, Route.DISAGGREGATED)
-    best_col = pool_col or _best(feasible, Route.COLOCATED) or _best(cands, Route.COLOCATED)
-    if not feasible:
-        closest = min(cands, key=lambda c: (_shortfall(c, req), c.ttft_ms))
-        return Decision(Outcome.REJECT, None, best_dis, best_col,
-                        f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
-                        f"{closest.violations} [TTFT = {closest.breakdown()}]", _admissible(cands, req))
-    if e.late:
-        return _late(min(pool, key=_earliest), best_dis, best_col, e.note)
-    return _pick(best_dis, best_col, params, e.note, pool_dis is not None, pool_col is not None)
+def rejected(closest: Candidate, best_dis: Candidate | None, best_col: Candidate | None,
+             admissible: tuple[Candidate, ...]) -> Decision:
+    """REJECT: no route meets the targets; the reason carries the closest route's numbers."""
+    return Decision(Outcome.REJECT, None, best_dis, best_col,
+                    f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
+                    f"{closest.violations} [TTFT = {closest.breakdown()}]", admissible)
 
 
-def _admissible(cands: Sequence[Candidate], req: RequestShape) -> tuple[Candidate, ...]:
-    """Decision.admissible of a rejecting decision: a request admitted past its own
-    prediction must not stall other streams when a route that does not exists."""
-    rows = [c.row() for c in cands]
-    calm = [i for i, r in enumerate(rows) if not harmful(r[DISTURB], req.slo_tpot_ms)]
-    pool = [cands[i] for i in calm or least_stalled(rows, range(len(rows)))]
-    return tuple(c for c in (_best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)) if c is not None)
-
-
-def _earliest(c: Candidate) -> tuple[bool, float]:
-    """Among late routes: one that fits now, then the earliest first token."""
-    return not c.fits, c.ttft_ms
-
-
-def _late(c: Candidate, best_dis: Candidate | None, best_col: Candidate | None, note: str) -> Decision:
+def late(c: Candidate, best_dis: Candidate | None, best_col: Candidate | None, note: str) -> Decision:
+    """Take `c`, a calm route that misses only TTFT (router/pricing/interference.py, rule 3)."""
     outcome = Outcome.DISAGGREGATED if c.route is Route.DISAGGREGATED else Outcome.COLOCATED
     return Decision(outcome, c, best_dis, best_col, f"{c.describe()} misses only TTFT{note}")
 
 
-def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams,
+def pick(best_dis: Candidate | None, best_col: Candidate | None, params: DecisionParams,
           note: str = "", dis_ok: bool = True, col_ok: bool = True) -> Decision:
     """The feasible split beats the feasible colocated route only by more than the margin.
     `*_ok` False: that best was not drawn from the eligible pool (set aside for interference)."""
@@ -233,15 +141,15 @@ def _pick(best_dis: Candidate | None, best_col: Candidate | None, params: Decisi
 
 
 def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) -> Decision:
-    """`choose` over priced Rows: scored as one batch, and Candidate objects built
-    only for the best of each route (a REJECT, rare, goes through `choose`)."""
+    """Score the priced Rows as one batch, gate and choose (see the module docstring);
+    Candidate objects are built only for the routes the Decision names."""
     if not rows:
-        return choose([], req, params)
+        return Decision(Outcome.REJECT, None, None, None, NO_WORKER)
     batch = ScoreBatch.of_rows(rows)
     scores = weighted_scores(batch, req, params.scorers)
     e = eligible(rows, req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
     if not e.at:
-        return choose([Candidate(*r) for r in rows], req, params)
+        return _reject(rows, scores, req)
     best, ok = [], []
     for route in (Route.DISAGGREGATED, Route.COLOCATED):
         i = _best_at(rows, scores, route, e.at)
@@ -253,32 +161,49 @@ def choose_rows(rows: Sequence[Row], req: RequestShape, params: DecisionParams) 
         best.append(_candidate(rows, scores, i, req))
     if e.late:
         j = min(e.at, key=lambda i: (rows[i][FREE_AFTER] < 0, rows[i][TTFT]))
-        return _late(_candidate(rows, scores, j, req), best[0], best[1], e.note)
-    return _pick(best[0], best[1], params, e.note, *ok)
+        return late(_candidate(rows, scores, j, req), best[0], best[1], e.note)
+    return pick(best[0], best[1], params, e.note, *ok)
+
+
+def _reject(rows: Sequence[Row], scores: list[float], req: RequestShape) -> Decision:
+    """No route meets the targets: REJECT with the closest route's numbers, the best of
+    each route, and the routes auto mode may still admit (Decision.admissible: the best
+    of each route among those whose prefill stalls no decode stream past the target, when
+    any; else among those stalling the fewest streams decoding now)."""
+    every = range(len(rows))
+    dis, col = (_candidate(rows, scores, _best_at(rows, scores, r, every), req) for r in _ROUTES)
+    closest = min(every, key=lambda i: (shortfall(rows[i][TTFT], rows[i][TPOT], req), rows[i][TTFT]))
+    pool = [i for i in every if not harmful(rows[i][DISTURB], req.slo_tpot_ms)] or least_stalled(rows, every)
+    admissible = (_candidate(rows, scores, _best_at(rows, scores, r, pool), req) for r in _ROUTES)
+    return rejected(_candidate(rows, scores, closest, req), dis, col, tuple(c for c in admissible if c is not None))
 
 
 def _candidate(rows: Sequence[Row], scores: list[float], i: int | None, req: RequestShape) -> Candidate | None:
     if i is None:
         return None
     c = Candidate(*rows[i], scores[i])
-    c.violations = _violations(c, req)
+    c.violations = violations(c, req)
     return c
 
 
 def _best_at(rows: Sequence[Row], scores: list[float], route: Route, among: Sequence[int]) -> int | None:
-    """`_best` over Rows: the index of the best of `route` among the indices `among`."""
+    """The index of the best of `route` among the indices `among`: among those that fit
+    now (all of them when none does), the highest score, then the earliest first token."""
     pool = [i for i in among if rows[i][ROUTE] is route]
     fitting = [i for i in pool if rows[i][FREE_AFTER] >= 0] or pool
     if not fitting:
         return None
     keys = [(scores[i], -rows[i][TTFT]) for i in fitting]
-    return fitting[keys.index(max(keys))]  # max keeps the first of equal keys, as `_best`'s max does
+    return fitting[keys.index(max(keys))]  # the first of equal keys, as max does
 
 
 def decide(model: CostModel, rows: Sequence[WorkerCosts] | CostTable, req: RequestShape, params: DecisionParams,
            usable: Usable | None = None, split: bool = True, colocated: bool = True) -> Decision:
     """Price, prune, gate and choose for one request."""
     return choose_rows(priced_rows(model, rows, req, params.top_k, usable, split, colocated), req, params)
+
+
+_ROUTES = (Route.DISAGGREGATED, Route.COLOCATED)
 
 
 def finite(x: float) -> float:

@@ -33,20 +33,19 @@ class RequestShape:
     hits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Worker id -> leading prompt blocks it holds (router/pricing/prefix_index.py)."""
 
-    @property
-    def usable_blocks(self) -> int:
-        """Most leading blocks any worker can reuse (the last token is always computed)."""
-        return (self.prompt_tokens - 1) // self.block_size if self.block_size > 0 else 0
+    usable_blocks: int = dataclasses.field(init=False, repr=False, compare=False)
+    """Most leading blocks any worker can reuse (the last token is always computed)."""
+    prompt_blocks: int = dataclasses.field(init=False, repr=False, compare=False)
+    """Blocks the prompt's K/V occupies."""
+    need_blocks: int = dataclasses.field(init=False, repr=False, compare=False)
+    """Blocks a decode reservation takes: ceil((S + max_tokens - 1) / B)."""
 
-    @property
-    def prompt_blocks(self) -> int:
-        """Blocks the prompt's K/V occupies."""
-        return -(-self.prompt_tokens // self.block_size) if self.block_size > 0 else 0
-
-    @property
-    def need_blocks(self) -> int:
-        """Blocks a decode reservation takes: ceil((S + max_tokens - 1) / B)."""
-        return -(-(self.prompt_tokens + self.max_tokens - 1) // self.block_size) if self.block_size > 0 else 0
+    def __post_init__(self) -> None:
+        # Fields, not properties: every priced route reads them (router/pricing/routes.py).
+        n, bs, set_ = self.prompt_tokens, self.block_size, object.__setattr__
+        set_(self, "usable_blocks", (n - 1) // bs if bs > 0 else 0)
+        set_(self, "prompt_blocks", -(-n // bs) if bs > 0 else 0)
+        set_(self, "need_blocks", -(-(n + self.max_tokens - 1) // bs) if bs > 0 else 0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,14 +1,28 @@
 """One worker's price row: its corrected cost coefficients and load-dependent terms,
 folded by `CostModel.costs` (router/pricing/cost_model.py) so that pricing a route is a
-few multiply-adds (router/pricing/decision.py, the compiled fast path router/pricing/cost_table.py)."""
+few terms of router/pricing/formula.py (router/pricing/routes.py; the cost table,
+router/pricing/cost_table.py, evaluates the same terms over columns of these rows)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from router.pricing.corrections import SIZE_BUCKETS
+import cython
+
+from router.pricing.corrections import size_bucket
 from router.types import Worker
+
+if cython.compiled:  # the terms as C calls (router/pricing/formula.pxd)
+    from cython.cimports.router.pricing.formula import (
+        interleaved_ms,
+        overlap_ms,
+        prefill_ms,
+        queued_prefill_ms,
+        tpot_ms,
+    )
+else:
+    from router.pricing.formula import interleaved_ms, overlap_ms, prefill_ms, queued_prefill_ms, tpot_ms
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,39 +80,26 @@ class WorkerCosts:
 
     def overlap_ms(self, prefill_ms: float, end_ms: float) -> float:
         """How much of a prefill of `prefill_ms` ending `end_ms` from now runs while a
-        stream here decodes: all of it with live streams, else what runs after the
-        first planned stream starts (0 when it ends before)."""
-        if self.live > 0:
-            return prefill_ms
-        if self.planned <= 0 or end_ms <= self.next_start_ms:
-            return 0.0
-        return min(prefill_ms, end_ms - self.next_start_ms)
+        stream here decodes (formula.overlap_ms over this worker's streams)."""
+        return overlap_ms(self.live, self.planned, self.next_start_ms, prefill_ms, end_ms)
 
-    def colocated_key(self, n: int, reused: int, tpot_ms: float, gaps: int, overhead_ms: float, ttft_ref: float,
-                      tpot_ref: float) -> float:
-        """The colocated route's pruning key here for a prompt of `n` tokens reusing
-        `reused`: TTFT and TPOT, each over its reference, the TPOT (`tpot_ms`, from
-        tpot_with without extra prefill) with the part of the prompt's own prefill that
-        overlaps this worker's streams spread over `gaps` tokens. The definition in
-        router/pricing/reference.py `reference_candidates`; router/pricing/cost_table.py keys prefix hits
-        and planned-only streams with it, and every other row in its columnar pass."""
-        new = n - reused
-        own = self.prefill_ms(new, reused)
-        ttft = self.queue_ms + own + -(-new // self.chunk_tokens) * self.step_ms + overhead_ms
-        end = self.queue_ms + self.interleaved_ms(own, new)
-        return ttft / ttft_ref + (tpot_ms + self.overlap_ms(own, end) / gaps) / tpot_ref
+    def prefill_scale(self, new: int) -> float:
+        """The size correction of a prefill of `new` tokens, relative to the overall one in pre_*."""
+        return self.pre_scale[size_bucket(new)] if self.pre_scale else 1.0
 
     def prefill_ms(self, new: int, reused: int) -> float:
-        """Forward pass over `new` prompt tokens after `reused` cached ones."""
-        if new <= 0:
-            return 0.0
-        scale = self.pre_scale[min(new.bit_length(), SIZE_BUCKETS - 1)] if self.pre_scale else 1.0
-        return (self.pre_base + self.pre_tok * new + self.pre_pair * new * (reused + new / 2.0)) * scale
+        """Forward pass over `new` prompt tokens after `reused` cached ones (formula.prefill_ms)."""
+        return prefill_ms(self.pre_base, self.pre_tok, self.pre_pair, new, reused,
+                          self.prefill_scale(new) if self.pre_scale else 1.0)  # no call without sized corrections
+
+    def queued_prefill_ms(self, new: int, reused: int) -> float:
+        """The P side's pruning key: queue + the prefill without its size scale (formula.queued_prefill_ms)."""
+        return queued_prefill_ms(self.queue_ms, self.pre_base, self.pre_tok, self.pre_pair, new, reused)
 
     def interleaved_ms(self, own_ms: float, new: int) -> float:
         """A prefill of `new` tokens that takes `own_ms` alone, with one decode step of this
         worker's batch between its chunks (the engine loop's chunked prefill; 0 when idle)."""
-        return own_ms + -(-new // self.chunk_tokens) * self.step_ms
+        return interleaved_ms(own_ms, new, self.chunk_tokens, self.step_ms)
 
     def prefill_linear_ms(self, tokens: int) -> float:
         """Queued prompt work of unknown shape: base + per-token cost (no pair term)."""
@@ -111,6 +112,6 @@ class WorkerCosts:
     def tpot_with(self, prompt_tokens: int, max_tokens: int, extra_prefill_ms: float = 0.0) -> float:
         """Cadence of this worker's streams with one more request of this shape:
         a step over batch + 1 (rotated when over max_batch), plus the prefill work
-        queued here (and `extra_prefill_ms`) spread over the request's tokens."""
-        return (self.tpot_base + self.tpot_per_token * (prompt_tokens + max_tokens // 2)
-                + (self.queue_ms + extra_prefill_ms) / max(1, max_tokens - 1))
+        queued here (and `extra_prefill_ms`) spread over the request's tokens (formula.tpot_ms)."""
+        return tpot_ms(self.tpot_base, self.tpot_per_token, prompt_tokens + max_tokens // 2,
+                       self.queue_ms + extra_prefill_ms, max(1, max_tokens - 1))

@@ -7,7 +7,8 @@ Lifecycle of one request (each arrow is one place in this file):
                 admission reject with RESOURCE_EXHAUSTED before any work)
     serve:   attempt 1 on the plan's route and workers; then, on failure,
              attempts 2 .. max_attempts, each a new generation g:
-               disaggregated on the best untried (P, D) pair, at most
+               disaggregated on the best untried (P, D) pair, priced as attempt 1
+               (router/requests/planner.py Planner.place), at most
                max_disaggregated_attempts times (only when the request wants
                disaggregation and a prefill worker exists), then colocated on a
                decode-capable worker; workers that failed (in this request, or
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections import Counter
@@ -45,7 +47,7 @@ from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, G
 from router.requests.attempts import AttemptRunner
 from router.requests.cluster_view import ClusterView
 from router.requests.output import OutputLog
-from router.requests.placement import FailureMemory, choose_colocated, choose_pair, has_prefill_worker
+from router.requests.placement import FailureMemory, has_prefill_worker
 from router.requests.planner import Plan, Planner
 from router.requests.queueing import AdmissionQueue
 from router.requests.request_run import RecentGenerations, RequestRun
@@ -339,17 +341,17 @@ class Orchestrator:
     def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
         """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
         what failed (a colocated worker that answers beats a pair with one that did not)."""
-        req, first, g = run.req, r.number == 0, r.generation + 1
+        first, g = r.number == 0, r.generation + 1
         penalties = r.avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
         att = run.planned_attempt(cluster, g) if first else None
         if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
             att = None  # no transaction can run while the directory is unreachable
         if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
             att = None  # the planned D has no room (any more): place where there is
-        att = att or self._place(cluster, req, g, first, r.disaggregated_left > 0 and not self.view.degraded,
+        att = att or self._place(cluster, run, g, first, r.disaggregated_left > 0 and not self.view.degraded,
                                  penalties, r.tried)
         if att is not None and att.route is Route.DISAGGREGATED and r.into_unreachable(att):
-            colocated = self._place(cluster, req, g, False, False, penalties, r.tried)
+            colocated = self._place(cluster, run, g, False, False, penalties, r.tried)
             if colocated is not None and not r.into_unreachable(colocated):
                 att = colocated
         return att
@@ -377,19 +379,21 @@ class Orchestrator:
                           + cfg.default_decode_step_ms * req.max_tokens)
         return left - service_ms / 1000.0
 
-    def _place(self, cluster: Cluster, req: Admitted, generation: int, first: bool, disaggregated: bool,
+    def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
-        """The next attempt's route, or None when no worker can take it."""
-        overlay = self.view.overlay
+        """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
+        req = run.req
+        place = functools.partial(self.planner.place, req.tenant, req.prompt, req.max_tokens,
+                                  self.planner.slo(req.tenant, req.slo), cluster, self.view.overlay)
         if disaggregated:
-            pair = choose_pair(cluster, req.demand, overlay, avoid, tried)
-            if pair is not None:
-                return Attempt(generation, Route.DISAGGREGATED, decode=pair[1], prefill=pair[0],
+            c = place(True, avoid, tried)
+            if c is not None:
+                return Attempt(generation, Route.DISAGGREGATED, decode=c.decode, prefill=c.prefill,
                                route_epoch=cluster.route_epoch)
             if first:
                 why = "no prefill worker" if not has_prefill_worker(cluster) else "no compatible (P, D) pair"
                 log.info("request %s: %s; running colocated", req.request_id, why)
-        worker = choose_colocated(cluster, req.demand, overlay, avoid)
-        if worker is None:
+        c = place(False, avoid)
+        if c is None:
             return None
-        return Attempt(generation, Route.COLOCATED, decode=worker, route_epoch=cluster.route_epoch)
+        return Attempt(generation, Route.COLOCATED, decode=c.decode, route_epoch=cluster.route_epoch)

@@ -16,7 +16,7 @@ validators and report the same way.
 One variable, one owner: a variable is declared by exactly one class; a service
 that needs it inherits that class (`ServiceSettings`: the log level;
 `MemberSettings`: the directory address and the model, which the router and the
-workers share). tests/unit/test_settings.py walks every class and pins it.
+workers share). tests/unit/common/test_settings.py walks every class and pins it.
 """
 
 from __future__ import annotations

@@ -123,3 +123,11 @@ def test_no_test_helper_is_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tests" / "support").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def test_the_reference_decision_is_imported_by_no_product_module():
+    """router/pricing/reference.py is the oracle of tests and benches, not a serving path."""
+    graph = _graph()
+    assert "router.pricing.reference" in _modules()
+    users = sorted(a for a, deps in graph.items() if "router.pricing.reference" in deps)
+    assert users == []

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from router import native
-from router.pricing.table_kernel import colocated_keys, decode_keys, prefill_keys, smallest
+from router.pricing.formula import colocated_keys, decode_keys, handoff_ms, prefill_keys, smallest
+from router.pricing.routes import colocated_key
 from tests.support import REPO as ROOT
 from tests.support.random_tables import random_request, random_table
 
@@ -72,11 +73,13 @@ def test_a_build_loads_only_for_the_source_it_was_built_from(tmp_path):
     module = "router.pricing.cost_table"
     built = native.build_path(module)
     assert built is not None and built.is_file(), "no build of router/pricing/cost_table.py (run `make native`)"
-    # A copy of the package root holding the same source and its build: found.
+    # A copy of the package root holding the same source, the shared declarations and its build: found.
     (tmp_path / "router" / "_native").mkdir(parents=True)
     (tmp_path / "router" / "pricing").mkdir()
     src = tmp_path / "router" / "pricing" / "cost_table.py"
     shutil.copy(native.source_of(module), src)
+    for name in native.SHARED:
+        shutil.copy(native.ROOT / name, tmp_path / name)
     shutil.copy(built, tmp_path / "router" / "_native" / built.name)
     finder = native.Finder((module,), root=tmp_path)
     spec = finder.find_spec(module)
@@ -85,8 +88,14 @@ def test_a_build_loads_only_for_the_source_it_was_built_from(tmp_path):
     # The source edited: its old build is not the build of this source, so the source loads.
     src.write_text(src.read_text() + "\n# edited\n")
     assert finder.find_spec(module) is None
-    tag = hashlib.sha256(src.read_bytes() + native._SUFFIX.encode()).hexdigest()[:16]
+    tag = hashlib.sha256(src.read_bytes() + native.shared_bytes(tmp_path) + native._SUFFIX.encode()).hexdigest()[:16]
     assert native.build_path(module, tmp_path).name == f"{module}.{tag}{native._SUFFIX}"
+    # The source as built, but the formula's declarations edited: every build is stale.
+    src.write_text(native.source_of(module).read_text())
+    assert finder.find_spec(module) is not None
+    pxd = tmp_path / native.SHARED[-1]
+    pxd.write_text(pxd.read_text() + "\n# edited\n")
+    assert finder.find_spec(module) is None
 
 
 def test_builds_can_be_turned_off(monkeypatch):
@@ -97,9 +106,11 @@ def test_builds_can_be_turned_off(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_kernel_keys_are_the_references_doubles(seed):
-    """router/pricing/table_kernel.py's key loops give, bit for bit, the doubles reference_candidates
-    computes per row (router/pricing/reference.py): TPOT with the request, queue + prefill, the
-    transfer bound, and the colocated key (WorkerCosts.colocated_key). The decisions can
+    """router/pricing/formula.py's column loops give, bit for bit, the doubles reference_candidates
+    computes per row (router/pricing/reference.py) from the same terms: TPOT with the request
+    (WorkerCosts.tpot_with), queue + prefill (WorkerCosts.queued_prefill_ms), the transfer
+    bound (handoff_ms), and the colocated key of every row (routes.colocated_key: the
+    colocated route's own TTFT and TPOT, planned-only streams included). The decisions can
     hide a last-bit difference in a pruning key; these cannot."""
     rng, block_size, workers, model, table = random_table(seed)
     np_, nd = len(table.p_rows), len(table.d_rows)
@@ -111,24 +122,19 @@ def test_kernel_keys_are_the_references_doubles(seed):
         s = array("d", [0.0]) * (np_ + 3 * nd)
         mpb, moved = rng.uniform(1e-7, 1e-5), rng.randrange(0, 200)
         decode_keys(table.a_d, nd, ctx, gaps, moved, mpb, True, s, tp_at)
-        tp = s[tp_at:dms_at]
-        assert list(tp) == [r.tpot_base + r.tpot_per_token * ctx + r.queue_ms / gaps for r in table.d_rows]
+        assert list(s[tp_at:dms_at]) == [r.tpot_with(n, m) for r in table.d_rows]
         assert list(s[dms_at:key_at]) == [r.admission_ms + moved * r.kv_bytes_per_block * mpb for r in table.d_rows]
-        new = n - rng.randrange(0, max(1, req.usable_blocks + 1)) * block_size  # some prefix reused
-        prefill_keys(table.a_p, np_, new, n - new / 2.0, s)
-        assert list(s[:np_]) == [r.queue_ms + r.pre_base + r.pre_tok * new + r.pre_pair * new * (n - new / 2.0)
-                                 for r in table.p_rows]
-        if new <= 0:
-            continue
-        reused, overhead = n - new, rng.uniform(0, 50)
+        assert list(s[dms_at:key_at]) == [handoff_ms(r.admission_ms, moved, r.kv_bytes_per_block, mpb)
+                                          for r in table.d_rows]
+        hit = rng.randrange(0, max(1, req.usable_blocks + 1))  # some prefix reused
+        reused = hit * block_size
+        prefill_keys(table.a_p, np_, n - reused, reused, s)
+        assert list(s[:np_]) == [r.queue_ms + r.pre_base + r.pre_tok * (n - reused)
+                                 + r.pre_pair * (n - reused) * (reused + (n - reused) / 2.0) for r in table.p_rows]
+        overhead = rng.uniform(0, 50)
         ttft_ref, tpot_ref = rng.uniform(1, 5000), rng.uniform(1e-3, 200)
-        scaled = not table.d_simple
-        colocated_keys(table.a_d, nd, table._d_scale_at(new) if scaled else table.a_d, scaled, new,
-                       reused + new / 2.0, gaps, overhead, ttft_ref, tpot_ref, s, tp_at, key_at)
-        key = s[key_at:]
-        want = [r.colocated_key(n, reused, tp[i], gaps, overhead, ttft_ref, tpot_ref)
-                for i, r in enumerate(table.d_rows)]
-        timed = set(table.d_timed)  # planned-only streams: keyed exactly by the table, not by the loop
-        assert [k for i, k in enumerate(key) if i not in timed] == [k for i, k in enumerate(want) if i not in timed]
+        colocated_keys(table.a_d, nd, table._d_scale_at(n - reused), n - reused, reused, ctx, gaps, overhead,
+                       ttft_ref, tpot_ref, s, key_at)
+        assert list(s[key_at:]) == [colocated_key(r, req, overhead, hit, ttft_ref, tpot_ref) for r in table.d_rows]
         spans = [(0, np_), (tp_at, nd), (key_at, nd)]
         assert smallest(s, spans, 4) == [sorted(range(ln), key=lambda i, o=off: s[o + i])[:4] for off, ln in spans]

@@ -10,7 +10,7 @@ import pytest
 from router.config import RouterConfig
 from router.pricing.candidate import Candidate, ScoreContext
 from router.pricing.cost_model import CLAMP, CostModel
-from router.pricing.decision import price_colocated, price_pair
+from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import SCORERS, build
 from router.pricing.shapes import RequestShape
 from router.types import Capacity, Load, Role, Route, Worker

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import decide, price_colocated, price_pair
+from router.pricing.decision import decide
 from router.pricing.reference import reference_decide
+from router.pricing.routes import price_colocated, price_pair
 from router.pricing.shapes import Outcome, RequestShape
 from router.types import Capacity, Role, Worker
 from tests.support.pricing import BS, CFG, PROFILE, params, rows, worker

@@ -19,7 +19,7 @@ from router.pricing.cost_table import CostTable
 from router.pricing.decision import candidates, decide
 from router.pricing.reference import reference_candidates, reference_decide
 from router.pricing.scorers import build
-from router.pricing.shapes import DecisionParams
+from router.pricing.shapes import DecisionParams, Outcome
 from router.types import Role
 from tests.support.random_tables import (
     CFG,
@@ -63,7 +63,7 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
 @pytest.mark.parametrize("live", [True, False])
 @pytest.mark.parametrize("seed", range(20))
 def test_fast_decision_equals_reference_on_simple_tables(seed, live):
-    """No sized corrections, one chunk size (the colocated key's scale-1.0 path, d_simple),
+    """No sized corrections (every prefill scale 1.0), one chunk size,
     with every decode row decoding, or with idle rows and this router's streams."""
     rng = random.Random(1000 + seed)
     block_size = 16
@@ -80,7 +80,7 @@ def test_fast_decision_equals_reference_on_simple_tables(seed, live):
     model = CostModel(CFG)
     rows = CostTable([model.costs(w, streams=None if live or i == 0 else random_streams(rng))
                       for i, w in enumerate(workers)])
-    assert rows.d_simple and all(rows.d_live) == live
+    assert not any(r.pre_scale for r in rows.d_rows) and all(rows.d_live) == live
     for _ in range(60):
         req = random_request(rng, workers, block_size)
         params = DecisionParams(build(CFG.weights()), rng.choice((1, 1, 2, 4)), 0.05)  # k = 1: the key decides
@@ -118,3 +118,21 @@ def test_table_is_patched_only_for_the_same_workers_in_the_same_roles():
     other = dataclasses.replace(workers[0], worker_id="elsewhere")
     assert old.patched([model.costs(other)] + list(old.rows[1:])) is None
     assert old.patched(list(old.rows[1:])) is None
+
+
+def test_rejections_are_decided_by_the_fast_path_as_by_the_reference():
+    """No route meets the targets: the fast path's own rejection (decision.py `_reject`, not
+    the reference's `choose`) names the same closest route, the same best of each route and
+    the same admissible routes, with the same reason, on snapshots under tight targets."""
+    rejects = admissible = 0
+    for seed in range(40):
+        rng, block_size, workers, model, rows = random_table(3000 + seed)
+        for _ in range(20):
+            req = dataclasses.replace(random_request(rng, workers, block_size), slo_ttft_ms=rng.uniform(1, 80),
+                                      slo_tpot_ms=rng.choice((0.0, rng.uniform(0.5, 30))))
+            params = random_params(rng)
+            got = decide(model, rows, req, params)
+            assert got == reference_decide(model, rows.rows, req, params), got.reason
+            rejects += got.outcome is Outcome.REJECT
+            admissible += bool(got.admissible)
+    assert rejects > 150 and admissible > 100

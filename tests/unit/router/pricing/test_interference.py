@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import decide, price_colocated
+from router.pricing.decision import decide
 from router.pricing.interference import (
     colocated_disturb_ms,
     harmful,
@@ -19,6 +19,7 @@ from router.pricing.interference import (
     stall_per_token_ms,
 )
 from router.pricing.reference import reference_decide
+from router.pricing.routes import price_colocated
 from router.pricing.shapes import Outcome, RequestShape
 from router.types import Role
 from tests.support.pricing import BS, CFG, params, rows, worker
