@@ -9,8 +9,6 @@ import asyncio
 import dataclasses
 import enum
 
-from router.requests.admission import Admitted
-from router.requests.placement import LoadOverlay
 from router.types import Route, StatusCode, TxnOutcome, Worker
 from services.common.lifecycle import Moves
 
@@ -145,12 +143,3 @@ def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     if handoff and code is not StatusCode.UNAVAILABLE:
         return {"suspects": frozenset({att.prefill.worker_id, att.decode.worker_id})}
     return {"culprit": att.decode}
-
-
-def count_dispatch(overlay: LoadOverlay, req: Admitted, computing: Worker, decode: Worker,
-                   planned: bool = False) -> tuple[int, int]:
-    """Count a route in the load overlay until the heartbeats show it: the reservation's
-    blocks at D (W) and the prompt queued at the computing worker (P, or W) until token 0.
-    Returns the (blocks, prefill) handles for `LoadOverlay.remove`."""
-    return (overlay.add(decode, blocks=req.demand.blocks_on(decode), planned=planned),
-            overlay.add(computing, prefill_tokens=len(req.prompt), planned=planned))

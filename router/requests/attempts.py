@@ -39,11 +39,10 @@ from router.requests.attempt import (
     Stage,
     advance,
     blame,
-    count_dispatch,
 )
 from router.requests.handoff import build_manifest, transfer_id
+from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
-from router.requests.placement import LoadOverlay
 from router.types import (
     Cluster,
     Event,
@@ -68,7 +67,7 @@ log = logging.getLogger(__name__)
 class AttemptRunner:
     """Runs the attempts of one request; `current` is the attempt in flight."""
 
-    def __init__(self, req: Admitted, workers: WorkerGateway, directory: DirectoryGateway, overlay: LoadOverlay,
+    def __init__(self, req: Admitted, workers: WorkerGateway, directory: DirectoryGateway, inflight: InFlight,
                  config: RouterConfig, output: OutputLog, emit: Callable[[Event], None],
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  remaining_s: Callable[[], float | None],
@@ -77,7 +76,7 @@ class AttemptRunner:
         self.req = req
         self._workers = workers
         self._directory = directory
-        self._overlay = overlay
+        self._inflight = inflight
         self._cfg = config
         self._output = output
         self._emit = emit
@@ -110,8 +109,7 @@ class AttemptRunner:
             await asyncio.shield(self._spawn(self._teardown(att, reason)))
             raise
         finally:
-            for handle in (*att.overlay_handles, att.prefill_handle):
-                self._overlay.remove(handle)
+            self._inflight.release((*att.overlay_handles, att.prefill_handle))
             for task in (att.stream_task, att.prefill_task):
                 if task is not None and not task.done():
                     task.cancel()
@@ -128,7 +126,7 @@ class AttemptRunner:
     async def _start_disaggregated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, p, d, g = self.req, att.prefill, att.decode, att.generation
         tid = transfer_id(req.request_id, g)
-        blocks, att.prefill_handle = count_dispatch(self._overlay, req, p, d)
+        blocks, att.prefill_handle = self._inflight.hold_route(req, p, d)
         att.overlay_handles.append(blocks)
         advance(att, Stage.DECODE_RESERVE)
         try:
@@ -168,7 +166,7 @@ class AttemptRunner:
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
-        blocks, att.prefill_handle = count_dispatch(self._overlay, req, w, w)
+        blocks, att.prefill_handle = self._inflight.hold_route(req, w, w)
         att.overlay_handles.append(blocks)
         advance(att, Stage.COLOCATED)
         self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))
@@ -244,7 +242,7 @@ class AttemptRunner:
             if kind == "prefill":
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest
-                self._overlay.remove(att.prefill_handle)
+                self._inflight.release((att.prefill_handle,))
                 if self._on_prefill is not None:
                     self._on_prefill(att, value)
             elif kind == "prefill_error":
@@ -277,7 +275,7 @@ class AttemptRunner:
         if att.tokens_seen == 0:
             att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
             if att.route is Route.COLOCATED:
-                self._overlay.remove(att.prefill_handle)  # W finished the prompt
+                self._inflight.release((att.prefill_handle,))  # W finished the prompt
             if att.route is Route.DISAGGREGATED:
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1

@@ -43,9 +43,10 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.pricing.shapes import Outcome
 from router.requests.admission import Admitted, admit, check_cluster
-from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind, count_dispatch
+from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind
 from router.requests.attempts import AttemptRunner
 from router.requests.cluster_view import ClusterView
+from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
 from router.requests.placement import FailureMemory, has_prefill_worker
 from router.requests.planner import Plan, Planner
@@ -80,6 +81,8 @@ class Orchestrator:
         self.view = ClusterView(directory, config, clock)
         self.failures = FailureMemory(config.failure_cooldown_ms / 1000.0, clock)
         self.planner = Planner(config, clock)
+        self.inflight = InFlight(self.view.overlay, self.planner.streams, config)
+        """This router's load holds and stream bookings (router/requests/inflight.py)."""
         self.default_mode = config.default_mode
         """Mode of requests with mode UNSPECIFIED (router/requests/planner.py); Admin.SetMode changes it."""
         self._clock = clock
@@ -115,10 +118,10 @@ class Orchestrator:
         except BaseException:
             del self._runs[req.request_id]
             raise
-        run.held = self._hold(run.plan, req)
-        run.booked = self._book(run.plan)
+        run.held = self.inflight.hold_plan(run.plan, req)
+        run.booked = self.inflight.book(run.plan)
         run.req = req = dataclasses.replace(req, route=run.plan.route)
-        run.runner = AttemptRunner(req, self.workers, self.directory, self.view.overlay, self.config, run.output,
+        run.runner = AttemptRunner(req, self.workers, self.directory, self.inflight, self.config, run.output,
                                    lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
                                    on_prefill=lambda att, done: self._on_prefill(run, att, done),
                                    cluster=self.view.get)
@@ -179,42 +182,17 @@ class Orchestrator:
             raise RouterError(StatusCode.RESOURCE_EXHAUSTED, f"admission rejected the request: {plan.reason}")
         return plan
 
-    def _hold(self, plan: Plan, req: Admitted) -> list[int]:
-        """Count the planned route in the overlay now, as its attempt will (attempts.py):
-        a burst's requests are all planned before the first attempt runs, and would
-        otherwise all see the same loads and pile onto the same worker."""
-        computing = plan.decode if plan.route is Route.COLOCATED else plan.prefill
-        if plan.decode is None or computing is None:
-            return []
-        return list(count_dispatch(self.view.overlay, req, computing, plan.decode, planned=True))
-
-    def _book(self, plan: Plan) -> int | None:
-        """Book the planned stream (router/requests/streams.py), so the requests planned next know
-        when it will decode beside their prefills. With `stream_start_windows`, its start
-        is `stream_start_share` of the earliest it can be: the predicted TTFT less the
-        queue ahead of its prefill; without, now (it counts as decoding from its plan).
-        Queue estimates are what burst predictions overstate most (a queue of long
-        prompts predicted at 7 s drained in 3), and a start booked too late lets
-        prefills run beside a stream the router thinks has not started."""
-        if plan.decode is None:
-            return None
-        c = plan.predicted
-        if c is None or not self.config.stream_start_windows:
-            return self.planner.streams.book(plan.decode, 0.0)  # starts now: every prefill beside it stalls it
-        return self.planner.streams.book(plan.decode, self.config.stream_start_share * (c.ttft_ms - c.queue_ms))
-
     def _emit(self, run: RequestRun, event: Event) -> None:
         if run.booked is not None and isinstance(event, TokenOut):
-            self.planner.streams.started(run.booked)
+            self.inflight.started(run.booked)
         run.emit(event)
 
     def _unbook(self, run: RequestRun) -> None:
-        self.planner.streams.drop(run.booked)
+        self.inflight.drop(run.booked)
         run.booked = None
 
     def _release(self, run: RequestRun) -> None:
-        for handle in run.held:
-            self.view.overlay.remove(handle)
+        self.inflight.release(run.held)
         run.held = []
 
     def _on_prefill(self, run: RequestRun, att: Attempt, done: PrefillDone) -> None:

@@ -209,8 +209,7 @@ async def collect(orch: Orchestrator, p: GenerateParams) -> tuple[list, RouterEr
 
 def assert_no_leaks(orch: Orchestrator, fake: FakeCluster) -> None:
     assert orch.in_flight == 0
-    assert len(orch.view.overlay) == 0
-    assert len(orch.planner.streams) == 0  # router/requests/streams.py: every booked stream dropped
+    assert len(orch.inflight) == 0  # router/requests/inflight.py: every load hold and stream booking given back
     assert not [t for t, s in fake.txns.items() if s == "RESERVED"], fake.txns
 
 
