@@ -19,7 +19,9 @@ Same-run baselines, on the same requests and snapshot, timed in their own loops
 every request, then the reference): `reference_decide` (the
 plain one-pass decision, router/pricing/reference.py, which shares the batch scorers
 and the pricing helpers; `ratio_vs_reference`, and `mismatches` counts requests
-where the two decisions differ: must be 0).
+where the two decisions differ: must be 0), and
+the old placement `choose_pair` (queue/free-blocks ranking without a cost
+model; on the first 200 requests only, once, it is slow at 256 workers).
 
 The per-request modules run compiled when their builds exist (router/native.py;
 `make bench-router` builds them): `native` says whether they did, and the same
@@ -61,6 +63,7 @@ from router.pricing.prefix_index import PrefixIndex, block_hashes
 from router.pricing.reference import reference_decide
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, RequestShape
+from router.requests.placement import Demand, choose_pair
 from router.types import Capacity, Cluster, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
 
@@ -140,7 +143,7 @@ def run(n: int, seed: int = 0) -> dict:
         t = time.perf_counter()
         block_hashes(p, BLOCK, "t")
         hash_us.append((time.perf_counter() - t) * 1e6)
-    decide_us, match_us, ref_us, outcomes = [], [], [], {}
+    decide_us, match_us, ref_us, base_us, outcomes = [], [], [], [], {}
     round_p50 = []
     fast, slow = [], []
     for _ in range(ROUNDS):  # fast path and reference in alternate rounds: both see the same noise
@@ -165,13 +168,18 @@ def run(n: int, seed: int = 0) -> dict:
     for d in fast:
         outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
     mismatches = sum(a != b for a, b in zip(fast, slow))
-    p50, r50 = statistics.median(decide_us), statistics.median(ref_us)
+    for p in reqs[:200]:
+        t = time.perf_counter()
+        choose_pair(cluster, Demand(len(p), 128))
+        base_us.append((time.perf_counter() - t) * 1e6)
+    p50, r50, b50 = statistics.median(decide_us), statistics.median(ref_us), statistics.median(base_us)
     return {"bench": "router", "workers": n, "prefix_index_keys": len(index), "requests": len(reqs),
             "p50_us": round(p50, 1), "p99_us": round(pct(decide_us, 0.99), 1),
             "p50_best_round_us": round(min(round_p50), 1), "p50_rounds_us": [round(x, 1) for x in round_p50],
             "match_p50_us": round(statistics.median(match_us), 1),
             "reference_p50_us": round(r50, 1), "reference_p99_us": round(pct(ref_us, 0.99), 1),
             "ratio_vs_reference": round(p50 / r50, 2), "mismatches": mismatches,
+            "baseline_choose_pair_p50_us": round(b50, 1), "ratio_vs_baseline": round(p50 / b50, 2),
             "rows_build_us": round(rows_us, 1), "table_build_us": round(table_us, 1),
             "table_patch_p50_us": round(statistics.median(patch_us), 1),
             "prompt_hash_p50_us": round(statistics.median(hash_us), 1),

@@ -1,16 +1,27 @@
-"""What placement needs besides the price: pure functions over a cluster snapshot, the
-dispatch overlay and the failure memory.
+"""Where a request runs: pure placement functions over a cluster snapshot.
 
-The route and its workers are priced, for every attempt and every mode, by the cost
-model and the decision (router/requests/planner.py: `Planner.plan` for attempt 1,
-`Planner.place` for the others). This module supplies what that pricing reads:
+Disaggregated: prefill worker P = fewest pending prefill tokens; decode worker
+D = most free K/V blocks among workers whose cache ABI digest equals P's and
+that can hold the request's blocks; P != D. Colocated: the decode-capable
+worker with most free blocks.
 
-- `rejects`: a worker that cannot hold the request even empty (capacity.total_blocks),
-  or whose vocab / context length the request exceeds, is never chosen;
-- `LoadOverlay`: heartbeats lag dispatch, so every load figure is the snapshot's plus
-  this router's own dispatches that the snapshot cannot show yet;
-- `FailureMemory`: workers whose calls recently failed router-wide, avoided (a
-  penalty) while an alternative exists.
+Heartbeats lag dispatch, so every load figure is the snapshot's plus this
+router's own dispatches that the snapshot cannot show yet (`LoadOverlay`).
+
+Ranking, most important first (every key is a tuple; ties end on worker id,
+so placement is deterministic):
+
+1. workers to avoid: least total penalty (failures of this request's earlier
+   attempts, and workers whose calls recently failed router-wide —
+   `FailureMemory`); an avoided worker is still chosen when nothing else can;
+2. fits now (free blocks >= blocks needed) before "fits only when emptier" —
+   the snapshot lags, so a worker that could ever hold the request is still
+   worth a Reserve when nothing fits now; the worker's answer is authoritative;
+3. P's pending prefill tokens, ascending;
+4. D's free blocks, descending.
+
+A worker that cannot hold the request even empty (capacity.total_blocks), or
+whose vocab / context length the request exceeds, is never chosen.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from router.types import Cluster, Worker
 
@@ -191,6 +202,54 @@ def free_blocks(worker: Worker, overlay: LoadOverlay | None = None, planned: boo
 def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:
     """Prompt tokens queued at `worker`, including this router's unreported dispatches."""
     return worker.load.pending_prefill_tokens + (overlay.prefill_tokens(worker.worker_id) if overlay else 0)
+
+
+Avoid = Mapping[str, int] | Collection[str]
+"""Worker ids to avoid: a penalty per id, or a plain collection (penalty 1 each)."""
+
+
+def _penalty(avoid: Avoid, worker_id: str) -> int:
+    if isinstance(avoid, Mapping):
+        return avoid.get(worker_id, 0)
+    return int(worker_id in avoid)
+
+
+def _decode_key(worker: Worker, demand: Demand, overlay: LoadOverlay | None) -> tuple:
+    free = free_blocks(worker, overlay)
+    return (free < demand.blocks_on(worker), -free, worker.load.active_decode_batch, worker.worker_id)
+
+
+def choose_pair(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
+                avoid: Avoid = (), tried: Collection[tuple[str, str]] = ()) -> tuple[Worker, Worker] | None:
+    """Best (prefill, decode) pair for a disaggregated attempt, or None.
+
+    `avoid`: penalties of workers that failed (chosen only when no alternative
+    exists); `tried`: (P id, D id) pairs never to choose again.
+    """
+    prefills = [w for w in cluster.workers if w.can_prefill and rejects(w, demand) is None]
+    decodes = [w for w in cluster.workers if w.can_decode and rejects(w, demand) is None]
+    best_key, best = None, None
+    for p in prefills:
+        p_key = (pending_prefill_tokens(p, overlay), p.worker_id)
+        for d in decodes:
+            if d.worker_id == p.worker_id or d.cache_abi_digest != p.cache_abi_digest:
+                continue
+            if (p.worker_id, d.worker_id) in tried:
+                continue
+            d_key = _decode_key(d, demand, overlay)
+            key = (_penalty(avoid, p.worker_id) + _penalty(avoid, d.worker_id), d_key[0], p_key, d_key[1:])
+            if best_key is None or key < best_key:
+                best_key, best = key, (p, d)
+    return best
+
+
+def choose_colocated(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
+                     avoid: Avoid = ()) -> Worker | None:
+    """Best decode-capable worker to run the whole request, or None."""
+    candidates = [w for w in cluster.workers if w.can_decode and rejects(w, demand) is None]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda w: (_penalty(avoid, w.worker_id), *_decode_key(w, demand, overlay)))
 
 
 def has_prefill_worker(cluster: Cluster) -> bool:

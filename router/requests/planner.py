@@ -1,7 +1,7 @@
 """Router modes: turn a request and a snapshot into the first attempt's plan.
 
-    disaggregated  the best priced split route (`Planner.best_of_kind`; no SLO rejection)
-    colocated      the best priced colocated route (no SLO rejection)
+    disaggregated  the split route on the pair `choose_pair` ranks best (no SLO rejection)
+    colocated      one worker, `choose_colocated` (no SLO rejection)
     auto           the per-request decision (router/pricing/decision.py): split, colocated,
                    or reject with RESOURCE_EXHAUSTED before any work -- but only when
                    even the closest candidate misses a target by more than
@@ -37,10 +37,11 @@ from router.pricing.candidate import DECODE, PREFILL_WORKER, ROUTE, Candidate
 from router.pricing.cost_model import CLAMP, CostModel
 from router.pricing.decision import choose_rows, decide, finite, priced_rows
 from router.pricing.prefix_index import PrefixIndex, block_hashes
+from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import build
 from router.pricing.shapes import Decision, DecisionParams, Outcome, RequestShape
 from router.pricing.worker_costs import WorkerCosts
-from router.requests.placement import Demand, LoadOverlay, rejects
+from router.requests.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
 from router.requests.records import DecisionLog, DecisionRecord
 from router.requests.streams import StreamBook
 from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
@@ -125,7 +126,7 @@ class Planner:
         rows = self.rows(cluster, overlay)
         demand = Demand(len(prompt), max_tokens, max(prompt))
         if mode in ("disaggregated", "colocated"):
-            plan = self._forced(mode, rows, req, demand, avoid)
+            plan = self._forced(mode, rows, req, demand, cluster, overlay, avoid)
             decision = None
         else:
             fit = lambda r: rejects(r.worker, demand) is None  # noqa: E731
@@ -153,26 +154,20 @@ class Planner:
               tried: Collection[tuple[str, str]] = ()) -> Candidate | None:
         """A retry's route (router/requests/orchestrator.py), priced and chosen as a first
         attempt's (`decide`), within one route kind: the best split route when `split`, else
-        the best colocated one; None when no worker can take the request (`best_of_kind`)."""
-        req = self._shape(tenant, prompt, max_tokens, slo, cluster)[0]
-        return self.best_of_kind(self.rows(cluster, overlay), req, Demand(len(prompt), max_tokens, max(prompt)),
-                                 split, avoid, tried)
-
-    def best_of_kind(self, rows: list[WorkerCosts], req: RequestShape, demand: Demand, split: bool,
-                     avoid: Mapping[str, int], tried: Collection[tuple[str, str]] = ()) -> Candidate | None:
-        """The best split route (`split`) or colocated one over cost `rows`, as `decide` ranks
-        them, never a rejection: a forced mode, or a retry of an admitted request, takes the
-        best route of its kind even when it misses the targets. None: no worker can take it.
+        the best colocated one; None when no worker can take the request.
 
         Left out: workers that can never take it (`rejects`) and the `tried` (P, D) pairs.
         Workers to avoid (this request's failures, recent router-wide ones, workers fenced
         full: `avoid`, a penalty each) are priced only when no route avoids them: first the
         routes whose workers all have penalty 0, then those whose workers' largest penalty
-        is the next one up, and so on."""
+        is the next one up, and so on. Never a rejection: a retry of an admitted request
+        takes the best route of its kind even when it misses the targets."""
+        req = self._shape(tenant, prompt, max_tokens, slo, cluster)[0]
+        rows = self.rows(cluster, overlay)
+        demand = Demand(len(prompt), max_tokens, max(prompt))
         top_k = self.params.top_k + len(tried)  # the tried pairs among them still leave top_k others
         for level in sorted({0, *avoid.values()}):
-            def usable(r: WorkerCosts, t: int = level) -> bool:
-                return avoid.get(r.worker.worker_id, 0) <= t and rejects(r.worker, demand) is None
+            usable = lambda r, t=level: avoid.get(r.worker.worker_id, 0) <= t and rejects(r.worker, demand) is None  # noqa: E731
             priced = [r for r in priced_rows(self.costs, rows, req, top_k, usable, split, not split)
                       if r[ROUTE] is Route.COLOCATED or (r[PREFILL_WORKER].worker_id, r[DECODE].worker_id) not in tried]
             if priced:
@@ -188,17 +183,20 @@ class Planner:
         return RequestShape(len(prompt), max_tokens, block_size, slo.ttft_ms, slo.tpot_ms,
                             self.prefix.match(hashes) if hashes else {}), hashes
 
-    def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand,
-                avoid: Mapping[str, int]) -> Plan:
+    def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand, cluster: Cluster,
+                overlay: LoadOverlay | None, avoid: Mapping[str, int]) -> Plan:
+        by_id = {r.worker.worker_id: r for r in rows}
         if mode == "disaggregated":
-            c = self.best_of_kind(rows, req, demand, True, avoid)
-            if c is not None:
-                return Plan(mode, Outcome.DISAGGREGATED, Route.DISAGGREGATED, c.prefill, c.decode, c, "forced split")
-        c = self.best_of_kind(rows, req, demand, False, avoid)
-        if c is None:
+            pair = choose_pair(cluster, demand, overlay, avoid)
+            if pair is not None:
+                c = price_pair(self.costs, by_id[pair[0].worker_id], by_id[pair[1].worker_id], req)
+                return Plan(mode, Outcome.DISAGGREGATED, Route.DISAGGREGATED, pair[0], pair[1], c, "forced split")
+        w = choose_colocated(cluster, demand, overlay, avoid)
+        if w is None:
             return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, reason="no worker fits now")
+        c = price_colocated(self.costs, by_id[w.worker_id], req)
         why = "forced colocated" if mode == "colocated" else "no split pair; colocated fallback"
-        return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, None, c.decode, c, why)
+        return Plan(mode, Outcome.COLOCATED, Route.COLOCATED, None, w, c, why)
 
     def _by_mode(self, mode: str, request_id: str, d: Decision, req: RequestShape) -> Plan:
         if mode == "auto":

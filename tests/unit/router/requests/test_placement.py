@@ -1,5 +1,4 @@
-"""Router placement helpers: what a worker can never serve, the dispatch overlay, the failure
-memory (the route and its workers are priced: tests/unit/router/requests/test_retry_pricing.py)."""
+"""Router placement: pure functions over a snapshot, the dispatch overlay, the failure memory."""
 
 from __future__ import annotations
 
@@ -11,6 +10,8 @@ from router.requests.placement import (
     LoadOverlay,
     blocks_needed,
     capacity_shortfall,
+    choose_colocated,
+    choose_pair,
     free_blocks,
     pending_prefill_tokens,
     rejects,
@@ -42,14 +43,81 @@ def test_blocks_needed_counts_prompt_plus_decode_growth_minus_the_last_token(pro
     assert blocks_needed(prompt, max_tokens, block_size) == expected
 
 
+def test_prefill_is_least_loaded_and_decode_has_most_headroom():
+    c = cluster(worker("p0", Role.PREFILL, pending=300), worker("p1", Role.PREFILL, pending=100),
+                worker("d0", Role.DECODE, free=40), worker("d1", Role.DECODE, free=90))
+    p, d = choose_pair(c, DEMAND)
+    assert (p.worker_id, d.worker_id) == ("p1", "d1")
+
+
+def test_decode_must_share_the_prefill_cache_abi():
+    c = cluster(worker("p0", Role.PREFILL, abi="abi-a"), worker("d0", Role.DECODE, abi="abi-b", free=100),
+                worker("d1", Role.DECODE, abi="abi-a", free=10))
+    assert choose_pair(c, DEMAND)[1].worker_id == "d1"
+    assert choose_pair(cluster(worker("p0", Role.PREFILL, abi="x"), worker("d0", Role.DECODE, abi="y")), DEMAND) is None
+
+
+def test_next_prefill_is_tried_when_the_least_loaded_has_no_compatible_decode():
+    c = cluster(worker("p0", Role.PREFILL, pending=0, abi="abi-b"), worker("p1", Role.PREFILL, pending=500),
+                worker("d0", Role.DECODE))
+    assert [w.worker_id for w in choose_pair(c, DEMAND)] == ["p1", "d0"]
+
+
+def test_ties_break_on_worker_id_whatever_the_snapshot_order():
+    ws = [worker("p1", Role.PREFILL), worker("p0", Role.PREFILL), worker("d1", Role.DECODE), worker("d0", Role.DECODE)]
+    for order in (ws, ws[::-1]):
+        assert [w.worker_id for w in choose_pair(cluster(*order), DEMAND)] == ["p0", "d0"]
+
+
+def test_a_both_worker_is_never_paired_with_itself():
+    c = cluster(worker("b0", Role.MIXED))
+    assert choose_pair(c, DEMAND) is None
+    assert choose_colocated(c, DEMAND).worker_id == "b0"
+    c2 = cluster(worker("b0", Role.MIXED, free=100), worker("b1", Role.MIXED, free=50, pending=10))
+    assert [w.worker_id for w in choose_pair(c2, DEMAND)] == ["b0", "b1"]
+
+
 def test_workers_that_can_never_hold_the_request_are_skipped():
     small = Capacity(total_blocks=3, block_size=16, vocab_size=512, max_model_len=2048)
-    assert "total_blocks 3" in rejects(worker("d0", Role.DECODE, cap=small, free=3), DEMAND)
-    assert rejects(worker("d1", Role.DECODE, free=4), DEMAND) is None
+    c = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE, cap=small, free=3),
+                worker("d1", Role.DECODE, free=4))
+    assert choose_pair(c, DEMAND)[1].worker_id == "d1"
+    assert "total_blocks 3" in rejects(c.workers[1], DEMAND)
     short = Capacity(total_blocks=100, block_size=16, vocab_size=8, max_model_len=50)
     w = worker("d2", Role.DECODE, cap=short)
     assert "vocab_size 8" in rejects(w, DEMAND)
     assert "max_model_len 50" in rejects(w, Demand(40, 25, 0))
+
+
+def test_fits_now_beats_lower_prefill_load_but_a_full_worker_is_still_a_last_resort():
+    c = cluster(worker("p0", Role.PREFILL, pending=0), worker("p1", Role.PREFILL, pending=50, abi="abi-b"),
+                worker("d0", Role.DECODE, free=2), worker("d1", Role.DECODE, free=50, abi="abi-b"))
+    assert [w.worker_id for w in choose_pair(c, DEMAND)] == ["p1", "d1"]
+    full = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=1), worker("d1", Role.DECODE, free=3))
+    assert choose_pair(full, DEMAND)[1].worker_id == "d1"  # heartbeats lag: the worker decides
+
+
+def test_avoided_workers_lose_to_any_alternative_but_are_used_when_alone():
+    c = cluster(worker("p0", Role.PREFILL), worker("p1", Role.PREFILL, pending=999),
+                worker("d0", Role.DECODE, free=100), worker("d1", Role.DECODE, free=5))
+    assert [w.worker_id for w in choose_pair(c, DEMAND, avoid={"p0", "d0"})] == ["p1", "d1"]
+    assert [w.worker_id for w in choose_pair(c, DEMAND, avoid={"p0"})] == ["p1", "d0"]
+    lonely = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=5))
+    assert [w.worker_id for w in choose_pair(lonely, DEMAND, avoid={"p0", "d0"})] == ["p0", "d1"]
+    assert choose_colocated(lonely, DEMAND, avoid={"d0", "d1"}).worker_id == "d0"
+
+
+def test_tried_pairs_are_never_chosen_again():
+    c = cluster(worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=5))
+    assert choose_pair(c, DEMAND, tried={("p0", "d0")})[1].worker_id == "d1"
+    assert choose_pair(c, DEMAND, tried={("p0", "d0"), ("p0", "d1")}) is None
+
+
+def test_colocated_picks_most_headroom_among_decode_capable_workers():
+    c = cluster(worker("p0", Role.PREFILL, free=1000), worker("d0", Role.DECODE, free=10),
+                worker("b0", Role.MIXED, free=60), worker("d1", Role.DECODE, free=60, batch=3))
+    assert choose_colocated(c, DEMAND).worker_id == "b0"
+    assert choose_colocated(cluster(worker("p0", Role.PREFILL)), DEMAND) is None
 
 
 def test_a_worker_without_a_heartbeat_counts_its_declared_capacity_as_free():
@@ -57,13 +125,16 @@ def test_a_worker_without_a_heartbeat_counts_its_declared_capacity_as_free():
     assert free_blocks(w) == 100
 
 
-def test_overlay_counts_dispatches_the_snapshot_does_not_show_yet():
+def test_overlay_counts_dispatches_so_concurrent_requests_spread():
     overlay = LoadOverlay()
-    p, d = worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=50)
+    c = cluster(worker("p0", Role.PREFILL), worker("p1", Role.PREFILL, pending=10),
+                worker("d0", Role.DECODE, free=50), worker("d1", Role.DECODE, free=48))
+    p, d = choose_pair(c, DEMAND, overlay)
+    assert (p.worker_id, d.worker_id) == ("p0", "d0")
     overlay.add(p, prefill_tokens=40)
     overlay.add(d, blocks=4)
     assert pending_prefill_tokens(p, overlay) == 40 and free_blocks(d, overlay) == 46
-    assert overlay.totals() == {"p0": (40, 0, 0), "d0": (0, 4, 1)}
+    assert [w.worker_id for w in choose_pair(c, DEMAND, overlay)] == ["p1", "d1"]
 
 
 def test_overlay_entry_lives_until_a_heartbeat_newer_than_the_dispatch():
@@ -124,6 +195,12 @@ def test_capacity_shortfall_names_the_numbers():
     assert "(d0) has only 3 blocks" in msg
     assert capacity_shortfall(c, Demand(10, 10)) is None
     assert capacity_shortfall([worker("d0", Role.DECODE, cap=Capacity())], DEMAND) is None
+
+
+def test_penalties_weigh_certain_failures_above_suspicions():
+    c = cluster(worker("d0", Role.DECODE, free=100), worker("d1", Role.DECODE, free=50))
+    assert choose_colocated(c, DEMAND, avoid={"d0": 2, "d1": 1}).worker_id == "d1"
+    assert choose_colocated(c, DEMAND, avoid={"d0": 1, "d1": 1}).worker_id == "d0"
 
 
 def test_failure_memory_forgets_after_the_cooldown_or_a_new_epoch():

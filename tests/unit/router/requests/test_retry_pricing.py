@@ -1,14 +1,14 @@
-"""Retries and forced modes are priced as first attempts (router/requests/planner.py
-`Planner.place`, `best_of_kind`): the cost model's price ranks the routes of the kind
-the retry policy (or the mode) allows, the (P, D) pairs already tried are left out,
-workers that failed are taken only when no route avoids them, and a worker that can
-never hold the request is never taken."""
+"""Retries are priced as first attempts (router/requests/planner.py `Planner.place`): the
+cost model's price ranks the remaining routes of the kind the retry policy allows, the
+(P, D) pairs already tried are left out, workers that failed are taken only when no
+route avoids them, and a worker that can never hold the request is never taken."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from router.pricing.decision import decide
+from router.requests.placement import Demand, choose_pair
 from router.requests.planner import Planner
 from router.types import Cluster, Role, Slo
 from services.directory.cost_profile import CostProfile
@@ -38,12 +38,13 @@ def test_a_retry_takes_the_route_the_first_attempts_pricing_takes():
     cluster, planner = snapshot(), Planner(config())
     assert place(planner, cluster, True) == ("p0", "d1")
     assert place(planner, cluster, False) == (None, "d1")
-    # The first attempt's decision on the same snapshot prices the same best routes (queue and
-    # free blocks alone, the placement retries used before, took the freest D, d0).
+    # The first attempt's decision on the same snapshot prices the same best routes ...
     req = planner._shape("t", PROMPT, 6, Slo(), cluster)[0]
     d = decide(planner.costs, planner.rows(cluster, None), req, planner.params)
     assert (d.best_disaggregated.prefill.worker_id, d.best_disaggregated.decode.worker_id) == ("p0", "d1")
     assert d.best_colocated.decode.worker_id == "d1"
+    # ... where queue and free blocks alone (the placement retries used before) take the freest D.
+    assert [w.worker_id for w in choose_pair(cluster, Demand(len(PROMPT), 6))] == ["p0", "d0"]
 
 
 def test_tried_pairs_are_left_out():
@@ -70,13 +71,3 @@ def test_a_worker_that_can_never_hold_the_request_is_never_taken():
     assert place(planner, cluster, False, {"d0": 1, "d1": 1}) == (None, "d1")
     alone = Cluster((profiled(worker("p0", Role.PREFILL)), tiny), route_epoch=7)
     assert place(planner, alone, True) is None and place(planner, alone, False) is None
-
-
-def test_forced_modes_take_the_best_priced_route_of_their_kind():
-    cluster, planner = snapshot(), Planner(config())
-    split = planner.plan("a", "t", PROMPT, 6, "disaggregated", Slo(), cluster)
-    assert (split.prefill.worker_id, split.decode.worker_id) == ("p0", "d1") and split.reason == "forced split"
-    colocated = planner.plan("b", "t", PROMPT, 6, "colocated", Slo(), cluster)
-    assert (colocated.prefill, colocated.decode.worker_id) == (None, "d1")
-    assert planner.plan("c", "t", PROMPT, 6, "disaggregated", Slo(), cluster, avoid={"p0": 2, "p1": 2}).prefill \
-        .worker_id == "p0"  # every P avoided: the least penalized, priced as usual
