@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from router.pricing.routes import price_colocated
-from router.pricing.shapes import Outcome, RequestShape
+from router.pricing.shapes import Outcome
 from router.requests.orchestrator import Orchestrator
 from router.requests.placement import LoadOverlay
 from router.requests.planner import Planner, canary_pick
