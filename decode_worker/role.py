@@ -20,7 +20,7 @@ class DecodeRole(Role):
         self.worker: DecodeWorker | None = None
 
     async def start(self, node: WorkerNode) -> Registration:
-        self.receiver = build_receiver(node.cfg)
+        self.receiver = build_receiver(node.cfg, node.security)
         await self.receiver.start()
         self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn)
         servicer = DecodeServicer(self.worker, node.cfg.worker_id, lambda: node.epoch)

@@ -18,6 +18,7 @@ from kv_directory.redis_store import RedisDirectoryStore
 from kv_directory.server import redact_url, serve
 from services.common.grpc_server import setup_logging
 from services.directory.records import DirectoryUnavailable
+from services.security.tls import Security
 
 log = logging.getLogger("kv_directory")
 
@@ -42,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
         return 2
     setup_logging("kv_directory", config.log_level)
+    try:
+        security = Security.from_env("kv_directory")
+    except ValueError as exc:
+        print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
+        return 2
     store = RedisDirectoryStore(config)
     try:
         store.ping()
@@ -50,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv_directory: redis unreachable at {redact_url(config.redis_url)}: {exc}", file=sys.stderr)
         return 3
     try:
-        asyncio.run(serve(store, config))
+        asyncio.run(serve(store, config, security))
     except OSError as exc:  # cannot bind the listen address
         print(f"kv_directory: cannot serve on {config.listen_addr}: {exc}", file=sys.stderr)
         return 2

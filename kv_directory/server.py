@@ -49,6 +49,8 @@ from services.common.grpc_server import start_server, wait_for_shutdown
 from services.directory.records import DirectoryUnavailable, TxnResult, chunk_list_digest
 from services.directory.states import Outcome
 from services.directory.wire import BadRequest, chunk_layouts, load_from_pb, require, role_from_pb, worker_record_to_pb
+from services.security.pki import Identity
+from services.security.tls import WORKERS, Security, access_table, caller
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,28 @@ be kept for years, and Redis refuses expiry times past 2^63 ms)."""
 
 SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
 
+_CONTROL = frozenset({"router", "operator"})
+ACCESS = access_table(SERVICE_NAME, {
+    # A worker registers and renews only under the id its certificate names (checked below).
+    "RegisterWorker": WORKERS, "Heartbeat": WORKERS,
+    # Only the router creates a transaction; only its two ends move it (checked below),
+    # and the router may abort it too.
+    "Reserve": {"router"}, "Begin": WORKERS, "Validated": WORKERS, "Publish": WORKERS,
+    "Release": WORKERS, "Abort": WORKERS | {"router"},
+    "Lookup": WORKERS | _CONTROL, "ClusterSnapshot": _CONTROL, "ListOpenTransactions": _CONTROL,
+    "GetRouteEpoch": WORKERS | _CONTROL, "AdvanceRouteEpoch": _CONTROL,
+    # The destination consumes the nonce of the capability it was shown (checked below).
+    "ConsumeNonce": frozenset({"decode", "mixed"}),
+})
+"""Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
+
+_WORKER_ROLE_OF_CERT = {"prefill": "prefill", "decode": "decode", "mixed": "mixed"}
+"""Certificate role -> the WorkerRole value a worker holding it may register as."""
+
+
+class Denied(Exception):
+    """The caller's identity does not allow this call (PERMISSION_DENIED, the message says why)."""
+
 
 def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Map BadRequest -> INVALID_ARGUMENT and DirectoryUnavailable -> UNAVAILABLE."""
@@ -76,6 +100,9 @@ def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
             return await handler(self, request, context)
         except BadRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Denied as exc:
+            log.warning("%s refused: %s", handler.__name__, exc)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except DirectoryUnavailable as exc:
             log.warning("%s: store unavailable: %s", handler.__name__, exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"directory store unavailable: {exc}")
@@ -87,9 +114,10 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     """pd.v1.Directory over a DirectoryStore. Call ``start()`` inside the event
     loop (starts the reaper) and ``close()`` at shutdown."""
 
-    def __init__(self, store: DirectoryStore, config: DirectoryConfig):
+    def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None):
         self._store = store
         self._cfg = config
+        self._secure = security is not None and security.secure
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
         self._pool = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="directory-store")
         self._reaper: asyncio.Task | None = None
@@ -140,12 +168,26 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             if reaped:
                 log.info("reaper: reaped %d expired workers/transactions", reaped)
 
+    # ---- who is calling --------------------------------------------------------
+
+    def _as_worker(self, context, worker_id: str) -> Identity | None:
+        """The caller, who must be the worker `worker_id` (by certificate); None when insecure."""
+        if not self._secure:
+            return None
+        who = caller(context)
+        if who is None or who.role not in WORKERS or who.name != worker_id:
+            raise Denied(f"caller {who} may not act as worker {worker_id!r}")
+        return who
+
     # ---- registry ----------------------------------------------------------
 
     @_rpc
     async def RegisterWorker(self, request, context):
         """New epoch and lease; aborts what the worker's previous epoch left unpublished."""
         info = worker_info_from_pb(request)
+        who = self._as_worker(context, info.worker_id)
+        if who is not None and _WORKER_ROLE_OF_CERT[who.role] != info.role.value:
+            raise Denied(f"certificate {who} may not register role {info.role.value}")
         rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
         route_epoch = await self._run(self._store.get_route_epoch)
         log.info("registered %s (%s) epoch %d at %s", rec.worker_id, rec.role.value, rec.epoch, rec.grpc_address)
@@ -157,6 +199,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Renew the lease and replace the load report, or LOST."""
         require(request.worker_id, "worker_id")
         require(request.epoch, "epoch")
+        self._as_worker(context, request.worker_id)
         lease = await self._run(self._store.heartbeat, request.worker_id, request.epoch, load_from_pb(request.load))
         route_epoch = await self._run(self._store.get_route_epoch)
         ok = lease.outcome == Outcome.APPLIED
@@ -179,35 +222,58 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def Reserve(self, request, context):
         """Create the transaction in RESERVED from the manifest."""
         spec = spec_from_manifest(request.manifest)
+        await self._check_abi(request.manifest.cache_abi_digest, spec)
         result = await self._run(self._store.reserve, spec)
         return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
                             result.request_generation)
 
-    async def _transition(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                          worker_epoch: int, op: Callable[[], TxnResult], *,
-                          destination_only: bool = False) -> directory_pb2.TxnResponse:
-        """Validate, fence against the stored identity, then run ``op`` on the store."""
+    async def _check_abi(self, abi: str, spec) -> None:
+        """The manifest's cache ABI must be the one each live end registered (the epochs
+        are fixed per registration, so a later re-registration fails the reserve anyway)."""
+        require(abi, "manifest.cache_abi_digest")
+        live = {w.worker_id: w for w in (await self._run(self._store.snapshot)).workers}
+        for end in (spec.source, spec.dest):
+            w = live.get(end.worker_id)
+            if w is not None and w.epoch == end.epoch and w.cache_abi_digest != abi:
+                raise BadRequest(f"manifest cache ABI {abi[:16]} is not the one worker {end.worker_id} "
+                                 f"registered ({w.cache_abi_digest[:16]})")
+
+    async def _transition(self, context, request_id: str, transfer_id: str, generation: int, worker_id: str,
+                          worker_epoch: int, op: Callable[[], TxnResult], *, ends: tuple[str, ...],
+                          router: bool = False, destination_only: bool = False) -> directory_pb2.TxnResponse:
+        """Validate, check the caller may move this transaction (one of `ends` of it, by
+        certificate, or the router when `router`), fence against the stored identity,
+        then run ``op`` on the store."""
         require(request_id, "request_id")
         require(transfer_id, "transfer_id")
         require(generation, "generation")
         require(worker_id, "worker_id")
+        who = caller(context) if self._secure else None
+        if self._secure and not (router and who is not None and who.role == "router"):
+            self._as_worker(context, worker_id)
         txn = await self._run(self._store.lookup, transfer_id)
         if txn is None:
             return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
+        if self._secure and who is not None and who.role != "router":
+            allowed = {"source": txn.spec.source.worker_id, "destination": txn.spec.dest.worker_id}
+            if who.name not in (allowed[e] for e in ends):
+                raise Denied(f"{who} is not the {' or '.join(ends)} of transfer {transfer_id}")
         rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
         if rejected is not None:
             return txn_response(rejected, txn, request_id, transfer_id)
         result = await self._run(op)
         return txn_response(result.outcome, result.txn, request_id, transfer_id)
 
-    def _simple(self, r, op: Callable[[], TxnResult], **kw: Any):
-        return self._transition(r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch, op, **kw)
+    def _simple(self, context, r, op: Callable[[], TxnResult], **kw: Any):
+        return self._transition(context, r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch,
+                                op, **kw)
 
     @_rpc
     async def Begin(self, request, context):
         """RESERVED -> TRANSFERRING, and the source's K/V digest once it has one."""
         return await self._simple(
-            request, functools.partial(self._store.begin, request.transfer_id, request.kv_digest))
+            context, request, functools.partial(self._store.begin, request.transfer_id, request.kv_digest),
+            ends=("source",))
 
     @_rpc
     async def Validated(self, request, context):
@@ -215,8 +281,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
         require(request.kv_digest, "kv_digest")
         chunks = chunk_list_digest(chunk_layouts(request.chunks))
-        return await self._simple(request, functools.partial(
-            self._store.validated, request.transfer_id, request.kv_digest, chunks), destination_only=True)
+        return await self._simple(context, request, functools.partial(
+            self._store.validated, request.transfer_id, request.kv_digest, chunks),
+            ends=("destination",), destination_only=True)
 
     @_rpc
     async def Publish(self, request, context):
@@ -224,20 +291,22 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         r = request
         require(r.kv_digest, "kv_digest")
         return await self._transition(
-            r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
+            context, r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
             functools.partial(self._store.publish, r.transfer_id, r.generation, r.kv_digest),
-            destination_only=True)
+            ends=("destination",), destination_only=True)
 
     @_rpc
     async def Abort(self, request, context):
         """Any unpublished state -> ABORTED (idempotent)."""
         return await self._simple(
-            request, functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"))
+            context, request, functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"),
+            ends=("source", "destination"), router=True)
 
     @_rpc
     async def Release(self, request, context):
         """PUBLISHED -> RELEASED."""
-        return await self._simple(request, functools.partial(self._store.release, request.transfer_id))
+        return await self._simple(context, request, functools.partial(self._store.release, request.transfer_id),
+                                  ends=("source", "destination"))
 
     @_rpc
     async def Lookup(self, request, context):
@@ -278,6 +347,12 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """True the first time a nonce is seen (kept until the capability expires, plus skew margin)."""
         require(request.nonce, "nonce")
         require(request.expires_unix_ms, "expires_unix_ms")
+        if self._secure:
+            require(request.transfer_id, "transfer_id")
+            txn = await self._run(self._store.lookup, request.transfer_id)
+            who = caller(context)
+            if txn is None or who is None or txn.spec.dest.worker_id != who.name:
+                raise Denied(f"{who} is not the destination of transfer {request.transfer_id}")
         ahead_s = request.expires_unix_ms / 1000 - time.time()
         if ahead_s > MAX_CAPABILITY_LIFETIME_S:
             raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
@@ -289,12 +364,13 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED)
 
 
-async def serve(store: DirectoryStore, config: DirectoryConfig) -> None:
+async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:
     """Serve pd.v1.Directory (plus health and reflection) on ``config.listen_addr``
     until SIGTERM/SIGINT, then drain and close the store."""
-    servicer = DirectoryServicer(store, config)
+    servicer = DirectoryServicer(store, config, security)
     server, port, health = await start_server(
-        config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)])
+        config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
+        security, ACCESS)
     servicer.start()
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
     log.info("directory serving on %s:%d (redis %s, lease %.3gs)",

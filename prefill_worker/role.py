@@ -18,7 +18,7 @@ class PrefillRole(Role):
         self.sender = None
 
     async def start(self, node: WorkerNode) -> Registration:
-        self.sender = build_sender(node.cfg)
+        self.sender = build_sender(node.cfg, node.security)
         await self.sender.start()
         worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn)
         return prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(worker), "pd.v1.Prefill"

@@ -16,6 +16,7 @@ from router.requests.text import load_tokenizer
 from router.server import serve
 from services.common.grpc_server import setup_logging
 from services.common.settings import SettingsError
+from services.security.tls import Security
 
 
 def parse_args(argv: list[str] | None = None) -> RouterConfig:
@@ -39,9 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     config = parse_args(sys.argv[1:] if argv is None else argv)
     setup_logging("router", config.log_level)
+    try:
+        security = Security.from_env("router")
+    except SettingsError as exc:
+        print(f"router: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     tokenizer = load_tokenizer(config.model)
     try:
-        asyncio.run(serve(config, tokenizer))
+        asyncio.run(serve(config, security, tokenizer))
     except KeyboardInterrupt:
         pass
 

@@ -17,6 +17,7 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from router.grpc_gateway import grpc_code
+from router.identity import caller_name, caller_tenant
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
@@ -41,8 +42,9 @@ def record_to_pb(r: DecisionRecord) -> admin_pb2.DecisionRecord:
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     """pd.v1.Admin over the router's Orchestrator."""
 
-    def __init__(self, orchestrator: Orchestrator):
+    def __init__(self, orchestrator: Orchestrator, secure: bool = False):
         self._orch = orchestrator
+        self._secure = secure
 
     async def _open_transactions(self, context) -> list:
         try:
@@ -88,19 +90,20 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             steps.append(f"CANARY_FRACTION_{request.canary_fraction:g}")
         self._orch.default_mode = mode
         steps.insert(0, f"DEFAULT_MODE_{mode.upper()}")
-        log.info("release mode %s -> %s (router mode %s; reason: %s)", admin_pb2.ReleaseMode.Name(previous),
-                 admin_pb2.ReleaseMode.Name(request.mode), mode, request.reason or "none given")
+        log.info("release mode %s -> %s (router mode %s; by %s; reason: %s)", admin_pb2.ReleaseMode.Name(previous),
+                 admin_pb2.ReleaseMode.Name(request.mode), mode, caller_name(context), request.reason or "none given")
         return admin_pb2.SetModeResponse(previous_mode=previous, mode=request.mode,
                                          route_epoch=self._orch.view.route_epoch, steps=steps)
 
     async def Decisions(self, request, context):
-        records = self._orch.planner.log.recent(request.limit or DEFAULT_LIST_LIMIT, request.request_id)
+        records = self._orch.planner.log.recent(request.limit or DEFAULT_LIST_LIMIT, request.request_id,
+                                                caller_tenant(context, self._secure))
         return admin_pb2.DecisionsResponse(records=[record_to_pb(r) for r in records])
 
     async def ListTransactions(self, request, context):
         txns = await self._open_transactions(context)
-        states = set(request.states)
-        txns = [t for t in txns
-                if (not states or t.state in states) and (not request.tenant or t.tenant == request.tenant)]
+        states, own = set(request.states), caller_tenant(context, self._secure)
+        txns = [t for t in txns if (not states or t.state in states)
+                and (not request.tenant or t.tenant == request.tenant) and own in (None, t.tenant)]
         txns.sort(key=lambda t: t.updated_unix_ms, reverse=True)
         return admin_pb2.ListTransactionsResponse(transactions=txns[:request.limit or DEFAULT_LIST_LIMIT])

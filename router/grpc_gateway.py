@@ -37,6 +37,7 @@ from router.types import (
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.directory.client import DirectoryClient
 from services.directory.records import DirectoryUnavailable
+from services.security.tls import Security
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,9 @@ def call_error(exc: grpc.aio.AioRpcError, what: str) -> WorkerCallError:
 
 
 class _Channels:
-    """Lazily opened insecure channels, one per worker incarnation (address, epoch).
+    """Lazily opened channels, one per worker incarnation (address, epoch) and service
+    (a mixed worker answers pd.v1.Decode and pd.v1.Prefill; each channel checks that the
+    server's certificate names the service it calls).
 
     A worker restarted at the same address registers a new epoch and gets a fresh
     channel: the old one may sit in reconnect backoff after the crash and would fail
@@ -79,18 +82,19 @@ class _Channels:
     process re-registering after a lease blip still streams on it); it is closed
     `RETIRE_AFTER_S` later."""
 
-    def __init__(self) -> None:
-        self._channels: dict[str, tuple[int, grpc.aio.Channel]] = {}
+    def __init__(self, security: Security) -> None:
+        self._security = security
+        self._channels: dict[tuple[str, str], tuple[int, grpc.aio.Channel]] = {}
         self._retired: set[grpc.aio.Channel] = set()
 
-    def get(self, address: str, epoch: int = 0) -> grpc.aio.Channel:
-        entry = self._channels.get(address)
+    def get(self, address: str, service: str, epoch: int = 0) -> grpc.aio.Channel:
+        entry = self._channels.get((address, service))
         if entry is not None and entry[0] >= epoch:
             return entry[1]  # this incarnation's, or a call for an older one: whoever is there now
         if entry is not None:
             self._retire(entry[1])
-        ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._channels[address] = (epoch, ch)
+        ch = self._security.aio_channel(address, service, options=CHANNEL_OPTIONS)
+        self._channels[(address, service)] = (epoch, ch)
         return ch
 
     def _retire(self, ch: grpc.aio.Channel) -> None:
@@ -109,14 +113,14 @@ class _Channels:
 class GrpcWorkerGateway(WorkerGateway):
     """WorkerGateway over pd.v1.Decode and pd.v1.Prefill."""
 
-    def __init__(self) -> None:
-        self._channels = _Channels()
+    def __init__(self, security: Security) -> None:
+        self._channels = _Channels(security)
 
     def _decode(self, w: Worker) -> decode_pb2_grpc.DecodeStub:
-        return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address, w.epoch))
+        return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address, "decode", w.epoch))
 
     def _prefill(self, w: Worker) -> prefill_pb2_grpc.PrefillStub:
-        return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address, w.epoch))
+        return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address, "prefill", w.epoch))
 
     async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
         try:
@@ -179,8 +183,8 @@ class GrpcDirectoryGateway(DirectoryGateway):
     directory fences only a transaction's own ends by epoch, not the router).
     """
 
-    def __init__(self, address: str, caller_id: str = "router", timeout_s: float = 5.0):
-        self._client = DirectoryClient(address, timeout_s=timeout_s)
+    def __init__(self, address: str, security: Security, caller_id: str = "router", timeout_s: float = 5.0):
+        self._client = DirectoryClient(address, timeout_s=timeout_s, security=security)
         self._caller_id = caller_id
 
     async def _call(self, what: str, coro: Any, timeout_s: float) -> Any:

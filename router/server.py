@@ -16,26 +16,44 @@ from router.admin import AdminServicer
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
+from router.identity import caller_tenant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
+from services.security.tls import Security, access_table
 
 log = logging.getLogger(__name__)
 
 ROUTER_SERVICE = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 
+_USERS = frozenset({"client", "operator"})
+ACCESS = {
+    **access_table(ROUTER_SERVICE, {"Generate": _USERS, "Cancel": _USERS}),
+    # Reads are open to clients (each sees its own tenant's requests); changes need an operator.
+    **access_table(ADMIN_SERVICE, {"Status": _USERS, "Decisions": _USERS, "ListTransactions": _USERS,
+                                   "SetMode": {"operator"}}),
+}
+"""Who may call what (services/security/tls.py `Access`)."""
+
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
     """pd.v1.Router over an Orchestrator. Errors end the RPC with their status
     (context.abort), never as an in-band error event."""
 
-    def __init__(self, orchestrator: Orchestrator):
+    def __init__(self, orchestrator: Orchestrator, secure: bool = False):
         self._orch = orchestrator
+        self._secure = secure
 
     async def Generate(self, request, context):
+        tenant = caller_tenant(context, self._secure)
+        if tenant is not None and request.tenant and request.tenant != tenant:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"tenant {request.tenant!r} is not the caller's ({tenant!r}, from its certificate)")
         try:
             params = convert.generate_params_from_pb(request)
+            if tenant is not None:
+                params = dataclasses.replace(params, tenant=tenant)
             left_s = context.time_remaining()
             if left_s is not None and (not params.deadline_ms or left_s * 1000 < params.deadline_ms):
                 # The client's own gRPC deadline is the tighter budget: size worker calls by it.
@@ -55,33 +73,33 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Cancel(self, request, context):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
-        if not await self._orch.cancel(request.request_id, request.reason):
+        if not await self._orch.cancel(request.request_id, request.reason, caller_tenant(context, self._secure)):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no in-flight request {request.request_id!r}")
         return common_pb2.CancelResponse(request_id=request.request_id, found=True)
 
 
-def build(config: RouterConfig, tokenizer: Any | None = None, workers: WorkerGateway | None = None,
-          directory: DirectoryGateway | None = None) -> Orchestrator:
+def build(config: RouterConfig, security: Security, tokenizer: Any | None = None,
+          workers: WorkerGateway | None = None, directory: DirectoryGateway | None = None) -> Orchestrator:
     """The orchestrator over gRPC gateways (or the given ones)."""
-    return Orchestrator(workers or GrpcWorkerGateway(),
-                        directory or GrpcDirectoryGateway(config.directory_addr, config.router_id,
+    return Orchestrator(workers or GrpcWorkerGateway(security),
+                        directory or GrpcDirectoryGateway(config.directory_addr, security, config.router_id,
                                                           config.directory_timeout_s),
                         config, tokenizer)
 
 
-async def start(config: RouterConfig, orchestrator: Orchestrator):
+async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security):
     """Start Router + Admin on config.listen_addr; returns (server, port, health servicer)."""
     return await start_server(config.listen_addr, [
-        (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator), ROUTER_SERVICE),
-        (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(orchestrator), ADMIN_SERVICE),
-    ])
+        (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator, security.secure), ROUTER_SERVICE),
+        (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(orchestrator, security.secure), ADMIN_SERVICE),
+    ], security, ACCESS)
 
 
-async def serve(config: RouterConfig, tokenizer: Any | None = None) -> None:
+async def serve(config: RouterConfig, security: Security, tokenizer: Any | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then cancel in-flight requests (their workers
     get Cancel) and stop."""
-    orchestrator = build(config, tokenizer)
-    server, port, health = await start(config, orchestrator)
+    orchestrator = build(config, security, tokenizer)
+    server, port, health = await start(config, orchestrator, security)
     compiled = native.status()
     log.info("router on port %d (directory %s, default mode %s, tokenizer %s, per-request modules compiled %d/%d%s)",
              port, config.directory_addr, config.default_mode, "yes" if tokenizer is not None else "no",

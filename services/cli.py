@@ -3,6 +3,7 @@
   pdserve up [--prefill N] [--decode M] [--mixed K] [--model PRESET|DIR] [--mode ...]
   pdserve down
   pdserve demo              up (unless running) + a few requests, printed with TTFT/TPOT
+  pdserve client-cert T     a client certificate for tenant T from the local cluster's CA
   pdserve export-checkpoint --preset NAME --out DIR [--seed S] [--shard-mb MB]
 """
 
@@ -22,7 +23,7 @@ def _spec(args):
 
     return ClusterSpec(prefill=args.prefill, decode=args.decode, mixed=args.mixed, model=args.model, mode=args.mode,
                        transport=args.transport, num_blocks=args.num_blocks,
-                       state_dir=args.state_dir)
+                       state_dir=args.state_dir, insecure=args.insecure)
 
 
 def cmd_up(args) -> int:
@@ -59,13 +60,16 @@ def cmd_down(args) -> int:
 
 def cmd_demo(args) -> int:
     from pdserve_client import Client
+    from pdserve_client.tls import TlsFiles
 
     if cmd_up(args) != 0:
         return 1
     from services.cluster.launcher import LocalCluster
 
-    address = LocalCluster.load(args.state_dir).router_address
-    client = Client(address)
+    cluster = LocalCluster.load(args.state_dir)
+    address = cluster.router_address
+    tls_files = None if cluster.spec.insecure else TlsFiles.in_dir(cluster.tls_dir, "client")
+    client = Client(address, tls_files=tls_files)
     rng = random.Random(0)
     shared = [rng.randrange(3, 500) for _ in range(48)]
     prompts = [
@@ -84,6 +88,16 @@ def cmd_demo(args) -> int:
             print(f"{'':16}asked for {mode}, served {res.route}: {res.failed_attempts or 'no such route'}")
     print(f"\nrouter at {address}; try `pdctl status` or `pdctl generate --prompt-ids 1,2,3 "
           f"--max-tokens 8`; stop with `pdserve down` (or `make down`).")
+    return 0
+
+
+def cmd_client_cert(args) -> int:
+    from services.cluster.launcher import LocalCluster
+
+    cluster = LocalCluster.load(args.state_dir)
+    cluster.issue_client(args.tenant)
+    stem = cluster.tls_dir / f"client-{args.tenant}"
+    print(f"PD_TLS_CERT={stem}.crt PD_TLS_KEY={stem}.key PD_TLS_CA={cluster.tls_dir / 'ca.crt'}")
     return 0
 
 
@@ -112,9 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"))
         p.add_argument("--num-blocks", type=int, default=ClusterSpec.num_blocks)
         p.add_argument("--state-dir", default=DEFAULT_STATE)
+        p.add_argument("--insecure", action="store_true",
+                       help="no TLS, no certificates, no Redis password (debugging; every service warns)")
         if name == "demo":
             p.add_argument("--max-tokens", type=int, default=12)
     p = sub.add_parser("down")
+    p.add_argument("--state-dir", default=DEFAULT_STATE)
+    p = sub.add_parser("client-cert", help="issue a client certificate for a tenant from the local CA")
+    p.add_argument("tenant")
     p.add_argument("--state-dir", default=DEFAULT_STATE)
     p = sub.add_parser("export-checkpoint")
     p.add_argument("--preset", required=True)
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-mb", type=float, default=0)
     args = ap.parse_args(argv)
-    handler = {"up": cmd_up, "down": cmd_down, "demo": cmd_demo,
+    handler = {"up": cmd_up, "down": cmd_down, "demo": cmd_demo, "client-cert": cmd_client_cert,
                "export-checkpoint": cmd_export}[args.cmd]
     try:
         return handler(args)

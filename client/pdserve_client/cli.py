@@ -8,7 +8,9 @@
     pdctl set-mode rolled_back --reason "drill"
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
-local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080.
+local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
+presented is the local launcher's `.pdserve/tls/client.crt` (`operator.crt` for
+set-mode; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
 Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
 message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
 """
@@ -24,6 +26,7 @@ from typing import TextIO
 from pdserve_client import wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
+from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -56,12 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     # value given before the command from being reset by the sub-parser's default.
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("--router", default=argparse.SUPPRESS, help="router host:port")
+    shared.add_argument("--identity", default=argparse.SUPPRESS,
+                        help="certificate to present from .pdserve/tls: client (default) or operator "
+                             "(set-mode's default); $PD_TLS_CERT/KEY/CA override both")
     shared.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="unary call timeout, s")
 
     parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
     parser.add_argument("--router", default=None,
                         help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50080)")
     parser.add_argument("--timeout", type=float, default=30.0, help="unary call timeout, s (default 30)")
+    parser.add_argument("--identity", default=None, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     gen = commands.add_parser("generate", parents=[shared], help="generate tokens, streaming them as they arrive")
@@ -77,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="sampler seed")
     gen.add_argument("--stop-token-ids", type=_token_id_list, default=[], help="extra stop ids, e.g. 2,13")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
-    gen.add_argument("--tenant", default="default", help="tenant (default 'default')")
+    gen.add_argument("--tenant", default="", help="tenant (default: the one the client certificate names)")
     gen.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT target for admission/routing")
     gen.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT target for admission/routing")
     gen.add_argument("--request-id", default=None, help="request id (default: a fresh uuid)")
@@ -109,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_mode.add_argument("--canary-fraction", type=float, default=0.0, help="canary share in [0, 1]")
     set_mode.add_argument("--reason", default="", help="why, for the audit log")
     set_mode.add_argument("--json", action="store_true", help="print JSON")
-    set_mode.set_defaults(run=cmd_set_mode)
+    set_mode.set_defaults(run=cmd_set_mode, default_identity="operator")
     return parser
 
 
@@ -218,8 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     out = sys.stdout
     try:
-        with Client(args.router, timeout_s=args.timeout) as client:
+        identity = args.identity or getattr(args, "default_identity", "client")
+        with Client(args.router, timeout_s=args.timeout, identity=identity) as client:
             return args.run(client, args, out)
+    except TlsConfigError as e:
+        print(f"pdctl: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
     except PdError as e:
         out.flush()
         print(f"pdctl: error: {e.code}: {e.message}", file=sys.stderr)

@@ -56,3 +56,24 @@ RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED"})
 MAX_MESSAGE_BYTES = 8 << 20
 """Largest gRPC message any pdserve channel or server sends or accepts (8 MiB: a
 prompt of ~1M token ids; the default 4 MiB of gRPC allows ~500k)."""
+
+# ---- mutual TLS (client/pdserve_client/tls.py, services/security) -------------------
+ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client")
+"""What a certificate may name as its holder's role. Its subject common name is
+``<role>/<name>``: a worker's name is its worker id, a client's is its tenant."""
+SERVER_ROLES = {"router": ("router",), "directory": ("directory",), "prefill": ("prefill",),
+                "decode": ("decode",), "mixed": ("decode", "prefill")}
+"""Role of a server certificate -> the services it may answer as (a mixed worker answers
+pd.v1.Decode and pd.v1.Prefill); each becomes a DNS name `server_name(service)`."""
+TLS_DIR = f"{LOCAL_STATE_DIR}/tls"
+"""Where `pdserve up` writes its throwaway CA (ca.crt) and one <name>.crt/.key per process."""
+TLS_CA_FILE = "ca.crt"
+TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "PD_TLS_CERT", "PD_TLS_KEY", "PD_TLS_CA"
+"""PEM files of this process's certificate, its private key and the CA it trusts."""
+INSECURE_ENV = "PD_INSECURE"
+"""1: plaintext, no identities, no authorization (debugging only; logged on every start)."""
+
+
+def server_name(service: str) -> str:
+    """The DNS name a server certificate carries for `service`; a client expects it."""
+    return f"{service}.pdserve.internal"

@@ -62,8 +62,9 @@ class GenerateOptions:
     mode: str | None = None
     """Serving mode, one of contract.MODES ('disaggregated', 'colocated', 'auto', 'shadow',
     'canary'), any case; None: the router's default."""
-    tenant: str = "default"
-    """Tenant the request is admitted and accounted under ('': the router's default tenant)."""
+    tenant: str = ""
+    """Tenant the request is admitted and accounted under ('': the one the client's
+    certificate names; the router refuses another unless the caller is an operator)."""
     slo_ttft_ms: float | None = None
     """Time-to-first-token target for admission and routing, ms, >= 0; None or 0: no target."""
     slo_tpot_ms: float | None = None

@@ -138,10 +138,11 @@ class Orchestrator:
         finally:
             run.cancel("client went away")
 
-    async def cancel(self, request_id: str, reason: str = "cancelled by client") -> bool:
-        """Cancel an in-flight request and wait (briefly) for its teardown; False if unknown."""
+    async def cancel(self, request_id: str, reason: str = "cancelled by client", tenant: str | None = None) -> bool:
+        """Cancel an in-flight request (of `tenant` only, when given) and wait (briefly)
+        for its teardown; False if unknown."""
         run = self._runs.get(request_id)
-        if run is None:
+        if run is None or tenant not in (None, run.req.tenant):
             return False
         run.cancel(reason or "cancelled by client")
         if run.task is not None:  # else still in admission: it ends there, CANCELLED

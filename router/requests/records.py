@@ -85,14 +85,15 @@ class DecisionLog:
             if why:
                 r.reason += f"; ended: {why}"
 
-    def recent(self, limit: int = 100, request_id: str = "") -> list[DecisionRecord]:
-        """Newest first; only `request_id` when given."""
+    def recent(self, limit: int = 100, request_id: str = "", tenant: str | None = None) -> list[DecisionRecord]:
+        """Newest first; only `request_id` when given; only `tenant`'s when given."""
         if request_id:
             r = self._records.get(request_id)
-            return [r] if r is not None else []
+            return [r] if r is not None and tenant in (None, r.tenant) else []
         out = []
         for r in reversed(self._records.values()):
             if len(out) >= limit:
                 break
-            out.append(r)
+            if tenant in (None, r.tenant):
+                out.append(r)
         return out

@@ -7,12 +7,19 @@ answer its health check), records pids and addresses in `state_dir`, and
 returns the router address. Processes run in their own sessions, so
 `pdserve up` can exit and leave the cluster running; `pdserve down` (or
 `LocalCluster.down()`) stops them by pid, newest first.
+
+Security is on unless the spec says `insecure`: `up` makes a throwaway CA under
+`state_dir/tls` and one certificate per process (services/security/pki.py), plus
+`operator` and `client` certificates for pdctl and the SDK; each service gets its
+files through PD_TLS_CERT/KEY/CA. Redis gets a random password (in a 0600 config
+file, never on a command line); the directory reads its URL from the environment.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,7 +31,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve_client import contract
+from pdserve_client.tls import TlsFiles
 from services.common.liveness import process_running
+from services.security.pki import Identity, LocalCA
+from services.security.tls import Security
 
 from .redis_proc import find_redis_server, free_port, pings
 
@@ -33,11 +43,13 @@ ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    """Block until `address` answers gRPC health SERVING (or raise with the reason)."""
+def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None,
+                 security: Security | None = None, service: str = "router") -> None:
+    """Block until `address` answers gRPC health SERVING (or raise with the reason);
+    `security` is the identity asking (an operator's), `service` what answers there."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    with grpc.insecure_channel(address) as ch:
+    with (security or Security.insecure()).channel(address, service) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -76,6 +88,10 @@ class ClusterSpec:
     worker_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra environment for one worker, by name, over `env`: e.g.
     {"decode-1": {"PD_ATTN_TILE_TOKENS": "64"}} for a worker with other numerics."""
+    insecure: bool = False
+    """PD_INSECURE=1 everywhere: plaintext, no certificates, no Redis password (debugging)."""
+    tenant: str = "default"
+    """Tenant named by the `client` certificate (the SDK's and pdctl's by default)."""
 
 
 @dataclass
@@ -101,16 +117,57 @@ class LocalCluster:
         self.router_address = ""
         self.directory_address = ""
         self.redis_url = ""
+        self.tls_dir = self.state / "tls"
+        self.roles: dict[str, str] = {}
+        """Certificate role of each service, by name (what `restart` re-issues nothing for)."""
 
     # ---- start -----------------------------------------------------------
     def _env(self, name: str) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items()
+               if k not in (contract.TLS_CERT_ENV, contract.TLS_KEY_ENV, contract.TLS_CA_ENV, contract.INSECURE_ENV)}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["PD_LEASE_TTL_S"] = str(self.spec.lease_ttl_s)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.spec.insecure:
+            env[contract.INSECURE_ENV] = "1"
+        elif name in self.roles:
+            d = self.tls_dir
+            env.update({contract.TLS_CERT_ENV: str(d / f"{name}.crt"), contract.TLS_KEY_ENV: str(d / f"{name}.key"),
+                        contract.TLS_CA_ENV: str(d / contract.TLS_CA_FILE)})
+        if name == "directory" and self.redis_url:
+            env["PD_REDIS_URL"] = self.redis_url
         env.update(self.spec.env)
         env.update(self.spec.worker_env.get(name, {}))
         return env
+
+    # ---- identities --------------------------------------------------------
+    def _issue(self, name: str, role: str) -> None:
+        """A certificate for service `name` in role `role` (none when insecure)."""
+        self.roles[name] = role
+        if not self.spec.insecure:
+            LocalCA(self.tls_dir).issue(Identity(role, name))
+
+    def identity(self, name: str) -> Security:
+        """The security of one certificate in the state dir ("operator", "client", a
+        service's name), for tests and tools that call services directly."""
+        if self.spec.insecure:
+            return Security.insecure()
+        return Security.of(TlsFiles.in_dir(self.tls_dir, name))
+
+    def issue_client(self, tenant: str, file_name: str | None = None) -> TlsFiles:
+        """A client certificate for `tenant` from this cluster's CA."""
+        LocalCA(self.tls_dir).issue(Identity("client", tenant), file_name or f"client-{tenant}")
+        return TlsFiles.in_dir(self.tls_dir, file_name or f"client-{tenant}")
+
+    def _make_identities(self) -> None:
+        if self.spec.insecure:
+            return
+        if self.tls_dir.exists():  # a fresh CA per cluster: nothing issued for an old one stays valid
+            for f in self.tls_dir.iterdir():
+                f.unlink()
+        ca = LocalCA(self.tls_dir)
+        ca.issue(Identity("operator", "operator"))
+        ca.issue(Identity("client", self.spec.tenant), "client")
 
     def _spawn(self, name: str, argv: list[str], address: str) -> subprocess.Popen:
         log_path = self.state / "logs" / f"{name}.log"
@@ -125,22 +182,32 @@ class LocalCluster:
     def _service(self, name: str, module: str, args: list[str], timeout_s: float) -> str:
         address = f"127.0.0.1:{free_port()}"
         proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *args], address)
-        wait_healthy(address, timeout_s, proc)
+        self._wait(name, address, timeout_s, proc)
         return address
+
+    def _wait(self, name: str, address: str, timeout_s: float, proc: subprocess.Popen) -> None:
+        service = contract.SERVER_ROLES[self.roles[name]][0]
+        wait_healthy(address, timeout_s, proc, self.identity("operator"), service)
 
     def start_redis(self, timeout_s: float = 10.0) -> None:
         """Start the private redis-server."""
         port = free_port()
+        password = "" if self.spec.insecure else secrets.token_hex(24)
+        conf = self.state / "redis.conf"  # the password stays off every command line
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {password}\n" if password else "")
         # AOF on (fsync every second): the directory's state — fences, transactions —
         # survives a Redis restart; the fences survive even losing the files (next_fence).
-        self._spawn("redis", [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+        self._spawn("redis", [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
                               "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
                               "--dir", str(self.state)],
                     f"127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if pings("127.0.0.1", port):
-                self.redis_url = f"redis://127.0.0.1:{port}/0"
+            if pings("127.0.0.1", port, password):
+                self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0" if password else \
+                    f"redis://127.0.0.1:{port}/0"
                 return
             time.sleep(0.05)
         raise TimeoutError("redis-server did not answer PING")
@@ -149,6 +216,7 @@ class LocalCluster:
         """Start prefill, decode or mixed worker number `index`; returns its address."""
         s = self.spec
         name = f"{role}-{index}"
+        self._issue(name, role)
         module = "decode_worker" if role == "mixed" else f"{role}_worker"
         extra = ["--serve-prefill"] if role == "mixed" else []
         return self._service(name, module, [*extra,
@@ -162,15 +230,17 @@ class LocalCluster:
         """Start everything; returns the router address."""
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         try:
+            self._make_identities()
             self.start_redis()
-            self.directory_address = self._service(
-                "directory", "kv_directory", ["--redis-url", self.redis_url], timeout_s)
+            self._issue("directory", "directory")
+            self.directory_address = self._service("directory", "kv_directory", [], timeout_s)
             for i in range(self.spec.decode):
                 self.start_worker("decode", i, timeout_s)
             for i in range(self.spec.mixed):
                 self.start_worker("mixed", i, timeout_s)
             for i in range(self.spec.prefill):
                 self.start_worker("prefill", i, timeout_s)
+            self._issue("router", "router")
             self.router_address = self._service("router", "router", [
                 "--directory", self.directory_address, "--mode", self.spec.mode,
                 "--model", self.spec.model], timeout_s)
@@ -182,9 +252,11 @@ class LocalCluster:
 
     def _save(self) -> None:
         data = {"spec": asdict(self.spec), "router": self.router_address,
-                "directory": self.directory_address, "redis": self.redis_url,
+                "directory": self.directory_address, "redis": self.redis_url, "roles": self.roles,
                 "procs": {k: asdict(v) for k, v in self.procs.items()}}
-        (self.state / "cluster.json").write_text(json.dumps(data, indent=2))
+        fd = os.open(self.state / "cluster.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the Redis URL
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2))
         (self.state / ROUTER_ADDRESS_NAME).write_text(self.router_address)
 
     # ---- inspect / stop ----------------------------------------------------
@@ -196,6 +268,7 @@ class LocalCluster:
         cluster.router_address = data["router"]
         cluster.directory_address = data["directory"]
         cluster.redis_url = data["redis"]
+        cluster.roles = data.get("roles", {})
         cluster.procs = {k: Proc(**v) for k, v in data["procs"].items()}
         return cluster
 
@@ -229,7 +302,7 @@ class LocalCluster:
             raise RuntimeError(f"{name} (pid {p.pid}) is still running")
         proc = self._spawn(name, p.argv, p.address)
         if name != "redis":
-            wait_healthy(p.address, timeout_s, proc)
+            self._wait(name, p.address, timeout_s, proc)
         self._save()
 
     def down(self, timeout_s: float = 10.0) -> None:

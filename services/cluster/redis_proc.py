@@ -44,11 +44,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def pings(host: str, port: int) -> bool:
-    """True when a Redis server answers PING at host:port."""
+def pings(host: str, port: int, password: str = "") -> bool:
+    """True when a Redis server answers PING at host:port (after AUTH with `password`)."""
     # Raw RESP so this module needs no client library.
     try:
         with socket.create_connection((host, port), timeout=0.2) as s:
+            if password:
+                pw = password.encode()
+                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                if not s.recv(64).startswith(b"+OK"):
+                    return False
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
     except OSError:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pdserve_client import contract
+from services.security.tls import Access, Security
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,17 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
             unary, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
-async def start_server(listen: str, registrations: Iterable[Registration]
+async def start_server(listen: str, registrations: Iterable[Registration], security: Security,
+                       access: Mapping[str, frozenset[str]]
                        ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health)."""
-    server = grpc.aio.server(interceptors=[MalformedRequests()], options=[
+    """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health).
+
+    With `security` secure, the port speaks mutual TLS and `access` ({/service/method:
+    roles}, services/security/tls.py) decides who may call what; insecure, anyone may."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequests()]
+    if security.secure:
+        interceptors.insert(0, Access(access))
+    server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
@@ -108,7 +116,8 @@ async def start_server(listen: str, registrations: Iterable[Registration]
         add(servicer, server)
         names.append(full_name)
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(listen)
+    creds = security.server_credentials()
+    port = server.add_insecure_port(listen) if creds is None else server.add_secure_port(listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     await server.start()

@@ -46,6 +46,7 @@ from services.directory.wire import (
     profile_to_pb,
     worker_record_from_pb,
 )
+from services.security.tls import Security
 
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -143,10 +144,12 @@ class DirectoryClient:
     when done. ``timeout_s`` is the deadline of every call.
     """
 
-    def __init__(self, address: str, timeout_s: float = 5.0):
+    def __init__(self, address: str, timeout_s: float = 5.0, security: Security | None = None):
+        """security: this process's TLS identity (default: from PD_TLS_* / PD_INSECURE)."""
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        security = security or Security.from_env("directory client")
+        self._channel = security.aio_channel(address, "directory", options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             *RECONNECT_OPTIONS,  # a restarted directory is reached again within a second

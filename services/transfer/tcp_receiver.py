@@ -27,7 +27,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Callable
+
+from services.security.tls import peer_of_ssl
 
 from .base import ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, max_body_bytes
 from .common import decide
@@ -53,6 +56,8 @@ from .tcp_wire import (
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
 
+SENDER_ROLES = frozenset({"prefill", "mixed"})
+"""Certificate roles allowed to send K/V (with TLS on)."""
 CONTROL_BUFFER_BYTES = 64 << 10
 """Receiver-side buffer for headers and control bodies; payloads bypass it."""
 MAX_REPLY_BACKLOG_BYTES = 1 << 20
@@ -130,6 +135,14 @@ class _Inbox(asyncio.BufferedProtocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = str(transport.get_extra_info("peername"))
+        if self._receiver.ssl_context is not None:
+            who = peer_of_ssl(transport.get_extra_info("ssl_object"))
+            if who is None or who.role not in SENDER_ROLES:
+                log.warning("tcp receiver: %s presented %s, not a prefill worker's certificate; closed",
+                            self.peer, who)
+                transport.abort()
+                return
+            self.peer = f"{who} at {self.peer}"
         self._receiver._inboxes.add(self)
         self.task = self._loop.create_task(self._receiver._serve(self))
 
@@ -239,7 +252,7 @@ class TcpReceiver(KVReceiver):
     """Accepts transfers on host:port; `address` is tcp://host:port once started."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 30.0,
-                 advertise_host: str = ""):
+                 advertise_host: str = "", ssl_context: ssl.SSLContext | None = None):
         """idle_timeout_s: a connection with pending transfers (or mid-frame) that sends
         nothing for this long is closed and its transfers fail. advertise_host: the host
         put in `address` when it differs from the bind host (e.g. 0.0.0.0)."""
@@ -248,6 +261,8 @@ class TcpReceiver(KVReceiver):
         self.host, self.port, self.idle_timeout_s = host, port, idle_timeout_s
         super().__init__()
         self.advertise_host = advertise_host or host
+        self.ssl_context = ssl_context
+        """Mutual TLS for every connection (None: plaintext, PD_INSECURE)."""
         self._server: asyncio.AbstractServer | None = None
         self._inboxes: set[_Inbox] = set()
         self._commits: set[asyncio.Task] = set()
@@ -261,7 +276,7 @@ class TcpReceiver(KVReceiver):
 
     async def start(self) -> None:
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Inbox(self), self.host, self.port, reuse_address=True)
+            lambda: _Inbox(self), self.host, self.port, reuse_address=True, ssl=self.ssl_context)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

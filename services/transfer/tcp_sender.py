@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Sequence
+
+from pdserve_client import contract
 
 from .base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers
@@ -61,10 +64,13 @@ class _Link:
 class TcpSender(KVSender):
     """Pushes chunks to TcpReceivers: one connection per destination, reopened on demand."""
 
-    def __init__(self, connect_timeout_s: float = 5.0, io_timeout_s: float = 30.0):
+    def __init__(self, connect_timeout_s: float = 5.0, io_timeout_s: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None):
         """io_timeout_s bounds each write of up to WRITE_PIECE_BYTES and the wait for a
-        verdict; any timeout drops the connection (its other transfers fail too)."""
+        verdict; any timeout drops the connection (its other transfers fail too).
+        ssl_context: mutual TLS to receivers holding a decode certificate (None: plaintext)."""
         self.connect_timeout_s, self.io_timeout_s = connect_timeout_s, io_timeout_s
+        self.ssl_context = ssl_context
         self._links: dict[str, _Link] = {}
         self._connecting: dict[str, asyncio.Future] = {}
         self._failed: dict[tuple[str, str], str] = {}  # (dest, transfer id) -> why
@@ -140,7 +146,9 @@ class TcpSender(KVSender):
         try:
             host, port = parse_address(dest)
             async with asyncio.timeout(self.connect_timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=self.ssl_context,
+                    server_hostname=contract.server_name("decode") if self.ssl_context else None)
         except (OSError, TimeoutError, ValueError) as e:
             raise TransferError(f"cannot connect to {dest}: {e!r}") from None
         writer.transport.get_extra_info("socket").setsockopt(

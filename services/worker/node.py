@@ -23,9 +23,13 @@ import logging
 from importlib.metadata import entry_points
 from typing import ClassVar
 
+from google.protobuf import descriptor_pool
+
 from services.common.grpc_server import Registration, setup_logging, start_server, wait_for_shutdown
+from services.common.settings import SettingsError
 from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
+from services.security.tls import Security, access_table
 
 from .config import NodeConfig
 from .directory_ops import TxnOps
@@ -96,8 +100,11 @@ def directory_role(roles: list[Role]) -> WorkerRole:
 class WorkerNode:
     """What every worker process has; its roles plug in (see the module docstring)."""
 
-    def __init__(self, cfg: NodeConfig, loop: EngineLoop, directory: DirectoryClient):
+    def __init__(self, cfg: NodeConfig, loop: EngineLoop, directory: DirectoryClient,
+                 security: Security | None = None):
         self.cfg = cfg
+        self.security = security or Security.insecure()
+        """This process's TLS identity (its data-plane endpoints use it too)."""
         self.loop = loop
         self.directory = directory
         self.membership: Membership | None = None
@@ -124,12 +131,13 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     setup_logging(cfg.worker_id, cfg.log_level)
     roles = [load_role(name) for name in role_names]
     kind = directory_role(roles)
+    security = worker_security(cfg.worker_id, kind)
     loop, check = build_engine_loop(cfg)
     loop.start()
     profile = await loop.call(lambda e: obtain(e, ProfileConfig.from_env()))  # before serving: nothing else runs
-    node = WorkerNode(cfg, loop, DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s))
+    node = WorkerNode(cfg, loop, DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s, security), security)
     registrations = [await role.start(node) for role in roles]
-    server, port, health = await start_server(cfg.listen, registrations)
+    server, port, health = await start_server(cfg.listen, registrations, security, router_only(registrations))
     data_plane = next((r.data_plane_address for r in roles if r.data_plane_address), "")
 
     async def lease_lost() -> None:
@@ -157,3 +165,26 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
         loop.stop()
 
     await wait_for_shutdown(server, health, on_stop=on_stop)
+
+
+_CERT_ROLE = {WorkerRole.PREFILL: "prefill", WorkerRole.DECODE: "decode", WorkerRole.MIXED: "mixed"}
+
+
+def worker_security(worker_id: str, kind: WorkerRole) -> Security:
+    """This worker's TLS identity; its certificate must name it (role and worker id),
+    else it stops here with the reason rather than being refused by the directory."""
+    security = Security.from_env(worker_id)
+    who = security.identity
+    if security.secure and (who is None or who.name != worker_id or who.role != _CERT_ROLE[kind]):
+        raise SettingsError(f"{worker_id}: the TLS certificate names {who}, not "
+                            f"{_CERT_ROLE[kind]}/{worker_id}")
+    return security
+
+
+def router_only(registrations: list[Registration]) -> dict[str, frozenset[str]]:
+    """Every method of the worker's services: only the router calls them."""
+    table: dict[str, frozenset[str]] = {}
+    for _, _, full_name in registrations:
+        service = descriptor_pool.Default().FindServiceByName(full_name)
+        table.update(access_table(full_name, {m.name: {"router"} for m in service.methods}))
+    return table

@@ -94,13 +94,16 @@ def build_engine_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
 
 
-def build_sender(cfg: PrefillWorkerConfig):
-    """The data-plane sender of cfg.transport, with the worker's timeouts and credit window."""
+def build_sender(cfg: PrefillWorkerConfig, security=None):
+    """The data-plane sender of cfg.transport, with the worker's timeouts and credit window
+    (the tcp one speaks mutual TLS when `security` is secure)."""
     from services.transfer.factory import make_sender
     from services.transfer.faults import FaultySender, SenderFaults
     opts: dict = {"io_timeout_s": cfg.transfer_timeout_s}
     if cfg.transport == "ucx":
         opts["window_bytes"] = cfg.credit_window_bytes
+    if cfg.transport == "tcp" and security is not None:
+        opts["ssl_context"] = security.client_ssl()
     sender = make_sender(cfg.transport, **({} if cfg.transport == "inproc" else opts))
     faults = SenderFaults(cfg.fault_delay_before_send_s, cfg.fault_chunk_delay_s, cfg.fault_corrupt_chunk,
                           cfg.fault_replay_chunk)
@@ -110,10 +113,13 @@ def build_sender(cfg: PrefillWorkerConfig):
     return sender
 
 
-def build_receiver(cfg: DecodeWorkerConfig):
-    """The data-plane receiver of cfg.transport (bound to cfg.data_host for tcp)."""
+def build_receiver(cfg: DecodeWorkerConfig, security=None):
+    """The data-plane receiver of cfg.transport (bound to cfg.data_host for tcp; mutual
+    TLS there when `security` is secure)."""
     from services.transfer.factory import make_receiver
-    opts = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s}
+    opts: dict = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s}
+    if cfg.transport == "tcp" and security is not None:
+        opts["ssl_context"] = security.server_ssl()
     return make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id, **opts)
 
 
@@ -152,6 +158,9 @@ def run_process(run) -> None:
         asyncio.run(run(sys.argv[1:]))
     except KeyboardInterrupt:
         pass
+    except SettingsError as exc:  # one line, not a traceback
+        print(f"bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def metrics_file(cfg: NodeConfig, loop: EngineLoop, *transports):

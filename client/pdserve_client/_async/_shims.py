@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import grpc.aio
 
-from pdserve_client import wire
+from pdserve_client import tls, wire
 from pdserve_client.rpc.pd.v1 import admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 GenerateCall = grpc.aio.UnaryStreamCall
@@ -27,15 +27,16 @@ GenerateCall = grpc.aio.UnaryStreamCall
 class RouterChannel:
     """The channel to the router and its two stubs, opened by the first `stubs()`."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, files: tls.TlsFiles | None):
         self.address = address
+        self._files = files
         self._channel: grpc.aio.Channel | None = None
         self._stubs: tuple[router_pb2_grpc.RouterStub, admin_pb2_grpc.AdminStub] | None = None
 
     def stubs(self) -> tuple[router_pb2_grpc.RouterStub, admin_pb2_grpc.AdminStub]:
         """(Router, Admin) stubs on the channel, opening it if needed."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
+            self._channel = tls.aio_channel(self.address, self._files, "router", wire.CHANNEL_OPTIONS)
             self._stubs = (router_pb2_grpc.RouterStub(self._channel), admin_pb2_grpc.AdminStub(self._channel))
         return self._stubs
 

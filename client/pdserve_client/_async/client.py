@@ -20,12 +20,13 @@ from typing import Any
 
 import grpc
 
-from pdserve_client import wire
+from pdserve_client import tls, wire
 from pdserve_client._async import _shims
 from pdserve_client.address import resolve_router_address
 from pdserve_client.options import GenerateOptions, resolve_options
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2
 from pdserve_client.stream import StreamTally
+from pdserve_client.tls import TlsFiles
 from pdserve_client.types import (
     ClusterStatus,
     GenerationResult,
@@ -132,10 +133,13 @@ class AsyncClient:
     hung one.
     """
 
-    def __init__(self, router_address: str | None = None, timeout_s: float = 30.0):
+    def __init__(self, router_address: str | None = None, timeout_s: float = 30.0, *,
+                 tls_files: TlsFiles | None = None, identity: str = "client"):
+        """tls_files: the certificate to present (default: $PD_TLS_*, else the local
+        cluster's `.pdserve/tls/<identity>.crt`; none with $PD_INSECURE=1), see tls.py."""
         self.address = resolve_router_address(router_address)
         self.timeout_s = timeout_s
-        self._channel = _shims.RouterChannel(self.address)
+        self._channel = _shims.RouterChannel(self.address, tls.resolve(tls_files, identity))
 
     def generate(
         self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve_client import wire
+from pdserve_client import tls, wire
 from pdserve_client.rpc.pd.v1 import admin_pb2_grpc, router_pb2, router_pb2_grpc
 
 GenerateCall = grpc.Call
@@ -23,9 +23,9 @@ class RouterChannel:
     the constructor leaves no first-use race between them.
     """
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, files: tls.TlsFiles | None):
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=wire.CHANNEL_OPTIONS)
+        self._channel = tls.channel(address, files, "router", wire.CHANNEL_OPTIONS)
         self._stubs = (router_pb2_grpc.RouterStub(self._channel), admin_pb2_grpc.AdminStub(self._channel))
 
     def stubs(self) -> tuple[router_pb2_grpc.RouterStub, admin_pb2_grpc.AdminStub]:
