@@ -16,7 +16,7 @@ import time
 from decode_worker.worker import DecodeWorker
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
-from kv_directory.server import SERVICE_NAME, DirectoryServicer
+from kv_directory.server import ACCESS, SERVICE_NAME, DirectoryServicer
 from pdserve_client.rpc.pd.v1 import directory_pb2_grpc, manifest_pb2
 from prefill_worker.worker import PrefillWorker
 from router.requests.handoff import prompt_digest
@@ -31,6 +31,7 @@ from services.worker.config import WorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.loop import EngineLoop, SeqDone, TokenOut
 from services.worker.process import capacity
+from tests.support import pki
 from tests.support.engine import tiny_engine
 
 GREEDY = SamplingParams()
@@ -50,13 +51,17 @@ class InprocCluster:
     def __init__(self, num_blocks: int = 64, **worker_cfg):
         self.num_blocks = num_blocks
         self.cfg = WorkerConfig(transport="inproc", num_blocks=num_blocks, reservation_ttl_s=30.0, **worker_cfg)
+        self._clients: list[DirectoryClient] = []
 
     async def __aenter__(self) -> InprocCluster:
         self.store = MemoryDirectoryStore(DirectoryConfig(lease_ttl_s=30.0))
-        self.servicer = DirectoryServicer(self.store, DirectoryConfig(lease_ttl_s=30.0))
+        security = pki.security("directory", "directory")
+        self.servicer = DirectoryServicer(self.store, DirectoryConfig(lease_ttl_s=30.0), security)
         self.server, port, _ = await start_server("127.0.0.1:0", [
-            (directory_pb2_grpc.add_DirectoryServicer_to_server, self.servicer, SERVICE_NAME)])
-        self.directory = DirectoryClient(f"127.0.0.1:{port}", 5.0)
+            (directory_pb2_grpc.add_DirectoryServicer_to_server, self.servicer, SERVICE_NAME)], security, ACCESS)
+        self.address = f"127.0.0.1:{port}"
+        self.directory = DirectoryClient(self.address, 5.0, pki.security("router", "router"))
+        """The router's part (it creates transactions); each node has its own identity."""
         self.p = await self._node("p0", WorkerRole.PREFILL)
         self.d = await self._node("d0", WorkerRole.DECODE)
         self.sender = InprocSender()
@@ -73,8 +78,10 @@ class InprocCluster:
         loop = EngineLoop(tiny_engine(num_blocks=self.num_blocks, chunk_tokens=self.cfg.chunk_tokens))
         loop.start()
         node = Node(worker_id, loop, None)
-        node.txn = TxnOps(self.directory, worker_id, lambda: node.epoch)
-        reg = await self.directory.register_worker(WorkerInfo(
+        client = DirectoryClient(self.address, 5.0, pki.security(role.value, worker_id))
+        self._clients.append(client)
+        node.txn = TxnOps(client, worker_id, lambda: node.epoch)
+        reg = await client.register_worker(WorkerInfo(
             worker_id, role, f"{worker_id}:1", f"inproc://{worker_id}", loop.engine.abi.digest,
             capacity(self.cfg, loop), CostProfile(), ""))
         node.epoch = reg.epoch
@@ -86,6 +93,8 @@ class InprocCluster:
         for node in (self.p, self.d):
             node.loop.stop()
         await self.directory.close()
+        for client in self._clients:
+            await client.close()
         await self.server.stop(None)
         await self.servicer.close()
 

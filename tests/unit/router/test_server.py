@@ -10,6 +10,7 @@ import contextlib
 import grpc
 import pytest
 
+from kv_directory.server import ACCESS as DIRECTORY_ACCESS
 from pdserve_client.rpc.pd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -28,6 +29,8 @@ from router.__main__ import parse_args
 from router.config import RouterConfig
 from router.server import build, start
 from services.common.grpc_server import start_server
+from services.worker.node import router_only
+from tests.support import pki
 
 CAP = common_pb2.WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4,
                                 vocab_size=512, max_model_len=256)
@@ -140,7 +143,8 @@ async def rig(gap_s: float = 0.0, **config):
     log, published, servers = Log(), {}, []
     directory = FakeDirectory(log)
     d_server, d_port, _ = await start_server("127.0.0.1:0", [
-        (directory_pb2_grpc.add_DirectoryServicer_to_server, directory, "pd.v1.Directory")])
+        (directory_pb2_grpc.add_DirectoryServicer_to_server, directory, "pd.v1.Directory")],
+        pki.security("directory", "directory"), DIRECTORY_ACCESS)
     servers.append(d_server)
     fakes = {}
     for name, role in (("p0", common_pb2.WORKER_ROLE_PREFILL), ("d0", common_pb2.WORKER_ROLE_DECODE),
@@ -151,14 +155,17 @@ async def rig(gap_s: float = 0.0, **config):
         else:
             fake, add, svc = (FakeDecode(name, log, published, gap_s), decode_pb2_grpc.add_DecodeServicer_to_server,
                               "pd.v1.Decode")
-        server, port, _ = await start_server("127.0.0.1:0", [(add, fake, svc)])
+        registration = [(add, fake, svc)]
+        cert_role = "prefill" if role == common_pb2.WORKER_ROLE_PREFILL else "decode"
+        server, port, _ = await start_server("127.0.0.1:0", registration, pki.security(cert_role, name),
+                                             router_only(registration))
         servers.append(server)
         fakes[name] = fake
         directory.workers.append(info(name, role, f"127.0.0.1:{port}", free=64 if name == "d0" else 32))
     cfg = RouterConfig(listen_addr="127.0.0.1:0", directory_addr=f"127.0.0.1:{d_port}", snapshot_max_age_ms=0, **config)
-    orch = build(cfg)
-    server, port, _ = await start(cfg, orch)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    orch = build(cfg, pki.security("router", "router"))
+    server, port, _ = await start(cfg, orch, pki.security("router", "router"))
+    channel = pki.security("operator", "ops").aio_channel(f"127.0.0.1:{port}", "router")
     try:
         yield (router_pb2_grpc.RouterStub(channel), admin_pb2_grpc.AdminStub(channel), log, fakes, directory, orch)
     finally:

@@ -58,7 +58,7 @@ def test_defaults_normalisation_and_immutability():
     assert options.stop_token_ids == (2, 13) and options.mode == "colocated"
     assert GenerateOptions(max_tokens=8, stop_token_ids=(t for t in [7])).stop_token_ids == (7,)
     assert (options.temperature, options.top_k, options.top_p, options.seed) == (0.0, 0, 1.0, None)
-    assert (options.tenant, options.deadline_s, options.grpc_timeout_s) == ("default", None, None)
+    assert (options.tenant, options.deadline_s, options.grpc_timeout_s) == ("", None, None)
     assert GenerateOptions(max_tokens=1, deadline_s=2.5).grpc_timeout_s == 3.5  # the router's error arrives first
     assert hash(options) == hash(GenerateOptions(max_tokens=8, stop_token_ids=(2, 13), mode="colocated"))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -76,7 +76,7 @@ def test_request_encoding(fake, client):
     assert (s.top_k, list(s.stop_token_ids), s.ignore_eos) == (40, [2, 13], True)
     assert s.temperature == pytest.approx(0.7) and s.top_p == pytest.approx(0.9)
     assert (full.slo.ttft_ms, full.slo.tpot_ms, full.deadline_ms) == (250, 30, 1500)
-    assert plain.prompt_text == "text" and plain.tenant == "default" and plain.mode == router_pb2.MODE_UNSPECIFIED
+    assert plain.prompt_text == "text" and plain.tenant == "" and plain.mode == router_pb2.MODE_UNSPECIFIED
     assert not plain.sampling.HasField("seed") and plain.deadline_ms == 0 and plain.sampling.top_p == 1.0
 
 
