@@ -1,0 +1,1 @@
+"""Security of the control and data planes: transfer capabilities (capability.py)."""
