@@ -1,26 +1,22 @@
 """Transfer capabilities (article 0x0FE): remote-memory access is a signed, bounded grant.
 
 Knowing a peer's address or memory keys authorizes nothing: a transfer may touch
-destination blocks only under a ``pd.v1.TransferCapability`` binding tenant, both
-worker identities and epochs, transfer id, generation, route epoch, cache ABI,
-direction, permitted regions, a byte bound, expiry and nonce, signed by a trusted
-control plane. Contract:
+destination blocks only under a ``pd.v1.TransferCapability`` that binds tenant, both
+workers and epochs, transfer id, generation, route epoch, cache ABI, direction,
+permitted regions, a byte bound, expiry and nonce, signed by a trusted control plane.
 
-- Issuer: the router. It alone holds the Ed25519 private key (``Signer``) and mints
-  one capability per transfer attempt with a fresh 16-byte nonce.
-- Verifiers: workers hold public keys only (``Verifier``). The decode worker calls
-  ``authorize`` before it exposes destination blocks; the prefill worker calls it
-  before it reads K/V for sending. Both deny before any registration or remote
-  operation is created, never repair afterwards.
-- Replay: ``authorize`` checks that the nonce is bound to the ask; it does not
-  remember nonces. Safety invariant: the destination must consume the nonce once
-  in the directory (``DirectoryClient.consume_nonce(nonce_key(cap.nonce),
-  cap.expires_unix_ms, cap.transfer_id)``) right after ``authorize`` succeeds and
-  before exposing blocks; a False answer is a replay and must be denied as NONCE.
-- Rotation: the public key set may hold several keys; a key verifies until it is
-  removed from the set (``retire_key``), which revokes everything it signed.
-- Logs: a denial names its ``Reason`` and the mismatching identities, never the
-  key, the signature, the raw bytes or the nonce (``redact`` gives a short hash).
+- Issuer: the router alone holds the Ed25519 private key (``Signer``); it mints one
+  capability per transfer attempt, with a fresh 16-byte nonce.
+- Verifiers: workers hold public keys only (``Verifier``). Decode calls ``authorize``
+  before it exposes destination blocks, prefill before it reads K/V to send; both
+  deny before any registration or remote operation exists, never repair after.
+- Replay: ``authorize`` binds the nonce to the ask but remembers nothing. Safety
+  invariant: right after ``authorize`` succeeds and before exposing blocks, the
+  destination consumes the nonce once in the directory (``consume_nonce(nonce_key(
+  cap.nonce), cap.expires_unix_ms, cap.transfer_id)``); False is a replay: deny NONCE.
+- Rotation: a key in the public set verifies until ``retire_key`` removes it.
+- Logs: a denial names its ``Reason`` and the mismatching identities, never the key,
+  the signature, the raw bytes or the nonce (``redact`` gives a short hash).
 """
 
 from __future__ import annotations
@@ -49,9 +45,7 @@ NONCE_BYTES = 16
 
 
 class Reason(str, enum.Enum):
-    """Why a capability was refused, one per check in ``Verifier.authorize`` order.
-
-    A str mixin, not 3.11's StrEnum: the project supports Python 3.10."""
+    """Why a capability was refused, one per check in ``authorize`` order (str mixin: no StrEnum in 3.10)."""
 
     SIGNATURE = "signature"
     ISSUER = "issuer"
@@ -267,26 +261,31 @@ class Verifier:
         dest = (cap.destination_worker_id, cap.destination_epoch)
         asked_dest = (ask.destination_worker_id, ask.destination_epoch)
         outside = sorted(set(ask.regions) - set(cap.regions))
-        checks = (  # (reason, passed, what was wrong), in the article's order
-            (Reason.ISSUER, cap.issuer in self.trusted_issuers, f"untrusted issuer {cap.issuer!r}"),
-            (Reason.EXPIRED, 0 < left_ms <= self.max_ttl_ms, f"expires in {left_ms} ms, not in (0, {self.max_ttl_ms}]"),
-            (Reason.TENANT, cap.tenant == ask.tenant, f"tenant {cap.tenant!r} != {ask.tenant!r}"),
-            (Reason.SOURCE, source == asked_source, f"source {source} != {asked_source}"),
-            (Reason.DESTINATION, dest == asked_dest, f"destination {dest} != {asked_dest}"),
-            (Reason.TRANSFER, cap.transfer_id == ask.transfer_id, f"minted for transfer {cap.transfer_id!r}"),
-            (Reason.GENERATION, cap.generation == ask.generation, f"generation {cap.generation} != {ask.generation}"),
-            (Reason.ROUTE_EPOCH, cap.route_epoch == route_epoch, f"route epoch {cap.route_epoch} != {route_epoch}"),
+        checks = (  # (reason, passed, what was wrong: formatted only on denial), in the article's order
+            (Reason.ISSUER, cap.issuer in self.trusted_issuers, lambda: f"untrusted issuer {cap.issuer!r}"),
+            (Reason.EXPIRED, 0 < left_ms <= self.max_ttl_ms,
+             lambda: f"expires in {left_ms} ms, not in (0, {self.max_ttl_ms}]"),
+            (Reason.TENANT, cap.tenant == ask.tenant, lambda: f"tenant {cap.tenant!r} != {ask.tenant!r}"),
+            (Reason.SOURCE, source == asked_source, lambda: f"source {source} != {asked_source}"),
+            (Reason.DESTINATION, dest == asked_dest, lambda: f"destination {dest} != {asked_dest}"),
+            (Reason.TRANSFER, cap.transfer_id == ask.transfer_id,
+             lambda: f"minted for transfer {cap.transfer_id!r}"),
+            (Reason.GENERATION, cap.generation == ask.generation,
+             lambda: f"generation {cap.generation} != {ask.generation}"),
+            (Reason.ROUTE_EPOCH, cap.route_epoch == route_epoch,
+             lambda: f"route epoch {cap.route_epoch} != {route_epoch}"),
             (Reason.ABI, cap.cache_abi_digest == ask.cache_abi_digest,
-             f"cache ABI {cap.cache_abi_digest[:16]} != {ask.cache_abi_digest[:16]}"),
+             lambda: f"cache ABI {cap.cache_abi_digest[:16]} != {ask.cache_abi_digest[:16]}"),
             (Reason.DIRECTION, cap.direction == ask.direction and cap.direction in (PUSH, PULL),
-             f"direction {cap.direction} != {ask.direction}"),
+             lambda: f"direction {cap.direction} != {ask.direction}"),
             (Reason.REGION, bool(ask.regions) and not outside,
-             f"blocks {outside[:8]} not granted" if outside else "ask names no region"),
-            (Reason.BYTES, 0 < ask.num_bytes <= cap.max_bytes, f"{ask.num_bytes} bytes, not in (0, {cap.max_bytes}]"),
+             lambda: f"blocks {outside[:8]} not granted" if outside else "ask names no region"),
+            (Reason.BYTES, 0 < ask.num_bytes <= cap.max_bytes,
+             lambda: f"{ask.num_bytes} bytes, not in (0, {cap.max_bytes}]"),
             (Reason.NONCE, len(cap.nonce) == NONCE_BYTES and hmac.compare_digest(cap.nonce, ask.nonce),
-             f"nonce {redact(ask.nonce)} not bound to this capability"),
+             lambda: f"nonce {redact(ask.nonce)} not bound to this capability"),
         )
         for reason, passed, detail in checks:
             if not passed:
-                raise CapabilityDenied(reason, f"{detail} (transfer {ask.transfer_id!r})")
+                raise CapabilityDenied(reason, f"{detail()} (transfer {ask.transfer_id!r})")
         return cap
