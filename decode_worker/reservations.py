@@ -22,6 +22,7 @@ from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout
 from services.engine import Sequence
 from services.transfer import ChunkArrived, ChunkKey, TransferCommit
+from services.worker.capabilities import Grant, physical_blocks
 from services.worker.loop import AsyncSink
 
 
@@ -86,6 +87,11 @@ class Reservation:
     """A DecodeStream has attached to this reservation."""
     cancelled: bool = False
     """Cancel came after publication: stop it (before or after it joined the batch)."""
+    grant: Grant | None = None
+    """What the sender's capability allows (services/worker/capabilities.py); None
+    until authorized (or with security off)."""
+    granted_bytes: int = 0
+    """Bytes admitted under the grant so far."""
 
     @property
     def expected_bytes(self) -> int:
@@ -97,12 +103,20 @@ class Reservation:
         return [(k.layer, k.block_start, k.block_count, n) for k, n in self.expected.items()]
 
     def admit_chunk_key(self, key: ChunkKey) -> None:
-        """Raise KeyError unless `key` is an expected chunk that has not arrived yet."""
+        """Raise KeyError unless `key` is an expected chunk that has not arrived yet and
+        lies inside the capability's grant (its blocks, and the byte bound)."""
         if key not in self.expected:
             raise KeyError(f"chunk {key} is not in the expected list of {self.transfer_id} "
                            f"(blocks [{self.first_block}, {self.last_block}) of {self.num_layers} layers)")
         if key in self.admitted:
             raise KeyError(f"duplicate chunk {key}")
+        if self.grant is not None:
+            outside = set(physical_blocks(self.seq.block_table, [key])) - self.grant.blocks
+            if outside:
+                raise KeyError(f"chunk {key} writes blocks {sorted(outside)[:4]} its capability does not grant")
+            if self.granted_bytes + self.expected[key] > self.grant.max_bytes:
+                raise KeyError(f"chunk {key} goes past the capability's {self.grant.max_bytes} bytes")
+            self.granted_bytes += self.expected[key]
         self.admitted.add(key)
 
 

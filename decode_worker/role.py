@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pdserve_client.rpc.pd.v1 import decode_pb2_grpc
 from services.common.grpc_server import Registration
-from services.worker.node import Role, WorkerNode
+from services.worker.node import Role, WorkerNode, destination_gate
 from services.worker.process import build_receiver
 
 from .server import DecodeServicer
@@ -22,7 +22,7 @@ class DecodeRole(Role):
     async def start(self, node: WorkerNode) -> Registration:
         self.receiver = build_receiver(node.cfg, node.security)
         await self.receiver.start()
-        self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn)
+        self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn, destination_gate(node))
         servicer = DecodeServicer(self.worker, node.cfg.worker_id, lambda: node.epoch)
         return decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode"
 

@@ -21,8 +21,10 @@ from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.records import TransferRef
 from services.directory.states import Outcome
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
+from services.security.capability import CapabilityDenied
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
+from services.worker.capabilities import DestinationGate, physical_blocks
 from services.worker.config import DecodeWorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
@@ -48,8 +50,11 @@ class StreamSink(AsyncSink):
 class DecodeWorker:
     """Reservations and streams of one decode worker."""
 
-    def __init__(self, cfg: DecodeWorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps):
+    def __init__(self, cfg: DecodeWorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps,
+                 gate: DestinationGate | None = None):
         self.cfg = cfg
+        self.gate = gate
+        """Checks each sender's transfer capability before any chunk lands (None: security off)."""
         self.loop = loop
         self.engine = loop.engine
         self.receiver = receiver
@@ -89,7 +94,8 @@ class DecodeWorker:
         self.reservations[transfer_id] = res
         self.receiver.expect(Expectation(
             transfer_id, resolve=lambda key: self._resolve(res, key),
-            on_event=lambda ev: self._on_event(res, ev), on_commit=lambda c: self._on_commit(res, c)))
+            on_event=lambda ev: self._on_event(res, ev), on_commit=lambda c: self._on_commit(res, c),
+            authorize=None if self.gate is None else lambda cred, peer: self._authorize(res, cred, peer)))
         self._timers[transfer_id] = asyncio.get_running_loop().call_later(
             self.cfg.reservation_ttl_s, self._expire, res)
         self.events("reserved", request=request_id, generation=generation, blocks=len(seq.block_table))
@@ -115,6 +121,21 @@ class DecodeWorker:
         asyncio.ensure_future(self.abort_unpublished(res, "reservation TTL expired before publish"))
 
     # ---- 2. receive -----------------------------------------------------
+    async def _authorize(self, res: Reservation, credential: dict, peer: str | None) -> None:
+        """The sender's capability must grant exactly this reservation's transfer set
+        (raises CapabilityDenied; the receiver then fails the transfer: blocks freed)."""
+        if res.state > ResState.RECEIVING:
+            raise RuntimeError(f"reservation {res.transfer_id} is {res.state.name}")
+        try:
+            res.grant = await self.gate.check(
+                credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
+                regions=physical_blocks(res.seq.block_table, res.expected), num_bytes=res.expected_bytes)
+        except CapabilityDenied as e:
+            self.events("capability_denied", request=res.request_id, reason=e.reason.value)
+            log.warning("%s: %s", res.transfer_id, e)
+            raise
+        self.events("authorized", request=res.request_id)
+
     def _resolve(self, res: Reservation, key: ChunkKey) -> list[memoryview]:
         if res.state > ResState.RECEIVING:
             raise KeyError(f"reservation {res.transfer_id} is {res.state.name}")

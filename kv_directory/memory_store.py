@@ -329,12 +329,14 @@ class MemoryDirectoryStore(DirectoryStore):
             self._route_epoch = next_fence(cur, now)
             return EpochResult(Outcome.APPLIED, self._route_epoch)
 
-    def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
         """See ``NonceLedger.consume_nonce``."""
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
         with self._lock:
             now, _ = self._sweep()
+            if route_epoch and route_epoch != self._route_epoch_at(now):
+                return Outcome.STALE_GENERATION
             if nonce in self._nonces:
                 return Outcome.DUPLICATE
             self._nonces[nonce] = now + self._ms(ttl_s)

@@ -281,8 +281,8 @@ class RedisDirectoryStore(DirectoryStore):
         outcome, epoch = self._run("route_epoch", "advance", "" if expected is None else str(expected))
         return EpochResult(Outcome(outcome), int(epoch))
 
-    def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
         """See ``NonceLedger.consume_nonce``."""
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
-        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000))))
+        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch))

@@ -358,10 +358,14 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
                              f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
         ttl_s = max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S
-        outcome = await self._run(self._store.consume_nonce, request.nonce, ttl_s)
-        if outcome != Outcome.APPLIED:
+        outcome = await self._run(self._store.consume_nonce, request.nonce, ttl_s, request.route_epoch)
+        if outcome == Outcome.STALE_GENERATION:
+            log.warning("capability of route epoch %d refused: the route epoch moved on (transfer %s)",
+                        request.route_epoch, request.transfer_id)
+        elif outcome != Outcome.APPLIED:
             log.warning("nonce replay rejected (transfer %s)", request.transfer_id)
-        return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED)
+        return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED,
+                                                  stale_route_epoch=outcome == Outcome.STALE_GENERATION)
 
 
 async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:

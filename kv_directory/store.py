@@ -164,8 +164,10 @@ class NonceLedger(abc.ABC):
     """Single-use capability nonces."""
 
     @abc.abstractmethod
-    def consume_nonce(self, nonce: str, ttl_s: float) -> Outcome:
-        """APPLIED the first time within ``ttl_s``, DUPLICATE (a replay) after."""
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
+        """APPLIED the first time within ``ttl_s``, DUPLICATE (a replay) after;
+        STALE_GENERATION (nothing consumed) when ``route_epoch`` is set and is not the
+        current route epoch — in the same atomic step."""
 
 
 class DirectoryStore(WorkerRegistry, TransferLedger, RouteEpochs, NonceLedger):

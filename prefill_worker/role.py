@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pdserve_client.rpc.pd.v1 import prefill_pb2_grpc
 from services.common.grpc_server import Registration
-from services.worker.node import Role, WorkerNode
+from services.worker.node import Role, WorkerNode, source_gate
 from services.worker.process import build_sender
 
 from .server import PrefillServicer
@@ -20,7 +20,7 @@ class PrefillRole(Role):
     async def start(self, node: WorkerNode) -> Registration:
         self.sender = build_sender(node.cfg, node.security)
         await self.sender.start()
-        worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn)
+        worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn, source_gate(node))
         return prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(worker), "pd.v1.Prefill"
 
     @property

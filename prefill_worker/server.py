@@ -8,6 +8,7 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from services.directory.wire import chunk_layouts
+from services.security.capability import CapabilityDenied
 from services.transfer import TransferError
 from services.worker.convert import sampling_from_proto, status_of
 from services.worker.directory_ops import DirectoryUnavailable
@@ -36,11 +37,13 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 prompt=list(request.prompt_token_ids), sampling=sampling_from_proto(request.sampling),
                 dest=request.destination_data_plane_address, abi_digest=m.cache_abi_digest,
                 chunks=chunk_layouts(m.expected_chunks),
-                dest_worker=m.destination_worker_id)
+                dest_worker=m.destination_worker_id, manifest=m, capability=request.capability)
         except asyncio.CancelledError as e:
             if context.cancelled():
                 raise
             await context.abort(grpc.StatusCode.CANCELLED, str(e) or "cancelled")
+        except CapabilityDenied as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"CAPABILITY_DENIED {e.reason.value}: {e}")
         except TransferRefused as e:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
         except (TransferError, DirectoryUnavailable) as e:

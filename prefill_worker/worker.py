@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
+from services.security.capability import CapabilityDenied, Reason
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
+from services.worker.capabilities import SourceGate
 from services.worker.config import PrefillWorkerConfig
 from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
@@ -110,8 +112,11 @@ class Task:
 class PrefillWorker:
     """Runs prefills and pushes their K/V."""
 
-    def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps):
+    def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps,
+                 gate: SourceGate | None = None):
         self.cfg = cfg
+        self.gate = gate
+        """Checks the router's transfer capability before any K/V is read (None: security off)."""
         self.loop = loop
         self.engine = loop.engine
         self.sender = sender
@@ -123,19 +128,25 @@ class PrefillWorker:
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       first_token_pos: int, prompt: list[int], sampling: SamplingParams,
                       dest: str, abi_digest: str, chunks: list[Layout],
-                      dest_worker: str = "") -> PrefillOutcome:
+                      dest_worker: str = "", manifest=None, capability: bytes = b"") -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
-        ``chunks`` is the manifest's expected list: exactly what is sent."""
+        ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
+        capability must grant exactly this transfer (CapabilityDenied before anything is read)."""
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
         plan = self._plan(first_token_pos, len(prompt), chunks)
+        credential = None
+        if self.gate is not None and plan:  # no chunk: no byte is read or sent
+            if not capability:
+                raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
+            credential = self.gate.check(capability, manifest, plan, sum(n for *_, n in chunks))
         if transfer_id in self.tasks:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
         task = self.tasks[transfer_id] = Task(request_id, generation,
                                               runner=asyncio.current_task())
         ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
-            return await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest)
+            return await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest, credential)
         except BaseException as e:
             end(task, TaskState.FAILED)
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -168,8 +179,11 @@ class PrefillWorker:
         return plan
 
     async def _run(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
-                   prompt: list[int], sampling: SamplingParams, dest: str) -> PrefillOutcome:
+                   prompt: list[int], sampling: SamplingParams, dest: str,
+                   credential: dict | None = None) -> PrefillOutcome:
         t0 = time.perf_counter()
+        if credential is not None:  # the destination checks it while this prefill computes
+            await self.sender.present(dest, transfer_id, credential)
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
         self._check(task)

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(config.model)
     try:
         asyncio.run(serve(config, security, tokenizer))
+    except SettingsError as exc:  # a capability key missing or unreadable
+        print(f"router: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         pass
 

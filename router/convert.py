@@ -89,10 +89,10 @@ def reservation_from_pb(resp: decode_pb2.DecodeReserveResponse) -> Reservation:
 
 
 def prefill_call_to_pb(c: PrefillCall) -> prefill_pb2.PrefillRequest:
-    """PrefillCall -> PrefillRequest (no capability yet)."""
+    """PrefillCall -> PrefillRequest."""
     return prefill_pb2.PrefillRequest(manifest=c.manifest, prompt_token_ids=list(c.prompt_token_ids),
                                       destination_data_plane_address=c.destination_data_plane_address,
-                                      sampling=sampling_to_pb(c.sampling))
+                                      sampling=sampling_to_pb(c.sampling), capability=c.capability)
 
 
 def prefill_done_from_pb(r: prefill_pb2.PrefillResult) -> PrefillDone:

@@ -5,6 +5,7 @@ and the process wiring: Router + Admin on one server with health and reflection.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -17,9 +18,12 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
 from router.identity import caller_tenant
+from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
+from services.security.capability import Signer
+from services.security.config import CapabilitySettings, signer
 from services.security.tls import Security, access_table
 
 log = logging.getLogger(__name__)
@@ -79,12 +83,24 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
 
 def build(config: RouterConfig, security: Security, tokenizer: Any | None = None,
-          workers: WorkerGateway | None = None, directory: DirectoryGateway | None = None) -> Orchestrator:
-    """The orchestrator over gRPC gateways (or the given ones)."""
+          workers: WorkerGateway | None = None, directory: DirectoryGateway | None = None,
+          capabilities: CapabilitySettings | None = None) -> Orchestrator:
+    """The orchestrator over gRPC gateways (or the given ones), minting transfer
+    capabilities with the key `capabilities` (default: PD_CAPABILITY_*) names."""
+    caps = capabilities or CapabilitySettings.from_env()
+    sign = signer(caps, security)
+    mint = None if sign is None else functools.partial(_mint, sign, caps.ttl_ms)
     return Orchestrator(workers or GrpcWorkerGateway(security),
                         directory or GrpcDirectoryGateway(config.directory_addr, security, config.router_id,
                                                           config.directory_timeout_s),
-                        config, tokenizer)
+                        config, tokenizer, mint=mint)
+
+
+def _mint(sign: Signer, ttl_ms: int, manifest, reservation) -> bytes:
+    """The attempt's capability; none for a transfer set with no chunk (no byte moves)."""
+    if not manifest.expected_chunks:
+        return b""
+    return sign.mint(grant(manifest, reservation, ttl_ms)).raw
 
 
 async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security):

@@ -174,6 +174,8 @@ class PrefillCall:
     destination_data_plane_address: str
     sampling: Sampling
     """Sampling of token 0, the one token prefill samples."""
+    capability: bytes = b""
+    """The signed transfer capability for this attempt (services/security/capability.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,9 @@
--- consume_nonce: arg(1) nonce, arg(2) ttl ms. Returns outcome.
-sweep(now_ms())
+-- consume_nonce: arg(1) nonce, arg(2) ttl ms, arg(3) route epoch the capability was
+-- minted under (0: not checked). Returns outcome; STALE_GENERATION when the epoch moved on.
+local now = now_ms()
+sweep(now)
+local epoch = tonumber(arg(3)) or 0
+if epoch > 0 and epoch ~= route_epoch_at(now) then return OC.STALE_GENERATION end
 -- SET NX is the consume-once: only the first caller within the ttl creates it.
 if redis.call('SET', key('nonce', arg(1)), '1', 'NX', 'PX', arg(2)) then return OC.APPLIED end
 return OC.DUPLICATE

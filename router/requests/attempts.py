@@ -72,8 +72,11 @@ class AttemptRunner:
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  remaining_s: Callable[[], float | None],
                  on_prefill: Callable[[Attempt, PrefillDone], None] | None = None,
-                 cluster: Callable[[], Awaitable[Cluster]] | None = None):
+                 cluster: Callable[[], Awaitable[Cluster]] | None = None,
+                 mint: Callable[..., bytes] | None = None):
         self.req = req
+        self._mint = mint
+        """(manifest, reservation) -> the attempt's signed transfer capability."""
         self._workers = workers
         self._directory = directory
         self._inflight = inflight
@@ -159,8 +162,10 @@ class AttemptRunner:
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
         advance(att, Stage.PREFILL)
         self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))
+        capability = self._mint(manifest, reservation) if self._mint is not None else b""
         att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
-            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling), queue))
+            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
+            capability), queue))
         att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid), self._timeout(None)), queue))
 

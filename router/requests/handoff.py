@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pdserve_client.rpc.pd.v1 import manifest_pb2
 from router.types import Reservation, Worker
 from services.directory.records import TransferRef
+from services.security.capability import PUSH, Grant
 from services.transfer.base import CHECKSUM_ALGORITHM
 
 
@@ -27,6 +28,20 @@ def transfer_id(request_id: str, generation: int) -> str:
 def prompt_digest(prompt: Sequence[int]) -> str:
     """sha256 hex of the prompt ids as little-endian uint32."""
     return hashlib.sha256(struct.pack(f"<{len(prompt)}I", *prompt)).hexdigest()
+
+
+def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_ms: int) -> Grant:
+    """The capability grant of one attempt (article 0x0FE): exactly the destination blocks
+    the manifest's chunks land in (the reservation's physical block ids) and their bytes."""
+    ids = reservation.block_ids
+    regions = sorted({ids[b] for c in manifest.expected_chunks
+                      for b in range(c.block_start, c.block_start + c.block_count) if b < len(ids)})
+    return Grant(tenant=manifest.tenant, source_worker_id=manifest.source_worker_id,
+                 source_epoch=manifest.source_epoch, destination_worker_id=manifest.destination_worker_id,
+                 destination_epoch=manifest.destination_epoch, transfer_id=manifest.transfer_id,
+                 generation=manifest.generation, route_epoch=manifest.route_epoch,
+                 cache_abi_digest=manifest.cache_abi_digest, direction=PUSH, regions=tuple(regions),
+                 max_bytes=sum(c.num_bytes for c in manifest.expected_chunks), ttl_ms=ttl_ms)
 
 
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
@@ -57,4 +72,5 @@ def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Seq
         reservation_id=reservation.reservation_id,
         route_epoch=route_epoch,
         checksum_algorithm=CHECKSUM_ALGORITHM,
+        destination_block_ids=reservation.block_ids,
     )

@@ -73,7 +73,10 @@ class Orchestrator:
     """Admits requests, runs their attempts and keeps the in-flight registry."""
 
     def __init__(self, workers: WorkerGateway, directory: DirectoryGateway, config: RouterConfig,
-                 tokenizer: Any | None = None, clock: Callable[[], float] = time.monotonic):
+                 tokenizer: Any | None = None, clock: Callable[[], float] = time.monotonic,
+                 mint: Callable[..., bytes] | None = None):
+        self.mint = mint
+        """(manifest, reservation) -> a signed transfer capability; None: hand-offs carry none."""
         self.workers = workers
         self.directory = directory
         self.config = config
@@ -124,7 +127,7 @@ class Orchestrator:
         run.runner = AttemptRunner(req, self.workers, self.directory, self.inflight, self.config, run.output,
                                    lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
                                    on_prefill=lambda att, done: self._on_prefill(run, att, done),
-                                   cluster=self.view.get)
+                                   cluster=self.view.get, mint=self.mint)
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
         return run

@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve_client import contract
 from pdserve_client.tls import TlsFiles
 from services.common.liveness import process_running
+from services.security.capability import generate_signing_key
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
 
@@ -41,6 +42,11 @@ from .redis_proc import find_redis_server, free_port, pings
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+CAPABILITY_SIGNING_KEY = "capability-signing.pem"
+"""The router's Ed25519 key (services/security/capability.py), in the TLS dir."""
+CAPABILITY_PUBLIC_KEYS = "capability-keys.json"
+"""The workers' public key set."""
 
 
 def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None,
@@ -134,6 +140,10 @@ class LocalCluster:
             d = self.tls_dir
             env.update({contract.TLS_CERT_ENV: str(d / f"{name}.crt"), contract.TLS_KEY_ENV: str(d / f"{name}.key"),
                         contract.TLS_CA_ENV: str(d / contract.TLS_CA_FILE)})
+            if self.roles[name] == "router":
+                env["PD_CAPABILITY_SIGNING_KEY"] = str(d / CAPABILITY_SIGNING_KEY)
+            elif self.roles[name] in ("prefill", "decode", "mixed"):
+                env["PD_CAPABILITY_PUBLIC_KEYS"] = str(d / CAPABILITY_PUBLIC_KEYS)
         if name == "directory" and self.redis_url:
             env["PD_REDIS_URL"] = self.redis_url
         env.update(self.spec.env)
@@ -166,6 +176,7 @@ class LocalCluster:
             for f in self.tls_dir.iterdir():
                 f.unlink()
         ca = LocalCA(self.tls_dir)
+        generate_signing_key(self.tls_dir / CAPABILITY_SIGNING_KEY, self.tls_dir / CAPABILITY_PUBLIC_KEYS)
         ca.issue(Identity("operator", "operator"))
         ca.issue(Identity("client", self.spec.tenant), "client")
 

@@ -137,6 +137,10 @@ class RouteEpoch:
     advanced: bool
 
 
+class StaleRouteEpoch(Exception):
+    """A capability's route epoch is no longer the directory's (it was revoked)."""
+
+
 class DirectoryClient:
     """Typed async calls to pd.v1.Directory over one grpc.aio channel.
 
@@ -273,8 +277,12 @@ class DirectoryClient:
             expected_route_epoch=expected, reason=reason))
         return RouteEpoch(r.route_epoch, r.advanced)
 
-    async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "") -> bool:
-        """True the first time ``nonce`` is consumed, False on any replay."""
+    async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "",
+                            route_epoch: int = 0) -> bool:
+        """True the first time ``nonce`` is consumed, False on any replay. With
+        ``route_epoch``, also False (StaleRouteEpoch raised) when it is not current."""
         r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
-            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id))
+            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch))
+        if r.stale_route_epoch:
+            raise StaleRouteEpoch(f"route epoch {route_epoch} is no longer current")
         return r.consumed

@@ -248,12 +248,14 @@ class Verifier:
         except (InvalidSignature, DecodeError):
             raise CapabilityDenied(Reason.SIGNATURE, f"bad signature on capability {redact(raw)}") from None
 
-    def authorize(self, raw: bytes, ask: TransferAsk, route_epoch: int,
+    def authorize(self, raw: bytes, ask: TransferAsk, route_epoch: int | None,
                   now_ms: int) -> capability_pb2.TransferCapability:
         """Return the capability if it permits exactly ``ask`` now; else raise CapabilityDenied.
 
         Checks run in the article's order and the first failure is the reason. The
         caller must consume ``cap.nonce`` once in the directory next (module docstring).
+        ``route_epoch`` None: the caller has the directory compare the route epoch in the
+        same atomic step that consumes the nonce (ConsumeNonce's route_epoch).
         """
         cap = self.verified_body(raw)
         left_ms = cap.expires_unix_ms - now_ms
@@ -272,7 +274,7 @@ class Verifier:
              lambda: f"minted for transfer {cap.transfer_id!r}"),
             (Reason.GENERATION, cap.generation == ask.generation,
              lambda: f"generation {cap.generation} != {ask.generation}"),
-            (Reason.ROUTE_EPOCH, cap.route_epoch == route_epoch,
+            (Reason.ROUTE_EPOCH, route_epoch is None or cap.route_epoch == route_epoch,
              lambda: f"route epoch {cap.route_epoch} != {route_epoch}"),
             (Reason.ABI, cap.cache_abi_digest == ask.cache_abi_digest,
              lambda: f"cache ABI {cap.cache_abi_digest[:16]} != {ask.cache_abi_digest[:16]}"),

@@ -155,6 +155,15 @@ def peer_of_ssl(obj) -> Identity | None:
     return None
 
 
+def worker_of_ssl(obj, roles: frozenset[str], peer: str) -> str | None:
+    """The name in a TLS peer's certificate if its role is one of `roles`; else None (logged)."""
+    who = peer_of_ssl(obj)
+    if who is None or who.role not in roles:
+        log.warning("%s presented %s, not a certificate of role %s; refused", peer, who, "/".join(sorted(roles)))
+        return None
+    return who.name
+
+
 _URI_PREFIX = b"pdserve://"
 
 

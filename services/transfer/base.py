@@ -130,6 +130,10 @@ class Failed:
 Resolver = Callable[[ChunkKey], Sequence[memoryview]]
 EventSink = Callable[[object], None]
 CommitHandler = Callable[[TransferCommit], Awaitable[Verdict]]
+# Check a sender's credential (its capability, services/security/capability.py) before
+# any byte of the transfer may land; `peer` is the sender's name when the transport
+# authenticated it (TLS), else None. Raises with the reason to refuse.
+Authorizer = Callable[[dict, "str | None"], Awaitable[None]]
 
 
 @dataclass
@@ -141,6 +145,10 @@ class Expectation:
     on_event: EventSink
     on_commit: CommitHandler
     received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
+    authorize: Authorizer | None = None
+    """None: chunks are accepted without a credential (security off)."""
+    authorized: bool = False
+    """A credential passed `authorize`; until then every chunk is refused."""
 
 
 class TransferError(RuntimeError):
@@ -157,6 +165,12 @@ class KVSender(abc.ABC):
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
         """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
+
+    @abc.abstractmethod
+    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
+        """Show the receiver this transfer's credential (AUTH) before its first chunk.
+        Not acknowledged: a refusal comes back like a refused chunk (TransferError on a
+        later `send` or `commit`, with the reason)."""
 
     @abc.abstractmethod
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
@@ -215,6 +229,24 @@ class KVReceiver(abc.ABC):
 
     def _drop(self, transfer_id: str) -> None:
         """Drop the backend's own state of a transfer that ended (forgotten or failed)."""
+
+    async def admit(self, transfer_id: str, credential: dict, peer: str | None) -> str:
+        """A sender's AUTH: '' once the transfer may receive chunks, else why not (and the
+        transfer has failed with that reason). Nothing is exposed before this returns ''."""
+        exp = self.pending.get(transfer_id)
+        if exp is None:
+            return f"transfer {transfer_id} not expected"
+        if exp.authorize is not None and not exp.authorized:
+            try:
+                await exp.authorize(credential, peer)
+            except Exception as e:  # noqa: BLE001 - any refusal or bad credential ends the transfer
+                reason = str(e) or type(e).__name__
+                self._fail(transfer_id, reason)
+                return reason
+        if self.pending.get(transfer_id) is not exp:
+            return f"transfer {transfer_id} ended while its credential was checked"
+        exp.authorized = True
+        return ""
 
     def _fail(self, transfer_id: str, reason: str) -> None:
         """End a pending transfer with Failed(reason); nothing if it already ended."""

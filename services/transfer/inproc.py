@@ -73,6 +73,11 @@ class InprocSender(KVSender):
                    buffers: Sequence[memoryview]) -> None:
         self._receiver(dest)._write(transfer_id, chunk, buffers)
 
+    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
+        why = await self._receiver(dest).admit(transfer_id, credential, None)
+        if why:
+            raise TransferError(f"transfer {transfer_id} to {dest}: {why}")
+
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         recv = self._receiver(dest)
         exp = recv.pending.get(commit.transfer_id)

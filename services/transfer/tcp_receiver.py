@@ -30,7 +30,7 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from services.security.tls import peer_of_ssl
+from services.security.tls import worker_of_ssl
 
 from .base import ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, max_body_bytes
 from .common import decide
@@ -38,6 +38,7 @@ from .common import destination as _destination
 from .common import emit as _emit
 from .tcp_wire import (
     ABORT,
+    AUTH,
     CHUNK,
     CHUNK_HEAD,
     COMMIT,
@@ -56,8 +57,7 @@ from .tcp_wire import (
 # Logs under the package's `tcp` name, as before the split (log filters may name it).
 log = logging.getLogger(f"{__package__}.tcp")
 
-SENDER_ROLES = frozenset({"prefill", "mixed"})
-"""Certificate roles allowed to send K/V (with TLS on)."""
+SENDER_ROLES = frozenset({"prefill", "mixed"})  # certificate roles that may send K/V
 CONTROL_BUFFER_BYTES = 64 << 10
 """Receiver-side buffer for headers and control bodies; payloads bypass it."""
 MAX_REPLY_BACKLOG_BYTES = 1 << 20
@@ -124,6 +124,8 @@ class _Inbox(asyncio.BufferedProtocol):
         self._paused = False
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.identity: str | None = None
+        """The sender's worker id from its TLS certificate (None without TLS)."""
         self.task: asyncio.Task | None = None
 
     # -- transport callbacks (synchronous: a view check and the write into it are atomic)
@@ -136,13 +138,9 @@ class _Inbox(asyncio.BufferedProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.peer = str(transport.get_extra_info("peername"))
         if self._receiver.ssl_context is not None:
-            who = peer_of_ssl(transport.get_extra_info("ssl_object"))
-            if who is None or who.role not in SENDER_ROLES:
-                log.warning("tcp receiver: %s presented %s, not a prefill worker's certificate; closed",
-                            self.peer, who)
-                transport.abort()
-                return
-            self.peer = f"{who} at {self.peer}"
+            self.identity = worker_of_ssl(transport.get_extra_info("ssl_object"), SENDER_ROLES, self.peer)
+            if self.identity is None:  # not a prefill worker's certificate (logged)
+                return transport.abort()
         self._receiver._inboxes.add(self)
         self.task = self._loop.create_task(self._receiver._serve(self))
 
@@ -308,7 +306,7 @@ class TcpReceiver(KVReceiver):
                     await inbox.read(FRAME.size, idle_s if busy else None))
                 if magic != MAGIC or version != VERSION:
                     raise ProtocolError(f"bad magic/version {magic!r}/{version}")
-                if id_len > MAX_ID_BYTES or (kind != CHUNK and body_len > max_body_bytes(kind == COMMIT)):
+                if id_len > MAX_ID_BYTES or (kind != CHUNK and body_len > max_body_bytes(kind in (COMMIT, AUTH))):
                     raise ProtocolError(f"frame too large: id {id_len}, body {body_len} bytes")
                 try:
                     tid = (await inbox.read(id_len, idle_s)).decode()
@@ -323,6 +321,13 @@ class TcpReceiver(KVReceiver):
                     inbox.reply(VERDICT, tid, {"published": False, "reason": f"transfer {tid} not expected"})
                 elif kind == COMMIT:
                     self._on_commit(inbox, tid, await inbox.read(body_len, idle_s))
+                elif kind == AUTH:
+                    credential = json_body(await inbox.read(body_len, idle_s))
+                    why = await self.admit(tid, credential, inbox.identity)
+                    if why:
+                        inbox.reply(ERROR, tid, {"reason": why})
+                    else:
+                        touched.add(tid)
                 elif kind == ABORT:
                     why = json_body(await inbox.read(body_len, idle_s)).get("reason", "")
                     self._fail(tid, f"aborted by sender: {why}")

@@ -25,6 +25,7 @@ from .base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, Transfe
 from .common import chunk_buffers
 from .tcp_wire import (
     ABORT,
+    AUTH,
     COMMIT,
     ERROR,
     FRAME,
@@ -85,6 +86,12 @@ class TcpSender(KVSender):
         link.transfers.add(transfer_id)
         await self._write(link, [memoryview(head), *views])
         self._raise_if_failed(dest, transfer_id)
+
+    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
+        self._raise_if_failed(dest, transfer_id)
+        link = await self._link(dest)
+        link.transfers.add(transfer_id)
+        await self._write(link, [control_frame(AUTH, transfer_id, credential)])
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         tid = commit.transfer_id
@@ -155,7 +162,9 @@ class TcpSender(KVSender):
             socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # drain() returns only once the transport holds none of our bytes, so a send()
         # that returned never leaves a reference to the caller's cache memory behind.
-        writer.transport.set_write_buffer_limits(high=0, low=0)
+        # asyncio's TLS transport pauses at size >= high (plain ones at size > high), so
+        # there high=1: it still holds none of our bytes once drain() returns.
+        writer.transport.set_write_buffer_limits(high=1 if self.ssl_context else 0, low=0)
         link = self._links[dest] = _Link(dest, reader, writer)
         link.task = asyncio.get_running_loop().create_task(self._read_replies(link))
         return link

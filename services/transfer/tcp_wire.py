@@ -11,6 +11,8 @@ Wire format, version 1, network byte order. Every frame is
     ABORT    JSON {"reason": str}                                 sender -> receiver
     VERDICT  JSON {"published": bool, "reason": str}              receiver -> sender
     ERROR    JSON {"reason": str}                                 receiver -> sender
+    AUTH     JSON credential (the transfer capability, base64)    sender -> receiver,
+             before the transfer's first CHUNK; refused: ERROR, and the transfer failed
 
 Replies. A CHUNK is not acknowledged; a rejected one gets an ERROR, and the
 sender raises TransferError for that transfer on its next `send`, at the latest
@@ -43,7 +45,7 @@ from .common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"
 VERSION = 1
-CHUNK, COMMIT, ABORT, VERDICT, ERROR = 1, 2, 3, 4, 5
+CHUNK, COMMIT, ABORT, VERDICT, ERROR, AUTH = 1, 2, 3, 4, 5, 6
 FRAME = struct.Struct("!4sBBHQ")
 CHUNK_HEAD = struct.Struct("!IIIQQ")
 # The checksum travels as a u64: must match CHECKSUM_ALGORITHM in base.py (a new
@@ -84,7 +86,7 @@ def chunk_frame(transfer_id: str, key: ChunkKey, payload_len: int, checksum_hex:
 def control_frame(kind: int, transfer_id: str, obj: dict) -> bytes:
     """A frame whose body is JSON; ValueError when the body is over its kind's cap."""
     body = json.dumps(short_reason(obj), separators=(",", ":")).encode()
-    if len(body) > max_body_bytes(kind == COMMIT):
+    if len(body) > max_body_bytes(kind in (COMMIT, AUTH)):
         raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind == COMMIT)}")
     return frame(kind, transfer_id, body)
 

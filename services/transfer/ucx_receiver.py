@@ -3,6 +3,9 @@ buffers and answers each chunk (ucx_wire.py has the messages, ucx_sender.py the 
 
 Receiver rules:
   HELLO                     remember the sender's worker address (an endpoint for replies)
+  AUTH                      the transfer's capability: checked (KVReceiver.admit) before
+                            any receive is posted for it; refused: ERROR, transfer failed.
+                            UCX authenticates nobody: the capability is the proof
   CHUNK of an unknown       ERROR; its data swallowed (below), nothing written
   transfer
   duplicate key, key the    Failed for the transfer; ERROR
@@ -165,6 +168,10 @@ class UcxReceiver(KVReceiver):
             self._on_chunk(nonce, tid, body)
         elif kind == wire.COMMIT:
             self._on_commit(nonce, tid, body)
+        elif kind == wire.AUTH:
+            why = await self.admit(tid, body or {}, None)
+            if why:
+                self._reply(nonce, wire.ERROR, tid, {"reason": why})
         elif kind == wire.ABORT:
             self._fail(tid, f"aborted by sender: {body.get('reason', '')}")
         else:
@@ -264,7 +271,7 @@ class UcxReceiver(KVReceiver):
         """An out-of-line body is received only from a sender that said HELLO (anyone else
         could stall the mailbox with bodies that never come), and a COMMIT's (up to 8 MiB)
         only for a transfer this receiver expects."""
-        return nonce in self._senders and (kind != wire.COMMIT or tid in self.pending)
+        return nonce in self._senders and (kind not in (wire.COMMIT, wire.AUTH) or tid in self.pending)
 
     def _on_commit(self, nonce: int, tid: str, body: dict | None) -> None:
         exp = self.pending.get(tid)

@@ -156,6 +156,18 @@ class UcxSender(KVSender):
             f.add_done_callback(sent)
         self._raise_if_failed(out)
 
+    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
+        peer = await self._peer(dest)
+        out = self._outs.get((peer.nonce, transfer_id))
+        if out is None:
+            out = self._outs[(peer.nonce, transfer_id)] = _Out(peer, transfer_id)
+        self._raise_if_failed(out)
+        try:
+            await self._control(peer, wire.AUTH, transfer_id, credential)
+        except Exception as e:  # noqa: BLE001 - any UCX error
+            self._fail(out, f"AUTH to {dest[:60]} failed: {e!r}")
+        self._raise_if_failed(out)
+
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         tid = commit.transfer_id
         peer = await self._peer(dest)

@@ -37,9 +37,9 @@ from .base import MAX_COMMIT_BODY_BYTES, max_body_bytes, short_reason
 
 MAGIC = b"PDUX"
 VERSION = 1
-HELLO, CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP = range(1, 9)
+HELLO, CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP, AUTH = range(1, 10)
 KIND_NAMES = {HELLO: "HELLO", CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT",
-              VISIBLE: "VISIBLE", VERDICT: "VERDICT", ERROR: "ERROR", STOP: "STOP"}
+              VISIBLE: "VISIBLE", VERDICT: "VERDICT", ERROR: "ERROR", STOP: "STOP", AUTH: "AUTH"}
 HEAD = struct.Struct("!4sBBHIQQ")  # magic, version, kind, id_len, nonce, body_len, oob_tag
 MAX_ID_BYTES = 1024
 INLINE_BODY_BYTES = 60 << 10
@@ -70,8 +70,8 @@ def encode(kind: int, transfer_id: str, nonce: int, obj: dict | None = None
     if len(tid) > MAX_ID_BYTES:
         raise ValueError(f"transfer id of {len(tid)} bytes exceeds {MAX_ID_BYTES}")
     body = json.dumps(short_reason(obj or {}), separators=(",", ":")).encode()
-    if len(body) > max_body_bytes(kind == COMMIT):
-        raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind == COMMIT)}")
+    if len(body) > max_body_bytes(kind in (COMMIT, AUTH)):
+        raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind in (COMMIT, AUTH))}")
     inline = len(body) <= INLINE_BODY_BYTES
     head = HEAD.pack(MAGIC, VERSION, kind, len(tid), nonce, len(body), 0)
     return (head + tid + body, b"") if inline else (head + tid, body)
@@ -87,7 +87,7 @@ def decode_head(buf: memoryview) -> tuple[int, str, int, int, int]:
     magic, version, kind, id_len, nonce, body_len, oob = HEAD.unpack_from(buf)
     if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
         raise ProtocolError(f"bad message head {bytes(magic)!r}/{version}/{kind}")
-    if id_len > MAX_ID_BYTES or body_len > max_body_bytes(kind == COMMIT) or (
+    if id_len > MAX_ID_BYTES or body_len > max_body_bytes(kind in (COMMIT, AUTH)) or (
             not oob and body_len > INLINE_BODY_BYTES):
         raise ProtocolError(f"message too large: id {id_len}, body {body_len} bytes")
     try:

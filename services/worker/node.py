@@ -188,3 +188,23 @@ def router_only(registrations: list[Registration]) -> dict[str, frozenset[str]]:
         service = descriptor_pool.Default().FindServiceByName(full_name)
         table.update(access_table(full_name, {m.name: {"router"} for m in service.methods}))
     return table
+
+
+def _verifier(node: WorkerNode):
+    from services.security.config import CapabilitySettings, verifier
+    return verifier(CapabilitySettings.from_env(), node.security)
+
+
+def source_gate(node: WorkerNode):
+    """The prefill role's capability check (None when security is off and no keys are set)."""
+    from services.worker.capabilities import SourceGate
+    v = _verifier(node)
+    return None if v is None else SourceGate(v, node.cfg.worker_id, lambda: node.epoch, node.loop.engine.abi.digest)
+
+
+def destination_gate(node: WorkerNode):
+    """The decode role's capability check; nonces are consumed through the directory."""
+    from services.worker.capabilities import DestinationGate
+    v = _verifier(node)
+    return None if v is None else DestinationGate(v, node.cfg.worker_id, lambda: node.epoch,
+                                                  node.loop.engine.abi.digest, node.directory.consume_nonce)

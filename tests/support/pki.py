@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pdserve_client import contract
 from pdserve_client.tls import TlsFiles
+from services.security.capability import generate_signing_key
+from services.security.config import CapabilitySettings
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
 
@@ -43,3 +45,16 @@ def env(role: str, name: str) -> dict[str, str]:
     """PD_TLS_* naming `role/name`'s files."""
     cert, key, ca_file = paths(role, name)
     return {contract.TLS_CERT_ENV: str(cert), contract.TLS_KEY_ENV: str(key), contract.TLS_CA_ENV: str(ca_file)}
+
+
+@functools.cache
+def capability_keys() -> tuple[Path, Path]:
+    """(signing key, public key set) of this test process's capability issuer."""
+    d = ca().dir
+    generate_signing_key(d / "capability-signing.pem", d / "capability-keys.json")
+    return d / "capability-signing.pem", d / "capability-keys.json"
+
+
+def capability_settings() -> CapabilitySettings:
+    signing, public = capability_keys()
+    return CapabilitySettings(signing_key=str(signing), public_keys=str(public))

@@ -163,7 +163,7 @@ async def rig(gap_s: float = 0.0, **config):
         fakes[name] = fake
         directory.workers.append(info(name, role, f"127.0.0.1:{port}", free=64 if name == "d0" else 32))
     cfg = RouterConfig(listen_addr="127.0.0.1:0", directory_addr=f"127.0.0.1:{d_port}", snapshot_max_age_ms=0, **config)
-    orch = build(cfg, pki.security("router", "router"))
+    orch = build(cfg, pki.security("router", "router"), capabilities=pki.capability_settings())
     server, port, _ = await start(cfg, orch, pki.security("router", "router"))
     channel = pki.security("operator", "ops").aio_channel(f"127.0.0.1:{port}", "router")
     try:

@@ -17,6 +17,9 @@ class Recording(KVSender):
     async def send(self, dest, transfer_id, chunk, views):
         self.log.append(("send", transfer_id, chunk.key.layer, chunk.checksum, time.monotonic()))
 
+    async def present(self, dest, transfer_id, credential):
+        self.log.append(("present", transfer_id, time.monotonic()))
+
     async def commit(self, dest, commit):
         self.log.append(("commit", commit.transfer_id, time.monotonic()))
         return Verdict(True)

@@ -66,6 +66,9 @@ class SilentPeer(KVSender):
         self.sending.set()
         await asyncio.Future()
 
+    async def present(self, dest, transfer_id, credential):
+        pass
+
     async def commit(self, dest, commit):
         await asyncio.Future()
 

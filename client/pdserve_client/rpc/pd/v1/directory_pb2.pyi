@@ -196,20 +196,24 @@ class RouteEpochResponse(_message.Message):
     def __init__(self, route_epoch: _Optional[int] = ..., advanced: _Optional[bool] = ...) -> None: ...
 
 class ConsumeNonceRequest(_message.Message):
-    __slots__ = ("nonce", "expires_unix_ms", "transfer_id")
+    __slots__ = ("nonce", "expires_unix_ms", "transfer_id", "route_epoch")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     nonce: str
     expires_unix_ms: int
     transfer_id: str
-    def __init__(self, nonce: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ...) -> None: ...
+    route_epoch: int
+    def __init__(self, nonce: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., route_epoch: _Optional[int] = ...) -> None: ...
 
 class ConsumeNonceResponse(_message.Message):
-    __slots__ = ("consumed",)
+    __slots__ = ("consumed", "stale_route_epoch")
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    STALE_ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     consumed: bool
-    def __init__(self, consumed: _Optional[bool] = ...) -> None: ...
+    stale_route_epoch: bool
+    def __init__(self, consumed: _Optional[bool] = ..., stale_route_epoch: _Optional[bool] = ...) -> None: ...
 
 class ListOpenTransactionsRequest(_message.Message):
     __slots__ = ("worker_id",)

@@ -47,7 +47,7 @@ class ChunkSpec(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., block_start: _Optional[int] = ..., block_count: _Optional[int] = ..., num_bytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class HandoffManifest(_message.Message):
-    __slots__ = ("request_id", "tenant", "generation", "attempt", "prompt_digest", "token_interval", "cache_abi_digest", "block_size", "expected_chunks", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "transfer_id", "reservation_id", "route_epoch", "checksum_algorithm")
+    __slots__ = ("request_id", "tenant", "generation", "attempt", "prompt_digest", "token_interval", "cache_abi_digest", "block_size", "expected_chunks", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "transfer_id", "reservation_id", "route_epoch", "checksum_algorithm", "destination_block_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class HandoffManifest(_message.Message):
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     generation: int
@@ -82,7 +83,8 @@ class HandoffManifest(_message.Message):
     reservation_id: str
     route_epoch: int
     checksum_algorithm: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., prompt_digest: _Optional[str] = ..., token_interval: _Optional[_Union[TokenInterval, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ..., block_size: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[ChunkSpec, _Mapping]]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., transfer_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ...) -> None: ...
+    destination_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., attempt: _Optional[int] = ..., prompt_digest: _Optional[str] = ..., token_interval: _Optional[_Union[TokenInterval, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ..., block_size: _Optional[int] = ..., expected_chunks: _Optional[_Iterable[_Union[ChunkSpec, _Mapping]]] = ..., source_worker_id: _Optional[str] = ..., source_epoch: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., transfer_id: _Optional[str] = ..., reservation_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., checksum_algorithm: _Optional[str] = ..., destination_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Transaction(_message.Message):
     __slots__ = ("request_id", "transfer_id", "tenant", "generation", "attempt", "state", "source_worker_id", "source_epoch", "destination_worker_id", "destination_epoch", "reservation_id", "chunks_expected", "kv_digest", "abort_reason", "created_unix_ms", "updated_unix_ms", "manifest")

@@ -1,0 +1,126 @@
+"""The workers' side of transfer capabilities (article 0x0FE; services/security/capability.py).
+
+The router mints one capability per attempt and gives it to prefill with the manifest.
+
+- Prefill (`SourceGate.check`) verifies it before reading any K/V or sending: it must
+  grant exactly this manifest's transfer from this worker (its id and epoch) to the
+  manifest's destination blocks. It then presents it to the destination (AUTH on the
+  data plane) with the nonce it binds.
+- Decode (`DestinationGate.check`) verifies it against its own reservation — its
+  tenant, transfer, generation, the blocks reserved for the transfer set and their
+  bytes — before any receive is posted; the sender's name must be the capability's
+  source when the transport authenticated it (TLS); then the destination consumes
+  the nonce once in the directory, which also refuses a capability of an older route
+  epoch in the same atomic step (revocation). Only then may chunks land, each inside
+  the granted blocks and the byte bound (`Grant` on the reservation).
+
+A denial is `CapabilityDenied` with its reason; nothing is written, nothing leaks.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from pdserve_client.rpc.pd.v1 import capability_pb2
+from services.directory.client import StaleRouteEpoch
+from services.security.capability import (
+    PUSH,
+    CapabilityDenied,
+    Reason,
+    TransferAsk,
+    Verifier,
+    nonce_key,
+)
+from services.transfer.base import ChunkKey
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def physical_blocks(block_ids: Sequence[int], chunks: Iterable[ChunkKey]) -> tuple[int, ...]:
+    """The physical block ids the chunks' logical blocks land in (sorted, unique)."""
+    out = set()
+    for k in chunks:
+        for b in range(k.block_start, k.block_start + k.block_count):
+            if b >= len(block_ids):
+                raise ValueError(f"chunk {k} is past the reservation's {len(block_ids)} blocks")
+            out.add(block_ids[b])
+    return tuple(sorted(out))
+
+
+def _nonce_of(raw: bytes) -> bytes:
+    """The nonce inside a signed capability, unverified (the receiver verifies)."""
+    try:
+        signed = capability_pb2.SignedCapability.FromString(raw)
+        return capability_pb2.TransferCapability.FromString(signed.body).nonce
+    except Exception:  # noqa: BLE001 - garbage is the verifier's to refuse (SIGNATURE)
+        return b""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What an authorized transfer may write: these physical blocks, this many bytes."""
+
+    blocks: frozenset[int]
+    max_bytes: int
+
+
+class SourceGate:
+    """Prefill: a capability must grant exactly the manifest's transfer from this worker."""
+
+    def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str):
+        self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
+
+    def check(self, raw: bytes, manifest, chunks: Sequence[ChunkKey], num_bytes: int) -> dict:
+        """The credential to present to the destination; CapabilityDenied if refused."""
+        try:
+            regions = physical_blocks(manifest.destination_block_ids, chunks)
+        except ValueError as e:
+            raise CapabilityDenied(Reason.REGION, str(e)) from None
+        nonce = _nonce_of(raw)
+        ask = TransferAsk(
+            tenant=manifest.tenant, source_worker_id=self.worker_id, source_epoch=self.epoch(),
+            destination_worker_id=manifest.destination_worker_id, destination_epoch=manifest.destination_epoch,
+            transfer_id=manifest.transfer_id, generation=manifest.generation, cache_abi_digest=self.abi_digest,
+            direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
+        self.verifier.authorize(raw, ask, manifest.route_epoch, _now_ms())
+        return {"capability": base64.b64encode(raw).decode(), "source_worker_id": self.worker_id,
+                "source_epoch": self.epoch(), "nonce": nonce.hex()}
+
+
+class DestinationGate:
+    """Decode: a sender's credential against this worker's own reservation."""
+
+    def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str,
+                 consume: Callable):
+        """consume(nonce_hex, expires_unix_ms, transfer_id, route_epoch) -> bool (the
+        directory's ConsumeNonce; raises StaleRouteEpoch)."""
+        self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
+        self._consume = consume
+
+    async def check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
+                    regions: tuple[int, ...], num_bytes: int) -> Grant:
+        try:
+            raw = base64.b64decode(str(credential["capability"]), validate=True)
+            source, source_epoch = str(credential["source_worker_id"]), int(credential["source_epoch"])
+            nonce = bytes.fromhex(str(credential["nonce"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CapabilityDenied(Reason.SIGNATURE, f"malformed credential ({type(e).__name__})") from None
+        if peer is not None and peer != source:
+            raise CapabilityDenied(Reason.SOURCE, f"sender {peer!r} (by its certificate) claims source {source!r}")
+        ask = TransferAsk(
+            tenant=tenant, source_worker_id=source, source_epoch=source_epoch, destination_worker_id=self.worker_id,
+            destination_epoch=self.epoch(), transfer_id=transfer_id, generation=generation,
+            cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
+        cap = self.verifier.authorize(raw, ask, None, _now_ms())  # the route epoch: below, atomically
+        try:
+            fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
+        except StaleRouteEpoch as e:
+            raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
+        if not fresh:
+            raise CapabilityDenied(Reason.NONCE, f"nonce already used (transfer {transfer_id!r})")
+        return Grant(frozenset(cap.regions), cap.max_bytes)
