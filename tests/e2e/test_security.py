@@ -235,16 +235,20 @@ def test_another_tenant_cannot_cancel_see_or_impersonate(cluster, tenant_b):
         next(iter(stream))  # in flight
         assert b.cancel("victim") is False  # NOT_FOUND: not a request of tenant b
         seen_by_b = admin(cluster, tenant_b, "Decisions", admin_pb2.DecisionsRequest(limit=1000))
-        txns_b = admin(cluster, tenant_b, "ListTransactions", admin_pb2.ListTransactionsRequest())
         result = stream.collect()
     assert len(result.token_ids) == 200 and not result.failed_attempts, result
     assert "victim" not in {r.request_id for r in seen_by_b.records}
-    assert "victim" not in {t.request_id for t in txns_b.transactions}
+
     # Not vacuous: tenant A itself sees both.
     assert "victim" in {r.request_id for r in admin(cluster, a_files, "Decisions",
                                                     admin_pb2.DecisionsRequest(limit=1000)).records}
-    assert "victim" in {t.request_id for t in admin(cluster, a_files, "ListTransactions",
-                                                    admin_pb2.ListTransactionsRequest()).transactions}
+    # An open transaction of tenant A (a hand-off's lasts milliseconds; this one is held).
+    m = _held_transaction(cluster, "held-a")
+    listed = {who: {t.request_id for t in admin(cluster, files, "ListTransactions",
+                                                 admin_pb2.ListTransactionsRequest()).transactions}
+              for who, files in (("a", a_files), ("b", tenant_b))}
+    assert dir_run(cluster, "router", lambda d: d.abort(m.request_id, m.transfer_id, 1, "router", 0)).ok
+    assert "held-a" in listed["a"] and "held-a" not in listed["b"], listed
 
     claim = router_pb2.GenerateRequest(request_id="claim", tenant="default", max_tokens=2,
                                        prompt_token_ids=common_pb2.TokenIds(ids=PROMPT))
@@ -254,11 +258,11 @@ def test_another_tenant_cannot_cancel_see_or_impersonate(cluster, tenant_b):
     assert_cluster_clean(cluster)
 
 
-def _compute_tokens(cluster, files: TlsFiles, request_id: str, mode: str) -> int:
+def _compute_tokens(cluster, files: TlsFiles, request_id: str, mode: str, prompt: list[int]) -> int:
     with Client(cluster.router_address, tls_files=files, timeout_s=60) as c:
-        c.generate_full(prompt_ids=PROMPT, max_tokens=2, ignore_eos=True, mode=mode, request_id=request_id)
+        c.generate_full(prompt_ids=prompt, max_tokens=2, ignore_eos=True, mode=mode, request_id=request_id)
     (rec,) = admin(cluster, files, "Decisions", admin_pb2.DecisionsRequest(request_id=request_id)).records
-    assert rec.prompt_tokens == len(PROMPT)
+    assert rec.prompt_tokens == len(prompt)
     return rec.compute_tokens
 
 
@@ -267,10 +271,11 @@ def test_no_prefix_reuse_across_tenants(cluster, tenant_b, mode):
     """Tenant A's repeat of its prompt hits its cached prefix; tenant B's same prompt,
     sent after, computes every token (the hit would tell B that A sent it)."""
     a_files = cluster.client_files("client")
-    _compute_tokens(cluster, a_files, f"a-first-{mode}", mode)
+    prompt = [t + (1 if mode == "colocated" else 2) for t in PROMPT]  # a prompt no earlier test sent
+    _compute_tokens(cluster, a_files, f"a-first-{mode}", mode, prompt)
     time.sleep(2 * cluster.spec.lease_ttl_s)  # heartbeats carry the cached prefixes to the router
-    assert _compute_tokens(cluster, a_files, f"a-again-{mode}", mode) < len(PROMPT)
-    assert _compute_tokens(cluster, tenant_b, f"b-same-{mode}", mode) == len(PROMPT)
+    assert _compute_tokens(cluster, a_files, f"a-again-{mode}", mode, prompt) < len(prompt)
+    assert _compute_tokens(cluster, tenant_b, f"b-same-{mode}", mode, prompt) == len(prompt)
     assert_cluster_clean(cluster)
 
 
