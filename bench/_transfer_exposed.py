@@ -67,7 +67,6 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[str, list]:
     """Start a cluster, time `colocated` and `disaggregated` requests alternately."""
-    from pdserve_client import Client
     from services.cluster.launcher import ClusterSpec, LocalCluster
     from services.engine.presets import preset_config
 
@@ -77,10 +76,14 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
     state = tempfile.mkdtemp(prefix="pdserve-bench-transfer-")  # kept: logs to read on failure
     spec = ClusterSpec(prefill=1, decode=1, model=args.exposed_model, transport=transport,
                        num_blocks=8 * (length // 16), state_dir=state, env=env, **kw)
-    cluster, tap = LocalCluster(spec), PrefillTap()
+    cluster = LocalCluster(spec)
+    cluster._make_identities()
+    cluster._issue("prefill-tap", "prefill")  # the tap answers the router as a prefill worker
+    cluster._issue("router", "router")
+    tap = PrefillTap(cluster.identity("prefill-tap"), cluster.identity("router"))
     try:
         start_with_tap(cluster, tap, env)
-        client = Client(cluster.router_address, timeout_s=120)
+        client = cluster.client(timeout_s=120)
         out: dict[str, list] = {"colocated": [], "disaggregated": []}
         for i, p in enumerate(prompts(2 * n, length, vocab, seed)):
             mode = ("colocated", "disaggregated")[i % 2]
@@ -106,6 +109,7 @@ def start_with_tap(cluster, tap: PrefillTap, env: dict[str, str], timeout_s: flo
     """LocalCluster.up's order, with the prefill worker registered under the tap's address."""
     (cluster.state / "logs").mkdir(parents=True, exist_ok=True)
     cluster.start_redis()
+    cluster._issue("directory", "directory")
     cluster.directory_address = cluster._service(
         "directory", "kv_directory", ["--redis-url", cluster.redis_url], timeout_s)
     cluster.start_worker("decode", 0, timeout_s)

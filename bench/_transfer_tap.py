@@ -14,6 +14,7 @@ from concurrent import futures
 import grpc
 
 from pdserve_client.rpc.pd.v1 import prefill_pb2
+from services.security.tls import Security
 
 PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
 
@@ -21,18 +22,24 @@ PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
 class PrefillTap(grpc.GenericRpcHandler):
     """Forwards every unary call to `target`; records Prefill timings in `timings`."""
 
-    def __init__(self):
+    def __init__(self, server: Security | None = None, caller: Security | None = None):
+        """server: the certificate the tap answers with (a prefill worker's: the router
+        checks it); caller: the one it forwards with (the router's: only it calls a worker)."""
         self.target = ""
         self.timings: list[dict] = []
+        self._caller = caller or Security.insecure()
         self._channel: grpc.Channel | None = None
         self._server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[self])
-        self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        creds = (server or Security.insecure()).server_credentials()
+        port = self._server.add_secure_port("127.0.0.1:0", creds) if creds is not None else \
+            self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
         self._server.start()
 
     def connect(self, target: str) -> None:
         """Forward to the prefill worker at `target` from now on."""
         self.target = target
-        self._channel = grpc.insecure_channel(target)
+        self._channel = self._caller.channel(target, "prefill")
 
     def service(self, details):
         method = details.method

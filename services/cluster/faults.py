@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from pdserve_client import Client, PdError
+from pdserve_client import PdError
 from services.cluster.launcher import LocalCluster
 from services.directory.client import DirectoryClient
 from services.directory.states import TxnState
@@ -124,7 +124,7 @@ class EventFile:
 
 def _directory(cluster: LocalCluster, fn):
     async def go():
-        async with DirectoryClient(cluster.directory_address, 3.0) as d:
+        async with DirectoryClient(cluster.directory_address, 3.0, cluster.identity("operator")) as d:
             return await fn(d)
     return asyncio.run(go())
 
@@ -177,7 +177,7 @@ class FaultRunner:
         self.pause_s = pause_s
         self.patience_s = patience_s
         self._n = 0
-        with Client(cluster.router_address) as c:
+        with cluster.client() as c:
             self.reference = c.generate_full(prompt_ids=prompt, max_tokens=max_tokens, mode="colocated",
                                              ignore_eos=True).token_ids
 
@@ -193,7 +193,7 @@ class FaultRunner:
 
         def request():
             try:
-                with Client(self.cluster.router_address, timeout_s=self.patience_s) as c:
+                with self.cluster.client(timeout_s=self.patience_s) as c:
                     box["result"] = c.generate_full(
                         prompt_ids=self.prompt, max_tokens=self.max_tokens, mode=mode, ignore_eos=True,
                         request_id=rid, deadline_s=deadline_s)
@@ -212,7 +212,7 @@ class FaultRunner:
             if target:
                 self.cluster.signal(target, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
         elif hit is not None and action == "cancel":
-            with Client(self.cluster.router_address) as c:
+            with self.cluster.client() as c:
                 c.cancel(rid, reason="fault suite")
         thread.join(self.patience_s + 10)
         if thread.is_alive():
@@ -247,7 +247,7 @@ def until_disaggregated(cluster: LocalCluster, prompt: list[int], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with Client(cluster.router_address, timeout_s=10) as c:
+            with cluster.client(timeout_s=10) as c:
                 if c.generate_full(prompt_ids=prompt, max_tokens=1, mode="disaggregated").route == "disaggregated":
                     return True
         except Exception:  # noqa: BLE001 - still coming back

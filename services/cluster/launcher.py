@@ -30,7 +30,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdserve_client import contract
+from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
 from services.common.liveness import process_running
 from services.security.capability import generate_signing_key
@@ -163,6 +163,16 @@ class LocalCluster:
         if self.spec.insecure:
             return Security.insecure()
         return Security.of(TlsFiles.in_dir(self.tls_dir, name))
+
+    def client_files(self, name: str = "client") -> TlsFiles | None:
+        """The files an SDK client (`Client(..., tls_files=)`) presents as certificate
+        `name` ("client", "operator", one from `issue_client`); None when insecure."""
+        return None if self.spec.insecure else TlsFiles.in_dir(self.tls_dir, name)
+
+    def client(self, name: str = "client", **kw) -> Client:
+        """An SDK client of this cluster's router presenting certificate `name`
+        (kw: Client's, e.g. timeout_s)."""
+        return Client(self.router_address, tls_files=self.client_files(name), **kw)
 
     def issue_client(self, tenant: str, file_name: str | None = None) -> TlsFiles:
         """A client certificate for `tenant` from this cluster's CA."""

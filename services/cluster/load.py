@@ -69,7 +69,7 @@ def cancel_storm(cluster: LocalCluster, n: int = 1000, seed: int = 1000, concurr
             out.failed += not ok
 
     t0 = time.monotonic()
-    with Client(cluster.router_address, timeout_s=60) as client, ThreadPoolExecutor(concurrency) as pool:
+    with cluster.client(timeout_s=60) as client, ThreadPoolExecutor(concurrency) as pool:
         futures = [pool.submit(one, client, i) for i in range(n)]
         _, pending = wait(futures, timeout=600)
         out.hung = len(pending)
@@ -94,7 +94,7 @@ def burst(cluster: LocalCluster, prompts: list[list[int]], mode: str, max_tokens
             return exc
 
     t0 = time.monotonic()
-    with Client(cluster.router_address, timeout_s=deadline_s + 30) as client, \
+    with cluster.client(timeout_s=deadline_s + 30) as client, \
             ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(one, prompts))
     out.took_s = time.monotonic() - t0
@@ -121,7 +121,7 @@ def redis_restart(cluster: LocalCluster, prompt: list[int], keep_data: bool, max
     import signal
 
     out = LoadResult(f"redis restart ({'with data' if keep_data else 'data lost'})", 0, 1)
-    with Client(cluster.router_address, timeout_s=30) as c:
+    with cluster.client(timeout_s=30) as c:
         reference = c.generate_full(prompt_ids=prompt, max_tokens=max_tokens, ignore_eos=True,
                                     mode="colocated").token_ids
     time.sleep(1.2)  # appendfsync everysec
@@ -129,7 +129,7 @@ def redis_restart(cluster: LocalCluster, prompt: list[int], keep_data: bool, max
     stop = threading.Event()
 
     def traffic():
-        with Client(cluster.router_address, timeout_s=30) as c:
+        with cluster.client(timeout_s=30) as c:
             while not stop.is_set():
                 mode = ("disaggregated", "colocated")[out.requests % 2]
                 out.requests += 1

@@ -64,6 +64,13 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
+def _ca_common_name(tls_dir: Path) -> str:
+    """`pdserve local CA <folder>`, the folder's tail when the whole would pass X.509's
+    64-character limit on a common name (a deep state dir: pytest's tmp paths)."""
+    name = f"pdserve local CA {tls_dir.resolve()}"
+    return name if len(name) <= 64 else f"pdserve local CA ...{name[-44:]}"
+
+
 class LocalCA:
     """A CA kept in a folder; `issue` writes <name>.crt/.key signed by it."""
 
@@ -77,7 +84,7 @@ class LocalCA:
             return
         self.key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pdserve"),
-                          x509.NameAttribute(NameOID.COMMON_NAME, f"pdserve local CA {self.dir.resolve()}")])
+                          x509.NameAttribute(NameOID.COMMON_NAME, _ca_common_name(self.dir))])
         now = datetime.datetime.now(datetime.UTC)
         self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                      .public_key(self.key.public_key()).serial_number(x509.random_serial_number())

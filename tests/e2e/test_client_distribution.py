@@ -4,7 +4,6 @@ and the examples in client/README.md run with it against a real local cluster.""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, start_cluster, tls_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "client" / "README.md"
@@ -54,7 +53,7 @@ def test_the_readme_examples_run_against_a_local_cluster(client_venv, tmp_path):
     assert len(blocks) == 2
     cluster = start_cluster(tmp_path, prefill=1, decode=1, transport="tcp")
     try:
-        env = dict(os.environ, PD_ROUTER=cluster.router_address)
+        env = dict(tls_env(cluster), PD_ROUTER=cluster.router_address)
         outputs = []
         for code in blocks:
             done = subprocess.run([str(client_venv), "-c", code], capture_output=True, text=True, env=env,

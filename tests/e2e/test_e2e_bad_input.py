@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from pdserve_client import Client, PdError
+from pdserve_client import PdError
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -27,21 +27,21 @@ def cluster(tmp_path_factory):
 ])
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 def test_bad_request_is_rejected_precisely(cluster, kwargs, code, words, mode):
-    with Client(cluster.router_address) as client:
+    with client(cluster) as sdk:
         with pytest.raises(PdError) as err:
-            client.generate_full(mode=mode, **kwargs)
+            sdk.generate_full(mode=mode, **kwargs)
     assert err.value.code == code, err.value
     assert words in err.value.message, err.value.message
     assert_cluster_clean(cluster)
 
 
 def test_cancel_of_unknown_request_is_not_found(cluster):
-    with Client(cluster.router_address) as client:
-        assert client.cancel("no-such-request") is False
+    with client(cluster) as sdk:
+        assert sdk.cancel("no-such-request") is False
 
 
 def test_wrong_cache_abi_digest_is_refused_by_decode(cluster):
-    with grpc.insecure_channel(cluster.procs["decode-0"].address) as ch:
+    with channel(cluster, "decode-0", "router") as ch:
         with pytest.raises(grpc.RpcError) as err:
             decode_pb2_grpc.DecodeStub(ch).Reserve(decode_pb2.DecodeReserveRequest(
                 request_id="abi", generation=1, prompt_token_ids=[1, 2, 3], max_tokens=2,
@@ -66,7 +66,7 @@ NAN = float("nan")
 ], ids=["reserve-nan-temperature", "generate-nan-temperature", "generate-without-request-id"])
 def test_decode_worker_refuses_bad_calls_precisely(cluster, call, request_, words):
     """Straight to the worker, past the router's checks (issue 15, item 8)."""
-    with grpc.insecure_channel(cluster.procs["decode-0"].address) as ch:
+    with channel(cluster, "decode-0", "router") as ch:
         stub = decode_pb2_grpc.DecodeStub(ch)
         with pytest.raises(grpc.RpcError) as err:
             result = getattr(stub, call)(request_, timeout=10)
@@ -77,18 +77,18 @@ def test_decode_worker_refuses_bad_calls_precisely(cluster, call, request_, word
 
 
 def test_a_good_request_still_works_afterwards(cluster):
-    with Client(cluster.router_address) as client:
-        res = client.generate_full(prompt_ids=list(range(3, 40)), max_tokens=5, ignore_eos=True)
+    with client(cluster) as sdk:
+        res = sdk.generate_full(prompt_ids=list(range(3, 40)), max_tokens=5, ignore_eos=True)
     assert len(res.token_ids) == 5 and res.route == "disaggregated"
     assert_cluster_clean(cluster)
 
 
 @pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
 def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
-    with Client(cluster.router_address) as client:
+    with client(cluster) as sdk:
         # 1700 tokens take the tiny model well over the 4 s allowed below: only a
         # cancel that reaches the decode worker frees its blocks in time.
-        stream = client.generate(prompt_ids=list(range(3, 300)), max_tokens=1700, mode=mode,
+        stream = sdk.generate(prompt_ids=list(range(3, 300)), max_tokens=1700, mode=mode,
                                  ignore_eos=True)
         got = []
         for event in stream:
@@ -108,8 +108,9 @@ def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
                                             ("directory", "/pd.v1.Directory/RegisterWorker")])
 def test_malformed_bytes_are_invalid_argument(cluster, service, method):
     """Bytes that are no protobuf message get a status a person can act on (issue 15, item 7)."""
-    address = cluster.router_address if service == "router" else cluster.procs[service].address
-    with grpc.insecure_channel(address) as ch:
+    # Each caller is one its method admits: the bytes, not the identity, are at fault.
+    identity = {"router": "client", "decode-0": "router", "directory": "decode-0"}[service]
+    with channel(cluster, service, identity) as ch:
         streaming = method.endswith("Generate")
         call = (ch.unary_stream if streaming else ch.unary_unary)(method)
         with pytest.raises(grpc.RpcError) as err:
@@ -125,7 +126,7 @@ def test_a_message_over_the_size_limit_is_refused_before_it_is_parsed(cluster):
     request = router_pb2.GenerateRequest(  # 3-byte varints: 9 MB, over the 8 MiB limit
         request_id="huge", prompt_token_ids=common_pb2.TokenIds(ids=[200_000] * 3_000_000), max_tokens=1)
     options = [("grpc.max_send_message_length", 64 << 20)]
-    with grpc.insecure_channel(cluster.router_address, options=options) as ch:
+    with channel(cluster, "router", "client", options=options) as ch:
         with pytest.raises(grpc.RpcError) as err:
             list(router_pb2_grpc.RouterStub(ch).Generate(request, timeout=30))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value

@@ -26,14 +26,14 @@ def cluster(request, tmp_path_factory):
     c.down()
 
 
-def run_all(address: str, prompts: list[list[int]], mode: str):
-    return generate_all(address, prompts, max_tokens=MAX_TOKENS, mode=mode, ignore_eos=True, deadline_s=120)
+def run_all(cluster, prompts: list[list[int]], mode: str):
+    return generate_all(cluster, prompts, max_tokens=MAX_TOKENS, mode=mode, ignore_eos=True, deadline_s=120)
 
 
 def test_disaggregated_equals_colocated_with_exact_handoff(cluster):
     prompts = seeded_requests(N_REQUESTS, seed=2026)
-    disagg = run_all(cluster.router_address, prompts, "disaggregated")
-    coloc = run_all(cluster.router_address, prompts, "colocated")
+    disagg = run_all(cluster, prompts, "disaggregated")
+    coloc = run_all(cluster, prompts, "colocated")
     assert [r.route for r in disagg] == ["disaggregated"] * N_REQUESTS
     assert [r.route for r in coloc] == ["colocated"] * N_REQUESTS
     mismatched = [i for i, (a, b) in enumerate(zip(disagg, coloc)) if a.token_ids != b.token_ids]
@@ -49,7 +49,7 @@ def test_shortest_outputs_succeed_disaggregated_at_the_first_attempt(cluster, ma
     """A 1-token request finishes at publication, possibly before its DecodeStream call
     arrives: the tokens wait for the stream, and no attempt fails (issue 15, item 2)."""
     prompts = seeded_requests(20, seed=max_tokens, max_prompt=300)
-    results = generate_all(cluster.router_address, prompts, max_tokens=max_tokens, mode="disaggregated",
+    results = generate_all(cluster, prompts, max_tokens=max_tokens, mode="disaggregated",
                            ignore_eos=True)
     failed = [(r.attempts, r.failed_attempts) for r in results if r.attempts != 1 or r.failed_attempts]
     assert not failed, failed
@@ -67,7 +67,7 @@ def test_a_reused_request_id_is_served_at_its_first_attempt(cluster):
     rid = f"reused-{cluster.spec.transport}"
 
     def once():
-        [r] = generate_all(cluster.router_address, [prompt], max_tokens=4, mode="disaggregated",
+        [r] = generate_all(cluster, [prompt], max_tokens=4, mode="disaggregated",
                            ignore_eos=True, request_id=rid)
         return r
 

@@ -14,10 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pdserve_client import Client
 from services.directory.records import WorkerRole
 from services.telemetry.metrics import parse
-from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
+from tests.support.cluster import _directory, assert_cluster_clean, client, generate_all, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +41,8 @@ def test_mixed_workers_register_both_roles(cluster):
 def test_split_in_both_directions_equals_colocated(cluster):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(40, 300))] for _ in range(16)]
-    split = generate_all(cluster.router_address, prompts, max_tokens=24, ignore_eos=True, mode="disaggregated")
-    colo = generate_all(cluster.router_address, prompts, max_tokens=24, ignore_eos=True, mode="colocated")
+    split = generate_all(cluster, prompts, max_tokens=24, ignore_eos=True, mode="disaggregated")
+    colo = generate_all(cluster, prompts, max_tokens=24, ignore_eos=True, mode="colocated")
     pairs = {(r.prefill_worker, r.decode_worker) for r in split}
     assert all(r.route == "disaggregated" for r in split)
     assert all(p != d and {p, d} <= {"mixed-0", "mixed-1"} for p, d in pairs), pairs
@@ -59,8 +58,8 @@ def test_split_in_both_directions_equals_colocated(cluster):
 def test_a_mixed_workers_metrics_show_what_it_sent_and_what_it_received(cluster):
     """Each mixed worker's metrics file has its sender's and its receiver's figures, and
     the bytes one sent the other received (8 concurrent splits go both ways, as above)."""
-    with Client(cluster.router_address) as client, ThreadPoolExecutor(8) as pool:
-        done = list(pool.map(lambda i: client.generate_full(
+    with client(cluster) as sdk, ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda i: sdk.generate_full(
             prompt_ids=[3 + (i + j) % 500 for j in range(300)], max_tokens=2, ignore_eos=True,
             mode="disaggregated"), range(8)))
     assert {r.prefill_worker for r in done} == {"mixed-0", "mixed-1"}

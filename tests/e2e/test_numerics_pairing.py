@@ -17,11 +17,18 @@ import sys
 import grpc
 import pytest
 
-from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
 from services.cluster.launcher import REPO_ROOT
 from services.engine import Engine, EngineConfig, SamplingParams
-from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
+from tests.support.cluster import (
+    _directory,
+    assert_cluster_clean,
+    channel,
+    client,
+    generate_all,
+    start_cluster,
+    tls_env,
+)
 
 TILE_64 = {"PD_ATTN_TILE_TOKENS": "64"}
 
@@ -52,7 +59,7 @@ def test_digests_follow_numerics(cluster):
 def test_router_pairs_each_prefill_worker_only_with_its_numerics(cluster):
     rng = random.Random(14)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(70, 300))] for _ in range(16)]
-    split = generate_all(cluster.router_address, prompts, max_tokens=12, ignore_eos=True, mode="disaggregated")
+    split = generate_all(cluster, prompts, max_tokens=12, ignore_eos=True, mode="disaggregated")
     pairs = {(r.prefill_worker, r.decode_worker) for r in split if r.route == "disaggregated"}
     assert pairs == {("prefill-0", "decode-0"), ("prefill-1", "decode-1")}, pairs
     assert "mixed-0" not in {w for r in split for w in (r.prefill_worker, r.decode_worker)}
@@ -69,7 +76,7 @@ def test_router_pairs_each_prefill_worker_only_with_its_numerics(cluster):
 def test_forcing_the_incompatible_pair_is_refused(cluster):
     """decode-1 (tile 64) refuses a reservation for K/V encoded with prefill-0's ABI."""
     digests = _digests(cluster)
-    with grpc.insecure_channel(cluster.procs["decode-1"].address) as ch:
+    with channel(cluster, "decode-1", "router") as ch:
         with pytest.raises(grpc.RpcError) as err:
             decode_pb2_grpc.DecodeStub(ch).Reserve(decode_pb2.DecodeReserveRequest(
                 request_id="forced", tenant="t", generation=1, prompt_token_ids=list(range(3, 60)),
@@ -82,12 +89,12 @@ def test_forcing_the_incompatible_pair_is_refused(cluster):
 
 
 def test_failed_self_check_is_colocated_only_and_says_why(cluster):
-    with Client(cluster.router_address) as client:
-        workers = {w.worker_id: w for w in client.status().workers}
+    with client(cluster) as sdk:
+        workers = {w.worker_id: w for w in sdk.status().workers}
     why = workers["mixed-0"].colocated_only_reason
     assert why.startswith("lm_head: rows 0..0 computed apart differ"), why
     assert all(not w.colocated_only_reason for name, w in workers.items() if name != "mixed-0")
     out = subprocess.run([sys.executable, "-m", "pdserve_client.cli", "status", "--router", cluster.router_address],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+                         cwd=REPO_ROOT, env=tls_env(cluster), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"mixed-0: colocated only, no K/V hand-off: {why}" in out.stdout

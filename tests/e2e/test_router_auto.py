@@ -19,12 +19,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import pytest
 
-from pdserve_client import Client, PdError
+from pdserve_client import PdError
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import aio_channel, assert_cluster_clean, client, directory, start_cluster
 
 SHORT, LONG = 32, 1000
 
@@ -41,26 +40,27 @@ def cluster(tmp_path_factory):
     c.down()
 
 
-def decisions(address: str, request_id: str = "") -> list:
+def decisions(cluster, request_id: str = "") -> list:
+    """The router's decision records (the client's: all this module's requests are its)."""
     async def go():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with aio_channel(cluster, "router", "client") as ch:
             resp = await admin_pb2_grpc.AdminStub(ch).Decisions(
                 admin_pb2.DecisionsRequest(request_id=request_id, limit=1000))
             return list(resp.records)
     return asyncio.run(go())
 
 
-def set_mode(address: str, mode: int) -> None:
+def set_mode(cluster, mode: int) -> None:
     async def go():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with aio_channel(cluster, "router", "operator") as ch:
             await admin_pb2_grpc.AdminStub(ch).SetMode(admin_pb2.SetModeRequest(mode=mode, reason="test"))
     asyncio.run(go())
 
 
-def wait_for_decode_batch(address: str, timeout_s: float = 10.0) -> None:
+def wait_for_decode_batch(cluster, timeout_s: float = 10.0) -> None:
     """Until some worker's latest heartbeat reports a nonempty decode batch."""
     async def go():
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with aio_channel(cluster, "router", "client") as ch:
             stub = admin_pb2_grpc.AdminStub(ch)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -78,7 +78,7 @@ def prompt(n: int, rng: random.Random) -> list[int]:
 
 def test_workers_registered_calibrated_profiles(cluster):
     async def go():
-        async with grpc.aio.insecure_channel(cluster.router_address) as ch:
+        async with aio_channel(cluster, "router", "client") as ch:
             return await admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest())
     status = asyncio.run(go())
     assert status.router_mode == "auto" and len(status.workers) == 2
@@ -89,19 +89,19 @@ def test_workers_registered_calibrated_profiles(cluster):
 
 def test_short_stream_colocated_long_burst_disaggregated(cluster):
     rng = random.Random(5)
-    client = Client(cluster.router_address, timeout_s=120)
-    shorts = [client.generate_full(prompt_ids=prompt(SHORT, rng), max_tokens=16, ignore_eos=True,
+    sdk = client(cluster, timeout_s=120)
+    shorts = [sdk.generate_full(prompt_ids=prompt(SHORT, rng), max_tokens=16, ignore_eos=True,
                                    request_id=f"short-{i}") for i in range(6)]
     why = {r.request_id: (r.outcome, r.reason, r.predicted_ttft_ms, r.shadow_predicted_ttft_ms)
-           for r in decisions(cluster.router_address)}
+           for r in decisions(cluster)}
     assert [r.route for r in shorts] == ["colocated"] * 6, why
     # A long-running stream keeps the decode worker busy while the burst arrives:
     # wait until it streams and a heartbeat shows it (else the burst's first prompt
     # can be priced against a load report that does not show the stream yet).
-    stream = client.generate(prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True,
+    stream = sdk.generate(prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True,
                              request_id="background")
     next(stream)
-    wait_for_decode_batch(cluster.router_address)
+    wait_for_decode_batch(cluster)
     background = threading.Thread(target=stream.collect)
     background.start()
     try:
@@ -110,66 +110,64 @@ def test_short_stream_colocated_long_burst_disaggregated(cluster):
         # (prefill time) / 7 gaps, far over 15 ms on this model; a split route
         # leaves the decode worker's cadence at a few ms.
         with ThreadPoolExecutor(6) as pool:
-            longs = list(pool.map(lambda i: client.generate_full(
+            longs = list(pool.map(lambda i: sdk.generate_full(
                 prompt_ids=prompt(LONG, random.Random(1000 + i)), max_tokens=8, ignore_eos=True,
                 slo_tpot_ms=15.0, request_id=f"long-{i}"), range(6)))
     finally:
         background.join(timeout=120)
         stream.close()
     routes = [r.route for r in longs]
-    why = {r.request_id: (r.outcome, r.reason) for r in decisions(cluster.router_address)}
+    why = {r.request_id: (r.outcome, r.reason) for r in decisions(cluster)}
     assert routes == ["disaggregated"] * 6, (routes, why)
-    recs = {r.request_id: r for r in decisions(cluster.router_address)}
+    recs = {r.request_id: r for r in decisions(cluster)}
     for i in range(6):
         rec = recs[f"short-{i}"]
         assert rec.outcome == "colocated" and rec.finished and rec.observed_ttft_ms > 0
         assert rec.predicted_ttft_ms > 0 and rec.shadow_prefill_worker_id  # the split route was priced too
     split = [recs[f"long-{i}"] for i in range(6) if recs[f"long-{i}"].outcome == "disaggregated"]
     assert all(r.compute_tokens == LONG and r.transfer_tokens == LONG and r.observed_tpot_ms > 0 for r in split)
-    client.close()
+    sdk.close()
     assert_cluster_clean(cluster)
 
 
 def test_unmeetable_slo_is_rejected_before_any_prefill(cluster):
-    client = Client(cluster.router_address, timeout_s=60)
-    before = {r.request_id for r in decisions(cluster.router_address)}
+    sdk = client(cluster, timeout_s=60)
+    before = {r.request_id for r in decisions(cluster)}
     with pytest.raises(PdError) as err:
-        client.generate_full(prompt_ids=prompt(LONG, random.Random(9)), max_tokens=16, slo_tpot_ms=0.001,
+        sdk.generate_full(prompt_ids=prompt(LONG, random.Random(9)), max_tokens=16, slo_tpot_ms=0.001,
                              request_id="hopeless")
     assert err.value.code == "RESOURCE_EXHAUSTED", err.value
     assert "TPOT" in str(err.value) and "> SLO 0.001 ms" in str(err.value)
-    (rec,) = decisions(cluster.router_address, "hopeless")
+    (rec,) = decisions(cluster, "hopeless")
     assert rec.outcome == "rejected" and rec.prefill_worker_id == "" and rec.observed_ttft_ms == 0
     assert "hopeless" not in before
     # No prefill ran for it: no transaction was ever reserved, no worker holds its blocks.
     snap_txns = _txns(cluster)
     assert not [t for t in snap_txns if t.request_id == "hopeless"]
-    client.close()
+    sdk.close()
     assert_cluster_clean(cluster)
 
 
 def _txns(cluster):
-    from services.directory.client import DirectoryClient
-
     async def go():
-        async with DirectoryClient(cluster.directory_address) as d:
+        async with directory(cluster) as d:
             return await d.list_open(), await d.lookup("hopeless", "hopeless/1")
     open_txns, latest = asyncio.run(go())
     return list(open_txns) + ([latest] if latest is not None else [])
 
 
 def test_shadow_executes_colocated_and_records_split_predictions(cluster):
-    set_mode(cluster.router_address, admin_pb2.RELEASE_MODE_SHADOW)
+    set_mode(cluster, admin_pb2.RELEASE_MODE_SHADOW)
     try:
-        client = Client(cluster.router_address, timeout_s=120)
-        results = [client.generate_full(prompt_ids=prompt(LONG, random.Random(100 + i)), max_tokens=8,
+        sdk = client(cluster, timeout_s=120)
+        results = [sdk.generate_full(prompt_ids=prompt(LONG, random.Random(100 + i)), max_tokens=8,
                                         ignore_eos=True, request_id=f"shadow-{i}") for i in range(3)]
-        client.close()
+        sdk.close()
     finally:
-        set_mode(cluster.router_address, admin_pb2.RELEASE_MODE_ACTIVE)
+        set_mode(cluster, admin_pb2.RELEASE_MODE_ACTIVE)
     assert [r.route for r in results] == ["colocated"] * 3
     for i in range(3):
-        (rec,) = decisions(cluster.router_address, f"shadow-{i}")
+        (rec,) = decisions(cluster, f"shadow-{i}")
         assert rec.mode == "shadow" and rec.outcome == "colocated" and rec.finished
         assert rec.shadow_prefill_worker_id and rec.shadow_decode_worker_id
         assert rec.shadow_predicted_ttft_ms > 0 and rec.shadow_predicted_tpot_ms > 0

@@ -20,9 +20,8 @@ import time
 
 import pytest
 
-from pdserve_client import Client
 from services.telemetry.metrics import parse
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
 
 PROMPT_TOKENS = 1000
 CHUNKS = 4 * 4  # tiny: 4 layers; 63 blocks in chunks of 16 blocks (one prefill chunk)
@@ -55,10 +54,10 @@ def events_of(cluster, request_id: str) -> dict[str, list[dict]]:
 def test_chunks_leave_after_their_layer_and_publish_waits_for_all(cluster, seed):
     rng = random.Random(seed)
     prompt = [rng.randrange(3, 500) for _ in range(PROMPT_TOKENS)]
-    with Client(cluster.router_address) as client:
-        split = client.generate_full(prompt_ids=prompt, max_tokens=6, ignore_eos=True,
+    with client(cluster) as sdk:
+        split = sdk.generate_full(prompt_ids=prompt, max_tokens=6, ignore_eos=True,
                                      mode="disaggregated", request_id=f"stream-{seed}")
-        coloc = client.generate_full(prompt_ids=prompt, max_tokens=6, ignore_eos=True,
+        coloc = sdk.generate_full(prompt_ids=prompt, max_tokens=6, ignore_eos=True,
                                      mode="colocated")
     assert split.route == "disaggregated" and split.token_ids == coloc.token_ids
     ev = events_of(cluster, f"stream-{seed}")
@@ -79,8 +78,8 @@ def test_chunks_leave_after_their_layer_and_publish_waits_for_all(cluster, seed)
 
 def test_metrics_report_the_data_path_and_the_bytes(cluster):
     """The path UCX took (shared memory here) and the bytes moved are in the metrics files."""
-    with Client(cluster.router_address) as client:
-        client.generate_full(prompt_ids=[3 + i % 500 for i in range(600)], max_tokens=2,
+    with client(cluster) as sdk:
+        sdk.generate_full(prompt_ids=[3 + i % 500 for i in range(600)], max_tokens=2,
                              ignore_eos=True, mode="disaggregated")
     deadline = time.monotonic() + 5
     while True:

@@ -78,6 +78,6 @@ def test_a_body_over_its_cap_closes_the_connection_unread(cluster, kind, cap):
         s.settimeout(10)
         assert s.recv(1) == b""  # closed without reading the body
     # The worker still serves a disaggregated request over this data plane.
-    [r] = generate_all(cluster.router_address, [[5, 6, 7, 8] * 10], max_tokens=3, mode="disaggregated")
+    [r] = generate_all(cluster, [[5, 6, 7, 8] * 10], max_tokens=3, mode="disaggregated")
     assert r.route == "disaggregated" and r.attempts == 1
     assert_cluster_clean(cluster)

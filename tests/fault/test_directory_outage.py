@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from pdserve_client import Client
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
 
 PROMPT = list(range(3, 90))
 
@@ -29,15 +28,15 @@ def cluster(tmp_path_factory):
 
 
 def test_colocated_serving_outlives_the_directory(cluster):
-    with Client(cluster.router_address, timeout_s=60) as client:
-        first = client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True)
+    with client(cluster, timeout_s=60) as sdk:
+        first = sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True)
         assert first.route == "disaggregated"
         cluster.signal("directory", signal.SIGKILL)
         outage_ends = time.monotonic() + 2 * cluster.spec.lease_ttl_s
         served = []
         while time.monotonic() < outage_ends:
             for mode in ("disaggregated", "colocated"):
-                served.append(client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True, mode=mode))
+                served.append(sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True, mode=mode))
         assert len(served) >= 4
         # The router learns of the outage from the first failed directory call (a cached
         # snapshot was still fresh); every request after it goes colocated at once.
@@ -49,7 +48,7 @@ def test_colocated_serving_outlives_the_directory(cluster):
         cluster.restart("directory")
         deadline = time.monotonic() + 30
         while True:  # the workers notice their lost leases and register again
-            again = client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True)
+            again = sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True)
             if again.route == "disaggregated" or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

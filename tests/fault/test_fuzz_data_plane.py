@@ -53,7 +53,7 @@ def test_random_frames_are_answered_or_closed(cluster, payload):
 
 
 def test_the_data_plane_serves_and_nothing_is_held_after_the_fuzzing(cluster):
-    [r] = generate_all(cluster.router_address, [list(range(3, 80))], max_tokens=4, mode="disaggregated")
+    [r] = generate_all(cluster, [list(range(3, 80))], max_tokens=4, mode="disaggregated")
     assert r.route == "disaggregated" and r.attempts == 1
     assert cluster.alive()["decode-0"]
     assert_cluster_clean(cluster)

@@ -25,14 +25,19 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kv_directory.server import ACCESS as DIRECTORY_ACCESS
 from pdserve_client.rpc.pd.v1 import admin_pb2, decode_pb2, directory_pb2, prefill_pb2, router_pb2
+from router.server import ACCESS as ROUTER_ACCESS
 from tests.support.cluster import assert_cluster_clean, start_cluster
 
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
            grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ABORTED,
-           grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE}
-"""UNAVAILABLE: e.g. a prefill told to send to an address that does not exist. Never
+           grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED}
+"""UNAVAILABLE: e.g. a prefill told to send to an address that does not exist.
+PERMISSION_DENIED: a message naming a worker or transfer its caller's certificate does
+not hold (the directory's identity checks; every call is made as a role its method
+admits, so the role check itself never answers). Never
 UNKNOWN or INTERNAL; never a call that hangs (DEADLINE_EXCEEDED at the caller's own
 timeout). DEADLINE_EXCEEDED answered by the service before that (a request whose own
 `deadline_ms` is 1) is deliberate: `_call` reports it as SERVICE_DEADLINE."""
@@ -163,6 +168,19 @@ def _service(full_name: str):
     raise KeyError(full_name)
 
 
+CALLERS = ("router", "operator", "client", "decode-0")
+"""Certificates a fuzzed call presents: the first whose role its method admits."""
+
+
+def _caller(full_name: str, method_name: str) -> str:
+    method = f"/{full_name}/{method_name}"
+    for table in (DIRECTORY_ACCESS, ROUTER_ACCESS):
+        if method in table:
+            roles = table[method]
+            return next(c for c in CALLERS if c.split("-")[0] in roles)
+    return "router"  # a worker's RPC: only the router calls them
+
+
 def _address(cluster, full_name: str) -> str:
     return {"pd.v1.Router": cluster.router_address, "pd.v1.Admin": cluster.router_address,
             "pd.v1.Decode": cluster.procs["decode-0"].address, "pd.v1.Prefill": cluster.procs["prefill-0"].address,
@@ -179,7 +197,10 @@ def test_fuzzed_messages_get_a_deliberate_status(cluster, service_name, method_n
     descriptor = svc.methods_by_name[method_name].input_type
     seen: dict[str, set] = {"codes": set()}
 
-    with grpc.insecure_channel(_address(cluster, service_name)) as channel:
+    service = {"pd.v1.Router": "router", "pd.v1.Admin": "router", "pd.v1.Decode": "decode",
+               "pd.v1.Prefill": "prefill", "pd.v1.Directory": "directory"}[service_name]
+    security = cluster.identity(_caller(service_name, method_name))
+    with security.channel(_address(cluster, service_name), service) as channel:
         @FUZZ
         @given(payload=st.one_of(st.binary(min_size=1, max_size=200),
                                  st.nothing() if method_name in SKIP_WELL_FORMED
@@ -198,8 +219,7 @@ def test_fuzzed_messages_get_a_deliberate_status(cluster, service_name, method_n
 
 
 def test_the_cluster_is_clean_and_serving_after_the_fuzzing(cluster):
-    from pdserve_client import Client
-    with Client(cluster.router_address, timeout_s=60) as client:
-        r = client.generate_full(prompt_ids=list(range(3, 60)), max_tokens=4, mode="disaggregated")
+    with cluster.client(timeout_s=60) as sdk:
+        r = sdk.generate_full(prompt_ids=list(range(3, 60)), max_tokens=4, mode="disaggregated")
     assert r.route == "disaggregated" and len(r.token_ids) == 4
     assert_cluster_clean(cluster, timeout_s=30)

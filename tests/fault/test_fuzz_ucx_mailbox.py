@@ -65,7 +65,7 @@ def test_unsolicited_messages_are_dropped(sender, payload):
 
 
 def test_the_ucx_data_plane_serves_after_the_fuzzing(cluster, sender):
-    [r] = generate_all(cluster.router_address, [list(range(3, 80))], max_tokens=4, mode="disaggregated")
+    [r] = generate_all(cluster, [list(range(3, 80))], max_tokens=4, mode="disaggregated")
     assert (r.route, r.attempts, r.failed_attempts) == ("disaggregated", 1, ""), r
     assert cluster.alive()["decode-0"]
     assert_cluster_clean(cluster)

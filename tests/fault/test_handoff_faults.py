@@ -23,15 +23,12 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
-from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from services.cluster.faults import EventFile
-from services.directory.client import DirectoryClient
 from services.directory.states import TxnState
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
 
 MAX_TOKENS = 8
 PROMPT = [random.Random(11).randrange(3, 500) for _ in range(150)]  # 4 chunks (tiny: 4 layers)
@@ -77,7 +74,7 @@ def generate(cluster, request_id: str, on_started=None):
         max_tokens=MAX_TOKENS, mode=router_pb2.MODE_DISAGGREGATED,
         sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000)
     tokens, complete, started = [], None, []
-    with grpc.insecure_channel(cluster.router_address) as ch:
+    with channel(cluster, "router", "client") as ch:
         for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=90):
             kind = event.WhichOneof("event")
             if kind == "started":
@@ -93,15 +90,15 @@ def generate(cluster, request_id: str, on_started=None):
 
 def txn_state(cluster, request_id: str, generation: int):
     async def go():
-        async with DirectoryClient(cluster.directory_address) as d:
+        async with directory(cluster) as d:
             return await d.lookup(request_id, f"{request_id}/{generation}")
     rec = asyncio.run(go())
     return rec.state if rec is not None else None
 
 
 def colocated_reference(cluster) -> list[int]:
-    with Client(cluster.router_address) as client:
-        return client.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode="colocated",
+    with client(cluster) as sdk:
+        return sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, mode="colocated",
                                     ignore_eos=True).token_ids
 
 
@@ -165,12 +162,12 @@ def test_bad_chunk_aborts_and_the_request_completes(tmp_path, fault, match):
 
 def test_cancel_mid_stream_aborts_everywhere(cluster):
     rid = "cancel-mid-stream"
-    with Client(cluster.router_address) as client:
+    with client(cluster) as sdk:
         cancelled = []
         watcher = when_first_chunk_visible(
-            cluster, rid, lambda: cancelled.append(client.cancel(rid)))
+            cluster, rid, lambda: cancelled.append(sdk.cancel(rid)))
         with pytest.raises(Exception) as err:
-            client.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+            sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
                                  mode="disaggregated", request_id=rid)
         watcher.join(10)  # the stream may end before the watcher's cancel call returns
         assert cancelled == [True]

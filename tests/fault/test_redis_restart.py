@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from pdserve_client import Client
 from services.cluster.faults import advance_route_epoch, fences
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
 
 PROMPT = list(range(3, 120))
 
@@ -23,8 +22,8 @@ PROMPT = list(range(3, 120))
 def test_fences_never_move_backwards_across_a_redis_restart(tmp_path, keep_data):
     cluster = start_cluster(tmp_path, prefill=1, decode=1, transport="tcp", lease_ttl_s=2.0)
     try:
-        with Client(cluster.router_address, timeout_s=60) as client:
-            before = client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True, mode="disaggregated")
+        with client(cluster, timeout_s=60) as sdk:
+            before = sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True, mode="disaggregated")
             advance_route_epoch(cluster)
             time.sleep(1.5)  # appendfsync everysec: what the restart may keep is on disk
             epochs, route_epoch = fences(cluster)
@@ -39,7 +38,7 @@ def test_fences_never_move_backwards_across_a_redis_restart(tmp_path, keep_data)
             deadline = time.monotonic() + 30
             while True:  # leases lapse during the outage (or with the data): workers register again
                 try:
-                    again = client.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True,
+                    again = sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, ignore_eos=True,
                                                  mode="disaggregated")
                     if again.route == "disaggregated":
                         break

@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from pdserve_client import Client
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
 
 PROMPT = list(range(3, 60))
 MAX_TOKENS = 300
@@ -30,9 +29,9 @@ def cluster(tmp_path):
 
 
 def test_a_stopped_decode_worker_is_noticed_by_its_lease(cluster):
-    with Client(cluster.router_address, timeout_s=180) as client:
-        reference = client.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
-        stream = client.generate(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
+    with client(cluster, timeout_s=180) as sdk:
+        reference = sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
+        stream = sdk.generate(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
                                  request_id="hung-worker")
         victim, tokens = None, []
         started = time.monotonic()

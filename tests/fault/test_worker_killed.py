@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import random
 
-import grpc
 import pytest
 
-from pdserve_client import Client
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
 
 MAX_TOKENS = 10
 
@@ -37,7 +35,7 @@ def generate_killing(cluster, prompt: list[int], victim_role: str):
         max_tokens=MAX_TOKENS, mode=router_pb2.MODE_DISAGGREGATED,
         sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000)
     killed, tokens, complete, started = None, [], None, []
-    with grpc.insecure_channel(cluster.router_address) as ch:
+    with channel(cluster, "router", "client") as ch:
         for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=90):
             kind = event.WhichOneof("event")
             if kind == "started":
@@ -63,8 +61,8 @@ def test_worker_killed_between_reserve_and_publish(cluster, victim_role):
     # The retry ran on workers other than the dead one.
     last = started[-1]
     assert killed not in (last.prefill_worker_id, last.decode_worker_id)
-    with Client(cluster.router_address) as client:
-        reference = client.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS,
+    with client(cluster) as sdk:
+        reference = sdk.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS,
                                          mode="colocated", ignore_eos=True)
     assert tokens == reference.token_ids
     # The dead worker's lease expires, its transactions are aborted, survivors are clean.

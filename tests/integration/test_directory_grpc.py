@@ -1,5 +1,7 @@
 """The Directory gRPC service as a real process (``python -m kv_directory``) on a
-real redis-server, driven through ``DirectoryClient``.
+real redis-server, driven through ``DirectoryClient`` with mutual TLS on: every call
+goes out under the certificate its caller would hold (``Callers``: the router reserves
+and reads, each worker registers and moves transactions as itself).
 
 Every test ends with a leak check: no open transaction is left behind.
 """
@@ -33,6 +35,7 @@ from services.directory.records import (
     WorkerRole,
 )
 from services.directory.states import Outcome, TxnState
+from tests.support import pki
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "pd.v1.Directory"
@@ -55,7 +58,7 @@ class DirectoryProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kv_directory", "--listen", self.address, "--redis-url", redis_url],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PD_DIRECTORY_KEY_PREFIX": self.prefix, **env},
+            env={**os.environ, **pki.env("directory", "directory"), "PD_DIRECTORY_KEY_PREFIX": self.prefix, **env},
         )
         self._wait_serving()
 
@@ -66,7 +69,7 @@ class DirectoryProcess:
 
     def _wait_serving(self, timeout_s: float = 15.0) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        with pki.security("operator", "operator").channel(self.address, "directory") as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -101,13 +104,76 @@ def directory(redis_server):
     assert proc.stop() == 0, proc.output()
 
 
+class Callers:
+    """One DirectoryClient per certificate, each call sent as whoever makes it in a
+    cluster: a worker registers, heartbeats and moves transactions under its own id;
+    the router reserves, aborts as a non-end, and reads. Everything else is the router's."""
+
+    def __init__(self, address: str, timeout_s: float = 5.0):
+        self.address, self.timeout_s = address, timeout_s
+        self._clients: dict[tuple[str, str], DirectoryClient] = {}
+        self._roles: dict[str, str] = {}
+
+    def as_(self, role: str, name: str) -> DirectoryClient:
+        key = (role, name)
+        if key not in self._clients:
+            self._clients[key] = DirectoryClient(self.address, self.timeout_s, pki.security(role, name))
+        return self._clients[key]
+
+    @property
+    def router(self) -> DirectoryClient:
+        return self.as_("router", "router")
+
+    def worker(self, worker_id: str) -> DirectoryClient:
+        """A registered worker's client (an unknown id: some decode worker's)."""
+        return self.as_(self._roles[worker_id], worker_id) if worker_id in self._roles else \
+            self.as_("decode", "anyone")
+
+    async def register_worker(self, info: WorkerInfo):
+        self._roles[info.worker_id] = WorkerRole(info.role).value
+        return await self.worker(info.worker_id).register_worker(info)
+
+    async def heartbeat(self, worker_id: str, *a, **kw):
+        return await self.worker(worker_id).heartbeat(worker_id, *a, **kw)
+
+    def _as(self, rpc: str, worker_id: str):
+        """A transition is sent by the worker it names; an abort naming no worker, by the router."""
+        by = self.router if rpc == "abort" and worker_id not in self._roles else self.worker(worker_id)
+        return getattr(by, rpc)
+
+    async def begin(self, rid, tid, gen, worker_id, *a, **kw):
+        return await self._as("begin", worker_id)(rid, tid, gen, worker_id, *a, **kw)
+
+    async def validated(self, rid, tid, gen, worker_id, *a, **kw):
+        return await self._as("validated", worker_id)(rid, tid, gen, worker_id, *a, **kw)
+
+    async def publish(self, rid, tid, gen, worker_id, *a, **kw):
+        return await self._as("publish", worker_id)(rid, tid, gen, worker_id, *a, **kw)
+
+    async def release(self, rid, tid, gen, worker_id, *a, **kw):
+        return await self._as("release", worker_id)(rid, tid, gen, worker_id, *a, **kw)
+
+    async def abort(self, rid, tid, gen, worker_id, *a, **kw):
+        return await self._as("abort", worker_id)(rid, tid, gen, worker_id, *a, **kw)
+
+    def __getattr__(self, name: str):
+        return getattr(self.router, name)
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            await c.close()
+
+
 def run(address: str, scenario) -> None:
-    """Run ``scenario(client)`` in a fresh event loop, then the leak check."""
+    """Run ``scenario(callers)`` in a fresh event loop, then the leak check."""
 
     async def main() -> None:
-        async with DirectoryClient(address, timeout_s=5.0) as client:
+        client = Callers(address)
+        try:
             await scenario(client)
             assert await client.list_open() == []
+        finally:
+            await client.close()
 
     asyncio.run(main())
 
@@ -117,7 +183,7 @@ def uid(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
-async def two_workers(client: DirectoryClient):
+async def two_workers(client: Callers):
     """Register a prefill and a decode worker; returns their (id, epoch) pairs."""
     p, d = uid("p"), uid("d")
     rp = await client.register_worker(WorkerInfo(p, WorkerRole.PREFILL, f"{p}:1", f"{p}:2", "abi", CAP))
@@ -134,14 +200,15 @@ def manifest(src, dst, tid: str, rid: str, gen: int = 1, checksums=CHECKSUMS, en
         expected_chunks=[manifest_pb2.ChunkSpec(layer=i, block_count=3, num_bytes=1024, checksum=c)
                          for i, c in enumerate(checksums)],
         source_worker_id=src[0], source_epoch=src[1], destination_worker_id=dst[0], destination_epoch=dst[1],
-        checksum_algorithm="xxh3_64", **extra,
+        checksum_algorithm="xxh3_64", **{"cache_abi_digest": "abi", **extra},
     )
 
 
-async def drive_to(client, rid, tid, gen, dst, state: TxnState, start: TxnState = TxnState.RESERVED) -> None:
-    """Move a transaction from ``start`` to ``state`` (<= PUBLISHED) as its destination would."""
+async def drive_to(client, rid, tid, gen, src, dst, state: TxnState, start: TxnState = TxnState.RESERVED) -> None:
+    """Move a transaction from ``start`` to ``state`` (<= PUBLISHED) as its ends would:
+    the source begins, the destination validates and publishes."""
     steps = [
-        (TxnState.TRANSFERRING, lambda: client.begin(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
+        (TxnState.TRANSFERRING, lambda: client.begin(rid, tid, gen, *src, kv_digest=KV_DIGEST)),
         (TxnState.VALIDATED, lambda: client.validated(rid, tid, gen, *dst, KV_DIGEST, RECEIVED)),
         (TxnState.PUBLISHED, lambda: client.publish(rid, tid, gen, *dst, kv_digest=KV_DIGEST)),
     ]
@@ -157,7 +224,7 @@ async def drive_to(client, rid, tid, gen, dst, state: TxnState, start: TxnState 
 # ---- service surface -------------------------------------------------------
 
 def test_health_and_reflection(directory):
-    with grpc.insecure_channel(directory.address) as channel:
+    with pki.security("router", "router").channel(directory.address, "directory") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for service in ("", SERVICE):
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
@@ -175,7 +242,7 @@ def test_start_fails_clearly_without_redis():
         [sys.executable, "-m", "kv_directory", "--listen", "127.0.0.1:0",
          "--redis-url", f"redis://127.0.0.1:{dead_port}/0"],
         cwd=ROOT, capture_output=True, text=True, timeout=30,
-        env={**os.environ, "PD_REDIS_TIMEOUT_S": "0.5"},
+        env={**os.environ, **pki.env("directory", "directory"), "PD_REDIS_TIMEOUT_S": "0.5"},
     )
     assert proc.returncode != 0
     assert "redis unreachable" in proc.stderr and str(dead_port) in proc.stderr
@@ -184,7 +251,7 @@ def test_start_fails_clearly_without_redis():
 # ---- registry --------------------------------------------------------------
 
 def test_register_heartbeat_snapshot(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         (p, ep), (d, ed) = await two_workers(client)
         m = uid("m")
         reg = await client.register_worker(WorkerInfo(m, "mixed", f"{m}:1", f"{m}:2", "abi", CAP))
@@ -218,14 +285,14 @@ def test_register_heartbeat_snapshot(directory):
 # ---- transactions ----------------------------------------------------------
 
 def test_full_lifecycle(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         rid, tid = uid("r"), uid("t")
         m = manifest(src, dst, tid, rid)
         r = await client.reserve(m)
         assert (r.outcome, r.state, r.current_generation) == (Outcome.APPLIED, TxnState.RESERVED, 1)
         assert [t.transfer_id for t in await client.list_open(dst[0])] == [tid]
-        await drive_to(client, rid, tid, 1, dst, TxnState.PUBLISHED)
+        await drive_to(client, rid, tid, 1, src, dst, TxnState.PUBLISHED)
         again = await client.publish(rid, tid, 1, *dst, kv_digest=KV_DIGEST)
         assert (again.outcome, again.state) == (Outcome.DUPLICATE, TxnState.PUBLISHED)
         released = await client.release(rid, tid, 1, *src)
@@ -242,7 +309,7 @@ def test_full_lifecycle(directory):
 
 
 def test_illegal_and_fenced_transitions(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         rid, tid = uid("r"), uid("t")
         await client.reserve(manifest(src, dst, tid, rid))
@@ -254,19 +321,26 @@ def test_illegal_and_fenced_transitions(directory):
 
         assert await outcome(client.publish(rid, tid, 1, *dst, KV_DIGEST)) == Outcome.ILLEGAL_TRANSITION
         assert await outcome(client.release(rid, tid, 1, *src)) == Outcome.ILLEGAL_TRANSITION
-        assert await outcome(client.begin(rid, tid, 1, dst[0], dst[1] + 1)) == Outcome.LEASE_LOST  # STALE_EPOCH
-        assert await outcome(client.begin(rid, tid, 2, *dst)) == Outcome.STALE_GENERATION
-        assert await outcome(client.begin("other", tid, 1, *dst)) == Outcome.CHECKSUM_CONFLICT
-        assert (await client.begin(rid, "no-such", 1, *dst)).outcome == Outcome.NOT_FOUND
+        assert await outcome(client.begin(rid, tid, 1, src[0], src[1] + 1)) == Outcome.LEASE_LOST  # STALE_EPOCH
+        assert await outcome(client.begin(rid, tid, 2, *src)) == Outcome.STALE_GENERATION
+        assert await outcome(client.begin("other", tid, 1, *src)) == Outcome.CHECKSUM_CONFLICT
+        assert (await client.begin(rid, "no-such", 1, *src)).outcome == Outcome.NOT_FOUND
 
-        await drive_to(client, rid, tid, 1, dst, TxnState.TRANSFERRING)
-        by_source = await client.validated(rid, tid, 1, *src, KV_DIGEST, RECEIVED)
-        assert (by_source.outcome, by_source.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
-        await drive_to(client, rid, tid, 1, dst, TxnState.VALIDATED, start=TxnState.TRANSFERRING)
-        by_source = await client.publish(rid, tid, 1, *src, kv_digest=KV_DIGEST)
-        assert (by_source.outcome, by_source.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.VALIDATED)
+        async def denied(call, state: TxnState) -> None:
+            """The wrong end moving it: refused by certificate, nothing changed."""
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert (await client.lookup(rid, tid)).state == state
 
-        aborted = await client.abort(rid, tid, 1, "router-0", 0, reason="client gone")  # not an end: allowed
+        await denied(client.begin(rid, tid, 1, *dst), TxnState.RESERVED)  # only the source begins
+
+        await drive_to(client, rid, tid, 1, src, dst, TxnState.TRANSFERRING)
+        await denied(client.validated(rid, tid, 1, *src, KV_DIGEST, RECEIVED), TxnState.TRANSFERRING)
+        await drive_to(client, rid, tid, 1, src, dst, TxnState.VALIDATED, start=TxnState.TRANSFERRING)
+        await denied(client.publish(rid, tid, 1, *src, kv_digest=KV_DIGEST), TxnState.VALIDATED)
+
+        aborted = await client.abort(rid, tid, 1, "router-0", 0, reason="client gone")  # the router: allowed
         assert (aborted.outcome, aborted.state) == (Outcome.APPLIED, TxnState.ABORTED)
         assert (await client.abort(rid, tid, 1, *dst)).outcome == Outcome.DUPLICATE
         late = await client.publish(rid, tid, 1, *dst, kv_digest=KV_DIGEST)
@@ -280,7 +354,7 @@ def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(d
     """The directory is the judge of a hand-off's bytes: VALIDATED needs the
     destination's K/V digest to be the one the source declared, and the chunks it
     received to be exactly the manifest's expected list."""
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         rid, tid = uid("r"), uid("t")
         await client.reserve(manifest(src, dst, tid, rid))
@@ -315,7 +389,7 @@ def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(d
 
 
 def test_a_manifest_whose_chunks_do_not_tile_its_interval_is_invalid(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         with pytest.raises(ValueError, match="expected_chunks do not tile"):
             await client.reserve(manifest(src, dst, uid("t"), uid("r"), end=64))
@@ -325,11 +399,11 @@ def test_a_manifest_whose_chunks_do_not_tile_its_interval_is_invalid(directory):
 
 
 def test_stale_generation_publish(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         rid, t1, t2, t3 = uid("r"), uid("t1"), uid("t2"), uid("t3")
         await client.reserve(manifest(src, dst, t1, rid, gen=1))
-        await drive_to(client, rid, t1, 1, dst, TxnState.VALIDATED)
+        await drive_to(client, rid, t1, 1, src, dst, TxnState.VALIDATED)
         # Reroute: generation 2 supersedes the unpublished generation 1.
         assert (await client.reserve(manifest(src, dst, t2, rid, gen=2))).outcome == Outcome.APPLIED
         old = await client.lookup(rid, t1)
@@ -338,14 +412,14 @@ def test_stale_generation_publish(directory):
         assert (late.outcome, late.state) == (Outcome.STALE_GENERATION, TxnState.ABORTED)
         stale = await client.reserve(manifest(src, dst, t3, rid, gen=1))
         assert (stale.outcome, stale.state) == (Outcome.STALE_GENERATION, None)
-        await drive_to(client, rid, t2, 2, dst, TxnState.PUBLISHED)
+        await drive_to(client, rid, t2, 2, src, dst, TxnState.PUBLISHED)
         assert (await client.release(rid, t2, 2, *src)).ok
 
     run(directory.address, scenario)
 
 
 def test_duplicate_transfer_id_and_conflicting_checksum(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         rid, tid = uid("r"), uid("t")
         m = manifest(src, dst, tid, rid)
@@ -363,7 +437,7 @@ def test_duplicate_transfer_id_and_conflicting_checksum(directory):
 
 
 def test_list_open_by_worker(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         (p, ep), d1 = await two_workers(client)
         _, d2 = await two_workers(client)
         r1, r2, t1, t2 = uid("r"), uid("r"), uid("t"), uid("t")
@@ -382,7 +456,7 @@ def test_list_open_by_worker(directory):
 
 
 def test_route_epoch_and_nonce(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         before = await client.get_route_epoch()
         adv = await client.advance_route_epoch(reason="test")
         assert adv.advanced and adv.route_epoch > before
@@ -398,9 +472,13 @@ def test_route_epoch_and_nonce(directory):
         old = await client.reserve(manifest(src, dst, uid("t"), uid("r"), route_epoch=first))
         assert old.outcome == Outcome.STALE_GENERATION  # routed under a superseded epoch
 
+        # A nonce is consumed by the destination of the transfer its capability names.
+        rid, tid = uid("r"), uid("t")
+        assert (await client.reserve(manifest(src, dst, tid, rid))).ok
         nonce, expires_ms = uuid.uuid4().hex, int(time.time() * 1000) + 30_000
-        assert await client.consume_nonce(nonce, expires_ms, transfer_id="t")
-        assert not await client.consume_nonce(nonce, expires_ms, transfer_id="t")  # replay
+        assert await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)
+        assert not await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)  # replay
+        assert (await client.abort(rid, tid, 1, *dst, reason="test done")).ok
 
     run(directory.address, scenario)
 
@@ -408,7 +486,7 @@ def test_route_epoch_and_nonce(directory):
 # ---- bad input --------------------------------------------------------------
 
 def test_bad_input_is_invalid_argument(directory):
-    async def scenario(client: DirectoryClient):
+    async def scenario(client: Callers):
         src, dst = await two_workers(client)
         with pytest.raises(ValueError, match="manifest.transfer_id"):
             await client.reserve(manifest(src, dst, "", uid("r")))
@@ -425,15 +503,20 @@ def test_bad_input_is_invalid_argument(directory):
         with pytest.raises(ValueError, match="epoch"):
             await client.heartbeat(dst[0], 0)
         with pytest.raises(ValueError, match="expires_unix_ms"):
-            await client.consume_nonce("n", 0)
+            await client.worker(dst[0]).consume_nonce("n", 0)
 
-        # Enum values the client cannot send, straight through the stub.
-        async with grpc.aio.insecure_channel(client.address) as channel:
-            stub = directory_pb2_grpc.DirectoryStub(channel)
+        # Enum values the client cannot send, straight through the stub (as callers the
+        # methods admit: a worker registering itself, the router reading).
+        worker, router = (pki.security(role, name).aio_channel(client.address, "directory")
+                          for role, name in (("decode", "w"), ("router", "router")))
+        async with worker, router:
             for call, request in [
-                (stub.RegisterWorker, directory_pb2.RegisterWorkerRequest(worker_id=uid("w"))),  # role unset
-                (stub.RegisterWorker, directory_pb2.RegisterWorkerRequest(worker_id=uid("w"), role=42)),
-                (stub.ClusterSnapshot, directory_pb2.ClusterSnapshotRequest(role=42)),
+                (directory_pb2_grpc.DirectoryStub(worker).RegisterWorker,
+                 directory_pb2.RegisterWorkerRequest(worker_id="w")),  # role unset
+                (directory_pb2_grpc.DirectoryStub(worker).RegisterWorker,
+                 directory_pb2.RegisterWorkerRequest(worker_id="w", role=42)),
+                (directory_pb2_grpc.DirectoryStub(router).ClusterSnapshot,
+                 directory_pb2.ClusterSnapshotRequest(role=42)),
             ]:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await call(request, timeout=5)
@@ -449,7 +532,7 @@ def test_lease_expiry_reaps_without_traffic(redis_server):
     directory = DirectoryProcess(redis_server.url, PD_LEASE_TTL_S="1")
     raw = redis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        async def scenario(client: DirectoryClient):
+        async def scenario(client: Callers):
             src, dst = await two_workers(client)
             rid, tid = uid("r"), uid("t")
             assert (await client.reserve(manifest(src, dst, tid, rid))).ok
@@ -468,7 +551,7 @@ def test_lease_expiry_reaps_without_traffic(redis_server):
             rec = await client.lookup(rid, tid)
             assert (rec.state, rec.abort_reason) == (TxnState.ABORTED, "lease_expired")
             assert not (await client.heartbeat(*dst)).ok  # the worker must re-register
-            late = await client.begin(rid, tid, 1, *dst)
+            late = await client.begin(rid, tid, 1, *src)
             assert (late.outcome, late.state) == (Outcome.LEASE_LOST, TxnState.ABORTED)
             again = await client.register_worker(WorkerInfo(dst[0], "decode", "h:1", "h:2", "abi", CAP))
             assert again.epoch > dst[1]
@@ -485,7 +568,7 @@ def test_redis_down_is_unavailable_not_a_hang():
     with start_redis() as own_redis:
         directory = DirectoryProcess(own_redis.url, PD_REDIS_TIMEOUT_S="0.5", PD_REDIS_RETRIES="1")
         try:
-            async def scenario(client: DirectoryClient):
+            async def scenario(client: Callers):
                 src, dst = await two_workers(client)
                 own_redis.stop()
                 for call in (client.snapshot, lambda: client.heartbeat(*dst),
@@ -497,15 +580,18 @@ def test_redis_down_is_unavailable_not_a_hang():
                     assert time.monotonic() - started < 3.0
 
             async def main():
-                async with DirectoryClient(directory.address, timeout_s=5.0) as client:
+                client = Callers(directory.address)
+                try:
                     await scenario(client)
+                finally:
+                    await client.close()
 
             asyncio.run(main())  # no leak check possible: the store is gone (nothing was reserved)
         finally:
             assert directory.stop() == 0, directory.output()
     # With the directory itself gone, the client fails fast too.
     async def gone():
-        async with DirectoryClient(directory.address, timeout_s=2.0) as client:
+        async with DirectoryClient(directory.address, 2.0, pki.security("router", "router")) as client:
             with pytest.raises(DirectoryUnavailable):
                 await client.get_route_epoch()
 

@@ -1,20 +1,30 @@
-"""Helpers for tests that run the real local cluster (processes on loopback)."""
+"""Helpers for tests that run the real local cluster (processes on loopback).
+
+The cluster runs with mutual TLS: a test speaks to it with one of the certificates
+the launcher wrote into its state dir (`client` generates, `operator` administers,
+a service's own name when a test poses as that service: `cluster.identity(name)`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from pdserve_client import Client
+import grpc
+import grpc.aio
+
+from pdserve_client import Client, contract
 from services.cluster.launcher import ClusterSpec, LocalCluster
 from services.directory.client import DirectoryClient
 
 
-def start_cluster(tmp_path, **kw) -> LocalCluster:
-    """A started cluster whose state lives under tmp_path."""
-    spec = ClusterSpec(state_dir=str(tmp_path / "pdserve"), **kw)
+def start_cluster(tmp_path, state_name: str = "pdserve", **kw) -> LocalCluster:
+    """A started cluster whose state lives in tmp_path/state_name (".pdserve": where
+    pdctl and the SDK look for their certificates when run from tmp_path)."""
+    spec = ClusterSpec(state_dir=str(tmp_path / state_name), **kw)
     cluster = LocalCluster(spec)
     cluster.up()
     return cluster
@@ -36,9 +46,46 @@ def seeded_requests(n: int, seed: int, vocab: int = 512, max_prompt: int = 512,
     return prompts
 
 
+def client(cluster: LocalCluster, identity: str = "client", **kw) -> Client:
+    """An SDK client of the cluster's router presenting `identity`'s certificate."""
+    return cluster.client(identity, **kw)
+
+
+def tls_env(cluster: LocalCluster, identity: str = "client") -> dict[str, str]:
+    """os.environ plus PD_TLS_* naming `identity`'s files (for pdctl as a subprocess)."""
+    d = cluster.tls_dir
+    return {**os.environ, contract.TLS_CERT_ENV: str(d / f"{identity}.crt"),
+            contract.TLS_KEY_ENV: str(d / f"{identity}.key"), contract.TLS_CA_ENV: str(d / contract.TLS_CA_FILE)}
+
+
+def directory(cluster: LocalCluster, identity: str = "operator", timeout_s: float = 5.0) -> DirectoryClient:
+    """A DirectoryClient presenting `identity`'s certificate (create it inside the event loop)."""
+    return DirectoryClient(cluster.directory_address, timeout_s, cluster.identity(identity))
+
+
+def address(cluster: LocalCluster, name: str) -> str:
+    """Where service `name` (router, directory, decode-0, ...) listens."""
+    return cluster.router_address if name == "router" else cluster.procs[name].address
+
+
+def channel(cluster: LocalCluster, name: str, identity: str, service: str | None = None,
+            options=()) -> grpc.Channel:
+    """A blocking channel to service `name` presenting `identity`'s certificate; `service`
+    (decode, prefill, ...) picks which one a mixed worker answers as."""
+    service = service or contract.SERVER_ROLES[cluster.roles[name]][0]
+    return cluster.identity(identity).channel(address(cluster, name), service, options)
+
+
+def aio_channel(cluster: LocalCluster, name: str, identity: str, service: str | None = None,
+                options=()) -> grpc.aio.Channel:
+    """The asyncio twin of `channel` (create it inside the event loop)."""
+    service = service or contract.SERVER_ROLES[cluster.roles[name]][0]
+    return cluster.identity(identity).aio_channel(address(cluster, name), service, options)
+
+
 def _directory(cluster: LocalCluster):
     async def go():
-        async with DirectoryClient(cluster.directory_address) as d:
+        async with directory(cluster) as d:
             return await d.snapshot(), await d.list_open()
     return asyncio.run(go())
 
@@ -61,18 +108,18 @@ def assert_cluster_clean(cluster: LocalCluster, timeout_s: float = 15.0) -> None
         time.sleep(0.3)
 
 
-def generate_all(address: str, prompts: list[list[int]], concurrency: int = 8, raise_errors: bool = True,
+def generate_all(cluster: LocalCluster, prompts: list[list[int]], concurrency: int = 8, raise_errors: bool = True,
                  **kwargs) -> list:
     """generate_full for every prompt, `concurrency` at a time, results in prompt order
     (kwargs: max_tokens, mode, ignore_eos, ...); with raise_errors False a failed
     request's place holds its exception."""
     def one(prompt):
         try:
-            return client.generate_full(prompt_ids=prompt, **kwargs)
+            return sdk.generate_full(prompt_ids=prompt, **kwargs)
         except Exception as exc:  # reported in place
             if raise_errors:
                 raise
             return exc
 
-    with Client(address, timeout_s=120) as client, ThreadPoolExecutor(concurrency) as pool:
+    with client(cluster, timeout_s=120) as sdk, ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, prompts))
