@@ -66,7 +66,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             chunks_received=len(res.received),
             chunks_expected=len(res.expected),
             received_bytes=sum(a.num_bytes for a in res.received.values()),
-            expected_bytes=res.expected_bytes)
+            expected_bytes=res.expected_bytes,
+            reserved_kv_digest=await self.worker.loop.call(lambda e: e.kv_digest(res.seq)))
 
     async def DecodeStream(self, request, context):
         started = time.perf_counter()

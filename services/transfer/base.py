@@ -147,8 +147,10 @@ class Expectation:
     received: dict[ChunkKey, ChunkArrived] = field(default_factory=dict)
     authorize: Authorizer | None = None
     """None: chunks are accepted without a credential (security off)."""
-    authorized: bool = False
-    """A credential passed `authorize`; until then every chunk is refused."""
+    senders: set = field(default_factory=set)
+    """Senders (a connection, a UCX sender nonce) whose credential passed `authorize`: only
+    their chunks, commit and abort count; anyone else's are refused without touching the
+    transfer (a forged credential must not end the victim's transfer either)."""
 
 
 class TransferError(RuntimeError):
@@ -230,22 +232,21 @@ class KVReceiver(abc.ABC):
     def _drop(self, transfer_id: str) -> None:
         """Drop the backend's own state of a transfer that ended (forgotten or failed)."""
 
-    async def admit(self, transfer_id: str, credential: dict, peer: str | None) -> str:
-        """A sender's AUTH: '' once the transfer may receive chunks, else why not (and the
-        transfer has failed with that reason). Nothing is exposed before this returns ''."""
+    async def admit(self, transfer_id: str, credential: dict, peer: str | None, sender: object) -> str:
+        """`sender`'s AUTH: '' once its chunks may land, else why not. Nothing is exposed to
+        a sender before this returned '' for it; a refusal leaves the transfer as it was."""
         exp = self.pending.get(transfer_id)
         if exp is None:
             return f"transfer {transfer_id} not expected"
-        if exp.authorize is not None and not exp.authorized:
-            try:
-                await exp.authorize(credential, peer)
-            except Exception as e:  # noqa: BLE001 - any refusal or bad credential ends the transfer
-                reason = str(e) or type(e).__name__
-                self._fail(transfer_id, reason)
-                return reason
+        if exp.authorize is None or sender in exp.senders:
+            return ""
+        try:
+            await exp.authorize(credential, peer)
+        except Exception as e:  # noqa: BLE001 - any refusal or unreadable credential
+            return str(e) or type(e).__name__
         if self.pending.get(transfer_id) is not exp:
             return f"transfer {transfer_id} ended while its credential was checked"
-        exp.authorized = True
+        exp.senders.add(sender)
         return ""
 
     def _fail(self, transfer_id: str, reason: str) -> None:
@@ -263,3 +264,11 @@ class KVReceiver(abc.ABC):
         a chunk that was mid-write cannot land in blocks reused by another
         request. Backends that write synchronously need not override it.
         """
+
+
+def trusts(exp: Expectation, sender: object) -> bool:
+    """May `sender` write, commit or abort this transfer?"""
+    return exp.authorize is None or sender in exp.senders
+
+
+UNAUTHORIZED = "the sender presented no accepted capability for this transfer"

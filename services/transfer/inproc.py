@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .base import (
+    UNAUTHORIZED,
     Chunk,
     ChunkArrived,
     KVReceiver,
@@ -13,6 +14,7 @@ from .base import (
     TransferError,
     Verdict,
     checksum,
+    trusts,
 )
 
 _RECEIVERS: dict[str, InprocReceiver] = {}
@@ -37,10 +39,12 @@ class InprocReceiver(KVReceiver):
         for tid in list(self.pending):
             self._fail(tid, "receiver stopped")
 
-    def _write(self, transfer_id: str, chunk: Chunk, buffers: Sequence[memoryview]) -> None:
+    def _write(self, transfer_id: str, chunk: Chunk, buffers: Sequence[memoryview], sender: object) -> None:
         exp = self.pending.get(transfer_id)
         if exp is None:
             raise TransferError(f"{self._address}: transfer {transfer_id} not expected")
+        if not trusts(exp, sender):
+            raise TransferError(f"{self._address}: transfer {transfer_id}: {UNAUTHORIZED}")
         try:
             dest = exp.resolve(chunk.key)
         except KeyError as e:
@@ -71,10 +75,10 @@ class InprocSender(KVSender):
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
-        self._receiver(dest)._write(transfer_id, chunk, buffers)
+        self._receiver(dest)._write(transfer_id, chunk, buffers, self)
 
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
-        why = await self._receiver(dest).admit(transfer_id, credential, None)
+        why = await self._receiver(dest).admit(transfer_id, credential, None, self)
         if why:
             raise TransferError(f"transfer {transfer_id} to {dest}: {why}")
 

@@ -44,7 +44,7 @@ import logging
 import os
 
 from . import ucx_wire as wire
-from .base import ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum
+from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
 from .common import decide, destination, emit, place
 from .tcp_wire import decode_commit
 from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
@@ -162,14 +162,18 @@ class UcxReceiver(KVReceiver):
             if kind in (wire.CHUNK, wire.COMMIT):
                 self._fail(tid, "chunk from a sender that never said HELLO")
             return
-        if tid in self.pending:
+        exp = self.pending.get(tid)
+        if exp is not None and not trusts(exp, nonce) and kind != wire.AUTH:
+            self._untrusted(kind, nonce, tid, body)
+            return
+        if exp is not None:
             self._heard(tid)
         if kind == wire.CHUNK:
             self._on_chunk(nonce, tid, body)
         elif kind == wire.COMMIT:
             self._on_commit(nonce, tid, body)
         elif kind == wire.AUTH:
-            why = await self.admit(tid, body or {}, None)
+            why = await self.admit(tid, body or {}, None, nonce)
             if why:
                 self._reply(nonce, wire.ERROR, tid, {"reason": why})
         elif kind == wire.ABORT:
@@ -227,6 +231,21 @@ class UcxReceiver(KVReceiver):
                                                         sent, posted, staged))
         for _, f in posted:
             f.add_done_callback(land.piece_done)
+
+    def _untrusted(self, kind: int, nonce: int, tid: str, body: dict) -> None:
+        """A CHUNK, COMMIT or ABORT from a sender whose credential was not accepted: refused,
+        its data swallowed; the transfer goes on for the sender that holds the capability."""
+        if kind == wire.CHUNK:
+            try:
+                self._swallow(int(body["tag"]), min(len(body["sizes"]), MAX_PIECES))
+            except (KeyError, TypeError, ValueError):
+                pass
+            self._reply(nonce, wire.ERROR, tid, {"reason": UNAUTHORIZED})
+        elif kind == wire.COMMIT:
+            self._reply(nonce, wire.VERDICT, tid, {"published": False, "reason": UNAUTHORIZED})
+        else:
+            log.warning("ucx receiver: %s for %s from unauthorized sender %x ignored",
+                        wire.KIND_NAMES.get(kind), tid, nonce)
 
     def _swallow(self, first_tag: int, count: int) -> None:
         """Take a refused chunk's data off the wire: a 1-byte receive per piece

@@ -65,7 +65,7 @@ class TransferStatusRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
 class TransferStatusResponse(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "state", "chunks_received", "chunks_expected", "received_bytes", "expected_bytes")
+    __slots__ = ("request_id", "transfer_id", "state", "chunks_received", "chunks_expected", "received_bytes", "expected_bytes", "reserved_kv_digest")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class TransferStatusResponse(_message.Message):
     CHUNKS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     state: _manifest_pb2.TxnState
@@ -80,7 +81,8 @@ class TransferStatusResponse(_message.Message):
     chunks_expected: int
     received_bytes: int
     expected_bytes: int
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., state: _Optional[_Union[_manifest_pb2.TxnState, str]] = ..., chunks_received: _Optional[int] = ..., chunks_expected: _Optional[int] = ..., received_bytes: _Optional[int] = ..., expected_bytes: _Optional[int] = ...) -> None: ...
+    reserved_kv_digest: str
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., state: _Optional[_Union[_manifest_pb2.TxnState, str]] = ..., chunks_received: _Optional[int] = ..., chunks_expected: _Optional[int] = ..., received_bytes: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., reserved_kv_digest: _Optional[str] = ...) -> None: ...
 
 class DecodeStreamRequest(_message.Message):
     __slots__ = ("request_id", "generation", "transfer_id", "max_tokens", "sampling")

@@ -1,0 +1,312 @@
+"""Issue 17's capability mutation table, against a real cluster with mutual TLS on.
+
+The test plays the router and a prefill worker: it reserves blocks at decode-0 with
+the router's certificate, records the transaction, mints a capability with the
+cluster's signing key, then presents it on the real data plane (TCP with TLS, and UCX)
+from a sender holding prefill-0's certificate, followed by one chunk of bytes. A valid
+capability lets the chunk land (the reserved blocks' K/V digest changes: the check
+can see a write); each one-field mutation is refused with its reason code, the
+reserved blocks' digest is what it was, the reservation still waits for the real
+sender, and no block or transaction is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import os
+import threading
+import time
+import uuid
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import DecodeError
+
+from pdserve_client.rpc.pd.v1 import capability_pb2, common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
+from router.convert import reservation_from_pb
+from router.requests.handoff import build_manifest, grant
+from services.cluster.launcher import CAPABILITY_SIGNING_KEY
+from services.security.capability import PULL, Reason, Signer
+from services.transfer.base import Chunk, ChunkKey, TransferError, checksum
+from tests.support.cluster import assert_cluster_clean, channel, directory, start_cluster
+
+PROMPT = [5 + (11 * i) % 400 for i in range(64)]  # 4 blocks of 16
+ISSUER = "router/router"
+
+
+@pytest.fixture(scope="module", params=["tcp", "ucx"])
+def cluster(request, tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp(f"caps-{request.param}"), prefill=1, decode=1,
+                      transport=request.param, lease_ttl_s=2.0)
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="module")
+def run():
+    """Runs a coroutine on one event loop for the whole module (this process's UCX
+    runtime binds to the loop that first starts it)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(120)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@dataclasses.dataclass
+class Held:
+    """One reservation at decode-0 with its transaction, ready for a capability."""
+
+    manifest: object
+    reservation: object
+    prefill_epoch: int
+    digest: str
+
+
+def decode_stub(cluster):
+    return decode_pb2_grpc.DecodeStub(channel(cluster, "decode-0", "router"))
+
+
+def status(cluster, tid: str) -> decode_pb2.TransferStatusResponse:
+    return decode_stub(cluster).TransferStatus(decode_pb2.TransferStatusRequest(transfer_id=tid), timeout=10)
+
+
+def hold(cluster, run) -> Held:
+    """Decode.Reserve and Directory.Reserve, as the router does for one attempt."""
+    rid = uuid.uuid4().hex
+    reply = decode_stub(cluster).Reserve(decode_pb2.DecodeReserveRequest(
+        request_id=rid, tenant="default", generation=1, prompt_token_ids=PROMPT, max_tokens=2,
+        sampling=common_pb2.SamplingParams()), timeout=10)
+    reservation = reservation_from_pb(reply)
+
+    async def record():
+        async with directory(cluster, "router") as d:
+            snap = await d.snapshot()
+            workers = {w.worker_id: w for w in snap.workers}
+            m = build_manifest(request_id=rid, tenant="default", generation=1, prompt=PROMPT,
+                               prefill=workers["prefill-0"], decode=workers["decode-0"], reservation=reservation,
+                               route_epoch=snap.route_epoch)
+            assert (await d.reserve(m)).ok
+            return m, workers["prefill-0"].epoch
+    manifest, epoch = run(record())
+    return Held(manifest, reservation, epoch, status(cluster, manifest.transfer_id).reserved_kv_digest)
+
+
+def release(cluster, held: Held) -> None:
+    """What the router does when an attempt is given up: Decode.Cancel (the reservation
+    aborts its transaction and frees its blocks)."""
+    decode_stub(cluster).Cancel(common_pb2.CancelRequest(request_id=held.manifest.request_id), timeout=10)
+
+
+def signer(cluster) -> Signer:
+    return Signer.from_file(cluster.tls_dir / CAPABILITY_SIGNING_KEY, ISSUER)
+
+
+def credential(raw: bytes, held: Held, **over) -> dict:
+    """What a prefill worker presents: the capability, its own name and the nonce it binds."""
+    try:
+        nonce = capability_pb2.TransferCapability.FromString(capability_pb2.SignedCapability.FromString(raw).body).nonce
+    except DecodeError:  # garbage: any nonce; the signature check comes first
+        nonce = b"\0" * 16
+    return {"capability": base64.b64encode(raw).decode(), "source_worker_id": "prefill-0",
+            "source_epoch": held.prefill_epoch, "nonce": nonce.hex(), **over}
+
+
+def sender(cluster):
+    if cluster.spec.transport == "tcp":
+        from services.transfer.tcp import TcpSender
+        return TcpSender(ssl_context=cluster.identity("prefill-0").client_ssl(), io_timeout_s=10)
+    from services.transfer.ucx import UcxSender
+    return UcxSender(io_timeout_s=10)
+
+
+async def attempt(cluster, held: Held, cred: dict | None, tx=None, probe: bool = True) -> str:
+    """Present `cred` (None: no AUTH at all) and send the first expected chunk as random
+    bytes; with `probe`, send it again once the replies are in: '' if nothing was
+    refused, else the first refusal's reason (a refused sender's next send raises it)."""
+    m, own = held.manifest, tx is None
+    tx = tx or sender(cluster)
+    await tx.start()
+    dest = held.reservation.data_plane_address
+    spec = m.expected_chunks[0]
+    payload = os.urandom(spec.num_bytes)
+    chunk = Chunk(ChunkKey(spec.layer, spec.block_start, spec.block_count), spec.num_bytes,
+                  checksum([memoryview(payload)]))
+    try:
+        if cred is not None:
+            await tx.present(dest, m.transfer_id, cred)
+        await tx.send(dest, m.transfer_id, chunk, [memoryview(payload)])
+        await asyncio.sleep(0.5)  # the replies come back asynchronously
+        if probe:
+            await tx.send(dest, m.transfer_id, chunk, [memoryview(payload)])
+        return ""
+    except TransferError as e:
+        return str(e)
+    finally:
+        if own:
+            await tx.close()
+
+
+def flip(raw: bytes, field: str) -> bytes:
+    signed = capability_pb2.SignedCapability.FromString(raw)
+    blob = bytearray(getattr(signed, field))
+    blob[len(blob) // 2] ^= 1
+    setattr(signed, field, bytes(blob))
+    return signed.SerializeToString()
+
+
+def rekey(raw: bytes, key_id: str) -> bytes:
+    signed = capability_pb2.SignedCapability.FromString(raw)
+    signed.key_id = key_id
+    return signed.SerializeToString()
+
+
+def _grant(held: Held, **changes):
+    return dataclasses.replace(grant(held.manifest, held.reservation, 30_000), **changes)
+
+
+def _mint(cluster, held: Held, **changes) -> bytes:
+    return signer(cluster).mint(_grant(held, **changes)).raw
+
+
+def _outside(held: Held):
+    regions = _grant(held).regions
+    return {"regions": regions[:-1]}  # the grant lacks one block the transfer needs
+
+
+def _other_key(cluster, held: Held) -> bytes:
+    return Signer(Ed25519PrivateKey.generate(), ISSUER).mint(_grant(held)).raw
+
+
+MUTATIONS = [  # (name, capability bytes from (cluster, held), credential changes, reason)
+    ("tenant", lambda c, h: _mint(c, h, tenant="other"), {}, Reason.TENANT),
+    ("source worker", lambda c, h: _mint(c, h, source_worker_id="prefill-9"), {}, Reason.SOURCE),
+    ("source epoch", lambda c, h: _mint(c, h, source_epoch=h.prefill_epoch + 1), {}, Reason.SOURCE),
+    ("destination worker", lambda c, h: _mint(c, h, destination_worker_id="decode-9"), {}, Reason.DESTINATION),
+    ("destination epoch", lambda c, h: _mint(c, h, destination_epoch=h.manifest.destination_epoch + 1), {},
+     Reason.DESTINATION),
+    ("transfer id", lambda c, h: _mint(c, h, transfer_id=h.manifest.request_id + "/9"), {}, Reason.TRANSFER),
+    ("generation", lambda c, h: _mint(c, h, generation=2), {}, Reason.GENERATION),
+    ("route epoch (old)", lambda c, h: _mint(c, h, route_epoch=h.manifest.route_epoch - 1), {}, Reason.ROUTE_EPOCH),
+    ("cache ABI", lambda c, h: _mint(c, h, cache_abi_digest="f" * 64), {}, Reason.ABI),
+    ("direction", lambda c, h: _mint(c, h, direction=PULL), {}, Reason.DIRECTION),
+    ("region one block outside the grant", lambda c, h: _mint(c, h, **_outside(h)), {}, Reason.REGION),
+    ("one byte over the bound", lambda c, h: _mint(c, h, max_bytes=_grant(h).max_bytes - 1), {}, Reason.BYTES),
+    ("expired", lambda c, h: signer(c).mint(_grant(h), now_ms=time.time_ns() // 10**6 - 31_000).raw, {},
+     Reason.EXPIRED),
+    ("lifetime over the limit", lambda c, h: _mint(c, h, ttl_ms=301_000), {}, Reason.EXPIRED),
+    ("untrusted issuer", lambda c, h: Signer.from_file(c.tls_dir / CAPABILITY_SIGNING_KEY, "router/evil")
+     .mint(_grant(h)).raw, {}, Reason.ISSUER),
+    ("flipped signature byte", lambda c, h: flip(_mint(c, h), "signature"), {}, Reason.SIGNATURE),
+    ("flipped body byte", lambda c, h: flip(_mint(c, h), "body"), {}, Reason.SIGNATURE),
+    ("unknown key id", lambda c, h: rekey(_mint(c, h), "0" * 16), {}, Reason.SIGNATURE),
+    ("another key pair", _other_key, {}, Reason.SIGNATURE),
+    ("another key pair with the real key id",
+     lambda c, h: rekey(_other_key(c, h), signer(c).key_id), {}, Reason.SIGNATURE),
+    ("garbage", lambda c, h: os.urandom(80), {}, Reason.SIGNATURE),
+    ("empty", lambda c, h: b"", {}, Reason.SIGNATURE),
+    ("nonce not the capability's", lambda c, h: _mint(c, h), {"nonce": os.urandom(16).hex()}, Reason.NONCE),
+]
+
+
+@pytest.mark.parametrize("name,make,changes,reason", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_a_mutated_capability_is_refused_and_writes_nothing(cluster, run, name, make, changes, reason):
+    held = hold(cluster, run)
+    try:
+        raw = make(cluster, held)
+        why = run(attempt(cluster, held, credential(raw, held, **changes)))
+        assert f"capability denied: {reason.value}:" in why, why
+        assert "signature" not in why.split(":", 2)[-1] or reason is Reason.SIGNATURE
+        assert not raw or base64.b64encode(raw).decode()[:24] not in why  # the raw capability never comes back
+        now = status(cluster, held.manifest.transfer_id)
+        assert (now.state, now.chunks_received, now.reserved_kv_digest) == \
+            (manifest_pb2.TXN_STATE_RESERVED, 0, held.digest)  # still waiting for the real sender
+    finally:
+        release(cluster, held)
+
+
+def test_a_valid_capability_lets_its_chunk_land(cluster, run):
+    """The control: the same steps with the router's capability write the chunk (so the
+    digest comparison above can see a write)."""
+    held = hold(cluster, run)
+    try:
+        async def go():
+            tx = sender(cluster)
+            try:
+                why = await attempt(cluster, held, credential(_mint(cluster, held), held), tx=tx, probe=False)
+                return why, status(cluster, held.manifest.transfer_id)  # before the sender leaves
+            finally:
+                await tx.close()
+        why, now = run(go())
+        assert why == ""
+        assert now.chunks_received == 1 and now.reserved_kv_digest != held.digest
+    finally:
+        release(cluster, held)
+
+
+def test_a_replayed_nonce_is_refused(cluster, run):
+    """The capability's first presentation authorizes its sender; the same capability
+    from a second connection is a replay: NONCE, and nothing of that sender lands."""
+    held = hold(cluster, run)
+    try:
+        cred = credential(_mint(cluster, held), held)
+
+        async def go():
+            first, second = sender(cluster), sender(cluster)
+            try:
+                await first.start()
+                await first.present(held.reservation.data_plane_address, held.manifest.transfer_id, cred)
+                await asyncio.sleep(0.3)
+                why = await attempt(cluster, held, cred, tx=second)
+                return why, status(cluster, held.manifest.transfer_id)  # while the first sender is connected
+            finally:
+                await first.close()
+                await second.close()
+        why, now = run(go())
+        assert f"capability denied: {Reason.NONCE.value}:" in why, why
+        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
+    finally:
+        release(cluster, held)
+
+
+def test_chunks_without_a_capability_are_refused(cluster, run):
+    held = hold(cluster, run)
+    try:
+        why = run(attempt(cluster, held, None))
+        assert "no accepted capability" in why, why
+        now = status(cluster, held.manifest.transfer_id)
+        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
+    finally:
+        release(cluster, held)
+
+
+def test_a_sender_claiming_another_source_than_its_certificate_is_refused(cluster, run):
+    if cluster.spec.transport != "tcp":
+        pytest.skip("UCX authenticates nobody: only the TCP data plane knows the sender's certificate")
+    held = hold(cluster, run)
+    try:
+        why = run(attempt(cluster, held, credential(_mint(cluster, held, source_worker_id="prefill-9"),
+                                                            held, source_worker_id="prefill-9")))
+        assert f"capability denied: {Reason.SOURCE.value}:" in why, why
+    finally:
+        release(cluster, held)
+
+
+def test_advancing_the_route_epoch_revokes_capabilities_and_nothing_leaks(cluster, run):
+    """Last in the module: REVOKE_CAPABILITIES of the rollback order, then the leak check."""
+    held = hold(cluster, run)
+    try:
+        raw = _mint(cluster, held)
+
+        async def advance():
+            async with directory(cluster, "operator") as d:
+                await d.advance_route_epoch(reason="capability revocation test")
+        run(advance())
+        why = run(attempt(cluster, held, credential(raw, held)))
+        assert f"capability denied: {Reason.ROUTE_EPOCH.value}:" in why, why
+    finally:
+        release(cluster, held)
+    assert_cluster_clean(cluster)
