@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,17 @@ from services.cluster.launcher import pid_alive
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+def run(args: list[str], timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
+
+
+def pdctl(state: str, *args: str) -> subprocess.CompletedProcess:
+    """pdctl presenting the cluster's client certificate (its state dir is not ./.pdserve)."""
+    tls = Path(state) / "tls"
+    return run(["pdserve_client.cli", *args], env={
+        **os.environ, "PD_TLS_CERT": str(tls / "client.crt"), "PD_TLS_KEY": str(tls / "client.key"),
+        "PD_TLS_CA": str(tls / "ca.crt")})
 
 
 def test_up_pdctl_demo_down(tmp_path):
@@ -27,20 +36,20 @@ def test_up_pdctl_demo_down(tmp_path):
         pids = [p["pid"] for p in json.loads((Path(state) / "cluster.json").read_text())["procs"].values()]
         assert len(pids) == 5  # redis, directory, decode, prefill, router
 
-        gen = run(["pdserve_client.cli", "--router", router, "generate", "--prompt-ids",
-                   "5,6,7,8,9", "--max-tokens", "4", "--ignore-eos", "--json"])
+        gen = pdctl(state, "--router", router, "generate", "--prompt-ids", "5,6,7,8,9", "--max-tokens", "4",
+                    "--ignore-eos", "--json")
         assert gen.returncode == 0, gen.stderr
         result = json.loads(gen.stdout)
         assert len(result["token_ids"]) == 4 and result["route"] == "disaggregated"
         assert result["ttft_ms"] > 0
 
-        status = run(["pdserve_client.cli", "--router", router, "status", "--json"])
+        status = pdctl(state, "--router", router, "status", "--json")
         assert status.returncode == 0, status.stderr
         workers = json.loads(status.stdout)["workers"]
         assert sorted(w["worker_id"] for w in workers) == ["decode-0", "prefill-0"]
 
-        bad = run(["pdserve_client.cli", "--router", router, "generate", "--prompt-ids", "1,512",
-                   "--max-tokens", "4"])  # 512 is outside the tiny model's vocabulary
+        bad = pdctl(state, "--router", router, "generate", "--prompt-ids", "1,512",
+                    "--max-tokens", "4")  # 512 is outside the tiny model's vocabulary
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "512" in bad.stderr
 
         demo = run(["services.cli", "demo", "--state-dir", state, "--max-tokens", "4"])

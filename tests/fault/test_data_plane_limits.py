@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from pdserve_client.contract import server_name
 from services.transfer.base import MAX_COMMIT_BODY_BYTES, MAX_SMALL_BODY_BYTES
 from services.transfer.tcp_wire import ABORT, COMMIT, FRAME, VERDICT, frame, json_body, parse_address
 from tests.support.cluster import assert_cluster_clean, generate_all, start_cluster
@@ -27,6 +28,13 @@ def data_address(cluster) -> tuple[str, int]:
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
     return parse_address(d.data_plane_address)
+
+
+def connect(cluster, addr: tuple[str, int]) -> socket.socket:
+    """A raw connection to the data plane, speaking TLS with prefill-0's certificate
+    (the receiver accepts only a prefill worker's)."""
+    ctx = cluster.identity("prefill-0").client_ssl()
+    return ctx.wrap_socket(socket.create_connection(addr, timeout=10), server_hostname=server_name("decode"))
 
 
 def rss_bytes(pid: int) -> int:
@@ -55,7 +63,7 @@ def test_a_commit_for_no_transfer_is_discarded_as_it_arrives(cluster):
     before = rss_bytes(pid)
     socks = []
     for i in range(16):  # each declares ~8 MiB and sends 64 KiB of it, then waits
-        s = socket.create_connection(addr, timeout=10)
+        s = connect(cluster, addr)
         s.sendall(frame(COMMIT, f"nobody/{i}", b"", body_len) + b"x" * (64 << 10))
         socks.append(s)
     time.sleep(1.0)
@@ -73,7 +81,7 @@ def test_a_commit_for_no_transfer_is_discarded_as_it_arrives(cluster):
 @pytest.mark.parametrize("kind,cap", [(COMMIT, MAX_COMMIT_BODY_BYTES), (ABORT, MAX_SMALL_BODY_BYTES)])
 def test_a_body_over_its_cap_closes_the_connection_unread(cluster, kind, cap):
     addr = data_address(cluster)
-    with socket.create_connection(addr, timeout=10) as s:
+    with connect(cluster, addr) as s:
         s.sendall(frame(kind, "big/1", b"", cap + 1))
         s.settimeout(10)
         assert s.recv(1) == b""  # closed without reading the body
