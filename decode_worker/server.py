@@ -106,7 +106,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 first_ms = first_ms or now_ms
                 n += 1
                 yield decode_pb2.TokenEvent(request_id=request_id, token=decode_pb2.TokenEvent.Token(
-                    token_id=item.token_id, index=item.index, time_since_start_ms=now_ms))
+                    token_id=item.token_id, index=item.index, time_since_start_ms=now_ms,
+                    kv_digest=digest() if item.index == 0 else ""))
             else:
                 if item.error is not None:
                     raise RuntimeError(f"generation failed: {item.error!r}")
@@ -116,5 +117,5 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id, request.generation,
-                                         request.reason or "cancelled by caller")
+                                         request.reason or "cancelled by caller", discard_kv=request.discard_kv)
         return common_pb2.CancelResponse(request_id=request.request_id, found=found)

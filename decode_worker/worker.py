@@ -64,6 +64,10 @@ class DecodeWorker:
         """Finished before any DecodeStream attached (max_tokens 1 finishes at publication):
         kept with their queued tokens until a stream reads them or the reservation TTL."""
         self.colocated: dict[str, Sequence] = {}
+        self.imported: collections.OrderedDict[str, list[tuple[int, bytes | None]]] = collections.OrderedDict()
+        """(physical block, prefix key) each recent hand-off registered at publication, by
+        transfer id: a discard (Cancel with discard_kv) unregisters exactly these, even after
+        the sequence ended (a block since evicted and reused under another key is left alone)."""
         self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.events = EventLog(cfg.event_log, cfg.worker_id)
@@ -223,6 +227,10 @@ class DecodeWorker:
         came between publication and now stops it here."""
         seq, sink = res.seq, res.sink
         commit_import(self.engine, seq, first_token)
+        blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
+        self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
+        while len(self.imported) > 1024:
+            self.imported.popitem(last=False)
         sink.on_token(seq, first_token, 0)
         if res.cancelled:
             self.engine.free(seq)
@@ -306,9 +314,17 @@ class DecodeWorker:
             self.colocated.pop(key, None)
 
     # ---- cancel / abort -------------------------------------------------------
-    async def cancel(self, request_id: str, generation: int = 0, reason: str = "cancelled") -> bool:
-        """Stop every piece of state of request_id (at one generation, or all when 0)."""
+    async def cancel(self, request_id: str, generation: int = 0, reason: str = "cancelled",
+                     discard_kv: bool = False) -> bool:
+        """Stop every piece of state of request_id (at one generation, or all when 0);
+        `discard_kv`: its published prompt blocks also leave the prefix cache."""
         found = False
+        for tid in [t for t in self.imported if discard_kv and TransferRef.parse(t).request_id == request_id
+                    and generation in (0, TransferRef.parse(t).generation)]:
+            imported = self.imported.pop(tid)
+            await self.loop.call(lambda e, imported=imported: e.blocks.unregister(
+                [bid for bid, key in imported if key is not None and e.blocks.blocks[bid].key == key]))
+            log.warning("%s: published K/V discarded from the prefix cache: %s", tid, reason)
         for res in list(self.reservations.values()):
             if res.request_id == request_id and generation in (0, res.generation):
                 found = True

@@ -62,8 +62,9 @@ class WorkerGateway(abc.ABC):
 
     @abc.abstractmethod
     async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
-                            timeout_s: float) -> bool:
-        """Decode.Cancel; True if the worker knew the request."""
+                            timeout_s: float, discard_kv: bool = False) -> bool:
+        """Decode.Cancel; True if the worker knew the request. `discard_kv`: the K/V it
+        published failed the router's check (its blocks leave the prefix cache)."""
 
     @abc.abstractmethod
     async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,

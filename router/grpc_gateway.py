@@ -157,8 +157,9 @@ class GrpcWorkerGateway(WorkerGateway):
         return self._stream(rpc, f"Decode.Generate on {worker.worker_id}")
 
     async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
-                            timeout_s: float) -> bool:
-        req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason)
+                            timeout_s: float, discard_kv: bool = False) -> bool:
+        req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason,
+                                       discard_kv=discard_kv)
         try:
             return (await self._decode(worker).Cancel(req, timeout=timeout_s)).found
         except grpc.aio.AioRpcError as exc:

@@ -218,6 +218,8 @@ class StreamToken:
 
     token_id: int
     index: int
+    kv_digest: str = ""
+    """Token 0 of a hand-off: the destination's digest of the published prompt K/V."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -102,6 +102,11 @@ class Attempt:
     """Prefill.Prefill returned successfully."""
     prefill_kv_digest: str = ""
     """PrefillResult.kv_digest, once prefill returned."""
+    held: list = dataclasses.field(default_factory=list)
+    """Stream items from token 0 on, held until prefill's reply lets the router compare
+    the two ends' K/V digests (nothing goes out before)."""
+    discard_kv: bool = False
+    """The digests differed: the decode worker drops the published blocks from its cache."""
     prefill_handle: int | None = None
     """Overlay entry of the prompt tokens queued at P (dropped when prefill returns)."""
     tokens_seen: int = 0

@@ -241,15 +241,27 @@ class AttemptRunner:
                                     culprit=w)
 
     async def _drive(self, att: Attempt, queue: asyncio.Queue) -> StreamComplete:
-        """Consume the attempt's events until its complete event."""
+        """Consume the attempt's events until its complete event. A hand-off's stream is
+        held from token 0 until prefill returned: the two digests are compared first."""
         while True:
             kind, value = await self._next(att, queue)
+            if kind == "item" and att.route is Route.DISAGGREGATED and not att.prefill_done \
+                    and (att.held or isinstance(value, StreamToken)):
+                att.held.append(value)
+                continue
             if kind == "prefill":
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest
                 self._inflight.release((att.prefill_handle,))
                 if self._on_prefill is not None:
                     self._on_prefill(att, value)
+                held, att.held = att.held, []
+                for item in held:
+                    if isinstance(item, StreamToken):
+                        self._on_token(att, item)
+                    else:
+                        self._output.check_finished(att.tokens_seen, att.generation)
+                        return item
             elif kind == "prefill_error":
                 if att.tokens_seen == 0:
                     # Prefill reports its own failures and the hand-off's alike: either end.
@@ -277,6 +289,13 @@ class AttemptRunner:
             raise AttemptFailed(att.stage.value, StatusCode.INTERNAL,
                                 f"token index {tok.index} out of order (expected {att.tokens_seen})",
                                 culprit=att.decode)
+        if att.tokens_seen == 0 and att.route is Route.DISAGGREGATED and tok.kv_digest \
+                and att.prefill_kv_digest and tok.kv_digest != att.prefill_kv_digest:
+            att.discard_kv = True
+            raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
+                                f"K/V digest mismatch: {att.prefill.worker_id} computed {att.prefill_kv_digest[:16]}, "
+                                f"{att.decode.worker_id} published {tok.kv_digest[:16]}; nothing was streamed",
+                                frozenset({att.prefill.worker_id, att.decode.worker_id}))
         if att.tokens_seen == 0:
             att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
             if att.route is Route.COLOCATED:
@@ -312,7 +331,7 @@ class AttemptRunner:
         calls = []
         if att.decode_engaged:
             calls.append(asyncio.create_task(self._quietly(
-                self._workers.cancel_decode(att.decode, rid, g, reason, limit))))
+                self._workers.cancel_decode(att.decode, rid, g, reason, limit, discard_kv=att.discard_kv))))
         if att.stream_task is not None:
             att.stream_task.cancel()
         if att.prefill_engaged and att.prefill is not None:

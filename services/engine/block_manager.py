@@ -115,6 +115,18 @@ class BlockManager:
                 else:
                     self.free_ids.append(bid)
 
+    def unregister(self, ids: list[int]) -> None:
+        """Take blocks out of the prefix cache (their K/V failed a check after it was
+        registered): no later request matches them; unreferenced ones go free."""
+        for bid in ids:
+            block = self.blocks[bid]
+            if block.key is not None and self.by_key.get(block.key) == bid:
+                del self.by_key[block.key]
+            block.key = None
+            if block.ref_count == 0 and bid in self.lru:
+                del self.lru[bid]
+                self.free_ids.append(bid)
+
     def clear_cache(self) -> None:
         """Forget every unreferenced cached block (e.g. after a weights change)."""
         while self.lru:

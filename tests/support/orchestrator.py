@@ -60,7 +60,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
 
     Knobs: `fail[(op, worker_id)]` raises on that call; `hang` holds calls
     forever; `break_after[worker_id]` ends a stream with an error after k
-    tokens; `diverge[worker_id]` = index where that worker's tokens differ.
+    tokens; `diverge[worker_id]` = index where that worker's tokens differ;
+    `corrupt_kv`: decode workers whose token 0 reports another K/V digest than prefill's.
     """
 
     def __init__(self, workers: list[Worker]):
@@ -70,6 +71,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.hang: set[tuple[str, str]] = set()
         self.break_after: dict[str, int] = {}
         self.diverge: dict[str, int] = {}
+        self.corrupt_kv: set[str] = set()
+        """Decode workers whose published K/V digest differs from the prefill's."""
         self.txn_outcome = TxnOutcome.APPLIED
         self.txns: dict[str, str] = {}
         self.request_generations: dict[str, int] = {}
@@ -150,7 +153,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             if self.break_after.get(w.worker_id) == i:
                 raise unavailable(f"{w.worker_id} died mid-stream")
             await asyncio.sleep(self.token_gap_s)
-            yield StreamToken(tok, i)
+            digest = "" if i or not call.transfer_id else \
+                f"kv:{call.transfer_id}" + ("-corrupt" if w.worker_id in self.corrupt_kv else "")
+            yield StreamToken(tok, i, digest)
         yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
 
     async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):
@@ -165,8 +170,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         async for item in self._stream(w, call, call.prompt_token_ids):
             yield item
 
-    async def cancel_decode(self, w, request_id, generation, reason, timeout_s):
-        self.calls.append(("cancel_decode", w.worker_id, request_id, generation))
+    async def cancel_decode(self, w, request_id, generation, reason, timeout_s, discard_kv=False):
+        self.calls.append(("cancel_decode", w.worker_id, request_id, generation) + (("discard_kv",) * discard_kv))
         return True
 
     async def cancel_prefill(self, w, request_id, generation, reason, timeout_s):

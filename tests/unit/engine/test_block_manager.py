@@ -256,3 +256,22 @@ def test_different_salt_or_identity_gives_disjoint_keys(other):
     new = hash_blocks(toks, BS, **kw)
     assert len(new) == len(base) and not set(new) & set(base)
 
+
+
+def test_unregister_takes_blocks_out_of_the_prefix_cache():
+    """K/V that failed a check after registration (the router's digest comparison) is
+    never matched again; an unreferenced block goes straight back to the free list."""
+    bm = BlockManager(4)
+    table, _ = bm.allocate([b"a", b"b"], 0, 2)
+    bm.register(table[0], b"a")
+    bm.register(table[1], b"b")
+    bm.free(table)
+    assert bm.match_prefix([b"a", b"b"]) == table and bm.num_cached == 2
+    bm.unregister([table[1]])
+    assert bm.match_prefix([b"a", b"b"]) == [table[0]]
+    assert bm.num_cached == 1 and bm.num_free == 4
+    held, _ = bm.allocate([b"a"], 1, 1)  # a held block: unregistered, still held
+    bm.unregister(held)
+    assert bm.match_prefix([b"a"]) == [] and bm.blocks[held[0]].ref_count == 1
+    bm.free(held)
+    assert bm.num_free == 4 and bm.num_cached == 0

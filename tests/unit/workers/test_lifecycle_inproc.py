@@ -178,3 +178,21 @@ def test_the_everything_returned_check_sees_a_held_reservation():
 
     message = run(go())
     assert "'d0'" in message and "held/1" in message
+
+
+def test_a_discarded_handoff_leaves_the_prefix_cache():
+    """The router found the two ends' digests different (Cancel with discard_kv): the
+    published blocks are never a prefix hit again, even after the request finished."""
+    async def go():
+        async with InprocCluster() as c:
+            await c.handoff("a", PROMPT, 1)
+            kept = (await c.reserve("b", PROMPT + [7, 8], 2)).first_block
+            await c.decode.cancel("b", 1)
+            assert await c.decode.cancel("a", 1, "digest mismatch", discard_kv=True) is False  # already finished
+            res = await c.reserve("c", PROMPT + [7, 8], 2)
+            await c.decode.cancel("c", 1)
+            await c.assert_all_returned()
+            return kept, res.first_block
+
+    kept, after = run(go())
+    assert kept == 4 and after == 0  # 4 cached prompt blocks before the discard, none after

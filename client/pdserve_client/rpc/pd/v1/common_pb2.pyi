@@ -97,14 +97,16 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("request_id", "generation", "reason")
+    __slots__ = ("request_id", "generation", "reason", "discard_kv")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_KV_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     generation: int
     reason: str
-    def __init__(self, request_id: _Optional[str] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    discard_kv: bool
+    def __init__(self, request_id: _Optional[str] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., discard_kv: _Optional[bool] = ...) -> None: ...
 
 class CancelResponse(_message.Message):
     __slots__ = ("request_id", "found")

@@ -117,14 +117,16 @@ class DecodeGenerateRequest(_message.Message):
 class TokenEvent(_message.Message):
     __slots__ = ("request_id", "token", "complete", "error")
     class Token(_message.Message):
-        __slots__ = ("token_id", "index", "time_since_start_ms")
+        __slots__ = ("token_id", "index", "time_since_start_ms", "kv_digest")
         TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
         INDEX_FIELD_NUMBER: _ClassVar[int]
         TIME_SINCE_START_MS_FIELD_NUMBER: _ClassVar[int]
+        KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         token_id: int
         index: int
         time_since_start_ms: float
-        def __init__(self, token_id: _Optional[int] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ...) -> None: ...
+        kv_digest: str
+        def __init__(self, token_id: _Optional[int] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ..., kv_digest: _Optional[str] = ...) -> None: ...
     class Complete(_message.Message):
         __slots__ = ("finish_reason", "num_tokens", "first_token_ms", "total_ms", "kv_digest")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
