@@ -212,7 +212,8 @@ class DecodeWorker:
         try:
             r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
             if not r.ok:
-                digests = (f" (K/V digest here {local_digest}, the source's commit says {commit_digest})"
+                digests = (f" (K/V digest here {local_digest[:12]}..., the source's commit says "
+                           f"{commit_digest[:12]}...)"
                            if r.outcome is Outcome.CHECKSUM_CONFLICT else "")
                 return f"directory refused VALIDATED: {r.outcome.name}{digests}"
             r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, local_digest)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker, describe_caller
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
@@ -49,8 +50,7 @@ from services.common.grpc_server import start_server, wait_for_shutdown
 from services.directory.records import DirectoryUnavailable, TxnResult, chunk_list_digest
 from services.directory.states import Outcome
 from services.directory.wire import BadRequest, chunk_layouts, load_from_pb, require, role_from_pb, worker_record_to_pb
-from services.security.pki import Identity
-from services.security.tls import WORKERS, Security, access_table, caller
+from services.security.tls import Security, caller
 
 log = logging.getLogger(__name__)
 
@@ -65,30 +65,6 @@ whose clock lags the directory's still sees a replay as a replay."""
 MAX_CAPABILITY_LIFETIME_S = 3600.0
 """A capability expiring further ahead than this is refused (a nonce record must not
 be kept for years, and Redis refuses expiry times past 2^63 ms)."""
-
-SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
-
-_CONTROL = frozenset({"router", "operator"})
-ACCESS = access_table(SERVICE_NAME, {
-    # A worker registers and renews only under the id its certificate names (checked below).
-    "RegisterWorker": WORKERS, "Heartbeat": WORKERS,
-    # Only the router creates a transaction; only its two ends move it (checked below),
-    # and the router may abort it too.
-    "Reserve": {"router"}, "Begin": WORKERS, "Validated": WORKERS, "Publish": WORKERS,
-    "Release": WORKERS, "Abort": WORKERS | {"router"},
-    "Lookup": WORKERS | _CONTROL, "ClusterSnapshot": _CONTROL, "ListOpenTransactions": _CONTROL,
-    "GetRouteEpoch": WORKERS | _CONTROL, "AdvanceRouteEpoch": _CONTROL,
-    # The destination consumes the nonce of the capability it was shown (checked below).
-    "ConsumeNonce": frozenset({"decode", "mixed"}),
-})
-"""Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
-
-_WORKER_ROLE_OF_CERT = {"prefill": "prefill", "decode": "decode", "mixed": "mixed"}
-"""Certificate role -> the WorkerRole value a worker holding it may register as."""
-
-
-class Denied(Exception):
-    """The caller's identity does not allow this call (PERMISSION_DENIED, the message says why)."""
 
 
 def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,27 +146,19 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     # ---- who is calling --------------------------------------------------------
 
-    def _as_worker(self, context, worker_id: str) -> Identity | None:
-        """The caller, who must be the worker `worker_id` (by certificate); None when insecure."""
-        if not self._secure:
-            return None
-        who = caller(context)
-        if who is None or who.role not in WORKERS or who.name != worker_id:
-            raise Denied(f"caller {who} may not act as worker {worker_id!r}")
-        return who
-
     # ---- registry ----------------------------------------------------------
 
     @_rpc
     async def RegisterWorker(self, request, context):
         """New epoch and lease; aborts what the worker's previous epoch left unpublished."""
         info = worker_info_from_pb(request)
-        who = self._as_worker(context, info.worker_id)
-        if who is not None and _WORKER_ROLE_OF_CERT[who.role] != info.role.value:
+        who = as_worker(context, self._secure, info.worker_id)
+        if who is not None and WORKER_ROLE_OF_CERT[who.role] != info.role.value:
             raise Denied(f"certificate {who} may not register role {info.role.value}")
         rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
         route_epoch = await self._run(self._store.get_route_epoch)
-        log.info("registered %s (%s) epoch %d at %s", rec.worker_id, rec.role.value, rec.epoch, rec.grpc_address)
+        log.info("registered %s (%s) epoch %d at %s by %s", rec.worker_id, rec.role.value, rec.epoch,
+                 rec.grpc_address, describe_caller(context, self._secure))
         return directory_pb2.RegisterWorkerResponse(
             epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch)
 
@@ -199,7 +167,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Renew the lease and replace the load report, or LOST."""
         require(request.worker_id, "worker_id")
         require(request.epoch, "epoch")
-        self._as_worker(context, request.worker_id)
+        as_worker(context, self._secure, request.worker_id)
         lease = await self._run(self._store.heartbeat, request.worker_id, request.epoch, load_from_pb(request.load))
         route_epoch = await self._run(self._store.get_route_epoch)
         ok = lease.outcome == Outcome.APPLIED
@@ -250,7 +218,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         require(worker_id, "worker_id")
         who = caller(context) if self._secure else None
         if self._secure and not (router and who is not None and who.role == "router"):
-            self._as_worker(context, worker_id)
+            as_worker(context, self._secure, worker_id)
         txn = await self._run(self._store.lookup, transfer_id)
         if txn is None:
             return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
@@ -297,7 +265,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     @_rpc
     async def Abort(self, request, context):
-        """Any unpublished state -> ABORTED (idempotent)."""
+        """Any unpublished state -> ABORTED (idempotent); logged with the caller."""
+        log.info("abort of %s by %s: %s", request.transfer_id, describe_caller(context, self._secure),
+                 request.reason or "no reason")
         return await self._simple(
             context, request, functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"),
             ends=("source", "destination"), router=True)
@@ -338,8 +308,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         expected = request.expected_route_epoch or None
         result = await self._run(self._store.advance_route_epoch, expected)
         advanced = result.outcome == Outcome.APPLIED
-        log.info("route epoch %s -> %d (expected %s, reason %r)",
-                 "advanced" if advanced else "not advanced", result.route_epoch, expected, request.reason)
+        log.info("route epoch %s -> %d (expected %s, by %s, reason %r)", "advanced" if advanced else "not advanced",
+                 result.route_epoch, expected, describe_caller(context, self._secure), request.reason)
         return directory_pb2.RouteEpochResponse(route_epoch=result.route_epoch, advanced=advanced)
 
     @_rpc

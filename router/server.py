@@ -17,7 +17,7 @@ from router.admin import AdminServicer
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
-from router.identity import caller_tenant
+from router.identity import caller_name, caller_tenant
 from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
@@ -77,6 +77,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def Cancel(self, request, context):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        log.info("cancel of %s by %s: %s", request.request_id, caller_name(context), request.reason or "no reason")
         if not await self._orch.cancel(request.request_id, request.reason, caller_tenant(context, self._secure)):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no in-flight request {request.request_id!r}")
         return common_pb2.CancelResponse(request_id=request.request_id, found=True)

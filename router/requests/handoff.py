@@ -25,9 +25,11 @@ def transfer_id(request_id: str, generation: int) -> str:
     return TransferRef(request_id, generation).transfer_id
 
 
-def prompt_digest(prompt: Sequence[int]) -> str:
-    """sha256 hex of the prompt ids as little-endian uint32."""
-    return hashlib.sha256(struct.pack(f"<{len(prompt)}I", *prompt)).hexdigest()
+def prompt_digest(prompt: Sequence[int], tenant: str) -> str:
+    """sha256 hex of the tenant (utf-8, NUL-terminated) then the prompt ids as
+    little-endian uint32: the same prompt of two tenants gives two unrelated digests
+    (directory records never correlate tenants' prompts)."""
+    return hashlib.sha256(tenant.encode() + b"\0" + struct.pack(f"<{len(prompt)}I", *prompt)).hexdigest()
 
 
 def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_ms: int) -> Grant:
@@ -59,7 +61,7 @@ def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Seq
         tenant=tenant,
         generation=generation,
         attempt=generation,
-        prompt_digest=prompt_digest(prompt),
+        prompt_digest=prompt_digest(prompt, tenant),
         token_interval=manifest_pb2.TokenInterval(start=start, end=len(prompt)),
         cache_abi_digest=prefill.cache_abi_digest,
         block_size=block_size,

@@ -104,7 +104,7 @@ class InprocCluster:
         bs = self.d.loop.engine.block_size
         return manifest_pb2.HandoffManifest(
             request_id=request_id, tenant="t", generation=generation, attempt=1,
-            prompt_digest=prompt_digest(prompt),
+            prompt_digest=prompt_digest(prompt, "t"),
             token_interval=manifest_pb2.TokenInterval(start=reservation.first_block * bs, end=len(prompt)),
             cache_abi_digest=self.d.loop.engine.abi.digest, block_size=bs,
             expected_chunks=[manifest_pb2.ChunkSpec(layer=a, block_start=b, block_count=c, num_bytes=n)

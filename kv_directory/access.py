@@ -1,0 +1,53 @@
+"""Who may call the directory, and the identity checks its servicer makes (issue 17).
+
+`ACCESS` lets a method through for the certificate roles it names
+(services/security/tls.py `Access`); the servicer then binds the call to the caller:
+a worker acts only under the id its certificate names (`as_worker`), and only a
+transaction's two ends move it (kv_directory/server.py `_transition`).
+"""
+
+from __future__ import annotations
+
+from pdserve_client.rpc.pd.v1 import directory_pb2
+from services.security.pki import Identity
+from services.security.tls import WORKERS, access_table, caller
+
+SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
+
+_CONTROL = frozenset({"router", "operator"})
+ACCESS = access_table(SERVICE_NAME, {
+    # A worker registers and renews only under the id its certificate names (the servicer checks).
+    "RegisterWorker": WORKERS, "Heartbeat": WORKERS,
+    # Only the router creates a transaction; only its two ends move it (the servicer checks),
+    # and the router may abort it too.
+    "Reserve": {"router"}, "Begin": WORKERS, "Validated": WORKERS, "Publish": WORKERS,
+    "Release": WORKERS, "Abort": WORKERS | {"router"},
+    "Lookup": WORKERS | _CONTROL, "ClusterSnapshot": _CONTROL, "ListOpenTransactions": _CONTROL,
+    "GetRouteEpoch": WORKERS | _CONTROL, "AdvanceRouteEpoch": _CONTROL,
+    # The destination consumes the nonce of the capability it was shown (the servicer checks).
+    "ConsumeNonce": frozenset({"decode", "mixed"}),
+})
+"""Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
+
+WORKER_ROLE_OF_CERT = {"prefill": "prefill", "decode": "decode", "mixed": "mixed"}
+"""Certificate role -> the WorkerRole value a worker holding it may register as."""
+
+
+class Denied(Exception):
+    """The caller's identity does not allow this call (PERMISSION_DENIED, the message says why)."""
+
+
+def describe_caller(context, secure: bool) -> str:
+    """The caller's certificate identity, for the audit log."""
+    identity = caller(context) if secure else None
+    return str(identity) if identity is not None else "an unidentified caller (insecure)"
+
+
+def as_worker(context, secure: bool, worker_id: str) -> Identity | None:
+    """The caller, who must be the worker `worker_id` (by certificate); None when insecure."""
+    if not secure:
+        return None
+    identity = caller(context)
+    if identity is None or identity.role not in WORKERS or identity.name != worker_id:
+        raise Denied(f"caller {identity} may not act as worker {worker_id!r}")
+    return identity
