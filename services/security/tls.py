@@ -209,46 +209,31 @@ def _deny_message(method: str, who: Identity | None, roles: frozenset[str]) -> s
 
 
 def _guarded(handler, method: str, roles: frozenset[str]):
-    def allowed(context) -> bool:
+    """`handler` with its behaviour run only for a caller whose role is in `roles`."""
+    async def check(context) -> None:
         who = caller(context)
-        return who is not None and who.role in roles
+        if who is None or who.role not in roles:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _deny_message(method, who, roles))
 
-    async def deny(context):
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, _deny_message(method, caller(context), roles))
-
-    if handler.unary_unary:
-        inner = handler.unary_unary
-
-        async def unary_unary(request, context):
-            if not allowed(context):
-                await deny(context)
+    def unary_response(inner):  # the first argument is a request or a request iterator alike
+        async def behaviour(request, context):
+            await check(context)
             return await inner(request, context)
-        return handler._replace(unary_unary=unary_unary)
-    if handler.unary_stream:
-        inner_us = handler.unary_stream
+        return behaviour
 
-        async def unary_stream(request, context):
-            if not allowed(context):
-                await deny(context)
-            async for item in inner_us(request, context):
+    def stream_response(inner):
+        async def behaviour(request, context):
+            await check(context)
+            async for item in inner(request, context):
                 yield item
-        return handler._replace(unary_stream=unary_stream)
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
+        return behaviour
 
-        async def stream_unary(request_iterator, context):
-            if not allowed(context):
-                await deny(context)
-            return await inner_su(request_iterator, context)
-        return handler._replace(stream_unary=stream_unary)
-    inner_ss = handler.stream_stream
-
-    async def stream_stream(request_iterator, context):
-        if not allowed(context):
-            await deny(context)
-        async for item in inner_ss(request_iterator, context):
-            yield item
-    return handler._replace(stream_stream=stream_stream)
+    for kind, wrap in (("unary_unary", unary_response), ("stream_unary", unary_response),
+                       ("unary_stream", stream_response), ("stream_stream", stream_response)):
+        inner = getattr(handler, kind)
+        if inner is not None:
+            return handler._replace(**{kind: wrap(inner)})
+    return handler
 
 
 def access_table(service_full_name: str, methods: Mapping[str, frozenset[str] | set[str]]) -> dict[str, frozenset[str]]:

@@ -113,9 +113,7 @@ class UcxSender(KVSender):
         views = chunk_buffers(chunk, buffers)
         nbytes = chunk.num_bytes
         peer = await self._peer(dest)
-        out = self._outs.get((peer.nonce, transfer_id))
-        if out is None:
-            out = self._outs[(peer.nonce, transfer_id)] = _Out(peer, transfer_id)
+        out = self._out(peer, transfer_id)
         self._raise_if_failed(out)
         try:
             await peer.credits.acquire(nbytes, self.io_timeout_s)
@@ -158,15 +156,20 @@ class UcxSender(KVSender):
 
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         peer = await self._peer(dest)
-        out = self._outs.get((peer.nonce, transfer_id))
-        if out is None:
-            out = self._outs[(peer.nonce, transfer_id)] = _Out(peer, transfer_id)
+        out = self._out(peer, transfer_id)
         self._raise_if_failed(out)
         try:
             await self._control(peer, wire.AUTH, transfer_id, credential)
         except Exception as e:  # noqa: BLE001 - any UCX error
             self._fail(out, f"AUTH to {dest[:60]} failed: {e!r}")
         self._raise_if_failed(out)
+
+    def _out(self, peer: _Peer, transfer_id: str) -> _Out:
+        """The outgoing state of `transfer_id` to `peer`, made on first use."""
+        out = self._outs.get((peer.nonce, transfer_id))
+        if out is None:
+            out = self._outs[(peer.nonce, transfer_id)] = _Out(peer, transfer_id)
+        return out
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         tid = commit.transfer_id
