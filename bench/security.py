@@ -37,6 +37,7 @@ JSON lines: {"bench": "security", "metric": "config" | "micro" | "bandwidth" | "
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -189,6 +190,7 @@ def ttft_part(args) -> None:
                     server[name].append(res.server_ttft_ms)
         for c in clients.values():
             c.close()
+        rpc_ms = asyncio.run(directory_rpc_ms(clusters, args.rpc_calls))
     finally:
         for c in clusters.values():
             c.down()
@@ -204,6 +206,28 @@ def ttft_part(args) -> None:
          added_paired_median_ms=round(paired, 2), ratio=round(med["secure"] / med["insecure"], 3),
          added_router_ms=round(statistics.median(server["secure"]) - statistics.median(server["insecure"]), 2),
          target_ms=TARGET_ADDED_TTFT_MS, met=added < TARGET_ADDED_TTFT_MS)
+    emit(metric="directory_rpc", calls=args.rpc_calls, **{f"{n}_median_ms": round(v, 3) for n, v in rpc_ms.items()},
+         note="one directory round trip as decode-0 (Lookup); a secure hand-off adds one such call "
+              "(ConsumeNonce) that an insecure cluster does not make")
+
+
+async def directory_rpc_ms(clusters: dict, calls: int) -> dict[str, float]:
+    """Median ms of one directory round trip as decode-0 (Lookup of an unknown transfer: a
+    gRPC call and a Redis read), per cluster, interleaved. A secure hand-off adds such a
+    call (ConsumeNonce: a lookup, then a Redis script); plaintext vs TLS shows its cost."""
+    from services.directory.client import DirectoryClient
+    dirs = {n: DirectoryClient(c.directory_address, security=c.identity(DESTINATION)) for n, c in clusters.items()}
+    out: dict[str, list[float]] = {n: [] for n in dirs}
+    try:
+        for i in range(calls + 1):
+            for n, d in dirs.items():
+                t0 = time.perf_counter()
+                assert await d.lookup(f"bench-{i}", f"bench-{i}") is None
+                out[n].append((time.perf_counter() - t0) * 1000)
+    finally:
+        for d in dirs.values():
+            await d.close()
+    return {n: statistics.median(ms[1:]) for n, ms in out.items()}
 
 
 def main() -> None:
@@ -222,6 +246,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=5, help="untimed requests per cluster")
     ap.add_argument("--requests", type=int, default=80, help="timed requests per cluster")
+    ap.add_argument("--rpc-calls", type=int, default=100, help="timed directory round trips per cluster")
     ap.add_argument("--seed", type=int, default=17)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
