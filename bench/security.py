@@ -236,7 +236,7 @@ def main() -> None:
     ap.add_argument("--micro-calls", type=int, default=500)
     ap.add_argument("--micro-batches", type=int, default=5)
     ap.add_argument("--size-mib", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5, help="timed transfers per variant")
+    ap.add_argument("--repeats", type=int, default=9, help="timed transfers per variant")
     ap.add_argument("--layers", type=int, default=32, help="synthetic cache layers")
     ap.add_argument("--block-kib", type=int, default=32, help="K+V bytes of one block per layer")
     ap.add_argument("--max-chunk-blocks", type=int, default=64)
