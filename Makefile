@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults clean down
+.PHONY: run test install native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -64,6 +64,9 @@ bench-goodput: $(STAMP) $(NATIVE)
 
 bench-faults: $(STAMP) $(NATIVE)
 	$(VPY) bench/faults.py
+
+bench-security: $(STAMP) $(NATIVE)
+	$(VPY) bench/security.py
 
 down: $(STAMP)
 	$(VPY) -m services.cli down
