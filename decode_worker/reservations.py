@@ -22,7 +22,7 @@ from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout
 from services.engine import Sequence
 from services.transfer import ChunkArrived, ChunkKey, TransferCommit
-from services.worker.capabilities import Grant, physical_blocks
+from services.worker.capabilities import Ahead, Grant, physical_blocks
 from services.worker.loop import AsyncSink
 
 
@@ -92,6 +92,10 @@ class Reservation:
     until authorized (or with security off)."""
     granted_bytes: int = 0
     """Bytes admitted under the grant so far."""
+    ahead: Ahead | None = None
+    """The router's copy of the capability, being checked ahead of the sender's AUTH."""
+    auth_started: bool = False
+    """A sender's AUTH is being checked the full way (no copy ahead needed any more)."""
 
     @property
     def expected_bytes(self) -> int:

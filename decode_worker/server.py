@@ -72,6 +72,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def DecodeStream(self, request, context):
         started = time.perf_counter()
         res = self.worker.find(request.transfer_id)
+        if res is not None:
+            self.worker.check_ahead(res, request.capability)
         try:
             async for event in self._events(request.request_id,
                                             self.worker.stream(request.transfer_id), started,

@@ -124,16 +124,29 @@ class DecodeWorker:
     def _expire(self, res: Reservation) -> None:
         asyncio.ensure_future(self.abort_unpublished(res, "reservation TTL expired before publish"))
 
+    def check_ahead(self, res: Reservation, capability: bytes) -> None:
+        """The router's copy of the attempt's capability (DecodeStream): check it and consume
+        its nonce now, before the sender's AUTH comes (unless that already began)."""
+        if self.gate is None or not capability or res.ahead is not None or res.auth_started \
+                or res.state > ResState.RECEIVING:
+            return
+        res.ahead = self.gate.ahead(capability, tenant=res.tenant, transfer_id=res.transfer_id,
+                                    generation=res.generation,
+                                    regions=physical_blocks(res.seq.block_table, res.expected),
+                                    num_bytes=res.expected_bytes)
+
     # ---- 2. receive -----------------------------------------------------
     async def _authorize(self, res: Reservation, credential: dict, peer: str | None) -> None:
         """The sender's capability must grant exactly this reservation's transfer set
         (raises CapabilityDenied; the receiver then fails the transfer: blocks freed)."""
         if res.state > ResState.RECEIVING:
             raise RuntimeError(f"reservation {res.transfer_id} is {res.state.name}")
+        res.auth_started = True
         try:
             res.grant = await self.gate.check(
                 credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
-                regions=physical_blocks(res.seq.block_table, res.expected), num_bytes=res.expected_bytes)
+                regions=physical_blocks(res.seq.block_table, res.expected), num_bytes=res.expected_bytes,
+                ahead=res.ahead)
         except CapabilityDenied as e:
             self.events("capability_denied", request=res.request_id, reason=e.reason.value)
             log.warning("%s: %s", res.transfer_id, e)

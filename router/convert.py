@@ -104,7 +104,8 @@ def prefill_done_from_pb(r: prefill_pb2.PrefillResult) -> PrefillDone:
 def stream_call_to_pb(c: StreamCall) -> decode_pb2.DecodeStreamRequest:
     """StreamCall -> DecodeStreamRequest."""
     return decode_pb2.DecodeStreamRequest(request_id=c.request_id, generation=c.generation, transfer_id=c.transfer_id,
-                                          max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling))
+                                          max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling),
+                                          capability=c.capability)
 
 
 def generate_call_to_pb(c: StreamCall) -> decode_pb2.DecodeGenerateRequest:

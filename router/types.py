@@ -210,6 +210,8 @@ class StreamCall:
     """Generate only."""
     prompt_token_ids: tuple[int, ...] = ()
     """Generate only."""
+    capability: bytes = b""
+    """DecodeStream only: the attempt's transfer capability (checked ahead of the sender's AUTH)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -167,7 +167,8 @@ class AttemptRunner:
             manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
             capability), queue))
         att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
-            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid), self._timeout(None)), queue))
+            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
+            self._timeout(None)), queue))
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
@@ -249,6 +250,8 @@ class AttemptRunner:
                     and (att.held or isinstance(value, StreamToken)):
                 att.held.append(value)
                 continue
+            if kind == "end" and att.held:
+                continue  # its complete event is held with the tokens
             if kind == "prefill":
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest

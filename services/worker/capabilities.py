@@ -13,13 +13,19 @@ The router mints one capability per attempt and gives it to prefill with the man
   the nonce once in the directory, which also refuses a capability of an older route
   epoch in the same atomic step (revocation). Only then may chunks land, each inside
   the granted blocks and the byte bound (`Grant` on the reservation).
+- The router also hands decode its copy of the capability with DecodeStream, which it
+  calls while prefill computes (`DestinationGate.ahead`): the checks and the nonce's
+  directory round trip happen then, off the hand-off's critical path, and the
+  sender's AUTH is a comparison (same capability, its source, not claimed before).
 
 A denial is `CapabilityDenied` with its reason; nothing is written, nothing leaks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hmac
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -69,6 +75,18 @@ class Grant:
     max_bytes: int
 
 
+@dataclass
+class Ahead:
+    """A capability the router handed the destination ahead of the sender (DecodeStream):
+    checked, and its nonce consumed, while prefill computes."""
+
+    raw: bytes
+    checked: asyncio.Future
+    """-> the verified TransferCapability, or CapabilityDenied."""
+    claimed: bool = False
+    """A sender presented it and was admitted: nobody else may."""
+
+
 class SourceGate:
     """Prefill: a capability must grant exactly the manifest's transfer from this worker."""
 
@@ -102,8 +120,27 @@ class DestinationGate:
         self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
         self._consume = consume
 
+    def ahead(self, raw: bytes, *, tenant: str, transfer_id: str, generation: int, regions: tuple[int, ...],
+              num_bytes: int) -> Ahead:
+        """Start checking the router's copy of the capability now (every check, the source
+        taken from the capability itself, then the nonce consumed); `check` finishes it."""
+        async def run():
+            try:
+                body = self.verifier.verified_body(raw)
+            except CapabilityDenied:
+                body = capability_pb2.TransferCapability()  # authorize denies it again, in order
+            ask = TransferAsk(
+                tenant=tenant, source_worker_id=body.source_worker_id, source_epoch=body.source_epoch,
+                destination_worker_id=self.worker_id, destination_epoch=self.epoch(), transfer_id=transfer_id,
+                generation=generation, cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions,
+                num_bytes=num_bytes, nonce=body.nonce)
+            return await self._authorize_and_consume(raw, ask, transfer_id)
+        checked = asyncio.ensure_future(run())
+        checked.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: `check` re-raises it
+        return Ahead(raw, checked)
+
     async def check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
-                    regions: tuple[int, ...], num_bytes: int) -> Grant:
+                    regions: tuple[int, ...], num_bytes: int, ahead: Ahead | None = None) -> Grant:
         try:
             raw = base64.b64decode(str(credential["capability"]), validate=True)
             source, source_epoch = str(credential["source_worker_id"]), int(credential["source_epoch"])
@@ -112,10 +149,23 @@ class DestinationGate:
             raise CapabilityDenied(Reason.SIGNATURE, f"malformed credential ({type(e).__name__})") from None
         if peer is not None and peer != source:
             raise CapabilityDenied(Reason.SOURCE, f"sender {peer!r} (by its certificate) claims source {source!r}")
+        if ahead is not None and hmac.compare_digest(raw, ahead.raw):
+            cap = await ahead.checked  # CapabilityDenied if the router's copy failed a check
+            if (source, source_epoch) != (cap.source_worker_id, cap.source_epoch):
+                raise CapabilityDenied(Reason.SOURCE, f"source {(cap.source_worker_id, cap.source_epoch)} != "
+                                                      f"{(source, source_epoch)} (transfer {transfer_id!r})")
+            if ahead.claimed or not hmac.compare_digest(nonce, cap.nonce):
+                raise CapabilityDenied(Reason.NONCE, f"nonce already used or not bound (transfer {transfer_id!r})")
+            ahead.claimed = True
+            return Grant(frozenset(cap.regions), cap.max_bytes)
         ask = TransferAsk(
             tenant=tenant, source_worker_id=source, source_epoch=source_epoch, destination_worker_id=self.worker_id,
             destination_epoch=self.epoch(), transfer_id=transfer_id, generation=generation,
             cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
+        cap = await self._authorize_and_consume(raw, ask, transfer_id)
+        return Grant(frozenset(cap.regions), cap.max_bytes)
+
+    async def _authorize_and_consume(self, raw: bytes, ask: TransferAsk, transfer_id: str):
         cap = self.verifier.authorize(raw, ask, None, _now_ms())  # the route epoch: below, atomically
         try:
             fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
@@ -123,4 +173,4 @@ class DestinationGate:
             raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
         if not fresh:
             raise CapabilityDenied(Reason.NONCE, f"nonce already used (transfer {transfer_id!r})")
-        return Grant(frozenset(cap.regions), cap.max_bytes)
+        return cap

@@ -4,6 +4,8 @@ the published blocks from its prefix cache."""
 
 from __future__ import annotations
 
+import asyncio
+
 from router.requests.orchestrator import Orchestrator
 from router.types import Role, TokenOut
 from tests.support.orchestrator import (
@@ -41,4 +43,23 @@ def test_equal_digests_stream_at_once_and_discard_nothing():
     events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
     assert error is None and len(started(events)) == 1
     assert not [c for c in fake.calls if c[0] == "cancel_decode" and "discard_kv" in c]
+    assert_no_leaks(orch, fake)
+
+
+def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
+    """Decode published, streamed and ended before Prefill returned: the held tokens and
+    the complete event go out once the reply came and the digests agree."""
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    slow = fake.prefill
+
+    async def late_prefill(w, call, timeout_s):
+        done = await slow(w, call, timeout_s)
+        await asyncio.sleep(0.2)  # the whole stream (published at the end of `slow`) is in first
+        return done
+    fake.prefill = late_prefill
+    orch = Orchestrator(fake, fake, config())
+    events, error = run(collect(orch, params(max_tokens=2, mode="disaggregated")))
+    assert error is None and len(started(events)) == 1
+    assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == \
+        list(enumerate(model_tokens(PROMPT, 2)))
     assert_no_leaks(orch, fake)

@@ -85,18 +85,20 @@ class TransferStatusResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., state: _Optional[_Union[_manifest_pb2.TxnState, str]] = ..., chunks_received: _Optional[int] = ..., chunks_expected: _Optional[int] = ..., received_bytes: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., reserved_kv_digest: _Optional[str] = ...) -> None: ...
 
 class DecodeStreamRequest(_message.Message):
-    __slots__ = ("request_id", "generation", "transfer_id", "max_tokens", "sampling")
+    __slots__ = ("request_id", "generation", "transfer_id", "max_tokens", "sampling", "capability")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     generation: int
     transfer_id: str
     max_tokens: int
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., generation: _Optional[int] = ..., transfer_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, request_id: _Optional[str] = ..., generation: _Optional[int] = ..., transfer_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class DecodeGenerateRequest(_message.Message):
     __slots__ = ("request_id", "tenant", "generation", "prompt_token_ids", "max_tokens", "sampling")

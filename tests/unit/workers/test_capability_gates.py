@@ -1,0 +1,84 @@
+"""The workers' capability gates (services/worker/capabilities.py) over a real signing key:
+the destination's check of the router's copy ahead of the sender, and the sender's AUTH
+against it. The directory's ConsumeNonce is a set here (its own tests are elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+
+from services.security.capability import PUSH, CapabilityDenied, Grant, Reason, Signer, Verifier
+from services.worker.capabilities import DestinationGate
+from tests.support import pki
+
+REGIONS = (3, 4, 5)
+ASK = dict(tenant="t", transfer_id="r/1", generation=1, regions=REGIONS, num_bytes=300)
+
+
+def mint(**changes) -> bytes:
+    signing, _ = pki.capability_keys()
+    grant = dict(tenant="t", source_worker_id="p0", source_epoch=2, destination_worker_id="d0",
+                 destination_epoch=3, transfer_id="r/1", generation=1, route_epoch=9, cache_abi_digest="abi",
+                 direction=PUSH, regions=REGIONS, max_bytes=300, ttl_ms=30_000)
+    return Signer.from_file(signing, "router/router").mint(Grant(**{**grant, **changes})).raw
+
+
+def gate(consumed: list) -> DestinationGate:
+    _, public = pki.capability_keys()
+
+    async def consume(nonce, expires, transfer_id, route_epoch):
+        consumed.append(nonce)
+        return consumed.count(nonce) == 1
+    return DestinationGate(Verifier.from_file(public, ["router/router"], 300_000), "d0", lambda: 3, "abi", consume)
+
+
+def credential(raw: bytes, source: str = "p0") -> dict:
+    from services.worker.capabilities import _nonce_of
+    return {"capability": base64.b64encode(raw).decode(), "source_worker_id": source, "source_epoch": 2,
+            "nonce": _nonce_of(raw).hex()}
+
+
+def test_the_copy_ahead_is_checked_once_and_binds_the_first_sender_only():
+    async def go():
+        consumed = []
+        g, raw = gate(consumed), mint()
+        ahead = g.ahead(raw, **ASK)
+        await asyncio.sleep(0)
+        grant = await g.check(credential(raw), "p0", **ASK, ahead=ahead)
+        with pytest.raises(CapabilityDenied) as replay:
+            await g.check(credential(raw), "p0", **ASK, ahead=ahead)
+        return consumed, grant, replay.value.reason
+    consumed, grant, reason = asyncio.run(go())
+    assert len(consumed) == 1 and grant.blocks == frozenset(REGIONS) and grant.max_bytes == 300
+    assert reason is Reason.NONCE
+
+
+@pytest.mark.parametrize("changes,credential_source,reason", [
+    ({"ttl_ms": 301_000}, "p0", Reason.EXPIRED),
+    ({"tenant": "other"}, "p0", Reason.TENANT),
+    ({"regions": (3, 4)}, "p0", Reason.REGION),
+    ({}, "p9", Reason.SOURCE),  # the sender is not the capability's source
+])
+def test_a_bad_copy_ahead_or_another_sender_is_refused_with_its_reason(changes, credential_source, reason):
+    async def go():
+        g, raw = gate([]), mint(**changes)
+        ahead = g.ahead(raw, **ASK)
+        with pytest.raises(CapabilityDenied) as denied:
+            await g.check(credential(raw, credential_source), None, **ASK, ahead=ahead)
+        return denied.value.reason
+    assert asyncio.run(go()) is reason
+
+
+def test_another_capability_than_the_copy_ahead_is_checked_the_full_way():
+    async def go():
+        consumed = []
+        g = gate(consumed)
+        ahead = g.ahead(mint(), **ASK)
+        other = mint()  # a second, valid capability for the same transfer: its own nonce
+        grant = await g.check(credential(other), "p0", **ASK, ahead=ahead)
+        await ahead.checked
+        return consumed, grant
+    consumed, grant = asyncio.run(go())
+    assert len(consumed) == 2 and len(set(consumed)) == 2 and grant.max_bytes == 300
