@@ -27,6 +27,7 @@ from services.directory.records import (
     WorkerRef,
     WorkerRole,
     chunk_list_digest,
+    kv_part,
 )
 from services.directory.states import Outcome
 from services.directory.wire import (
@@ -122,7 +123,7 @@ def txn_to_pb(t: Transaction) -> manifest_pb2.Transaction:
         source_worker_id=s.source.worker_id, source_epoch=s.source.epoch,
         destination_worker_id=s.dest.worker_id, destination_epoch=s.dest.epoch,
         reservation_id=m.reservation_id, chunks_expected=len(m.expected_chunks),
-        kv_digest=t.kv_digest,
+        kv_digest=kv_part(t.kv_digest),
         abort_reason=t.abort_reason, created_unix_ms=t.created_ms, updated_unix_ms=t.updated_ms,
         manifest=m,
     )

@@ -47,9 +47,24 @@ from kv_directory.convert import (
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
-from services.directory.records import DirectoryUnavailable, TxnResult, chunk_list_digest
+from services.directory.records import (
+    DirectoryUnavailable,
+    TxnResult,
+    chunk_list_digest,
+    chunk_sums_digest,
+    evidence,
+    kv_part,
+)
 from services.directory.states import Outcome
-from services.directory.wire import BadRequest, chunk_layouts, load_from_pb, require, role_from_pb, worker_record_to_pb
+from services.directory.wire import (
+    BadRequest,
+    chunk_layouts,
+    chunk_sums,
+    load_from_pb,
+    require,
+    role_from_pb,
+    worker_record_to_pb,
+)
 from services.security.tls import Security, caller
 
 log = logging.getLogger(__name__)
@@ -238,9 +253,14 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     @_rpc
     async def Begin(self, request, context):
-        """RESERVED -> TRANSFERRING, and the source's K/V digest once it has one."""
+        """RESERVED -> TRANSFERRING, and the source's declaration once it has one: its K/V
+        digest with the chunk list and each chunk's checksum (kept as one evidence string)."""
+        declared = ""
+        if request.kv_digest:
+            require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
+            declared = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
         return await self._simple(
-            context, request, functools.partial(self._store.begin, request.transfer_id, request.kv_digest),
+            context, request, functools.partial(self._store.begin, request.transfer_id, declared),
             ends=("source",))
 
     @_rpc
@@ -249,8 +269,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
         require(request.kv_digest, "kv_digest")
         chunks = chunk_list_digest(chunk_layouts(request.chunks))
+        held = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
         return await self._simple(context, request, functools.partial(
-            self._store.validated, request.transfer_id, request.kv_digest, chunks),
+            self._store.validated, request.transfer_id, held, chunks),
             ends=("destination",), destination_only=True)
 
     @_rpc
@@ -258,9 +279,11 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """VALIDATED -> PUBLISHED, compare-and-set on the current generation."""
         r = request
         require(r.kv_digest, "kv_digest")
+        txn = await self._run(self._store.lookup, r.transfer_id)  # the declaration never changes once made
+        held = txn.kv_digest if txn is not None and kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
         return await self._transition(
             context, r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
-            functools.partial(self._store.publish, r.transfer_id, r.generation, r.kv_digest),
+            functools.partial(self._store.publish, r.transfer_id, r.generation, held),
             ends=("destination",), destination_only=True)
 
     @_rpc

@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
@@ -200,10 +201,12 @@ class PrefillWorker:
         sink = AsyncSink(asyncio.get_running_loop())
         chunks: list[Chunk] = []
 
-        async def send(key: ChunkKey) -> None:
+        order = {key: i for i, key in enumerate(plan)}
+
+        async def send(key: ChunkKey, chunk: Chunk | None = None) -> None:
             if chunks:
                 await self.pause("chunk", rid)
-            chunk = describe_chunk(e, seq, key)
+            chunk = chunk or describe_chunk(e, seq, key)
             self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
                         block_count=key.block_count, needs_token=min(
                             (key.block_start + key.block_count) * bs, len(prompt)))
@@ -216,7 +219,6 @@ class PrefillWorker:
         self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
-        declared = None
         try:
             first_token, t_first = await self._computed(sink, gate)
             t_computed = time.perf_counter()
@@ -224,22 +226,22 @@ class PrefillWorker:
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             await self.pause("computed", rid)
             self._check(task)
-            if streamer is None:  # one Begin opens the transfer and declares the digest
+            if streamer is None:  # one Begin opens the transfer and declares digest and checksums
                 kv_digest = await digest
-                await self._begin(task, transfer_id, kv_digest)
-                for key in plan:
+                described = [describe_chunk(e, seq, key) for key in plan]
+                await self._begin(task, transfer_id, kv_digest, described)
+                for key, chunk in zip(plan, described):
                     self._check(task)
-                    await send(key)
-            else:  # the digest is declared while the last layers stream
-                declared = asyncio.ensure_future(self._declare(task, transfer_id, digest))
+                    await send(key, chunk)
+            else:  # every chunk left with its checksum: then the declaration
                 await streamer
-                kv_digest = await declared
+                kv_digest = await digest
+                await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
             self.events("digest", request=rid)
         finally:
-            for pending in (streamer, declared):
-                if pending is not None and not pending.done():
-                    pending.cancel()
-                    await asyncio.gather(pending, return_exceptions=True)
+            if streamer is not None and not streamer.done():
+                streamer.cancel()
+                await asyncio.gather(streamer, return_exceptions=True)
         self._check(task)
         advance(task, TaskState.COMMITTING)
         self.events("commit", request=rid, chunks=len(chunks))
@@ -273,17 +275,16 @@ class PrefillWorker:
             else:
                 return first, t_first
 
-    async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "") -> None:
-        """Directory Begin: open the transfer and/or declare the prompt's K/V digest."""
-        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest)
+    async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
+        """Directory Begin: open the transfer and/or declare the prompt's K/V digest with
+        the chunk list and checksums (manifest order)."""
+        specs = [manifest_pb2.ChunkSpec(layer=c.key.layer, block_start=c.key.block_start,
+                                        block_count=c.key.block_count, num_bytes=c.num_bytes, checksum=c.checksum)
+                 for c in chunks]
+        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest, specs)
         if not r.ok:
             raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
                                   f"{r.state.name if r.state else 'none'}")
-
-    async def _declare(self, task: Task, transfer_id: str, digest: asyncio.Future[str]) -> str:
-        kv_digest = await digest
-        await self._begin(task, transfer_id, kv_digest)
-        return kv_digest
 
     def _expire(self, task: Task) -> None:
         """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""

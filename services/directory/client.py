@@ -221,11 +221,13 @@ class DirectoryClient:
             worker_id=worker_id, worker_epoch=epoch, **extra)))
 
     async def begin(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                    epoch: int, kv_digest: str = "") -> TxnReply:
+                    epoch: int, kv_digest: str = "",
+                    chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
         """RESERVED -> TRANSFERRING; with ``kv_digest`` (the source's digest of the
-        prompt's K/V, once computed) also declares it, here or in a second begin."""
+        prompt's K/V, once computed) and ``chunks`` (its chunk list with checksums, in
+        manifest order) also declares them, here or in a second begin."""
         return await self._move("Begin", request_id, transfer_id, generation, worker_id, epoch,
-                                kv_digest=kv_digest)
+                                kv_digest=kv_digest, chunks=chunks)
 
     async def validated(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
                         epoch: int, kv_digest: str,

@@ -192,6 +192,29 @@ def chunk_list_digest(chunks: Iterable[tuple[int, int, int, int]]) -> str:
     return h.hexdigest()
 
 
+def chunk_sums_digest(chunks: Iterable[tuple[int, int, int, int, str]]) -> str:
+    """Order-sensitive sha256 hex of a chunk list with each chunk's checksum: one
+    (layer, block_start, block_count, num_bytes, checksum hex) per chunk."""
+    h = hashlib.sha256()
+    for *layout, checksum in chunks:
+        h.update(struct.pack("<4Q", *layout) + checksum.encode() + b"\0")
+    return h.hexdigest()
+
+
+EVIDENCE_SEPARATOR = "+"
+
+
+def evidence(kv_digest: str, sums_digest: str) -> str:
+    """What the directory keeps of a source's declaration and compares the destination's
+    against: its K/V digest and its chunk list with checksums, as one string."""
+    return f"{kv_digest}{EVIDENCE_SEPARATOR}{sums_digest}"
+
+
+def kv_part(stored: str) -> str:
+    """The K/V digest in a stored declaration (what records and statuses show)."""
+    return stored.partition(EVIDENCE_SEPARATOR)[0]
+
+
 NO_CHUNKS_DIGEST = chunk_list_digest(())
 """The layout digest of an empty transfer set (the destination held every block)."""
 

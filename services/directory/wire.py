@@ -120,3 +120,8 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
 def chunk_layouts(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[Layout]:
     """ChunkSpecs -> (layer, block_start, block_count, num_bytes), in list order."""
     return [(c.layer, c.block_start, c.block_count, c.num_bytes) for c in chunks]
+
+
+def chunk_sums(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[tuple[int, int, int, int, str]]:
+    """ChunkSpecs -> (layer, block_start, block_count, num_bytes, checksum), in list order."""
+    return [(c.layer, c.block_start, c.block_count, c.num_bytes, c.checksum) for c in chunks]

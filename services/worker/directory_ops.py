@@ -36,10 +36,11 @@ class TxnOps:
         """Aborts being retried while the directory is away (strong references)."""
 
     async def begin(self, request_id: str, transfer_id: str, generation: int,
-                    kv_digest: str = "") -> TxnReply:
-        """RESERVED -> TRANSFERRING; with ``kv_digest`` also declares the source's digest."""
+                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
+        """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
+        also declares the source's digest and chunk list."""
         return await self.client.begin(request_id, transfer_id, generation, self.worker_id,
-                                       self.epoch_fn(), kv_digest)
+                                       self.epoch_fn(), kv_digest, chunks)
 
     async def validated(self, request_id: str, transfer_id: str, generation: int, kv_digest: str,
                         chunks: Sequence[manifest_pb2.ChunkSpec]) -> TxnReply:

@@ -142,6 +142,8 @@ class Callers:
         return getattr(by, rpc)
 
     async def begin(self, rid, tid, gen, worker_id, *a, **kw):
+        if kw.get("kv_digest"):  # a declaration carries the source's chunk list with checksums
+            kw.setdefault("chunks", RECEIVED)
         return await self._as("begin", worker_id)(rid, tid, gen, worker_id, *a, **kw)
 
     async def validated(self, rid, tid, gen, worker_id, *a, **kw):
@@ -364,6 +366,8 @@ def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(d
         assert (await client.begin(rid, tid, 1, *src, kv_digest=KV_DIGEST)).outcome == Outcome.APPLIED
         redeclared = await client.begin(rid, tid, 1, *src, kv_digest="cd" * 16)
         assert redeclared.outcome == Outcome.CHECKSUM_CONFLICT  # declared once
+        with pytest.raises(ValueError, match="chunks"):  # a digest comes with its chunk list
+            await client.begin(rid, tid, 1, *src, kv_digest=KV_DIGEST, chunks=())
 
         wrong = await client.validated(rid, tid, 1, *dst, "cd" * 16, RECEIVED)
         assert (wrong.outcome, wrong.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
@@ -374,6 +378,11 @@ def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(d
         r = await client.validated(rid, tid, 1, *dst, KV_DIGEST, bigger)
         assert r.outcome == Outcome.CHECKSUM_CONFLICT
         assert (await client.lookup(rid, tid)).state == TxnState.TRANSFERRING  # nothing changed
+
+        flipped = [manifest_pb2.ChunkSpec(layer=c.layer, block_count=3, num_bytes=1024, checksum=c.checksum + "x")
+                   for c in RECEIVED]  # the layout is right, a checksum is not the source's
+        r = await client.validated(rid, tid, 1, *dst, KV_DIGEST, flipped)
+        assert (r.outcome, r.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
 
         right = await client.validated(rid, tid, 1, *dst, KV_DIGEST, RECEIVED)
         assert (right.outcome, right.state) == (Outcome.APPLIED, TxnState.VALIDATED)

@@ -45,7 +45,7 @@ class FakeTxn:
     def epoch_fn(self):
         return 1
 
-    async def begin(self, request_id, transfer_id, generation, kv_digest=""):
+    async def begin(self, request_id, transfer_id, generation, kv_digest="", chunks=()):
         return _Reply()
 
     async def abort(self, request_id, transfer_id, generation, reason):

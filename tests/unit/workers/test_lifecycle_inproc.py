@@ -104,8 +104,8 @@ def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothi
         async with InprocCluster() as c:
             real = c.p.txn.begin
 
-            async def lying_begin(request_id, transfer_id, generation, kv_digest=""):
-                return await real(request_id, transfer_id, generation, "0" * 32 if kv_digest else "")
+            async def lying_begin(request_id, transfer_id, generation, kv_digest="", chunks=()):
+                return await real(request_id, transfer_id, generation, "0" * 32 if kv_digest else "", chunks)
 
             c.p.txn.begin = lying_begin
             res = await c.reserve("lie", PROMPT, 4)
