@@ -257,6 +257,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         digest with the chunk list and each chunk's checksum (kept as one evidence string)."""
         declared = ""
         if request.kv_digest:
+            as_worker(context, self._secure, request.worker_id)  # who first: an outsider learns nothing
             require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
             declared = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
         return await self._simple(

@@ -205,15 +205,17 @@ class UcxSender(KVSender):
             self._outs.pop((peer.nonce, tid), None)
 
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:
+        # Our own state first, whether or not the peer can still be reached: a dead
+        # peer's chunks give their credits back once fenced.
+        for key in [k for k, o in self._outs.items() if k[1] == transfer_id and o.peer.dest == dest]:
+            out = self._outs.pop(key)
+            self._fail(out, f"aborted: {reason}")
+            await self._settle(out)
         try:
             peer = await self._peer(dest)
         except TransferError as e:
             log.info("abort of %s at %s not delivered: %s", transfer_id, dest, e)
             return
-        out = self._outs.pop((peer.nonce, transfer_id), None)
-        if out is not None:
-            self._fail(out, f"aborted: {reason}")
-            await self._settle(out)
         if peer.dead:
             return
         try:

@@ -16,7 +16,6 @@ import asyncio
 import base64
 import dataclasses
 import os
-import threading
 import time
 import uuid
 
@@ -30,6 +29,7 @@ from router.requests.handoff import build_manifest, grant
 from services.cluster.launcher import CAPABILITY_SIGNING_KEY
 from services.security.capability import PULL, Reason, Signer
 from services.transfer.base import Chunk, ChunkKey, TransferError, checksum
+from tests.support import ucx_loop
 from tests.support.cluster import assert_cluster_clean, channel, directory, start_cluster
 
 PROMPT = [5 + (11 * i) % 400 for i in range(64)]  # 4 blocks of 16
@@ -46,14 +46,8 @@ def cluster(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run():
-    """Runs a coroutine on one event loop for the whole module (this process's UCX
-    runtime binds to the loop that first starts it)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(120)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    """Runs a coroutine on the test process's UCX loop (tests/support/ucx_loop.py)."""
+    return ucx_loop.run
 
 
 @dataclasses.dataclass

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.transfer import ucx_wire as wire
+from tests.support import ucx_loop
 from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
 
 
@@ -30,17 +31,15 @@ def sender(cluster):
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
     nonce, _, _, address = wire.parse_address(d.data_plane_address)
-    loop = asyncio.new_event_loop()
-    rt = loop.run_until_complete(_rt(runtime))
-    ep = loop.run_until_complete(rt.endpoint(address))
+    rt = ucx_loop.run(_rt(runtime))  # this process's UCX loop (other modules may use UCX too)
+    ep = ucx_loop.run(rt.endpoint(address))
 
     def send(payload: bytes) -> None:
         async def go():
             await asyncio.wait_for(rt.post_send(ep, payload, wire.tag(wire.CTRL, nonce)), 10)
-        loop.run_until_complete(go())
+        ucx_loop.run(go())
 
     yield send
-    loop.close()
 
 
 async def _rt(factory):
