@@ -277,14 +277,18 @@ def test_chunks_without_a_capability_are_refused(cluster, run):
         release(cluster, held)
 
 
-def test_a_sender_claiming_another_source_than_its_certificate_is_refused(cluster, run):
-    if cluster.spec.transport != "tcp":
-        pytest.skip("UCX authenticates nobody: only the TCP data plane knows the sender's certificate")
+def test_a_sender_claiming_another_source_is_refused(cluster, run):
+    """TCP: the sender's TLS certificate (prefill-0) must be the source it claims, even
+    under a capability minted for that claim. UCX knows no certificates: there the
+    claim must be the capability's source."""
     held = hold(cluster, run)
     try:
-        why = run(attempt(cluster, held, credential(_mint(cluster, held, source_worker_id="prefill-9"),
-                                                            held, source_worker_id="prefill-9")))
+        minted_for = "prefill-9" if cluster.spec.transport == "tcp" else "prefill-0"
+        raw = _mint(cluster, held, source_worker_id=minted_for)
+        why = run(attempt(cluster, held, credential(raw, held, source_worker_id="prefill-9")))
         assert f"capability denied: {Reason.SOURCE.value}:" in why, why
+        now = status(cluster, held.manifest.transfer_id)
+        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
     finally:
         release(cluster, held)
 
