@@ -102,6 +102,11 @@ class Reservation:
         """Bytes the transfer must bring."""
         return sum(self.expected.values())
 
+    @property
+    def regions(self) -> tuple[int, ...]:
+        """The physical blocks the transfer set lands in (what a capability must grant)."""
+        return physical_blocks(self.seq.block_table, self.expected)
+
     def expected_layouts(self) -> list[Layout]:
         """The expected chunks as (layer, block_start, block_count, num_bytes), in order."""
         return [(k.layer, k.block_start, k.block_count, n) for k, n in self.expected.items()]

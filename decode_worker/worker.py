@@ -17,14 +17,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.records import TransferRef
 from services.directory.states import Outcome
+from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.security.capability import CapabilityDenied
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
-from services.worker.capabilities import DestinationGate, physical_blocks
+from services.worker.capabilities import DestinationGate
 from services.worker.config import DecodeWorkerConfig
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from services.worker.events import EventLog, FaultPause
@@ -131,22 +131,20 @@ class DecodeWorker:
                 or res.state > ResState.RECEIVING:
             return
         res.ahead = self.gate.ahead(capability, tenant=res.tenant, transfer_id=res.transfer_id,
-                                    generation=res.generation,
-                                    regions=physical_blocks(res.seq.block_table, res.expected),
-                                    num_bytes=res.expected_bytes)
+                                    generation=res.generation, regions=res.regions, num_bytes=res.expected_bytes)
 
     # ---- 2. receive -----------------------------------------------------
     async def _authorize(self, res: Reservation, credential: dict, peer: str | None) -> None:
         """The sender's capability must grant exactly this reservation's transfer set
-        (raises CapabilityDenied; the receiver then fails the transfer: blocks freed)."""
+        (raises CapabilityDenied: the receiver refuses that sender; the reservation waits
+        for the one holding the capability, until its TTL)."""
         if res.state > ResState.RECEIVING:
             raise RuntimeError(f"reservation {res.transfer_id} is {res.state.name}")
         res.auth_started = True
         try:
             res.grant = await self.gate.check(
                 credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
-                regions=physical_blocks(res.seq.block_table, res.expected), num_bytes=res.expected_bytes,
-                ahead=res.ahead)
+                regions=res.regions, num_bytes=res.expected_bytes, ahead=res.ahead)
         except CapabilityDenied as e:
             self.events("capability_denied", request=res.request_id, reason=e.reason.value)
             log.warning("%s: %s", res.transfer_id, e)
@@ -219,9 +217,7 @@ class DecodeWorker:
         digest of what it holds is the one the source declared, and the chunks that
         arrived are the manifest's expected list.
         """
-        chunks = [manifest_pb2.ChunkSpec(layer=k.layer, block_start=k.block_start, block_count=k.block_count,
-                                         num_bytes=res.received[k].num_bytes, checksum=res.received[k].checksum)
-                  for k in res.expected]
+        chunks = chunk_specs(res.received[k] for k in res.expected)
         try:
             r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
             if not r.ok:
@@ -333,8 +329,10 @@ class DecodeWorker:
         """Stop every piece of state of request_id (at one generation, or all when 0);
         `discard_kv`: its published prompt blocks also leave the prefix cache."""
         found = False
-        for tid in [t for t in self.imported if discard_kv and TransferRef.parse(t).request_id == request_id
-                    and generation in (0, TransferRef.parse(t).generation)]:
+        for tid in list(self.imported) if discard_kv else ():
+            ref = TransferRef.parse(tid)
+            if ref.request_id != request_id or generation not in (0, ref.generation):
+                continue
             imported = self.imported.pop(tid)
             await self.loop.call(lambda e, imported=imported: e.blocks.unregister(
                 [bid for bid, key in imported if key is not None and e.blocks.blocks[bid].key == key]))

@@ -37,12 +37,6 @@ class Denied(Exception):
     """The caller's identity does not allow this call (PERMISSION_DENIED, the message says why)."""
 
 
-def describe_caller(context, secure: bool) -> str:
-    """The caller's certificate identity, for the audit log."""
-    identity = caller(context) if secure else None
-    return str(identity) if identity is not None else "an unidentified caller (insecure)"
-
-
 def as_worker(context, secure: bool, worker_id: str) -> Identity | None:
     """The caller, who must be the worker `worker_id` (by certificate); None when insecure."""
     if not secure:

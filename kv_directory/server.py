@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker, describe_caller
+from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
@@ -49,6 +49,7 @@ from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_gr
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.directory.records import (
     DirectoryUnavailable,
+    Transaction,
     TxnResult,
     chunk_list_digest,
     chunk_sums_digest,
@@ -65,7 +66,7 @@ from services.directory.wire import (
     role_from_pb,
     worker_record_to_pb,
 )
-from services.security.tls import Security, caller
+from services.security.tls import Security, caller, caller_name
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
         route_epoch = await self._run(self._store.get_route_epoch)
         log.info("registered %s (%s) epoch %d at %s by %s", rec.worker_id, rec.role.value, rec.epoch,
-                 rec.grpc_address, describe_caller(context, self._secure))
+                 rec.grpc_address, caller_name(context))
         return directory_pb2.RegisterWorkerResponse(
             epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch)
 
@@ -222,11 +223,13 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
                                  f"registered ({w.cache_abi_digest[:16]})")
 
     async def _transition(self, context, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                          worker_epoch: int, op: Callable[[], TxnResult], *, ends: tuple[str, ...],
-                          router: bool = False, destination_only: bool = False) -> directory_pb2.TxnResponse:
+                          worker_epoch: int, op: Callable[[Transaction], Callable[[], TxnResult]], *,
+                          ends: tuple[str, ...], router: bool = False,
+                          destination_only: bool = False) -> directory_pb2.TxnResponse:
         """Validate, check the caller may move this transaction (one of `ends` of it, by
-        certificate, or the router when `router`), fence against the stored identity,
-        then run ``op`` on the store."""
+        certificate, or the router when `router`), let ``op`` check the request against
+        the stored transaction and name its store call, fence against the stored
+        identity, then run that call on the store."""
         require(request_id, "request_id")
         require(transfer_id, "transfer_id")
         require(generation, "generation")
@@ -241,13 +244,14 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             allowed = {"source": txn.spec.source.worker_id, "destination": txn.spec.dest.worker_id}
             if who.name not in (allowed[e] for e in ends):
                 raise Denied(f"{who} is not the {' or '.join(ends)} of transfer {transfer_id}")
+        call = op(txn)  # after the caller checks: an outsider learns nothing from the request's content
         rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
         if rejected is not None:
             return txn_response(rejected, txn, request_id, transfer_id)
-        result = await self._run(op)
+        result = await self._run(call)
         return txn_response(result.outcome, result.txn, request_id, transfer_id)
 
-    def _simple(self, context, r, op: Callable[[], TxnResult], **kw: Any):
+    def _simple(self, context, r, op: Callable[[Transaction], Callable[[], TxnResult]], **kw: Any):
         return self._transition(context, r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch,
                                 op, **kw)
 
@@ -255,14 +259,13 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def Begin(self, request, context):
         """RESERVED -> TRANSFERRING, and the source's declaration once it has one: its K/V
         digest with the chunk list and each chunk's checksum (kept as one evidence string)."""
-        declared = ""
-        if request.kv_digest:
-            as_worker(context, self._secure, request.worker_id)  # who first: an outsider learns nothing
-            require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
-            declared = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
-        return await self._simple(
-            context, request, functools.partial(self._store.begin, request.transfer_id, declared),
-            ends=("source",))
+        def begin(_txn: Transaction) -> Callable[[], TxnResult]:
+            declared = ""
+            if request.kv_digest:
+                require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
+                declared = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
+            return functools.partial(self._store.begin, request.transfer_id, declared)
+        return await self._simple(context, request, begin, ends=("source",))
 
     @_rpc
     async def Validated(self, request, context):
@@ -271,7 +274,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         require(request.kv_digest, "kv_digest")
         chunks = chunk_list_digest(chunk_layouts(request.chunks))
         held = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
-        return await self._simple(context, request, functools.partial(
+        return await self._simple(context, request, lambda _txn: functools.partial(
             self._store.validated, request.transfer_id, held, chunks),
             ends=("destination",), destination_only=True)
 
@@ -280,26 +283,31 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """VALIDATED -> PUBLISHED, compare-and-set on the current generation."""
         r = request
         require(r.kv_digest, "kv_digest")
-        txn = await self._run(self._store.lookup, r.transfer_id)  # the declaration never changes once made
-        held = txn.kv_digest if txn is not None and kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
+
+        def publish(txn: Transaction) -> Callable[[], TxnResult]:
+            # The stored declaration (digest + checksums) never changes once made: repeat it
+            # when the destination's digest is its K/V part.
+            held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
+            return functools.partial(self._store.publish, r.transfer_id, r.generation, held)
         return await self._transition(
             context, r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
-            functools.partial(self._store.publish, r.transfer_id, r.generation, held),
-            ends=("destination",), destination_only=True)
+            publish, ends=("destination",), destination_only=True)
 
     @_rpc
     async def Abort(self, request, context):
         """Any unpublished state -> ABORTED (idempotent); logged with the caller."""
-        log.info("abort of %s by %s: %s", request.transfer_id, describe_caller(context, self._secure),
+        log.info("abort of %s by %s: %s", request.transfer_id, caller_name(context),
                  request.reason or "no reason")
         return await self._simple(
-            context, request, functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"),
+            context, request,
+            lambda _txn: functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"),
             ends=("source", "destination"), router=True)
 
     @_rpc
     async def Release(self, request, context):
         """PUBLISHED -> RELEASED."""
-        return await self._simple(context, request, functools.partial(self._store.release, request.transfer_id),
+        return await self._simple(context, request, lambda _txn: functools.partial(self._store.release,
+                                                                                   request.transfer_id),
                                   ends=("source", "destination"))
 
     @_rpc
@@ -333,7 +341,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         result = await self._run(self._store.advance_route_epoch, expected)
         advanced = result.outcome == Outcome.APPLIED
         log.info("route epoch %s -> %d (expected %s, by %s, reason %r)", "advanced" if advanced else "not advanced",
-                 result.route_epoch, expected, describe_caller(context, self._secure), request.reason)
+                 result.route_epoch, expected, caller_name(context), request.reason)
         return directory_pb2.RouteEpochResponse(route_epoch=result.route_epoch, advanced=advanced)
 
     @_rpc

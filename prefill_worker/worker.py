@@ -22,9 +22,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
+from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied, Reason
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
@@ -278,10 +278,7 @@ class PrefillWorker:
     async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
         """Directory Begin: open the transfer and/or declare the prompt's K/V digest with
         the chunk list and checksums (manifest order)."""
-        specs = [manifest_pb2.ChunkSpec(layer=c.key.layer, block_start=c.key.block_start,
-                                        block_count=c.key.block_count, num_bytes=c.num_bytes, checksum=c.checksum)
-                 for c in chunks]
-        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest, specs)
+        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest, chunk_specs(chunks))
         if not r.ok:
             raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
                                   f"{r.state.name if r.state else 'none'}")

@@ -17,11 +17,12 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from router.grpc_gateway import grpc_code
-from router.identity import caller_name, caller_tenant
+from router.identity import caller_tenant
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
 from services.directory.wire import worker_record_to_pb
+from services.security.tls import caller_name
 
 log = logging.getLogger(__name__)
 

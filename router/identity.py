@@ -18,8 +18,3 @@ def caller_tenant(context, secure: bool) -> str | None:
     who = caller(context)
     return None if who is None or who.role != "client" else who.name
 
-
-def caller_name(context) -> str:
-    """Who made the call, for the audit log ("anonymous" when insecure)."""
-    who = caller(context)
-    return str(who) if who is not None else "anonymous (insecure)"

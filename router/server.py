@@ -17,14 +17,14 @@ from router.admin import AdminServicer
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
-from router.identity import caller_name, caller_tenant
+from router.identity import caller_tenant
 from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.security.capability import Signer
 from services.security.config import CapabilitySettings, signer
-from services.security.tls import Security, access_table
+from services.security.tls import Security, access_table, caller_name
 
 log = logging.getLogger(__name__)
 

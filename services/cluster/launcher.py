@@ -157,17 +157,15 @@ class LocalCluster:
         if not self.spec.insecure:
             LocalCA(self.tls_dir).issue(Identity(role, name))
 
-    def identity(self, name: str) -> Security:
-        """The security of one certificate in the state dir ("operator", "client", a
-        service's name), for tests and tools that call services directly."""
-        if self.spec.insecure:
-            return Security.insecure()
-        return Security.of(TlsFiles.in_dir(self.tls_dir, name))
-
     def client_files(self, name: str = "client") -> TlsFiles | None:
-        """The files an SDK client (`Client(..., tls_files=)`) presents as certificate
-        `name` ("client", "operator", one from `issue_client`); None when insecure."""
+        """The files of certificate `name` in the state dir ("client", "operator", a
+        service's name, one from `issue_client`); None when insecure."""
         return None if self.spec.insecure else TlsFiles.in_dir(self.tls_dir, name)
+
+    def identity(self, name: str) -> Security:
+        """The security of certificate `name`, for tests and tools that call services directly."""
+        files = self.client_files(name)
+        return Security.insecure() if files is None else Security.of(files)
 
     def client(self, name: str = "client", **kw) -> Client:
         """An SDK client of this cluster's router presenting certificate `name`
@@ -176,8 +174,9 @@ class LocalCluster:
 
     def issue_client(self, tenant: str, file_name: str | None = None) -> TlsFiles:
         """A client certificate for `tenant` from this cluster's CA."""
-        LocalCA(self.tls_dir).issue(Identity("client", tenant), file_name or f"client-{tenant}")
-        return TlsFiles.in_dir(self.tls_dir, file_name or f"client-{tenant}")
+        file_name = file_name or f"client-{tenant}"
+        LocalCA(self.tls_dir).issue(Identity("client", tenant), file_name)
+        return TlsFiles.in_dir(self.tls_dir, file_name)
 
     def _make_identities(self) -> None:
         if self.spec.insecure:

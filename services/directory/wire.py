@@ -122,6 +122,13 @@ def chunk_layouts(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[Layout]:
     return [(c.layer, c.block_start, c.block_count, c.num_bytes) for c in chunks]
 
 
+def chunk_specs(chunks: Iterable) -> list[manifest_pb2.ChunkSpec]:
+    """Chunks as sent or as arrived (anything with .key, .num_bytes, .checksum) -> ChunkSpecs,
+    in order: what the source declares with Begin and the destination reports with Validated."""
+    return [manifest_pb2.ChunkSpec(layer=c.key.layer, block_start=c.key.block_start, block_count=c.key.block_count,
+                                   num_bytes=c.num_bytes, checksum=c.checksum) for c in chunks]
+
+
 def chunk_sums(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[tuple[int, int, int, int, str]]:
     """ChunkSpecs -> (layer, block_start, block_count, num_bytes, checksum), in list order."""
     return [(c.layer, c.block_start, c.block_count, c.num_bytes, c.checksum) for c in chunks]

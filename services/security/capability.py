@@ -257,7 +257,12 @@ class Verifier:
         ``route_epoch`` None: the caller has the directory compare the route epoch in the
         same atomic step that consumes the nonce (ConsumeNonce's route_epoch).
         """
-        cap = self.verified_body(raw)
+        return self.check(self.verified_body(raw), ask, route_epoch, now_ms)
+
+    def check(self, cap: capability_pb2.TransferCapability, ask: TransferAsk, route_epoch: int | None,
+              now_ms: int) -> capability_pb2.TransferCapability:
+        """`authorize` after the signature: the checks from the issuer on, on a capability
+        `verified_body` returned (a caller that needed its fields first verifies once)."""
         left_ms = cap.expires_unix_ms - now_ms
         source, asked_source = (cap.source_worker_id, cap.source_epoch), (ask.source_worker_id, ask.source_epoch)
         dest = (cap.destination_worker_id, cap.destination_epoch)

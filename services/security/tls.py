@@ -18,7 +18,9 @@ Without certificates and without PD_INSECURE a service refuses to start.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -132,8 +134,6 @@ class Security:
 def _load(ctx: ssl.SSLContext, files: TlsFiles) -> None:
     ctx.load_verify_locations(cadata=files.ca.decode())
     # ssl loads a key pair only from files: a private temporary copy, gone at once.
-    import os
-    import tempfile
     fd, path = tempfile.mkstemp(prefix="pd-tls-", suffix=".pem")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -177,6 +177,12 @@ def caller(context) -> Identity | None:
             except ValueError:
                 return None
     return None
+
+
+def caller_name(context) -> str:
+    """Who made the call, for the audit log ("anonymous (insecure)" without TLS)."""
+    who = caller(context)
+    return str(who) if who is not None else "anonymous (insecure)"
 
 
 class Access(grpc.aio.ServerInterceptor):

@@ -99,15 +99,15 @@ class SourceGate:
             regions = physical_blocks(manifest.destination_block_ids, chunks)
         except ValueError as e:
             raise CapabilityDenied(Reason.REGION, str(e)) from None
-        nonce = _nonce_of(raw)
+        nonce, epoch = _nonce_of(raw), self.epoch()
         ask = TransferAsk(
-            tenant=manifest.tenant, source_worker_id=self.worker_id, source_epoch=self.epoch(),
+            tenant=manifest.tenant, source_worker_id=self.worker_id, source_epoch=epoch,
             destination_worker_id=manifest.destination_worker_id, destination_epoch=manifest.destination_epoch,
             transfer_id=manifest.transfer_id, generation=manifest.generation, cache_abi_digest=self.abi_digest,
             direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
         self.verifier.authorize(raw, ask, manifest.route_epoch, _now_ms())
         return {"capability": base64.b64encode(raw).decode(), "source_worker_id": self.worker_id,
-                "source_epoch": self.epoch(), "nonce": nonce.hex()}
+                "source_epoch": epoch, "nonce": nonce.hex()}
 
 
 class DestinationGate:
@@ -125,16 +125,10 @@ class DestinationGate:
         """Start checking the router's copy of the capability now (every check, the source
         taken from the capability itself, then the nonce consumed); `check` finishes it."""
         async def run():
-            try:
-                body = self.verifier.verified_body(raw)
-            except CapabilityDenied:
-                body = capability_pb2.TransferCapability()  # authorize denies it again, in order
-            ask = TransferAsk(
-                tenant=tenant, source_worker_id=body.source_worker_id, source_epoch=body.source_epoch,
-                destination_worker_id=self.worker_id, destination_epoch=self.epoch(), transfer_id=transfer_id,
-                generation=generation, cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions,
-                num_bytes=num_bytes, nonce=body.nonce)
-            return await self._authorize_and_consume(raw, ask, transfer_id)
+            body = self.verifier.verified_body(raw)  # SIGNATURE first, as in authorize
+            ask = self._ask(tenant, body.source_worker_id, body.source_epoch, transfer_id, generation, regions,
+                            num_bytes, body.nonce)
+            return await self._consume_once(self.verifier.check(body, ask, None, _now_ms()), transfer_id)
         checked = asyncio.ensure_future(run())
         checked.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: `check` re-raises it
         return Ahead(raw, checked)
@@ -158,15 +152,21 @@ class DestinationGate:
                 raise CapabilityDenied(Reason.NONCE, f"nonce already used or not bound (transfer {transfer_id!r})")
             ahead.claimed = True
             return Grant(frozenset(cap.regions), cap.max_bytes)
-        ask = TransferAsk(
+        ask = self._ask(tenant, source, source_epoch, transfer_id, generation, regions, num_bytes, nonce)
+        cap = await self._consume_once(self.verifier.authorize(raw, ask, None, _now_ms()), transfer_id)
+        return Grant(frozenset(cap.regions), cap.max_bytes)
+
+    def _ask(self, tenant: str, source: str, source_epoch: int, transfer_id: str, generation: int,
+             regions: tuple[int, ...], num_bytes: int, nonce: bytes) -> TransferAsk:
+        """What this destination asks of a capability (verified with route epoch None:
+        the directory compares it in `_consume_once`, atomically)."""
+        return TransferAsk(
             tenant=tenant, source_worker_id=source, source_epoch=source_epoch, destination_worker_id=self.worker_id,
             destination_epoch=self.epoch(), transfer_id=transfer_id, generation=generation,
             cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
-        cap = await self._authorize_and_consume(raw, ask, transfer_id)
-        return Grant(frozenset(cap.regions), cap.max_bytes)
 
-    async def _authorize_and_consume(self, raw: bytes, ask: TransferAsk, transfer_id: str):
-        cap = self.verifier.authorize(raw, ask, None, _now_ms())  # the route epoch: below, atomically
+    async def _consume_once(self, cap, transfer_id: str):
+        """Consume the verified capability's nonce once, under its route epoch."""
         try:
             fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
         except StaleRouteEpoch as e:

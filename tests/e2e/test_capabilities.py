@@ -89,6 +89,13 @@ def hold(cluster, run) -> Held:
     return Held(manifest, reservation, epoch, status(cluster, manifest.transfer_id).reserved_kv_digest)
 
 
+def assert_untouched(now: decode_pb2.TransferStatusResponse, held: Held) -> None:
+    """Nothing landed: no chunk, the reserved blocks' digest as at Reserve, and the
+    reservation still waiting for the sender that holds the capability."""
+    assert (now.state, now.chunks_received, now.reserved_kv_digest) == \
+        (manifest_pb2.TXN_STATE_RESERVED, 0, held.digest)
+
+
 def release(cluster, held: Held) -> None:
     """What the router does when an attempt is given up: Decode.Cancel (the reservation
     aborts its transaction and frees its blocks)."""
@@ -215,9 +222,7 @@ def test_a_mutated_capability_is_refused_and_writes_nothing(cluster, run, name, 
         assert f"capability denied: {reason.value}:" in why, why
         assert "signature" not in why.split(":", 2)[-1] or reason is Reason.SIGNATURE
         assert not raw or base64.b64encode(raw).decode()[:24] not in why  # the raw capability never comes back
-        now = status(cluster, held.manifest.transfer_id)
-        assert (now.state, now.chunks_received, now.reserved_kv_digest) == \
-            (manifest_pb2.TXN_STATE_RESERVED, 0, held.digest)  # still waiting for the real sender
+        assert_untouched(status(cluster, held.manifest.transfer_id), held)
     finally:
         release(cluster, held)
 
@@ -261,7 +266,7 @@ def test_a_replayed_nonce_is_refused(cluster, run):
                 await second.close()
         why, now = run(go())
         assert f"capability denied: {Reason.NONCE.value}:" in why, why
-        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
+        assert_untouched(now, held)
     finally:
         release(cluster, held)
 
@@ -271,8 +276,7 @@ def test_chunks_without_a_capability_are_refused(cluster, run):
     try:
         why = run(attempt(cluster, held, None))
         assert "no accepted capability" in why, why
-        now = status(cluster, held.manifest.transfer_id)
-        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
+        assert_untouched(status(cluster, held.manifest.transfer_id), held)
     finally:
         release(cluster, held)
 
@@ -287,8 +291,7 @@ def test_a_sender_claiming_another_source_is_refused(cluster, run):
         raw = _mint(cluster, held, source_worker_id=minted_for)
         why = run(attempt(cluster, held, credential(raw, held, source_worker_id="prefill-9")))
         assert f"capability denied: {Reason.SOURCE.value}:" in why, why
-        now = status(cluster, held.manifest.transfer_id)
-        assert (now.chunks_received, now.reserved_kv_digest) == (0, held.digest)
+        assert_untouched(status(cluster, held.manifest.transfer_id), held)
     finally:
         release(cluster, held)
 
