@@ -1,0 +1,83 @@
+"""The trace vocabulary: span names and attribute keys every pdserve process uses
+(issue 18), shared by the services that emit spans and `pdctl trace` that reads them.
+
+One request is one trace. Its spans, by process (service.name):
+
+    pdserve-router     router.request            the whole Generate (root, or the client's child)
+                         router.decide           route decision: pd.route, predicted TTFT/TPOT
+                         router.attempt          one attempt: pd.generation, pd.transfer_id, pd.route;
+                                                 events retry{pd.reason}, fallback{pd.reason}
+                         <gRPC client spans>     /pd.v1.Decode/Reserve, /pd.v1.Prefill/Prefill, ...
+    pdserve-decode     decode.reserve            blocks + directory reservation
+                       transfer.receive          reservation ready -> every chunk visible;
+                                                 events chunk.visible{pd.layer, pd.bytes}
+                       decode.validate, decode.publish, decode.admit,
+                       decode.first_token        admitted -> first token out
+                       decode.generate           first token -> last token
+                       decode.release
+    pdserve-prefill    prefill.queue, prefill.compute (one per compute chunk),
+                       transfer.layer            one per layer sent; events chunk.sent{pd.layer, pd.bytes}
+                       transfer.commit
+    pdserve-directory  <gRPC server spans>       /pd.v1.Directory/Begin, /Validated, /Publish, ...
+
+Every span carries pd.request_id (and pd.tenant); pd.generation, pd.transfer_id and
+pd.route where they apply. Failures are span status ERROR plus an event naming why.
+
+Exposed transfer, as the seed's transfer-trace analyzer defines it:
+    T_exposed = max(0, publish_end - decode_ready)
+where publish_end is the end of decode.publish and decode_ready the moment decode could
+have started had the transfer been free: the later of the decode reservation being ready
+(end of decode.reserve) and prefill's last compute chunk ending (end of the last
+prefill.compute).
+"""
+
+from __future__ import annotations
+
+# ---- attribute keys ---------------------------------------------------------
+REQUEST_ID = "pd.request_id"
+TENANT = "pd.tenant"
+GENERATION = "pd.generation"
+TRANSFER_ID = "pd.transfer_id"
+ROUTE = "pd.route"
+POLICY = "pd.policy"
+PREDICTED_TTFT_MS = "pd.predicted_ttft_ms"
+PREDICTED_TPOT_MS = "pd.predicted_tpot_ms"
+PREFILL_WORKER = "pd.prefill_worker"
+DECODE_WORKER = "pd.decode_worker"
+PROMPT_TOKENS = "pd.prompt_tokens"
+LAYER = "pd.layer"
+BYTES = "pd.bytes"
+REASON = "pd.reason"
+
+REQUEST_ATTRIBUTES = (REQUEST_ID, TENANT, GENERATION, TRANSFER_ID, ROUTE)
+"""Carried as W3C baggage from the router, copied onto every span of the request in
+every process (services/telemetry/tracing.py)."""
+
+# ---- span names ---------------------------------------------------------------
+ROUTER_REQUEST = "router.request"
+ROUTER_DECIDE = "router.decide"
+ROUTER_ATTEMPT = "router.attempt"
+DECODE_RESERVE = "decode.reserve"
+TRANSFER_RECEIVE = "transfer.receive"
+DECODE_VALIDATE = "decode.validate"
+DECODE_PUBLISH = "decode.publish"
+DECODE_ADMIT = "decode.admit"
+DECODE_FIRST_TOKEN = "decode.first_token"
+DECODE_GENERATE = "decode.generate"
+DECODE_RELEASE = "decode.release"
+PREFILL_QUEUE = "prefill.queue"
+PREFILL_COMPUTE = "prefill.compute"
+TRANSFER_LAYER = "transfer.layer"
+TRANSFER_COMMIT = "transfer.commit"
+
+# ---- event names --------------------------------------------------------------
+EVENT_RETRY = "retry"
+EVENT_FALLBACK = "fallback"
+EVENT_CHUNK_SENT = "chunk.sent"
+EVENT_CHUNK_VISIBLE = "chunk.visible"
+EVENT_FIRST_TOKEN = "first_token"
+EVENT_CAPABILITY_DENIED = "capability.denied"
+EVENT_REJECTED = "rejected"
+
+SPANS_FILE = "traces/spans.jsonl"
+"""Where the local collector (services/telemetry/collector.py) writes, under the state dir."""
