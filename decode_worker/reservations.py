@@ -25,6 +25,8 @@ from services.transfer import ChunkArrived, ChunkKey, TransferCommit
 from services.worker.capabilities import Ahead, Grant, physical_blocks
 from services.worker.loop import AsyncSink
 
+from .tracing import ReservationTrace
+
 
 class ResState(enum.IntEnum):
     """Ordered: `>= FINISHED` means over. Moves only through `advance` (the machine in
@@ -96,6 +98,8 @@ class Reservation:
     """The router's copy of the capability, being checked ahead of the sender's AUTH."""
     auth_started: bool = False
     """A sender's AUTH is being checked the full way (no copy ahead needed any more)."""
+    trace: ReservationTrace = field(default_factory=lambda: ReservationTrace(0))
+    """Its trace context and noted times (decode_worker/tracing.py)."""
 
     @property
     def expected_bytes(self) -> int:

@@ -17,20 +17,22 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from pdserve_client.spans import DECODE_ADMIT, DECODE_VALIDATE
 from services.directory.records import TransferRef
-from services.directory.states import Outcome
-from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.security.capability import CapabilityDenied
+from services.telemetry import tracing
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
 from services.worker.capabilities import DestinationGate
 from services.worker.config import DecodeWorkerConfig
-from services.worker.directory_ops import DirectoryUnavailable, TxnOps
+from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
 
+from . import publication
 from .reservations import Reservation, ResState, advance, validate_commit
+from .tracing import ReservationTrace
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class DecodeWorker:
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
                       max_tokens: int, sampling: SamplingParams, abi_digest: str) -> Reservation:
         """Allocate blocks for a transfer and start expecting its chunks."""
+        t0_ns = time.time_ns()
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
         self._check_limits(max_tokens)
@@ -94,7 +97,7 @@ class DecodeWorker:
         plan = plan_chunks(layers, first, last, self._chunk_blocks())
         res = Reservation(transfer_id, request_id, tenant, generation, seq, layers, first, last,
                           {key: chunk_bytes(self.engine, key) for key in plan},
-                          time.monotonic() + self.cfg.reservation_ttl_s)
+                          time.monotonic() + self.cfg.reservation_ttl_s, trace=ReservationTrace(t0_ns))
         self.reservations[transfer_id] = res
         self.receiver.expect(Expectation(
             transfer_id, resolve=lambda key: self._resolve(res, key),
@@ -162,6 +165,7 @@ class DecodeWorker:
     def _on_event(self, res: Reservation, event) -> None:
         if isinstance(event, ChunkArrived):
             res.received[event.key] = event
+            res.trace.chunk_visible(event.key.layer, event.num_bytes)
             self.events("chunk_visible", request=res.request_id, layer=event.key.layer,
                         block_start=event.key.block_start, block_count=event.key.block_count)
         elif isinstance(event, Failed):
@@ -170,18 +174,21 @@ class DecodeWorker:
     # ---- 3. validate and publish ------------------------------------------
     async def _on_commit(self, res: Reservation, commit: TransferCommit) -> Verdict:
         self.events("commit_received", request=res.request_id)
+        res.trace.committed(commit.trace)
         await self.pause("commit", res.request_id)
-        reason = validate_commit(res, commit, self.engine.abi.digest)
-        local = ""
+        with tracing.span_in(DECODE_VALIDATE, res.trace.context) as span:
+            reason = validate_commit(res, commit, self.engine.abi.digest)
+            local = ""
+            if not reason:
+                local = await self.loop.call(lambda e: e.kv_digest(res.seq))
+                self.events("digest_computed", request=res.request_id)
+            if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
+                reason = f"first token {commit.first_token} outside the vocabulary"
+            if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
+                reason = f"aborted while validating: {res.abort_reason}"
+            reason = tracing.failed(span, reason or await publication.validate(self.txn, res, local, commit.kv_digest))
         if not reason:
-            local = await self.loop.call(lambda e: e.kv_digest(res.seq))
-            self.events("digest_computed", request=res.request_id)
-        if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
-            reason = f"first token {commit.first_token} outside the vocabulary"
-        if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
-            reason = f"aborted while validating: {res.abort_reason}"
-        if not reason:
-            reason = await self._publish(res, local, commit.kv_digest)
+            reason = await publication.publish(self.txn, res, local)
             if not reason and res.state == ResState.ABORTED:
                 # Aborted (blocks freed) while the directory published: give the publication back.
                 self._release_later(res)
@@ -195,7 +202,9 @@ class DecodeWorker:
         self.events("published", request=res.request_id, chunks=len(res.received))
         await self.pause("published", res.request_id)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
-        await self.loop.call(lambda e: self._admit(res, commit.first_token))
+        with tracing.span_in(DECODE_ADMIT, res.trace.context):
+            await self.loop.call(lambda e: self._admit(res, commit.first_token))
+        res.trace.admitted_ns = time.time_ns()
         res.published.set()
         if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
@@ -209,28 +218,6 @@ class DecodeWorker:
             res.abort_reason = f"published but no DecodeStream came within {self.cfg.reservation_ttl_s:g} s"
             log.warning("%s: %s; stopped", res.transfer_id, res.abort_reason)
             self.loop.cancel(res.seq)
-
-    async def _publish(self, res: Reservation, local_digest: str, commit_digest: str) -> str:
-        """Directory VALIDATED then PUBLISHED (CAS on generation); '' on success.
-
-        The directory is the judge of the K/V: it validates only if this worker's
-        digest of what it holds is the one the source declared, and the chunks that
-        arrived are the manifest's expected list.
-        """
-        chunks = chunk_specs(res.received[k] for k in res.expected)
-        try:
-            r = await self.txn.validated(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
-            if not r.ok:
-                digests = (f" (K/V digest here {local_digest[:12]}..., the source's commit says "
-                           f"{commit_digest[:12]}...)"
-                           if r.outcome is Outcome.CHECKSUM_CONFLICT else "")
-                return f"directory refused VALIDATED: {r.outcome.name}{digests}"
-            r = await self.txn.publish(res.request_id, res.transfer_id, res.generation, local_digest)
-            if not r.ok:
-                return f"directory refused PUBLISH: {r.outcome.name}"
-        except DirectoryUnavailable as e:
-            return f"directory unavailable: {e}"
-        return ""
 
     def _admit(self, res: Reservation, first_token: int) -> None:
         """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
@@ -292,6 +279,7 @@ class DecodeWorker:
                 self.loop.cancel(seq)
 
     def _finished(self, res: Reservation, error: BaseException | None) -> None:
+        res.trace.ended("" if error is None else repr(error))
         advance(res, ResState.FINISHED if error is None else ResState.ABORTED)
         self._forget(res, "finished" if error is None else f"ended: {error!r}")
         if not res.streamed:  # the DecodeStream call is still on its way: keep the tokens
@@ -302,7 +290,7 @@ class DecodeWorker:
 
     def _release_later(self, res: Reservation) -> None:
         """PUBLISHED -> RELEASED in the directory, retried while it is away."""
-        task = asyncio.ensure_future(self.txn.release(res.request_id, res.transfer_id, res.generation))
+        task = asyncio.ensure_future(publication.release(self.txn, res))
         self._releases.add(task)  # a strong reference until it is done
         task.add_done_callback(self._releases.discard)
 
@@ -358,6 +346,7 @@ class DecodeWorker:
             return
         advance(res, ResState.ABORTED)
         res.abort_reason = reason
+        res.trace.ended(reason)
         log.info("abort %s: %s", res.transfer_id, reason)
         self.events("aborted", request=res.request_id, generation=res.generation, reason=reason)
         self.receiver.forget(res.transfer_id)

@@ -19,6 +19,7 @@ from kv_directory.server import redact_url, serve
 from services.common.grpc_server import setup_logging
 from services.directory.records import DirectoryUnavailable
 from services.security.tls import Security
+from services.telemetry import tracing
 
 log = logging.getLogger("kv_directory")
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
         return 2
+    tracing.configure("directory", "directory", files=security.files)
     store = RedisDirectoryStore(config)
     try:
         store.ping()

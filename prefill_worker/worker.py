@@ -22,11 +22,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pdserve_client.spans import TRANSFER_COMMIT
 from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied, Reason
+from services.telemetry import tracing
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.capabilities import SourceGate
@@ -36,6 +38,7 @@ from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .streaming import ProducerGate, stream_chunks
+from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +206,18 @@ class PrefillWorker:
 
         order = {key: i for i, key in enumerate(plan)}
 
+        trace = PrefillTrace()
+
         async def send(key: ChunkKey, chunk: Chunk | None = None) -> None:
             if chunks:
                 await self.pause("chunk", rid)
+            t_ns = time.time_ns()
             chunk = chunk or describe_chunk(e, seq, key)
             self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
                         block_count=key.block_count, needs_token=min(
                             (key.block_start + key.block_count) * bs, len(prompt)))
             await self.sender.send(dest, transfer_id, chunk, chunk_views(e, seq, key))
+            trace.sent(key.layer, chunk.num_bytes, t_ns)
             chunks.append(chunk)
 
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
@@ -222,6 +229,7 @@ class PrefillWorker:
         try:
             first_token, t_first = await self._computed(sink, gate)
             t_computed = time.perf_counter()
+            trace.computed(job)
             self.events("computed", request=rid)
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             await self.pause("computed", rid)
@@ -245,9 +253,11 @@ class PrefillWorker:
         self._check(task)
         advance(task, TaskState.COMMITTING)
         self.events("commit", request=rid, chunks=len(chunks))
-        verdict = await self.sender.commit(dest, TransferCommit(
-            transfer_id, rid, task.generation, e.abi.digest, tuple(chunks),
-            kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn()))
+        trace.transferred()
+        with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
+            verdict = await self.sender.commit(dest, TransferCommit(
+                transfer_id, rid, task.generation, e.abi.digest, tuple(chunks), kv_digest, first_token,
+                self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items())))
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         advance(task, TaskState.PUBLISHED)

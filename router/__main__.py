@@ -17,6 +17,7 @@ from router.server import serve
 from services.common.grpc_server import setup_logging
 from services.common.settings import SettingsError
 from services.security.tls import Security
+from services.telemetry import tracing
 
 
 def parse_args(argv: list[str] | None = None) -> RouterConfig:
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as exc:
         print(f"router: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    tracing.configure("router", "router", files=security.files, trust_baggage=False)
     tokenizer = load_tokenizer(config.model)
     try:
         asyncio.run(serve(config, security, tokenizer))

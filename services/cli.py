@@ -14,6 +14,7 @@ import random
 import sys
 
 from pdserve_client import contract
+from pdserve_client.spans import SPANS_FILE
 
 DEFAULT_STATE = contract.LOCAL_STATE_DIR
 
@@ -23,7 +24,8 @@ def _spec(args):
 
     return ClusterSpec(prefill=args.prefill, decode=args.decode, mixed=args.mixed, model=args.model, mode=args.mode,
                        transport=args.transport, num_blocks=args.num_blocks,
-                       state_dir=args.state_dir, insecure=args.insecure)
+                       state_dir=args.state_dir, insecure=args.insecure, traces=not args.no_traces,
+                       otlp_endpoint=args.otlp_endpoint)
 
 
 def cmd_up(args) -> int:
@@ -41,6 +43,9 @@ def cmd_up(args) -> int:
     address = cluster.up()
     for name, p in cluster.procs.items():
         print(f"  {name:<10} pid {p.pid:<7} {p.address:<22} log {p.log}", file=sys.stderr)
+    if cluster.otlp_endpoint:
+        print(f"  traces -> {cluster.otlp_endpoint}" + (f" ({cluster.state / SPANS_FILE}; pdctl trace REQUEST_ID)"
+              if "collector" in cluster.procs else ""), file=sys.stderr)
     print(address)
     return 0
 
@@ -128,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--state-dir", default=DEFAULT_STATE)
         p.add_argument("--insecure", action="store_true",
                        help="no TLS, no certificates, no Redis password (debugging; every service warns)")
+        p.add_argument("--otlp-endpoint", default="", metavar="URL",
+                       help="send every process's spans to this OTLP/gRPC endpoint instead of the local "
+                            "collector (http://host:4317 for plaintext, e.g. a local Jaeger)")
+        p.add_argument("--no-traces", action="store_true", help="no local collector, no spans")
         if name == "demo":
             p.add_argument("--max-tokens", type=int, default=12)
     p = sub.add_parser("down")

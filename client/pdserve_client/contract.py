@@ -58,13 +58,14 @@ MAX_MESSAGE_BYTES = 8 << 20
 prompt of ~1M token ids; the default 4 MiB of gRPC allows ~500k)."""
 
 # ---- mutual TLS (client/pdserve_client/tls.py, services/security) -------------------
-ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client")
+ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client", "collector")
 """What a certificate may name as its holder's role. Its subject common name is
 ``<role>/<name>``: a worker's name is its worker id, a client's is its tenant."""
 SERVER_ROLES = {"router": ("router",), "directory": ("directory",), "prefill": ("prefill",),
-                "decode": ("decode",), "mixed": ("decode", "prefill")}
+                "decode": ("decode",), "mixed": ("decode", "prefill"), "collector": ("collector",)}
 """Role of a server certificate -> the services it may answer as (a mixed worker answers
-pd.v1.Decode and pd.v1.Prefill); each becomes a DNS name `server_name(service)`."""
+pd.v1.Decode and pd.v1.Prefill; the local trace collector answers OTLP as `collector`);
+each becomes a DNS name `server_name(service)`."""
 TLS_DIR = f"{LOCAL_STATE_DIR}/tls"
 """Where `pdserve up` writes its throwaway CA (ca.crt) and one <name>.crt/.key per process."""
 TLS_CA_FILE = "ca.crt"

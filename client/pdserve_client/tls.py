@@ -105,8 +105,9 @@ def channel(address: str, files: TlsFiles | None, service: str,
 
 
 def aio_channel(address: str, files: TlsFiles | None, service: str,
-                options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
-    """The asyncio twin of `channel`."""
+                options: Sequence[tuple[str, object]] = (), interceptors: Sequence = ()) -> grpc.aio.Channel:
+    """The asyncio twin of `channel` (`interceptors`: e.g. the tracing ones)."""
     if files is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
-    return grpc.aio.secure_channel(address, credentials(files), options=[*options, *channel_options(service)])
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=list(interceptors) or None)
+    return grpc.aio.secure_channel(address, credentials(files), options=[*options, *channel_options(service)],
+                                   interceptors=list(interceptors) or None)

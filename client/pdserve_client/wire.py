@@ -224,3 +224,18 @@ def mode_change_from_proto(response: admin_pb2.SetModeResponse) -> ModeChange:
         route_epoch=response.route_epoch,
         steps=list(response.steps),
     )
+
+
+def trace_metadata() -> tuple[tuple[str, str], ...] | None:
+    """W3C trace headers of the caller's current span, when the caller uses OpenTelemetry
+    (its API is importable and a span is current): the request's trace at the router then
+    joins the caller's. None otherwise (the SDK itself does not depend on OpenTelemetry)."""
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:
+        return None
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items()) or None

@@ -112,14 +112,19 @@ class Orchestrator:
             raise RouterError(StatusCode.ALREADY_EXISTS, f"request {req.request_id!r} is already in flight")
         run = RequestRun(req, start_s, OutputLog(start_s, self._clock, self.tokenizer))
         self._runs[req.request_id] = run
+        run.trace.attach()  # what submit calls, and the request's task, are the request's
         try:
             cluster = await self.view.get()
             if run.cancel_reason is not None:  # cancelled while in admission
                 raise RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason}")
             check_cluster(req, cluster)
-            run.plan = self._plan(req, cluster)
-        except BaseException:
+            with run.trace.decide() as span:
+                run.plan = self._plan(req, cluster)
+                run.trace.decided(span, run.plan)
+        except BaseException as exc:
             del self._runs[req.request_id]
+            run.end(exc if isinstance(exc, RouterError) else RouterError(StatusCode.INTERNAL, repr(exc)))
+            run.trace.detach()
             raise
         run.held = self.inflight.hold_plan(run.plan, req)
         run.booked = self.inflight.book(run.plan)
@@ -130,6 +135,7 @@ class Orchestrator:
                                    cluster=self.view.get, mint=self.mint)
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
+        run.trace.detach()
         return run
 
     async def generate(self, params: GenerateParams) -> AsyncIterator[Event]:
@@ -187,8 +193,10 @@ class Orchestrator:
         return plan
 
     def _emit(self, run: RequestRun, event: Event) -> None:
-        if run.booked is not None and isinstance(event, TokenOut):
-            self.inflight.started(run.booked)
+        if isinstance(event, TokenOut):
+            run.trace.first_token()
+            if run.booked is not None:
+                self.inflight.started(run.booked)
         run.emit(event)
 
     def _unbook(self, run: RequestRun) -> None:
@@ -276,7 +284,8 @@ class Orchestrator:
             r.dispatch(att)
             self.generations.note(req, r.generation)
             try:
-                done = await run.runner.run(att)
+                with run.trace.attempt(att, r.number, req.route):
+                    done = await run.runner.run(att)
             except GenerationBehind as exc:
                 r.behind_hops += 1
                 if r.behind_hops <= 2:  # nobody failed: the same attempt again, above the earlier run

@@ -13,6 +13,7 @@ from router.requests.attempt import Attempt
 from router.requests.attempts import AttemptRunner
 from router.requests.output import OutputLog
 from router.requests.planner import Plan
+from router.requests.tracing import RequestTrace
 from router.types import Cluster, Completed, Event, RouterError
 
 
@@ -39,6 +40,7 @@ class RequestRun:
         """Attempts a worker refused for want of K/V room (sent back to the queue)."""
         self.cancel_reason: str | None = None
         self.finished = False
+        self.trace = RequestTrace(req)
 
     def emit(self, event: Event) -> None:
         """Queue an event for the client."""
@@ -49,6 +51,7 @@ class RequestRun:
         if not self.finished:
             self.finished = True
             self.events.put_nowait(outcome)
+            self.trace.ended(outcome)
 
     def cancel(self, reason: str) -> None:
         """Stop the request: its attempt tears down, then the stream ends CANCELLED. A

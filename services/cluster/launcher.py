@@ -37,6 +37,7 @@ from services.security.capability import generate_signing_key
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
 
+from . import collector
 from .redis_proc import find_redis_server, free_port, pings
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
@@ -98,6 +99,11 @@ class ClusterSpec:
     """PD_INSECURE=1 everywhere: plaintext, no certificates, no Redis password (debugging)."""
     tenant: str = "default"
     """Tenant named by the `client` certificate (the SDK's and pdctl's by default)."""
+    traces: bool = True
+    """Start the local trace collector and send every process's spans to it
+    (services/cluster/collector.py)."""
+    otlp_endpoint: str = ""
+    """Send spans to this OTLP/gRPC endpoint instead of a local collector."""
 
 
 @dataclass
@@ -124,6 +130,8 @@ class LocalCluster:
         self.directory_address = ""
         self.redis_url = ""
         self.tls_dir = self.state / "tls"
+        self.otlp_endpoint = ""
+        """Where every process sends its spans ('' = tracing off)."""
         self.roles: dict[str, str] = {}
         """Certificate role of each service, by name (what `restart` re-issues nothing for)."""
 
@@ -146,6 +154,7 @@ class LocalCluster:
                 env["PD_CAPABILITY_PUBLIC_KEYS"] = str(d / CAPABILITY_PUBLIC_KEYS)
         if name == "directory" and self.redis_url:
             env["PD_REDIS_URL"] = self.redis_url
+        env.update(collector.env_for(self, name))
         env.update(self.spec.env)
         env.update(self.spec.worker_env.get(name, {}))
         return env
@@ -252,6 +261,7 @@ class LocalCluster:
         try:
             self._make_identities()
             self.start_redis()
+            self.otlp_endpoint = collector.start(self, timeout_s)
             self._issue("directory", "directory")
             self.directory_address = self._service("directory", "kv_directory", [], timeout_s)
             for i in range(self.spec.decode):
@@ -273,6 +283,7 @@ class LocalCluster:
     def _save(self) -> None:
         data = {"spec": asdict(self.spec), "router": self.router_address,
                 "directory": self.directory_address, "redis": self.redis_url, "roles": self.roles,
+                "otlp_endpoint": self.otlp_endpoint,
                 "procs": {k: asdict(v) for k, v in self.procs.items()}}
         fd = os.open(self.state / "cluster.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the Redis URL
         with os.fdopen(fd, "w") as f:
@@ -289,6 +300,7 @@ class LocalCluster:
         cluster.directory_address = data["directory"]
         cluster.redis_url = data["redis"]
         cluster.roles = data.get("roles", {})
+        cluster.otlp_endpoint = data.get("otlp_endpoint", "")
         cluster.procs = {k: Proc(**v) for k, v in data["procs"].items()}
         return cluster
 

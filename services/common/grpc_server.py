@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from pdserve_client import contract
 from services.security.tls import Access, Security
+from services.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ async def start_server(listen: str, registrations: Iterable[Registration], secur
     interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequests()]
     if security.secure:
         interceptors.insert(0, Access(access))
+    interceptors[:0] = tracing.server_interceptors()  # outermost: a refused call is traced too
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

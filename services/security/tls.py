@@ -32,6 +32,7 @@ from pdserve_client import contract
 from pdserve_client import tls as client_tls
 from pdserve_client.tls import TlsFiles
 from services.common.settings import Settings, SettingsError, env
+from services.telemetry import tracing
 
 from .pki import Identity
 
@@ -103,8 +104,9 @@ class Security:
 
     def aio_channel(self, address: str, service: str, options: Sequence[tuple[str, object]] = ()
                     ) -> grpc.aio.Channel:
-        """An asyncio channel to `service` at `address` (mutual TLS unless insecure)."""
-        return client_tls.aio_channel(address, self.files, service, options)
+        """An asyncio channel to `service` at `address` (mutual TLS unless insecure); its
+        calls carry the trace context when tracing is on."""
+        return client_tls.aio_channel(address, self.files, service, options, tracing.client_interceptors())
 
     def channel(self, address: str, service: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
         """A blocking channel to `service` at `address`."""

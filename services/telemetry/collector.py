@@ -1,20 +1,38 @@
-"""A small local OTLP trace collector (issue 18; work in progress): `pdserve up` will
-start it so traces work with no extra setup. It accepts OTLP/gRPC exports and appends
-each span as one JSON line (trace and span ids in hex, parent, name, service, start and
-end in ns, attributes) to a file under the state dir; `pdctl trace` reads that file.
+"""A small local OTLP trace collector, so traces work with no extra setup: `pdserve up`
+starts it and points every process at it. It accepts OTLP/gRPC exports and appends each
+span as one JSON line (fields below) to a file under the state dir (SPANS_FILE in
+pdserve_client/spans.py); `pdctl trace` reads that file.
 
     python -m services.telemetry.collector --listen 127.0.0.1:0 --out spans.jsonl
+
+Its port is like every other: mutual TLS with a `collector` certificate, and only
+pdserve's services (router, directory, workers) may export — a client could otherwise
+write spans into another tenant's trace. PD_INSECURE=1 turns that off with the rest.
+
+One line per span: trace_id, span_id, parent_id ('' for a root; hex), name, service
+(service.name), instance (service.instance.id), start_ns, end_ns, status (0 unset,
+1 ok, 2 error), status_message, attributes {}, events [{name, t_ns, attributes}].
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
-import threading
-from concurrent import futures
+import logging
 from pathlib import Path
 
-import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from services.security.tls import Security, access_table
+
+log = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+EXPORTERS = frozenset({"router", "directory", "prefill", "decode", "mixed"})
+ACCESS = access_table(SERVICE, {"Export": EXPORTERS})
+"""Who may export spans: pdserve's own services."""
 
 
 def _value(v):
@@ -22,45 +40,82 @@ def _value(v):
     return getattr(v, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else str(v)
 
 
+def _attributes(attrs) -> dict:
+    return {a.key: _value(a.value) for a in attrs}
+
+
+def span_lines(request: trace_service_pb2.ExportTraceServiceRequest) -> list[str]:
+    """Every span of an export request as a JSON line (see the module docstring)."""
+    lines = []
+    for rs in request.resource_spans:
+        resource = _attributes(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                lines.append(json.dumps({
+                    "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                    "parent_id": s.parent_span_id.hex(), "name": s.name,
+                    "service": resource.get("service.name", ""),
+                    "instance": resource.get("service.instance.id", ""),
+                    "start_ns": s.start_time_unix_nano, "end_ns": s.end_time_unix_nano,
+                    "status": s.status.code, "status_message": s.status.message,
+                    "attributes": _attributes(s.attributes),
+                    "events": [{"name": e.name, "t_ns": e.time_unix_nano, "attributes": _attributes(e.attributes)}
+                               for e in s.events],
+                }))
+    return lines
+
+
 class SpanFile(trace_service_pb2_grpc.TraceServiceServicer):
-    """Appends every exported span to `path` as a JSON line."""
+    """Appends every exported span to `path` as a JSON line (one write per export, so a
+    reader never sees half a batch's line)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.spans = 0
 
-    def Export(self, request, context):
-        lines = []
-        for rs in request.resource_spans:
-            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    lines.append(json.dumps({
-                        "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                        "parent_id": s.parent_span_id.hex(), "name": s.name,
-                        "service": resource.get("service.name", ""),
-                        "instance": resource.get("service.instance.id", ""),
-                        "start_ns": s.start_time_unix_nano, "end_ns": s.end_time_unix_nano,
-                        "status": s.status.code, "attributes": {a.key: _value(a.value) for a in s.attributes},
-                        "events": [{"name": e.name, "t_ns": e.time_unix_nano,
-                                    "attributes": {a.key: _value(a.value) for a in e.attributes}} for e in s.events],
-                    }))
-        with self._lock, self.path.open("a") as f:
-            f.write("".join(line + "\n" for line in lines))
+    async def Export(self, request, context):
+        lines = span_lines(request)
+        if lines:
+            with self.path.open("a") as f:
+                f.write("".join(line + "\n" for line in lines))
+            self.spans += len(lines)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def start(listen: str, out: str | Path, credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, int]:
-    """A running collector on `listen` writing to `out`; (server, port). TODO(issue 18):
-    mutual TLS and the access table like every other port (credentials given here)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(SpanFile(out), server)
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    server.start()
-    return server, port
+async def start(listen: str, out: str | Path, security: Security | None = None):
+    """A running collector on `listen` writing to `out`: (server, port, health)."""
+    security = security or Security.insecure()
+    return await start_server(listen, [(trace_service_pb2_grpc.add_TraceServiceServicer_to_server,
+                                        SpanFile(out), SERVICE)], security, ACCESS)
 
 
 def read(path: str | Path) -> list[dict]:
     """Every span recorded in `path` (none if the file does not exist yet)."""
     p = Path(path)
     return [json.loads(line) for line in p.read_text().splitlines() if line] if p.exists() else []
+
+
+async def _serve(listen: str, out: str) -> None:
+    server, port, health = await start(listen, out, Security.from_env("collector"))
+    log.info("collector listening on port %d, writing %s", port, out)
+    await wait_for_shutdown(server, health)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: serve until SIGTERM/SIGINT."""
+    p = argparse.ArgumentParser(prog="python -m services.telemetry.collector", description=__doc__.splitlines()[0])
+    p.add_argument("--listen", default="127.0.0.1:4317", help="host:port (port 0 = any)")
+    p.add_argument("--out", required=True, help="the JSON-lines file spans are appended to")
+    args = p.parse_args(argv)
+    setup_logging("collector")
+    try:
+        asyncio.run(_serve(args.listen, args.out))
+    except ValueError as exc:  # no certificates and not PD_INSECURE
+        print(f"collector: bad configuration: {exc}", flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,33 +1,66 @@
-"""OpenTelemetry tracing for every pdserve process (issue 18; work in progress).
+"""OpenTelemetry tracing for every pdserve process (issue 18).
 
 Off unless an OTLP endpoint is configured by the standard variables
-(OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; the sampler by
-OTEL_TRACES_SAMPLER[_ARG], read by the SDK itself). Each process gets its own
-`service.name` (pdserve-router, pdserve-prefill, ...) and `service.instance.id`
-(the worker id). Spans leave through a batch processor with a bounded queue: a dead
-collector costs dropped spans, never a slower request.
+(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; the sampler by
+OTEL_TRACES_SAMPLER[_ARG], read by the SDK itself). Off, nothing is installed: no
+interceptor, no processor, the API's no-op tracer — tracing costs nothing. On, each
+process gets its own `service.name` (pdserve-router, pdserve-prefill, ...) and
+`service.instance.id` (the worker id), and spans leave through a batch processor
+with a bounded queue: a dead collector costs dropped spans, never a slower request.
 
-Context crosses gRPC by W3C `traceparent` metadata and the data plane inside the
-commit (`inject` / `extract` over a plain dict carrier).
+How one request stays one trace:
+- gRPC: W3C `traceparent` + `baggage` metadata, by the opentelemetry-instrumentation-grpc
+  interceptors on every server (`server_interceptors`) and channel (`client_interceptors`).
+- the data plane (UCX, TCP are not gRPC): `inject` / `extract` over a dict carried in
+  the hand-off's commit.
+- work that outlives the RPC that started it (a reservation's transfer, a decode
+  loop's tokens): the owner keeps `context.get_current()` and starts later spans with it.
+
+The router puts pd.request_id, pd.tenant (and per attempt pd.generation,
+pd.transfer_id, pd.route) in W3C baggage; every process copies `pd.*` baggage onto
+each span it starts (BaggageSpanProcessor), so every span of a request carries them.
+Only the router's own word counts: the router extracts `traceparent` from a client but
+never its baggage (a client must not name another request id or tenant on our spans).
+
+Where spans go (`exporter_for`): the endpoint's own PKI when the standard
+OTEL_EXPORTER_OTLP_CERTIFICATE variables are set; plaintext for an http:// endpoint
+(a local Jaeger); otherwise, when this process has certificates, mutual TLS to a
+collector holding a `collector` certificate of the cluster's CA (services/telemetry/collector.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.processor.baggage import BaggageSpanProcessor
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-REQUEST_ID, GENERATION, TRANSFER_ID, ROUTE, TENANT = (
-    "pd.request_id", "pd.generation", "pd.transfer_id", "pd.route", "pd.tenant")
-"""Span attributes every span of a request carries where they apply."""
+from pdserve_client import contract
+from pdserve_client.spans import GENERATION, REQUEST_ID, ROUTE, TENANT, TRANSFER_ID
+
+__all__ = ["REQUEST_ID", "GENERATION", "TRANSFER_ID", "ROUTE", "TENANT", "configure", "enabled",
+           "tracer", "inject", "extract", "with_request", "span_in", "past_span", "current_context",
+           "server_interceptors", "client_interceptors"]
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+CERTIFICATE_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
 MAX_QUEUE_SPANS = 8192
 """Spans waiting for export; beyond this they are dropped (and counted by the SDK)."""
+EXPORT_TIMEOUT_S = 2.0
+COLLECTOR_SERVICE = "collector"
+"""The name a collector's certificate carries (contract.server_name) for mutual TLS."""
+
+_provider: TracerProvider | None = None
+_tracer: trace.Tracer = trace.NoOpTracer()
 
 
 def endpoint(environ: Mapping[str, str] | None = None) -> str:
@@ -36,31 +69,161 @@ def endpoint(environ: Mapping[str, str] | None = None) -> str:
     return next((env[v].strip() for v in ENDPOINT_VARIABLES if env.get(v, "").strip()), "")
 
 
+def enabled() -> bool:
+    """Is this process exporting spans?"""
+    return _provider is not None
+
+
+def exporter_for(url: str, files=None, environ: Mapping[str, str] | None = None):
+    """The OTLP/gRPC exporter to `url` (see the module docstring for the TLS rule);
+    `files` are this process's TlsFiles (None: it has none)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    env = os.environ if environ is None else environ
+    address = url.split("://", 1)[-1]
+    if any(env.get(v) for v in CERTIFICATE_VARIABLES):  # the exporter reads them itself
+        return OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S)
+    if url.startswith("http://") or files is None:
+        return OTLPSpanExporter(endpoint=address, insecure=True, timeout=EXPORT_TIMEOUT_S)
+    import grpc
+    creds = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key,
+                                         certificate_chain=files.cert)
+    return OTLPSpanExporter(endpoint=address, credentials=creds, timeout=EXPORT_TIMEOUT_S, channel_options=(
+        ("grpc.ssl_target_name_override", contract.server_name(COLLECTOR_SERVICE)),))
+
+
+class _InjectOnlyBaggage(W3CBaggagePropagator):
+    """Baggage sent on, never taken in (the router's: clients do not name our attributes)."""
+
+    def extract(self, carrier, context=None, getter=None):
+        return context if context is not None else otel_context.get_current()
+
+
 def configure(service: str, instance_id: str, environ: Mapping[str, str] | None = None,
-              exporter=None) -> TracerProvider | None:
-    """Install this process's tracer provider; None (and the API's no-op tracer) when
-    no endpoint is configured and no `exporter` given (tests pass an in-memory one)."""
+              exporter=None, files=None, trust_baggage: bool = True) -> TracerProvider | None:
+    """Install this process's tracer provider; None (and the API's no-op tracer) when no
+    endpoint is configured and no `exporter` given (tests pass one). `files`: this
+    process's TlsFiles, for mutual TLS to the collector. `trust_baggage` False (the
+    router): incoming baggage is ignored."""
+    global _provider
     url = endpoint(environ)
     if exporter is None and not url:
         return None
-    if exporter is None:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        exporter = OTLPSpanExporter(endpoint=url, insecure=url.startswith("http://"), timeout=2)
+    exporter = exporter or exporter_for(url, files, environ)
     provider = TracerProvider(resource=Resource.create({
         "service.name": f"pdserve-{service}", "service.instance.id": instance_id}))
+    provider.add_span_processor(BaggageSpanProcessor(lambda key: key.startswith("pd.")))
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=MAX_QUEUE_SPANS,
-                                                   export_timeout_millis=2000))
-    trace.set_tracer_provider(provider)
+                                                   export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000)))
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):  # the API allows one per process
+        trace.set_tracer_provider(provider)
+    global _tracer
+    _tracer = provider.get_tracer("pdserve")
+    propagate.set_global_textmap(CompositePropagator([
+        TraceContextTextMapPropagator(), W3CBaggagePropagator() if trust_baggage else _InjectOnlyBaggage()]))
+    _provider = provider
     return provider
 
 
-def inject(carrier: dict | None = None) -> dict:
-    """The current context as W3C headers (for the data plane's commit)."""
+def shutdown() -> None:
+    """Flush what is queued (bounded by the export timeout) and stop exporting."""
+    global _provider, _tracer
+    if _provider is not None:
+        _provider.shutdown()
+        _provider, _tracer = None, trace.NoOpTracer()
+
+
+def tracer(name: str) -> trace.Tracer:
+    """The tracer for module `name` (the no-op one while tracing is off)."""
+    return _provider.get_tracer(name) if _provider is not None else trace.NoOpTracer()
+
+
+@contextlib.contextmanager
+def span_in(name: str, context=None, attributes: Mapping | None = None) -> Iterator[trace.Span]:
+    """A live span `name` as the current one, under `context` (default: the current one;
+    given, it is attached for the block so calls made inside carry its baggage too)."""
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
+    token = otel_context.attach(context) if context is not None else None
+    try:
+        with _tracer.start_as_current_span(name, attributes=attributes) as span:
+            yield span
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
+def past_span(name: str, start_ns: int, end_ns: int, context=None, attributes: Mapping | None = None,
+              events: Iterable[tuple[str, int, Mapping]] = (), error: str = "") -> None:
+    """A span for work already done: the hot path notes times (time.time_ns), the span is
+    built afterwards. `events`: (name, t_ns, attributes); `error`: it failed, why."""
+    if _provider is None:
+        return
+    span = _tracer.start_span(name, context=context, start_time=start_ns, attributes=attributes)
+    for event, t_ns, attrs in events:
+        span.add_event(event, attrs, timestamp=t_ns)
+    if error:
+        failed(span, error)
+    span.end(end_time=max(end_ns, start_ns))
+
+
+def failed(span: trace.Span, reason: str) -> str:
+    """Mark `span` failed with `reason` (an ERROR status and an event naming it); returns
+    `reason` (so a caller can `return failed(span, why)`)."""
+    if reason and span.is_recording():
+        span.set_status(trace.Status(trace.StatusCode.ERROR, reason))
+        span.add_event("error", {"pd.reason": reason})
+    return reason
+
+
+def current_context():
+    """The current context (kept by work that outlives its RPC; None while tracing is off)."""
+    return otel_context.get_current() if _provider is not None else None
+
+
+def with_request(attributes: Mapping[str, str | int], context=None):
+    """`context` (default: the current one) with `attributes` as pd.* baggage, replacing
+    whatever baggage it had: every span started under it, here or downstream, carries them."""
+    ctx = baggage.clear(context)
+    for key, value in attributes.items():
+        ctx = baggage.set_baggage(key, str(value), ctx)
+    return ctx
+
+
+def inject(carrier: dict | None = None, context=None) -> dict:
+    """`context` (default: the current one) as W3C headers (for the data plane's commit)."""
     carrier = {} if carrier is None else carrier
-    propagate.inject(carrier)
+    if _provider is not None:
+        propagate.inject(carrier, context=context)
     return carrier
 
 
 def extract(carrier: Mapping[str, str]):
-    """A context from W3C headers (a span started with it joins the sender's trace)."""
-    return propagate.extract(dict(carrier))
+    """A context from W3C headers (a span started with it joins the sender's trace); None
+    while tracing is off or when there are none."""
+    return propagate.extract(dict(carrier)) if _provider is not None and carrier else None
+
+
+def server_interceptors() -> list:
+    """The asyncio server interceptors that open a span per RPC (none while off; health
+    checks are not traced)."""
+    if _provider is None:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    return [aio_server_interceptor(tracer_provider=_provider, filter_=_untraced())]
+
+
+def client_interceptors() -> list:
+    """The asyncio channel interceptors that open a span per call and send the context."""
+    if _provider is None:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+    return list(aio_client_interceptors(tracer_provider=_provider, filter_=_untraced()))
+
+
+def _untraced():
+    """Calls that are no request's: health checks and lease heartbeats (one a second per
+    worker would bury the requests' traces)."""
+    from opentelemetry.instrumentation.grpc import filters
+    return filters.negate(filters.any_of(filters.health_check(), filters.method_name("Heartbeat")))

@@ -97,6 +97,14 @@ class TransferCommit:
     """Token sampled by prefill from the last prompt position."""
     source_worker_id: str = ""
     source_epoch: int = 0
+    trace: tuple[tuple[str, str], ...] = ()
+    """The sender's trace context as W3C headers (traceparent, baggage): the data plane is
+    not gRPC, so the receiver's validate/publish spans join the request's trace through
+    this (services/telemetry/tracing.py). Empty while tracing is off."""
+
+
+MAX_TRACE_HEADERS, MAX_TRACE_HEADER_CHARS = 4, 1024
+"""Bounds on a commit's trace headers (a sender cannot make the receiver parse much)."""
 
 
 @dataclass(frozen=True, slots=True)

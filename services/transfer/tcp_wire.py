@@ -35,6 +35,8 @@ import struct
 from .base import (
     CHECKSUM_ALGORITHM,
     MAX_COMMIT_BODY_BYTES,
+    MAX_TRACE_HEADER_CHARS,
+    MAX_TRACE_HEADERS,
     Chunk,
     ChunkKey,
     TransferCommit,
@@ -96,7 +98,7 @@ def encode_commit(c: TransferCommit) -> dict:
     return dict(transfer_id=c.transfer_id, request_id=c.request_id, generation=c.generation,
                 cache_abi_digest=c.cache_abi_digest, kv_digest=c.kv_digest,
                 first_token=c.first_token, source_worker_id=c.source_worker_id,
-                source_epoch=c.source_epoch,
+                source_epoch=c.source_epoch, trace=dict(c.trace),
                 chunks=[[ch.key.layer, ch.key.block_start, ch.key.block_count, ch.num_bytes,
                          ch.checksum] for ch in c.chunks])
 
@@ -115,10 +117,15 @@ def decode_commit(d: dict) -> TransferCommit:
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in e[:4])):
             raise ValueError(f"commit chunk entry {e!r} is not [layer, start, count, bytes, sum]")
         chunks.append(Chunk(ChunkKey(e[0], e[1], e[2]), e[3], e[4]))
+    trace = d.get("trace", {})
+    if not isinstance(trace, dict) or len(trace) > MAX_TRACE_HEADERS or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= MAX_TRACE_HEADER_CHARS
+            for k, v in trace.items()):
+        raise ValueError(f"commit field 'trace' is not at most {MAX_TRACE_HEADERS} short string headers")
     return TransferCommit(get("transfer_id", str), get("request_id", str), get("generation", int),
                           get("cache_abi_digest", str), tuple(chunks), get("kv_digest", str),
                           get("first_token", int), get("source_worker_id", str),
-                          get("source_epoch", int))
+                          get("source_epoch", int), tuple(trace.items()))
 
 
 def json_body(body: bytes) -> dict:

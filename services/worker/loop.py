@@ -58,6 +58,9 @@ class Job:
     """Time spent in this job's own prefill chunks: not the wait behind other
     prompts, nor the decode steps the loop runs between its chunks (the
     router's prefill price is this; the rest it prices as queue and steps)."""
+    submitted_ns: int = field(default_factory=time.time_ns)
+    chunks_ns: list[tuple[int, int]] = field(default_factory=list)
+    """(start, end) wall-clock ns of each of its prefill chunks (the trace's compute spans)."""
 
 
 class EngineLoop:
@@ -196,7 +199,7 @@ class EngineLoop:
         if not self._prefill:
             return False
         job = self._prefill[0]
-        t0 = time.perf_counter()
+        t0, t0_ns = time.perf_counter(), time.time_ns()
         try:
             token = self.engine.prefill_chunk(job.seq, job.on_layer)
         except Exception as e:  # reported to the request, loop goes on
@@ -205,6 +208,7 @@ class EngineLoop:
             self._finish(job, e)
             return True
         job.compute_s += time.perf_counter() - t0
+        job.chunks_ns.append((t0_ns, time.time_ns()))
         if token is None:
             return True
         self._prefill.popleft()

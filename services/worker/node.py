@@ -30,6 +30,7 @@ from services.common.settings import SettingsError
 from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 from services.security.tls import Security, access_table
+from services.telemetry import tracing
 
 from .config import NodeConfig
 from .directory_ops import TxnOps
@@ -132,6 +133,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     roles = [load_role(name) for name in role_names]
     kind = directory_role(roles)
     security = worker_security(cfg.worker_id, kind)
+    tracing.configure(_CERT_ROLE[kind], cfg.worker_id, files=security.files)
     loop, check = build_engine_loop(cfg)
     loop.start()
     profile = await loop.call(lambda e: obtain(e, ProfileConfig.from_env()))  # before serving: nothing else runs
@@ -163,6 +165,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
             await role.close()
         await node.directory.close()
         loop.stop()
+        tracing.shutdown()
 
     await wait_for_shutdown(server, health, on_stop=on_stop)
 

@@ -157,7 +157,7 @@ class AsyncClient:
         options = resolve_options(options, keywords)
         request = wire.build_generate_request(prompt, prompt_ids, options)
         router, _ = self._channel.stubs()
-        call = router.Generate(request, timeout=options.grpc_timeout_s)
+        call = router.Generate(request, timeout=options.grpc_timeout_s, metadata=wire.trace_metadata())
         return AsyncTokenStream(call, StreamTally(request.request_id, t0_s), self)
 
     async def generate_full(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:

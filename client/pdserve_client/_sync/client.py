@@ -158,7 +158,7 @@ class Client:
         options = resolve_options(options, keywords)
         request = wire.build_generate_request(prompt, prompt_ids, options)
         router, _ = self._channel.stubs()
-        call = router.Generate(request, timeout=options.grpc_timeout_s)
+        call = router.Generate(request, timeout=options.grpc_timeout_s, metadata=wire.trace_metadata())
         return TokenStream(call, StreamTally(request.request_id, t0_s), self)
 
     def generate_full(self, prompt: str | None = None, **kwargs: Any) -> GenerationResult:

@@ -1,0 +1,62 @@
+"""The decode side's spans of a hand-off (issue 18; names in pdserve_client/spans.py).
+
+A reservation outlives the Reserve RPC that made it: its trace keeps that RPC's context
+and, once the commit arrives, the commit's (the source's transfer.commit span, carried
+on the data plane), under which the rest happens:
+
+    decode.reserve      (Reserve RPC) blocks allocated, receiver expecting
+    transfer.receive    reservation ready -> commit received; chunk.visible events
+    decode.validate     commit checks, K/V digest, directory VALIDATED      (live)
+    decode.publish      directory PUBLISHED                                 (live)
+    decode.admit        imported into the batch, token 0 out                (live)
+    decode.generate     admitted -> the sequence finished
+    decode.release      directory RELEASED                                  (live)
+
+Spans over work already done are built from noted times (no await added); live ones
+wrap directory calls so those RPCs join the trace.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pdserve_client import spans as S
+from services.telemetry import tracing
+
+
+class ReservationTrace:
+    """One reservation's trace context and noted times (inert while tracing is off)."""
+
+    __slots__ = ("on", "context", "ready_ns", "visible", "admitted_ns")
+
+    def __init__(self, reserve_start_ns: int):
+        self.on = tracing.enabled()
+        self.context = tracing.current_context()
+        self.ready_ns = time.time_ns()
+        self.visible: list[tuple[str, int, dict]] = []
+        self.admitted_ns = 0
+        if self.on and reserve_start_ns:  # 0: made outside Reserve (tests)
+            tracing.past_span(S.DECODE_RESERVE, reserve_start_ns, self.ready_ns, self.context)
+
+    def chunk_visible(self, layer: int, nbytes: int) -> None:
+        """A chunk's bytes are in place."""
+        if self.on:
+            self.visible.append((S.EVENT_CHUNK_VISIBLE, time.time_ns(), {S.LAYER: layer, S.BYTES: nbytes}))
+
+    def committed(self, headers: tuple[tuple[str, str], ...]) -> None:
+        """The commit arrived: the receive span ends; what follows is under the commit's
+        context (the reservation's own when the commit carries none)."""
+        if self.on:
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context, events=self.visible)
+            self.context = tracing.extract(dict(headers)) or self.context
+
+    def ended(self, error: str = "") -> None:
+        """Decoding finished (or the reservation ended before publication: `error`)."""
+        if not self.on:
+            return
+        if self.admitted_ns:
+            tracing.past_span(S.DECODE_GENERATE, self.admitted_ns, time.time_ns(), self.context,
+                              error=error)
+        elif error:
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context,
+                              events=self.visible, error=error)
