@@ -28,15 +28,16 @@ text-align:left;vertical-align:top}table.kv th{background:#f4f4f4}
 .wf{border-top:1px solid #ccc}.row{display:grid;grid-template-columns:minmax(220px,30%) 1fr;
 border-bottom:1px solid #eee;cursor:pointer}.row:hover{background:#f7f9fc}
 .label{white-space:nowrap;overflow:hidden;text-overflow:ellipsis;padding:2px 4px}
-.label small{color:#777;margin-left:6px}.lane{position:relative;height:20px}
+.label small{color:#777;margin-left:6px}.lane{position:relative;height:20px;margin-right:48px}
 .bar{position:absolute;top:3px;height:14px;min-width:2px;border-radius:2px;color:#fff;font-size:11px;
 line-height:14px;white-space:nowrap;overflow:visible}.bar span{padding-left:3px;color:#111;position:absolute;
-left:100%}.bar.flip span{left:auto;right:100%;padding:0 3px 0 0}.bar.error{outline:2px solid #d00}
+left:100%}.bar.flip span{left:auto;right:100%;padding:0 3px 0 0}
+.bar.inside span{left:0;color:#fff}.bar.error{outline:2px solid #d00}
 .ev{position:absolute;top:-2px;width:1px;height:18px;background:#000}
 .orphan .label{color:#a33}.badge{font-size:10px;border:1px solid #a33;border-radius:3px;padding:0 3px;margin-left:4px}
 .details{grid-column:1/3;padding:4px 8px 8px 24px;background:#fafafa;cursor:auto}
 .axis{display:grid;grid-template-columns:minmax(220px,30%) 1fr;color:#777;font-size:11px}
-.ticks{position:relative;height:14px}.ticks span{position:absolute;transform:translateX(-50%)}
+.ticks{position:relative;height:14px;margin-right:48px}.ticks span{position:absolute;transform:translateX(-50%)}
 """
 
 _JS = """
@@ -112,7 +113,8 @@ def _row(row: Row, total_ms: float, t0_ns: int, colour: dict[str, int]) -> str:
                          ("duration ms", f"{row.duration_ms:.3f}"), ("status", row.status)]
                         + sorted(s.attributes.items())) + events
     badge = '<span class="badge">orphan</span>' if row.orphan else ""
-    classes = f"bar svc{colour[s.service]}" + (" error" if s.status == 2 else "") + (" flip" if left + width > 70 else "")
+    classes = (f"bar svc{colour[s.service]}" + (" error" if s.status == 2 else "")
+               + (" inside" if width > 30 else " flip" if left + width > 70 else ""))
     process = f"{s.service}/{s.instance}" if s.instance else s.service
     return (f'<div class="row{" orphan" if row.orphan else ""}">'
             f'<div class="label" style="padding-left:{4 + 14 * row.depth}px" title="{_e(label)}">'
