@@ -93,6 +93,8 @@ class Page:
 class Chromium:
     """A headless Chromium process and its DevTools pipe; use as a context manager."""
 
+    _GONE = {"error": {"message": "the browser closed its DevTools pipe"}}
+
     def __init__(self, binary: str, start_timeout_s: float = 60.0):
         self.binary = binary
         self.profile = tempfile.mkdtemp(prefix="pd-chromium-")
@@ -100,6 +102,7 @@ class Chromium:
         self._replies: dict[int, queue.Queue] = {}
         self._pages: dict[str, Page] = {}
         self._lock = threading.Lock()
+        self._gone = False
         self.stderr_path = Path(self.profile) / "stderr.log"
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
@@ -127,9 +130,10 @@ class Chromium:
         try:
             version = self.send("Browser.getVersion", timeout_s=start_timeout_s)
         except (TimeoutError, BrowserUnavailable) as e:
+            output = self._tail()
             self.close()
             raise BrowserUnavailable(f"{binary} did not answer on its DevTools pipe: {e}; "
-                                     f"its output: {self._tail()}") from e
+                                     f"its output: {output or '(none)'}") from e
         self.version = version.get("product", "")
 
     @classmethod
@@ -157,9 +161,10 @@ class Chromium:
                 *messages, buffer = buffer.split(b"\0")
                 for raw in messages:
                     self._dispatch(json.loads(raw))
-        with self._lock:  # the browser is gone: wake every waiter
+        with self._lock:  # the browser is gone: wake every waiter, and refuse new ones
+            self._gone = True
             for q in self._replies.values():
-                q.put({"error": {"message": "browser closed the DevTools pipe"}})
+                q.put(self._GONE)
 
     def _dispatch(self, message: dict) -> None:
         if "id" in message:
@@ -180,13 +185,15 @@ class Chromium:
         q: queue.Queue = queue.Queue()
         with self._lock:
             self._replies[call_id] = q
+            if self._gone:
+                q.put(self._GONE)
         try:
             os.write(self._to_child, json.dumps(message).encode() + b"\0")
             reply = q.get(timeout=timeout_s)
         except queue.Empty:
             raise TimeoutError(f"no reply to {method} in {timeout_s} s") from None
         except BrokenPipeError:
-            raise BrowserUnavailable(f"the browser exited (rc {self.proc.poll()}): {self._tail()}") from None
+            raise BrowserUnavailable(f"the browser exited (rc {self.proc.poll()})") from None
         finally:
             with self._lock:
                 self._replies.pop(call_id, None)
