@@ -54,8 +54,12 @@ class Span:
 
     def reasons(self) -> list[str]:
         """'retry: why' for each retry/fallback/rejected/capability.denied event."""
-        return [f"{e.get('name')}: {(e.get('attributes') or {}).get(sv.REASON, '')}".rstrip(": ")
-                for e in self.events if e.get("name") in REASON_EVENTS]
+        out = []
+        for e in self.events:
+            if e.get("name") in REASON_EVENTS:
+                reason = (e.get("attributes") or {}).get(sv.REASON, "")
+                out.append(f"{e['name']}: {reason}" if reason else e["name"])
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class Trace:
     @property
     def end_ns(self) -> int:
         return max(s.end_ns for s in self.spans)
+
 
 def order(s: Span) -> tuple:
     """Display order of siblings: by start, the longer first."""

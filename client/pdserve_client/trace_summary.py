@@ -55,6 +55,7 @@ class Summary:
     orphans: int
     errors: int
 
+
 def _named(trace: Trace, name: str) -> list[Span]:
     return [s for s in trace.spans if s.name == name]
 

@@ -47,6 +47,7 @@ class Row:
     def key_attributes(self) -> dict:
         return {k: self.span.attributes[k] for k in KEY_ATTRIBUTES if k in self.span.attributes}
 
+
 @dataclass(frozen=True, slots=True)
 class View:
     """A trace laid out: waterfall rows in display order, and its summary."""
@@ -74,6 +75,7 @@ class View:
 def _fields(obj) -> dict:
     return {f.name: (list(v) if isinstance(v, tuple) else v)
             for f in dataclasses.fields(obj) for v in (getattr(obj, f.name),)}
+
 
 def waterfall(trace: Trace, malformed_lines: int = 0) -> View:
     """Rows as a depth-first tree by parent_id, siblings by start. A span whose parent is
@@ -113,6 +115,7 @@ def _is_orphan(s: Span, ids: set[str]) -> bool:
     if not s.parent_id:
         return False
     return s.parent_id not in ids and s.name != sv.ROUTER_REQUEST
+
 
 # ---- text -------------------------------------------------------------------------
 
