@@ -227,9 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or bad arguments (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     out = sys.stdout
-    if getattr(args, "offline", False):  # reads local files, needs no router
-        return args.run(args, out)
     try:
+        if getattr(args, "offline", False):  # reads local files, needs no router
+            return args.run(args, out)
         identity = args.identity or getattr(args, "default_identity", "client")
         with Client(args.router, timeout_s=args.timeout, identity=identity) as client:
             return args.run(client, args, out)
