@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security clean down
+.PHONY: run test install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -29,7 +29,16 @@ $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(VPY) -m services.kernels
 	@mkdir -p $(@D) && touch $@
 
-install: $(STAMP) $(NATIVE)
+# A headless Chromium for the trace page's test (tests/integration/test_trace_page.py;
+# tests/support/browser.py drives it over its DevTools pipe), from the distribution's
+# packages: a fresh CI machine is Debian with root. $PD_CHROMIUM names another binary.
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@test -n "$$PD_CHROMIUM" || command -v chromium >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+
+install: $(STAMP) $(NATIVE) browser
 
 native: $(NATIVE)
 
@@ -39,7 +48,7 @@ run: $(STAMP) $(NATIVE)
 # Two pytest workers, a test module each at a time (module-scoped clusters stay in one
 # worker): most of the suite waits on real processes (startups, leases, pauses), so two
 # run in about 11 minutes what one runs in 17 on two cores.
-test: $(STAMP) $(NATIVE)
+test: $(STAMP) $(NATIVE) browser
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 

@@ -6,6 +6,7 @@
     pdctl transactions [--state aborted] [--tenant T] [--limit N] [--json]
     pdctl cancel REQUEST_ID
     pdctl set-mode rolled_back --reason "drill"
+    pdctl trace REQUEST_ID [--json] [--html page.html]     (reads the span file; trace_cmd.py)
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
 local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pdserve_client import wire
+from pdserve_client import trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.tls import TlsConfigError
@@ -117,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     set_mode.add_argument("--reason", default="", help="why, for the audit log")
     set_mode.add_argument("--json", action="store_true", help="print JSON")
     set_mode.set_defaults(run=cmd_set_mode, default_identity="operator")
+
+    trace_cmd.register(commands)
     return parser
 
 
@@ -225,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     out = sys.stdout
     try:
+        if getattr(args, "offline", False):  # reads local files, needs no router
+            return args.run(args, out)
         identity = args.identity or getattr(args, "default_identity", "client")
         with Client(args.router, timeout_s=args.timeout, identity=identity) as client:
             return args.run(client, args, out)
