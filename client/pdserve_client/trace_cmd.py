@@ -40,8 +40,8 @@ def register(commands) -> None:
     source.add_argument("--spans", default=None, help=f"span file (default: <state dir>/{spans.SPANS_FILE})")
     source.add_argument("--state-dir", default=contract.LOCAL_STATE_DIR,
                         help=f"local cluster state dir (default: {contract.LOCAL_STATE_DIR})")
-    p.add_argument("--wait-s", type=_seconds, default=2.0,
-                   help="how long to wait for the request's spans to appear (default 2)")
+    p.add_argument("--wait-s", type=_seconds, default=10.0,
+                   help="how long to wait for the request's whole trace (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--html", default=None, metavar="FILE", help="also write a self-contained timeline page")
     p.set_defaults(run=run, offline=True)

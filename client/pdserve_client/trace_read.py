@@ -126,15 +126,25 @@ def find(spans: Sequence[Span], request_id: str) -> list[Trace]:
     return sorted(traces, key=lambda t: (t.start_ns, t.trace_id))
 
 
-def wait_for(path: str | Path, request_id: str, wait_s: float = 2.0, settle_s: float = 0.5,
+def wait_for(path: str | Path, request_id: str, wait_s: float = 10.0, settle_s: float = 0.5,
              poll_s: float = 0.1) -> tuple[list[Trace], int]:
-    """find() over the file, waiting up to wait_s for the request to appear; once it
-    appears late, until its span count stops changing for settle_s (batches still coming)."""
+    """find() over the file, waiting up to wait_s for the request's trace to be whole:
+    its router.request span is in (it is exported once the request ended) and the span
+    count has not changed for settle_s (other processes' batches come on their own
+    schedule). Returns what there is at the deadline."""
     deadline = time.monotonic() + wait_s
-    spans, malformed = load(path)
-    traces = find(spans, request_id)
-    if traces:
-        return traces, malformed
+    stable_since, count = time.monotonic(), -1
+    while True:
+        spans, malformed = load(path)
+        traces = find(spans, request_id)
+        n = sum(len(t.spans) for t in traces)
+        if n != count:
+            stable_since, count = time.monotonic(), n
+        ended = any(s.name == sv.ROUTER_REQUEST for t in traces for s in t.spans)
+        if (ended and time.monotonic() - stable_since >= settle_s) or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    return traces, malformed
     stable_since, count = None, -1
     while time.monotonic() < deadline:
         time.sleep(poll_s)

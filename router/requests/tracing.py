@@ -68,7 +68,7 @@ class RequestTrace:
         """What the decision chose, and what it predicted."""
         if not span.is_recording():
             return
-        span.set_attributes({S.ROUTE: plan.route.value, S.POLICY: plan.mode, "pd.outcome": plan.outcome.name,
+        span.set_attributes({S.ROUTE: plan.route.name.lower(), S.POLICY: plan.mode, "pd.outcome": plan.outcome.name,
                              "pd.decision_reason": plan.reason})
         if plan.predicted is not None:
             span.set_attributes({S.PREDICTED_TTFT_MS: plan.predicted.ttft_ms,
@@ -84,11 +84,11 @@ class RequestTrace:
         if not self.on:
             yield
             return
-        attrs = {S.GENERATION: att.generation, S.ROUTE: att.route.value}
+        attrs = {S.GENERATION: att.generation, S.ROUTE: att.route.name.lower()}
         if att.route is Route.DISAGGREGATED:
             attrs[S.TRANSFER_ID] = transfer_id(self.ids[S.REQUEST_ID], att.generation)
         if number > 1 and att.route is not wanted:
-            self.span.add_event(S.EVENT_FALLBACK, {S.REASON: f"attempt {number} runs {att.route.value}"})
+            self.span.add_event(S.EVENT_FALLBACK, {S.REASON: f"attempt {number} runs {att.route.name.lower()}"})
         ctx = tracing.with_request({**self.ids, **attrs}, self.context)
         workers = {S.DECODE_WORKER: att.decode.worker_id, "pd.attempt": number}
         if att.prefill is not None:
@@ -115,6 +115,6 @@ class RequestTrace:
             if outcome.code.name == "RESOURCE_EXHAUSTED":
                 self.span.add_event(S.EVENT_REJECTED, {S.REASON: outcome.message[:500]})
         else:
-            self.span.set_attributes({S.ROUTE: outcome.route.value, "pd.attempts": outcome.attempts,
+            self.span.set_attributes({S.ROUTE: outcome.route.name.lower(), "pd.attempts": outcome.attempts,
                                       "pd.finish_reason": outcome.finish_reason.name})
         self.span.end()

@@ -39,4 +39,6 @@ def env_for(cluster: LocalCluster, name: str) -> dict[str, str]:
     """The tracing variables of process `name` (the collector exports nothing)."""
     if not cluster.otlp_endpoint or name in (NAME, "redis"):
         return {}
-    return {ENDPOINT_ENV: cluster.otlp_endpoint}
+    # A local trace is read a moment after its request (pdctl trace): batches leave every
+    # 0.5 s here, not the SDK's 5 s default.
+    return {ENDPOINT_ENV: cluster.otlp_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500"}

@@ -1,52 +1,117 @@
-"""Tracing setup and the local collector (issue 18, work in progress): spans reach the
-collector over real OTLP/gRPC; a dead collector costs dropped spans, not time."""
+"""Tracing setup and the local collector (issue 18): spans reach the collector over real
+OTLP/gRPC with mutual TLS, only pdserve's services may export, pd.* baggage lands on
+every span (never a client's at the router), a dead collector costs dropped spans and
+no time, and the data plane's commit carries the context within bounds."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from opentelemetry import trace
+import grpc
+import pytest
+from opentelemetry import baggage, trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from pdserve_client.tls import credentials
 from services.telemetry import collector, tracing
+from services.transfer.base import TransferCommit
+from services.transfer.tcp_wire import decode_commit, encode_commit
+from tests.support import pki
+
+
+@pytest.fixture(autouse=True)
+def _tracing_off_after():
+    yield
+    tracing.shutdown()  # configure() is process-wide: the next test starts with tracing off
+
+
+async def _collector(tmp_path, security=None):
+    out = tmp_path / "spans.jsonl"
+    server, port, _ = await collector.start("127.0.0.1:0", out, security)
+    return server, port, out
 
 
 def test_tracing_is_off_without_an_endpoint():
     assert tracing.endpoint({}) == "" and tracing.configure("router", "r", environ={}) is None
+    assert not tracing.enabled() and tracing.server_interceptors() == [] and tracing.inject() == {}
     assert tracing.endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": " http://h:4317 "}) == "http://h:4317"
+    both = {"OTEL_EXPORTER_OTLP_ENDPOINT": "a:1", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "b:2"}
+    assert tracing.endpoint(both) == "b:2"
 
 
-def test_spans_reach_the_local_collector_with_their_request_attributes(tmp_path):
-    out = tmp_path / "spans.jsonl"
-    server, port = collector.start("127.0.0.1:0", out)
-    try:
-        provider = tracing.configure("router", "router-0", exporter=OTLPSpanExporter(
-            endpoint=f"http://127.0.0.1:{port}", insecure=True))
-        tracer = provider.get_tracer("test")
-        with tracer.start_as_current_span("request", attributes={tracing.REQUEST_ID: "r1"}):
-            carrier = tracing.inject()
-        with tracer.start_as_current_span("validate", context=tracing.extract(carrier)):
-            pass
-        provider.force_flush(5000)
-        spans = collector.read(out)
-    finally:
-        server.stop(0)
-    by_name = {s["name"]: s for s in spans}
-    assert by_name["request"]["attributes"] == {"pd.request_id": "r1"}
-    assert by_name["request"]["service"] == "pdserve-router" and by_name["request"]["instance"] == "router-0"
+def test_spans_reach_the_collector_over_mutual_tls_with_their_request_baggage(tmp_path):
+    async def go():
+        server, port, out = await _collector(tmp_path, pki.security("collector", "collector"))
+        try:
+            provider = tracing.configure("decode", "decode-0", environ={
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"127.0.0.1:{port}"}, files=pki.files("decode", "decode-0"))
+            ctx = tracing.with_request({"pd.request_id": "r1", "pd.tenant": "t"})
+            with tracing.span_in("request", ctx):
+                carrier = tracing.inject()
+            with tracing.span_in("validate", tracing.extract(carrier), {"x": 1}):
+                pass
+            tracing.past_span("compute", time.time_ns() - 1000, time.time_ns(), error="boom")
+            assert await asyncio.to_thread(provider.force_flush, 5000)
+        finally:
+            await server.stop(0)
+        return collector.read(out)
+
+    by_name = {s["name"]: s for s in asyncio.run(go())}
+    assert by_name["request"]["attributes"] == {"pd.request_id": "r1", "pd.tenant": "t"}
+    assert by_name["request"]["service"] == "pdserve-decode" and by_name["request"]["instance"] == "decode-0"
     assert by_name["validate"]["trace_id"] == by_name["request"]["trace_id"]  # joined by the carrier
     assert by_name["validate"]["parent_id"] == by_name["request"]["span_id"]
+    assert by_name["validate"]["attributes"] == {"pd.request_id": "r1", "pd.tenant": "t", "x": 1}  # baggage came along
+    assert by_name["compute"]["status"] == 2 and by_name["compute"]["status_message"] == "boom"
+
+
+@pytest.mark.parametrize("role,name", [("client", "tenant-a"), ("operator", "operator")])
+def test_only_pdserve_services_may_export_to_the_collector(tmp_path, role, name):
+    async def go():
+        server, port, out = await _collector(tmp_path, pki.security("collector", "collector"))
+        try:
+            async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials(pki.files(role, name)), options=[
+                    ("grpc.ssl_target_name_override", "collector.pdserve.internal")]) as ch:
+                stub = trace_service_pb2_grpc.TraceServiceStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Export(trace_service_pb2.ExportTraceServiceRequest(), timeout=5)
+        finally:
+            await server.stop(0)
+        return err.value, out
+
+    err, out = asyncio.run(go())
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and f"{role}/{name}" in err.details()
+    assert not out.exists()
+
+
+def test_the_router_never_takes_a_clients_baggage():
+    tracing.configure("router", "router", exporter=OTLPSpanExporter(endpoint="127.0.0.1:9", insecure=True),
+                      trust_baggage=False)
+    claimed = tracing.extract({"traceparent": "00-0123456789abcdef0123456789abcdef-0123456789abcdef-01",
+                               "baggage": "pd.request_id=someone-else,pd.tenant=victim"})
+    assert trace.get_current_span(claimed).get_span_context().trace_id == 0x0123456789ABCDEF0123456789ABCDEF
+    assert baggage.get_all(claimed) == {}  # the trace is joined, the identity is not taken
 
 
 def test_a_dead_collector_costs_no_time():
     provider = tracing.configure("decode", "d0", exporter=OTLPSpanExporter(
-        endpoint="http://127.0.0.1:9", insecure=True, timeout=1))
-    tracer = provider.get_tracer("test")
+        endpoint="127.0.0.1:9", insecure=True, timeout=1))
     t0 = time.perf_counter()
     for i in range(2000):
-        with tracer.start_as_current_span("s", attributes={tracing.REQUEST_ID: str(i)}):
+        with tracing.span_in("s", tracing.with_request({"pd.request_id": str(i)})):
             pass
     spent = time.perf_counter() - t0
     provider.shutdown()
     assert spent < 2.0, f"2000 spans took {spent:.2f} s with the collector down"
-    trace.get_tracer_provider()  # the process's provider stays usable
+
+
+def test_a_commit_carries_its_trace_headers_within_bounds():
+    commit = TransferCommit("t/1", "t", 1, "abi", (), "d", 3, "prefill-0", 2,
+                            (("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01"),))
+    assert decode_commit(encode_commit(commit)) == commit
+    for bad in ({"traceparent": 1}, {f"h{i}": "v" for i in range(5)}, {"baggage": "x" * 2000}, ["traceparent"]):
+        wire = {**encode_commit(commit), "trace": bad}
+        with pytest.raises(ValueError, match="'trace'"):
+            decode_commit(wire)
