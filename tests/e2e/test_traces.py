@@ -1,0 +1,160 @@
+"""One request, one trace, across every process it touched (issue 18), on a real local
+cluster whose processes export to the project's collector over mutual TLS.
+
+A disaggregated request, a colocated one, one rejected by auto mode and one that retries
+after its prefill worker was SIGKILLed each give exactly one trace (W3C context over
+gRPC, and inside the hand-off's commit on the data plane), spans from every process it
+touched, no orphan span, every span carrying pd.request_id, and the phases in causal
+order. `pdctl trace --html` of the disaggregated one loads in headless Chromium with
+every span shown and no console error.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pdserve_client import cli, trace_view
+from pdserve_client import spans as S
+from pdserve_client.types import PdError
+from tests.support.browser import BrowserUnavailable, Chromium
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
+
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("traces"), prefill=1, decode=1, lease_ttl_s=3.0)
+    yield c
+    c.down()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def _trace(cluster, request_id: str) -> trace_view.Trace:
+    traces, malformed = trace_view.wait_for(cluster.state / S.SPANS_FILE, request_id, wait_s=20)
+    assert malformed == 0
+    assert len(traces) == 1, f"{request_id}: {len(traces)} traces"
+    return traces[0]
+
+
+def _named(trace, name: str) -> list:
+    return sorted((s for s in trace.spans if s.name == name), key=lambda s: s.start_ns)
+
+
+def _one(trace, name: str):
+    (span,) = _named(trace, name)
+    return span
+
+
+def _check_whole(trace, request_id: str, services: set[str]) -> None:
+    """No orphan: one root (the router's Generate span) and every other span's parent is
+    in the trace; every span names the request; the processes are the expected ones."""
+    ids = {s.span_id for s in trace.spans}
+    roots = [s for s in trace.spans if not s.parent_id]
+    assert [r.name for r in roots] == ["/pd.v1.Router/Generate"], roots
+    assert [s.name for s in trace.spans if s.parent_id and s.parent_id not in ids] == []
+    assert {s.request_id for s in trace.spans} == {request_id}
+    assert {s.service for s in trace.spans} == services
+    for s in trace.spans:
+        assert s.start_ns <= s.end_ns, s.name
+        parent = next((p for p in trace.spans if p.span_id == s.parent_id), None)
+        # A child starts after its parent (a span for work already done may end after it).
+        assert parent is None or parent.start_ns <= s.start_ns, (parent.name, s.name)
+
+
+def _before(a, b) -> None:
+    assert a.end_ns <= b.start_ns, f"{a.name} ends after {b.name} starts"
+
+
+def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path):
+    with client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(100, 1), max_tokens=MAX_TOKENS, mode="disaggregated",
+                              ignore_eos=True)
+    assert r.route == "disaggregated"
+    trace = _trace(cluster, r.request_id)
+    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-prefill", "pdserve-decode"})
+    decide, attempt = _one(trace, S.ROUTER_DECIDE), _one(trace, S.ROUTER_ATTEMPT)
+    assert decide.attributes[S.ROUTE] == "disaggregated" and attempt.attributes[S.GENERATION] == "1"
+    assert attempt.attributes[S.TRANSFER_ID] == f"{r.request_id}/1"
+    reserve, receive = _one(trace, S.DECODE_RESERVE), _one(trace, S.TRANSFER_RECEIVE)
+    computes, layers = _named(trace, S.PREFILL_COMPUTE), _named(trace, S.TRANSFER_LAYER)
+    commit, validate = _one(trace, S.TRANSFER_COMMIT), _one(trace, S.DECODE_VALIDATE)
+    publish, admit = _one(trace, S.DECODE_PUBLISH), _one(trace, S.DECODE_ADMIT)
+    generate = _one(trace, S.DECODE_GENERATE)
+    for a, b in [(decide, attempt), (reserve, receive), (computes[-1], layers[-1]), (layers[-1], commit),
+                 (validate, publish), (publish, admit), (admit, generate)]:
+        _before(a, b)
+    assert commit.start_ns <= validate.start_ns and validate.parent_id == commit.span_id  # joined over the data plane
+    assert receive.end_ns <= validate.start_ns
+    sent = [e for s in layers for e in s.events if e["name"] == S.EVENT_CHUNK_SENT]
+    visible = [e for e in receive.events if e["name"] == S.EVENT_CHUNK_VISIBLE]
+    assert len(sent) == len(visible) > 0 and sum(e["attributes"][S.BYTES] for e in sent) == \
+        sum(e["attributes"][S.BYTES] for e in visible) > 0
+    directory = {s.name for s in trace.spans if s.service == "pdserve-directory"}
+    assert {f"/pd.v1.Directory/{m}" for m in ("Reserve", "Begin", "Validated", "Publish")} <= directory
+    view = trace_view.waterfall(trace)
+    assert view.summary.route == "disaggregated" and view.summary.orphans == 0
+    ready = max(reserve.end_ns, computes[-1].end_ns)
+    (exposure,) = view.summary.transfers
+    assert exposure.t_exposed_ms == pytest.approx(max(0, publish.end_ns - ready) / 1e6, abs=1e-3)
+
+    page = tmp_path / "trace.html"
+    assert cli.main(["trace", r.request_id, "--state-dir", str(cluster.state), "--html", str(page)]) == 0
+    try:
+        browser = Chromium.open()
+    except BrowserUnavailable as e:
+        pytest.fail(f"the trace page test needs a headless Chromium: {e}", pytrace=False)
+    with browser:
+        loaded = browser.load(page)
+        shown = loaded.evaluate("Array.from(document.querySelectorAll('[data-span-id]'), e => e.dataset.spanId)")
+        assert sorted(shown) == sorted(s.span_id for s in trace.spans)
+        assert loaded.errors == []
+
+
+def test_a_colocated_request_is_one_trace(cluster):
+    with client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(40, 2), max_tokens=MAX_TOKENS, mode="colocated", ignore_eos=True)
+    trace = _trace(cluster, r.request_id)
+    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-decode"})
+    attempt = _one(trace, S.ROUTER_ATTEMPT)
+    assert attempt.attributes[S.ROUTE] == "colocated" and S.TRANSFER_ID not in attempt.attributes
+    (served,) = [s for s in _named(trace, "/pd.v1.Decode/Generate") if s.service == "pdserve-decode"]
+    _before(_one(trace, S.ROUTER_DECIDE), served)
+    assert trace_view.waterfall(trace).summary.t_exposed_ms is None
+
+
+def test_a_request_rejected_by_auto_is_one_trace_that_says_why(cluster):
+    with client(cluster) as sdk, pytest.raises(PdError) as err:
+        sdk.generate_full(prompt_ids=_prompt(300, 3), max_tokens=16, mode="auto", slo_tpot_ms=0.001,
+                          request_id="hopeless")
+    assert err.value.code == "RESOURCE_EXHAUSTED"
+    trace = _trace(cluster, "hopeless")
+    _check_whole(trace, "hopeless", {"pdserve-router", "pdserve-directory"})
+    request, decide = _one(trace, S.ROUTER_REQUEST), _one(trace, S.ROUTER_DECIDE)
+    assert request.status == decide.status == 2
+    assert [e["name"] for e in request.events] == ["error", S.EVENT_REJECTED]
+    assert _named(trace, S.ROUTER_ATTEMPT) == []  # rejected before any work
+
+
+def test_a_retry_after_a_killed_prefill_worker_is_one_trace(cluster):
+    cluster.signal("prefill-0")  # SIGKILL: its lease still looks live for a moment
+    with client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(120, 4), max_tokens=MAX_TOKENS, mode="disaggregated",
+                              ignore_eos=True)
+    assert r.attempts >= 2 and r.route == "colocated"
+    trace = _trace(cluster, r.request_id)
+    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-decode"})
+    attempts = _named(trace, S.ROUTER_ATTEMPT)
+    assert len(attempts) == r.attempts and attempts[0].status == 2 and attempts[-1].status != 2
+    assert [a.attributes[S.GENERATION] for a in attempts] == [str(i + 1) for i in range(len(attempts))]
+    _before(attempts[0], attempts[1])
+    request = _one(trace, S.ROUTER_REQUEST)
+    events = [e["name"] for e in request.events]
+    assert S.EVENT_RETRY in events and S.EVENT_FALLBACK in events and S.EVENT_FIRST_TOKEN in events
+    assert_cluster_clean(cluster, timeout_s=20)
