@@ -39,8 +39,12 @@ def cmd_up(args) -> int:
         pass
     cluster = LocalCluster(_spec(args))
     address = cluster.up()
+    from services.cluster.observability import metrics_lines
+
     for name, p in cluster.procs.items():
         print(f"  {name:<10} pid {p.pid:<7} {p.address:<22} log {p.log}", file=sys.stderr)
+    for line in metrics_lines(cluster.procs.values()):
+        print(line, file=sys.stderr)
     print(address)
     return 0
 

@@ -13,7 +13,7 @@ from router.requests.attempt import Attempt
 from router.requests.attempts import AttemptRunner
 from router.requests.output import OutputLog
 from router.requests.planner import Plan
-from router.types import Cluster, Completed, Event, RouterError
+from router.types import Cluster, Completed, Event, FinishReason, RouterError, StatusCode
 
 
 class RequestRun:
@@ -39,6 +39,8 @@ class RequestRun:
         """Attempts a worker refused for want of K/V room (sent back to the queue)."""
         self.cancel_reason: str | None = None
         self.finished = False
+        self.outcome: Completed | RouterError | None = None
+        """The terminal event, once queued."""
 
     def emit(self, event: Event) -> None:
         """Queue an event for the client."""
@@ -48,7 +50,18 @@ class RequestRun:
         """Queue the terminal event (only the first one counts)."""
         if not self.finished:
             self.finished = True
+            self.outcome = outcome
             self.events.put_nowait(outcome)
+
+    def ending(self) -> tuple[str, str]:
+        """(topology, result) of the ended request, for pd_route_total: the last attempt's
+        route (none: it never ran one) and ok, cancelled or error."""
+        last = self.runner.last if self.runner is not None else None
+        topology = last.route.name.lower() if last is not None else "none"
+        out = self.outcome
+        if isinstance(out, Completed):
+            return topology, "cancelled" if out.finish_reason is FinishReason.CANCELLED else "ok"
+        return topology, "cancelled" if out is None or out.code is StatusCode.CANCELLED else "error"
 
     def cancel(self, reason: str) -> None:
         """Stop the request: its attempt tears down, then the stream ends CANCELLED. A
