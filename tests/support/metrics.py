@@ -53,6 +53,11 @@ class Scrape:
         """Every sample called `name` (pd_route_total, pd_ttft_seconds_count, ...)."""
         return [s for f in self.families.values() for s in f.samples if s.name == name]
 
+    def as_dict(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """{(sample name, sorted labels): value} of every sample."""
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in self.families.values() for s in f.samples}
+
     def value(self, name: str, **labels: str) -> float:
         """The sum of `name`'s samples whose labels include `labels` (0 when none)."""
         return sum(s.value for s in self.samples(name) if labels.items() <= s.labels.items())
