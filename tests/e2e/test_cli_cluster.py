@@ -33,8 +33,12 @@ def test_up_pdctl_demo_down(tmp_path):
         assert up.returncode == 0, up.stderr
         router = up.stdout.strip().splitlines()[-1]
         assert router.startswith("127.0.0.1:")
-        pids = [p["pid"] for p in json.loads((Path(state) / "cluster.json").read_text())["procs"].values()]
+        procs = json.loads((Path(state) / "cluster.json").read_text())["procs"]
+        pids = [p["pid"] for p in procs.values()]
         assert len(pids) == 5  # redis, directory, decode, prefill, router
+        for name, p in procs.items():  # each pdserve process's /metrics, recorded and printed
+            assert (p["metrics_url"] == "") == (name == "redis"), (name, p)
+            assert name == "redis" or f"{name:<10} metrics {p['metrics_url']}" in up.stderr
 
         gen = pdctl(state, "--router", router, "generate", "--prompt-ids", "5,6,7,8,9", "--max-tokens", "4",
                     "--ignore-eos", "--json")
