@@ -22,7 +22,8 @@ class DecodeRole(Role):
     async def start(self, node: WorkerNode) -> Registration:
         self.receiver = build_receiver(node.cfg, node.security)
         await self.receiver.start()
-        self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn, destination_gate(node))
+        self.worker = DecodeWorker(node.cfg, node.loop, self.receiver, node.txn, destination_gate(node),
+                                   node.metrics)
         servicer = DecodeServicer(self.worker, node.cfg.worker_id, lambda: node.epoch)
         return decode_pb2_grpc.add_DecodeServicer_to_server, servicer, "pd.v1.Decode"
 

@@ -22,6 +22,7 @@ from services.directory.records import TransferRef
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
 from services.security.capability import CapabilityDenied
 from services.telemetry import tracing
+from services.telemetry.catalog import WorkerMetrics
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
 from services.worker.capabilities import DestinationGate
@@ -53,8 +54,10 @@ class DecodeWorker:
     """Reservations and streams of one decode worker."""
 
     def __init__(self, cfg: DecodeWorkerConfig, loop: EngineLoop, receiver: KVReceiver, txn: TxnOps,
-                 gate: DestinationGate | None = None):
+                 gate: DestinationGate | None = None, metrics: WorkerMetrics | None = None):
         self.cfg = cfg
+        self.metrics = metrics or WorkerMetrics()
+        """Where accepted hand-offs are counted (pd_kv_transfer_bytes_total)."""
         self.gate = gate
         """Checks each sender's transfer capability before any chunk lands (None: security off)."""
         self.loop = loop
@@ -199,6 +202,7 @@ class DecodeWorker:
         self._cancel_timer(res.transfer_id)
         res.kv_digest = local
         advance(res, ResState.PUBLISHED)
+        self.metrics.received(sum(a.num_bytes for a in res.received.values()))
         self.events("published", request=res.request_id, chunks=len(res.received))
         await self.pause("published", res.request_id)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))

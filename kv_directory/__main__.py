@@ -13,9 +13,9 @@ import asyncio
 import logging
 import sys
 
-from kv_directory.config import DirectoryConfig
+from kv_directory.config import DirectoryConfig, redact_url
 from kv_directory.redis_store import RedisDirectoryStore
-from kv_directory.server import redact_url, serve
+from kv_directory.server import serve
 from services.common.grpc_server import setup_logging
 from services.directory.records import DirectoryUnavailable
 from services.security.tls import Security
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--listen", help="gRPC listen address host:port (port 0 = any); env PD_DIRECTORY_LISTEN")
     p.add_argument("--redis-url", help="redis:// URL of the state store; env PD_REDIS_URL")
     p.add_argument("--log-level", help="logging level; env PD_LOG_LEVEL, default INFO")
+    p.add_argument("--metrics-listen", help="/metrics host:port; env PD_METRICS_LISTEN, default off")
     return p.parse_args(argv)
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = parse_args(argv)
     overrides = {k: v for k, v in (("listen_addr", args.listen), ("redis_url", args.redis_url),
-                                   ("log_level", args.log_level)) if v}
+                                   ("log_level", args.log_level), ("metrics_listen", args.metrics_listen)) if v}
     try:
         config = DirectoryConfig.from_env(**overrides)
     except ValueError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 from pydantic import field_validator
 
 from pdserve_client import contract
@@ -54,3 +56,12 @@ class DirectoryConfig(ServiceSettings):
         if not prefix or any(c.isspace() for c in prefix):
             raise ValueError("must be non-empty without spaces")
         return prefix
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password, for logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

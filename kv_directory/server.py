@@ -27,14 +27,13 @@ import concurrent.futures
 import functools
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
-from kv_directory.config import DirectoryConfig
+from kv_directory.config import DirectoryConfig, redact_url
 from kv_directory.convert import (
     fence,
     initial_load,
@@ -58,6 +57,7 @@ from services.directory.records import (
 )
 from services.directory.states import Outcome
 from services.directory.wire import (
+    OUTCOME_FROM_PB,
     BadRequest,
     chunk_layouts,
     chunk_sums,
@@ -67,6 +67,8 @@ from services.directory.wire import (
     worker_record_to_pb,
 )
 from services.security.tls import Security, caller, caller_name
+from services.telemetry.catalog import DirectoryMetrics
+from services.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
         self._pool = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="directory-store")
         self._reaper: asyncio.Task | None = None
+        self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the pool."""
@@ -274,9 +277,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         require(request.kv_digest, "kv_digest")
         chunks = chunk_list_digest(chunk_layouts(request.chunks))
         held = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
-        return await self._simple(context, request, lambda _txn: functools.partial(
+        return self._publication(await self._simple(context, request, lambda _txn: functools.partial(
             self._store.validated, request.transfer_id, held, chunks),
-            ends=("destination",), destination_only=True)
+            ends=("destination",), destination_only=True))
 
     @_rpc
     async def Publish(self, request, context):
@@ -289,9 +292,14 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             # when the destination's digest is its K/V part.
             held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
             return functools.partial(self._store.publish, r.transfer_id, r.generation, held)
-        return await self._transition(
+        return self._publication(await self._transition(
             context, r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
-            publish, ends=("destination",), destination_only=True)
+            publish, ends=("destination",), destination_only=True))
+
+    def _publication(self, response: directory_pb2.TxnResponse) -> directory_pb2.TxnResponse:
+        """`response` to Validated or Publish, counted when not applied (pd_publication_rejects_total)."""
+        self.metrics.publication(OUTCOME_FROM_PB[response.outcome].name)
+        return response
 
     @_rpc
     async def Abort(self, request, context):
@@ -378,6 +386,7 @@ async def serve(store: DirectoryStore, config: DirectoryConfig, security: Securi
         config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
         security, ACCESS)
     servicer.start()
+    metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
     log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
              host, port, redact_url(config.redis_url), config.lease_ttl_s)
@@ -385,13 +394,6 @@ async def serve(store: DirectoryStore, config: DirectoryConfig, security: Securi
         await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
     finally:
         await servicer.close()
+        if metrics is not None:
+            metrics.close()
     log.info("directory stopped")
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a password, for logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -20,7 +20,7 @@ class PrefillRole(Role):
     async def start(self, node: WorkerNode) -> Registration:
         self.sender = build_sender(node.cfg, node.security)
         await self.sender.start()
-        worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn, source_gate(node))
+        worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn, source_gate(node), node.metrics)
         return prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(worker), "pd.v1.Prefill"
 
     @property

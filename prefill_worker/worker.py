@@ -29,6 +29,7 @@ from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
+from services.telemetry.catalog import WorkerMetrics
 from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.capabilities import SourceGate
@@ -117,8 +118,10 @@ class PrefillWorker:
     """Runs prefills and pushes their K/V."""
 
     def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps,
-                 gate: SourceGate | None = None):
+                 gate: SourceGate | None = None, metrics: WorkerMetrics | None = None):
         self.cfg = cfg
+        self.metrics = metrics or WorkerMetrics()
+        """Where completed hand-offs are counted (pd_kv_transfer_bytes_total, exposed time)."""
         self.gate = gate
         """Checks the router's transfer capability before any K/V is read (None: security off)."""
         self.loop = loop
@@ -142,6 +145,7 @@ class PrefillWorker:
         credential = None
         if self.gate is not None and plan:  # no chunk: no byte is read or sent
             if not capability:
+                self.gate.on_denied(Reason.SIGNATURE.value)
                 raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
             credential = self.gate.check(capability, manifest, plan, sum(n for *_, n in chunks))
         if transfer_id in self.tasks:
@@ -150,7 +154,9 @@ class PrefillWorker:
                                               runner=asyncio.current_task())
         ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
-            return await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest, credential)
+            out = await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest, credential)
+            self.metrics.sent(out.sent_bytes, out.transfer_ms / 1000)
+            return out
         except BaseException as e:
             end(task, TaskState.FAILED)
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -28,10 +28,12 @@ def parse_args(argv: list[str] | None = None) -> RouterConfig:
     ap.add_argument("--mode", choices=MODES, help="default route for requests without a mode (PD_ROUTER_MODE)")
     ap.add_argument("--model", help="checkpoint directory (tokenizer.json) or preset name (PD_MODEL)")
     ap.add_argument("--log-level", help="logging level (PD_LOG_LEVEL)")
+    ap.add_argument("--metrics-listen", help="/metrics host:port (PD_METRICS_LISTEN, default off)")
     args = ap.parse_args(argv)
     try:
         return RouterConfig.from_env(listen_addr=args.listen, directory_addr=args.directory,
-                                     default_mode=args.mode, model=args.model, log_level=args.log_level)
+                                     default_mode=args.mode, model=args.model, log_level=args.log_level,
+                                     metrics_listen=args.metrics_listen)
     except SettingsError as exc:  # one line, not a traceback
         print(f"router: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -25,6 +25,7 @@ from services.common.grpc_server import start_server, wait_for_shutdown
 from services.security.capability import Signer
 from services.security.config import CapabilitySettings, signer
 from services.security.tls import Security, access_table, caller_name
+from services.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
     get Cancel) and stop."""
     orchestrator = build(config, security, tokenizer)
     server, port, health = await start(config, orchestrator, security)
+    metrics = serve_metrics(config.metrics_listen, orchestrator.metrics.registry, security)
     compiled = native.status()
     log.info("router on port %d (directory %s, default mode %s, tokenizer %s, per-request modules compiled %d/%d%s)",
              port, config.directory_addr, config.default_mode, "yes" if tokenizer is not None else "no",
@@ -124,4 +126,8 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
              "" if all(compiled.values()) else
              f"; from source: {', '.join(m for m, c in compiled.items() if not c)}"
              + ("" if native.enabled() else f" ({native.ENV}=0)"))
-    await wait_for_shutdown(server, health, on_stop=orchestrator.close)
+    try:
+        await wait_for_shutdown(server, health, on_stop=orchestrator.close)
+    finally:
+        if metrics is not None:
+            metrics.close()

@@ -41,11 +41,15 @@ def cmd_up(args) -> int:
         pass
     cluster = LocalCluster(_spec(args))
     address = cluster.up()
+    from services.cluster.observability import metrics_lines
+
     for name, p in cluster.procs.items():
         print(f"  {name:<10} pid {p.pid:<7} {p.address:<22} log {p.log}", file=sys.stderr)
     if cluster.otlp_endpoint:
         print(f"  traces -> {cluster.otlp_endpoint}" + (f" ({cluster.state / SPANS_FILE}; pdctl trace REQUEST_ID)"
               if "collector" in cluster.procs else ""), file=sys.stderr)
+    for line in metrics_lines(cluster.procs.values()):
+        print(line, file=sys.stderr)
     print(address)
     return 0
 

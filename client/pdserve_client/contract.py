@@ -58,9 +58,10 @@ MAX_MESSAGE_BYTES = 8 << 20
 prompt of ~1M token ids; the default 4 MiB of gRPC allows ~500k)."""
 
 # ---- mutual TLS (client/pdserve_client/tls.py, services/security) -------------------
-ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client", "collector")
+ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client", "monitor", "collector")
 """What a certificate may name as its holder's role. Its subject common name is
-``<role>/<name>``: a worker's name is its worker id, a client's is its tenant."""
+``<role>/<name>``: a worker's name is its worker id, a client's is its tenant; a
+monitor (a Prometheus scraper) may only read the processes' /metrics."""
 SERVER_ROLES = {"router": ("router",), "directory": ("directory",), "prefill": ("prefill",),
                 "decode": ("decode",), "mixed": ("decode", "prefill"), "collector": ("collector",)}
 """Role of a server certificate -> the services it may answer as (a mixed worker answers

@@ -65,6 +65,7 @@ from router.types import (
     StatusCode,
     TokenOut,
 )
+from services.telemetry.catalog import RouterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class Orchestrator:
                                     poll_s=config.queue_poll_ms / 1000.0,
                                     fence_ttl_s=config.overlay_ttl_ms / 1000.0, clock=clock)
         """Requests waiting for K/V room (router/requests/queueing.py)."""
+        self.metrics = RouterMetrics()
+        """This router's families (services/telemetry/catalog.py), served on /metrics."""
+        self.metrics.bind(lambda: len(self._runs), lambda: self.queue.waiting)
         self.generations = RecentGenerations(config.recent_request_ids)
         """The last generation of recently served request ids: a client re-using one
         starts above it instead of colliding with the earlier run's transactions."""
@@ -123,6 +127,8 @@ class Orchestrator:
                 run.trace.decided(span, run.plan)
         except BaseException as exc:
             del self._runs[req.request_id]
+            if isinstance(exc, RouterError):
+                self.metrics.ended(req.mode, "none", "cancelled" if exc.code is StatusCode.CANCELLED else "rejected")
             run.end(exc if isinstance(exc, RouterError) else RouterError(StatusCode.INTERNAL, repr(exc)))
             run.trace.detach()
             raise
@@ -208,6 +214,7 @@ class Orchestrator:
         run.held = []
 
     def _on_prefill(self, run: RequestRun, att: Attempt, done: PrefillDone) -> None:
+        self.metrics.transfer_completions.inc()
         self.planner.prefill_done(run.plan, att.prefill, att.decode, done)
 
     def _on_done(self, run: RequestRun) -> None:
@@ -217,6 +224,7 @@ class Orchestrator:
         self.planner.log.finish(run.req.request_id, run.cancel_reason or (run.failures[-1] if run.failures else ""))
         # A task cancelled before it ever ran skipped _serve's handlers.
         run.end(RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason or 'router stopped'}"))
+        self.metrics.ended(run.req.mode, *run.ending())
 
     async def _serve(self, run: RequestRun) -> None:
         req = run.req
@@ -244,17 +252,7 @@ class Orchestrator:
         """DEADLINE_EXCEEDED once the request's deadline passed (None before): also when its
         attempts' calls, whose deadlines are the request's, failed before the timer fired."""
         left = self._remaining_s(run)
-        if left is None or left > 0:
-            return None
-        return RouterError(StatusCode.DEADLINE_EXCEEDED,
-                           f"request deadline of {run.req.deadline_s * 1000:.0f} ms passed{self._where(run)}")
-
-    @staticmethod
-    def _where(run: RequestRun) -> str:
-        last = run.runner.last if run.runner else None
-        where = f" during {last.describe()} at stage {last.stage.value}" if last else ""
-        earlier = f"; earlier: {'; '.join(run.failures)}" if run.failures else ""
-        return where + earlier
+        return None if left is None or left > 0 else run.deadline_error()
 
     async def _attempts(self, run: RequestRun) -> Completed:
         """The retry policy; returns the Complete event or raises RouterError."""
@@ -281,7 +279,10 @@ class Orchestrator:
                 continue
             if att is None:
                 break
+            previous = run.runner.last
             r.dispatch(att)
+            self.metrics.dispatched(att.number, att.route.name.lower(), req.route.name.lower(),
+                                    previous.stage.value if previous is not None else None)
             self.generations.note(req, r.generation)
             try:
                 with run.trace.attempt(att, r.number, req.route):
@@ -313,6 +314,7 @@ class Orchestrator:
                     r.uncount(att)
                     continue
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
+                self.metrics.attempt_failed(att.route.name.lower(), exc.code.name)
                 self._unbook(run)  # a later attempt streams from elsewhere
                 r.failed(att, exc)
                 if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
@@ -326,6 +328,9 @@ class Orchestrator:
             completed = run.output.completed(done.finish_reason, att.route, r.number, att.prefill_kv_digest,
                                              done.kv_digest, "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
+            slo = self.planner.slo(req.tenant, req.slo)
+            self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,
+                                   completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000)
             return completed
         raise self._deadline_passed(run) or r.exhausted()
 

@@ -14,7 +14,7 @@ from router.requests.attempts import AttemptRunner
 from router.requests.output import OutputLog
 from router.requests.planner import Plan
 from router.requests.tracing import RequestTrace
-from router.types import Cluster, Completed, Event, RouterError
+from router.types import Cluster, Completed, Event, FinishReason, RouterError, StatusCode
 
 
 class RequestRun:
@@ -41,6 +41,8 @@ class RequestRun:
         self.cancel_reason: str | None = None
         self.finished = False
         self.trace = RequestTrace(req)
+        self.outcome: Completed | RouterError | None = None
+        """The terminal event, once queued."""
 
     def emit(self, event: Event) -> None:
         """Queue an event for the client."""
@@ -50,8 +52,27 @@ class RequestRun:
         """Queue the terminal event (only the first one counts)."""
         if not self.finished:
             self.finished = True
+            self.outcome = outcome
             self.events.put_nowait(outcome)
             self.trace.ended(outcome)
+
+    def ending(self) -> tuple[str, str]:
+        """(topology, result) of the ended request, for pd_route_total: the last attempt's
+        route (none: it never ran one) and ok, cancelled or error."""
+        last = self.runner.last if self.runner is not None else None
+        topology = last.route.name.lower() if last is not None else "none"
+        out = self.outcome
+        if isinstance(out, Completed):
+            return topology, "cancelled" if out.finish_reason is FinishReason.CANCELLED else "ok"
+        return topology, "cancelled" if out is None or out.code is StatusCode.CANCELLED else "error"
+
+    def deadline_error(self) -> RouterError:
+        """DEADLINE_EXCEEDED saying where the request was and what failed before."""
+        last = self.runner.last if self.runner else None
+        where = f" during {last.describe()} at stage {last.stage.value}" if last else ""
+        earlier = f"; earlier: {'; '.join(self.failures)}" if self.failures else ""
+        return RouterError(StatusCode.DEADLINE_EXCEEDED,
+                           f"request deadline of {self.req.deadline_s * 1000:.0f} ms passed{where}{earlier}")
 
     def cancel(self, reason: str) -> None:
         """Stop the request: its attempt tears down, then the stream ends CANCELLED. A

@@ -9,19 +9,14 @@ docs/observability.md) and `ClusterSpec.traces=False` turns tracing off.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pdserve_client.spans import SPANS_FILE
-
-if TYPE_CHECKING:
-    from services.cluster.launcher import LocalCluster
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 NAME = "collector"
 
 
-def start(cluster: LocalCluster, timeout_s: float) -> str:
-    """Start the local collector unless the spec says otherwise; the endpoint every
+def start(cluster, timeout_s: float) -> str:
+    """Start `cluster`'s (a LocalCluster) local collector unless the spec says otherwise; the endpoint every
     process exports to ('' = tracing off)."""
     spec = cluster.spec
     if spec.otlp_endpoint or not spec.traces:
@@ -30,12 +25,13 @@ def start(cluster: LocalCluster, timeout_s: float) -> str:
     spans.parent.mkdir(parents=True, exist_ok=True)
     spans.unlink(missing_ok=True)  # a fresh cluster's traces only
     cluster._issue(NAME, "collector")
-    address = cluster._service(NAME, "services.telemetry.collector", ["--out", str(spans)], timeout_s)
+    address = cluster._service(NAME, "services.telemetry.collector", ["--out", str(spans)], timeout_s,
+                                metrics=False)
     # Plaintext only for an insecure cluster; otherwise mutual TLS with the collector's certificate.
     return f"http://{address}" if spec.insecure else address
 
 
-def env_for(cluster: LocalCluster, name: str) -> dict[str, str]:
+def env_for(cluster, name: str) -> dict[str, str]:
     """The tracing variables of process `name` (the collector exports nothing)."""
     if not cluster.otlp_endpoint or name in (NAME, "redis"):
         return {}

@@ -10,8 +10,10 @@ returns the router address. Processes run in their own sessions, so
 
 Security is on unless the spec says `insecure`: `up` makes a throwaway CA under
 `state_dir/tls` and one certificate per process (services/security/pki.py), plus
-`operator` and `client` certificates for pdctl and the SDK; each service gets its
-files through PD_TLS_CERT/KEY/CA. Redis gets a random password (in a 0600 config
+`operator` and `client` certificates for pdctl and the SDK and a `monitor` one for a
+metrics scraper (every process serves /metrics: services/cluster/observability.py);
+each service gets its files through PD_TLS_CERT/KEY/CA. Traces go to a local collector
+(services/cluster/collector.py). Redis gets a random password (in a 0600 config
 file, never on a command line); the directory reads its URL from the environment.
 """
 
@@ -38,6 +40,7 @@ from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
 
 from . import collector
+from .observability import MONITOR_CERT, metrics_endpoint
 from .redis_proc import find_redis_server, free_port, pings
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
@@ -116,6 +119,8 @@ class Proc:
     log: str
     argv: list[str] = field(default_factory=list)
     """The command line it was started with (`LocalCluster.restart` reuses it)."""
+    metrics_url: str = ""
+    """Where it serves /metrics ("" for redis, which is not a pdserve process)."""
 
 
 class LocalCluster:
@@ -196,21 +201,24 @@ class LocalCluster:
         ca = LocalCA(self.tls_dir)
         generate_signing_key(self.tls_dir / CAPABILITY_SIGNING_KEY, self.tls_dir / CAPABILITY_PUBLIC_KEYS)
         ca.issue(Identity("operator", "operator"))
+        ca.issue(Identity("monitor", MONITOR_CERT))
         ca.issue(Identity("client", self.spec.tenant), "client")
 
-    def _spawn(self, name: str, argv: list[str], address: str) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], address: str, metrics_url: str = "") -> subprocess.Popen:
         log_path = self.state / "logs" / f"{name}.log"
         log = open(log_path, "ab")
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(name), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self._popen[name] = proc
-        self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv))
+        self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv), metrics_url)
         return proc
 
-    def _service(self, name: str, module: str, args: list[str], timeout_s: float) -> str:
+    def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True) -> str:
         address = f"127.0.0.1:{free_port()}"
-        proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *args], address)
+        metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
+        proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *metrics_flags, *args],
+                           address, metrics_url)
         self._wait(name, address, timeout_s, proc)
         return address
 
@@ -332,7 +340,7 @@ class LocalCluster:
         p = self.procs[name]
         if pid_alive(p.pid, self._popen.get(name)):
             raise RuntimeError(f"{name} (pid {p.pid}) is still running")
-        proc = self._spawn(name, p.argv, p.address)
+        proc = self._spawn(name, p.argv, p.address, p.metrics_url)
         if name != "redis":
             self._wait(name, p.address, timeout_s, proc)
         self._save()

@@ -124,6 +124,10 @@ class ServiceSettings(Settings):
     log_level: str = env("PD_LOG_LEVEL", "INFO")
     """Python logging level name."""
 
+    metrics_listen: str = env("PD_METRICS_LISTEN", "")
+    """host:port of this process's /metrics (HTTPS with client certificates; port 0
+    picks one); empty = no metrics endpoint. `pdserve up` gives every process one."""
+
 
 class MemberSettings(ServiceSettings):
     """What the processes that join the cluster through the directory share (the router

@@ -1,13 +1,8 @@
-"""Process metrics through prometheus_client, written to a file (textfile-collector style).
+"""The transports' own figures as prometheus_client metric families.
 
-A worker started with PD_METRICS_FILE=<path> rewrites that file every
-`interval_s` (prometheus_client's write_to_textfile: write, then rename) with the
-exposition of the process's registry; node_exporter's textfile collector, a
-sidecar, or a test reads it.
-
-Each worker process has one `CollectorRegistry` (services/worker/process.py builds
-it): the engine's figures are prometheus_client Gauges read at collection time
-(`set_function`); the data plane's stay with the transports, which return samples
+Each process has one `CollectorRegistry` (services/telemetry/catalog.py builds it and
+services/telemetry/endpoint.py serves it on /metrics). The data plane's running totals
+and per-peer gauges stay with the transports, which return samples
 
     source() -> [(name, {label: value}, number), ...]
 
@@ -18,11 +13,10 @@ exported as they are), any other a gauge.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -91,32 +85,3 @@ def parse(text: str) -> list[Sample]:
     """Every sample of an exposition, as (sample name, labels, value) (tests, drills)."""
     return [(s.name, dict(s.labels), s.value)
             for family in text_string_to_metric_families(text) for s in family.samples]
-
-
-class MetricsFile:
-    """Rewrites `path` with `registry`'s exposition every interval_s (no-op without a path)."""
-
-    def __init__(self, path: str, registry: CollectorRegistry, interval_s: float = 1.0):
-        self.path, self.registry, self.interval_s = path, registry, interval_s
-        self._task: asyncio.Task | None = None
-
-    def write(self) -> None:
-        write_to_textfile(self.path, self.registry)
-
-    def start(self) -> None:
-        if self.path:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="metrics")
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.write()
-            except OSError as e:
-                log.warning("metrics file %s: %s", self.path, e)
-            await asyncio.sleep(self.interval_s)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self.write()

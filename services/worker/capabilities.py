@@ -19,6 +19,8 @@ The router mints one capability per attempt and gives it to prefill with the man
   sender's AUTH is a comparison (same capability, its source, not claimed before).
 
 A denial is `CapabilityDenied` with its reason; nothing is written, nothing leaks.
+Each gate tells its `on_denied` the reason of every denial it raises (the worker's
+pd_capability_denials_total).
 """
 
 from __future__ import annotations
@@ -87,14 +89,27 @@ class Ahead:
     """A sender presented it and was admitted: nobody else may."""
 
 
+def _ignore(_reason: str) -> None:
+    pass
+
+
 class SourceGate:
     """Prefill: a capability must grant exactly the manifest's transfer from this worker."""
 
-    def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str):
+    def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str,
+                 on_denied: Callable[[str], None] = _ignore):
         self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
+        self.on_denied = on_denied
 
     def check(self, raw: bytes, manifest, chunks: Sequence[ChunkKey], num_bytes: int) -> dict:
         """The credential to present to the destination; CapabilityDenied if refused."""
+        try:
+            return self._check(raw, manifest, chunks, num_bytes)
+        except CapabilityDenied as e:
+            self.on_denied(e.reason.value)
+            raise
+
+    def _check(self, raw: bytes, manifest, chunks: Sequence[ChunkKey], num_bytes: int) -> dict:
         try:
             regions = physical_blocks(manifest.destination_block_ids, chunks)
         except ValueError as e:
@@ -114,11 +129,12 @@ class DestinationGate:
     """Decode: a sender's credential against this worker's own reservation."""
 
     def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str,
-                 consume: Callable):
+                 consume: Callable, on_denied: Callable[[str], None] = _ignore):
         """consume(nonce_hex, expires_unix_ms, transfer_id, route_epoch) -> bool (the
         directory's ConsumeNonce; raises StaleRouteEpoch)."""
         self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
         self._consume = consume
+        self.on_denied = on_denied
 
     def ahead(self, raw: bytes, *, tenant: str, transfer_id: str, generation: int, regions: tuple[int, ...],
               num_bytes: int) -> Ahead:
@@ -135,6 +151,17 @@ class DestinationGate:
 
     async def check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
                     regions: tuple[int, ...], num_bytes: int, ahead: Ahead | None = None) -> Grant:
+        """The grant of a sender's credential; CapabilityDenied (counted) if refused. A
+        refusal of the router's copy (`ahead`) is counted here, when a sender presents."""
+        try:
+            return await self._check(credential, peer, tenant=tenant, transfer_id=transfer_id,
+                                     generation=generation, regions=regions, num_bytes=num_bytes, ahead=ahead)
+        except CapabilityDenied as e:
+            self.on_denied(e.reason.value)
+            raise
+
+    async def _check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
+                     regions: tuple[int, ...], num_bytes: int, ahead: Ahead | None = None) -> Grant:
         try:
             raw = base64.b64decode(str(credential["capability"]), validate=True)
             source, source_epoch = str(credential["source_worker_id"]), int(credential["source_epoch"])

@@ -44,9 +44,6 @@ class NodeConfig(MemberSettings, EngineConfig):
     """Bound on every wait of the data plane (a chunk's data, a peer's reply)."""
     rpc_timeout_s: float = env("PD_RPC_TIMEOUT_S", 5.0, gt=0)
     """Deadline of calls to the directory and peers."""
-    metrics_file: str = env("PD_METRICS_FILE", "")
-    """Rewrite this file every second with Prometheus-text metrics ("{worker}" is replaced
-    by the worker id); empty = off."""
     event_log: str = env("PD_EVENT_LOG", "")
     """Append hand-off events (JSON lines) to this file; empty = off (tests)."""
     fault_pause_s: float = env("PD_FAULT_PAUSE_S", 0.0, ge=0)

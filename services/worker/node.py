@@ -3,7 +3,7 @@
 `WorkerNode` builds what every worker has, in this order: the engine loop (with
 its start-up self-check), the calibrated cost profile, each role's data-plane
 endpoint and worker, the gRPC server, directory membership with its heartbeat,
-the metrics file; and on SIGTERM it stops them in the reverse order, each role
+its /metrics endpoint (services/telemetry); and on SIGTERM it stops them in the reverse order, each role
 first giving back what it holds (a decode role aborts its unpublished
 transactions while the lease still stands).
 
@@ -31,12 +31,14 @@ from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 from services.security.tls import Security, access_table
 from services.telemetry import tracing
+from services.telemetry.catalog import WorkerMetrics
+from services.telemetry.endpoint import serve_metrics
 
 from .config import NodeConfig
 from .directory_ops import TxnOps
 from .loop import EngineLoop
 from .membership import Membership
-from .process import advertised, block_counts, build_engine_loop, capacity, metrics_file, parse_config
+from .process import advertised, block_counts, build_engine_loop, capacity, parse_config
 from .profile import ProfileConfig, active_context_tokens, obtain
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class Role(abc.ABC):
 
     @property
     def transports(self) -> list:
-        """Its data-plane endpoints (their figures go to the metrics file)."""
+        """Its data-plane endpoints (their own figures are exported on /metrics)."""
         return []
 
     def reserved_blocks(self) -> int:
@@ -110,6 +112,8 @@ class WorkerNode:
         self.directory = directory
         self.membership: Membership | None = None
         self.txn = TxnOps(directory, cfg.worker_id, lambda: self.epoch)
+        self.metrics = WorkerMetrics()
+        """This process's families (services/telemetry/catalog.py); roles count into it."""
 
     @property
     def epoch(self) -> int:
@@ -151,13 +155,19 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
                                    capacity(cfg, loop), profile, check.reason),
         lambda: node.load(roles), on_lease_lost=lease_lost)
     await node.membership.start()
-    metrics = metrics_file(cfg, loop, *(t for role in roles for t in role.transports))
-    metrics.start()
+    def reserved() -> int:
+        return sum(r.reserved_blocks() for r in roles)
+
+    node.metrics.bind(lambda: loop.engine.num_free_blocks, reserved, lambda: loop.engine.blocks.num_blocks,
+                      lambda: loop.pending_prefill_tokens, lambda: loop.active_decode,
+                      [t for role in roles for t in role.transports])
+    metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)
     log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),
              f", data plane {data_plane}" if data_plane else "")
 
     async def on_stop() -> None:
-        await metrics.stop()
+        if metrics is not None:
+            metrics.close()
         for role in roles:
             await role.stop()
         await node.membership.stop()
@@ -202,7 +212,8 @@ def source_gate(node: WorkerNode):
     """The prefill role's capability check (None when security is off and no keys are set)."""
     from services.worker.capabilities import SourceGate
     v = _verifier(node)
-    return None if v is None else SourceGate(v, node.cfg.worker_id, lambda: node.epoch, node.loop.engine.abi.digest)
+    return None if v is None else SourceGate(v, node.cfg.worker_id, lambda: node.epoch, node.loop.engine.abi.digest,
+                                             node.metrics.denied)
 
 
 def destination_gate(node: WorkerNode):
@@ -210,4 +221,5 @@ def destination_gate(node: WorkerNode):
     from services.worker.capabilities import DestinationGate
     v = _verifier(node)
     return None if v is None else DestinationGate(v, node.cfg.worker_id, lambda: node.epoch,
-                                                  node.loop.engine.abi.digest, node.directory.consume_nonce)
+                                                  node.loop.engine.abi.digest, node.directory.consume_nonce,
+                                                  node.metrics.denied)

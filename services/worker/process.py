@@ -46,12 +46,14 @@ def parse_config(role: str, argv: list[str] | None = None) -> tuple[NodeConfig, 
         ap.add_argument("--serve-prefill", action="store_true", default=None,
                         help="also serve pd.v1.Prefill (directory role mixed)")
     ap.add_argument("--log-level", help="logging level (PD_LOG_LEVEL, default INFO)")
+    ap.add_argument("--metrics-listen", help="/metrics host:port (PD_METRICS_LISTEN, default off)")
     args = ap.parse_args(argv)
     flags = dict(listen=args.listen, advertise=args.advertise, directory_addr=args.directory,
                  worker_id=args.worker_id, model=args.model, num_blocks=args.num_blocks,
                  block_size=args.block_size, chunk_tokens=args.chunk_tokens, transport=args.transport,
                  reservation_ttl_s=args.reservation_ttl_s, torch_threads=args.torch_threads,
-                 serve_prefill=getattr(args, "serve_prefill", None), log_level=args.log_level)
+                 serve_prefill=getattr(args, "serve_prefill", None), log_level=args.log_level,
+                 metrics_listen=args.metrics_listen)
     try:
         return node_config(role, flags)
     except SettingsError as exc:  # one line, not a traceback
@@ -161,22 +163,3 @@ def run_process(run) -> None:
     except SettingsError as exc:  # one line, not a traceback
         print(f"bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def metrics_file(cfg: NodeConfig, loop: EngineLoop, *transports):
-    """cfg.metrics_file ("{worker}" replaced by the worker id) kept current from this
-    process's registry: the engine's load as gauges, and the data plane's figures of
-    every transport (a mixed worker has a receiver and a sender; their names differ)."""
-    from prometheus_client import Gauge
-
-    from services.telemetry.metrics import MetricsFile, registry_of
-
-    registry = registry_of([t.metrics for t in transports if hasattr(t, "metrics")])
-    for name, doc, read in (
-            ("pd_engine_free_blocks", "K/V blocks free in the pool.", lambda: loop.engine.num_free_blocks),
-            ("pd_engine_total_blocks", "K/V blocks in the pool.", lambda: loop.engine.blocks.num_blocks),
-            ("pd_engine_pending_prefill_tokens", "Prompt tokens waiting to be prefilled.",
-             lambda: loop.pending_prefill_tokens),
-            ("pd_engine_active_decode", "Sequences in the decode batch.", lambda: loop.active_decode)):
-        Gauge(name, doc, registry=registry).set_function(read)
-    return MetricsFile(cfg.metrics_file.replace("{worker}", cfg.worker_id), registry)

@@ -33,8 +33,13 @@ def test_up_pdctl_demo_down(tmp_path):
         assert up.returncode == 0, up.stderr
         router = up.stdout.strip().splitlines()[-1]
         assert router.startswith("127.0.0.1:")
-        pids = [p["pid"] for p in json.loads((Path(state) / "cluster.json").read_text())["procs"].values()]
-        assert len(pids) == 5  # redis, directory, decode, prefill, router
+        procs = json.loads((Path(state) / "cluster.json").read_text())["procs"]
+        pids = [p["pid"] for p in procs.values()]
+        assert len(pids) == 6  # redis, the trace collector, directory, decode, prefill, router
+        for name, p in procs.items():  # each pdserve service's /metrics, recorded and printed
+            assert (p["metrics_url"] == "") == (name in ("redis", "collector")), (name, p)
+            assert name in ("redis", "collector") or f"{name:<10} metrics {p['metrics_url']}" in up.stderr
+        assert f"traces -> {procs['collector']['address']}" in up.stderr
 
         gen = pdctl(state, "--router", router, "generate", "--prompt-ids", "5,6,7,8,9", "--max-tokens", "4",
                     "--ignore-eos", "--json")
@@ -42,6 +47,11 @@ def test_up_pdctl_demo_down(tmp_path):
         result = json.loads(gen.stdout)
         assert len(result["token_ids"]) == 4 and result["route"] == "disaggregated"
         assert result["ttft_ms"] > 0
+        shown = pdctl(state, "trace", result["request_id"], "--state-dir", state, "--json")
+        assert shown.returncode == 0, shown.stderr
+        (view,) = json.loads(shown.stdout)["traces"]
+        assert view["route"] == "disaggregated" and view["orphans"] == 0 and view["processes"] == 4
+        assert view["t_exposed_ms"] is not None and view["t_exposed_ms"] >= 0
 
         status = pdctl(state, "--router", router, "status", "--json")
         assert status.returncode == 0, status.stderr

@@ -15,18 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from services.directory.records import WorkerRole
-from services.telemetry.metrics import parse
 from tests.support.cluster import _directory, assert_cluster_clean, client, generate_all, start_cluster
+from tests.support.metrics import scrape_process
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mixed")
     c = start_cluster(tmp, prefill=0, decode=0, mixed=2, mode="disaggregated", num_blocks=512,
-                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json"),
-                           "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
-    c.metrics = lambda worker: {(n, tuple(sorted(labels.items()))): v for n, labels, v in
-                                parse((tmp / f"metrics-{worker}.prom").read_text())}
+                      env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})
+    c.metrics = lambda worker: scrape_process(c, worker).as_dict()
     yield c
     c.down()
 
@@ -56,7 +54,7 @@ def test_split_in_both_directions_equals_colocated(cluster):
 
 
 def test_a_mixed_workers_metrics_show_what_it_sent_and_what_it_received(cluster):
-    """Each mixed worker's metrics file has its sender's and its receiver's figures, and
+    """Each mixed worker's /metrics has its sender's and its receiver's figures, and
     the bytes one sent the other received (8 concurrent splits go both ways, as above)."""
     with client(cluster) as sdk, ThreadPoolExecutor(8) as pool:
         done = list(pool.map(lambda i: sdk.generate_full(

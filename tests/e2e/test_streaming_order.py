@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from services.telemetry.metrics import parse
 from tests.support.cluster import assert_cluster_clean, client, start_cluster
+from tests.support.metrics import scrape_process
 
 PROMPT_TOKENS = 1000
 CHUNKS = 4 * 4  # tiny: 4 layers; 63 blocks in chunks of 16 blocks (one prefill chunk)
@@ -32,11 +32,9 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("streaming")
     events = tmp / "events.jsonl"
     c = start_cluster(tmp, prefill=1, decode=1, transport="ucx",
-                      env={"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0",
-                           "PD_METRICS_FILE": str(tmp / "metrics-{worker}.prom")})
+                      env={"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0"})
     c.events = events
-    c.metrics = lambda worker: {(n, tuple(sorted(labels.items()))): v for n, labels, v in
-                                parse((tmp / f"metrics-{worker}.prom").read_text())}
+    c.metrics = lambda worker: scrape_process(c, worker).as_dict()
     yield c
     c.down()
 
@@ -77,7 +75,7 @@ def test_chunks_leave_after_their_layer_and_publish_waits_for_all(cluster, seed)
 
 
 def test_metrics_report_the_data_path_and_the_bytes(cluster):
-    """The path UCX took (shared memory here) and the bytes moved are in the metrics files."""
+    """The path UCX took (shared memory here) and the bytes moved are on the workers' /metrics."""
     with client(cluster) as sdk:
         sdk.generate_full(prompt_ids=[3 + i % 500 for i in range(600)], max_tokens=2,
                              ignore_eos=True, mode="disaggregated")

@@ -1,0 +1,216 @@
+"""Every metric a pdserve process exports, defined in one place per process kind.
+
+    RouterMetrics     routes, request latencies and SLO attainment, hand-off attempts
+                      and their outcomes, fallbacks, queues; drain and rollback
+    WorkerMetrics     K/V bytes moved and exposed transfer time, capability denials,
+                      blocks, queues and batch; the transports' own figures
+    DirectoryMetrics  publications the directory refused
+
+Each object owns a `CollectorRegistry` of its own (so tests can build as many as they
+like) holding its families plus the process and Python collectors of prometheus_client;
+a process serves that registry on /metrics (services/telemetry/http.py). The table in
+docs/observability.md lists exactly these families (tests/unit/telemetry/test_catalog.py
+compares the two).
+
+Histograms are observed through `observe`, which attaches the current trace id as an
+exemplar when a span is being recorded (tracing on); exemplars appear only in the
+OpenMetrics exposition, which /metrics serves when the scraper asks for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opentelemetry import trace
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from .metrics import SampleCollector, Source
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Seconds: TTFT, exposed transfer time and rollback duration (a tiny model's TTFT is ms)."""
+TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Seconds per output token after the first."""
+PROMPT_BUCKETS = (128, 512, 2048, 8192)
+"""Upper edges (tokens) of the prompt-length buckets of a workload cell."""
+
+
+def prompt_bucket(tokens: int) -> str:
+    """The workload cell's prompt-length bucket: 'le128', 'le512', ..., 'gt8192'."""
+    edge = next((b for b in PROMPT_BUCKETS if tokens <= b), None)
+    return f"le{edge}" if edge is not None else f"gt{PROMPT_BUCKETS[-1]}"
+
+
+def trace_exemplar() -> dict[str, str] | None:
+    """{'trace_id': 32 hex digits} of the span in progress; None when tracing is off."""
+    ctx = trace.get_current_span().get_span_context()
+    return {"trace_id": format(ctx.trace_id, "032x")} if ctx.is_valid else None
+
+
+def observe(histogram: Histogram, value: float) -> None:
+    """Observe `value` with the current trace id as its exemplar (when there is one)."""
+    histogram.observe(value, exemplar=trace_exemplar())
+
+
+def new_registry() -> CollectorRegistry:
+    """A registry with prometheus_client's process, platform and GC collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+class RouterMetrics:
+    """The router's families; the orchestrator calls the methods at each event."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry or new_registry()
+        self.routes = Counter("pd_route", "Requests ended, by the policy they asked for, the topology "
+                              "they ran on and how they ended.", ["policy", "topology", "result"], registry=r)
+        self.ttft = Histogram("pd_ttft_seconds", "Time to first token of completed requests, by workload cell.",
+                              ["tenant", "prompt_bucket"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.tpot = Histogram("pd_tpot_seconds", "Time per output token after the first, of completed "
+                              "requests of 2 or more tokens, by workload cell.",
+                              ["tenant", "prompt_bucket"], buckets=TPOT_BUCKETS_S, registry=r)
+        self.slo = Counter("pd_slo_requests", "Completed requests with an SLO target, by workload cell and "
+                           "whether every target was met.", ["tenant", "prompt_bucket", "attained"], registry=r)
+        self.transfer_attempts = Counter("pd_kv_transfer_attempts", "Disaggregated attempts dispatched "
+                                         "(each opens one K/V hand-off).", registry=r)
+        self.transfer_completions = Counter("pd_kv_transfer_completions", "Hand-offs whose prefill returned: "
+                                            "the K/V reached decode and was accepted.", registry=r)
+        self.transfer_timeouts = Counter("pd_kv_transfer_timeouts", "Disaggregated attempts that failed with "
+                                         "DEADLINE_EXCEEDED (also counted in failures).", registry=r)
+        self.transfer_retries = Counter("pd_kv_transfer_retries", "Disaggregated attempts after a request's "
+                                        "first attempt.", registry=r)
+        self.transfer_failures = Counter("pd_kv_transfer_failures", "Disaggregated attempts that failed, by "
+                                         "status code.", ["code"], registry=r)
+        self.fallbacks = Counter("pd_fallbacks", "Colocated attempts of requests planned disaggregated: "
+                                 "placement found no pair (placement) or an earlier attempt failed (retry).",
+                                 ["reason"], registry=r)
+        self.recomputes = Counter("pd_recomputes", "Attempts after one that had reached prefill: the prompt "
+                                  "is computed again.", registry=r)
+        self.reroutes = Counter("pd_reroutes", "Attempts after a request's first, by the route placed.",
+                                ["route"], registry=r)
+        self.in_flight = Gauge("pd_requests_in_flight", "Requests admitted and not yet finished.", registry=r)
+        self.queue_depth = Gauge("pd_admission_queue_depth", "Requests waiting for K/V room.", registry=r)
+        self.drain_depth = Gauge("pd_drain_depth", "Requests left on workers being drained; set by the "
+                                 "rollback procedure (issue 20).", registry=r)
+        self.rollback = Histogram("pd_rollback_duration_seconds", "Duration of rollbacks; observed by the "
+                                  "rollback procedure (issue 20).", buckets=LATENCY_BUCKETS_S, registry=r)
+
+    def bind(self, in_flight: Callable[[], float], queue_depth: Callable[[], float]) -> None:
+        """Read the gauges from the orchestrator at each scrape."""
+        self.in_flight.set_function(in_flight)
+        self.queue_depth.set_function(queue_depth)
+
+    def dispatched(self, number: int, route: str, planned: str, previous_stage: str | None) -> None:
+        """Attempt `number` (1-based) of a request planned `planned` runs on `route`;
+        `previous_stage` is where the attempt before it ended (None for the first)."""
+        if route == "disaggregated":
+            self.transfer_attempts.inc()
+            if number > 1:
+                self.transfer_retries.inc()
+        elif planned == "disaggregated":
+            self.fallbacks.labels(reason="placement" if number == 1 else "retry").inc()
+        if number > 1:
+            self.reroutes.labels(route=route).inc()
+            if previous_stage in ("prefill", "decode", "colocated generate"):
+                self.recomputes.inc()
+
+    def attempt_failed(self, route: str, code: str) -> None:
+        """An attempt failed with status `code` (a retry may follow)."""
+        if route == "disaggregated":
+            self.transfer_failures.labels(code=code).inc()
+            if code == "DEADLINE_EXCEEDED":
+                self.transfer_timeouts.inc()
+
+    def completed(self, tenant: str, prompt_tokens: int, ttft_s: float, tpot_s: float, num_tokens: int,
+                  slo_ttft_s: float, slo_tpot_s: float) -> None:
+        """A request completed: its latencies, and its SLO verdict when it had a target."""
+        cell = {"tenant": tenant, "prompt_bucket": prompt_bucket(prompt_tokens)}
+        observe(self.ttft.labels(**cell), ttft_s)
+        if num_tokens > 1:
+            observe(self.tpot.labels(**cell), tpot_s)
+        if slo_ttft_s > 0 or slo_tpot_s > 0:
+            met = (not slo_ttft_s or ttft_s <= slo_ttft_s) and (not slo_tpot_s or num_tokens < 2
+                                                                  or tpot_s <= slo_tpot_s)
+            self.slo.labels(attained="yes" if met else "no", **cell).inc()
+
+    def ended(self, policy: str, topology: str, result: str) -> None:
+        """A request ended (result: ok, error, cancelled, rejected; topology none when
+        it never ran)."""
+        self.routes.labels(policy=policy, topology=topology, result=result).inc()
+
+
+class WorkerMetrics:
+    """A worker's families; its roles count events, `bind` connects the gauges."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry or new_registry()
+        self.transfer_bytes = Counter("pd_kv_transfer_bytes", "K/V bytes of completed hand-offs, as sent "
+                                      "by prefill and as accepted by decode.", ["direction"], registry=r)
+        self.exposed_transfer = Histogram("pd_kv_exposed_transfer_seconds", "Transfer time not hidden behind "
+                                          "prefill compute, per hand-off (prefill side).",
+                                          buckets=LATENCY_BUCKETS_S, registry=r)
+        self.capability_denials = Counter("pd_capability_denials", "Transfer capabilities refused, by the "
+                                          "first failed check.", ["reason"], registry=r)
+        self.free_blocks = Gauge("pd_free_blocks", "K/V blocks free in the pool.", registry=r)
+        self.reserved_blocks = Gauge("pd_reserved_blocks", "K/V blocks reserved for hand-offs not yet "
+                                     "published.", registry=r)
+        self.total_blocks = Gauge("pd_total_blocks", "K/V blocks in the pool.", registry=r)
+        self.prefill_queue = Gauge("pd_prefill_queue_tokens", "Prompt tokens waiting to be prefilled.", registry=r)
+        self.decode_batch = Gauge("pd_decode_batch_size", "Sequences in the decode batch.", registry=r)
+        self._sources: list[Source] = []
+        r.register(SampleCollector(self._sources))
+
+    def bind(self, free: Callable[[], float], reserved: Callable[[], float], total: Callable[[], float],
+             prefill_queue: Callable[[], float], decode_batch: Callable[[], float],
+             transports: Iterable[object] = ()) -> None:
+        """Read the gauges at each scrape, and each transport's own samples (its
+        metrics(): credit window use, chunks, paths)."""
+        for gauge, read in ((self.free_blocks, free), (self.reserved_blocks, reserved),
+                            (self.total_blocks, total), (self.prefill_queue, prefill_queue),
+                            (self.decode_batch, decode_batch)):
+            gauge.set_function(read)
+        self._sources[:] = [t.metrics for t in transports if hasattr(t, "metrics")]
+
+    def sent(self, num_bytes: int, exposed_s: float) -> None:
+        """Prefill finished a hand-off: `num_bytes` sent, `exposed_s` of it not overlapped."""
+        self.transfer_bytes.labels(direction="sent").inc(num_bytes)
+        observe(self.exposed_transfer, exposed_s)
+
+    def received(self, num_bytes: int) -> None:
+        """Decode accepted a hand-off of `num_bytes`."""
+        self.transfer_bytes.labels(direction="received").inc(num_bytes)
+
+    def denied(self, reason: str) -> None:
+        """A capability was refused for `reason`."""
+        self.capability_denials.labels(reason=reason).inc()
+
+
+class DirectoryMetrics:
+    """The directory's families."""
+
+    REJECT_REASONS = {"STALE_GENERATION": "stale", "DUPLICATE": "duplicate", "CHECKSUM_CONFLICT": "digest",
+                      "ILLEGAL_TRANSITION": "illegal", "NOT_FOUND": "not_found", "LEASE_LOST": "lease_lost"}
+    """Outcome name -> reason label."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = r = registry or new_registry()
+        self.publication_rejects = Counter("pd_publication_rejects", "Validated and Publish calls not applied, "
+                                           "by reason (stale generation, duplicate, digest conflict, ...).",
+                                           ["reason"], registry=r)
+
+    def publication(self, outcome_name: str) -> None:
+        """A Validated or Publish call answered `outcome_name` (an Outcome's name)."""
+        reason = self.REJECT_REASONS.get(outcome_name)
+        if reason is not None:
+            self.publication_rejects.labels(reason=reason).inc()
