@@ -40,7 +40,7 @@ class RequestTrace:
         if self.on:
             trace.get_current_span().set_attributes(self.ids)  # the Generate RPC's own span
             base = tracing.with_request(self.ids)
-            self.span = tracing.tracer(__name__).start_span(S.ROUTER_REQUEST, context=base, attributes={
+            self.span = tracing.tracer().start_span(S.ROUTER_REQUEST, context=base, attributes={
                 S.REQUEST_ID: req.request_id, S.TENANT: req.tenant, S.PROMPT_TOKENS: len(req.prompt),
                 "pd.max_tokens": req.max_tokens, "pd.mode": req.mode})
             self.context = trace.set_span_in_context(self.span, base)

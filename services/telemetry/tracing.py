@@ -133,9 +133,9 @@ def shutdown() -> None:
         _provider, _tracer = None, trace.NoOpTracer()
 
 
-def tracer(name: str) -> trace.Tracer:
-    """The tracer for module `name` (the no-op one while tracing is off)."""
-    return _provider.get_tracer(name) if _provider is not None else trace.NoOpTracer()
+def tracer() -> trace.Tracer:
+    """pdserve's tracer (the no-op one while tracing is off)."""
+    return _tracer
 
 
 @contextlib.contextmanager
@@ -215,11 +215,45 @@ def server_interceptors() -> list:
 
 
 def client_interceptors() -> list:
-    """The asyncio channel interceptors that open a span per call and send the context."""
+    """The asyncio channel interceptors that send the current trace context (W3C
+    traceparent and baggage metadata) with every call; none while tracing is off.
+
+    They open no span of their own: the callee's server span (the instrumentation's
+    interceptor) is the call's span, a child of the caller's current one. A client span
+    per call as well measured ~200 µs per call here (tests/unit/telemetry), doubling
+    the spans of a hand-off for the same information."""
     if _provider is None:
         return []
-    from opentelemetry.instrumentation.grpc import aio_client_interceptors
-    return list(aio_client_interceptors(tracer_provider=_provider, filter_=_untraced()))
+    return [_SendContextUnary(), _SendContextStream()]
+
+
+def _with_context(details):
+    """`details` with the current context added to its metadata (unchanged when there is none)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return details
+    import grpc.aio
+    metadata = grpc.aio.Metadata(*(tuple(details.metadata or ())), *carrier.items())
+    return details._replace(metadata=metadata)
+
+
+def _grpc_client_interceptor_bases():
+    import grpc.aio
+    return grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
+
+
+_UnaryBase, _StreamBase = _grpc_client_interceptor_bases()
+
+
+class _SendContextUnary(_UnaryBase):
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_with_context(client_call_details), request)
+
+
+class _SendContextStream(_StreamBase):
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_with_context(client_call_details), request)
 
 
 def _untraced():
