@@ -31,7 +31,8 @@ def test_a_reservation_is_named_and_every_block_counted_once():
     claims = {id(seq): (HoldState.RESERVED, HoldState.RESERVED)}
     v = holdings.view(holdings.take(engine), claims)
     (h,) = v.holdings
-    assert (h.request_id, h.tenant, h.transfer_id, h.generation, h.state) == ("r1", "acme", "r1/2", 2, HoldState.RESERVED)
+    assert (h.request_id, h.tenant, h.transfer_id, h.generation, h.state) == \
+        ("r1", "acme", "r1/2", 2, HoldState.RESERVED)
     assert h.block_ids == tuple(seq.block_table) and h.charged == len(seq.block_table) == 7
     assert h.age_s >= 0.0
     assert (v.reserved, v.active, v.free, v.cached_prefix) == (7, 0, 121, 0)
