@@ -42,7 +42,7 @@ def _wait(fn, timeout_s: float = 15.0):
 def test_a_decoding_request_is_named_and_nothing_but_cached_prefix_is_left_after(cluster):
     rid = f"blocks-{uuid.uuid4().hex[:8]}"
     with client(cluster, "operator") as ops, client(cluster) as sdk:
-        stream = sdk.generate(prompt_ids=PROMPT, max_tokens=2000, ignore_eos=True, request_id=rid,
+        stream = sdk.generate(prompt_ids=PROMPT, max_tokens=1900, ignore_eos=True, request_id=rid,
                               mode="disaggregated")
         with stream:
             next(iter(stream))
@@ -52,7 +52,7 @@ def test_a_decoding_request_is_named_and_nothing_but_cached_prefix_is_left_after
         (h,) = d0.holdings
         assert (h.request_id, h.tenant, h.transfer_id, h.state, h.orphan) == \
             (rid, "default", f"{rid}/1", "decoding", False)
-        assert h.num_blocks >= 2000 // 16 and h.age_s > 0 and len(h.block_ids) == h.num_blocks
+        assert h.num_blocks >= 1900 // 16 and h.age_s > 0 and len(h.block_ids) == h.num_blocks
         for w in view.workers:
             assert w.free_blocks + w.cached_prefix_blocks + w.reserved_blocks + w.active_blocks == w.total_blocks
         sdk.generate_full(prompt_ids=PROMPT, max_tokens=4)
