@@ -17,6 +17,9 @@ _CLAIMS: dict[ResState, Claim] = {
     ResState.RESERVED: (HoldState.RESERVED, HoldState.RESERVED),
     ResState.RECEIVING: (HoldState.RECEIVING, HoldState.RECEIVING),
     ResState.PUBLISHED: (HoldState.PUBLISHED, HoldState.DECODING),
+    # Over, its blocks on their way back (an abort frees after fencing the receiver).
+    ResState.FINISHED: (HoldState.PUBLISHED, HoldState.DECODING),
+    ResState.ABORTED: (HoldState.RESERVED, HoldState.DECODING),
 }
 
 
@@ -47,7 +50,7 @@ class DecodeRole(Role):
 
     def claims(self) -> dict[int, Claim]:
         w = self.worker
-        out = {id(r.seq): _CLAIMS[r.state] for r in list(w.reservations.values()) if r.state in _CLAIMS}
+        out = {id(r.seq): _CLAIMS[r.state] for r in list(w.reservations.values())}
         out.update((id(seq), (HoldState.PREFILLING, HoldState.DECODING)) for seq in list(w.colocated.values()))
         return out
 

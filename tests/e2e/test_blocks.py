@@ -12,9 +12,10 @@ import sys
 import time
 import uuid
 
+import grpc
 import pytest
 
-from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from pdserve_client.rpc.pd.v1 import blocks_pb2, blocks_pb2_grpc, common_pb2, decode_pb2, decode_pb2_grpc
 from pdserve_client.types import PdError
 from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster, tls_env
 
@@ -94,6 +95,10 @@ def test_only_an_operator_may_look_and_pdctl_prints_it(cluster):
     with client(cluster) as sdk, pytest.raises(PdError) as denied:
         sdk.blocks()
     assert denied.value.code == "PERMISSION_DENIED"
+    worker = blocks_pb2_grpc.WorkerAdminStub(channel(cluster, "decode-0", "operator"))
+    with pytest.raises(grpc.RpcError) as not_router:
+        worker.Blocks(blocks_pb2.WorkerBlocksRequest(), timeout=10)
+    assert not_router.value.code() == grpc.StatusCode.PERMISSION_DENIED  # worker RPCs: the router only
     cli = [sys.executable, "-m", "pdserve_client.cli", "--router", cluster.router_address, "blocks"]
     out = subprocess.run([*cli, "--json"], env=tls_env(cluster, "operator"), capture_output=True, text=True,
                          timeout=60)
