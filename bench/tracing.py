@@ -54,11 +54,11 @@ def p90(xs: list[float]) -> float:
 
 def _router_request_work(n: int) -> float:
     """Seconds for n requests' router-side span work (whatever tracing state is current)."""
+    from router.pricing.shapes import Outcome
     from router.requests.admission import Admitted
     from router.requests.attempt import Attempt
     from router.requests.planner import Plan
     from router.requests.tracing import RequestTrace
-    from router.pricing.shapes import Outcome
     from router.types import Completed, FinishReason, Route, Worker
     from services.directory.records import WorkerRole
 

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from pdserve_client.rpc.pd.v1 import decode_pb2_grpc
 from services.common.grpc_server import Registration
+from services.worker.holdings import Claim, HoldState
 from services.worker.node import Role, WorkerNode, destination_gate
 from services.worker.process import build_receiver
 
+from .reservations import ResState
 from .server import DecodeServicer
 from .worker import DecodeWorker
+
+_CLAIMS: dict[ResState, Claim] = {
+    ResState.RESERVED: (HoldState.RESERVED, HoldState.RESERVED),
+    ResState.RECEIVING: (HoldState.RECEIVING, HoldState.RECEIVING),
+    ResState.PUBLISHED: (HoldState.PUBLISHED, HoldState.DECODING),
+    # Over, its blocks on their way back (an abort frees after fencing the receiver).
+    ResState.FINISHED: (HoldState.PUBLISHED, HoldState.DECODING),
+    ResState.ABORTED: (HoldState.RESERVED, HoldState.DECODING),
+}
 
 
 class DecodeRole(Role):
@@ -37,6 +48,12 @@ class DecodeRole(Role):
 
     def reserved_blocks(self) -> int:
         return self.worker.reserved_blocks()
+
+    def claims(self) -> dict[int, Claim]:
+        w = self.worker
+        out = {id(r.seq): _CLAIMS[r.state] for r in list(w.reservations.values())}
+        out.update((id(seq), (HoldState.PREFILLING, HoldState.DECODING)) for seq in list(w.colocated.values()))
+        return out
 
     async def on_lease_lost(self) -> None:
         # The directory already aborted this worker's unpublished transactions.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pdserve_client.rpc.pd.v1 import prefill_pb2_grpc
 from services.common.grpc_server import Registration
+from services.worker.holdings import Claim, HoldState
 from services.worker.node import Role, WorkerNode, source_gate
 from services.worker.process import build_sender
 
 from .server import PrefillServicer
-from .worker import PrefillWorker
+from .worker import PrefillWorker, TaskState
 
 
 class PrefillRole(Role):
@@ -16,16 +17,23 @@ class PrefillRole(Role):
 
     def __init__(self):
         self.sender = None
+        self.worker: PrefillWorker | None = None
 
     async def start(self, node: WorkerNode) -> Registration:
         self.sender = build_sender(node.cfg, node.security)
         await self.sender.start()
-        worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn, source_gate(node), node.metrics)
-        return prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(worker), "pd.v1.Prefill"
+        self.worker = PrefillWorker(node.cfg, node.loop, self.sender, node.txn, source_gate(node), node.metrics)
+        return prefill_pb2_grpc.add_PrefillServicer_to_server, PrefillServicer(self.worker), "pd.v1.Prefill"
 
     @property
     def transports(self) -> list:
         return [self.sender]
+
+    def claims(self) -> dict[int, Claim]:
+        # Computing: PREFILLING until the first token, then its chunks leave (SENDING).
+        return {id(t.seq): (HoldState.SENDING, HoldState.SENDING) if t.state is TaskState.COMMITTING
+                else (HoldState.PREFILLING, HoldState.SENDING)
+                for t in list(self.worker.tasks.values()) if t.seq is not None}
 
     async def close(self) -> None:
         await self.sender.close()

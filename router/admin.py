@@ -1,4 +1,5 @@
-"""Admin servicer: cluster status, release mode, transaction listing, decisions.
+"""Admin servicer: cluster status, release mode, transaction listing, decisions, and
+who holds which blocks (router/blocks.py).
 
 Release modes (article 0x0FF) map onto router modes (router/requests/planner.py):
 PINNED -> colocated, SHADOW -> shadow, CANARY -> canary (with canary_fraction),
@@ -16,8 +17,10 @@ import logging
 import grpc
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
+from router.blocks import blocks
 from router.grpc_gateway import grpc_code
 from router.identity import caller_tenant
+from router.requests.admission import MAX_REQUEST_ID_BYTES
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
@@ -100,6 +103,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         records = self._orch.planner.log.recent(request.limit or DEFAULT_LIST_LIMIT, request.request_id,
                                                 caller_tenant(context, self._secure))
         return admin_pb2.DecisionsResponse(records=[record_to_pb(r) for r in records])
+
+    async def Blocks(self, request, context):
+        if len(request.request_id.encode()) > MAX_REQUEST_ID_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id is over {MAX_REQUEST_ID_BYTES} bytes")
+        try:
+            return await blocks(self._orch, request)
+        except RouterError as exc:
+            await context.abort(grpc_code(exc.code), exc.message)
 
     async def ListTransactions(self, request, context):
         txns = await self._open_transactions(context)

@@ -32,11 +32,13 @@ from router.types import (
     PrefillDone,
     Reservation,
     ReserveCall,
+    StatusCode,
     StreamCall,
     StreamItem,
     TxnAnswer,
     TxnOutcome,
     Worker,
+    WorkerCallError,
 )
 
 
@@ -70,6 +72,11 @@ class WorkerGateway(abc.ABC):
     async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,
                              timeout_s: float) -> bool:
         """Prefill.Cancel; True if the worker knew the request."""
+
+    async def blocks(self, worker: Worker, request_id: str, timeout_s: float) -> Any:
+        """WorkerAdmin.Blocks: the worker's holdings and block counts (pd.v1.WorkerBlocks,
+        as it is: router/blocks.py judges it). Default: UNIMPLEMENTED."""
+        raise WorkerCallError(StatusCode.UNIMPLEMENTED, "this gateway has no WorkerAdmin.Blocks")
 
     async def close(self) -> None:
         """Release connections (default: nothing to release)."""

@@ -16,7 +16,14 @@ from typing import Any
 
 import grpc
 
-from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2_grpc, manifest_pb2, prefill_pb2_grpc
+from pdserve_client.rpc.pd.v1 import (
+    blocks_pb2,
+    blocks_pb2_grpc,
+    common_pb2,
+    decode_pb2_grpc,
+    manifest_pb2,
+    prefill_pb2_grpc,
+)
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (
@@ -189,6 +196,15 @@ class GrpcWorkerGateway(WorkerGateway):
             return (await self._prefill(worker).Cancel(req, timeout=timeout_s)).found
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Prefill.Cancel on {worker.worker_id}") from None
+
+    async def blocks(self, worker: Worker, request_id: str, timeout_s: float) -> Any:
+        # Every node serves WorkerAdmin next to its phases: reach it as one of them.
+        ch = self._channels.get(worker.grpc_address, "decode" if worker.can_decode else "prefill", worker.epoch)
+        try:
+            return await blocks_pb2_grpc.WorkerAdminStub(ch).Blocks(
+                blocks_pb2.WorkerBlocksRequest(request_id=request_id), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise call_error(exc, f"WorkerAdmin.Blocks on {worker.worker_id}") from None
 
     async def close(self) -> None:
         await self._channels.close()

@@ -35,9 +35,10 @@ ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 _USERS = frozenset({"client", "operator"})
 ACCESS = {
     **access_table(ROUTER_SERVICE, {"Generate": _USERS, "Cancel": _USERS}),
-    # Reads are open to clients (each sees its own tenant's requests); changes need an operator.
+    # Reads are open to clients (each sees its own tenant's requests); changes, and Blocks
+    # (every tenant's holdings), need an operator.
     **access_table(ADMIN_SERVICE, {"Status": _USERS, "Decisions": _USERS, "ListTransactions": _USERS,
-                                   "SetMode": {"operator"}}),
+                                   "SetMode": {"operator"}, "Blocks": {"operator"}}),
 }
 """Who may call what (services/security/tls.py `Access`)."""
 

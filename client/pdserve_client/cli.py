@@ -7,11 +7,12 @@
     pdctl cancel REQUEST_ID
     pdctl set-mode rolled_back --reason "drill"
     pdctl trace REQUEST_ID [--json] [--html page.html]     (reads the span file; trace_cmd.py)
+    pdctl blocks [--orphans-only] [--request R] [--worker W] [--json]   (cli_blocks.py)
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
 local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
 presented is the local launcher's `.pdserve/tls/client.crt` (`operator.crt` for
-set-mode; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
+set-mode and blocks; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
 Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
 message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
 """
@@ -24,9 +25,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pdserve_client import trace_cmd, wire
+from pdserve_client import cli_blocks, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
+from pdserve_client.tables import table
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
 
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--router", default=argparse.SUPPRESS, help="router host:port")
     shared.add_argument("--identity", default=argparse.SUPPRESS,
                         help="certificate to present from .pdserve/tls: client (default) or operator "
-                             "(set-mode's default); $PD_TLS_CERT/KEY/CA override both")
+                             "(set-mode's and blocks' default); $PD_TLS_CERT/KEY/CA override both")
     shared.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="unary call timeout, s")
 
     parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
@@ -120,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     set_mode.set_defaults(run=cmd_set_mode, default_identity="operator")
 
     trace_cmd.register(commands)
+    cli_blocks.add_parser(commands, shared)
     return parser
 
 
@@ -158,12 +161,6 @@ def summary_line(r: GenerationResult) -> str:
             f"server_ttft_ms={r.server_ttft_ms:.2f} server_tpot_ms={r.server_tpot_ms:.2f} attempts={r.attempts}")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [list(map(str, headers))] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
-
-
 def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Print cluster status."""
     s = client.status()
@@ -175,7 +172,7 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"decode blocks: free {s.free_blocks}  reserved {s.reserved_blocks}  total {s.total_blocks}\n")
     rows = [(w.worker_id, w.role, w.epoch, w.free_blocks, w.cached_blocks, w.reserved_blocks, w.active_blocks,
              w.total_blocks, w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
-    out.write(_table(("WORKER", "ROLE", "EPOCH", "FREE", "(CACHED)", "RESERVED", "ACTIVE", "TOTAL",
+    out.write(table(("WORKER", "ROLE", "EPOCH", "FREE", "(CACHED)", "RESERVED", "ACTIVE", "TOTAL",
                       "PENDING_PREFILL", "BATCH", "ADDRESS"), rows) + "\n")
     for w in s.workers:
         if w.colocated_only_reason:
@@ -192,7 +189,7 @@ def cmd_transactions(client: Client, args: argparse.Namespace, out: TextIO) -> i
     rows = [(t.request_id, t.transfer_id, t.state, t.generation, t.attempt,
              f"{t.source_worker_id}@{t.source_epoch}", f"{t.destination_worker_id}@{t.destination_epoch}",
              t.chunks_expected, t.abort_reason or "-") for t in txns]
-    out.write(_table(("REQUEST", "TRANSFER", "STATE", "GEN", "ATTEMPT", "SOURCE", "DESTINATION", "CHUNKS", "ABORT"),
+    out.write(table(("REQUEST", "TRANSFER", "STATE", "GEN", "ATTEMPT", "SOURCE", "DESTINATION", "CHUNKS", "ABORT"),
                      rows) + "\n")
     out.write(f"{len(txns)} transaction(s)\n")
     return EXIT_OK

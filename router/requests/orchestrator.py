@@ -108,6 +108,11 @@ class Orchestrator:
         """Requests admitted and not yet finished."""
         return len(self._runs)
 
+    def claims(self) -> dict[tuple[str, str], int]:
+        """(tenant, request id) of each request in flight -> the generation of its latest
+        attempt (0 before the first): what may still hold worker blocks (router/blocks.py)."""
+        return {(r.req.tenant, rid): r.latest_generation() for rid, r in list(self._runs.items())}
+
     async def submit(self, params: GenerateParams) -> RequestRun:
         """Admit a request and start it; raises RouterError when it is rejected."""
         start_s = self._clock()

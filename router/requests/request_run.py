@@ -66,6 +66,10 @@ class RequestRun:
             return topology, "cancelled" if out.finish_reason is FinishReason.CANCELLED else "ok"
         return topology, "cancelled" if out is None or out.code is StatusCode.CANCELLED else "error"
 
+    def latest_generation(self) -> int:
+        """The generation of its latest attempt (0 before the first)."""
+        return self.runner.last.generation if self.runner and self.runner.last else 0
+
     def deadline_error(self) -> RouterError:
         """DEADLINE_EXCEEDED saying where the request was and what failed before."""
         last = self.runner.last if self.runner else None

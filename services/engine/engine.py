@@ -56,6 +56,9 @@ class Engine:
                              model_cfg.num_key_value_heads, model_cfg.head_dim,
                              self.cfg.torch_dtype)
         self.blocks = BlockManager(self.cfg.num_blocks)
+        self.live: dict[int, Sequence] = {}
+        """Every sequence holding blocks, by id(): who holds what (services/worker/holdings.py)
+        even when the worker code that allocated one lost it."""
         self.abi: CacheAbi = make_abi(model_cfg, self.identity, self.cfg.dtype,
                                       self.cfg.block_size, LAYOUT, self.cfg.attn_tile_tokens,
                                       kernel_family())
@@ -144,6 +147,7 @@ class Engine:
         seq.block_table, reused = self.blocks.allocate(
             seq.block_keys, max_reuse, self.blocks_needed(len(prompt_ids), max_tokens))
         seq.num_cached_tokens = seq.num_computed_tokens = reused * self.block_size
+        self.live[id(seq)] = seq
         return seq
 
     # ---- compute ------------------------------------------------------
@@ -230,6 +234,7 @@ class Engine:
         if seq.block_table:
             self.blocks.free(seq.block_table)
             seq.block_table = []
+        self.live.pop(id(seq), None)
         if not seq.is_finished:
             self._finish(seq, FinishReason.ABORTED)
 

@@ -9,6 +9,7 @@ The engine owns transitions; `Sequence` is plain data.
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 from .sampler import SamplingParams
@@ -50,6 +51,8 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     state: SeqState = SeqState.WAITING
     finish_reason: FinishReason | None = None
+    created_s: float = field(default_factory=time.monotonic)
+    """When the sequence was made (monotonic): its blocks' age (`pdctl blocks`)."""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -34,8 +34,10 @@ from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
 from services.telemetry.endpoint import serve_metrics
 
+from .blocks import registration as blocks_registration
 from .config import NodeConfig
 from .directory_ops import TxnOps
+from .holdings import Claim
 from .loop import EngineLoop
 from .membership import Membership
 from .process import advertised, block_counts, build_engine_loop, capacity, parse_config
@@ -69,6 +71,11 @@ class Role(abc.ABC):
     def reserved_blocks(self) -> int:
         """Blocks it holds reserved for transfers not yet published."""
         return 0
+
+    def claims(self) -> dict[int, Claim]:
+        """Event loop: the sequences its records hold, id(sequence) -> Claim (its state for
+        WorkerAdmin.Blocks, services/worker/holdings.py)."""
+        return {}
 
     async def on_lease_lost(self) -> None:
         """The directory expired this node's lease (and aborted its unpublished transactions)."""
@@ -142,7 +149,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     loop.start()
     profile = await loop.call(lambda e: obtain(e, ProfileConfig.from_env()))  # before serving: nothing else runs
     node = WorkerNode(cfg, loop, DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s, security), security)
-    registrations = [await role.start(node) for role in roles]
+    registrations = [await role.start(node) for role in roles] + [blocks_registration(node, roles)]
     server, port, health = await start_server(cfg.listen, registrations, security, router_only(registrations))
     data_plane = next((r.data_plane_address for r in roles if r.data_plane_address), "")
 

@@ -17,6 +17,7 @@ import grpc
 import grpc.aio
 
 from pdserve_client import Client, contract
+from pdserve_client.types import PdError
 from services.cluster.launcher import ClusterSpec, LocalCluster
 from services.directory.client import DirectoryClient
 
@@ -91,21 +92,41 @@ def _directory(cluster: LocalCluster):
 
 
 def assert_cluster_clean(cluster: LocalCluster, timeout_s: float = 15.0) -> None:
-    """Leak check: no open transaction, and every worker reports all blocks free."""
+    """Leak check: no open transaction, and every worker holds no block (all free or
+    cached prefix). Holdings come from the router's Admin.Blocks, so a failure names
+    the holders (request, tenant, state, blocks, orphan or not); a worker the router
+    cannot reach, or every worker when the router itself is down, is judged by the
+    load it last reported to the directory."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        snap, open_txns = _directory(cluster)
-        leaks = [(w.worker_id, f"free {w.load.free_blocks}/{w.load.total_blocks}",
-                  f"reserved {w.load.reserved_blocks}", f"active {w.load.active_blocks}")
-                 for w in snap.workers
-                 if w.load.free_blocks != w.load.total_blocks or w.load.reserved_blocks
-                 or w.load.active_blocks]
-        if not leaks and not open_txns:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"leaks: workers {leaks}, open transactions "
-                                 f"{[(t.transfer_id, t.state) for t in open_txns]}")
-        time.sleep(0.3)
+    with client(cluster, "operator", timeout_s=10) as ops:
+        while True:
+            snap, open_txns = _directory(cluster)
+            holders, unanswered = _holders(ops)
+            leaks = [(w.worker_id, f"free {w.load.free_blocks}/{w.load.total_blocks}",
+                      f"reserved {w.load.reserved_blocks}", f"active {w.load.active_blocks}")
+                     for w in snap.workers if unanswered is None or w.worker_id in unanswered
+                     if w.load.free_blocks != w.load.total_blocks or w.load.reserved_blocks
+                     or w.load.active_blocks]
+            if not leaks and not holders and not open_txns:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"leaks: holders {holders}, workers {leaks}, open transactions "
+                                     f"{[(t.transfer_id, t.state) for t in open_txns]}")
+            time.sleep(0.3)
+
+
+def _holders(ops: Client) -> tuple[list[str], set[str] | None]:
+    """(every holding as one line, the workers that did not answer); None for the
+    latter when the router gave no answer at all."""
+    try:
+        view = ops.blocks()
+    except PdError:
+        return [], None
+    return ([f"{w.worker_id}: {h.request_id or '?'} tenant {h.tenant or '?'} {h.transfer_id or '-'} {h.state} "
+             f"{h.charged_blocks}/{h.num_blocks} blocks age {h.age_s:.1f}s"
+             + (f" ORPHAN ({h.orphan_reason})" if h.orphan else "")
+             for w in view.workers for h in w.holdings],
+            {w.worker_id for w in view.workers if w.error})
 
 
 def generate_all(cluster: LocalCluster, prompts: list[list[int]], concurrency: int = 8, raise_errors: bool = True,

@@ -43,6 +43,7 @@ def assert_no_leak(engine: Engine) -> None:
     assert engine.num_free_blocks == engine.blocks.num_blocks, (
         f"{engine.blocks.num_blocks - engine.num_free_blocks} blocks leaked")
     assert all(b.ref_count == 0 for b in engine.blocks.blocks)
+    assert not engine.live, f"sequences still live: {[s.request_id for s in engine.live.values()]}"
 
 
 def running_loop(num_blocks: int = 64):

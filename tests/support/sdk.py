@@ -13,7 +13,15 @@ import time
 
 import grpc
 
-from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, manifest_pb2, router_pb2, router_pb2_grpc
+from pdserve_client.rpc.pd.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    blocks_pb2,
+    common_pb2,
+    manifest_pb2,
+    router_pb2,
+    router_pb2_grpc,
+)
 
 Event = router_pb2.GenerateEvent
 
@@ -70,6 +78,7 @@ class FakeRouter(router_pb2_grpc.RouterServicer, admin_pb2_grpc.AdminServicer):
         self.cancels: list[common_pb2.CancelRequest] = []
         self.list_requests: list[admin_pb2.ListTransactionsRequest] = []
         self.set_mode_requests: list[admin_pb2.SetModeRequest] = []
+        self.blocks_requests: list[admin_pb2.BlocksRequest] = []
         self.status_abort: Abort | None = None
         self.stream_cancelled = threading.Event()
 
@@ -148,6 +157,23 @@ class FakeRouter(router_pb2_grpc.RouterServicer, admin_pb2_grpc.AdminServicer):
         self.set_mode_requests.append(request)
         return admin_pb2.SetModeResponse(previous_mode=admin_pb2.RELEASE_MODE_ACTIVE, mode=request.mode,
                                          route_epoch=8, steps=["STOP_NEW_ROUTES", "ADVANCE_ROUTE_EPOCH"])
+
+
+    def Blocks(self, request, context):
+        self.blocks_requests.append(request)
+        leak = blocks_pb2.BlockHolding(
+            request_id="gone", tenant="a", transfer_id="gone/2", generation=2,
+            state=blocks_pb2.BLOCK_HOLD_STATE_RESERVED, age_s=3.5, num_blocks=5, charged_blocks=5,
+            ranges=[blocks_pb2.BlockRange(start=8, count=4), blocks_pb2.BlockRange(start=20, count=1)],
+            orphan=True, orphan_reason="request not in flight at the router and no open transaction")
+        live = blocks_pb2.BlockHolding(request_id="r1", tenant="a", transfer_id="r1/1", generation=1,
+                                       state=blocks_pb2.BLOCK_HOLD_STATE_DECODING, age_s=0.5, num_blocks=3,
+                                       charged_blocks=2, ranges=[blocks_pb2.BlockRange(start=1, count=3)])
+        d0 = blocks_pb2.WorkerBlocks(worker_id="decode-0", role="decode", epoch=1, total_blocks=64, free_blocks=50,
+                                     cached_prefix_blocks=7, reserved_blocks=5, active_blocks=2, orphan_blocks=5,
+                                     holdings=[leak] if request.orphans_only else [leak, live])
+        p0 = blocks_pb2.WorkerBlocks(worker_id="prefill-0", role="prefill", error="UNAVAILABLE: down")
+        return admin_pb2.BlocksResponse(workers=[d0, p0], orphan_holdings=1, in_flight_requests=1)
 
 
 def paced_script(first_s=0.15, gap_s=0.05):

@@ -24,6 +24,7 @@ import grpc
 from pdserve_client import tls, wire
 from pdserve_client._sync import _shims
 from pdserve_client.address import resolve_router_address
+from pdserve_client.blocks import BlocksView, blocks_from_proto
 from pdserve_client.options import GenerateOptions, resolve_options
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2
 from pdserve_client.stream import StreamTally
@@ -192,6 +193,13 @@ class Client:
         request = admin_pb2.ListTransactionsRequest(states=wire.encode_txn_states(states), tenant=tenant, limit=limit)
         response = self._unary(admin.ListTransactions, request)
         return [wire.transaction_from_proto(t) for t in response.transactions]
+
+    def blocks(self, request_id: str = "", worker_id: str = "", orphans_only: bool = False) -> BlocksView:
+        """Who holds which blocks on every worker, orphans flagged (Admin.Blocks; operators
+        only); `request_id`/`worker_id` narrow it, `orphans_only` lists only orphans."""
+        _, admin = self._channel.stubs()
+        request = admin_pb2.BlocksRequest(request_id=request_id, worker_id=worker_id, orphans_only=orphans_only)
+        return blocks_from_proto(self._unary(admin.Blocks, request))
 
     def set_mode(self, mode: str, canary_fraction: float = 0.0, reason: str = "") -> ModeChange:
         """Change the release mode ('pinned', 'shadow', 'canary', 'active', 'rolled_back')."""

@@ -1,3 +1,4 @@
+from pdserve_client.rpc.pd.v1 import blocks_pb2 as _blocks_pb2
 from pdserve_client.rpc.pd.v1 import common_pb2 as _common_pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
 from google.protobuf.internal import containers as _containers
@@ -149,3 +150,25 @@ class DecisionsResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[DecisionRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[DecisionRecord, _Mapping]]] = ...) -> None: ...
+
+class BlocksRequest(_message.Message):
+    __slots__ = ("request_id", "worker_id", "orphans_only")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    worker_id: str
+    orphans_only: bool
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., orphans_only: _Optional[bool] = ...) -> None: ...
+
+class BlocksResponse(_message.Message):
+    __slots__ = ("workers", "orphan_holdings", "in_flight_requests", "open_transactions")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[_blocks_pb2.WorkerBlocks]
+    orphan_holdings: int
+    in_flight_requests: int
+    open_transactions: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[_blocks_pb2.WorkerBlocks, _Mapping]]] = ..., orphan_holdings: _Optional[int] = ..., in_flight_requests: _Optional[int] = ..., open_transactions: _Optional[int] = ...) -> None: ...

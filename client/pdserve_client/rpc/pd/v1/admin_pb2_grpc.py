@@ -55,6 +55,11 @@ class AdminStub:
                 request_serializer=pd_dot_v1_dot_admin__pb2.DecisionsRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_admin__pb2.DecisionsResponse.FromString,
                 _registered_method=True)
+        self.Blocks = channel.unary_unary(
+                '/pd.v1.Admin/Blocks',
+                request_serializer=pd_dot_v1_dot_admin__pb2.BlocksRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_admin__pb2.BlocksResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -89,6 +94,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Blocks(self, request, context):
+        """Every worker's block holdings with orphans flagged (operators only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +123,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Decisions,
                     request_deserializer=pd_dot_v1_dot_admin__pb2.DecisionsRequest.FromString,
                     response_serializer=pd_dot_v1_dot_admin__pb2.DecisionsResponse.SerializeToString,
+            ),
+            'Blocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.Blocks,
+                    request_deserializer=pd_dot_v1_dot_admin__pb2.BlocksRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_admin__pb2.BlocksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +239,33 @@ class Admin:
             '/pd.v1.Admin/Decisions',
             pd_dot_v1_dot_admin__pb2.DecisionsRequest.SerializeToString,
             pd_dot_v1_dot_admin__pb2.DecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Blocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Admin/Blocks',
+            pd_dot_v1_dot_admin__pb2.BlocksRequest.SerializeToString,
+            pd_dot_v1_dot_admin__pb2.BlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,
