@@ -215,12 +215,24 @@ class LocalCluster:
         return proc
 
     def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True) -> str:
-        address = f"127.0.0.1:{free_port()}"
-        metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
-        proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *metrics_flags, *args],
-                           address, metrics_url)
-        self._wait(name, address, timeout_s, proc)
-        return address
+        """Start `module` on free loopback ports. A port picked free can be taken before the
+        process binds it (any process's outgoing connection may get it): such a start is
+        retried on other ports, twice."""
+        for attempt in range(3):
+            address = f"127.0.0.1:{free_port()}"
+            metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
+            log = self.state / "logs" / f"{name}.log"
+            log_from = log.stat().st_size if log.exists() else 0
+            proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *metrics_flags, *args],
+                               address, metrics_url)
+            try:
+                self._wait(name, address, timeout_s, proc)
+                return address
+            except RuntimeError:  # it exited: for want of its port?
+                with open(log, "rb") as f:
+                    f.seek(log_from)
+                    if attempt == 2 or b"Address already in use" not in f.read():
+                        raise
 
     def _wait(self, name: str, address: str, timeout_s: float, proc: subprocess.Popen) -> None:
         service = contract.SERVER_ROLES[self.roles[name]][0]
