@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security clean down
+.PHONY: run test install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -76,6 +76,9 @@ bench-faults: $(STAMP) $(NATIVE)
 
 bench-security: $(STAMP) $(NATIVE)
 	$(VPY) bench/security.py
+
+bench-tracing: $(STAMP) $(NATIVE)
+	$(VPY) bench/tracing.py
 
 down: $(STAMP)
 	$(VPY) -m services.cli down

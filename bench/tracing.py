@@ -1,18 +1,21 @@
 """Tracing benchmark: what OpenTelemetry tracing at 100% sampling costs (issue 18).
 
-Part 1, micro (in this process): the router's own span work for one request —
+Part 1, micro (in this process): the cost of one span (`span_cost`: started and ended
+as the services do, and exported + collected), and the router's own span work for one request —
 RequestTrace (router.request, baggage), router.decide with the plan's attributes, one
 router.attempt, the first-token event and the end — µs per request with tracing off
 (the API's no-op path, what an unconfigured router runs) and on (the SDK with a batch
 processor into an in-memory exporter: the hot path only; export runs on its thread),
 median of --micro-batches batches of --micro-calls requests.
 
-Part 2, cluster: two local clusters at once (1 prefill + 1 decode, --model,
---transport, both secure), one traced (the default: every process exports to the local
-collector, parent-based always-on sampling = every span of every request) and one with
-`traces=False` (no collector, no interceptor, no provider). After --warmup requests
+Part 2, cluster: three local clusters at once (1 prefill + 1 decode, --model,
+--transport, all secure): `traced` (the default: every process exports to the local
+collector, parent-based always-on sampling = every span of every request),
+`unsampled` (the same with OTEL_TRACES_SAMPLER=always_off: every interceptor, context
+and span call in place, nothing recorded or exported — the instrumentation's share) and
+`untraced` (`traces=False`: no collector, no interceptor, no provider). After --warmup requests
 each, --requests disaggregated requests each (fresh random --prompt-tokens prompt,
---max-tokens, ignore_eos) alternate between them, the order swapped every pair.
+--max-tokens, ignore_eos) go to each in turn, each cluster first in turn.
 Client-side TTFT (the SDK's) per cluster: median and p90; added = median traced -
 median untraced (and the median of the per-pair differences); ratio = traced /
 untraced; the target is added < 3% of the untraced median. The router's decision time
@@ -100,6 +103,51 @@ def micro_part(args) -> None:
     emit(metric="micro", what="router span work per request (request, decide, attempt, end)",
          off_us=round(off, 2), on_us=round(on, 2), added_us=round(on - off, 2),
          spans_per_request=3, exported=len(exporter.get_finished_spans()))
+    emit(metric="span_cost", **span_cost_us(args))
+
+
+def span_cost_us(args) -> dict:
+    """One span started and ended the way the services do (pd.* baggage copied on, the
+    batch processor), and its export: encoded as OTLP protobuf and turned into the
+    collector's JSON line — µs each, median of batches. The floor of what tracing costs
+    per span on this machine, whatever the instrumentation around it."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.telemetry import collector, tracing
+
+    exporter = InMemorySpanExporter()
+    tracing.configure("decode", "bench", exporter=exporter)
+    ctx = tracing.with_request({"pd.request_id": "r" * 32, "pd.tenant": "default", "pd.generation": "1",
+                                "pd.transfer_id": "r" * 32 + "/1", "pd.route": "disaggregated"})
+
+    def start_end() -> float:
+        t0 = time.perf_counter()
+        for _ in range(args.micro_calls):
+            with tracing.span_in("decode.validate", ctx):
+                pass
+        return (time.perf_counter() - t0) / args.micro_calls * 1e6
+
+    try:
+        start_end()
+        create = statistics.median(start_end() for _ in range(args.micro_batches))
+    finally:
+        tracing.shutdown()  # flushes the batch into the exporter
+    spans = exporter.get_finished_spans()[:args.micro_calls]
+    t0 = time.perf_counter()
+    wire = encode_spans(spans).SerializeToString()
+    lines = collector.span_lines(trace_service_pb2.ExportTraceServiceRequest.FromString(wire))
+    export = (time.perf_counter() - t0) / len(lines) * 1e6
+    return {"create_end_us": round(create, 2), "export_and_collect_us": round(export, 2)}
+
+
+VARIANTS = {
+    "traced": (True, {}),
+    "unsampled": (True, {"OTEL_TRACES_SAMPLER": "always_off"}),
+    "untraced": (False, {}),
+}
+"""Cluster -> (ClusterSpec.traces, extra environment of its processes)."""
 
 
 def cluster_part(args) -> None:
@@ -111,20 +159,21 @@ def cluster_part(args) -> None:
 
     vocab = preset_config(args.model).vocab_size
     rng = random.Random(args.seed)
-    names = ("traced", "untraced")
+    names = tuple(VARIANTS)
     clusters: dict[str, LocalCluster] = {}
     ttft: dict[str, list[float]] = {n: [] for n in names}
+    router_ttft: dict[str, list[float]] = {n: [] for n in names}
     ids: dict[str, list[str]] = {n: [] for n in names}
     try:
         for name in names:
+            traces, env = VARIANTS[name]
             state = tempfile.mkdtemp(prefix=f"pdserve-bench-tracing-{name}-")
-            clusters[name] = LocalCluster(ClusterSpec(prefill=1, decode=1, model=args.model,
-                                                      transport=args.transport, state_dir=state,
-                                                      traces=name == "traced"))
+            clusters[name] = LocalCluster(ClusterSpec(prefill=1, decode=1, model=args.model, transport=args.transport,
+                                                      state_dir=state, traces=traces, env=env))
             clusters[name].up()
         clients = {n: c.client(timeout_s=60) for n, c in clusters.items()}
         for i in range(args.warmup + args.requests):
-            for name in names if i % 2 == 0 else names[::-1]:
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each goes first in turn
                 prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
                 res = clients[name].generate_full(prompt_ids=prompt, max_tokens=args.max_tokens,
                                                   mode="disaggregated", ignore_eos=True, deadline_s=60)
@@ -132,22 +181,23 @@ def cluster_part(args) -> None:
                     raise RuntimeError(f"{name}: ran {res.route} after {res.attempts} attempts")
                 if i >= args.warmup:
                     ttft[name].append(res.ttft_ms)
+                    router_ttft[name].append(res.server_ttft_ms)
                     ids[name].append(res.request_id)
         for c in clients.values():
             c.close()
 
         async def decision_us(cluster) -> dict[str, float]:
-            from services.security.tls import Security  # noqa: F401 - the cluster's identity
             async with cluster.identity("client").aio_channel(cluster.router_address, "router") as ch:
                 resp = await admin_pb2_grpc.AdminStub(ch).Decisions(admin_pb2.DecisionsRequest(limit=10_000))
             return {r.request_id: r.decision_us for r in resp.records}
 
         decisions = {n: asyncio.run(decision_us(c)) for n, c in clusters.items()}
         spans_file = clusters["traced"].state / SPANS_FILE
-        whole = 0
+        whole, per_request = 0, []
         for rid in ids["traced"][-5:]:  # the last few: each one trace, no orphan
             traces, _ = trace_view.wait_for(spans_file, rid, wait_s=10)
             whole += len(traces) == 1 and trace_view.waterfall(traces[0]).summary.orphans == 0
+            per_request.append(sum(len(t.spans) for t in traces))
     finally:
         for c in clusters.values():
             c.down()
@@ -156,13 +206,18 @@ def cluster_part(args) -> None:
     med = {n: statistics.median(ttft[n]) for n in names}
     for n in names:
         emit(metric="ttft", cluster=n, requests=len(ttft[n]), ttft_median_ms=round(med[n], 2),
-             ttft_p90_ms=round(p90(ttft[n]), 2))
-    added = med["traced"] - med["untraced"]
+             ttft_p90_ms=round(p90(ttft[n]), 2), router_ttft_median_ms=round(statistics.median(router_ttft[n]), 2))
+    base = med["untraced"]
+    added = med["traced"] - base
     paired = statistics.median(a - b for a, b in zip(ttft["traced"], ttft["untraced"], strict=True))
     emit(metric="ttft_added", prompt_tokens=args.prompt_tokens, added_ms=round(added, 2),
-         added_paired_median_ms=round(paired, 2), ratio=round(med["traced"] / med["untraced"], 4),
-         target_ratio=1 + TARGET_ADDED_RATIO, met=added < TARGET_ADDED_RATIO * med["untraced"],
-         traces_checked=5, traces_whole=whole)
+         added_paired_median_ms=round(paired, 2), ratio=round(med["traced"] / base, 4),
+         target_ratio=1 + TARGET_ADDED_RATIO, target_added_ms=round(TARGET_ADDED_RATIO * base, 2),
+         met=added < TARGET_ADDED_RATIO * base, traces_checked=5, traces_whole=whole,
+         spans_per_request=statistics.median(per_request))
+    emit(metric="ttft_added_unsampled", added_ms=round(med["unsampled"] - base, 2),
+         ratio=round(med["unsampled"] / base, 4),
+         note="every interceptor, context and span call in place, sampling off (no span recorded or exported)")
     dec = {n: [decisions[n][r] for r in ids[n] if r in decisions[n]] for n in names}
     emit(metric="decision", **{f"{n}_p50_us": round(statistics.median(dec[n]), 1) for n in names if dec[n]},
          ratio=round(statistics.median(dec["traced"]) / statistics.median(dec["untraced"]), 3)
