@@ -80,8 +80,16 @@ bench-security: $(STAMP) $(NATIVE)
 bench-tracing: $(STAMP) $(NATIVE)
 	$(VPY) bench/tracing.py
 
+# Optional, never part of `make test`: Arize Phoenix (an OTLP trace viewer from PyPI) in
+# its own virtual environment, UI on :6006, OTLP/gRPC on :4317; then
+# `.venv/bin/python -m services.cli up --otlp-endpoint http://127.0.0.1:4317` (docs/observability.md).
+PHOENIX := .venv-phoenix
+trace-viewer:
+	@test -x $(PHOENIX)/bin/phoenix || ($(PY) -m venv $(PHOENIX) && $(PHOENIX)/bin/pip install -q arize-phoenix)
+	$(PHOENIX)/bin/phoenix serve
+
 down: $(STAMP)
 	$(VPY) -m services.cli down
 
 clean:
-	rm -rf $(VENV) .pdserve
+	rm -rf $(VENV) $(PHOENIX) .pdserve

@@ -5,7 +5,8 @@ and, once the commit arrives, the commit's (the source's transfer.commit span, c
 on the data plane), under which the rest happens:
 
     decode.reserve      (Reserve RPC) blocks allocated, receiver expecting
-    transfer.receive    reservation ready -> commit received; chunk.visible events
+    transfer.receive    reservation ready -> commit received; chunk.visible events (and
+                        capability.denied, a sender refused)
     decode.validate     commit checks, K/V digest, directory VALIDATED      (live)
     decode.publish      directory PUBLISHED                                 (live)
     decode.admit        imported into the batch, token 0 out                (live)
@@ -27,13 +28,13 @@ from services.telemetry import tracing
 class ReservationTrace:
     """One reservation's trace context and noted times (inert while tracing is off)."""
 
-    __slots__ = ("on", "context", "ready_ns", "visible", "admitted_ns")
+    __slots__ = ("on", "context", "ready_ns", "events", "admitted_ns")
 
     def __init__(self, reserve_start_ns: int):
         self.on = tracing.enabled()
         self.context = tracing.current_context()
         self.ready_ns = time.time_ns()
-        self.visible: list[tuple[str, int, dict]] = []
+        self.events: list[tuple[str, int, dict]] = []
         self.admitted_ns = 0
         if self.on and reserve_start_ns:  # 0: made outside Reserve (tests)
             tracing.past_span(S.DECODE_RESERVE, reserve_start_ns, self.ready_ns, self.context)
@@ -41,13 +42,18 @@ class ReservationTrace:
     def chunk_visible(self, layer: int, nbytes: int) -> None:
         """A chunk's bytes are in place."""
         if self.on:
-            self.visible.append((S.EVENT_CHUNK_VISIBLE, time.time_ns(), {S.LAYER: layer, S.BYTES: nbytes}))
+            self.events.append((S.EVENT_CHUNK_VISIBLE, time.time_ns(), {S.LAYER: layer, S.BYTES: nbytes}))
+
+    def denied(self, reason: str) -> None:
+        """A sender's capability was refused (the reservation goes on waiting)."""
+        if self.on:
+            self.events.append((S.EVENT_CAPABILITY_DENIED, time.time_ns(), {S.REASON: reason}))
 
     def committed(self, headers: tuple[tuple[str, str], ...]) -> None:
         """The commit arrived: the receive span ends; what follows is under the commit's
         context (the reservation's own when the commit carries none)."""
         if self.on:
-            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context, events=self.visible)
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context, events=self.events)
             self.context = tracing.extract(dict(headers)) or self.context
 
     def ended(self, error: str = "") -> None:
@@ -59,4 +65,4 @@ class ReservationTrace:
                               error=error)
         elif error:
             tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context,
-                              events=self.visible, error=error)
+                              events=self.events, error=error)

@@ -153,6 +153,7 @@ class DecodeWorker:
                 regions=res.regions, num_bytes=res.expected_bytes, ahead=res.ahead)
         except CapabilityDenied as e:
             self.events("capability_denied", request=res.request_id, reason=e.reason.value)
+            res.trace.denied(e.reason.value)
             log.warning("%s: %s", res.transfer_id, e)
             raise
         self.events("authorized", request=res.request_id)

@@ -168,6 +168,12 @@ def past_span(name: str, start_ns: int, end_ns: int, context=None, attributes: M
     span.end(end_time=max(end_ns, start_ns))
 
 
+def event(name: str, attributes: Mapping | None = None) -> None:
+    """An event on the current span (nothing while tracing is off or none is current)."""
+    if _provider is not None:
+        trace.get_current_span().add_event(name, attributes)
+
+
 def failed(span: trace.Span, reason: str) -> str:
     """Mark `span` failed with `reason` (an ERROR status and an event naming it); returns
     `reason` (so a caller can `return failed(span, why)`)."""

@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from google.protobuf import descriptor_pool
 
+from pdserve_client.spans import EVENT_CAPABILITY_DENIED, REASON
 from services.common.grpc_server import Registration, setup_logging, start_server, wait_for_shutdown
 from services.common.settings import SettingsError
 from services.directory.client import DirectoryClient
@@ -215,12 +216,19 @@ def _verifier(node: WorkerNode):
     return verifier(CapabilitySettings.from_env(), node.security)
 
 
+def _denied(node: WorkerNode, reason: str) -> None:
+    """A capability was refused: counted, and an event on the current span (the call's
+    that presented it; none on the data plane, where the reservation's trace notes it)."""
+    node.metrics.denied(reason)
+    tracing.event(EVENT_CAPABILITY_DENIED, {REASON: reason})
+
+
 def source_gate(node: WorkerNode):
     """The prefill role's capability check (None when security is off and no keys are set)."""
     from services.worker.capabilities import SourceGate
     v = _verifier(node)
     return None if v is None else SourceGate(v, node.cfg.worker_id, lambda: node.epoch, node.loop.engine.abi.digest,
-                                             node.metrics.denied)
+                                             lambda reason: _denied(node, reason))
 
 
 def destination_gate(node: WorkerNode):
@@ -229,4 +237,4 @@ def destination_gate(node: WorkerNode):
     v = _verifier(node)
     return None if v is None else DestinationGate(v, node.cfg.worker_id, lambda: node.epoch,
                                                   node.loop.engine.abi.digest, node.directory.consume_nonce,
-                                                  node.metrics.denied)
+                                                  lambda reason: _denied(node, reason))
