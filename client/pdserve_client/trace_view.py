@@ -79,8 +79,8 @@ def _fields(obj) -> dict:
 
 def waterfall(trace: Trace, malformed_lines: int = 0) -> View:
     """Rows as a depth-first tree by parent_id, siblings by start. A span whose parent is
-    not in the trace is an orphan, shown at the top level and flagged — except the
-    router.request whose parent is the client's span (not collected)."""
+    not in the trace is an orphan, shown at the top level and flagged — except an entry
+    span (ENTRY_SPANS) whose parent is the client's span (not collected)."""
     ids = {s.span_id for s in trace.spans}
     children: dict[str, list[Span]] = {}
     tops = []
@@ -111,10 +111,15 @@ def waterfall(trace: Trace, malformed_lines: int = 0) -> View:
     return View(summarize(trace, orphans=sum(r.orphan for r in rows)), tuple(rows), malformed_lines)
 
 
+ENTRY_SPANS = frozenset({sv.ROUTER_REQUEST, "/pd.v1.Router/Generate"})
+"""Where a request's trace enters pdserve: their parent may be the caller's own span
+(a client that sent traceparent), which pdserve does not collect."""
+
+
 def _is_orphan(s: Span, ids: set[str]) -> bool:
     if not s.parent_id:
         return False
-    return s.parent_id not in ids and s.name != sv.ROUTER_REQUEST
+    return s.parent_id not in ids and s.name not in ENTRY_SPANS
 
 
 # ---- text -------------------------------------------------------------------------

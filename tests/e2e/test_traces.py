@@ -6,7 +6,9 @@ after its prefill worker was SIGKILLed each give exactly one trace (W3C context 
 gRPC, and inside the hand-off's commit on the data plane), spans from every process it
 touched, no orphan span, every span carrying pd.request_id, and the phases in causal
 order. `pdctl trace --html` of the disaggregated one loads in headless Chromium with
-every span shown and no console error.
+every span shown and no console error. A caller's own span is the request's parent;
+the router's TTFT histogram carries the request's trace id as an exemplar; a dead
+collector costs its spans and nothing else, and tracing resumes when it is back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pdserve_client import spans as S
 from pdserve_client.types import PdError
 from tests.support.browser import BrowserUnavailable, Chromium
 from tests.support.cluster import assert_cluster_clean, client, start_cluster
+from tests.support.metrics import scrape_process
 
 MAX_TOKENS = 6
 
@@ -142,6 +145,29 @@ def test_a_request_rejected_by_auto_is_one_trace_that_says_why(cluster):
     assert _named(trace, S.ROUTER_ATTEMPT) == []  # rejected before any work
 
 
+def test_the_callers_own_span_is_the_requests_parent(cluster):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    caller = TracerProvider().get_tracer("caller")  # the caller's own tracing (not exported here)
+    with caller.start_as_current_span("caller.work") as span, client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(30, 5), max_tokens=2, mode="colocated")
+    ctx = span.get_span_context()
+    trace = _trace(cluster, r.request_id)
+    assert trace.trace_id == format(ctx.trace_id, "032x")  # the SDK sent traceparent; the router took it
+    assert _one(trace, "/pd.v1.Router/Generate").parent_id == format(ctx.span_id, "016x")
+    assert trace_view.waterfall(trace).summary.orphans == 0  # a child of the caller's span is no orphan
+
+
+def test_ttft_exemplars_name_the_requests_trace(cluster):
+    with client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(50, 6), max_tokens=MAX_TOKENS, mode="disaggregated",
+                              ignore_eos=True)
+    trace = _trace(cluster, r.request_id)
+    scraped = scrape_process(cluster, "router", openmetrics=True)
+    exemplars = {s.exemplar.labels["trace_id"] for s in scraped.samples("pd_ttft_seconds_bucket") if s.exemplar}
+    assert trace.trace_id in exemplars  # the histogram points at the trace that explains it
+
+
 def test_a_retry_after_a_killed_prefill_worker_is_one_trace(cluster):
     cluster.signal("prefill-0")  # SIGKILL: its lease still looks live for a moment
     with client(cluster) as sdk:
@@ -158,3 +184,19 @@ def test_a_retry_after_a_killed_prefill_worker_is_one_trace(cluster):
     events = [e["name"] for e in request.events]
     assert S.EVENT_RETRY in events and S.EVENT_FALLBACK in events and S.EVENT_FIRST_TOKEN in events
     assert_cluster_clean(cluster, timeout_s=20)
+
+
+def test_a_dead_collector_costs_its_spans_and_nothing_else(cluster):
+    cluster.restart("prefill-0")  # killed by the test before
+    cluster.signal("collector")  # SIGKILL: every process's exporter now fails
+    with client(cluster) as sdk:
+        results = [sdk.generate_full(prompt_ids=_prompt(64, 10 + i), max_tokens=MAX_TOKENS, mode="disaggregated",
+                                     ignore_eos=True) for i in range(3)]
+    assert [(r.route, r.attempts, len(r.token_ids)) for r in results] == [("disaggregated", 1, MAX_TOKENS)] * 3
+    assert_cluster_clean(cluster, timeout_s=20)
+    cluster.restart("collector")  # the exporters reconnect: the next request is traced whole again
+    with client(cluster) as sdk:
+        r = sdk.generate_full(prompt_ids=_prompt(64, 20), max_tokens=MAX_TOKENS, mode="disaggregated",
+                              ignore_eos=True)
+    trace = _trace(cluster, r.request_id)
+    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-prefill", "pdserve-decode"})
