@@ -104,6 +104,57 @@ def micro_part(args) -> None:
          off_us=round(off, 2), on_us=round(on, 2), added_us=round(on - off, 2),
          spans_per_request=3, exported=len(exporter.get_finished_spans()))
     emit(metric="span_cost", **span_cost_us(args))
+    emit(metric="call_cost", **asyncio.run(call_cost_us(args)))
+
+
+async def call_cost_us(args) -> dict:
+    """One unary gRPC call on loopback (client and server in this process, plaintext), µs,
+    with tracing off (no interceptor) and on (the services' server and channel
+    interceptors, sampling on and off): what instrumentation adds per hop of a hand-off."""
+    import grpc
+
+    from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc
+    from services.telemetry import tracing
+
+    class _Echo(directory_pb2_grpc.DirectoryServicer):
+        """Answers GetRouteEpoch at once: the call's cost is all gRPC."""
+
+        async def GetRouteEpoch(self, request, context):
+            return directory_pb2.RouteEpochResponse(route_epoch=1)
+
+    async def per_call() -> float:
+        server = grpc.aio.server(interceptors=tracing.server_interceptors())
+        directory_pb2_grpc.add_DirectoryServicer_to_server(_Echo(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=tracing.client_interceptors() or None)
+        stub, request = directory_pb2_grpc.DirectoryStub(channel), directory_pb2.GetRouteEpochRequest()
+        calls = max(100, args.micro_calls // 4)
+        try:
+            with tracing.span_in("bench.caller"):  # a current span, as in a request
+                times = []
+                for _ in range(args.micro_batches + 1):
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        await stub.GetRouteEpoch(request)
+                    times.append((time.perf_counter() - t0) / calls * 1e6)
+        finally:
+            await channel.close()
+            await server.stop(0)
+        return statistics.median(times[1:])
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    off = await per_call()
+    out = {"off_us": round(off, 1)}
+    for name, sampler in (("on_us", "parentbased_always_on"), ("unsampled_us", "parentbased_always_off")):
+        os.environ["OTEL_TRACES_SAMPLER"] = sampler  # the SDK reads it from the environment
+        tracing.configure("directory", "bench", exporter=InMemorySpanExporter())
+        try:
+            out[name] = round(await per_call(), 1)
+        finally:
+            tracing.shutdown()
+            del os.environ["OTEL_TRACES_SAMPLER"]
+    return out
 
 
 def span_cost_us(args) -> dict:
