@@ -34,6 +34,8 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 
+import grpc
+import grpc.aio
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -85,7 +87,6 @@ def exporter_for(url: str, files=None, environ: Mapping[str, str] | None = None)
         return OTLPSpanExporter(endpoint=url, timeout=EXPORT_TIMEOUT_S)
     if url.startswith("http://") or files is None:
         return OTLPSpanExporter(endpoint=address, insecure=True, timeout=EXPORT_TIMEOUT_S)
-    import grpc
     creds = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key,
                                          certificate_chain=files.cert)
     return OTLPSpanExporter(endpoint=address, credentials=creds, timeout=EXPORT_TIMEOUT_S, channel_options=(
@@ -226,8 +227,9 @@ def client_interceptors() -> list:
 
     They open no span of their own: the callee's server span (the instrumentation's
     interceptor) is the call's span, a child of the caller's current one. A client span
-    per call as well measured ~200 µs per call here (tests/unit/telemetry), doubling
-    the spans of a hand-off for the same information."""
+    per call as well (the instrumentation's client interceptor) measured ~190 µs per call
+    here and doubled the spans of a hand-off for the same information
+    (bench/results/tracing.md)."""
     if _provider is None:
         return []
     return [_SendContextUnary(), _SendContextStream()]
@@ -239,25 +241,16 @@ def _with_context(details):
     propagate.inject(carrier)
     if not carrier:
         return details
-    import grpc.aio
     metadata = grpc.aio.Metadata(*(tuple(details.metadata or ())), *carrier.items())
     return details._replace(metadata=metadata)
 
 
-def _grpc_client_interceptor_bases():
-    import grpc.aio
-    return grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
-
-
-_UnaryBase, _StreamBase = _grpc_client_interceptor_bases()
-
-
-class _SendContextUnary(_UnaryBase):
+class _SendContextUnary(grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(_with_context(client_call_details), request)
 
 
-class _SendContextStream(_StreamBase):
+class _SendContextStream(grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_context(client_call_details), request)
 
