@@ -32,8 +32,10 @@ CHANNEL_OPTIONS = [
     # A restarted router is reached again within a second (gRPC's default reconnect
     # backoff grows to two minutes, failing every call meanwhile).
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # gRPC core reads this as the least time a connection attempt (its TLS handshake)
+    # is given, not as a floor on the backoff: 200 ms cut handshakes to a busy router.
+    ("grpc.min_reconnect_backoff_ms", 5_000),
 ]
 
 MODES = {name: router_pb2.Mode.Value(f"MODE_{name.upper()}") for name in contract.MODES}

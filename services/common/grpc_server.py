@@ -37,8 +37,12 @@ RECONNECT_OPTIONS = [
     # not after gRPC's default reconnect backoff of up to two minutes, during which every
     # call fails at once: whether the peer is alive is the directory's lease to decide.
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # gRPC core reads this one as the minimum time a connection attempt may take (its
+    # MIN_CONNECT_TIMEOUT), not as a floor on the backoff: at 200 ms a TLS handshake to a
+    # busy peer (a 200-request burst against a cold channel, with tracing on) was cut
+    # ("handshaker shutdown") and every call queued on it failed UNAVAILABLE.
+    ("grpc.min_reconnect_backoff_ms", 5_000),
 ]
 """Client channel options for calls between pdserve's services."""
 
