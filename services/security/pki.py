@@ -98,9 +98,21 @@ class LocalCA:
         _write(ca_key, _key_pem(self.key), private=True)
         _write(ca_crt, self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, identity: Identity, file_name: str | None = None, hosts: tuple[str, ...] = ()) -> Path:
-        """Write `<file_name or identity.name>.crt/.key` for `identity`; returns the .crt path.
-        Server roles get their services' DNS names, localhost, 127.0.0.1 and `hosts`."""
+    @classmethod
+    def from_files(cls, cert: str | Path, key: str | Path) -> LocalCA:
+        """A CA whose certificate and key are elsewhere (a Kubernetes Secret's tls.crt and
+        tls.key, mounted read-only): it issues only with `issue(..., out_dir=...)`."""
+        ca = cls.__new__(cls)
+        ca.dir = Path(cert).parent
+        ca.cert = x509.load_pem_x509_certificate(Path(cert).read_bytes())
+        ca.key = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
+        return ca
+
+    def issue(self, identity: Identity, file_name: str | None = None, hosts: tuple[str, ...] = (),
+              out_dir: str | Path | None = None, validity: datetime.timedelta = VALIDITY) -> Path:
+        """Write `<file_name or identity.name>.crt/.key` for `identity` (into `out_dir`, default
+        the CA's folder); returns the .crt path. Server roles get their services' DNS names,
+        localhost, 127.0.0.1 and `hosts`."""
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(f"pdserve://{identity}")]
         services = contract.SERVER_ROLES.get(identity.role, ())
@@ -119,13 +131,13 @@ class LocalCA:
                                          x509.NameAttribute(NameOID.COMMON_NAME, str(identity))]))
                 .issuer_name(self.cert.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + validity)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.SubjectAlternativeName(sans), critical=False)
                 .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                 .sign(self.key, hashes.SHA256()))
-        stem = file_name or identity.name
-        _write(self.dir / f"{stem}.key", _key_pem(key), private=True)
-        crt = self.dir / f"{stem}.crt"
+        stem, out = file_name or identity.name, Path(out_dir) if out_dir is not None else self.dir
+        _write(out / f"{stem}.key", _key_pem(key), private=True)
+        crt = out / f"{stem}.crt"
         _write(crt, cert.public_bytes(serialization.Encoding.PEM))
         return crt
