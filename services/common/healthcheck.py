@@ -11,7 +11,11 @@ overall status ("") and exits 0 only on SERVING. A worker says SERVING only once
 registered in the directory with a live lease and its kernels passed their self-check,
 so a Ready worker pod can take a hand-off.
 
-Exit codes: 0 SERVING, 1 not serving or no answer (the reason on stderr), 2 bad
+`--alive` (the liveness probe) accepts any answer: a worker whose lease lapsed while
+Redis failed over is NOT_SERVING (not Ready) but alive, and restarting it would only
+lose its model load; only a process that does not answer at all is restarted.
+
+Exit codes: 0 SERVING (`--alive`: any answer), 1 not serving or no answer (the reason on stderr), 2 bad
 configuration (no certificate files).
 """
 
@@ -30,8 +34,10 @@ SERVICES = ("router", "directory", "prefill", "decode", "collector")
 (a mixed worker answers as decode and prefill)."""
 
 
-def check(address: str, service: str, timeout_s: float, files: tls.TlsFiles | None) -> tuple[bool, str]:
-    """(SERVING?, the status name or the error) of the server at `address`."""
+def check(address: str, service: str, timeout_s: float, files: tls.TlsFiles | None,
+          alive: bool = False) -> tuple[bool, str]:
+    """(SERVING? -- or with `alive`, answered at all? --, the status name or the error) of the
+    server at `address`."""
     with tls.channel(address, files, service) as ch:
         try:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
@@ -39,7 +45,7 @@ def check(address: str, service: str, timeout_s: float, files: tls.TlsFiles | No
         except grpc.RpcError as e:
             return False, f"{e.code().name}: {e.details()}"
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    return resp.status == health_pb2.HealthCheckResponse.SERVING, name
+    return alive or resp.status == health_pb2.HealthCheckResponse.SERVING, name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--address", required=True, help="host:port of the gRPC server")
     ap.add_argument("--service", required=True, choices=SERVICES, help="what the server answers as")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds for the answer (default 3)")
+    ap.add_argument("--alive", action="store_true", help="any answer will do (liveness), not only SERVING")
     args = ap.parse_args(argv)
     try:
         files = tls.resolve(identity="operator")
     except (tls.TlsConfigError, OSError) as e:
         print(f"healthcheck: {e}", file=sys.stderr)
         return 2
-    ok, status = check(args.address, args.service, args.timeout, files)
+    ok, status = check(args.address, args.service, args.timeout, files, args.alive)
     if not ok:
         print(f"healthcheck: {args.service} at {args.address}: {status}", file=sys.stderr)
     return 0 if ok else 1

@@ -76,10 +76,12 @@ def test_the_probe_presents_the_pods_certificate_and_reads_the_status(ca_dir, tm
     try:
         servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         assert healthcheck.check(address, "router", 3.0, pod) == (False, "NOT_SERVING")
+        assert healthcheck.check(address, "router", 3.0, pod, alive=True) == (True, "NOT_SERVING")
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         assert healthcheck.check(address, "router", 3.0, pod) == (True, "SERVING")
         ok, why = healthcheck.check(address, "decode", 3.0, pod)  # the router's certificate is not decode's
         assert not ok and why.startswith("UNAVAILABLE")
+        assert not healthcheck.check(address, "decode", 3.0, pod, alive=True)[0]  # no answer is not alive
     finally:
         server.stop(None)
 
