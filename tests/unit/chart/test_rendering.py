@@ -1,0 +1,247 @@
+"""The Helm chart's rendered objects, helm-unittest style (helm/pdserve): every claim
+docs/deploy.md and the chart README make about the manifests, read back from what the
+real helm renders (tests/support/helm.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.helm import CHART, render
+
+CI = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[dict]:
+    return render()
+
+
+@pytest.fixture(scope="module", params=CI, ids=lambda p: p.stem)
+def each(request) -> list[dict]:
+    return render(files=(str(request.param),))
+
+
+def kinds(objs: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def pod_specs(objs: list[dict]) -> dict[str, dict]:
+    """Name -> pod spec of every workload (Deployment, StatefulSet, the test Pod)."""
+    out = {}
+    for o in objs:
+        if o["kind"] in ("Deployment", "StatefulSet"):
+            out[o["metadata"]["name"]] = o["spec"]["template"]["spec"]
+        elif o["kind"] == "Pod":
+            out[o["metadata"]["name"]] = o["spec"]
+    return out
+
+
+def env_of(container: dict) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_every_long_running_container_has_probes_resources_and_a_pinned_image(each):
+    for name, spec in pod_specs(each).items():
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            assert c["resources"].get("requests") and c["resources"].get("limits"), (name, c["name"])
+            image = c["image"]
+            assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (name, image)
+        if spec.get("restartPolicy") == "Never":  # the helm test pod runs once
+            continue
+        for c in spec["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert probe in c, (name, c["name"], probe)
+
+
+def test_pdserve_probes_are_mtls_exec_probes_and_readiness_means_serving(defaults):
+    for name, spec in pod_specs(defaults).items():
+        if "redis" in name or spec.get("restartPolicy") == "Never":
+            continue
+        c = spec["containers"][0]
+        ready = c["readinessProbe"]["exec"]["command"]
+        assert ready[:3] == ["python", "-m", "services.common.healthcheck"] and "--alive" not in ready, name
+        assert "--alive" in c["livenessProbe"]["exec"]["command"], name  # a NOT_SERVING worker is not killed
+        assert "grpc" not in c["readinessProbe"]  # the native probe cannot present a certificate
+
+
+def test_worker_startup_probes_allow_a_long_model_load(defaults):
+    for role in ("prefill", "decode"):
+        probe = pod_specs(defaults)[f"pd-pdserve-{role}"]["containers"][0]["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= 15 * 60
+
+
+def test_worker_pools_request_gpus_and_rdma_when_asked(each):
+    for name, dep in kinds(each, "Deployment").items():
+        comp = dep["metadata"]["labels"]["app.kubernetes.io/component"]
+        if comp not in ("prefill", "decode", "mixed"):
+            continue
+        res = dep["spec"]["template"]["spec"]["containers"][0]["resources"]
+        caps = dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+        if "rdma/rdma_shared_device_a" in res["limits"]:
+            assert caps == {"drop": ["ALL"], "add": ["IPC_LOCK"]}, name
+        else:
+            assert caps == {"drop": ["ALL"]}, name
+
+
+def test_gpu_requests_on_default_worker_pools(defaults):
+    for role in ("prefill", "decode"):
+        res = pod_specs(defaults)[f"pd-pdserve-{role}"]["containers"][0]["resources"]
+        assert res["limits"]["nvidia.com/gpu"] == 1 and res["requests"]["nvidia.com/gpu"] == 1
+
+
+def test_rdma_values_add_devices_ipc_lock_and_ucx_settings():
+    objs = render(files=(str(CHART / "ci" / "gpu-rdma-values.yaml"),))
+    spec = pod_specs(objs)["pd-pdserve-decode"]
+    c = spec["containers"][0]
+    assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = env_of(c)
+    assert env["UCX_TLS"] == "rc,cuda_copy,tcp" and env["UCX_NET_DEVICES"] == "mlx5_0:1"
+    shm = {v["name"]: v for v in spec["volumes"]}["dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    comps = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in kinds(objs, "Deployment").values()}
+    assert "mixed" in comps
+
+
+def test_workers_are_named_by_their_pod_and_advertise_the_pod_ip(defaults):
+    spec = pod_specs(defaults)["pd-pdserve-decode"]
+    env = env_of(spec["containers"][0])
+    assert env["PD_WORKER_ID"] == "$(POD_NAME)"
+    assert env["PD_ADVERTISE"] == "$(POD_IP):50090" and env["PD_DATA_PLANE_ADVERTISE"] == "$(POD_IP)"
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    cert = spec["initContainers"][0]
+    assert cert["name"] == "pd-cert" and "$(POD_NAME)" in cert["command"] and "decode" in cert["command"]
+    # The CA (with its key) is mounted into the init container only.
+    assert {m["name"] for m in cert["volumeMounts"]} >= {"ca", "tls"}
+    assert "ca" not in {m["name"] for m in spec["containers"][0]["volumeMounts"]}
+
+
+def test_workers_see_only_the_public_keys_and_the_router_only_the_signing_key(defaults):
+    specs = pod_specs(defaults)
+    vols = {v["name"]: v for v in specs["pd-pdserve-decode"]["volumes"]}
+    assert [i["path"] for i in vols["capability"]["secret"]["items"]] == ["public-keys.json"]
+    vols = {v["name"]: v for v in specs["pd-pdserve-router"]["volumes"]}
+    assert [i["path"] for i in vols["capability"]["secret"]["items"]] == ["signing-key.pem"]
+
+
+def test_redis_has_aof_on_and_a_volume(defaults):
+    conf = kinds(defaults, "ConfigMap")["pd-pdserve-redis"]["data"]["redis.conf"].splitlines()
+    assert "appendonly yes" in conf and "appendfsync everysec" in conf
+    sts = kinds(defaults, "StatefulSet")["pd-pdserve-redis"]
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    # The password reaches Redis through the environment, never a command line or a manifest.
+    assert "requirepass" not in str(sts) and "$REDIS_PASSWORD" in kinds(defaults, "ConfigMap")["pd-pdserve-redis"][
+        "data"]["start.sh"]
+
+
+def test_pdbs_for_every_pool_by_default(defaults):
+    pdbs = {p["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+            for p in kinds(defaults, "PodDisruptionBudget").values()}
+    assert pdbs == {"router", "directory", "prefill", "decode"}
+
+
+def test_rollout_strategy_per_pool(defaults):
+    deps = kinds(defaults, "Deployment")
+    assert deps["pd-pdserve-prefill"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert deps["pd-pdserve-decode"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    for name in ("pd-pdserve-prefill", "pd-pdserve-decode"):
+        spec = deps[name]["spec"]["template"]["spec"]
+        assert spec["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}
+        assert spec["terminationGracePeriodSeconds"] >= 120
+
+
+def test_everything_runs_as_non_root_without_capabilities(each):
+    for name, spec in pod_specs(each).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["automountServiceAccountToken"] is False, name
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"] and set(sc["capabilities"].get("add", [])) <= {"IPC_LOCK"}
+
+
+def test_network_policies_by_default_and_off_when_asked(defaults):
+    pols = kinds(defaults, "NetworkPolicy")
+    assert set(pols) == {f"pd-pdserve-{n}" for n in ("router", "directory", "workers", "redis", "test")}
+    directory = pols["pd-pdserve-directory"]["spec"]
+    froms = [p["podSelector"]["matchLabels"] for rule in directory["ingress"] for p in rule["from"]
+             if "podSelector" in p]
+    assert {"app.kubernetes.io/component": "router", "app.kubernetes.io/instance": "pd",
+            "app.kubernetes.io/name": "pdserve"} in froms
+    assert not any("pdserve.io/client" in f for f in froms)  # clients never reach the directory
+    assert not kinds(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_every_pod_gets_the_otlp_endpoint_and_a_metrics_port():
+    objs = render({"observability": {"otlp": {"endpoint": "http://tempo:4317"}}})
+    for name, spec in pod_specs(objs).items():
+        if "redis" in name or spec.get("restartPolicy") == "Never":
+            continue
+        env = env_of(spec["containers"][0])
+        assert env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == "http://tempo:4317", name
+        assert env["PD_METRICS_LISTEN"] == "0.0.0.0:9464", name
+
+
+def test_pod_monitors_only_with_the_prometheus_operator_api(defaults):
+    assert not kinds(defaults, "PodMonitor")
+    objs = render(api_versions=("monitoring.coreos.com/v1",))
+    mons = kinds(objs, "PodMonitor")
+    assert set(mons) == {f"pd-pdserve-{c}" for c in ("router", "directory", "prefill", "decode")}
+    tls = mons["pd-pdserve-decode"]["spec"]["podMetricsEndpoints"][0]["tlsConfig"]
+    assert tls["serverName"] == "decode.pdserve.internal" and tls["cert"]["secret"]["name"] == "pd-pdserve-monitor-tls"
+    assert "pd-pdserve-monitor-tls" in kinds(objs, "Secret")
+
+
+def test_cert_manager_certificates_only_with_its_api(defaults):
+    assert not [o for o in defaults if o["apiVersion"].startswith("cert-manager.io")]
+    assert "pd-pdserve-ca" in kinds(defaults, "Secret")  # the chart's own CA instead
+    objs = render(api_versions=("cert-manager.io/v1", "monitoring.coreos.com/v1"))
+    certs = kinds(objs, "Certificate")
+    assert certs["pd-pdserve-ca"]["spec"]["isCA"] is True
+    assert certs["pd-pdserve-monitor"]["spec"]["commonName"] == "monitor/prometheus"
+    assert "pd-pdserve-ca" not in kinds(objs, "Secret")
+
+
+def test_ha_redis_has_sentinels_and_the_directory_follows_them():
+    objs = render(files=(str(CHART / "ci" / "redis-ha-values.yaml"),))
+    sts = kinds(objs, "StatefulSet")
+    assert sts["pd-pdserve-redis"]["spec"]["replicas"] == 3 and sts["pd-pdserve-sentinel"]["spec"]["replicas"] == 3
+    env = env_of(pod_specs(objs)["pd-pdserve-directory"]["containers"][0])
+    assert env["PD_REDIS_SENTINELS"] == ",".join(
+        f"pd-pdserve-sentinel-{i}.pd-pdserve-sentinel-headless:26379" for i in range(3))
+    assert env["PD_REDIS_SENTINEL_MASTER"] == "pdserve"
+    conf = kinds(objs, "ConfigMap")["pd-pdserve-sentinel"]["data"]["start.sh"]
+    assert "sentinel monitor pdserve $master 6379 2" in conf
+
+
+def test_external_redis_renders_no_redis():
+    objs = render(files=(str(CHART / "ci" / "external-redis-values.yaml"),))
+    assert not kinds(objs, "StatefulSet")
+    env = env_of(pod_specs(objs)["pd-pdserve-directory"]["containers"][0])
+    assert env["PD_REDIS_URL"] == {"secretKeyRef": {"name": "pdserve-redis-url", "key": "url"}}
+
+
+def test_insecure_dev_values_turn_security_off_everywhere():
+    objs = render(files=(str(CHART / "ci" / "dev-insecure-values.yaml"),))
+    for name, spec in pod_specs(objs).items():
+        if "redis" in name:
+            continue
+        assert env_of(spec["containers"][0])["PD_INSECURE"] == "1", name
+        assert not spec.get("initContainers") or spec["initContainers"][0]["name"] == "model-fetch"
+
+
+def test_rbac_is_the_least_the_rollback_drill_needs(defaults):
+    rules = kinds(defaults, "Role")["pd-pdserve-rollback-drill"]["rules"]
+    by = {(r["apiGroups"][0], r["resources"][0], tuple(r.get("resourceNames", []))): set(r["verbs"]) for r in rules}
+    assert by == {("", "configmaps", ("pd-pdserve-release",)): {"get", "patch"},
+                  ("apps", "deployments", ("pd-pdserve-decode",)): {"get", "patch"},
+                  ("apps", "deployments", ()): {"list"},
+                  ("", "pods", ()): {"get", "list"}}
+
+
+def test_the_helm_test_pod_generates_and_checks_the_route(defaults):
+    pod = kinds(defaults, "Pod")["pd-pdserve-test-generate"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["command"][-1]
+    assert "pdctl" in script and "--json" in script and 'r["route"] == want' in script
+    assert script.rstrip().endswith('"disaggregated"') and "--mode disaggregated" in script
