@@ -60,7 +60,7 @@ test: $(STAMP) $(NATIVE) browser chart-check
 # docs/deploy.md lists what only a real cluster proves.
 chart-check: $(STAMP)
 	$(VPY) -m tests.support.helm >/dev/null
-	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests/unit/chart tests/unit/security/test_podcert.py
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit/chart tests/unit/security/test_podcert.py
 
 proto: $(STAMP)
 	$(VPY) -m services.rpc.gen
