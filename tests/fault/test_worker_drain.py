@@ -217,3 +217,23 @@ def _log(cluster, name: str) -> str:
         return open(cluster.procs[name].log).read()
     except (KeyError, FileNotFoundError):
         return ""
+
+
+@pytest.mark.parametrize("transport", ["ucx", "tcp"])
+def test_the_data_plane_registers_the_advertised_host(tmp_path, transport):
+    # tcp binds every interface (as in a pod) and must not register 0.0.0.0.
+    env = {"PD_DATA_PLANE_ADVERTISE": "127.0.0.1", "PD_DATA_HOST": "0.0.0.0"}
+    cluster = start_cluster(tmp_path, prefill=1, decode=1, transport=transport, env=env)
+    try:
+        async def snapshot():
+            async with directory(cluster) as d:
+                return await d.snapshot()
+        decode = next(w for w in asyncio.run(snapshot()).workers if w.worker_id == "decode-0")
+        want = "@127.0.0.1:" if transport == "ucx" else "tcp://127.0.0.1:"
+        assert want in decode.data_plane_address, decode.data_plane_address
+        started, tokens, complete = generate(cluster, f"advertised-{transport}", prompt(4))
+        assert complete is not None and started[-1].route == router_pb2.ROUTE_DISAGGREGATED
+        assert tokens == colocated(cluster, prompt(4))
+        assert_cluster_clean(cluster)
+    finally:
+        cluster.down()
