@@ -49,6 +49,12 @@ class DecodeRole(Role):
     def reserved_blocks(self) -> int:
         return self.worker.reserved_blocks()
 
+    def in_flight(self) -> int:
+        # Reservations (before and after publication), colocated streams, and finished
+        # sequences whose tokens no DecodeStream has read yet.
+        w = self.worker
+        return len(w.reservations) + len(w.colocated) + len(w.unread)
+
     def claims(self) -> dict[int, Claim]:
         w = self.worker
         out = {id(r.seq): _CLAIMS[r.state] for r in list(w.reservations.values())}

@@ -16,8 +16,8 @@ SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
 
 _CONTROL = frozenset({"router", "operator"})
 ACCESS = access_table(SERVICE_NAME, {
-    # A worker registers and renews only under the id its certificate names (the servicer checks).
-    "RegisterWorker": WORKERS, "Heartbeat": WORKERS,
+    # A worker registers, renews and leaves only under the id its certificate names (the servicer checks).
+    "RegisterWorker": WORKERS, "Heartbeat": WORKERS, "DeregisterWorker": WORKERS,
     # Only the router creates a transaction; only its two ends move it (the servicer checks),
     # and the router may abort it too.
     "Reserve": {"router"}, "Begin": WORKERS, "Validated": WORKERS, "Publish": WORKERS,

@@ -15,9 +15,10 @@ epoch) which the store's by-transfer-id operations do not take; the servicer
 reads the transaction first and applies ``convert.fence``. That read-then-act
 is race-free because the fields it compares never change after reserve.
 
-Liveness without traffic: a background task calls ``store.reap_expired()``
-every ``lease_ttl_s / 3``, so a dead worker leaves the snapshot and its
-unpublished transactions abort even when nobody calls the directory.
+Liveness without traffic: a background task (``reaper.py``) calls
+``store.reap_expired()`` every ``lease_ttl_s / 3``, so a dead worker leaves the
+snapshot and its unpublished transactions abort even when nobody calls the
+directory; it also drives readiness (health NOT_SERVING while Redis is unreachable).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import concurrent.futures
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -43,6 +44,7 @@ from kv_directory.convert import (
     txn_to_pb,
     worker_info_from_pb,
 )
+from kv_directory.reaper import reap_forever
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
@@ -123,10 +125,12 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     # ---- lifecycle ---------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the background reaper."""
+    def start(self, reachable: Callable[[bool], Awaitable[None]] | None = None) -> None:
+        """Start the background reaper (kv_directory/reaper.py); `reachable(ok)` when the
+        store stops or starts answering it."""
         assert self._reaper is None, "started twice"
-        self._reaper = asyncio.create_task(self._reap_forever(), name="directory-reaper")
+        self._reaper = asyncio.create_task(reap_forever(
+            lambda: self._run(self._store.reap_expired), self._cfg.lease_ttl_s / 3, reachable), name="directory-reaper")
 
     async def stop_reaper(self) -> None:
         """Stop the background reaper (first step of shutdown)."""
@@ -141,29 +145,6 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         await self.stop_reaper()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._store.close()
-
-    async def _reap_forever(self) -> None:
-        interval_s = self._cfg.lease_ttl_s / 3
-        failing = False
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                reaped = await self._run(self._store.reap_expired)
-            except DirectoryUnavailable as exc:
-                if not failing:  # log the outage once, not every tick
-                    log.warning("reaper: store unavailable: %s", exc)
-                failing = True
-                continue
-            except Exception:  # keep reaping: a bug here must not stop lease expiry
-                log.exception("reaper: reap_expired failed")
-                continue
-            if failing:
-                log.info("reaper: store reachable again")
-            failing = False
-            if reaped:
-                log.info("reaper: reaped %d expired workers/transactions", reaped)
-
-    # ---- who is calling --------------------------------------------------------
 
     # ---- registry ----------------------------------------------------------
 
@@ -193,6 +174,17 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         return directory_pb2.HeartbeatResponse(
             status=directory_pb2.LEASE_STATUS_OK if ok else directory_pb2.LEASE_STATUS_LOST,
             lease_ttl_ms=self._lease_ttl_ms if ok else 0, route_epoch=route_epoch)
+
+    @_rpc
+    async def DeregisterWorker(self, request, context):
+        """Leave now, as if the lease expired (only the worker itself, at its epoch)."""
+        require(request.worker_id, "worker_id")
+        require(request.epoch, "epoch")
+        as_worker(context, self._secure, request.worker_id)
+        outcome = await self._run(self._store.deregister_worker, request.worker_id, request.epoch)
+        log.info("deregister %s epoch %d by %s: %s", request.worker_id, request.epoch, caller_name(context),
+                 outcome.name)
+        return directory_pb2.DeregisterWorkerResponse(deregistered=outcome == Outcome.APPLIED)
 
     @_rpc
     async def ClusterSnapshot(self, request, context):
@@ -385,7 +377,7 @@ async def serve(store: DirectoryStore, config: DirectoryConfig, security: Securi
     server, port, health = await start_server(
         config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
         security, ACCESS)
-    servicer.start()
+    servicer.start(health.ready)
     metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
     log.info("directory serving on %s:%d (redis %s, lease %.3gs)",

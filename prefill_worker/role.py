@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pdserve_client.rpc.pd.v1 import prefill_pb2_grpc
 from services.common.grpc_server import Registration
 from services.worker.holdings import Claim, HoldState
@@ -29,11 +31,23 @@ class PrefillRole(Role):
     def transports(self) -> list:
         return [self.sender]
 
+    def in_flight(self) -> int:
+        return len(self.worker.tasks)
+
     def claims(self) -> dict[int, Claim]:
         # Computing: PREFILLING until the first token, then its chunks leave (SENDING).
         return {id(t.seq): (HoldState.SENDING, HoldState.SENDING) if t.state is TaskState.COMMITTING
                 else (HoldState.PREFILLING, HoldState.SENDING)
                 for t in list(self.worker.tasks.values()) if t.seq is not None}
+
+    async def stop(self) -> None:
+        # A drain's budget is spent: what still runs is cancelled (each aborts its transfer at
+        # the destination and in the directory, and frees its blocks).
+        runners = [t.runner for t in list(self.worker.tasks.values()) if t.runner is not None]
+        for t in list(self.worker.tasks.values()):
+            await self.worker.cancel(t.request_id, t.generation)
+        if runners:
+            await asyncio.wait(runners, timeout=5.0)
 
     async def close(self) -> None:
         await self.sender.close()

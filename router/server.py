@@ -4,6 +4,7 @@ and the process wiring: Router + Admin on one server with health and reflection.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -106,19 +107,36 @@ def _mint(sign: Signer, ttl_ms: int, manifest, reservation) -> bytes:
     return sign.mint(grant(manifest, reservation, ttl_ms)).raw
 
 
-async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security):
-    """Start Router + Admin on config.listen_addr; returns (server, port, health servicer)."""
+async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security, ready: bool = True):
+    """Start Router + Admin on config.listen_addr; returns (server, port, health servicer)
+    (health NOT_SERVING until `health.ready(True)` unless `ready`)."""
     return await start_server(config.listen_addr, [
         (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator, security.secure), ROUTER_SERVICE),
         (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(orchestrator, security.secure), ADMIN_SERVICE),
-    ], security, ACCESS)
+    ], security, ACCESS, ready=ready)
+
+
+async def ready_once_directory_answers(orchestrator: Orchestrator, health, retry_s: float = 0.5) -> None:
+    """Readiness: SERVING once the first cluster snapshot came from the directory. It stays
+    SERVING through a later directory outage (the router then serves colocated requests
+    from its last snapshot: router/requests/cluster_view.py)."""
+    while True:
+        try:
+            await orchestrator.view.get(0.0)
+        except RouterError as exc:
+            log.warning("not ready: %s", exc.message)
+            await asyncio.sleep(retry_s)
+            continue
+        await health.ready(True)
+        return
 
 
 async def serve(config: RouterConfig, security: Security, tokenizer: Any | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then cancel in-flight requests (their workers
     get Cancel) and stop."""
     orchestrator = build(config, security, tokenizer)
-    server, port, health = await start(config, orchestrator, security)
+    server, port, health = await start(config, orchestrator, security, ready=False)
+    readiness = asyncio.create_task(ready_once_directory_answers(orchestrator, health), name="readiness")
     metrics = serve_metrics(config.metrics_listen, orchestrator.metrics.registry, security)
     compiled = native.status()
     log.info("router on port %d (directory %s, default mode %s, tokenizer %s, per-request modules compiled %d/%d%s)",
@@ -130,5 +148,6 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
     try:
         await wait_for_shutdown(server, health, on_stop=orchestrator.close)
     finally:
+        readiness.cancel()
         if metrics is not None:
             metrics.close()

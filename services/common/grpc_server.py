@@ -1,8 +1,12 @@
 """One way to start an asyncio gRPC server: health, reflection, graceful stop.
 
-Every pdserve service calls `serve(...)` with its servicers; the server answers
-the standard `grpc.health.v1.Health` check (SERVING once started, NOT_SERVING
-while draining) and server reflection for `grpcurl`-style debugging.
+Every pdserve service calls `start_server(...)` with its servicers; the server
+answers the standard `grpc.health.v1.Health` check and server reflection for
+`grpcurl`-style debugging. Health is readiness ("ready to serve"), overall ("")
+and per service alike: a server started with `ready=False` answers NOT_SERVING
+until its process calls `Readiness.ready(True)` (a worker once it holds a live
+lease, the router once it reached the directory); `ready(False)` takes it back (a
+worker's lease lost); once draining (SIGTERM) it is NOT_SERVING for good.
 """
 
 from __future__ import annotations
@@ -99,14 +103,81 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
             unary, request_deserializer=deserialize, response_serializer=handler.response_serializer)
 
 
+class Readiness(health.aio.HealthServicer):
+    """grpc.health.v1 over one readiness bit: every service of the server (and the
+    overall "") is SERVING or NOT_SERVING together; after `enter_graceful_shutdown`
+    (draining) `ready` changes nothing."""
+
+    def __init__(self, names: Iterable[str]):
+        super().__init__()
+        self.names = ["", *names]
+        self.is_ready: bool | None = None
+        """The last state reported (None before the first)."""
+
+    async def ready(self, serving: bool) -> None:
+        """Report every service SERVING (`serving`) or NOT_SERVING."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        if self._gracefully_shutting_down or serving == self.is_ready:
+            return
+        self.is_ready = serving
+        log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
+        for name in self.names:
+            await self.set(name, status)
+
+    @property
+    def draining(self) -> bool:
+        """True once the process began to stop (SIGTERM): NOT_SERVING for good."""
+        return self._gracefully_shutting_down
+
+
+class RefuseWhileDraining(grpc.aio.ServerInterceptor):
+    """Once `health` is draining, calls to `methods` (full names, "/pd.v1.Decode/Reserve":
+    the ones that start new work) fail UNAVAILABLE with `message`, so the caller retries
+    elsewhere; every other call (the streams of work already accepted, cancels) runs."""
+
+    def __init__(self, health: Readiness, methods: Iterable[str], message: str):
+        self.health, self.methods, self.message = health, frozenset(methods), message
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method not in self.methods:
+            return handler
+        health, message = self.health, f"{self.message} ({handler_call_details.method})"
+        if handler.response_streaming:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):
+                if health.draining:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return handler._replace(unary_stream=stream)
+        inner = handler.unary_unary
+
+        async def unary(request, context):
+            if health.draining:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            return await inner(request, context)
+
+        return handler._replace(unary_unary=unary)
+
+
 async def start_server(listen: str, registrations: Iterable[Registration], security: Security,
-                       access: Mapping[str, frozenset[str]]
-                       ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+                       access: Mapping[str, frozenset[str]], ready: bool = True,
+                       new_work: Iterable[str] = (), draining_message: str = "draining"
+                       ) -> tuple[grpc.aio.Server, int, Readiness]:
     """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health).
 
     With `security` secure, the port speaks mutual TLS and `access` ({/service/method:
-    roles}, services/security/tls.py) decides who may call what; insecure, anyone may."""
+    roles}, services/security/tls.py) decides who may call what; insecure, anyone may.
+    Health is SERVING at once when `ready`; else NOT_SERVING until `health.ready(True)`.
+    Once draining, the `new_work` methods fail UNAVAILABLE with `draining_message`."""
+    registrations = list(registrations)
+    health_servicer = Readiness([full_name for _, _, full_name in registrations])
     interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequests()]
+    if new_work:
+        interceptors.insert(0, RefuseWhileDraining(health_servicer, new_work, draining_message))
     if security.secure:
         interceptors.insert(0, Access(access))
     interceptors[:0] = tracing.server_interceptors()  # outermost: a refused call is traced too
@@ -116,19 +187,18 @@ async def start_server(listen: str, registrations: Iterable[Registration], secur
         ("grpc.so_reuseport", 0),
     ])
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for add, servicer, full_name in registrations:
         add(servicer, server)
         names.append(full_name)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(names, server)
     creds = security.server_credentials()
     port = server.add_insecure_port(listen) if creds is None else server.add_secure_port(listen, creds)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
+    await health_servicer.ready(False)  # before the port answers: never SERVING by default
     await server.start()
-    for name in names[2:] + [""]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.ready(ready)
     return server, port, health_servicer
 
 

@@ -170,9 +170,9 @@ class DirectoryClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, rpc: str, request: Any) -> Any:
+    async def _call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return await getattr(self._stub, rpc)(request, timeout=self.timeout_s)
+            return await getattr(self._stub, rpc)(request, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _UNAVAILABLE_CODES:
                 raise DirectoryUnavailable(
@@ -198,6 +198,13 @@ class DirectoryClient:
         r = await self._call("Heartbeat", directory_pb2.HeartbeatRequest(
             worker_id=worker_id, epoch=epoch, load=load_to_pb(load or LoadReport())))
         return Lease(r.status == directory_pb2.LEASE_STATUS_OK, r.lease_ttl_ms, r.route_epoch)
+
+    async def deregister_worker(self, worker_id: str, epoch: int, timeout_s: float | None = None) -> bool:
+        """Leave the cluster now (a draining worker): True if it was live at ``epoch``
+        and is gone; False if its lease had already lapsed (or a newer epoch exists)."""
+        r = await self._call("DeregisterWorker", directory_pb2.DeregisterWorkerRequest(
+            worker_id=worker_id, epoch=epoch), timeout_s)
+        return r.deregistered
 
     async def snapshot(self, role: WorkerRole | None = None) -> ClusterSnapshot:
         """Live workers sorted by id (``role``: that role or MIXED; None: all),

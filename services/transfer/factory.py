@@ -6,7 +6,10 @@
 A backend is one entry in each table below; its module is imported only when
 chosen (UCX pulls in ucxx). Keyword `options` go to the backend's constructor
 (e.g. idle_timeout_s for receivers, io_timeout_s for senders, window_bytes for
-the ucx sender's credit window).
+the ucx sender's credit window). `advertise` is the host this process's data plane
+names in the address it registers (PD_DATA_PLANE_ADVERTISE: the pod IP in
+Kubernetes): tcp puts it in tcp://host:port instead of the bind host; ucx in
+ucx://nonce@host/..., where it is also how a sender tells a peer on its own host.
 """
 
 from __future__ import annotations
@@ -20,32 +23,36 @@ from .base import KVReceiver, KVSender
 _anonymous = itertools.count()
 
 
-def _tcp_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+def _tcp_receiver(host: str, name: str, advertise: str = "", **options: Any) -> KVReceiver:
     from .tcp import TcpReceiver
-    return TcpReceiver(host=host, **options)
+    return TcpReceiver(host=host, advertise_host=advertise, **options)
 
 
-def _inproc_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+def _inproc_receiver(host: str, name: str, advertise: str = "", **options: Any) -> KVReceiver:
     from .inproc import InprocReceiver
     return InprocReceiver(name or f"receiver-{next(_anonymous)}", **options)
 
 
-def _ucx_receiver(host: str, name: str, **options: Any) -> KVReceiver:
+def _ucx_receiver(host: str, name: str, advertise: str = "", **options: Any) -> KVReceiver:
     from .ucx import UcxReceiver
+    from .ucx_runtime import advertise_host
+    advertise_host(advertise)
     return UcxReceiver(**options)
 
 
-def _tcp_sender(**options: Any) -> KVSender:
+def _tcp_sender(advertise: str = "", **options: Any) -> KVSender:
     from .tcp import TcpSender
     return TcpSender(**options)
 
 
-def _ucx_sender(**options: Any) -> KVSender:
+def _ucx_sender(advertise: str = "", **options: Any) -> KVSender:
     from .ucx import UcxSender
+    from .ucx_runtime import advertise_host
+    advertise_host(advertise)
     return UcxSender(**options)
 
 
-def _inproc_sender(**options: Any) -> KVSender:
+def _inproc_sender(advertise: str = "", **options: Any) -> KVSender:
     from .inproc import InprocSender
     return InprocSender(**options)
 

@@ -55,8 +55,22 @@ def shutdown() -> None:
             log.debug("ucx notifier stop failed", exc_info=True)
 
 
+_advertised = ""
+"""The host this process's UCX endpoints name (`advertise_host`); "" = the host name."""
+
+
+def advertise_host(host: str) -> None:
+    """Name `host` (PD_DATA_PLANE_ADVERTISE, e.g. the pod IP) in this process's UCX
+    addresses instead of the host name; "" keeps what is set. Before the runtime starts."""
+    global _advertised
+    if host:
+        assert _runtime is None or _runtime.host == host, "advertise_host after the UCX runtime started"
+        _advertised = host
+
+
 def local_host() -> str:
-    return os.environ.get("PD_DATA_HOSTNAME") or socket.gethostname()
+    """The host this process's UCX addresses name (peers on the same one may use shared memory)."""
+    return _advertised or socket.gethostname()
 
 
 class UcxRuntime:

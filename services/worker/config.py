@@ -33,7 +33,19 @@ class NodeConfig(MemberSettings, EngineConfig):
     listen: str = env("PD_LISTEN", "127.0.0.1:0")
     """gRPC listen address (port 0 picks a free port)."""
     advertise: str = env("PD_ADVERTISE", "")
-    """Address others use to reach this worker; empty = the bound listen address."""
+    """Address the router uses to reach this worker's gRPC server, registered in the
+    directory: host:port, or a host (the bound port is added); empty = the bound listen
+    address. In Kubernetes: the pod IP (downward API)."""
+    data_plane_advertise: str = env("PD_DATA_PLANE_ADVERTISE", "")
+    """Host this worker's data plane names in the address it registers (ucx and tcp
+    alike; PD_DATA_HOST is what tcp binds, often 0.0.0.0); empty = the bind host (tcp)
+    or the host name (ucx). In Kubernetes: the pod IP (downward API)."""
+    drain_timeout_s: float = env("PD_DRAIN_TIMEOUT_S", 20.0, ge=0)
+    """On SIGTERM the worker reports NOT_SERVING, refuses new hand-offs (Reserve, Prefill,
+    Generate: UNAVAILABLE, so the router retries elsewhere) and waits this long at most
+    for its in-flight requests to finish; then it aborts what is still unpublished,
+    deregisters and exits 0. Keep it a few seconds below the pod's
+    terminationGracePeriodSeconds (the stop after it takes up to ~4 s more)."""
     worker_id: str = env("PD_WORKER_ID", "")
     """Stable name of this worker; empty = role-pid."""
     max_batch: int = env("PD_MAX_BATCH", 64, gt=0)

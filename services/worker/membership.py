@@ -1,15 +1,26 @@
-"""Directory membership of a worker: register with a lease, heartbeat the load.
+"""Directory membership of a worker: register with a lease, heartbeat the load, leave.
 
 Every start registers anew and gets a new epoch. If a heartbeat finds the
 lease lost (the directory expired it, or a newer epoch exists), the directory
 has already aborted this worker's unpublished transactions; the worker drops
 its own unpublished state (`on_lease_lost`) and registers again.
+
+Readiness (`on_ready`, the worker's gRPC health): True once registered, False
+when a heartbeat finds the lease lost (True again once re-registered) and when
+no heartbeat got through for a whole lease (the directory has expired it by
+now, or is about to), True again at the next one that does. While the directory
+is unreachable at start the worker keeps trying to register, NOT_SERVING.
+
+A draining worker `leave`s: heartbeats stop and it deregisters (the directory
+drops it now, as if its lease expired, so routers stop choosing it at once); a
+lease lost while leaving is not registered again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from services.directory.client import DirectoryClient
@@ -17,51 +28,80 @@ from services.directory.records import DirectoryUnavailable, LoadReport, WorkerI
 
 log = logging.getLogger(__name__)
 
+REGISTER_BACKOFF_MAX_S = 2.0
+"""Longest wait between two registration attempts while the directory is away."""
+
 
 class Membership:
     """Keeps one worker registered; `epoch` is current after `start`."""
 
     def __init__(self, client: DirectoryClient, info: WorkerInfo,
                  load_fn: Callable[[], LoadReport],
-                 on_lease_lost: Callable[[], Awaitable[None]] | None = None):
+                 on_lease_lost: Callable[[], Awaitable[None]] | None = None,
+                 on_ready: Callable[[bool], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.info = info
         self.load_fn = load_fn
         self.on_lease_lost = on_lease_lost
+        self.on_ready = on_ready
+        self.clock = clock
         self.epoch = 0
         self.lease_ttl_s = 5.0
+        self.live_until = 0.0
+        """Clock time until which the lease is known to hold (from the last renewal sent)."""
+        self.leaving = False
         self._task: asyncio.Task | None = None
+
+    async def _ready(self, ready: bool) -> None:
+        if self.on_ready is not None:
+            await self.on_ready(ready)
 
     async def register(self) -> int:
         """Register (new epoch) and return the epoch."""
+        sent = self.clock()
         reg = await self.client.register_worker(self.info)
         self.epoch = reg.epoch
         self.lease_ttl_s = max(reg.lease_ttl_ms / 1000.0, 0.3)
+        self.live_until = sent + self.lease_ttl_s
         log.info("registered %s epoch %d lease %.1fs", self.info.worker_id, self.epoch,
                  self.lease_ttl_s)
+        await self._ready(True)
         return self.epoch
 
-    async def start(self, attempts: int = 50) -> None:
-        """Register (retrying while the directory comes up) and start heartbeats."""
-        for i in range(attempts):
+    async def start(self, attempts: int | None = None) -> None:
+        """Register (retrying while the directory is unreachable: `attempts` times, or
+        until it answers when None) and start heartbeats. A refusal (a certificate that
+        does not name this worker, a malformed registration) raises at once."""
+        delay_s, i = 0.2, 0
+        while True:
             try:
                 await self.register()
                 break
             except DirectoryUnavailable as e:
-                if i == attempts - 1:
+                i += 1
+                if attempts is not None and i >= attempts:
                     raise
-                log.warning("directory not ready (%s); retrying", e)
-                await asyncio.sleep(0.2)
+                log.warning("directory not ready (%s); retrying in %.1fs", e, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, REGISTER_BACKOFF_MAX_S)
         self._task = asyncio.create_task(self._beat(), name="heartbeat")
 
     async def heartbeat_now(self) -> None:
         """Send one heartbeat (load report) right away."""
+        sent = self.clock()
         lease = await self.client.heartbeat(self.info.worker_id, self.epoch, self.load_fn())
-        if not lease.ok:
-            log.warning("lease of %s epoch %d lost; re-registering", self.info.worker_id,
-                        self.epoch)
-            if self.on_lease_lost is not None:
-                await self.on_lease_lost()
+        if lease.ok:
+            self.live_until = sent + self.lease_ttl_s
+            await self._ready(True)
+            return
+        log.warning("lease of %s epoch %d lost%s", self.info.worker_id, self.epoch,
+                    "" if self.leaving else "; re-registering")
+        self.live_until = 0.0
+        await self._ready(False)
+        if self.on_lease_lost is not None:
+            await self.on_lease_lost()
+        if not self.leaving:
             await self.register()
 
     async def _beat(self) -> None:
@@ -75,6 +115,8 @@ class Membership:
                 log.warning("heartbeat failed: %s", e)
             except Exception:  # keep beating
                 log.exception("heartbeat error")
+            if self.clock() > self.live_until:  # no renewal for a whole lease: presumed lost
+                await self._ready(False)
 
     async def stop(self) -> None:
         """Stop heartbeating (the lease then expires)."""
@@ -84,3 +126,18 @@ class Membership:
                 await self._task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
+
+    async def leave(self, timeout_s: float = 2.0) -> bool:
+        """Stop heartbeating and deregister now (best effort: when the directory cannot
+        answer within `timeout_s`, the lease expires by itself); True if deregistered."""
+        self.leaving = True
+        await self.stop()
+        try:
+            done = await self.client.deregister_worker(self.info.worker_id, self.epoch, timeout_s)
+        except (DirectoryUnavailable, ValueError) as e:
+            log.warning("deregister %s epoch %d failed (%s); its lease will expire", self.info.worker_id,
+                        self.epoch, e)
+            return False
+        log.info("deregistered %s epoch %d%s", self.info.worker_id, self.epoch,
+                 "" if done else " (its lease had already lapsed)")
+        return done

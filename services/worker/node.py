@@ -2,10 +2,24 @@
 
 `WorkerNode` builds what every worker has, in this order: the engine loop (with
 its start-up self-check), the calibrated cost profile, each role's data-plane
-endpoint and worker, the gRPC server, directory membership with its heartbeat,
-its /metrics endpoint (services/telemetry); and on SIGTERM it stops them in the reverse order, each role
-first giving back what it holds (a decode role aborts its unpublished
-transactions while the lease still stands).
+endpoint and worker, the gRPC server (health NOT_SERVING), directory membership
+with its heartbeat (health SERVING once registered with a live lease:
+services/worker/membership.py), its /metrics endpoint (services/telemetry).
+
+Readiness: the self-check is decided before the server starts, so a worker that
+reports SERVING has its verdict registered; a worker whose check failed is
+SERVING too, for the colocated requests it takes (it registered colocated-only,
+so no router hands K/V to or from it).
+
+Drain on SIGTERM (Kubernetes sends it after preStop), in this order:
+  1. health NOT_SERVING; new work refused: Reserve, Prefill and Generate fail
+     UNAVAILABLE ("draining"), so the router retries them elsewhere
+  2. in-flight requests finish (streams, transfers, decodes already accepted),
+     for PD_DRAIN_TIMEOUT_S at most; the lease is renewed meanwhile
+  3. each role gives back what it holds (a decode role aborts its unpublished
+     transactions, freeing their blocks, while the lease still stands)
+  4. deregister: the directory drops the worker now, not after its lease TTL
+  5. endpoints closed, the server stopped; the process exits 0
 
 A role is one phase: `prefill` (serves pd.v1.Prefill, sends K/V) or `decode`
 (serves pd.v1.Decode, receives K/V). A node with both is the mixed worker
@@ -19,6 +33,7 @@ service imports the other.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from importlib.metadata import entry_points
 from typing import ClassVar
@@ -71,6 +86,10 @@ class Role(abc.ABC):
 
     def reserved_blocks(self) -> int:
         """Blocks it holds reserved for transfers not yet published."""
+        return 0
+
+    def in_flight(self) -> int:
+        """Requests it accepted and has not finished (a drain waits for 0)."""
         return 0
 
     def claims(self) -> dict[int, Claim]:
@@ -151,7 +170,10 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     profile = await loop.call(lambda e: obtain(e, ProfileConfig.from_env()))  # before serving: nothing else runs
     node = WorkerNode(cfg, loop, DirectoryClient(cfg.directory_addr, cfg.rpc_timeout_s, security), security)
     registrations = [await role.start(node) for role in roles] + [blocks_registration(node, roles)]
-    server, port, health = await start_server(cfg.listen, registrations, security, router_only(registrations))
+    server, port, health = await start_server(
+        cfg.listen, registrations, security, router_only(registrations), ready=False, new_work=NEW_WORK,
+        draining_message=f"worker {cfg.worker_id} is draining (shutting down) and takes no new work; "
+                         "retry on another worker")
     data_plane = next((r.data_plane_address for r in roles if r.data_plane_address), "")
 
     async def lease_lost() -> None:
@@ -161,8 +183,9 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     node.membership = Membership(
         node.directory, WorkerInfo(cfg.worker_id, kind, advertised(cfg, port), data_plane, loop.engine.abi.digest,
                                    capacity(cfg, loop), profile, check.reason),
-        lambda: node.load(roles), on_lease_lost=lease_lost)
+        lambda: node.load(roles), on_lease_lost=lease_lost, on_ready=health.ready)
     await node.membership.start()
+
     def reserved() -> int:
         return sum(r.reserved_blocks() for r in roles)
 
@@ -174,11 +197,13 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
              f", data plane {data_plane}" if data_plane else "")
 
     async def on_stop() -> None:
+        node.membership.leaving = True
+        await drain(roles, cfg.drain_timeout_s)
         if metrics is not None:
             metrics.close()
         for role in roles:
             await role.stop()
-        await node.membership.stop()
+        await node.membership.leave(min(cfg.rpc_timeout_s, 2.0))
         for role in roles:
             await role.close()
         await node.directory.close()
@@ -186,6 +211,28 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
         tracing.shutdown()
 
     await wait_for_shutdown(server, health, on_stop=on_stop)
+
+
+NEW_WORK = ("/pd.v1.Decode/Reserve", "/pd.v1.Decode/Generate", "/pd.v1.Prefill/Prefill")
+"""The calls that start new work on a worker: refused once it drains."""
+
+
+async def drain(roles: list[Role], budget_s: float, poll_s: float = 0.05) -> int:
+    """Wait until no role has a request in flight, for `budget_s` at most; returns how many
+    are left (what the roles' `stop` then aborts)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget_s
+    left = sum(r.in_flight() for r in roles)
+    if left:
+        log.info("draining: %d request(s) in flight, waiting up to %.1fs", left, budget_s)
+    while left and loop.time() < deadline:
+        await asyncio.sleep(poll_s)
+        left = sum(r.in_flight() for r in roles)
+    if left:
+        log.warning("drain budget of %.1fs spent: %d request(s) still in flight are stopped", budget_s, left)
+    else:
+        log.info("drained: nothing in flight")
+    return left
 
 
 _CERT_ROLE = {WorkerRole.PREFILL: "prefill", WorkerRole.DECODE: "decode", WorkerRole.MIXED: "mixed"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -101,7 +102,7 @@ def build_sender(cfg: PrefillWorkerConfig, security=None):
     (the tcp one speaks mutual TLS when `security` is secure)."""
     from services.transfer.factory import make_sender
     from services.transfer.faults import FaultySender, SenderFaults
-    opts: dict = {"io_timeout_s": cfg.transfer_timeout_s}
+    opts: dict = {"io_timeout_s": cfg.transfer_timeout_s, "advertise": cfg.data_plane_advertise}
     if cfg.transport == "ucx":
         opts["window_bytes"] = cfg.credit_window_bytes
     if cfg.transport == "tcp" and security is not None:
@@ -117,9 +118,10 @@ def build_sender(cfg: PrefillWorkerConfig, security=None):
 
 def build_receiver(cfg: DecodeWorkerConfig, security=None):
     """The data-plane receiver of cfg.transport (bound to cfg.data_host for tcp; mutual
-    TLS there when `security` is secure)."""
+    TLS there when `security` is secure), naming cfg.data_plane_advertise in its address."""
     from services.transfer.factory import make_receiver
-    opts: dict = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s}
+    opts: dict = {} if cfg.transport == "inproc" else {"idle_timeout_s": cfg.transfer_timeout_s,
+                                                        "advertise": cfg.data_plane_advertise}
     if cfg.transport == "tcp" and security is not None:
         opts["ssl_context"] = security.server_ssl()
     return make_receiver(cfg.transport, host=cfg.data_host, name=cfg.worker_id, **opts)
@@ -135,11 +137,31 @@ def capacity(cfg: NodeConfig, loop: EngineLoop) -> WorkerCapacity:
 
 
 def advertised(cfg: NodeConfig, port: int) -> str:
-    """The address to register: cfg.advertise, or the listen host with the bound port."""
+    """The address to register: cfg.advertise (a host alone gets the bound port: PD_ADVERTISE
+    set to the pod IP), or the listen host with the bound port."""
     if cfg.advertise:
-        return cfg.advertise
+        return cfg.advertise if _has_port(cfg.advertise) else f"{_bracketed(cfg.advertise)}:{port}"
     host = cfg.listen.rpartition(":")[0] or "127.0.0.1"
     return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]') else host}:{port}"
+
+
+def _has_port(address: str) -> bool:
+    if address.startswith("["):
+        return "]:" in address
+    if ":" in address and _is_ipv6(address):
+        return False
+    return address.rpartition(":")[2].isdigit()
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if _is_ipv6(host) else host
 
 
 def block_counts(engine, reserved: int = 0) -> dict[str, int]:

@@ -605,3 +605,69 @@ def test_redis_down_is_unavailable_not_a_hang():
                 await client.get_route_epoch()
 
     asyncio.run(gone())
+
+
+# ---- graceful leave and readiness (issue 19) ----------------------------------
+
+def test_a_worker_deregisters_itself_and_leaves_at_once(directory):
+    async def scenario(client: Callers):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        assert (await client.reserve(manifest(src, dst, tid, rid))).ok
+        # Another worker's certificate may not deregister it.
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await client.worker(src[0]).deregister_worker(dst[0], dst[1])
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert dst[0] in {w.worker_id for w in (await client.snapshot()).workers}
+        # A stale epoch leaves nothing.
+        assert not await client.worker(dst[0]).deregister_worker(dst[0], dst[1] + 1)
+        assert await client.worker(dst[0]).deregister_worker(*dst)
+        # Gone now, not after the 10 s lease: its open transaction aborted with it.
+        assert dst[0] not in {w.worker_id for w in (await client.snapshot()).workers}
+        rec = await client.lookup(rid, tid)
+        assert (rec.state, rec.abort_reason) == (TxnState.ABORTED, "worker_deregistered")
+        assert not (await client.heartbeat(*dst)).ok
+        assert not await client.worker(dst[0]).deregister_worker(*dst)  # already gone: idempotent
+        assert await client.worker(src[0]).deregister_worker(*src)
+
+    run(directory.address, scenario)
+
+
+def _status(address: str, service: str = "") -> str:
+    with pki.security("operator", "operator").channel(address, "directory") as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=1)
+        except grpc.RpcError as e:
+            return e.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def _wait_status(address: str, want: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (got := _status(address)) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert got == want
+
+
+def test_the_directory_is_not_ready_while_redis_is_unreachable():
+    own_redis = start_redis()
+    port = own_redis.port
+    directory = DirectoryProcess(own_redis.url, PD_LEASE_TTL_S="1", PD_REDIS_TIMEOUT_S="0.5",
+                                 PD_REDIS_RETRIES="1")
+    again = None
+    try:
+        assert _status(directory.address) == _status(directory.address, SERVICE) == "SERVING"
+        own_redis.stop()
+        _wait_status(directory.address, "NOT_SERVING")
+        assert _status(directory.address, SERVICE) == "NOT_SERVING"
+        again = start_redis(port)
+        _wait_status(directory.address, "SERVING")
+        assert _status(directory.address, SERVICE) == "SERVING"
+        run(directory.address, lambda client: asyncio.sleep(0))  # answers again; nothing left open
+    finally:
+        assert directory.stop() == 0, directory.output()
+        own_redis.stop()
+        if again is not None:
+            again.stop()
+    assert "store reachable again" in directory.output()

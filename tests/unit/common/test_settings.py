@@ -20,9 +20,9 @@ from tests.support import REPO
 
 ROOT = REPO
 
-HAND_READ = {"PD_ENGINE_KERNEL", "PD_KERNEL_ISA", "PD_ROUTER_NATIVE", "PD_MALLOC_TUNE", "PD_DATA_HOSTNAME"}
+HAND_READ = {"PD_ENGINE_KERNEL", "PD_KERNEL_ISA", "PD_ROUTER_NATIVE", "PD_MALLOC_TUNE"}
 """Process-level knobs library code reads itself (kernels, native router builds, malloc,
-the UCX host name): not service settings, so no settings class may declare them too."""
+): not service settings, so no settings class may declare them too."""
 
 
 def settings_classes() -> list[type[Settings]]:

@@ -87,6 +87,20 @@ class HeartbeatResponse(_message.Message):
     route_epoch: int
     def __init__(self, status: _Optional[_Union[LeaseStatus, str]] = ..., lease_ttl_ms: _Optional[int] = ..., route_epoch: _Optional[int] = ...) -> None: ...
 
+class DeregisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_id", "epoch")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    epoch: int
+    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DeregisterWorkerResponse(_message.Message):
+    __slots__ = ("deregistered",)
+    DEREGISTERED_FIELD_NUMBER: _ClassVar[int]
+    deregistered: bool
+    def __init__(self, deregistered: _Optional[bool] = ...) -> None: ...
+
 class TxnReserveRequest(_message.Message):
     __slots__ = ("manifest",)
     MANIFEST_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class DirectoryStub:
                 request_serializer=pd_dot_v1_dot_directory__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_directory__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.DeregisterWorker = channel.unary_unary(
+                '/pd.v1.Directory/DeregisterWorker',
+                request_serializer=pd_dot_v1_dot_directory__pb2.DeregisterWorkerRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_directory__pb2.DeregisterWorkerResponse.FromString,
+                _registered_method=True)
         self.Reserve = channel.unary_unary(
                 '/pd.v1.Directory/Reserve',
                 request_serializer=pd_dot_v1_dot_directory__pb2.TxnReserveRequest.SerializeToString,
@@ -120,6 +125,15 @@ class DirectoryServicer:
 
     def Heartbeat(self, request, context):
         """Renew the lease and publish a load report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterWorker(self, request, context):
+        """Leave gracefully (a draining worker, after its in-flight work): as if the
+        lease expired now, so routers stop choosing it at once. Only the worker
+        itself, for its own id and current epoch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +236,11 @@ def add_DirectoryServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=pd_dot_v1_dot_directory__pb2.HeartbeatRequest.FromString,
                     response_serializer=pd_dot_v1_dot_directory__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'DeregisterWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterWorker,
+                    request_deserializer=pd_dot_v1_dot_directory__pb2.DeregisterWorkerRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_directory__pb2.DeregisterWorkerResponse.SerializeToString,
             ),
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
@@ -339,6 +358,33 @@ class Directory:
             '/pd.v1.Directory/Heartbeat',
             pd_dot_v1_dot_directory__pb2.HeartbeatRequest.SerializeToString,
             pd_dot_v1_dot_directory__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Directory/DeregisterWorker',
+            pd_dot_v1_dot_directory__pb2.DeregisterWorkerRequest.SerializeToString,
+            pd_dot_v1_dot_directory__pb2.DeregisterWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,
