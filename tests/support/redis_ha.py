@@ -47,6 +47,8 @@ class Node:
     port: int
     proc: subprocess.Popen
     workdir: Path
+    cmd: list[str]
+    """How it was started (its config file holds the port): ``RedisHA.restart`` reuses it."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -92,17 +94,27 @@ def _spawn(name: str, root: Path, conf: list[str], password: str, sentinel: bool
         _write_conf(conf_path, [f"port {port}", f"bind {HOST}", f"dir {workdir}",
                                 f"logfile {workdir / 'redis.log'}", "daemonize no", *conf])
         cmd = [find_redis_server(), str(conf_path), *(["--sentinel"] if sentinel else [])]
-        with open(workdir / "stderr.log", "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        node = Node(name, port, proc, workdir)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and node.running():
-            if pings(HOST, port, password):
-                return node
-            time.sleep(0.02)
+        node = Node(name, port, _popen(cmd, workdir), workdir, cmd)
+        if _answers(node, password, timeout_s):
+            return node
         node.stop()
-        last = f"{name} port {port}: exit={proc.returncode} {node.log_tail()}"
+        last = f"{name} port {port}: exit={node.proc.returncode} {node.log_tail()}"
     raise RuntimeError(f"redis-server did not start: {last}")
+
+
+def _popen(cmd: list[str], workdir: Path) -> subprocess.Popen:
+    # stderr to a file, not a pipe: an unread pipe could fill and stall the server.
+    with open(workdir / "stderr.log", "ab") as err:
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _answers(node: Node, password: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and node.running():
+        if pings(HOST, node.port, password):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 @dataclass
@@ -221,6 +233,32 @@ class RedisHA:
                     pass
             time.sleep(0.05)
         raise AssertionError(f"no promotion within {timeout_s}s\n{self.sentinels[0].log_tail()}")
+
+    def restart(self, node: Node, replica_of: Node | None = None, timeout_s: float = 10.0) -> None:
+        """Start a stopped node again, same port and config (a pod coming back), empty
+        (no persistence here). With ``replica_of`` it starts as that node's replica, as
+        a chart's start script does after asking the Sentinels for the master; without,
+        it starts as a master and the Sentinels convert it (on their 10 s INFO period)."""
+        assert not node.running(), node
+        follow = ["--replicaof", HOST, str(replica_of.port)] if replica_of else []
+        node.proc = _popen([*node.cmd, *follow], node.workdir)
+        assert _answers(node, self.password, timeout_s), f"{node.name} did not restart: {node.log_tail()}"
+
+    def wait_replicas(self, count: int, timeout_s: float = 20.0) -> None:
+        """Until the master the Sentinels name has ``count`` replicas in sync."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with self.client(self.master_node()) as c:
+                    info = c.info("replication")
+                online = [info[k] for k in info if k.startswith("slave") and isinstance(info[k], dict)
+                          and info[k]["state"] == "online"]
+                if len(online) >= count:
+                    return
+            except (redis.exceptions.RedisError, AssertionError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"the master has not {count} replicas in sync within {timeout_s}s")
 
     # ---- lifetime -------------------------------------------------------------
 
