@@ -130,6 +130,10 @@ class RedisHA:
 
     # ---- what a client is given ---------------------------------------------
 
+    def master_url(self) -> str:
+        """``PD_REDIS_URL`` of the first data node (for tests without Sentinels)."""
+        return f"redis://:{self.password}@{HOST}:{self.data[0].port}/0"
+
     def sentinel_list(self) -> str:
         """``PD_REDIS_SENTINELS``: comma-separated host:port."""
         return ",".join(f"{HOST}:{s.port}" for s in self.sentinels)
@@ -164,7 +168,9 @@ class RedisHA:
         return seen.pop() if len(seen) == 1 else None
 
     def master_node(self) -> Node:
-        """The data node the Sentinels name as master."""
+        """The data node the Sentinels name as master (without Sentinels: the first)."""
+        if not self.sentinels:
+            return self.data[0]
         addr = self.master_address()
         for node in self.data:
             if node.address == addr:
