@@ -76,7 +76,17 @@ OPERATIONS = (
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 
 # Server replies meaning "not now" rather than "wrong request".
+_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 _UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def _not_now(exc: redis.exceptions.ResponseError) -> bool:
+    """A reply that means "not now" (a replica, loading, out of memory, ...), bare or
+    raised inside a script ("Error running script ...: -READONLY ...")."""
+    if isinstance(exc, _UNAVAILABLE_ERRORS):  # redis-py strips these replies' code
+        return True
+    text = str(exc).upper()
+    return text.startswith(_UNAVAILABLE_REPLIES) or any(f"-{code} " in text for code in _UNAVAILABLE_REPLIES)
 
 
 def lua_header() -> str:
@@ -212,9 +222,14 @@ class RedisDirectoryStore(DirectoryStore):
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise DirectoryUnavailable(f"redis unreachable during {operation}: {exc}") from exc
         except redis.exceptions.ResponseError as exc:
-            if str(exc).upper().startswith(_UNAVAILABLE_REPLIES):
-                raise DirectoryUnavailable(f"redis refused {operation}: {exc}") from exc
-            raise
+            if not _not_now(exc):
+                raise
+            if "READONLY" in str(exc).upper() or isinstance(exc, redis.exceptions.ReadOnlyError):
+                # A demoted master: drop every connection, so that the next ones ask
+                # the Sentinels (redis-py does that itself only for a bare READONLY
+                # reply, not for one raised inside a script).
+                self._client.connection_pool.disconnect()
+            raise DirectoryUnavailable(f"redis refused {operation}: {exc}") from exc
 
     def _run_acked(self, operation: str, args: list[Any]) -> Any:
         """EVALSHA, a mark, WAIT — one pipeline, so one connection: WAIT counts the

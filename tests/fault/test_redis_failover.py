@@ -158,3 +158,36 @@ def test_a_failover_loses_only_what_no_replica_acknowledged(ha):
         if replica.running():
             replica.proc.send_signal(signal.SIGCONT)
         store.close()
+
+
+def test_a_demoted_master_still_answering_sends_the_store_to_the_new_one(ha):
+    """SENTINEL FAILOVER (a planned switch, or a healed partition): the old master is
+    alive and turns replica under the store's open connections. A write on it
+    answers READONLY, from inside the script; the store must answer UNAVAILABLE and
+    drop those connections, so that its next call asks the Sentinels again."""
+    cfg = DirectoryConfig(**ha.directory_settings(), redis_timeout_s=0.5, redis_retries=1, lease_ttl_s=60,
+                          redis_min_replicas_ack=0)
+    store = RedisDirectoryStore(cfg)
+    try:
+        d = register(store, "d0")
+        old = ha.master_node()
+        with ha.client(ha.sentinels[0]) as c:
+            assert c.execute_command("SENTINEL", "FAILOVER", "pdmaster")
+        new = ha.wait_promoted(old)
+        with ha.client(old) as c:
+            # What the Sentinels send it on their next look (up to 10 s), sent now.
+            c.replicaof(*new.address)
+            assert c.info("replication")["role"] == "slave"
+        deadline = time.monotonic() + 10
+        while True:  # at most a call or two in the switch answer UNAVAILABLE
+            try:
+                again = register(store, "d0")
+                break
+            except DirectoryUnavailable:
+                assert time.monotonic() < deadline, "the store did not leave the demoted master"
+                time.sleep(0.05)
+        assert again.epoch > d.epoch
+        with ha.client(new) as c:
+            assert c.hget(f"{cfg.key_prefix}:w:d0", "epoch") == str(again.epoch)
+    finally:
+        store.close()

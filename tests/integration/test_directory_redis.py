@@ -101,7 +101,7 @@ class AckedRedisHarness(RedisHarness):
         return super().open(**{"redis_min_replicas_ack": 1, **config})
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def master_and_replica():
     """A password-protected master with one replica, no Sentinels."""
     with start_redis_ha(replicas=1, sentinels=0) as ha:
@@ -133,6 +133,19 @@ class TestRedisDirectoryWaitingForReplicas(DirectoryContract):
         assert store.consume_nonce("n2", 5) == Outcome.APPLIED
         assert waits() == before + 3
         harness.assert_no_leaks(store)
+
+
+def test_a_replica_answering_readonly_is_unavailable(master_and_replica):
+    """A plain URL that reaches a replica (a demoted master behind a Service): every
+    write is READONLY, which is "not now", not a wrong request."""
+    ha = master_and_replica
+    url = f"redis://:{ha.password}@127.0.0.1:{ha.data[1].port}/0"
+    store = RedisDirectoryStore(DirectoryConfig(redis_url=url, redis_retries=0))
+    try:
+        with pytest.raises(DirectoryUnavailable, match="read only replica"):
+            register(store, "d0")
+    finally:
+        store.close()
 
 
 def test_a_write_no_replica_acknowledges_is_unavailable(redis_server):
