@@ -13,7 +13,7 @@ import asyncio
 import logging
 import sys
 
-from kv_directory.config import DirectoryConfig, redact_url
+from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import RedisDirectoryStore
 from kv_directory.server import serve
 from services.common.grpc_server import setup_logging
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         store.ping()
     except DirectoryUnavailable as exc:
         store.close()
-        print(f"kv_directory: redis unreachable at {redact_url(config.redis_url)}: {exc}", file=sys.stderr)
+        print(f"kv_directory: redis unreachable at {config.describe_redis()}: {exc}", file=sys.stderr)
         return 3
     try:
         asyncio.run(serve(store, config, security))

@@ -1,10 +1,21 @@
-"""Settings of the KV directory: one pydantic-settings class (services/common/settings.py)."""
+"""Settings of the KV directory: one pydantic-settings class (services/common/settings.py).
+
+Where Redis is, two ways:
+
+    plain     PD_REDIS_URL=redis://[:PASSWORD@]HOST:PORT/DB
+    Sentinel  PD_REDIS_SENTINELS=h1:26379,h2:26379,h3:26379  PD_REDIS_SENTINEL_MASTER=NAME
+              PD_REDIS_URL=redis://[:PASSWORD@]/DB  (optional: no host, Sentinel names it)
+
+The master's password is in the URL or in PD_REDIS_PASSWORD (one of the two: a
+Kubernetes Secret maps onto the variable without URL-quoting); the Sentinels'
+own password, if they have one, is PD_REDIS_SENTINEL_PASSWORD.
+"""
 
 from __future__ import annotations
 
 import urllib.parse
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from pdserve_client import contract
 from services.common.settings import ServiceSettings, env
@@ -43,12 +54,78 @@ class DirectoryConfig(ServiceSettings):
     """Reconnect attempts per call. Safe because every script is idempotent by
     transfer id / epoch (a retried reserve answers DUPLICATE)."""
 
+    redis_password: str = env("PD_REDIS_PASSWORD", "")
+    """Password of the Redis master (and its replicas); '' = the URL's, if any."""
+
+    redis_sentinels: str = env("PD_REDIS_SENTINELS", "")
+    """Comma-separated host:port of Redis Sentinels; '' = plain Redis at PD_REDIS_URL.
+    With Sentinels the directory asks them for the master and follows a failover."""
+
+    redis_sentinel_master: str = env("PD_REDIS_SENTINEL_MASTER", "")
+    """The master's name as the Sentinels know it (``sentinel monitor NAME ...``)."""
+
+    redis_sentinel_password: str = env("PD_REDIS_SENTINEL_PASSWORD", "")
+    """Password of the Sentinels themselves ('' = they take none)."""
+
+    redis_min_replicas_ack: int | None = env("PD_REDIS_MIN_REPLICAS_ACK", None, ge=0)
+    """Replicas that must hold a fence-critical write (register, route epoch advance,
+    nonce consume, publish) before its answer goes out (Redis ``WAIT``); fewer within
+    ``redis_replica_ack_timeout_s`` answers DirectoryUnavailable. None = 1 with
+    Sentinels, 0 without. See docs/design.md, "Redis failover"."""
+
+    redis_replica_ack_timeout_s: float = env("PD_REDIS_REPLICA_ACK_TIMEOUT_S", 0.5, gt=0)
+    """How long such a write waits for its replica acknowledgements."""
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be redis://, rediss:// or unix://")
         return url
+
+    @model_validator(mode="after")
+    def _one_redis(self):
+        parts = urllib.parse.urlsplit(self.redis_url)
+        if self.redis_password and parts.password is not None:
+            raise ValueError("PD_REDIS_PASSWORD and a password in PD_REDIS_URL: give one of them")
+        if not self.redis_sentinels:
+            if self.redis_sentinel_master or self.redis_sentinel_password:
+                raise ValueError("PD_REDIS_SENTINEL_MASTER/_PASSWORD need PD_REDIS_SENTINELS")
+            return self
+        self.sentinel_addresses()  # raises on a malformed list
+        if not self.redis_sentinel_master:
+            raise ValueError("PD_REDIS_SENTINELS needs PD_REDIS_SENTINEL_MASTER (the monitored master's name)")
+        if parts.scheme == "unix":
+            raise ValueError("PD_REDIS_SENTINELS and a unix:// PD_REDIS_URL: Sentinel names a TCP master")
+        if "redis_url" in self.model_fields_set and parts.hostname:
+            raise ValueError("PD_REDIS_SENTINELS and a PD_REDIS_URL with a host: give one of them "
+                             "(with Sentinels the URL may carry only the password and db: redis://:PASSWORD@/DB)")
+        return self
+
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """``redis_sentinels`` as (host, port) pairs; [] without Sentinels."""
+        out = []
+        for item in filter(None, (s.strip() for s in self.redis_sentinels.split(","))):
+            host, sep, port = item.rpartition(":")
+            if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"PD_REDIS_SENTINELS entry {item!r} is not host:port")
+            out.append((host.strip("[]"), int(port)))
+        if self.redis_sentinels and not out:
+            raise ValueError("PD_REDIS_SENTINELS names no host:port")
+        return out
+
+    @property
+    def replicas_to_ack(self) -> int:
+        """``redis_min_replicas_ack`` with its default filled in."""
+        if self.redis_min_replicas_ack is not None:
+            return self.redis_min_replicas_ack
+        return 1 if self.redis_sentinels else 0
+
+    def describe_redis(self) -> str:
+        """Where Redis is, without a password, for logs."""
+        if self.redis_sentinels:
+            return f"sentinel master {self.redis_sentinel_master!r} via {self.redis_sentinels}"
+        return redact_url(self.redis_url)
 
     @field_validator("key_prefix")
     @classmethod

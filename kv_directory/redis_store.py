@@ -20,11 +20,23 @@ READONLY, OOM, BUSY, ...) raises ``DirectoryUnavailable``; the gRPC layer maps
 it to UNAVAILABLE. A retry after an ambiguous failure is safe: each script is
 idempotent by transfer id / epoch / nonce, so a reserve that did land answers
 DUPLICATE the second time.
+
+High availability (docs/design.md, "Redis failover"): with ``PD_REDIS_SENTINELS``
+the client is redis-py's ``Sentinel.master_for``, whose pool asks the Sentinels
+for the master on every new connection and drops its connections when the
+answer changes (or when the old master answers READONLY as a demoted replica),
+so the first calls after a promotion reach the new master; the ones in the
+window raise DirectoryUnavailable. Replication is asynchronous, so the writes
+whose loss would be unsafe — a fence handed out (register, route epoch
+advance), a nonce consumed, a publication — wait for ``replicas_to_ack``
+replicas (Redis ``WAIT``) before their answer leaves; too few within the
+timeout reads, to the caller, like a reply lost on the wire.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +44,7 @@ from typing import Any
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.store import DirectoryStore
@@ -63,7 +76,17 @@ OPERATIONS = (
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 
 # Server replies meaning "not now" rather than "wrong request".
+_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 _UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "BUSY", "OOM", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+
+
+def _not_now(exc: redis.exceptions.ResponseError) -> bool:
+    """A reply that means "not now" (a replica, loading, out of memory, ...), bare or
+    raised inside a script ("Error running script ...: -READONLY ...")."""
+    if isinstance(exc, _UNAVAILABLE_ERRORS):  # redis-py strips these replies' code
+        return True
+    text = str(exc).upper()
+    return text.startswith(_UNAVAILABLE_REPLIES) or any(f"-{code} " in text for code in _UNAVAILABLE_REPLIES)
 
 
 def lua_header() -> str:
@@ -93,6 +116,32 @@ def script_source(operation: str) -> str:
     lib = (LUA_DIR / "_lib.lua").read_text()
     body = (LUA_DIR / f"{operation}.lua").read_text()
     return f"{lua_header()}\n{lib}\n-- ---- {operation}.lua ----\n{body}"
+
+
+def connect(config: DirectoryConfig) -> redis.Redis:
+    """The client ``config`` describes: plain from ``redis_url``, or the master the
+    Sentinels name (re-asked on every new connection). ``decode_responses=True``."""
+    timeouts = {"socket_timeout": config.redis_timeout_s, "socket_connect_timeout": config.redis_timeout_s}
+    options: dict[str, Any] = {
+        **timeouts,
+        "decode_responses": True,
+        "retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), config.redis_retries),
+        "retry_on_error": [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    }
+    if config.redis_password:
+        options["password"] = config.redis_password
+    if not config.redis_sentinels:
+        return redis.Redis.from_url(config.redis_url, **options)
+    # The URL carries only what the master connection needs besides its address.
+    url = redis.connection.parse_url(config.redis_url)
+    options.update({name: url[name] for name in ("username", "password", "db") if name in url})
+    if urllib.parse.urlsplit(config.redis_url).scheme == "rediss":
+        options["ssl"] = True  # SentinelConnectionPool picks its SSL connection class
+    sentinel_options = {**timeouts, "retry": Retry(ExponentialBackoff(cap=0.2, base=0.05), 1)}
+    if config.redis_sentinel_password:
+        sentinel_options["password"] = config.redis_sentinel_password
+    sentinel = Sentinel(config.sentinel_addresses(), sentinel_kwargs=sentinel_options)
+    return sentinel.master_for(config.redis_sentinel_master, **options)
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
@@ -149,14 +198,9 @@ class RedisDirectoryStore(DirectoryStore):
     def __init__(self, config: DirectoryConfig, client: redis.Redis | None = None):
         """Connects lazily; ``client``, if given, must use ``decode_responses=True``."""
         self._cfg = config
-        self._client = client or redis.Redis.from_url(
-            config.redis_url,
-            decode_responses=True,
-            socket_timeout=config.redis_timeout_s,
-            socket_connect_timeout=config.redis_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), config.redis_retries),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-        )
+        self._client = client or connect(config)
+        self._replicas = config.replicas_to_ack
+        self._ack_timeout_ms = max(1, int(config.redis_replica_ack_timeout_s * 1000))
         if not self._client.get_encoder().decode_responses:
             raise ValueError("RedisDirectoryStore needs a client with decode_responses=True")
         # Read every script now: a missing or broken file fails at start, not mid-request.
@@ -168,15 +212,48 @@ class RedisDirectoryStore(DirectoryStore):
             int(config.record_retention_s * 1000),
         ]
 
-    def _run(self, operation: str, *args: Any) -> Any:
+    def _run(self, operation: str, *args: Any, acked: bool = False) -> Any:
+        """Run ``operation``'s script; with ``acked`` (and replicas to wait for) the
+        answer leaves only once that many replicas hold it."""
         try:
+            if acked and self._replicas:
+                return self._run_acked(operation, [*self._base_args, *args])
             return self._scripts[operation](args=[*self._base_args, *args])
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise DirectoryUnavailable(f"redis unreachable during {operation}: {exc}") from exc
         except redis.exceptions.ResponseError as exc:
-            if str(exc).upper().startswith(_UNAVAILABLE_REPLIES):
-                raise DirectoryUnavailable(f"redis refused {operation}: {exc}") from exc
-            raise
+            if not _not_now(exc):
+                raise
+            if "READONLY" in str(exc).upper() or isinstance(exc, redis.exceptions.ReadOnlyError):
+                # A demoted master: drop every connection, so that the next ones ask
+                # the Sentinels (redis-py does that itself only for a bare READONLY
+                # reply, not for one raised inside a script).
+                self._client.connection_pool.disconnect()
+            raise DirectoryUnavailable(f"redis refused {operation}: {exc}") from exc
+
+    def _run_acked(self, operation: str, args: list[Any]) -> Any:
+        """EVALSHA, a mark, WAIT — one pipeline, so one connection: WAIT counts the
+        replicas that hold this connection's last write, and the mark (written after
+        the script) makes that cover every earlier write too, including the original
+        of an answer that is a DUPLICATE of a retried call."""
+        script = self._scripts[operation]
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, 0, *args)
+            pipe.set(f"{self._cfg.key_prefix}:ack_mark", operation)
+            pipe.wait(self._replicas, self._ack_timeout_ms)
+            reply, _, acks = pipe.execute(raise_on_error=False)
+            if not isinstance(reply, redis.exceptions.NoScriptError):
+                break
+            self._client.script_load(script.script)  # a new (promoted) master: load, run once more
+        for result in (reply, acks):
+            if isinstance(result, Exception):
+                raise result
+        if int(acks) < self._replicas:
+            raise DirectoryUnavailable(
+                f"{operation} applied on the redis master but held by {acks} of the {self._replicas} replicas "
+                f"required within {self._ack_timeout_ms} ms; a failover now could lose it")
+        return reply
 
     def ping(self) -> None:
         """Readiness: reach Redis and load every script; raises DirectoryUnavailable."""
@@ -199,7 +276,7 @@ class RedisDirectoryStore(DirectoryStore):
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_address, info.data_plane_address,
             info.cache_abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
-            info.colocated_only_reason,
+            info.colocated_only_reason, acked=True,
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
@@ -253,7 +330,7 @@ class RedisDirectoryStore(DirectoryStore):
     def publish(self, transfer_id: str, generation: int, kv_digest: str) -> TxnResult:
         """See ``TransferLedger.publish``."""
         return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation)),
-                                     kv_digest, ""))
+                                     kv_digest, "", acked=True))
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""
@@ -278,11 +355,11 @@ class RedisDirectoryStore(DirectoryStore):
 
     def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
         """See ``RouteEpochs.advance_route_epoch``."""
-        outcome, epoch = self._run("route_epoch", "advance", "" if expected is None else str(expected))
+        outcome, epoch = self._run("route_epoch", "advance", "" if expected is None else str(expected), acked=True)
         return EpochResult(Outcome(outcome), int(epoch))
 
     def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
         """See ``NonceLedger.consume_nonce``."""
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
-        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch))
+        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch, acked=True))

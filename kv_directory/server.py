@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
-from kv_directory.config import DirectoryConfig, redact_url
+from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
     initial_load,
@@ -381,7 +381,7 @@ async def serve(store: DirectoryStore, config: DirectoryConfig, security: Securi
     metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
     log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
-             host, port, redact_url(config.redis_url), config.lease_ttl_s)
+             host, port, config.describe_redis(), config.lease_ttl_s)
     try:
         await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
     finally:

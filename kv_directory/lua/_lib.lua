@@ -26,6 +26,7 @@
 --   reqtx:<n>:<tenant>:<rid>  set   open transfer ids of the request
 --   route_epoch       int
 --   nonce:<nonce>     string, PX = its ttl
+--   ack_mark          string, written by redis_store after a WAITed script (never read)
 
 local PREFIX = ARGV[1]
 local LEASE_MS = tonumber(ARGV[2])

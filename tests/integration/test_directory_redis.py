@@ -17,6 +17,7 @@ from services.directory.records import DirectoryUnavailable, LoadReport
 from services.directory.states import Outcome, TxnState
 from tests.support.directory.contract import DirectoryContract
 from tests.support.directory.harness import CHUNKS, KV, Harness, make_spec, register
+from tests.support.redis_ha import start_redis_ha
 
 
 class RedisHarness(Harness):
@@ -91,6 +92,79 @@ class TestRedisDirectory(DirectoryContract):
         ttl_ms = harness.raw.pttl(f"{store.test_prefix}:txn:t1")
         assert 0 < ttl_ms <= 60_000
         harness.assert_no_leaks(store)
+
+
+class AckedRedisHarness(RedisHarness):
+    """Stores that WAIT for one replica after every fence-critical write."""
+
+    def open(self, **config: object) -> DirectoryStore:
+        return super().open(**{"redis_min_replicas_ack": 1, **config})
+
+
+@pytest.fixture(scope="module")
+def master_and_replica():
+    """A password-protected master with one replica, no Sentinels."""
+    with start_redis_ha(replicas=1, sentinels=0) as ha:
+        ha.wait_ready()
+        yield ha
+
+
+class TestRedisDirectoryWaitingForReplicas(DirectoryContract):
+    """The shared contract with ``PD_REDIS_MIN_REPLICAS_ACK=1`` on a master with a
+    replica: register, publish, route epoch advance and nonce go through the WAIT
+    pipeline (its NOSCRIPT reload included) and answer exactly as without it."""
+
+    @pytest.fixture
+    def harness(self, master_and_replica):
+        h = AckedRedisHarness(master_and_replica.master_url())
+        yield h
+        h.close()
+
+    def test_noscript_reloads_on_the_waited_path(self, harness, ends):
+        store, p, d = ends
+        harness.raw.script_flush()
+        assert register(store, "d1").epoch > 0
+        def waits() -> int:
+            return harness.raw.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+
+        before = waits()
+        assert store.consume_nonce("n", 5) == Outcome.APPLIED  # NOSCRIPT, load, run again
+        assert waits() == before + 2
+        assert store.consume_nonce("n2", 5) == Outcome.APPLIED
+        assert waits() == before + 3
+        harness.assert_no_leaks(store)
+
+
+def test_a_replica_answering_readonly_is_unavailable(master_and_replica):
+    """A plain URL that reaches a replica (a demoted master behind a Service): every
+    write is READONLY, which is "not now", not a wrong request."""
+    ha = master_and_replica
+    url = f"redis://:{ha.password}@127.0.0.1:{ha.data[1].port}/0"
+    store = RedisDirectoryStore(DirectoryConfig(redis_url=url, redis_retries=0))
+    try:
+        with pytest.raises(DirectoryUnavailable, match="read only replica"):
+            register(store, "d0")
+    finally:
+        store.close()
+
+
+def test_a_write_no_replica_acknowledges_is_unavailable(redis_server):
+    """WAIT 1 on a master without replicas: the write lands, the caller is told
+    DirectoryUnavailable (a failover could still lose it); plain calls answer."""
+    cfg = DirectoryConfig(redis_url=redis_server.url, key_prefix="{pdtest-ack-" + uuid.uuid4().hex[:8] + "}",
+                          redis_min_replicas_ack=1, redis_replica_ack_timeout_s=0.1)
+    store = RedisDirectoryStore(cfg)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DirectoryUnavailable, match="held by 0 of the 1 replicas"):
+            register(store, "d0")
+        assert time.monotonic() - started < 2
+        assert [w.worker_id for w in store.snapshot().workers] == ["d0"]  # applied on the master
+        for call in (lambda: store.advance_route_epoch(), lambda: store.consume_nonce("n", 5)):
+            with pytest.raises(DirectoryUnavailable):
+                call()
+    finally:
+        store.close()
 
 
 @pytest.fixture
