@@ -108,13 +108,17 @@ image:
 
 # The same on a machine that reaches PyPI and a Debian mirror but no registry (this
 # project's CI): a base from Debian's packages (deploy/base-rootfs.sh, once), buildah's
-# chroot isolation (no OCI runtime needed), and a local wheel folder (LOCAL_WHEELS, when
-# it exists) for the CPU torch wheel PyTorch's own index would serve.
+# chroot isolation (no OCI runtime needed), pip's CA bundle (LOCAL_CA, $$PIP_CERT: a TLS-inspecting
+# proxy's) and a local wheel folder (LOCAL_WHEELS, when it exists) for the CPU torch
+# wheel that PyTorch's own index would serve.
 LOCAL_BASE   ?= localhost/pdserve-base:bookworm
 LOCAL_WHEELS ?= /opt/wheels
+LOCAL_CA     ?= $(PIP_CERT)
 image-local:
 	@buildah inspect --type image $(LOCAL_BASE) >/dev/null 2>&1 || deploy/base-rootfs.sh $(LOCAL_BASE)
 	$(MAKE) image BUILDER=buildah BASE_IMAGE=$(LOCAL_BASE) IMAGE_ARGS="--isolation chroot --layers \
+	  $(if $(LOCAL_CA),--build-arg PIP_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+	  --volume $(LOCAL_CA):/etc/ssl/certs/ca-certificates.crt:ro) \
 	  $(if $(and $(wildcard $(LOCAL_WHEELS)),$(filter cpu,$(TORCH_VARIANT))),--build-arg TORCH_INDEX_URL=https://pypi.org/simple \
 	  --build-arg EXTRA_FIND_LINKS=$(LOCAL_WHEELS) --volume $(LOCAL_WHEELS):$(LOCAL_WHEELS):ro) $(IMAGE_ARGS)"
 
