@@ -104,7 +104,8 @@ image:
 	  --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
-	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) $(IMAGE_ARGS) .
+	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+	  --build-arg SOURCE_URL=$$(git remote get-url origin 2>/dev/null || true) $(IMAGE_ARGS) .
 
 # The same on a machine that reaches PyPI and a Debian mirror but no registry (this
 # project's CI): a base from Debian's packages (deploy/base-rootfs.sh, once), buildah's
