@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test chart-check install browser native proto sync-client bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing trace-viewer clean down
+.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -97,6 +97,44 @@ PHOENIX := .venv-phoenix
 trace-viewer:
 	@test -x $(PHOENIX)/bin/phoenix || ($(PY) -m venv $(PHOENIX) && $(PHOENIX)/bin/pip install -q arize-phoenix)
 	$(PHOENIX)/bin/phoenix serve
+
+# The container image (deploy/Containerfile, deploy/README.md), never part of `make test`
+# (tests/unit/deploy lints it there). TORCH_VARIANT=cpu|cuda picks torch's build;
+# BASE_IMAGE and IMAGE_ARGS pass through (e.g. IMAGE_ARGS='--platform linux/amd64').
+IMAGE         ?= localhost/pdserve
+TORCH_VARIANT ?= cpu
+IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(TORCH_VARIANT)
+BASE_IMAGE    ?=
+IMAGE_ARGS    ?=
+BUILDER       ?= $(firstword $(shell command -v buildah podman docker 2>/dev/null))
+image:
+	@test -n "$(BUILDER)" || { echo "make image: needs buildah, podman or docker" \
+	  "(Debian: apt-get install buildah podman)"; exit 1; }
+	$(BUILDER) build -f deploy/Containerfile -t $(IMAGE):$(IMAGE_TAG) \
+	  --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
+	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
+	  --build-arg SOURCE_URL=$$(git remote get-url origin 2>/dev/null || true) $(IMAGE_ARGS) .
+
+# The same on a machine that reaches PyPI and a Debian mirror but no registry (this
+# project's CI): a base from Debian's packages (deploy/base-rootfs.sh, once), buildah's
+# chroot isolation (no OCI runtime needed), pip's CA bundle (LOCAL_CA, $$PIP_CERT: a TLS-inspecting
+# proxy's) and a local wheel folder (LOCAL_WHEELS, when it exists) for the CPU torch
+# wheel that PyTorch's own index would serve.
+LOCAL_BASE   ?= localhost/pdserve-base:bookworm
+LOCAL_WHEELS ?= /opt/wheels
+LOCAL_CA     ?= $(PIP_CERT)
+image-local:
+	@buildah inspect --type image $(LOCAL_BASE) >/dev/null 2>&1 || deploy/base-rootfs.sh $(LOCAL_BASE)
+	$(MAKE) image BUILDER=buildah BASE_IMAGE=$(LOCAL_BASE) IMAGE_ARGS="--isolation chroot --layers \
+	  $(if $(LOCAL_CA),--build-arg PIP_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+	  --volume $(LOCAL_CA):/etc/ssl/certs/ca-certificates.crt:ro) \
+	  $(if $(and $(wildcard $(LOCAL_WHEELS)),$(filter cpu,$(TORCH_VARIANT))),--build-arg TORCH_INDEX_URL=https://pypi.org/simple \
+	  --build-arg EXTRA_FIND_LINKS=$(LOCAL_WHEELS) --volume $(LOCAL_WHEELS):$(LOCAL_WHEELS):ro) $(IMAGE_ARGS)"
+
+image-smoke:
+	deploy/smoke.sh $(IMAGE):$(IMAGE_TAG)
 
 down: $(STAMP)
 	$(VPY) -m services.cli down
