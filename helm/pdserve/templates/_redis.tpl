@@ -10,14 +10,19 @@ kubelet, so it is in no manifest), and under HA the Sentinels it follows the mas
 - {name: PD_REDIS_URL, value: {{ .Values.redis.external.url | quote }}}
 {{- end }}
 {{- else }}
-- name: REDIS_PASSWORD
-  valueFrom: {secretKeyRef: {name: {{ include "pdserve.redisSecret" . }}, key: {{ .Values.redis.auth.secretKey }}}}
-- {name: PD_REDIS_URL, value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" $full | quote }}}
 {{- if .Values.redis.ha.enabled }}
+{{- /* Under HA the master is whoever the Sentinels name (kv_directory/config.py refuses a
+URL with a host beside PD_REDIS_SENTINELS): the password alone, from the Secret. */}}
+- name: PD_REDIS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "pdserve.redisSecret" . }}, key: {{ .Values.redis.auth.secretKey }}}}
 {{- $s := .Values.redis.ha.sentinel }}
 - name: PD_REDIS_SENTINELS
   value: {{ include "pdserve.sentinelAddresses" . | quote }}
 - {name: PD_REDIS_SENTINEL_MASTER, value: {{ $s.masterName | quote }}}
+{{- else }}
+- name: REDIS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "pdserve.redisSecret" . }}, key: {{ .Values.redis.auth.secretKey }}}}
+- {name: PD_REDIS_URL, value: {{ printf "redis://:$(REDIS_PASSWORD)@%s-redis:6379/0" $full | quote }}}
 {{- end }}
 {{- end }}
 {{- end -}}

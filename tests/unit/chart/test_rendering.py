@@ -245,3 +245,23 @@ def test_the_helm_test_pod_generates_and_checks_the_route(defaults):
     script = pod["spec"]["containers"][0]["command"][-1]
     assert "pdctl" in script and "--json" in script and 'r["route"] == want' in script
     assert script.rstrip().endswith('"disaggregated"') and "--mode disaggregated" in script
+
+
+@pytest.mark.parametrize("values", CI, ids=lambda p: p.stem)
+def test_the_directory_accepts_the_redis_settings_the_chart_gives_it(values, monkeypatch):
+    """The chart and kv_directory/config.py agree: the directory's rendered environment
+    (Secret values stood in for, $(VAR) expanded as the kubelet does) is a valid config."""
+    import re
+
+    from kv_directory.config import DirectoryConfig
+
+    env = env_of(pod_specs(render(files=(str(values),)))["pd-pdserve-directory"]["containers"][0])
+    plain = {k: ("redis://:pw@redis.example:6379/0" if k == "PD_REDIS_URL" else "pw") if isinstance(v, dict) else v
+             for k, v in env.items()}
+    for key in [k for k in list(__import__("os").environ) if k.startswith("PD_REDIS")]:
+        monkeypatch.delenv(key)
+    for key, value in plain.items():
+        if key.startswith("PD_REDIS") or key == "REDIS_PASSWORD":
+            monkeypatch.setenv(key, re.sub(r"\$\((\w+)\)", lambda m: plain.get(m.group(1), ""), str(value)))
+    config = DirectoryConfig.from_env()
+    assert config.redis_url or config.redis_sentinels
