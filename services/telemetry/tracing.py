@@ -9,8 +9,9 @@ process gets its own `service.name` (pdserve-router, pdserve-prefill, ...) and
 with a bounded queue: a dead collector costs dropped spans, never a slower request.
 
 How one request stays one trace:
-- gRPC: W3C `traceparent` + `baggage` metadata, by the opentelemetry-instrumentation-grpc
-  interceptors on every server (`server_interceptors`) and channel (`client_interceptors`).
+- gRPC: W3C `traceparent` + `baggage` metadata, sent by an interceptor on every channel
+  (`client_interceptors`) and taken by one on every server (`server_interceptors`), which
+  opens the call's SERVER span.
 - the data plane (UCX, TCP are not gRPC): `inject` / `extract` over a dict carried in
   the hand-off's commit.
 - work that outlives the RPC that started it (a reservation's transfer, a decode
@@ -30,6 +31,7 @@ collector holding a `collector` certificate of the cluster's CA (services/teleme
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -213,21 +215,89 @@ def extract(carrier: Mapping[str, str]):
 
 
 def server_interceptors() -> list:
-    """The asyncio server interceptors that open a span per RPC (none while off; health
-    checks are not traced)."""
-    if _provider is None:
-        return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
-    return [aio_server_interceptor(tracer_provider=_provider, filter_=_untraced())]
+    """The asyncio server interceptors that open a SERVER span per call, a child of the
+    caller's context from the metadata (none while off; health checks and heartbeats are
+    not traced)."""
+    return [] if _provider is None else [_ServerSpans()]
+
+
+class _ServerSpans(grpc.aio.ServerInterceptor):
+    """One SERVER span per call named after its method, under the caller's W3C context.
+
+    Why not the OpenTelemetry gRPC instrumentation's aio interceptor: it wraps a streaming
+    handler's generator in its own and does not close it when the call ends, so a client's
+    cancel reached our handler only when the garbage collector finalized it — seconds
+    later, with the decode worker still decoding and holding blocks
+    (tests/e2e/test_e2e_bad_input.py caught it). This one closes it at once (aclosing)."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith("/grpc.health.") or method.endswith(UNTRACED_METHODS):
+            return handler
+        metadata = details.invocation_metadata
+        attributes = {"rpc.system": "grpc", "rpc.method": method}
+
+        def remote():
+            return propagate.extract({m.key: m.value for m in metadata or ()})
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                token = otel_context.attach(remote())  # the caller's baggage, for our own calls
+                try:
+                    with _tracer.start_as_current_span(method, kind=trace.SpanKind.SERVER, attributes=attributes):
+                        return await inner(request, context)
+                finally:
+                    otel_context.detach(token)
+
+            return handler._replace(unary_unary=unary)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):
+                parent = remote()
+                span = _tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes)
+                ctx = trace.set_span_in_context(span, parent)
+                items = inner_stream(request, context)
+                try:
+                    while True:
+                        # The context is attached around each step, not across a yield: the
+                        # stream may be resumed, or closed, from another task.
+                        token = otel_context.attach(ctx)
+                        try:
+                            item = await anext(items)
+                        except StopAsyncIteration:
+                            break
+                        finally:
+                            otel_context.detach(token)
+                        yield item
+                except (GeneratorExit, asyncio.CancelledError):
+                    raise
+                except BaseException as exc:
+                    failed(span, f"{type(exc).__name__}: {exc}")
+                    raise
+                finally:
+                    await items.aclose()  # the handler's own cleanup runs now, not at collection
+                    span.end()
+
+            return handler._replace(unary_stream=stream)
+        return handler
+
+
+UNTRACED_METHODS = ("/Heartbeat",)
+"""Calls that are no request's: lease heartbeats (one a second per worker would bury the
+requests' traces); health checks are left out too."""
 
 
 def client_interceptors() -> list:
     """The asyncio channel interceptors that send the current trace context (W3C
     traceparent and baggage metadata) with every call; none while tracing is off.
 
-    They open no span of their own: the callee's server span (the instrumentation's
-    interceptor) is the call's span, a child of the caller's current one. A client span
-    per call as well (the instrumentation's client interceptor) measured ~190 µs per call
+    They open no span of their own: the callee's server span is the call's span, a child
+    of the caller's current one. A client span per call as well (the OpenTelemetry gRPC
+    instrumentation's client interceptor) measured ~190 µs per call
     here and doubled the spans of a hand-off for the same information
     (bench/results/tracing.md)."""
     if _provider is None:
@@ -253,10 +323,3 @@ class _SendContextUnary(grpc.aio.UnaryUnaryClientInterceptor):
 class _SendContextStream(grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_context(client_call_details), request)
-
-
-def _untraced():
-    """Calls that are no request's: health checks and lease heartbeats (one a second per
-    worker would bury the requests' traces)."""
-    from opentelemetry.instrumentation.grpc import filters
-    return filters.negate(filters.any_of(filters.health_check(), filters.method_name("Heartbeat")))
