@@ -85,13 +85,7 @@ class RedisProcess:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate, wait, kill if it will not go; then remove the temp dir."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
+        terminate(self.proc, timeout_s)
         self._workdir.cleanup()
 
     def __enter__(self) -> RedisProcess:
@@ -132,3 +126,14 @@ def start_redis(port: int | None = None, host: str = "127.0.0.1", timeout_s: flo
         last_error = f"port {chosen}: exit={proc.returncode} {' '.join(logs)}"
         workdir.cleanup()
     raise RuntimeError(f"redis-server did not start: {last_error}")
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGTERM, wait up to timeout_s, then SIGKILL; idempotent."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)

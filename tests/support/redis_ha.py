@@ -30,7 +30,7 @@ from pathlib import Path
 
 import redis
 
-from services.cluster.redis_proc import find_redis_server, free_port, pings
+from services.cluster.redis_proc import find_redis_server, free_port, pings, terminate
 
 MASTER_NAME = "pdmaster"
 HOST = "127.0.0.1"
@@ -66,13 +66,7 @@ class Node:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it will not go; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
+        terminate(self.proc, timeout_s)
 
 
 def _write_conf(path: Path, lines: list[str]) -> None:
