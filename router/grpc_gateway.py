@@ -78,21 +78,6 @@ def call_error(exc: grpc.aio.AioRpcError, what: str) -> WorkerCallError:
     return WorkerCallError(code, exc.details() or f"{what} failed with {exc.code().name}")
 
 
-STREAM_CLOSE_S = 1.0
-"""How long the router waits for a worker's stream to end after its complete event."""
-
-
-async def _until_closed(call: Any) -> None:
-    """Read a stream to its end (its status) after its complete event, briefly: the call's
-    client span (tracing) ends there, not when the iterator is dropped."""
-    try:
-        async with asyncio.timeout(STREAM_CLOSE_S):
-            async for _ in call:
-                pass
-    except (TimeoutError, grpc.aio.AioRpcError):
-        pass
-
-
 class _Channels:
     """Lazily opened channels, one per worker incarnation (address, epoch) and service
     (a mixed worker answers pd.v1.Decode and pd.v1.Prefill; each channel checks that the
@@ -162,11 +147,9 @@ class GrpcWorkerGateway(WorkerGateway):
         try:
             async for ev in call:
                 item = convert.token_event_from_pb(ev)
-                if isinstance(item, StreamComplete):
-                    await _until_closed(call)  # nothing may follow a complete event
-                    yield item
-                    return
                 yield item
+                if isinstance(item, StreamComplete):
+                    return  # nothing may follow a complete event
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, what) from None
         finally:

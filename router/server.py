@@ -69,10 +69,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except RouterError as exc:
             await context.abort(grpc_code(exc.code), exc.message)
         request_id = run.req.request_id
-        # The call's end cancels the request (a no-op once it finished), not only this
-        # generator's finally: a generator the server drops after a client's cancel is
-        # closed when it is collected, seconds later under an interceptor's wrapper.
-        context.add_done_callback(lambda _ctx: run.cancel("client went away"))
         try:
             async for event in run.stream():
                 yield convert.event_to_pb(request_id, event)
