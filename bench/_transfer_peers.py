@@ -151,7 +151,8 @@ class Peer:
     async def pd_result(self, kind: str, transfer_id: str, timeout_s: float = 60.0) -> dict:
         """How the transfer ended and the digest of what landed."""
         rec = self.pending.pop(transfer_id)
-        await asyncio.wait_for(rec["done"].wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await rec["done"].wait()
         self.receivers[kind].forget(transfer_id)
         await self.receivers[kind].fence(transfer_id)
         return {"state": rec["state"], "reason": rec["reason"], "chunks": len(rec["arrived"]),

@@ -261,8 +261,9 @@ class DecodeWorker:
             self._cancel_timer(transfer_id)  # claimed: the unclaimed-publication timer stops
         timeout = max(0.0, res.deadline_s - time.monotonic())
         try:
-            await asyncio.wait_for(res.published.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):  # not wait_for: it can swallow the caller's cancel
+                await res.published.wait()
+        except TimeoutError:
             await self.abort_unpublished(res, "not published before the reservation TTL")
         except asyncio.CancelledError:  # the stream's caller left: unclaimed again (TTL applies)
             res.streamed = False

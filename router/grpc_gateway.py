@@ -206,7 +206,8 @@ class GrpcDirectoryGateway(DirectoryGateway):
 
     async def _call(self, what: str, coro: Any, timeout_s: float) -> Any:
         try:
-            return await asyncio.wait_for(coro, timeout_s)  # the request's deadline may be shorter
+            async with asyncio.timeout(timeout_s):  # the request's deadline may be shorter
+                return await coro
         except TimeoutError:
             raise WorkerCallError(StatusCode.DEADLINE_EXCEEDED, f"{what}: no answer within {timeout_s:g} s") from None
         except DirectoryUnavailable as exc:

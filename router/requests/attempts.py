@@ -214,7 +214,10 @@ class AttemptRunner:
         while True:
             wait = min(self._cfg.liveness_check_s, give_up - loop.time())
             try:
-                return await asyncio.wait_for(queue.get(), max(wait, 0.0))
+                # Not wait_for: on Python 3.11 it returns an item that arrives with a cancel
+                # and drops the cancel (the request then decodes on after its client left).
+                async with asyncio.timeout(max(wait, 0.0)):
+                    return await queue.get()
             except TimeoutError:
                 pass
             if loop.time() >= give_up:

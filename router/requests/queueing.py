@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -153,7 +154,8 @@ class AdmissionQueue:
         self._ensure_pump()
         self.kick()
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.granted), patience_s)
+            async with asyncio.timeout(patience_s):  # not wait_for: it can swallow a cancel
+                return await asyncio.shield(waiter.granted)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 self._overlay.remove(waiter.granted.result())  # granted as it gave up: give it back
@@ -184,10 +186,9 @@ class AdmissionQueue:
                 self._grant(cluster)
             if not self._turn:
                 return
-            try:
-                await asyncio.wait_for(self._kick.wait(), self.poll_s)
-            except asyncio.TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_s):
+                    await self._kick.wait()
 
     def _grant(self, cluster: Cluster) -> None:
         """Serve tenants round robin: a pass offers each tenant's head, in turn order,

@@ -205,8 +205,9 @@ class Mailbox:
         ep = await self.rt.endpoint(self.rt.address)
         await asyncio.wait([self.rt.post_send(ep, msg, self.tag)], timeout=5)
         try:
-            await asyncio.wait_for(self._task, 5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(5):
+                await asyncio.shield(self._task)
+        except (TimeoutError, asyncio.CancelledError):
             self._task.cancel()
         self._task = None
 

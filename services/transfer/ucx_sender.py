@@ -276,7 +276,8 @@ class UcxSender(KVSender):
         if not _alive(host, pid, self._rt):
             raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
         try:
-            ep = await asyncio.wait_for(self._rt.endpoint(address), self.io_timeout_s)
+            async with asyncio.timeout(self.io_timeout_s):
+                ep = await self._rt.endpoint(address)
         except Exception as e:  # noqa: BLE001 - bad address bytes, UCX errors
             raise TransferError(f"cannot connect to {dest[:80]}: {e!r}") from None
         peer = _Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),

@@ -5,7 +5,7 @@ share: request parameters, running a request to its end, and `assert_no_leaks`."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
@@ -80,6 +80,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.manifests: list = []
         self.published: dict[str, asyncio.Event] = {}
         self.token_gap_s = 0.0
+        self.after_token: Callable[[int], None] | None = None
+        """Called with i right after token i was taken, in the same event-loop step as
+        the router's queueing of it (a cancel there races the token)."""
         self.directory_down = False
         """Every directory call raises UNAVAILABLE (an outage)."""
         self.snapshots = 0
@@ -156,6 +159,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             digest = "" if i or not call.transfer_id else \
                 f"kv:{call.transfer_id}" + ("-corrupt" if w.worker_id in self.corrupt_kv else "")
             yield StreamToken(tok, i, digest)
+            if self.after_token is not None:
+                self.after_token(i)
         yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
 
     async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):

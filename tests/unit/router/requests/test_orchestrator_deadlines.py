@@ -13,6 +13,7 @@ from router.requests.orchestrator import Orchestrator
 from router.types import (
     Completed,
     FinishReason,
+    Mode,
     RouterError,
     Started,
     StatusCode,
@@ -49,6 +50,30 @@ def test_router_cancel_mid_stream_reaches_prefill_and_decode():
     assert isinstance(done, Completed) and done.finish_reason is FinishReason.CANCELLED
     assert 2 <= done.num_tokens < 50
     assert ("cancel_decode", "d1", "r", 1) in fake.calls and ("cancel_prefill", "p0", "r", 1) in fake.calls
+    assert_no_leaks(orch, fake)
+
+
+@pytest.mark.parametrize("mode", [Mode.COLOCATED, Mode.DISAGGREGATED])
+def test_a_cancel_that_arrives_with_a_token_is_not_lost(mode):
+    """The client leaves in the same event-loop step as a token reaches the router's queue:
+    the request still stops. (asyncio.wait_for on Python 3.11 returned that token and dropped
+    the cancel; the request then decoded all its tokens with nobody reading.)"""
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        fake.token_gap_s = 0.01
+        run_ = await orch.submit(params(max_tokens=200, mode=mode))
+        fake.after_token = lambda i: i == 2 and run_.cancel("client went away")
+        events = [ev async for ev in run_.stream()]
+        await orch.drain()
+        return orch, events
+
+    orch, events = run(go())
+    done = events[-1]
+    assert isinstance(done, Completed) and done.finish_reason is FinishReason.CANCELLED, done
+    assert done.num_tokens <= 4 and done.route.name == mode.name
+    assert any(c[0] == "cancel_decode" for c in fake.calls)
     assert_no_leaks(orch, fake)
 
 
