@@ -26,6 +26,8 @@ ACCESS = access_table(SERVICE_NAME, {
     "GetRouteEpoch": WORKERS | _CONTROL, "AdvanceRouteEpoch": _CONTROL,
     # The destination consumes the nonce of the capability it was shown (the servicer checks).
     "ConsumeNonce": frozenset({"decode", "mixed"}),
+    # Every router follows the release; only a router moves it (Admin is the operator's way in).
+    "GetRelease": WORKERS | _CONTROL, "WriteRelease": {"router"},
 })
 """Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
 

@@ -22,6 +22,8 @@ from services.directory.records import (
     EpochResult,
     LeaseResult,
     LoadReport,
+    ReleaseHead,
+    StoredRelease,
     Transaction,
     TransferSpec,
     TxnResult,
@@ -55,6 +57,7 @@ class MemoryDirectoryStore(DirectoryStore):
         self._requests: dict[tuple[str, str], _Request] = {}
         self._route_epoch: int | None = None  # created at the first read (_route_epoch_at)
         self._nonces: dict[str, int] = {}
+        self._release: StoredRelease | None = None
 
     # ---- helpers (call with the lock held) -------------------------------
 
@@ -156,6 +159,8 @@ class MemoryDirectoryStore(DirectoryStore):
             return TxnResult(Outcome.DUPLICATE, t)
         if t.state.is_unpublished and not self._live(t.spec.dest):
             return TxnResult(Outcome.LEASE_LOST, self._abort(t, now, "dest_lease_lost"))
+        if t.state.is_unpublished and 0 < t.spec.route_epoch < self._route_epoch_at(now):
+            return TxnResult(Outcome.STALE_GENERATION, self._abort(t, now, "route_epoch_retired"))
         if not check_transition(t.state, target):
             return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
         if target != TxnState.TRANSFERRING and (not t.kv_digest or kv_digest != t.kv_digest):
@@ -215,7 +220,8 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             now, _ = self._sweep()
             workers = tuple(sorted(self._workers.values(), key=lambda w: w.worker_id))
-            return ClusterSnapshot(workers, self._route_epoch_at(now), now)
+            head = self._release.head if self._release is not None else ReleaseHead()
+            return ClusterSnapshot(workers, self._route_epoch_at(now), now, head)
 
     # ---- TransferLedger ----------------------------------------------------
 
@@ -229,6 +235,8 @@ class MemoryDirectoryStore(DirectoryStore):
             old = self._txns.get(spec.transfer_id)
             if old is not None:
                 return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old, cur)
+            if self._release is not None and self._release.head.routes_stopped:
+                return TxnResult(Outcome.ROUTES_STOPPED, None, cur)
             if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):
                 return TxnResult(Outcome.STALE_GENERATION, None, cur)
             if not (self._live(spec.source) and self._live(spec.dest)):
@@ -341,3 +349,20 @@ class MemoryDirectoryStore(DirectoryStore):
                 return Outcome.DUPLICATE
             self._nonces[nonce] = now + self._ms(ttl_s)
             return Outcome.APPLIED
+
+    # ---- ReleaseLedger -------------------------------------------------------
+
+    def get_release(self) -> StoredRelease | None:
+        """See ``ReleaseLedger.get_release``."""
+        with self._lock:
+            return self._release
+
+    def put_release(self, expected_version: int, head: ReleaseHead,
+                    record: bytes) -> tuple[Outcome, StoredRelease | None]:
+        """See ``ReleaseLedger.put_release``."""
+        with self._lock:
+            current = self._release.head.version if self._release is not None else 0
+            if current != expected_version:
+                return Outcome.STALE_GENERATION, self._release
+            self._release = StoredRelease(head, record)
+            return Outcome.APPLIED, self._release

@@ -35,6 +35,7 @@ timeout reads, to the caller, like a reply lost on the wire.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.parse
 from collections.abc import Sequence
@@ -57,6 +58,8 @@ from services.directory.records import (
     EpochResult,
     LeaseResult,
     LoadReport,
+    ReleaseHead,
+    StoredRelease,
     Transaction,
     TransferSpec,
     TxnResult,
@@ -71,7 +74,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 OPERATIONS = (
     "register", "heartbeat", "deregister", "reap", "snapshot",
     "reserve", "forward", "abort", "release", "lookup", "list_open",
-    "route_epoch", "nonce",
+    "route_epoch", "nonce", "release_record",
 )
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 
@@ -304,8 +307,10 @@ class RedisDirectoryStore(DirectoryStore):
     def snapshot(self) -> ClusterSnapshot:
         """See ``WorkerRegistry.snapshot``."""
         reply = self._run("snapshot")
-        workers = sorted((_worker(w) for w in reply[2:]), key=lambda w: w.worker_id)
-        return ClusterSnapshot(tuple(workers), int(reply[0]), int(reply[1]))
+        workers = sorted((_worker(w) for w in reply[3:]), key=lambda w: w.worker_id)
+        version, state, stopped = reply[2]
+        return ClusterSnapshot(tuple(workers), int(reply[0]), int(reply[1]),
+                               ReleaseHead(int(version), int(state), stopped == "1"))
 
     # ---- TransferLedger ----------------------------------------------------
 
@@ -363,3 +368,25 @@ class RedisDirectoryStore(DirectoryStore):
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
         return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch, acked=True))
+
+    # ---- ReleaseLedger -------------------------------------------------------
+
+    def get_release(self) -> StoredRelease | None:
+        """See ``ReleaseLedger.get_release``."""
+        return _release(self._run("release_record", "get")[1:])
+
+    def put_release(self, expected_version: int, head: ReleaseHead,
+                    record: bytes) -> tuple[Outcome, StoredRelease | None]:
+        """See ``ReleaseLedger.put_release``. Waits for the replicas: a failover must not
+        bring back a release state (or a lifted route stop) the cluster moved past."""
+        reply = self._run("release_record", "put", str(expected_version), str(head.version), str(head.state),
+                          "1" if head.routes_stopped else "0", base64.b64encode(record).decode(), acked=True)
+        return Outcome(int(reply[0])), _release(reply[1:])
+
+
+def _release(fields: Sequence[str]) -> StoredRelease | None:
+    """release.lua's {version, state, routes_stopped, record} -> StoredRelease (None: none stored)."""
+    version, state, stopped, record = fields
+    if int(version) == 0:
+        return None
+    return StoredRelease(ReleaseHead(int(version), int(state), stopped == "1"), base64.b64decode(record))

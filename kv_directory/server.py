@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kv_directory import release
 from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
@@ -193,7 +194,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         snap = await self._run(self._store.snapshot)
         return directory_pb2.ClusterSnapshotResponse(
             workers=[worker_record_to_pb(w) for w in snap.workers if role_matches(w.role, wanted)],
-            route_epoch=snap.route_epoch, snapshot_unix_ms=snap.now_ms)
+            route_epoch=snap.route_epoch, snapshot_unix_ms=snap.now_ms, release_version=snap.release.version,
+            release_mode=snap.release.state, routes_stopped=snap.release.routes_stopped)
 
     # ---- transactions ------------------------------------------------------
 
@@ -368,6 +370,18 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             log.warning("nonce replay rejected (transfer %s)", request.transfer_id)
         return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED,
                                                   stale_route_epoch=outcome == Outcome.STALE_GENERATION)
+
+    # ---- release (kv_directory/release.py) ------------------------------------
+
+    @_rpc
+    async def GetRelease(self, request, context):
+        """The release record every router follows."""
+        return await self._run(release.get_release, self._store)
+
+    @_rpc
+    async def WriteRelease(self, request, context):
+        """Compare-and-set the release record; only legal transitions."""
+        return await self._run(release.write_release, self._store, request, caller_name(context))
 
 
 async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:

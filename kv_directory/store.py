@@ -10,6 +10,8 @@ Who calls what (the gRPC servicer maps one RPC to one method):
   owners are written once, in docs/design.md "The transaction").
 * ``RouteEpochs``      — the router's rollback path advances the route epoch.
 * ``NonceLedger``      — capability checks consume a nonce exactly once.
+* ``ReleaseLedger``    — the release record (services/release), compare-and-set on
+  its version; while it says routes are stopped, ``reserve`` answers ROUTES_STOPPED.
 
 Failure semantics, common to every method: an answer is either the truth about
 the store or ``DirectoryUnavailable``. A store that cannot reach its backend
@@ -34,6 +36,8 @@ from services.directory.records import (
     EpochResult,
     LeaseResult,
     LoadReport,
+    ReleaseHead,
+    StoredRelease,
     Transaction,
     TransferSpec,
     TxnResult,
@@ -78,9 +82,10 @@ class TransferLedger(abc.ABC):
     def reserve(self, spec: TransferSpec) -> TxnResult:
         """Create the transaction in RESERVED. Rejections: DUPLICATE (same id and
         identity: idempotent, returns the stored txn), CHECKSUM_CONFLICT (same id,
-        other identity or digest), LEASE_LOST (an end is not live at its epoch),
-        STALE_GENERATION (not newer than the request's current generation, or an
-        old route epoch). Supersedes (aborts) older unpublished generations."""
+        other identity or digest), ROUTES_STOPPED (a rollback stopped new routes),
+        LEASE_LOST (an end is not live at its epoch), STALE_GENERATION (not newer
+        than the request's current generation, or an old route epoch). Supersedes
+        (aborts) older unpublished generations."""
 
     @abc.abstractmethod
     def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
@@ -90,12 +95,14 @@ class TransferLedger(abc.ABC):
 
         Forward moves (begin, validated, publish) share one rule order: on an
         ABORTED transaction, the cause of the abort (``ABORT_OUTCOMES``:
-        STALE_GENERATION if superseded, LEASE_LOST if a lease or deadline ran
-        out, else ILLEGAL_TRANSITION); STALE_GENERATION (and abort) if a newer
-        generation was reserved; CHECKSUM_CONFLICT if a digest is given that
-        is not the declared one, or (validated) the chunk layout is not the
-        reserved one; DUPLICATE if already in the target state; LEASE_LOST (and
-        abort) if the destination is no longer live at its epoch;
+        STALE_GENERATION if superseded or its route epoch retired, LEASE_LOST if
+        a lease or deadline ran out, else ILLEGAL_TRANSITION); STALE_GENERATION
+        (and abort) if a newer generation was reserved; CHECKSUM_CONFLICT if a
+        digest is given that is not the declared one, or (validated) the chunk
+        layout is not the reserved one; DUPLICATE if already in the target state;
+        LEASE_LOST (and abort) if the destination is no longer live at its epoch;
+        STALE_GENERATION (and abort) if it was reserved under a route epoch that
+        has since advanced (a rollback retired it: nothing publishes under it);
         ILLEGAL_TRANSITION if ``check_transition`` says no; CHECKSUM_CONFLICT
         (validated, publish) if no digest was declared or the caller's is not it."""
 
@@ -170,7 +177,22 @@ class NonceLedger(abc.ABC):
         current route epoch — in the same atomic step."""
 
 
-class DirectoryStore(WorkerRegistry, TransferLedger, RouteEpochs, NonceLedger):
+class ReleaseLedger(abc.ABC):
+    """The release record every router follows (article 0x0FF). The store keeps it opaque
+    (the servicer decodes it and checks the transition); it reads only the head."""
+
+    @abc.abstractmethod
+    def get_release(self) -> StoredRelease | None:
+        """The stored record, or None while none was written."""
+
+    @abc.abstractmethod
+    def put_release(self, expected_version: int, head: ReleaseHead,
+                    record: bytes) -> tuple[Outcome, StoredRelease | None]:
+        """Store `record` iff the stored version is `expected_version` (0: none stored):
+        APPLIED; else STALE_GENERATION and nothing changes. Returns the stored record after."""
+
+
+class DirectoryStore(WorkerRegistry, TransferLedger, RouteEpochs, NonceLedger, ReleaseLedger):
     """All directory roles over one backend: ``RedisDirectoryStore`` or
     ``MemoryDirectoryStore``. Thread-safe."""
 

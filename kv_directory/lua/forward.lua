@@ -45,6 +45,12 @@ if is_unpublished(state) then
     txn_abort(tid, m, 'dest_lease_lost', now)
     return txn_reply(OC.LEASE_LOST, tid)
   end
+  -- Reserved under a route epoch a rollback retired: it may not move on (0x0FG).
+  local re = tonumber(m.route_epoch) or 0
+  if re > 0 and re < route_epoch_at(now) then
+    txn_abort(tid, m, 'route_epoch_retired', now)
+    return txn_reply(OC.STALE_GENERATION, tid)
+  end
 end
 if not LEGAL[target][state] then return txn_reply(OC.ILLEGAL_TRANSITION, tid) end
 if target ~= ST.TRANSFERRING and (declared == '' or digest ~= declared) then

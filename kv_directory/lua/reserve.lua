@@ -25,6 +25,9 @@ if old then
   end
   return reply(OC.DUPLICATE, true)
 end
+if redis.call('HGET', key('release'), 'routes_stopped') == '1' then
+  return reply(OC.ROUTES_STOPPED, false)
+end
 local route_epoch = tonumber(arg(11))
 if route_epoch > 0 and route_epoch < route_epoch_at(now) then
   return reply(OC.STALE_GENERATION, false)

@@ -168,6 +168,27 @@ class WorkerRef:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReleaseHead:
+    """What a cluster snapshot says of the release record: enough for a router to see
+    it changed (then it reads the record) and whether routes are stopped."""
+
+    version: int = 0
+    """0: no record written yet."""
+    state: int = 0
+    """services/release/machine.py Release value (0: none)."""
+    routes_stopped: bool = False
+    """A rollback stopped new disaggregated routes; the directory refuses their reserve."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredRelease:
+    """The release record as the directory stores it: its head and its encoded proto."""
+
+    head: ReleaseHead
+    record: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Live workers (sorted by id) and the route epoch, read atomically: the one
     cluster view (the router places requests on it)."""
@@ -176,6 +197,8 @@ class ClusterSnapshot:
     route_epoch: int = 0
     now_ms: int = 0
     """Store clock when the snapshot was read."""
+    release: ReleaseHead = dataclasses.field(default_factory=ReleaseHead)
+    """The release record's head at that moment (services/release)."""
 
     def worker(self, worker_id: str) -> WorkerRecord | None:
         """The live record of ``worker_id``, or None."""

@@ -67,6 +67,8 @@ class Outcome(enum.IntEnum):
     CHECKSUM_CONFLICT = 5
     NOT_FOUND = 6
     LEASE_LOST = 7
+    ROUTES_STOPPED = 8
+    """A rollback stopped new disaggregated routes (reserve only): run the request colocated."""
 
     @property
     def ok(self) -> bool:
@@ -108,4 +110,5 @@ ABORT_OUTCOMES: dict[str, Outcome] = {
     "worker_deregistered": Outcome.LEASE_LOST,  # an end left gracefully
     "dest_lease_lost": Outcome.LEASE_LOST,  # found dead during a forward move
     "txn_timeout": Outcome.LEASE_LOST,  # unpublished past txn_ttl_s
+    "route_epoch_retired": Outcome.STALE_GENERATION,  # reserved under a route epoch a rollback retired
 }

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from tests.support.directory.leases import LeaseContract
 from tests.support.directory.lifecycle import LifecycleContract
+from tests.support.directory.release import ReleaseContract
 
 
-class DirectoryContract(LifecycleContract, LeaseContract):
+class DirectoryContract(LifecycleContract, LeaseContract, ReleaseContract):
     """Tests every DirectoryStore must pass. Subclasses supply ``harness``."""

@@ -25,39 +25,39 @@ _sym_db = _symbol_database.Default()
 from pdserve_client.rpc.pd.v1 import blocks_pb2 as pd_dot_v1_dot_blocks__pb2
 from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as pd_dot_v1_dot_manifest__pb2
+from pdserve_client.rpc.pd.v1 import release_pb2 as pd_dot_v1_dot_release__pb2
 
+from pdserve_client.rpc.pd.v1.release_pb2 import *
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11pd/v1/admin.proto\x12\x05pd.v1\x1a\x12pd/v1/blocks.proto\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\x0f\n\rStatusRequest\"\xf8\x01\n\x0eStatusResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\x04\x12\x17\n\x0freserved_blocks\x18\x03 \x01(\x04\x12\x19\n\x11open_transactions\x18\x04 \x01(\r\x12 \n\x04mode\x18\x05 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x17\n\x0f\x63\x61nary_fraction\x18\x06 \x01(\x01\x12\x13\n\x0broute_epoch\x18\x07 \x01(\x04\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\x04\x12\x13\n\x0brouter_mode\x18\t \x01(\t\"[\n\x0eSetModeRequest\x12 \n\x04mode\x18\x01 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x17\n\x0f\x63\x61nary_fraction\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x82\x01\n\x0fSetModeResponse\x12)\n\rprevious_mode\x18\x01 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12 \n\x04mode\x18\x02 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x03(\t\"Y\n\x17ListTransactionsRequest\x12\x1f\n\x06states\x18\x01 \x03(\x0e\x32\x0f.pd.v1.TxnState\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\r\"D\n\x18ListTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction\"5\n\x10\x44\x65\x63isionsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\xa2\x04\n\x0e\x44\x65\x63isionRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x06 \x01(\t\x12\x19\n\x11predicted_ttft_ms\x18\x07 \x01(\x01\x12\x19\n\x11predicted_tpot_ms\x18\x08 \x01(\x01\x12\x18\n\x10observed_ttft_ms\x18\t \x01(\x01\x12\x18\n\x10observed_tpot_ms\x18\n \x01(\x01\x12\x13\n\x0bslo_ttft_ms\x18\x0b \x01(\x01\x12\x13\n\x0bslo_tpot_ms\x18\x0c \x01(\x01\x12 \n\x18shadow_prefill_worker_id\x18\r \x01(\t\x12\x1f\n\x17shadow_decode_worker_id\x18\x0e \x01(\t\x12 \n\x18shadow_predicted_ttft_ms\x18\x0f \x01(\x01\x12 \n\x18shadow_predicted_tpot_ms\x18\x10 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x11 \x01(\r\x12\x16\n\x0e\x63ompute_tokens\x18\x12 \x01(\r\x12\x17\n\x0ftransfer_tokens\x18\x13 \x01(\r\x12\x13\n\x0b\x64\x65\x63ision_us\x18\x14 \x01(\x01\x12\x0e\n\x06reason\x18\x15 \x01(\t\x12\x10\n\x08\x66inished\x18\x16 \x01(\x08\";\n\x11\x44\x65\x63isionsResponse\x12&\n\x07records\x18\x01 \x03(\x0b\x32\x15.pd.v1.DecisionRecord\"L\n\rBlocksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x14\n\x0corphans_only\x18\x03 \x01(\x08\"\x86\x01\n\x0e\x42locksResponse\x12$\n\x07workers\x18\x01 \x03(\x0b\x32\x13.pd.v1.WorkerBlocks\x12\x17\n\x0forphan_holdings\x18\x02 \x01(\r\x12\x1a\n\x12in_flight_requests\x18\x03 \x01(\r\x12\x19\n\x11open_transactions\x18\x04 \x01(\r*\xad\x01\n\x0bReleaseMode\x12\x1c\n\x18RELEASE_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13RELEASE_MODE_PINNED\x10\x01\x12\x17\n\x13RELEASE_MODE_SHADOW\x10\x02\x12\x17\n\x13RELEASE_MODE_CANARY\x10\x03\x12\x17\n\x13RELEASE_MODE_ACTIVE\x10\x04\x12\x1c\n\x18RELEASE_MODE_ROLLED_BACK\x10\x05\x32\xc4\x02\n\x05\x41\x64min\x12\x35\n\x06Status\x12\x14.pd.v1.StatusRequest\x1a\x15.pd.v1.StatusResponse\x12\x38\n\x07SetMode\x12\x15.pd.v1.SetModeRequest\x1a\x16.pd.v1.SetModeResponse\x12S\n\x10ListTransactions\x12\x1e.pd.v1.ListTransactionsRequest\x1a\x1f.pd.v1.ListTransactionsResponse\x12>\n\tDecisions\x12\x17.pd.v1.DecisionsRequest\x1a\x18.pd.v1.DecisionsResponse\x12\x35\n\x06\x42locks\x12\x14.pd.v1.BlocksRequest\x1a\x15.pd.v1.BlocksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11pd/v1/admin.proto\x12\x05pd.v1\x1a\x12pd/v1/blocks.proto\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\x1a\x13pd/v1/release.proto\"\x0f\n\rStatusRequest\"\xf8\x01\n\x0eStatusResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0b\x66ree_blocks\x18\x02 \x01(\x04\x12\x17\n\x0freserved_blocks\x18\x03 \x01(\x04\x12\x19\n\x11open_transactions\x18\x04 \x01(\r\x12 \n\x04mode\x18\x05 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x17\n\x0f\x63\x61nary_fraction\x18\x06 \x01(\x01\x12\x13\n\x0broute_epoch\x18\x07 \x01(\x04\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\x04\x12\x13\n\x0brouter_mode\x18\t \x01(\t\"[\n\x0eSetModeRequest\x12 \n\x04mode\x18\x01 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x17\n\x0f\x63\x61nary_fraction\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x82\x01\n\x0fSetModeResponse\x12)\n\rprevious_mode\x18\x01 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12 \n\x04mode\x18\x02 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x03(\t\"Y\n\x17ListTransactionsRequest\x12\x1f\n\x06states\x18\x01 \x03(\x0e\x32\x0f.pd.v1.TxnState\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\r\"D\n\x18ListTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction\"5\n\x10\x44\x65\x63isionsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\xa2\x04\n\x0e\x44\x65\x63isionRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x0f\n\x07outcome\x18\x04 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x05 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x06 \x01(\t\x12\x19\n\x11predicted_ttft_ms\x18\x07 \x01(\x01\x12\x19\n\x11predicted_tpot_ms\x18\x08 \x01(\x01\x12\x18\n\x10observed_ttft_ms\x18\t \x01(\x01\x12\x18\n\x10observed_tpot_ms\x18\n \x01(\x01\x12\x13\n\x0bslo_ttft_ms\x18\x0b \x01(\x01\x12\x13\n\x0bslo_tpot_ms\x18\x0c \x01(\x01\x12 \n\x18shadow_prefill_worker_id\x18\r \x01(\t\x12\x1f\n\x17shadow_decode_worker_id\x18\x0e \x01(\t\x12 \n\x18shadow_predicted_ttft_ms\x18\x0f \x01(\x01\x12 \n\x18shadow_predicted_tpot_ms\x18\x10 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x11 \x01(\r\x12\x16\n\x0e\x63ompute_tokens\x18\x12 \x01(\r\x12\x17\n\x0ftransfer_tokens\x18\x13 \x01(\r\x12\x13\n\x0b\x64\x65\x63ision_us\x18\x14 \x01(\x01\x12\x0e\n\x06reason\x18\x15 \x01(\t\x12\x10\n\x08\x66inished\x18\x16 \x01(\x08\";\n\x11\x44\x65\x63isionsResponse\x12&\n\x07records\x18\x01 \x03(\x0b\x32\x15.pd.v1.DecisionRecord\"L\n\rBlocksRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x14\n\x0corphans_only\x18\x03 \x01(\x08\"\x86\x01\n\x0e\x42locksResponse\x12$\n\x07workers\x18\x01 \x03(\x0b\x32\x13.pd.v1.WorkerBlocks\x12\x17\n\x0forphan_holdings\x18\x02 \x01(\r\x12\x1a\n\x12in_flight_requests\x18\x03 \x01(\r\x12\x19\n\x11open_transactions\x18\x04 \x01(\r2\xc4\x02\n\x05\x41\x64min\x12\x35\n\x06Status\x12\x14.pd.v1.StatusRequest\x1a\x15.pd.v1.StatusResponse\x12\x38\n\x07SetMode\x12\x15.pd.v1.SetModeRequest\x1a\x16.pd.v1.SetModeResponse\x12S\n\x10ListTransactions\x12\x1e.pd.v1.ListTransactionsRequest\x1a\x1f.pd.v1.ListTransactionsResponse\x12>\n\tDecisions\x12\x17.pd.v1.DecisionsRequest\x1a\x18.pd.v1.DecisionsResponse\x12\x35\n\x06\x42locks\x12\x14.pd.v1.BlocksRequest\x1a\x15.pd.v1.BlocksResponseP\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RELEASEMODE']._serialized_start=1626
-  _globals['_RELEASEMODE']._serialized_end=1799
-  _globals['_STATUSREQUEST']._serialized_start=90
-  _globals['_STATUSREQUEST']._serialized_end=105
-  _globals['_STATUSRESPONSE']._serialized_start=108
-  _globals['_STATUSRESPONSE']._serialized_end=356
-  _globals['_SETMODEREQUEST']._serialized_start=358
-  _globals['_SETMODEREQUEST']._serialized_end=449
-  _globals['_SETMODERESPONSE']._serialized_start=452
-  _globals['_SETMODERESPONSE']._serialized_end=582
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=584
-  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=673
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=675
-  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=743
-  _globals['_DECISIONSREQUEST']._serialized_start=745
-  _globals['_DECISIONSREQUEST']._serialized_end=798
-  _globals['_DECISIONRECORD']._serialized_start=801
-  _globals['_DECISIONRECORD']._serialized_end=1347
-  _globals['_DECISIONSRESPONSE']._serialized_start=1349
-  _globals['_DECISIONSRESPONSE']._serialized_end=1408
-  _globals['_BLOCKSREQUEST']._serialized_start=1410
-  _globals['_BLOCKSREQUEST']._serialized_end=1486
-  _globals['_BLOCKSRESPONSE']._serialized_start=1489
-  _globals['_BLOCKSRESPONSE']._serialized_end=1623
-  _globals['_ADMIN']._serialized_start=1802
-  _globals['_ADMIN']._serialized_end=2126
+  _globals['_STATUSREQUEST']._serialized_start=111
+  _globals['_STATUSREQUEST']._serialized_end=126
+  _globals['_STATUSRESPONSE']._serialized_start=129
+  _globals['_STATUSRESPONSE']._serialized_end=377
+  _globals['_SETMODEREQUEST']._serialized_start=379
+  _globals['_SETMODEREQUEST']._serialized_end=470
+  _globals['_SETMODERESPONSE']._serialized_start=473
+  _globals['_SETMODERESPONSE']._serialized_end=603
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_start=605
+  _globals['_LISTTRANSACTIONSREQUEST']._serialized_end=694
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_start=696
+  _globals['_LISTTRANSACTIONSRESPONSE']._serialized_end=764
+  _globals['_DECISIONSREQUEST']._serialized_start=766
+  _globals['_DECISIONSREQUEST']._serialized_end=819
+  _globals['_DECISIONRECORD']._serialized_start=822
+  _globals['_DECISIONRECORD']._serialized_end=1368
+  _globals['_DECISIONSRESPONSE']._serialized_start=1370
+  _globals['_DECISIONSRESPONSE']._serialized_end=1429
+  _globals['_BLOCKSREQUEST']._serialized_start=1431
+  _globals['_BLOCKSREQUEST']._serialized_end=1507
+  _globals['_BLOCKSRESPONSE']._serialized_start=1510
+  _globals['_BLOCKSRESPONSE']._serialized_end=1644
+  _globals['_ADMIN']._serialized_start=1647
+  _globals['_ADMIN']._serialized_end=1971
 # @@protoc_insertion_point(module_scope)

@@ -1,29 +1,36 @@
 from pdserve_client.rpc.pd.v1 import blocks_pb2 as _blocks_pb2
 from pdserve_client.rpc.pd.v1 import common_pb2 as _common_pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
+from pdserve_client.rpc.pd.v1 import release_pb2 as _release_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from pdserve_client.rpc.pd.v1.release_pb2 import DeploymentManifest as DeploymentManifest
+from pdserve_client.rpc.pd.v1.release_pb2 import RollbackStepRecord as RollbackStepRecord
+from pdserve_client.rpc.pd.v1.release_pb2 import RollbackRecord as RollbackRecord
+from pdserve_client.rpc.pd.v1.release_pb2 import ReleaseTransition as ReleaseTransition
+from pdserve_client.rpc.pd.v1.release_pb2 import ReleaseRecord as ReleaseRecord
+from pdserve_client.rpc.pd.v1.release_pb2 import ReleaseMode as ReleaseMode
+from pdserve_client.rpc.pd.v1.release_pb2 import RollbackStep as RollbackStep
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class ReleaseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    RELEASE_MODE_UNSPECIFIED: _ClassVar[ReleaseMode]
-    RELEASE_MODE_PINNED: _ClassVar[ReleaseMode]
-    RELEASE_MODE_SHADOW: _ClassVar[ReleaseMode]
-    RELEASE_MODE_CANARY: _ClassVar[ReleaseMode]
-    RELEASE_MODE_ACTIVE: _ClassVar[ReleaseMode]
-    RELEASE_MODE_ROLLED_BACK: _ClassVar[ReleaseMode]
-RELEASE_MODE_UNSPECIFIED: ReleaseMode
-RELEASE_MODE_PINNED: ReleaseMode
-RELEASE_MODE_SHADOW: ReleaseMode
-RELEASE_MODE_CANARY: ReleaseMode
-RELEASE_MODE_ACTIVE: ReleaseMode
-RELEASE_MODE_ROLLED_BACK: ReleaseMode
+RELEASE_MODE_UNSPECIFIED: _release_pb2.ReleaseMode
+RELEASE_MODE_PINNED: _release_pb2.ReleaseMode
+RELEASE_MODE_SHADOW: _release_pb2.ReleaseMode
+RELEASE_MODE_CANARY: _release_pb2.ReleaseMode
+RELEASE_MODE_ACTIVE: _release_pb2.ReleaseMode
+RELEASE_MODE_ROLLED_BACK: _release_pb2.ReleaseMode
+ROLLBACK_STEP_UNSPECIFIED: _release_pb2.RollbackStep
+ROLLBACK_STEP_STOP_NEW_ROUTES: _release_pb2.RollbackStep
+ROLLBACK_STEP_ADVANCE_ROUTE_EPOCH: _release_pb2.RollbackStep
+ROLLBACK_STEP_DRAIN_OR_ABORT_TRANSFERS: _release_pb2.RollbackStep
+ROLLBACK_STEP_ENABLE_COLOCATED_FALLBACK: _release_pb2.RollbackStep
+ROLLBACK_STEP_DISABLE_CONNECTOR: _release_pb2.RollbackStep
+ROLLBACK_STEP_REVOKE_CAPABILITIES: _release_pb2.RollbackStep
+ROLLBACK_STEP_RECLAIM_UNPUBLISHED: _release_pb2.RollbackStep
+ROLLBACK_STEP_ROLLBACK_COMPLETE: _release_pb2.RollbackStep
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -44,22 +51,22 @@ class StatusResponse(_message.Message):
     free_blocks: int
     reserved_blocks: int
     open_transactions: int
-    mode: ReleaseMode
+    mode: _release_pb2.ReleaseMode
     canary_fraction: float
     route_epoch: int
     total_blocks: int
     router_mode: str
-    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., open_transactions: _Optional[int] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., route_epoch: _Optional[int] = ..., total_blocks: _Optional[int] = ..., router_mode: _Optional[str] = ...) -> None: ...
+    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., open_transactions: _Optional[int] = ..., mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., route_epoch: _Optional[int] = ..., total_blocks: _Optional[int] = ..., router_mode: _Optional[str] = ...) -> None: ...
 
 class SetModeRequest(_message.Message):
     __slots__ = ("mode", "canary_fraction", "reason")
     MODE_FIELD_NUMBER: _ClassVar[int]
     CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    mode: ReleaseMode
+    mode: _release_pb2.ReleaseMode
     canary_fraction: float
     reason: str
-    def __init__(self, mode: _Optional[_Union[ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SetModeResponse(_message.Message):
     __slots__ = ("previous_mode", "mode", "route_epoch", "steps")
@@ -67,11 +74,11 @@ class SetModeResponse(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
-    previous_mode: ReleaseMode
-    mode: ReleaseMode
+    previous_mode: _release_pb2.ReleaseMode
+    mode: _release_pb2.ReleaseMode
     route_epoch: int
     steps: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, previous_mode: _Optional[_Union[ReleaseMode, str]] = ..., mode: _Optional[_Union[ReleaseMode, str]] = ..., route_epoch: _Optional[int] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, previous_mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., route_epoch: _Optional[int] = ..., steps: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
     __slots__ = ("states", "tenant", "limit")

@@ -24,61 +24,70 @@ _sym_db = _symbol_database.Default()
 
 from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as pd_dot_v1_dot_manifest__pb2
+from pdserve_client.rpc.pd.v1 import release_pb2 as pd_dot_v1_dot_release__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pd/v1/directory.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\x84\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12#\n\x07profile\x18\x07 \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x08 \x01(\t\"R\n\x16RegisterWorkerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\"U\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1f\n\x04load\x18\x03 \x01(\x0b\x32\x11.pd.v1.LoadReport\"b\n\x11HeartbeatResponse\x12\"\n\x06status\x18\x01 \x01(\x0e\x32\x12.pd.v1.LeaseStatus\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\";\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"0\n\x18\x44\x65registerWorkerResponse\x12\x14\n\x0c\x64\x65registered\x18\x01 \x01(\x08\"=\n\x11TxnReserveRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\"\xc1\x01\n\x14TxnTransitionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_epoch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tkv_digest\x18\x07 \x01(\t\x12 \n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x9d\x01\n\x11TxnPublishRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x11\n\tkv_digest\x18\x06 \x01(\t\"\x96\x01\n\x0bTxnResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x1a\n\x12\x63urrent_generation\x18\x05 \x01(\x04\";\n\x10TxnLookupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"K\n\x11TxnLookupResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\'\n\x0btransaction\x18\x02 \x01(\x0b\x32\x12.pd.v1.Transaction\"9\n\x16\x43lusterSnapshotRequest\x12\x1f\n\x04role\x18\x01 \x01(\x0e\x32\x11.pd.v1.WorkerRole\"l\n\x17\x43lusterSnapshotResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0broute_epoch\x18\x02 \x01(\x04\x12\x18\n\x10snapshot_unix_ms\x18\x03 \x01(\x04\"\x16\n\x14GetRouteEpochRequest\"H\n\x18\x41\x64vanceRouteEpochRequest\x12\x1c\n\x14\x65xpected_route_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\x12RouteEpochResponse\x12\x13\n\x0broute_epoch\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x64vanced\x18\x02 \x01(\x08\"g\n\x13\x43onsumeNonceRequest\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_unix_ms\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\"C\n\x14\x43onsumeNonceResponse\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x08\x12\x19\n\x11stale_route_epoch\x18\x02 \x01(\x08\"0\n\x1bListOpenTransactionsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"H\n\x1cListOpenTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction*\xfe\x01\n\nTxnOutcome\x12\x1b\n\x17TXN_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TXN_OUTCOME_APPLIED\x10\x01\x12\x19\n\x15TXN_OUTCOME_DUPLICATE\x10\x02\x12 \n\x1cTXN_OUTCOME_STALE_GENERATION\x10\x03\x12\"\n\x1eTXN_OUTCOME_ILLEGAL_TRANSITION\x10\x04\x12!\n\x1dTXN_OUTCOME_CHECKSUM_CONFLICT\x10\x05\x12\x19\n\x15TXN_OUTCOME_NOT_FOUND\x10\x06\x12\x1b\n\x17TXN_OUTCOME_STALE_EPOCH\x10\x07*W\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_STATUS_OK\x10\x01\x12\x15\n\x11LEASE_STATUS_LOST\x10\x02\x32\xa2\x08\n\tDirectory\x12M\n\x0eRegisterWorker\x12\x1c.pd.v1.RegisterWorkerRequest\x1a\x1d.pd.v1.RegisterWorkerResponse\x12>\n\tHeartbeat\x12\x17.pd.v1.HeartbeatRequest\x1a\x18.pd.v1.HeartbeatResponse\x12S\n\x10\x44\x65registerWorker\x12\x1e.pd.v1.DeregisterWorkerRequest\x1a\x1f.pd.v1.DeregisterWorkerResponse\x12\x37\n\x07Reserve\x12\x18.pd.v1.TxnReserveRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x42\x65gin\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12<\n\tValidated\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12\x37\n\x07Publish\x12\x18.pd.v1.TxnPublishRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x41\x62ort\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12:\n\x07Release\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12;\n\x06Lookup\x12\x17.pd.v1.TxnLookupRequest\x1a\x18.pd.v1.TxnLookupResponse\x12P\n\x0f\x43lusterSnapshot\x12\x1d.pd.v1.ClusterSnapshotRequest\x1a\x1e.pd.v1.ClusterSnapshotResponse\x12G\n\rGetRouteEpoch\x12\x1b.pd.v1.GetRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12O\n\x11\x41\x64vanceRouteEpoch\x12\x1f.pd.v1.AdvanceRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12G\n\x0c\x43onsumeNonce\x12\x1a.pd.v1.ConsumeNonceRequest\x1a\x1b.pd.v1.ConsumeNonceResponse\x12_\n\x14ListOpenTransactions\x12\".pd.v1.ListOpenTransactionsRequest\x1a#.pd.v1.ListOpenTransactionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pd/v1/directory.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\x1a\x13pd/v1/release.proto\"\x84\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12#\n\x07profile\x18\x07 \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x08 \x01(\t\"R\n\x16RegisterWorkerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\"U\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1f\n\x04load\x18\x03 \x01(\x0b\x32\x11.pd.v1.LoadReport\"b\n\x11HeartbeatResponse\x12\"\n\x06status\x18\x01 \x01(\x0e\x32\x12.pd.v1.LeaseStatus\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\";\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"0\n\x18\x44\x65registerWorkerResponse\x12\x14\n\x0c\x64\x65registered\x18\x01 \x01(\x08\"=\n\x11TxnReserveRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\"\xc1\x01\n\x14TxnTransitionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_epoch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tkv_digest\x18\x07 \x01(\t\x12 \n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x9d\x01\n\x11TxnPublishRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x11\n\tkv_digest\x18\x06 \x01(\t\"\x96\x01\n\x0bTxnResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x1a\n\x12\x63urrent_generation\x18\x05 \x01(\x04\";\n\x10TxnLookupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"K\n\x11TxnLookupResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\'\n\x0btransaction\x18\x02 \x01(\x0b\x32\x12.pd.v1.Transaction\"9\n\x16\x43lusterSnapshotRequest\x12\x1f\n\x04role\x18\x01 \x01(\x0e\x32\x11.pd.v1.WorkerRole\"\xc7\x01\n\x17\x43lusterSnapshotResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0broute_epoch\x18\x02 \x01(\x04\x12\x18\n\x10snapshot_unix_ms\x18\x03 \x01(\x04\x12\x17\n\x0frelease_version\x18\x04 \x01(\x04\x12(\n\x0crelease_mode\x18\x05 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x16\n\x0eroutes_stopped\x18\x06 \x01(\x08\"\x16\n\x14GetRouteEpochRequest\"H\n\x18\x41\x64vanceRouteEpochRequest\x12\x1c\n\x14\x65xpected_route_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\";\n\x12RouteEpochResponse\x12\x13\n\x0broute_epoch\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x64vanced\x18\x02 \x01(\x08\"g\n\x13\x43onsumeNonceRequest\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_unix_ms\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\"C\n\x14\x43onsumeNonceResponse\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x08\x12\x19\n\x11stale_route_epoch\x18\x02 \x01(\x08\"0\n\x1bListOpenTransactionsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"H\n\x1cListOpenTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction\"\x13\n\x11GetReleaseRequest\"I\n\x12GetReleaseResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"U\n\x13WriteReleaseRequest\x12\x18\n\x10\x65xpected_version\x18\x01 \x01(\x04\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"r\n\x14WriteReleaseResponse\x12\"\n\x07outcome\x18\x01 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12%\n\x07\x63urrent\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\x12\x0f\n\x07message\x18\x03 \x01(\t*\x9e\x02\n\nTxnOutcome\x12\x1b\n\x17TXN_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TXN_OUTCOME_APPLIED\x10\x01\x12\x19\n\x15TXN_OUTCOME_DUPLICATE\x10\x02\x12 \n\x1cTXN_OUTCOME_STALE_GENERATION\x10\x03\x12\"\n\x1eTXN_OUTCOME_ILLEGAL_TRANSITION\x10\x04\x12!\n\x1dTXN_OUTCOME_CHECKSUM_CONFLICT\x10\x05\x12\x19\n\x15TXN_OUTCOME_NOT_FOUND\x10\x06\x12\x1b\n\x17TXN_OUTCOME_STALE_EPOCH\x10\x07\x12\x1e\n\x1aTXN_OUTCOME_ROUTES_STOPPED\x10\x08*W\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_STATUS_OK\x10\x01\x12\x15\n\x11LEASE_STATUS_LOST\x10\x02\x32\xae\t\n\tDirectory\x12M\n\x0eRegisterWorker\x12\x1c.pd.v1.RegisterWorkerRequest\x1a\x1d.pd.v1.RegisterWorkerResponse\x12>\n\tHeartbeat\x12\x17.pd.v1.HeartbeatRequest\x1a\x18.pd.v1.HeartbeatResponse\x12S\n\x10\x44\x65registerWorker\x12\x1e.pd.v1.DeregisterWorkerRequest\x1a\x1f.pd.v1.DeregisterWorkerResponse\x12\x37\n\x07Reserve\x12\x18.pd.v1.TxnReserveRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x42\x65gin\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12<\n\tValidated\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12\x37\n\x07Publish\x12\x18.pd.v1.TxnPublishRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x41\x62ort\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12:\n\x07Release\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12;\n\x06Lookup\x12\x17.pd.v1.TxnLookupRequest\x1a\x18.pd.v1.TxnLookupResponse\x12P\n\x0f\x43lusterSnapshot\x12\x1d.pd.v1.ClusterSnapshotRequest\x1a\x1e.pd.v1.ClusterSnapshotResponse\x12G\n\rGetRouteEpoch\x12\x1b.pd.v1.GetRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12O\n\x11\x41\x64vanceRouteEpoch\x12\x1f.pd.v1.AdvanceRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12G\n\x0c\x43onsumeNonce\x12\x1a.pd.v1.ConsumeNonceRequest\x1a\x1b.pd.v1.ConsumeNonceResponse\x12_\n\x14ListOpenTransactions\x12\".pd.v1.ListOpenTransactionsRequest\x1a#.pd.v1.ListOpenTransactionsResponse\x12\x41\n\nGetRelease\x12\x18.pd.v1.GetReleaseRequest\x1a\x19.pd.v1.GetReleaseResponse\x12G\n\x0cWriteRelease\x12\x1a.pd.v1.WriteReleaseRequest\x1a\x1b.pd.v1.WriteReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.directory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TXNOUTCOME']._serialized_start=2056
-  _globals['_TXNOUTCOME']._serialized_end=2310
-  _globals['_LEASESTATUS']._serialized_start=2312
-  _globals['_LEASESTATUS']._serialized_end=2399
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=75
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=335
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=337
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=419
-  _globals['_HEARTBEATREQUEST']._serialized_start=421
-  _globals['_HEARTBEATREQUEST']._serialized_end=506
-  _globals['_HEARTBEATRESPONSE']._serialized_start=508
-  _globals['_HEARTBEATRESPONSE']._serialized_end=606
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=608
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=667
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=669
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=717
-  _globals['_TXNRESERVEREQUEST']._serialized_start=719
-  _globals['_TXNRESERVEREQUEST']._serialized_end=780
-  _globals['_TXNTRANSITIONREQUEST']._serialized_start=783
-  _globals['_TXNTRANSITIONREQUEST']._serialized_end=976
-  _globals['_TXNPUBLISHREQUEST']._serialized_start=979
-  _globals['_TXNPUBLISHREQUEST']._serialized_end=1136
-  _globals['_TXNRESPONSE']._serialized_start=1139
-  _globals['_TXNRESPONSE']._serialized_end=1289
-  _globals['_TXNLOOKUPREQUEST']._serialized_start=1291
-  _globals['_TXNLOOKUPREQUEST']._serialized_end=1350
-  _globals['_TXNLOOKUPRESPONSE']._serialized_start=1352
-  _globals['_TXNLOOKUPRESPONSE']._serialized_end=1427
-  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_start=1429
-  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_end=1486
-  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_start=1488
-  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_end=1596
-  _globals['_GETROUTEEPOCHREQUEST']._serialized_start=1598
-  _globals['_GETROUTEEPOCHREQUEST']._serialized_end=1620
-  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_start=1622
-  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_end=1694
-  _globals['_ROUTEEPOCHRESPONSE']._serialized_start=1696
-  _globals['_ROUTEEPOCHRESPONSE']._serialized_end=1755
-  _globals['_CONSUMENONCEREQUEST']._serialized_start=1757
-  _globals['_CONSUMENONCEREQUEST']._serialized_end=1860
-  _globals['_CONSUMENONCERESPONSE']._serialized_start=1862
-  _globals['_CONSUMENONCERESPONSE']._serialized_end=1929
-  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_start=1931
-  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_end=1979
-  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_start=1981
-  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_end=2053
-  _globals['_DIRECTORY']._serialized_start=2402
-  _globals['_DIRECTORY']._serialized_end=3460
+  _globals['_TXNOUTCOME']._serialized_start=2468
+  _globals['_TXNOUTCOME']._serialized_end=2754
+  _globals['_LEASESTATUS']._serialized_start=2756
+  _globals['_LEASESTATUS']._serialized_end=2843
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=96
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=356
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=358
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=440
+  _globals['_HEARTBEATREQUEST']._serialized_start=442
+  _globals['_HEARTBEATREQUEST']._serialized_end=527
+  _globals['_HEARTBEATRESPONSE']._serialized_start=529
+  _globals['_HEARTBEATRESPONSE']._serialized_end=627
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=629
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=688
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=690
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=738
+  _globals['_TXNRESERVEREQUEST']._serialized_start=740
+  _globals['_TXNRESERVEREQUEST']._serialized_end=801
+  _globals['_TXNTRANSITIONREQUEST']._serialized_start=804
+  _globals['_TXNTRANSITIONREQUEST']._serialized_end=997
+  _globals['_TXNPUBLISHREQUEST']._serialized_start=1000
+  _globals['_TXNPUBLISHREQUEST']._serialized_end=1157
+  _globals['_TXNRESPONSE']._serialized_start=1160
+  _globals['_TXNRESPONSE']._serialized_end=1310
+  _globals['_TXNLOOKUPREQUEST']._serialized_start=1312
+  _globals['_TXNLOOKUPREQUEST']._serialized_end=1371
+  _globals['_TXNLOOKUPRESPONSE']._serialized_start=1373
+  _globals['_TXNLOOKUPRESPONSE']._serialized_end=1448
+  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_start=1450
+  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_end=1507
+  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_start=1510
+  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_end=1709
+  _globals['_GETROUTEEPOCHREQUEST']._serialized_start=1711
+  _globals['_GETROUTEEPOCHREQUEST']._serialized_end=1733
+  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_start=1735
+  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_end=1807
+  _globals['_ROUTEEPOCHRESPONSE']._serialized_start=1809
+  _globals['_ROUTEEPOCHRESPONSE']._serialized_end=1868
+  _globals['_CONSUMENONCEREQUEST']._serialized_start=1870
+  _globals['_CONSUMENONCEREQUEST']._serialized_end=1973
+  _globals['_CONSUMENONCERESPONSE']._serialized_start=1975
+  _globals['_CONSUMENONCERESPONSE']._serialized_end=2042
+  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_start=2044
+  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_end=2092
+  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_start=2094
+  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_end=2166
+  _globals['_GETRELEASEREQUEST']._serialized_start=2168
+  _globals['_GETRELEASEREQUEST']._serialized_end=2187
+  _globals['_GETRELEASERESPONSE']._serialized_start=2189
+  _globals['_GETRELEASERESPONSE']._serialized_end=2262
+  _globals['_WRITERELEASEREQUEST']._serialized_start=2264
+  _globals['_WRITERELEASEREQUEST']._serialized_end=2349
+  _globals['_WRITERELEASERESPONSE']._serialized_start=2351
+  _globals['_WRITERELEASERESPONSE']._serialized_end=2465
+  _globals['_DIRECTORY']._serialized_start=2846
+  _globals['_DIRECTORY']._serialized_end=4044
 # @@protoc_insertion_point(module_scope)

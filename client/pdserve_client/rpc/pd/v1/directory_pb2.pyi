@@ -1,5 +1,6 @@
 from pdserve_client.rpc.pd.v1 import common_pb2 as _common_pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as _manifest_pb2
+from pdserve_client.rpc.pd.v1 import release_pb2 as _release_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -19,6 +20,7 @@ class TxnOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TXN_OUTCOME_CHECKSUM_CONFLICT: _ClassVar[TxnOutcome]
     TXN_OUTCOME_NOT_FOUND: _ClassVar[TxnOutcome]
     TXN_OUTCOME_STALE_EPOCH: _ClassVar[TxnOutcome]
+    TXN_OUTCOME_ROUTES_STOPPED: _ClassVar[TxnOutcome]
 
 class LeaseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +35,7 @@ TXN_OUTCOME_ILLEGAL_TRANSITION: TxnOutcome
 TXN_OUTCOME_CHECKSUM_CONFLICT: TxnOutcome
 TXN_OUTCOME_NOT_FOUND: TxnOutcome
 TXN_OUTCOME_STALE_EPOCH: TxnOutcome
+TXN_OUTCOME_ROUTES_STOPPED: TxnOutcome
 LEASE_STATUS_UNSPECIFIED: LeaseStatus
 LEASE_STATUS_OK: LeaseStatus
 LEASE_STATUS_LOST: LeaseStatus
@@ -180,14 +183,20 @@ class ClusterSnapshotRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ...) -> None: ...
 
 class ClusterSnapshotResponse(_message.Message):
-    __slots__ = ("workers", "route_epoch", "snapshot_unix_ms")
+    __slots__ = ("workers", "route_epoch", "snapshot_unix_ms", "release_version", "release_mode", "routes_stopped")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_MODE_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_STOPPED_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
     route_epoch: int
     snapshot_unix_ms: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., route_epoch: _Optional[int] = ..., snapshot_unix_ms: _Optional[int] = ...) -> None: ...
+    release_version: int
+    release_mode: _release_pb2.ReleaseMode
+    routes_stopped: bool
+    def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., route_epoch: _Optional[int] = ..., snapshot_unix_ms: _Optional[int] = ..., release_version: _Optional[int] = ..., release_mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., routes_stopped: _Optional[bool] = ...) -> None: ...
 
 class GetRouteEpochRequest(_message.Message):
     __slots__ = ()
@@ -240,3 +249,33 @@ class ListOpenTransactionsResponse(_message.Message):
     TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     transactions: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.Transaction]
     def __init__(self, transactions: _Optional[_Iterable[_Union[_manifest_pb2.Transaction, _Mapping]]] = ...) -> None: ...
+
+class GetReleaseRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReleaseResponse(_message.Message):
+    __slots__ = ("found", "record")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    record: _release_pb2.ReleaseRecord
+    def __init__(self, found: _Optional[bool] = ..., record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ...) -> None: ...
+
+class WriteReleaseRequest(_message.Message):
+    __slots__ = ("expected_version", "record")
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    expected_version: int
+    record: _release_pb2.ReleaseRecord
+    def __init__(self, expected_version: _Optional[int] = ..., record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ...) -> None: ...
+
+class WriteReleaseResponse(_message.Message):
+    __slots__ = ("outcome", "current", "message")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    outcome: TxnOutcome
+    current: _release_pb2.ReleaseRecord
+    message: str
+    def __init__(self, outcome: _Optional[_Union[TxnOutcome, str]] = ..., current: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...

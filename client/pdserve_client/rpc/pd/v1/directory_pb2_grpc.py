@@ -110,6 +110,16 @@ class DirectoryStub:
                 request_serializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.FromString,
                 _registered_method=True)
+        self.GetRelease = channel.unary_unary(
+                '/pd.v1.Directory/GetRelease',
+                request_serializer=pd_dot_v1_dot_directory__pb2.GetReleaseRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_directory__pb2.GetReleaseResponse.FromString,
+                _registered_method=True)
+        self.WriteRelease = channel.unary_unary(
+                '/pd.v1.Directory/WriteRelease',
+                request_serializer=pd_dot_v1_dot_directory__pb2.WriteReleaseRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_directory__pb2.WriteReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class DirectoryServicer:
@@ -224,6 +234,21 @@ class DirectoryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRelease(self, request, context):
+        """Read the release record (article 0x0FF) every router follows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteRelease(self, request, context):
+        """Write the release record: compare-and-set on its version, and only a legal
+        transition of the release state machine (services/release/machine.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DirectoryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -301,6 +326,16 @@ def add_DirectoryServicer_to_server(servicer, server):
                     servicer.ListOpenTransactions,
                     request_deserializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.FromString,
                     response_serializer=pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.SerializeToString,
+            ),
+            'GetRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRelease,
+                    request_deserializer=pd_dot_v1_dot_directory__pb2.GetReleaseRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_directory__pb2.GetReleaseResponse.SerializeToString,
+            ),
+            'WriteRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteRelease,
+                    request_deserializer=pd_dot_v1_dot_directory__pb2.WriteReleaseRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_directory__pb2.WriteReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -709,6 +744,60 @@ class Directory:
             '/pd.v1.Directory/ListOpenTransactions',
             pd_dot_v1_dot_directory__pb2.ListOpenTransactionsRequest.SerializeToString,
             pd_dot_v1_dot_directory__pb2.ListOpenTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Directory/GetRelease',
+            pd_dot_v1_dot_directory__pb2.GetReleaseRequest.SerializeToString,
+            pd_dot_v1_dot_directory__pb2.GetReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Directory/WriteRelease',
+            pd_dot_v1_dot_directory__pb2.WriteReleaseRequest.SerializeToString,
+            pd_dot_v1_dot_directory__pb2.WriteReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
