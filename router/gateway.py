@@ -40,6 +40,8 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
+from services.directory.client import ReleaseWrite
+from services.release.record import ReleaseRecord
 
 
 class WorkerGateway(abc.ABC):
@@ -103,6 +105,18 @@ class DirectoryGateway(abc.ABC):
         """Directory.ListOpenTransactions: open transaction records. The router
         only counts them and filters on `.state`, `.tenant`, `.updated_unix_ms`;
         the gRPC gateway returns pd.v1.Transaction messages as they are."""
+
+    @abc.abstractmethod
+    async def get_release(self, timeout_s: float) -> ReleaseRecord | None:
+        """Directory.GetRelease: the release record (None while none was written)."""
+
+    @abc.abstractmethod
+    async def write_release(self, expected_version: int, record: ReleaseRecord, timeout_s: float) -> ReleaseWrite:
+        """Directory.WriteRelease: compare-and-set the release record."""
+
+    @abc.abstractmethod
+    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> int:
+        """Directory.AdvanceRouteEpoch (only from `expected`; 0: from any): the epoch after."""
 
     async def close(self) -> None:
         """Release connections (default: nothing to release)."""

@@ -42,8 +42,9 @@ from router.types import (
     WorkerCallError,
 )
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
-from services.directory.client import DirectoryClient
+from services.directory.client import DirectoryClient, ReleaseWrite
 from services.directory.records import DirectoryUnavailable
+from services.release.record import ReleaseRecord
 from services.security.tls import Security
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,18 @@ class GrpcDirectoryGateway(DirectoryGateway):
     async def list_open_transactions(self, timeout_s: float) -> Sequence[Any]:
         records = await self._call("Directory.ListOpenTransactions", self._client.list_open(), timeout_s)
         return [convert.txn_record_to_pb(r) for r in records]
+
+    async def get_release(self, timeout_s: float) -> ReleaseRecord | None:
+        return await self._call("Directory.GetRelease", self._client.get_release(), timeout_s)
+
+    async def write_release(self, expected_version: int, record: ReleaseRecord, timeout_s: float) -> ReleaseWrite:
+        return await self._call("Directory.WriteRelease", self._client.write_release(expected_version, record),
+                                timeout_s)
+
+    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> int:
+        result = await self._call("Directory.AdvanceRouteEpoch", self._client.advance_route_epoch(expected, reason),
+                                  timeout_s)
+        return result.route_epoch
 
     async def close(self) -> None:
         await self._client.close()

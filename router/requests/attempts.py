@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from router.config import RouterConfig
@@ -40,11 +40,11 @@ from router.requests.attempt import (
     advance,
     blame,
 )
+from router.requests.cluster_view import ClusterView
 from router.requests.handoff import build_manifest, transfer_id
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
 from router.types import (
-    Cluster,
     Event,
     PrefillCall,
     PrefillDone,
@@ -72,7 +72,7 @@ class AttemptRunner:
                  spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
                  remaining_s: Callable[[], float | None],
                  on_prefill: Callable[[Attempt, PrefillDone], None] | None = None,
-                 cluster: Callable[[], Awaitable[Cluster]] | None = None,
+                 view: ClusterView | None = None,
                  mint: Callable[..., bytes] | None = None):
         self.req = req
         self._mint = mint
@@ -87,8 +87,8 @@ class AttemptRunner:
         self._remaining_s = remaining_s
         self._on_prefill = on_prefill
         """Told each successful PrefillResult (the cost model learns from its timings)."""
-        self._cluster = cluster
-        """The current cluster snapshot (liveness of the attempt's workers), if any."""
+        self._view = view
+        """The cluster view (liveness of the attempt's workers; routes stopped), if any."""
         self.current: Attempt | None = None
         self.last: Attempt | None = None
         """The latest attempt started (kept after it ends, for error messages)."""
@@ -157,6 +157,11 @@ class AttemptRunner:
                 raise GenerationBehind(answer.current_generation,
                                        f"{what}: request id {req.request_id!r} ran before, up to "
                                        f"generation {answer.current_generation}")
+            if answer.outcome is TxnOutcome.ROUTES_STOPPED:  # a rollback: nobody failed, run colocated
+                if self._view is not None:
+                    self._view.routes_stopped_elsewhere()
+                raise AttemptFailed(att.stage.value, StatusCode.FAILED_PRECONDITION,
+                                    f"{what}: a rollback stopped new disaggregated routes")
             lost = answer.outcome is TxnOutcome.LEASE_LOST
             raise AttemptFailed(att.stage.value, StatusCode.ABORTED, what,
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
@@ -229,10 +234,10 @@ class AttemptRunner:
     async def _check_leases(self, att: Attempt) -> None:
         """AttemptFailed(UNAVAILABLE) when a worker of `att` no longer holds its lease at
         the attempt's epoch (the directory expired it: dead, or hung past its lease)."""
-        if self._cluster is None:
+        if self._view is None:
             return
         try:
-            cluster = await self._cluster()
+            cluster = await self._view.get()
         except RouterError:
             return  # no snapshot to judge by: the token timeout still applies
         live = {w.worker_id: w.epoch for w in cluster.workers}

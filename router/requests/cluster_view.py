@@ -44,6 +44,9 @@ class ClusterView:
         self._retry_at = 0.0
         self.degraded = False
         """True while the directory is unreachable and the last snapshot stands in."""
+        self.routes_stopped = False
+        """Set by the release controller (router/release) the moment this router stops new
+        disaggregated routes, before any snapshot can say so."""
         self._lock = asyncio.Lock()
 
     def _fresh(self, max_age_s: float) -> bool:
@@ -96,6 +99,19 @@ class ClusterView:
             self.overlay.observe(cluster, fetch_id)
             self._cached, self._cached_at = cluster, self._clock()
             return cluster
+
+    @property
+    def colocated_only(self) -> bool:
+        """No disaggregated route may start: the directory is unreachable (no transaction can
+        run), or a rollback stopped new routes (this router's, or any router's: the snapshot)."""
+        stopped = self._cached is not None and self._cached.release.routes_stopped
+        return self.degraded or self.routes_stopped or stopped
+
+    def routes_stopped_elsewhere(self) -> None:
+        """The directory refused a reserve with ROUTES_STOPPED before this router's snapshot
+        said so: stop here too (the next snapshot confirms it, or lifts it)."""
+        self.routes_stopped = True
+        self._cached_at = float("-inf")  # read the directory again at the next get()
 
     @property
     def latest(self) -> Cluster | None:

@@ -143,7 +143,7 @@ class Orchestrator:
         run.runner = AttemptRunner(req, self.workers, self.directory, self.inflight, self.config, run.output,
                                    lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
                                    on_prefill=lambda att, done: self._on_prefill(run, att, done),
-                                   cluster=self.view.get, mint=self.mint)
+                                   view=self.view, mint=self.mint)
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
         run.trace.detach()
@@ -345,11 +345,11 @@ class Orchestrator:
         first, g = r.number == 0, r.generation + 1
         penalties = r.avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
         att = run.planned_attempt(cluster, g) if first else None
-        if att is not None and att.route is Route.DISAGGREGATED and self.view.degraded:
-            att = None  # no transaction can run while the directory is unreachable
+        if att is not None and att.route is Route.DISAGGREGATED and self.view.colocated_only:
+            att = None  # no transaction can run now (directory unreachable, or a rollback stopped routes)
         if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
             att = None  # the planned D has no room (any more): place where there is
-        att = att or self._place(cluster, run, g, first, r.disaggregated_left > 0 and not self.view.degraded,
+        att = att or self._place(cluster, run, g, first, r.disaggregated_left > 0 and not self.view.colocated_only,
                                  penalties, r.tried)
         if att is not None and att.route is Route.DISAGGREGATED and r.into_unreachable(att):
             colocated = self._place(cluster, run, g, False, False, penalties, r.tried)

@@ -32,6 +32,7 @@ from services.directory.records import (
     ClusterSnapshot,
     DirectoryUnavailable,
     LoadReport,
+    ReleaseHead,
     WorkerInfo,
     WorkerRef,
     WorkerRole,
@@ -46,6 +47,8 @@ from services.directory.wire import (
     profile_to_pb,
     worker_record_from_pb,
 )
+from services.release.record import ReleaseRecord
+from services.release.wire import record_from_pb, record_to_pb
 from services.security.tls import Security
 
 _UNAVAILABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -127,6 +130,16 @@ class TxnRecord:
             t.reservation_id, t.chunks_expected, t.kv_digest, t.abort_reason,
             t.created_unix_ms, t.updated_unix_ms, t.manifest,
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReleaseWrite:
+    """Answer to a release write: APPLIED, STALE_GENERATION (read again) or
+    ILLEGAL_TRANSITION (`message` says why), and the stored record after it."""
+
+    outcome: Outcome
+    current: ReleaseRecord | None
+    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -212,7 +225,8 @@ class DirectoryClient:
         r = await self._call("ClusterSnapshot", directory_pb2.ClusterSnapshotRequest(
             role=common_pb2.WORKER_ROLE_UNSPECIFIED if role is None else ROLE_TO_PB[WorkerRole(role)]))
         workers = sorted((worker_record_from_pb(w) for w in r.workers), key=lambda w: w.worker_id)
-        return ClusterSnapshot(tuple(workers), r.route_epoch, r.snapshot_unix_ms)
+        return ClusterSnapshot(tuple(workers), r.route_epoch, r.snapshot_unix_ms,
+                               ReleaseHead(r.release_version, r.release_mode, r.routes_stopped))
 
     # ---- transactions ------------------------------------------------------
 
@@ -295,3 +309,17 @@ class DirectoryClient:
         if r.stale_route_epoch:
             raise StaleRouteEpoch(f"route epoch {route_epoch} is no longer current")
         return r.consumed
+
+    # ---- release (article 0x0FF; kv_directory/release.py) --------------------
+
+    async def get_release(self) -> ReleaseRecord | None:
+        """The release record (None while none was written)."""
+        r = await self._call("GetRelease", directory_pb2.GetReleaseRequest())
+        return record_from_pb(r.record) if r.found else None
+
+    async def write_release(self, expected_version: int, record: ReleaseRecord) -> ReleaseWrite:
+        """Compare-and-set the record (see Directory.WriteRelease)."""
+        r = await self._call("WriteRelease", directory_pb2.WriteReleaseRequest(
+            expected_version=expected_version, record=record_to_pb(record)))
+        current = record_from_pb(r.current) if r.HasField("current") else None
+        return ReleaseWrite(OUTCOME_FROM_PB[r.outcome], current, r.message)

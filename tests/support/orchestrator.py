@@ -5,6 +5,7 @@ share: request parameters, running a request to its end, and `assert_no_leaks`."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 from router.config import RouterConfig
@@ -33,6 +34,11 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
+from services.directory.client import ReleaseWrite
+from services.directory.records import ReleaseHead
+from services.directory.states import Outcome
+from services.release.machine import IllegalTransition
+from services.release.record import ReleaseRecord, check_write
 
 VOCAB = 512
 CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
@@ -86,6 +92,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.directory_down = False
         """Every directory call raises UNAVAILABLE (an outage)."""
         self.snapshots = 0
+        self.release: ReleaseRecord | None = None
+        """The directory's release record (check_write guards it, as the directory's does)."""
 
     def ops(self, *names: str) -> list[tuple]:
         return [c for c in self.calls if c[0] in names]
@@ -111,6 +119,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     async def reserve_txn(self, manifest, timeout_s):
         self.calls.append(("txn_reserve", manifest.transfer_id))
         self._directory_call()
+        if self.cluster.release.routes_stopped:
+            return TxnAnswer(TxnOutcome.ROUTES_STOPPED, self.request_generations.get(manifest.request_id, 0))
         self.manifests.append(manifest)
         behind = self.request_generations.get(manifest.request_id, 0)
         if self.txn_outcome is TxnOutcome.APPLIED and manifest.generation <= behind:
@@ -129,6 +139,31 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
 
     async def list_open_transactions(self, timeout_s):
         return [t for t, s in self.txns.items() if s == "RESERVED"]
+
+    async def get_release(self, timeout_s):
+        self._directory_call()
+        return self.release
+
+    async def write_release(self, expected_version, record, timeout_s):
+        self.calls.append(("write_release", record.state.name, record.version))
+        self._directory_call()
+        if (self.release.version if self.release else 0) != expected_version:
+            return ReleaseWrite(Outcome.STALE_GENERATION, self.release, "read it again")
+        try:
+            check_write(self.release, record)
+        except IllegalTransition as exc:
+            return ReleaseWrite(Outcome.ILLEGAL_TRANSITION, self.release, str(exc))
+        self.release = record
+        head = ReleaseHead(record.version, int(record.state), record.routes_stopped)
+        self.cluster = dataclasses.replace(self.cluster, release=head)
+        return ReleaseWrite(Outcome.APPLIED, record)
+
+    async def advance_route_epoch(self, expected, reason, timeout_s):
+        self.calls.append(("advance_route_epoch", expected))
+        self._directory_call()
+        if not expected or expected == self.cluster.route_epoch:
+            self.cluster = dataclasses.replace(self.cluster, route_epoch=self.cluster.route_epoch + 1)
+        return self.cluster.route_epoch
 
     # -- workers
     async def reserve(self, w: Worker, call: ReserveCall, timeout_s) -> Reservation:
