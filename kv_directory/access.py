@@ -1,4 +1,5 @@
-"""Who may call the directory, and the identity checks its servicer makes (issue 17).
+"""Who may call the directory, the identity checks its servicer makes (issue 17), and how
+its refusals become statuses (`rpc`).
 
 `ACCESS` lets a method through for the certificate roles it names
 (services/security/tls.py `Access`); the servicer then binds the call to the caller:
@@ -8,7 +9,16 @@ transaction's two ends move it (kv_directory/server.py `_transition`).
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
 from pdserve_client.rpc.pd.v1 import directory_pb2
+from services.directory.records import DirectoryUnavailable
+from services.directory.wire import BadRequest
 from services.security.pki import Identity
 from services.security.tls import WORKERS, access_table, caller
 
@@ -31,6 +41,8 @@ ACCESS = access_table(SERVICE_NAME, {
 })
 """Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
 
+log = logging.getLogger(__name__)
+
 WORKER_ROLE_OF_CERT = {"prefill": "prefill", "decode": "decode", "mixed": "mixed"}
 """Certificate role -> the WorkerRole value a worker holding it may register as."""
 
@@ -47,3 +59,23 @@ def as_worker(context, secure: bool, worker_id: str) -> Identity | None:
     if identity is None or identity.role not in WORKERS or identity.name != worker_id:
         raise Denied(f"caller {identity} may not act as worker {worker_id!r}")
     return identity
+
+
+def rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A servicer method whose BadRequest is INVALID_ARGUMENT, Denied PERMISSION_DENIED and
+    DirectoryUnavailable UNAVAILABLE."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Denied as exc:
+            log.warning("%s refused: %s", handler.__name__, exc)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except DirectoryUnavailable as exc:
+            log.warning("%s: store unavailable: %s", handler.__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"directory store unavailable: {exc}")
+
+    return wrapper

@@ -48,7 +48,7 @@ def worker_info_from_pb(req: directory_pb2.RegisterWorkerRequest) -> WorkerInfo:
     return WorkerInfo(
         req.worker_id, role_from_pb(req.role), req.grpc_address, req.data_plane_address,
         req.cache_abi_digest, capacity_from_pb(req.capacity), profile_from_pb(req.profile),
-        req.colocated_only_reason,
+        req.colocated_only_reason, req.model_identity,
     )
 
 

@@ -187,6 +187,7 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         capacity=WorkerCapacity(**{f: int(m.get(f, 0)) for f in CAPACITY_FIELDS}),
         profile=CostProfile.from_json(m.get("profile", "")),
         colocated_only_reason=m.get("colocated_only_reason", ""),
+        model_identity=m.get("model_identity", ""),
     )
 
 
@@ -279,11 +280,12 @@ class RedisDirectoryStore(DirectoryStore):
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_address, info.data_plane_address,
             info.cache_abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
-            info.colocated_only_reason, acked=True,
+            info.colocated_only_reason, info.model_identity, acked=True,
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
             info.capacity, load, int(epoch), int(expiry_ms), info.profile, info.colocated_only_reason,
+            info.model_identity,
         )
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:

@@ -31,10 +31,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
-
 from kv_directory import release
 from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
+from kv_directory.access import rpc as _rpc
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
     fence,
@@ -50,7 +49,6 @@ from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.directory.records import (
-    DirectoryUnavailable,
     Transaction,
     TxnResult,
     chunk_list_digest,
@@ -86,25 +84,6 @@ whose clock lags the directory's still sees a replay as a replay."""
 MAX_CAPABILITY_LIFETIME_S = 3600.0
 """A capability expiring further ahead than this is refused (a nonce record must not
 be kept for years, and Redis refuses expiry times past 2^63 ms)."""
-
-
-def _rpc(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """Map BadRequest -> INVALID_ARGUMENT and DirectoryUnavailable -> UNAVAILABLE."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: DirectoryServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except BadRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Denied as exc:
-            log.warning("%s refused: %s", handler.__name__, exc)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except DirectoryUnavailable as exc:
-            log.warning("%s: store unavailable: %s", handler.__name__, exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"directory store unavailable: {exc}")
-
-    return wrapper
 
 
 class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):

@@ -202,6 +202,22 @@ class RouterConfig(MemberSettings):
     (about 200 bytes each): a client re-using one within the directory's retention
     starts above the earlier run's generation instead of colliding with it."""
 
+    release_poll_s: float = env("PD_RELEASE_POLL_S", 1.0, gt=0)
+    """How often the router reads the release record's head (router/release): a replica
+    follows a promotion or a rollback within this, traffic or not."""
+
+    rollback_lease_s: float = env("PD_ROLLBACK_LEASE_S", 10.0, gt=0)
+    """A rollback's runner holds it this long past each step it records; a router that
+    finds it unfinished and the lease lapsed (its runner died) resumes it."""
+
+    rollback_drain_timeout_s: float = env("PD_ROLLBACK_DRAIN_TIMEOUT_S", 10.0, gt=0)
+    """DRAIN_OR_ABORT_TRANSFERS waits this long for unpublished transfers to end on their
+    own (none publishes under the retired epoch); then it aborts the rest."""
+
+    rollback_reclaim_timeout_s: float = env("PD_ROLLBACK_RECLAIM_TIMEOUT_S", 15.0, gt=0)
+    """RECLAIM_UNPUBLISHED waits this long for the workers to give back the blocks of
+    unpublished transfers (they free them once their transport is quiet)."""
+
     @field_validator("default_mode")
     @classmethod
     def _known_mode(cls, mode: str) -> str:

@@ -19,6 +19,8 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
 from router.identity import caller_tenant
+from router.release.controller import ReleaseController
+from router.release.manifest import tokenizer_identity
 from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
@@ -39,7 +41,8 @@ ACCESS = {
     # Reads are open to clients (each sees its own tenant's requests); changes, and Blocks
     # (every tenant's holdings), need an operator.
     **access_table(ADMIN_SERVICE, {"Status": _USERS, "Decisions": _USERS, "ListTransactions": _USERS,
-                                   "SetMode": {"operator"}, "Blocks": {"operator"}}),
+                                   "ReleaseStatus": _USERS, "SetMode": {"operator"}, "Promote": {"operator"},
+                                   "Rollback": {"operator"}, "Blocks": {"operator"}}),
 }
 """Who may call what (services/security/tls.py `Access`)."""
 
@@ -107,12 +110,18 @@ def _mint(sign: Signer, ttl_ms: int, manifest, reservation) -> bytes:
     return sign.mint(grant(manifest, reservation, ttl_ms)).raw
 
 
-async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security, ready: bool = True):
+async def start(config: RouterConfig, orchestrator: Orchestrator, security: Security, ready: bool = True,
+                release: ReleaseController | None = None):
     """Start Router + Admin on config.listen_addr; returns (server, port, health servicer)
-    (health NOT_SERVING until `health.ready(True)` unless `ready`)."""
+    (health NOT_SERVING until `health.ready(True)` unless `ready`). `release`: the
+    controller Admin moves the release with (default: one that does not follow in the
+    background)."""
+    release = release or ReleaseController(orchestrator, config.router_id, config,
+                                           tokenizer_identity(orchestrator.tokenizer))
+    admin = AdminServicer(orchestrator, release, security.secure)
     return await start_server(config.listen_addr, [
         (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator, security.secure), ROUTER_SERVICE),
-        (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(orchestrator, security.secure), ADMIN_SERVICE),
+        (admin_pb2_grpc.add_AdminServicer_to_server, admin, ADMIN_SERVICE),
     ], security, ACCESS, ready=ready)
 
 
@@ -135,7 +144,9 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
     """Serve until SIGTERM/SIGINT, then cancel in-flight requests (their workers
     get Cancel) and stop."""
     orchestrator = build(config, security, tokenizer)
-    server, port, health = await start(config, orchestrator, security, ready=False)
+    release = ReleaseController(orchestrator, config.router_id, config, tokenizer_identity(tokenizer))
+    server, port, health = await start(config, orchestrator, security, ready=False, release=release)
+    release.start()
     readiness = asyncio.create_task(ready_once_directory_answers(orchestrator, health), name="readiness")
     metrics = serve_metrics(config.metrics_listen, orchestrator.metrics.registry, security)
     compiled = native.status()
@@ -149,5 +160,6 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
         await wait_for_shutdown(server, health, on_stop=orchestrator.close)
     finally:
         readiness.cancel()
+        await release.close()
         if metrics is not None:
             metrics.close()

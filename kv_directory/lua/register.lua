@@ -1,7 +1,8 @@
 -- register_worker: arg(1..5) worker_id, role, grpc_addr, data_addr, abi_digest;
 -- arg(6..) load fields in LOAD_FIELDS order, then capacity fields in
 -- CAPACITY_FIELDS order, then the cost profile as JSON (stored opaquely), then
--- the colocated-only reason ('' when the worker may exchange K/V).
+-- the colocated-only reason ('' when the worker may exchange K/V), then the model
+-- identity ('' when not declared).
 -- Returns {epoch, lease_expiry_ms}.
 local now = now_ms()
 sweep(now)
@@ -23,5 +24,6 @@ set_load(wk, 6)
 for i, f in ipairs(CAPACITY_FIELDS) do redis.call('HSET', wk, f, tonumber(arg(5 + #LOAD_FIELDS + i))) end
 redis.call('HSET', wk, 'profile', arg(6 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('HSET', wk, 'colocated_only_reason', arg(7 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
+redis.call('HSET', wk, 'model_identity', arg(8 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('ZADD', key('leases'), exp, wid)
 return {epoch, exp}

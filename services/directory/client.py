@@ -203,7 +203,7 @@ class DirectoryClient:
             worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_address,
             data_plane_address=info.data_plane_address, cache_abi_digest=info.cache_abi_digest,
             capacity=capacity_to_pb(info.capacity), profile=profile_to_pb(info.profile),
-            colocated_only_reason=info.colocated_only_reason))
+            colocated_only_reason=info.colocated_only_reason, model_identity=info.model_identity))
         return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch)
 
     async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:

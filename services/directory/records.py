@@ -107,6 +107,9 @@ class WorkerInfo:
     colocated_only_reason: str = ""
     """Why the worker serves colocated requests only and never exchanges K/V (its
     start-up kernel self-check failed); empty: hand-offs allowed."""
+    model_identity: str = ""
+    """Digest of the model's config and weights (services/engine/abi.py), for the release's
+    deployment manifest; empty: not declared."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -136,6 +139,8 @@ class WorkerRecord:
     """Cost model the worker measured at start (empty: none declared)."""
     colocated_only_reason: str = ""
     """As declared at registration (WorkerInfo.colocated_only_reason)."""
+    model_identity: str = ""
+    """As declared at registration (WorkerInfo.model_identity)."""
 
     can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
     """PREFILL and MIXED workers (from `role`; a field, not a property: the router's

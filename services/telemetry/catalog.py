@@ -101,10 +101,11 @@ class RouterMetrics:
                                 ["route"], registry=r)
         self.in_flight = Gauge("pd_requests_in_flight", "Requests admitted and not yet finished.", registry=r)
         self.queue_depth = Gauge("pd_admission_queue_depth", "Requests waiting for K/V room.", registry=r)
-        self.drain_depth = Gauge("pd_drain_depth", "Requests left on workers being drained; set by the "
-                                 "rollback procedure (issue 20).", registry=r)
-        self.rollback = Histogram("pd_rollback_duration_seconds", "Duration of rollbacks; observed by the "
-                                  "rollback procedure (issue 20).", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.drain_depth = Gauge("pd_drain_depth", "Unpublished transfers a rollback's DRAIN_OR_ABORT_TRANSFERS "
+                                 "step still waits on (0 outside a drain).", registry=r)
+        self.rollback = Histogram("pd_rollback_duration_seconds", "Rollback duration by step (a step's run by "
+                                  "this router), and whole rollbacks from STOP_NEW_ROUTES (step=total).",
+                                  ["step"], buckets=LATENCY_BUCKETS_S, registry=r)
 
     def bind(self, in_flight: Callable[[], float], queue_depth: Callable[[], float]) -> None:
         """Read the gauges from the orchestrator at each scrape."""

@@ -29,6 +29,8 @@ from router.__main__ import parse_args
 from router.config import RouterConfig
 from router.server import build, start
 from services.common.grpc_server import start_server
+from services.release.record import check_write
+from services.release.wire import record_from_pb
 from services.worker.node import router_only
 from tests.support import pki
 
@@ -129,6 +131,17 @@ class FakeDirectory(directory_pb2_grpc.DirectoryServicer):
 
     async def ListOpenTransactions(self, request, context):
         return directory_pb2.ListOpenTransactionsResponse(transactions=self.open)
+
+    release = None
+
+    async def GetRelease(self, request, context):
+        return directory_pb2.GetReleaseResponse(found=self.release is not None, record=self.release)
+
+    async def WriteRelease(self, request, context):
+        old = record_from_pb(self.release) if self.release is not None else None
+        check_write(old, record_from_pb(request.record))  # the real directory's check (kv_directory/release.py)
+        self.release = request.record
+        return directory_pb2.WriteReleaseResponse(outcome=directory_pb2.TXN_OUTCOME_APPLIED, current=self.release)
 
 
 def info(name: str, role: int, address: str, free: int = 64) -> common_pb2.WorkerInfo:
@@ -295,27 +308,29 @@ def test_client_cancel_and_router_cancel_reach_prefill_and_decode():
     assert done.finish_reason == common_pb2.FINISH_REASON_CANCELLED and done.num_tokens >= 2
 
 
-def test_admin_status_set_mode_and_transactions():
+def test_admin_status_release_and_transactions():
     async def go():
-        async with rig() as (router, admin, log, _, _, _):
+        async with rig() as (router, admin, log, _, directory, _):
             status = await admin.Status(admin_pb2.StatusRequest())
-            pinned = await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_PINNED, reason="drill"))
-            events = [ev async for ev in router.Generate(request())]
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_ROLLED_BACK))
+            release = await admin.ReleaseStatus(admin_pb2.ReleaseStatusRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # ACTIVE -> PINNED is no transition
+                await admin.SetMode(admin_pb2.SetModeRequest(mode=admin_pb2.RELEASE_MODE_PINNED, reason="drill"))
             txns = await admin.ListTransactions(admin_pb2.ListTransactionsRequest(tenant="a", limit=1))
             none = await admin.ListTransactions(admin_pb2.ListTransactionsRequest(
                 states=[manifest_pb2.TXN_STATE_RESERVED]))
             assert not none.transactions
-            return status, pinned, events, err.value.code(), txns, log
+            return status, release, err.value, txns, directory.release
 
-    status, pinned, events, rollback_code, txns, log = run(go())
+    status, release, refused, txns, stored = run(go())
     assert [w.worker_id for w in status.workers] == ["d0", "d1", "p0"]
     assert (status.free_blocks, status.reserved_blocks, status.total_blocks) == (96, 4, 128)
     assert (status.open_transactions, status.mode, status.route_epoch) == (5, admin_pb2.RELEASE_MODE_ACTIVE, 9)
-    assert (pinned.previous_mode, pinned.mode) == (admin_pb2.RELEASE_MODE_ACTIVE, admin_pb2.RELEASE_MODE_PINNED)
-    assert events[0].started.route == router_pb2.ROUTE_COLOCATED and "Decode.Generate" in log.names()
-    assert rollback_code == grpc.StatusCode.UNIMPLEMENTED
+    # The first router to see a worker records the release: its configured mode's state, manifest frozen.
+    assert (release.record.mode, release.record.version, release.router_mode) == \
+        (admin_pb2.RELEASE_MODE_ACTIVE, 1, "auto")
+    assert release.record == stored and release.record.manifest.cache_abi_digests == ["abi"]
+    assert release.record.manifest.roles == ["decode=2", "prefill=1"] and len(release.record.manifest.digest) == 64
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and "ACTIVE -> PINNED" in refused.details()
     assert [(t.transfer_id, t.state, t.source_worker_id) for t in txns.transactions] == \
         [("x/3", manifest_pb2.TXN_STATE_TRANSFERRING, "p0")]
 

@@ -179,3 +179,63 @@ class BlocksResponse(_message.Message):
     in_flight_requests: int
     open_transactions: int
     def __init__(self, workers: _Optional[_Iterable[_Union[_blocks_pb2.WorkerBlocks, _Mapping]]] = ..., orphan_holdings: _Optional[int] = ..., in_flight_requests: _Optional[int] = ..., open_transactions: _Optional[int] = ...) -> None: ...
+
+class ReleaseStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseStatusResponse(_message.Message):
+    __slots__ = ("record", "router_mode", "routes_stopped", "router_id", "route_epoch")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_MODE_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    record: _release_pb2.ReleaseRecord
+    router_mode: str
+    routes_stopped: bool
+    router_id: str
+    route_epoch: int
+    def __init__(self, record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ..., router_mode: _Optional[str] = ..., routes_stopped: _Optional[bool] = ..., router_id: _Optional[str] = ..., route_epoch: _Optional[int] = ...) -> None: ...
+
+class GateResult(_message.Message):
+    __slots__ = ("name", "passed", "measured", "threshold", "detail")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    passed: bool
+    measured: float
+    threshold: float
+    detail: str
+    def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., measured: _Optional[float] = ..., threshold: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("target", "canary_fraction", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: _release_pb2.ReleaseMode
+    canary_fraction: float
+    reason: str
+    def __init__(self, target: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., canary_fraction: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RollbackRequest(_message.Message):
+    __slots__ = ("reason", "wait")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    wait: bool
+    def __init__(self, reason: _Optional[str] = ..., wait: _Optional[bool] = ...) -> None: ...
+
+class ReleaseChange(_message.Message):
+    __slots__ = ("previous_mode", "record", "gates")
+    PREVIOUS_MODE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    GATES_FIELD_NUMBER: _ClassVar[int]
+    previous_mode: _release_pb2.ReleaseMode
+    record: _release_pb2.ReleaseRecord
+    gates: _containers.RepeatedCompositeFieldContainer[GateResult]
+    def __init__(self, previous_mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ..., gates: _Optional[_Iterable[_Union[GateResult, _Mapping]]] = ...) -> None: ...

@@ -45,6 +45,21 @@ class AdminStub:
                 request_serializer=pd_dot_v1_dot_admin__pb2.SetModeRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_admin__pb2.SetModeResponse.FromString,
                 _registered_method=True)
+        self.ReleaseStatus = channel.unary_unary(
+                '/pd.v1.Admin/ReleaseStatus',
+                request_serializer=pd_dot_v1_dot_admin__pb2.ReleaseStatusRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_admin__pb2.ReleaseStatusResponse.FromString,
+                _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/pd.v1.Admin/Promote',
+                request_serializer=pd_dot_v1_dot_admin__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_admin__pb2.ReleaseChange.FromString,
+                _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/pd.v1.Admin/Rollback',
+                request_serializer=pd_dot_v1_dot_admin__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=pd_dot_v1_dot_admin__pb2.ReleaseChange.FromString,
+                _registered_method=True)
         self.ListTransactions = channel.unary_unary(
                 '/pd.v1.Admin/ListTransactions',
                 request_serializer=pd_dot_v1_dot_admin__pb2.ListTransactionsRequest.SerializeToString,
@@ -74,7 +89,29 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetMode(self, request, context):
-        """Change the release mode; ROLLED_BACK runs the rollback order.
+        """Move the release to `mode`: a promotion through its gates, or ROLLED_BACK
+        (the rollback in order). Illegal moves and failed gates: FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseStatus(self, request, context):
+        """The release record (state, manifest, history, rollback steps) and its gates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Promote the release one state (or to `target`) through the promotion gates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rollback(self, request, context):
+        """Roll the release back in the article's order (or resume an unfinished rollback).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -113,6 +150,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetMode,
                     request_deserializer=pd_dot_v1_dot_admin__pb2.SetModeRequest.FromString,
                     response_serializer=pd_dot_v1_dot_admin__pb2.SetModeResponse.SerializeToString,
+            ),
+            'ReleaseStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseStatus,
+                    request_deserializer=pd_dot_v1_dot_admin__pb2.ReleaseStatusRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_admin__pb2.ReleaseStatusResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=pd_dot_v1_dot_admin__pb2.PromoteRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_admin__pb2.ReleaseChange.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=pd_dot_v1_dot_admin__pb2.RollbackRequest.FromString,
+                    response_serializer=pd_dot_v1_dot_admin__pb2.ReleaseChange.SerializeToString,
             ),
             'ListTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTransactions,
@@ -185,6 +237,87 @@ class Admin:
             '/pd.v1.Admin/SetMode',
             pd_dot_v1_dot_admin__pb2.SetModeRequest.SerializeToString,
             pd_dot_v1_dot_admin__pb2.SetModeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Admin/ReleaseStatus',
+            pd_dot_v1_dot_admin__pb2.ReleaseStatusRequest.SerializeToString,
+            pd_dot_v1_dot_admin__pb2.ReleaseStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Admin/Promote',
+            pd_dot_v1_dot_admin__pb2.PromoteRequest.SerializeToString,
+            pd_dot_v1_dot_admin__pb2.ReleaseChange.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pd.v1.Admin/Rollback',
+            pd_dot_v1_dot_admin__pb2.RollbackRequest.SerializeToString,
+            pd_dot_v1_dot_admin__pb2.ReleaseChange.FromString,
             options,
             channel_credentials,
             insecure,

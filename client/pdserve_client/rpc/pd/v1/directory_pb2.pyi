@@ -41,7 +41,7 @@ LEASE_STATUS_OK: LeaseStatus
 LEASE_STATUS_LOST: LeaseStatus
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "profile", "colocated_only_reason")
+    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "profile", "colocated_only_reason", "model_identity")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class RegisterWorkerRequest(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     COLOCATED_ONLY_REASON_FIELD_NUMBER: _ClassVar[int]
+    MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     grpc_address: str
@@ -58,7 +59,8 @@ class RegisterWorkerRequest(_message.Message):
     capacity: _common_pb2.WorkerCapacity
     profile: _common_pb2.CostProfile
     colocated_only_reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.WorkerCapacity, _Mapping]] = ..., profile: _Optional[_Union[_common_pb2.CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ...) -> None: ...
+    model_identity: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.WorkerCapacity, _Mapping]] = ..., profile: _Optional[_Union[_common_pb2.CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("epoch", "lease_ttl_ms", "route_epoch")

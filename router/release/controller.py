@@ -1,0 +1,234 @@
+"""This router's part in the release (article 0x0FF): every replica follows the record the
+directory keeps; the one an operator asks (Admin) moves it.
+
+Following: every `release_poll_s` (and whenever a snapshot shows a new version) the
+router reads the record and applies it — the default mode of requests that name none
+(`ROUTER_MODE`), the canary share, and whether new disaggregated routes are stopped.
+A cluster with no record yet gets one from the first router that sees a worker: the
+state of its configured mode, with the deployment manifest frozen from what is live.
+
+Moving: `promote` takes one legal step through its gates (router/release/gates.py);
+`rollback` enters ROLLED_BACK — that write is STOP_NEW_ROUTES, cluster-wide at once,
+because the directory refuses transfer reservations from then on — and runs the
+remaining steps (router/release/rollback.py). A rollback whose runner died is resumed
+by whichever router next finds its lease lapsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from router.config import RouterConfig
+from router.release.gates import Check
+from router.release.gates import summary as gates_summary
+from router.release.manifest import freeze
+from router.release.promotion import promotion_gates
+from router.release.rollback import run_steps
+from router.types import RouterError, StatusCode, WorkerCallError
+from services.directory.states import Outcome
+from services.release.machine import (
+    ROUTER_MODE,
+    IllegalTransition,
+    Release,
+    RollbackStep,
+    check_transition,
+    next_promotion,
+)
+from services.release.record import ReleaseRecord, Rollback, StepRecord
+
+log = logging.getLogger(__name__)
+
+
+class ReleaseConflict(RuntimeError):
+    """Another router wrote the release first; the record was read again (try again)."""
+
+
+class GatesFailed(RuntimeError):
+    """A promotion's gates did not all pass; `checks` has every verdict."""
+
+    def __init__(self, target: Release, checks: list[Check]):
+        failed = [c for c in checks if not c.passed]
+        super().__init__(f"promotion to {target.name} refused: {len(failed)} of {len(checks)} gates failed: "
+                         + "; ".join(c.line() for c in failed))
+        self.checks = checks
+
+
+def now_ms() -> int:
+    """Wall clock, Unix ms: the times a release record carries (leases are judged on it
+    too: routers' clocks are assumed NTP-close, well within `rollback_lease_s`)."""
+    return int(time.time() * 1000)
+
+
+class ReleaseController:
+    """Follows and moves the release record for one router (see the module docstring)."""
+
+    def __init__(self, orch, router_id: str, config: RouterConfig, tokenizer_identity: str = ""):
+        self._orch = orch
+        self.router_id = router_id
+        self._cfg = config
+        self.tokenizer_identity = tokenizer_identity
+        self.configured_mode = orch.default_mode
+        self.record: ReleaseRecord | None = None
+        self.runner: asyncio.Task | None = None
+        self._follower: asyncio.Task | None = None
+        self._writes = asyncio.Lock()
+
+    @property
+    def orch(self):
+        return self._orch
+
+    @property
+    def config(self) -> RouterConfig:
+        return self._cfg
+
+    @staticmethod
+    def now_ms() -> int:
+        return now_ms()
+
+    # ---- following ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Follow the record in the background until `close`."""
+        self._follower = asyncio.create_task(self._follow_forever(), name="release follower")
+
+    async def close(self) -> None:
+        """Stop following; a rollback this router runs stops between its steps' awaits
+        (its lease lapses, and a router that is still up resumes it)."""
+        for task in (self._follower, self.runner):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _follow_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except (RouterError, WorkerCallError) as exc:
+                log.debug("release: cannot read the record now: %s", exc)
+            await asyncio.sleep(self._cfg.release_poll_s)
+
+    async def refresh(self, force: bool = False) -> ReleaseRecord | None:
+        """Read the record if the latest snapshot shows another version (always with
+        `force`), apply it, create it when the cluster has none, and resume a rollback
+        nobody runs."""
+        cluster = await self._orch.view.get(max_age_s=0.0 if force else None)
+        known = self.record.version if self.record is not None else 0
+        if force or cluster.release.version != known:
+            self.apply(await self._orch.directory.get_release(self._cfg.directory_timeout_s))
+        if self.record is None and any(w.can_decode for w in cluster.workers):
+            await self._create(cluster)
+        if self.record is not None and self.record.rolling_back and self._may_run(self.record.rollback):
+            self.run_rollback()
+        return self.record
+
+    def apply(self, record: ReleaseRecord | None) -> None:
+        """Serve as `record` says (the configured mode while there is none)."""
+        self.record = record
+        orch = self._orch
+        if record is None:
+            orch.default_mode, orch.view.routes_stopped = self.configured_mode, False
+            return
+        if orch.default_mode != ROUTER_MODE[record.state]:
+            log.info("release %s (version %d): requests without a mode run %s", record.state.name, record.version,
+                     ROUTER_MODE[record.state])
+        orch.default_mode = ROUTER_MODE[record.state]
+        orch.planner.canary_fraction = record.canary_fraction
+        orch.view.routes_stopped = record.routes_stopped
+
+    async def _create(self, cluster) -> None:
+        state = Release.PINNED if self.configured_mode == "colocated" else {
+            "shadow": Release.SHADOW, "canary": Release.CANARY}.get(self.configured_mode, Release.ACTIVE)
+        record = ReleaseRecord(state, 1, freeze(cluster, self), self._orch.planner.canary_fraction)
+        with contextlib.suppress(ReleaseConflict):  # another router created it first: follow that one
+            await self.write(record)
+            log.info("release record created: %s from the router's mode %s, manifest %s", state.name,
+                     self.configured_mode, record.manifest_digest[:16])
+
+    # ---- moving -----------------------------------------------------------------
+
+    async def write(self, record: ReleaseRecord) -> ReleaseRecord:
+        """Compare-and-set `record` (its version - 1 must be the stored one) and apply it.
+        Raises ReleaseConflict (another writer came first) or IllegalTransition."""
+        async with self._writes:
+            answer = await self._orch.directory.write_release(record.version - 1, record,
+                                                              self._cfg.directory_timeout_s)
+            if answer.outcome is Outcome.APPLIED:
+                self.apply(record)
+                return record
+            self.apply(answer.current)
+            if answer.outcome is Outcome.ILLEGAL_TRANSITION:
+                raise IllegalTransition(answer.message)
+            raise ReleaseConflict(answer.message or "another router wrote the release first")
+
+    async def current(self) -> ReleaseRecord:
+        """The record read now (created first when the cluster has none)."""
+        record = await self.refresh(force=True)
+        if record is None:
+            raise RouterError(StatusCode.UNAVAILABLE, "no release record yet: no decode-capable worker has registered")
+        return record
+
+    async def rollback(self, reason: str, by: str, wait: bool = True) -> ReleaseRecord:
+        """Enter ROLLED_BACK (STOP_NEW_ROUTES) unless already there, then run the remaining
+        steps; with `wait`, return once the last ended (or its runner failed)."""
+        record = await self.current()
+        if record.state is not Release.ROLLED_BACK:
+            self._orch.view.routes_stopped = True  # this router first, before the write returns
+            at = now_ms()
+            stop = StepRecord(RollbackStep.STOP_NEW_ROUTES, at, now_ms(),
+                              {"requests_in_flight": self._orch.in_flight},
+                              "new requests run colocated; the directory refuses transfer reservations")
+            rollback = Rollback(record.state, at, reason, by, (stop,), owner=self.router_id,
+                                owner_until_ms=at + int(self._cfg.rollback_lease_s * 1000))
+            try:
+                record = await self.write(record.moved(Release.ROLLED_BACK, at, by, reason, rollback=rollback))
+            except BaseException:
+                self._orch.view.routes_stopped = self.record is not None and self.record.routes_stopped
+                raise
+            log.warning("rollback of %s started by %s: %s", rollback.from_state.name, by, reason)
+        elif record.rollback is not None and not self._may_run(record.rollback):
+            raise ReleaseConflict(f"router {record.rollback.owner} runs this rollback (lease until "
+                                  f"{record.rollback.owner_until_ms} ms)")
+        task = self.run_rollback()
+        if wait and task is not None:
+            await asyncio.shield(task)  # the rollback goes on if the caller leaves
+        return self.record
+
+    async def promote(self, target: Release | None, reason: str, by: str,
+                      canary_fraction: float = 0.0) -> tuple[Release, ReleaseRecord, list[Check]]:
+        """Move one legal step (to `target`, default the next) through its gates. Raises
+        IllegalTransition, or GatesFailed with every gate's verdict."""
+        record = await self.current()
+        complete = record.rollback is not None and record.rollback.complete
+        target = target or (Release.PINNED if record.state is Release.ROLLED_BACK else next_promotion(record.state))
+        if target is None:
+            raise IllegalTransition(f"{record.state.name} has no promotion (ACTIVE is the last state)")
+        if target is Release.ROLLED_BACK:
+            raise IllegalTransition("a rollback is not a promotion: `pdctl release rollback`")
+        check_transition(record.state, target, complete)
+        checks = await promotion_gates(self, target)
+        if not all(c.passed for c in checks):
+            raise GatesFailed(target, checks)
+        changes: dict = {}
+        if target is Release.PINNED:
+            changes["manifest"] = freeze(await self._orch.view.get(max_age_s=0.0), self)
+        if canary_fraction:
+            changes["canary_fraction"] = canary_fraction
+        new = record.moved(target, now_ms(), by, reason, gates_summary(checks), **changes)
+        log.warning("release %s -> %s by %s: %s", record.state.name, target.name, by, reason)
+        return record.state, await self.write(new), checks
+
+    def _may_run(self, rollback: Rollback) -> bool:
+        return rollback.owner == self.router_id or rollback.owner_until_ms < now_ms()
+
+    def run_rollback(self) -> asyncio.Task | None:
+        """The task running the record's remaining rollback steps (started if none runs)."""
+        if self.record is None or not self.record.rolling_back:
+            return self.runner if self.runner is not None and not self.runner.done() else None
+        if self.runner is None or self.runner.done():
+            self.runner = asyncio.create_task(run_steps(self), name="rollback")
+        return self.runner
+
