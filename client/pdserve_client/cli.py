@@ -8,11 +8,12 @@
     pdctl set-mode rolled_back --reason "drill"
     pdctl trace REQUEST_ID [--json] [--html page.html]     (reads the span file; trace_cmd.py)
     pdctl blocks [--orphans-only] [--request R] [--worker W] [--json]   (cli_blocks.py)
+    pdctl release status | promote [TARGET] | rollback [--reason R]     (cli_release.py)
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
 local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
 presented is the local launcher's `.pdserve/tls/client.crt` (`operator.crt` for
-set-mode and blocks; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
+set-mode, blocks, release promote and rollback; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
 Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
 message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
 """
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pdserve_client import cli_blocks, trace_cmd, wire
+from pdserve_client import cli_blocks, cli_release, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.tables import table
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace_cmd.register(commands)
     cli_blocks.add_parser(commands, shared)
+    cli_release.add_parser(commands, shared)
     return parser
 
 

@@ -26,6 +26,9 @@ from pdserve_client._sync import _shims
 from pdserve_client.address import resolve_router_address
 from pdserve_client.blocks import BlocksView, blocks_from_proto
 from pdserve_client.options import GenerateOptions, resolve_options
+from pdserve_client.release import RELEASE_TIMEOUT_S, ReleaseChange, ReleaseView
+from pdserve_client.release import change_from_proto as release_change
+from pdserve_client.release import status_from_proto as release_status
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2
 from pdserve_client.stream import StreamTally
 from pdserve_client.tls import TlsFiles
@@ -208,9 +211,32 @@ class Client:
                                            canary_fraction=canary_fraction, reason=reason)
         return wire.mode_change_from_proto(self._unary(admin.SetMode, request))
 
-    def _unary(self, method, request):
+    def release(self) -> ReleaseView:
+        """The release record (state, manifest, history, rollback steps), Admin.ReleaseStatus."""
+        _, admin = self._channel.stubs()
+        return release_status(self._unary(admin.ReleaseStatus, admin_pb2.ReleaseStatusRequest()))
+
+    def promote(self, target: str = "", canary_fraction: float = 0.0, reason: str = "",
+            timeout_s: float = RELEASE_TIMEOUT_S) -> ReleaseChange:
+        """Promote the release one state (or to `target`) through its gates (operators only);
+        a failed gate raises FAILED_PRECONDITION naming it. The gates run requests: the
+        call may take seconds (`timeout_s`)."""
+        _, admin = self._channel.stubs()
+        request = admin_pb2.PromoteRequest(target=wire.encode_release_mode(target) if target else 0,
+                                           canary_fraction=canary_fraction, reason=reason)
+        return release_change(self._unary(admin.Promote, request, timeout_s))
+
+    def rollback(
+            self, reason: str = "", wait: bool = True, timeout_s: float = RELEASE_TIMEOUT_S) -> ReleaseChange:
+        """Roll the release back in order, or resume an unfinished rollback (operators only);
+        with `wait`, returns once it completed (a drain can take `timeout_s`)."""
+        _, admin = self._channel.stubs()
+        request = admin_pb2.RollbackRequest(reason=reason, wait=wait)
+        return release_change(self._unary(admin.Rollback, request, timeout_s))
+
+    def _unary(self, method, request, timeout_s: float | None = None):
         try:
-            return method(request, timeout=self.timeout_s)
+            return method(request, timeout=max(self.timeout_s, timeout_s or 0.0))
         except grpc.RpcError as e:
             raise wire.error_from_rpc(e) from e
 
