@@ -121,7 +121,8 @@ def record_from_proto(r: release_pb2.ReleaseRecord, **seen) -> ReleaseView:
     manifest = {}
     if r.HasField("manifest"):
         m = r.manifest
-        manifest = {f.name: list(v) if f.label == f.LABEL_REPEATED else v for f, v in m.ListFields()}
+        values = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+        manifest = {k: v if isinstance(v, (str, int)) else list(v) for k, v in values.items()}
     history = tuple({"from_mode": _mode(t.from_mode), "to_mode": _mode(t.to_mode), "at_unix_ms": t.at_unix_ms,
                      "by": t.by, "reason": t.reason, "gates": t.gates} for t in r.history)
     return ReleaseView(_mode(r.mode), r.version, manifest, r.canary_fraction, history, rollback, **seen)

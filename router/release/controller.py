@@ -30,6 +30,7 @@ from router.release.rollback import run_steps
 from router.types import RouterError, StatusCode, WorkerCallError
 from services.directory.states import Outcome
 from services.release.machine import (
+    RELEASE_OF_MODE,
     ROUTER_MODE,
     IllegalTransition,
     Release,
@@ -132,16 +133,23 @@ class ReleaseController:
         if record is None:
             orch.default_mode, orch.view.routes_stopped = self.configured_mode, False
             return
-        if orch.default_mode != ROUTER_MODE[record.state]:
+        mode = self.mode_of(record.state)
+        if orch.default_mode != mode:
             log.info("release %s (version %d): requests without a mode run %s", record.state.name, record.version,
-                     ROUTER_MODE[record.state])
-        orch.default_mode = ROUTER_MODE[record.state]
+                     mode)
+        orch.default_mode = mode
         orch.planner.canary_fraction = record.canary_fraction
         orch.view.routes_stopped = record.routes_stopped
 
+    def mode_of(self, state: Release) -> str:
+        """The router mode of requests that name none in `state`: ACTIVE keeps the router's
+        configured disaggregating mode (auto, or disaggregated forced), the others are fixed."""
+        if state is Release.ACTIVE and self.configured_mode in ("auto", "disaggregated"):
+            return self.configured_mode
+        return ROUTER_MODE[state]
+
     async def _create(self, cluster) -> None:
-        state = Release.PINNED if self.configured_mode == "colocated" else {
-            "shadow": Release.SHADOW, "canary": Release.CANARY}.get(self.configured_mode, Release.ACTIVE)
+        state = RELEASE_OF_MODE[self.configured_mode]
         record = ReleaseRecord(state, 1, freeze(cluster, self), self._orch.planner.canary_fraction)
         with contextlib.suppress(ReleaseConflict):  # another router created it first: follow that one
             await self.write(record)

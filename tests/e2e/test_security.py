@@ -9,9 +9,6 @@ each now fails with the status named, and nothing it aimed at changes.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 
 import grpc
@@ -32,12 +29,11 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2_grpc,
 )
 from pdserve_client.tls import TlsFiles
-from services.cluster.launcher import REPO_ROOT
 from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
 from services.directory.states import TxnState
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
-from tests.support.cluster import address, assert_cluster_clean, channel, directory, start_cluster
+from tests.support.cluster import address, assert_cluster_clean, channel, directory, pdctl, start_cluster
 
 SERVICES = ("router", "directory", "prefill-0", "decode-0")
 PROMPT = [3 + (7 * i) % 500 for i in range(160)]  # 10 blocks of 16
@@ -280,14 +276,6 @@ def test_no_prefix_reuse_across_tenants(cluster, tenant_b, mode):
 
 
 # ---- pdctl ---------------------------------------------------------------------------
-
-def pdctl(cluster, *args: str) -> subprocess.CompletedProcess:
-    """pdctl run from the state dir's parent, no flags but the command's, no PD_TLS_*."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE"))}
-    env["PYTHONPATH"] = f"{REPO_ROOT}:{REPO_ROOT / 'client'}"
-    return subprocess.run([sys.executable, "-m", "pdserve_client.cli", *args], cwd=cluster.state.parent,
-                          env=env, capture_output=True, text=True, timeout=60)
-
 
 def test_pdctl_works_with_no_flags_and_set_mode_needs_the_operator(cluster):
     status = pdctl(cluster, "status")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +20,7 @@ import grpc.aio
 
 from pdserve_client import Client, contract
 from pdserve_client.types import PdError
-from services.cluster.launcher import ClusterSpec, LocalCluster
+from services.cluster.launcher import REPO_ROOT, ClusterSpec, LocalCluster
 from services.directory.client import DirectoryClient
 
 
@@ -50,6 +52,15 @@ def seeded_requests(n: int, seed: int, vocab: int = 512, max_prompt: int = 512,
 def client(cluster: LocalCluster, identity: str = "client", **kw) -> Client:
     """An SDK client of the cluster's router presenting `identity`'s certificate."""
     return cluster.client(identity, **kw)
+
+
+def pdctl(cluster, *args: str) -> subprocess.CompletedProcess:
+    """pdctl run from the state dir's parent (a cluster started with state_name=".pdserve"),
+    no flags but the command's, no PD_TLS_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE"))}
+    env["PYTHONPATH"] = f"{REPO_ROOT}:{REPO_ROOT / 'client'}"
+    return subprocess.run([sys.executable, "-m", "pdserve_client.cli", *args], cwd=cluster.state.parent,
+                          env=env, capture_output=True, text=True, timeout=60)
 
 
 def tls_env(cluster: LocalCluster, identity: str = "client") -> dict[str, str]:

@@ -327,7 +327,7 @@ def test_admin_status_release_and_transactions():
     assert (status.open_transactions, status.mode, status.route_epoch) == (5, admin_pb2.RELEASE_MODE_ACTIVE, 9)
     # The first router to see a worker records the release: its configured mode's state, manifest frozen.
     assert (release.record.mode, release.record.version, release.router_mode) == \
-        (admin_pb2.RELEASE_MODE_ACTIVE, 1, "auto")
+        (admin_pb2.RELEASE_MODE_ACTIVE, 1, "disaggregated")
     assert release.record == stored and release.record.manifest.cache_abi_digests == ["abi"]
     assert release.record.manifest.roles == ["decode=2", "prefill=1"] and len(release.record.manifest.digest) == 64
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and "ACTIVE -> PINNED" in refused.details()
