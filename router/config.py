@@ -218,6 +218,10 @@ class RouterConfig(MemberSettings):
     """RECLAIM_UNPUBLISHED waits this long for the workers to give back the blocks of
     unpublished transfers (they free them once their transport is quiet)."""
 
+    rollback_step_pause_s: float = env("PD_ROLLBACK_STEP_PAUSE_S", 0.0, ge=0)
+    """Pause after each rollback step: a drill's pacing, to watch each step land (or to
+    kill the router between two and see another finish it). 0 in production."""
+
     @field_validator("default_mode")
     @classmethod
     def _known_mode(cls, mode: str) -> str:

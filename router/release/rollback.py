@@ -48,6 +48,7 @@ async def run_steps(ctl) -> None:
     try:
         while (step := ctl.record.rollback.next_step()) is not None:
             await _take(ctl, step)
+            await asyncio.sleep(ctl.config.rollback_step_pause_s)
         rb = ctl.record.rollback
         ctl.orch.metrics.rollback.labels(step="total").observe(rb.duration_ms / 1000)
         log.warning("rollback complete in %d ms (from %s)", rb.duration_ms, rb.from_state.name)

@@ -101,3 +101,29 @@ def test_rollback_under_load_fails_no_request_and_leaves_nothing(cluster):
     assert status.returncode == 0, status.stderr
     assert "release: ROLLED_BACK" in status.stdout and "ROLLBACK_COMPLETE" in status.stdout
     assert_cluster_clean(cluster)
+
+
+def test_a_router_killed_mid_rollback_is_finished_by_its_restart(tmp_path):
+    c = start_cluster(tmp_path, prefill=1, decode=1, mode="disaggregated",
+                      env={"PD_RELEASE_POLL_S": "0.2", "PD_ROLLBACK_STEP_PAUSE_S": "0.5"})
+    try:
+        with client(c) as sdk:
+            sdk.generate_full(prompt_ids=list(range(5, 60)), max_tokens=4, ignore_eos=True)
+        with client(c, "operator") as sdk:
+            started = sdk.rollback(reason="drill: kill the router", wait=False).release.rollback
+        c.signal("router")  # SIGKILL, mid-rollback (a step every 0.5 s)
+        with client(c) as sdk:  # answered by the router's restart below
+            c.restart("router")
+            deadline = time.monotonic() + 60
+            while not (view := sdk.release()).rollback.complete and time.monotonic() < deadline:
+                time.sleep(0.2)
+            after = sdk.generate_full(prompt_ids=list(range(5, 60)), max_tokens=4, ignore_eos=True)
+        assert not started.complete and [s.step for s in started.steps] == STEPS[:1]
+        rb = view.rollback
+        assert rb.complete and [s.step for s in rb.steps] == STEPS
+        assert rb.steps[0] == started.steps[0]  # what ended before the kill was not rewritten
+        assert rb.started_unix_ms == started.started_unix_ms and view.mode == "rolled_back"
+        assert after.route == "colocated"
+        assert_cluster_clean(c)
+    finally:
+        c.down()
