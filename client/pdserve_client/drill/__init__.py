@@ -1,0 +1,4 @@
+"""Release drills an operator runs against a cluster (issue 20): a rollback, or a
+promotion, under load, checked end to end. `cluster.py` is what a drill needs from the
+cluster it runs against, with three implementations: the local cluster (`local.py`),
+Kubernetes (`kube.py`) and an in-memory fake for unit tests (`fake.py`)."""
