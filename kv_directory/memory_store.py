@@ -58,6 +58,7 @@ class MemoryDirectoryStore(DirectoryStore):
         self._route_epoch: int | None = None  # created at the first read (_route_epoch_at)
         self._nonces: dict[str, int] = {}
         self._release: StoredRelease | None = None
+        self._pubs: dict[int, int] = {}  # route epoch -> publications under it
 
     # ---- helpers (call with the lock held) -------------------------------
 
@@ -166,6 +167,8 @@ class MemoryDirectoryStore(DirectoryStore):
         if target != TxnState.TRANSFERRING and (not t.kv_digest or kv_digest != t.kv_digest):
             return TxnResult(Outcome.CHECKSUM_CONFLICT, t)
         t = self._set(t, now, target, kv_digest=kv_digest)
+        if target == TxnState.PUBLISHED:
+            self._pubs[t.spec.route_epoch] = self._pubs.get(t.spec.route_epoch, 0) + 1
         if target == TxnState.PUBLISHED and req is not None:
             req.published_transfer_id = t.transfer_id
             self._touch_request(req, now)
@@ -335,7 +338,12 @@ class MemoryDirectoryStore(DirectoryStore):
             if expected is not None and expected != cur:
                 return EpochResult(Outcome.STALE_GENERATION, cur)
             self._route_epoch = next_fence(cur, now)
-            return EpochResult(Outcome.APPLIED, self._route_epoch)
+            return EpochResult(Outcome.APPLIED, self._route_epoch, self._pubs.get(cur, 0))
+
+    def publications(self, route_epoch: int) -> int:
+        """See ``RouteEpochs.publications``."""
+        with self._lock:
+            return self._pubs.get(route_epoch, 0)
 
     def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
         """See ``NonceLedger.consume_nonce``."""

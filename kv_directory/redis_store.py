@@ -362,8 +362,13 @@ class RedisDirectoryStore(DirectoryStore):
 
     def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
         """See ``RouteEpochs.advance_route_epoch``."""
-        outcome, epoch = self._run("route_epoch", "advance", "" if expected is None else str(expected), acked=True)
-        return EpochResult(Outcome(outcome), int(epoch))
+        outcome, epoch, pubs = self._run("route_epoch", "advance", "" if expected is None else str(expected),
+                                         acked=True)
+        return EpochResult(Outcome(outcome), int(epoch), int(pubs))
+
+    def publications(self, route_epoch: int) -> int:
+        """See ``RouteEpochs.publications``."""
+        return int(self._run("route_epoch", "pubs", str(route_epoch))[2])
 
     def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
         """See ``NonceLedger.consume_nonce``."""

@@ -313,7 +313,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     @_rpc
     async def GetRouteEpoch(self, request, context):
         """Current route epoch."""
-        return directory_pb2.RouteEpochResponse(route_epoch=await self._run(self._store.get_route_epoch))
+        pubs = await self._run(self._store.publications, request.publications_of) if request.publications_of else 0
+        return directory_pb2.RouteEpochResponse(route_epoch=await self._run(self._store.get_route_epoch),
+                                                publications=pubs)
 
     @_rpc
     async def AdvanceRouteEpoch(self, request, context):
@@ -323,7 +325,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         advanced = result.outcome == Outcome.APPLIED
         log.info("route epoch %s -> %d (expected %s, by %s, reason %r)", "advanced" if advanced else "not advanced",
                  result.route_epoch, expected, caller_name(context), request.reason)
-        return directory_pb2.RouteEpochResponse(route_epoch=result.route_epoch, advanced=advanced)
+        return directory_pb2.RouteEpochResponse(route_epoch=result.route_epoch, advanced=advanced,
+                                                publications=result.retired_publications)
 
     @_rpc
     async def ConsumeNonce(self, request, context):

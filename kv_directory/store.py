@@ -164,7 +164,12 @@ class RouteEpochs(abc.ABC):
     @abc.abstractmethod
     def advance_route_epoch(self, expected: int | None = None) -> EpochResult:
         """Advance the epoch (``next_fence``); with ``expected``, only if it is still
-        current (else STALE_GENERATION and the current value)."""
+        current (else STALE_GENERATION and the current value). Reports the publications
+        made under the epoch it retired, counted in the same atomic step."""
+
+    @abc.abstractmethod
+    def publications(self, route_epoch: int) -> int:
+        """Transactions published under `route_epoch` (reserved with it) so far."""
 
 
 class NonceLedger(abc.ABC):

@@ -40,7 +40,7 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
-from services.directory.client import ReleaseWrite
+from services.directory.client import ReleaseWrite, RouteEpoch
 from services.release.record import ReleaseRecord
 
 
@@ -115,8 +115,13 @@ class DirectoryGateway(abc.ABC):
         """Directory.WriteRelease: compare-and-set the release record."""
 
     @abc.abstractmethod
-    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> int:
-        """Directory.AdvanceRouteEpoch (only from `expected`; 0: from any): the epoch after."""
+    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> RouteEpoch:
+        """Directory.AdvanceRouteEpoch (only from `expected`; 0: from any): the epoch after,
+        and the publications under the one it retired (when it advanced)."""
+
+    @abc.abstractmethod
+    async def publications(self, route_epoch: int, timeout_s: float) -> int:
+        """Directory.GetRouteEpoch(publications_of): publications under `route_epoch` so far."""
 
     async def close(self) -> None:
         """Release connections (default: nothing to release)."""

@@ -42,7 +42,7 @@ from router.types import (
     WorkerCallError,
 )
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
-from services.directory.client import DirectoryClient, ReleaseWrite
+from services.directory.client import DirectoryClient, ReleaseWrite, RouteEpoch
 from services.directory.records import DirectoryUnavailable
 from services.release.record import ReleaseRecord
 from services.security.tls import Security
@@ -242,10 +242,12 @@ class GrpcDirectoryGateway(DirectoryGateway):
         return await self._call("Directory.WriteRelease", self._client.write_release(expected_version, record),
                                 timeout_s)
 
-    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> int:
-        result = await self._call("Directory.AdvanceRouteEpoch", self._client.advance_route_epoch(expected, reason),
-                                  timeout_s)
-        return result.route_epoch
+    async def advance_route_epoch(self, expected: int, reason: str, timeout_s: float) -> RouteEpoch:
+        return await self._call("Directory.AdvanceRouteEpoch", self._client.advance_route_epoch(expected, reason),
+                                timeout_s)
+
+    async def publications(self, route_epoch: int, timeout_s: float) -> int:
+        return await self._call("Directory.GetRouteEpoch", self._client.publications(route_epoch), timeout_s)
 
     async def close(self) -> None:
         await self._client.close()

@@ -25,6 +25,7 @@
 --   req:<n>:<tenant>:<rid>    hash  generation, published (the publish CAS register)
 --   reqtx:<n>:<tenant>:<rid>  set   open transfer ids of the request
 --   route_epoch       int
+--   pubs              hash  route epoch -> transactions published under it (rollback checks)
 --   release           hash  version, state, routes_stopped, record (base64 proto; release_record.lua)
 --   nonce:<nonce>     string, PX = its ttl
 --   ack_mark          string, written by redis_store after a WAITed script (never read)

@@ -64,5 +64,6 @@ if target == ST.PUBLISHED then
   -- The compare-and-set: generation == current was checked above, in this script.
   redis.call('HSET', rk, 'published', tid)
   redis.call('PEXPIRE', rk, TXN_TTL_MS + RETENTION_MS)
+  redis.call('HINCRBY', key('pubs'), m.route_epoch, 1)
 end
 return txn_reply(OC.APPLIED, tid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from router.release.probes import RollbackBlocked, colocated_probe, open_transfers, reserved_blocks
+from services.release.machine import RollbackStep
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,12 +34,17 @@ async def completion_gate(ctl) -> list[Check]:
     cluster = await orch.view.get(max_age_s=0.0)
     retired = record.rollback.retired_epoch
     open_txns = await open_transfers(ctl)
+    advanced = record.rollback.step(RollbackStep.ADVANCE_ROUTE_EPOCH)
+    at_retirement = advanced.counts.get("publications_at_retirement", 0) if advanced is not None else 0
+    late = await orch.directory.publications(retired, ctl.config.directory_timeout_s) - at_retirement
     checks = [
         Check("no_route_selects_the_connector", cluster.release.routes_stopped and orch.view.colocated_only,
               "the directory refuses transfer reservations and this router places colocated only"),
         Check("nothing_publishes_under_the_retired_epoch", cluster.route_epoch > retired and not open_txns,
               f"route epoch {cluster.route_epoch} > retired {retired}; {len(open_txns)} unpublished transfers open",
               len(open_txns), 0),
+        Check("no_publication_under_the_retired_epoch_since", late == 0,
+              f"{late} transfers published under route epoch {retired} after it was retired", late, 0),
         Check("capabilities_revoked", cluster.route_epoch > retired,
               "a capability's nonce is honoured only under the route epoch it was minted in"),
     ]

@@ -95,11 +95,15 @@ async def stop_new_routes(ctl) -> Step:
 
 async def advance_route_epoch(ctl) -> Step:
     retired = ctl.record.rollback.retired_epoch
-    now = await ctl.orch.directory.advance_route_epoch(retired, "rollback", ctl.config.directory_timeout_s)
-    if now <= retired:
+    epoch = await ctl.orch.directory.advance_route_epoch(retired, "rollback", ctl.config.directory_timeout_s)
+    if epoch.route_epoch <= retired:
         raise RollbackBlocked(f"the route epoch did not move past {retired}")
+    if not epoch.advanced:  # an earlier run of this step advanced it, then died: count now
+        published = await ctl.orch.directory.publications(retired, ctl.config.directory_timeout_s)
+    else:
+        published = epoch.publications
     await ctl.orch.view.get(max_age_s=0.0)
-    return Step({"retired_epoch": retired, "route_epoch": now})
+    return Step({"retired_epoch": retired, "route_epoch": epoch.route_epoch, "publications_at_retirement": published})
 
 
 async def drain_or_abort(ctl) -> Step:
@@ -162,10 +166,13 @@ async def reclaim_unpublished(ctl) -> Step:
 
 
 async def rollback_complete(ctl) -> Step:
-    failed = [c for c in await completion_gate(ctl) if not c.passed]
+    checks = await completion_gate(ctl)
+    failed = [c for c in checks if not c.passed]
     if failed:
         raise RollbackBlocked("; ".join(f"{c.name}: {c.detail}" for c in failed))
-    return Step({"conditions": 6}, "every completion condition of article 0x0FG holds")
+    late = next(c for c in checks if c.name == "no_publication_under_the_retired_epoch_since")
+    return Step({"conditions": len(checks), "publications_under_retired_epoch": int(late.measured)},
+                "every completion condition of article 0x0FG holds")
 
 
 STEPS = {

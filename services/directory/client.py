@@ -148,6 +148,8 @@ class RouteEpoch:
 
     route_epoch: int
     advanced: bool
+    publications: int = 0
+    """Of an advance: the publications under the epoch it retired, at that instant."""
 
 
 class StaleRouteEpoch(Exception):
@@ -298,7 +300,12 @@ class DirectoryClient:
         """Advance the route epoch; with ``expected`` != 0 only if it still equals it."""
         r = await self._call("AdvanceRouteEpoch", directory_pb2.AdvanceRouteEpochRequest(
             expected_route_epoch=expected, reason=reason))
-        return RouteEpoch(r.route_epoch, r.advanced)
+        return RouteEpoch(r.route_epoch, r.advanced, r.publications)
+
+    async def publications(self, route_epoch: int) -> int:
+        """Transactions published under `route_epoch` so far."""
+        r = await self._call("GetRouteEpoch", directory_pb2.GetRouteEpochRequest(publications_of=route_epoch))
+        return r.publications
 
     async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "",
                             route_epoch: int = 0) -> bool:

@@ -338,6 +338,9 @@ class EpochResult:
 
     outcome: Outcome
     route_epoch: int
+    retired_publications: int = 0
+    """An advance: publications made under the epoch it retired, counted in the same
+    atomic step (a rollback compares it with a later count: nothing may publish after)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
-from services.directory.client import ReleaseWrite
+from services.directory.client import ReleaseWrite, RouteEpoch
 from services.directory.records import ReleaseHead
 from services.directory.states import Outcome
 from services.release.machine import IllegalTransition
@@ -92,6 +92,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.directory_down = False
         """Every directory call raises UNAVAILABLE (an outage)."""
         self.snapshots = 0
+        self.publications_by_epoch: dict[int, int] = {}
+        """Route epoch -> transfers published under it (a test raises it to fake a late one)."""
         self.release: ReleaseRecord | None = None
         """The directory's release record (check_write guards it, as the directory's does)."""
 
@@ -161,9 +163,15 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     async def advance_route_epoch(self, expected, reason, timeout_s):
         self.calls.append(("advance_route_epoch", expected))
         self._directory_call()
-        if not expected or expected == self.cluster.route_epoch:
-            self.cluster = dataclasses.replace(self.cluster, route_epoch=self.cluster.route_epoch + 1)
-        return self.cluster.route_epoch
+        if expected and expected != self.cluster.route_epoch:
+            return RouteEpoch(self.cluster.route_epoch, False)
+        retired = self.cluster.route_epoch
+        self.cluster = dataclasses.replace(self.cluster, route_epoch=retired + 1)
+        return RouteEpoch(self.cluster.route_epoch, True, self.publications_by_epoch.get(retired, 0))
+
+    async def publications(self, route_epoch, timeout_s):
+        self._directory_call()
+        return self.publications_by_epoch.get(route_epoch, 0)
 
     # -- workers
     async def reserve(self, w: Worker, call: ReserveCall, timeout_s) -> Reservation:

@@ -48,10 +48,13 @@ class ReleaseContract(ContractBase):
         store.reserve(make_spec(p, d, tid="done", rid="r3", route_epoch=r0))
         for step in (store.begin("done", KV), store.validated("done", KV, CHUNKS), store.publish("done", 1, KV)):
             assert step.outcome is Outcome.APPLIED
-        store.advance_route_epoch()
+        assert store.publications(r0) == 1
+        advanced = store.advance_route_epoch()
+        assert advanced.retired_publications == 1 and store.publications(advanced.route_epoch) == 0
         for result in (store.validated("sending", KV, CHUNKS), store.begin("waiting", KV)):
             assert result.outcome is Outcome.STALE_GENERATION
             assert (result.txn.state, result.txn.abort_reason) == (TxnState.ABORTED, "route_epoch_retired")
         assert store.publish("sending", 1, KV).outcome is Outcome.STALE_GENERATION  # and stays refused
         assert store.release("done").outcome is Outcome.APPLIED  # published caches finish under their epoch
+        assert store.publications(r0) == 1  # nothing published under it since it was retired
         harness.assert_no_leaks(store)

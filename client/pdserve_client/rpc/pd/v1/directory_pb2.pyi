@@ -201,8 +201,10 @@ class ClusterSnapshotResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., route_epoch: _Optional[int] = ..., snapshot_unix_ms: _Optional[int] = ..., release_version: _Optional[int] = ..., release_mode: _Optional[_Union[_release_pb2.ReleaseMode, str]] = ..., routes_stopped: _Optional[bool] = ...) -> None: ...
 
 class GetRouteEpochRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("publications_of",)
+    PUBLICATIONS_OF_FIELD_NUMBER: _ClassVar[int]
+    publications_of: int
+    def __init__(self, publications_of: _Optional[int] = ...) -> None: ...
 
 class AdvanceRouteEpochRequest(_message.Message):
     __slots__ = ("expected_route_epoch", "reason")
@@ -213,12 +215,14 @@ class AdvanceRouteEpochRequest(_message.Message):
     def __init__(self, expected_route_epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RouteEpochResponse(_message.Message):
-    __slots__ = ("route_epoch", "advanced")
+    __slots__ = ("route_epoch", "advanced", "publications")
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ADVANCED_FIELD_NUMBER: _ClassVar[int]
+    PUBLICATIONS_FIELD_NUMBER: _ClassVar[int]
     route_epoch: int
     advanced: bool
-    def __init__(self, route_epoch: _Optional[int] = ..., advanced: _Optional[bool] = ...) -> None: ...
+    publications: int
+    def __init__(self, route_epoch: _Optional[int] = ..., advanced: _Optional[bool] = ..., publications: _Optional[int] = ...) -> None: ...
 
 class ConsumeNonceRequest(_message.Message):
     __slots__ = ("nonce", "expires_unix_ms", "transfer_id", "route_epoch")
