@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 
+from pdserve_client.rpc.pd.v1 import blocks_pb2, manifest_pb2
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.requests.orchestrator import Orchestrator
@@ -92,6 +93,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.directory_down = False
         """Every directory call raises UNAVAILABLE (an outage)."""
         self.snapshots = 0
+        self.reserved_blocks: dict[str, int] = {}
+        """Worker -> blocks its WorkerAdmin.Blocks answer reports reserved (unpublished)."""
         self.publications_by_epoch: dict[int, int] = {}
         """Route epoch -> transfers published under it (a test raises it to fake a late one)."""
         self.release: ReleaseRecord | None = None
@@ -140,7 +143,16 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         return TxnOutcome.ILLEGAL_TRANSITION
 
     async def list_open_transactions(self, timeout_s):
-        return [t for t, s in self.txns.items() if s == "RESERVED"]
+        self._directory_call()
+        return [manifest_pb2.Transaction(transfer_id=t, request_id=t.partition("/")[0],
+                                         generation=int(t.partition("/")[2] or 0),
+                                         state=manifest_pb2.TXN_STATE_RESERVED)
+                for t, s in self.txns.items() if s == "RESERVED"]
+
+    async def blocks(self, w, request_id, timeout_s):
+        await self._enter("blocks", w.worker_id)
+        return blocks_pb2.WorkerBlocks(worker_id=w.worker_id, epoch=w.epoch, total_blocks=w.capacity.total_blocks,
+                                       reserved_blocks=self.reserved_blocks.get(w.worker_id, 0))
 
     async def get_release(self, timeout_s):
         self._directory_call()

@@ -1,0 +1,152 @@
+"""The rollback over the in-process fake cluster (tests/support/orchestrator.py): the
+steps run in the article's order and are recorded; a failure at any step leaves a
+record that the next run — another router, once the runner's lease lapsed — resumes
+from that step, keeping what ended; the completion gate refuses what does not hold."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from router.release import rollback as steps
+from router.release.controller import ReleaseConflict, ReleaseController
+from router.release.probes import RollbackBlocked
+from router.requests.orchestrator import Orchestrator
+from services.release.machine import ROLLBACK_ORDER, Release, RollbackStep
+from tests.support.orchestrator import assert_no_leaks, config, run, two_by_two
+
+FAST = {"rollback_lease_s": 0.05, "rollback_drain_timeout_s": 0.3, "rollback_reclaim_timeout_s": 0.3}
+
+
+def controller(fake, router_id: str = "router-a", **kw) -> ReleaseController:
+    orch = Orchestrator(fake, fake, config(**{**FAST, **kw}))
+    return ReleaseController(orch, router_id, orch.config, "tok")
+
+
+def test_the_steps_run_in_order_each_recorded_and_new_requests_go_colocated():
+    fake = two_by_two()
+
+    async def go():
+        ctl = controller(fake)
+        created = await ctl.refresh()
+        record = await ctl.rollback("drill", "operator")
+        return created, record, ctl
+
+    created, record, ctl = run(go())
+    assert (created.state, created.version, created.manifest.tokenizer_identity) == (Release.ACTIVE, 1, "tok")
+    rb = record.rollback
+    assert record.state is Release.ROLLED_BACK and rb.complete and rb.from_state is Release.ACTIVE
+    assert [s.step for s in rb.steps] == list(ROLLBACK_ORDER)
+    assert all(s.ended_ms >= s.started_ms > 0 for s in rb.steps)
+    assert rb.retired_epoch == 7 and fake.cluster.route_epoch == 8  # the fake's epoch, advanced once
+    assert rb.step(RollbackStep.ROLLBACK_COMPLETE).counts["publications_under_retired_epoch"] == 0
+    writes = [c for c in fake.calls if c[0] == "write_release"]
+    assert writes[:2] == [("write_release", "ACTIVE", 1), ("write_release", "ROLLED_BACK", 2)]  # STOP: one write
+    assert ctl.orch.default_mode == "colocated" and ctl.orch.view.colocated_only
+    assert any(c[0] == "generate" for c in fake.calls)  # the colocated probe was served end to end
+    assert_no_leaks(ctl.orch, fake)
+
+
+@pytest.mark.parametrize("failing", ROLLBACK_ORDER[1:], ids=lambda s: s.name)
+def test_a_failure_at_any_step_is_resumed_from_that_step_by_another_router(failing, monkeypatch):
+    fake = two_by_two()
+    real = steps.STEPS[failing]
+
+    async def fails_once(ctl):
+        monkeypatch.setitem(steps.STEPS, failing, real)
+        raise RollbackBlocked(f"injected at {failing.name}")
+
+    monkeypatch.setitem(steps.STEPS, failing, fails_once)
+
+    async def go():
+        first = controller(fake, "router-a")
+        await first.refresh()
+        with pytest.raises(RollbackBlocked, match="injected"):
+            await first.rollback("drill", "operator")
+        stopped = first.record
+        second = controller(fake, "router-b")
+        await second.refresh()  # follows the record: stops routes at once, leaves the run to router-a
+        assert second.orch.view.colocated_only and second.runner is None
+        await asyncio.sleep(0.1)  # router-a's lease lapses
+        await second.refresh()
+        await second.runner
+        return stopped, second.record
+
+    stopped, done = run(go())
+    rb = stopped.rollback
+    assert stopped.state is Release.ROLLED_BACK and rb.next_step() is failing
+    assert "blocked: injected" in rb.step(failing).detail and not rb.step(failing).ended
+    ended_before = [s for s in rb.steps if s.ended]
+    assert [s.step for s in ended_before] == list(ROLLBACK_ORDER[:ROLLBACK_ORDER.index(failing)])
+    assert done.rollback.complete and done.rollback.owner == "router-b"
+    assert list(done.rollback.steps[:len(ended_before)]) == ended_before  # kept, not run again
+    assert [s.step for s in done.rollback.steps] == list(ROLLBACK_ORDER)
+
+
+def test_a_live_runner_keeps_its_rollback():
+    fake = two_by_two()
+
+    async def go():
+        first = controller(fake, "router-a", rollback_lease_s=30.0, rollback_step_pause_s=0.2)
+        await first.refresh()
+        await first.rollback("drill", "operator", wait=False)
+        second = controller(fake, "router-b")
+        await second.refresh()
+        with pytest.raises(ReleaseConflict, match="router-a runs this rollback"):
+            await second.rollback("again", "operator")
+        first.runner.cancel()
+
+    run(go())
+
+
+def test_blocks_that_stay_reserved_block_the_rollback_at_reclaim():
+    fake = two_by_two()
+    fake.reserved_blocks["d1"] = 3
+
+    async def go():
+        ctl = controller(fake)
+        await ctl.refresh()
+        with pytest.raises(RollbackBlocked, match="3 blocks of unpublished transfers are still reserved"):
+            await ctl.rollback("drill", "operator")
+        return ctl.record
+
+    record = run(go())
+    assert record.rollback.next_step() is RollbackStep.RECLAIM_UNPUBLISHED and not record.rollback.complete
+
+
+def test_a_publication_under_the_retired_epoch_fails_the_completion_gate(monkeypatch):
+    fake = two_by_two()
+    real = steps.STEPS[RollbackStep.RECLAIM_UNPUBLISHED]
+
+    async def late_publication(ctl):
+        fake.publications_by_epoch[ctl.record.rollback.retired_epoch] = 1
+        return await real(ctl)
+
+    monkeypatch.setitem(steps.STEPS, RollbackStep.RECLAIM_UNPUBLISHED, late_publication)
+
+    async def go():
+        ctl = controller(fake)
+        await ctl.refresh()
+        with pytest.raises(RollbackBlocked, match="1 transfers published under route epoch 7 after it was retired"):
+            await ctl.rollback("drill", "operator")
+        return ctl.record
+
+    assert not run(go()).rollback.complete
+
+
+def test_a_stop_that_cannot_be_written_leaves_the_release_as_it_was():
+    fake = two_by_two()
+
+    async def go():
+        ctl = controller(fake)
+        await ctl.refresh()
+        fake.directory_down = True
+        with pytest.raises(Exception, match="directory unreachable"):
+            await ctl.rollback("drill", "operator")
+        fake.directory_down = False
+        return ctl
+
+    ctl = run(go())
+    assert fake.release.state is Release.ACTIVE and fake.release.rollback is None
+    assert not ctl.orch.view.routes_stopped  # this router resumed disaggregated routes too
