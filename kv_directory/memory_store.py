@@ -197,11 +197,12 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             now, _ = self._sweep()
             w = self._workers.get(worker_id)
+            stopped = self._release is not None and self._release.head.routes_stopped
             if w is None or w.epoch != epoch:
-                return LeaseResult(Outcome.LEASE_LOST, 0)
+                return LeaseResult(Outcome.LEASE_LOST, 0, stopped)
             w = dataclasses.replace(w, lease_expiry_ms=now + self._ms(self._cfg.lease_ttl_s), load=load)
             self._workers[worker_id] = w
-            return LeaseResult(Outcome.APPLIED, w.lease_expiry_ms)
+            return LeaseResult(Outcome.APPLIED, w.lease_expiry_ms, stopped)
 
     def deregister_worker(self, worker_id: str, epoch: int) -> Outcome:
         """See ``WorkerRegistry.deregister_worker``."""

@@ -290,8 +290,8 @@ class RedisDirectoryStore(DirectoryStore):
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
         """See ``WorkerRegistry.heartbeat``."""
-        outcome, expiry_ms = self._run("heartbeat", worker_id, epoch, *load.as_args())
-        return LeaseResult(Outcome(outcome), int(expiry_ms))
+        outcome, expiry_ms, stopped = self._run("heartbeat", worker_id, epoch, *load.as_args())
+        return LeaseResult(Outcome(outcome), int(expiry_ms), stopped == "1")
 
     def deregister_worker(self, worker_id: str, epoch: int) -> Outcome:
         """See ``WorkerRegistry.deregister_worker``."""

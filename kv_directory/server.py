@@ -137,10 +137,12 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             raise Denied(f"certificate {who} may not register role {info.role.value}")
         rec = await self._run(self._store.register_worker, info, initial_load(info.capacity))
         route_epoch = await self._run(self._store.get_route_epoch)
+        release = await self._run(self._store.get_release)
         log.info("registered %s (%s) epoch %d at %s by %s", rec.worker_id, rec.role.value, rec.epoch,
                  rec.grpc_address, caller_name(context))
         return directory_pb2.RegisterWorkerResponse(
-            epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch)
+            epoch=rec.epoch, lease_ttl_ms=self._lease_ttl_ms, route_epoch=route_epoch,
+            routes_stopped=release is not None and release.head.routes_stopped)
 
     @_rpc
     async def Heartbeat(self, request, context):
@@ -153,7 +155,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         ok = lease.outcome == Outcome.APPLIED
         return directory_pb2.HeartbeatResponse(
             status=directory_pb2.LEASE_STATUS_OK if ok else directory_pb2.LEASE_STATUS_LOST,
-            lease_ttl_ms=self._lease_ttl_ms if ok else 0, route_epoch=route_epoch)
+            lease_ttl_ms=self._lease_ttl_ms if ok else 0, route_epoch=route_epoch, routes_stopped=lease.routes_stopped)
 
     @_rpc
     async def DeregisterWorker(self, request, context):

@@ -214,6 +214,10 @@ class RouterConfig(MemberSettings):
     """DRAIN_OR_ABORT_TRANSFERS waits this long for unpublished transfers to end on their
     own (none publishes under the retired epoch); then it aborts the rest."""
 
+    rollback_connector_timeout_s: float = env("PD_ROLLBACK_CONNECTOR_TIMEOUT_S", 10.0, gt=0)
+    """DISABLE_CONNECTOR waits this long for every live worker to report its connector off
+    (workers learn it from their next heartbeat answer, and say so in the one after)."""
+
     rollback_reclaim_timeout_s: float = env("PD_ROLLBACK_RECLAIM_TIMEOUT_S", 15.0, gt=0)
     """RECLAIM_UNPUBLISHED waits this long for the workers to give back the blocks of
     unpublished transfers (they free them once their transport is quiet)."""

@@ -134,11 +134,18 @@ async def enable_colocated_fallback(ctl) -> Step:
 
 
 async def disable_connector(ctl) -> Step:
-    cluster = await ctl.orch.view.get(max_age_s=0.0)
-    if not cluster.release.routes_stopped:
-        raise RollbackBlocked("the directory does not report new routes stopped")
-    return Step({"workers": len(cluster.workers)},
-                "the directory refuses every transfer reservation (ROUTES_STOPPED)")
+    give_up = time.monotonic() + ctl.config.rollback_connector_timeout_s
+    while True:
+        cluster = await ctl.orch.view.get(max_age_s=0.0)
+        if not cluster.release.routes_stopped:
+            raise RollbackBlocked("the directory does not report new routes stopped")
+        on = sorted(w.worker_id for w in cluster.workers if not w.load.connector_disabled)
+        if not on:
+            return Step({"workers": len(cluster.workers)}, "the directory refuses transfer reservations "
+                        "(ROUTES_STOPPED) and every live worker refuses transfer work")
+        if time.monotonic() > give_up:
+            raise RollbackBlocked(f"{', '.join(on)} still report their connector on")
+        await asyncio.sleep(POLL_S)
 
 
 async def revoke_capabilities(ctl) -> Step:

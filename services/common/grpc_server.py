@@ -130,25 +130,33 @@ class Readiness(health.aio.HealthServicer):
         return self._gracefully_shutting_down
 
 
-class RefuseWhileDraining(grpc.aio.ServerInterceptor):
-    """Once `health` is draining, calls to `methods` (full names, "/pd.v1.Decode/Reserve":
-    the ones that start new work) fail UNAVAILABLE with `message`, so the caller retries
-    elsewhere; every other call (the streams of work already accepted, cancels) runs."""
+class RefuseWhen(grpc.aio.ServerInterceptor):
+    """Calls to `methods` (full names, "/pd.v1.Decode/Reserve") fail with `code` and the
+    message `reason()` returns while it returns one (None: let the call run). A draining
+    worker refuses new work UNAVAILABLE, so the caller retries elsewhere; a worker whose
+    connector a rollback disabled refuses transfer work FAILED_PRECONDITION. Every other
+    call (the streams of work already accepted, cancels) runs."""
 
-    def __init__(self, health: Readiness, methods: Iterable[str], message: str):
-        self.health, self.methods, self.message = health, frozenset(methods), message
+    def __init__(self, methods: Iterable[str], reason: Callable[[], str | None], code: grpc.StatusCode):
+        self.methods, self.reason, self.code = frozenset(methods), reason, code
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method not in self.methods:
+        method = handler_call_details.method
+        if handler is None or method not in self.methods:
             return handler
-        health, message = self.health, f"{self.message} ({handler_call_details.method})"
+        reason, code = self.reason, self.code
+
+        async def refuse(context) -> None:
+            why = reason()
+            if why is not None:
+                await context.abort(code, f"{why} ({method})")
+
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                if health.draining:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+                await refuse(context)
                 async for item in inner_stream(request, context):
                     yield item
 
@@ -156,8 +164,7 @@ class RefuseWhileDraining(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def unary(request, context):
-            if health.draining:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            await refuse(context)
             return await inner(request, context)
 
         return handler._replace(unary_unary=unary)
@@ -165,19 +172,21 @@ class RefuseWhileDraining(grpc.aio.ServerInterceptor):
 
 async def start_server(listen: str, registrations: Iterable[Registration], security: Security,
                        access: Mapping[str, frozenset[str]], ready: bool = True,
-                       new_work: Iterable[str] = (), draining_message: str = "draining"
-                       ) -> tuple[grpc.aio.Server, int, Readiness]:
+                       new_work: Iterable[str] = (), draining_message: str = "draining",
+                       refusals: Iterable[RefuseWhen] = ()) -> tuple[grpc.aio.Server, int, Readiness]:
     """Start a server on `listen` (host:port, port 0 = pick one); returns (server, port, health).
 
     With `security` secure, the port speaks mutual TLS and `access` ({/service/method:
     roles}, services/security/tls.py) decides who may call what; insecure, anyone may.
     Health is SERVING at once when `ready`; else NOT_SERVING until `health.ready(True)`.
-    Once draining, the `new_work` methods fail UNAVAILABLE with `draining_message`."""
+    Once draining, the `new_work` methods fail UNAVAILABLE with `draining_message`;
+    `refusals` refuse more calls on their own conditions."""
     registrations = list(registrations)
     health_servicer = Readiness([full_name for _, _, full_name in registrations])
-    interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequests()]
+    interceptors: list[grpc.aio.ServerInterceptor] = [*refusals, MalformedRequests()]
     if new_work:
-        interceptors.insert(0, RefuseWhileDraining(health_servicer, new_work, draining_message))
+        interceptors.insert(0, RefuseWhen(new_work, lambda: draining_message if health_servicer.draining else None,
+                                          grpc.StatusCode.UNAVAILABLE))
     if security.secure:
         interceptors.insert(0, Access(access))
     interceptors[:0] = tracing.server_interceptors()  # outermost: a refused call is traced too

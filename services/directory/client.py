@@ -61,6 +61,8 @@ class Registration:
     epoch: int
     lease_ttl_ms: int
     route_epoch: int
+    routes_stopped: bool = False
+    """A rollback stopped new disaggregated routes: take no transfer work."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class Lease:
     ok: bool
     lease_ttl_ms: int
     route_epoch: int
+    routes_stopped: bool = False
+    """A rollback stopped new disaggregated routes: take no transfer work."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -206,13 +210,13 @@ class DirectoryClient:
             data_plane_address=info.data_plane_address, cache_abi_digest=info.cache_abi_digest,
             capacity=capacity_to_pb(info.capacity), profile=profile_to_pb(info.profile),
             colocated_only_reason=info.colocated_only_reason, model_identity=info.model_identity))
-        return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch)
+        return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch, r.routes_stopped)
 
     async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:
         """Renew the lease and replace the load report."""
         r = await self._call("Heartbeat", directory_pb2.HeartbeatRequest(
             worker_id=worker_id, epoch=epoch, load=load_to_pb(load or LoadReport())))
-        return Lease(r.status == directory_pb2.LEASE_STATUS_OK, r.lease_ttl_ms, r.route_epoch)
+        return Lease(r.status == directory_pb2.LEASE_STATUS_OK, r.lease_ttl_ms, r.route_epoch, r.routes_stopped)
 
     async def deregister_worker(self, worker_id: str, epoch: int, timeout_s: float | None = None) -> bool:
         """Leave the cluster now (a draining worker): True if it was live at ``epoch``

@@ -50,6 +50,9 @@ class LoadReport:
     free + reserved + active == total."""
     cached_blocks: int = 0
     """Of the free blocks, those holding a reusable prefix."""
+    connector_disabled: int = 0
+    """1 while the worker refuses transfer work because a rollback stopped new routes
+    (the rollback's DISABLE_CONNECTOR step waits until every live worker reports it)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -330,6 +333,8 @@ class LeaseResult:
 
     outcome: Outcome
     lease_expiry_ms: int
+    routes_stopped: bool = False
+    """The release record says a rollback stopped new disaggregated routes."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

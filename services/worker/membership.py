@@ -51,17 +51,27 @@ class Membership:
         self.live_until = 0.0
         """Clock time until which the lease is known to hold (from the last renewal sent)."""
         self.leaving = False
+        self.routes_stopped = False
+        """The directory's last word: a rollback stopped new disaggregated routes, so this
+        worker refuses transfer work (services/worker/node.py `TRANSFER_WORK`)."""
         self._task: asyncio.Task | None = None
 
     async def _ready(self, ready: bool) -> None:
         if self.on_ready is not None:
             await self.on_ready(ready)
 
+    def _routes(self, stopped: bool) -> None:
+        if stopped != self.routes_stopped:
+            log.warning("%s: a rollback %s new disaggregated routes: transfer work %s", self.info.worker_id,
+                        "stopped" if stopped else "lifted the stop on", "refused" if stopped else "accepted again")
+        self.routes_stopped = stopped
+
     async def register(self) -> int:
         """Register (new epoch) and return the epoch."""
         sent = self.clock()
         reg = await self.client.register_worker(self.info)
         self.epoch = reg.epoch
+        self._routes(reg.routes_stopped)
         self.lease_ttl_s = max(reg.lease_ttl_ms / 1000.0, 0.3)
         self.live_until = sent + self.lease_ttl_s
         log.info("registered %s epoch %d lease %.1fs", self.info.worker_id, self.epoch,
@@ -91,6 +101,7 @@ class Membership:
         """Send one heartbeat (load report) right away."""
         sent = self.clock()
         lease = await self.client.heartbeat(self.info.worker_id, self.epoch, self.load_fn())
+        self._routes(lease.routes_stopped)
         if lease.ok:
             self.live_until = sent + self.lease_ttl_s
             await self._ready(True)

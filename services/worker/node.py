@@ -38,10 +38,11 @@ import logging
 from importlib.metadata import entry_points
 from typing import ClassVar
 
+import grpc
 from google.protobuf import descriptor_pool
 
 from pdserve_client.spans import EVENT_CAPABILITY_DENIED, REASON
-from services.common.grpc_server import Registration, setup_logging, start_server, wait_for_shutdown
+from services.common.grpc_server import RefuseWhen, Registration, setup_logging, start_server, wait_for_shutdown
 from services.common.settings import SettingsError
 from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
@@ -152,6 +153,7 @@ class WorkerNode:
         return LoadReport(
             pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
             active_context_tokens=active_context_tokens(loop),
+            connector_disabled=int(self.membership is not None and self.membership.routes_stopped),
             **block_counts(loop.engine, sum(r.reserved_blocks() for r in roles)))
 
 
@@ -173,7 +175,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     server, port, health = await start_server(
         cfg.listen, registrations, security, router_only(registrations), ready=False, new_work=NEW_WORK,
         draining_message=f"worker {cfg.worker_id} is draining (shutting down) and takes no new work; "
-                         "retry on another worker")
+                         "retry on another worker", refusals=[connector_off(node)])
     data_plane = next((r.data_plane_address for r in roles if r.data_plane_address), "")
 
     async def lease_lost() -> None:
@@ -216,6 +218,18 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
 
 NEW_WORK = ("/pd.v1.Decode/Reserve", "/pd.v1.Decode/Generate", "/pd.v1.Prefill/Prefill")
 """The calls that start new work on a worker: refused once it drains."""
+
+TRANSFER_WORK = ("/pd.v1.Decode/Reserve", "/pd.v1.Prefill/Prefill")
+"""The calls that start a K/V transfer: refused while a rollback disabled the connector
+(colocated Generate, and the streams of transfers already published, still run)."""
+
+
+def connector_off(node: WorkerNode) -> RefuseWhen:
+    """Refuse TRANSFER_WORK FAILED_PRECONDITION while the directory says routes are stopped."""
+    message = (f"worker {node.cfg.worker_id}: a rollback disabled the K/V connector; it takes no transfer "
+               "work (run the request colocated)")
+    return RefuseWhen(TRANSFER_WORK, lambda: message if node.membership and node.membership.routes_stopped
+                      else None, grpc.StatusCode.FAILED_PRECONDITION)
 
 
 async def drain(roles: list[Role], budget_s: float, poll_s: float = 0.05) -> int:

@@ -14,10 +14,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from pdserve_client import PdError
-from tests.support.cluster import assert_cluster_clean, client, pdctl, start_cluster
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from tests.support.cluster import assert_cluster_clean, channel, client, pdctl, start_cluster
 
 STEPS = ["STOP_NEW_ROUTES", "ADVANCE_ROUTE_EPOCH", "DRAIN_OR_ABORT_TRANSFERS", "ENABLE_COLOCATED_FALLBACK",
          "DISABLE_CONNECTOR", "REVOKE_CAPABILITIES", "RECLAIM_UNPUBLISHED", "ROLLBACK_COMPLETE"]
@@ -97,6 +99,13 @@ def test_rollback_under_load_fails_no_request_and_leaves_nothing(cluster):
             assert again.token_ids == results[i].token_ids, (i, results[i].route)
         view = sdk.release()
     assert view.routes_stopped and view.router_mode == "colocated"
+    # Workers refuse transfer work now (DISABLE_CONNECTOR), even from the router.
+    with channel(cluster, "decode-0", "router") as ch, pytest.raises(grpc.RpcError) as refused:
+        decode_pb2_grpc.DecodeStub(ch).Reserve(decode_pb2.DecodeReserveRequest(
+            request_id="after-rollback", tenant="default", generation=1, prompt_token_ids=[5, 6, 7],
+            max_tokens=4, sampling=common_pb2.SamplingParams()), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "a rollback disabled the K/V connector" in refused.value.details()
     status = pdctl(cluster, "release", "status")
     assert status.returncode == 0, status.stderr
     assert "release: ROLLED_BACK" in status.stdout and "ROLLBACK_COMPLETE" in status.stdout

@@ -93,6 +93,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.directory_down = False
         """Every directory call raises UNAVAILABLE (an outage)."""
         self.snapshots = 0
+        self.deaf: set[str] = set()
+        """Workers that never report their connector off (a stuck heartbeat)."""
         self.reserved_blocks: dict[str, int] = {}
         """Worker -> blocks its WorkerAdmin.Blocks answer reports reserved (unpublished)."""
         self.publications_by_epoch: dict[int, int] = {}
@@ -169,7 +171,11 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             return ReleaseWrite(Outcome.ILLEGAL_TRANSITION, self.release, str(exc))
         self.release = record
         head = ReleaseHead(record.version, int(record.state), record.routes_stopped)
-        self.cluster = dataclasses.replace(self.cluster, release=head)
+        # The workers learn it at once (their heartbeats, in the real cluster), but the deaf ones.
+        workers = tuple(dataclasses.replace(w, load=dataclasses.replace(
+            w.load, connector_disabled=int(record.routes_stopped and w.worker_id not in self.deaf)))
+            for w in self.cluster.workers)
+        self.cluster = dataclasses.replace(self.cluster, release=head, workers=workers)
         return ReleaseWrite(Outcome.APPLIED, record)
 
     async def advance_route_epoch(self, expected, reason, timeout_s):

@@ -150,3 +150,17 @@ def test_a_stop_that_cannot_be_written_leaves_the_release_as_it_was():
     ctl = run(go())
     assert fake.release.state is Release.ACTIVE and fake.release.rollback is None
     assert not ctl.orch.view.routes_stopped  # this router resumed disaggregated routes too
+
+
+def test_a_worker_that_never_reports_its_connector_off_blocks_the_rollback():
+    fake = two_by_two()
+    fake.deaf.add("p1")
+
+    async def go():
+        ctl = controller(fake, rollback_connector_timeout_s=0.3)
+        await ctl.refresh()
+        with pytest.raises(RollbackBlocked, match="p1 still report their connector on"):
+            await ctl.rollback("drill", "operator")
+        return ctl.record
+
+    assert run(go()).rollback.next_step() is RollbackStep.DISABLE_CONNECTOR

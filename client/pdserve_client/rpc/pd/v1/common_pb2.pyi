@@ -133,7 +133,7 @@ class WorkerCapacity(_message.Message):
     def __init__(self, total_blocks: _Optional[int] = ..., max_decode_batch: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("pending_prefill_tokens", "active_decode_batch", "free_blocks", "reserved_blocks", "total_blocks", "active_context_tokens", "active_blocks", "cached_blocks")
+    __slots__ = ("pending_prefill_tokens", "active_decode_batch", "free_blocks", "reserved_blocks", "total_blocks", "active_context_tokens", "active_blocks", "cached_blocks", "connector_disabled")
     PENDING_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class LoadReport(_message.Message):
     ACTIVE_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_DISABLED_FIELD_NUMBER: _ClassVar[int]
     pending_prefill_tokens: int
     active_decode_batch: int
     free_blocks: int
@@ -150,7 +151,8 @@ class LoadReport(_message.Message):
     active_context_tokens: int
     active_blocks: int
     cached_blocks: int
-    def __init__(self, pending_prefill_tokens: _Optional[int] = ..., active_decode_batch: _Optional[int] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., active_context_tokens: _Optional[int] = ..., active_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ...) -> None: ...
+    connector_disabled: int
+    def __init__(self, pending_prefill_tokens: _Optional[int] = ..., active_decode_batch: _Optional[int] = ..., free_blocks: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., active_context_tokens: _Optional[int] = ..., active_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., connector_disabled: _Optional[int] = ...) -> None: ...
 
 class CostProfile(_message.Message):
     __slots__ = ("prefill_base_ms", "prefill_ms_per_token", "prefill_ms_per_pair", "decode_base_ms", "decode_ms_per_seq", "decode_ms_per_context_token", "kv_bytes_per_block", "source")

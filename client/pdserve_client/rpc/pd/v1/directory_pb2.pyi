@@ -63,14 +63,16 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.WorkerCapacity, _Mapping]] = ..., profile: _Optional[_Union[_common_pb2.CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("epoch", "lease_ttl_ms", "route_epoch")
+    __slots__ = ("epoch", "lease_ttl_ms", "route_epoch", "routes_stopped")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_STOPPED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_ttl_ms: int
     route_epoch: int
-    def __init__(self, epoch: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., route_epoch: _Optional[int] = ...) -> None: ...
+    routes_stopped: bool
+    def __init__(self, epoch: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., route_epoch: _Optional[int] = ..., routes_stopped: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "epoch", "load")
@@ -83,14 +85,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.LoadReport, _Mapping]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("status", "lease_ttl_ms", "route_epoch")
+    __slots__ = ("status", "lease_ttl_ms", "route_epoch", "routes_stopped")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_STOPPED_FIELD_NUMBER: _ClassVar[int]
     status: LeaseStatus
     lease_ttl_ms: int
     route_epoch: int
-    def __init__(self, status: _Optional[_Union[LeaseStatus, str]] = ..., lease_ttl_ms: _Optional[int] = ..., route_epoch: _Optional[int] = ...) -> None: ...
+    routes_stopped: bool
+    def __init__(self, status: _Optional[_Union[LeaseStatus, str]] = ..., lease_ttl_ms: _Optional[int] = ..., route_epoch: _Optional[int] = ..., routes_stopped: _Optional[bool] = ...) -> None: ...
 
 class DeregisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "epoch")
