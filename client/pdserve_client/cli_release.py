@@ -1,8 +1,8 @@
 """`pdctl release`: the release state machine and its rollback (article 0x0FF-0x0FG).
 
     pdctl release status   [--json]
-    pdctl release promote  [TARGET] [--canary-fraction F] [--reason R] [--json]
-    pdctl release rollback [--reason R] [--no-wait] [--json]
+    pdctl release promote  [TARGET] --reason R [--canary-fraction F] [--json]
+    pdctl release rollback --reason R [--no-wait] [--json]
 
 `status` prints the state, the frozen manifest, the latest rollback's steps (time and
 counts each) and the history. `promote` moves one state through its gates (or to
@@ -35,11 +35,11 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
     promote.add_argument("target", nargs="?", default="", choices=TARGETS, metavar="TARGET",
                          help=f"target state, one of {', '.join(TARGETS)} (default: the next one)")
     promote.add_argument("--canary-fraction", type=float, default=0.0, help="canary share in [0, 1] (CANARY)")
-    promote.add_argument("--reason", default="", help="why, for the history")
+    promote.add_argument("--reason", required=True, help="why, for the history")
     promote.add_argument("--json", action="store_true", help="print JSON")
     promote.set_defaults(run=cmd_promote, default_identity="operator")
     rollback = actions.add_parser("rollback", parents=[shared], help="roll back in order (or resume one)")
-    rollback.add_argument("--reason", default="", help="why, for the history")
+    rollback.add_argument("--reason", required=True, help="why, for the history")
     rollback.add_argument("--no-wait", dest="wait", action="store_false", help="return once it started")
     rollback.add_argument("--json", action="store_true", help="print JSON")
     rollback.set_defaults(run=cmd_rollback, default_identity="operator")

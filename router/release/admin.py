@@ -55,6 +55,8 @@ class ReleaseAdmin:
                                                router_id=self._release.router_id, route_epoch=orch.view.route_epoch)
 
     async def Promote(self, request, context):
+        if not request.reason.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason is required: the release history says why")
         if request.target not in admin_pb2.ReleaseMode.values():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"target {request.target} is not a release mode")
         if not 0.0 <= request.canary_fraction <= 1.0:
@@ -72,6 +74,8 @@ class ReleaseAdmin:
                                        gates=[gate_to_pb(c) for c in checks])
 
     async def Rollback(self, request, context):
+        if not request.reason.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason is required: the release history says why")
         before = self._release.record.state if self._release.record is not None else None
         try:
             record = await self._release.rollback(request.reason, caller_name(context), wait=request.wait)
