@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `kubectl-pdserve`; returns pdctl's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(f"usage:\n{USAGE}")
         return 0 if argv else 2
     try:
         import pdserve_client.drill.kube  # noqa: F401  (the kube extra, or its install hint)
