@@ -35,6 +35,7 @@ complete, is not proof that the directory lists the worker the router will pick.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import time
@@ -149,15 +150,21 @@ def rollout_waiting(dep: k8s.V1Deployment) -> str:
     return ""
 
 
-def _controlled_by(obj, uid: str) -> bool:
-    return any(o.controller and o.uid == uid for o in obj.metadata.owner_references or [])
+# ReplicaSets and pods are read as the API serves them (JSON, not the client's models): the
+# template goes back verbatim, with any field newer than this client's models.
+def _controlled_by(obj: dict, uid: str) -> bool:
+    return any(o.get("controller") and o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or [])
 
 
-def _revision(obj) -> int:
+def _revision(obj: dict) -> int:
     try:
-        return int((obj.metadata.annotations or {}).get(REVISION, "0"))
+        return int((obj["metadata"].get("annotations") or {}).get(REVISION, "0"))
     except ValueError:
         return 0
+
+
+def _selector(labels: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 class KubernetesCluster(DrillCluster):
@@ -246,7 +253,8 @@ class KubernetesCluster(DrillCluster):
         self._wait_rolled_out(name, deadline)
         workers = self._pods_of(target)
         if not workers and (dep.spec.replicas or 0) > 0:
-            raise DrillError(f"Deployment {name} rolled out but ReplicaSet {target.metadata.name} has no live pods")
+            raise DrillError(f"Deployment {name} rolled out, but ReplicaSet {target['metadata']['name']} "
+                             f"has no live pods")
         return self.wait_registered(before, workers, max(0.0, deadline - time.monotonic()))
 
     def _deployment(self, name: str) -> k8s.V1Deployment:
@@ -258,11 +266,14 @@ class KubernetesCluster(DrillCluster):
                                  f"(decode.enabled=false?)") from None
             raise DrillError(f"get Deployment {name}: {_reason(e)}") from None
 
-    def _previous(self, dep: k8s.V1Deployment) -> k8s.V1ReplicaSet:
+    def _list(self, what: str, call, selector: str) -> list[dict]:
+        with _calling(f"list {what}"):
+            return json.loads(call(self.namespace, label_selector=selector, _preload_content=False).data)["items"]
+
+    def _previous(self, dep: k8s.V1Deployment) -> dict:
         """The ReplicaSet of the revision before the newest (kubectl's undo to revision 0)."""
-        selector = ",".join(f"{k}={v}" for k, v in sorted((dep.spec.selector.match_labels or {}).items()))
-        with _calling(f"list the ReplicaSets of {dep.metadata.name}"):
-            sets = self._apps.list_namespaced_replica_set(self.namespace, label_selector=selector).items
+        sets = self._list(f"the ReplicaSets of {dep.metadata.name}", self._apps.list_namespaced_replica_set,
+                          _selector(dep.spec.selector.match_labels or {}))
         owned = sorted((rs for rs in sets if _controlled_by(rs, dep.metadata.uid)), key=_revision)
         revisions = sorted({_revision(rs) for rs in owned})
         if len(revisions) < 2:
@@ -270,11 +281,12 @@ class KubernetesCluster(DrillCluster):
                              f"(revisions kept: {', '.join(map(str, revisions)) or 'none'}): deploy twice first")
         return next(rs for rs in owned if _revision(rs) == revisions[-2])
 
-    def _patch_template(self, dep: k8s.V1Deployment, target: k8s.V1ReplicaSet) -> None:
-        template = self._api.sanitize_for_serialization(target.spec.template)
+    def _patch_template(self, dep: k8s.V1Deployment, target: dict) -> None:
+        template = copy.deepcopy(target["spec"]["template"])
         template.setdefault("metadata", {}).get("labels", {}).pop(POD_TEMPLATE_HASH, None)
         annotations = {k: v for k, v in (dep.metadata.annotations or {}).items() if k in KEEP_ANNOTATIONS}
-        annotations.update({k: v for k, v in (target.metadata.annotations or {}).items() if k not in KEEP_ANNOTATIONS})
+        annotations.update({k: v for k, v in (target["metadata"].get("annotations") or {}).items()
+                            if k not in KEEP_ANNOTATIONS})
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": dep.metadata.resource_version},
                  {"op": "replace", "path": "/spec/template", "value": template},
                  {"op": "add", "path": "/metadata/annotations", "value": annotations}]
@@ -296,14 +308,13 @@ class KubernetesCluster(DrillCluster):
                 raise DrillError(f"Deployment {name} not rolled out in time: {waiting}")
             time.sleep(self.poll_s)
 
-    def _pods_of(self, rs: k8s.V1ReplicaSet) -> list[str]:
+    def _pods_of(self, rs: dict) -> list[str]:
         """Names of the live (not terminating) pods ReplicaSet `rs` controls."""
-        labels = dict(rs.spec.selector.match_labels or {})
-        with _calling(f"list the pods of {rs.metadata.name}"):
-            pods = self._core.list_namespaced_pod(
-                self.namespace, label_selector=",".join(f"{k}={v}" for k, v in sorted(labels.items()))).items
-        return sorted(p.metadata.name for p in pods
-                      if _controlled_by(p, rs.metadata.uid) and p.metadata.deletion_timestamp is None)
+        meta = rs["metadata"]
+        pods = self._list(f"the pods of {meta['name']}", self._core.list_namespaced_pod,
+                          _selector(rs["spec"]["selector"].get("matchLabels") or {}))
+        return sorted(p["metadata"]["name"] for p in pods
+                      if _controlled_by(p, meta["uid"]) and not p["metadata"].get("deletionTimestamp"))
 
     def close(self) -> None:
         """Close the API client's connections."""

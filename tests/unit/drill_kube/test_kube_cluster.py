@@ -24,6 +24,7 @@ from tests.unit.drill_kube.emulator import (
     NS,
     OLD_IMAGE,
     RELEASE,
+    REPLICASETS,
     REVISION,
     Emulator,
     FakeDirectory,
@@ -139,6 +140,10 @@ def test_record_release_merges_the_release_into_the_configmap_data(emulator, dir
 def test_roll_back_decode_is_rollout_undo_then_waits_for_the_directory(emulator, directory):
     before = copy.deepcopy(emulator.objects[DEPLOYMENTS, NS, DECODE].raw)
     assert before["spec"]["template"] == template(NEW_IMAGE)
+    # A field newer than the client's models: revision 1's template must go back verbatim.
+    emulator.objects[REPLICASETS, NS, f"{DECODE}-h1"].patch({"spec": {"template": {"spec": {"futureField": "kept"}}}})
+    revision_1 = template(OLD_IMAGE)
+    revision_1["spec"]["futureField"] = "kept"
     drill = Drill(directory)
     workers = drill.roll_back_decode(timeout_s=30)
 
@@ -156,11 +161,12 @@ def test_roll_back_decode_is_rollout_undo_then_waits_for_the_directory(emulator,
     assert test_op == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}  # as read
     assert before["metadata"]["resourceVersion"] == "41"
     assert template_op["op"] == "replace" and template_op["path"] == "/spec/template"
-    assert template_op["value"] == template(OLD_IMAGE)  # revision 1's, without pod-template-hash
+    assert template_op["value"] == revision_1  # without pod-template-hash
     assert HASH not in template_op["value"]["metadata"]["labels"]
     assert annotations_op == {"op": "add", "path": "/metadata/annotations", "value": {
         REVISION: "2", "meta.helm.sh/release-name": RELEASE, "kubernetes.io/change-cause": "revision 1"}}
-    assert emulator.objects[DEPLOYMENTS, NS, DECODE]["spec"]["template"] == template(OLD_IMAGE)
+    assert emulator.objects[DEPLOYMENTS, NS, DECODE].raw["spec"]["template"] == revision_1
+    assert HASH in emulator.objects[REPLICASETS, NS, f"{DECODE}-h1"].raw["spec"]["template"]["metadata"]["labels"]
 
     # The safety invariant: the replacements, each listed by the directory when it returned,
     # and not the terminating pod of the same ReplicaSet.
