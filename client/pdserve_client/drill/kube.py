@@ -111,15 +111,23 @@ def _reason(e: ApiException) -> str:
     return f"{e.status} {e.reason}" + (f": {message}" if message else "")
 
 
+class ApiCallError(DrillError):
+    """A Kubernetes API call that failed: `status` is its HTTP status (0: API not reached)."""
+
+    def __init__(self, what: str, status: int, reason: str):
+        super().__init__(f"{what}: {reason}")
+        self.status, self.reason = status, reason
+
+
 @contextlib.contextmanager
 def _calling(what: str) -> Iterator[None]:
-    """API failures as DrillErrors naming the call."""
+    """API failures as ApiCallErrors naming the call."""
     try:
         yield
     except ApiException as e:
-        raise DrillError(f"{what}: {_reason(e)}") from None
+        raise ApiCallError(what, e.status or 0, _reason(e)) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
-        raise DrillError(f"{what}: cannot reach the Kubernetes API: {e}") from None
+        raise ApiCallError(what, 0, f"cannot reach the Kubernetes API: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +200,12 @@ class KubernetesCluster(DrillCluster):
         tried = []
         for name in dict.fromkeys([f"{fullname(self.release)}-release", f"{self.release}-release"]):
             try:
-                cm = self._core.read_namespaced_config_map(name, self.namespace)
-            except ApiException as e:
-                if e.status not in (403, 404):  # the Role names one ConfigMap: others are 403
-                    raise DrillError(f"get ConfigMap {name}: {_reason(e)}") from None
-                tried.append(f"{name} ({e.status} {e.reason})")
+                with _calling(f"get ConfigMap {name}"):
+                    cm = self._core.read_namespaced_config_map(name, self.namespace)
+            except ApiCallError as e:
+                if e.status not in (403, 404):  # the Role names one ConfigMap: any other is 403, not 404
+                    raise
+                tried.append(f"{name} ({e.reason})")
                 continue
             data = cm.data or {}
             missing = [k for k in ("router", "decodeDeployment") if not data.get(k)]
@@ -259,12 +268,13 @@ class KubernetesCluster(DrillCluster):
 
     def _deployment(self, name: str) -> k8s.V1Deployment:
         try:
-            return self._apps.read_namespaced_deployment(name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                raise DrillError(f"the decode Deployment {name} does not exist in namespace {self.namespace} "
-                                 f"(decode.enabled=false?)") from None
-            raise DrillError(f"get Deployment {name}: {_reason(e)}") from None
+            with _calling(f"get Deployment {name}"):
+                return self._apps.read_namespaced_deployment(name, self.namespace)
+        except ApiCallError as e:
+            if e.status != 404:
+                raise
+            raise DrillError(f"the decode Deployment {name} does not exist in namespace {self.namespace} "
+                             f"(decode.enabled=false?)") from None
 
     def _list(self, what: str, call, selector: str) -> list[dict]:
         with _calling(f"list {what}"):
@@ -290,14 +300,15 @@ class KubernetesCluster(DrillCluster):
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": dep.metadata.resource_version},
                  {"op": "replace", "path": "/spec/template", "value": template},
                  {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+        what = f"patch Deployment {dep.metadata.name} to revision {_revision(target)}"
         try:
-            self._apps.patch_namespaced_deployment(dep.metadata.name, self.namespace, patch, _content_type=JSON_PATCH)
-        except ApiException as e:
-            # 422: the resourceVersion test failed (409 from a server that checks it as a conflict)
-            changed = " (it changed since it was read: another roll-out? run the drill again)" \
-                if e.status in (409, 422) else ""
-            raise DrillError(f"patch Deployment {dep.metadata.name} to revision {_revision(target)}: "
-                             f"{_reason(e)}{changed}") from None
+            with _calling(what):
+                self._apps.patch_namespaced_deployment(dep.metadata.name, self.namespace, patch,
+                                                       _content_type=JSON_PATCH)
+        except ApiCallError as e:
+            if e.status not in (409, 422):  # 422: the resourceVersion test failed (409: as a conflict)
+                raise
+            raise DrillError(f"{e} (it changed since it was read: another roll-out? run the drill again)") from None
 
     def _wait_rolled_out(self, name: str, deadline: float) -> None:
         while True:

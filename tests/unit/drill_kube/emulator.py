@@ -2,11 +2,12 @@
 served from a thread so that the synchronous `kubernetes` client can call it, with a
 stand-in Deployment controller and a stand-in directory.
 
-kmock stores what it is sent and serves it back; it runs no controller and ignores label
-selectors. So this module plays the Deployment controller for the decode Deployment (on a
-template change: bump the generation, then one step per read of the Deployment: observe,
-replace one pod, replace the other) and `FakeDirectory` plays the directory the drill
-reads through Admin.Status (a new pod registers some listings after it started).
+kmock stores what it is sent and serves it back; it runs no controller, ignores label
+selectors, and answers a failed JSON-patch `test` with 500 where the API server says 422.
+So this module plays the Deployment controller for the decode Deployment (on a template
+change: bump the generation, then one step per read of the Deployment: observe, replace
+one pod, replace the other), answers 422 there, and `FakeDirectory` plays the directory
+the drill reads through Admin.Status (a new pod registers some listings after it started).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import copy
 import functools
 import threading
 
+import jsonpatch
 import kmock
 
 from pdserve_client.drill.cluster import Registered
@@ -158,6 +160,12 @@ class Emulator(kmock.KubernetesEmulator):
         for _ in range(directory.lag + 1):  # the old pods registered long ago
             directory.list()
         directory.listings = 0
+
+    async def _render_error(self, exc: Exception):
+        # The API server answers a JSON patch whose `test` fails with 422, kmock with 500.
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+            exc = kmock.KubernetesError(status=422, reason="Unprocessable Entity", message=str(exc))
+        return await super()._render_error(exc)
 
     async def _handle(self, request):
         ours = request.resource == DEPLOYMENTS and request.name == DECODE

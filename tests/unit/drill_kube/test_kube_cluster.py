@@ -207,7 +207,7 @@ def test_a_deployment_changed_after_it_was_read_is_not_rolled_back(emulator, dir
         return target
 
     monkeypatch.setattr(KubernetesCluster, "_previous", racing)
-    with pytest.raises(DrillError, match=f"patch Deployment {DECODE} to revision 1"):
+    with pytest.raises(DrillError, match=f"patch Deployment {DECODE} to revision 1: 422 .*changed since it was read"):
         Drill(directory).roll_back_decode(timeout_s=3)
     assert emulator.objects[DEPLOYMENTS, NS, DECODE]["spec"]["template"] == template(NEW_IMAGE)
 
@@ -241,9 +241,14 @@ def test_the_sdk_goes_to_the_given_router_or_the_release_service_from_a_pod(emul
     assert_within_the_role(emulator)
 
 
-def test_an_unknown_context_is_a_clear_error(emulator):
+def test_an_unknown_context_or_an_unreachable_api_is_a_clear_error(emulator, directory, tmp_path, monkeypatch):
     with pytest.raises(DrillError, match="no Kubernetes credentials .*context nowhere"):
         KubernetesCluster(NS, RELEASE, context="nowhere")
+    config = yaml.safe_load((tmp_path / "kubeconfig").read_text())
+    config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # nothing listens (discard)
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    with pytest.raises(DrillError, match="get ConfigMap pd-pdserve-release: cannot reach the Kubernetes API"):
+        Drill(directory).record_release(rolled_back_view())
 
 
 @pytest.mark.parametrize("release", ["pd", "pdserve", "team-pdserve-prod", "a-release-name-long-enough-to-be-cut-x"])
