@@ -235,8 +235,8 @@ def test_rbac_is_the_least_the_rollback_drill_needs(defaults):
     by = {(r["apiGroups"][0], r["resources"][0], tuple(r.get("resourceNames", []))): set(r["verbs"]) for r in rules}
     assert by == {("", "configmaps", ("pd-pdserve-release",)): {"get", "patch"},
                   ("apps", "deployments", ("pd-pdserve-decode",)): {"get", "patch"},
-                  ("apps", "deployments", ()): {"list"},
-                  ("", "pods", ()): {"get", "list"}}
+                  ("apps", "replicasets", ()): {"list"},
+                  ("", "pods", ()): {"list"}}
 
 
 def test_the_helm_test_pod_generates_and_checks_the_route(defaults):
