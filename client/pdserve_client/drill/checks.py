@@ -109,7 +109,7 @@ def promoted_to(r: DrillReport, target: str) -> Check:
         detail = (f"{p.from_mode.upper()} -> {p.to_mode.upper()} refused: "
                   + ("; ".join(f"{g.name}: {g.detail}" for g in failed) if failed else p.refusal))
         if unmeasured:
-            detail += f" ({len(unmeasured)} gates not measured by this build: {', '.join(unmeasured)})"
+            detail += f" (gates not measured by this build: {', '.join(unmeasured)})"
         return Check(f"promoted_to_{target}", False, len(failed), detail)
     steps = " -> ".join([r.promotions[0].from_mode.upper(), *(p.to_mode.upper() for p in r.promotions)]) \
         if r.promotions else "no promotion"

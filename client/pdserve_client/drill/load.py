@@ -81,14 +81,17 @@ class Load:
             s = Sent(i, f"drill-{self.run_id}-{i}", prompt(self.seed, i), time.monotonic())
             with self._lock:
                 self.sent.append(s)
+            result, error = None, ""
             try:
-                s.result = self._sdk.generate_full(prompt_ids=s.prompt, max_tokens=self.max_tokens,
-                                                   ignore_eos=True, request_id=s.request_id)
+                result = self._sdk.generate_full(prompt_ids=s.prompt, max_tokens=self.max_tokens,
+                                                 ignore_eos=True, request_id=s.request_id)
             except PdError as exc:
-                s.error = f"{exc.code}: {exc.message}"
+                error = f"{exc.code}: {exc.message}"
             except Exception as exc:  # noqa: BLE001 — a drill reports every failure, whatever raised it
-                s.error = f"{type(exc).__name__}: {exc}"
-            s.done_at_s = time.monotonic()
+                error = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                if not s.done_at_s:  # else `stop` gave up on it and reported it: the report stands
+                    s.result, s.error, s.done_at_s = result, error, time.monotonic()
 
     def done(self, route: str | None = None, before_s: float = float("inf")) -> int:
         """Requests that succeeded (on `route` if given) and ended before `before_s`."""
@@ -104,11 +107,10 @@ class Load:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            sent = sorted(self.sent, key=lambda s: s.index)
-        for s in sent:
-            if not s.done_at_s:
-                s.error, s.done_at_s = f"no answer within {timeout_s:g} s of the load's end", time.monotonic()
-        return sent
+            for s in self.sent:
+                if not s.done_at_s:
+                    s.error, s.done_at_s = f"no answer within {timeout_s:g} s of the load's end", time.monotonic()
+            return sorted(self.sent, key=lambda s: s.index)
 
     def abort(self) -> None:
         """Send no more, wait for nothing (Ctrl-C)."""

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from pdserve_client import contract
+from pdserve_client import contract, tls
 from pdserve_client.client import Client
 from pdserve_client.drill.cluster import DrillCluster, DrillError, Registered
 from pdserve_client.release import ReleaseView
@@ -49,8 +49,13 @@ class LocalDrillCluster(DrillCluster):
         self.name = f"local ({self.state})"
 
     def client(self, identity: str = "client", timeout_s: float = 60.0) -> Client:
-        """An SDK client of the router presenting the state dir's `identity` certificate."""
-        return Client(self._router, timeout_s=timeout_s, tls_files=self._cluster.client_files(identity))
+        """An SDK client of the router presenting the state dir's `identity` certificate
+        (none for a cluster started insecure: then $PD_INSECURE=1 must say so too)."""
+        files = self._cluster.client_files(identity)
+        if files is None and not tls.insecure():
+            raise DrillError(f"the cluster in {self.state} runs without TLS (`pdserve up --insecure`): "
+                             f"set {contract.INSECURE_ENV}=1 to drill it")
+        return Client(self._router, timeout_s=timeout_s, tls_files=files)
 
     def record_release(self, view: ReleaseView) -> None:
         """Write the release to `release.json` in the state dir (replaced whole: a reader

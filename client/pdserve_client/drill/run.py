@@ -108,7 +108,7 @@ def rollback_drill(cluster: DrillCluster, options: DrillOptions | None = None) -
             load.abort()
             raise
         _finish_load(report, load, sdk, options)
-        report.release_after = ops.release().mode
+        report.release_after = _mode_now(ops)
     if view is not None and view.rollback is not None:
         report.rollback_ms = view.rollback.duration_ms
         report.steps = [StepTiming(s.step, s.duration_ms, s.started_unix_ms, s.ended_unix_ms, dict(s.counts),
@@ -147,7 +147,7 @@ def promote_drill(cluster: DrillCluster, options: DrillOptions | None = None) ->
             load.abort()
             raise
         _finish_load(report, load, sdk, options)
-        report.release_after = ops.release().mode
+        report.release_after = _mode_now(ops)
     report.checks = [
         checks.requests_failed(report),
         checks.tokens_equal_colocated(report),
@@ -205,6 +205,14 @@ def _promote(ops, view: ReleaseView, path: list[str], options: DrillOptions, rep
         view = change.release
         time.sleep(options.step_dwell_s)
     return view
+
+
+def _mode_now(ops) -> str:
+    """The release's state now ("" when the router does not answer: the report still prints)."""
+    try:
+        return ops.release().mode
+    except PdError:
+        return ""
 
 
 def _sleep_until(t_s: float) -> None:
