@@ -9,6 +9,7 @@
     pdctl trace REQUEST_ID [--json] [--html page.html]     (reads the span file; trace_cmd.py)
     pdctl blocks [--orphans-only] [--request R] [--worker W] [--json]   (cli_blocks.py)
     pdctl release status | promote [TARGET] | rollback [--reason R]     (cli_release.py)
+    pdctl drill rollback | promote [--cluster local|kube] [--rate R] ...  (cli_drill.py)
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
 local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
@@ -26,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pdserve_client import cli_blocks, cli_release, trace_cmd, wire
+from pdserve_client import cli_blocks, cli_drill, cli_release, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.tables import table
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace_cmd.register(commands)
     cli_blocks.add_parser(commands, shared)
     cli_release.add_parser(commands, shared)
+    cli_drill.add_parser(commands, shared)
     return parser
 
 

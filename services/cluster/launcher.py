@@ -353,9 +353,9 @@ class LocalCluster:
         if pid_alive(p.pid, self._popen.get(name)):
             raise RuntimeError(f"{name} (pid {p.pid}) is still running")
         proc = self._spawn(name, p.argv, p.address, p.metrics_url)
+        self._save()  # before the wait: one cut short (Ctrl-C, a timeout) still leaves the new pid on record
         if name != "redis":
             self._wait(name, p.address, timeout_s, proc)
-        self._save()
 
     def down(self, timeout_s: float = 10.0) -> None:
         """Stop every service, newest first: SIGTERM, then SIGKILL after timeout_s."""

@@ -54,13 +54,13 @@ def client(cluster: LocalCluster, identity: str = "client", **kw) -> Client:
     return cluster.client(identity, **kw)
 
 
-def pdctl(cluster, *args: str) -> subprocess.CompletedProcess:
+def pdctl(cluster, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
     """pdctl run from the state dir's parent (a cluster started with state_name=".pdserve"),
-    no flags but the command's, no PD_TLS_*."""
+    no flags but the command's, no PD_TLS_*; killed past `timeout_s` (a drill runs minutes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE"))}
     env["PYTHONPATH"] = f"{REPO_ROOT}:{REPO_ROOT / 'client'}"
     return subprocess.run([sys.executable, "-m", "pdserve_client.cli", *args], cwd=cluster.state.parent,
-                          env=env, capture_output=True, text=True, timeout=60)
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
 def tls_env(cluster: LocalCluster, identity: str = "client") -> dict[str, str]:

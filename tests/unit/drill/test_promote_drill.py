@@ -1,0 +1,75 @@
+"""The promotion drill against the in-memory fake: one state at a time to ACTIVE through
+the gates; a refusal fails the drill with the router's verdicts, a gate not measured
+included."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve_client.drill.cluster import DrillError
+from pdserve_client.drill.fake import UNMEASURED_TODAY, FakeCluster, FakeKnobs
+from pdserve_client.drill.report import render
+from pdserve_client.drill.run import DrillOptions, failed_gates, promote_drill, rollback_drill
+
+QUICK = DrillOptions(rate_rps=200, duration_s=0.3, trigger_after_s=0.05, max_tokens=4, settle_s=0, step_dwell_s=0)
+
+
+def rolled_back(**knobs) -> FakeCluster:
+    """A fake after a passed rollback drill, with `knobs` on from then."""
+    cluster = FakeCluster()
+    assert rollback_drill(cluster, QUICK).passed
+    cluster.state.knobs = FakeKnobs(**knobs)
+    return cluster
+
+
+def test_promotion_from_a_completed_rollback_to_active():
+    cluster = rolled_back()
+    r = promote_drill(cluster, QUICK)
+    assert r.passed, render(r)
+    assert [(p.from_mode, p.to_mode, p.passed) for p in r.promotions] == [
+        ("rolled_back", "pinned", True), ("pinned", "shadow", True), ("shadow", "canary", True),
+        ("canary", "active", True)]
+    assert [g.name for g in r.promotions[-1].gates][-1] == "canary_record"
+    assert (r.release_before, r.release_after) == ("rolled_back", "active")
+    assert cluster.recorded[-1].mode == "active" and cluster.state.canary_fraction == QUICK.canary_fraction
+    assert "PASS  promoted_to_active" in render(r) and "ROLLED_BACK -> PINNED -> SHADOW" in render(r)
+
+
+def test_gates_not_measured_refuse_the_promotion_and_the_drill_says_so():
+    cluster = rolled_back(unmeasured_gates=UNMEASURED_TODAY)
+    r = promote_drill(cluster, QUICK)
+    assert not r.passed
+    assert [(p.to_mode, p.passed) for p in r.promotions] == [("pinned", True), ("shadow", False)]
+    refused = r.promotions[-1]
+    assert [(g.name, g.passed) for g in refused.gates] == [("failure_injection_smoke", False)]
+    assert refused.refusal.startswith("FAILED_PRECONDITION: promotion to SHADOW refused: 1 of 4 gates failed")
+    check = r.check("promoted_to_active")
+    assert not check.passed and check.value == 1
+    assert "failure_injection_smoke: not measured by this build" in check.detail
+    assert "(gates not measured by this build: failure_injection_smoke)" in check.detail
+    assert r.release_after == "pinned" and cluster.recorded[-1].mode == "pinned"
+    assert [c.name for c in r.checks if not c.passed] == ["promoted_to_active"]
+    assert "promotion PINNED -> SHADOW: REFUSED" in render(r)
+
+
+def test_a_failed_request_fails_the_promotion_drill():
+    r = promote_drill(rolled_back(fail_requests=10**6), QUICK)
+    assert not r.check("requests_failed").passed and r.succeeded == 0
+    assert not r.check("tokens_equal_colocated").passed and r.check("tokens_equal_colocated").value is None
+
+
+def test_nothing_to_promote_is_refused():
+    with pytest.raises(DrillError, match="ACTIVE already"):
+        promote_drill(FakeCluster(), QUICK)
+
+
+def test_failed_gates_reads_the_routers_refusal():
+    message = ("promotion to ACTIVE refused: 3 of 5 gates failed: exactness_smoke FAILED (1 vs 0): prompt 1: "
+               "first differs at token 3; failure_injection_smoke FAILED: not measured by this build: mid-transfer "
+               "kill; stale completion; canary_record FAILED: not measured by this build: canary samples")
+    gates = failed_gates(message)
+    assert [(g.name, g.passed) for g in gates] == [("exactness_smoke", False), ("failure_injection_smoke", False),
+                                                   ("canary_record", False)]
+    assert gates[0].detail == "prompt 1: first differs at token 3"
+    assert gates[1].detail == "not measured by this build: mid-transfer kill; stale completion"
+    assert failed_gates("ACTIVE -> PINNED is not a legal release transition") == []
