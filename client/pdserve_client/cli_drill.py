@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.metadata import entry_points
 from typing import TextIO
 
 from pdserve_client import contract
@@ -77,12 +78,20 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
         p.set_defaults(run=cmd_drill, offline=True)  # builds its own clients from the cluster
 
 
+CLUSTER_GROUP = "pdserve.drill_clusters"
+"""Entry points naming DrillCluster implementations installed beside the client: the
+server package registers `local` (services/cluster/drill.py)."""
+
+
 def make_cluster(args: argparse.Namespace) -> DrillCluster:
     """The DrillCluster the arguments name (kube's module is imported only when asked for)."""
     router = getattr(args, "router", None)
     if args.cluster == "local":
-        from pdserve_client.drill.local import LocalDrillCluster
-        return LocalDrillCluster(args.state_dir, router=router)
+        found = {ep.name: ep for ep in entry_points(group=CLUSTER_GROUP)}
+        if "local" not in found:
+            raise DrillError("--cluster local needs the pdserve server package installed (it provides the "
+                             f"{CLUSTER_GROUP} entry point `local`); this is a client-only install")
+        return found["local"].load()(args.state_dir, router=router)
     if not args.namespace or not args.release:
         raise DrillError("--cluster kube needs --namespace and --release")
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from pdserve_client.drill.cluster import DrillError
 from pdserve_client.drill.fake import FakeCluster
-from pdserve_client.drill.local import LocalDrillCluster
+from services.cluster.drill import LocalDrillCluster
 from services.cluster.launcher import ClusterSpec, LocalCluster, Proc
 
 

@@ -2,8 +2,9 @@
 router, and its decode worker processes, which the decode roll-back stops and starts
 again one at a time (services/cluster/launcher.py does the process work).
 
-Needs the server package (services.cluster.launcher), a pdserve checkout or install:
-the client distribution alone cannot start processes.
+It lives in the server package (the client distribution starts no process and imports
+nothing of the server) and reaches `pdctl drill --cluster local` through the entry point
+`pdserve.drill_clusters` (pyproject.toml): a client-only install has no local drill.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pdserve_client import contract, tls
 from pdserve_client.client import Client
 from pdserve_client.drill.cluster import DrillCluster, DrillError, Registered
 from pdserve_client.release import ReleaseView
+from services.cluster.launcher import LocalCluster
 
 RELEASE_FILE = "release.json"
 """Where `record_release` writes the release, in the state dir."""
@@ -31,12 +33,6 @@ class LocalDrillCluster(DrillCluster):
 
     def __init__(self, state_dir: str = contract.LOCAL_STATE_DIR, router: str | None = None):
         """`router` overrides the address the state dir records."""
-        try:
-            from services.cluster.launcher import LocalCluster
-        except ImportError as exc:
-            raise DrillError(f"the local drill needs the pdserve server package (services.cluster.launcher), "
-                             f"which is not importable here: {exc}; run it from a pdserve install or checkout "
-                             "(PYTHONPATH=<checkout>:<checkout>/client)") from None
         self.state = Path(state_dir).resolve()
         try:
             self._cluster = LocalCluster.load(str(self.state))
