@@ -13,6 +13,7 @@ from pdserve_client import contract
 from router.config import RouterConfig
 from services.common.settings import MemberSettings, ServiceSettings, Settings, SettingsError
 from services.engine import EngineConfig
+from services.security.config import CapabilitySettings
 from services.worker.config import DecodeWorkerConfig, PrefillWorkerConfig, WorkerConfig
 from services.worker.process import parse_config
 from services.worker.profile import ProfileConfig
@@ -53,7 +54,7 @@ def readers() -> dict[str, set[tuple[type, str]]]:
 def test_the_walk_sees_every_service():
     seen = set(settings_classes())
     assert {RouterConfig, DirectoryConfig, EngineConfig, ProfileConfig, WorkerConfig, PrefillWorkerConfig,
-            DecodeWorkerConfig, MemberSettings, ServiceSettings} <= seen
+            DecodeWorkerConfig, MemberSettings, ServiceSettings, CapabilitySettings} <= seen
 
 
 def test_every_variable_is_declared_by_one_class_with_one_default():
