@@ -36,11 +36,10 @@ POLL_S = 0.1
 
 @dataclasses.dataclass
 class Step:
-    """What a step function reports: counts and a line of detail, and record changes."""
+    """What a step function reports: counts and a line of detail."""
 
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     detail: str = ""
-    retired_epoch: int = 0
 
 
 async def run_steps(ctl) -> None:
