@@ -13,13 +13,14 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, release_pb2
+from pdserve_client.wire import enum_name
 
 RELEASE_TIMEOUT_S = 120.0
 """Default deadline of a promotion or a rollback: gates run requests, a drain waits."""
 
 
 def _mode(value: int) -> str:
-    return release_pb2.ReleaseMode.Name(value).removeprefix("RELEASE_MODE_").lower()
+    return enum_name(release_pb2.ReleaseMode, value, "RELEASE_MODE_")
 
 
 def _step(value: int) -> str:

@@ -50,7 +50,7 @@ _GRPC_EQUIVALENT = contract.ERROR_CODE_STATUS
 _RETRYABLE_GRPC = contract.RETRYABLE_STATUSES
 
 
-def _enum_name(enum, number: int, prefix: str) -> str:
+def enum_name(enum, number: int, prefix: str) -> str:
     """'ROUTE_COLOCATED' -> 'colocated'; unknown numbers keep their value visible."""
     try:
         return enum.Name(number).removeprefix(prefix).lower()
@@ -60,18 +60,18 @@ def _enum_name(enum, number: int, prefix: str) -> str:
 
 def role_name(role: int) -> str:
     """WorkerRole -> 'prefill' | 'decode' | 'mixed' (both phases; WORKER_ROLE_BOTH on the wire)."""
-    name = _enum_name(common_pb2.WorkerRole, role, "WORKER_ROLE_")
+    name = enum_name(common_pb2.WorkerRole, role, "WORKER_ROLE_")
     return "mixed" if name == "both" else name
 
 
 def route_name(route: int) -> str:
     """Route enum -> 'disaggregated' | 'colocated' ('unspecified' if unset)."""
-    return _enum_name(router_pb2.Route, route, "ROUTE_")
+    return enum_name(router_pb2.Route, route, "ROUTE_")
 
 
 def finish_reason_name(reason: int) -> str:
     """FinishReason enum -> 'stop' | 'length' | 'cancelled'."""
-    return _enum_name(common_pb2.FinishReason, reason, "FINISH_REASON_")
+    return enum_name(common_pb2.FinishReason, reason, "FINISH_REASON_")
 
 
 def new_request_id() -> str:
@@ -158,7 +158,7 @@ def encode_txn_states(states: Iterable[str]) -> list[int]:
 
 def error_from_event(error: common_pb2.Error) -> PdError:
     """A stream `error` event -> PdError; ERROR_CODE_UNSPECIFIED reads as INTERNAL (common.proto)."""
-    code = _enum_name(common_pb2.ErrorCode, error.code, "ERROR_CODE_").upper()
+    code = enum_name(common_pb2.ErrorCode, error.code, "ERROR_CODE_").upper()
     if code == "UNSPECIFIED":
         code = "INTERNAL"
     return PdError(code, error.message, retryable=error.retryable, grpc_code=_GRPC_EQUIVALENT.get(code, code))
@@ -199,7 +199,7 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
         reserved_blocks=response.reserved_blocks,
         total_blocks=response.total_blocks,
         open_transactions=response.open_transactions,
-        mode=_enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
+        mode=enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
         canary_fraction=response.canary_fraction,
         route_epoch=response.route_epoch,
     )
@@ -210,7 +210,7 @@ def transaction_from_proto(t: manifest_pb2.Transaction) -> TransactionInfo:
     return TransactionInfo(
         request_id=t.request_id, transfer_id=t.transfer_id, tenant=t.tenant,
         generation=t.generation, attempt=t.attempt,
-        state=_enum_name(manifest_pb2.TxnState, t.state, "TXN_STATE_"),
+        state=enum_name(manifest_pb2.TxnState, t.state, "TXN_STATE_"),
         source_worker_id=t.source_worker_id, source_epoch=t.source_epoch,
         destination_worker_id=t.destination_worker_id, destination_epoch=t.destination_epoch,
         reservation_id=t.reservation_id, chunks_expected=t.chunks_expected, kv_digest=t.kv_digest,
@@ -221,8 +221,8 @@ def transaction_from_proto(t: manifest_pb2.Transaction) -> TransactionInfo:
 def mode_change_from_proto(response: admin_pb2.SetModeResponse) -> ModeChange:
     """Admin.SetMode answer -> ModeChange."""
     return ModeChange(
-        previous_mode=_enum_name(admin_pb2.ReleaseMode, response.previous_mode, "RELEASE_MODE_"),
-        mode=_enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
+        previous_mode=enum_name(admin_pb2.ReleaseMode, response.previous_mode, "RELEASE_MODE_"),
+        mode=enum_name(admin_pb2.ReleaseMode, response.mode, "RELEASE_MODE_"),
         route_epoch=response.route_epoch,
         steps=list(response.steps),
     )
