@@ -26,21 +26,19 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
-from services.common.liveness import process_running
 from services.security.capability import generate_signing_key
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
 
 from . import collector
 from .observability import MONITOR_CERT, metrics_endpoint
+from .processes import pid_alive, wait_healthy
 from .redis_proc import find_redis_server, free_port, pings
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
@@ -51,28 +49,6 @@ CAPABILITY_SIGNING_KEY = "capability-signing.pem"
 """The router's Ed25519 key (services/security/capability.py), in the TLS dir."""
 CAPABILITY_PUBLIC_KEYS = "capability-keys.json"
 """The workers' public key set."""
-
-
-def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None = None,
-                 security: Security | None = None, service: str = "router") -> None:
-    """Block until `address` answers gRPC health SERVING (or raise with the reason);
-    `security` is the identity asking (an operator's), `service` what answers there."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    with (security or Security.insecure()).channel(address, service) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"process for {address} exited with {proc.returncode}")
-            try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-                last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-            except grpc.RpcError as e:
-                last = e.code().name
-            time.sleep(0.1)
-    raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s ({last})")
 
 
 @dataclass
@@ -263,9 +239,12 @@ class LocalCluster:
 
     def start_worker(self, role: str, index: int, timeout_s: float = 120.0) -> str:
         """Start prefill, decode or mixed worker number `index`; returns its address."""
+        self._issue(f"{role}-{index}", role)
+        return self._start_worker(role, index, timeout_s)
+
+    def _start_worker(self, role: str, index: int, timeout_s: float) -> str:
         s = self.spec
         name = f"{role}-{index}"
-        self._issue(name, role)
         module = "decode_worker" if role == "mixed" else f"{role}_worker"
         extra = ["--serve-prefill"] if role == "mixed" else []
         return self._service(name, module, [*extra,
@@ -274,6 +253,17 @@ class LocalCluster:
             "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
             "--torch-threads", str(s.torch_threads),
             "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s)
+
+    def _start_workers(self, timeout_s: float) -> None:
+        """Every worker of the spec at once (most of a start is each process importing
+        torch; they are independent until the router reads their registrations)."""
+        workers = [(role, i) for role, n in (("decode", self.spec.decode), ("mixed", self.spec.mixed),
+                                            ("prefill", self.spec.prefill)) for i in range(n)]
+        for role, i in workers:
+            self._issue(f"{role}-{i}", role)
+        with ThreadPoolExecutor(max(1, len(workers))) as pool:
+            for started in [pool.submit(self._start_worker, role, i, timeout_s) for role, i in workers]:
+                started.result()
 
     def up(self, timeout_s: float = 180.0) -> str:
         """Start everything; returns the router address."""
@@ -284,12 +274,7 @@ class LocalCluster:
             self.otlp_endpoint = collector.start(self, timeout_s)
             self._issue("directory", "directory")
             self.directory_address = self._service("directory", "kv_directory", [], timeout_s)
-            for i in range(self.spec.decode):
-                self.start_worker("decode", i, timeout_s)
-            for i in range(self.spec.mixed):
-                self.start_worker("mixed", i, timeout_s)
-            for i in range(self.spec.prefill):
-                self.start_worker("prefill", i, timeout_s)
+            self._start_workers(timeout_s)
             self._issue("router", "router")
             self.router_address = self._service("router", "router", [
                 "--directory", self.directory_address, "--mode", self.spec.mode,
@@ -391,10 +376,3 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.down()
-
-
-def pid_alive(pid: int, popen: subprocess.Popen | None = None) -> bool:
-    """Is `pid` running (not exited, not a zombie)?"""
-    if popen is not None:
-        return popen.poll() is None
-    return process_running(pid)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cluster.launcher import pid_alive
+from services.cluster.processes import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
