@@ -226,6 +226,13 @@ class RouterConfig(MemberSettings):
     """Pause after each rollback step: a drill's pacing, to watch each step land (or to
     kill the router between two and see another finish it). 0 in production."""
 
+    canary_min_samples: int = env("PD_CANARY_MIN_SAMPLES", 20, ge=1)
+    """A promotion to ACTIVE needs this many disaggregated requests completed since CANARY,
+    and this many of each route with a TTFT (TPOT) target to compare their attainment."""
+
+    canary_max_transfer_failure_rate: float = env("PD_CANARY_MAX_TRANSFER_FAILURE_RATE", 0.05, ge=0, le=1)
+    """A promotion to ACTIVE needs at most this share of the canary's disaggregated attempts failed."""
+
     @field_validator("default_mode")
     @classmethod
     def _known_mode(cls, mode: str) -> str:

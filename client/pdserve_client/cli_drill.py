@@ -73,6 +73,13 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
                        help=f"requests in flight at most (default {defaults.concurrency})")
         p.add_argument("--canary-fraction", type=float, default=defaults.canary_fraction,
                        help=f"promote: the canary share (default {defaults.canary_fraction:g})")
+        p.add_argument("--canary-samples", type=_number(int, 0, False), default=defaults.canary_samples,
+                       help=f"promote: stay in CANARY until this many requests completed on each route "
+                            f"(default {defaults.canary_samples}; the router's PD_CANARY_MIN_SAMPLES)")
+        p.add_argument("--slo-ttft-ms", type=_number(float, 0, False), default=0.0,
+                       help="TTFT target of each load request (default: the router's configured targets)")
+        p.add_argument("--slo-tpot-ms", type=_number(float, 0, False), default=0.0,
+                       help="TPOT target of each load request (default: the router's configured targets)")
         p.add_argument("--reason", default="", help="for the release history (default: the drill's name)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.set_defaults(run=cmd_drill, offline=True)  # builds its own clients from the cluster
@@ -106,7 +113,9 @@ def cmd_drill(args: argparse.Namespace, out: TextIO) -> int:
     try:
         options = DrillOptions(rate_rps=args.rate, duration_s=args.duration, trigger_after_s=args.trigger_after,
                                max_tokens=args.max_tokens, seed=args.seed, concurrency=args.concurrency,
-                               canary_fraction=args.canary_fraction, reason=args.reason)
+                               canary_fraction=args.canary_fraction, reason=args.reason,
+                               canary_samples=args.canary_samples, slo_ttft_ms=args.slo_ttft_ms,
+                               slo_tpot_ms=args.slo_tpot_ms)
     except ValueError as exc:
         print(f"pdctl: error: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ import logging
 import time
 
 from router.config import RouterConfig
+from router.release.canary import CanaryTally
 from router.release.gates import Check
 from router.release.gates import summary as gates_summary
 from router.release.manifest import freeze
@@ -76,6 +77,9 @@ class ReleaseController:
         self.runner: asyncio.Task | None = None
         self._follower: asyncio.Task | None = None
         self._writes = asyncio.Lock()
+        self.canary = CanaryTally()
+        """What this router served, by route and time: the canary's record (router/release/canary.py)."""
+        orch.metrics.listeners.append(self.canary)
 
     @property
     def orch(self):

@@ -2,25 +2,29 @@
 
     -> SHADOW   the frozen manifest still describes what runs; disaggregated tokens equal
                 colocated ones on a fixed prompt set; colocated fallback serves; the
-                failure-injection smoke
+                failure-injection smoke (router/release/smoke.py: a forged capability, a
+                stale completion, a hand-off cut mid-way — each refused or cleaned up)
     -> CANARY   the SHADOW gates again (what runs may have changed since)
-    -> ACTIVE   the SHADOW gates, and the canary's own record: enough disaggregated
-                samples, TTFT and TPOT attainment each at least colocated's, bounded
-                transfer failures
+    -> ACTIVE   the SHADOW gates, and the canary's own record (router/release/canary.py):
+                enough disaggregated samples, TTFT and TPOT attainment each at least
+                colocated's, no stale publication, no unsigned hand-off, bounded transfer
+                failures
     -> PINNED   (from ROLLED_BACK) none measured: the machine requires the rollback
                 complete, and the write freezes a new manifest
 
-A gate that this build cannot measure yet fails, saying so: a promotion is never let
-through on a gate that was not evaluated.
+A gate that cannot be measured (no pair to hand off between, no SLO target, too few
+samples) fails, saying so: a promotion is never let through on a gate not evaluated.
 """
 
 from __future__ import annotations
 
 import uuid
 
+from router.release.canary import canary_record
 from router.release.gates import Check
 from router.release.manifest import freeze
 from router.release.probes import RollbackBlocked, colocated_probe
+from router.release.smoke import failure_injection_smoke
 from router.types import Completed, GenerateParams, Mode, RouterError, TokenOut
 from services.release.machine import Release
 
@@ -34,19 +38,12 @@ async def promotion_gates(ctl, target: Release) -> list[Check]:
     """The gates of a promotion to `target`, measured now."""
     if target is Release.PINNED:
         return []
-    checks = [await manifest_verified(ctl), await fallback_healthy(ctl), await exactness_smoke(ctl),
-              not_measured_yet("failure_injection_smoke",
-                               "mid-transfer kill, stale completion and bad capability are not driven yet")]
+    checks = [await manifest_verified(ctl), await fallback_healthy(ctl), await exactness_smoke(ctl)]
+    passed, detail = await failure_injection_smoke(ctl)
+    checks.append(Check("failure_injection_smoke", passed, detail))
     if target is Release.ACTIVE:
-        checks.append(not_measured_yet("canary_record",
-                                       "canary samples, TTFT/TPOT attainment against colocated and the transfer "
-                                       "failure rate are not measured yet"))
+        checks += canary_record(ctl, ctl.canary)
     return checks
-
-
-def not_measured_yet(name: str, what: str) -> Check:
-    """A gate this build does not evaluate: it fails (never passes unevaluated)."""
-    return Check(name, False, f"not measured by this build: {what}")
 
 
 async def manifest_verified(ctl) -> Check:

@@ -319,7 +319,7 @@ class Orchestrator:
                     r.uncount(att)
                     continue
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
-                self.metrics.attempt_failed(att.route.name.lower(), exc.code.name)
+                self.metrics.attempt_failed(att.route.name.lower(), exc.code.name, att.discard_kv)
                 self._unbook(run)  # a later attempt streams from elsewhere
                 r.failed(att, exc)
                 if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
@@ -335,7 +335,7 @@ class Orchestrator:
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             slo = self.planner.slo(req.tenant, req.slo)
             self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,
-                                   completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000)
+                                   completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000, att.route.name.lower())
             return completed
         raise self._deadline_passed(run) or r.exhausted()
 

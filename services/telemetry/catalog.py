@@ -107,6 +107,10 @@ class RouterMetrics:
                                   "this router), and whole rollbacks from STOP_NEW_ROUTES (step=total).",
                                   ["step"], buckets=LATENCY_BUCKETS_S, registry=r)
 
+        self.listeners: list = []
+        """Told each dispatched / attempt_failed / completed call too, with the same arguments
+        (router/release/canary.py keeps a canary's record so)."""
+
     def bind(self, in_flight: Callable[[], float], queue_depth: Callable[[], float]) -> None:
         """Read the gauges from the orchestrator at each scrape."""
         self.in_flight.set_function(in_flight)
@@ -115,6 +119,8 @@ class RouterMetrics:
     def dispatched(self, number: int, route: str, planned: str, previous_stage: str | None) -> None:
         """Attempt `number` (1-based) of a request planned `planned` runs on `route`;
         `previous_stage` is where the attempt before it ended (None for the first)."""
+        for listener in self.listeners:
+            listener.dispatched(number, route, planned, previous_stage)
         if route == "disaggregated":
             self.transfer_attempts.inc()
             if number > 1:
@@ -126,16 +132,21 @@ class RouterMetrics:
             if previous_stage in ("prefill", "decode", "colocated generate"):
                 self.recomputes.inc()
 
-    def attempt_failed(self, route: str, code: str) -> None:
-        """An attempt failed with status `code` (a retry may follow)."""
+    def attempt_failed(self, route: str, code: str, published_other_kv: bool = False) -> None:
+        """An attempt failed with status `code` (a retry may follow); `published_other_kv`:
+        its decode published K/V other than its prefill computed (the router's digest check)."""
+        for listener in self.listeners:
+            listener.attempt_failed(route, code, published_other_kv)
         if route == "disaggregated":
             self.transfer_failures.labels(code=code).inc()
             if code == "DEADLINE_EXCEEDED":
                 self.transfer_timeouts.inc()
 
     def completed(self, tenant: str, prompt_tokens: int, ttft_s: float, tpot_s: float, num_tokens: int,
-                  slo_ttft_s: float, slo_tpot_s: float) -> None:
-        """A request completed: its latencies, and its SLO verdict when it had a target."""
+                  slo_ttft_s: float, slo_tpot_s: float, route: str = "") -> None:
+        """A request completed (on `route`): its latencies, and its SLO verdict when it had a target."""
+        for listener in self.listeners:
+            listener.completed(tenant, prompt_tokens, ttft_s, tpot_s, num_tokens, slo_ttft_s, slo_tpot_s, route)
         cell = {"tenant": tenant, "prompt_bucket": prompt_bucket(prompt_tokens)}
         observe(self.ttft.labels(**cell), ttft_s)
         if num_tokens > 1:

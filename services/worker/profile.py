@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 from pydantic_settings import SettingsConfigDict
 from scipy.optimize import nnls
 
@@ -187,18 +188,24 @@ def _timed_decode(engine: Engine, prompts: list[list[int]], sampling: SamplingPa
 
 def obtain(engine: Engine, cfg: ProfileConfig) -> CostProfile:
     """The profile this worker declares: the saved file, a calibration (saved when
-    `cfg.file` names a missing file), or none. Call on the engine's thread."""
-    path = Path(cfg.file) if cfg.file else None
-    if path is not None and path.exists():
-        profile = CostProfile.from_json(path.read_text())
-        return dataclasses.replace(profile, source=f"file:{path}",
-                                   kv_bytes_per_block=profile.kv_bytes_per_block or kv_bytes_per_block(engine))
-    if not cfg.calibrate:
-        return CostProfile()
-    profile = calibrate(engine, cfg.budget_s)
-    if path is not None:
+    `cfg.file` names a missing file), or none. Call on the engine's thread.
+
+    Workers of one node start together: the file's lock lets one calibrate and save
+    while the others wait, then load what it saved (one calibration per node, never
+    several side by side disturbing each other's timings)."""
+    if not cfg.file:
+        return calibrate(engine, cfg.budget_s) if cfg.calibrate else CostProfile()
+    path = Path(cfg.file)
+    with FileLock(f"{path}.lock"):
+        if path.exists():
+            profile = CostProfile.from_json(path.read_text())
+            return dataclasses.replace(profile, source=f"file:{path}",
+                                       kv_bytes_per_block=profile.kv_bytes_per_block or kv_bytes_per_block(engine))
+        if not cfg.calibrate:
+            return CostProfile()
+        profile = calibrate(engine, cfg.budget_s)
         path.write_text(profile.to_json() + "\n")
-    return profile
+        return profile
 
 
 def active_context_tokens(loop) -> int:

@@ -30,9 +30,10 @@ SHORT, LONG = 32, 1000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # One saved profile for both workers (same model, same machine): the first
-    # worker calibrates and writes it, the second loads it, so calibration noise
-    # on this shared 2-core machine cannot make the two look different.
+    # One saved profile for both workers (same model, same machine): they start
+    # together, the file's lock lets one calibrate and write it while the other waits
+    # and loads it, so calibration noise on this shared 2-core machine cannot make the
+    # two look different.
     tmp = tmp_path_factory.mktemp("auto")
     c = start_cluster(tmp, prefill=1, decode=1, mode="auto", transport="tcp", num_blocks=1024,
                       env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})

@@ -105,11 +105,11 @@ def promoted_to(r: DrillReport, target: str) -> Check:
     if refused:
         p = refused[0]
         failed = [g for g in p.gates if not g.passed]
-        unmeasured = [g.name for g in failed if "not measured" in g.detail]
+        unmeasured = [g.name for g in failed if g.detail.startswith(("not measured", "not measurable"))]
         detail = (f"{p.from_mode.upper()} -> {p.to_mode.upper()} refused: "
                   + ("; ".join(f"{g.name}: {g.detail}" for g in failed) if failed else p.refusal))
         if unmeasured:
-            detail += f" (gates not measured by this build: {', '.join(unmeasured)})"
+            detail += f" (gates that could not be measured: {', '.join(unmeasured)})"
         return Check(f"promoted_to_{target}", False, len(failed), detail)
     steps = " -> ".join([r.promotions[0].from_mode.upper(), *(p.to_mode.upper() for p in r.promotions)]) \
         if r.promotions else "no promotion"

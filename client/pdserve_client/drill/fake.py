@@ -24,9 +24,10 @@ from pdserve_client.release import Gate, ReleaseChange, ReleaseView, RollbackSte
 from pdserve_client.types import ClusterStatus, GenerationResult, PdError, WorkerStatus
 
 GATES = ("manifest_verified", "colocated_fallback_healthy", "exactness_smoke", "failure_injection_smoke")
-"""Gates of a promotion to SHADOW or CANARY; ACTIVE adds canary_record (router/release/promotion.py)."""
-UNMEASURED_TODAY = ("failure_injection_smoke", "canary_record")
-"""The gates today's router does not measure (they fail, saying so)."""
+"""Gates of a promotion to SHADOW or CANARY (router/release/promotion.py)."""
+CANARY_GATES = ("canary_samples", "ttft_attainment", "tpot_attainment", "stale_publications",
+                "unauthorized_accepted_transfers", "transfer_failure_rate")
+"""What a promotion to ACTIVE adds: the canary's record (router/release/canary.py)."""
 TOTAL_BLOCKS = 64
 
 
@@ -50,8 +51,8 @@ class FakeKnobs:
     """A step the rollback stops at (FAILED_PRECONDITION), e.g. RECLAIM_UNPUBLISHED."""
     decode_error: str = ""
     """roll_back_decode fails with this (DrillError)."""
-    unmeasured_gates: tuple[str, ...] = ()
-    """Gates that fail "not measured by this build" (UNMEASURED_TODAY: today's router)."""
+    failing_gates: dict[str, str] = field(default_factory=dict)
+    """Gate -> the detail it fails with."""
 
 
 @dataclass
@@ -187,7 +188,7 @@ class FakeClient:
 
     def promote(self, target: str = "", canary_fraction: float = 0.0, reason: str = "",
                 timeout_s: float = 0.0) -> ReleaseChange:
-        """One legal step through the gates (the knob's unmeasured ones fail)."""
+        """One legal step through the gates (the knob's failing ones fail)."""
         self._operator("Promote")
         s = self._s
         with s.lock:
@@ -198,10 +199,9 @@ class FakeClient:
             if not target or legal.get(s.mode) != target:
                 raise PdError("FAILED_PRECONDITION", f"illegal release transition {s.mode.upper()} -> "
                                                      f"{(target or 'none').upper()}")
-            names = () if target == "pinned" else GATES + (("canary_record",) if target == "active" else ())
-            gates = tuple(Gate(n, n not in s.knobs.unmeasured_gates, 0.0, 0.0,
-                               "not measured by this build: fake" if n in s.knobs.unmeasured_gates else "fake: ok")
-                          for n in names)
+            names = () if target == "pinned" else GATES + (CANARY_GATES if target == "active" else ())
+            failing = s.knobs.failing_gates
+            gates = tuple(Gate(n, n not in failing, 0.0, 0.0, failing.get(n, "fake: ok")) for n in names)
             failed = [g for g in gates if not g.passed]
             if failed:
                 lines = "; ".join(f"{g.name} FAILED: {g.detail}" for g in failed)

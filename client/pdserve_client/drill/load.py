@@ -50,8 +50,11 @@ class Load:
 
     `sdk` is an SDK client (or the fake's); it is shared by the sending threads."""
 
-    def __init__(self, sdk, rate_rps: float, concurrency: int, max_tokens: int, seed: int):
+    def __init__(self, sdk, rate_rps: float, concurrency: int, max_tokens: int, seed: int,
+                 slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0):
         self._sdk = sdk
+        self._slo = {k: v for k, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)) if v}
+        """Targets each request carries (none: the router's configured ones)."""
         self.rate_rps, self.concurrency, self.max_tokens, self.seed = rate_rps, concurrency, max_tokens, seed
         self.run_id = uuid.uuid4().hex[:8]
         self.sent: list[Sent] = []
@@ -84,7 +87,7 @@ class Load:
             result, error = None, ""
             try:
                 result = self._sdk.generate_full(prompt_ids=s.prompt, max_tokens=self.max_tokens,
-                                                 ignore_eos=True, request_id=s.request_id)
+                                                 ignore_eos=True, request_id=s.request_id, **self._slo)
             except PdError as exc:
                 error = f"{exc.code}: {exc.message}"
             except Exception as exc:  # noqa: BLE001 — a drill reports every failure, whatever raised it
@@ -93,11 +96,16 @@ class Load:
                 if not s.done_at_s:  # else `stop` gave up on it and reported it: the report stands
                     s.result, s.error, s.done_at_s = result, error, time.monotonic()
 
-    def done(self, route: str | None = None, before_s: float = float("inf")) -> int:
-        """Requests that succeeded (on `route` if given) and ended before `before_s`."""
+    def done(self, route: str | None = None, before_s: float = float("inf"), after_s: float = 0.0) -> int:
+        """Requests that succeeded (on `route` if given), sent after `after_s` and ended before `before_s`."""
         with self._lock:
             return sum(1 for s in self.sent if s.result is not None and s.done_at_s < before_s
-                       and (route is None or s.result.route == route))
+                       and s.sent_at_s >= after_s and (route is None or s.result.route == route))
+
+    def failed(self, after_s: float = 0.0) -> int:
+        """Requests sent after `after_s` that ended in an error."""
+        with self._lock:
+            return sum(1 for s in self.sent if s.error and s.sent_at_s >= after_s)
 
     def stop(self, timeout_s: float) -> list[Sent]:
         """Send no more; wait up to `timeout_s` for the requests in flight. Returns every

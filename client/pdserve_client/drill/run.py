@@ -64,6 +64,15 @@ class DrillOptions:
     """The promotion drill's canary share."""
     step_dwell_s: float = 1.0
     """The promotion drill's pause in each state, so the load meets it."""
+    canary_samples: int = 20
+    """The promotion drill stays in CANARY until the load completed this many requests on
+    each route since it began (the router's canary gates count what it served: set this to
+    the router's PD_CANARY_MIN_SAMPLES), or `canary_timeout_s` passed."""
+    canary_timeout_s: float = 180.0
+    slo_ttft_ms: float = 0.0
+    """TTFT target each load request carries (0: the router's configured targets): the
+    canary's attainment gates judge requests with targets only."""
+    slo_tpot_ms: float = 0.0
     reason: str = ""
     """For the release history (default: what the drill is)."""
 
@@ -73,7 +82,8 @@ class DrillOptions:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        for name in ("trigger_after_s", "min_disaggregated", "settle_s", "drain_s", "step_dwell_s"):
+        for name in ("trigger_after_s", "min_disaggregated", "settle_s", "drain_s", "step_dwell_s",
+                     "canary_samples", "canary_timeout_s", "slo_ttft_ms", "slo_tpot_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.trigger_after_s > self.duration_s:
@@ -94,7 +104,8 @@ def rollback_drill(cluster: DrillCluster, options: DrillOptions | None = None) -
                              "(promote it first: pdctl drill promote)")
         report.release_before = before.mode
         decode_before = {w.worker_id: w for w in cluster.registered() if w.role in DECODE_ROLES}
-        load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed)
+        load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed,
+                    options.slo_ttft_ms, options.slo_tpot_ms)
         load.start()
         try:
             trigger_s = _wait_for_trigger(load, options, "disaggregated", options.min_disaggregated)
@@ -135,12 +146,13 @@ def promote_drill(cluster: DrillCluster, options: DrillOptions | None = None) ->
         view = ops.release()
         path = promotion_path(view)
         report.release_before = view.mode
-        load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed)
+        load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed,
+                    options.slo_ttft_ms, options.slo_tpot_ms)
         load.start()
         try:
             trigger_s = _wait_for_trigger(load, options, None, 1)
             report.disaggregated_before = load.done("disaggregated", before_s=trigger_s)
-            view = _promote(ops, view, path, options, report)
+            view = _promote(ops, view, path, options, report, load)
             cluster.record_release(view)
             _sleep_until(load.started_s + options.duration_s)
         except BaseException:
@@ -184,7 +196,8 @@ def failed_gates(message: str) -> list[GateVerdict]:
     return verdicts
 
 
-def _promote(ops, view: ReleaseView, path: list[str], options: DrillOptions, report: DrillReport) -> ReleaseView:
+def _promote(ops, view: ReleaseView, path: list[str], options: DrillOptions, report: DrillReport,
+             load: Load) -> ReleaseView:
     """Promote along `path`, one state at a time; a refusal ends it. Returns the release then."""
     reason = options.reason or "drill: promotion under load"
     for target in path:
@@ -204,7 +217,19 @@ def _promote(ops, view: ReleaseView, path: list[str], options: DrillOptions, rep
                                            [GateVerdict(g.name, g.passed, g.detail) for g in change.gates]))
         view = change.release
         time.sleep(options.step_dwell_s)
+        if view.mode == "canary":
+            _canary_samples(load, options)
     return view
+
+
+def _canary_samples(load: Load, options: DrillOptions) -> None:
+    """Wait until the load completed `canary_samples` requests on each route since now (or
+    `canary_timeout_s`; or a request failed: the drill has failed then): the router judges
+    the canary on what it served."""
+    since, give_up = time.monotonic(), time.monotonic() + options.canary_timeout_s
+    while time.monotonic() < give_up and not load.failed(after_s=since) and min(
+            load.done(route, after_s=since) for route in ("disaggregated", "colocated")) < options.canary_samples:
+        time.sleep(0.2)
 
 
 def _mode_now(ops) -> str:

@@ -1,17 +1,18 @@
 """The promotion drill against the in-memory fake: one state at a time to ACTIVE through
-the gates; a refusal fails the drill with the router's verdicts, a gate not measured
-included."""
+the gates; a refusal fails the drill with the router's verdicts, a gate that could not
+be measured included."""
 
 from __future__ import annotations
 
 import pytest
 
 from pdserve_client.drill.cluster import DrillError
-from pdserve_client.drill.fake import UNMEASURED_TODAY, FakeCluster, FakeKnobs
+from pdserve_client.drill.fake import CANARY_GATES, FakeCluster, FakeKnobs
 from pdserve_client.drill.report import render
 from pdserve_client.drill.run import DrillOptions, failed_gates, promote_drill, rollback_drill
 
-QUICK = DrillOptions(rate_rps=200, duration_s=0.3, trigger_after_s=0.05, max_tokens=4, settle_s=0, step_dwell_s=0)
+QUICK = DrillOptions(rate_rps=200, duration_s=0.3, trigger_after_s=0.05, max_tokens=4, settle_s=0, step_dwell_s=0,
+                     canary_samples=3)
 
 
 def rolled_back(**knobs) -> FakeCluster:
@@ -29,14 +30,16 @@ def test_promotion_from_a_completed_rollback_to_active():
     assert [(p.from_mode, p.to_mode, p.passed) for p in r.promotions] == [
         ("rolled_back", "pinned", True), ("pinned", "shadow", True), ("shadow", "canary", True),
         ("canary", "active", True)]
-    assert [g.name for g in r.promotions[-1].gates][-1] == "canary_record"
+    assert [g.name for g in r.promotions[-1].gates][-len(CANARY_GATES):] == list(CANARY_GATES)
+    # The drill stayed in CANARY until the load had served enough on each route.
+    assert r.routes["disaggregated"] >= 3 and r.routes["colocated"] >= 3, r.routes
     assert (r.release_before, r.release_after) == ("rolled_back", "active")
     assert cluster.recorded[-1].mode == "active" and cluster.state.canary_fraction == QUICK.canary_fraction
     assert "PASS  promoted_to_active" in render(r) and "ROLLED_BACK -> PINNED -> SHADOW" in render(r)
 
 
-def test_gates_not_measured_refuse_the_promotion_and_the_drill_says_so():
-    cluster = rolled_back(unmeasured_gates=UNMEASURED_TODAY)
+def test_a_failed_gate_refuses_the_promotion_and_the_drill_says_so():
+    cluster = rolled_back(failing_gates={"failure_injection_smoke": "bad_capability FAILED: prefill ran it"})
     r = promote_drill(cluster, QUICK)
     assert not r.passed
     assert [(p.to_mode, p.passed) for p in r.promotions] == [("pinned", True), ("shadow", False)]
@@ -45,11 +48,22 @@ def test_gates_not_measured_refuse_the_promotion_and_the_drill_says_so():
     assert refused.refusal.startswith("FAILED_PRECONDITION: promotion to SHADOW refused: 1 of 4 gates failed")
     check = r.check("promoted_to_active")
     assert not check.passed and check.value == 1
-    assert "failure_injection_smoke: not measured by this build" in check.detail
-    assert "(gates not measured by this build: failure_injection_smoke)" in check.detail
+    assert "failure_injection_smoke: bad_capability FAILED: prefill ran it" in check.detail
+    assert "could not be measured" not in check.detail
     assert r.release_after == "pinned" and cluster.recorded[-1].mode == "pinned"
     assert [c.name for c in r.checks if not c.passed] == ["promoted_to_active"]
     assert "promotion PINNED -> SHADOW: REFUSED" in render(r)
+
+
+def test_a_canary_gate_that_could_not_be_measured_is_named_so():
+    cluster = rolled_back(failing_gates={"ttft_attainment": "not measurable: 0 disaggregated and 0 colocated "
+                                                            "requests with a TTFT target (each needs 20)"})
+    r = promote_drill(cluster, QUICK)
+    assert [(p.to_mode, p.passed) for p in r.promotions][-1] == ("active", False)
+    check = r.check("promoted_to_active")
+    assert "CANARY -> ACTIVE refused: ttft_attainment: not measurable" in check.detail
+    assert check.detail.endswith("(gates that could not be measured: ttft_attainment)")
+    assert r.release_after == "canary"
 
 
 def test_a_failed_request_fails_the_promotion_drill():

@@ -113,3 +113,28 @@ def test_fit_prefill_never_prices_a_token_at_zero():
     ys = [1e-5 * n * n / 2 for n in news]  # all quadratic: the full fit puts nothing per token
     base, per_token, per_pair = fit_prefill(rows, ys)
     assert per_token > 0 and per_pair == 0.0
+
+
+def test_workers_starting_together_calibrate_once_and_the_others_load_it(engine, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from services.worker import profile as profile_mod
+
+    runs = []
+
+    def slow_calibration(engine, budget_s):
+        runs.append(threading.get_ident())
+        time.sleep(0.3)  # the others arrive while it runs
+        return CostProfile(prefill_ms_per_token=0.5, kv_bytes_per_block=4096, source="calibrated")
+
+    monkeypatch.setattr(profile_mod, "calibrate", slow_calibration)
+    cfg = ProfileConfig(file=str(tmp_path / "profile.json"))
+    sources = []
+    threads = [threading.Thread(target=lambda: sources.append(obtain(engine, cfg).source)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(runs) == 1
+    assert sorted(sources) == ["calibrated", f"file:{cfg.file}", f"file:{cfg.file}"]
