@@ -6,8 +6,10 @@ mid-stream for about a second. Workers append hand-off events to one JSON-lines
 file (PD_EVENT_LOG); a test acts once the decode worker reports the request's
 first chunk visible:
 
-  sender SIGKILLed / receiver SIGKILLed mid-stream, a corrupted chunk, a replayed
-  chunk (both injected on every attempt), a client cancel mid-stream
+  sender SIGKILLed / receiver SIGKILLed mid-stream, a client cancel mid-stream (one
+  cluster: a killed worker is started again before the next test), and bad chunks
+  (a second cluster whose prefill-0 corrupts a chunk of every transfer and prefill-1
+  replays one)
 
 and expects: generation 1's transaction ABORTED in the directory, the request
 completed by a retry or the colocated fallback with tokens equal to a colocated
@@ -28,26 +30,34 @@ import pytest
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from services.cluster.faults import EventFile
 from services.directory.states import TxnState
-from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, directory, revive, start_cluster
 
 MAX_TOKENS = 8
 PROMPT = [random.Random(11).randrange(3, 500) for _ in range(150)]  # 4 chunks (tiny: 4 layers)
 
 
-def _start(tmp_path: Path, **env: str):
+def _start(tmp_path: Path, worker_env: dict[str, dict[str, str]] | None = None):
     events = tmp_path / "events.jsonl"
     env = {"PD_EVENT_LOG": str(events), "PD_STREAM_MIN_BYTES": "0",
-           "PD_FAULT_CHUNK_DELAY_S": "0.4", "PD_TRANSFER_TIMEOUT_S": "3", **env}
-    c = start_cluster(tmp_path, prefill=2, decode=2, lease_ttl_s=2.0, transport="ucx", env=env)
+           "PD_FAULT_CHUNK_DELAY_S": "0.4", "PD_TRANSFER_TIMEOUT_S": "3"}
+    c = start_cluster(tmp_path, prefill=2, decode=2, lease_ttl_s=2.0, transport="ucx", env=env,
+                      worker_env=worker_env or {})
     c.events = events
     return c
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = _start(tmp_path)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = _start(tmp_path_factory.mktemp("handoff"))
     yield c
     c.down()
+
+
+@pytest.fixture
+def whole(cluster):
+    """The module's cluster with every worker up: one a test killed is started again after it."""
+    yield cluster
+    revive(cluster)
 
 
 def read_events(cluster, request_id: str, event: str = "") -> list[dict]:
@@ -118,7 +128,8 @@ def assert_aborted_and_clean(cluster, request_id: str) -> None:
 
 
 @pytest.mark.parametrize("victim_role", ["prefill", "decode"])
-def test_worker_killed_mid_stream(cluster, victim_role):
+def test_worker_killed_mid_stream(whole, victim_role):
+    cluster = whole
     rid = f"kill-{victim_role}-mid-stream"
     victim = []
 
@@ -142,26 +153,32 @@ def test_worker_killed_mid_stream(cluster, victim_role):
         assert_credits_returned(cluster, rid)
 
 
-@pytest.mark.parametrize("fault,match", [("PD_FAULT_CORRUPT_CHUNK", "checksum mismatch"),
-                                         ("PD_FAULT_REPLAY_CHUNK", "duplicate chunk")])
-def test_bad_chunk_aborts_and_the_request_completes(tmp_path, fault, match):
-    cluster = _start(tmp_path, **{fault: "1"})
+def test_bad_chunks_abort_and_the_request_completes(tmp_path):
+    faults = {"prefill-0": ("PD_FAULT_CORRUPT_CHUNK", "checksum mismatch"),
+              "prefill-1": ("PD_FAULT_REPLAY_CHUNK", "duplicate chunk")}
+    cluster = _start(tmp_path, {w: {knob: "1"} for w, (knob, _) in faults.items()})
     try:
-        rid = f"bad-chunk-{fault.lower()}"
-        tokens, complete, _ = generate(cluster, rid)
+        rid = "bad-chunks"
+        tokens, complete, started = generate(cluster, rid)
         assert complete is not None and len(tokens) == MAX_TOKENS
         assert complete.route == router_pb2.ROUTE_COLOCATED  # every split attempt was refused
         assert tokens == colocated_reference(cluster)
         aborts = read_events(cluster, rid, "aborted")
-        assert aborts and all(match in a["reason"] for a in aborts), aborts
+        tried = {s.prefill_worker_id for s in started if s.prefill_worker_id}
+        assert tried == set(faults) and aborts, (started, aborts)  # both bad senders were tried
+        for a in aborts:  # each refused for what its sender did wrong
+            generation_of = {s.generation: s.prefill_worker_id for s in started}
+            assert faults[generation_of[a["generation"]]][1] in a["reason"], (a, generation_of)
         assert_credits_returned(cluster, rid)
-        assert_aborted_and_clean(cluster, rid)
+        for g in sorted({a["generation"] for a in aborts}):
+            assert txn_state(cluster, rid, g) == TxnState.ABORTED
+        assert_cluster_clean(cluster, timeout_s=20)
     finally:
         cluster.down()
 
 
-def test_cancel_mid_stream_aborts_everywhere(cluster):
-    rid = "cancel-mid-stream"
+def test_cancel_mid_stream_aborts_everywhere(whole):
+    cluster, rid = whole, "cancel-mid-stream"
     with client(cluster) as sdk:
         cancelled = []
         watcher = when_first_chunk_visible(

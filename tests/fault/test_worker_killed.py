@@ -15,17 +15,24 @@ import random
 import pytest
 
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, revive, start_cluster
 
 MAX_TOKENS = 10
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = start_cluster(tmp_path, prefill=2, decode=2, lease_ttl_s=2.0,
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("killed"), prefill=2, decode=2, lease_ttl_s=2.0,
                       env={"PD_FAULT_DELAY_BEFORE_SEND_S": "2.0"})
     yield c
     c.down()
+
+
+@pytest.fixture
+def cluster(module_cluster):
+    """The module's cluster, whole again after each test (the killed worker restarted)."""
+    yield module_cluster
+    revive(module_cluster)
 
 
 def generate_killing(cluster, prompt: list[int], victim_role: str):
