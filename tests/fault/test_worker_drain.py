@@ -104,15 +104,49 @@ def wait_health(cluster, name: str, want: str, timeout_s: float = 20.0) -> None:
     assert got == want, f"{name} is {got}, not {want}"
 
 
-@pytest.fixture
-def drain_cluster(tmp_path):
-    events = tmp_path / "events.jsonl"
-    c = start_cluster(tmp_path, prefill=1, decode=2, lease_ttl_s=LEASE_TTL_S,
+ADVERTISED = {"PD_DATA_PLANE_ADVERTISE": "127.0.0.1", "PD_DATA_HOST": "0.0.0.0"}
+"""The data plane binds every interface (as in a pod) and registers the advertised host."""
+
+
+@pytest.fixture(scope="module")
+def drain_cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("drain")
+    events = tmp / "events.jsonl"
+    c = start_cluster(tmp, prefill=1, decode=2, lease_ttl_s=LEASE_TTL_S, transport="ucx",
                       env={"PD_FAULT_PAUSE_S": str(PAUSE_S), "PD_EVENT_LOG": str(events),
-                           "PD_DRAIN_TIMEOUT_S": "20"})
+                           "PD_DRAIN_TIMEOUT_S": "20", **ADVERTISED})
     c.events = events
     yield c
     c.down()
+
+
+@pytest.fixture(scope="module")
+def lease_cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("lease"), prefill=1, decode=1, lease_ttl_s=2.0, transport="tcp",
+                      env=ADVERTISED)
+    yield c
+    c.down()
+
+
+def assert_advertised(cluster, transport: str) -> None:
+    async def snapshot():
+        async with directory(cluster) as d:
+            return await d.snapshot()
+    decode = next(w for w in asyncio.run(snapshot()).workers if w.worker_id == "decode-0")
+    want = "@127.0.0.1:" if transport == "ucx" else "tcp://127.0.0.1:"
+    assert want in decode.data_plane_address, decode.data_plane_address
+    started, tokens, complete = generate(cluster, f"advertised-{transport}", prompt(4))
+    assert complete is not None and started[-1].route == router_pb2.ROUTE_DISAGGREGATED
+    assert tokens == colocated(cluster, prompt(4))
+    assert_cluster_clean(cluster)
+
+
+def test_the_ucx_data_plane_registers_the_advertised_host(drain_cluster):
+    assert_advertised(drain_cluster, "ucx")
+
+
+def test_the_tcp_data_plane_registers_the_advertised_host(lease_cluster):
+    assert_advertised(lease_cluster, "tcp")
 
 
 def test_sigterm_drains_a_decode_worker_finishes_in_flight_and_deregisters(drain_cluster):
@@ -180,36 +214,33 @@ def test_a_drain_whose_budget_is_spent_aborts_the_unpublished_and_the_request_co
         cluster.down()
 
 
-def test_a_worker_is_ready_only_with_a_live_lease(tmp_path):
-    cluster = start_cluster(tmp_path, prefill=1, decode=1, lease_ttl_s=2.0)
-    try:
-        assert health(cluster, "decode-0") == "SERVING"
-        cluster.stop("directory")
-        # Lease lapsed as far as the worker can tell (no renewal for a whole lease).
-        wait_health(cluster, "decode-0", "NOT_SERVING", timeout_s=10)
-        assert health(cluster, "router") == "SERVING"  # it reached the directory before
-        # A worker started while the directory is away is NOT_SERVING until it registers.
-        starting = threading.Thread(target=cluster.start_worker, args=("decode", 1, 120.0))
-        starting.start()
-        deadline = time.monotonic() + 60
-        while "directory not ready" not in _log(cluster, "decode-1") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert health(cluster, "decode-1") == "NOT_SERVING"
-        assert starting.is_alive()  # the launcher still waits for SERVING
-        cluster.restart("directory")
-        starting.join(60)
-        assert not starting.is_alive()
-        wait_health(cluster, "decode-1", "SERVING")
-        wait_health(cluster, "decode-0", "SERVING")  # lost, registered again
-        deadline = time.monotonic() + 10
-        while listed(cluster) != {"prefill-0", "decode-0", "decode-1"} and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert listed(cluster) == {"prefill-0", "decode-0", "decode-1"}
-        _, tokens, complete = generate(cluster, "after", prompt(3))
-        assert complete is not None and tokens == colocated(cluster, prompt(3))
-        assert_cluster_clean(cluster)
-    finally:
-        cluster.down()
+def test_a_worker_is_ready_only_with_a_live_lease(lease_cluster):
+    cluster = lease_cluster
+    assert health(cluster, "decode-0") == "SERVING"
+    cluster.stop("directory")
+    # Lease lapsed as far as the worker can tell (no renewal for a whole lease).
+    wait_health(cluster, "decode-0", "NOT_SERVING", timeout_s=10)
+    assert health(cluster, "router") == "SERVING"  # it reached the directory before
+    # A worker started while the directory is away is NOT_SERVING until it registers.
+    starting = threading.Thread(target=cluster.start_worker, args=("decode", 1, 120.0))
+    starting.start()
+    deadline = time.monotonic() + 60
+    while "directory not ready" not in _log(cluster, "decode-1") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert health(cluster, "decode-1") == "NOT_SERVING"
+    assert starting.is_alive()  # the launcher still waits for SERVING
+    cluster.restart("directory")
+    starting.join(60)
+    assert not starting.is_alive()
+    wait_health(cluster, "decode-1", "SERVING")
+    wait_health(cluster, "decode-0", "SERVING")  # lost, registered again
+    deadline = time.monotonic() + 10
+    while listed(cluster) != {"prefill-0", "decode-0", "decode-1"} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert listed(cluster) == {"prefill-0", "decode-0", "decode-1"}
+    _, tokens, complete = generate(cluster, "after", prompt(3))
+    assert complete is not None and tokens == colocated(cluster, prompt(3))
+    assert_cluster_clean(cluster)
 
 
 def _log(cluster, name: str) -> str:
@@ -217,23 +248,3 @@ def _log(cluster, name: str) -> str:
         return open(cluster.procs[name].log).read()
     except (KeyError, FileNotFoundError):
         return ""
-
-
-@pytest.mark.parametrize("transport", ["ucx", "tcp"])
-def test_the_data_plane_registers_the_advertised_host(tmp_path, transport):
-    # tcp binds every interface (as in a pod) and must not register 0.0.0.0.
-    env = {"PD_DATA_PLANE_ADVERTISE": "127.0.0.1", "PD_DATA_HOST": "0.0.0.0"}
-    cluster = start_cluster(tmp_path, prefill=1, decode=1, transport=transport, env=env)
-    try:
-        async def snapshot():
-            async with directory(cluster) as d:
-                return await d.snapshot()
-        decode = next(w for w in asyncio.run(snapshot()).workers if w.worker_id == "decode-0")
-        want = "@127.0.0.1:" if transport == "ucx" else "tcp://127.0.0.1:"
-        assert want in decode.data_plane_address, decode.data_plane_address
-        started, tokens, complete = generate(cluster, f"advertised-{transport}", prompt(4))
-        assert complete is not None and started[-1].route == router_pb2.ROUTE_DISAGGREGATED
-        assert tokens == colocated(cluster, prompt(4))
-        assert_cluster_clean(cluster)
-    finally:
-        cluster.down()
