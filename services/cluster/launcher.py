@@ -315,9 +315,14 @@ class LocalCluster:
 
     def signal(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one service (fault tests)."""
-        os.kill(self.procs[name].pid, sig)
-        if sig == signal.SIGKILL and name in self._popen:
-            self._popen[name].wait(timeout=10)
+        pid = self.procs[name].pid
+        os.kill(pid, sig)
+        if sig == signal.SIGKILL:  # gone when this returns (a restart may follow at once)
+            if name in self._popen:
+                self._popen[name].wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def stop(self, name: str, timeout_s: float = 10.0) -> None:
         """Stop one service gracefully (SIGTERM; SIGKILL after timeout_s) and wait for it."""
