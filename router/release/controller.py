@@ -27,7 +27,7 @@ from router.release.gates import Check
 from router.release.gates import summary as gates_summary
 from router.release.manifest import freeze
 from router.release.promotion import promotion_gates
-from router.release.rollback import run_steps
+from router.release.rollback import run_steps, stop_routes_here
 from router.types import RouterError, StatusCode, WorkerCallError
 from services.directory.states import Outcome
 from services.release.machine import (
@@ -188,11 +188,9 @@ class ReleaseController:
         steps; with `wait`, return once the last ended (or its runner failed)."""
         record = await self.current()
         if record.state is not Release.ROLLED_BACK:
-            self._orch.view.routes_stopped = True  # this router first, before the write returns
             at = now_ms()
-            stop = StepRecord(RollbackStep.STOP_NEW_ROUTES, at, now_ms(),
-                              {"requests_in_flight": self._orch.in_flight},
-                              "new requests run colocated; the directory refuses transfer reservations")
+            stopped = stop_routes_here(self)  # this router first, before the write returns
+            stop = StepRecord(RollbackStep.STOP_NEW_ROUTES, at, now_ms(), stopped.counts, stopped.detail)
             rollback = Rollback(record.state, at, reason, by, (stop,), owner=self.router_id,
                                 owner_until_ms=at + int(self._cfg.rollback_lease_s * 1000))
             try:

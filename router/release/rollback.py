@@ -87,9 +87,17 @@ async def _record(ctl, record: StepRecord, **changes) -> None:
 # ---- the steps -----------------------------------------------------------------
 
 
+def stop_routes_here(ctl) -> Step:
+    """STOP_NEW_ROUTES on this router (new requests colocated at once) and what it records:
+    the one builder of the step, for the write that enters ROLLED_BACK (controller.py)
+    and for `stop_new_routes`."""
+    ctl.orch.view.routes_stopped = True
+    return Step({"requests_in_flight": ctl.orch.in_flight},
+                "new requests run colocated; the directory refuses transfer reservations")
+
+
 async def stop_new_routes(ctl) -> Step:
-    ctl.orch.view.routes_stopped = True  # entered with ROLLED_BACK; here only if that record is lost
-    return Step({"requests_in_flight": ctl.orch.in_flight}, "new requests run colocated")
+    return stop_routes_here(ctl)  # recorded with the write entering ROLLED_BACK; here only if that was lost
 
 
 async def advance_route_epoch(ctl) -> Step:
