@@ -55,15 +55,22 @@ def _one(trace, name: str):
     return span
 
 
-def _check_whole(trace, request_id: str, services: set[str]) -> None:
+SNAPSHOT_READ = frozenset({"pdserve-directory"})
+"""A request without a transaction reaches the directory only if the router's snapshot is
+older than PD_ROUTER_SNAPSHOT_MAX_AGE_MS when it arrives (a background read may have just
+renewed it): its trace may or may not have the directory's span."""
+
+
+def _check_whole(trace, request_id: str, services: set[str], maybe: frozenset[str] = frozenset()) -> None:
     """No orphan: one root (the router's Generate span) and every other span's parent is
-    in the trace; every span names the request; the processes are the expected ones."""
+    in the trace; every span names the request; the processes are the expected ones
+    (`services`, and any of `maybe`)."""
     ids = {s.span_id for s in trace.spans}
     roots = [s for s in trace.spans if not s.parent_id]
     assert [r.name for r in roots] == ["/pd.v1.Router/Generate"], roots
     assert [s.name for s in trace.spans if s.parent_id and s.parent_id not in ids] == []
     assert {s.request_id for s in trace.spans} == {request_id}
-    assert {s.service for s in trace.spans} == services
+    assert services <= {s.service for s in trace.spans} <= services | maybe
     for s in trace.spans:
         assert s.start_ns <= s.end_ns, s.name
         parent = next((p for p in trace.spans if p.span_id == s.parent_id), None)
@@ -124,7 +131,7 @@ def test_a_colocated_request_is_one_trace(cluster):
     with client(cluster) as sdk:
         r = sdk.generate_full(prompt_ids=_prompt(40, 2), max_tokens=MAX_TOKENS, mode="colocated", ignore_eos=True)
     trace = _trace(cluster, r.request_id)
-    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-decode"})
+    _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-decode"}, SNAPSHOT_READ)
     attempt = _one(trace, S.ROUTER_ATTEMPT)
     assert attempt.attributes[S.ROUTE] == "colocated" and S.TRANSFER_ID not in attempt.attributes
     (served,) = [s for s in _named(trace, "/pd.v1.Decode/Generate") if s.service == "pdserve-decode"]
@@ -138,7 +145,7 @@ def test_a_request_rejected_by_auto_is_one_trace_that_says_why(cluster):
                           request_id="hopeless")
     assert err.value.code == "RESOURCE_EXHAUSTED"
     trace = _trace(cluster, "hopeless")
-    _check_whole(trace, "hopeless", {"pdserve-router", "pdserve-directory"})
+    _check_whole(trace, "hopeless", {"pdserve-router"}, SNAPSHOT_READ)
     request, decide = _one(trace, S.ROUTER_REQUEST), _one(trace, S.ROUTER_DECIDE)
     assert request.status == decide.status == 2
     assert [e["name"] for e in request.events] == ["error", S.EVENT_REJECTED]
