@@ -145,14 +145,3 @@ def wait_for(path: str | Path, request_id: str, wait_s: float = 10.0, settle_s: 
             break
         time.sleep(poll_s)
     return traces, malformed
-    stable_since, count = None, -1
-    while time.monotonic() < deadline:
-        time.sleep(poll_s)
-        spans, malformed = load(path)
-        traces = find(spans, request_id)
-        n = sum(len(t.spans) for t in traces)
-        if n != count:
-            stable_since, count = time.monotonic(), n
-        elif traces and time.monotonic() - stable_since >= settle_s:
-            break
-    return traces, malformed

@@ -1,0 +1,135 @@
+"""Hand-off critical-path benchmark (issue 21): what a disaggregated request pays over a
+colocated one on a short prompt, hop by hop.
+
+One local cluster (--model, --transport, 1 prefill + 1 decode, secure, traced: the
+default deployment). After --warmup requests per mode, --requests pairs: a fresh random
+--prompt-tokens prompt served colocated and disaggregated (which goes first alternates),
+--max-tokens, ignore_eos, one at a time. Client-side TTFT (the SDK's) per mode: median and
+p90; overhead = median disaggregated - median colocated (issue 21's target: <= 5 ms),
+ratio = disaggregated / colocated, both from this run.
+
+Per-hop breakdown, from each request's trace in the collector's file: for every span name
+(service / name) of the disaggregated requests, the median start offset from the client's
+request span (the router's Generate span) and the median duration, in critical-path order,
+with the colocated requests' figures beside it where the span exists there too. Spans
+overlap (a parent covers its children): read the offsets as a waterfall.
+
+JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "hop", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGET_OVERHEAD_MS = 5.0
+"""Disaggregated - colocated median TTFT on a 16-token prompt, at most (issue 21)."""
+MODES = ("colocated", "disaggregated")
+
+
+def emit(**row) -> None:
+    print(json.dumps({"bench": "handoff", **row}), flush=True)
+
+
+def p90(xs: list[float]) -> float:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))]
+
+
+def hops(traces) -> dict[str, tuple[float, float, int]]:
+    """span key -> (median start offset ms, median duration ms, traces holding it)."""
+    offsets, durations = defaultdict(list), defaultdict(list)
+    for trace in traces:
+        roots = [s for s in trace.spans if not s.parent_id]
+        if len(roots) != 1:
+            continue
+        t0 = roots[0].start_ns
+        firsts: dict[str, object] = {}
+        for s in sorted(trace.spans, key=lambda s: s.start_ns):
+            firsts.setdefault(f"{s.service.removeprefix('pdserve-')}/{s.name}", s)
+        for key, s in firsts.items():
+            offsets[key].append((s.start_ns - t0) / 1e6)
+            durations[key].append((s.end_ns - s.start_ns) / 1e6)
+    return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
+
+
+def run(args) -> None:
+    from pdserve_client import trace_view
+    from pdserve_client.spans import SPANS_FILE
+    from services.cluster.launcher import ClusterSpec, LocalCluster
+    from services.engine.presets import preset_config
+
+    vocab = preset_config(args.model).vocab_size
+    rng = random.Random(args.seed)
+    emit(metric="config", model=args.model, transport=args.transport, prompt_tokens=args.prompt_tokens,
+         max_tokens=args.max_tokens, requests=args.requests, warmup=args.warmup, seed=args.seed)
+    state = tempfile.mkdtemp(prefix="pdserve-bench-handoff-")
+    cluster = LocalCluster(ClusterSpec(prefill=1, decode=1, model=args.model, transport=args.transport,
+                                       state_dir=state))
+    ttft: dict[str, list[float]] = {m: [] for m in MODES}
+    ids: dict[str, list[str]] = {m: [] for m in MODES}
+    try:
+        cluster.up()
+        with cluster.client(timeout_s=60) as sdk:
+            for i in range(args.warmup + args.requests):
+                prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+                for mode in MODES if i % 2 else MODES[::-1]:
+                    res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
+                                            ignore_eos=True, deadline_s=60)
+                    if res.route != mode or res.attempts != 1:
+                        raise RuntimeError(f"{mode}: ran {res.route} after {res.attempts} attempts")
+                    if i >= args.warmup:
+                        ttft[mode].append(res.ttft_ms)
+                        ids[mode].append(res.request_id)
+        spans_file = cluster.state / SPANS_FILE
+        traces = {m: [] for m in MODES}
+        for mode in MODES:
+            for rid in ids[mode]:
+                found, _ = trace_view.wait_for(spans_file, rid, wait_s=10)
+                if len(found) == 1:
+                    traces[mode].append(found[0])
+    finally:
+        cluster.down()
+    shutil.rmtree(state, ignore_errors=True)
+
+    med = {m: statistics.median(ttft[m]) for m in MODES}
+    for m in MODES:
+        emit(metric="ttft", mode=m, requests=len(ttft[m]), ttft_median_ms=round(med[m], 2),
+             ttft_p90_ms=round(p90(ttft[m]), 2))
+    overhead = med["disaggregated"] - med["colocated"]
+    paired = statistics.median(d - c for d, c in zip(ttft["disaggregated"], ttft["colocated"], strict=True))
+    emit(metric="overhead", prompt_tokens=args.prompt_tokens, overhead_ms=round(overhead, 2),
+         overhead_paired_median_ms=round(paired, 2), ratio=round(med["disaggregated"] / med["colocated"], 3),
+         target_ms=TARGET_OVERHEAD_MS, met=overhead <= TARGET_OVERHEAD_MS,
+         traces=len(traces["disaggregated"]))
+    dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
+    for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
+        row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),
+               "traces": n}
+        if key in col:
+            row.update(colocated_start_ms=round(col[key][0], 2), colocated_duration_ms=round(col[key][1], 2))
+        emit(**row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=2)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--transport", default="ucx", choices=("ucx", "tcp"))
+    ap.add_argument("--seed", type=int, default=0)
+    run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()
