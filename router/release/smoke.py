@@ -164,7 +164,8 @@ async def failure_injection_smoke(ctl) -> tuple[bool, str]:
         return False, "transfer capabilities are off (an insecure cluster): a forged one cannot be refused"
     pair = await hand_off_pair(ctl)
     if pair is None:
-        return False, "no live prefill and decode worker with one cache ABI to drive a hand-off between"
+        return False, ("no live prefill and decode worker with one cache ABI and its connector on to drive a "
+                       "hand-off between")
     verdicts = [await _run(ctl, pair, name, probe) for name, probe in
                 (("bad_capability", bad_capability), ("stale_completion", stale_completion),
                  ("mid_transfer", mid_transfer))]
@@ -173,15 +174,23 @@ async def failure_injection_smoke(ctl) -> tuple[bool, str]:
 
 
 async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
-    """A live prefill and decode worker that may hand off between them (the most free blocks)."""
-    cluster = await ctl.orch.view.get(max_age_s=0.0)
-    able = [w for w in cluster.workers if not w.colocated_only_reason and not w.load.connector_disabled]
-    by_room = sorted(able, key=lambda w: -w.load.free_blocks)
-    for p in (w for w in by_room if w.role in (Role.PREFILL, Role.MIXED)):
-        for d in (w for w in by_room if w.role in (Role.DECODE, Role.MIXED)):
-            if d.worker_id != p.worker_id and d.cache_abi_digest == p.cache_abi_digest:
-                return p, d
-    return None
+    """A live prefill and decode worker that may hand off between them (the most free
+    blocks). Right after a rollback's PINNED the workers learn that routes reopened at
+    their next heartbeat and report their connector on in the one after: wait for that,
+    up to rollback_connector_timeout_s."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + ctl.config.rollback_connector_timeout_s
+    while True:
+        cluster = await ctl.orch.view.get(max_age_s=0.0)
+        able = [w for w in cluster.workers if not w.colocated_only_reason and not w.load.connector_disabled]
+        by_room = sorted(able, key=lambda w: -w.load.free_blocks)
+        for p in (w for w in by_room if w.role in (Role.PREFILL, Role.MIXED)):
+            for d in (w for w in by_room if w.role in (Role.DECODE, Role.MIXED)):
+                if d.worker_id != p.worker_id and d.cache_abi_digest == p.cache_abi_digest:
+                    return p, d
+        if loop.time() >= give_up:
+            return None
+        await asyncio.sleep(0.1)
 
 
 def probe_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:

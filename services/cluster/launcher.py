@@ -76,6 +76,9 @@ class ClusterSpec:
     {"decode-1": {"PD_ATTN_TILE_TOKENS": "64"}} for a worker with other numerics."""
     insecure: bool = False
     """PD_INSECURE=1 everywhere: plaintext, no certificates, no Redis password (debugging)."""
+    workers_together: bool = True
+    """Start the workers at once (each start is mostly importing torch); False: one after
+    another, so a worker's start-up calibration runs on quiet cores."""
     tenant: str = "default"
     """Tenant named by the `client` certificate (the SDK's and pdctl's by default)."""
     traces: bool = True
@@ -261,7 +264,7 @@ class LocalCluster:
                                             ("prefill", self.spec.prefill)) for i in range(n)]
         for role, i in workers:
             self._issue(f"{role}-{i}", role)
-        with ThreadPoolExecutor(max(1, len(workers))) as pool:
+        with ThreadPoolExecutor(max(1, len(workers) if self.spec.workers_together else 1)) as pool:
             for started in [pool.submit(self._start_worker, role, i, timeout_s) for role, i in workers]:
                 started.result()
 

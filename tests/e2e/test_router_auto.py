@@ -30,12 +30,14 @@ SHORT, LONG = 32, 1000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # One saved profile for both workers (same model, same machine): they start
-    # together, the file's lock lets one calibrate and write it while the other waits
-    # and loads it, so calibration noise on this shared 2-core machine cannot make the
-    # two look different.
+    # One saved profile for both workers (same model, same machine): the first worker
+    # calibrates and writes it, the second loads it, so calibration noise on this shared
+    # 2-core machine cannot make the two look different. One after the other: a
+    # calibration beside a sibling's start-up (torch imports) prices every prompt high
+    # enough to flip the short-prompt verdicts below.
     tmp = tmp_path_factory.mktemp("auto")
     c = start_cluster(tmp, prefill=1, decode=1, mode="auto", transport="tcp", num_blocks=1024,
+                      workers_together=False,
                       env={"PD_PROFILE_BUDGET_S": "2", "PD_PROFILE_FILE": str(tmp / "profile.json")})
     yield c
     c.down()
