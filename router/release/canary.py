@@ -29,7 +29,7 @@ import time
 from collections import deque
 
 from router.release.gates import Check
-from router.release.smoke import TENANT as PROBE_TENANT
+from router.release.probes import TENANT as PROBE_TENANT
 from services.release.machine import Release
 
 CAPACITY = 65536

@@ -9,6 +9,15 @@ from pdserve_client.rpc.pd.v1 import admin_pb2
 from router.blocks import blocks
 from router.types import Completed, GenerateParams, Mode, RouterError
 
+TENANT = "pdserve-release"
+"""The tenant of every request the release itself sends (probes, smokes): never a canary sample."""
+
+
+def probe_id(kind: str) -> str:
+    """A fresh request id for one of the release's own requests."""
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
 PROBE_PROMPT = (1, 2, 3, 4)
 """The colocated probe's prompt: a few token ids every vocabulary has."""
 
@@ -20,7 +29,7 @@ class RollbackBlocked(RuntimeError):
 
 async def colocated_probe(ctl) -> float:
     """Serve one small colocated request through this router; its TTFT in ms."""
-    params = GenerateParams(request_id=f"rollback-probe-{uuid.uuid4().hex[:12]}", tenant="pdserve-release",
+    params = GenerateParams(request_id=probe_id("rollback-probe"), tenant=TENANT,
                             prompt_token_ids=PROBE_PROMPT, max_tokens=2, mode=Mode.COLOCATED, deadline_ms=30_000)
     try:
         run = await ctl.orch.submit(params)

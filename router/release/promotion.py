@@ -18,12 +18,10 @@ samples) fails, saying so: a promotion is never let through on a gate not evalua
 
 from __future__ import annotations
 
-import uuid
-
 from router.release.canary import canary_record
 from router.release.gates import Check
 from router.release.manifest import freeze
-from router.release.probes import RollbackBlocked, colocated_probe
+from router.release.probes import TENANT, RollbackBlocked, colocated_probe, probe_id
 from router.release.smoke import failure_injection_smoke
 from router.types import Completed, GenerateParams, Mode, RouterError, TokenOut
 from services.release.machine import Release
@@ -88,7 +86,7 @@ async def exactness_smoke(ctl) -> Check:
 
 
 async def _tokens(ctl, prompt: tuple[int, ...], mode: Mode) -> tuple[list[int], str]:
-    params = GenerateParams(request_id=f"release-smoke-{uuid.uuid4().hex[:12]}", tenant="pdserve-release",
+    params = GenerateParams(request_id=probe_id("release-smoke"), tenant=TENANT,
                             prompt_token_ids=prompt, max_tokens=EXACTNESS_TOKENS, mode=mode, deadline_ms=60_000)
     run = await ctl.orch.submit(params)
     events = [e async for e in run.stream()]

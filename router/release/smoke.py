@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import Awaitable, Callable
 
 from pdserve_client.rpc.pd.v1 import blocks_pb2
 from router.gateway import WorkerGateway
+from router.release.probes import TENANT, probe_id
 from router.requests.handoff import build_manifest, transfer_id
 from router.types import (
     PrefillCall,
@@ -41,7 +41,6 @@ from router.types import (
     WorkerCallError,
 )
 
-TENANT = "pdserve-release"
 MAX_TOKENS = 2
 SETTLE_S = 10.0
 """How long a probe's blocks may take to come back after its teardown."""
@@ -71,7 +70,7 @@ class Probe:
     prefill: Worker
     decode: Worker
     prompt: tuple[int, ...]
-    request_id: str = dataclasses.field(default_factory=lambda: f"release-smoke-{uuid.uuid4().hex[:12]}")
+    request_id: str = dataclasses.field(default_factory=lambda: probe_id("release-smoke"))
     generations: list[int] = dataclasses.field(default_factory=list)
     """Generations reserved in the directory (each aborted at teardown)."""
 
@@ -120,17 +119,16 @@ class Probe:
         return await self.ctl.orch.directory.abort_txn(self.request_id, transfer_id(self.request_id, generation),
                                                        generation, "release smoke", self._t("cancel_timeout_s"))
 
-    async def teardown(self) -> dict[int, TxnOutcome]:
-        """What the router's attempt teardown does: abort each transaction, cancel both ends.
-        The abort outcome of each generation (APPLIED: it was still open)."""
-        outcomes = {g: await self.abort(g) for g in self.generations}
+    async def teardown(self) -> None:
+        """What the router's attempt teardown does: abort each transaction, cancel both ends."""
+        for g in self.generations:
+            await self.abort(g)
         limit = self._t("cancel_timeout_s")
         for g in self.generations or [1]:
             with contextlib.suppress(WorkerCallError):
                 await self.workers.cancel_decode(self.decode, self.request_id, g, "release smoke", limit)
             with contextlib.suppress(WorkerCallError):
                 await self.workers.cancel_prefill(self.prefill, self.request_id, g, "release smoke", limit)
-        return outcomes
 
     async def holdings(self) -> dict[str, list]:
         """Each end's holdings of the probe request (raises SmokeFailed if one cannot say)."""
@@ -195,7 +193,7 @@ async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
 
 def probe_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
     """A prompt of a few blocks that both ends accept (token ids every vocabulary has)."""
-    caps = [c for c in (prefill.capacity, decode.capacity)]
+    caps = (prefill.capacity, decode.capacity)
     limit = min([c.max_prefill_tokens for c in caps if c.max_prefill_tokens] +
                 [c.max_model_len - MAX_TOKENS - 1 for c in caps if c.max_model_len] + [256])
     vocab = min([c.vocab_size for c in caps if c.vocab_size] + [256])
@@ -262,7 +260,7 @@ async def mid_transfer(job: Probe) -> str:
         if attempt > 1:
             await job.teardown()
             await job.left_nothing()
-            job.request_id, job.generations = f"release-smoke-{uuid.uuid4().hex[:12]}", []
+            job.request_id, job.generations = probe_id("release-smoke"), []
         reservation, manifest = await job.open()
         capability = job.ctl.orch.mint(manifest, reservation)
         stream = asyncio.ensure_future(_drain(job.decode_stream(1, capability)))
