@@ -14,7 +14,15 @@ request span (the router's Generate span) and the median duration, in critical-p
 with the colocated requests' figures beside it where the span exists there too. Spans
 overlap (a parent covers its children): read the offsets as a waterfall.
 
-JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "hop", ...}.
+The floor, in the same run: the median round trip of one gRPC call (grpc.health.v1 Check,
+mutual TLS, from this process) to the directory, the decode and the prefill worker, and
+the round trips a disaggregated request makes in sequence that a colocated one does not
+(`EXTRA_ROUND_TRIPS`): their product is what the protocol costs on this machine however
+little work each hop does. Where it is above the target, the target is out of reach here
+by that many round trips, not by work on the path.
+
+JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
+"floor" | "hop", ...}.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,6 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TARGET_OVERHEAD_MS = 5.0
 """Disaggregated - colocated median TTFT on a 16-token prompt, at most (issue 21)."""
 MODES = ("colocated", "disaggregated")
+EXTRA_ROUND_TRIPS = {
+    "router -> decode Reserve": 1.0,
+    "prefill -> directory Begin (the declaration: beside the chunks, answered before COMMIT)": 1.0,
+    "prefill -> decode COMMIT (one way: token 0 leaves decode once published)": 0.5,
+    "decode -> directory Publish (validated and published in one call)": 1.0,
+}
+"""What a disaggregated request waits on, in sequence, that a colocated one does not, in
+round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
+prefill's compute; the prefill's reply to the router trails the verdict, off the path)."""
+RTT_CALLS = 50
 
 
 def emit(**row) -> None:
@@ -59,6 +78,23 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
             offsets[key].append((s.start_ns - t0) / 1e6)
             durations[key].append((s.end_ns - s.start_ns) / 1e6)
     return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
+
+
+def round_trips(cluster, name: str, service: str) -> list[float]:
+    """RTT_CALLS health Checks (ms) on one mutual-TLS channel to process `name`, after one
+    untimed call (the handshake)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from pdserve_client import tls
+    out = []
+    with tls.channel(cluster.procs[name].address, cluster.client_files("operator"), service) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for i in range(RTT_CALLS + 1):
+            t0 = time.perf_counter()
+            stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10, wait_for_ready=True)
+            if i:
+                out.append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 def run(args) -> None:
@@ -89,6 +125,8 @@ def run(args) -> None:
                     if i >= args.warmup:
                         ttft[mode].append(res.ttft_ms)
                         ids[mode].append(res.request_id)
+        rtts = {svc: round_trips(cluster, name, svc) for svc, name in
+                (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
         spans_file = cluster.state / SPANS_FILE
         traces = {m: [] for m in MODES}
         for mode in MODES:
@@ -110,6 +148,14 @@ def run(args) -> None:
          overhead_paired_median_ms=round(paired, 2), ratio=round(med["disaggregated"] / med["colocated"], 3),
          target_ms=TARGET_OVERHEAD_MS, met=overhead <= TARGET_OVERHEAD_MS,
          traces=len(traces["disaggregated"]))
+    for svc, ms in rtts.items():
+        emit(metric="round_trip", service=svc, calls=len(ms), rtt_median_ms=round(statistics.median(ms), 3),
+             rtt_p90_ms=round(p90(ms), 3))
+    rtt = statistics.median([m for ms in rtts.values() for m in ms])
+    floor = sum(EXTRA_ROUND_TRIPS.values()) * rtt
+    emit(metric="floor", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
+         floor_ms=round(floor, 2), target_ms=TARGET_OVERHEAD_MS, overhead_over_floor=round(overhead / floor, 2),
+         target_reachable_here=floor <= TARGET_OVERHEAD_MS)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),

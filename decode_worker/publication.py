@@ -1,12 +1,13 @@
-"""VALIDATED then PUBLISHED in the directory for one reservation (the decode worker's
-step 3), each as its own span: the directory is the judge of the K/V. It validates only
-if this worker's digest of what it holds is the one the source declared and the chunks
-that arrived are the manifest's expected list; PUBLISH is a CAS on the generation."""
+"""VALIDATED and PUBLISHED in the directory for one reservation (the decode worker's
+step 3), in one call: the directory is the judge of the K/V. It validates only if this
+worker's digest of what it holds is the one the source declared and the chunks that
+arrived are the manifest's expected list, then publishes (a CAS on the generation) in
+the same store operation; the first refusal is the answer."""
 
 from __future__ import annotations
 
 from pdserve_client import spans as S
-from services.directory.states import Outcome
+from services.directory.states import Outcome, TxnState
 from services.directory.wire import chunk_specs
 from services.telemetry import tracing
 from services.worker.directory_ops import DirectoryUnavailable, TxnOps
@@ -14,28 +15,20 @@ from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from .reservations import Reservation
 
 
-async def validate(txn: TxnOps, res: Reservation, local_digest: str, commit_digest: str) -> str:
-    """Directory VALIDATED; '' on success, else why not."""
+async def publish(txn: TxnOps, res: Reservation, local_digest: str, commit_digest: str) -> str:
+    """Directory VALIDATED then PUBLISHED; '' on success, else why not."""
     chunks = chunk_specs(res.received[k] for k in res.expected)
-    try:
-        r = await txn.validated(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
-    except DirectoryUnavailable as e:
-        return f"directory unavailable: {e}"
-    if r.ok:
-        return ""
-    digests = (f" (K/V digest here {local_digest[:12]}..., the source's commit says {commit_digest[:12]}...)"
-               if r.outcome is Outcome.CHECKSUM_CONFLICT else "")
-    return f"directory refused VALIDATED: {r.outcome.name}{digests}"
-
-
-async def publish(txn: TxnOps, res: Reservation, local_digest: str) -> str:
-    """Directory PUBLISHED (CAS on the generation); '' on success, else why not."""
     with tracing.span_in(S.DECODE_PUBLISH, res.trace.context) as span:
         try:
-            r = await txn.publish(res.request_id, res.transfer_id, res.generation, local_digest)
+            r = await txn.publish(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
         except DirectoryUnavailable as e:
             return tracing.failed(span, f"directory unavailable: {e}")
-        return "" if r.ok else tracing.failed(span, f"directory refused PUBLISH: {r.outcome.name}")
+        if r.ok:
+            return ""
+        digests = (f" (K/V digest here {local_digest[:12]}..., the source's commit says {commit_digest[:12]}...)"
+                   if r.outcome is Outcome.CHECKSUM_CONFLICT else "")
+        step = "PUBLISH" if r.state is TxnState.VALIDATED else "VALIDATED"  # the move it refused
+        return tracing.failed(span, f"directory refused {step}: {r.outcome.name}{digests}")
 
 
 async def release(txn: TxnOps, res: Reservation) -> None:

@@ -190,9 +190,9 @@ class DecodeWorker:
                 reason = f"first token {commit.first_token} outside the vocabulary"
             if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
                 reason = f"aborted while validating: {res.abort_reason}"
-            reason = tracing.failed(span, reason or await publication.validate(self.txn, res, local, commit.kv_digest))
+            reason = tracing.failed(span, reason)
         if not reason:
-            reason = await publication.publish(self.txn, res, local)
+            reason = await publication.publish(self.txn, res, local, commit.kv_digest)
             if not reason and res.state == ResState.ABORTED:
                 # Aborted (blocks freed) while the directory published: give the publication back.
                 self._release_later(res)

@@ -273,6 +273,17 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             return self._forward(transfer_id, TxnState.PUBLISHED, generation, kv_digest)
 
+    def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
+                         chunks_digest: str) -> TxnResult:
+        """See ``TransferLedger.validate_publish``."""
+        with self._lock:
+            t = self._txns.get(transfer_id)
+            if t is None or t.state not in (TxnState.VALIDATED, TxnState.PUBLISHED, TxnState.RELEASED):
+                r = self._forward(transfer_id, TxnState.VALIDATED, kv_digest=kv_digest, chunks_digest=chunks_digest)
+                if r.outcome not in (Outcome.APPLIED, Outcome.DUPLICATE):
+                    return r
+            return self._forward(transfer_id, TxnState.PUBLISHED, generation, kv_digest)
+
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""
         with self._lock:

@@ -2,14 +2,10 @@
 
 One script per operation makes each call — its lazy reaping, its checks and
 its writes — a single atomic step on the server; no client-side
-read-modify-write exists anywhere. Scripts live in ``lua/``; each is sent as
-
-    <header rendered from states.py / store.py>  +  lua/_lib.lua  +  lua/<op>.lua
-
-so the state numbers, the legal-transition table and the abort-reason
-outcomes have one source of truth (``states.py``) and cannot drift from the
-in-memory store. redis-py's ``Script`` runs EVALSHA and, on NOSCRIPT (a
-restarted or flushed server), loads the text and retries once.
+read-modify-write exists anywhere. Scripts live in ``lua/``, rendered by
+``lua_scripts.py`` with their constants from ``states.py``. redis-py's
+``Script`` runs EVALSHA and, on NOSCRIPT (a restarted or flushed server),
+loads the text and retries once.
 
 Time is the Redis server's (``TIME`` inside the scripts), deliberately: one
 clock for leases and deadlines however many directory replicas and callers
@@ -36,10 +32,8 @@ timeout reads, to the caller, like a reply lost on the wire.
 from __future__ import annotations
 
 import base64
-import json
 import urllib.parse
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -48,6 +42,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from kv_directory.config import DirectoryConfig
+from kv_directory.lua_scripts import OPERATIONS, script_source
 from kv_directory.store import DirectoryStore
 from services.directory.cost_profile import CostProfile
 from services.directory.records import (
@@ -68,14 +63,8 @@ from services.directory.records import (
     WorkerRecord,
     WorkerRef,
 )
-from services.directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
+from services.directory.states import Outcome, TxnState
 
-LUA_DIR = Path(__file__).with_name("lua")
-OPERATIONS = (
-    "register", "heartbeat", "deregister", "reap", "snapshot",
-    "reserve", "forward", "abort", "release", "lookup", "list_open",
-    "route_epoch", "nonce", "release_record",
-)
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 
 # Server replies meaning "not now" rather than "wrong request".
@@ -90,35 +79,6 @@ def _not_now(exc: redis.exceptions.ResponseError) -> bool:
         return True
     text = str(exc).upper()
     return text.startswith(_UNAVAILABLE_REPLIES) or any(f"-{code} " in text for code in _UNAVAILABLE_REPLIES)
-
-
-def lua_header() -> str:
-    """Lua constants rendered from the Python enums and tables."""
-
-    def table(pairs: Sequence[tuple[str, str]]) -> str:
-        return "{" + ", ".join(f"[{k}] = {v}" for k, v in pairs) + "}"
-
-    legal = [
-        (str(new.value), table([(str(old.value), "true") for old in sorted(olds)]))
-        for new, olds in LEGAL_SOURCES.items()
-    ]
-    return "\n".join([
-        "-- Rendered by kv_directory/redis_store.py:lua_header() from states.py; do not edit.",
-        "local ST = " + table([(json.dumps(s.name), str(s.value)) for s in TxnState]),
-        "local OC = " + table([(json.dumps(o.name), str(o.value)) for o in Outcome]),
-        "local LEGAL = " + table(legal),
-        "local ABORT_OUTCOME = " + table([(json.dumps(r), str(o.value)) for r, o in ABORT_OUTCOMES.items()]),
-        "local LOAD_FIELDS = {" + ", ".join(json.dumps(f) for f in LOAD_FIELDS) + "}",
-        "local CAPACITY_FIELDS = {" + ", ".join(json.dumps(f) for f in CAPACITY_FIELDS) + "}",
-        "",
-    ])
-
-
-def script_source(operation: str) -> str:
-    """The full text sent to Redis for ``operation``."""
-    lib = (LUA_DIR / "_lib.lua").read_text()
-    body = (LUA_DIR / f"{operation}.lua").read_text()
-    return f"{lua_header()}\n{lib}\n-- ---- {operation}.lua ----\n{body}"
 
 
 def connect(config: DirectoryConfig) -> redis.Redis:
@@ -338,6 +298,12 @@ class RedisDirectoryStore(DirectoryStore):
         """See ``TransferLedger.publish``."""
         return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation)),
                                      kv_digest, "", acked=True))
+
+    def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
+                         chunks_digest: str) -> TxnResult:
+        """See ``TransferLedger.validate_publish``: one script, both moves."""
+        return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation)),
+                                     kv_digest, chunks_digest, "1", acked=True))
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""

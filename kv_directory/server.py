@@ -48,14 +48,7 @@ from kv_directory.reaper import reap_forever
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
-from services.directory.records import (
-    Transaction,
-    TxnResult,
-    chunk_list_digest,
-    chunk_sums_digest,
-    evidence,
-    kv_part,
-)
+from services.directory.records import Transaction, TxnResult, chunk_list_digest, chunk_sums_digest, evidence, kv_part
 from services.directory.states import Outcome
 from services.directory.wire import (
     OUTCOME_FROM_PB,
@@ -98,6 +91,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         self._pool = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="directory-store")
         self._reaper: asyncio.Task | None = None
         self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
+        self._abis: dict[tuple[str, int], str] = {}  # (worker id, epoch) -> its registered cache ABI
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the pool."""
@@ -193,12 +187,17 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """The manifest's cache ABI must be the one each live end registered (the epochs
         are fixed per registration, so a later re-registration fails the reserve anyway)."""
         require(abi, "manifest.cache_abi_digest")
-        live = {w.worker_id: w for w in (await self._run(self._store.snapshot)).workers}
-        for end in (spec.source, spec.dest):
-            w = live.get(end.worker_id)
-            if w is not None and w.epoch == end.epoch and w.cache_abi_digest != abi:
-                raise BadRequest(f"manifest cache ABI {abi[:16]} is not the one worker {end.worker_id} "
-                                 f"registered ({w.cache_abi_digest[:16]})")
+        ends = [(end.worker_id, end.epoch) for end in (spec.source, spec.dest)]
+        if any(end not in self._abis for end in ends):  # a registration not seen yet: read them all
+            if len(self._abis) > 4096:
+                self._abis.clear()
+            self._abis.update({(w.worker_id, w.epoch): w.cache_abi_digest
+                               for w in (await self._run(self._store.snapshot)).workers})
+        for end in ends:
+            registered = self._abis.get(end)
+            if registered is not None and registered != abi:
+                raise BadRequest(f"manifest cache ABI {abi[:16]} is not the one worker {end[0]} "
+                                 f"registered ({registered[:16]})")
 
     async def _transition(self, context, request_id: str, transfer_id: str, generation: int, worker_id: str,
                           worker_epoch: int, op: Callable[[Transaction], Callable[[], TxnResult]], *,
@@ -258,11 +257,16 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     @_rpc
     async def Publish(self, request, context):
-        """VALIDATED -> PUBLISHED, compare-and-set on the current generation."""
+        """VALIDATED -> PUBLISHED, compare-and-set on the current generation; with the
+        received chunks, Validated's judgement first, in the same store operation."""
         r = request
         require(r.kv_digest, "kv_digest")
 
         def publish(txn: Transaction) -> Callable[[], TxnResult]:
+            if r.chunks:
+                held = evidence(r.kv_digest, chunk_sums_digest(chunk_sums(r.chunks)))
+                return functools.partial(self._store.validate_publish, r.transfer_id, r.generation, held,
+                                         chunk_list_digest(chunk_layouts(r.chunks)))
             # The stored declaration (digest + checksums) never changes once made: repeat it
             # when the destination's digest is its K/V part.
             held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
@@ -339,7 +343,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             require(request.transfer_id, "transfer_id")
             txn = await self._run(self._store.lookup, request.transfer_id)
             who = caller(context)
-            if txn is None or who is None or txn.spec.dest.worker_id != who.name:
+            if txn is None and who is not None:
+                return directory_pb2.ConsumeNonceResponse(not_recorded=True)
+            if who is None or txn.spec.dest.worker_id != who.name:
                 raise Denied(f"{who} is not the destination of transfer {request.transfer_id}")
         ahead_s = request.expires_unix_ms / 1000 - time.time()
         if ahead_s > MAX_CAPABILITY_LIFETIME_S:

@@ -125,6 +125,14 @@ class TransferLedger(abc.ABC):
         transaction is aborted); ILLEGAL_TRANSITION from other states."""
 
     @abc.abstractmethod
+    def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
+                         chunks_digest: str) -> TxnResult:
+        """``validated`` then ``publish`` in one atomic step (the destination's one
+        round trip): the first answer other than APPLIED or DUPLICATE is returned and
+        nothing after it is applied. A transaction already VALIDATED only publishes;
+        one already published answers as ``publish`` does (DUPLICATE)."""
+
+    @abc.abstractmethod
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """Any unpublished state -> ABORTED; DUPLICATE if already aborted;
         ILLEGAL_TRANSITION once published."""

@@ -4,10 +4,12 @@ One request:
   1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
   2. Computing — chunked prefill on the engine loop; samples the first token
   3. Sending   — transaction TRANSFERRING; transfer-set chunks pushed to the
-                 destination's reserved blocks. Streaming (transfers of at least
+                 destination's reserved blocks. The capability is presented (AUTH)
+                 while prefill computes. Streaming (transfers of at least
                  stream_min_bytes): BEGIN before compute, and each chunk leaves as
                  soon as prefill wrote its layer (streaming.py); otherwise after
-                 the whole prefill
+                 the whole prefill, with the one BEGIN (digest and chunk list) on
+                 its way beside them and answered before COMMIT
   4. Committed — manifest (chunks, checksums, digest, first token) handed over;
                  the destination validates and publishes, or refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
@@ -42,6 +44,13 @@ from .streaming import ProducerGate, stream_chunks
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
+
+
+async def _settle(fut: asyncio.Future | None) -> None:
+    """Cancel `fut` unless done, and wait for it (its error, if any, was raised elsewhere)."""
+    if fut is not None:
+        fut.cancel()
+        await asyncio.gather(fut, return_exceptions=True)
 
 
 class TransferRefused(RuntimeError):
@@ -192,8 +201,18 @@ class PrefillWorker:
                    prompt: list[int], sampling: SamplingParams, dest: str,
                    credential: dict | None = None) -> PrefillOutcome:
         t0 = time.perf_counter()
-        if credential is not None:  # the destination checks it while this prefill computes
-            await self.sender.present(dest, transfer_id, credential)
+        # The credential goes out while this prefill computes (the destination checks it
+        # meanwhile); no chunk leaves before it went.
+        auth = asyncio.ensure_future(self.sender.present(dest, transfer_id, credential)) \
+            if credential is not None else None
+        try:
+            return await self._compute_and_send(task, tenant, transfer_id, plan, prompt, sampling, dest, auth, t0)
+        finally:
+            await _settle(auth)
+
+    async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
+                                prompt: list[int], sampling: SamplingParams, dest: str,
+                                auth: asyncio.Future | None, t0: float) -> PrefillOutcome:
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
             transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
         self._check(task)
@@ -217,6 +236,8 @@ class PrefillWorker:
         async def send(key: ChunkKey, chunk: Chunk | None = None) -> None:
             if chunks:
                 await self.pause("chunk", rid)
+            if auth is not None:
+                await auth
             t_ns = time.time_ns()
             chunk = chunk or describe_chunk(e, seq, key)
             self.events("chunk_sent", request=rid, layer=key.layer, block_start=key.block_start,
@@ -240,13 +261,20 @@ class PrefillWorker:
             digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
             await self.pause("computed", rid)
             self._check(task)
-            if streamer is None:  # one Begin opens the transfer and declares digest and checksums
+            if streamer is None:
+                # One Begin opens the transfer and declares digest and checksums; it goes
+                # out before the first chunk and is answered while they travel. The commit
+                # waits for its answer (the destination validates against the declaration).
                 kv_digest = await digest
                 described = [describe_chunk(e, seq, key) for key in plan]
-                await self._begin(task, transfer_id, kv_digest, described)
-                for key, chunk in zip(plan, described):
-                    self._check(task)
-                    await send(key, chunk)
+                begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
+                try:
+                    for key, chunk in zip(plan, described):
+                        self._check(task)
+                        await send(key, chunk)
+                    await begun
+                finally:
+                    await _settle(begun)
             else:  # every chunk left with its checksum: then the declaration
                 await streamer
                 kv_digest = await digest
@@ -257,6 +285,8 @@ class PrefillWorker:
                 streamer.cancel()
                 await asyncio.gather(streamer, return_exceptions=True)
         self._check(task)
+        if auth is not None:
+            await auth
         advance(task, TaskState.COMMITTING)
         self.events("commit", request=rid, chunks=len(chunks))
         trace.transferred()

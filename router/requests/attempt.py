@@ -128,8 +128,8 @@ class Attempt:
 
     @property
     def prefill_engaged(self) -> bool:
-        """P was asked to prefill (Cancel on teardown)."""
-        return self.stage in (Stage.PREFILL, Stage.DECODE)
+        """P was asked to prefill (Cancel on teardown); the call leaves beside the directory's Reserve."""
+        return self.stage in (Stage.PREFILL, Stage.DECODE) or self.prefill_task is not None
 
     def describe(self) -> str:
         """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""

@@ -3,10 +3,12 @@
 Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 
     1. Decode.Reserve on D           -> reservation (blocks, data-plane address)
-    2. Directory.Reserve(manifest)   -> must be APPLIED        [txn RESERVED]
-    3. Started event; concurrently
-         Prefill.Prefill on P        -> returns after D accepted the commit
+    2. concurrently
+         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
+         Prefill.Prefill on P        -> computes meanwhile; its Begin waits for the
+                                        record; returns after D accepted the commit
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
+    3. Started event once the directory applied the reservation
     4. token 0 arrives               -> the transfer is published (D releases it)
     5. complete event                -> done
 
@@ -146,6 +148,15 @@ class AttemptRunner:
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
         advance(att, Stage.DIRECTORY_RESERVE)
         att.txn_open = True  # until the directory says otherwise
+        # P computes while the directory records the transaction: its Begin waits for the
+        # record (services/worker/directory_ops.py), and nothing publishes without it.
+        capability = self._mint(manifest, reservation) if self._mint is not None else b""
+        att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
+            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
+            capability), queue))
+        att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
+            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
+            self._timeout(None)), queue))
         try:
             answer = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
         except WorkerCallError as exc:
@@ -167,13 +178,6 @@ class AttemptRunner:
                                 frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
         advance(att, Stage.PREFILL)
         self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))
-        capability = self._mint(manifest, reservation) if self._mint is not None else b""
-        att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
-            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
-            capability), queue))
-        att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
-            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
-            self._timeout(None)), queue))
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode

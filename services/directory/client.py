@@ -156,8 +156,19 @@ class RouteEpoch:
     """Of an advance: the publications under the epoch it retired, at that instant."""
 
 
+RESERVED_WAIT_S = 2.0
+"""How long a worker asks again about a transaction the directory does not hold yet
+(Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
+Prefill call (router/requests/attempts.py), so a worker may ask first. Past this the
+answer stands: the router gave up the attempt."""
+
+
 class StaleRouteEpoch(Exception):
     """A capability's route epoch is no longer the directory's (it was revoked)."""
+
+
+class TransferNotRecorded(Exception):
+    """ConsumeNonce named a transfer the directory holds no record of (yet)."""
 
 
 class DirectoryClient:
@@ -266,12 +277,14 @@ class DirectoryClient:
                                 kv_digest=kv_digest, chunks=list(chunks))
 
     async def publish(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                      epoch: int, kv_digest: str) -> TxnReply:
+                      epoch: int, kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
         """VALIDATED -> PUBLISHED iff ``generation`` is still current and ``kv_digest``
-        is the validated one; the caller must be the destination at the manifest's epoch."""
+        is the validated one; the caller must be the destination at the manifest's epoch.
+        With ``chunks`` (what arrived, as for ``validated``): validated then published in
+        one directory operation, the first refusal the answer."""
         return TxnReply.from_pb(await self._call("Publish", directory_pb2.TxnPublishRequest(
             request_id=request_id, transfer_id=transfer_id, generation=generation,
-            destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest)))
+            destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest, chunks=list(chunks))))
 
     async def abort(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
                     epoch: int = 0, reason: str = "") -> TxnReply:
@@ -314,11 +327,14 @@ class DirectoryClient:
     async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "",
                             route_epoch: int = 0) -> bool:
         """True the first time ``nonce`` is consumed, False on any replay. With
-        ``route_epoch``, also False (StaleRouteEpoch raised) when it is not current."""
+        ``route_epoch``, also False (StaleRouteEpoch raised) when it is not current;
+        TransferNotRecorded while the directory holds no record of ``transfer_id``."""
         r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
             nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch))
         if r.stale_route_epoch:
             raise StaleRouteEpoch(f"route epoch {route_epoch} is no longer current")
+        if r.not_recorded:
+            raise TransferNotRecorded(f"the directory holds no transfer {transfer_id!r}")
         return r.consumed
 
     # ---- release (article 0x0FF; kv_directory/release.py) --------------------

@@ -32,8 +32,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import tenacity
+
 from pdserve_client.rpc.pd.v1 import capability_pb2
-from services.directory.client import StaleRouteEpoch
+from services.directory.client import RESERVED_WAIT_S, StaleRouteEpoch, TransferNotRecorded
 from services.security.capability import (
     PUSH,
     CapabilityDenied,
@@ -193,11 +195,21 @@ class DestinationGate:
             cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
 
     async def _consume_once(self, cap, transfer_id: str):
-        """Consume the verified capability's nonce once, under its route epoch."""
+        """Consume the verified capability's nonce once, under its route epoch. The router
+        records the transfer beside its Prefill call, so the directory may not hold it yet:
+        asked again (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True,
+            wait=tenacity.wait_exponential(multiplier=0.001, max=0.05), stop=tenacity.stop_after_delay(RESERVED_WAIT_S))
+
+        async def consume() -> bool:
+            return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
         try:
-            fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
+            fresh = await retrying(consume)
         except StaleRouteEpoch as e:
             raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
+        except TransferNotRecorded as e:
+            raise CapabilityDenied(Reason.TRANSFER, f"{e} after {RESERVED_WAIT_S:.0f} s") from None
         if not fresh:
             raise CapabilityDenied(Reason.NONCE, f"nonce already used (transfer {transfer_id!r})")
         return cap

@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import tenacity
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.client import DirectoryClient, TxnReply
+from services.directory.client import RESERVED_WAIT_S, DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
+from services.directory.states import Outcome
 
 __all__ = ["DirectoryUnavailable", "TxnOps"]
 
@@ -36,11 +37,20 @@ class TxnOps:
         """Aborts being retried while the directory is away (strong references)."""
 
     async def begin(self, request_id: str, transfer_id: str, generation: int,
-                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
+                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = (),
+                    wait_s: float = RESERVED_WAIT_S) -> TxnReply:
         """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
-        also declares the source's digest and chunk list."""
-        return await self.client.begin(request_id, transfer_id, generation, self.worker_id,
-                                       self.epoch_fn(), kv_digest, chunks)
+        also declares the source's digest and chunk list. NOT_FOUND is asked again (1 ms
+        doubling to 50 ms) for up to `wait_s`: the router's Reserve may still be on its way."""
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_result(lambda r: r.outcome is Outcome.NOT_FOUND),
+            wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
+            stop=tenacity.stop_after_delay(wait_s), retry_error_callback=lambda state: state.outcome.result())
+
+        async def call() -> TxnReply:
+            return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
+                                           kv_digest, chunks)
+        return await retrying(call)
 
     async def validated(self, request_id: str, transfer_id: str, generation: int, kv_digest: str,
                         chunks: Sequence[manifest_pb2.ChunkSpec]) -> TxnReply:
@@ -49,10 +59,11 @@ class TxnOps:
                                            self.epoch_fn(), kv_digest, chunks)
 
     async def publish(self, request_id: str, transfer_id: str, generation: int,
-                      kv_digest: str) -> TxnReply:
-        """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation."""
+                      kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
+        """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation;
+        with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call."""
         return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
-                                         self.epoch_fn(), kv_digest)
+                                         self.epoch_fn(), kv_digest, chunks)
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:

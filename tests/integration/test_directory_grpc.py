@@ -26,7 +26,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
 from services.cluster.redis_proc import free_port, start_redis
-from services.directory.client import DirectoryClient
+from services.directory.client import DirectoryClient, TransferNotRecorded
 from services.directory.records import (
     DirectoryUnavailable,
     LoadReport,
@@ -397,6 +397,30 @@ def test_a_wrong_kv_digest_or_a_partial_chunk_list_is_refused_at_the_directory(d
     run(directory.address, scenario)
 
 
+def test_publish_with_the_received_chunks_validates_and_publishes_in_one_call(directory):
+    """The destination's one round trip: Publish with its chunk list judges as Validated
+    does, then publishes; the first refusal is the answer. Only the destination may."""
+    async def scenario(client: Callers):
+        src, dst = await two_workers(client)
+        rid, tid = uid("r"), uid("t")
+        await client.reserve(manifest(src, dst, tid, rid))
+        await client.begin(rid, tid, 1, *src, kv_digest=KV_DIGEST, chunks=RECEIVED)
+        wrong = await client.publish(rid, tid, 1, *dst, "cd" * 16, RECEIVED)
+        assert (wrong.outcome, wrong.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        partial = await client.publish(rid, tid, 1, *dst, KV_DIGEST, RECEIVED[:2])
+        assert (partial.outcome, partial.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # the source may not publish
+            await client.publish(rid, tid, 1, *src, KV_DIGEST, RECEIVED)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert (await client.lookup(rid, tid)).state == TxnState.TRANSFERRING
+        both = await client.publish(rid, tid, 1, *dst, KV_DIGEST, RECEIVED)
+        assert (both.outcome, both.state) == (Outcome.APPLIED, TxnState.PUBLISHED)
+        assert (await client.publish(rid, tid, 1, *dst, KV_DIGEST, RECEIVED)).outcome == Outcome.DUPLICATE
+        assert (await client.release(rid, tid, 1, *dst)).ok
+
+    run(directory.address, scenario)
+
+
 def test_a_manifest_whose_chunks_do_not_tile_its_interval_is_invalid(directory):
     async def scenario(client: Callers):
         src, dst = await two_workers(client)
@@ -481,10 +505,15 @@ def test_route_epoch_and_nonce(directory):
         old = await client.reserve(manifest(src, dst, uid("t"), uid("r"), route_epoch=first))
         assert old.outcome == Outcome.STALE_GENERATION  # routed under a superseded epoch
 
-        # A nonce is consumed by the destination of the transfer its capability names.
+        # A nonce is consumed by the destination of the transfer its capability names; before
+        # the router recorded that transfer the answer is "not recorded", and nothing is burned.
         rid, tid = uid("r"), uid("t")
-        assert (await client.reserve(manifest(src, dst, tid, rid))).ok
         nonce, expires_ms = uuid.uuid4().hex, int(time.time() * 1000) + 30_000
+        with pytest.raises(TransferNotRecorded, match=tid):
+            await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)
+        assert (await client.reserve(manifest(src, dst, tid, rid))).ok
+        with pytest.raises(grpc.aio.AioRpcError, match="not the destination"):  # another decode may not
+            await client.as_("decode", "decode-other").consume_nonce(nonce, expires_ms, transfer_id=tid)
         assert await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)
         assert not await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)  # replay
         assert (await client.abort(rid, tid, 1, *dst, reason="test done")).ok

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from kv_directory.config import DirectoryConfig
-from kv_directory.redis_store import OPERATIONS, RedisDirectoryStore, _txn, script_source
+from kv_directory.lua_scripts import OPERATIONS, script_source
+from kv_directory.redis_store import RedisDirectoryStore, _txn
 from kv_directory.store import DirectoryStore
 from services.cluster.redis_proc import start_redis
 from services.directory.records import DirectoryUnavailable, LoadReport

@@ -60,6 +60,39 @@ class LifecycleContract(ContractBase):
         store.abort("t1", "test over")
         harness.assert_no_leaks(store)
 
+    def test_validate_publish_is_both_moves_or_the_first_refusal(self, harness, ends):
+        """The destination's one call: TRANSFERRING -> VALIDATED -> PUBLISHED, each move
+        under its own rules; a refusal of the first applies nothing after it."""
+        store, p, d = ends
+        store.reserve(make_spec(p, d))
+        early = store.validate_publish("t1", 1, KV, CHUNKS)  # RESERVED: nothing moved yet
+        assert (early.outcome, early.txn.state) == (Outcome.ILLEGAL_TRANSITION, TxnState.RESERVED)
+        store.begin("t1", KV)
+        wrong = store.validate_publish("t1", 1, "f" * 32, CHUNKS)
+        assert (wrong.outcome, wrong.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        partial = store.validate_publish("t1", 1, KV, chunk_list_digest(LAYOUT[:1]))
+        assert (partial.outcome, partial.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        stale = store.validate_publish("t1", 2, KV, CHUNKS)  # not the transaction's generation
+        assert stale.outcome == Outcome.STALE_GENERATION
+        assert store.lookup("t1").state != TxnState.PUBLISHED
+        both = store.validate_publish("t1", 1, KV, CHUNKS)
+        assert (both.outcome, both.txn.state) == (Outcome.APPLIED, TxnState.PUBLISHED)
+        again = store.validate_publish("t1", 1, KV, CHUNKS)  # a retried call
+        assert (again.outcome, again.txn.state) == (Outcome.DUPLICATE, TxnState.PUBLISHED)
+        store.release("t1")
+        assert store.validate_publish("t1", 1, KV, CHUNKS).outcome == Outcome.DUPLICATE
+        harness.assert_no_leaks(store)
+
+    def test_validate_publish_of_a_validated_transaction_only_publishes(self, harness, ends):
+        store, p, d = ends
+        store.reserve(make_spec(p, d))
+        store.begin("t1", KV)
+        assert store.validated("t1", KV, CHUNKS).outcome == Outcome.APPLIED
+        r = store.validate_publish("t1", 1, KV, CHUNKS)
+        assert (r.outcome, r.txn.state) == (Outcome.APPLIED, TxnState.PUBLISHED)
+        store.release("t1")
+        harness.assert_no_leaks(store)
+
     @pytest.mark.parametrize("state", list(TxnState), ids=lambda s: s.name)
     @pytest.mark.parametrize("op", list(OPS))
     def test_transition_matrix(self, harness, ends, state, op):

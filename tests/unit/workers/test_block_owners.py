@@ -127,10 +127,7 @@ class FakeDecodeTxn(FakeTxn):
         super().__init__()
         self.released: list[str] = []
 
-    async def validated(self, request_id, transfer_id, generation, digest, chunks):
-        return _Reply()
-
-    async def publish(self, request_id, transfer_id, generation, digest):
+    async def publish(self, request_id, transfer_id, generation, digest, chunks=()):
         return _Reply()
 
     async def release(self, request_id, transfer_id, generation):

@@ -82,3 +82,36 @@ def test_another_capability_than_the_copy_ahead_is_checked_the_full_way():
         return consumed, grant
     consumed, grant = asyncio.run(go())
     assert len(consumed) == 2 and len(set(consumed)) == 2 and grant.max_bytes == 300
+
+
+def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refused():
+    """The router records the transfer beside its Prefill call: the nonce is asked again
+    while the directory answers "not recorded", and refused (TRANSFER) once the wait is over."""
+    from services.directory.client import TransferNotRecorded
+
+    def gate_of(answers: list):
+        _, public = pki.capability_keys()
+        asked = []
+
+        async def consume(nonce, expires, transfer_id, route_epoch):
+            asked.append(nonce)
+            answer = answers.pop(0) if answers else TransferNotRecorded(transfer_id)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return DestinationGate(Verifier.from_file(public, ["router/router"], 300_000), "d0", lambda: 3, "abi",
+                               consume), asked
+
+    async def go(answers):
+        g, asked = gate_of(answers)
+        raw = mint()
+        try:
+            return await g.check(credential(raw), "p0", **ASK), asked
+        except CapabilityDenied as e:
+            return e, asked
+    late = [TransferNotRecorded("r/1"), TransferNotRecorded("r/1"), True]
+    grant, asked = asyncio.run(go(late))
+    assert grant.blocks == frozenset(REGIONS) and len(asked) == 3 and len(set(asked)) == 1
+    denied, asked = asyncio.run(go([]))
+    assert isinstance(denied, CapabilityDenied) and denied.reason is Reason.TRANSFER and len(asked) > 3
+    assert "r/1" in str(denied)

@@ -157,7 +157,10 @@ def test_directory_refusal_cancels_the_reservation_and_moves_on():
     orch, events, error = run(go())
     assert error is None and events[-1].route is Route.COLOCATED and events[-1].attempts == 3
     assert ("cancel_decode", "d1", "r", 1) in fake.calls and ("cancel_decode", "d0", "r", 2) in fake.calls
-    assert not fake.ops("txn_abort", "prefill")
+    assert not fake.ops("txn_abort")  # a refused reservation opened nothing
+    # P was asked beside the directory's Reserve (it computes meanwhile): each such call is cancelled.
+    for _, p, rid, g in fake.ops("prefill"):
+        assert ("cancel_prefill", p, rid, g) in fake.calls
     assert_no_leaks(orch, fake)
 
 

@@ -27,17 +27,17 @@ from pdserve_client.rpc.pd.v1 import manifest_pb2 as pd_dot_v1_dot_manifest__pb2
 from pdserve_client.rpc.pd.v1 import release_pb2 as pd_dot_v1_dot_release__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pd/v1/directory.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\x1a\x13pd/v1/release.proto\"\x9c\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12#\n\x07profile\x18\x07 \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x08 \x01(\t\x12\x16\n\x0emodel_identity\x18\t \x01(\t\"j\n\x16RegisterWorkerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_stopped\x18\x04 \x01(\x08\"U\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1f\n\x04load\x18\x03 \x01(\x0b\x32\x11.pd.v1.LoadReport\"z\n\x11HeartbeatResponse\x12\"\n\x06status\x18\x01 \x01(\x0e\x32\x12.pd.v1.LeaseStatus\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_stopped\x18\x04 \x01(\x08\";\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"0\n\x18\x44\x65registerWorkerResponse\x12\x14\n\x0c\x64\x65registered\x18\x01 \x01(\x08\"=\n\x11TxnReserveRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\"\xc1\x01\n\x14TxnTransitionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_epoch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tkv_digest\x18\x07 \x01(\t\x12 \n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x9d\x01\n\x11TxnPublishRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x11\n\tkv_digest\x18\x06 \x01(\t\"\x96\x01\n\x0bTxnResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x1a\n\x12\x63urrent_generation\x18\x05 \x01(\x04\";\n\x10TxnLookupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"K\n\x11TxnLookupResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\'\n\x0btransaction\x18\x02 \x01(\x0b\x32\x12.pd.v1.Transaction\"9\n\x16\x43lusterSnapshotRequest\x12\x1f\n\x04role\x18\x01 \x01(\x0e\x32\x11.pd.v1.WorkerRole\"\xc7\x01\n\x17\x43lusterSnapshotResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0broute_epoch\x18\x02 \x01(\x04\x12\x18\n\x10snapshot_unix_ms\x18\x03 \x01(\x04\x12\x17\n\x0frelease_version\x18\x04 \x01(\x04\x12(\n\x0crelease_mode\x18\x05 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x16\n\x0eroutes_stopped\x18\x06 \x01(\x08\"/\n\x14GetRouteEpochRequest\x12\x17\n\x0fpublications_of\x18\x01 \x01(\x04\"H\n\x18\x41\x64vanceRouteEpochRequest\x12\x1c\n\x14\x65xpected_route_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Q\n\x12RouteEpochResponse\x12\x13\n\x0broute_epoch\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x64vanced\x18\x02 \x01(\x08\x12\x14\n\x0cpublications\x18\x03 \x01(\x04\"g\n\x13\x43onsumeNonceRequest\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_unix_ms\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\"C\n\x14\x43onsumeNonceResponse\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x08\x12\x19\n\x11stale_route_epoch\x18\x02 \x01(\x08\"0\n\x1bListOpenTransactionsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"H\n\x1cListOpenTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction\"\x13\n\x11GetReleaseRequest\"I\n\x12GetReleaseResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"U\n\x13WriteReleaseRequest\x12\x18\n\x10\x65xpected_version\x18\x01 \x01(\x04\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"r\n\x14WriteReleaseResponse\x12\"\n\x07outcome\x18\x01 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12%\n\x07\x63urrent\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\x12\x0f\n\x07message\x18\x03 \x01(\t*\x9e\x02\n\nTxnOutcome\x12\x1b\n\x17TXN_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TXN_OUTCOME_APPLIED\x10\x01\x12\x19\n\x15TXN_OUTCOME_DUPLICATE\x10\x02\x12 \n\x1cTXN_OUTCOME_STALE_GENERATION\x10\x03\x12\"\n\x1eTXN_OUTCOME_ILLEGAL_TRANSITION\x10\x04\x12!\n\x1dTXN_OUTCOME_CHECKSUM_CONFLICT\x10\x05\x12\x19\n\x15TXN_OUTCOME_NOT_FOUND\x10\x06\x12\x1b\n\x17TXN_OUTCOME_STALE_EPOCH\x10\x07\x12\x1e\n\x1aTXN_OUTCOME_ROUTES_STOPPED\x10\x08*W\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_STATUS_OK\x10\x01\x12\x15\n\x11LEASE_STATUS_LOST\x10\x02\x32\xae\t\n\tDirectory\x12M\n\x0eRegisterWorker\x12\x1c.pd.v1.RegisterWorkerRequest\x1a\x1d.pd.v1.RegisterWorkerResponse\x12>\n\tHeartbeat\x12\x17.pd.v1.HeartbeatRequest\x1a\x18.pd.v1.HeartbeatResponse\x12S\n\x10\x44\x65registerWorker\x12\x1e.pd.v1.DeregisterWorkerRequest\x1a\x1f.pd.v1.DeregisterWorkerResponse\x12\x37\n\x07Reserve\x12\x18.pd.v1.TxnReserveRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x42\x65gin\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12<\n\tValidated\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12\x37\n\x07Publish\x12\x18.pd.v1.TxnPublishRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x41\x62ort\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12:\n\x07Release\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12;\n\x06Lookup\x12\x17.pd.v1.TxnLookupRequest\x1a\x18.pd.v1.TxnLookupResponse\x12P\n\x0f\x43lusterSnapshot\x12\x1d.pd.v1.ClusterSnapshotRequest\x1a\x1e.pd.v1.ClusterSnapshotResponse\x12G\n\rGetRouteEpoch\x12\x1b.pd.v1.GetRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12O\n\x11\x41\x64vanceRouteEpoch\x12\x1f.pd.v1.AdvanceRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12G\n\x0c\x43onsumeNonce\x12\x1a.pd.v1.ConsumeNonceRequest\x1a\x1b.pd.v1.ConsumeNonceResponse\x12_\n\x14ListOpenTransactions\x12\".pd.v1.ListOpenTransactionsRequest\x1a#.pd.v1.ListOpenTransactionsResponse\x12\x41\n\nGetRelease\x12\x18.pd.v1.GetReleaseRequest\x1a\x19.pd.v1.GetReleaseResponse\x12G\n\x0cWriteRelease\x12\x1a.pd.v1.WriteReleaseRequest\x1a\x1b.pd.v1.WriteReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pd/v1/directory.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\x1a\x13pd/v1/release.proto\"\x9c\x02\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12#\n\x07profile\x18\x07 \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x08 \x01(\t\x12\x16\n\x0emodel_identity\x18\t \x01(\t\"j\n\x16RegisterWorkerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_stopped\x18\x04 \x01(\x08\"U\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1f\n\x04load\x18\x03 \x01(\x0b\x32\x11.pd.v1.LoadReport\"z\n\x11HeartbeatResponse\x12\"\n\x06status\x18\x01 \x01(\x0e\x32\x12.pd.v1.LeaseStatus\x12\x14\n\x0clease_ttl_ms\x18\x02 \x01(\r\x12\x13\n\x0broute_epoch\x18\x03 \x01(\x04\x12\x16\n\x0eroutes_stopped\x18\x04 \x01(\x08\";\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"0\n\x18\x44\x65registerWorkerResponse\x12\x14\n\x0c\x64\x65registered\x18\x01 \x01(\x08\"=\n\x11TxnReserveRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\"\xc1\x01\n\x14TxnTransitionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x14\n\x0cworker_epoch\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tkv_digest\x18\x07 \x01(\t\x12 \n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\xbf\x01\n\x11TxnPublishRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x11\n\tkv_digest\x18\x06 \x01(\t\x12 \n\x06\x63hunks\x18\x07 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x96\x01\n\x0bTxnResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\"\n\x07outcome\x18\x03 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12\x1e\n\x05state\x18\x04 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x1a\n\x12\x63urrent_generation\x18\x05 \x01(\x04\";\n\x10TxnLookupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"K\n\x11TxnLookupResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\'\n\x0btransaction\x18\x02 \x01(\x0b\x32\x12.pd.v1.Transaction\"9\n\x16\x43lusterSnapshotRequest\x12\x1f\n\x04role\x18\x01 \x01(\x0e\x32\x11.pd.v1.WorkerRole\"\xc7\x01\n\x17\x43lusterSnapshotResponse\x12\"\n\x07workers\x18\x01 \x03(\x0b\x32\x11.pd.v1.WorkerInfo\x12\x13\n\x0broute_epoch\x18\x02 \x01(\x04\x12\x18\n\x10snapshot_unix_ms\x18\x03 \x01(\x04\x12\x17\n\x0frelease_version\x18\x04 \x01(\x04\x12(\n\x0crelease_mode\x18\x05 \x01(\x0e\x32\x12.pd.v1.ReleaseMode\x12\x16\n\x0eroutes_stopped\x18\x06 \x01(\x08\"/\n\x14GetRouteEpochRequest\x12\x17\n\x0fpublications_of\x18\x01 \x01(\x04\"H\n\x18\x41\x64vanceRouteEpochRequest\x12\x1c\n\x14\x65xpected_route_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Q\n\x12RouteEpochResponse\x12\x13\n\x0broute_epoch\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x64vanced\x18\x02 \x01(\x08\x12\x14\n\x0cpublications\x18\x03 \x01(\x04\"g\n\x13\x43onsumeNonceRequest\x12\r\n\x05nonce\x18\x01 \x01(\t\x12\x17\n\x0f\x65xpires_unix_ms\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x13\n\x0broute_epoch\x18\x04 \x01(\x04\"Y\n\x14\x43onsumeNonceResponse\x12\x10\n\x08\x63onsumed\x18\x01 \x01(\x08\x12\x19\n\x11stale_route_epoch\x18\x02 \x01(\x08\x12\x14\n\x0cnot_recorded\x18\x03 \x01(\x08\"0\n\x1bListOpenTransactionsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"H\n\x1cListOpenTransactionsResponse\x12(\n\x0ctransactions\x18\x01 \x03(\x0b\x32\x12.pd.v1.Transaction\"\x13\n\x11GetReleaseRequest\"I\n\x12GetReleaseResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"U\n\x13WriteReleaseRequest\x12\x18\n\x10\x65xpected_version\x18\x01 \x01(\x04\x12$\n\x06record\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\"r\n\x14WriteReleaseResponse\x12\"\n\x07outcome\x18\x01 \x01(\x0e\x32\x11.pd.v1.TxnOutcome\x12%\n\x07\x63urrent\x18\x02 \x01(\x0b\x32\x14.pd.v1.ReleaseRecord\x12\x0f\n\x07message\x18\x03 \x01(\t*\x9e\x02\n\nTxnOutcome\x12\x1b\n\x17TXN_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13TXN_OUTCOME_APPLIED\x10\x01\x12\x19\n\x15TXN_OUTCOME_DUPLICATE\x10\x02\x12 \n\x1cTXN_OUTCOME_STALE_GENERATION\x10\x03\x12\"\n\x1eTXN_OUTCOME_ILLEGAL_TRANSITION\x10\x04\x12!\n\x1dTXN_OUTCOME_CHECKSUM_CONFLICT\x10\x05\x12\x19\n\x15TXN_OUTCOME_NOT_FOUND\x10\x06\x12\x1b\n\x17TXN_OUTCOME_STALE_EPOCH\x10\x07\x12\x1e\n\x1aTXN_OUTCOME_ROUTES_STOPPED\x10\x08*W\n\x0bLeaseStatus\x12\x1c\n\x18LEASE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0fLEASE_STATUS_OK\x10\x01\x12\x15\n\x11LEASE_STATUS_LOST\x10\x02\x32\xae\t\n\tDirectory\x12M\n\x0eRegisterWorker\x12\x1c.pd.v1.RegisterWorkerRequest\x1a\x1d.pd.v1.RegisterWorkerResponse\x12>\n\tHeartbeat\x12\x17.pd.v1.HeartbeatRequest\x1a\x18.pd.v1.HeartbeatResponse\x12S\n\x10\x44\x65registerWorker\x12\x1e.pd.v1.DeregisterWorkerRequest\x1a\x1f.pd.v1.DeregisterWorkerResponse\x12\x37\n\x07Reserve\x12\x18.pd.v1.TxnReserveRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x42\x65gin\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12<\n\tValidated\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12\x37\n\x07Publish\x12\x18.pd.v1.TxnPublishRequest\x1a\x12.pd.v1.TxnResponse\x12\x38\n\x05\x41\x62ort\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12:\n\x07Release\x12\x1b.pd.v1.TxnTransitionRequest\x1a\x12.pd.v1.TxnResponse\x12;\n\x06Lookup\x12\x17.pd.v1.TxnLookupRequest\x1a\x18.pd.v1.TxnLookupResponse\x12P\n\x0f\x43lusterSnapshot\x12\x1d.pd.v1.ClusterSnapshotRequest\x1a\x1e.pd.v1.ClusterSnapshotResponse\x12G\n\rGetRouteEpoch\x12\x1b.pd.v1.GetRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12O\n\x11\x41\x64vanceRouteEpoch\x12\x1f.pd.v1.AdvanceRouteEpochRequest\x1a\x19.pd.v1.RouteEpochResponse\x12G\n\x0c\x43onsumeNonce\x12\x1a.pd.v1.ConsumeNonceRequest\x1a\x1b.pd.v1.ConsumeNonceResponse\x12_\n\x14ListOpenTransactions\x12\".pd.v1.ListOpenTransactionsRequest\x1a#.pd.v1.ListOpenTransactionsResponse\x12\x41\n\nGetRelease\x12\x18.pd.v1.GetReleaseRequest\x1a\x19.pd.v1.GetReleaseResponse\x12G\n\x0cWriteRelease\x12\x1a.pd.v1.WriteReleaseRequest\x1a\x1b.pd.v1.WriteReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.directory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TXNOUTCOME']._serialized_start=2587
-  _globals['_TXNOUTCOME']._serialized_end=2873
-  _globals['_LEASESTATUS']._serialized_start=2875
-  _globals['_LEASESTATUS']._serialized_end=2962
+  _globals['_TXNOUTCOME']._serialized_start=2643
+  _globals['_TXNOUTCOME']._serialized_end=2929
+  _globals['_LEASESTATUS']._serialized_start=2931
+  _globals['_LEASESTATUS']._serialized_end=3018
   _globals['_REGISTERWORKERREQUEST']._serialized_start=96
   _globals['_REGISTERWORKERREQUEST']._serialized_end=380
   _globals['_REGISTERWORKERRESPONSE']._serialized_start=382
@@ -55,39 +55,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TXNTRANSITIONREQUEST']._serialized_start=876
   _globals['_TXNTRANSITIONREQUEST']._serialized_end=1069
   _globals['_TXNPUBLISHREQUEST']._serialized_start=1072
-  _globals['_TXNPUBLISHREQUEST']._serialized_end=1229
-  _globals['_TXNRESPONSE']._serialized_start=1232
-  _globals['_TXNRESPONSE']._serialized_end=1382
-  _globals['_TXNLOOKUPREQUEST']._serialized_start=1384
-  _globals['_TXNLOOKUPREQUEST']._serialized_end=1443
-  _globals['_TXNLOOKUPRESPONSE']._serialized_start=1445
-  _globals['_TXNLOOKUPRESPONSE']._serialized_end=1520
-  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_start=1522
-  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_end=1579
-  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_start=1582
-  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_end=1781
-  _globals['_GETROUTEEPOCHREQUEST']._serialized_start=1783
-  _globals['_GETROUTEEPOCHREQUEST']._serialized_end=1830
-  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_start=1832
-  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_end=1904
-  _globals['_ROUTEEPOCHRESPONSE']._serialized_start=1906
-  _globals['_ROUTEEPOCHRESPONSE']._serialized_end=1987
-  _globals['_CONSUMENONCEREQUEST']._serialized_start=1989
-  _globals['_CONSUMENONCEREQUEST']._serialized_end=2092
-  _globals['_CONSUMENONCERESPONSE']._serialized_start=2094
-  _globals['_CONSUMENONCERESPONSE']._serialized_end=2161
-  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_start=2163
-  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_end=2211
-  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_start=2213
-  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_end=2285
-  _globals['_GETRELEASEREQUEST']._serialized_start=2287
-  _globals['_GETRELEASEREQUEST']._serialized_end=2306
-  _globals['_GETRELEASERESPONSE']._serialized_start=2308
-  _globals['_GETRELEASERESPONSE']._serialized_end=2381
-  _globals['_WRITERELEASEREQUEST']._serialized_start=2383
-  _globals['_WRITERELEASEREQUEST']._serialized_end=2468
-  _globals['_WRITERELEASERESPONSE']._serialized_start=2470
-  _globals['_WRITERELEASERESPONSE']._serialized_end=2584
-  _globals['_DIRECTORY']._serialized_start=2965
-  _globals['_DIRECTORY']._serialized_end=4163
+  _globals['_TXNPUBLISHREQUEST']._serialized_end=1263
+  _globals['_TXNRESPONSE']._serialized_start=1266
+  _globals['_TXNRESPONSE']._serialized_end=1416
+  _globals['_TXNLOOKUPREQUEST']._serialized_start=1418
+  _globals['_TXNLOOKUPREQUEST']._serialized_end=1477
+  _globals['_TXNLOOKUPRESPONSE']._serialized_start=1479
+  _globals['_TXNLOOKUPRESPONSE']._serialized_end=1554
+  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_start=1556
+  _globals['_CLUSTERSNAPSHOTREQUEST']._serialized_end=1613
+  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_start=1616
+  _globals['_CLUSTERSNAPSHOTRESPONSE']._serialized_end=1815
+  _globals['_GETROUTEEPOCHREQUEST']._serialized_start=1817
+  _globals['_GETROUTEEPOCHREQUEST']._serialized_end=1864
+  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_start=1866
+  _globals['_ADVANCEROUTEEPOCHREQUEST']._serialized_end=1938
+  _globals['_ROUTEEPOCHRESPONSE']._serialized_start=1940
+  _globals['_ROUTEEPOCHRESPONSE']._serialized_end=2021
+  _globals['_CONSUMENONCEREQUEST']._serialized_start=2023
+  _globals['_CONSUMENONCEREQUEST']._serialized_end=2126
+  _globals['_CONSUMENONCERESPONSE']._serialized_start=2128
+  _globals['_CONSUMENONCERESPONSE']._serialized_end=2217
+  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_start=2219
+  _globals['_LISTOPENTRANSACTIONSREQUEST']._serialized_end=2267
+  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_start=2269
+  _globals['_LISTOPENTRANSACTIONSRESPONSE']._serialized_end=2341
+  _globals['_GETRELEASEREQUEST']._serialized_start=2343
+  _globals['_GETRELEASEREQUEST']._serialized_end=2362
+  _globals['_GETRELEASERESPONSE']._serialized_start=2364
+  _globals['_GETRELEASERESPONSE']._serialized_end=2437
+  _globals['_WRITERELEASEREQUEST']._serialized_start=2439
+  _globals['_WRITERELEASEREQUEST']._serialized_end=2524
+  _globals['_WRITERELEASERESPONSE']._serialized_start=2526
+  _globals['_WRITERELEASERESPONSE']._serialized_end=2640
+  _globals['_DIRECTORY']._serialized_start=3021
+  _globals['_DIRECTORY']._serialized_end=4219
 # @@protoc_insertion_point(module_scope)

@@ -137,20 +137,22 @@ class TxnTransitionRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., worker_id: _Optional[str] = ..., worker_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
 
 class TxnPublishRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "generation", "destination_worker_id", "destination_epoch", "kv_digest")
+    __slots__ = ("request_id", "transfer_id", "generation", "destination_worker_id", "destination_epoch", "kv_digest", "chunks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     generation: int
     destination_worker_id: str
     destination_epoch: int
     kv_digest: str
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., kv_digest: _Optional[str] = ...) -> None: ...
+    chunks: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.ChunkSpec]
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
 
 class TxnResponse(_message.Message):
     __slots__ = ("request_id", "transfer_id", "outcome", "state", "current_generation")
@@ -241,12 +243,14 @@ class ConsumeNonceRequest(_message.Message):
     def __init__(self, nonce: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., route_epoch: _Optional[int] = ...) -> None: ...
 
 class ConsumeNonceResponse(_message.Message):
-    __slots__ = ("consumed", "stale_route_epoch")
+    __slots__ = ("consumed", "stale_route_epoch", "not_recorded")
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     STALE_ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NOT_RECORDED_FIELD_NUMBER: _ClassVar[int]
     consumed: bool
     stale_route_epoch: bool
-    def __init__(self, consumed: _Optional[bool] = ..., stale_route_epoch: _Optional[bool] = ...) -> None: ...
+    not_recorded: bool
+    def __init__(self, consumed: _Optional[bool] = ..., stale_route_epoch: _Optional[bool] = ..., not_recorded: _Optional[bool] = ...) -> None: ...
 
 class ListOpenTransactionsRequest(_message.Message):
     __slots__ = ("worker_id",)

@@ -172,7 +172,8 @@ class DirectoryServicer:
 
     def Publish(self, request, context):
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current
-        generation.
+        generation; with the received chunks, TRANSFERRING -> VALIDATED ->
+        PUBLISHED in one step (one round trip on the hand-off's critical path).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,52 @@
+"""The source's Begin and the router's Reserve travel side by side (the prefill computes
+while the directory records the transaction): Begin asks again while the directory does
+not hold the transaction yet, and only that long."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from services.directory.client import TxnReply
+from services.directory.states import Outcome, TxnState
+from services.worker.directory_ops import TxnOps
+
+
+class Directory:
+    """Answers NOT_FOUND until `reserved_after` Begins were asked, then APPLIED."""
+
+    def __init__(self, reserved_after: int | None):
+        self.reserved_after = reserved_after
+        self.calls = 0
+
+    async def begin(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks):
+        self.calls += 1
+        if self.reserved_after is None or self.calls <= self.reserved_after:
+            return TxnReply(request_id, transfer_id, Outcome.NOT_FOUND, None, 0)
+        return TxnReply(request_id, transfer_id, Outcome.APPLIED, TxnState.TRANSFERRING, generation)
+
+
+def test_begin_waits_for_a_reservation_on_its_way():
+    directory = Directory(reserved_after=3)
+    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
+    assert (r.outcome, r.state, directory.calls) == (Outcome.APPLIED, TxnState.TRANSFERRING, 4)
+
+
+def test_begin_gives_up_on_a_transaction_nobody_reserves():
+    directory = Directory(reserved_after=None)
+    t0 = time.monotonic()
+    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1, wait_s=0.2))
+    waited = time.monotonic() - t0
+    assert r.outcome is Outcome.NOT_FOUND and directory.calls > 2
+    assert 0.2 <= waited < 5.0
+
+
+def test_other_refusals_are_answered_at_once():
+    class Stale(Directory):
+        async def begin(self, *a):
+            self.calls += 1
+            return TxnReply("r", "r/1", Outcome.STALE_GENERATION, TxnState.ABORTED, 2)
+
+    directory = Stale(None)
+    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
+    assert (r.outcome, directory.calls) == (Outcome.STALE_GENERATION, 1)
