@@ -21,8 +21,14 @@ the round trips a disaggregated request makes in sequence that a colocated one d
 little work each hop does. Where it is above the target, the target is out of reach here
 by that many round trips, not by work on the path.
 
+The work, in the same run: the CPU time (user + system, all threads) every cluster
+process spends per request, over `--requests` requests of each mode in a row. On a
+machine where every process shares two cores, the extra CPU of a disaggregated request
+is time on the critical path unless it overlaps compute; where the overhead is close to
+it, the overhead is work (Python per hop: gRPC, TLS, protobuf, spans), not waiting.
+
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
-"floor" | "hop", ...}.
+"floor" | "cpu" | "cpu_extra" | "hop", ...}.
 """
 
 from __future__ import annotations
@@ -80,6 +86,26 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
     return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
 
 
+def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str, float]:
+    """CPU ms (user + system, every thread) each cluster process spent per request over
+    `args.requests` requests of `mode` in a row (the client's own process excluded)."""
+    import psutil
+
+    procs = {name: psutil.Process(p.pid) for name, p in cluster.procs.items()}
+
+    def times() -> dict[str, float]:
+        return {name: sum(proc.cpu_times()[:2]) for name, proc in procs.items()}
+    before = times()
+    for _ in range(args.requests):
+        prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+        res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode, ignore_eos=True,
+                                deadline_s=60)
+        if res.route != mode:
+            raise RuntimeError(f"{mode}: ran {res.route}")
+    after = times()
+    return {name: (after[name] - before[name]) * 1000 / args.requests for name in procs}
+
+
 def round_trips(cluster, name: str, service: str) -> list[float]:
     """RTT_CALLS health Checks (ms) on one mutual-TLS channel to process `name`, after one
     untimed call (the handshake)."""
@@ -125,6 +151,7 @@ def run(args) -> None:
                     if i >= args.warmup:
                         ttft[mode].append(res.ttft_ms)
                         ids[mode].append(res.request_id)
+            cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
         rtts = {svc: round_trips(cluster, name, svc) for svc, name in
                 (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
         spans_file = cluster.state / SPANS_FILE
@@ -156,6 +183,13 @@ def run(args) -> None:
     emit(metric="floor", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
          floor_ms=round(floor, 2), target_ms=TARGET_OVERHEAD_MS, overhead_over_floor=round(overhead / floor, 2),
          target_reachable_here=floor <= TARGET_OVERHEAD_MS)
+    for mode in MODES:
+        emit(metric="cpu", mode=mode, requests=args.requests, cpu_ms_per_request=round(sum(cpu[mode].values()), 2),
+             by_process={k: round(v, 2) for k, v in sorted(cpu[mode].items())})
+    extra_cpu = sum(cpu["disaggregated"].values()) - sum(cpu["colocated"].values())
+    emit(metric="cpu_extra", extra_cpu_ms_per_request=round(extra_cpu, 2), overhead_ms=round(overhead, 2),
+         overhead_over_extra_cpu=round(overhead / extra_cpu, 2) if extra_cpu > 0 else None,
+         target_ms=TARGET_OVERHEAD_MS)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),

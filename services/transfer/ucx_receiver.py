@@ -22,7 +22,9 @@ Receiver rules:
   a piece failed (sender    Failed for the transfer
   died mid-read) or no data
   for idle_timeout_s
-  COMMIT                    the transfer leaves `pending`; on_commit runs in a task; VERDICT
+  COMMIT                    held while an accepted chunk is still landing (it follows the
+                            chunks at once); then the transfer leaves `pending`, on_commit
+                            runs in a task; VERDICT (refused if the transfer ended meanwhile)
   ABORT                     Failed("aborted by sender: ...")
 
 Safety invariant: the only writes into a destination view are UCX receives
@@ -77,6 +79,7 @@ class UcxReceiver(KVReceiver):
         self._posted: dict[str, list[tuple[int, asyncio.Future]]] = {}
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
+        self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
         self._tasks: set[asyncio.Task] = set()
         self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
@@ -111,6 +114,9 @@ class UcxReceiver(KVReceiver):
     def _drop(self, transfer_id: str) -> None:
         self._last_heard.pop(transfer_id, None)
         self._claimed.pop(transfer_id, None)
+        held = self._held.pop(transfer_id, None)
+        if held is not None:  # forgotten with its COMMIT waiting: the sender hears it now
+            self._reply(held[0], wire.VERDICT, transfer_id, {"published": False, "reason": "transfer forgotten"})
 
     def _heard(self, tid: str) -> None:
         """A message of pending transfer tid arrived: (re)arm its idle watchdog."""
@@ -121,11 +127,8 @@ class UcxReceiver(KVReceiver):
             self._spawn(self._watchdog(tid, self.pending[tid]))
 
     async def _watchdog(self, tid: str, exp: Expectation) -> None:
-        """Fail a started transfer whose sender says nothing for idle_timeout_s.
-
-        With UCX error handling off a dead sender is otherwise silent; chunks in
-        flight have their own timeout in `_land`.
-        """
+        """Fail a started transfer whose sender says nothing for idle_timeout_s (UCX, error
+        handling off, is silent about a dead sender; a chunk whose data never comes ends so)."""
         loop = asyncio.get_running_loop()
         while self.pending.get(tid) is exp and tid in self._last_heard:
             wait = self._last_heard[tid] + self.idle_timeout_s - loop.time()
@@ -256,9 +259,7 @@ class UcxReceiver(KVReceiver):
 
     def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
               views: list[memoryview], sent: str, posted: list, staged: list) -> None:
-        """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer).
-
-        A chunk whose data never comes is failed by the transfer's idle watchdog."""
+        """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer)."""
         if self.pending.get(tid) is not exp:
             return  # forgotten, failed or committed meanwhile; fence() owns the receives
         errors = [f.exception() for _, f in posted
@@ -285,6 +286,10 @@ class UcxReceiver(KVReceiver):
         self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
         emit(exp, arrived)
         self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
+        held = self._held.get(tid)
+        if held is not None and not self._in_flight(tid, exp):
+            del self._held[tid]
+            self._close(held[0], tid, exp, held[1])
 
     def _wants_body(self, kind: int, tid: str, nonce: int) -> bool:
         """An out-of-line body is received only from a sender that said HELLO (anyone else
@@ -305,15 +310,26 @@ class UcxReceiver(KVReceiver):
         except ValueError as e:
             self._reject(nonce, tid, exp, f"malformed commit: {e}")
             return
-        del self.pending[tid]  # ends here: no more chunks, no Failed from stop/idle
+        if tid in self._held:
+            self._reject(nonce, tid, exp, "a second COMMIT")
+        elif self._in_flight(tid, exp):  # decided when the last of them lands (`_land`)
+            self._held[tid] = (nonce, commit)
+        else:
+            self._close(nonce, tid, exp, commit)
+
+    def _in_flight(self, tid: str, exp: Expectation) -> bool:  # an accepted chunk not landed yet
+        return any(key not in exp.received for key in self._claimed.get(tid, ()))
+
+    def _close(self, nonce: int, tid: str, exp: Expectation, commit: TransferCommit) -> None:
+        """The COMMIT ends the transfer here: no more chunks, no Failed from stop/idle."""
+        del self.pending[tid]
         self._last_heard.pop(tid, None)
         self._claimed.pop(tid, None)
         self._spawn(self._decide(nonce, exp, commit))
 
     async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
-        self._reply(nonce, wire.VERDICT, exp.transfer_id,
-                    {"published": verdict.published, "reason": verdict.reason})
+        self._reply(nonce, wire.VERDICT, exp.transfer_id, {"published": verdict.published, "reason": verdict.reason})
 
     def metrics(self) -> list[tuple[str, dict, float]]:
         """Samples for services.telemetry: totals, pending transfers, and the transports."""
@@ -330,6 +346,9 @@ class UcxReceiver(KVReceiver):
     def _fail(self, tid: str, reason: str) -> None:
         if tid in self.pending:
             self.stats["failed_transfers"] += 1
+        held = self._held.pop(tid, None)
+        if held is not None:  # its COMMIT waited: the sender hears why
+            self._reply(held[0], wire.ERROR, tid, {"reason": reason})
         super()._fail(tid, reason)
 
     def _reply(self, nonce: int, kind: int, tid: str, body: dict) -> None:

@@ -10,10 +10,11 @@ Per chunk (the chunk ledger of 0x06A):
     -> credit released
 
 `send` returns once the chunk is issued (credit held, CHUNK sent): the caller's
-buffers must stay valid until `commit` or `abort` returns. `commit` waits until
-every chunk is VISIBLE, sends COMMIT and returns the VERDICT. Every wait on the
-peer is bounded by io_timeout_s; on a failure the transfer fails (TransferError
-on its next send/commit) and the caller calls `abort`.
+buffers must stay valid until `commit` or `abort` returns. `commit` sends COMMIT
+right behind the last chunk (the receiver holds it until every chunk it accepted
+landed) and returns the VERDICT: one round trip after the last chunk, not two.
+Every wait on the peer is bounded by io_timeout_s; on a failure the transfer
+fails (TransferError on its next send/commit) and the caller calls `abort`.
 
 Credit rule on failure: a failed chunk's credit returns only after its piece
 sends are fenced — completed, or (peer unresponsive for fence_timeout_s) its
@@ -174,20 +175,14 @@ class UcxSender(KVSender):
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         tid = commit.transfer_id
         peer = await self._peer(dest)
-        out = self._outs.get((peer.nonce, tid))
-        if out is None:
-            out = self._outs[(peer.nonce, tid)] = _Out(peer, tid)
+        out = self._out(peer, tid)
         try:
-            while not out.failed and any(c.state != "visible" for c in out.chunks.values()):
-                out.changed.clear()
-                if not await self._wait_progress(out):
-                    self._fail(out, f"no chunk became visible at {dest[:60]} in "
-                                    f"{self.io_timeout_s} s")
             self._raise_if_failed(out)
             out.verdict = asyncio.get_running_loop().create_future()
             try:
                 await self._control(peer, wire.COMMIT, tid, encode_commit(commit))
                 if await self._wait_progress(out, out.verdict):
+                    await self._fence_unseen(out)
                     return out.verdict.result()
                 self._raise_if_failed(out)
                 raise asyncio.TimeoutError
@@ -342,6 +337,12 @@ class UcxSender(KVSender):
         for c in out.chunks.values():
             if c.credited and c.state != "visible":
                 out.fences.append(asyncio.ensure_future(self._fence(out, c)))
+
+    async def _fence_unseen(self, out: _Out) -> None:
+        """After a verdict, chunks never VISIBLE (refused first) return their credit once fenced."""
+        unseen = [c for c in out.chunks.values() if c.credited and c.state != "visible"]
+        if unseen:
+            await asyncio.gather(*(self._fence(out, c) for c in unseen))
 
     async def _fence(self, out: _Out, c: _OutChunk) -> None:
         """Return a failed chunk's credit once UCX can no longer touch its memory."""
