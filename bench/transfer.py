@@ -5,9 +5,10 @@ two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
 
   pdserve-ucx   services.transfer `ucx` backend: chunks planned like the prefill
                 worker (plan_chunks: layer-major, <= max_chunk_blocks blocks),
-                each checksummed then sent from views of the sender's cache,
-                received into views of the receiver's cache, then commit; timed
-                from the first checksum to the verdict
+                each checksummed, then all sent in one `send_many` from views of
+                the sender's cache (chunks up to 256 KiB packed into one message
+                per 2 MiB), received into views of the receiver's cache, then
+                commit; timed from the first checksum to the verdict
   pdserve-tcp   the same over the `tcp` backend
   ucx_perftest  native `ucx_perftest -t tag_bw`, UCX_TLS=shm,self, one message =
                 the cache size, default window (32 in flight), -n/-w iterations

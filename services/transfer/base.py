@@ -176,6 +176,12 @@ class KVSender(abc.ABC):
                    buffers: Sequence[memoryview]) -> None:
         """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
 
+    async def send_many(self, dest: str, transfer_id: str,
+                        items: Sequence[tuple[Chunk, Sequence[memoryview]]]) -> None:
+        """`send` each (chunk, buffers) in order; a backend may pack small ones together."""
+        for chunk, buffers in items:
+            await self.send(dest, transfer_id, chunk, buffers)
+
     @abc.abstractmethod
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         """Show the receiver this transfer's credential (AUTH) before its first chunk.

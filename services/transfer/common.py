@@ -73,6 +73,17 @@ async def decide(exp: Expectation, commit: TransferCommit) -> Verdict:
         return verdict
 
 
+def coalesce(items: Sequence[tuple[Chunk, list[memoryview]]]) -> tuple[list[list], bytearray]:
+    """Small chunks as one message: ([[layer, start, count, bytes, checksum], ...], their
+    bytes back to back in one buffer, in that order)."""
+    buf, off = bytearray(sum(c.num_bytes for c, _ in items)), 0
+    for _, views in items:
+        for v in views:
+            buf[off:off + v.nbytes] = v
+            off += v.nbytes
+    return [[c.key.layer, c.key.block_start, c.key.block_count, c.num_bytes, c.checksum] for c, _ in items], buf
+
+
 def chunk_buffers(chunk: Chunk, buffers: Sequence) -> list[memoryview]:
     """The sender's buffers as byte views; ValueError unless they hold chunk.num_bytes."""
     views = [byte_view(b) for b in buffers]

@@ -49,7 +49,7 @@ from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
 from .common import decide, destination, emit, place
 from .tcp_wire import decode_commit
-from .ucx_runtime import Mailbox, UcxRuntime, local_host, post_control, runtime
+from .ucx_runtime import Landing, Mailbox, UcxRuntime, local_host, post_control, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -197,13 +197,14 @@ class UcxReceiver(KVReceiver):
         exp = self.pending.get(tid)
         try:
             serial = int(body["serial"])
-            key = ChunkKey(*(int(x) for x in body["key"]))
-            nbytes, sent = int(body["bytes"]), str(body["checksum"])
+            entries = [(ChunkKey(*(int(x) for x in e[:3])), int(e[3]), str(e[4])) for e in body["batch"]] \
+                if "batch" in body else [(ChunkKey(*(int(x) for x in body["key"])), int(body["bytes"]),
+                                          str(body["checksum"]))]
             sizes = [int(x) for x in body["sizes"]]
             first = int(body["tag"])
-            if first >> 60 != wire.DATA or len(sizes) > MAX_PIECES:
-                raise ValueError(f"data tag {first:#x} / {len(sizes)} pieces")
-        except (KeyError, TypeError, ValueError) as e:
+            if first >> 60 != wire.DATA or len(sizes) > MAX_PIECES or not 0 < len(entries) <= MAX_PIECES:
+                raise ValueError(f"data tag {first:#x} / {len(sizes)} pieces / {len(entries)} chunks")
+        except (KeyError, TypeError, ValueError, IndexError) as e:
             self._reject(nonce, tid, exp, f"malformed CHUNK: {e!r}")
             return
         if exp is None:
@@ -211,15 +212,21 @@ class UcxReceiver(KVReceiver):
             self._reply(nonce, wire.ERROR, tid, {"reason": f"transfer {tid} not expected"})
             return
         claimed = self._claimed.setdefault(tid, set())
-        views, problem = ([], f"duplicate chunk {key}") if key in claimed else \
-            destination(exp, key, nbytes)
-        if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != nbytes):
-            problem = f"chunk {key}: sender views {sizes[:4]}... do not add up to {nbytes}"
+        keys = [key for key, _, _ in entries]
+        views, per, problem = [], [], "" if len(set(keys)) == len(keys) else f"duplicate chunk in batch {keys}"
+        for key, nbytes, _ in entries:
+            if problem:
+                break
+            got, problem = ([], f"duplicate chunk {key}") if key in claimed else destination(exp, key, nbytes)
+            views += got
+            per.append(got)
+        if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != sum(n for _, n, _ in entries)):
+            problem = f"chunk {keys[0]}: sender views {sizes[:4]}... do not add up to its bytes"
         if problem:
             self._swallow(first, len(sizes))
             self._reject(nonce, tid, exp, problem)
             return
-        claimed.add(key)
+        claimed.update(keys)
         posted, staged = [], []
         for i, parts in enumerate(place(views, sizes)):
             t = first + i
@@ -230,8 +237,7 @@ class UcxReceiver(KVReceiver):
                 staged.append((buf, parts))
                 posted.append((t, self._rt.post_recv(buf, t)))
         self._posted.setdefault(tid, []).extend(posted)
-        land = _Landing(len(posted), lambda: self._land(nonce, tid, exp, serial, key, views,
-                                                        sent, posted, staged))
+        land = Landing(len(posted), lambda: self._land(nonce, tid, exp, serial, entries, per, posted, staged))
         for _, f in posted:
             f.add_done_callback(land.piece_done)
 
@@ -257,35 +263,34 @@ class UcxReceiver(KVReceiver):
             fut = self._rt.post_recv(bytearray(1), first_tag + i)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # truncated
 
-    def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, key: ChunkKey,
-              views: list[memoryview], sent: str, posted: list, staged: list) -> None:
+    def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, entries: list, per: list,
+              posted: list, staged: list) -> None:
         """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer)."""
         if self.pending.get(tid) is not exp:
             return  # forgotten, failed or committed meanwhile; fence() owns the receives
         errors = [f.exception() for _, f in posted
                   if not f.cancelled() and f.exception() is not None]
         if errors:
-            self._fail(tid, f"chunk {key}: receive failed (sender lost?): {errors[0]!r}")
+            self._fail(tid, f"chunk {entries[0][0]}: receive failed (sender lost?): {errors[0]!r}")
             return
         for buf, parts in staged:  # still pending (checked above): the views are ours
             off = 0
             for part in parts:
                 part[:] = memoryview(buf)[off:off + part.nbytes]
                 off += part.nbytes
-        got = checksum(views)
-        if got != sent:
-            self._reject(nonce, tid, exp, f"checksum mismatch in chunk {key}: sender {sent}, "
-                                          f"received {got}")
-            return
-        nbytes = sum(v.nbytes for v in views)
+        sums = [checksum(views) for views in per]
+        for (key, _, sent), got in zip(entries, sums):
+            if got != sent:
+                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {key}: sender {sent}, received {got}")
+                return
         self._heard(tid)
-        arrived = ChunkArrived(tid, key, nbytes, got)
-        exp.received[key] = arrived
-        self.stats["chunks"] += 1
-        self.stats["bytes"] += nbytes
         self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
-        emit(exp, arrived)
-        self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": got})
+        for (key, nbytes, _), got in zip(entries, sums):
+            arrived = exp.received[key] = ChunkArrived(tid, key, nbytes, got)
+            self.stats["chunks"] += 1
+            self.stats["bytes"] += nbytes
+            emit(exp, arrived)
+        self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": sums[-1]})
         held = self._held.get(tid)
         if held is not None and not self._in_flight(tid, exp):
             del self._held[tid]
@@ -376,23 +381,6 @@ class UcxReceiver(KVReceiver):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("ucx receiver task failed: %r", task.exception())
-
-
-class _Landing:
-    """Counts a chunk's completed pieces; runs `then` once, when the last one completes."""
-
-    __slots__ = ("left", "then")
-
-    def __init__(self, pieces: int, then):
-        self.left, self.then = pieces, then
-
-    def piece_done(self, _fut) -> None:
-        self.left -= 1
-        if self.left == 0:
-            try:
-                self.then()
-            except Exception:  # a bug here must not vanish in a callback
-                log.exception("ucx receiver: landing a chunk failed")
 
 
 def _log_reply_error(f: asyncio.Future) -> None:

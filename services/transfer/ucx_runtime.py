@@ -287,3 +287,20 @@ async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: 
                            f"{timeout_s} s")
     for f in done:
         f.result()
+
+
+class Landing:
+    """Counts a chunk's completed pieces; runs `then` once, when the last one completes."""
+
+    __slots__ = ("left", "then")
+
+    def __init__(self, pieces: int, then):
+        self.left, self.then = pieces, then
+
+    def piece_done(self, _fut) -> None:
+        self.left -= 1
+        if self.left == 0:
+            try:
+                self.then()
+            except Exception:  # a bug here must not vanish in a callback
+                log.exception("ucx: landing a chunk failed")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -33,52 +32,22 @@ from collections.abc import Sequence
 from services.common.liveness import process_running
 
 from . import ucx_wire as wire
-from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
-from .common import chunk_buffers
+from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
+from .common import chunk_buffers, coalesce
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
+from .ucx_outgoing import OutChunk, Outgoing, Peer
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
 
+EAGER_CHUNK_BYTES = 256 << 10
+"""`send_many`: chunks up to this size leave together, copied into one message (a chunk's
+fixed cost — header, receives, VISIBLE, credit — is paid once per batch)."""
+EAGER_BATCH_BYTES = 2 << 20
+"""At most this much in one batch."""
 PROBE_INTERVAL_S = 0.25
 """How often a waiting sender checks that a same-host peer process still exists."""
-
-
-@dataclasses.dataclass(eq=False)
-class _OutChunk:
-    serial: int
-    key: ChunkKey
-    nbytes: int
-    views: list[memoryview]
-    state: str = "issued"  # issued -> sending (header and data posted) -> visible | fenced
-    sends: list[asyncio.Future] = dataclasses.field(default_factory=list)
-    credited: bool = True
-
-
-@dataclasses.dataclass(eq=False)
-class _Peer:
-    dest: str
-    nonce: int
-    host: str
-    pid: int
-    address: bytes
-    ep: object
-    credits: CreditWindow
-    path: str
-    dead: str = ""
-
-
-@dataclasses.dataclass(eq=False)
-class _Out:
-    peer: _Peer
-    tid: str
-    chunks: dict[int, _OutChunk] = dataclasses.field(default_factory=dict)
-    failed: str = ""
-    verdict: asyncio.Future | None = None
-    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    fences: list[asyncio.Task] = dataclasses.field(default_factory=list)
-    serials: itertools.count = dataclasses.field(default_factory=itertools.count)
 
 
 class UcxSender(KVSender):
@@ -91,9 +60,9 @@ class UcxSender(KVSender):
         self.nonce = wire.new_nonce()
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, Peer] = {}
         self._connecting: dict[str, asyncio.Future] = {}
-        self._outs: dict[tuple[int, str], _Out] = {}
+        self._outs: dict[tuple[int, str], Outgoing] = {}
         self._oob = itertools.count(1)
         self._data = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0)
@@ -111,11 +80,32 @@ class UcxSender(KVSender):
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
-        views = chunk_buffers(chunk, buffers)
-        nbytes = chunk.num_bytes
+        await self.send_many(dest, transfer_id, [(chunk, buffers)])
+
+    async def send_many(self, dest: str, transfer_id: str,
+                        items: Sequence[tuple[Chunk, Sequence[memoryview]]]) -> None:
+        """Runs of small chunks (each up to EAGER_CHUNK_BYTES) leave as one batch message
+        per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy."""
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
+        limit, run = min(EAGER_BATCH_BYTES, peer.credits.capacity), []
+        for chunk, buffers in items:
+            views = chunk_buffers(chunk, buffers)
+            big = chunk.num_bytes > EAGER_CHUNK_BYTES
+            if run and (big or sum(c.num_bytes for c, _ in run) + chunk.num_bytes > limit):
+                run = await self._issue(out, run)
+            run.append((chunk, views))
+            if big:
+                run = await self._issue(out, run)
+        if run:
+            await self._issue(out, run)
+
+    async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]]) -> list:
+        """Send `items` as one message (a batch when several); returns a new empty run."""
+        peer, transfer_id, dest = out.peer, out.tid, out.peer.dest
         self._raise_if_failed(out)
+        chunk, views = items[0]
+        nbytes = sum(c.num_bytes for c, _ in items)
         try:
             await peer.credits.acquire(nbytes, self.io_timeout_s)
         except CreditTimeout as e:
@@ -124,16 +114,17 @@ class UcxSender(KVSender):
         if out.failed:  # failed while we waited: the credit goes straight back
             peer.credits.release(nbytes)
             self._raise_if_failed(out)
-        c = _OutChunk(next(out.serials), chunk.key, nbytes, views)
+        batch, buf = coalesce(items) if len(items) > 1 else (None, None)
+        c = OutChunk(next(out.serials), chunk.key, nbytes, views if buf is None else [memoryview(buf)])
         out.chunks[c.serial] = c
-        pieces = [v for v in views if v.nbytes]
+        pieces = [v for v in c.views if v.nbytes]
         first = next(self._data)
         for _ in pieces[1:]:
             next(self._data)
         first_tag = wire.tag(wire.DATA, self.nonce, first)
-        body = {"serial": c.serial, "bytes": nbytes, "checksum": chunk.checksum,
-                "key": [chunk.key.layer, chunk.key.block_start, chunk.key.block_count],
-                "sizes": [v.nbytes for v in pieces], "tag": first_tag}
+        body = {"serial": c.serial, "sizes": [v.nbytes for v in pieces], "tag": first_tag}
+        body.update(batch=batch) if batch else body.update(
+            bytes=nbytes, checksum=chunk.checksum, key=[chunk.key.layer, chunk.key.block_start, chunk.key.block_count])
         try:
             # Header, then the data right behind it: UCX holds the data (rendezvous:
             # only its descriptor) until the receiver posts the destination views.
@@ -154,6 +145,7 @@ class UcxSender(KVSender):
         for f in c.sends:
             f.add_done_callback(sent)
         self._raise_if_failed(out)
+        return []
 
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         peer = await self._peer(dest)
@@ -165,11 +157,11 @@ class UcxSender(KVSender):
             self._fail(out, f"AUTH to {dest[:60]} failed: {e!r}")
         self._raise_if_failed(out)
 
-    def _out(self, peer: _Peer, transfer_id: str) -> _Out:
+    def _out(self, peer: Peer, transfer_id: str) -> Outgoing:
         """The outgoing state of `transfer_id` to `peer`, made on first use."""
         out = self._outs.get((peer.nonce, transfer_id))
         if out is None:
-            out = self._outs[(peer.nonce, transfer_id)] = _Out(peer, transfer_id)
+            out = self._outs[(peer.nonce, transfer_id)] = Outgoing(peer, transfer_id)
         return out
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
@@ -228,7 +220,7 @@ class UcxSender(KVSender):
             await self._mailbox.stop()
             self._mailbox = None
 
-    async def _wait_progress(self, out: _Out, fut: asyncio.Future | None = None) -> bool:
+    async def _wait_progress(self, out: Outgoing, fut: asyncio.Future | None = None) -> bool:
         """Wait up to io_timeout_s for `fut` (or any change of `out`); False on timeout.
 
         A peer on this host is probed by pid while we wait: UCX (error handling off)
@@ -252,7 +244,7 @@ class UcxSender(KVSender):
                 waiter.cancel()
 
     # -- peers
-    async def _peer(self, dest: str) -> _Peer:
+    async def _peer(self, dest: str) -> Peer:
         peer = self._peers.get(dest)
         if peer is not None and not peer.dead:
             return peer
@@ -262,7 +254,7 @@ class UcxSender(KVSender):
             fut.add_done_callback(lambda _: self._connecting.pop(dest, None))
         return await asyncio.shield(fut)
 
-    async def _connect(self, dest: str) -> _Peer:
+    async def _connect(self, dest: str) -> Peer:
         try:
             nonce, host, pid, address = wire.parse_address(dest)
         except ValueError as e:
@@ -275,7 +267,7 @@ class UcxSender(KVSender):
                 ep = await self._rt.endpoint(address)
         except Exception as e:  # noqa: BLE001 - bad address bytes, UCX errors
             raise TransferError(f"cannot connect to {dest[:80]}: {e!r}") from None
-        peer = _Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),
+        peer = Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),
                      self._rt.path_to(host))
         try:
             await self._control(peer, wire.HELLO, "", {"address": _b64(self._rt.address)})
@@ -286,7 +278,7 @@ class UcxSender(KVSender):
         self._peers[dest] = peer
         return peer
 
-    def _drop_peer(self, peer: _Peer, reason: str) -> None:
+    def _drop_peer(self, peer: Peer, reason: str) -> None:
         if peer.dead:
             return
         peer.dead = reason
@@ -299,7 +291,7 @@ class UcxSender(KVSender):
             if out.peer is peer:
                 self._fail(out, f"peer dropped: {reason}")
 
-    async def _control(self, peer: _Peer, kind: int, tid: str, body: dict) -> None:
+    async def _control(self, peer: Peer, kind: int, tid: str, body: dict) -> None:
         await send_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), kind, tid,
                            self.nonce, body, lambda: next(self._oob), self.io_timeout_s)
 
@@ -324,7 +316,7 @@ class UcxSender(KVSender):
                                                str(body.get("reason", ""))))
 
     # -- failure
-    def _fail(self, out: _Out, reason: str) -> None:
+    def _fail(self, out: Outgoing, reason: str) -> None:
         if out.failed:
             return
         out.failed = reason
@@ -338,13 +330,13 @@ class UcxSender(KVSender):
             if c.credited and c.state != "visible":
                 out.fences.append(asyncio.ensure_future(self._fence(out, c)))
 
-    async def _fence_unseen(self, out: _Out) -> None:
+    async def _fence_unseen(self, out: Outgoing) -> None:
         """After a verdict, chunks never VISIBLE (refused first) return their credit once fenced."""
         unseen = [c for c in out.chunks.values() if c.credited and c.state != "visible"]
         if unseen:
             await asyncio.gather(*(self._fence(out, c) for c in unseen))
 
-    async def _fence(self, out: _Out, c: _OutChunk) -> None:
+    async def _fence(self, out: Outgoing, c: OutChunk) -> None:
         """Return a failed chunk's credit once UCX can no longer touch its memory."""
         if c.sends:
             _, pending = await asyncio.wait(c.sends, timeout=self.fence_timeout_s)
@@ -354,18 +346,18 @@ class UcxSender(KVSender):
         c.state = "fenced"
         self._release(out.peer, c)
 
-    def _release(self, peer: _Peer, c: _OutChunk) -> None:
+    def _release(self, peer: Peer, c: OutChunk) -> None:
         if c.credited:
             c.credited = False
             peer.credits.release(c.nbytes)
 
-    async def _settle(self, out: _Out) -> None:
+    async def _settle(self, out: Outgoing) -> None:
         """Wait for the failed transfer's fences (bounded: they time out themselves)."""
         while out.fences:
             fences, out.fences = out.fences, []
             await asyncio.gather(*fences, return_exceptions=True)
 
-    def _raise_if_failed(self, out: _Out) -> None:
+    def _raise_if_failed(self, out: Outgoing) -> None:
         if out.failed:
             raise TransferError(f"transfer {out.tid} to {out.peer.dest[:60]}: {out.failed}")
 

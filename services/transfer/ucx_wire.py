@@ -18,7 +18,9 @@ the body follows (the receiver posts a buffer of exactly body_len for it).
     HELLO    {"address": b64 UCX worker address}   sender -> receiver, first message
     CHUNK    {"serial": n, "key": [layer, start, count], "bytes": n, "checksum": hex,
               "sizes": [the sender's view sizes], "tag": DATA tag of the first piece}
-             followed by one tagged message per piece (tag, tag + 1, ...)
+             followed by one tagged message per piece (tag, tag + 1, ...); a batch of small
+             chunks is {"serial", "batch": [[layer, start, count, bytes, checksum], ...],
+             "sizes": [their total], "tag"}: their bytes, in order, in one message
     COMMIT   encode_commit(TransferCommit)
     ABORT    {"reason": str}
     VISIBLE  {"serial": n, "checksum": hex}     the chunk is in the destination views

@@ -45,6 +45,10 @@ class FaultPause:
     def __init__(self, seconds: float):
         self.seconds = seconds
 
+    def wants(self, step: str, request_id: str) -> bool:
+        """Does `request_id` pause at `step`?"""
+        return self.seconds > 0 and f"@{step}" in request_id
+
     async def __call__(self, step: str, request_id: str) -> None:
-        if self.seconds > 0 and f"@{step}" in request_id:
+        if self.wants(step, request_id):
             await asyncio.sleep(self.seconds)

@@ -33,16 +33,18 @@ from tests.support.transfer.fixtures import (
 __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used by every test here
 
 
-@pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve", [
-    ("tiny", 9, 1, {}),                                       # one block, one chunk per layer
-    ("tiny", 301, 3, dict(cached_prefix=64, holders=5)),      # prefix hit at R, shifted blocks
-    ("wide", 4095, 16, {}),                                   # 256 blocks = 64 MiB, 1 MiB chunks
-], ids=["1-block", "prefix-hit", "64MiB"])
-def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve):
+@pytest.mark.parametrize("spec,prompt_len,per_chunk,reserve,many", [
+    ("tiny", 9, 1, {}, False),                                   # one block, one chunk per layer
+    ("tiny", 301, 3, dict(cached_prefix=64, holders=5), False),  # prefix hit at R, shifted blocks
+    ("wide", 4095, 16, {}, False),                               # 256 blocks = 64 MiB, 1 MiB chunks
+    ("tiny", 301, 3, {}, True),                                  # 28 small chunks, one send_many
+    ("wide", 4095, 4, {}, True),                                 # 256 KiB chunks: 2 MiB batches
+], ids=["1-block", "prefix-hit", "64MiB", "batched", "64MiB-batched"])
+def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve, many):
     r, s, _ = procs
-    tid, res, pre = reserve_and_prefill(procs, spec, make_prompt(prompt_len, prompt_len), per_chunk=per_chunk,
-                                         **reserve)
-    sent = send(procs, tid, res, per_chunk)
+    prompt = make_prompt(prompt_len, prompt_len + many)  # another prompt: no prefix hit at R from the case before
+    tid, res, pre = reserve_and_prefill(procs, spec, prompt, per_chunk=per_chunk, **reserve)
+    sent = send(procs, tid, res, per_chunk, many=many)
     assert sent["published"] is True and not sent["error"], sent
     n_chunks = 4 * -(-(res["last_block"] - res["first_block"]) // per_chunk)
     assert sent["sent"] == n_chunks
@@ -94,6 +96,19 @@ def test_replayed_chunk_fails_as_duplicate(procs):
     sent = send(procs, tid, res, fault="replay", at=2)
     assert "duplicate chunk" in sent["error"], sent
     expect_failed(procs, tid, match="duplicate chunk")
+
+
+@pytest.mark.parametrize("fault,at,match", [("checksum", 5, "checksum mismatch"), ("payload", 0, "checksum mismatch"),
+                                            ("replay", 3, "duplicate chunk"), ("bad_key", 7, "unexpected chunk"),
+                                            ("short", 2, "expected")])
+def test_one_bad_chunk_in_a_batch_fails_the_transfer(procs, fault, at, match):
+    """`send_many` (ucx: one message for all of them): nothing of the batch is published."""
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 7))
+    sent = send(procs, tid, res, fault=fault, at=at, many=True)
+    assert sent["published"] is None and match in sent["error"], sent
+    out = expect_failed(procs, tid, match=match)
+    if procs.backend == "ucx":  # the batch lands whole or not at all
+        assert out["arrived"] == 0, out
 
 
 def test_abort_mid_stream_fails_the_transfer(procs):

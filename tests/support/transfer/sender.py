@@ -54,15 +54,16 @@ async def s_credits(backend: str) -> dict:
 
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
-                 io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0) -> dict:
+                 io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False) -> dict:
     """Send every chunk then commit; `fault` at chunk index `at`:
-    checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume)."""
+    checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
+    `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort)."""
     from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
     engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
-              sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at)
+              sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None)
     return await _pump(st, describe_chunk, chunk_views)
 
 
@@ -108,11 +109,15 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
             elif fault == "short":
                 data = b"".join(bytes(v) for v in views)[:-8]
                 chunk, views = dataclasses.replace(chunk, num_bytes=len(data)), [memoryview(data)]
-            await sender.send(dest, wire, chunk, views)
-            if fault == "replay":
-                await sender.send(dest, wire, chunk, views)
+            for _ in range(2 if fault == "replay" else 1):
+                if st["many"] is not None:
+                    st["many"].append((chunk, views))
+                else:
+                    await sender.send(dest, wire, chunk, views)
             st["chunks"].append(chunk)
             st["next"] += 1
+        if st["many"]:
+            await sender.send_many(dest, wire, st["many"])
         verdict = await sender.commit(dest, TransferCommit(
             wire, seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]),
             engine.kv_digest(seq), st["first"]))
