@@ -24,7 +24,9 @@ path is a warm-up (connection setup, page faults) and is not timed; the figure
 is the median of --repeats. gbps is 1e9 bytes/s. One JSON line per size and path:
 {"bench": "transfer", "size_mib", "path", "gbps", "ratio_vs_native", "ratio_vs_grpc"},
 ratios = this path's gbps over ucx_perftest's / grpc-stream's at the same size,
-measured in this run.
+measured in this run (pdserve rows add time_vs_raw_tcp); then one
+{"metric": "target", ...} line per issue-21 target part 1 can judge (1 MiB vs
+raw TCP, 64 MiB vs native).
 
 Part 2 (--streaming, default on): bench/_transfer_exposed.py.
 """
@@ -182,13 +184,27 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
     finally:
         r.close()
         s.close()
+    targets(table)
     return table
+
+
+def targets(table: dict[int, dict[str, float]]) -> None:
+    """Issue 21's part-1 targets, each from figures of this run (where measured)."""
+    small, large = table.get(1, {}), table.get(64, {})
+    if "pdserve-ucx" in small and "raw-tcp" in small:
+        ratio = small["raw-tcp"] / small["pdserve-ucx"]
+        emit(bench="transfer", metric="target", target="1 MiB hand-off <= 2x raw TCP time", size_mib=1,
+             time_vs_raw_tcp=round(ratio, 2), met=ratio <= 2.0)
+    if "pdserve-ucx" in large and "ucx_perftest" in large:
+        ratio = large["pdserve-ucx"] / large["ucx_perftest"]
+        emit(bench="transfer", metric="target", target="64 MiB >= 0.7x native ucx_perftest", size_mib=64,
+             ratio_vs_native=round(ratio, 3), met=ratio >= 0.7)
 
 
 def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[float]],
            errors: dict[str, str], native_extra: dict) -> dict[str, float]:
     gbps = {p: size_bytes / statistics.median(t) / 1e9 for p, t in runs.items()}
-    native, grpc = gbps.get("ucx_perftest"), gbps.get("grpc-stream")
+    native, grpc, raw = gbps.get("ucx_perftest"), gbps.get("grpc-stream"), gbps.get("raw-tcp")
     for path in PATHS:
         if path in errors:
             emit(bench="transfer", size_mib=size_mib, path=path, error=errors[path])
@@ -202,7 +218,7 @@ def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[flo
         else:
             row.update(ms=[round(t * 1000, 2) for t in runs[path]])
         if path.startswith("pdserve"):
-            row.update(chunks=len(g.plan()))
+            row.update(chunks=len(g.plan()), time_vs_raw_tcp=round(raw / gbps[path], 2) if raw else None)
         emit(**row)
     return gbps
 
