@@ -29,6 +29,7 @@ from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.directory.wire import chunk_specs
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
+from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
@@ -223,9 +224,13 @@ class PrefillWorker:
         nbytes = sum(chunk_bytes(e, k) for k in plan)
         stream = self.cfg.stream_layers and nbytes >= self.cfg.stream_min_bytes
         rid = task.request_id
-        gate = ProducerGate(layers, reused, len(prompt), asyncio.get_running_loop(),
-                            lambda layer, end: self.events("layer_written", request=rid,
-                                                           layer=layer, token_end=end))
+        kv = LayerDigest(e, seq)  # streamed: each layer hashed once final, while later ones compute
+
+        def written(layer: int, end: int) -> None:
+            self.events("layer_written", request=rid, layer=layer, token_end=end)
+            if end >= len(prompt):
+                kv.final(layer)
+        gate = ProducerGate(layers, reused, len(prompt), asyncio.get_running_loop(), written)
         sink = AsyncSink(asyncio.get_running_loop())
         chunks: list[Chunk] = []
 
@@ -263,7 +268,7 @@ class PrefillWorker:
             t_computed = time.perf_counter()
             trace.computed(job)
             self.events("computed", request=rid)
-            digest = asyncio.ensure_future(self.loop.call(lambda en: en.kv_digest(seq)))
+            digest = asyncio.ensure_future(self.loop.call(lambda en: kv.hexdigest()))
             await self.pause("computed", rid)
             self._check(task)
             if streamer is None:

@@ -255,7 +255,15 @@ class Engine:
         """xxh3-128 of the K then V bytes of token slots [0, num_tokens), layer by layer.
 
         Hashes views of runs of consecutive physical blocks in place (no gather copy).
+        `LayerDigest` (services/engine/digest.py) computes the same value layer by layer.
         """
+        state = self.kv_digest_start(seq, num_tokens)
+        for layer in range(self.model_cfg.num_hidden_layers):
+            self.kv_digest_layer(state, layer)
+        return state[0].hexdigest()
+
+    def kv_digest_start(self, seq: Sequence, num_tokens: int | None = None) -> tuple:
+        """(hasher, runs of physical blocks) for `kv_digest_layer`, fed every layer in order."""
         n = seq.num_prompt_tokens if num_tokens is None else num_tokens
         nb = -(-n // self.block_size)
         table = seq.block_table[:nb]
@@ -267,13 +275,15 @@ class Engine:
                 j += 1
             runs.append((table[i], j - i, min(n, j * self.block_size) - i * self.block_size))
             i = j
-        h = xxhash.xxh3_128()
-        for layer in range(self.model_cfg.num_hidden_layers):
-            for part in (self.cache.k[layer], self.cache.v[layer]):
-                for first, count, tokens in runs:
-                    rows = part[first:first + count].flatten(0, 1)[:tokens]
-                    h.update(rows.view(torch.uint8).numpy().data)
-        return h.hexdigest()
+        return xxhash.xxh3_128(), runs
+
+    def kv_digest_layer(self, state: tuple, layer: int) -> None:
+        """Hash `layer`'s K then V rows into `state` (from `kv_digest_start`)."""
+        h, runs = state
+        for part in (self.cache.k[layer], self.cache.v[layer]):
+            for first, count, tokens in runs:
+                rows = part[first:first + count].flatten(0, 1)[:tokens]
+                h.update(rows.view(torch.uint8).numpy().data)
 
     @property
     def num_free_blocks(self) -> int:
