@@ -2,7 +2,8 @@
 colocated one on a short prompt, hop by hop.
 
 One local cluster (--model, --transport, 1 prefill + 1 decode, secure, traced: the
-default deployment). After --warmup requests per mode, --requests pairs: a fresh random
+default deployment; --no-secure and --no-traces measure what each costs, the latter
+without the waterfall). After --warmup requests per mode, --requests pairs: a fresh random
 --prompt-tokens prompt served colocated and disaggregated (which goes first alternates),
 --max-tokens, ignore_eos, one at a time. Client-side TTFT (the SDK's) per mode: median and
 p90; overhead = median disaggregated - median colocated (issue 21's target: <= 5 ms),
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -106,14 +108,17 @@ def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str,
     return {name: (after[name] - before[name]) * 1000 / args.requests for name in procs}
 
 
-def round_trips(cluster, name: str, service: str) -> list[float]:
-    """RTT_CALLS health Checks (ms) on one mutual-TLS channel to process `name`, after one
-    untimed call (the handshake)."""
+def round_trips(cluster, name: str, service: str, secure: bool) -> list[float]:
+    """RTT_CALLS health Checks (ms) on one channel (mutual TLS when `secure`) to process
+    `name`, after one untimed call (the handshake)."""
+    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from pdserve_client import tls
     out = []
-    with tls.channel(cluster.procs[name].address, cluster.client_files("operator"), service) as ch:
+    address = cluster.procs[name].address
+    with tls.channel(address, cluster.client_files("operator"), service) if secure else \
+            grpc.insecure_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for i in range(RTT_CALLS + 1):
             t0 = time.perf_counter()
@@ -132,10 +137,14 @@ def run(args) -> None:
     vocab = preset_config(args.model).vocab_size
     rng = random.Random(args.seed)
     emit(metric="config", model=args.model, transport=args.transport, prompt_tokens=args.prompt_tokens,
-         max_tokens=args.max_tokens, requests=args.requests, warmup=args.warmup, seed=args.seed)
+         max_tokens=args.max_tokens, requests=args.requests, warmup=args.warmup, seed=args.seed,
+         secure=args.secure, traces=args.traces)
     state = tempfile.mkdtemp(prefix="pdserve-bench-handoff-")
+    if not args.secure:  # the SDK's plaintext switch (else it looks for a certificate)
+        from pdserve_client import contract
+        os.environ[contract.INSECURE_ENV] = "1"
     cluster = LocalCluster(ClusterSpec(prefill=1, decode=1, model=args.model, transport=args.transport,
-                                       state_dir=state))
+                                       state_dir=state, insecure=not args.secure, traces=args.traces))
     ttft: dict[str, list[float]] = {m: [] for m in MODES}
     ids: dict[str, list[str]] = {m: [] for m in MODES}
     try:
@@ -152,11 +161,11 @@ def run(args) -> None:
                         ttft[mode].append(res.ttft_ms)
                         ids[mode].append(res.request_id)
             cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
-        rtts = {svc: round_trips(cluster, name, svc) for svc, name in
+        rtts = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
                 (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
         spans_file = cluster.state / SPANS_FILE
         traces = {m: [] for m in MODES}
-        for mode in MODES:
+        for mode in MODES if args.traces else ():
             for rid in ids[mode]:
                 found, _ = trace_view.wait_for(spans_file, rid, wait_s=10)
                 if len(found) == 1:
@@ -208,6 +217,11 @@ def main() -> None:
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--transport", default="ucx", choices=("ucx", "tcp"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--secure", action=argparse.BooleanOptionalAction, default=True,
+                    help="mutual TLS and capabilities (the default); --no-secure: what security costs")
+    ap.add_argument("--traces", action=argparse.BooleanOptionalAction, default=True,
+                    help="tracing to a local collector (the default; the waterfall needs it); "
+                         "--no-traces: what tracing costs")
     run(ap.parse_args())
 
 
