@@ -206,7 +206,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Validate, check the caller may move this transaction (one of `ends` of it, by
         certificate, or the router when `router`), let ``op`` check the request against
         the stored transaction and name its store call, fence against the stored
-        identity, then run that call on the store."""
+        identity, then run that call on the store: read and call in one pool job."""
         require(request_id, "request_id")
         require(transfer_id, "transfer_id")
         require(generation, "generation")
@@ -214,19 +214,22 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         who = caller(context) if self._secure else None
         if self._secure and not (router and who is not None and who.role == "router"):
             as_worker(context, self._secure, worker_id)
-        txn = await self._run(self._store.lookup, transfer_id)
-        if txn is None:
-            return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
-        if self._secure and who is not None and who.role != "router":
-            allowed = {"source": txn.spec.source.worker_id, "destination": txn.spec.dest.worker_id}
-            if who.name not in (allowed[e] for e in ends):
-                raise Denied(f"{who} is not the {' or '.join(ends)} of transfer {transfer_id}")
-        call = op(txn)  # after the caller checks: an outsider learns nothing from the request's content
-        rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
-        if rejected is not None:
-            return txn_response(rejected, txn, request_id, transfer_id)
-        result = await self._run(call)
-        return txn_response(result.outcome, result.txn, request_id, transfer_id)
+
+        def run() -> directory_pb2.TxnResponse:
+            txn = self._store.lookup(transfer_id)
+            if txn is None:
+                return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
+            if self._secure and who is not None and who.role != "router":
+                allowed = {"source": txn.spec.source.worker_id, "destination": txn.spec.dest.worker_id}
+                if who.name not in (allowed[e] for e in ends):
+                    raise Denied(f"{who} is not the {' or '.join(ends)} of transfer {transfer_id}")
+            call = op(txn)  # after the caller checks: an outsider learns nothing from the request's content
+            rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
+            if rejected is not None:
+                return txn_response(rejected, txn, request_id, transfer_id)
+            result = call()
+            return txn_response(result.outcome, result.txn, request_id, transfer_id)
+        return await self._run(run)
 
     def _simple(self, context, r, op: Callable[[Transaction], Callable[[], TxnResult]], **kw: Any):
         return self._transition(context, r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch,
