@@ -50,3 +50,29 @@ def test_a_changed_byte_in_the_last_layer_changes_it():
     engine.cache.v[last][seq.block_table[0]].view(-1)[3] -= 1.0
     assert engine.kv_digest(seq) != before.hexdigest()
     engine.free(seq)
+
+
+def test_a_fragmented_block_table_hashes_the_same_gathered_or_run_by_run(monkeypatch):
+    """Past GATHER_RUNS runs the digest hashes one gathered copy per K and V: the same bytes
+    in the same order as a view per run."""
+    from services.engine import engine as engine_module
+
+    engine = tiny_engine(num_blocks=64)
+    fillers = [engine.add_request(f"f{i}", random_prompt(random.Random(i), 16), 1, GREEDY, reuse_prefix=False)
+               for i in range(64)]  # the whole pool, a block each
+    for f in fillers[::2]:
+        engine.free(f)  # every other block free: the next sequence's table is fragmented
+    seq = engine.add_request("frag", random_prompt(random.Random(9), 300), 4, GREEDY, reuse_prefix=False)
+    engine.prefill(seq)
+    table = seq.block_table
+    runs = 1 + sum(1 for a, b in zip(table, table[1:], strict=False) if b != a + 1)
+    assert runs > engine_module.GATHER_RUNS
+    gathered = engine.kv_digest(seq)
+    monkeypatch.setattr(engine_module, "GATHER_RUNS", 10_000)
+    assert engine.kv_digest(seq) == gathered
+    assert engine.kv_digest(seq, num_tokens=123) == LayerDigest(engine, seq, num_tokens=123).hexdigest()
+    monkeypatch.setattr(engine_module, "GATHER_RUNS", 0)
+    assert engine.kv_digest(seq, num_tokens=123) == LayerDigest(engine, seq, num_tokens=123).hexdigest()
+    engine.free(seq)
+    for f in fillers[1::2]:
+        engine.free(f)
