@@ -272,9 +272,9 @@ class PrefillWorker:
             await self.pause("computed", rid)
             self._check(task)
             if streamer is None:
-                # One Begin opens the transfer and declares digest and checksums; it goes
-                # out before the first chunk and is answered while they travel. The commit
-                # waits for its answer (the destination validates against the declaration).
+                # One Begin opens the transfer and declares digest and checksums, on its
+                # way beside the chunks; the commit waits for its answer (the destination
+                # validates against the declaration).
                 kv_digest = await digest
                 described = [describe_chunk(e, seq, key) for key in plan]
                 begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
@@ -292,9 +292,7 @@ class PrefillWorker:
                 await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
             self.events("digest", request=rid)
         finally:
-            if streamer is not None and not streamer.done():
-                streamer.cancel()
-                await asyncio.gather(streamer, return_exceptions=True)
+            await _settle(streamer)
         self._check(task)
         if auth is not None:
             await auth

@@ -156,13 +156,6 @@ class RouteEpoch:
     """Of an advance: the publications under the epoch it retired, at that instant."""
 
 
-RESERVED_WAIT_S = 2.0
-"""How long a worker asks again about a transaction the directory does not hold yet
-(Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
-Prefill call (router/requests/attempts.py), so a worker may ask first. Past this the
-answer stands: the router gave up the attempt."""
-
-
 class StaleRouteEpoch(Exception):
     """A capability's route epoch is no longer the directory's (it was revoked)."""
 

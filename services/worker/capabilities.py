@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import tenacity
 
 from pdserve_client.rpc.pd.v1 import capability_pb2
-from services.directory.client import RESERVED_WAIT_S, StaleRouteEpoch, TransferNotRecorded
+from services.directory.client import StaleRouteEpoch, TransferNotRecorded
 from services.security.capability import (
     PUSH,
     CapabilityDenied,
@@ -45,6 +45,7 @@ from services.security.capability import (
     nonce_key,
 )
 from services.transfer.base import ChunkKey
+from services.worker.directory_ops import RESERVED_WAIT_S, until_recorded
 
 
 def _now_ms() -> int:
@@ -198,9 +199,7 @@ class DestinationGate:
         """Consume the verified capability's nonce once, under its route epoch. The router
         records the transfer beside its Prefill call, so the directory may not hold it yet:
         asked again (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True,
-            wait=tenacity.wait_exponential(multiplier=0.001, max=0.05), stop=tenacity.stop_after_delay(RESERVED_WAIT_S))
+        retrying = until_recorded(tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True)
 
         async def consume() -> bool:
             return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)

@@ -14,18 +14,30 @@ from collections.abc import Awaitable, Callable, Sequence
 import tenacity
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.client import RESERVED_WAIT_S, DirectoryClient, TxnReply
+from services.directory.client import DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
 from services.directory.states import Outcome
 
-__all__ = ["DirectoryUnavailable", "TxnOps"]
+__all__ = ["RESERVED_WAIT_S", "DirectoryUnavailable", "TxnOps", "until_recorded"]
 
 RELEASE_RETRY_S = 120.0
 """How long a worker keeps retrying the release of a finished transaction."""
+RESERVED_WAIT_S = 2.0
+"""How long a worker asks again about a transaction the directory does not hold yet
+(Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
+Prefill call (router/requests/attempts.py), so a worker may ask first. Past this the
+answer stands: the router gave up the attempt."""
+
+
+def until_recorded(retry: tenacity.retry_base, wait_s: float = RESERVED_WAIT_S, **kw) -> tenacity.AsyncRetrying:
+    """Ask the directory again, 1 ms doubling to 50 ms, for up to `wait_s` while `retry`
+    says it holds no record of the transaction yet (kw: tenacity's, e.g. reraise)."""
+    return tenacity.AsyncRetrying(retry=retry, wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
+                                  stop=tenacity.stop_after_delay(wait_s), **kw)
 
 
 class TxnOps:
-    """begin / validated / publish / abort / release for one worker identity."""
+    """begin / publish / abort / release for one worker identity."""
 
     def __init__(self, client: DirectoryClient, worker_id: str,
                  epoch_fn: Callable[[], int] = lambda: 0):
@@ -42,21 +54,13 @@ class TxnOps:
         """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
         also declares the source's digest and chunk list. NOT_FOUND is asked again (1 ms
         doubling to 50 ms) for up to `wait_s`: the router's Reserve may still be on its way."""
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_result(lambda r: r.outcome is Outcome.NOT_FOUND),
-            wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
-            stop=tenacity.stop_after_delay(wait_s), retry_error_callback=lambda state: state.outcome.result())
+        retrying = until_recorded(tenacity.retry_if_result(lambda r: r.outcome is Outcome.NOT_FOUND), wait_s,
+                                  retry_error_callback=lambda state: state.outcome.result())
 
         async def call() -> TxnReply:
             return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
                                            kv_digest, chunks)
         return await retrying(call)
-
-    async def validated(self, request_id: str, transfer_id: str, generation: int, kv_digest: str,
-                        chunks: Sequence[manifest_pb2.ChunkSpec]) -> TxnReply:
-        """TRANSFERRING -> VALIDATED (the digest and the chunk list checked by the directory)."""
-        return await self.client.validated(request_id, transfer_id, generation, self.worker_id,
-                                           self.epoch_fn(), kv_digest, chunks)
 
     async def publish(self, request_id: str, transfer_id: str, generation: int,
                       kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
