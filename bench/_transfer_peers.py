@@ -19,6 +19,7 @@ so a transfer that moved nothing (or the wrong bytes) cannot match the digest.
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import struct
 import threading
@@ -34,6 +35,7 @@ from services.transfer.chunks import plan_chunks
 
 GRPC_METHOD = "/pdbench.Sink/Put"
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
+FLOOR_DATA_TAG, FLOOR_ACK_TAG = 0xE << 60, 0xF << 60  # tag kinds pdserve's wire does not use
 RAW_HEAD = struct.Struct("!Q")  # payload length, then the payload; the receiver answers one byte
 
 
@@ -192,6 +194,42 @@ class Peer:
         for sender in self.senders.values():
             await sender.close()
         self.senders.clear()
+
+    # ---- ucxx from Python: the floor of any Python UCX hand-off ---------------
+    async def floor_address(self) -> str:
+        """This process's UCX worker address (the runtime pdserve's ucx backend uses)."""
+        from services.transfer.ucx_runtime import runtime
+        return base64.b64encode(runtime().address).decode()
+
+    async def floor_expect(self, i: int, sender: str) -> None:
+        """Zero the cache, post one receive for all of it (tag i); when it completes,
+        a 1-byte ack back to `sender` (outside the timed window: posted beforehand)."""
+        from services.transfer.ucx_runtime import runtime
+        rt = runtime()
+        self.kv.zero_()
+        ep = await rt.endpoint(base64.b64decode(sender))
+        got = rt.post_recv(_flat(self.kv.view(-1)), FLOOR_DATA_TAG + i)
+        got.add_done_callback(lambda f: f.exception() or rt.post_send(ep, bytearray(b"k"), FLOOR_ACK_TAG + i))
+        self.pending[f"floor-{i}"] = {"done": got}
+
+    async def floor_landed(self, i: int, timeout_s: float = 60.0) -> str:
+        rec = self.pending.pop(f"floor-{i}")
+        async with asyncio.timeout(timeout_s):
+            await rec["done"]
+        return digest(self.kv)
+
+    async def floor_send(self, dest: str, i: int) -> dict:
+        """The cache as one tagged message, zero copy; timed from the post to the ack."""
+        from services.transfer.ucx_runtime import runtime
+        rt = runtime()
+        ep = await rt.endpoint(base64.b64decode(dest))
+        ack = rt.post_recv(bytearray(1), FLOOR_ACK_TAG + i)
+        t0 = time.perf_counter()
+        sent = rt.post_send(ep, _flat(self.kv.view(-1)), FLOOR_DATA_TAG + i)
+        await ack
+        elapsed_s = time.perf_counter() - t0
+        await sent
+        return {"elapsed_s": elapsed_s}
 
     # ---- gRPC client-stream baseline -----------------------------------------
     async def grpc_listen(self) -> int:
