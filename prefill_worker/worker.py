@@ -263,12 +263,14 @@ class PrefillWorker:
         self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
+        declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order)) \
+            if stream else None
         try:
             first_token, t_first = await self._computed(sink, gate)
             t_computed = time.perf_counter()
             trace.computed(job)
             self.events("computed", request=rid)
-            digest = asyncio.ensure_future(self.loop.call(lambda en: kv.hexdigest()))
+            digest = asyncio.ensure_future(self.loop.call(lambda en: kv.hexdigest())) if streamer is None else None
             await self.pause("computed", rid)
             self._check(task)
             if streamer is None:
@@ -286,13 +288,12 @@ class PrefillWorker:
                     await begun
                 finally:
                     await _settle(begun)
-            else:  # every chunk left with its checksum: then the declaration
-                await streamer
-                kv_digest = await digest
-                await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
+            else:  # declared once every chunk left, most often while the compute still ran
+                kv_digest = await declared
             self.events("digest", request=rid)
         finally:
             await _settle(streamer)
+            await _settle(declared)
         self._check(task)
         if auth is not None:
             await auth
@@ -329,6 +330,20 @@ class PrefillWorker:
                 raise item.error
             else:
                 return first, t_first
+
+    async def _declare(self, task: Task, transfer_id: str, streamer: asyncio.Future, kv: LayerDigest,
+                       chunks: list[Chunk], order: dict[ChunkKey, int]) -> str:
+        """Streamed: Begin declares the digest and the checksums as soon as every chunk left.
+        Every layer is final by then and already hashed (LayerDigest), while the compute goes
+        on (the last layer's MLP, the norm, the head: ~70 ms of a 2,048-token prompt on
+        `small`), so the declaration is off the path after the first token. Returns the digest."""
+        await streamer
+        if kv.hashed == self.engine.model_cfg.num_hidden_layers:  # all hashed: only the finish
+            kv_digest = kv.hexdigest()
+        else:  # a layer not final yet (the plan did not reach the prompt's end): after the compute
+            kv_digest = await self.loop.call(lambda en: kv.hexdigest())
+        await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
+        return kv_digest
 
     async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
         """Directory Begin: open the transfer and/or declare the prompt's K/V digest with
