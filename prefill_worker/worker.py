@@ -6,10 +6,12 @@ One request:
   3. Sending   — transaction TRANSFERRING; transfer-set chunks pushed to the
                  destination's reserved blocks. The capability is presented (AUTH)
                  while prefill computes. Streaming (transfers of at least
-                 stream_min_bytes): BEGIN before compute, and each chunk leaves as
-                 soon as prefill wrote its layer (streaming.py); otherwise after
-                 the whole prefill, with the one BEGIN (digest and chunk list) on
-                 its way beside them and answered before COMMIT
+                 stream_min_bytes): BEGIN before compute, each chunk leaves as
+                 soon as prefill wrote its layer (streaming.py), and a second BEGIN
+                 declares digest and chunk list once the last one left (most often
+                 before the compute ends); otherwise after the whole prefill, with
+                 the one BEGIN (digest and chunk list) on its way beside them and
+                 the COMMIT (the destination's Publish waits for it if it lands second)
   4. Committed — manifest (chunks, checksums, digest, first token) handed over;
                  the destination validates and publishes, or refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
@@ -19,21 +21,19 @@ failure aborts the transfer at the destination and the transaction.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pdserve_client.spans import TRANSFER_COMMIT
-from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.directory.wire import chunk_specs
-from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
+from services.engine import Engine, InvalidRequest, SamplingParams
 from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
-from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit
+from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.capabilities import SourceGate
 from services.worker.config import PrefillWorkerConfig
@@ -42,6 +42,7 @@ from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .streaming import ProducerGate, stream_chunks
+from .tasks import Task, TaskState, advance, end
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,25 @@ async def _settle(fut: asyncio.Future | None) -> None:
     if fut is not None:
         fut.cancel()
         await asyncio.gather(fut, return_exceptions=True)
+
+
+async def _beside(begun: asyncio.Future | None, committed: asyncio.Future) -> Verdict:
+    """The COMMIT's verdict, with Begin's answer (travelling beside it) awaited too: a refused
+    Begin is raised as soon as it comes. Left running on a failure, `committed` is ended by
+    the abort that follows (the sender fails the transfer, which returns its credit)."""
+    try:
+        if begun is not None:
+            await asyncio.wait([begun, committed], return_when=asyncio.FIRST_EXCEPTION)
+            if begun.done():
+                begun.result()  # its refusal
+        verdict = await committed
+        if begun is not None:
+            await begun
+        return verdict
+    finally:
+        if not committed.done():
+            committed.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await _settle(begun)
 
 
 class TransferRefused(RuntimeError):
@@ -73,55 +93,6 @@ class PrefillOutcome:
     compute_ms: float
     transfer_ms: float
     total_ms: float
-
-
-class TaskState(enum.Enum):
-    """Where a prefill is (the numbered steps of the module docstring). Moves only
-    through `advance`; CANCELLED (a caller's Cancel, or the prefill TTL), FAILED and
-    PUBLISHED are terminal. With streaming, chunks leave during COMPUTING."""
-
-    QUEUED = "queued"
-    COMPUTING = "computing"
-    COMMITTING = "committing"
-    """Every chunk sent; the commit is with the destination, the verdict awaited."""
-    PUBLISHED = "published"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-
-_ENDS = {TaskState.CANCELLED, TaskState.FAILED}
-_MOVES = Moves({
-    TaskState.QUEUED: {TaskState.COMPUTING, *_ENDS},
-    TaskState.COMPUTING: {TaskState.COMMITTING, *_ENDS},
-    TaskState.COMMITTING: {TaskState.PUBLISHED, *_ENDS},
-    TaskState.PUBLISHED: (),
-    TaskState.CANCELLED: (),
-    TaskState.FAILED: (),
-})
-
-
-def advance(task: Task, to: TaskState) -> None:
-    """Move `task` to `to`; an illegal move is a bug and raises (nothing is changed)."""
-    task.state = _MOVES.check(task.state, to, f"prefill {task.request_id}@{task.generation}")
-
-
-def end(task: Task, to: TaskState) -> None:
-    """Move `task` to CANCELLED or FAILED unless it already ended (a cancel racing its end)."""
-    if _MOVES.allows(task.state, to):
-        task.state = to
-
-
-@dataclass
-class Task:
-    """A prefill in flight (for cancel)."""
-
-    request_id: str
-    generation: int
-    seq: Sequence | None = None
-    state: TaskState = TaskState.QUEUED
-    runner: asyncio.Task | None = None
-    """The coroutine running this prefill (cancelled by `cancel` wherever it waits)."""
-    started_s: float = field(default_factory=time.perf_counter)
 
 
 class PrefillWorker:
@@ -257,6 +228,7 @@ class PrefillWorker:
         async def send(key: ChunkKey) -> None:
             await send_all([describe_chunk(e, seq, key)])
 
+        begun: asyncio.Future | None = None  # not streamed: Begin, answered beside the COMMIT
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
             await self._begin(task, transfer_id)
         job = Job(seq, sink.on_token, sink.on_done, prefill_only=True, on_layer=gate.on_layer if stream else None)
@@ -275,8 +247,8 @@ class PrefillWorker:
             self._check(task)
             if streamer is None:
                 # One Begin opens the transfer and declares digest and checksums, on its
-                # way beside the chunks; the commit waits for its answer (the destination
-                # validates against the declaration).
+                # way beside the chunks and the COMMIT (the destination's Publish waits for
+                # it in the directory if it lands second; its refusal is the answer).
                 kv_digest = await digest
                 described = [describe_chunk(e, seq, key) for key in plan]
                 begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
@@ -285,9 +257,9 @@ class PrefillWorker:
                     for part in [[c] for c in described] if self.pause.wants("chunk", rid) else [described]:
                         self._check(task)
                         await send_all(part)
-                    await begun
-                finally:
+                except BaseException:
                     await _settle(begun)
+                    raise
             else:  # declared once every chunk left, most often while the compute still ran
                 kv_digest = await declared
             self.events("digest", request=rid)
@@ -301,9 +273,10 @@ class PrefillWorker:
         self.events("commit", request=rid, chunks=len(chunks))
         trace.transferred()
         with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-            verdict = await self.sender.commit(dest, TransferCommit(
+            committed = asyncio.ensure_future(self.sender.commit(dest, TransferCommit(
                 transfer_id, rid, task.generation, e.abi.digest, tuple(chunks), kv_digest, first_token,
-                self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items())))
+                self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items()))))
+            verdict = await _beside(begun, committed)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         advance(task, TaskState.PUBLISHED)

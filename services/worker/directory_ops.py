@@ -16,7 +16,7 @@ import tenacity
 from pdserve_client.rpc.pd.v1 import manifest_pb2
 from services.directory.client import DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
-from services.directory.states import Outcome
+from services.directory.states import Outcome, TxnState
 
 __all__ = ["RESERVED_WAIT_S", "DirectoryUnavailable", "TxnOps", "until_recorded"]
 
@@ -25,13 +25,14 @@ RELEASE_RETRY_S = 120.0
 RESERVED_WAIT_S = 2.0
 """How long a worker asks again about a transaction the directory does not hold yet
 (Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
-Prefill call (router/requests/attempts.py), so a worker may ask first. Past this the
-answer stands: the router gave up the attempt."""
+Prefill call (router/requests/attempts.py), so a worker may ask first; and how long a
+destination's Publish waits for a transaction still RESERVED (the source's Begin travels
+beside its COMMIT). Past this the answer stands: the router or the source gave up."""
 
 
 def until_recorded(retry: tenacity.retry_base, wait_s: float = RESERVED_WAIT_S, **kw) -> tenacity.AsyncRetrying:
     """Ask the directory again, 1 ms doubling to 50 ms, for up to `wait_s` while `retry`
-    says it holds no record of the transaction yet (kw: tenacity's, e.g. reraise)."""
+    says the record asked about is not there yet (kw: tenacity's, e.g. reraise)."""
     return tenacity.AsyncRetrying(retry=retry, wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
                                   stop=tenacity.stop_after_delay(wait_s), **kw)
 
@@ -63,11 +64,20 @@ class TxnOps:
         return await retrying(call)
 
     async def publish(self, request_id: str, transfer_id: str, generation: int,
-                      kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
+                      kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = (),
+                      wait_s: float = RESERVED_WAIT_S) -> TxnReply:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation;
-        with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call."""
-        return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
-                                         self.epoch_fn(), kv_digest, chunks)
+        with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call.
+        A transaction still RESERVED is asked about again (1 ms doubling to 50 ms) for up
+        to `wait_s`: the source's Begin travels beside its COMMIT and may land second."""
+        retrying = until_recorded(tenacity.retry_if_result(
+            lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED), wait_s,
+            retry_error_callback=lambda state: state.outcome.result())
+
+        async def call() -> TxnReply:
+            return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
+                                             self.epoch_fn(), kv_digest, chunks)
+        return await retrying(call)
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:

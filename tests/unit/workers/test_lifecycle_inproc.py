@@ -196,3 +196,59 @@ def test_a_discarded_handoff_leaves_the_prefix_cache():
 
     kept, after = run(go())
     assert kept == 4 and after == 0  # 4 cached prompt blocks before the discard, none after
+
+
+def test_a_begin_that_lands_after_the_commit_is_waited_for_and_the_handoff_publishes():
+    """Not streamed, Begin travels beside the chunks and the COMMIT: when the destination's
+    Publish reaches the directory first (the transaction still RESERVED), it asks again
+    until the declaration is there."""
+    async def go():
+        async with InprocCluster() as c:
+            real_begin, real_publish = c.p.txn.begin, c.d.txn.client.publish
+            states, first_publish = [], asyncio.Event()
+
+            async def publish(*args, **kw):
+                r = await real_publish(*args, **kw)
+                states.append(r.state)
+                first_publish.set()
+                return r
+
+            async def late_begin(*args, **kw):
+                await first_publish.wait()
+                return await real_begin(*args, **kw)
+
+            c.d.txn.client.publish, c.p.txn.begin = publish, late_begin
+            tokens, outcome = await c.handoff("late", PROMPT, 5)
+            reference = await c.colocated("ref", PROMPT, 5)
+            await c.assert_all_returned()
+            return tokens, reference, states
+
+    tokens, reference, states = run(go())
+    assert tokens == reference
+    assert states[0] is TxnState.RESERVED and states[-1] is TxnState.PUBLISHED
+
+
+def test_a_refused_begin_fails_the_prefill_at_once_though_its_commit_is_out():
+    """A Begin the directory refuses (here: a stale generation) is the prefill's answer as
+    soon as it comes, not after the destination gave up waiting for it; the abort that
+    follows ends the destination's wait, and everything is returned."""
+    async def go():
+        async with InprocCluster() as c:
+            real = c.p.txn.begin
+
+            async def stale_begin(request_id, transfer_id, generation, kv_digest="", chunks=()):
+                return await real(request_id, transfer_id, generation + 1, kv_digest, chunks)
+
+            c.p.txn.begin = stale_begin
+            res = await c.reserve("stale", PROMPT, 4)
+            # Begin's own refusal, not the destination's verdict (which would come later)
+            with pytest.raises(TransferRefused, match="directory refused BEGIN: STALE_GENERATION"):
+                await c.prefill.prefill(request_id="stale", tenant="t", generation=1, transfer_id=res.transfer_id,
+                                        first_token_pos=0, prompt=PROMPT, sampling=GREEDY,
+                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest,
+                                        chunks=res.expected_layouts())
+            await c.assert_all_returned()
+            return (await c.directory.lookup("stale", "stale/1")).state, res
+
+    state, res = run(go())
+    assert state is TxnState.ABORTED and res.state is ResState.ABORTED

@@ -1,12 +1,12 @@
 """A prefill's lifecycle is an Enum moved by one checked transition function
-(prefill_worker/worker.py `advance`): QUEUED -> COMPUTING -> COMMITTING -> PUBLISHED,
+(prefill_worker/tasks.py `advance`): QUEUED -> COMPUTING -> COMMITTING -> PUBLISHED,
 CANCELLED or FAILED from any step before the end, nothing after one."""
 
 from __future__ import annotations
 
 import pytest
 
-from prefill_worker.worker import Task, TaskState, advance, end
+from prefill_worker.tasks import Task, TaskState, advance, end
 
 Q, C, M, P, X, F = (TaskState.QUEUED, TaskState.COMPUTING, TaskState.COMMITTING, TaskState.PUBLISHED,
                     TaskState.CANCELLED, TaskState.FAILED)

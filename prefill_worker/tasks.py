@@ -1,0 +1,61 @@
+"""A prefill in flight (`Task`) and the states it moves through (the numbered steps of
+prefill_worker/worker.py's docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+from services.common.lifecycle import Moves
+from services.engine import Sequence
+
+
+class TaskState(enum.Enum):
+    """Where a prefill is (the numbered steps of worker.py's docstring). Moves only
+    through `advance`; CANCELLED (a caller's Cancel, or the prefill TTL), FAILED and
+    PUBLISHED are terminal. With streaming, chunks leave during COMPUTING."""
+
+    QUEUED = "queued"
+    COMPUTING = "computing"
+    COMMITTING = "committing"
+    """Every chunk sent; the commit is with the destination, the verdict awaited."""
+    PUBLISHED = "published"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+_ENDS = {TaskState.CANCELLED, TaskState.FAILED}
+_MOVES = Moves({
+    TaskState.QUEUED: {TaskState.COMPUTING, *_ENDS},
+    TaskState.COMPUTING: {TaskState.COMMITTING, *_ENDS},
+    TaskState.COMMITTING: {TaskState.PUBLISHED, *_ENDS},
+    TaskState.PUBLISHED: (),
+    TaskState.CANCELLED: (),
+    TaskState.FAILED: (),
+})
+
+
+def advance(task: Task, to: TaskState) -> None:
+    """Move `task` to `to`; an illegal move is a bug and raises (nothing is changed)."""
+    task.state = _MOVES.check(task.state, to, f"prefill {task.request_id}@{task.generation}")
+
+
+def end(task: Task, to: TaskState) -> None:
+    """Move `task` to CANCELLED or FAILED unless it already ended (a cancel racing its end)."""
+    if _MOVES.allows(task.state, to):
+        task.state = to
+
+
+@dataclass
+class Task:
+    """A prefill in flight (for cancel)."""
+
+    request_id: str
+    generation: int
+    seq: Sequence | None = None
+    state: TaskState = TaskState.QUEUED
+    runner: asyncio.Task | None = None
+    """The coroutine running this prefill (cancelled by `cancel` wherever it waits)."""
+    started_s: float = field(default_factory=time.perf_counter)
