@@ -53,13 +53,13 @@ TARGET_OVERHEAD_MS = 5.0
 MODES = ("colocated", "disaggregated")
 EXTRA_ROUND_TRIPS = {
     "router -> decode Reserve": 1.0,
-    "prefill -> directory Begin (the declaration: beside the chunks, answered before COMMIT)": 1.0,
     "prefill -> decode COMMIT (one way: token 0 leaves decode once published)": 0.5,
     "decode -> directory Publish (validated and published in one call)": 1.0,
 }
 """What a disaggregated request waits on, in sequence, that a colocated one does not, in
 round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
-prefill's compute; the prefill's reply to the router trails the verdict, off the path)."""
+prefill's compute; the prefill's Begin travels beside its chunks and COMMIT; the prefill's
+reply to the router trails the verdict, off the path)."""
 RTT_CALLS = 50
 
 
