@@ -201,16 +201,24 @@ class Peer:
         from services.transfer.ucx_runtime import runtime
         return base64.b64encode(runtime().address).decode()
 
-    async def floor_expect(self, i: int, sender: str) -> None:
-        """Zero the cache, post one receive for all of it (tag i); when it completes,
-        a 1-byte ack back to `sender` (outside the timed window: posted beforehand)."""
+    async def floor_expect(self, i: int, sender: str, pieces: bool = False) -> None:
+        """Zero the cache, post the receives for all of it (one, or one per piece of the
+        pdserve plan with `pieces`); when they completed, a 1-byte ack back to `sender`
+        (outside the timed window: posted beforehand)."""
         from services.transfer.ucx_runtime import runtime
         rt = runtime()
         self.kv.zero_()
         ep = await rt.endpoint(base64.b64decode(sender))
-        got = rt.post_recv(_flat(self.kv.view(-1)), FLOOR_DATA_TAG + i)
+        views = self._floor_views(pieces)
+        got = asyncio.gather(*(rt.post_recv(v, _floor_tag(i, k)) for k, v in enumerate(views)))
         got.add_done_callback(lambda f: f.exception() or rt.post_send(ep, bytearray(b"k"), FLOOR_ACK_TAG + i))
         self.pending[f"floor-{i}"] = {"done": got}
+
+    def _floor_views(self, pieces: bool) -> list[memoryview]:
+        """The whole cache, or each chunk's K run and V run in plan order (what pdserve sends)."""
+        if not pieces:
+            return [_flat(self.kv.view(-1))]
+        return [v for key in self.geometry.plan() for v in chunk_views(self.kv, key)]
 
     async def floor_landed(self, i: int, timeout_s: float = 60.0) -> str:
         rec = self.pending.pop(f"floor-{i}")
@@ -218,17 +226,19 @@ class Peer:
             await rec["done"]
         return digest(self.kv)
 
-    async def floor_send(self, dest: str, i: int) -> dict:
-        """The cache as one tagged message, zero copy; timed from the post to the ack."""
+    async def floor_send(self, dest: str, i: int, pieces: bool = False) -> dict:
+        """The cache as one tagged message (or one per piece), zero copy; timed from the
+        first post to the ack."""
         from services.transfer.ucx_runtime import runtime
         rt = runtime()
         ep = await rt.endpoint(base64.b64decode(dest))
         ack = rt.post_recv(bytearray(1), FLOOR_ACK_TAG + i)
+        views = self._floor_views(pieces)
         t0 = time.perf_counter()
-        sent = rt.post_send(ep, _flat(self.kv.view(-1)), FLOOR_DATA_TAG + i)
+        sent = [rt.post_send(ep, v, _floor_tag(i, k)) for k, v in enumerate(views)]
         await ack
         elapsed_s = time.perf_counter() - t0
-        await sent
+        await asyncio.gather(*sent)
         return {"elapsed_s": elapsed_s}
 
     # ---- gRPC client-stream baseline -----------------------------------------
@@ -334,6 +344,10 @@ class Peer:
                 await stop()
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
+
+
+def _floor_tag(i: int, piece: int) -> int:
+    return FLOOR_DATA_TAG + (i << 20) + piece
 
 
 def _recv_exactly(conn: socket.socket, view: memoryview) -> memoryview | None:

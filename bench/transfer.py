@@ -16,6 +16,10 @@ two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
                 posted beforehand, and a 1-byte ack sent back from the receiver's
                 event loop; timed from the post to the ack. No header, no chunks,
                 no checksum: what any Python UCX protocol pays at least
+  ucxx-python-pieces  the same, but the cache as the pieces pdserve-ucx sends
+                (each chunk's K run and V run, plan order: the engine's [L, 2, N, ...]
+                layout keeps them apart), every receive posted beforehand: the floor
+                of moving this geometry's messages from Python
   ucx_perftest  native `ucx_perftest -t tag_bw`, UCX_TLS=shm,self, one message =
                 the cache size, default window (32 in flight), -n/-w iterations
   grpc-stream   grpcio client stream of `bytes` messages (--grpc-message-mib)
@@ -55,7 +59,8 @@ from _transfer_perftest import find_perftest, run_tag_bw
 from services.cluster.redis_proc import free_port
 
 MIB = 1 << 20
-PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucx_perftest", "grpc-stream", "raw-tcp")
+PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucx_perftest", "grpc-stream",
+         "raw-tcp")
 CALL_TIMEOUT_S = 600
 
 
@@ -96,14 +101,15 @@ def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_m
     return timed(repeats, one)
 
 
-def floor_path(r: Spawned, s: Spawned, sent: str, repeats: int) -> list[float]:
+def floor_path(r: Spawned, s: Spawned, sent: str, repeats: int, pieces: bool) -> list[float]:
     sender = s.call("floor_address")
     dest = r.call("floor_address")
+    name = "ucxx-python-pieces" if pieces else "ucxx-python"
 
     def one(i: int) -> float:
-        r.call("floor_expect", i=i, sender=sender)
-        out = s.call("floor_send", dest=dest, i=i)
-        check_digest(r.call("floor_landed", i=i), sent, "ucxx-python")
+        r.call("floor_expect", i=i, sender=sender, pieces=pieces)
+        out = s.call("floor_send", dest=dest, i=i, pieces=pieces)
+        check_digest(r.call("floor_landed", i=i), sent, name)
         return out["elapsed_s"]
     return timed(repeats, one)
 
@@ -152,7 +158,7 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
     skip: dict[str, str] = {}
     if "pdserve-ucx" in paths and (why := ucx_backend_available()):
         skip["pdserve-ucx"] = why
-        skip["ucxx-python"] = why
+        skip["ucxx-python"] = skip["ucxx-python-pieces"] = why
     if "ucx_perftest" in paths:
         try:
             find_perftest()
@@ -188,7 +194,8 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
             for kind, dest in dests.items():
                 attempt(f"pdserve-{kind}", lambda: pdserve_path(r, s, kind, dest, sent, size_mib,
                                                                 args.repeats))
-            attempt("ucxx-python", lambda: floor_path(r, s, sent, args.repeats))
+            attempt("ucxx-python", lambda: floor_path(r, s, sent, args.repeats, pieces=False))
+            attempt("ucxx-python-pieces", lambda: floor_path(r, s, sent, args.repeats, pieces=True))
             attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes,
                                                      args.grpc_message_mib * MIB, args.repeats))
             attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent, args.repeats))
@@ -226,6 +233,8 @@ def targets(table: dict[int, dict[str, float]]) -> None:
         if "ucxx-python" in large:
             row.update(limit_floor_ratio_vs_native=round(large["ucxx-python"] / large["ucx_perftest"], 3),
                        ratio_vs_floor=round(ratio * large["ucx_perftest"] / large["ucxx-python"], 3))
+        if "ucxx-python-pieces" in large:
+            row.update(limit_pieces_floor_ratio_vs_native=round(large["ucxx-python-pieces"] / large["ucx_perftest"], 3))
         emit(bench="transfer", metric="target", target="64 MiB >= 0.7x native ucx_perftest", size_mib=64, **row)
 
 
@@ -245,7 +254,7 @@ def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[flo
             row.update(native_extra)
         else:
             row.update(ms=[round(t * 1000, 2) for t in runs[path]])
-        if path.startswith("pdserve") or path == "ucxx-python":
+        if path.startswith(("pdserve", "ucxx-python")):
             row.update(time_vs_raw_tcp=round(raw / gbps[path], 2) if raw else None)
         if path.startswith("pdserve"):
             row.update(chunks=len(g.plan()))
