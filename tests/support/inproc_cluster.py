@@ -125,12 +125,17 @@ class InprocCluster:
         """A whole split request: (tokens, the prefill's outcome)."""
         res = await self.reserve(request_id, prompt, max_tokens, generation)
         stream = asyncio.ensure_future(self.collect(self.decode.stream(res.transfer_id)))
-        outcome = await self.prefill.prefill(
+        outcome = await self.send(request_id, res, prompt, generation=generation)
+        return await stream, outcome
+
+    def send(self, request_id: str, res, prompt: list[int], chunks=None, generation: int = 1):
+        """The router's Prefill call for reservation `res` (compute, send, commit), as a
+        coroutine; `chunks`: the expected list the prefill is given (default: the reservation's)."""
+        return self.prefill.prefill(
             request_id=request_id, tenant="t", generation=generation, transfer_id=res.transfer_id,
             first_token_pos=res.first_block * self.d.loop.engine.block_size, prompt=prompt, sampling=GREEDY,
             dest=self.receiver.address, abi_digest=self.d.loop.engine.abi.digest,
-            chunks=res.expected_layouts(), dest_worker="d0")
-        return await stream, outcome
+            chunks=res.expected_layouts() if chunks is None else chunks, dest_worker="d0")
 
     @staticmethod
     async def collect(items) -> list[int]:

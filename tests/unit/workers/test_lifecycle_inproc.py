@@ -14,7 +14,7 @@ from decode_worker.reservations import ResState
 from prefill_worker.worker import TaskState, TransferRefused
 from services.directory.states import TxnState
 from services.engine import InvalidRequest
-from tests.support.inproc_cluster import GREEDY, InprocCluster
+from tests.support.inproc_cluster import InprocCluster
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
 
@@ -75,10 +75,7 @@ def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
     async def go():
         async with InprocCluster(fault_pause_s=30.0) as c:  # "@computed": the prefill waits there
             res = await c.reserve("x@computed", PROMPT, 4)
-            prefill = asyncio.ensure_future(c.prefill.prefill(
-                request_id="x@computed", tenant="t", generation=1, transfer_id=res.transfer_id,
-                first_token_pos=0, prompt=PROMPT, sampling=GREEDY, dest=c.receiver.address,
-                abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()))
+            prefill = asyncio.ensure_future(c.send("x@computed", res, PROMPT))
             while "x@computed/1" not in c.prefill.tasks or \
                     c.prefill.tasks["x@computed/1"].state is not TaskState.COMPUTING:
                 await asyncio.sleep(0.01)
@@ -110,10 +107,7 @@ def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothi
             c.p.txn.begin = lying_begin
             res = await c.reserve("lie", PROMPT, 4)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
-                await c.prefill.prefill(request_id="lie", tenant="t", generation=1, transfer_id=res.transfer_id,
-                                        first_token_pos=0, prompt=PROMPT, sampling=GREEDY,
-                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest,
-                                        chunks=res.expected_layouts())
+                await c.send("lie", res, PROMPT)
             record = await c.directory.lookup("lie", "lie/1")
             await c.assert_all_returned()
             return record, res
@@ -139,10 +133,7 @@ def test_bytes_changed_after_their_checksum_are_refused_by_the_directory():
             c.decode._on_commit = corrupt_then_commit
             res = await c.reserve("stray", PROMPT, 4)
             with pytest.raises(TransferRefused, match="CHECKSUM_CONFLICT"):
-                await c.prefill.prefill(request_id="stray", tenant="t", generation=1,
-                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
-                                        sampling=GREEDY, dest=c.receiver.address,
-                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts())
+                await c.send("stray", res, PROMPT)
             await c.assert_all_returned()
             return res
 
@@ -154,10 +145,7 @@ def test_a_prefill_refuses_a_chunk_list_that_is_not_the_transfer_set():
         async with InprocCluster() as c:
             res = await c.reserve("short", PROMPT, 4)
             with pytest.raises(InvalidRequest, match="expected_chunks"):
-                await c.prefill.prefill(request_id="short", tenant="t", generation=1,
-                                        transfer_id=res.transfer_id, first_token_pos=0, prompt=PROMPT,
-                                        sampling=GREEDY, dest=c.receiver.address,
-                                        abi_digest=c.d.loop.engine.abi.digest, chunks=res.expected_layouts()[1:])
+                await c.send("short", res, PROMPT, chunks=res.expected_layouts()[1:])
             await c.decode.cancel("short", 1)
             await c.directory.abort("short", "short/1", 1, "d0", c.d.epoch, "test over")
             await c.assert_all_returned()
@@ -243,10 +231,7 @@ def test_a_refused_begin_fails_the_prefill_at_once_though_its_commit_is_out():
             res = await c.reserve("stale", PROMPT, 4)
             # Begin's own refusal, not the destination's verdict (which would come later)
             with pytest.raises(TransferRefused, match="directory refused BEGIN: STALE_GENERATION"):
-                await c.prefill.prefill(request_id="stale", tenant="t", generation=1, transfer_id=res.transfer_id,
-                                        first_token_pos=0, prompt=PROMPT, sampling=GREEDY,
-                                        dest=c.receiver.address, abi_digest=c.d.loop.engine.abi.digest,
-                                        chunks=res.expected_layouts())
+                await c.send("stale", res, PROMPT)
             await c.assert_all_returned()
             return (await c.directory.lookup("stale", "stale/1")).state, res
 
