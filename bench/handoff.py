@@ -27,9 +27,20 @@ process spends per request, over `--requests` requests of each mode in a row. On
 machine where every process shares two cores, the extra CPU of a disaggregated request
 is time on the critical path unless it overlaps compute; where the overhead is close to
 it, the overhead is work (Python per hop: gRPC, TLS, protobuf, spans), not waiting.
+`overhead_if_cores_saturated_ms` is that extra CPU spread over every core this process may
+use: the overhead it forces when nothing of it overlaps anything else's idle time.
+
+What the calls themselves cost, in the same run: the CPU (nanosecond scheduler counters,
+every thread) one bare health check costs the server and this client; times the calls
+only a disaggregated request makes (`EXTRA_CALLS`) it is the least CPU the transaction's
+contract costs here (`call_cpu_floor`), and its share of the measured extra CPU says how
+much of that is the calls' number and how much the work behind each (handlers, spans,
+Redis, UCX).
 
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
-"floor" | "cpu" | "cpu_extra" | "hop", ...}.
+"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "hop", ...}; "hop" rows include the
+spans' events ("service/span@event", duration 0: the router's first_token is when token 0
+left for the client).
 """
 
 from __future__ import annotations
@@ -60,6 +71,14 @@ EXTRA_ROUND_TRIPS = {
 round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
 prefill's compute; the prefill's Begin travels beside its chunks and COMMIT; the prefill's
 reply to the router trails the verdict, off the path)."""
+EXTRA_CALLS = {
+    "router -> decode Reserve": 1, "router -> directory Reserve": 1, "router -> prefill Prefill": 1,
+    "decode -> directory ConsumeNonce": 1, "prefill -> directory Begin": 1, "decode -> directory Publish": 1,
+    "decode -> directory Release": 1,
+}
+"""The gRPC calls a disaggregated request makes that a colocated one does not (DecodeStream
+takes Generate's place): the transaction's contract (reserve, the nonce, the source's
+declaration, the compare-and-set, the release), each at least one call's CPU."""
 RTT_CALLS = 50
 
 
@@ -72,7 +91,8 @@ def p90(xs: list[float]) -> float:
 
 
 def hops(traces) -> dict[str, tuple[float, float, int]]:
-    """span key -> (median start offset ms, median duration ms, traces holding it)."""
+    """span key -> (median start offset ms, median duration ms, traces holding it); a span's
+    events as "service/span@event" (duration 0)."""
     offsets, durations = defaultdict(list), defaultdict(list)
     for trace in traces:
         roots = [s for s in trace.spans if not s.parent_id]
@@ -82,7 +102,14 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
         firsts: dict[str, object] = {}
         for s in sorted(trace.spans, key=lambda s: s.start_ns):
             firsts.setdefault(f"{s.service.removeprefix('pdserve-')}/{s.name}", s)
+            for e in s.events:  # e.g. the router's first_token: when token 0 left for the client
+                if isinstance(e.get("t_ns"), int):
+                    firsts.setdefault(f"{s.service.removeprefix('pdserve-')}/{s.name}@{e.get('name')}", e)
         for key, s in firsts.items():
+            if isinstance(s, dict):
+                offsets[key].append((s["t_ns"] - t0) / 1e6)
+                durations[key].append(0.0)
+                continue
             offsets[key].append((s.start_ns - t0) / 1e6)
             durations[key].append((s.end_ns - s.start_ns) / 1e6)
     return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
@@ -91,12 +118,10 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
 def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str, float]:
     """CPU ms (user + system, every thread) each cluster process spent per request over
     `args.requests` requests of `mode` in a row (the client's own process excluded)."""
-    import psutil
-
-    procs = {name: psutil.Process(p.pid) for name, p in cluster.procs.items()}
+    pids = {name: p.pid for name, p in cluster.procs.items()}
 
     def times() -> dict[str, float]:
-        return {name: sum(proc.cpu_times()[:2]) for name, proc in procs.items()}
+        return {name: cpu_s(pid) for name, pid in pids.items()}
     before = times()
     for _ in range(args.requests):
         prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
@@ -105,27 +130,46 @@ def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str,
         if res.route != mode:
             raise RuntimeError(f"{mode}: ran {res.route}")
     after = times()
-    return {name: (after[name] - before[name]) * 1000 / args.requests for name in procs}
+    return {name: (after[name] - before[name]) * 1000 / args.requests for name in pids}
 
 
-def round_trips(cluster, name: str, service: str, secure: bool) -> list[float]:
+def cpu_s(pid: int) -> float:
+    """CPU seconds every thread of process `pid` ran so far, from the scheduler's nanosecond
+    counters (/proc/PID/task/*/schedstat: psutil's cpu_times tick in 10 ms, too coarse for
+    one call's cost); threads that ended meanwhile are not counted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended while we read
+    return total / 1e9
+
+
+def round_trips(cluster, name: str, service: str, secure: bool) -> tuple[list[float], float, float]:
     """RTT_CALLS health Checks (ms) on one channel (mutual TLS when `secure`) to process
-    `name`, after one untimed call (the handshake)."""
+    `name`, after one untimed call (the handshake); with the CPU ms per call they cost the
+    server process and this one (health checks are untraced: the least a call costs here)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from pdserve_client import tls
     out = []
     address = cluster.procs[name].address
+    server = cluster.procs[name].pid
     with tls.channel(address, cluster.client_files("operator"), service) if secure else \
             grpc.insecure_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         for i in range(RTT_CALLS + 1):
+            if i == 1:
+                server_cpu, client_cpu = cpu_s(server), time.process_time()
             t0 = time.perf_counter()
             stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10, wait_for_ready=True)
             if i:
                 out.append((time.perf_counter() - t0) * 1000)
-    return out
+        server_cpu = (cpu_s(server) - server_cpu) * 1000 / RTT_CALLS
+        client_cpu = (time.process_time() - client_cpu) * 1000 / RTT_CALLS
+    return out, server_cpu, client_cpu
 
 
 def run(args) -> None:
@@ -161,8 +205,9 @@ def run(args) -> None:
                         ttft[mode].append(res.ttft_ms)
                         ids[mode].append(res.request_id)
             cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
-        rtts = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
-                (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
+        calls = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
+                 (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
+        rtts = {svc: c[0] for svc, c in calls.items()}
         spans_file = cluster.state / SPANS_FILE
         traces = {m: [] for m in MODES}
         for mode in MODES if args.traces else ():
@@ -184,9 +229,10 @@ def run(args) -> None:
          overhead_paired_median_ms=round(paired, 2), ratio=round(med["disaggregated"] / med["colocated"], 3),
          target_ms=TARGET_OVERHEAD_MS, met=overhead <= TARGET_OVERHEAD_MS,
          traces=len(traces["disaggregated"]))
-    for svc, ms in rtts.items():
+    for svc, (ms, server_cpu, client_cpu) in calls.items():
         emit(metric="round_trip", service=svc, calls=len(ms), rtt_median_ms=round(statistics.median(ms), 3),
-             rtt_p90_ms=round(p90(ms), 3))
+             rtt_p90_ms=round(p90(ms), 3), server_cpu_ms_per_call=round(server_cpu, 3),
+             client_cpu_ms_per_call=round(client_cpu, 3))
     rtt = statistics.median([m for ms in rtts.values() for m in ms])
     floor = sum(EXTRA_ROUND_TRIPS.values()) * rtt
     emit(metric="floor", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
@@ -196,9 +242,17 @@ def run(args) -> None:
         emit(metric="cpu", mode=mode, requests=args.requests, cpu_ms_per_request=round(sum(cpu[mode].values()), 2),
              by_process={k: round(v, 2) for k, v in sorted(cpu[mode].items())})
     extra_cpu = sum(cpu["disaggregated"].values()) - sum(cpu["colocated"].values())
+    cores = len(os.sched_getaffinity(0))
     emit(metric="cpu_extra", extra_cpu_ms_per_request=round(extra_cpu, 2), overhead_ms=round(overhead, 2),
-         overhead_over_extra_cpu=round(overhead / extra_cpu, 2) if extra_cpu > 0 else None,
-         target_ms=TARGET_OVERHEAD_MS)
+         overhead_over_extra_cpu=round(overhead / extra_cpu, 2) if extra_cpu > 0 else None, cores=cores,
+         overhead_if_cores_saturated_ms=round(extra_cpu / cores, 2), target_ms=TARGET_OVERHEAD_MS)
+    per_call = statistics.median(server + client for _, server, client in calls.values())
+    protocol_cpu = sum(EXTRA_CALLS.values()) * per_call
+    emit(metric="call_cpu_floor", calls=EXTRA_CALLS, cpu_ms_per_call=round(per_call, 3),
+         protocol_cpu_ms=round(protocol_cpu, 2), extra_cpu_ms_per_request=round(extra_cpu, 2),
+         calls_share_of_extra_cpu=round(protocol_cpu / extra_cpu, 2) if extra_cpu > 0 else None, cores=cores,
+         overhead_floor_ms=round(protocol_cpu / cores, 2), target_ms=TARGET_OVERHEAD_MS,
+         target_reachable_here=protocol_cpu / cores <= TARGET_OVERHEAD_MS)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),
