@@ -37,6 +37,15 @@ def until_recorded(retry: tenacity.retry_base, wait_s: float = RESERVED_WAIT_S, 
                                   stop=tenacity.stop_after_delay(wait_s), **kw)
 
 
+async def _asking_again(call: Callable[[], Awaitable[TxnReply]], not_yet: Callable[[TxnReply], bool],
+                        wait_s: float) -> TxnReply:
+    """`call`'s reply, asked again (`until_recorded`) while `not_yet(reply)`; past `wait_s`
+    the last reply stands (returned, not raised)."""
+    retrying = until_recorded(tenacity.retry_if_result(not_yet), wait_s,
+                              retry_error_callback=lambda state: state.outcome.result())
+    return await retrying(call)
+
+
 class TxnOps:
     """begin / publish / abort / release for one worker identity."""
 
@@ -55,13 +64,10 @@ class TxnOps:
         """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
         also declares the source's digest and chunk list. NOT_FOUND is asked again (1 ms
         doubling to 50 ms) for up to `wait_s`: the router's Reserve may still be on its way."""
-        retrying = until_recorded(tenacity.retry_if_result(lambda r: r.outcome is Outcome.NOT_FOUND), wait_s,
-                                  retry_error_callback=lambda state: state.outcome.result())
-
         async def call() -> TxnReply:
             return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
                                            kv_digest, chunks)
-        return await retrying(call)
+        return await _asking_again(call, lambda r: r.outcome is Outcome.NOT_FOUND, wait_s)
 
     async def publish(self, request_id: str, transfer_id: str, generation: int,
                       kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = (),
@@ -70,14 +76,11 @@ class TxnOps:
         with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call.
         A transaction still RESERVED is asked about again (1 ms doubling to 50 ms) for up
         to `wait_s`: the source's Begin travels beside its COMMIT and may land second."""
-        retrying = until_recorded(tenacity.retry_if_result(
-            lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED), wait_s,
-            retry_error_callback=lambda state: state.outcome.result())
-
         async def call() -> TxnReply:
             return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
                                              self.epoch_fn(), kv_digest, chunks)
-        return await retrying(call)
+        return await _asking_again(
+            call, lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED, wait_s)
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:

@@ -50,3 +50,40 @@ def test_other_refusals_are_answered_at_once():
     directory = Stale(None)
     r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
     assert (r.outcome, directory.calls) == (Outcome.STALE_GENERATION, 1)
+
+
+class Publisher:
+    """Publish answers ILLEGAL_TRANSITION with the transaction RESERVED (the source's Begin
+    not landed yet) `reserved_for` times, then APPLIED (None: always RESERVED)."""
+
+    def __init__(self, reserved_for: int | None, other: Outcome | None = None):
+        self.reserved_for, self.other, self.calls = reserved_for, other, 0
+
+    async def publish(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks):
+        self.calls += 1
+        if self.other is not None:
+            return TxnReply(request_id, transfer_id, self.other, TxnState.TRANSFERRING, generation)
+        if self.reserved_for is None or self.calls <= self.reserved_for:
+            return TxnReply(request_id, transfer_id, Outcome.ILLEGAL_TRANSITION, TxnState.RESERVED, generation)
+        return TxnReply(request_id, transfer_id, Outcome.APPLIED, TxnState.PUBLISHED, generation)
+
+
+def test_publish_waits_for_the_sources_begin_on_its_way():
+    directory = Publisher(reserved_for=2)
+    r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab"))
+    assert (r.outcome, r.state, directory.calls) == (Outcome.APPLIED, TxnState.PUBLISHED, 3)
+
+
+def test_publish_gives_up_on_a_begin_that_never_comes():
+    directory = Publisher(reserved_for=None)
+    t0 = time.monotonic()
+    r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab", wait_s=0.2))
+    assert (r.outcome, r.state) == (Outcome.ILLEGAL_TRANSITION, TxnState.RESERVED) and directory.calls > 2
+    assert 0.2 <= time.monotonic() - t0 < 5.0
+
+
+def test_publish_answers_a_refusal_in_any_other_state_at_once():
+    for outcome in (Outcome.CHECKSUM_CONFLICT, Outcome.ILLEGAL_TRANSITION):
+        directory = Publisher(reserved_for=None, other=outcome)
+        r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab"))
+        assert (r.outcome, directory.calls) == (outcome, 1)
