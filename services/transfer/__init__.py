@@ -2,6 +2,7 @@
 
 from .base import (
                    CHECKSUM_ALGORITHM,
+                   TOKEN_FOLLOWS,
                    Chunk,
                    ChunkArrived,
                    ChunkKey,
@@ -13,7 +14,9 @@ from .base import (
                    TransferError,
                    Verdict,
                    checksum,
+                   token_follows,
 )
 
 __all__ = ["CHECKSUM_ALGORITHM", "Chunk", "ChunkArrived", "ChunkKey", "Expectation", "Failed",
-           "KVReceiver", "KVSender", "TransferCommit", "TransferError", "Verdict", "checksum"]
+           "KVReceiver", "KVSender", "TOKEN_FOLLOWS", "TransferCommit", "TransferError", "Verdict",
+           "checksum", "token_follows"]

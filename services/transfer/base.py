@@ -94,13 +94,29 @@ class TransferCommit:
     kv_digest: str
     """Digest of the whole prompt K/V at the source (engine.kv_digest)."""
     first_token: int
-    """Token sampled by prefill from the last prompt position."""
+    """Token sampled by prefill from the last prompt position; TOKEN_FOLLOWS in a commit
+    sent before it was sampled (then a second COMMIT brings it, and only it)."""
     source_worker_id: str = ""
     source_epoch: int = 0
     trace: tuple[tuple[str, str], ...] = ()
     """The sender's trace context as W3C headers (traceparent, baggage): the data plane is
     not gRPC, so the receiver's validate/publish spans join the request's trace through
     this (services/telemetry/tracing.py). Empty while tracing is off."""
+
+
+TOKEN_FOLLOWS = -1
+"""`TransferCommit.first_token` of a commit sent before the prefill sampled its first token
+(layer streaming: every layer's K/V is final and sent while the compute's tail — the last
+layer's MLP, the norm, the head — still runs). The receiver judges it as any commit (the
+destination validates and publishes); published, the transfer stays pending for one more
+COMMIT, which lists no chunk and carries the token: the token alone is what is left on the
+path once the compute ends. Until then the transfer can still fail (ABORT, connection
+lost, `forget`) like any pending one, and a chunk is refused by the listener's resolver."""
+
+
+def token_follows(commit: TransferCommit) -> bool:
+    """Was `commit` sent ahead of its first token (a second COMMIT brings it)?"""
+    return commit.first_token == TOKEN_FOLLOWS
 
 
 MAX_TRACE_HEADERS, MAX_TRACE_HEADER_CHARS = 4, 1024
@@ -262,6 +278,13 @@ class KVReceiver(abc.ABC):
             return f"transfer {transfer_id} ended while its credential was checked"
         exp.senders.add(sender)
         return ""
+
+    def _reopen(self, exp: Expectation, commit: TransferCommit, verdict: Verdict) -> None:
+        """After the verdict on `commit`, before the sender hears it: a published commit
+        whose token follows leaves its transfer pending, for the token's COMMIT (same
+        senders; its chunks are all in, so a chunk now is the resolver's to refuse)."""
+        if verdict.published and token_follows(commit) and exp.transfer_id not in self.pending:
+            self.pending[exp.transfer_id] = exp
 
     def _fail(self, transfer_id: str, reason: str) -> None:
         """End a pending transfer with Failed(reason); nothing if it already ended."""

@@ -87,8 +87,9 @@ class InprocSender(KVSender):
         exp = recv.pending.get(commit.transfer_id)
         if exp is None:
             return Verdict(False, f"transfer {commit.transfer_id} not expected")
-        verdict = await exp.on_commit(commit)
         recv.pending.pop(commit.transfer_id, None)
+        verdict = await exp.on_commit(commit)
+        recv._reopen(exp, commit, verdict)
         return verdict
 
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:

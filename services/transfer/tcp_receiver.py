@@ -14,7 +14,9 @@ Receiver rules:
   ABORT                     Failed("aborted by sender: ...")
   COMMIT                    the transfer leaves `pending`, on_commit runs in its
                             own task (a slow publish does not stall the
-                            connection), its Verdict is the reply
+                            connection), its Verdict is the reply;
+                            published with TOKEN_FOLLOWS: pending again, for
+                            the token's COMMIT
   connection lost, or no    Failed for every pending transfer that sent chunks on
   byte for idle_timeout_s   this connection; mid-frame the timeout always applies,
                             between frames only while such a transfer is pending
@@ -224,5 +226,6 @@ class TcpReceiver(KVReceiver):
 
     async def _decide(self, inbox: _Inbox, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
+        self._reopen(exp, commit, verdict)
         inbox.reply(VERDICT, exp.transfer_id,
                     {"published": verdict.published, "reason": verdict.reason})

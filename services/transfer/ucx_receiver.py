@@ -24,7 +24,8 @@ Receiver rules:
   for idle_timeout_s
   COMMIT                    held while an accepted chunk is still landing (it follows the
                             chunks at once); then the transfer leaves `pending`, on_commit
-                            runs in a task; VERDICT (refused if the transfer ended meanwhile)
+                            runs in a task; VERDICT (refused if the transfer ended meanwhile);
+                            published with TOKEN_FOLLOWS: pending again, for the token's COMMIT
   ABORT                     Failed("aborted by sender: ...")
 
 Safety invariant: the only writes into a destination view are UCX receives
@@ -334,6 +335,7 @@ class UcxReceiver(KVReceiver):
 
     async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
+        self._reopen(exp, commit, verdict)
         self._reply(nonce, wire.VERDICT, exp.transfer_id, {"published": verdict.published, "reason": verdict.reason})
 
     def metrics(self) -> list[tuple[str, dict, float]]:

@@ -121,6 +121,41 @@ def test_abort_mid_stream_fails_the_transfer(procs):
     assert out["arrived"] == 3 if procs.backend == "tcp" else out["arrived"] <= 3
 
 
+def test_a_commit_ahead_of_its_token_publishes_and_the_tokens_commit_finishes_it(procs):
+    """Layer streaming's commit (TOKEN_FOLLOWS): published while the transfer stays open,
+    then a COMMIT with the token alone; the decode is the sender's own, token for token."""
+    r, s, _ = procs
+    tid, res, pre = reserve_and_prefill(procs, "tiny", make_prompt(100, 11))
+    sent = send(procs, tid, res, early="token")
+    assert sent["ahead_published"] is True and sent["published"] is True and not sent["error"], sent
+    done_id = r.start("r_finish", tid=tid)
+    mine = s.call("s_decode_self", tid=tid)
+    got = r.result(done_id)
+    assert got["kv_digest"] == pre["kv_digest"] and got["tokens"] == mine["tokens"]
+    assert got["tokens"][0] == pre["first_token"]
+
+
+def test_an_abort_between_the_commit_and_its_token_fails_the_transfer(procs):
+    """Published ahead of its token, the transfer is still pending: the sender's ABORT
+    ends it (R frees its blocks), as it would before any commit."""
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 12))
+    sent = send(procs, tid, res, early="abort")
+    assert sent["ahead_published"] is True and sent["aborted"], sent
+    expect_failed(procs, tid, match="aborted by sender: prefill failed after its commit")
+
+
+def test_a_second_commit_with_chunks_after_a_token_commit_is_refused(procs):
+    """Once the token's COMMIT finished the transfer, it is no longer pending: a third
+    COMMIT (chunks and all) is refused, nothing is written."""
+    r, s, _ = procs
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(60, 13))
+    assert send(procs, tid, res, early="token")["published"] is True
+    again = s.call("s_recommit", tid=tid)
+    assert again["published"] is False and "not expected" in again["reason"], again
+    assert r.call("r_finish", tid=tid)["state"] == "published"
+    s.call("s_decode_self", tid=tid)
+
+
 @pytest.mark.parametrize("fault,match", [("bad_key", "unexpected chunk"),
                                          ("short", "expected")])
 def test_rejected_chunk_fails_the_transfer(procs, fault, match):

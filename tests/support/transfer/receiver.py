@@ -13,7 +13,7 @@ import time
 
 import xxhash
 
-from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict
+from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, token_follows
 from services.transfer.factory import make_receiver
 from tests.support.transfer.engines import ENGINES, MAX_TOKENS, engine_for, sampling
 
@@ -63,14 +63,22 @@ class _Rec:
     async def on_commit(self, commit: TransferCommit) -> Verdict:
         from decode_worker.reservations import ResState, advance, validate_commit
         from services.engine import commit_import
+        if self.res.state is ResState.PUBLISHED:  # the token's COMMIT, after one published ahead of it
+            reason = "" if not commit.chunks and not token_follows(commit) else "not a token COMMIT"
+            if not reason:
+                commit_import(self.engine, self.seq, commit.first_token)
+            self._end("rejected" if reason else "published", reason)
+            return Verdict(not reason, reason)
         reason = validate_commit(self.res, commit, self.engine.abi.digest)
         if not reason and self.engine.kv_digest(self.seq) != commit.kv_digest:
             reason = "kv_digest differs"
         if reason:
             self._end("rejected", reason)
             return Verdict(False, reason)
-        commit_import(self.engine, self.seq, commit.first_token)
         advance(self.res, ResState.PUBLISHED)
+        if token_follows(commit):
+            return Verdict(True)  # the blocks stay held; the token's COMMIT (or a failure) ends it
+        commit_import(self.engine, self.seq, commit.first_token)
         self._end("published", "")
         return Verdict(True)
 

@@ -12,7 +12,7 @@ import dataclasses
 import os
 import time
 
-from services.transfer import Chunk, ChunkKey, TransferCommit, TransferError, checksum
+from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, checksum
 from services.transfer.factory import make_sender
 from tests.support.transfer.engines import IO_TIMEOUT_S, MAX_TOKENS, engine_for, sampling
 
@@ -54,16 +54,20 @@ async def s_credits(backend: str) -> dict:
 
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
-                 io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False) -> dict:
+                 io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False,
+                 early: str = "") -> dict:
     """Send every chunk then commit; `fault` at chunk index `at`:
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
-    `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort)."""
+    `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort).
+    `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token": the token's
+    COMMIT, or "abort": ABORT instead."""
     from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
     engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
-              sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None)
+              sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None,
+              early=early)
     return await _pump(st, describe_chunk, chunk_views)
 
 
@@ -72,6 +76,16 @@ async def s_commit_ghost(dest: str, backend: str, n_chunks: int) -> dict:
     chunks = tuple(Chunk(ChunkKey(i % 4, i // 4, 1), 4096, f"{i:016x}") for i in range(n_chunks))
     verdict = await _sender(backend, IO_TIMEOUT_S).commit(dest, TransferCommit(
         "ghost/commit", "ghost", 1, "abi", chunks, "digest", 7))
+    return dict(published=verdict.published, reason=verdict.reason)
+
+
+async def s_recommit(tid: str) -> dict:
+    """Commit `tid` once more, its chunk list and its token (after it ended at R)."""
+    st = _state["sends"][tid]
+    engine, seq = st["engine"], st["seq"]
+    verdict = await st["sender"].commit(st["dest"], TransferCommit(
+        st["wire_tid"], seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]), engine.kv_digest(seq),
+        st["first"]))
     return dict(published=verdict.published, reason=verdict.reason)
 
 
@@ -118,9 +132,19 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
             st["next"] += 1
         if st["many"]:
             await sender.send_many(dest, wire, st["many"])
+        listed, token = tuple(st["chunks"]), st["first"]
+        if st.get("early"):
+            ahead = await sender.commit(dest, TransferCommit(
+                wire, seq.request_id, 1, engine.abi.digest, listed, engine.kv_digest(seq), TOKEN_FOLLOWS))
+            out.update(ahead_published=ahead.published, ahead_reason=ahead.reason)
+            if not ahead.published:
+                return dict(out, published=False, reason=ahead.reason, sent=st["next"])
+            if st["early"] == "abort":
+                await sender.abort(dest, wire, "prefill failed after its commit")
+                return dict(out, sent=st["next"], aborted=True)
+            listed = ()  # the token's COMMIT lists no chunk
         verdict = await sender.commit(dest, TransferCommit(
-            wire, seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]),
-            engine.kv_digest(seq), st["first"]))
+            wire, seq.request_id, 1, engine.abi.digest, listed, engine.kv_digest(seq), token))
         out.update(published=verdict.published, reason=verdict.reason)
     except TransferError as e:
         out["error"] = str(e)
