@@ -3,6 +3,9 @@
     RESERVED --first chunk--> RECEIVING --commit ok--> PUBLISHED --done--> FINISHED
         \\____________________________\\__ any failure, cancel or TTL __--> ABORTED
 
+(PUBLISHED ahead of its first token — a commit with TOKEN_FOLLOWS — is `awaiting_token`
+until the token's COMMIT admits it; until then a failure, cancel or TTL ends it ABORTED.)
+
 Safety invariant: a reservation's blocks are read by decode only after
 PUBLISHED, and PUBLISHED is entered only after `validate_commit` found every
 expected chunk (the list planned at reserve) present exactly once with the
@@ -89,6 +92,10 @@ class Reservation:
     """A DecodeStream has attached to this reservation."""
     cancelled: bool = False
     """Cancel came after publication: stop it (before or after it joined the batch)."""
+    awaiting_token: bool = False
+    """Published by a commit sent ahead of the first token (TOKEN_FOLLOWS): its blocks hold
+    the published K/V, not admitted yet; the token's COMMIT admits it. Meanwhile a failure,
+    cancel or the TTL gives it back like an unpublished one (the publication released)."""
     grant: Grant | None = None
     """What the sender's capability allows (services/worker/capabilities.py); None
     until authorized (or with security off)."""

@@ -4,9 +4,12 @@ Lifecycle of a disaggregated request here, as numbered queues:
   1. Reserved   — blocks for prompt + max_tokens allocated; receiver expects chunks
   2. Receiving  — chunks land in the reserved (unpublished) blocks
   3. Published  — commit validated, directory CAS applied; admitted to the batch
+                  (admission.py) — a commit sent ahead of its first token (layer
+                  streaming) waits for the token's COMMIT, published, not admitted
   4. Decoding   — tokens streamed; at the end blocks freed, transaction released
-Every failure before 3 goes through `abort_unpublished` (idempotent): stop the
-receiver, free the blocks, abort the transaction, wake the waiting stream.
+Every failure before admission goes through `abort_unpublished` (idempotent): stop the
+receiver, free the blocks, abort the transaction (release it, if it was published
+ahead of a token that did not come), wake the waiting stream.
 """
 
 from __future__ import annotations
@@ -17,13 +20,22 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from pdserve_client.spans import DECODE_ADMIT, DECODE_VALIDATE
+from pdserve_client.spans import DECODE_VALIDATE
 from services.directory.records import TransferRef
-from services.engine import Engine, InvalidRequest, SamplingParams, Sequence, commit_import
+from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
-from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, KVReceiver, TransferCommit, Verdict
+from services.transfer import (
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    Failed,
+    KVReceiver,
+    TransferCommit,
+    Verdict,
+    token_follows,
+)
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
 from services.worker.capabilities import DestinationGate
 from services.worker.config import DecodeWorkerConfig
@@ -32,22 +44,11 @@ from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
 
 from . import publication
+from .admission import Admission
 from .reservations import Reservation, ResState, advance, validate_commit
 from .tracing import ReservationTrace
 
 log = logging.getLogger(__name__)
-
-
-class StreamSink(AsyncSink):
-    """AsyncSink that also runs `on_finished` on the event loop when the sequence ends."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_finished):
-        super().__init__(loop)
-        self.on_finished = on_finished
-
-    def on_done(self, seq: Sequence, error: BaseException | None) -> None:
-        super().on_done(seq, error)
-        self.loop.call_soon_threadsafe(self.on_finished, error)
 
 
 class DecodeWorker:
@@ -69,15 +70,12 @@ class DecodeWorker:
         """Finished before any DecodeStream attached (max_tokens 1 finishes at publication):
         kept with their queued tokens until a stream reads them or the reservation TTL."""
         self.colocated: dict[str, Sequence] = {}
-        self.imported: collections.OrderedDict[str, list[tuple[int, bytes | None]]] = collections.OrderedDict()
-        """(physical block, prefix key) each recent hand-off registered at publication, by
-        transfer id: a discard (Cancel with discard_kv) unregisters exactly these, even after
-        the sequence ended (a block since evicted and reused under another key is left alone)."""
         self.ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
         self._releases: set[asyncio.Task] = set()
+        self.admission = Admission(loop, cfg.reservation_ttl_s, self._timers, self._finished)
 
     # ---- 1. reserve -----------------------------------------------------
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
@@ -177,17 +175,20 @@ class DecodeWorker:
 
     # ---- 3. validate and publish ------------------------------------------
     async def _on_commit(self, res: Reservation, commit: TransferCommit) -> Verdict:
+        if res.awaiting_token:
+            return await self._on_token(res, commit)
         self.events("commit_received", request=res.request_id)
         res.trace.committed(commit.trace)
         await self.pause("commit", res.request_id)
+        ahead = token_follows(commit)
         with tracing.span_in(DECODE_VALIDATE, res.trace.context) as span:
             reason = validate_commit(res, commit, self.engine.abi.digest)
             local = ""
             if not reason:
                 local = await self.loop.call(lambda e: e.kv_digest(res.seq))
                 self.events("digest_computed", request=res.request_id)
-            if not reason and not 0 <= commit.first_token < self.engine.model_cfg.vocab_size:
-                reason = f"first token {commit.first_token} outside the vocabulary"
+            if not reason and not ahead:
+                reason = self._token_error(commit.first_token)
             if not reason and res.state == ResState.ABORTED:  # cancelled, TTL or sender abort meanwhile
                 reason = f"aborted while validating: {res.abort_reason}"
             reason = tracing.failed(span, reason)
@@ -204,44 +205,34 @@ class DecodeWorker:
         res.kv_digest = local
         advance(res, ResState.PUBLISHED)
         self.metrics.received(sum(a.num_bytes for a in res.received.values()))
-        self.events("published", request=res.request_id, chunks=len(res.received))
+        self.events("published", request=res.request_id, chunks=len(res.received), token_follows=ahead)
         await self.pause("published", res.request_id)
-        res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._finished(res, err))
-        with tracing.span_in(DECODE_ADMIT, res.trace.context):
-            await self.loop.call(lambda e: self._admit(res, commit.first_token))
-        res.trace.admitted_ns = time.time_ns()
-        res.published.set()
-        if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
+        if ahead:  # the prefill still computes its first token: the blocks wait for it, within the TTL
+            res.awaiting_token = True
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(
-                self.cfg.reservation_ttl_s, self._unclaimed, res)
+                self.cfg.reservation_ttl_s, lambda: asyncio.ensure_future(self.abort_unpublished(
+                    res, "no first token within the reservation TTL after publication")))
+            return Verdict(True)
+        await self.admission.start(res, commit.first_token)
         return Verdict(True)
 
-    def _unclaimed(self, res: Reservation) -> None:
-        """Published, still decoding, and no DecodeStream came for it within the TTL (its
-        router died between the commit and the stream call): stop it, free its blocks."""
-        if not res.streamed and res.state == ResState.PUBLISHED:
-            res.abort_reason = f"published but no DecodeStream came within {self.cfg.reservation_ttl_s:g} s"
-            log.warning("%s: %s; stopped", res.transfer_id, res.abort_reason)
-            self.loop.cancel(res.seq)
+    def _token_error(self, token: int) -> str:
+        return "" if 0 <= token < self.engine.model_cfg.vocab_size else f"first token {token} outside the vocabulary"
 
-    def _admit(self, res: Reservation, first_token: int) -> None:
-        """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
-        came between publication and now stops it here."""
-        seq, sink = res.seq, res.sink
-        commit_import(self.engine, seq, first_token)
-        blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
-        self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
-        while len(self.imported) > 1024:
-            self.imported.popitem(last=False)
-        sink.on_token(seq, first_token, 0)
-        if res.cancelled:
-            self.engine.free(seq)
-            sink.on_done(seq, asyncio.CancelledError("cancelled before decoding began"))
-        elif seq.is_finished:
-            self.engine.free(seq)
-            sink.on_done(seq, None)
-        else:
-            self.loop.admit_decode(Job(seq, sink.on_token, sink.on_done))
+    async def _on_token(self, res: Reservation, commit: TransferCommit) -> Verdict:
+        """The token's COMMIT of a transfer published ahead of it: admit, or give it all back."""
+        self.events("token_received", request=res.request_id)
+        reason = self._token_error(commit.first_token)
+        if commit.chunks or (commit.request_id, commit.generation, commit.kv_digest) != \
+                (res.request_id, res.generation, res.kv_digest):
+            reason = "not this transfer's token COMMIT (it lists chunks, or names another request or K/V digest)"
+        if reason:
+            await self.abort_unpublished(res, reason)
+            return Verdict(False, reason)
+        self._cancel_timer(res.transfer_id)
+        res.awaiting_token = False
+        await self.admission.start(res, commit.first_token)
+        return Verdict(True)
 
     # ---- 4. decode stream -------------------------------------------------
     def find(self, transfer_id: str) -> Reservation | None:
@@ -257,7 +248,7 @@ class DecodeWorker:
         if res is None:
             raise KeyError(self.ended.get(transfer_id, f"no reservation {transfer_id}"))
         res.streamed = True
-        if res.state == ResState.PUBLISHED:
+        if res.state == ResState.PUBLISHED and not res.awaiting_token:
             self._cancel_timer(transfer_id)  # claimed: the unclaimed-publication timer stops
         timeout = max(0.0, res.deadline_s - time.monotonic())
         try:
@@ -323,18 +314,12 @@ class DecodeWorker:
         """Stop every piece of state of request_id (at one generation, or all when 0);
         `discard_kv`: its published prompt blocks also leave the prefix cache."""
         found = False
-        for tid in list(self.imported) if discard_kv else ():
-            ref = TransferRef.parse(tid)
-            if ref.request_id != request_id or generation not in (0, ref.generation):
-                continue
-            imported = self.imported.pop(tid)
-            await self.loop.call(lambda e, imported=imported: e.blocks.unregister(
-                [bid for bid, key in imported if key is not None and e.blocks.blocks[bid].key == key]))
-            log.warning("%s: published K/V discarded from the prefix cache: %s", tid, reason)
+        if discard_kv:
+            await self.admission.discard(request_id, generation, reason)
         for res in list(self.reservations.values()):
             if res.request_id == request_id and generation in (0, res.generation):
                 found = True
-                if res.state == ResState.PUBLISHED:
+                if res.state == ResState.PUBLISHED and not res.awaiting_token:
                     res.cancelled = True  # not admitted yet: `_admit` stops it
                     self.loop.cancel(res.seq)
                 else:
@@ -347,9 +332,12 @@ class DecodeWorker:
         return found
 
     async def abort_unpublished(self, res: Reservation, reason: str) -> None:
-        """Idempotent: fence the receiver, free the blocks, abort the transaction."""
-        if res.state >= ResState.PUBLISHED:
+        """Idempotent: fence the receiver, free the blocks, abort the transaction (published
+        ahead of a first token that did not come: release the publication instead)."""
+        published = res.awaiting_token
+        if res.state >= ResState.PUBLISHED and not published:
             return
+        res.awaiting_token = False
         advance(res, ResState.ABORTED)
         res.abort_reason = reason
         res.trace.ended(reason)
@@ -360,7 +348,10 @@ class DecodeWorker:
         await self.loop.call(lambda e: e.free(res.seq))
         self._forget(res, f"aborted: {reason}")
         res.published.set()
-        await self.txn.abort(res.request_id, res.transfer_id, res.generation, reason)
+        if published:
+            self._release_later(res)
+        else:
+            await self.txn.abort(res.request_id, res.transfer_id, res.generation, reason)
 
     async def abort_all_unpublished(self, reason: str) -> None:
         """Lease lost or shutting down: every unpublished reservation goes."""

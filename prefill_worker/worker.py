@@ -9,7 +9,10 @@ One request:
                  stream_min_bytes): BEGIN before compute, each chunk leaves as
                  soon as prefill wrote its layer (streaming.py), and a second BEGIN
                  declares digest and chunk list once the last one left (most often
-                 before the compute ends); otherwise after the whole prefill, with
+                 before the compute ends), followed at once by the COMMIT ahead of the
+                 first token (TOKEN_FOLLOWS: the destination validates and publishes
+                 while the compute ends; the COMMIT after it brings the token alone);
+                 otherwise after the whole prefill, with
                  the one BEGIN (digest and chunk list) on its way beside them and
                  the COMMIT (the destination's Publish waits for it if it lands second)
   4. Committed — manifest (chunks, checksums, digest, first token) handed over;
@@ -33,7 +36,7 @@ from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
-from services.transfer import Chunk, ChunkKey, KVSender, TransferCommit, Verdict
+from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.capabilities import SourceGate
 from services.worker.config import PrefillWorkerConfig
@@ -229,16 +232,20 @@ class PrefillWorker:
             await send_all([describe_chunk(e, seq, key)])
 
         begun: asyncio.Future | None = None  # not streamed: Begin, answered beside the COMMIT
+        ahead = False  # streamed: committed ahead of the first token (the COMMIT then brings only it)
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
             await self._begin(task, transfer_id)
         job = Job(seq, sink.on_token, sink.on_done, prefill_only=True, on_layer=gate.on_layer if stream else None)
         self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
-        declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order)) \
-            if stream else None
+        computed = asyncio.Event()
+        declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order, dest,
+                                                       computed)) if stream else None
         try:
             first_token, t_first = await self._computed(sink, gate)
+            await self.pause("sampled", rid)  # (a test's long compute tail: the COMMIT goes ahead)
+            computed.set()
             t_computed = time.perf_counter()
             trace.computed(job)
             self.events("computed", request=rid)
@@ -260,8 +267,8 @@ class PrefillWorker:
                 except BaseException:
                     await _settle(begun)
                     raise
-            else:  # declared once every chunk left, most often while the compute still ran
-                kv_digest = await declared
+            else:  # declared (and committed ahead) once every chunk left, most often while computing
+                kv_digest, ahead = await declared
             self.events("digest", request=rid)
         finally:
             await _settle(streamer)
@@ -273,9 +280,8 @@ class PrefillWorker:
         self.events("commit", request=rid, chunks=len(chunks))
         trace.transferred()
         with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-            committed = asyncio.ensure_future(self.sender.commit(dest, TransferCommit(
-                transfer_id, rid, task.generation, e.abi.digest, tuple(chunks), kv_digest, first_token,
-                self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items()))))
+            committed = asyncio.ensure_future(self._commit(task, transfer_id, dest, () if ahead else chunks,
+                                                           kv_digest, first_token))
             verdict = await _beside(begun, committed)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
@@ -305,18 +311,35 @@ class PrefillWorker:
                 return first, t_first
 
     async def _declare(self, task: Task, transfer_id: str, streamer: asyncio.Future, kv: LayerDigest,
-                       chunks: list[Chunk], order: dict[ChunkKey, int]) -> str:
-        """Streamed: Begin declares the digest and the checksums as soon as every chunk left.
-        Every layer is final by then and already hashed (LayerDigest), while the compute goes
-        on (the last layer's MLP, the norm, the head: ~70 ms of a 2,048-token prompt on
-        `small`), so the declaration is off the path after the first token. Returns the digest."""
+                       chunks: list[Chunk], order: dict[ChunkKey, int], dest: str,
+                       computed: asyncio.Event) -> tuple[str, bool]:
+        """Streamed: Begin declares the digest and the checksums as soon as every chunk left;
+        then, if the compute still runs, the COMMIT goes ahead of the first token
+        (TOKEN_FOLLOWS): the destination validates and publishes meanwhile, and only the
+        token is left for after the compute. Every layer is final by then and already hashed
+        (LayerDigest), while the compute goes on (the last layer's MLP, the norm, the head:
+        ~70 ms of a 2,048-token prompt on `small`). Returns (digest, committed ahead)."""
         await streamer
         if kv.hashed == self.engine.model_cfg.num_hidden_layers:  # all hashed: only the finish
             kv_digest = kv.hexdigest()
         else:  # a layer not final yet (the plan did not reach the prompt's end): after the compute
             kv_digest = await self.loop.call(lambda en: kv.hexdigest())
         await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
-        return kv_digest
+        if computed.is_set():  # the token is there already: one COMMIT with everything
+            return kv_digest, False
+        self.events("commit_ahead", request=task.request_id, chunks=len(chunks))
+        with tracing.span_in(TRANSFER_COMMIT):
+            verdict = await self._commit(task, transfer_id, dest, chunks, kv_digest, TOKEN_FOLLOWS)
+        if not verdict.published:
+            raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
+        return kv_digest, True
+
+    async def _commit(self, task: Task, transfer_id: str, dest: str, chunks: list[Chunk] | tuple, kv_digest: str,
+                      first_token: int) -> Verdict:
+        """COMMIT `chunks` (none: the token's COMMIT of a transfer committed ahead of it)."""
+        return await self.sender.commit(dest, TransferCommit(
+            transfer_id, task.request_id, task.generation, self.engine.abi.digest, tuple(chunks), kv_digest,
+            first_token, self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items())))
 
     async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
         """Directory Begin: open the transfer and/or declare the prompt's K/V digest with

@@ -25,7 +25,9 @@ pd.route where they apply. Failures are span status ERROR plus an event naming w
 
 Exposed transfer, as the seed's transfer-trace analyzer defines it:
     T_exposed = max(0, publish_end - decode_ready)
-where publish_end is the end of decode.publish and decode_ready the moment decode could
+where publish_end is the end of decode.publish (or, when that came before decode_ready,
+the start of decode.admit: a commit sent ahead of the first token publishes while prefill
+computes, and the decode waits for the token that follows) and decode_ready the moment decode could
 have started had the transfer been free: the later of the decode reservation being ready
 (end of decode.reserve) and prefill's last compute chunk ending (end of the last
 prefill.compute).

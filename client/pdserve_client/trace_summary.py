@@ -27,7 +27,9 @@ class Attempt:
 @dataclass(frozen=True, slots=True)
 class Exposure:
     """T_exposed of one transfer (spans.py): max(0, publish_end - decode_ready), where
-    decode_ready = max(end of decode.reserve, end of the last prefill.compute).
+    decode_ready = max(end of decode.reserve, end of the last prefill.compute) and
+    publish_end = end of decode.publish, or the start of decode.admit when the publication
+    came before decode_ready (a commit ahead of the first token).
     t_exposed_ms is None when a piece is missing (named in `missing`)."""
 
     transfer_id: str
@@ -121,6 +123,9 @@ def exposures(trace: Trace) -> tuple[Exposure, ...]:
                                        (sv.PREFILL_COMPUTE, compute)) if not e)
         ready = max(max(reserve), max(compute)) if reserve and compute else None
         publish_end = max(publish) if publish else None
+        admits = [s.start_ns for s in _spans(trace, sv.DECODE_ADMIT, tid, generation, only)]
+        if publish_end is not None and ready is not None and publish_end < ready and admits:
+            publish_end = max(admits)  # published ahead of its first token: the decode waited for it
         t_exposed = None if missing else ms(max(0, publish_end - ready))
         out.append(Exposure(tid, generation, t_exposed,
                             None if publish_end is None else ms(publish_end - trace.start_ns),
@@ -129,12 +134,17 @@ def exposures(trace: Trace) -> tuple[Exposure, ...]:
 
 
 def _ends(trace: Trace, name: str, transfer_id: str, generation: object, only: bool) -> list[int]:
-    """End times of the `name` spans of one transfer: those naming its id; else those with
-    no id but its generation; else, when it is the trace's only transfer, all without an id."""
+    """End times of the `name` spans of one transfer (`_spans`)."""
+    return [s.end_ns for s in _spans(trace, name, transfer_id, generation, only)]
+
+
+def _spans(trace: Trace, name: str, transfer_id: str, generation: object, only: bool) -> list[Span]:
+    """The `name` spans of one transfer: those naming its id; else those with no id but
+    its generation; else, when it is the trace's only transfer, all without an id."""
     group = _named(trace, name)
     mine = [s for s in group if str(s.attributes.get(sv.TRANSFER_ID, "")) == transfer_id]
     if not mine:
         loose = [s for s in group if not s.attributes.get(sv.TRANSFER_ID)]
         mine = [s for s in loose if generation is not None and s.attributes.get(sv.GENERATION) == generation]
         mine = mine or (loose if only else [])
-    return [s.end_ns for s in mine]
+    return mine

@@ -80,6 +80,20 @@ def test_t_exposed_is_zero_when_the_transfer_was_hidden_behind_compute():
     assert _view(spans).summary.t_exposed_ms == 0.0
 
 
+def test_published_ahead_of_the_first_token_the_exposure_runs_to_the_admit():
+    """A commit ahead of the first token publishes while prefill computes: what is exposed
+    is the wait for the token, up to decode.admit (here 23.2 - 22.0)."""
+    spans = traces.disaggregated()
+    for s in spans:
+        if s["name"] == sv.PREFILL_COMPUTE and s["attributes"].get(sv.TRANSFER_ID) == "x2":
+            s["end_ns"] = traces.T0_NS + 22_000_000  # the compute ended after the publication (23.125)...
+        if s["name"] == sv.DECODE_PUBLISH:
+            s["start_ns"], s["end_ns"] = traces.T0_NS + 20_500_000, traces.T0_NS + 21_000_000  # ...ahead of it
+    x2 = {x.transfer_id: x for x in _view(spans).summary.transfers}["x2"]
+    assert x2.decode_ready_ms == 22.0 and x2.publish_end_ms == 23.2
+    assert abs(x2.t_exposed_ms - 1.2) < 1e-9
+
+
 def test_spans_without_a_transfer_id_join_their_generations_transfer():
     spans = traces.disaggregated()
     for s in spans:

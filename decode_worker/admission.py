@@ -1,0 +1,103 @@
+"""From publication to the batch, the end of the decode worker's step 3: import the
+published blocks with the first token, stream token 0, join the decode batch (or finish).
+And what stays of it: the blocks each hand-off registered in the prefix cache (a discard
+unregisters exactly these) and the timer that stops a publication no DecodeStream came for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+
+from pdserve_client.spans import DECODE_ADMIT
+from services.directory.records import TransferRef
+from services.engine import Sequence, commit_import
+from services.telemetry import tracing
+from services.worker.loop import AsyncSink, EngineLoop, Job
+
+from .reservations import Reservation, ResState
+
+log = logging.getLogger(__name__)
+
+IMPORTED_KEPT = 1024
+"""Recent hand-offs whose registered blocks a discard can still find."""
+
+
+class StreamSink(AsyncSink):
+    """AsyncSink that also runs `on_finished` on the event loop when the sequence ends."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_finished):
+        super().__init__(loop)
+        self.on_finished = on_finished
+
+    def on_done(self, seq: Sequence, error: BaseException | None) -> None:
+        super().on_done(seq, error)
+        self.loop.call_soon_threadsafe(self.on_finished, error)
+
+
+class Admission:
+    """Admits published reservations into one engine loop's batch."""
+
+    def __init__(self, loop: EngineLoop, ttl_s: float, timers: dict[str, asyncio.TimerHandle],
+                 on_finished: Callable[[Reservation, BaseException | None], None]):
+        self.loop, self.engine, self.ttl_s = loop, loop.engine, ttl_s
+        self._timers = timers
+        """The worker's timers by transfer id (one per reservation; the worker cancels them)."""
+        self._on_finished = on_finished
+        self.imported: collections.OrderedDict[str, list[tuple[int, bytes | None]]] = collections.OrderedDict()
+        """(physical block, prefix key) each recent hand-off registered at publication, by
+        transfer id: a discard (Cancel with discard_kv) unregisters exactly these, even after
+        the sequence ended (a block since evicted and reused under another key is left alone)."""
+
+    async def start(self, res: Reservation, first_token: int) -> None:
+        """Published, first token known: import, stream token 0, join the batch; wakes the
+        DecodeStream waiting on `res.published`."""
+        res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
+        with tracing.span_in(DECODE_ADMIT, res.trace.context):
+            await self.loop.call(lambda e: self._admit(res, first_token))
+        res.trace.admitted_ns = time.time_ns()
+        res.published.set()
+        if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
+            self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(self.ttl_s, self._unclaimed, res)
+
+    def _unclaimed(self, res: Reservation) -> None:
+        """Published, still decoding, and no DecodeStream came for it within the TTL (its
+        router died between the commit and the stream call): stop it, free its blocks."""
+        if not res.streamed and res.state == ResState.PUBLISHED:
+            res.abort_reason = f"published but no DecodeStream came within {self.ttl_s:g} s"
+            log.warning("%s: %s; stopped", res.transfer_id, res.abort_reason)
+            self.loop.cancel(res.seq)
+
+    def _admit(self, res: Reservation, first_token: int) -> None:
+        """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
+        came between publication and now stops it here."""
+        seq, sink = res.seq, res.sink
+        commit_import(self.engine, seq, first_token)
+        blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
+        self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
+        while len(self.imported) > IMPORTED_KEPT:
+            self.imported.popitem(last=False)
+        sink.on_token(seq, first_token, 0)
+        if res.cancelled:
+            self.engine.free(seq)
+            sink.on_done(seq, asyncio.CancelledError("cancelled before decoding began"))
+        elif seq.is_finished:
+            self.engine.free(seq)
+            sink.on_done(seq, None)
+        else:
+            self.loop.admit_decode(Job(seq, sink.on_token, sink.on_done))
+
+    async def discard(self, request_id: str, generation: int, reason: str) -> None:
+        """The prompt blocks the hand-offs of request_id (at one generation, or all when 0)
+        registered leave the prefix cache (the router found the two ends' digests differ)."""
+        for tid in list(self.imported):
+            ref = TransferRef.parse(tid)
+            if ref.request_id != request_id or generation not in (0, ref.generation):
+                continue
+            imported = self.imported.pop(tid)
+            await self.loop.call(lambda e, imported=imported: e.blocks.unregister(
+                [bid for bid, key in imported if key is not None and e.blocks.blocks[bid].key == key]))
+            log.warning("%s: published K/V discarded from the prefix cache: %s", tid, reason)

@@ -1,0 +1,112 @@
+"""Layer streaming's COMMIT ahead of the first token (services/transfer/base.py
+TOKEN_FOLLOWS), between the real PrefillWorker and DecodeWorker (tests/support/inproc_cluster.py):
+the destination validates and publishes while the prefill's compute ends, admits the
+request when the token's COMMIT comes, and whatever happens between the two — the
+prefill cancelled, the decode cancelled, the TTL — everything comes back and the
+publication is released."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from decode_worker.reservations import ResState
+from prefill_worker.worker import TransferRefused
+from services.directory.states import TxnState
+from tests.support.inproc_cluster import InprocCluster
+
+PROMPT = [random.Random(5).randrange(3, 500) for _ in range(600)]  # 3 prefill chunks of 256: streamed
+STREAMED = dict(stream_min_bytes=0, chunk_tokens=256, max_chunk_blocks=4)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def published_ahead(c: InprocCluster, res) -> None:
+    """Until the destination published `res` ahead of its token (the prefill paused at "@sampled")."""
+    while not res.awaiting_token:
+        assert res.state < ResState.FINISHED, res.abort_reason
+        await asyncio.sleep(0.01)
+
+
+def test_the_commit_goes_ahead_and_the_token_admits_the_request():
+    async def go():
+        async with InprocCluster(fault_pause_s=0.5, **STREAMED) as c:  # the compute's tail: 0.5 s
+            rid = "a@sampled"
+            res = await c.reserve(rid, PROMPT, 4)
+            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
+            await published_ahead(c, res)
+            during = (await c.directory.lookup(rid, res.transfer_id)).state, res.published.is_set()
+            tokens, outcome = await stream, await prefill
+            reference = await c.colocated("ref", PROMPT, 4)
+            record = await c.directory.lookup(rid, res.transfer_id)
+            await c.assert_all_returned()
+            return during, tokens, reference, outcome, record
+
+    during, tokens, reference, outcome, record = run(go())
+    assert during == (TxnState.PUBLISHED, False)  # published, not admitted: the stream waits for the token
+    assert tokens == reference and outcome.first_token == tokens[0]
+    assert record.state is TxnState.RELEASED and record.kv_digest == outcome.kv_digest
+
+
+def test_a_prefill_cancelled_between_commit_and_token_releases_the_publication():
+    async def go():
+        async with InprocCluster(fault_pause_s=30.0, **STREAMED) as c:
+            rid = "b@sampled"
+            res = await c.reserve(rid, PROMPT, 4)
+            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
+            await published_ahead(c, res)
+            assert await c.prefill.cancel(rid, 1)
+            with pytest.raises(asyncio.CancelledError):
+                await prefill
+            with pytest.raises(RuntimeError, match="aborted by sender"):
+                await stream  # the sender's ABORT reached the destination: nothing to decode
+            await c.assert_all_returned()
+            return await c.directory.lookup(rid, res.transfer_id), res
+
+    record, res = run(go())
+    assert res.state is ResState.ABORTED and not res.awaiting_token
+    assert record.state is TxnState.RELEASED  # published, then given back (not aborted: it was published)
+
+
+def test_a_decode_cancelled_between_commit_and_token_refuses_the_token():
+    async def go():
+        async with InprocCluster(fault_pause_s=1.0, **STREAMED) as c:
+            rid = "c@sampled"
+            res = await c.reserve(rid, PROMPT, 4)
+            prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
+            await published_ahead(c, res)
+            assert await c.decode.cancel(rid, 1, "router teardown")
+            with pytest.raises(TransferRefused, match="not expected"):
+                await prefill  # its token's COMMIT finds the transfer gone
+            await c.assert_all_returned()
+            return await c.directory.lookup(rid, res.transfer_id), res
+
+    record, res = run(go())
+    assert res.state is ResState.ABORTED and res.abort_reason == "router teardown"
+    assert record.state is TxnState.RELEASED
+
+
+def test_no_token_within_the_reservation_ttl_gives_everything_back():
+    async def go():
+        async with InprocCluster(fault_pause_s=30.0, **STREAMED) as c:
+            c.decode.cfg = c.decode.cfg.replace(reservation_ttl_s=0.3)
+            rid = "d@sampled"
+            res = await c.reserve(rid, PROMPT, 4)
+            prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
+            await published_ahead(c, res)
+            while res.state is not ResState.ABORTED:
+                await asyncio.sleep(0.01)
+            await c.prefill.cancel(rid, 1)  # the router's teardown, once its attempt failed
+            await asyncio.gather(prefill, return_exceptions=True)
+            await c.assert_all_returned()
+            return await c.directory.lookup(rid, res.transfer_id), res
+
+    record, res = run(go())
+    assert "no first token within the reservation TTL" in res.abort_reason
+    assert record.state is TxnState.RELEASED
