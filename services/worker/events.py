@@ -30,10 +30,11 @@ class EventLog:
                                           **fields)) + "\n")
 
 
-PAUSE_STEPS = ("reserved", "computed", "chunk", "commit", "published")
+PAUSE_STEPS = ("reserved", "computed", "sampled", "chunk", "commit", "published")
 """Hand-off steps a fault test can stop a request at (`FaultPause`): decode reserved its
 blocks (the Reserve call has not returned); prefill computed (nothing sent); prefill
-between two chunks (mid-transfer); decode received the commit (not validated);
+sampled token 0 (streamed: its COMMIT may have gone ahead, the token's not yet);
+prefill between two chunks (mid-transfer); decode received the commit (not validated);
 decode published (token 0 not yet streamed)."""
 
 

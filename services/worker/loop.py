@@ -83,7 +83,8 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current iteration; pending jobs are failed and freed."""
+        """Stop after the current iteration; pending jobs and calls are failed and freed,
+        and a later `call` fails at once (call and stop are the event loop's)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
@@ -99,6 +100,9 @@ class EngineLoop:
         """
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self._stop:  # nothing would run it: a caller's cleanup after stop() must not hang
+            fut.set_exception(RuntimeError("engine loop stopped"))
+            return fut
         self._commands.append(_Command(fn, fut, loop, undo))
         self._wake.set()
         return fut if undo is None else self._owned(fut, undo)

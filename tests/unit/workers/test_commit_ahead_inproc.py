@@ -95,9 +95,9 @@ def test_a_decode_cancelled_between_commit_and_token_refuses_the_token():
 def test_no_token_within_the_reservation_ttl_gives_everything_back():
     async def go():
         async with InprocCluster(fault_pause_s=30.0, **STREAMED) as c:
-            c.decode.cfg = c.decode.cfg.replace(reservation_ttl_s=0.3)
             rid = "d@sampled"
-            res = await c.reserve(rid, PROMPT, 4)
+            res = await c.reserve(rid, PROMPT, 4)  # its own TTL is the default's: the prefill may be slow
+            c.decode.cfg = c.decode.cfg.replace(reservation_ttl_s=0.3)  # what the publication arms
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             while res.state is not ResState.ABORTED:

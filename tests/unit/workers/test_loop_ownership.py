@@ -125,3 +125,15 @@ def test_a_cancel_between_delivery_and_resumption_gives_the_blocks_back(loop):
 
     asyncio.run(go())
     assert_no_leak(loop.engine)
+
+
+def test_a_call_after_stop_fails_at_once_instead_of_hanging(loop):
+    """A task's cleanup (free its sequence) that runs after the worker stopped its loop:
+    nothing will ever run the call, so it must fail, not leave the task waiting forever."""
+    async def go():
+        await loop.call(lambda e: None)
+        loop.stop()
+        with pytest.raises(RuntimeError, match="engine loop stopped"):
+            await asyncio.wait_for(loop.call(lambda e: None), 5)
+
+    asyncio.run(go())
