@@ -34,7 +34,7 @@ async def published_ahead(c: InprocCluster, res) -> None:
 
 def test_the_commit_goes_ahead_and_the_token_admits_the_request():
     async def go():
-        async with InprocCluster(fault_pause_s=0.5, **STREAMED) as c:  # the compute's tail: 0.5 s
+        async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:  # the compute's tail: 2 s (a loaded machine)
             rid = "a@sampled"
             res = await c.reserve(rid, PROMPT, 4)
             stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
@@ -76,7 +76,7 @@ def test_a_prefill_cancelled_between_commit_and_token_releases_the_publication()
 
 def test_a_decode_cancelled_between_commit_and_token_refuses_the_token():
     async def go():
-        async with InprocCluster(fault_pause_s=1.0, **STREAMED) as c:
+        async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:
             rid = "c@sampled"
             res = await c.reserve(rid, PROMPT, 4)
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
