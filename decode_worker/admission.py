@@ -16,7 +16,7 @@ from pdserve_client.spans import DECODE_ADMIT
 from services.directory.records import TransferRef
 from services.engine import Sequence, commit_import
 from services.telemetry import tracing
-from services.worker.loop import AsyncSink, EngineLoop, Job
+from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .reservations import Reservation, ResState
 
@@ -53,15 +53,34 @@ class Admission:
         the sequence ended (a block since evicted and reused under another key is left alone)."""
 
     async def start(self, res: Reservation, first_token: int) -> None:
-        """Published, first token known: import, stream token 0, join the batch; wakes the
-        DecodeStream waiting on `res.published`."""
+        """Published, first token known: stream token 0, then import and join the batch.
+
+        Token 0 is in the stream's queue and the DecodeStream waiting on `res.published`
+        woken before the engine thread imports the blocks: the client's first token does
+        not wait for that hop (token 1 does, and comes from the batch as before). An import
+        that fails ends the stream with its error (the sequence's blocks go back)."""
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
-        with tracing.span_in(DECODE_ADMIT, res.trace.context):
-            await self.loop.call(lambda e: self._admit(res, first_token))
-        res.trace.admitted_ns = time.time_ns()
+        res.sink.queue.put_nowait(TokenOut(first_token, 0))
         res.published.set()
+        try:
+            with tracing.span_in(DECODE_ADMIT, res.trace.context):
+                await self.loop.call(lambda e: self._admit(res, first_token))
+        except Exception as e:  # noqa: BLE001 - the stream reports it; the blocks come back
+            log.error("%s: admission failed after token 0 streamed: %r", res.transfer_id, e)
+            await self._give_back(res, e)
+            return
+        res.trace.admitted_ns = time.time_ns()
         if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(self.ttl_s, self._unclaimed, res)
+
+    async def _give_back(self, res: Reservation, error: BaseException) -> None:
+        """The import failed: free what the sequence holds (when the engine still runs),
+        end its stream with `error`."""
+        try:
+            await self.loop.call(lambda e: e.free(res.seq))
+        except Exception:  # the engine is gone (stopped): nothing to give back to
+            log.debug("%s: blocks not freed: the engine loop is gone", res.transfer_id, exc_info=True)
+        res.sink.on_done(res.seq, error)
 
     def _unclaimed(self, res: Reservation) -> None:
         """Published, still decoding, and no DecodeStream came for it within the TTL (its
@@ -75,12 +94,11 @@ class Admission:
         """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
         came between publication and now stops it here."""
         seq, sink = res.seq, res.sink
-        commit_import(self.engine, seq, first_token)
+        commit_import(self.engine, seq, first_token)  # token 0 is in the stream already (start)
         blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
         self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
         while len(self.imported) > IMPORTED_KEPT:
             self.imported.popitem(last=False)
-        sink.on_token(seq, first_token, 0)
         if res.cancelled:
             self.engine.free(seq)
             sink.on_done(seq, asyncio.CancelledError("cancelled before decoding began"))

@@ -261,10 +261,11 @@ class DecodeWorker:
             raise
         if res.state == ResState.ABORTED:
             raise RuntimeError(f"transfer {transfer_id} aborted: {res.abort_reason}")
-        async for item in self._drain(res.sink, res.seq):
+        async for item in self._drain(res.sink, res.seq, res):
             yield item
 
-    async def _drain(self, sink: AsyncSink, seq: Sequence) -> AsyncIterator[TokenOut | SeqDone]:
+    async def _drain(self, sink: AsyncSink, seq: Sequence,
+                     res: Reservation | None = None) -> AsyncIterator[TokenOut | SeqDone]:
         done = False
         try:
             while not done:
@@ -273,6 +274,8 @@ class DecodeWorker:
                 yield item
         finally:
             if not done:  # consumer went away: stop decoding this sequence
+                if res is not None:
+                    res.cancelled = True  # token 0 streams before the import: `_admit` may be to come
                 self.loop.cancel(seq)
 
     def _finished(self, res: Reservation, error: BaseException | None) -> None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import pytest
 
+from decode_worker.admission import Admission
 from decode_worker.reservations import ResState
 from prefill_worker.worker import TransferRefused
 from services.directory.states import TxnState
+from services.worker.loop import SeqDone, TokenOut
 from tests.support.inproc_cluster import InprocCluster
 
 PROMPT = [random.Random(5).randrange(3, 500) for _ in range(600)]  # 3 prefill chunks of 256: streamed
@@ -51,6 +54,33 @@ def test_the_commit_goes_ahead_and_the_token_admits_the_request():
     assert during == (TxnState.PUBLISHED, False)  # published, not admitted: the stream waits for the token
     assert tokens == reference and outcome.first_token == tokens[0]
     assert record.state is TxnState.RELEASED and record.kv_digest == outcome.kv_digest
+
+
+def test_token_0_streams_before_the_decode_engine_imports_the_blocks():
+    """The client's first token does not wait for the decode's engine thread (busy with a
+    long step here): token 0 is streamed at the token's COMMIT, the import follows."""
+    async def go():
+        async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:
+            rid = "e@sampled"
+            res = await c.reserve(rid, PROMPT, 4)
+            stream = c.decode.stream(res.transfer_id)
+            first = asyncio.ensure_future(anext(stream))
+            prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
+            await published_ahead(c, res)
+            gate = threading.Event()
+            busy = c.d.loop.call(lambda e: gate.wait(30))  # until token 0 is out
+            token0 = await asyncio.wait_for(first, 20)
+            imported_then = res.trace.admitted_ns != 0
+            gate.set()
+            await busy
+            rest, outcome = await c.collect(stream), await prefill
+            reference = await c.colocated("ref", PROMPT, 4)
+            await c.assert_all_returned()
+            return token0, imported_then, rest, outcome, reference
+
+    token0, imported_then, rest, outcome, reference = run(go())
+    assert (token0.token_id, token0.index) == (reference[0], 0) and not imported_then
+    assert [token0.token_id, *rest] == reference and outcome.first_token == reference[0]
 
 
 def test_a_prefill_cancelled_between_commit_and_token_releases_the_publication():
@@ -110,3 +140,29 @@ def test_no_token_within_the_reservation_ttl_gives_everything_back():
     record, res = run(go())
     assert "no first token within the reservation TTL" in res.abort_reason
     assert record.state is TxnState.RELEASED
+
+
+def test_an_import_failing_after_token_0_ends_the_stream_and_gives_everything_back(monkeypatch):
+    def broken(self, res, first_token):
+        raise RuntimeError("import broke")
+
+    monkeypatch.setattr(Admission, "_admit", broken)
+
+    async def go():
+        async with InprocCluster(**STREAMED) as c:
+            rid = "f"
+            res = await c.reserve(rid, PROMPT, 4)
+            stream = asyncio.ensure_future(_items(c.decode.stream(res.transfer_id)))
+            outcome = await c.send(rid, res, PROMPT)
+            items = await stream
+            await c.assert_all_returned()
+            return items, outcome, await c.directory.lookup(rid, res.transfer_id)
+
+    items, outcome, record = run(go())
+    assert items[0] == TokenOut(outcome.first_token, 0) and len(items) == 2
+    assert isinstance(items[1], SeqDone) and "import broke" in repr(items[1].error)
+    assert record.state is TxnState.RELEASED
+
+
+async def _items(stream) -> list:
+    return [item async for item in stream]
