@@ -47,21 +47,29 @@ class Admission:
         self._timers = timers
         """The worker's timers by transfer id (one per reservation; the worker cancels them)."""
         self._on_finished = on_finished
+        self._importing: set[asyncio.Task] = set()
+        """Imports under way (a task each: nothing else waits for them; kept from the GC)."""
         self.imported: collections.OrderedDict[str, list[tuple[int, bytes | None]]] = collections.OrderedDict()
         """(physical block, prefix key) each recent hand-off registered at publication, by
         transfer id: a discard (Cancel with discard_kv) unregisters exactly these, even after
         the sequence ended (a block since evicted and reused under another key is left alone)."""
 
-    async def start(self, res: Reservation, first_token: int) -> None:
+    def start(self, res: Reservation, first_token: int) -> None:
         """Published, first token known: stream token 0, then import and join the batch.
 
         Token 0 is in the stream's queue and the DecodeStream waiting on `res.published`
-        woken before the engine thread imports the blocks: the client's first token does
-        not wait for that hop (token 1 does, and comes from the batch as before). An import
+        woken at once; the engine thread's import runs as a task of its own, so neither
+        the client's first token nor the verdict the caller sends back to the prefill
+        waits for that hop (token 1 does, and comes from the batch as before). An import
         that fails ends the stream with its error (the sequence's blocks go back)."""
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
         res.sink.queue.put_nowait(TokenOut(first_token, 0))
         res.published.set()
+        task = asyncio.get_running_loop().create_task(self._import(res, first_token))
+        self._importing.add(task)
+        task.add_done_callback(self._importing.discard)
+
+    async def _import(self, res: Reservation, first_token: int) -> None:
         try:
             with tracing.span_in(DECODE_ADMIT, res.trace.context):
                 await self.loop.call(lambda e: self._admit(res, first_token))

@@ -213,7 +213,7 @@ class DecodeWorker:
                 self.cfg.reservation_ttl_s, lambda: asyncio.ensure_future(self.abort_unpublished(
                     res, "no first token within the reservation TTL after publication")))
             return Verdict(True)
-        await self.admission.start(res, commit.first_token)
+        self.admission.start(res, commit.first_token)
         return Verdict(True)
 
     def _token_error(self, token: int) -> str:
@@ -231,7 +231,7 @@ class DecodeWorker:
             return Verdict(False, reason)
         self._cancel_timer(res.transfer_id)
         res.awaiting_token = False
-        await self.admission.start(res, commit.first_token)
+        self.admission.start(res, commit.first_token)
         return Verdict(True)
 
     # ---- 4. decode stream -------------------------------------------------

@@ -57,8 +57,9 @@ def test_the_commit_goes_ahead_and_the_token_admits_the_request():
 
 
 def test_token_0_streams_before_the_decode_engine_imports_the_blocks():
-    """The client's first token does not wait for the decode's engine thread (busy with a
-    long step here): token 0 is streamed at the token's COMMIT, the import follows."""
+    """Neither the client's first token nor the prefill's verdict waits for the decode's
+    engine thread (busy with a long step here): token 0 is streamed and the verdict sent at
+    the token's COMMIT, the import follows."""
     async def go():
         async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:
             rid = "e@sampled"
@@ -68,12 +69,15 @@ def test_token_0_streams_before_the_decode_engine_imports_the_blocks():
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             gate = threading.Event()
-            busy = c.d.loop.call(lambda e: gate.wait(30))  # until token 0 is out
-            token0 = await asyncio.wait_for(first, 20)
-            imported_then = res.trace.admitted_ns != 0
-            gate.set()
+            busy = c.d.loop.call(lambda e: gate.wait(30))  # until token 0 and the verdict are out
+            try:
+                token0 = await asyncio.wait_for(first, 20)
+                outcome = await asyncio.wait_for(asyncio.shield(prefill), 20)  # the verdict came back
+                imported_then = res.trace.admitted_ns != 0
+            finally:
+                gate.set()
             await busy
-            rest, outcome = await c.collect(stream), await prefill
+            rest = await c.collect(stream)
             reference = await c.colocated("ref", PROMPT, 4)
             await c.assert_all_returned()
             return token0, imported_then, rest, outcome, reference
