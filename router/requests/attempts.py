@@ -151,16 +151,26 @@ class AttemptRunner:
         # P computes while the directory records the transaction: its Begin waits for the
         # record (services/worker/directory_ops.py), and nothing publishes without it.
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
+        # The calls leave in the order they are needed: the Prefill first (its compute is the
+        # critical path), the directory's Reserve (needed by the Begin, after the compute),
+        # the DecodeStream last (needed at publication). Each one's setup in this process
+        # (interceptors, TLS, protobuf) would otherwise delay the Prefill.
         att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
             manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
             capability), queue))
-        att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
-            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
-            self._timeout(None)), queue))
+        reserving = asyncio.ensure_future(
+            self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
         try:
-            answer = await self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s))
+            await asyncio.sleep(0)
+            att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
+                req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
+                self._timeout(None)), queue))
+            answer = await reserving
         except WorkerCallError as exc:
             raise AttemptFailed(att.stage.value, exc.code, exc.message) from exc
+        except BaseException:
+            reserving.cancel()
+            raise
         if answer.outcome is not TxnOutcome.APPLIED:
             att.txn_open = False
             what = f"directory answered {answer.outcome.name}"
