@@ -62,22 +62,24 @@ class Admission:
         the client's first token nor the verdict the caller sends back to the prefill
         waits for that hop (token 1 does, and comes from the batch as before). An import
         that fails ends the stream with its error (the sequence's blocks go back)."""
+        start_ns = time.time_ns()  # decode.admit starts with token 0 (T_exposed ends there)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
         res.sink.queue.put_nowait(TokenOut(first_token, 0))
         res.published.set()
-        task = asyncio.get_running_loop().create_task(self._import(res, first_token))
+        task = asyncio.get_running_loop().create_task(self._import(res, first_token, start_ns))
         self._importing.add(task)
         task.add_done_callback(self._importing.discard)
 
-    async def _import(self, res: Reservation, first_token: int) -> None:
+    async def _import(self, res: Reservation, first_token: int, start_ns: int) -> None:
         try:
-            with tracing.span_in(DECODE_ADMIT, res.trace.context):
-                await self.loop.call(lambda e: self._admit(res, first_token))
+            await self.loop.call(lambda e: self._admit(res, first_token))
         except Exception as e:  # noqa: BLE001 - the stream reports it; the blocks come back
             log.error("%s: admission failed after token 0 streamed: %r", res.transfer_id, e)
+            tracing.past_span(DECODE_ADMIT, start_ns, time.time_ns(), res.trace.context, error=repr(e))
             await self._give_back(res, e)
             return
         res.trace.admitted_ns = time.time_ns()
+        tracing.past_span(DECODE_ADMIT, start_ns, res.trace.admitted_ns, res.trace.context)
         if not res.streamed and res.state == ResState.PUBLISHED:  # not finished at publication
             self._timers[res.transfer_id] = asyncio.get_running_loop().call_later(self.ttl_s, self._unclaimed, res)
 
