@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pdserve_client.spans import TRANSFER_COMMIT
 from services.directory.chunk_plan import Layout, tiling_error
 from services.directory.wire import chunk_specs
-from services.engine import Engine, InvalidRequest, SamplingParams
+from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
@@ -235,7 +235,18 @@ class PrefillWorker:
         ahead = False  # streamed: committed ahead of the first token (the COMMIT then brings only it)
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
             await self._begin(task, transfer_id)
-        job = Job(seq, sink.on_token, sink.on_done, prefill_only=True, on_layer=gate.on_layer if stream else None)
+        digested: list[str] = []
+
+        def done(s: Sequence, error: BaseException | None) -> None:
+            """Engine thread, the job just ended: not streamed, the digest is taken here,
+            before the first token's wake-up, instead of one more hop to this thread after it."""
+            if error is None and not stream:
+                try:
+                    digested.append(kv.hexdigest())
+                except Exception as exc:  # noqa: BLE001 - the prefill fails with it
+                    error = exc
+            sink.on_done(s, error)
+        job = Job(seq, sink.on_token, done, prefill_only=True, on_layer=gate.on_layer if stream else None)
         self.loop.submit_prefill(job)
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
@@ -249,14 +260,13 @@ class PrefillWorker:
             t_computed = time.perf_counter()
             trace.computed(job)
             self.events("computed", request=rid)
-            digest = asyncio.ensure_future(self.loop.call(lambda en: kv.hexdigest())) if streamer is None else None
             await self.pause("computed", rid)
             self._check(task)
             if streamer is None:
                 # One Begin opens the transfer and declares digest and checksums, on its
                 # way beside the chunks and the COMMIT (the destination's Publish waits for
                 # it in the directory if it lands second; its refusal is the answer).
-                kv_digest = await digest
+                kv_digest = digested[0]
                 described = [describe_chunk(e, seq, key) for key in plan]
                 begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
                 try:
