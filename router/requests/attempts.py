@@ -3,10 +3,10 @@
 Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 
     1. Decode.Reserve on D           -> reservation (blocks, data-plane address)
-    2. concurrently
-         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
+    2. concurrently, leaving in this order (the order they are needed in)
          Prefill.Prefill on P        -> computes meanwhile; its Begin waits for the
                                         record; returns after D accepted the commit
+         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
     3. Started event once the directory applied the reservation
     4. token 0 arrives               -> the transfer is published (D releases it)
