@@ -28,22 +28,12 @@ from tests.support.directory.grpc_process import (
     RECEIVED,
     SERVICE,
     Callers,
-    DirectoryProcess,
     drive_to,
     manifest,
     run,
     two_workers,
     uid,
 )
-
-
-@pytest.fixture(scope="module")
-def directory(redis_server):
-    """The shared directory process; its clean SIGTERM exit is checked at the end."""
-    proc = DirectoryProcess(redis_server.url)
-    yield proc
-    assert proc.stop() == 0, proc.output()
-
 
 # ---- service surface -------------------------------------------------------
 

@@ -34,14 +34,6 @@ from tests.support.directory.grpc_process import (
 )
 
 
-@pytest.fixture(scope="module")
-def directory(redis_server):
-    """A directory process for this module; its clean SIGTERM exit is checked at the end."""
-    proc = DirectoryProcess(redis_server.url)
-    yield proc
-    assert proc.stop() == 0, proc.output()
-
-
 def test_start_fails_clearly_without_redis():
     dead_port = free_port()
     proc = subprocess.run(
