@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import secrets
 from collections.abc import Awaitable, Callable
 
 from pdserve_client.rpc.pd.v1 import blocks_pb2
@@ -261,6 +262,10 @@ async def mid_transfer(job: Probe) -> str:
             await job.teardown()
             await job.left_nothing()
             job.request_id, job.generations = probe_id("release-smoke"), []
+        # A prompt earlier probes most likely did not send (rotated at random): the prefill
+        # computes all of it (a cached prefix leaves little under way to cut).
+        turn = 1 + secrets.randbelow(max(len(job.prompt) - 1, 1))
+        job.prompt = job.prompt[turn:] + job.prompt[:turn]
         reservation, manifest = await job.open()
         capability = job.ctl.orch.mint(manifest, reservation)
         stream = asyncio.ensure_future(_drain(job.decode_stream(1, capability)))
