@@ -161,7 +161,7 @@ class AttemptRunner:
         reserving = asyncio.ensure_future(
             self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
         try:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # both start their calls before the next line makes the stream's
             att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
                 req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
                 self._timeout(None)), queue))
