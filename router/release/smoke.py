@@ -45,8 +45,11 @@ from router.types import (
 MAX_TOKENS = 2
 SETTLE_S = 10.0
 """How long a probe's blocks may take to come back after its teardown."""
-CUT_TRIES = 3
+CUT_TRIES = 5
 """Fresh hand-offs the mid-transfer cut may take to land before publication."""
+CUT_PROMPT_TOKENS = 2048
+"""The longest prompt the mid-transfer cut sends (the longest both ends accept, within a
+quarter of the decode's free blocks): a short one's hand-off is over in milliseconds."""
 _WORKING = frozenset({blocks_pb2.BLOCK_HOLD_STATE_PREFILLING, blocks_pb2.BLOCK_HOLD_STATE_SENDING,
                       blocks_pb2.BLOCK_HOLD_STATE_RECEIVING})
 """Holding states of a hand-off under way (prefill computing or sending, decode receiving)."""
@@ -194,11 +197,24 @@ async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
 
 def probe_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
     """A prompt of a few blocks that both ends accept (token ids every vocabulary has)."""
+    length, vocab = _prompt_limits(prefill, decode, 256)
+    return tuple(3 + (i * 7) % (vocab - 3) for i in range(length))
+
+
+def cut_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
+    """A long prompt of random token ids: no prefix of it is cached, so prefill computes
+    (and sends) all of it, long enough for the cut to find it under way."""
+    room = decode.load.free_blocks // 4 * (decode.capacity.block_size or 16)
+    length, vocab = _prompt_limits(prefill, decode, max(256, min(CUT_PROMPT_TOKENS, room)))
+    return tuple(3 + secrets.randbelow(vocab - 3) for _ in range(length))
+
+
+def _prompt_limits(prefill: Worker, decode: Worker, cap: int) -> tuple[int, int]:
+    """(prompt length both ends accept, at most `cap`; vocabulary both ends have). A prompt
+    longer than max_prefill_tokens is computed in chunks of it."""
     caps = (prefill.capacity, decode.capacity)
-    limit = min([c.max_prefill_tokens for c in caps if c.max_prefill_tokens] +
-                [c.max_model_len - MAX_TOKENS - 1 for c in caps if c.max_model_len] + [256])
-    vocab = min([c.vocab_size for c in caps if c.vocab_size] + [256])
-    return tuple(3 + (i * 7) % (vocab - 3) for i in range(max(limit, 1)))
+    limit = min([c.max_model_len - MAX_TOKENS - 1 for c in caps if c.max_model_len] + [cap])
+    return max(limit, 1), min([c.vocab_size for c in caps if c.vocab_size] + [256])
 
 
 async def _run(ctl, pair, name: str, probe: Callable[[Probe], Awaitable[str]]) -> Verdict:
@@ -257,15 +273,13 @@ async def stale_completion(job: Probe) -> str:
 
 
 async def mid_transfer(job: Probe) -> str:
+    missed: list[str] = []
     for attempt in range(1, CUT_TRIES + 1):
         if attempt > 1:
             await job.teardown()
             await job.left_nothing()
             job.request_id, job.generations = probe_id("release-smoke"), []
-        # A prompt earlier probes most likely did not send (rotated at random): the prefill
-        # computes all of it (a cached prefix leaves little under way to cut).
-        turn = 1 + secrets.randbelow(max(len(job.prompt) - 1, 1))
-        job.prompt = job.prompt[turn:] + job.prompt[:turn]
+        job.prompt = cut_prompt(job.prefill, job.decode)
         reservation, manifest = await job.open()
         capability = job.ctl.orch.mint(manifest, reservation)
         stream = asyncio.ensure_future(_drain(job.decode_stream(1, capability)))
@@ -279,9 +293,12 @@ async def mid_transfer(job: Probe) -> str:
                 task.cancel()
             await asyncio.gather(prefill, stream, return_exceptions=True)
         if cut is TxnOutcome.APPLIED:
-            return f"cut while {seen} (attempt {attempt}); its transaction aborted before publication"
-    raise SmokeFailed(f"in {CUT_TRIES} hand-offs the cut never landed before publication (each was done "
-                      "before it was seen under way)")
+            return (f"cut while {seen} (attempt {attempt}, {len(job.prompt)}-token prompt"
+                    + (f"; missed: {', '.join(missed)})" if missed else ")")
+                    + "; its transaction aborted before publication")
+        missed.append(f"abort after {seen} answered {cut.name}" if seen else "done before seen under way")
+    raise SmokeFailed(f"in {CUT_TRIES} hand-offs ({len(job.prompt)}-token prompts) the cut never landed "
+                      f"before publication: {'; '.join(missed)}")
 
 
 async def _under_way(job: Probe, prefill: asyncio.Future) -> str:
