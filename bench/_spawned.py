@@ -32,6 +32,8 @@ import os
 import time
 import traceback
 
+from services.common.tasks import TaskSet
+
 CLOSE_TIMEOUT_S = 10.0
 
 
@@ -135,14 +137,10 @@ async def _serve_async(conn, namespace) -> None:
             pass
 
     loop.add_reader(conn.fileno(), readable)
-    tasks: set[asyncio.Task] = set()
+    tasks = TaskSet()
     while (msg := await inbox.get()) is not None:
-        task = loop.create_task(run(*msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        tasks.spawn(run(*msg))
     loop.remove_reader(conn.fileno())
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await tasks.cancel()
     if (at_exit := getattr(namespace, "at_exit", None)) is not None:
         await at_exit()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from pdserve_client.spans import DECODE_ADMIT
+from services.common.tasks import TaskSet
 from services.directory.records import TransferRef
 from services.engine import Sequence, commit_import
 from services.telemetry import tracing
@@ -47,7 +48,7 @@ class Admission:
         self._timers = timers
         """The worker's timers by transfer id (one per reservation; the worker cancels them)."""
         self._on_finished = on_finished
-        self._importing: set[asyncio.Task] = set()
+        self._importing = TaskSet()
         """Imports under way (a task each: nothing else waits for them; kept from the GC)."""
         self.imported: collections.OrderedDict[str, list[tuple[int, bytes | None]]] = collections.OrderedDict()
         """(physical block, prefix key) each recent hand-off registered at publication, by
@@ -66,9 +67,7 @@ class Admission:
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
         res.sink.queue.put_nowait(TokenOut(first_token, 0))
         res.published.set()
-        task = asyncio.get_running_loop().create_task(self._import(res, first_token, start_ns))
-        self._importing.add(task)
-        task.add_done_callback(self._importing.discard)
+        self._importing.spawn(self._import(res, first_token, start_ns))
 
     async def _import(self, res: Reservation, first_token: int, start_ns: int) -> None:
         try:

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 from pdserve_client.spans import DECODE_VALIDATE
+from services.common.tasks import TaskSet
 from services.directory.records import TransferRef
 from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied
@@ -74,7 +75,7 @@ class DecodeWorker:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
-        self._releases: set[asyncio.Task] = set()
+        self._releases = TaskSet()
         self.admission = Admission(loop, cfg.reservation_ttl_s, self._timers, self._finished)
 
     # ---- 1. reserve -----------------------------------------------------
@@ -290,9 +291,7 @@ class DecodeWorker:
 
     def _release_later(self, res: Reservation) -> None:
         """PUBLISHED -> RELEASED in the directory, retried while it is away."""
-        task = asyncio.ensure_future(publication.release(self.txn, res))
-        self._releases.add(task)  # a strong reference until it is done
-        task.add_done_callback(self._releases.discard)
+        self._releases.spawn(publication.release(self.txn, res))
 
     # ---- colocated ----------------------------------------------------------
     async def generate(self, request_id: str, tenant: str, generation: int, prompt: list[int],

@@ -65,6 +65,7 @@ from router.types import (
     StatusCode,
     TokenOut,
 )
+from services.common.tasks import TaskSet
 from services.telemetry.catalog import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Orchestrator:
         """Mode of requests with mode UNSPECIFIED (router/requests/planner.py); Admin.SetMode changes it."""
         self._clock = clock
         self._runs: dict[str, RequestRun] = {}
-        self._background: set[asyncio.Task] = set()
+        self._background = TaskSet()
         self.queue = AdmissionQueue(self.view.overlay, self.view.get, per_tenant=config.queue_per_tenant,
                                     poll_s=config.queue_poll_ms / 1000.0,
                                     fence_ttl_s=config.overlay_ttl_ms / 1000.0, clock=clock)
@@ -172,7 +173,7 @@ class Orchestrator:
     async def drain(self) -> None:
         """Wait until every request and every teardown task has finished."""
         while self._runs or self._background:
-            await asyncio.gather(*[r.task for r in self._runs.values()], *self._background,
+            await asyncio.gather(*[r.task for r in self._runs.values()], self._background.wait(),
                                  return_exceptions=True)
 
     async def close(self) -> None:
@@ -184,10 +185,7 @@ class Orchestrator:
         await self.directory.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
+        return self._background.spawn(coro)
 
     def _remaining_s(self, run: RequestRun) -> float | None:
         return None if run.req.deadline_s is None else run.req.deadline_s - (self._clock() - run.start_s)

@@ -35,6 +35,8 @@ import asyncio
 import logging
 import ssl
 
+from services.common.tasks import TaskSet
+
 from .base import (
     UNAUTHORIZED,
     ChunkArrived,
@@ -92,7 +94,7 @@ class TcpReceiver(KVReceiver):
         """Mutual TLS for every connection (None: plaintext, PD_INSECURE)."""
         self._server: asyncio.AbstractServer | None = None
         self._inboxes: set[_Inbox] = set()
-        self._commits: set[asyncio.Task] = set()
+        self._commits = TaskSet()
 
     @property
     def address(self) -> str:
@@ -220,9 +222,7 @@ class TcpReceiver(KVReceiver):
             inbox.reply(ERROR, tid, {"reason": f"malformed commit: {e}"})
             return
         del self.pending[tid]  # ends here: no more chunks, no Failed from stop/idle
-        task = asyncio.get_running_loop().create_task(self._decide(inbox, exp, commit))
-        self._commits.add(task)
-        task.add_done_callback(self._commits.discard)
+        self._commits.spawn(self._decide(inbox, exp, commit))
 
     async def _decide(self, inbox: _Inbox, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)

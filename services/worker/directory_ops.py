@@ -8,12 +8,12 @@ client's: `DirectoryUnavailable` when the directory cannot answer.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 import tenacity
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
+from services.common.tasks import TaskSet
 from services.directory.client import DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
 from services.directory.states import Outcome, TxnState
@@ -55,7 +55,7 @@ class TxnOps:
         self.worker_id = worker_id
         self.epoch_fn = epoch_fn
         """This worker's current epoch (it changes when the worker re-registers)."""
-        self._background: set[asyncio.Task] = set()
+        self._background = TaskSet()
         """Aborts being retried while the directory is away (strong references)."""
 
     async def begin(self, request_id: str, transfer_id: str, generation: int,
@@ -95,10 +95,8 @@ class TxnOps:
         except ValueError:
             return None
         except DirectoryUnavailable:
-            task = asyncio.ensure_future(self._retry(lambda: self.client.abort(
+            self._background.spawn(self._retry(lambda: self.client.abort(
                 request_id, transfer_id, generation, self.worker_id, self.epoch_fn(), reason)))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
             return None
 
     async def _retry(self, call: Callable[[], Awaitable[TxnReply]],

@@ -30,7 +30,10 @@ def test_async_stream_and_result(fake, addr):
     events, result, full = asyncio.run(run())
     assert [e.token_id for e in events] == [11, 12, 13] and events[0].t_ms >= 100 - 1
     assert result.ttft_ms == events[0].t_ms
-    assert result.tpot_ms == pytest.approx((result.latency_ms - result.ttft_ms) / 2) and result.tpot_ms >= 25
+    assert result.tpot_ms == pytest.approx((result.latency_ms - result.ttft_ms) / 2) and result.tpot_ms >= 0
+    # The last token cannot arrive before the script sent it (a loaded client may read the
+    # first one late, so the gaps it sees can be shorter than the script's).
+    assert result.latency_ms >= 100 + 2 * 30 - 1
     assert full.text == "Hello world!" and full.request_id != result.request_id
     assert fake.requests[0].mode == router_pb2.MODE_DISAGGREGATED
 
