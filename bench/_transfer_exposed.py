@@ -86,12 +86,16 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
     spec = ClusterSpec(prefill=1, decode=1, model=args.exposed_model, transport=transport,
                        num_blocks=8 * (length // 16), state_dir=state, env=env, **kw)
     cluster = LocalCluster(spec)
-    cluster._make_identities()
-    cluster._issue("prefill-tap", "prefill")  # the tap answers the router as a prefill worker
-    cluster._issue("router", "router")
-    tap = PrefillTap(cluster.identity("prefill-tap"), cluster.identity("router"))
+    tap = None
     try:
-        start_with_tap(cluster, tap, env)
+        cluster.start_base()
+        cluster._issue("prefill-tap", "prefill")  # the tap answers the router as a prefill worker
+        cluster._issue("router", "router")
+        tap = PrefillTap(cluster.identity("prefill-tap"), cluster.identity("router"))
+        spec.worker_env = {"prefill-0": {"PD_ADVERTISE": tap.address}}  # registered under the tap's
+        cluster.start_workers()
+        tap.connect(cluster.procs["prefill-0"].address)
+        cluster.start_router()
         client = cluster.client(timeout_s=120)
         out: dict[str, list] = {"colocated": [], "disaggregated": []}
         for i, p in enumerate(prompts(2 * n, length, vocab, seed)):
@@ -110,7 +114,8 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
         exposed = traced_exposure(cluster, out["disaggregated"])
     finally:
         cluster.down()
-        tap.close()
+        if tap is not None:
+            tap.close()
     shutil.rmtree(state, ignore_errors=True)  # kept only when something failed
     return {"spec": spec, "results": out, "timings": tap.timings[1:], "t_exposed": exposed}
 
@@ -119,31 +124,9 @@ def traced_exposure(cluster, results) -> list[float]:
     """T_exposed (ms) of each request that has a whole trace with one (spans.py's definition)."""
     from pdserve_client import trace_summary, trace_view
     from pdserve_client.spans import SPANS_FILE
-    out = []
-    for r in results:
-        found, _ = trace_view.wait_for(cluster.state / SPANS_FILE, r.request_id, wait_s=10)
-        t = trace_summary.summarize(found[0]).t_exposed_ms if len(found) == 1 else None
-        if t is not None:
-            out.append(t)
-    return out
-
-
-def start_with_tap(cluster, tap: PrefillTap, env: dict[str, str], timeout_s: float = 180.0) -> None:
-    """LocalCluster.up's order, with the prefill worker registered under the tap's address."""
-    from services.cluster import collector
-    (cluster.state / "logs").mkdir(parents=True, exist_ok=True)
-    cluster.start_redis()
-    cluster.otlp_endpoint = collector.start(cluster, timeout_s)  # spans: T_exposed per request
-    cluster._issue("directory", "directory")
-    cluster.directory_address = cluster._service(
-        "directory", "kv_directory", ["--redis-url", cluster.redis_url], timeout_s)
-    cluster.start_worker("decode", 0, timeout_s)
-    cluster.spec.env = {**env, "PD_ADVERTISE": tap.address}
-    tap.connect(cluster.start_worker("prefill", 0, timeout_s))
-    cluster.spec.env = env
-    cluster.router_address = cluster._service("router", "router", [
-        "--directory", cluster.directory_address, "--mode", "disaggregated",
-        "--model", cluster.spec.model], timeout_s)
+    found, _ = trace_view.wait_for_each(cluster.state / SPANS_FILE, [r.request_id for r in results], wait_s=30)
+    exposed = [trace_summary.summarize(t[0]).t_exposed_ms for t in found.values() if len(t) == 1]
+    return [t for t in exposed if t is not None]
 
 
 def one_layer_ms(bandwidth: dict, transport: str, kv_bytes: int, layer_bytes: int) -> float | None:

@@ -211,10 +211,8 @@ def run(args) -> None:
         spans_file = cluster.state / SPANS_FILE
         traces = {m: [] for m in MODES}
         for mode in MODES if args.traces else ():
-            for rid in ids[mode]:
-                found, _ = trace_view.wait_for(spans_file, rid, wait_s=10)
-                if len(found) == 1:
-                    traces[mode].append(found[0])
+            found, _ = trace_view.wait_for_each(spans_file, ids[mode], wait_s=30)
+            traces[mode] = [t[0] for t in found.values() if len(t) == 1]
     finally:
         cluster.down()
     shutil.rmtree(state, ignore_errors=True)

@@ -245,8 +245,8 @@ def cluster_part(args) -> None:
         decisions = {n: asyncio.run(decision_us(c)) for n, c in clusters.items()}
         spans_file = clusters["traced"].state / SPANS_FILE
         whole, per_request = 0, []
-        for rid in ids["traced"][-5:]:  # the last few: each one trace, no orphan
-            traces, _ = trace_view.wait_for(spans_file, rid, wait_s=10)
+        found, _ = trace_view.wait_for_each(spans_file, ids["traced"][-5:], wait_s=30)
+        for traces in found.values():  # the last few: each one trace, no orphan
             whole += len(traces) == 1 and trace_view.waterfall(traces[0]).summary.orphans == 0
             per_request.append(sum(len(t.spans) for t in traces))
     finally:

@@ -131,17 +131,25 @@ def wait_for(path: str | Path, request_id: str, wait_s: float = 10.0, settle_s: 
     """find() over the file, waiting up to wait_s for the request's trace to be whole:
     its router.request span is in (it is exported once the request ended) and the span
     count has not changed for settle_s (other processes' batches come on their own
-    schedule). Returns what there is at the deadline."""
+    schedule). Returns what there is at the deadline, and the file's malformed lines."""
+    found, malformed = wait_for_each(path, [request_id], wait_s, settle_s, poll_s)
+    return found[request_id], malformed
+
+
+def wait_for_each(path: str | Path, request_ids: Sequence[str], wait_s: float = 10.0, settle_s: float = 0.5,
+                  poll_s: float = 0.1) -> tuple[dict[str, list[Trace]], int]:
+    """wait_for over several requests at once (one read of the file per poll, one settle
+    for all): {request id: its traces} once every one ended and none of their spans changed
+    for settle_s, or what there is at the deadline; and the file's malformed lines."""
     deadline = time.monotonic() + wait_s
     stable_since, count = time.monotonic(), -1
     while True:
         spans, malformed = load(path)
-        traces = find(spans, request_id)
-        n = sum(len(t.spans) for t in traces)
+        found = {rid: find(spans, rid) for rid in request_ids}
+        n = sum(len(t.spans) for traces in found.values() for t in traces)
         if n != count:
             stable_since, count = time.monotonic(), n
-        ended = any(s.name == sv.ROUTER_REQUEST for t in traces for s in t.spans)
+        ended = all(any(s.name == sv.ROUTER_REQUEST for t in traces for s in t.spans) for traces in found.values())
         if (ended and time.monotonic() - stable_since >= settle_s) or time.monotonic() >= deadline:
-            break
+            return found, malformed
         time.sleep(poll_s)
-    return traces, malformed

@@ -257,8 +257,8 @@ class LocalCluster:
             "--torch-threads", str(s.torch_threads),
             "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s)
 
-    def _start_workers(self, timeout_s: float) -> None:
-        """Every worker of the spec at once (most of a start is each process importing
+    def start_workers(self, timeout_s: float = 180.0) -> None:
+        """Every worker of the spec (after `start_base`), at once (most of a start is each process importing
         torch; they are independent until the router reads their registrations)."""
         workers = [(role, i) for role, n in (("decode", self.spec.decode), ("mixed", self.spec.mixed),
                                             ("prefill", self.spec.prefill)) for i in range(n)]
@@ -270,21 +270,33 @@ class LocalCluster:
 
     def up(self, timeout_s: float = 180.0) -> str:
         """Start everything; returns the router address."""
-        (self.state / "logs").mkdir(parents=True, exist_ok=True)
         try:
-            self._make_identities()
-            self.start_redis()
-            self.otlp_endpoint = collector.start(self, timeout_s)
-            self._issue("directory", "directory")
-            self.directory_address = self._service("directory", "kv_directory", [], timeout_s)
-            self._start_workers(timeout_s)
-            self._issue("router", "router")
-            self.router_address = self._service("router", "router", [
-                "--directory", self.directory_address, "--mode", self.spec.mode,
-                "--model", self.spec.model], timeout_s)
+            self.start_base(timeout_s)
+            self.start_workers(timeout_s)
+            self.start_router(timeout_s)
         except BaseException:
             self.down()
             raise
+        return self.router_address
+
+    # `up` in three steps, for a caller that puts something between them (bench/
+    # _transfer_exposed.py's tap in front of the prefill worker): each step stops what it
+    # started only through `down`.
+    def start_base(self, timeout_s: float = 180.0) -> None:
+        """Fresh identities, Redis, the trace collector, the directory."""
+        (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        self._make_identities()
+        self.start_redis()
+        self.otlp_endpoint = collector.start(self, timeout_s)
+        self._issue("directory", "directory")
+        self.directory_address = self._service("directory", "kv_directory", [], timeout_s)
+
+    def start_router(self, timeout_s: float = 180.0) -> str:
+        """The router (after the workers); records the cluster in its state dir."""
+        self._issue("router", "router")
+        self.router_address = self._service("router", "router", [
+            "--directory", self.directory_address, "--mode", self.spec.mode,
+            "--model", self.spec.model], timeout_s)
         self._save()
         return self.router_address
 

@@ -181,3 +181,22 @@ def test_wait_for_gives_up_after_wait_s(tmp_path, wait_s):
     t = time.monotonic()
     assert trace_view.wait_for(path, "nope", wait_s=wait_s) == ([], 0)
     assert time.monotonic() - t < wait_s + 1
+
+
+def test_wait_for_each_waits_until_every_request_ended(tmp_path):
+    path = tmp_path / "spans.jsonl"
+    first, second = traces.disaggregated(), traces.colocated()
+    want = {"req-1", "req-colo"}
+
+    def exporter():  # the second request's spans come later
+        traces.write(path, first, "a")
+        time.sleep(0.4)
+        traces.write(path, second, "a")
+
+    thread = threading.Thread(target=exporter)
+    thread.start()
+    found, malformed = trace_view.wait_for_each(path, sorted(want), wait_s=10, settle_s=0.3)
+    thread.join()
+    assert malformed == 0 and sorted(found) == sorted(want)
+    assert [len(found[r]) for r in sorted(want)] == [1, 1]
+    assert sum(len(t.spans) for ts in found.values() for t in ts) == len(first) + len(second)
