@@ -93,7 +93,7 @@ class DecodeWorker:
                     if r.request_id == request_id and r.generation < generation]:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
         seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
+            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
         bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
         first, last = seq.num_cached_tokens // bs, -(-len(prompt) // bs)
         plan = plan_chunks(layers, first, last, self._chunk_blocks())
@@ -300,7 +300,7 @@ class DecodeWorker:
         self._check_limits(max_tokens)
         key = TransferRef(request_id, generation).transfer_id
         seq = await self.loop.call(lambda e: e.add_request(
-            key, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free)
+            key, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
         sink = AsyncSink(asyncio.get_running_loop())
         self.colocated[key] = seq
         self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done))

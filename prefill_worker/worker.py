@@ -189,7 +189,7 @@ class PrefillWorker:
                                 prompt: list[int], sampling: SamplingParams, dest: str,
                                 auth: asyncio.Future | None, t0: float) -> PrefillOutcome:
         task.seq = seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free)
+            transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
         self._check(task)
         advance(task, TaskState.COMPUTING)
         reused = seq.num_cached_tokens
