@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from pdserve_client.spans import DECODE_VALIDATE
 from services.common.tasks import TaskSet
 from services.directory.records import TransferRef
-from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
+from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.security.capability import CapabilityDenied
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
@@ -92,8 +92,7 @@ class DecodeWorker:
         for old in [r for r in self.reservations.values()
                     if r.request_id == request_id and r.generation < generation]:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
-        seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
+        seq = await self.loop.add_request(transfer_id, prompt, max_tokens, sampling, tenant)
         bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
         first, last = seq.num_cached_tokens // bs, -(-len(prompt) // bs)
         plan = plan_chunks(layers, first, last, self._chunk_blocks())
@@ -299,8 +298,7 @@ class DecodeWorker:
         """Chunked prefill + decode here; yields like `stream`."""
         self._check_limits(max_tokens)
         key = TransferRef(request_id, generation).transfer_id
-        seq = await self.loop.call(lambda e: e.add_request(
-            key, prompt, max_tokens, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
+        seq = await self.loop.add_request(key, prompt, max_tokens, sampling, tenant)
         sink = AsyncSink(asyncio.get_running_loop())
         self.colocated[key] = seq
         self.loop.submit_prefill(Job(seq, sink.on_token, sink.on_done))

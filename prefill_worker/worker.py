@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pdserve_client.spans import TRANSFER_COMMIT
 from services.directory.chunk_plan import Layout, tiling_error
 from services.directory.wire import chunk_specs
-from services.engine import Engine, InvalidRequest, SamplingParams, Sequence
+from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
@@ -188,8 +188,7 @@ class PrefillWorker:
     async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
                                 prompt: list[int], sampling: SamplingParams, dest: str,
                                 auth: asyncio.Future | None, t0: float) -> PrefillOutcome:
-        task.seq = seq = await self.loop.call(lambda e: e.add_request(
-            transfer_id, prompt, 1, sampling, salt=tenant.encode()), undo=Engine.free, inline=True)
+        task.seq = seq = await self.loop.add_request(transfer_id, prompt, 1, sampling, tenant)
         self._check(task)
         advance(task, TaskState.COMPUTING)
         reused = seq.num_cached_tokens

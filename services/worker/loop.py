@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.engine import Engine, Sequence
+from services.engine import Engine, SamplingParams, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,14 @@ class EngineLoop:
                 result = fut.result()
                 self.call(lambda e: undo(e, result))
             raise
+
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams,
+                    tenant: str) -> Awaitable[Sequence]:
+        """Allocate a sequence for `prompt` (its prefix cache salted by `tenant`: no tenant
+        reuses another's blocks): inline when the engine is idle, given back if the caller
+        stops waiting (the ownership invariant)."""
+        return self.call(lambda e: e.add_request(request_id, prompt, max_tokens, sampling, salt=tenant.encode()),
+                         undo=Engine.free, inline=True)
 
     def submit_prefill(self, job: Job) -> None:
         """Queue a sequence for (chunked) prefill; afterwards it decodes unless prefill_only.

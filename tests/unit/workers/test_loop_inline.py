@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from services.engine import Engine
+from services.engine import SamplingParams
 from tests.support.engine import assert_no_leak, running_loop
 
 PROMPT = list(range(3, 40))
@@ -24,7 +24,7 @@ def test_an_inline_call_on_an_idle_engine_runs_on_the_callers_thread(loop):
     async def go():
         await asyncio.sleep(0.05)  # the loop thread is waiting for work
         here = threading.get_ident()
-        seq = await loop.call(lambda e: e.add_request("r", PROMPT, 4), undo=Engine.free, inline=True)
+        seq = await loop.add_request("r", PROMPT, 4, SamplingParams(), "tenant-a")
         ran_on = await loop.call(lambda e: threading.get_ident(), inline=True)
         await loop.call(lambda e: e.free(seq))
         return here, ran_on
