@@ -123,7 +123,11 @@ class ReleaseController:
         cluster = await self._orch.view.get(max_age_s=0.0 if force else None)
         known = self.record.version if self.record is not None else 0
         if force or cluster.release.version != known:
-            self.apply(await self._orch.directory.get_release(self._cfg.directory_timeout_s))
+            # Read under the write lock: a read that left before one of our writes landed
+            # and came back after it would put the older version back, and our next write
+            # would expect it (the rollback drill stopped on "version 3, not 2" so).
+            async with self._writes:
+                self.apply(await self._orch.directory.get_release(self._cfg.directory_timeout_s))
         if self.record is None and any(w.can_decode for w in cluster.workers):
             await self._create(cluster)
         if self.record is not None and self.record.rolling_back and self._may_run(self.record.rollback):

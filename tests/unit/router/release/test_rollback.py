@@ -164,3 +164,29 @@ def test_a_worker_that_never_reports_its_connector_off_blocks_the_rollback():
         return ctl.record
 
     assert run(go()).rollback.next_step() is RollbackStep.DISABLE_CONNECTOR
+
+
+def test_a_read_in_flight_while_the_router_writes_does_not_put_the_older_version_back():
+    fake = two_by_two()
+
+    async def go():
+        ctl = controller(fake)
+        await ctl.refresh()  # version 1 created
+        real_get, gate = fake.get_release, asyncio.Event()
+
+        async def slow_get(timeout_s):  # the read leaves now, its answer comes after the write
+            answer = await real_get(timeout_s)
+            await gate.wait()
+            return answer
+
+        fake.get_release = slow_get
+        reading = asyncio.ensure_future(ctl.refresh(force=True))
+        await asyncio.sleep(0.01)
+        writing = asyncio.ensure_future(ctl.write(ctl.record.next_version()))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(reading, writing)
+        fake.get_release = real_get
+        return ctl.record.version, fake.release.version
+
+    assert run(go()) == (2, 2)
