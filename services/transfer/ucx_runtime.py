@@ -1,12 +1,24 @@
 """The process's UCX worker (through ucxx) as the UCX backend uses it.
 
-One ucxx application context per process (ucxx keeps it global), progressed by
-ucxx's own thread. Endpoints are made from the peer's *worker address* with
-endpoint error handling off: that is the only way UCX picks shared memory
-(sysv/posix eager, cma rendezvous) between processes on one host — endpoints
-from ucxx's listener path always take tcp. Across hosts UCX picks tcp or RDMA,
-on GPU pods cuda_ipc/GPUDirect; `UCX_TLS`, `UCX_NET_DEVICES` and friends are
-read by UCX itself and respected.
+One UCX worker per process, progressed on the thread of the event loop that
+first used it: the worker's wake-up file descriptor sits in that loop's selector
+(`loop.add_reader`); when it fires, and after each post, the loop runs UCX
+progress and ucxx's request notifier (which completes the requests' asyncio
+futures) until the worker re-arms. No progress thread and no notifier thread:
+a small message costs no thread wake-ups besides the loop's own (a 64 B round trip
+63–75 µs here against 510–630 µs through ucxx's progress and notifier threads;
+bench/results/transfer.md). The price: UCX moves nothing while that loop runs
+Python, so nothing long may run on it (pdserve's engines compute on their own
+threads), and every post must be made on that loop's thread (`post_*` check it).
+Progress releases the GIL, so an engine thread computes while a rendezvous
+copies.
+
+Endpoints are made from the peer's *worker address* with endpoint error
+handling off: that is the only way UCX picks shared memory (sysv/posix eager,
+cma rendezvous) between processes on one host — endpoints from ucxx's listener
+path always take tcp. Across hosts UCX picks tcp or RDMA, on GPU pods
+cuda_ipc/GPUDirect; `UCX_TLS`, `UCX_NET_DEVICES` and friends are read by UCX
+itself and respected.
 
 With error handling off UCX reports no peer failure on an endpoint: an
 operation towards a dead peer may never complete. Every wait in the backend is
@@ -32,27 +44,20 @@ _runtime: UcxRuntime | None = None
 RING = 64
 """Control buffers a mailbox keeps posted."""
 FUTURE_REFILL_EVERY = 32
-"""Posts between two refills of ucxx's future pool."""
+"""Posts between two refills of ucxx's future pool (it holds 100 and refills below 50)."""
+PROGRESS_ROUNDS = 64
+"""Progress rounds in one loop callback before it yields to the loop's other work."""
 OOB_TIMEOUT_S = 30.0
 """How long a mailbox waits for an out-of-line body after its head."""
 
 
 def runtime() -> UcxRuntime:
-    """The process-wide runtime, created on first use (imports ucxx)."""
+    """The process-wide runtime, created on first use (imports ucxx) and bound to the
+    running event loop: every later use must be on that loop."""
     global _runtime
     if _runtime is None:
-        _runtime = UcxRuntime()
+        _runtime = UcxRuntime(asyncio.get_running_loop())
     return _runtime
-
-
-def shutdown() -> None:
-    """Stop ucxx's notifier thread (a non-daemon thread that would hold the process
-    at exit). Runs by itself before Python joins threads at exit; idempotent."""
-    if _runtime is not None:
-        try:
-            _runtime.ctx.stop_notifier_thread()
-        except Exception:  # exiting anyway
-            log.debug("ucx notifier stop failed", exc_info=True)
 
 
 _advertised = ""
@@ -74,39 +79,63 @@ def local_host() -> str:
 
 
 class UcxRuntime:
-    """ucxx context, endpoint cache, posted receives and sends that complete as futures."""
+    """The UCX worker progressed on `loop`, an endpoint cache, posted receives and sends
+    that complete as futures of that loop."""
 
-    def __init__(self):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-        # Completions wake asyncio futures from ucxx's notifier thread; without this
-        # every pending request polls the event loop (sleep(0)) and burns a core.
-        os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
-        import ucxx
+        from ucxx._lib import libucxx as ucx
         from ucxx._lib.arr import Array
-        from ucxx._lib.libucxx import UCXAddress
         from ucxx.types import Tag
-        self._Array, self._Tag, self._Address = Array, Tag, UCXAddress
-        self.ctx = ucxx.core._get_ctx()
-        try:  # runs before threading joins non-daemon threads (like concurrent.futures)
-            threading._register_atexit(shutdown)
-        except (AttributeError, RuntimeError):
-            import atexit
-            atexit.register(shutdown)
-        self.address = bytes(self.ctx.worker_address)
+        self._Array, self._Tag, self._ucx = Array, Tag, ucx
+        self.loop, self._thread = loop, threading.get_ident()
+        self.ctx = ucx.UCXContext({})
+        # Futures on (ucxx completes each request's asyncio future in run_request_notifier,
+        # here on the loop's thread); delayed submission off (it needs a progress thread).
+        self.worker = ucx.UCXWorker(self.ctx, enable_delayed_submission=False, enable_python_future=True)
+        self.worker.init_blocking_progress_mode()
+        self.worker.populate_python_futures_pool()
+        self._kicked = False
+        loop.add_reader(self.worker.epoll_file_descriptor, self.progress)
+        self.progress()
+        self.address = bytes(self.worker.address)
         self.host = local_host()
         self._eps: dict[bytes, object] = {}
         self._posts = 0
-        self.transports = _transports(self.ctx.ucp_context_info)
-        log.info("ucx runtime: transports %s (UCX_TLS=%s)", ",".join(self.transports),
-                 os.environ.get("UCX_TLS", "<all>"))
+        self.transports = _transports(self.ctx.info)
+        log.info("ucx runtime: transports %s (UCX_TLS=%s), progressed on the event loop",
+                 ",".join(self.transports), os.environ.get("UCX_TLS", "<all>"))
+
+    def progress(self) -> None:
+        """Progress the worker and complete finished requests' futures until it re-arms
+        (its fd then wakes the loop when there is more), or, after PROGRESS_ROUNDS busy
+        rounds, again on the loop's next turn."""
+        self._kicked = False
+        w = self.worker
+        for _ in range(PROGRESS_ROUNDS):
+            w.progress()
+            w.run_request_notifier()
+            if w.arm():
+                break
+        else:
+            self._kick()
+        w.populate_python_futures_pool()
+
+    def _kick(self) -> None:
+        """Progress on the loop's next turn (once, however many posts ask for it)."""
+        if not self._kicked:
+            self._kicked = True
+            self.loop.call_soon(self.progress)
 
     async def endpoint(self, address: bytes):
         """An endpoint to the worker at `address` (cached; error handling off)."""
         ep = self._eps.get(address)
         if ep is None:
-            ep = await self.ctx.create_endpoint_from_worker_address(
-                self._Address.create_from_buffer(address), endpoint_error_handling=False)
+            self._on_loop()
+            ep = self._ucx.UCXEndpoint.create_from_worker_address(
+                self.worker, self._ucx.UCXAddress.create_from_buffer(address), False)
             self._eps[address] = ep
+            self._kick()
         return ep
 
     def drop(self, address: bytes) -> None:
@@ -114,7 +143,7 @@ class UcxRuntime:
         ep = self._eps.pop(address, None)
         if ep is not None:
             try:
-                ep.abort()
+                ep.close_blocking(period=10**9, max_attempts=1)
             except Exception:  # the peer is gone either way
                 log.debug("ucx endpoint abort failed", exc_info=True)
 
@@ -130,20 +159,27 @@ class UcxRuntime:
     def post_recv(self, buffer, tag: int) -> asyncio.Future:
         """Post a receive into `buffer` now; a future completing when the bytes are there
         (or failing with the UCX error). No task per operation: ucxx's own future."""
-        self._refill()
-        return _future(self.ctx.worker.tag_recv(self._Array(buffer), self._Tag(tag)), buffer)
+        self._posted()
+        return _future(self.worker.tag_recv(self._Array(buffer), self._Tag(tag)), buffer)
 
     def post_send(self, ep, buffer, tag: int) -> asyncio.Future:
         """Post a send of `buffer` now; a future completing when UCX is done with it."""
-        self._refill()
-        return _future(ep._ep.tag_send(self._Array(buffer), self._Tag(tag)), buffer)
+        self._posted()
+        return _future(ep.tag_send(self._Array(buffer), self._Tag(tag)), buffer)
 
-    def _refill(self) -> None:
-        """Keep ucxx's pool of Python futures stocked (its notifier refills it only
-        between completion batches; a burst of posts would otherwise run it dry)."""
+    def _posted(self) -> None:
+        """Before a post: on the loop's thread; progress after it; keep ucxx's pool of
+        futures stocked (a burst of posts in one turn would otherwise run it dry)."""
+        self._on_loop()
+        self._kick()
         self._posts += 1
         if self._posts % FUTURE_REFILL_EVERY == 0:
-            self.ctx.worker.populate_python_futures_pool()
+            self.worker.populate_python_futures_pool()
+
+    def _on_loop(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("ucx: a post off the event loop that progresses the worker "
+                               "(use loop.call_soon_threadsafe)")
 
     async def drain(self, tag: int) -> None:
         """Complete a receive posted on `tag` with one byte from ourselves (fence)."""
@@ -152,7 +188,7 @@ class UcxRuntime:
 
 
 def _future(req, buffer) -> asyncio.Future:
-    """The request's asyncio future (set by ucxx's notifier thread).
+    """The request's asyncio future (completed by `UcxRuntime.progress`).
 
     Safety invariant: the request and its buffer stay referenced until the
     request completes (UCX reads or writes that memory until then; ucxx's request
