@@ -115,12 +115,7 @@ class TcpReceiver(KVReceiver):
             self._fail(tid, "receiver stopped")
         for inbox in list(self._inboxes):
             inbox.transport.abort()
-        tasks = [i.task for i in self._inboxes if i.task] + list(self._commits)
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_S)
-            for t in late:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._commits.settle(STOP_GRACE_S, also=[i.task for i in self._inboxes if i.task])
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None

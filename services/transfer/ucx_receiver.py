@@ -46,6 +46,8 @@ import itertools
 import logging
 import os
 
+from services.common.tasks import TaskSet
+
 from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
 from .common import decide, destination, emit, place
@@ -81,7 +83,7 @@ class UcxReceiver(KVReceiver):
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
         self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
 
@@ -107,10 +109,7 @@ class UcxReceiver(KVReceiver):
             self._fail(tid, "receiver stopped")
         for tid in list(self._posted):
             await self.fence(tid)
-        if self._tasks:
-            _, late = await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
-            for t in late:
-                t.cancel()
+        await self._tasks.settle(STOP_GRACE_S)
 
     def _drop(self, transfer_id: str) -> None:
         self._last_heard.pop(transfer_id, None)
@@ -125,7 +124,7 @@ class UcxReceiver(KVReceiver):
         first = tid not in self._last_heard
         self._last_heard[tid] = loop.time()
         if first:
-            self._spawn(self._watchdog(tid, self.pending[tid]))
+            self._tasks.spawn(self._watchdog(tid, self.pending[tid]))
 
     async def _watchdog(self, tid: str, exp: Expectation) -> None:
         """Fail a started transfer whose sender says nothing for idle_timeout_s (UCX, error
@@ -331,7 +330,7 @@ class UcxReceiver(KVReceiver):
         del self.pending[tid]
         self._last_heard.pop(tid, None)
         self._claimed.pop(tid, None)
-        self._spawn(self._decide(nonce, exp, commit))
+        self._tasks.spawn(self._decide(nonce, exp, commit))
 
     async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
@@ -373,16 +372,6 @@ class UcxReceiver(KVReceiver):
             return
         for f in futs:
             f.add_done_callback(_log_reply_error)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("ucx receiver task failed: %r", task.exception())
 
 
 def _log_reply_error(f: asyncio.Future) -> None:
