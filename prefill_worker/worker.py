@@ -253,45 +253,48 @@ class PrefillWorker:
         declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order, dest,
                                                        computed)) if stream else None
         try:
-            first_token, t_first = await self._computed(sink, gate)
-            await self.pause("sampled", rid)  # (a test's long compute tail: the COMMIT goes ahead)
-            computed.set()
-            t_computed = time.perf_counter()
-            trace.computed(job)
-            self.events("computed", request=rid)
-            await self.pause("computed", rid)
+            try:
+                first_token, t_first = await self._computed(sink, gate)
+                await self.pause("sampled", rid)  # (a test's long compute tail: the COMMIT goes ahead)
+                computed.set()
+                t_computed = time.perf_counter()
+                self.events("computed", request=rid)
+                await self.pause("computed", rid)
+                self._check(task)
+                if streamer is None:
+                    # One Begin opens the transfer and declares digest and checksums, on its
+                    # way beside the chunks and the COMMIT (the destination's Publish waits for
+                    # it in the directory if it lands second; its refusal is the answer).
+                    kv_digest = digested[0]
+                    described = [describe_chunk(e, seq, key) for key in plan]
+                    begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
+                    try:
+                        # Chunks one at a time only where a test pauses between two.
+                        for part in [[c] for c in described] if self.pause.wants("chunk", rid) else [described]:
+                            self._check(task)
+                            await send_all(part)
+                    except BaseException:
+                        await _settle(begun)
+                        raise
+                else:  # declared (and committed ahead) once every chunk left, most often while computing
+                    kv_digest, ahead = await declared
+                self.events("digest", request=rid)
+            finally:
+                await _settle(streamer)
+                await _settle(declared)
             self._check(task)
-            if streamer is None:
-                # One Begin opens the transfer and declares digest and checksums, on its
-                # way beside the chunks and the COMMIT (the destination's Publish waits for
-                # it in the directory if it lands second; its refusal is the answer).
-                kv_digest = digested[0]
-                described = [describe_chunk(e, seq, key) for key in plan]
-                begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
-                try:
-                    # Chunks one at a time only where a test pauses between two.
-                    for part in [[c] for c in described] if self.pause.wants("chunk", rid) else [described]:
-                        self._check(task)
-                        await send_all(part)
-                except BaseException:
-                    await _settle(begun)
-                    raise
-            else:  # declared (and committed ahead) once every chunk left, most often while computing
-                kv_digest, ahead = await declared
-            self.events("digest", request=rid)
-        finally:
-            await _settle(streamer)
-            await _settle(declared)
-        self._check(task)
-        if auth is not None:
-            await auth
-        advance(task, TaskState.COMMITTING)
-        self.events("commit", request=rid, chunks=len(chunks))
-        trace.transferred()
-        with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-            committed = asyncio.ensure_future(self._commit(task, transfer_id, dest, () if ahead else chunks,
-                                                           kv_digest, first_token))
-            verdict = await _beside(begun, committed)
+            if auth is not None:
+                await auth
+            advance(task, TaskState.COMMITTING)
+            self.events("commit", request=rid, chunks=len(chunks))
+            with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
+                committed = asyncio.ensure_future(self._commit(task, transfer_id, dest, () if ahead else chunks,
+                                                               kv_digest, first_token))
+                verdict = await _beside(begun, committed)
+        finally:  # the past spans (queue, compute, layers), off the token's way: built before its
+            # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
+            trace.computed(job)
+            trace.transferred()
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         advance(task, TaskState.PUBLISHED)
