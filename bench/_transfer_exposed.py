@@ -33,6 +33,7 @@ mode, then the median of --exposed-repeats. JSON lines:
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import statistics
@@ -131,11 +132,12 @@ def traced_exposure(cluster, results) -> list[float]:
 
 def one_layer_ms(bandwidth: dict, transport: str, kv_bytes: int, layer_bytes: int) -> float | None:
     """One layer's transfer time at the part-1 bandwidth of pdserve-<transport>, taken at
-    the measured size nearest the prompt's whole K/V (None when part 1 did not measure it)."""
+    the measured size nearest the prompt's whole K/V (by ratio), and only within 2x of it:
+    a 1 MiB rate says nothing of a 16 MiB prompt's (None: no such size measured)."""
     sizes = [s for s, paths in bandwidth.items() if f"pdserve-{transport}" in paths]
-    if not sizes:
+    near = min(sizes, key=lambda s: abs(math.log(s * (1 << 20) / kv_bytes)), default=None)
+    if near is None or not 0.5 <= near * (1 << 20) / kv_bytes <= 2:
         return None
-    near = min(sizes, key=lambda s: abs(s * (1 << 20) - kv_bytes))
     return layer_bytes / (bandwidth[near][f"pdserve-{transport}"] * 1e9) * 1000
 
 
@@ -167,6 +169,9 @@ def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
         from services.engine.presets import preset_config
         n_layers = preset_config(args.exposed_model).num_hidden_layers
         layer_ms = one_layer_ms(bandwidth, transport, layer_bytes * n_layers, layer_bytes)
+        if layer_ms is None:
+            emit(bench="transfer_exposed", note=f"part 1 measured no size within 2x of the prompt's K/V "
+                 f"({layer_bytes * n_layers / (1 << 20):g} MiB): no one-layer target (add it to --sizes-mib)")
     for k, (mode, env) in enumerate(settings):
         try:
             run = run_cluster(args, transport, env, seed=1000 * (k + 1))
