@@ -288,9 +288,9 @@ class PrefillWorker:
             advance(task, TaskState.COMMITTING)
             self.events("commit", request=rid, chunks=len(chunks))
             with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-                committed = asyncio.ensure_future(self._commit(task, transfer_id, dest, () if ahead else chunks,
-                                                               kv_digest, first_token))
-                verdict = await _beside(begun, committed)
+                committed = self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest, first_token)
+                # Posted now, in this task, unless a Begin travels beside it (a task of its own then).
+                verdict = await (committed if begun is None else _beside(begun, asyncio.ensure_future(committed)))
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
             trace.computed(job)
