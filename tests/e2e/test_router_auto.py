@@ -98,7 +98,9 @@ def test_short_stream_colocated_long_burst_disaggregated(cluster):
     # A long-running stream keeps the decode worker busy while the burst arrives:
     # wait until it streams and a heartbeat shows it (else the burst's first prompt
     # can be priced against a load report that does not show the stream yet).
-    stream = sdk.generate(prompt_ids=prompt(SHORT, rng), max_tokens=400, ignore_eos=True,
+    # 2,000 tokens (to the model's 2,048 positions): it decodes for seconds, across several
+    # 1 s heartbeats. 400 could end within ~1 s, before any heartbeat had sampled it.
+    stream = sdk.generate(prompt_ids=prompt(SHORT, rng), max_tokens=2000, ignore_eos=True,
                              request_id="background")
     next(stream)
     wait_for_decode_batch(cluster)
