@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from pdserve_client.spans import TRANSFER_COMMIT
@@ -58,18 +59,17 @@ async def _settle(fut: asyncio.Future | None) -> None:
         await asyncio.gather(fut, return_exceptions=True)
 
 
-async def _beside(begun: asyncio.Future | None, committed: asyncio.Future) -> Verdict:
+async def _beside(begun: asyncio.Future, commit: Awaitable[Verdict]) -> Verdict:
     """The COMMIT's verdict, with Begin's answer (travelling beside it) awaited too: a refused
-    Begin is raised as soon as it comes. Left running on a failure, `committed` is ended by
+    Begin is raised as soon as it comes. Left running on a failure, the COMMIT is ended by
     the abort that follows (the sender fails the transfer, which returns its credit)."""
+    committed = asyncio.ensure_future(commit)
     try:
-        if begun is not None:
-            await asyncio.wait([begun, committed], return_when=asyncio.FIRST_EXCEPTION)
-            if begun.done():
-                begun.result()  # its refusal
+        await asyncio.wait([begun, committed], return_when=asyncio.FIRST_EXCEPTION)
+        if begun.done():
+            begun.result()  # its refusal
         verdict = await committed
-        if begun is not None:
-            await begun
+        await begun
         return verdict
     finally:
         if not committed.done():
@@ -290,7 +290,7 @@ class PrefillWorker:
             with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
                 committed = self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest, first_token)
                 # Posted now, in this task, unless a Begin travels beside it (a task of its own then).
-                verdict = await (committed if begun is None else _beside(begun, asyncio.ensure_future(committed)))
+                verdict = await (committed if begun is None else _beside(begun, committed))
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
             trace.computed(job)

@@ -1,6 +1,7 @@
 """The COMMIT's verdict with the source's Begin travelling beside it (prefill_worker/worker.py
 `_beside`): a refused Begin is the answer as soon as it comes, even with the verdict still
-out; a verdict is returned only once Begin was accepted too; nothing is left unretrieved."""
+out; a verdict is returned only once Begin was accepted too; nothing is left unretrieved.
+(With no Begin, the streamed path, the Prefill awaits its COMMIT itself: the e2e tests.)"""
 
 from __future__ import annotations
 
@@ -22,12 +23,6 @@ async def later(value=None, delay: float = 0.0, error: BaseException | None = No
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def test_no_begin_returns_the_verdict():
-    async def go():
-        return await _beside(None, asyncio.ensure_future(later(Verdict(True))))
-    assert run(go()) == Verdict(True)
 
 
 def test_verdict_first_waits_for_begin_then_returns_it():
