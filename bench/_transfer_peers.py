@@ -63,12 +63,16 @@ def new_cache(g: Geometry) -> torch.Tensor:
     return kv
 
 
-def chunk_views(kv: torch.Tensor, key: ChunkKey) -> list[memoryview]:
-    """K run then V run of `key` in `kv` (no copy)."""
+def chunk_views(kv: memoryview, g: Geometry, key: ChunkKey) -> list[memoryview]:
+    """K run then V run of `key`, slices of `kv` (the cache's bytes, `_flat(new_cache(g))`),
+    as the engine's KVCache.byte_views gives them (no copy)."""
     end = key.block_start + key.block_count
-    if not (0 <= key.layer < kv.shape[0] and 0 <= key.block_start < end <= kv.shape[2]):
+    if not (0 <= key.layer < g.layers and 0 <= key.block_start < end <= g.blocks):
         raise KeyError(f"{key} outside the cache")
-    return [_flat(kv[key.layer, part, key.block_start:end]) for part in (0, 1)]
+    half = g.block_bytes // 2
+    k = (2 * key.layer * g.blocks + key.block_start) * half
+    v = k + g.blocks * half
+    return [kv[k:k + key.block_count * half], kv[v:v + key.block_count * half]]
 
 
 def _flat(t: torch.Tensor) -> memoryview:
@@ -87,6 +91,7 @@ class Peer:
     def __init__(self, threads: int = 1):
         torch.set_num_threads(threads)
         self.kv: torch.Tensor | None = None
+        self.kv_bytes: memoryview | None = None  # self.kv's memory, as bytes
         self.geometry: Geometry | None = None
         self.receivers: dict[str, object] = {}  # backend name -> KVReceiver
         self.senders: dict[str, object] = {}
@@ -98,9 +103,10 @@ class Peer:
     # ---- both roles -------------------------------------------------------
     async def alloc(self, geometry: dict, fill_seed: int | None = None) -> str:
         """A fresh cache of `geometry`; random bytes when `fill_seed` is given. Returns its digest."""
-        self.kv = None  # free the previous size first
+        self.kv = self.kv_bytes = None  # free the previous size first
         self.geometry = Geometry(**geometry)
         self.kv = new_cache(self.geometry)
+        self.kv_bytes = _flat(self.kv.view(-1))
         if fill_seed is not None:
             gen = torch.Generator().manual_seed(fill_seed)
             flat = self.kv.view(-1)
@@ -124,7 +130,7 @@ class Peer:
     async def pd_expect(self, kind: str, transfer_id: str) -> None:
         """Zero the cache and accept `transfer_id` into it (outside the timed window)."""
         self.kv.zero_()
-        kv, rec = self.kv, {"arrived": {}, "state": "pending", "reason": "",
+        kv, g, rec = self.kv_bytes, self.geometry, {"arrived": {}, "state": "pending", "reason": "",
                             "done": asyncio.Event()}
         self.pending[transfer_id] = rec
 
@@ -147,7 +153,7 @@ class Peer:
             end("published")
             return Verdict(True)
 
-        self.receivers[kind].expect(Expectation(transfer_id, lambda key: chunk_views(kv, key),
+        self.receivers[kind].expect(Expectation(transfer_id, lambda key: chunk_views(kv, g, key),
                                                 on_event, on_commit))
 
     async def pd_result(self, kind: str, transfer_id: str, timeout_s: float = 60.0) -> dict:
@@ -180,7 +186,7 @@ class Peer:
         t0 = time.perf_counter()
         items = []
         for key in plan:
-            views = chunk_views(self.kv, key)
+            views = chunk_views(self.kv_bytes, self.geometry, key)
             items.append((Chunk(key, sum(v.nbytes for v in views), checksum(views)), views))
         await sender.send_many(dest, transfer_id, items)
         chunks = [chunk for chunk, _ in items]
@@ -218,7 +224,7 @@ class Peer:
         """The whole cache, or each chunk's K run and V run in plan order (what pdserve sends)."""
         if not pieces:
             return [_flat(self.kv.view(-1))]
-        return [v for key in self.geometry.plan() for v in chunk_views(self.kv, key)]
+        return [v for key in self.geometry.plan() for v in chunk_views(self.kv_bytes, self.geometry, key)]
 
     async def floor_landed(self, i: int, timeout_s: float = 60.0) -> str:
         rec = self.pending.pop(f"floor-{i}")

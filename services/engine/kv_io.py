@@ -59,6 +59,15 @@ def kv_views(engine: Engine, seq: Sequence, layer: int, first: int = 0,
             for r in block_runs(seq.block_table, first, count)]
 
 
+def kv_byte_views(engine: Engine, seq: Sequence, layer: int, first: int = 0,
+                  count: int | None = None) -> list[tuple[memoryview, memoryview]]:
+    """kv_views as bytes: (K bytes, V bytes) per physical run, views of the cache memory
+    (slices of one view of it, far cheaper than a tensor view per run)."""
+    count = _range(engine, seq, first, count)
+    return [engine.cache.byte_views(layer, r.physical_start, r.count)
+            for r in block_runs(seq.block_table, first, count)]
+
+
 def export_kv(engine: Engine, seq: Sequence, first: int = 0, count: int | None = None) -> bytes:
     """Packed copy of the K/V of logical blocks [first, first + count) (default: the prompt's)."""
     count = _range(engine, seq, first, count)

@@ -8,9 +8,7 @@ blocks, which both sides map to views of their own cache memory.
 
 from __future__ import annotations
 
-import torch
-
-from services.engine import Engine, Sequence, kv_views
+from services.engine import Engine, Sequence, kv_byte_views
 
 from .base import Chunk, ChunkKey, checksum
 
@@ -24,15 +22,10 @@ def plan_chunks(num_layers: int, first_block: int, last_block: int,
             for b in range(first_block, last_block, max_chunk_blocks)]
 
 
-def _bytes_view(t: torch.Tensor) -> memoryview:
-    assert t.is_contiguous()
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
-
-
 def chunk_views(engine: Engine, seq: Sequence, key: ChunkKey) -> list[memoryview]:
     """Views of `seq`'s cache memory holding `key`'s bytes: K runs, then V runs (no copy)."""
-    runs = kv_views(engine, seq, key.layer, key.block_start, key.block_count)
-    return [_bytes_view(k) for _, k, _ in runs] + [_bytes_view(v) for _, _, v in runs]
+    runs = kv_byte_views(engine, seq, key.layer, key.block_start, key.block_count)
+    return [k for k, _ in runs] + [v for _, v in runs]
 
 
 def chunk_bytes(engine: Engine, key: ChunkKey) -> int:

@@ -17,8 +17,9 @@ Receiver rules:
                             staging buffer copied into the views on arrival
   CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
                             the sender's sends complete
-  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE;
-                            different -> Failed + ERROR
+  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE
+                            (none for the chunk that releases a held COMMIT: the VERDICT
+                            right behind it says so); different -> Failed + ERROR
   a piece failed (sender    Failed for the transfer
   died mid-read) or no data
   for idle_timeout_s
@@ -290,11 +291,12 @@ class UcxReceiver(KVReceiver):
             self.stats["chunks"] += 1
             self.stats["bytes"] += nbytes
             emit(exp, arrived)
-        self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": sums[-1]})
         held = self._held.get(tid)
-        if held is not None and not self._in_flight(tid, exp):
+        if held is not None and not self._in_flight(tid, exp):  # its VERDICT says it landed
             del self._held[tid]
             self._close(held[0], tid, exp, held[1])
+        else:
+            self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": sums[-1]})
 
     def _wants_body(self, kind: int, tid: str, nonce: int) -> bool:
         """An out-of-line body is received only from a sender that said HELLO (anyone else

@@ -8,6 +8,8 @@ Per chunk (the chunk ledger of 0x06A):
     views — cma on one host — once it has matched the header)
     <- VISIBLE (every byte is in the destination views, checksum verified)
     -> credit released
+    (the chunk whose landing lets a waiting COMMIT through gets no VISIBLE: its VERDICT
+    says it; its credit returns with the verdict once UCX is done with its sends)
 
 `send` returns once the chunk is issued (credit held, CHUNK sent): the caller's
 buffers must stay valid until `commit` or `abort` returns. `commit` sends COMMIT
@@ -174,7 +176,7 @@ class UcxSender(KVSender):
             try:
                 await self._control(peer, wire.COMMIT, tid, encode_commit(commit))
                 if await self._wait_progress(out, out.verdict):
-                    await self._fence_unseen(out)
+                    await self._fence_unseen(out, out.verdict.result())
                     return out.verdict.result()
                 self._raise_if_failed(out)
                 raise asyncio.TimeoutError
@@ -330,11 +332,23 @@ class UcxSender(KVSender):
             if c.credited and c.state != "visible":
                 out.fences.append(asyncio.ensure_future(self._fence(out, c)))
 
-    async def _fence_unseen(self, out: Outgoing) -> None:
-        """After a verdict, chunks never VISIBLE (refused first) return their credit once fenced."""
+    async def _fence_unseen(self, out: Outgoing, verdict: Verdict) -> None:
+        """After a verdict, the chunks never VISIBLE return their credit: at once when UCX is
+        done with all their sends (the last chunk before a COMMIT gets no VISIBLE: a
+        published verdict says it landed), else once fenced (refused first)."""
         unseen = [c for c in out.chunks.values() if c.credited and c.state != "visible"]
-        if unseen:
-            await asyncio.gather(*(self._fence(out, c) for c in unseen))
+        fence = []
+        for c in unseen:
+            if all(f.done() and not f.cancelled() and f.exception() is None for f in c.sends):
+                c.state = "visible" if verdict.published else "fenced"
+                if verdict.published:
+                    self.stats["chunks"] += 1
+                    self.stats["bytes"] += c.nbytes
+                self._release(out.peer, c)
+            else:
+                fence.append(c)
+        if fence:
+            await asyncio.gather(*(self._fence(out, c) for c in fence))
 
     async def _fence(self, out: Outgoing, c: OutChunk) -> None:
         """Return a failed chunk's credit once UCX can no longer touch its memory."""

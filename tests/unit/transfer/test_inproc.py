@@ -18,6 +18,7 @@ import random
 from collections import Counter
 
 import pytest
+import torch
 
 from services.engine import SamplingParams, commit_import, export_kv
 from services.transfer import (
@@ -86,6 +87,20 @@ def test_chunk_views_are_the_packed_bytes_of_the_chunk():
     for s in [seq, *holders]:
         engine.free(s)
     assert_no_leak(engine)
+
+
+def test_byte_views_write_into_the_cache_and_refuse_blocks_outside_it():
+    engine = tiny_engine(num_blocks=8)
+    cache = engine.cache
+    k, v = cache.byte_views(2, 5, 3)  # the last 3 blocks of layer 2
+    k[:] = b"\x01" * k.nbytes
+    v[:] = b"\x02" * v.nbytes
+    assert bytes(cache.k[2][5:8].view(torch.uint8).flatten().numpy()) == b"\x01" * k.nbytes
+    assert bytes(cache.v[2][5:8].view(torch.uint8).flatten().numpy()) == b"\x02" * v.nbytes
+    assert not cache.k[2][:5].any() and not cache.v[2][:5].any() and not cache.k[3].any()
+    for layer, first, count in [(2, 6, 3), (LAYERS, 0, 1), (-1, 0, 1), (0, -1, 1)]:
+        with pytest.raises(IndexError, match="outside the cache"):
+            cache.byte_views(layer, first, count)
 
 
 # ---- inproc backend ----------------------------------------------------------------
