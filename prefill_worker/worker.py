@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 
 from pdserve_client.spans import TRANSFER_COMMIT
@@ -103,15 +103,11 @@ class PrefillWorker:
 
     def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps,
                  gate: SourceGate | None = None, metrics: WorkerMetrics | None = None):
-        self.cfg = cfg
-        self.metrics = metrics or WorkerMetrics()
+        self.cfg, self.metrics = cfg, metrics or WorkerMetrics()
         """Where completed hand-offs are counted (pd_kv_transfer_bytes_total, exposed time)."""
         self.gate = gate
         """Checks the router's transfer capability before any K/V is read (None: security off)."""
-        self.loop = loop
-        self.engine = loop.engine
-        self.sender = sender
-        self.txn = txn
+        self.loop, self.engine, self.sender, self.txn = loop, loop.engine, sender, txn
         self.tasks: dict[str, Task] = {}
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
@@ -211,19 +207,23 @@ class PrefillWorker:
 
         trace = PrefillTrace()
 
-        async def send_all(described: list[Chunk]) -> None:
-            """Out in one call: the backend may pack small chunks into one message."""
+        async def send_all(described: Iterable[Chunk]) -> None:
+            """Out in one call (small chunks may share a message); lazy: each hashed as the last moves."""
             if chunks:
                 await self.pause("chunk", rid)
             if auth is not None:
                 await auth
-            t_ns = time.time_ns()
-            for c in described:
-                self.events("chunk_sent", request=rid, layer=c.key.layer, block_start=c.key.block_start,
-                            block_count=c.key.block_count, needs_token=min(
-                                (c.key.block_start + c.key.block_count) * bs, len(prompt)))
-            await self.sender.send_many(dest, transfer_id, [(c, chunk_views(e, seq, c.key)) for c in described])
-            for c in described:
+            t_ns, sent = time.time_ns(), []
+
+            def items():
+                for c in described:
+                    self.events("chunk_sent", request=rid, layer=c.key.layer, block_start=c.key.block_start,
+                                block_count=c.key.block_count, needs_token=min(
+                                    (c.key.block_start + c.key.block_count) * bs, len(prompt)))
+                    sent.append(c)
+                    yield c, chunk_views(e, seq, c.key)
+            await self.sender.send_many(dest, transfer_id, items())
+            for c in sent:
                 trace.sent(c.key.layer, c.num_bytes, t_ns)
                 chunks.append(c)
 
@@ -265,12 +265,19 @@ class PrefillWorker:
                     # One Begin opens the transfer and declares digest and checksums, on its
                     # way beside the chunks and the COMMIT (the destination's Publish waits for
                     # it in the directory if it lands second; its refusal is the answer).
-                    kv_digest = digested[0]
-                    described = [describe_chunk(e, seq, key) for key in plan]
-                    begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
+                    kv_digest, described = digested[0], []
+
+                    def describe():  # each chunk hashed just before it leaves; the Begin before the last
+                        nonlocal begun
+                        for key in plan:
+                            described.append(describe_chunk(e, seq, key))
+                            if len(described) < len(plan):
+                                yield described[-1]
+                        begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
+                        yield from described[-1:]
                     try:
                         # Chunks one at a time only where a test pauses between two.
-                        for part in [[c] for c in described] if self.pause.wants("chunk", rid) else [described]:
+                        for part in ([c] for c in describe()) if self.pause.wants("chunk", rid) else [describe()]:
                             self._check(task)
                             await send_all(part)
                     except BaseException:

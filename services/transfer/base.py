@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -193,8 +193,11 @@ class KVSender(abc.ABC):
         """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Sequence[tuple[Chunk, Sequence[memoryview]]]) -> None:
-        """`send` each (chunk, buffers) in order; a backend may pack small ones together."""
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
+        """`send` each (chunk, buffers) in order; a backend may pack small ones together.
+        `items` may be lazy (a generator): each is taken once the ones before it are on their
+        way (or held for packing), so a caller that hashes a chunk as it is taken hashes it
+        while the chunk before moves."""
         for chunk, buffers in items:
             await self.send(dest, transfer_id, chunk, buffers)
 

@@ -17,9 +17,11 @@ Receiver rules:
                             staging buffer copied into the views on arrival
   CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
                             the sender's sends complete
-  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE
-                            (none for the chunk that releases a held COMMIT: the VERDICT
-                            right behind it says so); different -> Failed + ERROR
+  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE (at
+                            the end of the loop's turn, one message for all of the
+                            transfer's chunks that landed in it; none for the chunk that
+                            releases a held COMMIT: the VERDICT right behind it says so);
+                            different -> Failed + ERROR
   a piece failed (sender    Failed for the transfer
   died mid-read) or no data
   for idle_timeout_s
@@ -84,6 +86,7 @@ class UcxReceiver(KVReceiver):
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
+        self._visible: dict[tuple[int, str], list[int]] = {}  # chunks landed this turn, VISIBLE soon
         self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
         self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
@@ -296,7 +299,19 @@ class UcxReceiver(KVReceiver):
             del self._held[tid]
             self._close(held[0], tid, exp, held[1])
         else:
-            self._reply(nonce, wire.VISIBLE, tid, {"serial": serial, "checksum": sums[-1]})
+            self._visible_soon(nonce, tid, serial)
+
+    def _visible_soon(self, nonce: int, tid: str, serial: int) -> None:
+        """VISIBLE for `serial`, in one message with the other chunks of tid that land in
+        this turn of the loop (one progress lands many chunks of a large transfer)."""
+        self._visible.setdefault((nonce, tid), []).append(serial)
+        if len(self._visible) == 1 and len(self._visible[(nonce, tid)]) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_visible)
+
+    def _flush_visible(self) -> None:
+        visible, self._visible = self._visible, {}
+        for (nonce, tid), serials in visible.items():
+            self._reply(nonce, wire.VISIBLE, tid, {"serials": serials})
 
     def _wants_body(self, kind: int, tid: str, nonce: int) -> bool:
         """An out-of-line body is received only from a sender that said HELLO (anyone else

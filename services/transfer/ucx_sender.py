@@ -6,10 +6,8 @@ Per chunk (the chunk ledger of 0x06A):
     data tag), then one send per view, zero copy from the cache memory (UCX
     rendezvous: the receiver reads it straight into its posted destination
     views — cma on one host — once it has matched the header)
-    <- VISIBLE (every byte is in the destination views, checksum verified)
-    -> credit released
-    (the chunk whose landing lets a waiting COMMIT through gets no VISIBLE: its VERDICT
-    says it; its credit returns with the verdict once UCX is done with its sends)
+    <- VISIBLE (every byte is in the destination views, checksum verified) -> credit released
+    (none for a chunk whose landing lets the COMMIT through: its credit returns with the VERDICT)
 
 `send` returns once the chunk is issued (credit held, CHUNK sent): the caller's
 buffers must stay valid until `commit` or `abort` returns. `commit` sends COMMIT
@@ -29,7 +27,7 @@ import asyncio
 import base64
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from services.common.liveness import process_running
 
@@ -85,7 +83,7 @@ class UcxSender(KVSender):
         await self.send_many(dest, transfer_id, [(chunk, buffers)])
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Sequence[tuple[Chunk, Sequence[memoryview]]]) -> None:
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
         """Runs of small chunks (each up to EAGER_CHUNK_BYTES) leave as one batch message
         per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy."""
         peer = await self._peer(dest)
@@ -121,16 +119,14 @@ class UcxSender(KVSender):
         out.chunks[c.serial] = c
         pieces = [v for v in c.views if v.nbytes]
         first = next(self._data)
-        for _ in pieces[1:]:
-            next(self._data)
+        self._data = itertools.count(first + max(1, len(pieces)))
         first_tag = wire.tag(wire.DATA, self.nonce, first)
         body = {"serial": c.serial, "sizes": [v.nbytes for v in pieces], "tag": first_tag}
         body.update(batch=batch) if batch else body.update(
             bytes=nbytes, checksum=chunk.checksum, key=[chunk.key.layer, chunk.key.block_start, chunk.key.block_count])
         try:
-            # Header, then the data right behind it: UCX holds the data (rendezvous:
-            # only its descriptor) until the receiver posts the destination views.
-            # Nothing here waits; completions and errors arrive as callbacks.
+            # Header, then the data right behind it (rendezvous: UCX holds only its descriptor
+            # until the receiver posts the views). Nothing waits: completions come as callbacks.
             c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce),
                                    wire.CHUNK, transfer_id, self.nonce, body,
                                    lambda: next(self._oob))
@@ -303,13 +299,13 @@ class UcxSender(KVSender):
         if out is None:
             return  # settled or never ours: nothing to do
         if kind == wire.VISIBLE:
-            c = out.chunks.get(body.get("serial"))
-            if c is not None and c.state == "sending":
-                c.state = "visible"
-                self._release(out.peer, c)
-                self.stats["chunks"] += 1
-                self.stats["bytes"] += c.nbytes
-                out.changed.set()
+            serials = body.get("serials")
+            for serial in serials if isinstance(serials, list) else [body.get("serial")]:
+                c = out.chunks.get(serial)
+                if c is not None and c.state == "sending":
+                    c.state = "visible"
+                    self._release(out.peer, c, count=True)
+            out.changed.set()
         elif kind == wire.ERROR:
             self._fail(out, str(body.get("reason", "rejected")))
         elif kind == wire.VERDICT:
@@ -336,19 +332,14 @@ class UcxSender(KVSender):
         """After a verdict, the chunks never VISIBLE return their credit: at once when UCX is
         done with all their sends (the last chunk before a COMMIT gets no VISIBLE: a
         published verdict says it landed), else once fenced (refused first)."""
-        unseen = [c for c in out.chunks.values() if c.credited and c.state != "visible"]
         fence = []
-        for c in unseen:
-            if all(f.done() and not f.cancelled() and f.exception() is None for f in c.sends):
-                c.state = "visible" if verdict.published else "fenced"
-                if verdict.published:
-                    self.stats["chunks"] += 1
-                    self.stats["bytes"] += c.nbytes
-                self._release(out.peer, c)
-            else:
+        for c in [c for c in out.chunks.values() if c.credited and c.state != "visible"]:
+            if not all(f.done() and not f.cancelled() and f.exception() is None for f in c.sends):
                 fence.append(c)
-        if fence:
-            await asyncio.gather(*(self._fence(out, c) for c in fence))
+                continue
+            c.state = "visible" if verdict.published else "fenced"
+            self._release(out.peer, c, count=verdict.published)
+        await asyncio.gather(*(self._fence(out, c) for c in fence))
 
     async def _fence(self, out: Outgoing, c: OutChunk) -> None:
         """Return a failed chunk's credit once UCX can no longer touch its memory."""
@@ -360,10 +351,14 @@ class UcxSender(KVSender):
         c.state = "fenced"
         self._release(out.peer, c)
 
-    def _release(self, peer: Peer, c: OutChunk) -> None:
+    def _release(self, peer: Peer, c: OutChunk, count: bool = False) -> None:
+        """Its credit back; `count`: it was delivered (sender stats)."""
         if c.credited:
             c.credited = False
             peer.credits.release(c.nbytes)
+            if count:
+                self.stats["chunks"] += 1
+                self.stats["bytes"] += c.nbytes
 
     async def _settle(self, out: Outgoing) -> None:
         """Wait for the failed transfer's fences (bounded: they time out themselves)."""

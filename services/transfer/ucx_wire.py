@@ -23,7 +23,8 @@ the body follows (the receiver posts a buffer of exactly body_len for it).
              "sizes": [their total], "tag"}: their bytes, in order, in one message
     COMMIT   encode_commit(TransferCommit)
     ABORT    {"reason": str}
-    VISIBLE  {"serial": n, "checksum": hex}     the chunk is in the destination views
+    VISIBLE  {"serials": [n, ...]}              these chunks are in the destination views
+             (checksums verified); {"serial": n} from a receiver before 2026-12
     VERDICT  {"published": bool, "reason": str}
     ERROR    {"reason": str, "key": [...] or null}
 """
