@@ -45,36 +45,12 @@ from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
+from .commit import TokenCommit, beside, settle
 from .streaming import ProducerGate, stream_chunks
 from .tasks import Task, TaskState, advance, end
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
-
-
-async def _settle(fut: asyncio.Future | None) -> None:
-    """Cancel `fut` unless done, and wait for it (its error, if any, was raised elsewhere)."""
-    if fut is not None:
-        fut.cancel()
-        await asyncio.gather(fut, return_exceptions=True)
-
-
-async def _beside(begun: asyncio.Future, commit: Awaitable[Verdict]) -> Verdict:
-    """The COMMIT's verdict, with Begin's answer (travelling beside it) awaited too: a refused
-    Begin is raised as soon as it comes. Left running on a failure, the COMMIT is ended by
-    the abort that follows (the sender fails the transfer, which returns its credit)."""
-    committed = asyncio.ensure_future(commit)
-    try:
-        await asyncio.wait([begun, committed], return_when=asyncio.FIRST_EXCEPTION)
-        if begun.done():
-            begun.result()  # its refusal
-        verdict = await committed
-        await begun
-        return verdict
-    finally:
-        if not committed.done():
-            committed.add_done_callback(lambda f: f.cancelled() or f.exception())
-        await _settle(begun)
 
 
 class TransferRefused(RuntimeError):
@@ -179,7 +155,7 @@ class PrefillWorker:
         try:
             return await self._compute_and_send(task, tenant, transfer_id, plan, prompt, sampling, dest, auth, t0)
         finally:
-            await _settle(auth)
+            await settle(auth)
 
     async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
                                 prompt: list[int], sampling: SamplingParams, dest: str,
@@ -200,7 +176,10 @@ class PrefillWorker:
             if end >= len(prompt):
                 kv.final(layer)
         gate = ProducerGate(layers, reused, len(prompt), asyncio.get_running_loop(), written)
-        sink = AsyncSink(asyncio.get_running_loop())
+        early = TokenCommit(stream and not any(self.pause.wants(step, rid) for step in ("sampled", "computed")),
+                            lambda: task.state is TaskState.COMPUTING
+                            and (auth is None or (auth.done() and not auth.cancelled() and auth.exception() is None)))
+        sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first)
         chunks: list[Chunk] = []
 
         order = {key: i for i, key in enumerate(plan)}
@@ -251,7 +230,7 @@ class PrefillWorker:
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
         computed = asyncio.Event()
         declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order, dest,
-                                                       computed)) if stream else None
+                                                       computed, early)) if stream else None
         try:
             try:
                 first_token, t_first = await self._computed(sink, gate)
@@ -281,25 +260,30 @@ class PrefillWorker:
                             self._check(task)
                             await send_all(part)
                     except BaseException:
-                        await _settle(begun)
+                        await settle(begun)
                         raise
                 else:  # declared (and committed ahead) once every chunk left, most often while computing
                     kv_digest, ahead = await declared
                 self.events("digest", request=rid)
             finally:
-                await _settle(streamer)
-                await _settle(declared)
+                await settle(streamer)
+                await settle(declared)
             self._check(task)
             if auth is not None:
                 await auth
             advance(task, TaskState.COMMITTING)
             self.events("commit", request=rid, chunks=len(chunks))
-            with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-                committed = self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest, first_token)
-                # Posted now, in this task, unless a Begin travels beside it (a task of its own then).
-                verdict = await (committed if begun is None else _beside(begun, committed))
+            if early.sent is not None:  # the token's COMMIT left from token 0's callback (TokenCommit)
+                verdict = await early.sent
+                tracing.past_span(TRANSFER_COMMIT, early.sent_ns, time.time_ns())
+            else:
+                with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
+                    committed = self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest, first_token)
+                    # Posted now, in this task, unless a Begin travels beside it (a task of its own then).
+                    verdict = await (committed if begun is None else beside(begun, committed))
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
+            await settle(early.sent)
             trace.computed(job)
             trace.transferred()
         if not verdict.published:
@@ -331,7 +315,7 @@ class PrefillWorker:
 
     async def _declare(self, task: Task, transfer_id: str, streamer: asyncio.Future, kv: LayerDigest,
                        chunks: list[Chunk], order: dict[ChunkKey, int], dest: str,
-                       computed: asyncio.Event) -> tuple[str, bool]:
+                       computed: asyncio.Event, early: TokenCommit) -> tuple[str, bool]:
         """Streamed: Begin declares the digest and the checksums as soon as every chunk left;
         then, if the compute still runs, the COMMIT goes ahead of the first token
         (TOKEN_FOLLOWS): the destination validates and publishes meanwhile, and only the
@@ -351,7 +335,12 @@ class PrefillWorker:
             verdict = await self._commit(task, transfer_id, dest, chunks, kv_digest, TOKEN_FOLLOWS)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
+        early.arm(lambda token: self._early(task, transfer_id, dest, kv_digest, token))
         return kv_digest, True
+
+    def _early(self, task: Task, transfer_id: str, dest: str, kv_digest: str, token: int) -> Awaitable[Verdict]:
+        self.events("token_commit", request=task.request_id, early=True)
+        return self._commit(task, transfer_id, dest, (), kv_digest, token)
 
     async def _commit(self, task: Task, transfer_id: str, dest: str, chunks: list[Chunk] | tuple, kv_digest: str,
                       first_token: int) -> Verdict:

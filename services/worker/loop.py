@@ -326,13 +326,23 @@ class AsyncSink:
     """Token/done callbacks that feed an asyncio queue of `TokenOut` ... `SeqDone` on
     `loop` (thread-safe)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_first: Callable[[int], None] | None = None):
+        """on_first(token): run on `loop` with token 0, before it is queued (whoever waits
+        on the queue hears of it a turn later, at least)."""
+        self.loop, self.on_first = loop, on_first
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def on_token(self, seq: Sequence, token: int, index: int) -> None:
         """Loop thread: a new token."""
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, TokenOut(token, index))
+        self.loop.call_soon_threadsafe(self._put, TokenOut(token, index))
+
+    def _put(self, item: TokenOut) -> None:
+        if item.index == 0 and self.on_first is not None:
+            try:
+                self.on_first(item.token_id)
+            except Exception:  # its owner's bug: the token still goes to the queue
+                log.exception("on_first callback failed")
+        self.queue.put_nowait(item)
 
     def on_done(self, seq: Sequence, error: BaseException | None) -> None:
         """Loop thread: finished (error None) or failed."""

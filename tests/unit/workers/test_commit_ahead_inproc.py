@@ -8,8 +8,10 @@ publication is released."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
+import time
 
 import pytest
 
@@ -85,6 +87,42 @@ def test_token_0_streams_before_the_decode_engine_imports_the_blocks():
     token0, imported_then, rest, outcome, reference = run(go())
     assert (token0.token_id, token0.index) == (reference[0], 0) and not imported_then
     assert [token0.token_id, *rest] == reference and outcome.first_token == reference[0]
+
+
+def test_the_token_commit_leaves_from_token_0s_callback_when_the_compute_tail_is_long(tmp_path):
+    """No pause: the compute's tail (the last chunk's head and sampling) is long, so the
+    destination publishes ahead of token 0 and the token's COMMIT is posted from token 0's
+    own loop callback (prefill_worker/commit.py TokenCommit), before the prefill's
+    coroutine hears of the token."""
+    log = tmp_path / "events.jsonl"
+
+    async def go():
+        async with InprocCluster(event_log=str(log), **STREAMED) as c:
+            engine = c.p.loop.engine
+            real = engine.prefill_chunk
+
+            def slow_tail(seq, on_layer=None):
+                token = real(seq, on_layer)
+                if token is not None:  # every layer written and sent: the destination publishes now
+                    time.sleep(1.0)
+                return token
+            engine.prefill_chunk = slow_tail
+            res = await c.reserve("f", PROMPT, 4)
+            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            outcome = await c.send("f", res, PROMPT)
+            tokens = await stream
+            engine.prefill_chunk = real
+            reference = await c.colocated("ref", PROMPT, 4)
+            await c.assert_all_returned()
+            return tokens, reference, outcome, await c.directory.lookup("f", res.transfer_id)
+
+    tokens, reference, outcome, record = run(go())
+    assert tokens == reference and outcome.first_token == tokens[0]
+    assert record.state is TxnState.RELEASED and record.kv_digest == outcome.kv_digest
+    events = [e["event"] for e in map(json.loads, log.read_text().splitlines()) if e.get("request") == "f"]
+    assert "commit_ahead" in events and "token_commit" in events, events
+    assert events.index("commit_ahead") < events.index("token_commit") < events.index("computed"), events
+    assert "token_received" in events  # the destination took it and admitted the request
 
 
 def test_a_prefill_cancelled_between_commit_and_token_releases_the_publication():

@@ -1,5 +1,5 @@
-"""The COMMIT's verdict with the source's Begin travelling beside it (prefill_worker/worker.py
-`_beside`): a refused Begin is the answer as soon as it comes, even with the verdict still
+"""The COMMIT's verdict with the source's Begin travelling beside it (prefill_worker/commit.py
+`beside`): a refused Begin is the answer as soon as it comes, even with the verdict still
 out; a verdict is returned only once Begin was accepted too; nothing is left unretrieved.
 (With no Begin, the streamed path, the Prefill awaits its COMMIT itself: the e2e tests.)"""
 
@@ -10,7 +10,8 @@ import gc
 
 import pytest
 
-from prefill_worker.worker import TransferRefused, _beside
+from prefill_worker.commit import beside
+from prefill_worker.worker import TransferRefused
 from services.transfer import TransferError, Verdict
 
 
@@ -28,7 +29,7 @@ def run(coro):
 def test_verdict_first_waits_for_begin_then_returns_it():
     async def go():
         begun = asyncio.ensure_future(later(None, 0.05))
-        verdict = await _beside(begun, asyncio.ensure_future(later(Verdict(True))))
+        verdict = await beside(begun, asyncio.ensure_future(later(Verdict(True))))
         return verdict, begun.done() and not begun.cancelled()
     assert run(go()) == (Verdict(True), True)
 
@@ -36,7 +37,7 @@ def test_verdict_first_waits_for_begin_then_returns_it():
 def test_begin_refused_after_the_verdict_is_still_the_answer():
     async def go():
         begun = asyncio.ensure_future(later(None, 0.02, TransferRefused("directory refused BEGIN")))
-        await _beside(begun, asyncio.ensure_future(later(Verdict(True))))
+        await beside(begun, asyncio.ensure_future(later(Verdict(True))))
     with pytest.raises(TransferRefused, match="refused BEGIN"):
         run(go())
 
@@ -48,7 +49,7 @@ def test_begin_refused_first_answers_without_waiting_for_the_verdict():
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(TransferRefused):
-            await _beside(begun, committed)
+            await beside(begun, committed)
         waited = loop.time() - t0
         left_running = not committed.done()
         committed.cancel()  # what the abort that follows does to it
@@ -62,7 +63,7 @@ def test_commit_failure_is_raised_and_begin_is_settled():
     async def go():
         begun = asyncio.ensure_future(later(None, 30.0))
         with pytest.raises(TransferError, match="peer gone"):
-            await _beside(begun, asyncio.ensure_future(later(None, 0.0, TransferError("peer gone"))))
+            await beside(begun, asyncio.ensure_future(later(None, 0.0, TransferError("peer gone"))))
         return begun.cancelled()
     assert run(go()) is True
 
@@ -75,7 +76,7 @@ def test_a_verdict_failing_after_the_answer_leaves_no_unretrieved_exception():
         committed = asyncio.ensure_future(later(None, 0.02, TransferError("aborted")))
         begun = asyncio.ensure_future(later(None, 0.0, TransferRefused("refused")))
         with pytest.raises(TransferRefused):
-            await _beside(begun, committed)
+            await beside(begun, committed)
         await asyncio.sleep(0.1)  # it fails now, nobody awaiting it
         assert committed.done()
         del committed, begun  # (begun's error's traceback holds _beside's frame, and so committed)
