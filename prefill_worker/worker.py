@@ -24,6 +24,7 @@ failure aborts the transfer at the destination and the transaction.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Iterable
@@ -335,19 +336,27 @@ class PrefillWorker:
             verdict = await self._commit(task, transfer_id, dest, chunks, kv_digest, TOKEN_FOLLOWS)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
-        early.arm(lambda token: self._early(task, transfer_id, dest, kv_digest, token))
+        token_commit = self._manifest(task, transfer_id, (), kv_digest, TOKEN_FOLLOWS)  # made now, not on its way
+        early.arm(lambda token: self._early(task, dest, token_commit, token))
         return kv_digest, True
 
-    def _early(self, task: Task, transfer_id: str, dest: str, kv_digest: str, token: int) -> Awaitable[Verdict]:
+    def _early(self, task: Task, dest: str, commit: TransferCommit, token: int) -> Awaitable[Verdict]:
+        """The token's COMMIT, posted now where the backend can (TokenCommit)."""
         self.events("token_commit", request=task.request_id, early=True)
-        return self._commit(task, transfer_id, dest, (), kv_digest, token)
+        commit = dataclasses.replace(commit, first_token=token, source_epoch=self.txn.epoch_fn())
+        posted = self.sender.commit_now(dest, commit)
+        return posted if posted is not None else self.sender.commit(dest, commit)
+
+    def _manifest(self, task: Task, transfer_id: str, chunks: list[Chunk] | tuple, kv_digest: str,
+                  first_token: int) -> TransferCommit:
+        return TransferCommit(transfer_id, task.request_id, task.generation, self.engine.abi.digest, tuple(chunks),
+                              kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn(),
+                              tuple(tracing.inject().items()))
 
     async def _commit(self, task: Task, transfer_id: str, dest: str, chunks: list[Chunk] | tuple, kv_digest: str,
                       first_token: int) -> Verdict:
         """COMMIT `chunks` (none: the token's COMMIT of a transfer committed ahead of it)."""
-        return await self.sender.commit(dest, TransferCommit(
-            transfer_id, task.request_id, task.generation, self.engine.abi.digest, tuple(chunks), kv_digest,
-            first_token, self.txn.worker_id, self.txn.epoch_fn(), tuple(tracing.inject().items())))
+        return await self.sender.commit(dest, self._manifest(task, transfer_id, chunks, kv_digest, first_token))
 
     async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
         """Directory Begin: open the transfer and/or declare the prompt's K/V digest with

@@ -25,6 +25,7 @@ transfer and holds no reference to its views.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,11 @@ class KVSender(abc.ABC):
     @abc.abstractmethod
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         """Hand over the manifest after the last chunk; returns the receiver's verdict."""
+
+    def commit_now(self, dest: str, commit: TransferCommit) -> asyncio.Future | None:
+        """`commit`, posted from the caller's turn of the loop: the verdict's future, or None
+        when this backend (or its connection to dest) cannot (then `commit`)."""
+        return None
 
     @abc.abstractmethod
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:

@@ -1,11 +1,15 @@
 """The UCX sender's records: a destination it talks to (`Peer`), one outgoing transfer
-(`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a batch of small ones)."""
+(`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a batch of small
+ones); and the sender's two small helpers (`alive`, `b64`)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import itertools
+
+from services.common.liveness import process_running
 
 from .base import ChunkKey
 from .credits import CreditWindow
@@ -45,3 +49,15 @@ class Outgoing:
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     fences: list[asyncio.Task] = dataclasses.field(default_factory=list)
     serials: itertools.count = dataclasses.field(default_factory=itertools.count)
+
+
+def alive(host: str, pid: int, rt) -> bool:
+    """False only when the peer runs on this host (`rt.host`, rt a UcxRuntime) and its
+    process is gone."""
+    if rt is None or host != rt.host or pid <= 0:
+        return True
+    return process_running(pid)
+
+
+def b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).decode()

@@ -24,19 +24,16 @@ endpoint aborted and dropped, after which UCX delivers nothing more for them.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import logging
 from collections.abc import Iterable, Sequence
-
-from services.common.liveness import process_running
 
 from . import ucx_wire as wire
 from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers, coalesce
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
-from .ucx_outgoing import OutChunk, Outgoing, Peer
+from .ucx_outgoing import OutChunk, Outgoing, Peer, alive, b64
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -44,8 +41,7 @@ log = logging.getLogger(f"{__package__}.ucx")
 EAGER_CHUNK_BYTES = 256 << 10
 """`send_many`: chunks up to this size leave together, copied into one message (a chunk's
 fixed cost — header, receives, VISIBLE, credit — is paid once per batch)."""
-EAGER_BATCH_BYTES = 2 << 20
-"""At most this much in one batch."""
+EAGER_BATCH_BYTES = 2 << 20  # at most this much in one batch
 PROBE_INTERVAL_S = 0.25
 """How often a waiting sender checks that a same-host peer process still exists."""
 
@@ -135,15 +131,17 @@ class UcxSender(KVSender):
             c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error
             self._fail(out, f"CHUNK to {dest[:60]} failed: {e!r}")
-
-        def sent(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is not None:
-                self._fail(out, f"chunk {c.key}: send failed: {f.exception()!r}")
-
         for f in c.sends:
-            f.add_done_callback(sent)
+            f.add_done_callback(self._failing(out, f"chunk {c.key}"))
         self._raise_if_failed(out)
         return []
+
+    def _failing(self, out: Outgoing, what: str):
+        """A send's done-callback: its failure fails the transfer."""
+        def sent(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                self._fail(out, f"{what}: send failed: {f.exception()!r}")
+        return sent
 
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         peer = await self._peer(dest)
@@ -163,31 +161,44 @@ class UcxSender(KVSender):
         return out
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
-        tid = commit.transfer_id
-        peer = await self._peer(dest)
-        out = self._out(peer, tid)
+        return await self._verdict(self._post_commit(await self._peer(dest), commit))
+
+    def commit_now(self, dest: str, commit: TransferCommit) -> asyncio.Future | None:
+        peer = self._peers.get(dest)
+        if peer is None or peer.dead:
+            return None
+        return asyncio.ensure_future(self._verdict(self._post_commit(peer, commit)))
+
+    def _post_commit(self, peer: Peer, commit: TransferCommit) -> Outgoing:
+        """Post the COMMIT now and progress at once (it leaves before the loop's other ready
+        callbacks run); a failure, now or when UCX reports the send, fails the transfer."""
+        out = self._out(peer, commit.transfer_id)
+        if out.failed:
+            return out
+        out.verdict = asyncio.get_running_loop().create_future()
+        try:
+            for f in post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.COMMIT,
+                                  commit.transfer_id, self.nonce, encode_commit(commit), lambda: next(self._oob)):
+                f.add_done_callback(self._failing(out, f"COMMIT to {peer.dest[:60]}"))
+            self._rt.progress()
+        except Exception as e:  # noqa: BLE001 - UCX refused the post
+            self._fail(out, f"COMMIT to {peer.dest[:60]} failed: {e!r}")
+        return out
+
+    async def _verdict(self, out: Outgoing) -> Verdict:
+        """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s)."""
         try:
             self._raise_if_failed(out)
-            out.verdict = asyncio.get_running_loop().create_future()
-            try:
-                await self._control(peer, wire.COMMIT, tid, encode_commit(commit))
-                if await self._wait_progress(out, out.verdict):
-                    await self._fence_unseen(out, out.verdict.result())
-                    return out.verdict.result()
-                self._raise_if_failed(out)
-                raise asyncio.TimeoutError
-            except asyncio.TimeoutError:
-                self._fail(out, f"no verdict for {tid} from {dest} in {self.io_timeout_s} s")
-            except TransferError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a UCX error on the COMMIT
-                self._fail(out, f"COMMIT to {dest} failed: {e!r}")
+            if await self._wait_progress(out, out.verdict):
+                await self._fence_unseen(out, out.verdict.result())
+                return out.verdict.result()
             self._raise_if_failed(out)
-            raise AssertionError("unreachable")
+            self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
+            raise TransferError(f"transfer {out.tid} to {out.peer.dest[:60]}: {out.failed}")
         finally:
             if out.failed:
                 await self._settle(out)
-            self._outs.pop((peer.nonce, tid), None)
+            self._outs.pop((out.peer.nonce, out.tid), None)
 
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:
         # Our own state first, whether or not the peer can still be reached: a dead
@@ -233,7 +244,7 @@ class UcxSender(KVSender):
                 if left <= 0:
                     return False
                 await asyncio.wait([waiter], timeout=min(left, PROBE_INTERVAL_S))
-                if not waiter.done() and not _alive(out.peer.host, out.peer.pid, self._rt):
+                if not waiter.done() and not alive(out.peer.host, out.peer.pid, self._rt):
                     self._drop_peer(out.peer, f"peer process {out.peer.pid} on "
                                               f"{out.peer.host} is gone")
             return waiter.done() and not out.failed
@@ -258,7 +269,7 @@ class UcxSender(KVSender):
         except ValueError as e:
             raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
         self._ensure_runtime()
-        if not _alive(host, pid, self._rt):
+        if not alive(host, pid, self._rt):
             raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
         try:
             async with asyncio.timeout(self.io_timeout_s):
@@ -268,7 +279,7 @@ class UcxSender(KVSender):
         peer = Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),
                      self._rt.path_to(host))
         try:
-            await self._control(peer, wire.HELLO, "", {"address": _b64(self._rt.address)})
+            await self._control(peer, wire.HELLO, "", {"address": b64(self._rt.address)})
         except Exception as e:  # noqa: BLE001
             self._rt.drop(address)
             raise TransferError(f"cannot connect to {dest[:80]}: HELLO failed: {e!r}") from None
@@ -387,14 +398,3 @@ class UcxSender(KVSender):
 
     def paths(self) -> dict[str, str]:
         return {dest: p.path for dest, p in self._peers.items()}
-
-
-def _alive(host: str, pid: int, rt: UcxRuntime | None) -> bool:
-    """False only when the peer runs on this host and its process is gone."""
-    if rt is None or host != rt.host or pid <= 0:
-        return True
-    return process_running(pid)
-
-
-def _b64(b: bytes) -> str:
-    return base64.urlsafe_b64encode(b).decode()

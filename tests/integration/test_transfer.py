@@ -135,6 +135,21 @@ def test_a_commit_ahead_of_its_token_publishes_and_the_tokens_commit_finishes_it
     assert got["tokens"][0] == pre["first_token"]
 
 
+def test_the_tokens_commit_posted_now_finishes_it(procs):
+    """`commit_now` (the prefill's token COMMIT from token 0's callback): ucx posts it from
+    the caller's turn of the loop and returns the verdict's future; tcp cannot and says so
+    (None: the caller commits as before); neither can to a destination it is not connected to."""
+    r, s, _ = procs
+    tid, res, pre = reserve_and_prefill(procs, "tiny", make_prompt(100, 14))
+    sent = send(procs, tid, res, early="token_now")
+    assert sent["ahead_published"] is True and sent["published"] is True and not sent["error"], sent
+    assert sent["posted_now"] is (procs.backend == "ucx") and sent["unknown_dest_now"] is True
+    done_id = r.start("r_finish", tid=tid)
+    mine = s.call("s_decode_self", tid=tid)
+    got = r.result(done_id)
+    assert got["kv_digest"] == pre["kv_digest"] and got["tokens"] == mine["tokens"]
+
+
 def test_an_abort_between_the_commit_and_its_token_fails_the_transfer(procs):
     """Published ahead of its token, the transfer is still pending: the sender's ABORT
     ends it (R frees its blocks), as it would before any commit."""

@@ -59,7 +59,8 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     """Send every chunk then commit; `fault` at chunk index `at`:
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
     `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort).
-    `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token": the token's
+    `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token" ("token_now":
+    through `commit_now`): the token's
     COMMIT, or "abort": ABORT instead."""
     from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
@@ -143,8 +144,14 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
                 await sender.abort(dest, wire, "prefill failed after its commit")
                 return dict(out, sent=st["next"], aborted=True)
             listed = ()  # the token's COMMIT lists no chunk
-        verdict = await sender.commit(dest, TransferCommit(
-            wire, seq.request_id, 1, engine.abi.digest, listed, engine.kv_digest(seq), token))
+        commit = TransferCommit(wire, seq.request_id, 1, engine.abi.digest, listed, engine.kv_digest(seq), token)
+        if st.get("early") == "token_now":  # posted from this turn of the loop where the backend can
+            posted = sender.commit_now(dest, commit)
+            out.update(posted_now=posted is not None,
+                       unknown_dest_now=sender.commit_now(dest + "x", commit) is None)
+            verdict = await (posted if posted is not None else sender.commit(dest, commit))
+        else:
+            verdict = await sender.commit(dest, commit)
         out.update(published=verdict.published, reason=verdict.reason)
     except TransferError as e:
         out["error"] = str(e)
