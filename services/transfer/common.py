@@ -59,6 +59,14 @@ def place(views: list[memoryview], sizes: list[int]) -> list[list[memoryview]]:
     return out
 
 
+def scatter(buf, parts: list[memoryview]) -> None:
+    """Copy a staging buffer that `place` gave several view slices into those slices, in order."""
+    src, off = memoryview(buf), 0
+    for part in parts:
+        part[:] = src[off:off + part.nbytes]
+        off += part.nbytes
+
+
 async def decide(exp: Expectation, commit: TransferCommit) -> Verdict:
     """Run the expectation's commit handler; its bug becomes a refusal plus Failed."""
     try:

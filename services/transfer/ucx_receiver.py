@@ -48,12 +48,13 @@ import base64
 import itertools
 import logging
 import os
+from collections.abc import Coroutine
 
 from services.common.tasks import TaskSet
 
 from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
-from .common import decide, destination, emit, place
+from .common import decide, destination, emit, place, scatter
 from .tcp_wire import decode_commit
 from .ucx_runtime import Landing, Mailbox, UcxRuntime, local_host, post_control, runtime
 
@@ -87,6 +88,7 @@ class UcxReceiver(KVReceiver):
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
         self._visible: dict[tuple[int, str], list[int]] = {}  # chunks landed this turn, VISIBLE soon
+        self._token_next: set[str] = set()  # published ahead of their token: its COMMIT is next
         self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
         self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
@@ -116,6 +118,7 @@ class UcxReceiver(KVReceiver):
         await self._tasks.settle(STOP_GRACE_S)
 
     def _drop(self, transfer_id: str) -> None:
+        self._token_next.discard(transfer_id)
         self._last_heard.pop(transfer_id, None)
         self._claimed.pop(transfer_id, None)
         held = self._held.pop(transfer_id, None)
@@ -177,8 +180,8 @@ class UcxReceiver(KVReceiver):
             self._heard(tid)
         if kind == wire.CHUNK:
             self._on_chunk(nonce, tid, body)
-        elif kind == wire.COMMIT:
-            self._on_commit(nonce, tid, body)
+        elif kind == wire.COMMIT and (deciding := self._on_commit(nonce, tid, body)) is not None:
+            await deciding
         elif kind == wire.AUTH:
             why = await self.admit(tid, body or {}, None, nonce)
             if why:
@@ -200,12 +203,7 @@ class UcxReceiver(KVReceiver):
     def _on_chunk(self, nonce: int, tid: str, body: dict) -> None:
         exp = self.pending.get(tid)
         try:
-            serial = int(body["serial"])
-            entries = [(ChunkKey(*(int(x) for x in e[:3])), int(e[3]), str(e[4])) for e in body["batch"]] \
-                if "batch" in body else [(ChunkKey(*(int(x) for x in body["key"])), int(body["bytes"]),
-                                          str(body["checksum"]))]
-            sizes = [int(x) for x in body["sizes"]]
-            first = int(body["tag"])
+            serial, entries, sizes, first = wire.chunk_header(body)
             if first >> 60 != wire.DATA or len(sizes) > MAX_PIECES or not 0 < len(entries) <= MAX_PIECES:
                 raise ValueError(f"data tag {first:#x} / {len(sizes)} pieces / {len(entries)} chunks")
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -272,16 +270,12 @@ class UcxReceiver(KVReceiver):
         """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer)."""
         if self.pending.get(tid) is not exp:
             return  # forgotten, failed or committed meanwhile; fence() owns the receives
-        errors = [f.exception() for _, f in posted
-                  if not f.cancelled() and f.exception() is not None]
+        errors = [f.exception() for _, f in posted if not f.cancelled() and f.exception() is not None]
         if errors:
             self._fail(tid, f"chunk {entries[0][0]}: receive failed (sender lost?): {errors[0]!r}")
             return
         for buf, parts in staged:  # still pending (checked above): the views are ours
-            off = 0
-            for part in parts:
-                part[:] = memoryview(buf)[off:off + part.nbytes]
-                off += part.nbytes
+            scatter(buf, parts)
         sums = [checksum(views) for views in per]
         for (key, _, sent), got in zip(entries, sums):
             if got != sent:
@@ -297,13 +291,13 @@ class UcxReceiver(KVReceiver):
         held = self._held.get(tid)
         if held is not None and not self._in_flight(tid, exp):  # its VERDICT says it landed
             del self._held[tid]
-            self._close(held[0], tid, exp, held[1])
+            if (deciding := self._close(held[0], tid, exp, held[1])) is not None:
+                self._tasks.spawn(deciding)
         else:
             self._visible_soon(nonce, tid, serial)
 
     def _visible_soon(self, nonce: int, tid: str, serial: int) -> None:
-        """VISIBLE for `serial`, in one message with the other chunks of tid that land in
-        this turn of the loop (one progress lands many chunks of a large transfer)."""
+        """VISIBLE for `serial`, in one message with tid's other chunks landed in this turn."""
         self._visible.setdefault((nonce, tid), []).append(serial)
         if len(self._visible) == 1 and len(self._visible[(nonce, tid)]) == 1:
             asyncio.get_running_loop().call_soon(self._flush_visible)
@@ -319,7 +313,7 @@ class UcxReceiver(KVReceiver):
         only for a transfer this receiver expects."""
         return nonce in self._senders and (kind not in (wire.COMMIT, wire.AUTH) or tid in self.pending)
 
-    def _on_commit(self, nonce: int, tid: str, body: dict | None) -> None:
+    def _on_commit(self, nonce: int, tid: str, body: dict | None) -> Coroutine | None:
         exp = self.pending.get(tid)
         if exp is None or body is None:
             self._reply(nonce, wire.VERDICT, tid, {"published": False,
@@ -337,21 +331,32 @@ class UcxReceiver(KVReceiver):
         elif self._in_flight(tid, exp):  # decided when the last of them lands (`_land`)
             self._held[tid] = (nonce, commit)
         else:
-            self._close(nonce, tid, exp, commit)
+            return self._close(nonce, tid, exp, commit)
+        return None
 
     def _in_flight(self, tid: str, exp: Expectation) -> bool:  # an accepted chunk not landed yet
         return any(key not in exp.received for key in self._claimed.get(tid, ()))
 
-    def _close(self, nonce: int, tid: str, exp: Expectation, commit: TransferCommit) -> None:
-        """The COMMIT ends the transfer here: no more chunks, no Failed from stop/idle."""
+    def _close(self, nonce: int, tid: str, exp: Expectation, commit: TransferCommit) -> Coroutine | None:
+        """The COMMIT ends the transfer here: no more chunks, no Failed from stop/idle. It is
+        decided in a task; the token's COMMIT of a transfer published ahead of it (its listener
+        only admits) is returned instead, for the mailbox to await: one loop turn less."""
         del self.pending[tid]
         self._last_heard.pop(tid, None)
         self._claimed.pop(tid, None)
-        self._tasks.spawn(self._decide(nonce, exp, commit))
+        deciding = self._decide(nonce, exp, commit)
+        if tid in self._token_next and not commit.chunks:
+            self._token_next.discard(tid)
+            return deciding
+        self._token_next.discard(tid)
+        self._tasks.spawn(deciding)
+        return None
 
     async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
         self._reopen(exp, commit, verdict)
+        if self.pending.get(exp.transfer_id) is exp:  # published ahead: its token's COMMIT comes next
+            self._token_next.add(exp.transfer_id)
         self._reply(nonce, wire.VERDICT, exp.transfer_id, {"published": verdict.published, "reason": verdict.reason})
 
     def metrics(self) -> list[tuple[str, dict, float]]:
@@ -384,8 +389,7 @@ class UcxReceiver(KVReceiver):
             futs = post_control(self._rt, entry[1], wire.tag(wire.REPLY, nonce), kind, tid,
                                 self.nonce, body, lambda: next(self._oob))
         except Exception as e:  # noqa: BLE001 - UCX refused the post
-            log.warning("ucx receiver: reply %s for %s not posted: %r",
-                        wire.KIND_NAMES.get(kind), tid, e)
+            log.warning("ucx receiver: reply %s for %s not posted: %r", wire.KIND_NAMES.get(kind), tid, e)
             return
         for f in futs:
             f.add_done_callback(_log_reply_error)

@@ -36,7 +36,7 @@ import json
 import secrets
 import struct
 
-from .base import MAX_COMMIT_BODY_BYTES, max_body_bytes, short_reason
+from .base import MAX_COMMIT_BODY_BYTES, ChunkKey, max_body_bytes, short_reason
 
 MAGIC = b"PDUX"
 VERSION = 1
@@ -113,6 +113,17 @@ def json_body(body: bytes) -> dict:
     if not isinstance(obj, dict):
         raise ProtocolError(f"body is {type(obj).__name__}, not an object")
     return obj
+
+
+def chunk_header(body: dict) -> tuple[int, list[tuple[ChunkKey, int, str]], list[int], int]:
+    """A CHUNK body as (serial, [(key, bytes, checksum)] of its chunk or batch, the sender's
+    view sizes, the first data tag); KeyError, TypeError, ValueError or IndexError if malformed."""
+    if "batch" in body:
+        entries = [(ChunkKey(int(e[0]), int(e[1]), int(e[2])), int(e[3]), str(e[4])) for e in body["batch"]]
+    else:
+        layer, start, count = body["key"]
+        entries = [(ChunkKey(int(layer), int(start), int(count)), int(body["bytes"]), str(body["checksum"]))]
+    return int(body["serial"]), entries, [int(x) for x in body["sizes"]], int(body["tag"])
 
 
 def format_address(nonce: int, host: str, pid: int, worker_address: bytes) -> str:
