@@ -18,17 +18,17 @@ Receiver rules:
   CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
                             the sender's sends complete
   every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE (at
-                            the end of the loop's turn, one message for all of the
-                            transfer's chunks that landed in it; none for the chunk that
-                            releases a held COMMIT: the VERDICT right behind it says so);
-                            different -> Failed + ERROR
+                            the loop turn's end, one for the transfer's chunks landed in it;
+                            none for the chunk that releases a held COMMIT: the VERDICT
+                            says so); different -> Failed + ERROR
   a piece failed (sender    Failed for the transfer
   died mid-read) or no data
   for idle_timeout_s
   COMMIT                    held while an accepted chunk is still landing (it follows the
                             chunks at once); then the transfer leaves `pending`, on_commit
-                            runs in a task; VERDICT (refused if the transfer ended meanwhile);
-                            published with TOKEN_FOLLOWS: pending again, for the token's COMMIT
+                            runs in a task (the token's COMMIT: in the mailbox's turn); VERDICT
+                            (refused if it ended meanwhile); published with TOKEN_FOLLOWS:
+                            pending again, for the token's COMMIT
   ABORT                     Failed("aborted by sender: ...")
 
 Safety invariant: the only writes into a destination view are UCX receives
