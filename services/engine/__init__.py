@@ -8,7 +8,7 @@ from .abi import CacheAbi
 from .config import EngineConfig, ModelConfig
 from .engine import Engine
 from .errors import AbiMismatch, CheckpointError, EngineError, InvalidRequest, OutOfBlocks
-from .kv_io import BlockRun, block_runs, commit_import, export_kv, import_kv, kv_byte_views, kv_views
+from .kv_io import BlockRun, block_runs, commit_import, export_kv, import_kv, kv_byte_views
 from .presets import PRESETS
 from .sampler import SamplingParams
 from .sequence import FinishReason, SeqState, Sequence
@@ -17,5 +17,5 @@ __all__ = [
     "AbiMismatch", "BlockRun", "CacheAbi", "CheckpointError", "Engine", "EngineConfig",
     "EngineError", "FinishReason", "InvalidRequest", "ModelConfig", "OutOfBlocks", "PRESETS",
     "SamplingParams", "SeqState", "Sequence", "block_runs", "commit_import", "export_kv",
-    "import_kv", "kv_byte_views", "kv_views",
+    "import_kv", "kv_byte_views",
 ]

@@ -2,8 +2,8 @@
 
 Operations by caller:
   colocated worker:  add_request -> prefill_chunk* -> decode_step* -> free
-  prefill worker:    add_request -> prefill (on_layer streams K/V out) -> kv_views -> free
-  decode worker:     add_request (reserve) -> kv_views/import_kv -> commit_import
+  prefill worker:    add_request -> prefill (on_layer streams K/V out) -> kv_byte_views -> free
+  decode worker:     add_request (reserve) -> kv_byte_views/import_kv -> commit_import
                      -> decode_step* -> free
 Every failure path ends in `free` (or `abort`), which returns every block.
 The engine is single-threaded: one caller drives it (the worker's batch loop).

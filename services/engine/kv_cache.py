@@ -61,8 +61,3 @@ class KVCache:
         k = (2 * layer * self.num_blocks + first_block) * per
         v = k + self.num_blocks * per
         return self._bytes[k:k + count * per], self._bytes[v:v + count * per]
-
-    def block_views(self, layer: int, first_block: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous K and V views of physical blocks [first_block, first_block + count)."""
-        return (self.k[layer][first_block:first_block + count],
-                self.v[layer][first_block:first_block + count])

@@ -3,8 +3,8 @@
 A sequence's blocks are addressed by logical index (position in its block
 table). Physical blocks of one layer are contiguous in memory when their ids are
 consecutive, so `block_runs` splits a logical range into runs of consecutive
-physical ids and `kv_views` returns, per run, K and V tensor views over the cache
-memory itself: a transport sends from them and receives into them with no copy.
+physical ids and `kv_byte_views` returns, per run, the K and V bytes as views of the
+cache memory itself: a transport sends from them and receives into them with no copy.
 
 The packed form (`export_kv`/`import_kv`) is for tests and simple transports:
 for each layer, the K bytes of the blocks in logical order, then the V bytes.
@@ -51,18 +51,10 @@ def _range(engine: Engine, seq: Sequence, first: int, count: int | None) -> int:
     return count
 
 
-def kv_views(engine: Engine, seq: Sequence, layer: int, first: int = 0,
-             count: int | None = None) -> list[tuple[BlockRun, torch.Tensor, torch.Tensor]]:
-    """(run, K view, V view) per physical run; views: [run.count, block_size, Hkv, D]."""
-    count = _range(engine, seq, first, count)
-    return [(r, *engine.cache.block_views(layer, r.physical_start, r.count))
-            for r in block_runs(seq.block_table, first, count)]
-
-
 def kv_byte_views(engine: Engine, seq: Sequence, layer: int, first: int = 0,
                   count: int | None = None) -> list[tuple[memoryview, memoryview]]:
-    """kv_views as bytes: (K bytes, V bytes) per physical run, views of the cache memory
-    (slices of one view of it, far cheaper than a tensor view per run)."""
+    """(K bytes, V bytes) per physical run of `layer`'s logical blocks [first, first + count),
+    views of the cache memory (slices of one view of it, far cheaper than a tensor view per run)."""
     count = _range(engine, seq, first, count)
     return [engine.cache.byte_views(layer, r.physical_start, r.count)
             for r in block_runs(seq.block_table, first, count)]
