@@ -1,11 +1,10 @@
 """The UCX sender's records: a destination it talks to (`Peer`), one outgoing transfer
 (`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a batch of small
-ones); and the sender's two small helpers (`alive`, `b64`)."""
+ones); and whether a peer on this host still runs (`alive`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import itertools
 
@@ -57,7 +56,3 @@ def alive(host: str, pid: int, rt) -> bool:
     if rt is None or host != rt.host or pid <= 0:
         return True
     return process_running(pid)
-
-
-def b64(b: bytes) -> str:
-    return base64.urlsafe_b64encode(b).decode()

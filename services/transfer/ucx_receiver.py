@@ -344,11 +344,10 @@ class UcxReceiver(KVReceiver):
         del self.pending[tid]
         self._last_heard.pop(tid, None)
         self._claimed.pop(tid, None)
-        deciding = self._decide(nonce, exp, commit)
-        if tid in self._token_next and not commit.chunks:
-            self._token_next.discard(tid)
-            return deciding
+        deciding, token = self._decide(nonce, exp, commit), tid in self._token_next and not commit.chunks
         self._token_next.discard(tid)
+        if token:
+            return deciding
         self._tasks.spawn(deciding)
         return None
 

@@ -33,7 +33,7 @@ from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers, coalesce
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
-from .ucx_outgoing import OutChunk, Outgoing, Peer, alive, b64
+from .ucx_outgoing import OutChunk, Outgoing, Peer, alive
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -188,13 +188,12 @@ class UcxSender(KVSender):
     async def _verdict(self, out: Outgoing) -> Verdict:
         """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s)."""
         try:
+            self._raise_if_failed(out)  # failed before the COMMIT could be posted
+            if not await self._wait_progress(out, out.verdict) and not out.failed:
+                self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
             self._raise_if_failed(out)
-            if await self._wait_progress(out, out.verdict):
-                await self._fence_unseen(out, out.verdict.result())
-                return out.verdict.result()
-            self._raise_if_failed(out)
-            self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
-            raise TransferError(f"transfer {out.tid} to {out.peer.dest[:60]}: {out.failed}")
+            await self._fence_unseen(out, out.verdict.result())
+            return out.verdict.result()
         finally:
             if out.failed:
                 await self._settle(out)
@@ -279,7 +278,7 @@ class UcxSender(KVSender):
         peer = Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),
                      self._rt.path_to(host))
         try:
-            await self._control(peer, wire.HELLO, "", {"address": b64(self._rt.address)})
+            await self._control(peer, wire.HELLO, "", {"address": wire.b64(self._rt.address)})
         except Exception as e:  # noqa: BLE001
             self._rt.drop(address)
             raise TransferError(f"cannot connect to {dest[:80]}: HELLO failed: {e!r}") from None

@@ -126,10 +126,14 @@ def chunk_header(body: dict) -> tuple[int, list[tuple[ChunkKey, int, str]], list
     return int(body["serial"]), entries, [int(x) for x in body["sizes"]], int(body["tag"])
 
 
+def b64(raw: bytes) -> str:
+    """urlsafe base64 of a UCX worker address (in an address string and in HELLO)."""
+    return base64.urlsafe_b64encode(raw).decode()
+
+
 def format_address(nonce: int, host: str, pid: int, worker_address: bytes) -> str:
     """ucx://<nonce hex>@<host>:<pid>/<urlsafe base64 of the UCX worker address>."""
-    b64 = base64.urlsafe_b64encode(worker_address).decode()
-    return f"ucx://{nonce:x}@{host}:{pid}/{b64}"
+    return f"ucx://{nonce:x}@{host}:{pid}/{b64(worker_address)}"
 
 
 def parse_address(address: str) -> tuple[int, str, int, bytes]:
