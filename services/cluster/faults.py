@@ -105,12 +105,16 @@ class EventFile:
                 out.append(e)
         return out
 
-    def wait(self, request_id: str, event: str, timeout_s: float) -> dict | None:
+    def wait(self, request_id: str, event: str, timeout_s: float, while_=lambda: True) -> dict | None:
+        """The request's first `event`; None after `timeout_s`, or once `while_()` is
+        false (the request ended) and the event is still not there."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found = self.of(request_id, event)
-            if found:
+            going = while_()
+            if found := self.of(request_id, event):
                 return found[0]
+            if not going:
+                return None
             time.sleep(0.01)
         return None
 
@@ -188,7 +192,9 @@ class FaultRunner:
         self._n += 1
         rid = f"{action}-{victim}@{step}-{self._n}" if action != "none" else f"baseline-{self._n}"
         res = CaseResult(action, victim, step, rid)
-        deadline_s = self.pause_s * 0.6 if action == "deadline" else self.patience_s
+        # A deadline passes during the pause whenever the request reaches the step before
+        # it: 0.9 of the pause leaves the most room for a loaded machine's way there.
+        deadline_s = self.pause_s * 0.9 if action == "deadline" else self.patience_s
         box: dict = {}
 
         def request():
@@ -204,8 +210,10 @@ class FaultRunner:
 
         thread = threading.Thread(target=request, daemon=True)
         thread.start()
-        hit = self.events.wait(rid, STEP_EVENT[step], timeout_s=20.0) if action != "none" else None
+        t0 = time.monotonic()
+        hit = self.events.wait(rid, STEP_EVENT[step], 20.0, thread.is_alive) if action != "none" else None
         res.reached = hit is not None or action == "none"
+        waited_s = time.monotonic() - t0
         target = None
         if hit is not None and action in ("kill", "stop"):
             target = self._victim(victim, rid)
@@ -225,6 +233,9 @@ class FaultRunner:
             err = box.get("error")
             res.outcome = f"failed: {getattr(err, 'code', type(err).__name__)}"
             res.detail = str(getattr(err, "message", err))
+        if not res.reached:  # what the request did get to, for whoever reads the failure
+            res.detail += f" (not at {step} after {waited_s:.2f} s; its events: " + ", ".join(
+                f"{e['event']}@{e.get('worker', '')}" for e in self.events.of(rid)) + ")"
         if target and action == "kill":
             self.cluster.restart(target)
         elif target:  # stopped (hung): it comes back, finds its lease lost, registers again

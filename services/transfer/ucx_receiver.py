@@ -180,8 +180,9 @@ class UcxReceiver(KVReceiver):
             self._heard(tid)
         if kind == wire.CHUNK:
             self._on_chunk(nonce, tid, body)
-        elif kind == wire.COMMIT and (deciding := self._on_commit(nonce, tid, body)) is not None:
-            await deciding
+        elif kind == wire.COMMIT:
+            if (deciding := self._on_commit(nonce, tid, body)) is not None:
+                await deciding
         elif kind == wire.AUTH:
             why = await self.admit(tid, body or {}, None, nonce)
             if why:

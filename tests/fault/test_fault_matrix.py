@@ -38,7 +38,7 @@ def runner(tmp_path_factory):
 @pytest.mark.parametrize("victim,step", kill_cases())
 def test_kill_at_each_step(runner, victim, step):
     r = runner.run("kill", victim, step)
-    assert r.reached, f"the request never reached {step}"
+    assert r.reached, f"the request never reached {step}: {r.outcome} {r.detail}"
     if victim == "router":
         assert r.outcome.startswith("failed"), r  # its client's stream went with it
     else:
@@ -52,7 +52,7 @@ def test_a_hung_worker_is_routed_around(runner, victim, step):
     and the request completes elsewhere; continued, it finds its lease lost, drops
     what it held and registers again."""
     r = runner.run("stop", victim, step)
-    assert r.reached, f"the request never reached {step}"
+    assert r.reached, f"the request never reached {step}: {r.outcome} {r.detail}"
     assert (r.outcome, r.tokens_match) == ("ok", True), r
     assert r.clean(), r
 
@@ -61,6 +61,6 @@ def test_a_hung_worker_is_routed_around(runner, victim, step):
 @pytest.mark.parametrize("action,code", [("cancel", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")])
 def test_cancel_and_deadline_at_each_await(runner, action, code, step):
     r = runner.run(action, "", step)
-    assert r.reached, f"the request never reached {step}"
+    assert r.reached, f"the request never reached {step}: {r.outcome} {r.detail}"
     assert r.outcome == f"failed: {code}", r
     assert r.clean(), r

@@ -43,9 +43,11 @@ __all__ = ["light", "procs", "receiver_clean"]  # fixtures: the harness's, used 
 def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve, many):
     r, s, _ = procs
     prompt = make_prompt(prompt_len, prompt_len + many)  # another prompt: no prefix hit at R from the case before
+    r.call("r_warnings")  # a case before may have warned on purpose
     tid, res, pre = reserve_and_prefill(procs, spec, prompt, per_chunk=per_chunk, **reserve)
     sent = send(procs, tid, res, per_chunk, many=many)
     assert sent["published"] is True and not sent["error"], sent
+    assert r.call("r_warnings") == []  # a clean transfer warns of nothing
     n_chunks = 4 * -(-(res["last_block"] - res["first_block"]) // per_chunk)
     assert sent["sent"] == n_chunks
     if spec == "wide":

@@ -8,6 +8,7 @@ Only light imports at module level: LR imports this module and starts in a blink
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 
@@ -17,7 +18,14 @@ from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, Trans
 from services.transfer.factory import make_receiver
 from tests.support.transfer.engines import ENGINES, MAX_TOKENS, engine_for, sampling
 
-_state: dict = {"recs": {}, "ended_twice": []}
+_state: dict = {"recs": {}, "ended_twice": [], "warnings": []}
+
+
+class _Warnings(logging.Handler):
+    """The transfer code's warnings in R, for the tests that expect none."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _state["warnings"].append(record.getMessage())
 
 
 class _Rec:
@@ -97,6 +105,7 @@ class _Rec:
 
 
 async def r_start(idle_timeout_s: float, backend: str) -> str:
+    logging.getLogger("services.transfer").addHandler(_Warnings(logging.WARNING))
     recv = _state["receiver"] = make_receiver(backend, idle_timeout_s=idle_timeout_s)
     await recv.start()
     return recv.address
@@ -165,6 +174,12 @@ async def r_check_clean() -> dict:
                 ended_twice=_state["ended_twice"])
 
 
+async def r_warnings() -> list[str]:
+    """The warnings logged since the last call (and forgets them)."""
+    out, _state["warnings"] = _state["warnings"], []
+    return out
+
+
 async def lr_start(tid: str, block_bytes: int, backend: str) -> str:
     """Light receiver expecting `tid` into plain buffers."""
     recv = _state["receiver"] = make_receiver(backend)
@@ -176,8 +191,6 @@ async def lr_start(tid: str, block_bytes: int, backend: str) -> str:
     recv.expect(Expectation(tid, lambda k: [memoryview(bytearray(k.block_count * block_bytes))],
                             lambda ev: None, on_commit))
     return recv.address
-
-
 
 
 async def at_exit() -> None:
