@@ -29,8 +29,9 @@ connections and timeouts are in tcp_sender.py.
 
 from __future__ import annotations
 
-import json
 import struct
+
+import orjson
 
 from .base import (
     CHECKSUM_ALGORITHM,
@@ -87,7 +88,7 @@ def chunk_frame(transfer_id: str, key: ChunkKey, payload_len: int, checksum_hex:
 
 def control_frame(kind: int, transfer_id: str, obj: dict) -> bytes:
     """A frame whose body is JSON; ValueError when the body is over its kind's cap."""
-    body = json.dumps(short_reason(obj), separators=(",", ":")).encode()
+    body = orjson.dumps(short_reason(obj))
     if len(body) > max_body_bytes(kind in (COMMIT, AUTH)):
         raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind == COMMIT)}")
     return frame(kind, transfer_id, body)
@@ -112,9 +113,9 @@ def decode_commit(d: dict) -> TransferCommit:
         return v
 
     chunks = []
-    for e in get("chunks", list):
-        if (not isinstance(e, list) or len(e) != 5 or not isinstance(e[4], str)
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in e[:4])):
+    for e in get("chunks", list):  # exact types (JSON gives no subclasses; a bool is no int)
+        if type(e) is not list or len(e) != 5 or type(e[4]) is not str or not (
+                type(e[0]) is type(e[1]) is type(e[2]) is type(e[3]) is int):
             raise ValueError(f"commit chunk entry {e!r} is not [layer, start, count, bytes, sum]")
         chunks.append(Chunk(ChunkKey(e[0], e[1], e[2]), e[3], e[4]))
     trace = d.get("trace", {})
@@ -131,8 +132,8 @@ def decode_commit(d: dict) -> TransferCommit:
 def json_body(body: bytes) -> dict:
     """A control frame's body as a JSON object; ProtocolError if it is not one."""
     try:
-        obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as e:  # invalid UTF-8 too
         raise ProtocolError(f"body is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"body is {type(obj).__name__}, not an object")

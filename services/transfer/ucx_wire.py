@@ -32,9 +32,10 @@ the body follows (the receiver posts a buffer of exactly body_len for it).
 from __future__ import annotations
 
 import base64
-import json
 import secrets
 import struct
+
+import orjson
 
 from .base import MAX_COMMIT_BODY_BYTES, ChunkKey, max_body_bytes, short_reason
 
@@ -72,7 +73,7 @@ def encode(kind: int, transfer_id: str, nonce: int, obj: dict | None = None
     tid = transfer_id.encode()
     if len(tid) > MAX_ID_BYTES:
         raise ValueError(f"transfer id of {len(tid)} bytes exceeds {MAX_ID_BYTES}")
-    body = json.dumps(short_reason(obj or {}), separators=(",", ":")).encode()
+    body = orjson.dumps(short_reason(obj or {}))
     if len(body) > max_body_bytes(kind in (COMMIT, AUTH)):
         raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind in (COMMIT, AUTH))}")
     inline = len(body) <= INLINE_BODY_BYTES
@@ -107,8 +108,8 @@ def inline_body(buf: memoryview, transfer_id: str, body_len: int) -> bytes:
 
 def json_body(body: bytes) -> dict:
     try:
-        obj = json.loads(body) if body else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        obj = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError as e:  # invalid UTF-8 too
         raise ProtocolError(f"body is not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"body is {type(obj).__name__}, not an object")
