@@ -6,11 +6,9 @@ Receiver rules:
   AUTH                      the transfer's capability: checked (KVReceiver.admit) before
                             any receive is posted for it; refused: ERROR, transfer failed.
                             UCX authenticates nobody: the capability is the proof
-  CHUNK of an unknown       ERROR; its data swallowed (below), nothing written
-  transfer
-  duplicate key, key the    Failed for the transfer; ERROR
-  resolver refuses, wrong
-  length, bad sizes
+  CHUNK, unknown transfer   ERROR; its data swallowed (below), nothing written
+  duplicate key, refused    Failed for the transfer; ERROR
+  key, bad length or sizes
   CHUNK accepted            each of the sender's pieces (its data follows on DATA tags
                             first, first+1, ...) is posted as a receive: straight into
                             the destination view when it lies inside one, else into a
@@ -21,9 +19,8 @@ Receiver rules:
                             the loop turn's end, one for the transfer's chunks landed in it;
                             none for the chunk that releases a held COMMIT: the VERDICT
                             says so); different -> Failed + ERROR
-  a piece failed (sender    Failed for the transfer
-  died mid-read) or no data
-  for idle_timeout_s
+  a piece failed, or no     Failed for the transfer (its sender died mid-read, or
+  data for idle_timeout_s   went silent: one timer per receiver watches them all)
   COMMIT                    held while an accepted chunk is still landing (it follows the
                             chunks at once); then the transfer leaves `pending`, on_commit
                             runs in a task (the token's COMMIT: in the mailbox's turn); VERDICT
@@ -85,6 +82,7 @@ class UcxReceiver(KVReceiver):
         self._senders: dict[int, tuple[bytes, object]] = {}  # nonce -> (address, endpoint)
         self._posted: dict[str, list[tuple[int, asyncio.Future]]] = {}
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
+        self._idle_timer: asyncio.TimerHandle | None = None  # due when the oldest of them idles out
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
         self._visible: dict[tuple[int, str], list[int]] = {}  # chunks landed this turn, VISIBLE soon
@@ -108,6 +106,9 @@ class UcxReceiver(KVReceiver):
                  ",".join(self._rt.transports))
 
     async def stop(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._mailbox is not None:
             await self._mailbox.stop()
             self._mailbox = None
@@ -126,23 +127,23 @@ class UcxReceiver(KVReceiver):
             self._reply(held[0], wire.VERDICT, transfer_id, {"published": False, "reason": "transfer forgotten"})
 
     def _heard(self, tid: str) -> None:
-        """A message of pending transfer tid arrived: (re)arm its idle watchdog."""
+        """A message of pending transfer tid arrived: restart its idle clock (one timer per
+        receiver; a task per transfer held each one's state for idle_timeout_s after it ended)."""
         loop = asyncio.get_running_loop()
-        first = tid not in self._last_heard
         self._last_heard[tid] = loop.time()
-        if first:
-            self._tasks.spawn(self._watchdog(tid, self.pending[tid]))
+        if self._idle_timer is None:
+            self._idle_timer = loop.call_later(self.idle_timeout_s, self._idle_check)
 
-    async def _watchdog(self, tid: str, exp: Expectation) -> None:
-        """Fail a started transfer whose sender says nothing for idle_timeout_s (UCX, error
+    def _idle_check(self) -> None:
+        """Fail each started transfer whose sender said nothing for idle_timeout_s (UCX, error
         handling off, is silent about a dead sender; a chunk whose data never comes ends so)."""
-        loop = asyncio.get_running_loop()
-        while self.pending.get(tid) is exp and tid in self._last_heard:
-            wait = self._last_heard[tid] + self.idle_timeout_s - loop.time()
-            if wait <= 0:
+        loop, self._idle_timer = asyncio.get_running_loop(), None
+        for tid, heard in list(self._last_heard.items()):
+            if loop.time() - heard >= self.idle_timeout_s - 1e-3:  # (a timer may run a hair early)
                 self._fail(tid, f"sender idle for {self.idle_timeout_s} s")
-                return
-            await asyncio.sleep(wait)
+                self._last_heard.pop(tid, None)
+        if self._last_heard:
+            self._idle_timer = loop.call_at(min(self._last_heard.values()) + self.idle_timeout_s, self._idle_check)
 
     async def fence(self, transfer_id: str) -> None:
         posted = self._posted.pop(transfer_id, [])
@@ -260,8 +261,7 @@ class UcxReceiver(KVReceiver):
                         wire.KIND_NAMES.get(kind), tid, nonce)
 
     def _swallow(self, first_tag: int, count: int) -> None:
-        """Take a refused chunk's data off the wire: a 1-byte receive per piece
-        completes (truncated) on both sides, so the sender's sends finish."""
+        """A refused chunk's data off the wire: a 1-byte receive per piece completes (truncated)."""
         for i in range(count):
             fut = self._rt.post_recv(bytearray(1), first_tag + i)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # truncated

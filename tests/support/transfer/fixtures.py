@@ -49,11 +49,13 @@ def light():
 
 @pytest.fixture(autouse=True)
 def receiver_clean(procs):
-    """Every test ends with R holding no pending transfer and every block back."""
+    """Every test ends with R holding no pending transfer, nothing of the ended ones, and
+    every block back."""
     yield
     r, s, _ = procs
     clean = r.call("r_check_clean")
     assert clean["pending"] == [] and clean["live"] == {} and not clean["ended_twice"], clean
+    assert clean["kept_expectations"] == 0, clean  # e.g. a task per transfer, asleep for its idle timeout
     for spec, (free, total, max_ref) in clean["pools"].items():
         assert free == total and max_ref == 0, f"{spec} pool leaked: {clean}"
     credits = s.call("s_credits", backend=procs.backend)

@@ -8,6 +8,7 @@ Only light imports at module level: LR imports this module and starts in a blink
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import time
@@ -170,8 +171,11 @@ async def r_check_clean() -> dict:
     pools = {k: (e.num_free_blocks, e.blocks.num_blocks, max(b.ref_count for b in e.blocks.blocks))
              for k, e in ENGINES.items()}
     live = {t: r.state for t, r in _state["recs"].items() if r.state == "pending"}
+    await asyncio.sleep(0.05)  # a verdict's task ends a turn or two after the sender heard it
+    gc.collect()  # what the receiver still holds of transfers that ended: nothing
+    kept = sum(isinstance(o, Expectation) for o in gc.get_objects()) - len(_state["receiver"].pending)
     return dict(pending=sorted(_state["receiver"].pending), live=live, pools=pools,
-                ended_twice=_state["ended_twice"])
+                ended_twice=_state["ended_twice"], kept_expectations=kept)
 
 
 async def r_warnings() -> list[str]:
