@@ -48,6 +48,7 @@ from kv_directory.reaper import reap_forever
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
+from services.common.heap import freeze_startup_heap
 from services.directory.records import Transaction, TxnResult, chunk_list_digest, chunk_sums_digest, evidence, kv_part
 from services.directory.states import Outcome
 from services.directory.wire import (
@@ -389,6 +390,7 @@ async def serve(store: DirectoryStore, config: DirectoryConfig, security: Securi
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
     log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
              host, port, config.describe_redis(), config.lease_ttl_s)
+    freeze_startup_heap()
     try:
         await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
     finally:

@@ -25,6 +25,7 @@ from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.types import RouterError
 from services.common.grpc_server import start_server, wait_for_shutdown
+from services.common.heap import freeze_startup_heap
 from services.security.capability import Signer
 from services.security.config import CapabilitySettings, signer
 from services.security.tls import Security, access_table, caller_name
@@ -156,6 +157,7 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
              "" if all(compiled.values()) else
              f"; from source: {', '.join(m for m, c in compiled.items() if not c)}"
              + ("" if native.enabled() else f" ({native.ENV}=0)"))
+    freeze_startup_heap()
     try:
         await wait_for_shutdown(server, health, on_stop=orchestrator.close)
     finally:

@@ -43,6 +43,7 @@ from google.protobuf import descriptor_pool
 
 from pdserve_client.spans import EVENT_CAPABILITY_DENIED, REASON
 from services.common.grpc_server import RefuseWhen, Registration, setup_logging, start_server, wait_for_shutdown
+from services.common.heap import freeze_startup_heap
 from services.common.settings import SettingsError
 from services.directory.client import DirectoryClient
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
@@ -198,6 +199,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)
     log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),
              f", data plane {data_plane}" if data_plane else "")
+    freeze_startup_heap()
 
     async def on_stop() -> None:
         node.membership.leaving = True
