@@ -60,6 +60,7 @@ def receiver_clean(procs):
         assert free == total and max_ref == 0, f"{spec} pool leaked: {clean}"
     credits = s.call("s_credits", backend=procs.backend)
     assert all(in_flight == 0 for in_flight, _, _ in credits.values()), credits
+    assert s.call("s_kept") == 0  # S holds nothing of the transfers that ended either
 
 
 _tids = itertools.count()

@@ -52,6 +52,16 @@ async def s_credits(backend: str) -> dict:
             for dest, w in snd.credit_windows().items()}
 
 
+async def s_kept() -> int:
+    """Outgoing transfers S's ucx senders still hold (after every test: none)."""
+    import gc
+
+    from services.transfer.ucx_outgoing import Outgoing
+    await asyncio.sleep(0.05)  # a fence or a verdict's clean-up ends a turn or two later
+    gc.collect()
+    return sum(isinstance(o, Outgoing) for o in gc.get_objects())
+
+
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
                  io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False,
