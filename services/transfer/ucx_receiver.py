@@ -41,7 +41,6 @@ any posted receive). Every method runs on the event loop's thread.
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import logging
 import os
@@ -138,10 +137,10 @@ class UcxReceiver(KVReceiver):
         """Fail each started transfer whose sender said nothing for idle_timeout_s (UCX, error
         handling off, is silent about a dead sender; a chunk whose data never comes ends so)."""
         loop, self._idle_timer = asyncio.get_running_loop(), None
+        now = loop.time()
         for tid, heard in list(self._last_heard.items()):
-            if loop.time() - heard >= self.idle_timeout_s - 1e-3:  # (a timer may run a hair early)
-                self._fail(tid, f"sender idle for {self.idle_timeout_s} s")
-                self._last_heard.pop(tid, None)
+            if now - heard >= self.idle_timeout_s - 1e-3:  # (a timer may run a hair early)
+                self._fail(tid, f"sender idle for {self.idle_timeout_s} s")  # its clock goes (_drop)
         if self._last_heard:
             self._idle_timer = loop.call_at(min(self._last_heard.values()) + self.idle_timeout_s, self._idle_check)
 
@@ -195,7 +194,7 @@ class UcxReceiver(KVReceiver):
 
     async def _on_hello(self, nonce: int, body: dict) -> None:
         try:
-            address = base64.urlsafe_b64decode(str(body["address"]).encode())
+            address = wire.unb64(str(body["address"]))
             ep = await self._rt.endpoint(address)
         except Exception as e:  # noqa: BLE001 - bad address or UCX error: ignore the sender
             log.warning("ucx receiver: HELLO from %x unusable: %r", nonce, e)
@@ -343,10 +342,9 @@ class UcxReceiver(KVReceiver):
         decided in a task; the token's COMMIT of a transfer published ahead of it (its listener
         only admits) is returned instead, for the mailbox to await: one loop turn less."""
         del self.pending[tid]
-        self._last_heard.pop(tid, None)
-        self._claimed.pop(tid, None)
-        deciding, token = self._decide(nonce, exp, commit), tid in self._token_next and not commit.chunks
-        self._token_next.discard(tid)
+        token = tid in self._token_next and not commit.chunks
+        self._drop(tid)  # (no COMMIT held here: none, or `_land` took it)
+        deciding = self._decide(nonce, exp, commit)
         if token:
             return deciding
         self._tasks.spawn(deciding)

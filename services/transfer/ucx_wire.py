@@ -132,6 +132,11 @@ def b64(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode()
 
 
+def unb64(text: str) -> bytes:
+    """Inverse of b64 (binascii.Error, a ValueError, if malformed)."""
+    return base64.urlsafe_b64decode(text.encode())
+
+
 def format_address(nonce: int, host: str, pid: int, worker_address: bytes) -> str:
     """ucx://<nonce hex>@<host>:<pid>/<urlsafe base64 of the UCX worker address>."""
     return f"ucx://{nonce:x}@{host}:{pid}/{b64(worker_address)}"
@@ -140,13 +145,13 @@ def format_address(nonce: int, host: str, pid: int, worker_address: bytes) -> st
 def parse_address(address: str) -> tuple[int, str, int, bytes]:
     """Inverse of format_address: (nonce, host, pid, worker address); ValueError if malformed."""
     scheme, _, rest = address.partition("://")
-    who, _, b64 = rest.partition("/")
+    who, _, encoded = rest.partition("/")
     nonce_hex, _, where = who.partition("@")
     host, _, pid = where.rpartition(":")
     try:
-        if scheme != "ucx" or not b64 or not host:
+        if scheme != "ucx" or not encoded or not host:
             raise ValueError
-        return int(nonce_hex, 16), host, int(pid), base64.urlsafe_b64decode(b64.encode())
+        return int(nonce_hex, 16), host, int(pid), unb64(encoded)
     except ValueError:
         raise ValueError(f"{address[:80]!r} is not ucx://<nonce>@<host>:<pid>/<worker address>"
                          ) from None
