@@ -13,5 +13,6 @@ endpoints from worker addresses), each serving one side's commands:
 R and S build the same engines (engines.py). The fixtures (fixtures.py: `procs`, R
 and S per backend, module-scoped; `light`; and the autouse `receiver_clean`: after
 every test R holds no pending transfer and no block, and S's credit windows hold no
-credit) are imported by the test modules, with the helpers that drive a transfer.
+credit; neither keeps anything of an ended transfer: kept.py) are imported by the test
+modules, with the helpers that drive a transfer.
 """

@@ -8,7 +8,6 @@ Only light imports at module level: LR imports this module and starts in a blink
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import time
@@ -18,6 +17,7 @@ import xxhash
 from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, token_follows
 from services.transfer.factory import make_receiver
 from tests.support.transfer.engines import ENGINES, MAX_TOKENS, engine_for, sampling
+from tests.support.transfer.kept import alive
 
 _state: dict = {"recs": {}, "ended_twice": [], "warnings": []}
 
@@ -171,9 +171,7 @@ async def r_check_clean() -> dict:
     pools = {k: (e.num_free_blocks, e.blocks.num_blocks, max(b.ref_count for b in e.blocks.blocks))
              for k, e in ENGINES.items()}
     live = {t: r.state for t, r in _state["recs"].items() if r.state == "pending"}
-    await asyncio.sleep(0.05)  # a verdict's task ends a turn or two after the sender heard it
-    gc.collect()  # what the receiver still holds of transfers that ended: nothing
-    kept = sum(isinstance(o, Expectation) for o in gc.get_objects()) - len(_state["receiver"].pending)
+    kept = await alive(Expectation) - len(_state["receiver"].pending)  # of ended transfers: none
     return dict(pending=sorted(_state["receiver"].pending), live=live, pools=pools,
                 ended_twice=_state["ended_twice"], kept_expectations=kept)
 

@@ -15,6 +15,7 @@ import time
 from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, checksum
 from services.transfer.factory import make_sender
 from tests.support.transfer.engines import IO_TIMEOUT_S, MAX_TOKENS, engine_for, sampling
+from tests.support.transfer.kept import alive
 
 _state: dict = {"senders": {}, "sends": {}, "keep": {}}
 
@@ -54,12 +55,8 @@ async def s_credits(backend: str) -> dict:
 
 async def s_kept() -> int:
     """Outgoing transfers S's ucx senders still hold (after every test: none)."""
-    import gc
-
     from services.transfer.ucx_outgoing import Outgoing
-    await asyncio.sleep(0.05)  # a fence or a verdict's clean-up ends a turn or two later
-    gc.collect()
-    return sum(isinstance(o, Outgoing) for o in gc.get_objects())
+    return await alive(Outgoing)
 
 
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
