@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import xxhash
+from _transfer_exact import ExactFloor
 
 from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum
 from services.transfer.chunks import plan_chunks
@@ -85,7 +86,7 @@ def digest(kv: torch.Tensor) -> str:
     return xxhash.xxh3_128(_flat(kv.reshape(-1))).hexdigest()
 
 
-class Peer:
+class Peer(ExactFloor):
     """Commands of either role; the parent decides which it calls."""
 
     def __init__(self, threads: int = 1):
@@ -118,6 +119,10 @@ class Peer:
 
     async def digest(self) -> str:
         return digest(self.kv)
+
+    def views_of(self, key: ChunkKey) -> list[memoryview]:
+        """Chunk `key`'s K run and V run in this peer's cache."""
+        return chunk_views(self.kv_bytes, self.geometry, key)
 
     # ---- pdserve backends: receiver ------------------------------------------
     async def pd_listen(self, kind: str) -> str:

@@ -20,6 +20,10 @@ two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
                 (each chunk's K run and V run, plan order: the engine's [L, 2, N, ...]
                 layout keeps them apart), every receive posted beforehand: the floor
                 of moving this geometry's messages from Python
+  ucxx-python-exact  the floor of an exact hand-off of this geometry from Python:
+                pdserve's checksums on both sides and its packing (one copy each
+                side for small chunks), every receive posted beforehand, no
+                protocol (bench/_transfer_exact.py)
   ucx_perftest  native `ucx_perftest -t tag_bw`, UCX_TLS=shm,self, one message =
                 the cache size, default window (32 in flight), -n/-w iterations
   grpc-stream   grpcio client stream of `bytes` messages (--grpc-message-mib)
@@ -59,8 +63,8 @@ from _transfer_perftest import find_perftest, run_tag_bw
 from services.cluster.redis_proc import free_port
 
 MIB = 1 << 20
-PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucx_perftest", "grpc-stream",
-         "raw-tcp")
+PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucx_perftest",
+         "grpc-stream", "raw-tcp")
 CALL_TIMEOUT_S = 600
 
 
@@ -110,6 +114,17 @@ def floor_path(r: Spawned, s: Spawned, sent: str, repeats: int, pieces: bool) ->
         r.call("floor_expect", i=i, sender=sender, pieces=pieces)
         out = s.call("floor_send", dest=dest, i=i, pieces=pieces)
         check_digest(r.call("floor_landed", i=i), sent, name)
+        return out["elapsed_s"]
+    return timed(repeats, one)
+
+
+def exact_path(r: Spawned, s: Spawned, sent: str, repeats: int) -> list[float]:
+    sender, dest = s.call("floor_address"), r.call("floor_address")
+
+    def one(i: int) -> float:
+        r.call("exact_expect", i=i, sender=sender)
+        out = s.call("exact_send", dest=dest, i=i)
+        check_digest(r.call("exact_landed", i=i), sent, "ucxx-python-exact")
         return out["elapsed_s"]
     return timed(repeats, one)
 
@@ -196,6 +211,7 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
                                                                 args.repeats))
             attempt("ucxx-python", lambda: floor_path(r, s, sent, args.repeats, pieces=False))
             attempt("ucxx-python-pieces", lambda: floor_path(r, s, sent, args.repeats, pieces=True))
+            attempt("ucxx-python-exact", lambda: exact_path(r, s, sent, args.repeats))
             attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes,
                                                      args.grpc_message_mib * MIB, args.repeats))
             attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent, args.repeats))
@@ -217,8 +233,9 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
 
 def targets(table: dict[int, dict[str, float]]) -> None:
     """Issue 21's part-1 targets, each from figures of this run (where measured), with the
-    ucxx-python floor beside them: where the floor itself misses a target, the limit is
-    Python + ucxx on this machine, not pdserve's protocol (limit_* fields)."""
+    ucxx-python floors beside them: where a floor itself misses a target, the limit is
+    Python + ucxx on this machine (the exact floor: plus checking every byte), not pdserve's
+    protocol (limit_* fields)."""
     small, large = table.get(1, {}), table.get(64, {})
     if "pdserve-ucx" in small and "raw-tcp" in small:
         ratio = small["raw-tcp"] / small["pdserve-ucx"]
@@ -226,6 +243,9 @@ def targets(table: dict[int, dict[str, float]]) -> None:
         if "ucxx-python" in small:
             row.update(limit_floor_time_vs_raw_tcp=round(small["raw-tcp"] / small["ucxx-python"], 2),
                        time_vs_floor=round(small["ucxx-python"] / small["pdserve-ucx"], 2))
+        if "ucxx-python-exact" in small:  # what checking every byte costs from Python, at least
+            row.update(limit_exact_floor_time_vs_raw_tcp=round(small["raw-tcp"] / small["ucxx-python-exact"], 2),
+                       time_vs_exact_floor=round(small["ucxx-python-exact"] / small["pdserve-ucx"], 2))
         emit(bench="transfer", metric="target", target="1 MiB hand-off <= 2x raw TCP time", size_mib=1, **row)
     if "pdserve-ucx" in large and "ucx_perftest" in large:
         ratio = large["pdserve-ucx"] / large["ucx_perftest"]
@@ -233,6 +253,8 @@ def targets(table: dict[int, dict[str, float]]) -> None:
         if "ucxx-python" in large:
             row.update(limit_floor_ratio_vs_native=round(large["ucxx-python"] / large["ucx_perftest"], 3),
                        ratio_vs_floor=round(ratio * large["ucx_perftest"] / large["ucxx-python"], 3))
+        if "ucxx-python-exact" in large:
+            row.update(limit_exact_floor_ratio_vs_native=round(large["ucxx-python-exact"] / large["ucx_perftest"], 3))
         if "ucxx-python-pieces" in large:
             row.update(limit_pieces_floor_ratio_vs_native=round(large["ucxx-python-pieces"] / large["ucx_perftest"], 3))
         emit(bench="transfer", metric="target", target="64 MiB >= 0.7x native ucx_perftest", size_mib=64, **row)
