@@ -29,6 +29,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import xxhash
 
@@ -65,9 +66,12 @@ def checksum(buffers: Sequence[memoryview]) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkKey:
-    """Layer `layer`, logical blocks [block_start, block_start + block_count) of the prompt."""
+class ChunkKey(NamedTuple):
+    """Layer `layer`, logical blocks [block_start, block_start + block_count) of the prompt.
+
+    A named tuple, not a dataclass: a transfer hashes and compares its keys ~5 times per chunk
+    on each side (claimed, received, manifest checks), and a frozen dataclass's __hash__ and
+    __eq__ are Python functions (69 of a 1 MiB batch's 343 µs on the receiver)."""
 
     layer: int
     block_start: int

@@ -44,6 +44,8 @@ def place(views: list[memoryview], sizes: list[int]) -> list[list[memoryview]]:
     if sum(sizes) != sum(v.nbytes for v in views):
         raise ValueError(f"pieces of {sum(sizes)} bytes for views of "
                          f"{sum(v.nbytes for v in views)}")
+    if len(sizes) == 1:  # one piece (a packed batch): it covers every view, whole
+        return [[v for v in views if v.nbytes]]
     out: list[list[memoryview]] = []
     vi, voff = 0, 0
     for n in sizes:

@@ -84,15 +84,16 @@ class UcxSender(KVSender):
         per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy."""
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
-        limit, run = min(EAGER_BATCH_BYTES, peer.credits.capacity), []
+        limit, run, run_bytes = min(EAGER_BATCH_BYTES, peer.credits.capacity), [], 0
         for chunk, buffers in items:
             views = chunk_buffers(chunk, buffers)
             big = chunk.num_bytes > EAGER_CHUNK_BYTES
-            if run and (big or sum(c.num_bytes for c, _ in run) + chunk.num_bytes > limit):
-                run = await self._issue(out, run)
+            if run and (big or run_bytes + chunk.num_bytes > limit):
+                run, run_bytes = await self._issue(out, run), 0
             run.append((chunk, views))
+            run_bytes += chunk.num_bytes
             if big:
-                run = await self._issue(out, run)
+                run, run_bytes = await self._issue(out, run), 0
         if run:
             await self._issue(out, run)
 

@@ -76,6 +76,8 @@ def test_place_maps_sender_pieces_onto_receiver_views():
     crossing = place(views, [20, 20, 60])  # the second piece spans both views
     assert [len(parts) for parts in crossing] == [1, 2, 1]
     assert b"".join(bytes(p) for parts in crossing for p in parts) == bytes(buf)
+    whole = place(views + [memoryview(buf)[100:]], [100])  # one piece (a packed batch); an empty view
+    assert [[bytes(p) for p in parts] for parts in whole] == [[bytes(range(30)), bytes(range(30, 100))]]
     with pytest.raises(ValueError, match="pieces of 99 bytes"):
         place(views, [99])
 
