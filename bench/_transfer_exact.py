@@ -29,6 +29,7 @@ from services.transfer.ucx_sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
 
 EXACT_DATA_TAG, EXACT_ACK_TAG = 0xD << 60, 0xC << 60  # tag kinds pdserve's wire does not use
 SUM_CHARS = 16  # xxh3-64 hex digest
+ACK_TIMEOUT_S = 60.0
 
 
 def messages(plan, views_of) -> list[tuple[bool, list[tuple[object, list[memoryview]]]]]:
@@ -79,10 +80,9 @@ class ExactFloor:
                                      f.exception() or self._exact_check(chunks, staging, views, got))
             posted.append(landed)
 
-        def ack(f: asyncio.Future) -> None:
-            if f.exception() is None:
-                ok = "".join(got.get(key, "-") for key in plan).encode() == sums
-                rt.post_send(ep, bytearray(b"k" if ok else b"x"), _tag(EXACT_ACK_TAG, i, 0))
+        def ack(f: asyncio.Future) -> None:  # 'x' for a failed receive too: the sender must not wait on
+            ok = f.exception() is None and "".join(got.get(key, "-") for key in plan).encode() == sums
+            rt.post_send(ep, bytearray(b"k" if ok else b"x"), _tag(EXACT_ACK_TAG, i, 0))
         done = asyncio.gather(*posted)
         done.add_done_callback(ack)
         self.pending[f"exact-{i}"] = {"done": done}
@@ -121,9 +121,10 @@ class ExactFloor:
                 sent.append(rt.post_send(ep, v, _tag(EXACT_DATA_TAG, i, piece)))
                 piece += 1
         sent.append(rt.post_send(ep, bytearray("".join(sums).encode()), _tag(EXACT_DATA_TAG, i, 0)))
-        await acked
+        async with asyncio.timeout(ACK_TIMEOUT_S):
+            await acked
         elapsed_s = time.perf_counter() - t0
         await asyncio.gather(*sent)
         if ack != b"k":
-            raise RuntimeError(f"exact floor {i}: the receiver's checksums differ")
+            raise RuntimeError(f"exact floor {i}: the receiver's checksums differ, or a receive failed")
         return {"elapsed_s": elapsed_s}
