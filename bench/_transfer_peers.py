@@ -180,7 +180,8 @@ class Peer(ExactFloor):
     async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:
         """Send every chunk in one `send_many`, each checksummed as it is taken (like the
         prefill worker without layer streaming: the backend may pack small chunks, and
-        hashes a chunk while the one before it moves), then commit.
+        hashes a chunk while the one before it moves; the last message may carry the
+        COMMIT), then commit.
 
         Timed from the first checksum to the verdict.
         """
@@ -196,7 +197,7 @@ class Peer(ExactFloor):
                 chunks.append(Chunk(key, sum(v.nbytes for v in views), checksum(views)))
                 yield chunks[-1], views
         t0 = time.perf_counter()
-        await sender.send_many(dest, transfer_id, items())
+        await sender.send_many(dest, transfer_id, items(), hold_last=True)
         verdict = await sender.commit(dest, TransferCommit(
             transfer_id, f"bench-{transfer_id}", 1, "bench-abi", tuple(chunks), kv_digest, 0))
         elapsed_s = time.perf_counter() - t0

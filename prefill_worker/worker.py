@@ -187,8 +187,9 @@ class PrefillWorker:
 
         trace = PrefillTrace()
 
-        async def send_all(described: Iterable[Chunk]) -> None:
-            """Out in one call (small chunks may share a message); lazy: each hashed as the last moves."""
+        async def send_all(described: Iterable[Chunk], last: bool = False) -> None:
+            """Out in one call (small chunks may share a message); lazy: each hashed as the last moves.
+            `last`: the COMMIT follows at once (the last message may carry it)."""
             if chunks:
                 await self.pause("chunk", rid)
             if auth is not None:
@@ -202,7 +203,7 @@ class PrefillWorker:
                                     (c.key.block_start + c.key.block_count) * bs, len(prompt)))
                     sent.append(c)
                     yield c, chunk_views(e, seq, c.key)
-            await self.sender.send_many(dest, transfer_id, items())
+            await self.sender.send_many(dest, transfer_id, items(), hold_last=last)
             for c in sent:
                 trace.sent(c.key.layer, c.num_bytes, t_ns)
                 chunks.append(c)
@@ -257,9 +258,10 @@ class PrefillWorker:
                         yield from described[-1:]
                     try:
                         # Chunks one at a time only where a test pauses between two.
-                        for part in ([c] for c in describe()) if self.pause.wants("chunk", rid) else [describe()]:
+                        one_by_one = self.pause.wants("chunk", rid)
+                        for part in ([c] for c in describe()) if one_by_one else [describe()]:
                             self._check(task)
-                            await send_all(part)
+                            await send_all(part, last=not one_by_one)
                     except BaseException:
                         await settle(begun)
                         raise

@@ -35,6 +35,7 @@ HELP = {
     "pd_transfer_received_failed_transfers": "Transfers the receiver failed.",
     "pd_transfer_received_drained": "Late chunks of forgotten transfers the receiver drained.",
     "pd_transfer_received_staged_pieces": "Chunk pieces the receiver staged before copying.",
+    "pd_transfer_received_carried_commits": "COMMITs that arrived in the header of the sender's last batch.",
     "pd_transfer_pending": "Transfers the receiver expects and has not decided.",
     "pd_transfer_path_info": "The path UCX took to a peer (value 1).",
     "pd_transfer_credit_in_flight_bytes": "Byte credit in flight to a peer.",

@@ -198,11 +198,12 @@ class KVSender(abc.ABC):
         """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False) -> None:
         """`send` each (chunk, buffers) in order; a backend may pack small ones together.
         `items` may be lazy (a generator): each is taken once the ones before it are on their
         way (or held for packing), so a caller that hashes a chunk as it is taken hashes it
-        while the chunk before moves."""
+        while the chunk before moves. `hold_last`: the caller commits next, and a backend may
+        keep the last packed message until then, to send the COMMIT in it."""
         for chunk, buffers in items:
             await self.send(dest, transfer_id, chunk, buffers)
 

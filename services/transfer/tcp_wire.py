@@ -129,6 +129,17 @@ def decode_commit(d: dict) -> TransferCommit:
                           get("source_epoch", int), tuple(trace.items()))
 
 
+def commit_for(raw: object, transfer_id: str) -> tuple[TransferCommit | None, str]:
+    """A received COMMIT body of transfer `transfer_id`: (it, '') or (None, why it is malformed)."""
+    try:
+        commit = decode_commit(raw)
+    except ValueError as e:
+        return None, f"malformed commit: {e}"
+    if commit.transfer_id != transfer_id:
+        return None, f"malformed commit: it names transfer {commit.transfer_id}"
+    return commit, ""
+
+
 def json_body(body: bytes) -> dict:
     """A control frame's body as a JSON object; ProtocolError if it is not one."""
     try:

@@ -10,7 +10,7 @@ import itertools
 
 from services.common.liveness import process_running
 
-from .base import ChunkKey
+from .base import ChunkKey, TransferError
 from .credits import CreditWindow
 
 
@@ -20,6 +20,7 @@ class OutChunk:
     key: ChunkKey
     nbytes: int
     views: list[memoryview]
+    head: dict = dataclasses.field(default_factory=dict)  # its CHUNK body, less serial, sizes and tag
     state: str = "issued"  # issued -> sending (header and data posted) -> visible | fenced
     sends: list[asyncio.Future] = dataclasses.field(default_factory=list)
     credited: bool = True
@@ -48,6 +49,32 @@ class Outgoing:
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     fences: list[asyncio.Task] = dataclasses.field(default_factory=list)
     serials: itertools.count = dataclasses.field(default_factory=itertools.count)
+    held: OutChunk | None = None
+    """The last batch of a `send_many(hold_last=True)`: issued (credited), it leaves with the
+    COMMIT, which rides in its header (or before the next chunk, if one comes first)."""
+
+    def raise_if_failed(self) -> None:
+        if self.failed:
+            raise TransferError(f"transfer {self.tid} to {self.peer.dest[:60]}: {self.failed}")
+
+    async def settle(self) -> None:
+        """Wait for the failed transfer's fences (bounded: they time out themselves)."""
+        while self.fences:
+            fences, self.fences = self.fences, []
+            await asyncio.gather(*fences, return_exceptions=True)
+
+
+def sender_metrics(stats: dict, peers) -> list[tuple[str, dict, float]]:
+    """A UcxSender's samples for services.telemetry: totals, and per destination (`peers`) its
+    path and credit."""
+    out = [(f"pd_transfer_sent_{k}_total", {"backend": "ucx"}, v) for k, v in stats.items()]
+    for p in peers:
+        peer = {"backend": "ucx", "peer": f"{p.nonce:x}@{p.host}", "path": p.path}
+        out += [("pd_transfer_path_info", peer, 1),
+                ("pd_transfer_credit_in_flight_bytes", peer, p.credits.in_flight),
+                ("pd_transfer_credit_peak_bytes", peer, p.credits.peak),
+                ("pd_transfer_credit_window_bytes", peer, p.credits.capacity)]
+    return out
 
 
 def alive(host: str, pid: int, rt) -> bool:

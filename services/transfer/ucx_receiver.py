@@ -22,7 +22,8 @@ Receiver rules:
   a piece failed, or no     Failed for the transfer (its sender died mid-read, or
   data for idle_timeout_s   went silent: one timer per receiver watches them all)
   COMMIT                    held while an accepted chunk is still landing (it follows the
-                            chunks at once); then the transfer leaves `pending`, on_commit
+                            chunks at once, or rides in the last batch's CHUNK header:
+                            checked with it); then the transfer leaves `pending`, on_commit
                             runs in a task (the token's COMMIT: in the mailbox's turn); VERDICT
                             (refused if it ended meanwhile); published with TOKEN_FOLLOWS:
                             pending again, for the token's COMMIT
@@ -51,7 +52,7 @@ from services.common.tasks import TaskSet
 from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
 from .common import decide, destination, emit, place, scatter
-from .tcp_wire import decode_commit
+from .tcp_wire import commit_for
 from .ucx_runtime import Landing, Mailbox, UcxRuntime, local_host, post_control, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -88,7 +89,7 @@ class UcxReceiver(KVReceiver):
         self._token_next: set[str] = set()  # published ahead of their token: its COMMIT is next
         self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
         self._oob = itertools.count(1)
-        self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0)
+        self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0, carried_commits=0)
 
     @property
     def address(self) -> str:
@@ -225,11 +226,17 @@ class UcxReceiver(KVReceiver):
             per.append(got)
         if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != sum(n for _, n, _ in entries)):
             problem = f"chunk {keys[0]}: sender views {sizes[:4]}... do not add up to its bytes"
+        carried = None  # a COMMIT in the header (the sender's last batch): held as if right behind it
+        if not problem and "commit" in body:
+            carried, problem = (None, "a second COMMIT") if tid in self._held else commit_for(body["commit"], tid)
         if problem:
             self._swallow(first, len(sizes))
             self._reject(nonce, tid, exp, problem)
             return
         claimed.update(keys)
+        if carried is not None:
+            self._held[tid] = (nonce, carried)
+            self.stats["carried_commits"] += 1
         posted, staged = [], []
         for i, parts in enumerate(place(views, sizes)):
             t = first + i
@@ -319,15 +326,9 @@ class UcxReceiver(KVReceiver):
             self._reply(nonce, wire.VERDICT, tid, {"published": False,
                                                    "reason": f"transfer {tid} not expected"})
             return
-        try:
-            commit = decode_commit(body)
-            if commit.transfer_id != tid:
-                raise ValueError(f"commit names transfer {commit.transfer_id}")
-        except ValueError as e:
-            self._reject(nonce, tid, exp, f"malformed commit: {e}")
-            return
-        if tid in self._held:
-            self._reject(nonce, tid, exp, "a second COMMIT")
+        commit, why = commit_for(body, tid)
+        if why or tid in self._held:
+            self._reject(nonce, tid, exp, why or "a second COMMIT")
         elif self._in_flight(tid, exp):  # decided when the last of them lands (`_land`)
             self._held[tid] = (nonce, commit)
         else:

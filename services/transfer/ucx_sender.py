@@ -11,8 +11,9 @@ Per chunk (the chunk ledger of 0x06A):
 
 `send` returns once the chunk is issued (credit held, CHUNK sent): the caller's
 buffers must stay valid until `commit` or `abort` returns. `commit` sends COMMIT
-right behind the last chunk (the receiver holds it until every chunk it accepted
-landed) and returns the VERDICT: one round trip after the last chunk, not two.
+right behind the last chunk, or in its header (`send_many(hold_last=True)`: the last
+batch waits for it); the receiver holds it until every chunk it accepted landed. It
+returns the VERDICT: one round trip after the last chunk, not two.
 Every wait on the peer is bounded by io_timeout_s; on a failure the transfer
 fails (TransferError on its next send/commit) and the caller calls `abort`.
 
@@ -33,7 +34,7 @@ from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers, coalesce
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
-from .ucx_outgoing import OutChunk, Outgoing, Peer, alive
+from .ucx_outgoing import OutChunk, Outgoing, Peer, alive, sender_metrics
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -79,11 +80,15 @@ class UcxSender(KVSender):
         await self.send_many(dest, transfer_id, [(chunk, buffers)])
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False) -> None:
         """Runs of small chunks (each up to EAGER_CHUNK_BYTES) leave as one batch message
-        per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy."""
+        per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy.
+        `hold_last`: a last run of several chunks waits for the COMMIT and carries it."""
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
+        if out.held is not None and not out.failed:  # more chunks: the held batch leaves first, alone
+            held, out.held = out.held, None
+            self._post(out, held)
         limit, run, run_bytes = min(EAGER_BATCH_BYTES, peer.credits.capacity), [], 0
         for chunk, buffers in items:
             views = chunk_buffers(chunk, buffers)
@@ -95,47 +100,55 @@ class UcxSender(KVSender):
             if big:
                 run, run_bytes = await self._issue(out, run), 0
         if run:
-            await self._issue(out, run)
+            await self._issue(out, run, hold=hold_last)
 
-    async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]]) -> list:
-        """Send `items` as one message (a batch when several); returns a new empty run."""
-        peer, transfer_id, dest = out.peer, out.tid, out.peer.dest
-        self._raise_if_failed(out)
+    async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]], hold: bool = False) -> list:
+        """Send `items` as one message (a batch when several; `hold`: a batch waits in
+        `out.held` for the COMMIT, its credit taken); returns a new empty run."""
+        peer, dest = out.peer, out.peer.dest
+        out.raise_if_failed()
         chunk, views = items[0]
         nbytes = sum(c.num_bytes for c, _ in items)
         try:
             await peer.credits.acquire(nbytes, self.io_timeout_s)
         except CreditTimeout as e:
             self._fail(out, f"credit window to {dest} stuck: {e}")
-            self._raise_if_failed(out)
+            out.raise_if_failed()
         if out.failed:  # failed while we waited: the credit goes straight back
             peer.credits.release(nbytes)
-            self._raise_if_failed(out)
+            out.raise_if_failed()
         batch, buf = coalesce(items) if len(items) > 1 else (None, None)
-        c = OutChunk(next(out.serials), chunk.key, nbytes, views if buf is None else [memoryview(buf)])
+        head = {"batch": batch} if batch else {"bytes": nbytes, "checksum": chunk.checksum, "key": list(chunk.key)}
+        c = OutChunk(next(out.serials), chunk.key, nbytes, views if buf is None else [memoryview(buf)], head)
         out.chunks[c.serial] = c
+        if hold and batch:
+            out.held = c
+        else:
+            self._post(out, c)
+        out.raise_if_failed()
+        return []
+
+    def _post(self, out: Outgoing, c: OutChunk, commit: dict | None = None) -> None:
+        """Post `c`'s header (`commit`: a COMMIT riding in it), then its data right behind it
+        (rendezvous: UCX holds only its descriptor until the receiver posts the views).
+        Nothing waits: completions come as callbacks; a UCX error fails the transfer."""
+        peer = out.peer
         pieces = [v for v in c.views if v.nbytes]
         first = next(self._data)
         self._data = itertools.count(first + max(1, len(pieces)))
         first_tag = wire.tag(wire.DATA, self.nonce, first)
-        body = {"serial": c.serial, "sizes": [v.nbytes for v in pieces], "tag": first_tag}
-        body.update(batch=batch) if batch else body.update(
-            bytes=nbytes, checksum=chunk.checksum, key=[chunk.key.layer, chunk.key.block_start, chunk.key.block_count])
+        body = {"serial": c.serial, "sizes": [v.nbytes for v in pieces], "tag": first_tag, **c.head}
+        if commit is not None:
+            body["commit"] = commit
         try:
-            # Header, then the data right behind it (rendezvous: UCX holds only its descriptor
-            # until the receiver posts the views). Nothing waits: completions come as callbacks.
-            c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce),
-                                   wire.CHUNK, transfer_id, self.nonce, body,
-                                   lambda: next(self._oob))
-            c.sends += [self._rt.post_send(peer.ep, v, first_tag + i)
-                        for i, v in enumerate(pieces)]
+            c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.CHUNK, out.tid,
+                                   self.nonce, body, lambda: next(self._oob))
+            c.sends += [self._rt.post_send(peer.ep, v, first_tag + i) for i, v in enumerate(pieces)]
             c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error
-            self._fail(out, f"CHUNK to {dest[:60]} failed: {e!r}")
+            self._fail(out, f"CHUNK to {peer.dest[:60]} failed: {e!r}")
         for f in c.sends:
             f.add_done_callback(self._failing(out, f"chunk {c.key}"))
-        self._raise_if_failed(out)
-        return []
 
     def _failing(self, out: Outgoing, what: str):
         """A send's done-callback: its failure fails the transfer."""
@@ -147,12 +160,12 @@ class UcxSender(KVSender):
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
-        self._raise_if_failed(out)
+        out.raise_if_failed()
         try:
             await self._control(peer, wire.AUTH, transfer_id, credential)
         except Exception as e:  # noqa: BLE001 - any UCX error
             self._fail(out, f"AUTH to {dest[:60]} failed: {e!r}")
-        self._raise_if_failed(out)
+        out.raise_if_failed()
 
     def _out(self, peer: Peer, transfer_id: str) -> Outgoing:
         """The outgoing state of `transfer_id` to `peer`, made on first use."""
@@ -177,10 +190,16 @@ class UcxSender(KVSender):
         if out.failed:
             return out
         out.verdict = asyncio.get_running_loop().create_future()
+        body, held, out.held = encode_commit(commit), out.held, None
         try:
-            for f in post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.COMMIT,
-                                  commit.transfer_id, self.nonce, encode_commit(commit), lambda: next(self._oob)):
-                f.add_done_callback(self._failing(out, f"COMMIT to {peer.dest[:60]}"))
+            if held is not None and wire.fits_inline({**held.head, "commit": body}):
+                self._post(out, held, body)  # one message: the last batch carries the COMMIT
+            else:
+                if held is not None:
+                    self._post(out, held)
+                for f in post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.COMMIT,
+                                      commit.transfer_id, self.nonce, body, lambda: next(self._oob)):
+                    f.add_done_callback(self._failing(out, f"COMMIT to {peer.dest[:60]}"))
             self._rt.progress()
         except Exception as e:  # noqa: BLE001 - UCX refused the post
             self._fail(out, f"COMMIT to {peer.dest[:60]} failed: {e!r}")
@@ -189,24 +208,23 @@ class UcxSender(KVSender):
     async def _verdict(self, out: Outgoing) -> Verdict:
         """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s)."""
         try:
-            self._raise_if_failed(out)  # failed before the COMMIT could be posted
+            out.raise_if_failed()  # failed before the COMMIT could be posted
             if not await self._wait_progress(out, out.verdict) and not out.failed:
                 self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
-            self._raise_if_failed(out)
+            out.raise_if_failed()
             await self._fence_unseen(out, out.verdict.result())
             return out.verdict.result()
         finally:
             if out.failed:
-                await self._settle(out)
+                await out.settle()
             self._outs.pop((out.peer.nonce, out.tid), None)
 
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:
-        # Our own state first, whether or not the peer can still be reached: a dead
-        # peer's chunks give their credits back once fenced.
+        # Our own state first, reachable peer or not: a dead peer's chunks' credits return once fenced.
         for key in [k for k, o in self._outs.items() if k[1] == transfer_id and o.peer.dest == dest]:
             out = self._outs.pop(key)
             self._fail(out, f"aborted: {reason}")
-            await self._settle(out)
+            await out.settle()
         try:
             peer = await self._peer(dest)
         except TransferError as e:
@@ -223,7 +241,7 @@ class UcxSender(KVSender):
         for out in list(self._outs.values()):
             self._fail(out, "sender closed")
         for out in list(self._outs.values()):
-            await self._settle(out)
+            await out.settle()
         self._outs.clear()
         if self._mailbox is not None:
             await self._mailbox.stop()
@@ -231,10 +249,8 @@ class UcxSender(KVSender):
 
     async def _wait_progress(self, out: Outgoing, fut: asyncio.Future | None = None) -> bool:
         """Wait up to io_timeout_s for `fut` (or any change of `out`); False on timeout.
-
         A peer on this host is probed by pid while we wait: UCX (error handling off)
-        never reports a dead peer, the kernel does at once.
-        """
+        never reports a dead peer, the kernel does at once."""
         waiter = fut if fut is not None else asyncio.ensure_future(out.changed.wait())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.io_timeout_s
@@ -371,27 +387,10 @@ class UcxSender(KVSender):
                 self.stats["chunks"] += 1
                 self.stats["bytes"] += c.nbytes
 
-    async def _settle(self, out: Outgoing) -> None:
-        """Wait for the failed transfer's fences (bounded: they time out themselves)."""
-        while out.fences:
-            fences, out.fences = out.fences, []
-            await asyncio.gather(*fences, return_exceptions=True)
-
-    def _raise_if_failed(self, out: Outgoing) -> None:
-        if out.failed:
-            raise TransferError(f"transfer {out.tid} to {out.peer.dest[:60]}: {out.failed}")
-
     # -- introspection (tests, metrics)
     def metrics(self) -> list[tuple[str, dict, float]]:
         """Samples for services.telemetry: totals, and per destination its path and credit."""
-        out = [(f"pd_transfer_sent_{k}_total", {"backend": "ucx"}, v) for k, v in self.stats.items()]
-        for p in self._peers.values():
-            peer = {"backend": "ucx", "peer": f"{p.nonce:x}@{p.host}", "path": p.path}
-            out += [("pd_transfer_path_info", peer, 1),
-                    ("pd_transfer_credit_in_flight_bytes", peer, p.credits.in_flight),
-                    ("pd_transfer_credit_peak_bytes", peer, p.credits.peak),
-                    ("pd_transfer_credit_window_bytes", peer, p.credits.capacity)]
-        return out
+        return sender_metrics(self.stats, self._peers.values())
 
     def credit_windows(self) -> dict[str, CreditWindow]:
         return {dest: p.credits for dest, p in self._peers.items()}

@@ -127,6 +127,11 @@ def chunk_header(body: dict) -> tuple[int, list[tuple[ChunkKey, int, str]], list
     return int(body["serial"]), entries, [int(x) for x in body["sizes"]], int(body["tag"])
 
 
+def fits_inline(obj: dict) -> bool:
+    """Does `obj` travel inline in a control message (with room for its serial, sizes, tag)?"""
+    return len(orjson.dumps(obj)) <= INLINE_BODY_BYTES - 4096
+
+
 def b64(raw: bytes) -> str:
     """urlsafe base64 of a UCX worker address (in an address string and in HELLO)."""
     return base64.urlsafe_b64encode(raw).decode()

@@ -63,6 +63,35 @@ def test_transfer_is_exact(procs, spec, prompt_len, per_chunk, reserve, many):
     assert mine["free"] == mine["total"]
 
 
+@pytest.mark.parametrize("spec,prompt_len,per_chunk", [("tiny", 9, 1), ("tiny", 301, 3), ("wide", 4095, 4)],
+                         ids=["1-block", "small-chunks", "64MiB-batched"])
+def test_the_last_batch_carries_the_commit(procs, spec, prompt_len, per_chunk):
+    """`send_many(hold_last=True)` then `commit`: over ucx the COMMIT rides in the last batch's
+    header (one message less; R counts it), over tcp it follows as before; exact either way."""
+    r, s, _ = procs
+    before = r.call("r_stats").get("carried_commits", 0)
+    r.call("r_warnings")
+    tid, res, pre = reserve_and_prefill(procs, spec, make_prompt(prompt_len, prompt_len + 17), per_chunk=per_chunk)
+    sent = send(procs, tid, res, per_chunk, many=True, hold=True)
+    assert sent["published"] is True and not sent["error"], sent
+    assert r.call("r_warnings") == []
+    assert r.call("r_stats").get("carried_commits", 0) - before == (1 if procs.backend == "ucx" else 0)
+    done_id = r.start("r_finish", tid=tid)
+    mine = s.call("s_decode_self", tid=tid)
+    got = r.result(done_id)
+    assert got["kv_digest"] == pre["kv_digest"] and got["tokens"] == mine["tokens"]
+
+
+def test_an_abort_while_the_last_batch_waits_for_its_commit_sends_none_of_it(procs):
+    """The held batch never leaves; its credit comes back (the fixture checks S holds none)."""
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 13))
+    sent = send(procs, tid, res, many=True, hold=True, fault="abort_held")
+    assert sent["aborted"], sent
+    out = expect_failed(procs, tid, match="aborted by sender: prefill cancelled before its commit")
+    if procs.backend == "ucx":
+        assert out["arrived"] == 0, out
+
+
 @pytest.mark.parametrize("procs", ["ucx"], indirect=True)
 @pytest.mark.parametrize("window_kib", [256, 1024])
 def test_credit_window_bounds_bytes_in_flight(procs, window_kib):

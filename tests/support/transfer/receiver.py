@@ -176,6 +176,11 @@ async def r_check_clean() -> dict:
                 ended_twice=_state["ended_twice"], kept_expectations=kept)
 
 
+async def r_stats() -> dict:
+    """The receiver's counters (services.telemetry's pd_transfer_received_*)."""
+    return dict(getattr(_state["receiver"], "stats", {}))  # the tcp receiver keeps none
+
+
 async def r_warnings() -> list[str]:
     """The warnings logged since the last call (and forgets them)."""
     out, _state["warnings"] = _state["warnings"], []

@@ -25,9 +25,9 @@ class RecordingSender(UcxSender):
         return SimpleNamespace(credits=SimpleNamespace(capacity=self.window_bytes))
 
     def _out(self, peer, transfer_id):
-        return None
+        return SimpleNamespace(held=None, failed="")
 
-    async def _issue(self, out, items):
+    async def _issue(self, out, items, hold=False):
         self.issued.append([c.key for c, _ in items])
         return []
 
