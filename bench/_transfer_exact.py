@@ -25,6 +25,7 @@ import base64
 import time
 
 from services.transfer import checksum
+from services.transfer.common import scatter
 from services.transfer.ucx_sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
 
 EXACT_DATA_TAG, EXACT_ACK_TAG = 0xD << 60, 0xC << 60  # tag kinds pdserve's wire does not use
@@ -91,10 +92,7 @@ class ExactFloor:
     def _exact_check(chunks: list, staging: bytearray | None, views: list[memoryview], got: dict) -> None:
         """A landed message: its staging copied into its views, each of its chunks hashed."""
         if staging is not None:
-            src, off = memoryview(staging), 0
-            for v in views:
-                v[:] = src[off:off + v.nbytes]
-                off += v.nbytes
+            scatter(staging, views)
         for key, vs in chunks:
             got[key] = checksum(vs)
 

@@ -66,7 +66,7 @@ from .tcp_wire import (
     VERDICT,
     VERSION,
     ProtocolError,
-    decode_commit,
+    commit_for,
     json_body,
 )
 
@@ -209,12 +209,12 @@ class TcpReceiver(KVReceiver):
                                        "reason": f"transfer {tid} not expected" if exp is None else UNAUTHORIZED})
             return
         try:
-            commit = decode_commit(json_body(body))
-            if commit.transfer_id != tid:
-                raise ValueError(f"commit names transfer {commit.transfer_id}")
-        except (ValueError, ProtocolError) as e:
-            self._fail(tid, f"malformed commit: {e}")
-            inbox.reply(ERROR, tid, {"reason": f"malformed commit: {e}"})
+            commit, why = commit_for(json_body(body), tid)
+        except ProtocolError as e:
+            commit, why = None, f"malformed commit: {e}"
+        if why:
+            self._fail(tid, why)
+            inbox.reply(ERROR, tid, {"reason": why})
             return
         del self.pending[tid]  # ends here: no more chunks, no Failed from stop/idle
         self._commits.spawn(self._decide(inbox, exp, commit))
