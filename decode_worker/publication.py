@@ -15,12 +15,15 @@ from services.worker.directory_ops import DirectoryUnavailable, TxnOps
 from .reservations import Reservation
 
 
-async def publish(txn: TxnOps, res: Reservation, local_digest: str, commit_digest: str) -> str:
-    """Directory VALIDATED then PUBLISHED; '' on success, else why not."""
+async def publish(txn: TxnOps, res: Reservation, local_digest: str, commit_digest: str,
+                  source_seal: bytes = b"") -> str:
+    """Directory VALIDATED then PUBLISHED (declared first by `source_seal`, the source's
+    from its COMMIT, when it sealed); '' on success, else why not."""
     chunks = chunk_specs(res.received[k] for k in res.expected)
     with tracing.span_in(S.DECODE_PUBLISH, res.trace.context) as span:
         try:
-            r = await txn.publish(res.request_id, res.transfer_id, res.generation, local_digest, chunks)
+            r = await txn.publish(res.request_id, res.transfer_id, res.generation, local_digest, chunks,
+                                  source_seal=source_seal)
         except DirectoryUnavailable as e:
             return tracing.failed(span, f"directory unavailable: {e}")
         if r.ok:

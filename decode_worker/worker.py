@@ -193,7 +193,7 @@ class DecodeWorker:
                 reason = f"aborted while validating: {res.abort_reason}"
             reason = tracing.failed(span, reason)
         if not reason:
-            reason = await publication.publish(self.txn, res, local, commit.kv_digest)
+            reason = await publication.publish(self.txn, res, local, commit.kv_digest, commit.seal)
             if not reason and res.state == ResState.ABORTED:
                 # Aborted (blocks freed) while the directory published: give the publication back.
                 self._release_later(res)

@@ -45,11 +45,14 @@ from services.directory.wire import (
 def worker_info_from_pb(req: directory_pb2.RegisterWorkerRequest) -> WorkerInfo:
     """RegisterWorkerRequest -> WorkerInfo; BadRequest on empty worker_id, bad role or bad profile."""
     require(req.worker_id, "worker_id")
-    return WorkerInfo(
-        req.worker_id, role_from_pb(req.role), req.grpc_address, req.data_plane_address,
-        req.cache_abi_digest, capacity_from_pb(req.capacity), profile_from_pb(req.profile),
-        req.colocated_only_reason, req.model_identity,
-    )
+    try:
+        return WorkerInfo(
+            req.worker_id, role_from_pb(req.role), req.grpc_address, req.data_plane_address,
+            req.cache_abi_digest, capacity_from_pb(req.capacity), profile_from_pb(req.profile),
+            req.colocated_only_reason, req.model_identity, req.seal_key,
+        )
+    except ValueError as e:
+        raise BadRequest(str(e)) from e
 
 
 def initial_load(cap: WorkerCapacity) -> LoadReport:

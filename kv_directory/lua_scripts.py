@@ -19,7 +19,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 OPERATIONS = (
     "register", "heartbeat", "deregister", "reap", "snapshot",
     "reserve", "forward", "abort", "release", "lookup", "list_open",
-    "route_epoch", "nonce", "release_record",
+    "route_epoch", "nonce", "release_record", "seal_key",
 )
 
 

@@ -51,6 +51,7 @@ class MemoryDirectoryStore(DirectoryStore):
         self._clock = clock
         self._lock = threading.Lock()
         self._epochs: dict[str, int] = {}  # never shrinks: epochs stay monotonic
+        self._seal_keys: dict[str, tuple[int, bytes]] = {}  # worker -> (epoch, its seal key)
         self._workers: dict[str, WorkerRecord] = {}
         self._txns: dict[str, Transaction] = {}
         self._forget_at_ms: dict[str, int] = {}  # terminal txn -> retention end
@@ -190,7 +191,15 @@ class MemoryDirectoryStore(DirectoryStore):
                 info.profile, info.colocated_only_reason, info.model_identity,
             )
             self._workers[info.worker_id] = rec
+            self._seal_keys[info.worker_id] = (epoch, info.seal_key)
             return rec
+
+    def seal_key(self, worker_id: str, epoch: int) -> bytes:
+        """See ``WorkerRegistry.seal_key``."""
+        with self._lock:
+            held, key = self._seal_keys.get(worker_id, (0, b""))
+            w = self._workers.get(worker_id)
+            return key if held == epoch and w is not None and w.epoch == epoch else b""
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
         """See ``WorkerRegistry.heartbeat``."""
@@ -265,8 +274,7 @@ class MemoryDirectoryStore(DirectoryStore):
     def validated(self, transfer_id: str, kv_digest: str, chunks_digest: str) -> TxnResult:
         """See ``TransferLedger.validated``."""
         with self._lock:
-            return self._forward(transfer_id, TxnState.VALIDATED, kv_digest=kv_digest,
-                                 chunks_digest=chunks_digest)
+            return self._forward(transfer_id, TxnState.VALIDATED, kv_digest=kv_digest, chunks_digest=chunks_digest)
 
     def publish(self, transfer_id: str, generation: int, kv_digest: str) -> TxnResult:
         """See ``TransferLedger.publish``."""
@@ -274,11 +282,15 @@ class MemoryDirectoryStore(DirectoryStore):
             return self._forward(transfer_id, TxnState.PUBLISHED, generation, kv_digest)
 
     def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
-                         chunks_digest: str) -> TxnResult:
+                         chunks_digest: str, declare: bool = False) -> TxnResult:
         """See ``TransferLedger.validate_publish``."""
         with self._lock:
             t = self._txns.get(transfer_id)
             if t is None or t.state not in (TxnState.VALIDATED, TxnState.PUBLISHED, TxnState.RELEASED):
+                if declare:
+                    r = self._forward(transfer_id, TxnState.TRANSFERRING, kv_digest=kv_digest)
+                    if r.outcome not in (Outcome.APPLIED, Outcome.DUPLICATE):
+                        return r
                 r = self._forward(transfer_id, TxnState.VALIDATED, kv_digest=kv_digest, chunks_digest=chunks_digest)
                 if r.outcome not in (Outcome.APPLIED, Outcome.DUPLICATE):
                     return r

@@ -240,13 +240,17 @@ class RedisDirectoryStore(DirectoryStore):
         epoch, expiry_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_address, info.data_plane_address,
             info.cache_abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
-            info.colocated_only_reason, info.model_identity, acked=True,
+            info.colocated_only_reason, info.model_identity, info.seal_key.hex(), acked=True,
         )
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
             info.capacity, load, int(epoch), int(expiry_ms), info.profile, info.colocated_only_reason,
             info.model_identity,
         )
+
+    def seal_key(self, worker_id: str, epoch: int) -> bytes:
+        """See ``WorkerRegistry.seal_key``."""
+        return bytes.fromhex(self._run("seal_key", worker_id, str(int(epoch))) or "")
 
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
         """See ``WorkerRegistry.heartbeat``."""
@@ -300,10 +304,10 @@ class RedisDirectoryStore(DirectoryStore):
                                      kv_digest, "", acked=True))
 
     def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
-                         chunks_digest: str) -> TxnResult:
-        """See ``TransferLedger.validate_publish``: one script, both moves."""
+                         chunks_digest: str, declare: bool = False) -> TxnResult:
+        """See ``TransferLedger.validate_publish``: one script, every move."""
         return _txn_result(self._run("forward", transfer_id, int(TxnState.PUBLISHED), str(int(generation)),
-                                     kv_digest, chunks_digest, "1", acked=True))
+                                     kv_digest, chunks_digest, "2" if declare else "1", acked=True))
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""

@@ -10,15 +10,13 @@ Errors:
 * ``DirectoryUnavailable`` (Redis down, timing out, loading) -> UNAVAILABLE;
 * a rejected transition is *not* an error: it is ``TxnResponse.outcome``.
 
-Transitions carry the caller's identity (request id, generation, worker and
-epoch) which the store's by-transfer-id operations do not take; the servicer
-reads the transaction first and applies ``convert.fence``. That read-then-act
-is race-free because the fields it compares never change after reserve.
+Transitions carry the caller's identity (request id, generation, worker, epoch):
+the servicer reads the transaction first and applies ``convert.fence`` (race-free:
+those fields never change after reserve). A relayed seal is opened by ``seals.py``.
 
-Liveness without traffic: a background task (``reaper.py``) calls
-``store.reap_expired()`` every ``lease_ttl_s / 3``, so a dead worker leaves the
-snapshot and its unpublished transactions abort even when nobody calls the
-directory; it also drives readiness (health NOT_SERVING while Redis is unreachable).
+Liveness without traffic: ``reaper.py`` calls ``store.reap_expired()`` every
+``lease_ttl_s / 3`` (a dead worker leaves the snapshot, its unpublished transactions
+abort) and drives readiness (health NOT_SERVING while Redis is unreachable).
 """
 
 from __future__ import annotations
@@ -45,17 +43,18 @@ from kv_directory.convert import (
     worker_info_from_pb,
 )
 from kv_directory.reaper import reap_forever
+from kv_directory.seals import SealJudge
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.common.heap import freeze_startup_heap
-from services.directory.records import Transaction, TxnResult, chunk_list_digest, chunk_sums_digest, evidence, kv_part
+from services.directory.records import Transaction, TxnResult, chunk_list_digest, kv_part
 from services.directory.states import Outcome
 from services.directory.wire import (
     OUTCOME_FROM_PB,
     BadRequest,
     chunk_layouts,
-    chunk_sums,
+    evidence_of,
     load_from_pb,
     require,
     role_from_pb,
@@ -86,6 +85,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None):
         self._store = store
+        self._seals = SealJudge(store)
         self._cfg = config
         self._secure = security is not None and security.secure
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
@@ -244,7 +244,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             declared = ""
             if request.kv_digest:
                 require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
-                declared = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
+                declared = evidence_of(request.kv_digest, request.chunks)
             return functools.partial(self._store.begin, request.transfer_id, declared)
         return await self._simple(context, request, begin, ends=("source",))
 
@@ -253,8 +253,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """TRANSFERRING -> VALIDATED iff the destination's K/V digest is the source's and
         the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
         require(request.kv_digest, "kv_digest")
-        chunks = chunk_list_digest(chunk_layouts(request.chunks))
-        held = evidence(request.kv_digest, chunk_sums_digest(chunk_sums(request.chunks)))
+        held, chunks = evidence_of(request.kv_digest, request.chunks), chunk_list_digest(chunk_layouts(request.chunks))
         return self._publication(await self._simple(context, request, lambda _txn: functools.partial(
             self._store.validated, request.transfer_id, held, chunks),
             ends=("destination",), destination_only=True))
@@ -262,15 +261,18 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     @_rpc
     async def Publish(self, request, context):
         """VALIDATED -> PUBLISHED, compare-and-set on the current generation; with the
-        received chunks, Validated's judgement first, in the same store operation."""
+        received chunks, Validated's judgement first, in the same store operation; with
+        the source's seal over them (kv_directory/seals.py), its declaration before that."""
         r = request
         require(r.kv_digest, "kv_digest")
 
         def publish(txn: Transaction) -> Callable[[], TxnResult]:
-            if r.chunks:
-                held = evidence(r.kv_digest, chunk_sums_digest(chunk_sums(r.chunks)))
+            if r.chunks or r.source_seal:
+                held = evidence_of(r.kv_digest, r.chunks)
+                if r.source_seal and self._seals.why_not(txn, r.source_seal, held):
+                    return lambda: TxnResult(Outcome.CHECKSUM_CONFLICT, txn)
                 return functools.partial(self._store.validate_publish, r.transfer_id, r.generation, held,
-                                         chunk_list_digest(chunk_layouts(r.chunks)))
+                                         chunk_list_digest(chunk_layouts(r.chunks)), bool(r.source_seal))
             # The stored declaration (digest + checksums) never changes once made: repeat it
             # when the destination's digest is its K/V part.
             held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
@@ -287,12 +289,10 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     @_rpc
     async def Abort(self, request, context):
         """Any unpublished state -> ABORTED (idempotent); logged with the caller."""
-        log.info("abort of %s by %s: %s", request.transfer_id, caller_name(context),
-                 request.reason or "no reason")
-        return await self._simple(
-            context, request,
-            lambda _txn: functools.partial(self._store.abort, request.transfer_id, request.reason or "aborted"),
-            ends=("source", "destination"), router=True)
+        log.info("abort of %s by %s: %s", request.transfer_id, caller_name(context), request.reason or "no reason")
+        return await self._simple(context, request, lambda _txn: functools.partial(
+            self._store.abort, request.transfer_id, request.reason or "aborted"), ends=("source", "destination"),
+            router=True)
 
     @_rpc
     async def Release(self, request, context):

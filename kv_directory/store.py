@@ -57,6 +57,11 @@ class WorkerRegistry(abc.ABC):
         its previous epochs."""
 
     @abc.abstractmethod
+    def seal_key(self, worker_id: str, epoch: int) -> bytes:
+        """The seal key ``worker_id`` registered for ``epoch`` (services/security/seal.py);
+        b'' when it registered none, or ``epoch`` is not its current one."""
+
+    @abc.abstractmethod
     def heartbeat(self, worker_id: str, epoch: int, load: LoadReport) -> LeaseResult:
         """Extend the lease and replace the load report; LEASE_LOST if ``epoch`` is
         not the live epoch (stale, expired or reaped) — the worker must re-register."""
@@ -126,11 +131,14 @@ class TransferLedger(abc.ABC):
 
     @abc.abstractmethod
     def validate_publish(self, transfer_id: str, generation: int, kv_digest: str,
-                         chunks_digest: str) -> TxnResult:
+                         chunks_digest: str, declare: bool = False) -> TxnResult:
         """``validated`` then ``publish`` in one atomic step (the destination's one
         round trip): the first answer other than APPLIED or DUPLICATE is returned and
         nothing after it is applied. A transaction already VALIDATED only publishes;
-        one already published answers as ``publish`` does (DUPLICATE)."""
+        one already published answers as ``publish`` does (DUPLICATE). With
+        ``declare`` (the caller checked the source's seal over ``kv_digest``), a
+        ``begin(transfer_id, kv_digest)`` goes first in the same step, so a transaction
+        still RESERVED, or TRANSFERRING with no declaration yet, is declared by it."""
 
     @abc.abstractmethod
     def abort(self, transfer_id: str, reason: str) -> TxnResult:

@@ -1,6 +1,6 @@
-"""The prefill's COMMIT and what travels beside it: settling side futures, the Begin
-answered beside the COMMIT (`beside`), and the token's COMMIT sent from token 0's own
-loop callback when the transfer was committed ahead of it (`TokenCommit`)."""
+"""The prefill's COMMIT and what travels beside it: settling side futures, and the token's
+COMMIT sent from token 0's own loop callback when the transfer was committed ahead of it
+(`TokenCommit`)."""
 
 from __future__ import annotations
 
@@ -22,24 +22,6 @@ async def settle(fut: asyncio.Future | None) -> None:
         return
     fut.cancel()
     await asyncio.gather(fut, return_exceptions=True)
-
-
-async def beside(begun: asyncio.Future, commit: Awaitable[Verdict]) -> Verdict:
-    """The COMMIT's verdict, with Begin's answer (travelling beside it) awaited too: a refused
-    Begin is raised as soon as it comes. Left running on a failure, the COMMIT is ended by
-    the abort that follows (the sender fails the transfer, which returns its credit)."""
-    committed = asyncio.ensure_future(commit)
-    try:
-        await asyncio.wait([begun, committed], return_when=asyncio.FIRST_EXCEPTION)
-        if begun.done():
-            begun.result()  # its refusal
-        verdict = await committed
-        await begun
-        return verdict
-    finally:
-        if not committed.done():
-            committed.add_done_callback(lambda f: f.cancelled() or f.exception())
-        await settle(begun)
 
 
 class TokenCommit:

@@ -3,20 +3,19 @@
 One request:
   1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
   2. Computing — chunked prefill on the engine loop; samples the first token
-  3. Sending   — transaction TRANSFERRING; transfer-set chunks pushed to the
-                 destination's reserved blocks. The capability is presented (AUTH)
-                 while prefill computes. Streaming (transfers of at least
-                 stream_min_bytes): BEGIN before compute, each chunk leaves as
-                 soon as prefill wrote its layer (streaming.py), and a second BEGIN
-                 declares digest and chunk list once the last one left (most often
-                 before the compute ends), followed at once by the COMMIT ahead of the
-                 first token (TOKEN_FOLLOWS: the destination validates and publishes
-                 while the compute ends; the COMMIT after it brings the token alone);
-                 otherwise after the whole prefill, with
-                 the one BEGIN (digest and chunk list) on its way beside them and
-                 the COMMIT (the destination's Publish waits for it if it lands second)
-  4. Committed — manifest (chunks, checksums, digest, first token) handed over;
-                 the destination validates and publishes, or refuses
+  3. Sending   — transfer-set chunks pushed to the destination's reserved blocks.
+                 The capability is presented (AUTH) while prefill computes.
+                 Streaming (transfers of at least stream_min_bytes): BEGIN
+                 (TRANSFERRING) before compute, each chunk leaves as soon as prefill
+                 wrote its layer (streaming.py), and once the last one left (most
+                 often before the compute ends) the COMMIT goes ahead of the first
+                 token (TOKEN_FOLLOWS: the destination validates and publishes while
+                 the compute ends; the COMMIT after it brings the token alone);
+                 otherwise after the whole prefill, the COMMIT in the last message
+  4. Committed — manifest (chunks, checksums, digest, first token) handed over,
+                 the source's declaration sealed in it (services/security/seal.py:
+                 no declaring BEGIN); the destination's Publish relays the seal,
+                 the directory opens it and publishes, or the destination refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
 failure aborts the transfer at the destination and the transaction.
 """
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 
 from pdserve_client.spans import TRANSFER_COMMIT
 from services.directory.chunk_plan import Layout, tiling_error
-from services.directory.wire import chunk_specs
+from services.directory.wire import evidence_of
 from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
@@ -46,7 +45,7 @@ from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
-from .commit import TokenCommit, beside, settle
+from .commit import TokenCommit, settle
 from .streaming import ProducerGate, stream_chunks
 from .tasks import Task, TaskState, advance, end
 from .tracing import PrefillTrace
@@ -211,7 +210,6 @@ class PrefillWorker:
         async def send(key: ChunkKey) -> None:
             await send_all([describe_chunk(e, seq, key)])
 
-        begun: asyncio.Future | None = None  # not streamed: Begin, answered beside the COMMIT
         ahead = False  # streamed: committed ahead of the first token (the COMMIT then brings only it)
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
             await self._begin(task, transfer_id)
@@ -243,28 +241,15 @@ class PrefillWorker:
                 await self.pause("computed", rid)
                 self._check(task)
                 if streamer is None:
-                    # One Begin opens the transfer and declares digest and checksums, on its
-                    # way beside the chunks and the COMMIT (the destination's Publish waits for
-                    # it in the directory if it lands second; its refusal is the answer).
-                    kv_digest, described = digested[0], []
-
-                    def describe():  # each chunk hashed just before it leaves; the Begin before the last
-                        nonlocal begun
-                        for key in plan:
-                            described.append(describe_chunk(e, seq, key))
-                            if len(described) < len(plan):
-                                yield described[-1]
-                        begun = asyncio.ensure_future(self._begin(task, transfer_id, kv_digest, described))
-                        yield from described[-1:]
-                    try:
-                        # Chunks one at a time only where a test pauses between two.
-                        one_by_one = self.pause.wants("chunk", rid)
-                        for part in ([c] for c in describe()) if one_by_one else [describe()]:
-                            self._check(task)
-                            await send_all(part, last=not one_by_one)
-                    except BaseException:
-                        await settle(begun)
-                        raise
+                    # No Begin: the declaration travels sealed in the COMMIT, and the
+                    # destination's Publish declares, validates and publishes in one step.
+                    kv_digest = digested[0]
+                    described = (describe_chunk(e, seq, key) for key in plan)  # each hashed just before it leaves
+                    # Chunks one at a time only where a test pauses between two.
+                    one_by_one = self.pause.wants("chunk", rid)
+                    for part in ([c] for c in described) if one_by_one else [described]:
+                        self._check(task)
+                        await send_all(part, last=not one_by_one)
                 else:  # declared (and committed ahead) once every chunk left, most often while computing
                     kv_digest, ahead = await declared
                 self.events("digest", request=rid)
@@ -281,9 +266,8 @@ class PrefillWorker:
                 tracing.past_span(TRANSFER_COMMIT, early.sent_ns, time.time_ns())
             else:
                 with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-                    committed = self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest, first_token)
-                    # Posted now, in this task, unless a Begin travels beside it (a task of its own then).
-                    verdict = await (committed if begun is None else beside(begun, committed))
+                    verdict = await self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest,
+                                                 first_token, sealed=not ahead)
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
             await settle(early.sent)
@@ -319,8 +303,8 @@ class PrefillWorker:
     async def _declare(self, task: Task, transfer_id: str, streamer: asyncio.Future, kv: LayerDigest,
                        chunks: list[Chunk], order: dict[ChunkKey, int], dest: str,
                        computed: asyncio.Event, early: TokenCommit) -> tuple[str, bool]:
-        """Streamed: Begin declares the digest and the checksums as soon as every chunk left;
-        then, if the compute still runs, the COMMIT goes ahead of the first token
+        """Streamed: as soon as every chunk left, and if the compute still runs, the COMMIT
+        (the declaration sealed in it) goes ahead of the first token
         (TOKEN_FOLLOWS): the destination validates and publishes meanwhile, and only the
         token is left for after the compute. Every layer is final by then and already hashed
         (LayerDigest), while the compute goes on (the last layer's MLP, the norm, the head:
@@ -330,12 +314,12 @@ class PrefillWorker:
             kv_digest = kv.hexdigest()
         else:  # a layer not final yet (the plan did not reach the prompt's end): after the compute
             kv_digest = await self.loop.call(lambda en: kv.hexdigest())
-        await self._begin(task, transfer_id, kv_digest, sorted(chunks, key=lambda c: order[c.key]))
+        chunks.sort(key=lambda c: order[c.key])  # manifest order: what the seal and the destination list
         if computed.is_set():  # the token is there already: one COMMIT with everything
             return kv_digest, False
         self.events("commit_ahead", request=task.request_id, chunks=len(chunks))
         with tracing.span_in(TRANSFER_COMMIT):
-            verdict = await self._commit(task, transfer_id, dest, chunks, kv_digest, TOKEN_FOLLOWS)
+            verdict = await self._commit(task, transfer_id, dest, chunks, kv_digest, TOKEN_FOLLOWS, sealed=True)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         token_commit = self._manifest(task, transfer_id, (), kv_digest, TOKEN_FOLLOWS)  # made now, not on its way
@@ -350,20 +334,23 @@ class PrefillWorker:
         return posted if posted is not None else self.sender.commit(dest, commit)
 
     def _manifest(self, task: Task, transfer_id: str, chunks: list[Chunk] | tuple, kv_digest: str,
-                  first_token: int) -> TransferCommit:
+                  first_token: int, sealed: bool = False) -> TransferCommit:
+        """The COMMIT; `sealed`: it declares `chunks` (manifest order) and the digest, under
+        this worker's seal (not in the token-only COMMIT of a transfer committed ahead)."""
+        seal = self.txn.seal(transfer_id, task.generation, evidence_of(kv_digest, chunks)) if sealed else b""
         return TransferCommit(transfer_id, task.request_id, task.generation, self.engine.abi.digest, tuple(chunks),
                               kv_digest, first_token, self.txn.worker_id, self.txn.epoch_fn(),
-                              tuple(tracing.inject().items()))
+                              tuple(tracing.inject().items()), seal)
 
     async def _commit(self, task: Task, transfer_id: str, dest: str, chunks: list[Chunk] | tuple, kv_digest: str,
-                      first_token: int) -> Verdict:
+                      first_token: int, sealed: bool = False) -> Verdict:
         """COMMIT `chunks` (none: the token's COMMIT of a transfer committed ahead of it)."""
-        return await self.sender.commit(dest, self._manifest(task, transfer_id, chunks, kv_digest, first_token))
+        return await self.sender.commit(dest, self._manifest(task, transfer_id, chunks, kv_digest, first_token,
+                                                             sealed))
 
-    async def _begin(self, task: Task, transfer_id: str, kv_digest: str = "", chunks: list[Chunk] = ()) -> None:
-        """Directory Begin: open the transfer and/or declare the prompt's K/V digest with
-        the chunk list and checksums (manifest order)."""
-        r = await self.txn.begin(task.request_id, transfer_id, task.generation, kv_digest, chunk_specs(chunks))
+    async def _begin(self, task: Task, transfer_id: str) -> None:
+        """Directory Begin: open a streamed transfer (TRANSFERRING before its first chunk)."""
+        r = await self.txn.begin(task.request_id, transfer_id, task.generation)
         if not r.ok:
             raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
                                   f"{r.state.name if r.state else 'none'}")

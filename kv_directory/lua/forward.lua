@@ -3,7 +3,10 @@
 -- passes it), arg(4) the caller's K/V digest ('' = none), arg(5) the chunk
 -- layout digest (validated), arg(6) '1' = validate first (target PUBLISHED:
 -- TRANSFERRING -> VALIDATED -> PUBLISHED in this one script; the first answer
--- other than APPLIED/DUPLICATE is the reply). Returns {outcome, txn flat or {}}.
+-- other than APPLIED/DUPLICATE is the reply), '2' = declare, then validate first
+-- (the caller checked the source's seal over arg(4): a begin with it goes first,
+-- RESERVED -> TRANSFERRING -> VALIDATED -> PUBLISHED in this one script).
+-- Returns {outcome, txn flat or {}}.
 -- Rule order: store.TransferLedger.begin.
 local now = now_ms()
 sweep(now)
@@ -74,9 +77,13 @@ local function forward(tid, target, gen, digest, chunks)
 end
 
 local tid, target = arg(1), tonumber(arg(2))
-if arg(6) == '1' then
+if arg(6) == '1' or arg(6) == '2' then
   local state = tonumber(redis.call('HGET', key('txn', tid), 'state') or '-1')
   if state ~= ST.VALIDATED and state ~= ST.PUBLISHED and state ~= ST.RELEASED then
+    if arg(6) == '2' then
+      local declared = forward(tid, ST.TRANSFERRING, '', arg(4), '')
+      if declared[1] ~= OC.APPLIED and declared[1] ~= OC.DUPLICATE then return declared end
+    end
     local first = forward(tid, ST.VALIDATED, '', arg(4), arg(5))
     if first[1] ~= OC.APPLIED and first[1] ~= OC.DUPLICATE then return first end
   end

@@ -2,7 +2,7 @@
 -- arg(6..) load fields in LOAD_FIELDS order, then capacity fields in
 -- CAPACITY_FIELDS order, then the cost profile as JSON (stored opaquely), then
 -- the colocated-only reason ('' when the worker may exchange K/V), then the model
--- identity ('' when not declared).
+-- identity ('' when not declared), then the seal key as hex ('' when none).
 -- Returns {epoch, lease_expiry_ms}.
 local now = now_ms()
 sweep(now)
@@ -25,5 +25,6 @@ for i, f in ipairs(CAPACITY_FIELDS) do redis.call('HSET', wk, f, tonumber(arg(5 
 redis.call('HSET', wk, 'profile', arg(6 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('HSET', wk, 'colocated_only_reason', arg(7 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('HSET', wk, 'model_identity', arg(8 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
+redis.call('HSET', wk, 'seal_key', arg(9 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('ZADD', key('leases'), exp, wid)
 return {epoch, exp}

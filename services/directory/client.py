@@ -213,7 +213,8 @@ class DirectoryClient:
             worker_id=info.worker_id, role=ROLE_TO_PB[info.role], grpc_address=info.grpc_address,
             data_plane_address=info.data_plane_address, cache_abi_digest=info.cache_abi_digest,
             capacity=capacity_to_pb(info.capacity), profile=profile_to_pb(info.profile),
-            colocated_only_reason=info.colocated_only_reason, model_identity=info.model_identity))
+            colocated_only_reason=info.colocated_only_reason, model_identity=info.model_identity,
+            seal_key=info.seal_key))
         return Registration(r.epoch, r.lease_ttl_ms, r.route_epoch, r.routes_stopped)
 
     async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:
@@ -270,14 +271,17 @@ class DirectoryClient:
                                 kv_digest=kv_digest, chunks=list(chunks))
 
     async def publish(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                      epoch: int, kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
+                      epoch: int, kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = (),
+                      source_seal: bytes = b"") -> TxnReply:
         """VALIDATED -> PUBLISHED iff ``generation`` is still current and ``kv_digest``
         is the validated one; the caller must be the destination at the manifest's epoch.
         With ``chunks`` (what arrived, as for ``validated``): validated then published in
-        one directory operation, the first refusal the answer."""
+        one directory operation, the first refusal the answer. With ``source_seal`` (the
+        source's, from its COMMIT): declared by it first, in that same operation."""
         return TxnReply.from_pb(await self._call("Publish", directory_pb2.TxnPublishRequest(
             request_id=request_id, transfer_id=transfer_id, generation=generation,
-            destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest, chunks=list(chunks))))
+            destination_worker_id=worker_id, destination_epoch=epoch, kv_digest=kv_digest, chunks=list(chunks),
+            source_seal=source_seal)))
 
     async def abort(self, request_id: str, transfer_id: str, generation: int, worker_id: str,
                     epoch: int = 0, reason: str = "") -> TxnReply:

@@ -113,10 +113,15 @@ class WorkerInfo:
     model_identity: str = ""
     """Digest of the model's config and weights (services/engine/abi.py), for the release's
     deployment manifest; empty: not declared."""
+    seal_key: bytes = b""
+    """The raw Ed25519 public key this process seals its K/V declarations with
+    (services/security/seal.py); empty: it seals none."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
             raise ValueError("worker_id must be non-empty")
+        if self.seal_key and len(self.seal_key) != 32:
+            raise ValueError(f"seal_key is 32 raw bytes (an Ed25519 public key), got {len(self.seal_key)}")
         object.__setattr__(self, "role", WorkerRole(self.role))
 
 

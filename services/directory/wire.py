@@ -23,6 +23,8 @@ from services.directory.records import (
     WorkerCapacity,
     WorkerRecord,
     WorkerRole,
+    chunk_sums_digest,
+    evidence,
 )
 from services.directory.states import Outcome, TxnState
 
@@ -132,3 +134,12 @@ def chunk_specs(chunks: Iterable) -> list[manifest_pb2.ChunkSpec]:
 def chunk_sums(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[tuple[int, int, int, int, str]]:
     """ChunkSpecs -> (layer, block_start, block_count, num_bytes, checksum), in list order."""
     return [(c.layer, c.block_start, c.block_count, c.num_bytes, c.checksum) for c in chunks]
+
+
+def evidence_of(kv_digest: str, chunks: Iterable) -> str:
+    """The evidence string (records.evidence) of a K/V digest and a chunk list in manifest
+    order: ChunkSpecs, or chunks as sent or as arrived (with .key, .num_bytes, .checksum).
+    The source seals it, the directory compares and keeps it."""
+    return evidence(kv_digest, chunk_sums_digest(
+        (c.layer, c.block_start, c.block_count, c.num_bytes, c.checksum) if isinstance(c, manifest_pb2.ChunkSpec)
+        else (c.key.layer, c.key.block_start, c.key.block_count, c.num_bytes, c.checksum) for c in chunks))

@@ -107,6 +107,11 @@ class TransferCommit:
     """The sender's trace context as W3C headers (traceparent, baggage): the data plane is
     not gRPC, so the receiver's validate/publish spans join the request's trace through
     this (services/telemetry/tracing.py). Empty while tracing is off."""
+    seal: bytes = b""
+    """The source's seal over its declaration of `kv_digest` and `chunks`
+    (services/security/seal.py): the destination relays it with its Publish, and the
+    directory opens it against what the destination holds. Empty in a token-only COMMIT
+    and from a source that declared with Begin."""
 
 
 TOKEN_FOLLOWS = -1

@@ -33,6 +33,8 @@ import struct
 
 import orjson
 
+from services.security.seal import SEAL_BYTES
+
 from .base import (
     CHECKSUM_ALGORITHM,
     MAX_COMMIT_BODY_BYTES,
@@ -99,7 +101,7 @@ def encode_commit(c: TransferCommit) -> dict:
     return dict(transfer_id=c.transfer_id, request_id=c.request_id, generation=c.generation,
                 cache_abi_digest=c.cache_abi_digest, kv_digest=c.kv_digest,
                 first_token=c.first_token, source_worker_id=c.source_worker_id,
-                source_epoch=c.source_epoch, trace=dict(c.trace),
+                source_epoch=c.source_epoch, trace=dict(c.trace), seal=c.seal.hex(),
                 chunks=[[ch.key.layer, ch.key.block_start, ch.key.block_count, ch.num_bytes,
                          ch.checksum] for ch in c.chunks])
 
@@ -123,10 +125,17 @@ def decode_commit(d: dict) -> TransferCommit:
             isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= MAX_TRACE_HEADER_CHARS
             for k, v in trace.items()):
         raise ValueError(f"commit field 'trace' is not at most {MAX_TRACE_HEADERS} short string headers")
+    seal = d.get("seal", "")
+    if not isinstance(seal, str) or len(seal) > 2 * SEAL_BYTES:
+        raise ValueError(f"commit field 'seal' is not at most {SEAL_BYTES} bytes as hex")
+    try:
+        sealed = bytes.fromhex(seal)
+    except ValueError:
+        raise ValueError("commit field 'seal' is not hex") from None
     return TransferCommit(get("transfer_id", str), get("request_id", str), get("generation", int),
                           get("cache_abi_digest", str), tuple(chunks), get("kv_digest", str),
                           get("first_token", int), get("source_worker_id", str),
-                          get("source_epoch", int), tuple(trace.items()))
+                          get("source_epoch", int), tuple(trace.items()), sealed)
 
 
 def commit_for(raw: object, transfer_id: str) -> tuple[TransferCommit | None, str]:

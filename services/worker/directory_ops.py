@@ -17,6 +17,7 @@ from services.common.tasks import TaskSet
 from services.directory.client import DirectoryClient, TxnReply
 from services.directory.records import DirectoryUnavailable
 from services.directory.states import Outcome, TxnState
+from services.security.seal import Sealer
 
 __all__ = ["RESERVED_WAIT_S", "DirectoryUnavailable", "TxnOps", "until_recorded"]
 
@@ -47,14 +48,16 @@ async def _asking_again(call: Callable[[], Awaitable[TxnReply]], not_yet: Callab
 
 
 class TxnOps:
-    """begin / publish / abort / release for one worker identity."""
+    """begin / publish / abort / release for one worker identity, and its seal."""
 
     def __init__(self, client: DirectoryClient, worker_id: str,
-                 epoch_fn: Callable[[], int] = lambda: 0):
+                 epoch_fn: Callable[[], int] = lambda: 0, sealer: Sealer | None = None):
         self.client = client
         self.worker_id = worker_id
         self.epoch_fn = epoch_fn
         """This worker's current epoch (it changes when the worker re-registers)."""
+        self.sealer = sealer or Sealer()
+        """This process's sealing key; its public half is registered (services/security/seal.py)."""
         self._background = TaskSet()
         """Aborts being retried while the directory is away (strong references)."""
 
@@ -69,16 +72,22 @@ class TxnOps:
                                            kv_digest, chunks)
         return await _asking_again(call, lambda r: r.outcome is Outcome.NOT_FOUND, wait_s)
 
+    def seal(self, transfer_id: str, generation: int, evidence: str) -> bytes:
+        """This worker's seal, at its current epoch, over its declaration of a transfer
+        it sends (`evidence`: services.directory.wire.evidence_of)."""
+        return self.sealer.seal(transfer_id, generation, self.worker_id, self.epoch_fn(), evidence)
+
     async def publish(self, request_id: str, transfer_id: str, generation: int,
                       kv_digest: str, chunks: Sequence[manifest_pb2.ChunkSpec] = (),
-                      wait_s: float = RESERVED_WAIT_S) -> TxnReply:
+                      wait_s: float = RESERVED_WAIT_S, source_seal: bytes = b"") -> TxnReply:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation;
-        with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call.
-        A transaction still RESERVED is asked about again (1 ms doubling to 50 ms) for up
-        to `wait_s`: the source's Begin travels beside its COMMIT and may land second."""
+        with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call;
+        with ``source_seal`` (relayed from the source's COMMIT), declared first in that call.
+        Without a seal, a transaction still RESERVED is asked about again (1 ms doubling to
+        50 ms) for up to `wait_s`: a source's declaring Begin may land second."""
         async def call() -> TxnReply:
             return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
-                                             self.epoch_fn(), kv_digest, chunks)
+                                             self.epoch_fn(), kv_digest, chunks, source_seal)
         return await _asking_again(
             call, lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED, wait_s)
 

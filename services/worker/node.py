@@ -186,7 +186,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     node.membership = Membership(
         node.directory, WorkerInfo(cfg.worker_id, kind, advertised(cfg, port), data_plane, loop.engine.abi.digest,
                                    capacity(cfg, loop), profile, check.reason,
-                                   loop.engine.abi.model_identity),
+                                   loop.engine.abi.model_identity, node.txn.sealer.public),
         lambda: node.load(roles), on_lease_lost=lease_lost, on_ready=health.ready)
     await node.membership.start()
 

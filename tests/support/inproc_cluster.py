@@ -83,7 +83,7 @@ class InprocCluster:
         node.txn = TxnOps(client, worker_id, lambda: node.epoch)
         reg = await client.register_worker(WorkerInfo(
             worker_id, role, f"{worker_id}:1", f"inproc://{worker_id}", loop.engine.abi.digest,
-            capacity(self.cfg, loop), CostProfile(), ""))
+            capacity(self.cfg, loop), CostProfile(), "", seal_key=node.txn.sealer.public))
         node.epoch = reg.epoch
         return node
 

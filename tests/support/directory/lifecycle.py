@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.directory.records import chunk_list_digest
+from services.directory.records import WorkerInfo, chunk_list_digest
 from services.directory.states import Outcome, TxnState, check_transition
 from tests.support.directory.harness import CHUNKS, KV, LAYOUT, OPS, ContractBase, drive, make_spec, register
 
@@ -81,6 +81,46 @@ class LifecycleContract(ContractBase):
         assert (again.outcome, again.txn.state) == (Outcome.DUPLICATE, TxnState.PUBLISHED)
         store.release("t1")
         assert store.validate_publish("t1", 1, KV, CHUNKS).outcome == Outcome.DUPLICATE
+        harness.assert_no_leaks(store)
+
+    def test_declaring_validate_publish_moves_from_reserved_or_transferring(self, harness, ends):
+        """declare=True (the servicer opened the source's seal): the declaration goes first,
+        in the same step, from RESERVED as from TRANSFERRING without one; it never
+        overwrites another declaration, and a refusal after it leaves it declared only."""
+        store, p, d = ends
+        store.reserve(make_spec(p, d))
+        both = store.validate_publish("t1", 1, KV, CHUNKS, declare=True)  # straight from RESERVED
+        assert (both.outcome, both.txn.state, both.txn.kv_digest) == (Outcome.APPLIED, TxnState.PUBLISHED, KV)
+        again = store.validate_publish("t1", 1, KV, CHUNKS, declare=True)  # a retried call
+        assert (again.outcome, again.txn.state) == (Outcome.DUPLICATE, TxnState.PUBLISHED)
+        store.reserve(make_spec(p, d, tid="t2", rid="r2"))
+        store.begin("t2")  # streamed: opened, not declared
+        assert store.validate_publish("t2", 1, KV, CHUNKS, declare=True).txn.state == TxnState.PUBLISHED
+        store.reserve(make_spec(p, d, tid="t3", rid="r3"))
+        store.begin("t3", "f" * 32)  # declared otherwise (by a Begin)
+        other = store.validate_publish("t3", 1, KV, CHUNKS, declare=True)
+        assert (other.outcome, other.txn.state, other.txn.kv_digest) == (
+            Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING, "f" * 32)
+        store.reserve(make_spec(p, d, tid="t4", rid="r4"))
+        partial = store.validate_publish("t4", 1, KV, chunk_list_digest(LAYOUT[:1]), declare=True)
+        assert (partial.outcome, partial.txn.state) == (Outcome.CHECKSUM_CONFLICT, TxnState.TRANSFERRING)
+        assert store.lookup("t4").kv_digest == KV
+        for tid in ("t3", "t4"):
+            store.abort(tid, "test over")
+        for tid in ("t1", "t2"):
+            store.release(tid)
+        harness.assert_no_leaks(store)
+
+    def test_a_seal_key_is_its_epochs_own(self, harness, ends):
+        """seal_key answers the key registered with that epoch, b'' for any other epoch or
+        for a worker that registered none."""
+        store, p, _d = ends
+        assert store.seal_key("p0", p.epoch) == b""
+        key = bytes(range(32))
+        again = store.register_worker(WorkerInfo("p0", "prefill", "p0:1", "p0:2", "abi-1", seal_key=key))
+        assert store.seal_key("p0", again.epoch) == key
+        assert store.seal_key("p0", p.epoch) == b""  # the old epoch's
+        assert store.seal_key("nobody", again.epoch) == b""
         harness.assert_no_leaks(store)
 
     def test_validate_publish_of_a_validated_transaction_only_publishes(self, harness, ends):

@@ -53,13 +53,13 @@ def test_other_refusals_are_answered_at_once():
 
 
 class Publisher:
-    """Publish answers ILLEGAL_TRANSITION with the transaction RESERVED (the source's Begin
+    """Publish answers ILLEGAL_TRANSITION with the transaction RESERVED (an unsealed source's Begin
     not landed yet) `reserved_for` times, then APPLIED (None: always RESERVED)."""
 
     def __init__(self, reserved_for: int | None, other: Outcome | None = None):
         self.reserved_for, self.other, self.calls = reserved_for, other, 0
 
-    async def publish(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks):
+    async def publish(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks, source_seal=b""):
         self.calls += 1
         if self.other is not None:
             return TxnReply(request_id, transfer_id, self.other, TxnState.TRANSFERRING, generation)

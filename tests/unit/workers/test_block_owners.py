@@ -48,6 +48,9 @@ class FakeTxn:
     async def begin(self, request_id, transfer_id, generation, kv_digest="", chunks=()):
         return _Reply()
 
+    def seal(self, transfer_id, generation, evidence):
+        return b""
+
     async def abort(self, request_id, transfer_id, generation, reason):
         self.aborts.append((transfer_id, reason))
 
@@ -127,7 +130,7 @@ class FakeDecodeTxn(FakeTxn):
         super().__init__()
         self.released: list[str] = []
 
-    async def publish(self, request_id, transfer_id, generation, digest, chunks=()):
+    async def publish(self, request_id, transfer_id, generation, digest, chunks=(), source_seal=b""):
         return _Reply()
 
     async def release(self, request_id, transfer_id, generation):

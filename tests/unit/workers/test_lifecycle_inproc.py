@@ -14,6 +14,7 @@ from decode_worker.reservations import ResState
 from prefill_worker.worker import TaskState, TransferRefused
 from services.directory.states import TxnState
 from services.engine import InvalidRequest
+from services.security.seal import Sealer
 from tests.support.inproc_cluster import InprocCluster
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
@@ -94,17 +95,22 @@ def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
     assert res.state is ResState.ABORTED
 
 
-def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothing_is_published():
-    """The directory judges the bytes: the destination's digest of what it holds
-    must be the one the source declared at Begin."""
+@pytest.mark.parametrize("lie", ["digest", "generation", "transfer", "key"])
+def test_a_seal_that_does_not_open_over_what_the_destination_holds_publishes_nothing(lie):
+    """The directory judges the bytes against the source's sealed declaration: a seal over
+    another digest, another attempt or transfer, or by a key the source did not register
+    (a destination forging one) does not open, and nothing is declared or published."""
     async def go():
         async with InprocCluster() as c:
-            real = c.p.txn.begin
+            real, txn = c.p.txn.seal, c.p.txn
 
-            async def lying_begin(request_id, transfer_id, generation, kv_digest="", chunks=()):
-                return await real(request_id, transfer_id, generation, "0" * 32 if kv_digest else "", chunks)
+            def lying_seal(transfer_id, generation, evidence):
+                if lie == "key":
+                    return Sealer().seal(transfer_id, generation, txn.worker_id, txn.epoch_fn(), evidence)
+                return real(transfer_id + "x" * (lie == "transfer"), generation + (lie == "generation"),
+                            ("0" * 32 + evidence[32:]) if lie == "digest" else evidence)
 
-            c.p.txn.begin = lying_begin
+            c.p.txn.seal = lying_seal
             res = await c.reserve("lie", PROMPT, 4)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
                 await c.send("lie", res, PROMPT)
@@ -114,7 +120,7 @@ def test_a_source_declaring_another_digest_is_refused_by_the_directory_and_nothi
 
     record, res = run(go())
     assert record.state is TxnState.ABORTED and res.state is ResState.ABORTED
-    assert record.kv_digest == "0" * 32
+    assert record.kv_digest == ""  # nothing was declared
 
 
 def test_bytes_changed_after_their_checksum_are_refused_by_the_directory():
@@ -186,54 +192,54 @@ def test_a_discarded_handoff_leaves_the_prefix_cache():
     assert kept == 4 and after == 0  # 4 cached prompt blocks before the discard, none after
 
 
-def test_a_begin_that_lands_after_the_commit_is_waited_for_and_the_handoff_publishes():
-    """Not streamed, Begin travels beside the chunks and the COMMIT: when the destination's
-    Publish reaches the directory first (the transaction still RESERVED), it asks again
-    until the declaration is there."""
+def test_a_sealed_handoff_needs_no_begin_and_publishes_at_the_first_publish():
+    """Not streamed, the source declares only in its sealed COMMIT: it makes no Begin, and
+    the destination's one Publish finds the transaction RESERVED and declares, validates
+    and publishes it."""
     async def go():
         async with InprocCluster() as c:
-            real_begin, real_publish = c.p.txn.begin, c.d.txn.client.publish
-            states, first_publish = [], asyncio.Event()
+            real_begin, real_publish = c.p.txn.client.begin, c.d.txn.client.publish
+            begins, states = [], []
 
             async def publish(*args, **kw):
+                before = (await c.directory.lookup(args[0], args[1])).state
                 r = await real_publish(*args, **kw)
-                states.append(r.state)
-                first_publish.set()
+                states.append((before, r.state))
                 return r
 
-            async def late_begin(*args, **kw):
-                await first_publish.wait()
+            async def begin(*args, **kw):
+                begins.append(args)
                 return await real_begin(*args, **kw)
 
-            c.d.txn.client.publish, c.p.txn.begin = publish, late_begin
-            tokens, outcome = await c.handoff("late", PROMPT, 5)
+            c.d.txn.client.publish, c.p.txn.client.begin = publish, begin
+            tokens, outcome = await c.handoff("sealed", PROMPT, 5)
             reference = await c.colocated("ref", PROMPT, 5)
             await c.assert_all_returned()
-            return tokens, reference, states
+            return tokens, reference, states, begins
 
-    tokens, reference, states = run(go())
+    tokens, reference, states, begins = run(go())
     assert tokens == reference
-    assert states[0] is TxnState.RESERVED and states[-1] is TxnState.PUBLISHED
+    assert begins == [] and states == [(TxnState.RESERVED, TxnState.PUBLISHED)]
 
 
-def test_a_refused_begin_fails_the_prefill_at_once_though_its_commit_is_out():
-    """A Begin the directory refuses (here: a stale generation) is the prefill's answer as
-    soon as it comes, not after the destination gave up waiting for it; the abort that
-    follows ends the destination's wait, and everything is returned."""
+def test_a_destination_that_drops_the_seal_cannot_publish():
+    """Without the source's seal (and no Begin declaring), the Publish finds nothing
+    declared: it asks again while the transaction is RESERVED, then gives up; the
+    transfer is refused and everything is returned."""
     async def go():
         async with InprocCluster() as c:
-            real = c.p.txn.begin
+            real_publish = c.d.txn.client.publish
 
-            async def stale_begin(request_id, transfer_id, generation, kv_digest="", chunks=()):
-                return await real(request_id, transfer_id, generation + 1, kv_digest, chunks)
+            async def unsealed(*args):  # (..., kv_digest, chunks, source_seal)
+                return await real_publish(*args[:-1], b"")
 
-            c.p.txn.begin = stale_begin
-            res = await c.reserve("stale", PROMPT, 4)
-            # Begin's own refusal, not the destination's verdict (which would come later)
-            with pytest.raises(TransferRefused, match="directory refused BEGIN: STALE_GENERATION"):
-                await c.send("stale", res, PROMPT)
+            c.d.txn.client.publish = unsealed
+            res = await c.reserve("bare", PROMPT, 4)
+            with pytest.raises(TransferRefused, match="directory refused VALIDATED: ILLEGAL_TRANSITION"):
+                await c.send("bare", res, PROMPT)
+            record = await c.directory.lookup("bare", "bare/1")
             await c.assert_all_returned()
-            return (await c.directory.lookup("stale", "stale/1")).state, res
+            return record
 
-    state, res = run(go())
-    assert state is TxnState.ABORTED and res.state is ResState.ABORTED
+    record = run(go())
+    assert record.state is TxnState.ABORTED and record.kv_digest == ""

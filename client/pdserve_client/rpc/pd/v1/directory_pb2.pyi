@@ -41,7 +41,7 @@ LEASE_STATUS_OK: LeaseStatus
 LEASE_STATUS_LOST: LeaseStatus
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "profile", "colocated_only_reason", "model_identity")
+    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "profile", "colocated_only_reason", "model_identity", "seal_key")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class RegisterWorkerRequest(_message.Message):
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     COLOCATED_ONLY_REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    SEAL_KEY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: _common_pb2.WorkerRole
     grpc_address: str
@@ -60,7 +61,8 @@ class RegisterWorkerRequest(_message.Message):
     profile: _common_pb2.CostProfile
     colocated_only_reason: str
     model_identity: str
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.WorkerCapacity, _Mapping]] = ..., profile: _Optional[_Union[_common_pb2.CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ...) -> None: ...
+    seal_key: bytes
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[_common_pb2.WorkerCapacity, _Mapping]] = ..., profile: _Optional[_Union[_common_pb2.CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ..., seal_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("epoch", "lease_ttl_ms", "route_epoch", "routes_stopped")
@@ -137,7 +139,7 @@ class TxnTransitionRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., worker_id: _Optional[str] = ..., worker_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
 
 class TxnPublishRequest(_message.Message):
-    __slots__ = ("request_id", "transfer_id", "generation", "destination_worker_id", "destination_epoch", "kv_digest", "chunks")
+    __slots__ = ("request_id", "transfer_id", "generation", "destination_worker_id", "destination_epoch", "kv_digest", "chunks", "source_seal")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +147,7 @@ class TxnPublishRequest(_message.Message):
     DESTINATION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SEAL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     transfer_id: str
     generation: int
@@ -152,7 +155,8 @@ class TxnPublishRequest(_message.Message):
     destination_epoch: int
     kv_digest: str
     chunks: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.ChunkSpec]
-    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
+    source_seal: bytes
+    def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., generation: _Optional[int] = ..., destination_worker_id: _Optional[str] = ..., destination_epoch: _Optional[int] = ..., kv_digest: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ..., source_seal: _Optional[bytes] = ...) -> None: ...
 
 class TxnResponse(_message.Message):
     __slots__ = ("request_id", "transfer_id", "outcome", "state", "current_generation")

@@ -1,0 +1,68 @@
+"""The directory's check of a source's sealed declaration (services/security/seal.py).
+
+A destination's Publish may relay the source's seal from its COMMIT instead of the
+source declaring with a Begin. The directory rebuilds the declaration from the
+*destination's* digest and chunk list and the transaction's own identity (transfer id,
+generation, source worker and epoch, all fixed at reserve), and opens the seal with
+the key that source registered at that epoch. Opened, the store declares, validates
+and publishes in one step (``DirectoryStore.validate_publish(declare=True)``); not
+opened, the Publish is CHECKSUM_CONFLICT and nothing moves.
+
+Keys never change within an epoch, so they are cached here by (worker, epoch): the
+first Publish from a source's epoch pays one Redis read, later ones none.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from kv_directory.store import DirectoryStore
+from services.directory.records import Transaction
+from services.security import seal
+
+log = logging.getLogger(__name__)
+
+MAX_CACHED_KEYS = 4096
+"""Source epochs whose keys are held; past it the cache starts over (one read each)."""
+
+
+class SealJudge:
+    """Opens relayed seals against the keys sources registered. Thread-safe: called
+    from the directory's store pool."""
+
+    def __init__(self, store: DirectoryStore) -> None:
+        self._store = store
+        self._keys: dict[tuple[str, int], Ed25519PublicKey] = {}
+        self._lock = threading.Lock()
+
+    def _key(self, worker_id: str, epoch: int) -> Ed25519PublicKey | None:
+        with self._lock:
+            key = self._keys.get((worker_id, epoch))
+        if key is not None:
+            return key
+        raw = self._store.seal_key(worker_id, epoch)
+        if not raw:
+            return None
+        key = seal.public_key(raw)
+        with self._lock:
+            if len(self._keys) >= MAX_CACHED_KEYS:
+                self._keys.clear()
+            self._keys[(worker_id, epoch)] = key
+        return key
+
+    def why_not(self, txn: Transaction, sealed: bytes, held: str) -> str:
+        """'' when `sealed` is the source's seal over `held` (the destination's evidence)
+        for this transaction; else why not (never the seal or the key themselves)."""
+        src = txn.spec.source
+        key = self._key(src.worker_id, src.epoch)
+        if key is None:
+            return f"source {src.worker_id} registered no seal key at epoch {src.epoch}"
+        if not seal.opens(key, sealed, txn.transfer_id, txn.generation, src.worker_id, src.epoch, held):
+            log.warning("transfer %s: the relayed seal is not %s's (epoch %d) over what the destination holds",
+                        txn.transfer_id, src.worker_id, src.epoch)
+            return (f"the source's seal does not open over the destination's digest and chunks "
+                    f"(source {src.worker_id} epoch {src.epoch})")
+        return ""
