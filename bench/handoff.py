@@ -69,16 +69,15 @@ EXTRA_ROUND_TRIPS = {
 }
 """What a disaggregated request waits on, in sequence, that a colocated one does not, in
 round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
-prefill's compute; the prefill's Begin travels beside its chunks and COMMIT; the prefill's
-reply to the router trails the verdict, off the path)."""
+prefill's compute; the source declares under its seal inside the COMMIT, no Begin; the
+prefill's reply to the router trails the verdict, off the path)."""
 EXTRA_CALLS = {
     "router -> decode Reserve": 1, "router -> directory Reserve": 1, "router -> prefill Prefill": 1,
-    "decode -> directory ConsumeNonce": 1, "prefill -> directory Begin": 1, "decode -> directory Publish": 1,
-    "decode -> directory Release": 1,
+    "decode -> directory ConsumeNonce": 1, "decode -> directory Publish": 1, "decode -> directory Release": 1,
 }
 """The gRPC calls a disaggregated request makes that a colocated one does not (DecodeStream
-takes Generate's place): the transaction's contract (reserve, the nonce, the source's
-declaration, the compare-and-set, the release), each at least one call's CPU."""
+takes Generate's place): the transaction's contract (reserve, the nonce, the compare-and-set
+with the source's sealed declaration, the release), each at least one call's CPU."""
 RTT_CALLS = 50
 
 

@@ -107,9 +107,10 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
     assert len(sent) == len(visible) > 0 and sum(e["attributes"][S.BYTES] for e in sent) == \
         sum(e["attributes"][S.BYTES] for e in visible) > 0
     directory = {s.name for s in trace.spans if s.service == "pdserve-directory"}
-    # The destination validates and publishes in one call (no separate Validated).
-    assert {f"/pd.v1.Directory/{m}" for m in ("Reserve", "Begin", "Publish")} <= directory
-    assert "/pd.v1.Directory/Validated" not in directory
+    # The destination validates and publishes in one call (no separate Validated), and the
+    # source's declaration is the seal its COMMIT carried (not streamed: no Begin at all).
+    assert {f"/pd.v1.Directory/{m}" for m in ("Reserve", "Publish")} <= directory
+    assert not {f"/pd.v1.Directory/{m}" for m in ("Validated", "Begin")} & directory
     view = trace_view.waterfall(trace)
     assert view.summary.route == "disaggregated" and view.summary.orphans == 0
     ready = max(reserve.end_ns, computes[-1].end_ns)
