@@ -55,7 +55,12 @@ class SealJudge:
 
     def why_not(self, txn: Transaction, sealed: bytes, held: str) -> str:
         """'' when `sealed` is the source's seal over `held` (the destination's evidence)
-        for this transaction; else why not (never the seal or the key themselves)."""
+        for this transaction; else why not (never the seal or the key themselves). A
+        transaction past any declaration (published, released, aborted: states only move
+        forward) is not judged: the store answers it as it stands (DUPLICATE, the abort's
+        cause), so a retried Publish after the source restarted is not a conflict."""
+        if not txn.state.is_unpublished:
+            return ""
         src = txn.spec.source
         key = self._key(src.worker_id, src.epoch)
         if key is None:
