@@ -37,8 +37,17 @@ contract costs here (`call_cpu_floor`), and its share of the measured extra CPU 
 much of that is the calls' number and how much the work behind each (handlers, spans,
 Redis, UCX).
 
+The legs, in the same run, from the traces: the time a disaggregated request spends
+between processes on its path (`EXTRA_LEGS`: the five one-way hops it adds to a colocated
+request's two), from the last traced step of one process to the first of the next — a
+message in flight, the receiver waking up, and its gRPC, TLS and interceptor machinery
+before its first traced line. Against `one_way_idle_ms` (half the idle round trip), their
+sum says how much of the overhead is hops under load before any handler work: where
+`extra_legs_ms` alone is above the target, the target is out of reach here at this
+number of hops.
+
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
-"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "hop", ...}; "hop" rows include the
+"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "hop", ...}; "hop" rows include the
 spans' events ("service/span@event", duration 0: the router's first_token is when token 0
 left for the client).
 """
@@ -79,6 +88,26 @@ EXTRA_CALLS = {
 takes Generate's place): the transaction's contract (reserve, the nonce, the compare-and-set
 with the source's sealed declaration, the release), each at least one call's CPU."""
 RTT_CALLS = 50
+EXTRA_LEGS = {
+    "decode Reserve -> router -> prefill Prefill (2 one-way hops)":
+        (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill", "start")),
+    "prefill chunk sent -> decode chunk visible (data plane)":
+        (("prefill", "transfer.layer@chunk.sent", "at"), ("decode", "transfer.receive@chunk.visible", "at")),
+    "decode -> directory Publish":
+        (("decode", "decode.publish", "start"), ("directory", "/pd.v1.Directory/Publish", "start")),
+    "directory Publish -> decode":
+        (("directory", "/pd.v1.Directory/Publish", "last_end"), ("decode", "decode.publish", "end")),
+}
+"""The legs between processes a disaggregated request adds to a colocated one's path (both
+go router -> decode and decode -> router): from the last traced step of one process to the
+first of the next (span start or end, or an event's time), in each trace."""
+SHARED_LEGS = {
+    "router -> decode Reserve (colocated: Generate)":
+        (("router", "router.attempt", "start"), ("decode", "/pd.v1.Decode/Reserve", "start")),
+    "decode publish done -> router sends token 0":
+        (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at")),
+}
+"""Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
 
 
 def emit(**row) -> None:
@@ -112,6 +141,32 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
             offsets[key].append((s.start_ns - t0) / 1e6)
             durations[key].append((s.end_ns - s.start_ns) / 1e6)
     return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
+
+
+def _edge(trace, service: str, name: str, edge: str) -> int | None:
+    """When a step happened in `trace` (ns): the first span `name` of `service` (its start or
+    end; "last_end": the last such span's end), or an event "span@event" ("at")."""
+    span_name, _, event = name.partition("@")
+    spans = sorted((s for s in trace.spans if s.service == f"pdserve-{service}" and s.name == span_name),
+                   key=lambda s: s.start_ns)
+    if not spans:
+        return None
+    if edge == "at":
+        times = [e["t_ns"] for s in spans for e in s.events
+                 if e.get("name") == event and isinstance(e.get("t_ns"), int)]
+        return min(times) if times else None
+    return spans[-1].end_ns if edge == "last_end" else spans[0].end_ns if edge == "end" else spans[0].start_ns
+
+
+def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
+    """leg -> (median ms from its first step to its second, traces holding both)."""
+    out = {}
+    for leg, (a, b) in table.items():
+        ms = [(tb - ta) / 1e6 for t in traces
+              if (ta := _edge(t, *a)) is not None and (tb := _edge(t, *b)) is not None]
+        if ms:
+            out[leg] = (statistics.median(ms), len(ms))
+    return out
 
 
 def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str, float]:
@@ -250,6 +305,15 @@ def run(args) -> None:
          calls_share_of_extra_cpu=round(protocol_cpu / extra_cpu, 2) if extra_cpu > 0 else None, cores=cores,
          overhead_floor_ms=round(protocol_cpu / cores, 2), target_ms=TARGET_OVERHEAD_MS,
          target_reachable_here=protocol_cpu / cores <= TARGET_OVERHEAD_MS)
+    if traces["disaggregated"]:
+        extra, shared = legs(traces["disaggregated"], EXTRA_LEGS), legs(traces["disaggregated"], SHARED_LEGS)
+        extra_ms = sum(ms for ms, _ in extra.values())
+        emit(metric="legs", extra_legs={k: round(ms, 2) for k, (ms, _) in extra.items()},
+             shared_legs={k: round(ms, 2) for k, (ms, _) in shared.items()}, extra_legs_ms=round(extra_ms, 2),
+             one_way_idle_ms=round(rtt / 2, 3), extra_one_way_hops=5,
+             extra_legs_over_idle=round(extra_ms / (5 * rtt / 2), 2), overhead_ms=round(overhead, 2),
+             target_ms=TARGET_OVERHEAD_MS, target_reachable_at_these_legs=extra_ms <= TARGET_OVERHEAD_MS,
+             traces=min((n for _, n in extra.values()), default=0))
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),

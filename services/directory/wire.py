@@ -126,7 +126,7 @@ def chunk_layouts(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[Layout]:
 
 def chunk_specs(chunks: Iterable) -> list[manifest_pb2.ChunkSpec]:
     """Chunks as sent or as arrived (anything with .key, .num_bytes, .checksum) -> ChunkSpecs,
-    in order: what the source declares with Begin and the destination reports with Validated."""
+    in order: what the destination reports with Publish (and a source declaring with Begin)."""
     return [manifest_pb2.ChunkSpec(layer=c.key.layer, block_start=c.key.block_start, block_count=c.key.block_count,
                                    num_bytes=c.num_bytes, checksum=c.checksum) for c in chunks]
 

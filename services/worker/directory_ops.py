@@ -27,8 +27,9 @@ RESERVED_WAIT_S = 2.0
 """How long a worker asks again about a transaction the directory does not hold yet
 (Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
 Prefill call (router/requests/attempts.py), so a worker may ask first; and how long a
-destination's Publish waits for a transaction still RESERVED (the source's Begin travels
-beside its COMMIT). Past this the answer stands: the router or the source gave up."""
+destination's unsealed Publish waits for a transaction still RESERVED (a source that
+declares with Begin instead of a seal). Past this the answer stands: the router or the
+source gave up."""
 
 
 def until_recorded(retry: tenacity.retry_base, wait_s: float = RESERVED_WAIT_S, **kw) -> tenacity.AsyncRetrying:

@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc, manifest_pb2
+from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
 from services.directory.client import TransferNotRecorded
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 from services.directory.states import Outcome, TxnState
@@ -360,5 +360,11 @@ def test_bad_input_is_invalid_argument(directory):
                     await call(request, timeout=5)
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "role" in err.value.details()
+            # A seal key that is not an Ed25519 public key's 32 raw bytes.
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await directory_pb2_grpc.DirectoryStub(worker).RegisterWorker(directory_pb2.RegisterWorkerRequest(
+                    worker_id="w", role=common_pb2.WORKER_ROLE_DECODE, seal_key=b"\0" * 31), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "seal_key is 32 raw bytes" in err.value.details()
 
     run(directory.address, scenario)
