@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -33,8 +34,9 @@ class SealJudge:
     """Opens relayed seals against the keys sources registered. Thread-safe: called
     from the directory's store pool."""
 
-    def __init__(self, store: DirectoryStore) -> None:
-        self._store = store
+    def __init__(self, store: DirectoryStore, on_refused: Callable[[str], None] = lambda reason: None) -> None:
+        """`on_refused(reason)`: a seal refused, `no_key` or `not_opened` (a metric)."""
+        self._store, self._on_refused = store, on_refused
         self._keys: dict[tuple[str, int], Ed25519PublicKey] = {}
         self._lock = threading.Lock()
 
@@ -64,8 +66,10 @@ class SealJudge:
         src = txn.spec.source
         key = self._key(src.worker_id, src.epoch)
         if key is None:
+            self._on_refused("no_key")
             return f"source {src.worker_id} registered no seal key at epoch {src.epoch}"
         if not seal.opens(key, sealed, txn.transfer_id, txn.generation, src.worker_id, src.epoch, held):
+            self._on_refused("not_opened")
             log.warning("transfer %s: the relayed seal is not %s's (epoch %d) over what the destination holds",
                         txn.transfer_id, src.worker_id, src.epoch)
             return (f"the source's seal does not open over the destination's digest and chunks "

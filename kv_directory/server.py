@@ -85,7 +85,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None):
         self._store = store
-        self._seals = SealJudge(store)
+        self._seals = SealJudge(store, lambda reason: self.metrics.seal_refused(reason))
         self._cfg = config
         self._secure = security is not None and security.secure
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)

@@ -220,6 +220,13 @@ class DirectoryMetrics:
         self.publication_rejects = Counter("pd_publication_rejects", "Validated and Publish calls not applied, "
                                            "by reason (stale generation, duplicate, digest conflict, ...).",
                                            ["reason"], registry=r)
+        self.seal_refusals = Counter("pd_seal_refusals", "Publish calls whose relayed source seal was refused "
+                                     "(no_key: the source registered none at its epoch; not_opened: not its "
+                                     "seal over what the destination holds).", ["reason"], registry=r)
+
+    def seal_refused(self, reason: str) -> None:
+        """A relayed seal was refused: `no_key` or `not_opened` (kv_directory/seals.py)."""
+        self.seal_refusals.labels(reason=reason).inc()
 
     def publication(self, outcome_name: str) -> None:
         """A Validated or Publish call answered `outcome_name` (an Outcome's name)."""

@@ -25,17 +25,21 @@ def _ends(sealer: Sealer | None):
 def test_the_sources_seal_opens_and_any_other_does_not():
     sealer = Sealer()
     store, p = _ends(sealer)
-    judge, txn = SealJudge(store), store.lookup("t1")
+    refused = []
+    judge, txn = SealJudge(store, refused.append), store.lookup("t1")
     assert judge.why_not(txn, sealer.seal("t1", 1, "p0", p.epoch, HELD), HELD) == ""
     assert "does not open" in judge.why_not(txn, sealer.seal("t1", 1, "p0", p.epoch, HELD), KV + "+" + "cd" * 32)
     assert "does not open" in judge.why_not(txn, Sealer().seal("t1", 1, "p0", p.epoch, HELD), HELD)
     assert "does not open" in judge.why_not(txn, sealer.seal("t1", 1, "p0", p.epoch + 1, HELD), HELD)
+    assert refused == ["not_opened"] * 3  # counted (pd_seal_refusals_total), the opened one not
 
 
 def test_a_source_without_a_key_at_that_epoch_cannot_be_judged():
     store, p = _ends(None)
-    assert "registered no seal key" in SealJudge(store).why_not(
+    refused = []
+    assert "registered no seal key" in SealJudge(store, refused.append).why_not(
         store.lookup("t1"), Sealer().seal("t1", 1, "p0", p.epoch, HELD), HELD)
+    assert refused == ["no_key"]
     # restarted with a key: the transaction of the old epoch (aborted by the restart) is not judged
     store.register_worker(WorkerInfo("p0", "prefill", "p0:1", "p0:2", "abi-1", seal_key=Sealer().public))
     assert SealJudge(store).why_not(store.lookup("t1"), b"\0" * 64, HELD) == ""
