@@ -160,7 +160,9 @@ class RouterConfig(MemberSettings):
     """Deadline of each Cancel / Abort sent while tearing an attempt down."""
 
     snapshot_max_age_ms: int = env("PD_ROUTER_SNAPSHOT_MAX_AGE_MS", 100, ge=0)
-    """A cluster snapshot younger than this is reused instead of asking the directory."""
+    """A cluster snapshot younger than this is reused instead of asking the directory; one
+    up to 4 times older is still served to a request while a fresh one is fetched in the
+    background (router/requests/cluster_view.py STALE_FACTOR; 0: every request asks)."""
 
     directory_retry_ms: int = env("PD_ROUTER_DIRECTORY_RETRY_MS", 1_000, ge=0)
     """While the directory is unreachable, ask it for a snapshot at most this often; the
