@@ -138,8 +138,8 @@ def chunk_sums(chunks: Iterable[manifest_pb2.ChunkSpec]) -> list[tuple[int, int,
 
 def evidence_of(kv_digest: str, chunks: Iterable) -> str:
     """The evidence string (records.evidence) of a K/V digest and a chunk list in manifest
-    order: ChunkSpecs, or chunks as sent or as arrived (with .key, .num_bytes, .checksum).
+    order: ChunkSpecs, or the source's Chunks as sent (services/transfer/base.py `Chunk.row`).
     The source seals it, the directory compares and keeps it."""
     return evidence(kv_digest, chunk_sums_digest(
         (c.layer, c.block_start, c.block_count, c.num_bytes, c.checksum) if isinstance(c, manifest_pb2.ChunkSpec)
-        else (c.key.layer, c.key.block_start, c.key.block_count, c.num_bytes, c.checksum) for c in chunks))
+        else c.row for c in chunks))

@@ -86,6 +86,12 @@ class Chunk:
     num_bytes: int
     checksum: str
 
+    @property
+    def row(self) -> tuple[int, int, int, int, str]:
+        """(layer, block_start, block_count, num_bytes, checksum): the chunk as a COMMIT, a
+        packed batch's header and the directory's evidence list it."""
+        return (*self.key, self.num_bytes, self.checksum)
+
 
 @dataclass(frozen=True, slots=True)
 class TransferCommit:

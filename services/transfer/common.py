@@ -87,7 +87,7 @@ def coalesce(items: Sequence[tuple[Chunk, list[memoryview]]]) -> tuple[list[list
     """Small chunks as one message: ([[layer, start, count, bytes, checksum], ...], their
     bytes back to back in one buffer, in that order)."""
     buf = bytearray().join([v for _, views in items for v in views])  # one C copy, no zero fill
-    return [[*c.key, c.num_bytes, c.checksum] for c, _ in items], buf
+    return [list(c.row) for c, _ in items], buf
 
 
 def chunk_buffers(chunk: Chunk, buffers: Sequence) -> list[memoryview]:

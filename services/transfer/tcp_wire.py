@@ -102,8 +102,7 @@ def encode_commit(c: TransferCommit) -> dict:
                 cache_abi_digest=c.cache_abi_digest, kv_digest=c.kv_digest,
                 first_token=c.first_token, source_worker_id=c.source_worker_id,
                 source_epoch=c.source_epoch, trace=dict(c.trace), seal=c.seal.hex(),
-                chunks=[[ch.key.layer, ch.key.block_start, ch.key.block_count, ch.num_bytes,
-                         ch.checksum] for ch in c.chunks])
+                chunks=[list(ch.row) for ch in c.chunks])
 
 
 def decode_commit(d: dict) -> TransferCommit:
