@@ -90,22 +90,23 @@ with the source's sealed declaration, the release), each at least one call's CPU
 RTT_CALLS = 50
 EXTRA_LEGS = {
     "decode Reserve -> router -> prefill Prefill (2 one-way hops)":
-        (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill", "start")),
+        (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill", "start"), 2),
     "prefill chunk sent -> decode chunk visible (data plane)":
-        (("prefill", "transfer.layer@chunk.sent", "at"), ("decode", "transfer.receive@chunk.visible", "at")),
+        (("prefill", "transfer.layer@chunk.sent", "at"), ("decode", "transfer.receive@chunk.visible", "at"), 1),
     "decode -> directory Publish":
-        (("decode", "decode.publish", "start"), ("directory", "/pd.v1.Directory/Publish", "start")),
+        (("decode", "decode.publish", "start"), ("directory", "/pd.v1.Directory/Publish", "start"), 1),
     "directory Publish -> decode":
-        (("directory", "/pd.v1.Directory/Publish", "last_end"), ("decode", "decode.publish", "end")),
+        (("directory", "/pd.v1.Directory/Publish", "last_end"), ("decode", "decode.publish", "end"), 1),
 }
 """The legs between processes a disaggregated request adds to a colocated one's path (both
 go router -> decode and decode -> router): from the last traced step of one process to the
-first of the next (span start or end, or an event's time), in each trace."""
+first of the next (span start or end, or an event's time), in each trace; then the one-way
+hops the leg takes."""
 SHARED_LEGS = {
     "router -> decode Reserve (colocated: Generate)":
-        (("router", "router.attempt", "start"), ("decode", "/pd.v1.Decode/Reserve", "start")),
+        (("router", "router.attempt", "start"), ("decode", "/pd.v1.Decode/Reserve", "start"), 1),
     "decode publish done -> router sends token 0":
-        (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at")),
+        (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at"), 1),
 }
 """Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
 
@@ -161,7 +162,7 @@ def _edge(trace, service: str, name: str, edge: str) -> int | None:
 def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
     """leg -> (median ms from its first step to its second, traces holding both)."""
     out = {}
-    for leg, (a, b) in table.items():
+    for leg, (a, b, _hops) in table.items():
         ms = [(tb - ta) / 1e6 for t in traces
               if (ta := _edge(t, *a)) is not None and (tb := _edge(t, *b)) is not None]
         if ms:
@@ -308,10 +309,11 @@ def run(args) -> None:
     if traces["disaggregated"]:
         extra, shared = legs(traces["disaggregated"], EXTRA_LEGS), legs(traces["disaggregated"], SHARED_LEGS)
         extra_ms = sum(ms for ms, _ in extra.values())
+        extra_hops = sum(n for *_, n in EXTRA_LEGS.values())
         emit(metric="legs", extra_legs={k: round(ms, 2) for k, (ms, _) in extra.items()},
              shared_legs={k: round(ms, 2) for k, (ms, _) in shared.items()}, extra_legs_ms=round(extra_ms, 2),
-             one_way_idle_ms=round(rtt / 2, 3), extra_one_way_hops=5,
-             extra_legs_over_idle=round(extra_ms / (5 * rtt / 2), 2), overhead_ms=round(overhead, 2),
+             one_way_idle_ms=round(rtt / 2, 3), extra_one_way_hops=extra_hops,
+             extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2), overhead_ms=round(overhead, 2),
              target_ms=TARGET_OVERHEAD_MS, target_reachable_at_these_legs=extra_ms <= TARGET_OVERHEAD_MS,
              traces=min((n for _, n in extra.values()), default=0))
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
