@@ -20,18 +20,16 @@ declaration into its COMMIT and the destination relays the seal with its Publish
 
 A seal proves who declared, not that anyone is allowed to publish: the Publish is
 still the destination's alone, by certificate, at its epoch, a compare-and-set on the
-generation. Logs never show a seal or a key, only ``key_id``.
+generation. Logs never show a seal or a key.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-__all__ = ["KEY_BYTES", "SEAL_BYTES", "Sealer", "declaration", "key_id", "opens", "public_key"]
+__all__ = ["KEY_BYTES", "SEAL_BYTES", "Sealer", "declaration", "opens", "public_key"]
 
 KEY_BYTES = 32
 """A raw Ed25519 public key."""
@@ -84,7 +82,3 @@ def opens(key: Ed25519PublicKey, seal: bytes, transfer_id: str, generation: int,
         return False
     return True
 
-
-def key_id(raw: bytes) -> str:
-    """A short name of a registered key, for logs."""
-    return hashlib.sha256(raw).hexdigest()[:12]
