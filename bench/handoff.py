@@ -79,7 +79,9 @@ EXTRA_ROUND_TRIPS = {
 """What a disaggregated request waits on, in sequence, that a colocated one does not, in
 round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
 prefill's compute; the source declares under its seal inside the COMMIT, no Begin; the
-prefill's reply to the router trails the verdict, off the path)."""
+prefill's reply to the router trails the verdict, off the path). The decode's Reserve
+overlaps the prefill's compute too (the job leaves beside it, the grant after), but only
+where the compute has a core of its own: counted whole here, where it has not."""
 EXTRA_CALLS = {
     "router -> decode Reserve": 1, "router -> directory Reserve": 1, "router -> prefill Prefill": 1,
     "decode -> directory ConsumeNonce": 1, "decode -> directory Publish": 1, "decode -> directory Release": 1,
@@ -89,8 +91,8 @@ takes Generate's place): the transaction's contract (reserve, the nonce, the com
 with the source's sealed declaration, the release), each at least one call's CPU."""
 RTT_CALLS = 50
 EXTRA_LEGS = {
-    "decode Reserve -> router -> prefill Prefill (2 one-way hops)":
-        (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill", "start"), 2),
+    "decode Reserve -> router -> prefill's grant (2 one-way hops)":
+        (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill@granted", "at"), 2),
     "prefill chunk sent -> decode chunk visible (data plane)":
         (("prefill", "transfer.layer@chunk.sent", "at"), ("decode", "transfer.receive@chunk.visible", "at"), 1),
     "decode -> directory Publish":

@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from opentelemetry import trace
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from pdserve_client.spans import EVENT_GRANTED
 from services.directory.wire import chunk_layouts
+from services.engine import InvalidRequest
 from services.security.capability import CapabilityDenied
 from services.transfer import TransferError
 from services.worker.convert import sampling_from_proto, status_of
 from services.worker.directory_ops import DirectoryUnavailable
 
-from .worker import PrefillWorker, TransferRefused
+from .commit import settle
+from .worker import PrefillWorker, Target, TransferRefused
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
@@ -22,22 +26,28 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     def __init__(self, worker: PrefillWorker):
         self.worker = worker
 
-    async def Prefill(self, request, context):
+    async def Prefill(self, request_iterator, context):
+        requests = aiter(request_iterator)
+        request = await anext(requests, None)
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Prefill: no request (the job comes first)")
         m = request.manifest
         if not m.request_id or not m.transfer_id or m.generation == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "manifest needs request_id, transfer_id and generation >= 1")
-        if not request.destination_data_plane_address:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "destination_data_plane_address is empty")
+        # One request with its destination is the job and its grant; without, the grant follows.
+        if request.destination_data_plane_address:
+            target = asyncio.get_running_loop().create_future()
+            target.set_result(_target(request))
+        else:
+            target = asyncio.ensure_future(_grant(m, requests))
         try:
             out = await self.worker.prefill(
                 request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
-                transfer_id=m.transfer_id, first_token_pos=m.token_interval.start,
-                prompt=list(request.prompt_token_ids), sampling=sampling_from_proto(request.sampling),
-                dest=request.destination_data_plane_address, abi_digest=m.cache_abi_digest,
-                chunks=chunk_layouts(m.expected_chunks),
-                dest_worker=m.destination_worker_id, manifest=m, capability=request.capability)
+                transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
+                sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target)
+        except grpc.aio.AbortError:  # a malformed grant (MalformedRequests) ended the call already
+            raise
         except asyncio.CancelledError as e:
             if context.cancelled():
                 raise
@@ -50,6 +60,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"transfer failed: {e}")
         except Exception as e:  # noqa: BLE001
             await context.abort(*status_of(e))
+        finally:
+            await settle(target)  # a grant still awaited: the call is over
         return prefill_pb2.PrefillResult(
             request_id=m.request_id, transfer_id=out.transfer_id,
             computed_tokens=out.computed_tokens, reused_tokens=out.reused_tokens,
@@ -61,3 +73,29 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id, request.generation)
         return common_pb2.CancelResponse(request_id=request.request_id, found=found)
+
+
+def _target(request: prefill_pb2.PrefillRequest) -> Target:
+    """The destination half of a PrefillRequest that carries one."""
+    m = request.manifest
+    return Target(request.destination_data_plane_address, m.token_interval.start, chunk_layouts(m.expected_chunks),
+                  m.destination_worker_id, m, request.capability)
+
+
+async def _grant(job, requests) -> Target:
+    """The second request of a call whose first was the job alone: the grant, naming the
+    job's transfer and its destination (what follows it is not read)."""
+    request = await anext(requests, None)
+    if request is None:
+        raise InvalidRequest(f"Prefill {job.transfer_id}: the call ended without a grant "
+                             "(a request with destination_data_plane_address)")
+    m = request.manifest
+    if (m.request_id, m.generation, m.transfer_id, m.tenant) != (job.request_id, job.generation, job.transfer_id,
+                                                                 job.tenant):
+        raise InvalidRequest(f"Prefill {job.transfer_id}: the grant names transfer {m.transfer_id!r} "
+                             f"(request {m.request_id!r}, generation {m.generation}, tenant {m.tenant!r}), "
+                             "not the job's")
+    if not request.destination_data_plane_address:
+        raise InvalidRequest(f"Prefill {job.transfer_id}: the grant's destination_data_plane_address is empty")
+    trace.get_current_span().add_event(EVENT_GRANTED)  # the call's span (this task runs in its context)
+    return _target(request)

@@ -1,5 +1,6 @@
-"""A prefill in flight (`Task`) and the states it moves through (the numbered steps of
-prefill_worker/worker.py's docstring)."""
+"""A prefill in flight (`Task`), the states it moves through (the numbered steps of
+prefill_worker/worker.py's docstring), where it sends (`Target`) and what it did
+(`PrefillOutcome`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.lifecycle import Moves
+from services.directory.chunk_plan import Layout
 from services.engine import Sequence
 
 
@@ -58,4 +60,42 @@ class Task:
     state: TaskState = TaskState.QUEUED
     runner: asyncio.Task | None = None
     """The coroutine running this prefill (cancelled by `cancel` wherever it waits)."""
+    dest: str | None = None
+    """The destination's data-plane address, once the grant was checked (the hand-off began)."""
+    auth: asyncio.Future | None = None
+    """The capability's presentation to the destination, on its way or done."""
     started_s: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class PrefillOutcome:
+    """What one prefill did."""
+
+    transfer_id: str
+    computed_tokens: int
+    reused_tokens: int
+    first_token: int
+    kv_digest: str
+    sent_bytes: int
+    sent_chunks: int
+    queue_ms: float
+    compute_ms: float
+    transfer_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a prefill's K/V goes and the right to send it: the router's grant, which may
+    come after the job (once the decode worker reserved)."""
+
+    dest: str
+    """The destination's data-plane address."""
+    first_token_pos: int
+    """manifest.token_interval.start: the destination holds the blocks before it."""
+    chunks: list[Layout]
+    """The manifest's expected chunks: exactly what is sent."""
+    dest_worker: str = ""
+    manifest: object = None
+    """The HandoffManifest the capability is checked against."""
+    capability: bytes = b""

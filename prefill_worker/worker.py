@@ -1,10 +1,14 @@
 """Prefill worker logic (no gRPC).
 
 One request:
+  0. Granted   — destination, chunk plan and capability, checked. The router may
+                 send the job before its grant (it asks the decode worker for blocks
+                 meanwhile): a transfer too small to stream takes its grant after the
+                 compute, one that may stream before (its chunks leave per layer)
   1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
   2. Computing — chunked prefill on the engine loop; samples the first token
   3. Sending   — transfer-set chunks pushed to the destination's reserved blocks.
-                 The capability is presented (AUTH) while prefill computes.
+                 The capability is presented (AUTH) once granted.
                  Streaming (transfers of at least stream_min_bytes): BEGIN
                  (TRANSFERRING) before compute, each chunk leaves as soon as prefill
                  wrote its layer (streaming.py), and once the last one left (most
@@ -17,7 +21,8 @@ One request:
                  no declaring BEGIN); the destination's Publish relays the seal,
                  the directory opens it and publishes, or the destination refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
-failure aborts the transfer at the destination and the transaction.
+failure once granted aborts the transfer at the destination and the transaction
+(before, neither was reached: the router's teardown aborts its record).
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass
 
 from pdserve_client.spans import TRANSFER_COMMIT
 from services.directory.chunk_plan import Layout, tiling_error
@@ -47,7 +51,7 @@ from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .commit import TokenCommit, settle
 from .streaming import ProducerGate, stream_chunks
-from .tasks import Task, TaskState, advance, end
+from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
@@ -55,23 +59,6 @@ log = logging.getLogger(__name__)
 
 class TransferRefused(RuntimeError):
     """The destination or the directory refused the transfer (reason in the message)."""
-
-
-@dataclass
-class PrefillOutcome:
-    """What one prefill did."""
-
-    transfer_id: str
-    computed_tokens: int
-    reused_tokens: int
-    first_token: int
-    kv_digest: str
-    sent_bytes: int
-    sent_chunks: int
-    queue_ms: float
-    compute_ms: float
-    transfer_ms: float
-    total_ms: float
 
 
 class PrefillWorker:
@@ -89,35 +76,35 @@ class PrefillWorker:
         self.pause = FaultPause(cfg.fault_pause_s)
 
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
-                      first_token_pos: int, prompt: list[int], sampling: SamplingParams,
-                      dest: str, abi_digest: str, chunks: list[Layout],
-                      dest_worker: str = "", manifest=None, capability: bytes = b"") -> PrefillOutcome:
+                      prompt: list[int], sampling: SamplingParams, abi_digest: str,
+                      first_token_pos: int = 0, dest: str = "", chunks: list[Layout] = (),
+                      dest_worker: str = "", manifest=None, capability: bytes = b"",
+                      target: Awaitable[Target] | None = None) -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
         ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
-        capability must grant exactly this transfer (CapabilityDenied before anything is read)."""
+        capability must grant exactly this transfer (CapabilityDenied before anything is read).
+        ``target``: the destination, the grant's, comes later (instead of these arguments);
+        one too small to stream computes meanwhile. Nothing is read or sent before it."""
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
-        plan = self._plan(first_token_pos, len(prompt), chunks)
-        credential = None
-        if self.gate is not None and plan:  # no chunk: no byte is read or sent
-            if not capability:
-                self.gate.on_denied(Reason.SIGNATURE.value)
-                raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
-            credential = self.gate.check(capability, manifest, plan, sum(n for *_, n in chunks))
+        if target is None:
+            target = asyncio.get_running_loop().create_future()
+            target.set_result(Target(dest, first_token_pos, list(chunks), dest_worker, manifest, capability))
         if transfer_id in self.tasks:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
         task = self.tasks[transfer_id] = Task(request_id, generation,
                                               runner=asyncio.current_task())
         ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
-            out = await self._run(task, tenant, transfer_id, plan, prompt, sampling, dest, credential)
+            out = await self._compute_and_send(task, tenant, transfer_id, prompt, sampling, target)
             self.metrics.sent(out.sent_bytes, out.transfer_ms / 1000)
             return out
         except BaseException as e:
             end(task, TaskState.FAILED)
-            reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            await self.sender.abort(dest, transfer_id, reason)
-            await self.txn.abort(request_id, transfer_id, generation, f"prefill: {reason}")
+            if task.dest is not None:  # the hand-off began: undo it at both ends
+                reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                await self.sender.abort(task.dest, transfer_id, reason)
+                await self.txn.abort(request_id, transfer_id, generation, f"prefill: {reason}")
             raise
         finally:
             ttl.cancel()
@@ -128,6 +115,25 @@ class PrefillWorker:
             windows = getattr(self.sender, "credit_windows", dict)()
             self.events("credits", request=request_id, transfer=transfer_id,
                         in_flight=sum(w.in_flight for w in windows.values()))
+
+    async def _granted(self, task: Task, transfer_id: str, prompt_len: int,
+                       target: Awaitable[Target]) -> list[ChunkKey]:
+        """The target checked (plan, capability): the plan; `task.dest`, `task.auth` (leaving)."""
+        t = await target
+        plan = self._plan(t.first_token_pos, prompt_len, t.chunks)
+        credential = None
+        if self.gate is not None and plan:  # no chunk: no byte is read or sent
+            if not t.capability:
+                self.gate.on_denied(Reason.SIGNATURE.value)
+                raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
+            credential = self.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
+        self._check(task)
+        task.dest = t.dest
+        # The credential goes out while this prefill computes (the destination checks it
+        # meanwhile); no chunk leaves before it went.
+        if credential is not None:
+            task.auth = asyncio.ensure_future(self.sender.present(t.dest, transfer_id, credential))
+        return plan
 
     def _plan(self, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:
         """The chunks to send, checked: they tile the transfer set with this engine's sizes."""
@@ -144,30 +150,30 @@ class PrefillWorker:
             raise InvalidRequest(f"manifest.expected_chunks: {why}")
         return plan
 
-    async def _run(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
-                   prompt: list[int], sampling: SamplingParams, dest: str,
-                   credential: dict | None = None) -> PrefillOutcome:
-        t0 = time.perf_counter()
-        # The credential goes out while this prefill computes (the destination checks it
-        # meanwhile); no chunk leaves before it went.
-        auth = asyncio.ensure_future(self.sender.present(dest, transfer_id, credential)) \
-            if credential is not None else None
+    async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
+                                sampling: SamplingParams, target: Awaitable[Target]) -> PrefillOutcome:
         try:
-            return await self._compute_and_send(task, tenant, transfer_id, plan, prompt, sampling, dest, auth, t0)
+            return await self._hand_off(task, tenant, transfer_id, prompt, sampling, target)
         finally:
-            await settle(auth)
+            await settle(task.auth)
 
-    async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, plan: list[ChunkKey],
-                                prompt: list[int], sampling: SamplingParams, dest: str,
-                                auth: asyncio.Future | None, t0: float) -> PrefillOutcome:
+    async def _hand_off(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
+                        sampling: SamplingParams, target: Awaitable[Target]) -> PrefillOutcome:
+        t0 = time.perf_counter()
+        e, bs = self.engine, self.engine.block_size
+        layers = e.model_cfg.num_hidden_layers
+        # Granted later, a transfer that cannot stream (the whole prompt is below the
+        # streaming size) computes meanwhile; one that may stream needs its plan to start.
+        whole = -(-len(prompt) // bs) * layers * e.cache.block_bytes_per_layer
+        granted_later = not (isinstance(target, asyncio.Future) and target.done()) \
+            and not (self.cfg.stream_layers and whole >= self.cfg.stream_min_bytes)
+        plan = [] if granted_later else await self._granted(task, transfer_id, len(prompt), target)
         task.seq = seq = await self.loop.add_request(transfer_id, prompt, 1, sampling, tenant)
         self._check(task)
         advance(task, TaskState.COMPUTING)
         reused = seq.num_cached_tokens
-        e, bs = self.engine, self.engine.block_size
-        layers = e.model_cfg.num_hidden_layers
         nbytes = sum(chunk_bytes(e, k) for k in plan)
-        stream = self.cfg.stream_layers and nbytes >= self.cfg.stream_min_bytes
+        stream = not granted_later and self.cfg.stream_layers and nbytes >= self.cfg.stream_min_bytes
         rid = task.request_id
         kv = LayerDigest(e, seq)  # streamed: each layer hashed once final, while later ones compute
 
@@ -178,7 +184,8 @@ class PrefillWorker:
         gate = ProducerGate(layers, reused, len(prompt), asyncio.get_running_loop(), written)
         early = TokenCommit(stream and not any(self.pause.wants(step, rid) for step in ("sampled", "computed")),
                             lambda: task.state is TaskState.COMPUTING
-                            and (auth is None or (auth.done() and not auth.cancelled() and auth.exception() is None)))
+                            and ((auth := task.auth) is None
+                                 or (auth.done() and not auth.cancelled() and auth.exception() is None)))
         sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first)
         chunks: list[Chunk] = []
 
@@ -191,8 +198,8 @@ class PrefillWorker:
             `last`: the COMMIT follows at once (the last message may carry it)."""
             if chunks:
                 await self.pause("chunk", rid)
-            if auth is not None:
-                await auth
+            if task.auth is not None:
+                await task.auth
             t_ns, sent = time.time_ns(), []
 
             def items():
@@ -202,7 +209,7 @@ class PrefillWorker:
                                     (c.key.block_start + c.key.block_count) * bs, len(prompt)))
                     sent.append(c)
                     yield c, chunk_views(e, seq, c.key)
-            await self.sender.send_many(dest, transfer_id, items(), hold_last=last)
+            await self.sender.send_many(task.dest, transfer_id, items(), hold_last=last)
             for c in sent:
                 trace.sent(c.key.layer, c.num_bytes, t_ns)
                 chunks.append(c)
@@ -229,7 +236,7 @@ class PrefillWorker:
         streamer = asyncio.ensure_future(stream_chunks(
             gate, plan, bs, send, lambda: self._check(task))) if stream else None
         computed = asyncio.Event()
-        declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order, dest,
+        declared = asyncio.ensure_future(self._declare(task, transfer_id, streamer, kv, chunks, order, task.dest,
                                                        computed, early)) if stream else None
         try:
             try:
@@ -240,6 +247,9 @@ class PrefillWorker:
                 self.events("computed", request=rid)
                 await self.pause("computed", rid)
                 self._check(task)
+                if granted_later:  # the compute is done: now the grant (most often here already)
+                    plan = await self._granted(task, transfer_id, len(prompt), target)
+                    t_computed = time.perf_counter()
                 if streamer is None:
                     # No Begin: the declaration travels sealed in the COMMIT, and the
                     # destination's Publish declares, validates and publishes in one step.
@@ -257,8 +267,8 @@ class PrefillWorker:
                 await settle(streamer)
                 await settle(declared)
             self._check(task)
-            if auth is not None:
-                await auth
+            if task.auth is not None:
+                await task.auth
             advance(task, TaskState.COMMITTING)
             self.events("commit", request=rid, chunks=len(chunks))
             if early.sent is not None:  # the token's COMMIT left from token 0's callback (TokenCommit)
@@ -266,7 +276,7 @@ class PrefillWorker:
                 tracing.past_span(TRANSFER_COMMIT, early.sent_ns, time.time_ns())
             else:
                 with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
-                    verdict = await self._commit(task, transfer_id, dest, () if ahead else chunks, kv_digest,
+                    verdict = await self._commit(task, transfer_id, task.dest, () if ahead else chunks, kv_digest,
                                                  first_token, sealed=not ahead)
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)

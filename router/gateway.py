@@ -14,7 +14,7 @@ in-band error event, and stop iterating after their complete event; closing
 
 Which calls belong to which step of an attempt (see `router.requests.attempts`):
 
-    disaggregated:  reserve -> reserve_txn -> prefill || decode_stream
+    disaggregated:  prefill's job || reserve -> its grant || reserve_txn || decode_stream
     colocated:      generate
     teardown:       abort_txn -> cancel_decode -> (close stream) -> cancel_prefill
 """
@@ -22,7 +22,7 @@ Which calls belong to which step of an attempt (see `router.requests.attempts`):
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
@@ -52,9 +52,12 @@ class WorkerGateway(abc.ABC):
         """Decode.Reserve: destination blocks for one generation of a request."""
 
     @abc.abstractmethod
-    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float) -> PrefillDone:
+    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
+                      grant: Awaitable[PrefillCall] | None = None) -> PrefillDone:
         """Prefill.Prefill: compute the prompt and hand its K/V to the destination;
-        returns once the destination accepted the commit."""
+        returns once the destination accepted the commit. `grant`: `call` is the job
+        alone (no destination), sent now; the grant (the whole call) follows once it
+        resolves, on the same call (an error or a cancel there cancels the call)."""
 
     @abc.abstractmethod
     def decode_stream(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 import grpc
@@ -137,11 +137,19 @@ class GrpcWorkerGateway(WorkerGateway):
             raise call_error(exc, f"Decode.Reserve on {worker.worker_id}") from None
         return convert.reservation_from_pb(resp)
 
-    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float) -> PrefillDone:
+    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
+                      grant: Awaitable[PrefillCall] | None = None) -> PrefillDone:
+        rpc = self._prefill(worker).Prefill(timeout=timeout_s)
         try:
-            result = await self._prefill(worker).Prefill(convert.prefill_call_to_pb(call), timeout=timeout_s)
+            await rpc.write(convert.prefill_call_to_pb(call))
+            if grant is not None:
+                await rpc.write(convert.prefill_call_to_pb(await grant))
+            await rpc.done_writing()
+            result = await rpc
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None
+        finally:
+            rpc.cancel()  # no-op once the call finished; a grant that never came ends it
         return convert.prefill_done_from_pb(result)
 
     async def _stream(self, call: Any, what: str) -> AsyncIterator[StreamItem]:

@@ -2,10 +2,13 @@
 
 Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 
-    1. Decode.Reserve on D           -> reservation (blocks, data-plane address)
+    1. concurrently
+         Prefill.Prefill on P, the job -> computes meanwhile (a transfer too small to
+                                        stream; one that may stream waits for its grant)
+         Decode.Reserve on D         -> reservation (blocks, data-plane address)
     2. concurrently, leaving in this order (the order they are needed in)
-         Prefill.Prefill on P        -> computes meanwhile; its Begin waits for the
-                                        record; returns after D accepted the commit
+         the Prefill's grant         -> manifest, destination, capability; P sends and
+                                        commits; returns after D accepted the commit
          Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
     3. Started event once the directory applied the reservation
@@ -30,6 +33,9 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from opentelemetry import trace
+
+from pdserve_client import spans as S
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.requests.admission import Admitted
@@ -43,7 +49,7 @@ from router.requests.attempt import (
     blame,
 )
 from router.requests.cluster_view import ClusterView
-from router.requests.handoff import build_manifest, transfer_id
+from router.requests.handoff import build_manifest, job_manifest, transfer_id
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
 from router.types import (
@@ -134,6 +140,14 @@ class AttemptRunner:
         blocks, att.prefill_handle = self._inflight.hold_route(req, p, d)
         att.overlay_handles.append(blocks)
         advance(att, Stage.DECODE_RESERVE)
+        # P gets the job beside D's Reserve and computes meanwhile; its grant (the manifest,
+        # the destination, the capability) follows on the same call once D answered. A
+        # failed Reserve cancels the call (teardown): nothing was read or sent, and the
+        # compute stays in P's prefix cache.
+        grant: asyncio.Future[PrefillCall] = asyncio.get_running_loop().create_future()
+        job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
+        att.prefill_task = asyncio.create_task(self._prefill(
+            att, PrefillCall(job, req.prompt, "", req.sampling), queue, grant))
         try:
             reservation = await self._workers.reserve(d, ReserveCall(
                 req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
@@ -142,22 +156,23 @@ class AttemptRunner:
             if exc.code is StatusCode.INVALID_ARGUMENT:
                 raise RouterError(exc.code, exc.message) from exc  # the client's to fix: verbatim
             raise AttemptFailed(att.stage.value, exc.code, exc.message, culprit=d) from exc
+        attempt_span = trace.get_current_span()  # router.attempt (a no-op one while tracing is off)
+        attempt_span.add_event(S.EVENT_RESERVED)
         if reservation.reservation_id and reservation.reservation_id != tid:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
         advance(att, Stage.DIRECTORY_RESERVE)
         att.txn_open = True  # until the directory says otherwise
-        # P computes while the directory records the transaction: its Begin waits for the
-        # record (services/worker/directory_ops.py), and nothing publishes without it.
+        # P's chunks wait for the directory's record only at the destination's Publish
+        # (and its AUTH for the nonce's): nothing publishes without it.
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
-        # The calls leave in the order they are needed: the Prefill first (its compute is the
-        # critical path), the directory's Reserve (needed by the Begin, after the compute),
-        # the DecodeStream last (needed at publication). Each one's setup in this process
-        # (interceptors, TLS, protobuf) would otherwise delay the Prefill.
-        att.prefill_task = asyncio.create_task(self._prefill(att, PrefillCall(
-            manifest, req.prompt, reservation.data_plane_address or d.data_plane_address, req.sampling,
-            capability), queue))
+        # They leave in the order they are needed: the grant first (P's compute ends soon),
+        # the directory's Reserve, the DecodeStream last (needed at publication). Each one's
+        # setup in this process (interceptors, TLS, protobuf) would otherwise delay the grant.
+        grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
+                                     req.sampling, capability))
+        attempt_span.add_event(S.EVENT_GRANTED)
         reserving = asyncio.ensure_future(
             self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
         try:
@@ -199,9 +214,10 @@ class AttemptRunner:
             req.request_id, att.generation, req.max_tokens, req.sampling, tenant=req.tenant,
             prompt_token_ids=req.prompt), self._timeout(None)), queue))
 
-    async def _prefill(self, att: Attempt, call: PrefillCall, queue: asyncio.Queue) -> PrefillDone | None:
+    async def _prefill(self, att: Attempt, call: PrefillCall, queue: asyncio.Queue,
+                       grant: asyncio.Future[PrefillCall] | None = None) -> PrefillDone | None:
         try:
-            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s))
+            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant)
             queue.put_nowait(("prefill", done))
             return done
         except WorkerCallError as exc:

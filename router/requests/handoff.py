@@ -46,6 +46,17 @@ def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_
                  max_bytes=sum(c.num_bytes for c in manifest.expected_chunks), ttl_ms=ttl_ms)
 
 
+def job_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
+                 prefill: Worker) -> manifest_pb2.HandoffManifest:
+    """The manifest of a Prefill job sent before its grant: what to compute, not where to
+    (the grant's `build_manifest` names the same transfer and adds the destination)."""
+    return manifest_pb2.HandoffManifest(
+        request_id=request_id, tenant=tenant, generation=generation, attempt=generation,
+        prompt_digest=prompt_digest(prompt, tenant), cache_abi_digest=prefill.cache_abi_digest,
+        source_worker_id=prefill.worker_id, source_epoch=prefill.epoch,
+        transfer_id=transfer_id(request_id, generation), checksum_algorithm=CHECKSUM_ALGORITHM)
+
+
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
                    prefill: Worker, decode: Worker, reservation: Reservation,
                    route_epoch: int) -> manifest_pb2.HandoffManifest:

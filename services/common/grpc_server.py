@@ -66,7 +66,8 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or handler.request_streaming:
+        if handler is None or handler.request_deserializer is None or \
+                (handler.request_streaming and handler.response_streaming):
             return handler
         parse, method = handler.request_deserializer, handler_call_details.method
 
@@ -81,6 +82,20 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
                                 f"{method}: the request is not a valid protobuf message of its type "
                                 f"({type(request.error).__name__}: {request.error})")
 
+        if handler.request_streaming:  # stream-unary: the first malformed request ends the call
+            inner_requests = handler.stream_unary
+
+            async def checked(requests, context):
+                async for request in requests:
+                    if isinstance(request, _Malformed):
+                        await refuse(request, context)
+                    yield request
+
+            async def requests_behaviour(requests, context):
+                return await inner_requests(checked(requests, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                requests_behaviour, request_deserializer=deserialize, response_serializer=handler.response_serializer)
         if handler.response_streaming:
             inner = handler.unary_stream
 
@@ -161,13 +176,15 @@ class RefuseWhen(grpc.aio.ServerInterceptor):
                     yield item
 
             return handler._replace(unary_stream=stream)
-        inner = handler.unary_unary
+        inner = handler.unary_unary or handler.stream_unary
 
-        async def unary(request, context):
+        async def unary(request, context):  # a request, or a stream-unary call's requests
             await refuse(context)
             return await inner(request, context)
 
-        return handler._replace(unary_unary=unary)
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=unary)
+        return handler._replace(stream_unary=unary)
 
 
 async def start_server(listen: str, registrations: Iterable[Registration], security: Security,

@@ -241,10 +241,10 @@ class _ServerSpans(grpc.aio.ServerInterceptor):
         def remote():
             return propagate.extract({m.key: m.value for m in metadata or ()})
 
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
+        if handler.unary_unary is not None or handler.stream_unary is not None:
+            inner = handler.unary_unary or handler.stream_unary
 
-            async def unary(request, context):
+            async def unary(request, context):  # a request, or a stream-unary call's requests
                 token = otel_context.attach(remote())  # the caller's baggage, for our own calls
                 try:
                     with _tracer.start_as_current_span(method, kind=trace.SpanKind.SERVER, attributes=attributes):
@@ -252,7 +252,9 @@ class _ServerSpans(grpc.aio.ServerInterceptor):
                 finally:
                     otel_context.detach(token)
 
-            return handler._replace(unary_unary=unary)
+            if handler.unary_unary is not None:
+                return handler._replace(unary_unary=unary)
+            return handler._replace(stream_unary=unary)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
@@ -302,7 +304,7 @@ def client_interceptors() -> list:
     (bench/results/tracing.md)."""
     if _provider is None:
         return []
-    return [_SendContextUnary(), _SendContextStream()]
+    return [_SendContextUnary(), _SendContextStream(), _SendContextStreamUnary()]
 
 
 def _with_context(details):
@@ -323,3 +325,8 @@ class _SendContextUnary(grpc.aio.UnaryUnaryClientInterceptor):
 class _SendContextStream(grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(_with_context(client_call_details), request)
+
+
+class _SendContextStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return await continuation(_with_context(client_call_details), request_iterator)

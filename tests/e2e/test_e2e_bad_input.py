@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import pytest
 
 from pdserve_client import PdError
-from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, router_pb2, router_pb2_grpc
+from pdserve_client.rpc.pd.v1 import (
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    manifest_pb2,
+    prefill_pb2,
+    prefill_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+)
 from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
 
 
@@ -105,11 +117,12 @@ def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
                                             ("router", "/pd.v1.Router/Cancel"),
                                             ("decode-0", "/pd.v1.Decode/Reserve"),
                                             ("decode-0", "/pd.v1.Decode/Generate"),
+                                            ("prefill-0", "/pd.v1.Prefill/Prefill"),
                                             ("directory", "/pd.v1.Directory/RegisterWorker")])
 def test_malformed_bytes_are_invalid_argument(cluster, service, method):
     """Bytes that are no protobuf message get a status a person can act on (issue 15, item 7)."""
     # Each caller is one its method admits: the bytes, not the identity, are at fault.
-    identity = {"router": "client", "decode-0": "router", "directory": "decode-0"}[service]
+    identity = {"router": "client", "decode-0": "router", "prefill-0": "router", "directory": "decode-0"}[service]
     with channel(cluster, service, identity) as ch:
         streaming = method.endswith("Generate")
         call = (ch.unary_stream if streaming else ch.unary_unary)(method)
@@ -131,4 +144,61 @@ def test_a_message_over_the_size_limit_is_refused_before_it_is_parsed(cluster):
             list(router_pb2_grpc.RouterStub(ch).Generate(request, timeout=30))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
     assert "larger than max" in err.value.details()
+    assert_cluster_clean(cluster)
+
+
+# ---- Prefill's job and its grant (one call, two requests) ---------------------------
+
+def _job(generation: int = 1, **fields) -> prefill_pb2.PrefillRequest:
+    return prefill_pb2.PrefillRequest(manifest=manifest_pb2.HandoffManifest(
+        request_id="job", tenant="default", generation=generation, transfer_id=f"job/{generation}"),
+        prompt_token_ids=list(range(3, 40)), **fields)
+
+
+@pytest.mark.parametrize("grant,words", [
+    (None, "the call ended without a grant"),
+    (_job(2, destination_data_plane_address="127.0.0.1:1"), "the grant names transfer 'job/2'"),
+    (_job(1), "the grant's destination_data_plane_address is empty"),
+], ids=["no-grant", "another-transfer", "no-destination"])
+def test_a_prefill_job_without_a_valid_grant_is_refused_and_frees_its_compute(cluster, grant, words):
+    """The job computes before its grant; a grant that never comes, names another transfer
+    or no destination is INVALID_ARGUMENT, and the computed blocks are freed."""
+    with channel(cluster, "prefill-0", "router") as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            prefill_pb2_grpc.PrefillStub(ch).Prefill(iter([_job()] + ([grant] if grant else [])), timeout=20)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert words in err.value.details(), err.value.details()
+    assert_cluster_clean(cluster)
+
+
+def test_a_malformed_grant_is_invalid_argument(cluster):
+    with channel(cluster, "prefill-0", "router") as ch:
+        call = ch.stream_unary("/pd.v1.Prefill/Prefill")
+        with pytest.raises(grpc.RpcError) as err:
+            call(iter([_job().SerializeToString(), b"\x0a\xff\xff\xff\xff\xff"]), timeout=20)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert err.value.details().startswith("/pd.v1.Prefill/Prefill: the request is not a valid protobuf message")
+    assert_cluster_clean(cluster)
+
+
+def test_a_job_cancelled_before_its_grant_leaves_nothing(cluster):
+    """The router's Reserve failed: it cancels the call while the prefill waits for the
+    grant. Nothing was sent; the blocks are freed; the worker serves on."""
+    stop = threading.Event()
+
+    def requests():
+        yield _job()
+        stop.wait(20)  # the grant that never comes
+
+    with channel(cluster, "prefill-0", "router") as ch:
+        call = prefill_pb2_grpc.PrefillStub(ch).Prefill.future(requests(), timeout=20)
+        time.sleep(1.0)  # the job arrived and computed
+        call.cancel()
+        stop.set()
+        with pytest.raises(grpc.FutureCancelledError):
+            call.result()
+    assert_cluster_clean(cluster)
+    with client(cluster) as sdk:
+        res = sdk.generate_full(prompt_ids=list(range(3, 40)), max_tokens=3, ignore_eos=True, mode="disaggregated")
+    assert len(res.token_ids) == 3 and res.route == "disaggregated"
     assert_cluster_clean(cluster)

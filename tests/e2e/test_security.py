@@ -107,9 +107,9 @@ WORKER_CALLS = [
         request_id="x", generation=1, transfer_id="x/1"), timeout=10)),
     ("decode-0", lambda ch: decode_pb2_grpc.DecodeStub(ch).Cancel(common_pb2.CancelRequest(request_id="x"),
                                                                   timeout=10)),
-    ("prefill-0", lambda ch: prefill_pb2_grpc.PrefillStub(ch).Prefill(prefill_pb2.PrefillRequest(
+    ("prefill-0", lambda ch: prefill_pb2_grpc.PrefillStub(ch).Prefill(iter([prefill_pb2.PrefillRequest(
         manifest=manifest_pb2.HandoffManifest(request_id="x", generation=1, transfer_id="x/1"),
-        prompt_token_ids=[1, 2, 3]), timeout=10)),
+        prompt_token_ids=[1, 2, 3])]), timeout=10)),
 ]
 
 

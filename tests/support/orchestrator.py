@@ -198,7 +198,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.published[tid] = asyncio.Event()
         return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
 
-    async def prefill(self, w: Worker, call: PrefillCall, timeout_s) -> PrefillDone:
+    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None) -> PrefillDone:
+        if grant is not None:  # the job came first; the call goes on once its grant is there
+            call = await grant
         await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
         tid = call.manifest.transfer_id
         self.txns[tid] = "PUBLISHED"

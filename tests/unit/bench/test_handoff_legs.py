@@ -19,7 +19,7 @@ def span(service, name, start_ms, end_ms, events=()):
 def trace(shift: float, publishes=((18.0, 19.0),)):
     return SimpleNamespace(spans=[
         span("decode", "/pd.v1.Decode/Reserve", 2.0, 2.5),
-        span("prefill", "/pd.v1.Prefill/Prefill", 5.5 + shift, 20.0),
+        span("prefill", "/pd.v1.Prefill/Prefill", 1.0, 20.0, [("granted", 5.5 + shift)]),
         span("prefill", "transfer.layer", 12.0, 12.1, [("chunk.sent", 12.05)]),
         span("decode", "transfer.receive", 2.6, 15.0, [("chunk.visible", 14.05 + shift)]),
         span("decode", "decode.publish", 17.0, 20.0),
@@ -30,7 +30,7 @@ def trace(shift: float, publishes=((18.0, 19.0),)):
 def test_each_leg_is_the_median_gap_between_its_two_steps():
     got = legs([trace(0.0), trace(1.0), trace(2.0)], EXTRA_LEGS)
     assert {k: round(v[0], 6) for k, v in got.items()} == {
-        "decode Reserve -> router -> prefill Prefill (2 one-way hops)": 4.0,
+        "decode Reserve -> router -> prefill's grant (2 one-way hops)": 4.0,
         "prefill chunk sent -> decode chunk visible (data plane)": 3.0,
         "decode -> directory Publish": 1.0,
         "directory Publish -> decode": 1.0,
@@ -44,4 +44,4 @@ def test_the_way_back_leaves_from_the_last_publish_and_a_missing_step_drops_the_
     got = legs([asked_again, bare], EXTRA_LEGS)
     assert got["directory Publish -> decode"] == (0.75, 2)  # 0.5 and 1.0 (from the first one: 2.3)
     assert got["decode -> directory Publish"] == (0.75, 2)  # to the first one: 0.5 and 1.0
-    assert got["decode Reserve -> router -> prefill Prefill (2 one-way hops)"] == (3.0, 1)  # bare: left out
+    assert got["decode Reserve -> router -> prefill's grant (2 one-way hops)"] == (3.0, 1)  # bare: left out

@@ -92,7 +92,9 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
         self.name, self.log, self.published = name, log, published
         self.fail = False
 
-    async def Prefill(self, request, context):
+    async def Prefill(self, request_iterator, context):
+        self.requests = [r async for r in request_iterator]  # the job, then its grant
+        request = self.requests[-1]
         m = request.manifest
         self.log.append(("Prefill.Prefill", self.name, m.request_id, m.generation,
                          request.destination_data_plane_address))
@@ -203,9 +205,15 @@ def test_generate_disaggregated_over_grpc():
         async with rig() as (router, _, log, fakes, directory, _):
             sampling = common_pb2.SamplingParams(temperature=0.7, top_k=5, seed=11, stop_token_ids=[2])
             events = [ev async for ev in router.Generate(request(sampling=sampling))]
-            return events, log, directory.manifests, fakes["p0"].sampling
+            return events, log, directory.manifests, fakes["p0"].sampling, fakes["p0"].requests
 
-    events, log, manifests, prefill_sampling = run(go())
+    events, log, manifests, prefill_sampling, prefill_requests = run(go())
+    # The Prefill call: the job (no destination, no capability, no chunks) beside the
+    # decode's Reserve, then its grant naming the same transfer.
+    job, granted = prefill_requests
+    assert (job.destination_data_plane_address, job.capability, len(job.manifest.expected_chunks)) == ("", b"", 0)
+    assert (job.manifest.transfer_id, job.manifest.tenant, list(job.prompt_token_ids)) == ("r1/1", "acme", PROMPT)
+    assert (granted.destination_data_plane_address, granted.manifest.transfer_id) == ("dp-d0", "r1/1")
     kinds = [ev.WhichOneof("event") for ev in events]
     assert kinds == ["started"] + ["token"] * 4 + ["complete"]
     s = events[0].started

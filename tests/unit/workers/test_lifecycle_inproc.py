@@ -11,11 +11,11 @@ import random
 import pytest
 
 from decode_worker.reservations import ResState
-from prefill_worker.worker import TaskState, TransferRefused
+from prefill_worker.worker import Target, TaskState, TransferRefused
 from services.directory.states import TxnState
 from services.engine import InvalidRequest
 from services.security.seal import Sealer
-from tests.support.inproc_cluster import InprocCluster
+from tests.support.inproc_cluster import GREEDY, InprocCluster
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16
 
@@ -243,3 +243,69 @@ def test_a_destination_that_drops_the_seal_cannot_publish():
 
     record = run(go())
     assert record.state is TxnState.ABORTED and record.kv_digest == ""
+
+
+def _recording(sender) -> list[str]:
+    """The data-plane calls `sender` makes from now on, by name."""
+    calls: list[str] = []
+    for name in ("present", "send", "send_many", "commit", "commit_now", "abort"):
+        inner = getattr(sender, name, None)
+        if inner is not None:
+            def wrapped(*a, _inner=inner, _name=name, **kw):
+                calls.append(_name)
+                return _inner(*a, **kw)
+            setattr(sender, name, wrapped)
+    return calls
+
+
+async def _job_then_grant(c: InprocCluster, request_id: str, prompt: list[int], wait_s: float):
+    """The router's order: the Prefill job first, the decode's Reserve, then the grant;
+    up to `wait_s` for the job's first token before the grant goes. (The sender's calls
+    and the token sampled by then, tokens, outcome.)"""
+    calls = _recording(c.sender)
+    grant = asyncio.get_running_loop().create_future()
+    run = asyncio.ensure_future(c.prefill.prefill(
+        request_id=request_id, tenant="t", generation=1, transfer_id=f"{request_id}/1", prompt=prompt,
+        sampling=GREEDY, abi_digest=c.d.loop.engine.abi.digest, target=grant))
+    loop = asyncio.get_running_loop()
+    give_up, task = loop.time() + wait_s, None
+    while loop.time() < give_up and not (task is not None and task.seq is not None and task.seq.output_ids):
+        await asyncio.sleep(0.01)
+        task = c.prefill.tasks.get(f"{request_id}/1")
+    seen = (list(calls), None if task is None or task.seq is None else list(task.seq.output_ids))
+    res = await c.reserve(request_id, prompt, 4)
+    stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+    grant.set_result(Target(c.receiver.address, res.first_block * c.d.loop.engine.block_size,
+                            res.expected_layouts(), "d0", c.manifest(request_id, 1, prompt, res)))
+    outcome = await run
+    return seen, await stream, outcome
+
+
+def test_a_job_computes_before_its_grant_and_sends_nothing_until_it_comes():
+    """The router sends the Prefill job beside the decode's Reserve: a transfer too small
+    to stream computes meanwhile (its first token is sampled before the grant), nothing
+    reaches the data plane before the grant, and the hand-off equals colocated."""
+    async def go():
+        async with InprocCluster() as c:
+            seen, tokens, outcome = await _job_then_grant(c, "j", PROMPT, 10.0)
+            reference = await c.colocated("ref", PROMPT, 4)
+            await c.assert_all_returned()
+            return seen, tokens, reference, outcome
+
+    (calls, sampled), tokens, reference, outcome = run(go())
+    assert calls == [] and sampled == [tokens[0]]
+    assert tokens == reference and outcome.first_token == tokens[0] and outcome.sent_chunks > 0
+
+
+def test_a_job_that_may_stream_waits_for_its_grant_before_computing():
+    """Streaming needs the chunk plan from the first layer: no compute before the grant."""
+    async def go():
+        async with InprocCluster(stream_min_bytes=0) as c:
+            seen, tokens, outcome = await _job_then_grant(c, "js", PROMPT, 0.5)
+            reference = await c.colocated("ref", PROMPT, 4)
+            await c.assert_all_returned()
+            return seen, tokens, reference
+
+    (calls, sampled), tokens, reference = run(go())
+    assert calls == [] and sampled is None
+    assert tokens == reference

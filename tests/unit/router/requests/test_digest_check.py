@@ -52,8 +52,8 @@ def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
     slow = fake.prefill
 
-    async def late_prefill(w, call, timeout_s):
-        done = await slow(w, call, timeout_s)
+    async def late_prefill(w, call, timeout_s, grant=None):
+        done = await slow(w, call, timeout_s, grant)
         await asyncio.sleep(0.2)  # the whole stream (published at the end of `slow`) is in first
         return done
     fake.prefill = late_prefill

@@ -36,7 +36,7 @@ class PrefillStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Prefill = channel.unary_unary(
+        self.Prefill = channel.stream_unary(
                 '/pd.v1.Prefill/Prefill',
                 request_serializer=pd_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pd_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
@@ -52,9 +52,19 @@ class PrefillServicer:
     """Prompt compute and K/V send.
     """
 
-    def Prefill(self, request, context):
+    def Prefill(self, request_iterator, context):
         """Compute the prompt and send every expected chunk; returns when the last
         chunk's credit came back (device-visible at the destination) or fails.
+
+        One request, or two: the job first, then its grant. A first message without
+        destination_data_plane_address is the job alone (manifest with request_id,
+        tenant, generation, transfer_id and cache_abi_digest; prompt; sampling):
+        prefill computes meanwhile, and nothing is read or sent before the second
+        message, the grant (the full manifest, the destination and the capability),
+        which must name the same transfer and end the stream. A call that ends
+        without a grant is INVALID_ARGUMENT; a cancelled one leaves the compute as
+        prefix cache. A single request that carries everything is the grant at
+        once (what a unary caller sends).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +80,7 @@ class PrefillServicer:
 
 def add_PrefillServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Prefill': grpc.unary_unary_rpc_method_handler(
+            'Prefill': grpc.stream_unary_rpc_method_handler(
                     servicer.Prefill,
                     request_deserializer=pd_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
                     response_serializer=pd_dot_v1_dot_prefill__pb2.PrefillResult.SerializeToString,
@@ -93,7 +103,7 @@ class Prefill:
     """
 
     @staticmethod
-    def Prefill(request,
+    def Prefill(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -103,8 +113,8 @@ class Prefill:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/pd.v1.Prefill/Prefill',
             pd_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
