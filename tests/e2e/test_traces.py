@@ -102,6 +102,11 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
         _before(a, b)
     assert commit.start_ns <= validate.start_ns and validate.parent_id == commit.span_id  # joined over the data plane
     assert receive.end_ns <= validate.start_ns
+    # The Prefill's job left beside the decode's Reserve; its grant once the Reserve answered,
+    # landed before the first chunk left.
+    at = {e["name"]: e["t_ns"] for e in attempt.events}
+    landed = [e["t_ns"] for e in _one(trace, "/pd.v1.Prefill/Prefill").events if e["name"] == S.EVENT_GRANTED]
+    assert reserve.end_ns <= at[S.EVENT_RESERVED] <= at[S.EVENT_GRANTED] <= landed[0] <= layers[0].start_ns
     sent = [e for s in layers for e in s.events if e["name"] == S.EVENT_CHUNK_SENT]
     visible = [e for e in receive.events if e["name"] == S.EVENT_CHUNK_VISIBLE]
     assert len(sent) == len(visible) > 0 and sum(e["attributes"][S.BYTES] for e in sent) == \

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from services.common.grpc_server import start_server
 from services.security.tls import Security
 from services.worker.config import NodeConfig
@@ -36,6 +36,19 @@ class Decode(decode_pb2_grpc.DecodeServicer):
         return common_pb2.CancelResponse(request_id=request.request_id, found=True)
 
 
+class Prefill(prefill_pb2_grpc.PrefillServicer):
+    """Answers a Prefill (its job, then its grant: a client-streaming call) once both came."""
+
+    async def Prefill(self, request_iterator, context):
+        requests = [r async for r in request_iterator]
+        return prefill_pb2.PrefillResult(request_id=requests[0].manifest.request_id, sent_chunks=len(requests))
+
+
+def prefill(stub, request_id: str):
+    job = prefill_pb2.PrefillRequest(manifest={"request_id": request_id})
+    return stub.Prefill(iter([job, prefill_pb2.PrefillRequest(destination_data_plane_address="d")]), timeout=2)
+
+
 async def statuses(channel) -> set[int]:
     stub = health_pb2_grpc.HealthStub(channel)
     return {(await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=2)).status
@@ -45,11 +58,13 @@ async def statuses(channel) -> set[int]:
 def test_health_follows_readiness_and_a_draining_server_refuses_new_work_only():
     async def main():
         server, port, health = await start_server(
-            "127.0.0.1:0", [(decode_pb2_grpc.add_DecodeServicer_to_server, Decode(), "pd.v1.Decode")],
+            "127.0.0.1:0", [(decode_pb2_grpc.add_DecodeServicer_to_server, Decode(), "pd.v1.Decode"),
+                            (prefill_pb2_grpc.add_PrefillServicer_to_server, Prefill(), "pd.v1.Prefill")],
             Security.insecure(), {}, ready=False, new_work=NEW_WORK, draining_message="worker w is draining")
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = decode_pb2_grpc.DecodeStub(channel)
+                prefills = prefill_pb2_grpc.PrefillStub(channel)
                 assert await statuses(channel) == {NOT_SERVING}
                 await health.ready(True)
                 assert await statuses(channel) == {SERVING}
@@ -57,11 +72,13 @@ def test_health_follows_readiness_and_a_draining_server_refuses_new_work_only():
                 assert await statuses(channel) == {NOT_SERVING}
                 await health.ready(True)
                 assert (await stub.Reserve(decode_pb2.DecodeReserveRequest(request_id="r1"), timeout=2)).request_id
+                assert (await prefill(prefills, "p1")).sent_chunks == 2  # both requests reached it
                 await health.enter_graceful_shutdown()  # SIGTERM
                 await health.ready(True)  # a late re-registration changes nothing
                 assert await statuses(channel) == {NOT_SERVING}
                 for call in (stub.Reserve(decode_pb2.DecodeReserveRequest(request_id="r2"), timeout=2),
-                             _first(stub.Generate(decode_pb2.DecodeGenerateRequest(request_id="r3"), timeout=2))):
+                             _first(stub.Generate(decode_pb2.DecodeGenerateRequest(request_id="r3"), timeout=2)),
+                             prefill(prefills, "p2")):
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
                         await call
                     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
