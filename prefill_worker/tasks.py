@@ -1,6 +1,6 @@
 """A prefill in flight (`Task`), the states it moves through (the numbered steps of
-prefill_worker/worker.py's docstring), where it sends (`Target`) and what it did
-(`PrefillOutcome`)."""
+prefill_worker/worker.py's docstring), where it sends (`Target`) and what
+(`send_plan`), and what it did (`PrefillOutcome`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass, field
 
 from services.common.lifecycle import Moves
-from services.directory.chunk_plan import Layout
-from services.engine import Sequence
+from services.directory.chunk_plan import Layout, tiling_error
+from services.engine import Engine, InvalidRequest, Sequence
+from services.transfer import ChunkKey
+from services.transfer.chunks import chunk_bytes
 
 
 class TaskState(enum.Enum):
@@ -99,3 +101,19 @@ class Target:
     manifest: object = None
     """The HandoffManifest the capability is checked against."""
     capability: bytes = b""
+
+
+def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:
+    """The chunks to send, checked: they tile the transfer set with `engine`'s sizes."""
+    bs, layers = engine.block_size, engine.model_cfg.num_hidden_layers
+    n_blocks = -(-prompt_len // bs)
+    if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:
+        raise InvalidRequest(f"token_interval.start {first_token_pos} is not a block boundary "
+                             f"within the prompt's {n_blocks} blocks of {bs}")
+    why = tiling_error(chunks, first_token_pos // bs, n_blocks, layers)
+    plan = [ChunkKey(layer, start, count) for layer, start, count, _ in chunks]
+    if not why and any(nbytes != chunk_bytes(engine, key) for key, (*_, nbytes) in zip(plan, chunks)):
+        why = f"chunk sizes are not this engine's {engine.cache.block_bytes_per_layer} B per block"
+    if why:
+        raise InvalidRequest(f"manifest.expected_chunks: {why}")
+    return plan

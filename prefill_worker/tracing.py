@@ -2,7 +2,8 @@
 
 The hot path only notes wall-clock times (the engine loop's per-chunk times are on the
 Job; a chunk's send here); the spans are built once the transfer is committed, under
-the Prefill RPC's context, so tracing adds no await and no lock to computing or sending:
+the Prefill RPC's context, after its reply left, so tracing adds no await and no lock to
+computing, sending or the reply:
 
     prefill.queue      submitted to the engine loop -> its first compute chunk starts
     prefill.compute    one per compute chunk
@@ -13,6 +14,7 @@ the Prefill RPC's context, so tracing adds no await and no lock to computing or 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pdserve_client import spans as S
@@ -45,6 +47,16 @@ class PrefillTrace:
         tracing.past_span(S.PREFILL_QUEUE, job.submitted_ns, job.chunks_ns[0][0])
         for i, (start, end) in enumerate(job.chunks_ns):
             tracing.past_span(S.PREFILL_COMPUTE, start, end, attributes={"pd.chunk": i})
+
+    def ended(self, job: Job) -> None:
+        """Every span of the prefill's work, built after the reply (`call_soon`: the router
+        holds token 0 for the reply, not for these)."""
+        if self.on:
+            asyncio.get_running_loop().call_soon(self._build, job)  # in the Prefill call's context
+
+    def _build(self, job: Job) -> None:
+        self.computed(job)
+        self.transferred()
 
     def transferred(self) -> None:
         """One transfer.layer span per layer sent."""

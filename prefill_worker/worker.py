@@ -34,7 +34,8 @@ import time
 from collections.abc import Awaitable, Iterable
 
 from pdserve_client.spans import TRANSFER_COMMIT
-from services.directory.chunk_plan import Layout, tiling_error
+from services.common.tasks import TaskSet
+from services.directory.chunk_plan import Layout
 from services.directory.wire import evidence_of
 from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.engine.digest import LayerDigest
@@ -51,7 +52,7 @@ from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .commit import TokenCommit, settle
 from .streaming import ProducerGate, stream_chunks
-from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end
+from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end, send_plan
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class PrefillWorker:
         """Checks the router's transfer capability before any K/V is read (None: security off)."""
         self.loop, self.engine, self.sender, self.txn = loop, loop.engine, sender, txn
         self.tasks: dict[str, Task] = {}
+        """Prefills in flight, until their blocks are freed (after the reply)."""
+        self._releasing = TaskSet(lambda e: log.error("freeing a prefill's blocks failed: %r", e))
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
 
@@ -108,19 +111,27 @@ class PrefillWorker:
             raise
         finally:
             ttl.cancel()
-            self.tasks.pop(transfer_id, None)
+            # Off the reply's way (the router holds token 0 for it): the engine thread frees
+            # the blocks (~1 ms here), then the task leaves the table that owns them.
+            self._releasing.spawn(self._release(task, transfer_id))
+
+    async def _release(self, task: Task, transfer_id: str) -> None:
+        try:
             if task.seq is not None:
                 seq = task.seq
                 await self.loop.call(lambda e: e.free(seq))
+        finally:
+            if self.tasks.get(transfer_id) is task:
+                del self.tasks[transfer_id]
             windows = getattr(self.sender, "credit_windows", dict)()
-            self.events("credits", request=request_id, transfer=transfer_id,
+            self.events("credits", request=task.request_id, transfer=transfer_id,
                         in_flight=sum(w.in_flight for w in windows.values()))
 
     async def _granted(self, task: Task, transfer_id: str, prompt_len: int,
                        target: Awaitable[Target]) -> list[ChunkKey]:
         """The target checked (plan, capability): the plan; `task.dest`, `task.auth` (leaving)."""
         t = await target
-        plan = self._plan(t.first_token_pos, prompt_len, t.chunks)
+        plan = send_plan(self.engine, t.first_token_pos, prompt_len, t.chunks)
         credential = None
         if self.gate is not None and plan:  # no chunk: no byte is read or sent
             if not t.capability:
@@ -133,21 +144,6 @@ class PrefillWorker:
         # meanwhile); no chunk leaves before it went.
         if credential is not None:
             task.auth = asyncio.ensure_future(self.sender.present(t.dest, transfer_id, credential))
-        return plan
-
-    def _plan(self, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:
-        """The chunks to send, checked: they tile the transfer set with this engine's sizes."""
-        bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
-        n_blocks = -(-prompt_len // bs)
-        if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:
-            raise InvalidRequest(f"token_interval.start {first_token_pos} is not a block boundary "
-                                 f"within the prompt's {n_blocks} blocks of {bs}")
-        why = tiling_error(chunks, first_token_pos // bs, n_blocks, layers)
-        plan = [ChunkKey(layer, start, count) for layer, start, count, _ in chunks]
-        if not why and any(nbytes != chunk_bytes(self.engine, key) for key, (*_, nbytes) in zip(plan, chunks)):
-            why = f"chunk sizes are not this engine's {self.engine.cache.block_bytes_per_layer} B per block"
-        if why:
-            raise InvalidRequest(f"manifest.expected_chunks: {why}")
         return plan
 
     async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
@@ -279,10 +275,10 @@ class PrefillWorker:
                     verdict = await self._commit(task, transfer_id, task.dest, () if ahead else chunks, kv_digest,
                                                  first_token, sealed=not ahead)
         finally:  # the past spans (queue, compute, layers), off the token's way: built before its
-            # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
+            # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace); and
+            # off the reply's, which the router awaits before token 0 leaves it
             await settle(early.sent)
-            trace.computed(job)
-            trace.transferred()
+            trace.ended(job)
         if not verdict.published:
             raise TransferRefused(f"destination refused the transfer: {verdict.reason}")
         advance(task, TaskState.PUBLISHED)

@@ -309,3 +309,28 @@ def test_a_job_that_may_stream_waits_for_its_grant_before_computing():
     (calls, sampled), tokens, reference = run(go())
     assert calls == [] and sampled is None
     assert tokens == reference
+
+
+def test_the_reply_does_not_wait_for_the_blocks_to_be_freed():
+    """The router holds token 0 for the Prefill's reply: the engine thread frees the
+    prompt's blocks after it (~1 ms here), and the task owns them until it has."""
+    async def go():
+        async with InprocCluster() as c:
+            gate, release = asyncio.Event(), c.prefill._release
+
+            async def held(task, transfer_id):
+                await gate.wait()
+                await release(task, transfer_id)
+            c.prefill._release = held
+            res = await c.reserve("f", PROMPT, 3)
+            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            outcome = await asyncio.wait_for(c.send("f", res, PROMPT), 10)
+            owned, held_blocks = list(c.prefill.tasks), c.prefill.held_blocks()
+            gate.set()
+            tokens = await stream
+            await c.assert_all_returned()
+            return outcome, owned, held_blocks, tokens
+
+    outcome, owned, held_blocks, tokens = run(go())
+    assert outcome.first_token == tokens[0] and len(tokens) == 3
+    assert owned == ["f/1"] and held_blocks > 0  # returned, not yet freed: still owned
