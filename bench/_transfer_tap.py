@@ -20,7 +20,8 @@ PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
 
 
 class PrefillTap(grpc.GenericRpcHandler):
-    """Forwards every unary call to `target`; records Prefill timings in `timings`."""
+    """Forwards every call to `target` (Prefill's requests as they come); records Prefill
+    timings in `timings`."""
 
     def __init__(self, server: Security | None = None, caller: Security | None = None):
         """server: the certificate the tap answers with (a prefill worker's: the router
@@ -44,11 +45,13 @@ class PrefillTap(grpc.GenericRpcHandler):
     def service(self, details):
         method = details.method
 
-        def forward(request: bytes, context) -> bytes:
+        def forward(request, context) -> bytes:
+            """`request`: the bytes of a unary call, or the requests of Prefill (the job, then
+            its grant: a client-streaming call, forwarded as one)."""
+            call = self._channel.stream_unary(method) if method == PREFILL_METHOD else \
+                self._channel.unary_unary(method)
             try:
-                response = self._channel.unary_unary(method)(
-                    request, timeout=context.time_remaining(),
-                    metadata=context.invocation_metadata())
+                response = call(request, timeout=context.time_remaining(), metadata=context.invocation_metadata())
             except grpc.RpcError as e:
                 context.abort(e.code(), e.details() or "")
             if method == PREFILL_METHOD:
@@ -57,6 +60,8 @@ class PrefillTap(grpc.GenericRpcHandler):
                                          transfer_ms=t.transfer_ms, total_ms=t.total_ms))
             return response
 
+        if method == PREFILL_METHOD:
+            return grpc.stream_unary_rpc_method_handler(forward)
         return grpc.unary_unary_rpc_method_handler(forward)
 
     def close(self) -> None:
