@@ -109,8 +109,9 @@ def micro_part(args) -> None:
 
 async def call_cost_us(args) -> dict:
     """One unary gRPC call on loopback (client and server in this process, plaintext), µs,
-    with tracing off (no interceptor) and on (the services' server and channel
-    interceptors, sampling on and off): what instrumentation adds per hop of a hand-off."""
+    with tracing off (no interceptor) and on (the services' server interceptors and
+    context-carrying channel, sampling on and off): what instrumentation adds per hop of a
+    hand-off."""
     import grpc
 
     from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc
@@ -127,7 +128,7 @@ async def call_cost_us(args) -> dict:
         directory_pb2_grpc.add_DirectoryServicer_to_server(_Echo(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=tracing.client_interceptors() or None)
+        channel = tracing.carrying_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
         stub, request = directory_pb2_grpc.DirectoryStub(channel), directory_pb2.GetRouteEpochRequest()
         calls = max(100, args.micro_calls // 4)
         try:

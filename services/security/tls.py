@@ -106,7 +106,7 @@ class Security:
                     ) -> grpc.aio.Channel:
         """An asyncio channel to `service` at `address` (mutual TLS unless insecure); its
         calls carry the trace context when tracing is on."""
-        return client_tls.aio_channel(address, self.files, service, options, tracing.client_interceptors())
+        return tracing.carrying_context(client_tls.aio_channel(address, self.files, service, options))
 
     def channel(self, address: str, service: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
         """A blocking channel to `service` at `address`."""

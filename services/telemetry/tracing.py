@@ -9,9 +9,9 @@ process gets its own `service.name` (pdserve-router, pdserve-prefill, ...) and
 with a bounded queue: a dead collector costs dropped spans, never a slower request.
 
 How one request stays one trace:
-- gRPC: W3C `traceparent` + `baggage` metadata, sent by an interceptor on every channel
-  (`client_interceptors`) and taken by one on every server (`server_interceptors`), which
-  opens the call's SERVER span.
+- gRPC: W3C `traceparent` + `baggage` metadata, sent on every channel
+  (`carrying_context`) and taken by an interceptor on every server (`server_interceptors`),
+  which opens the call's SERVER span.
 - the data plane (UCX, TCP are not gRPC): `inject` / `extract` over a dict carried in
   the hand-off's commit.
 - work that outlives the RPC that started it (a reservation's transfer, a decode
@@ -53,7 +53,7 @@ from pdserve_client.spans import GENERATION, REQUEST_ID, ROUTE, TENANT, TRANSFER
 
 __all__ = ["REQUEST_ID", "GENERATION", "TRANSFER_ID", "ROUTE", "TENANT", "configure", "enabled",
            "tracer", "inject", "extract", "with_request", "span_in", "past_span", "current_context",
-           "server_interceptors", "client_interceptors"]
+           "server_interceptors", "carrying_context"]
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 CERTIFICATE_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
@@ -293,40 +293,61 @@ UNTRACED_METHODS = ("/Heartbeat",)
 requests' traces); health checks are left out too."""
 
 
-def client_interceptors() -> list:
-    """The asyncio channel interceptors that send the current trace context (W3C
-    traceparent and baggage metadata) with every call; none while tracing is off.
+def carrying_context(channel: grpc.aio.Channel) -> grpc.aio.Channel:
+    """`channel`, its calls sending the current trace context (W3C traceparent and baggage
+    metadata); the channel itself while tracing is off.
 
     They open no span of their own: the callee's server span is the call's span, a child
     of the caller's current one. A client span per call as well (the OpenTelemetry gRPC
-    instrumentation's client interceptor) measured ~190 µs per call
-    here and doubled the spans of a hand-off for the same information
-    (bench/results/tracing.md)."""
-    if _provider is None:
-        return []
-    return [_SendContextUnary(), _SendContextStream(), _SendContextStreamUnary()]
+    instrumentation's client interceptor) measured ~190 µs per call here and doubled the
+    spans of a hand-off for the same information (bench/results/tracing.md). Nor is this a
+    grpc.aio client interceptor: an intercepted call runs its interceptor in a task of its
+    own around a second call object (bench/tracing.py `call_cost`); this adds the metadata in
+    the caller's frame and hands gRPC the call as it is."""
+    return channel if _provider is None else _ContextChannel(channel)
 
 
-def _with_context(details):
-    """`details` with the current context added to its metadata (unchanged when there is none)."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    if not carrier:
-        return details
-    metadata = grpc.aio.Metadata(*(tuple(details.metadata or ())), *carrier.items())
-    return details._replace(metadata=metadata)
+class _ContextChannel:
+    """A grpc.aio channel whose multicallables add the current context to each call."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: grpc.aio.Channel):
+        self._channel = channel
+
+    def __getattr__(self, name: str):  # close, channel_ready, get_state, ...
+        return getattr(self._channel, name)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return await self._channel.__aexit__(*exc)
+
+    def unary_unary(self, *args, **kwargs):
+        return _WithContext(self._channel.unary_unary(*args, **kwargs))
+
+    def unary_stream(self, *args, **kwargs):
+        return _WithContext(self._channel.unary_stream(*args, **kwargs))
+
+    def stream_unary(self, *args, **kwargs):
+        return _WithContext(self._channel.stream_unary(*args, **kwargs))
+
+    def stream_stream(self, *args, **kwargs):
+        return _WithContext(self._channel.stream_stream(*args, **kwargs))
 
 
-class _SendContextUnary(grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(_with_context(client_call_details), request)
+class _WithContext:
+    """A multicallable whose calls carry the current context in their metadata."""
 
+    __slots__ = ("_call",)
 
-class _SendContextStream(grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(_with_context(client_call_details), request)
+    def __init__(self, call):
+        self._call = call
 
-
-class _SendContextStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return await continuation(_with_context(client_call_details), request_iterator)
+    def __call__(self, *args, metadata=None, **kwargs):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            metadata = grpc.aio.Metadata(*tuple(metadata or ()), *carrier.items())
+        return self._call(*args, metadata=metadata, **kwargs)

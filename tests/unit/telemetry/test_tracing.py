@@ -14,6 +14,7 @@ from opentelemetry import baggage, trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from pdserve_client.tls import credentials
 from services.telemetry import collector, tracing
 from services.transfer.base import TransferCommit
@@ -115,3 +116,51 @@ def test_a_commit_carries_its_trace_headers_within_bounds():
         wire = {**encode_commit(commit), "trace": bad}
         with pytest.raises(ValueError, match="'trace'"):
             decode_commit(wire)
+
+
+class _Prefill(prefill_pb2_grpc.PrefillServicer):
+    """Answers Cancel (a unary call) and Prefill (a client-streaming one) at once."""
+
+    async def Cancel(self, request, context):
+        return common_pb2.CancelResponse(request_id=request.request_id, found=True)
+
+    async def Prefill(self, request_iterator, context):
+        return prefill_pb2.PrefillResult(request_id=str(len([r async for r in request_iterator])))
+
+
+def test_a_context_carrying_channel_joins_each_call_to_the_callers_trace():
+    """The channel adds traceparent and baggage to unary and client-streaming calls alike:
+    each call's server span is a child of the caller's span with its pd.* baggage; off,
+    the channel is the plain one."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    plain = object()
+    assert tracing.carrying_context(plain) is plain  # tracing off: nothing wraps
+
+    async def go(exporter):
+        server = grpc.aio.server(interceptors=tracing.server_interceptors())
+        prefill_pb2_grpc.add_PrefillServicer_to_server(_Prefill(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with tracing.carrying_context(grpc.aio.insecure_channel(f"127.0.0.1:{port}")) as channel:
+                stub = prefill_pb2_grpc.PrefillStub(channel)
+                with tracing.span_in("caller", tracing.with_request({"pd.request_id": "r7"})):
+                    await stub.Cancel(common_pb2.CancelRequest(request_id="r7"), timeout=5)
+                    call = stub.Prefill(timeout=5)
+                    await call.write(prefill_pb2.PrefillRequest())
+                    await call.write(prefill_pb2.PrefillRequest())
+                    await call.done_writing()
+                    assert (await call).request_id == "2"
+        finally:
+            await server.stop(0)
+
+    exporter = InMemorySpanExporter()
+    provider = tracing.configure("router", "r", exporter=exporter)
+    asyncio.run(go(exporter))
+    assert provider.force_flush(5000)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    caller = spans["caller"]
+    for name in ("/pd.v1.Prefill/Cancel", "/pd.v1.Prefill/Prefill"):
+        assert spans[name].parent.span_id == caller.context.span_id, name
+        assert spans[name].context.trace_id == caller.context.trace_id
+        assert spans[name].attributes["pd.request_id"] == "r7"
