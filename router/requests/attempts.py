@@ -143,7 +143,7 @@ class AttemptRunner:
         # P gets the job beside D's Reserve and computes meanwhile; its grant (the manifest,
         # the destination, the capability) follows on the same call once D answered. A
         # failed Reserve cancels the call (teardown): nothing was read or sent, and the
-        # compute stays in P's prefix cache.
+        # compute (of a prompt too small to stream, at most) stays in P's prefix cache.
         grant: asyncio.Future[PrefillCall] = asyncio.get_running_loop().create_future()
         job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
         att.prefill_task = asyncio.create_task(self._prefill(
@@ -164,12 +164,12 @@ class AttemptRunner:
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
         advance(att, Stage.DIRECTORY_RESERVE)
         att.txn_open = True  # until the directory says otherwise
-        # P's chunks wait for the directory's record only at the destination's Publish
-        # (and its AUTH for the nonce's): nothing publishes without it.
+        # The record is awaited where it is needed (the decode's nonce check of P's AUTH, a
+        # streamed prefill's Begin, the Publish): nothing publishes without it.
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
         # They leave in the order they are needed: the grant first (P's compute ends soon),
         # the directory's Reserve, the DecodeStream last (needed at publication). Each one's
-        # setup in this process (interceptors, TLS, protobuf) would otherwise delay the grant.
+        # setup in this process (TLS, protobuf) would otherwise delay the grant.
         grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
                                      req.sampling, capability))
         attempt_span.add_event(S.EVENT_GRANTED)
