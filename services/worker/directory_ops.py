@@ -25,8 +25,8 @@ RELEASE_RETRY_S = 120.0
 """How long a worker keeps retrying the release of a finished transaction."""
 RESERVED_WAIT_S = 2.0
 """How long a worker asks again about a transaction the directory does not hold yet
-(Begin's NOT_FOUND, ConsumeNonce's not_recorded): the router records it beside its
-Prefill call (router/requests/attempts.py), so a worker may ask first; and how long a
+(Begin's and Publish's NOT_FOUND, ConsumeNonce's not_recorded): the router records it
+beside the Prefill's grant (router/requests/attempts.py), so a worker may ask first; and how long a
 destination's unsealed Publish waits for a transaction still RESERVED (a source that
 declares with Begin instead of a seal). Past this the answer stands: the router or the
 source gave up."""
@@ -84,13 +84,15 @@ class TxnOps:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation;
         with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call;
         with ``source_seal`` (relayed from the source's COMMIT), declared first in that call.
-        Without a seal, a transaction still RESERVED is asked about again (1 ms doubling to
-        50 ms) for up to `wait_s`: a source's declaring Begin may land second."""
+        Asked again (1 ms doubling to 50 ms) for up to `wait_s` while the directory holds no
+        transaction yet (NOT_FOUND: the router's Reserve may land after the chunks, where no
+        capability's nonce check waits for it) or, without a seal, one still RESERVED (a
+        source's declaring Begin may land second)."""
         async def call() -> TxnReply:
             return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
                                              self.epoch_fn(), kv_digest, chunks, source_seal)
-        return await _asking_again(
-            call, lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED, wait_s)
+        return await _asking_again(call, lambda r: r.outcome is Outcome.NOT_FOUND or (
+            r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED), wait_s)
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:

@@ -1,6 +1,6 @@
 """The source's Begin and the router's Reserve travel side by side (the prefill computes
 while the directory records the transaction): Begin asks again while the directory does
-not hold the transaction yet, and only that long."""
+not hold the transaction yet, and only that long; so does the destination's Publish."""
 
 from __future__ import annotations
 
@@ -54,16 +54,19 @@ def test_other_refusals_are_answered_at_once():
 
 class Publisher:
     """Publish answers ILLEGAL_TRANSITION with the transaction RESERVED (an unsealed source's Begin
-    not landed yet) `reserved_for` times, then APPLIED (None: always RESERVED)."""
+    not landed yet) `reserved_for` times, then APPLIED (None: always RESERVED); `unrecorded`
+    times NOT_FOUND before that (the router's Reserve not landed yet)."""
 
-    def __init__(self, reserved_for: int | None, other: Outcome | None = None):
-        self.reserved_for, self.other, self.calls = reserved_for, other, 0
+    def __init__(self, reserved_for: int | None, other: Outcome | None = None, unrecorded: int = 0):
+        self.reserved_for, self.other, self.unrecorded, self.calls = reserved_for, other, unrecorded, 0
 
     async def publish(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks, source_seal=b""):
         self.calls += 1
         if self.other is not None:
             return TxnReply(request_id, transfer_id, self.other, TxnState.TRANSFERRING, generation)
-        if self.reserved_for is None or self.calls <= self.reserved_for:
+        if self.calls <= self.unrecorded:
+            return TxnReply(request_id, transfer_id, Outcome.NOT_FOUND, None, 0)
+        if self.reserved_for is None or self.calls - self.unrecorded <= self.reserved_for:
             return TxnReply(request_id, transfer_id, Outcome.ILLEGAL_TRANSITION, TxnState.RESERVED, generation)
         return TxnReply(request_id, transfer_id, Outcome.APPLIED, TxnState.PUBLISHED, generation)
 
@@ -87,3 +90,19 @@ def test_publish_answers_a_refusal_in_any_other_state_at_once():
         directory = Publisher(reserved_for=None, other=outcome)
         r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab"))
         assert (r.outcome, directory.calls) == (outcome, 1)
+
+
+def test_publish_waits_for_the_routers_reserve_on_its_way():
+    """Without capabilities no nonce check waits for the record before the chunks land: the
+    destination's sealed Publish may reach the directory before the router's Reserve."""
+    directory = Publisher(reserved_for=0, unrecorded=3)
+    r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab", source_seal=b"s"))
+    assert (r.outcome, r.state, directory.calls) == (Outcome.APPLIED, TxnState.PUBLISHED, 4)
+
+
+def test_publish_gives_up_on_a_transaction_nobody_records():
+    directory = Publisher(reserved_for=0, unrecorded=10**6)
+    t0 = time.monotonic()
+    r = asyncio.run(TxnOps(directory, "d0", lambda: 3).publish("r", "r/1", 1, "ab", wait_s=0.2))
+    assert r.outcome is Outcome.NOT_FOUND and directory.calls > 2
+    assert 0.2 <= time.monotonic() - t0 < 5.0
