@@ -141,10 +141,13 @@ class GrpcWorkerGateway(WorkerGateway):
                       grant: Awaitable[PrefillCall] | None = None) -> PrefillDone:
         rpc = self._prefill(worker).Prefill(timeout=timeout_s)
         try:
-            await rpc.write(convert.prefill_call_to_pb(call))
-            if grant is not None:
-                await rpc.write(convert.prefill_call_to_pb(await grant))
-            await rpc.done_writing()
+            try:
+                await rpc.write(convert.prefill_call_to_pb(call))
+                if grant is not None:
+                    await rpc.write(convert.prefill_call_to_pb(await grant))
+                await rpc.done_writing()
+            except asyncio.InvalidStateError:
+                pass  # the prefill ended the call before its grant (it refused the job): why is its status
             result = await rpc
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None

@@ -52,9 +52,11 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):
     def __init__(self, name: str, log: Log, published: dict, gap_s: float = 0.0):
         self.name, self.log, self.published, self.gap_s = name, log, published, gap_s
         self.reserve_error: common_pb2.Error | None = None
+        self.reserve_s = 0.0
 
     async def Reserve(self, request, context):
         self.log.append(("Decode.Reserve", self.name, request.request_id, request.generation))
+        await asyncio.sleep(self.reserve_s)
         if self.reserve_error is not None:
             return decode_pb2.DecodeReserveResponse(request_id=request.request_id, error=self.reserve_error)
         tid = f"{request.request_id}/{request.generation}"
@@ -90,9 +92,12 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):
 class FakePrefill(prefill_pb2_grpc.PrefillServicer):
     def __init__(self, name: str, log: Log, published: dict):
         self.name, self.log, self.published = name, log, published
-        self.fail = False
+        self.fail = self.refuse_job = False
 
     async def Prefill(self, request_iterator, context):
+        if self.refuse_job:  # at the job, before its grant is written
+            job = await anext(aiter(request_iterator))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.manifest.transfer_id} refused")
         self.requests = [r async for r in request_iterator]  # the job, then its grant
         request = self.requests[-1]
         m = request.manifest
@@ -252,6 +257,22 @@ def test_prefill_error_aborts_as_the_router_and_recovers_colocated():
                                                               (2, router_pb2.ROUTE_DISAGGREGATED)]
     assert started[-1].route == router_pb2.ROUTE_COLOCATED and events[-1].complete.attempts == 3
     assert [ev.token.token_id for ev in events if ev.WhichOneof("event") == "token"] == tokens(4)
+
+
+def test_a_job_refused_before_its_grant_fails_the_attempt_with_the_prefills_status():
+    """The prefill ended the call at the job: writing the grant finds the call over, and the
+    attempt fails with the prefill's own status and message, not the gateway's."""
+    async def go():
+        async with rig() as (router, _, log, fakes, _, _):
+            fakes["p0"].refuse_job = True
+            fakes["d0"].reserve_s = 0.1  # the refusal is back before the grant is written
+            events = [ev async for ev in router.Generate(request())]
+            return events, log
+
+    events, log = run(go())
+    abort = next(e for e in log if e[0] == "Directory.Abort")
+    assert "FAILED_PRECONDITION" in abort[3] and "job r1/1 refused" in abort[3], abort
+    assert events[-1].complete.route == router_pb2.ROUTE_COLOCATED
 
 
 def test_errors_are_grpc_statuses():
