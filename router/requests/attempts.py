@@ -161,7 +161,7 @@ class AttemptRunner:
         if reservation.reservation_id and reservation.reservation_id != tid:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
-                                  prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch)
+                                  prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch, job=job)
         advance(att, Stage.DIRECTORY_RESERVE)
         att.txn_open = True  # until the directory says otherwise
         # The record is awaited where it is needed (the decode's nonce check of P's AUTH, a

@@ -59,31 +59,27 @@ def job_manifest(*, request_id: str, tenant: str, generation: int, prompt: Seque
 
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
                    prefill: Worker, decode: Worker, reservation: Reservation,
-                   route_epoch: int) -> manifest_pb2.HandoffManifest:
-    """The HandoffManifest for one disaggregated attempt.
+                   route_epoch: int, job: manifest_pb2.HandoffManifest | None = None) -> manifest_pb2.HandoffManifest:
+    """The HandoffManifest for one disaggregated attempt: its job's (`job`, the one sent
+    ahead to the prefill; made here when not given) with the destination, the reservation
+    and the plan added.
 
     token_interval starts after the blocks the destination already holds
     (visible_prefix_blocks, block aligned) and ends at the prompt's end.
     """
     block_size = prefill.capacity.block_size or decode.capacity.block_size
     start = min(reservation.visible_prefix_blocks * block_size, len(prompt))
-    return manifest_pb2.HandoffManifest(
-        request_id=request_id,
-        tenant=tenant,
-        generation=generation,
-        attempt=generation,
-        prompt_digest=prompt_digest(prompt, tenant),
+    manifest = manifest_pb2.HandoffManifest()
+    manifest.CopyFrom(job if job is not None else job_manifest(
+        request_id=request_id, tenant=tenant, generation=generation, prompt=prompt, prefill=prefill))
+    manifest.MergeFrom(manifest_pb2.HandoffManifest(
         token_interval=manifest_pb2.TokenInterval(start=start, end=len(prompt)),
-        cache_abi_digest=prefill.cache_abi_digest,
         block_size=block_size,
         expected_chunks=reservation.expected_chunks,
-        source_worker_id=prefill.worker_id,
-        source_epoch=prefill.epoch,
         destination_worker_id=reservation.destination_worker_id or decode.worker_id,
         destination_epoch=reservation.destination_epoch or decode.epoch,
-        transfer_id=transfer_id(request_id, generation),
         reservation_id=reservation.reservation_id,
         route_epoch=route_epoch,
-        checksum_algorithm=CHECKSUM_ALGORITHM,
         destination_block_ids=reservation.block_ids,
-    )
+    ))
+    return manifest
