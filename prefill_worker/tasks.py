@@ -97,7 +97,6 @@ class Target:
     """manifest.token_interval.start: the destination holds the blocks before it."""
     chunks: list[Layout]
     """The manifest's expected chunks: exactly what is sent."""
-    dest_worker: str = ""
     manifest: object = None
     """The HandoffManifest the capability is checked against."""
     capability: bytes = b""

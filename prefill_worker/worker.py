@@ -81,7 +81,7 @@ class PrefillWorker:
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       prompt: list[int], sampling: SamplingParams, abi_digest: str,
                       first_token_pos: int = 0, dest: str = "", chunks: list[Layout] = (),
-                      dest_worker: str = "", manifest=None, capability: bytes = b"",
+                      manifest=None, capability: bytes = b"",
                       target: Awaitable[Target] | None = None) -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
         ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
@@ -92,7 +92,7 @@ class PrefillWorker:
             self.engine.abi.check_compatible(abi_digest)
         if target is None:
             target = asyncio.get_running_loop().create_future()
-            target.set_result(Target(dest, first_token_pos, list(chunks), dest_worker, manifest, capability))
+            target.set_result(Target(dest, first_token_pos, list(chunks), manifest, capability))
         if transfer_id in self.tasks:
             raise InvalidRequest(f"transfer {transfer_id} is already in progress")
         task = self.tasks[transfer_id] = Task(request_id, generation,

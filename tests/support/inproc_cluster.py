@@ -135,7 +135,7 @@ class InprocCluster:
             request_id=request_id, tenant="t", generation=generation, transfer_id=res.transfer_id,
             first_token_pos=res.first_block * self.d.loop.engine.block_size, prompt=prompt, sampling=GREEDY,
             dest=self.receiver.address, abi_digest=self.d.loop.engine.abi.digest,
-            chunks=res.expected_layouts() if chunks is None else chunks, dest_worker="d0")
+            chunks=res.expected_layouts() if chunks is None else chunks)
 
     @staticmethod
     async def collect(items) -> list[int]:
