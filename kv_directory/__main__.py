@@ -13,13 +13,18 @@ import asyncio
 import logging
 import sys
 
+from kv_directory.access import ACCESS, SERVICE_NAME
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import RedisDirectoryStore
-from kv_directory.server import serve
-from services.common.grpc_server import setup_logging
+from kv_directory.server import DirectoryServicer
+from kv_directory.store import DirectoryStore
+from pdserve_client.rpc.pd.v1 import directory_pb2_grpc
+from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from services.common.heap import freeze_startup_heap
 from services.directory.records import DirectoryUnavailable
 from services.security.tls import Security
 from services.telemetry import tracing
+from services.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger("kv_directory")
 
@@ -32,6 +37,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", help="logging level; env PD_LOG_LEVEL, default INFO")
     p.add_argument("--metrics-listen", help="/metrics host:port; env PD_METRICS_LISTEN, default off")
     return p.parse_args(argv)
+
+
+async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:
+    """Serve pd.v1.Directory (plus health and reflection) on ``config.listen_addr``
+    until SIGTERM/SIGINT, then drain and close the store."""
+    servicer = DirectoryServicer(store, config, security)
+    server, port, health = await start_server(
+        config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
+        security, ACCESS)
+    servicer.start(health.ready)
+    metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
+    host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
+    log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
+             host, port, config.describe_redis(), config.lease_ttl_s)
+    freeze_startup_heap()
+    try:
+        await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
+    finally:
+        await servicer.close()
+        if metrics is not None:
+            metrics.close()
+    log.info("directory stopped")
 
 
 def main(argv: list[str] | None = None) -> int:

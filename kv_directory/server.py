@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kv_directory import release
-from kv_directory.access import ACCESS, SERVICE_NAME, WORKER_ROLE_OF_CERT, Denied, as_worker
+from kv_directory.access import WORKER_ROLE_OF_CERT, Denied, as_worker
 from kv_directory.access import rpc as _rpc
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
@@ -42,12 +42,11 @@ from kv_directory.convert import (
     txn_to_pb,
     worker_info_from_pb,
 )
+from kv_directory.destinations import KnownDestinations
 from kv_directory.reaper import reap_forever
 from kv_directory.seals import SealJudge
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
-from services.common.grpc_server import start_server, wait_for_shutdown
-from services.common.heap import freeze_startup_heap
 from services.directory.records import Transaction, TxnResult, chunk_list_digest, kv_part
 from services.directory.states import Outcome
 from services.directory.wire import (
@@ -62,7 +61,6 @@ from services.directory.wire import (
 )
 from services.security.tls import Security, caller, caller_name
 from services.telemetry.catalog import DirectoryMetrics
-from services.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +91,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         self._reaper: asyncio.Task | None = None
         self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
         self._abis: dict[tuple[str, int], str] = {}  # (worker id, epoch) -> its registered cache ABI
+        self._destinations = KnownDestinations(config.record_retention_s / 2)  # for ConsumeNonce
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the pool."""
@@ -181,6 +180,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         spec = spec_from_manifest(request.manifest)
         await self._check_abi(request.manifest.cache_abi_digest, spec)
         result = await self._run(self._store.reserve, spec)
+        if result.outcome is Outcome.APPLIED and self._secure:
+            self._destinations.remember(spec.transfer_id, spec.dest.worker_id)
         return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
                             result.request_generation)
 
@@ -340,28 +341,38 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
     @_rpc
     async def ConsumeNonce(self, request, context):
-        """True the first time a nonce is seen (kept until the capability expires, plus skew margin)."""
+        """True the first time a nonce is seen (kept until the capability expires, plus skew
+        margin). Secure: by the transfer's destination only, as its record names it (kept
+        from this replica's Reserve, kv_directory/destinations.py; else read in the same
+        store job as the nonce's)."""
         require(request.nonce, "nonce")
         require(request.expires_unix_ms, "expires_unix_ms")
+        tid, who = request.transfer_id, caller(context) if self._secure else None
         if self._secure:
-            require(request.transfer_id, "transfer_id")
-            txn = await self._run(self._store.lookup, request.transfer_id)
-            who = caller(context)
-            if txn is None and who is not None:
-                return directory_pb2.ConsumeNonceResponse(not_recorded=True)
-            if who is None or txn.spec.dest.worker_id != who.name:
-                raise Denied(f"{who} is not the destination of transfer {request.transfer_id}")
+            require(tid, "transfer_id")
+        kept = self._destinations.take(tid) if self._secure else None
         ahead_s = request.expires_unix_ms / 1000 - time.time()
-        if ahead_s > MAX_CAPABILITY_LIFETIME_S:
-            raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
-                             f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
-        ttl_s = max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S
-        outcome = await self._run(self._store.consume_nonce, request.nonce, ttl_s, request.route_epoch)
+
+        def consume() -> Outcome | None:  # None: no record of the transfer yet
+            if self._secure:
+                txn = None if kept is not None else self._store.lookup(tid)
+                if kept is None and txn is None and who is not None:
+                    return None
+                if who is None or (kept or (txn and txn.spec.dest.worker_id)) != who.name:
+                    raise Denied(f"{who} is not the destination of transfer {tid}")
+            if ahead_s > MAX_CAPABILITY_LIFETIME_S:
+                raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
+                                 f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
+            return self._store.consume_nonce(request.nonce, max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S,
+                                             request.route_epoch)
+        outcome = await self._run(consume)
+        if outcome is None:
+            return directory_pb2.ConsumeNonceResponse(not_recorded=True)
         if outcome == Outcome.STALE_GENERATION:
             log.warning("capability of route epoch %d refused: the route epoch moved on (transfer %s)",
-                        request.route_epoch, request.transfer_id)
+                        request.route_epoch, tid)
         elif outcome != Outcome.APPLIED:
-            log.warning("nonce replay rejected (transfer %s)", request.transfer_id)
+            log.warning("nonce replay rejected (transfer %s)", tid)
         return directory_pb2.ConsumeNonceResponse(consumed=outcome == Outcome.APPLIED,
                                                   stale_route_epoch=outcome == Outcome.STALE_GENERATION)
 
@@ -377,24 +388,3 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Compare-and-set the release record; only legal transitions."""
         return await self._run(release.write_release, self._store, request, caller_name(context))
 
-
-async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:
-    """Serve pd.v1.Directory (plus health and reflection) on ``config.listen_addr``
-    until SIGTERM/SIGINT, then drain and close the store."""
-    servicer = DirectoryServicer(store, config, security)
-    server, port, health = await start_server(
-        config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
-        security, ACCESS)
-    servicer.start(health.ready)
-    metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
-    host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
-    log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
-             host, port, config.describe_redis(), config.lease_ttl_s)
-    freeze_startup_heap()
-    try:
-        await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
-    finally:
-        await servicer.close()
-        if metrics is not None:
-            metrics.close()
-    log.info("directory stopped")

@@ -27,7 +27,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kv_directory.server import ACCESS as DIRECTORY_ACCESS
+from kv_directory.access import ACCESS as DIRECTORY_ACCESS
 from pdserve_client.rpc.pd.v1 import admin_pb2, decode_pb2, directory_pb2, prefill_pb2, router_pb2
 from router.server import ACCESS as ROUTER_ACCESS
 from tests.support.cluster import assert_cluster_clean, start_cluster

@@ -14,9 +14,10 @@ import dataclasses
 import time
 
 from decode_worker.worker import DecodeWorker
+from kv_directory.access import ACCESS, SERVICE_NAME
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
-from kv_directory.server import ACCESS, SERVICE_NAME, DirectoryServicer
+from kv_directory.server import DirectoryServicer
 from pdserve_client.rpc.pd.v1 import directory_pb2_grpc, manifest_pb2
 from prefill_worker.worker import PrefillWorker
 from router.requests.handoff import prompt_digest

@@ -10,7 +10,7 @@ import contextlib
 import grpc
 import pytest
 
-from kv_directory.server import ACCESS as DIRECTORY_ACCESS
+from kv_directory.access import ACCESS as DIRECTORY_ACCESS
 from pdserve_client.rpc.pd.v1 import (
     admin_pb2,
     admin_pb2_grpc,
