@@ -355,10 +355,13 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
 
         def consume() -> Outcome | None:  # None: no record of the transfer yet
             if self._secure:
-                txn = None if kept is not None else self._store.lookup(tid)
-                if kept is None and txn is None and who is not None:
-                    return None
-                if who is None or (kept or (txn and txn.spec.dest.worker_id)) != who.name:
+                dest = kept
+                if dest is None:
+                    txn = self._store.lookup(tid)
+                    if txn is None and who is not None:
+                        return None
+                    dest = txn.spec.dest.worker_id if txn is not None else None
+                if who is None or dest != who.name:
                     raise Denied(f"{who} is not the destination of transfer {tid}")
             if ahead_s > MAX_CAPABILITY_LIFETIME_S:
                 raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
