@@ -47,7 +47,11 @@ sum says how much of the overhead is hops under load before any handler work: wh
 number of hops.
 
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
-"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "hop", ...}; "hop" rows include the
+"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
+how long token 0 waited at the router for the prefill's digest, in the traces where it did
+(`HELD_LEG`); "calls" counts
+the gRPC calls each process served per traced request (mean, asked-again ones included);
+"hop" rows include the
 spans' events ("service/span@event", duration 0: the router's first_token is when token 0
 left for the client).
 """
@@ -111,6 +115,10 @@ SHARED_LEGS = {
         (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at"), 1),
 }
 """Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
+HELD_LEG = {"token 0 held for the prefill's digest":
+            (("router", "router.attempt@token.held", "at"), ("router", "router.attempt@prefill.done", "at"), 0)}
+"""How long the router held the decode's token 0 for the Prefill's reply, whose K/V digest
+it compares with the decode's before anything streams (only where token 0 came first)."""
 
 
 def emit(**row) -> None:
@@ -144,6 +152,17 @@ def hops(traces) -> dict[str, tuple[float, float, int]]:
             offsets[key].append((s.start_ns - t0) / 1e6)
             durations[key].append((s.end_ns - s.start_ns) / 1e6)
     return {k: (statistics.median(offsets[k]), statistics.median(durations[k]), len(offsets[k])) for k in offsets}
+
+
+def rpc_counts(traces) -> dict[str, float]:
+    """"service/method" -> server spans of that gRPC method per trace (mean): the calls a
+    request made, asked-again ones included."""
+    counts: dict[str, int] = defaultdict(int)
+    for trace in traces:
+        for s in trace.spans:
+            if s.name.startswith("/pd.v1."):
+                counts[f"{s.service.removeprefix('pdserve-')}/{s.name.rsplit('/', 1)[-1]}"] += 1
+    return {k: counts[k] / len(traces) for k in sorted(counts)} if traces else {}
 
 
 def _edge(trace, service: str, name: str, edge: str) -> int | None:
@@ -318,6 +337,14 @@ def run(args) -> None:
              extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2), overhead_ms=round(overhead, 2),
              target_ms=TARGET_OVERHEAD_MS, target_reachable_at_these_legs=extra_ms <= TARGET_OVERHEAD_MS,
              traces=min((n for _, n in extra.values()), default=0))
+    if traces["disaggregated"]:
+        (held_ms, n_held), = legs(traces["disaggregated"], HELD_LEG).values() or [(0.0, 0)]
+        emit(metric="held", leg=next(iter(HELD_LEG)), held_median_ms=round(held_ms, 2), traces_held=n_held,
+             traces=len(traces["disaggregated"]), overhead_ms=round(overhead, 2))
+    for mode in MODES if traces["disaggregated"] else ():
+        per_trace = rpc_counts(traces[mode])
+        emit(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
+             total=round(sum(per_trace.values()), 2), traces=len(traces[mode]))
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),

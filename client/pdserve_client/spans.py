@@ -84,6 +84,11 @@ EVENT_RESERVED = "reserved"
 """router.attempt: the decode worker's Reserve answered (a disaggregated attempt)."""
 EVENT_GRANTED = "granted"
 """router.attempt: the Prefill's grant went out; the Prefill call's span: it came in."""
+EVENT_TOKEN_HELD = "token.held"
+"""router.attempt: the decode's token 0 came before the Prefill's reply; it waits for the
+prefill's K/V digest (the two are compared before it goes out)."""
+EVENT_PREFILL_DONE = "prefill.done"
+"""router.attempt: the Prefill call returned (the prefill's K/V digest is in)."""
 
 SPANS_FILE = "traces/spans.jsonl"
 """Where the local collector (services/telemetry/collector.py) writes, under the state dir."""

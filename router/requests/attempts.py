@@ -286,11 +286,14 @@ class AttemptRunner:
             kind, value = await self._next(att, queue)
             if kind == "item" and att.route is Route.DISAGGREGATED and not att.prefill_done \
                     and (att.held or isinstance(value, StreamToken)):
+                if not att.held:
+                    trace.get_current_span().add_event(S.EVENT_TOKEN_HELD)
                 att.held.append(value)
                 continue
             if kind == "end" and att.held:
                 continue  # its complete event is held with the tokens
             if kind == "prefill":
+                trace.get_current_span().add_event(S.EVENT_PREFILL_DONE)
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest
                 self._inflight.release((att.prefill_handle,))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.handoff import EXTRA_LEGS, legs
+from bench.handoff import EXTRA_LEGS, HELD_LEG, legs, rpc_counts
 
 MS = 1_000_000
 
@@ -45,3 +45,20 @@ def test_the_way_back_leaves_from_the_last_publish_and_a_missing_step_drops_the_
     assert got["directory Publish -> decode"] == (0.75, 2)  # 0.5 and 1.0 (from the first one: 2.3)
     assert got["decode -> directory Publish"] == (0.75, 2)  # to the first one: 0.5 and 1.0
     assert got["decode Reserve -> router -> prefill's grant (2 one-way hops)"] == (3.0, 1)  # bare: left out
+
+
+def test_the_held_leg_counts_only_the_traces_where_token_0_waited_for_the_prefill():
+    def attempt(events):
+        return SimpleNamespace(spans=[span("router", "router.attempt", 1.0, 30.0, events)])
+    held = [attempt([("token.held", 20.0), ("prefill.done", 20.0 + gap)]) for gap in (0.5, 1.0, 3.0)]
+    first = attempt([("prefill.done", 19.0)])  # the prefill's reply came before token 0: no wait
+    assert legs([*held, first], HELD_LEG) == {next(iter(HELD_LEG)): (1.0, 3)}
+
+
+def test_calls_are_counted_per_trace_by_service_and_method_asked_again_ones_included():
+    one = SimpleNamespace(spans=[span("directory", "/pd.v1.Directory/ConsumeNonce", 1, 2),
+                                 span("directory", "/pd.v1.Directory/ConsumeNonce", 3, 4),
+                                 span("decode", "/pd.v1.Decode/Reserve", 1, 2), span("decode", "decode.publish", 5, 6)])
+    two = SimpleNamespace(spans=[span("decode", "/pd.v1.Decode/Reserve", 1, 2)])
+    assert rpc_counts([one, two]) == {"decode/Reserve": 1.0, "directory/ConsumeNonce": 1.0}
+    assert rpc_counts([]) == {}
