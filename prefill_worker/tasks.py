@@ -66,6 +66,9 @@ class Task:
     """The destination's data-plane address, once the grant was checked (the hand-off began)."""
     auth: asyncio.Future | None = None
     """The capability's presentation to the destination, on its way or done."""
+    granting: asyncio.Future | None = None
+    """A grant that comes after the job: checked (and its capability presented) as soon as
+    it lands, while the prefill computes; its plan once done."""
     started_s: float = field(default_factory=time.perf_counter)
 
 

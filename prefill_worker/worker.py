@@ -151,6 +151,7 @@ class PrefillWorker:
         try:
             return await self._hand_off(task, tenant, transfer_id, prompt, sampling, target)
         finally:
+            await settle(task.granting)  # before the presentation it may have started
             await settle(task.auth)
 
     async def _hand_off(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
@@ -163,7 +164,11 @@ class PrefillWorker:
         whole = -(-len(prompt) // bs) * layers * e.cache.block_bytes_per_layer
         granted_later = not (isinstance(target, asyncio.Future) and target.done()) \
             and not (self.cfg.stream_layers and whole >= self.cfg.stream_min_bytes)
-        plan = [] if granted_later else await self._granted(task, transfer_id, len(prompt), target)
+        plan: list[ChunkKey] = []
+        if granted_later:  # checked as soon as it lands, its capability presented while this computes
+            task.granting = asyncio.ensure_future(self._granted(task, transfer_id, len(prompt), target))
+        else:
+            plan = await self._granted(task, transfer_id, len(prompt), target)
         task.seq = seq = await self.loop.add_request(transfer_id, prompt, 1, sampling, tenant)
         self._check(task)
         advance(task, TaskState.COMPUTING)
@@ -243,8 +248,8 @@ class PrefillWorker:
                 self.events("computed", request=rid)
                 await self.pause("computed", rid)
                 self._check(task)
-                if granted_later:  # the compute is done: now the grant (most often here already)
-                    plan = await self._granted(task, transfer_id, len(prompt), target)
+                if granted_later:  # the compute is done: the grant's check (most often done already)
+                    plan = await task.granting
                     t_computed = time.perf_counter()
                 if streamer is None:
                     # No Begin: the declaration travels sealed in the COMMIT, and the
