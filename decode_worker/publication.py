@@ -27,6 +27,8 @@ async def publish(txn: TxnOps, res: Reservation, local_digest: str, commit_diges
         except DirectoryUnavailable as e:
             return tracing.failed(span, f"directory unavailable: {e}")
         if r.ok:
+            if source_seal:  # opened by the directory: relayed with token 0 (decode_worker/server.py)
+                res.source_seal, res.sealed_chunks = source_seal, tuple(chunks)
             return ""
         digests = (f" (K/V digest here {local_digest[:12]}..., the source's commit says {commit_digest[:12]}...)"
                    if r.outcome is Outcome.CHECKSUM_CONFLICT else "")

@@ -83,6 +83,11 @@ class Reservation:
     abort_reason: str = ""
     kv_digest: str = ""
     """Digest of the prompt K/V as published (set at publication)."""
+    source_seal: bytes = b""
+    """The source's seal from its COMMIT, as the directory opened it at publication (empty:
+    the source declared with a Begin); relayed with token 0 for the router to open too."""
+    sealed_chunks: tuple = ()
+    """The chunk list (ChunkSpecs, with checksums) the seal covers, as published."""
     published: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the reservation leaves RESERVED/RECEIVING (published or aborted)."""
     created_s: float = field(default_factory=time.monotonic)

@@ -11,7 +11,7 @@ from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, ma
 from services.worker.convert import finish_to_proto, sampling_from_proto, status_of
 from services.worker.loop import TokenOut
 
-from .reservations import ResState
+from .reservations import Reservation, ResState
 from .worker import DecodeWorker
 
 _STATE = {
@@ -76,8 +76,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             self.worker.check_ahead(res, request.capability)
         try:
             async for event in self._events(request.request_id,
-                                            self.worker.stream(request.transfer_id), started,
-                                            lambda: res.kv_digest if res else ""):
+                                            self.worker.stream(request.transfer_id), started, res):
                 yield event
         except (KeyError, RuntimeError) as e:
             code = grpc.StatusCode.NOT_FOUND if isinstance(e, KeyError) else grpc.StatusCode.ABORTED
@@ -99,7 +98,11 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         except Exception as e:  # noqa: BLE001
             await context.abort(*status_of(e))
 
-    async def _events(self, request_id: str, items, started: float, digest=lambda: ""):
+    async def _events(self, request_id: str, items, started: float, res: Reservation | None = None):
+        """TokenEvents of `items`; a hand-off's (`res`) token 0 and complete event carry the
+        published digest, token 0 the source's relayed seal and the chunks it covers."""
+        def digest() -> str:
+            return res.kv_digest if res is not None else ""
         first_ms = 0.0
         n = 0
         async for item in items:
@@ -107,9 +110,14 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             if isinstance(item, TokenOut):
                 first_ms = first_ms or now_ms
                 n += 1
-                yield decode_pb2.TokenEvent(request_id=request_id, token=decode_pb2.TokenEvent.Token(
-                    token_id=item.token_id, index=item.index, time_since_start_ms=now_ms,
-                    kv_digest=digest() if item.index == 0 else ""))
+                token = decode_pb2.TokenEvent.Token(token_id=item.token_id, index=item.index,
+                                                    time_since_start_ms=now_ms)
+                if item.index == 0 and res is not None:
+                    token.kv_digest = res.kv_digest
+                    if res.source_seal:
+                        token.source_seal = res.source_seal
+                        token.chunks.extend(res.sealed_chunks)
+                yield decode_pb2.TokenEvent(request_id=request_id, token=token)
             else:
                 if item.error is not None:
                     raise RuntimeError(f"generation failed: {item.error!r}")

@@ -188,7 +188,7 @@ class MemoryDirectoryStore(DirectoryStore):
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
                 info.capacity, load or LoadReport(), epoch, now + self._ms(self._cfg.lease_ttl_s),
-                info.profile, info.colocated_only_reason, info.model_identity,
+                info.profile, info.colocated_only_reason, info.model_identity, info.seal_key,
             )
             self._workers[info.worker_id] = rec
             self._seal_keys[info.worker_id] = (epoch, info.seal_key)

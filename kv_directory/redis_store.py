@@ -148,6 +148,7 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         profile=CostProfile.from_json(m.get("profile", "")),
         colocated_only_reason=m.get("colocated_only_reason", ""),
         model_identity=m.get("model_identity", ""),
+        seal_key=bytes.fromhex(m.get("seal_key", "")),
     )
 
 
@@ -245,7 +246,7 @@ class RedisDirectoryStore(DirectoryStore):
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
             info.capacity, load, int(epoch), int(expiry_ms), info.profile, info.colocated_only_reason,
-            info.model_identity,
+            info.model_identity, info.seal_key,
         )
 
     def seal_key(self, worker_id: str, epoch: int) -> bytes:

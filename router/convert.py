@@ -119,7 +119,8 @@ def token_event_from_pb(ev: decode_pb2.TokenEvent) -> StreamItem:
     """TokenEvent -> StreamToken | StreamComplete; raises WorkerCallError for an error event."""
     kind = ev.WhichOneof("event")
     if kind == "token":
-        return StreamToken(ev.token.token_id, ev.token.index, ev.token.kv_digest)
+        t = ev.token
+        return StreamToken(t.token_id, t.index, t.kv_digest, t.source_seal, tuple(t.chunks))
     if kind == "complete":
         return StreamComplete(_FINISH_FROM_PB.get(ev.complete.finish_reason, FinishReason.STOP),
                               ev.complete.num_tokens, ev.complete.kv_digest)

@@ -222,6 +222,10 @@ class StreamToken:
     index: int
     kv_digest: str = ""
     """Token 0 of a hand-off: the destination's digest of the published prompt K/V."""
+    source_seal: bytes = b""
+    """Token 0 of a hand-off the source sealed: its seal over its declaration, relayed."""
+    chunks: tuple = ()
+    """The chunk list (ChunkSpecs with checksums) the seal covers."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

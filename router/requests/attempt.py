@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+from collections.abc import AsyncIterator
 
-from router.types import Route, StatusCode, TxnOutcome, Worker
+from router.types import Route, StatusCode, StreamItem, TxnOutcome, Worker, WorkerCallError
 from services.common.lifecycle import Moves
 
 
@@ -102,9 +103,13 @@ class Attempt:
     """Prefill.Prefill returned successfully."""
     prefill_kv_digest: str = ""
     """PrefillResult.kv_digest, once prefill returned."""
+    sealed_kv_digest: str = ""
+    """The prefill's digest by its own seal, relayed with token 0 and opened here with its
+    registered key (router/requests/seals.py): compared without its reply."""
     held: list = dataclasses.field(default_factory=list)
     """Stream items from token 0 on, held until prefill's reply lets the router compare
-    the two ends' K/V digests (nothing goes out before)."""
+    the two ends' K/V digests (nothing goes out before), unless token 0 brought the
+    prefill's seal over the decode's digest."""
     discard_kv: bool = False
     """The digests differed: the decode worker drops the published blocks from its cache."""
     prefill_handle: int | None = None
@@ -148,3 +153,20 @@ def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     if handoff and code is not StatusCode.UNAVAILABLE:
         return {"suspects": frozenset({att.prefill.worker_id, att.decode.worker_id})}
     return {"culprit": att.decode}
+
+
+async def pump(stream: AsyncIterator[StreamItem], queue: asyncio.Queue) -> None:
+    """A worker stream's items into an attempt's queue: ("item", item) each, then ("end",
+    None), or ("stream_error", WorkerCallError); the stream closed at the end."""
+    try:
+        async for item in stream:
+            queue.put_nowait(("item", item))
+        queue.put_nowait(("end", None))
+    except WorkerCallError as exc:
+        queue.put_nowait(("stream_error", exc))
+    except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
+        queue.put_nowait(("stream_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from opentelemetry import trace
@@ -47,11 +47,13 @@ from router.requests.attempt import (
     Stage,
     advance,
     blame,
+    pump,
 )
 from router.requests.cluster_view import ClusterView
 from router.requests.handoff import build_manifest, job_manifest, transfer_id
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
+from router.requests.seals import reply_against_seal, sealed_token_0
 from router.types import (
     Event,
     PrefillCall,
@@ -63,7 +65,6 @@ from router.types import (
     StatusCode,
     StreamCall,
     StreamComplete,
-    StreamItem,
     StreamToken,
     TxnOutcome,
     WorkerCallError,
@@ -177,7 +178,7 @@ class AttemptRunner:
             self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
         try:
             await asyncio.sleep(0)  # both start their calls before the next line makes the stream's
-            att.stream_task = asyncio.create_task(self._pump(self._workers.decode_stream(d, StreamCall(
+            att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
                 req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
                 self._timeout(None)), queue))
             answer = await reserving
@@ -210,7 +211,7 @@ class AttemptRunner:
         att.overlay_handles.append(blocks)
         advance(att, Stage.COLOCATED)
         self._emit(Started(Route.COLOCATED, "", w.worker_id, att.generation, att.route_epoch))
-        att.stream_task = asyncio.create_task(self._pump(self._workers.generate(w, StreamCall(
+        att.stream_task = asyncio.create_task(pump(self._workers.generate(w, StreamCall(
             req.request_id, att.generation, req.max_tokens, req.sampling, tenant=req.tenant,
             prompt_token_ids=req.prompt), self._timeout(None)), queue))
 
@@ -224,21 +225,6 @@ class AttemptRunner:
             queue.put_nowait(("prefill_error", exc))
         except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
             queue.put_nowait(("prefill_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
-
-    @staticmethod
-    async def _pump(stream: AsyncIterator[StreamItem], queue: asyncio.Queue) -> None:
-        try:
-            async for item in stream:
-                queue.put_nowait(("item", item))
-            queue.put_nowait(("end", None))
-        except WorkerCallError as exc:
-            queue.put_nowait(("stream_error", exc))
-        except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
-            queue.put_nowait(("stream_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
-        finally:
-            close = getattr(stream, "aclose", None)
-            if close is not None:
-                await close()
 
     async def _next(self, att: Attempt, queue: asyncio.Queue) -> tuple[str, Any]:
         """The attempt's next event. While waiting, checks every liveness_check_s that its
@@ -271,7 +257,8 @@ class AttemptRunner:
         except RouterError:
             return  # no snapshot to judge by: the token timeout still applies
         live = {w.worker_id: w.epoch for w in cluster.workers}
-        waiting_on = [att.decode] if att.prefill is None or att.prefill_done else [att.decode, att.prefill]
+        p_done = att.prefill is None or att.prefill_done or att.tokens_seen  # token 0 out: P's part is done
+        waiting_on = [att.decode] if p_done else [att.decode, att.prefill]
         for w in waiting_on:
             if live.get(w.worker_id) != w.epoch:
                 now = "registered at another epoch" if w.worker_id in live else "gone from the directory"
@@ -280,12 +267,16 @@ class AttemptRunner:
                                     culprit=w)
 
     async def _drive(self, att: Attempt, queue: asyncio.Queue) -> StreamComplete:
-        """Consume the attempt's events until its complete event. A hand-off's stream is
-        held from token 0 until prefill returned: the two digests are compared first."""
+        """Consume the attempt's events until its complete event. A hand-off's stream is held
+        from token 0 until prefill returned (or its seal came with token 0): digests first."""
         while True:
             kind, value = await self._next(att, queue)
+            if kind == "item" and att.route is Route.DISAGGREGATED and not att.held \
+                    and sealed_token_0(att, value, self.req.request_id):  # a relayed seal must open
+                self._on_token(att, value)
+                continue
             if kind == "item" and att.route is Route.DISAGGREGATED and not att.prefill_done \
-                    and (att.held or isinstance(value, StreamToken)):
+                    and not att.sealed_kv_digest and (att.held or isinstance(value, StreamToken)):
                 if not att.held:
                     trace.get_current_span().add_event(S.EVENT_TOKEN_HELD)
                 att.held.append(value)
@@ -296,6 +287,7 @@ class AttemptRunner:
                 trace.get_current_span().add_event(S.EVENT_PREFILL_DONE)
                 att.prefill_done = True
                 att.prefill_kv_digest = value.kv_digest
+                reply_against_seal(att)
                 self._inflight.release((att.prefill_handle,))
                 if self._on_prefill is not None:
                     self._on_prefill(att, value)

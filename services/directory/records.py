@@ -149,6 +149,9 @@ class WorkerRecord:
     """As declared at registration (WorkerInfo.colocated_only_reason)."""
     model_identity: str = ""
     """As declared at registration (WorkerInfo.model_identity)."""
+    seal_key: bytes = b""
+    """As registered (WorkerInfo.seal_key): the router opens this worker's seals, relayed
+    with a hand-off's token 0, with it; empty: it seals none."""
 
     can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
     """PREFILL and MIXED workers (from `role`; a field, not a property: the router's

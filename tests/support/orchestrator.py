@@ -38,10 +38,14 @@ from router.types import (
 from services.directory.client import ReleaseWrite, RouteEpoch
 from services.directory.records import ReleaseHead
 from services.directory.states import Outcome
+from services.directory.wire import evidence_of
 from services.release.machine import IllegalTransition
 from services.release.record import ReleaseRecord, check_write
+from services.security.seal import Sealer
 
 VOCAB = 512
+SEALED_CHUNKS = (manifest_pb2.ChunkSpec(layer=0, block_start=0, block_count=2, num_bytes=64, checksum="c0"),
+                 manifest_pb2.ChunkSpec(layer=1, block_start=0, block_count=2, num_bytes=64, checksum="c1"))
 CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
                max_model_len=256)
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
@@ -68,7 +72,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     Knobs: `fail[(op, worker_id)]` raises on that call; `hang` holds calls
     forever; `break_after[worker_id]` ends a stream with an error after k
     tokens; `diverge[worker_id]` = index where that worker's tokens differ;
-    `corrupt_kv`: decode workers whose token 0 reports another K/V digest than prefill's.
+    `corrupt_kv`: decode workers whose token 0 reports another K/V digest than prefill's;
+    `seal`: (a Sealer, the prefill id and epoch it seals as): token 0 relays its seal over
+    the prefill's digest and `SEALED_CHUNKS`, as a decode relays a sealed COMMIT's.
     """
 
     def __init__(self, workers: list[Worker]):
@@ -80,6 +86,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.diverge: dict[str, int] = {}
         self.corrupt_kv: set[str] = set()
         """Decode workers whose published K/V digest differs from the prefill's."""
+        self.seal: tuple[Sealer, str, int] | None = None
         self.txn_outcome = TxnOutcome.APPLIED
         self.txns: dict[str, str] = {}
         self.request_generations: dict[str, int] = {}
@@ -221,7 +228,13 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             await asyncio.sleep(self.token_gap_s)
             digest = "" if i or not call.transfer_id else \
                 f"kv:{call.transfer_id}" + ("-corrupt" if w.worker_id in self.corrupt_kv else "")
-            yield StreamToken(tok, i, digest)
+            if digest and self.seal is not None:
+                sealer, source, epoch = self.seal
+                sealed = sealer.seal(call.transfer_id, call.generation, source, epoch,
+                                     evidence_of(f"kv:{call.transfer_id}", SEALED_CHUNKS))
+                yield StreamToken(tok, i, digest, sealed, SEALED_CHUNKS)
+            else:
+                yield StreamToken(tok, i, digest)
             if self.after_token is not None:
                 self.after_token(i)
         yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")

@@ -5,9 +5,13 @@ the published blocks from its prefix cache."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+
+import pytest
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Role, TokenOut
+from services.security.seal import Sealer
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
@@ -62,4 +66,68 @@ def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     assert error is None and len(started(events)) == 1
     assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == \
         list(enumerate(model_tokens(PROMPT, 2)))
+    assert_no_leaks(orch, fake)
+
+
+def _sealed_cluster(*decodes: str, forged: bool = False) -> FakeCluster:
+    """p0 registered a seal key (the snapshot has it); token 0 relays a seal over p0's
+    digest, made with that key, or with another one (`forged`)."""
+    sealer = Sealer()
+    p0 = dataclasses.replace(worker("p0", Role.PREFILL), seal_key=sealer.public)
+    fake = FakeCluster([p0, *(worker(d, Role.DECODE, free=60 - i) for i, d in enumerate(decodes))])
+    fake.seal = (Sealer() if forged else sealer, "p0", p0.epoch)
+    return fake
+
+
+def _silent_after_publishing(fake: FakeCluster) -> None:
+    """The prefill publishes, then its reply never comes (it died after its verdict)."""
+    publishing = fake.prefill
+
+    async def silent(w, call, timeout_s, grant=None):
+        await publishing(w, call, timeout_s, grant)
+        await asyncio.Future()
+    fake.prefill = silent
+
+
+def test_token_0_with_the_prefills_seal_over_the_decodes_digest_goes_out_without_its_reply():
+    """The seal is the prefill's own word on its digest: the comparison needs no reply. A
+    prefill that never replies after publishing then costs nothing (its call is cancelled
+    once the stream completed), where the held token 0 would wait for the token timeout."""
+    fake = _sealed_cluster("d0")
+    _silent_after_publishing(fake)
+    orch = Orchestrator(fake, fake, config(first_token_timeout_s=5.0, cancel_timeout_s=0.05))
+    events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
+    assert error is None and len(started(events)) == 1
+    assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == \
+        list(enumerate(model_tokens(PROMPT, 4)))
+    assert any(c[0] == "cancel_prefill" for c in fake.calls)  # the silent call, ended after the stream
+    assert not [c for c in fake.calls if c[0] == "cancel_decode" and "discard_kv" in c]
+    assert_no_leaks(orch, fake)
+
+
+def test_without_a_seal_key_in_the_snapshot_token_0_waits_for_the_reply():
+    fake = _sealed_cluster("d0")
+    fake.cluster = dataclasses.replace(fake.cluster, workers=tuple(
+        dataclasses.replace(w, seal_key=b"") for w in fake.cluster.workers))
+    _silent_after_publishing(fake)
+    orch = Orchestrator(fake, fake, config(first_token_timeout_s=0.3, cancel_timeout_s=0.05, max_attempts=1,
+                                           max_disaggregated_attempts=1))
+    events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
+    assert not [e for e in events if isinstance(e, TokenOut)]  # held, then the attempt timed out
+    assert error is not None
+
+
+@pytest.mark.parametrize("fault", ["forged seal", "decode digest differs"])
+def test_a_seal_that_does_not_open_over_the_decodes_digest_is_a_mismatch(fault):
+    fake = _sealed_cluster("d0", "d1", forged=fault == "forged seal")
+    if fault == "decode digest differs":
+        fake.corrupt_kv = {"d0", "d1"}
+    orch = Orchestrator(fake, fake, config())
+    events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
+    assert error is None
+    tokens = [e for e in events if isinstance(e, TokenOut)]
+    assert [(t.index, t.token_id) for t in tokens] == list(enumerate(model_tokens(PROMPT, 4)))  # once each
+    first, *rest = started(events)
+    assert first.prefill_worker_id == "p0" and rest and not rest[-1].prefill_worker_id  # served colocated
+    assert ("cancel_decode", first.decode_worker_id, "r", first.generation, "discard_kv") in fake.calls
     assert_no_leaks(orch, fake)
