@@ -7,6 +7,9 @@ interceptor, no processor, the API's no-op tracer — tracing costs nothing. On,
 process gets its own `service.name` (pdserve-router, pdserve-prefill, ...) and
 `service.instance.id` (the worker id), and spans leave through a batch processor
 with a bounded queue: a dead collector costs dropped spans, never a slower request.
+Its export thread runs at a lower scheduling priority (`EXPORT_NICE`, `_Background`):
+encoding a batch takes milliseconds of CPU, which on shared cores would otherwise be
+taken from a request's critical path.
 
 How one request stays one trace:
 - gRPC: W3C `traceparent` + `baggage` metadata, sent on every channel
@@ -33,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 
 import grpc
@@ -45,7 +50,7 @@ from opentelemetry.processor.baggage import BaggageSpanProcessor
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pdserve_client import contract
@@ -57,12 +62,16 @@ __all__ = ["REQUEST_ID", "GENERATION", "TRANSFER_ID", "ROUTE", "TENANT", "config
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 CERTIFICATE_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+EXPORT_NICE = 10
+"""The nice value of the thread that encodes and sends span batches (0 = unchanged):
+one step under a request's threads when cores are short, unchanged when they are not."""
 MAX_QUEUE_SPANS = 8192
 """Spans waiting for export; beyond this they are dropped (and counted by the SDK)."""
 EXPORT_TIMEOUT_S = 2.0
 COLLECTOR_SERVICE = "collector"
 """The name a collector's certificate carries (contract.server_name) for mutual TLS."""
 
+log = logging.getLogger(__name__)
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
 
@@ -95,6 +104,32 @@ def exporter_for(url: str, files=None, environ: Mapping[str, str] | None = None)
         ("grpc.ssl_target_name_override", contract.server_name(COLLECTOR_SERVICE)),))
 
 
+class _Background(SpanExporter):
+    """`exporter`, its batch processor's export thread lowered to EXPORT_NICE the first
+    time it exports (Linux nice values are per thread; a flush from another thread, e.g.
+    at shutdown, keeps that thread's priority)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+        self._lowered: set[int] = set()
+
+    def export(self, spans):
+        me = threading.current_thread()
+        if EXPORT_NICE and me.name.startswith("OtelBatch") and me.native_id not in self._lowered:
+            self._lowered.add(me.native_id)
+            try:
+                os.setpriority(os.PRIO_PROCESS, me.native_id, EXPORT_NICE)
+            except (OSError, AttributeError) as exc:  # not Linux, or not allowed: export as it is
+                log.debug("span export thread keeps its priority: %s", exc)
+        return self._exporter.export(spans)
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+
 class _InjectOnlyBaggage(W3CBaggagePropagator):
     """Baggage sent on, never taken in (the router's: clients do not name our attributes)."""
 
@@ -116,7 +151,7 @@ def configure(service: str, instance_id: str, environ: Mapping[str, str] | None 
     provider = TracerProvider(resource=Resource.create({
         "service.name": f"pdserve-{service}", "service.instance.id": instance_id}))
     provider.add_span_processor(BaggageSpanProcessor(lambda key: key.startswith("pd.")))
-    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=MAX_QUEUE_SPANS,
+    provider.add_span_processor(BatchSpanProcessor(_Background(exporter), max_queue_size=MAX_QUEUE_SPANS,
                                                    export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000)))
     if not isinstance(trace.get_tracer_provider(), TracerProvider):  # the API allows one per process
         trace.set_tracer_provider(provider)

@@ -6,6 +6,8 @@ no time, and the data plane's commit carries the context within bounds."""
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 import grpc
@@ -164,3 +166,26 @@ def test_a_context_carrying_channel_joins_each_call_to_the_callers_trace():
         assert spans[name].parent.span_id == caller.context.span_id, name
         assert spans[name].context.trace_id == caller.context.trace_id
         assert spans[name].attributes["pd.request_id"] == "r7"
+
+
+def test_the_export_thread_runs_at_a_lower_priority_and_a_flush_elsewhere_keeps_its_own(monkeypatch):
+    """The batch processor's thread encodes and sends spans: it runs at EXPORT_NICE, a step
+    under the request's threads; a flush from another thread (shutdown) changes nothing there."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")  # the thread exports every 20 ms
+    memory = InMemorySpanExporter()
+    tracing.configure("router", "r", environ={}, exporter=memory)
+    with tracing.span_in("unit.one"):
+        pass
+    tracing._provider.force_flush()  # exported here, on this thread
+    assert [s.name for s in memory.get_finished_spans()] == ["unit.one"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
+    worker = next(t for t in threading.enumerate() if t.name.startswith("OtelBatch"))
+    with tracing.span_in("unit.two"):
+        pass
+    deadline = time.monotonic() + 10
+    while len(memory.get_finished_spans()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [s.name for s in memory.get_finished_spans()] == ["unit.one", "unit.two"]
+    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == tracing.EXPORT_NICE
