@@ -8,6 +8,8 @@ pdserve_client/spans.py); `pdctl trace` reads that file.
 Its port is like every other: mutual TLS with a `collector` certificate, and only
 pdserve's services (router, directory, workers) may export — a client could otherwise
 write spans into another tenant's trace. PD_INSECURE=1 turns that off with the rest.
+It runs at the span export threads' nice value (tracing.EXPORT_NICE): on the cores it
+shares with the cluster it is on no request's path.
 
 One line per span: trace_id, span_id, parent_id ('' for a root; hex), name, service
 (service.name), instance (service.instance.id), start_ns, end_ns, status (0 unset,
@@ -20,12 +22,14 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
 from services.security.tls import Security, access_table
+from services.telemetry.tracing import EXPORT_NICE
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the JSON-lines file spans are appended to")
     args = p.parse_args(argv)
     setup_logging("collector")
+    if EXPORT_NICE:
+        os.nice(EXPORT_NICE)  # every thread it starts from here on inherits it
     try:
         asyncio.run(_serve(args.listen, args.out))
     except ValueError as exc:  # no certificates and not PD_INSECURE
