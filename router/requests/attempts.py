@@ -149,6 +149,7 @@ class AttemptRunner:
         job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
         att.prefill_task = asyncio.create_task(self._prefill(
             att, PrefillCall(job, req.prompt, "", req.sampling), queue, grant))
+        await asyncio.sleep(0)  # P's call and job leave before D's Reserve: P's compute is the longer way
         try:
             reservation = await self._workers.reserve(d, ReserveCall(
                 req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
