@@ -2,7 +2,7 @@
 
 Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 
-    1. concurrently
+    1. concurrently, the job leaving first
          Prefill.Prefill on P, the job -> computes meanwhile (a transfer too small to
                                         stream; one that may stream waits for its grant)
          Decode.Reserve on D         -> reservation (blocks, data-plane address)
@@ -12,7 +12,9 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
          Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
     3. Started event once the directory applied the reservation
-    4. token 0 arrives               -> the transfer is published (D releases it)
+    4. token 0 arrives               -> the transfer is published (D releases it); it goes
+                                        out once the two ends' digests compared (P's seal
+                                        relayed with it, or P's reply)
     5. complete event                -> done
 
 Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
