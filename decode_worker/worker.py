@@ -146,9 +146,10 @@ class DecodeWorker:
             raise RuntimeError(f"reservation {res.transfer_id} is {res.state.name}")
         res.auth_started = True
         try:
-            res.grant = await self.gate.check(
-                credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
-                regions=res.regions, num_bytes=res.expected_bytes, ahead=res.ahead)
+            with tracing.attached(res.trace.context):  # its nonce check is the request's call, in its trace
+                res.grant = await self.gate.check(
+                    credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
+                    regions=res.regions, num_bytes=res.expected_bytes, ahead=res.ahead)
         except CapabilityDenied as e:
             self.events("capability_denied", request=res.request_id, reason=e.reason.value)
             res.trace.denied(e.reason.value)

@@ -192,6 +192,18 @@ def span_in(name: str, context=None, attributes: Mapping | None = None) -> Itera
             otel_context.detach(token)
 
 
+@contextlib.contextmanager
+def attached(context) -> Iterator[None]:
+    """`context` current for the block: calls made inside carry its trace and baggage (work
+    outside the RPC that started it, e.g. the data plane's). None (tracing off): no-op."""
+    token = otel_context.attach(context) if context is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            otel_context.detach(token)
+
+
 def past_span(name: str, start_ns: int, end_ns: int, context=None, attributes: Mapping | None = None,
               events: Iterable[tuple[str, int, Mapping]] = (), error: str = "") -> None:
     """A span for work already done: the hot path notes times (time.time_ns), the span is

@@ -117,6 +117,9 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
     assert len(sent) == len(visible) > 0 and sum(e["attributes"][S.BYTES] for e in sent) == \
         sum(e["attributes"][S.BYTES] for e in visible) > 0
     directory = {s.name for s in trace.spans if s.service == "pdserve-directory"}
+    # The nonce check belongs to the request too, whether the sender's AUTH or the router's
+    # copy of the capability (the DecodeStream) made it.
+    assert "/pd.v1.Directory/ConsumeNonce" in directory
     # The destination validates and publishes in one call (no separate Validated), and the
     # source's declaration is the seal its COMMIT carried (not streamed: no Begin at all).
     assert {f"/pd.v1.Directory/{m}" for m in ("Reserve", "Publish")} <= directory
