@@ -287,13 +287,7 @@ class AttemptRunner:
             if kind == "end" and att.held:
                 continue  # its complete event is held with the tokens
             if kind == "prefill":
-                trace.get_current_span().add_event(S.EVENT_PREFILL_DONE)
-                att.prefill_done = True
-                att.prefill_kv_digest = value.kv_digest
-                reply_against_seal(att)
-                self._inflight.release((att.prefill_handle,))
-                if self._on_prefill is not None:
-                    self._on_prefill(att, value)
+                self._prefill_returned(att, value)
                 held, att.held = att.held, []
                 for item in held:
                     if isinstance(item, StreamToken):
@@ -346,6 +340,17 @@ class AttemptRunner:
         if out is not None:
             self._emit(out)
 
+    def _prefill_returned(self, att: Attempt, done: PrefillDone) -> None:
+        """The Prefill's reply, before the complete event or after it (token 0 went out by
+        the prefill's seal): its digest (against that seal), its tokens' room given back,
+        the orchestrator told (the transfer counted, the planner's cost model)."""
+        trace.get_current_span().add_event(S.EVENT_PREFILL_DONE)
+        att.prefill_done, att.prefill_kv_digest = True, done.kv_digest
+        reply_against_seal(att)
+        self._inflight.release((att.prefill_handle,))
+        if self._on_prefill is not None:
+            self._on_prefill(att, done)
+
     async def _settle_prefill(self, att: Attempt) -> None:
         """After a complete event, give a still-running Prefill call a moment to
         return (its reply can trail a short decode), then cancel it."""
@@ -355,7 +360,7 @@ class AttemptRunner:
         await asyncio.wait({task}, timeout=self._cfg.cancel_timeout_s)
         if task.done():
             if task.result() is not None:  # its event was queued behind the complete event
-                att.prefill_done, att.prefill_kv_digest = True, task.result().kv_digest
+                self._prefill_returned(att, task.result())
             return
         task.cancel()
         await self._quietly(self._workers.cancel_prefill(att.prefill, self.req.request_id, att.generation,

@@ -129,3 +129,22 @@ def test_a_seal_that_does_not_open_over_the_decodes_digest_is_a_mismatch(fault):
     if fault == "decode digest differs":
         fake.corrupt_kv = {"d0", "d1"}
     _streams_nothing_retries_and_discards(fake)
+
+
+def test_a_reply_that_trails_the_sealed_stream_is_still_counted_and_learned_from():
+    """Token 0 went out by the seal and the stream completed before the Prefill replied:
+    the reply, settled after the complete event, counts the hand-off like one that came first."""
+    fake = _sealed_cluster("d0")
+    replying = fake.prefill
+
+    async def late(w, call, timeout_s, grant=None):
+        done = await replying(w, call, timeout_s, grant)
+        await asyncio.sleep(0.2)  # the whole stream goes out meanwhile
+        return done
+    fake.prefill = late
+    orch = Orchestrator(fake, fake, config(cancel_timeout_s=2.0))
+    events, error = run(collect(orch, params(max_tokens=2, mode="disaggregated")))
+    assert error is None and len(started(events)) == 1
+    assert orch.metrics.registry.get_sample_value("pd_kv_transfer_completions_total") == 1
+    assert not any(c[0] == "cancel_prefill" for c in fake.calls)
+    assert_no_leaks(orch, fake)
