@@ -328,8 +328,9 @@ class Orchestrator:
                 continue
             finally:
                 self.queue.kick()  # what the attempt held is free again
-            completed = run.output.completed(done.finish_reason, att.route, r.number, att.prefill_kv_digest,
-                                             done.kv_digest, "; ".join(run.failures))
+            completed = run.output.completed(done.finish_reason, att.route, r.number,  # the reply's, else the seal's
+                                             att.prefill_kv_digest or att.sealed_kv_digest, done.kv_digest,
+                                             "; ".join(run.failures))
             self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
             slo = self.planner.slo(req.tenant, req.slo)
             self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,

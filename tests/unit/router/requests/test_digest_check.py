@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from router.requests.orchestrator import Orchestrator
-from router.types import Role, TokenOut
+from router.types import Completed, Role, TokenOut
 from services.security.seal import Sealer
 from tests.support.orchestrator import (
     PROMPT,
@@ -107,6 +107,8 @@ def test_token_0_with_the_prefills_seal_over_the_decodes_digest_goes_out_without
     assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == \
         list(enumerate(model_tokens(PROMPT, 4)))
     assert any(c[0] == "cancel_prefill" for c in fake.calls)  # the silent call, ended after the stream
+    (completed,) = [e for e in events if isinstance(e, Completed)]
+    assert completed.prefill_kv_digest == completed.decode_kv_digest == "kv:r/1"  # the seal's word stands
     assert not [c for c in fake.calls if c[0] == "cancel_decode" and "discard_kv" in c]
     assert_no_leaks(orch, fake)
 
