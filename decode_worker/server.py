@@ -101,8 +101,6 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def _events(self, request_id: str, items, started: float, res: Reservation | None = None):
         """TokenEvents of `items`; a hand-off's (`res`) token 0 and complete event carry the
         published digest, token 0 the source's relayed seal and the chunks it covers."""
-        def digest() -> str:
-            return res.kv_digest if res is not None else ""
         first_ms = 0.0
         n = 0
         async for item in items:
@@ -123,7 +121,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                     raise RuntimeError(f"generation failed: {item.error!r}")
                 yield decode_pb2.TokenEvent(request_id=request_id, complete=decode_pb2.TokenEvent.Complete(
                     finish_reason=finish_to_proto(item.finish_reason), num_tokens=n, first_token_ms=first_ms,
-                    total_ms=now_ms, kv_digest=digest()))
+                    total_ms=now_ms, kv_digest=res.kv_digest if res is not None else ""))
 
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id, request.generation,

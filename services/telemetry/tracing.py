@@ -183,13 +183,8 @@ def span_in(name: str, context=None, attributes: Mapping | None = None) -> Itera
     if _provider is None:
         yield trace.INVALID_SPAN
         return
-    token = otel_context.attach(context) if context is not None else None
-    try:
-        with _tracer.start_as_current_span(name, attributes=attributes) as span:
-            yield span
-    finally:
-        if token is not None:
-            otel_context.detach(token)
+    with attached(context), _tracer.start_as_current_span(name, attributes=attributes) as span:
+        yield span
 
 
 @contextlib.contextmanager
