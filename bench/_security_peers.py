@@ -47,7 +47,8 @@ class SecurePeer(Peer):
     def _security(self, name: str) -> Security:
         return Security.of(TlsFiles.in_dir(self.tls_dir, name))
 
-    async def _consume(self, nonce: str, expires_unix_ms: int, transfer_id: str, route_epoch: int) -> bool:
+    async def _consume(self, nonce: str, expires_unix_ms: int, transfer_id: str, route_epoch: int,
+                       capability: bytes = b"") -> bool:
         fresh = nonce not in self.nonces
         self.nonces.add(nonce)
         return fresh

@@ -22,6 +22,8 @@ from pdserve_client.rpc.pd.v1 import directory_pb2_grpc
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
 from services.common.heap import freeze_startup_heap
 from services.directory.records import DirectoryUnavailable
+from services.security.capability import Verifier
+from services.security.config import CapabilitySettings, verifier
 from services.security.tls import Security
 from services.telemetry import tracing
 from services.telemetry.endpoint import serve_metrics
@@ -39,18 +41,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security) -> None:
+def capability_verifier(security: Security) -> Verifier | None:
+    """With TLS on and PD_CAPABILITY_PUBLIC_KEYS set, the routers' capabilities name the
+    destination that may consume their nonce (else the transfer's record does); ValueError
+    when the key set cannot be read."""
+    settings = CapabilitySettings.from_env()
+    return verifier(settings, security) if security.secure and settings.public_keys else None
+
+
+async def serve(store: DirectoryStore, config: DirectoryConfig, security: Security,
+                caps: Verifier | None = None) -> None:
     """Serve pd.v1.Directory (plus health and reflection) on ``config.listen_addr``
     until SIGTERM/SIGINT, then drain and close the store."""
-    servicer = DirectoryServicer(store, config, security)
+    servicer = DirectoryServicer(store, config, security, caps)
     server, port, health = await start_server(
         config.listen_addr, [(directory_pb2_grpc.add_DirectoryServicer_to_server, servicer, SERVICE_NAME)],
         security, ACCESS)
     servicer.start(health.ready)
     metrics = serve_metrics(config.metrics_listen, servicer.metrics.registry, security)
     host = config.listen_addr.rpartition(":")[0] or "0.0.0.0"
-    log.info("directory serving on %s:%d (redis %s, lease %.3gs)",
-             host, port, config.describe_redis(), config.lease_ttl_s)
+    log.info("directory serving on %s:%d (redis %s, lease %.3gs, nonce destinations by %s)",
+             host, port, config.describe_redis(), config.lease_ttl_s,
+             "capability" if caps is not None else "record")
     freeze_startup_heap()
     try:
         await wait_for_shutdown(server, health, on_stop=servicer.stop_reaper)
@@ -74,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("kv_directory", config.log_level)
     try:
         security = Security.from_env("kv_directory")
+        caps = capability_verifier(security)
     except ValueError as exc:
         print(f"kv_directory: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -86,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv_directory: redis unreachable at {config.describe_redis()}: {exc}", file=sys.stderr)
         return 3
     try:
-        asyncio.run(serve(store, config, security))
+        asyncio.run(serve(store, config, security, caps))
     except OSError as exc:  # cannot bind the listen address
         print(f"kv_directory: cannot serve on {config.listen_addr}: {exc}", file=sys.stderr)
         return 2

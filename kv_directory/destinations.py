@@ -13,12 +13,22 @@ retention (kept that long once its transaction ended), and an entry lasts half o
 meanwhile.
 An entry leaves at its nonce check (one capability, one check per transfer) or, past
 `limit` entries, oldest first. Used on the event loop's thread only.
+
+A directory that holds the capability public keys (PD_CAPABILITY_PUBLIC_KEYS) needs neither:
+the destination sends the router-signed capability with its nonce, and the destination it
+names is the one (`signed_destination`). Every replica can then check a nonce the moment a
+destination asks, before the router's Reserve of the transfer landed anywhere: no asking
+again, no read.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+
+from kv_directory.access import Denied
+from pdserve_client.rpc.pd.v1 import directory_pb2
+from services.security.capability import CapabilityDenied, Verifier, nonce_key
 
 MAX_KEPT = 65536
 
@@ -47,3 +57,27 @@ class KnownDestinations:
         if entry is None or entry[1] < time.monotonic():
             return None
         return entry[0]
+
+
+def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRequest, now_ms: int) -> str:
+    """The destination worker id the request's capability names, once it is the router's
+    (signature, trusted issuer, not expired) and minted for exactly this nonce check (its
+    transfer, nonce, expiry and route epoch are the request's); else Denied, saying which."""
+    try:
+        cap = verifier.verified_body(request.capability)
+    except CapabilityDenied as e:
+        raise Denied(f"{e} (transfer {request.transfer_id!r})") from None
+    left_ms = cap.expires_unix_ms - now_ms
+    checks = (
+        (cap.issuer in verifier.trusted_issuers, lambda: f"untrusted issuer {cap.issuer!r}"),
+        (0 < left_ms <= verifier.max_ttl_ms, lambda: f"expires in {left_ms} ms, not in (0, {verifier.max_ttl_ms}]"),
+        (cap.transfer_id == request.transfer_id, lambda: f"minted for transfer {cap.transfer_id!r}"),
+        (nonce_key(cap.nonce) == request.nonce, lambda: "minted for another nonce"),
+        (cap.expires_unix_ms == request.expires_unix_ms,
+         lambda: f"expires at {cap.expires_unix_ms}, not {request.expires_unix_ms}"),
+        (cap.route_epoch == request.route_epoch, lambda: f"route epoch {cap.route_epoch} != {request.route_epoch}"),
+    )
+    for passed, detail in checks:
+        if not passed:
+            raise Denied(f"capability denied: {detail()} (transfer {request.transfer_id!r})")
+    return cap.destination_worker_id

@@ -42,7 +42,7 @@ from kv_directory.convert import (
     txn_to_pb,
     worker_info_from_pb,
 )
-from kv_directory.destinations import KnownDestinations
+from kv_directory.destinations import KnownDestinations, signed_destination
 from kv_directory.reaper import reap_forever
 from kv_directory.seals import SealJudge
 from kv_directory.store import DirectoryStore
@@ -59,6 +59,7 @@ from services.directory.wire import (
     role_from_pb,
     worker_record_to_pb,
 )
+from services.security.capability import Verifier
 from services.security.tls import Security, caller, caller_name
 from services.telemetry.catalog import DirectoryMetrics
 
@@ -81,8 +82,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     """pd.v1.Directory over a DirectoryStore. Call ``start()`` inside the event
     loop (starts the reaper) and ``close()`` at shutdown."""
 
-    def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None):
-        self._store = store
+    def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None,
+                 verifier: Verifier | None = None):
+        self._store, self._verifier = store, verifier  # verifier: capabilities name their destination
         self._seals = SealJudge(store, lambda reason: self.metrics.seal_refused(reason))
         self._cfg = config
         self._secure = security is not None and security.secure
@@ -342,15 +344,17 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     @_rpc
     async def ConsumeNonce(self, request, context):
         """True the first time a nonce is seen (kept until the capability expires, plus skew
-        margin). Secure: by the transfer's destination only, as its record names it (kept
-        from this replica's Reserve, kv_directory/destinations.py; else read in the same
-        store job as the nonce's)."""
+        margin). Secure: by the transfer's destination only, as its capability names it
+        (with the keys), else its record (kept from this replica's Reserve, else read in the
+        same store job as the nonce's; kv_directory/destinations.py)."""
         require(request.nonce, "nonce")
         require(request.expires_unix_ms, "expires_unix_ms")
         tid, who = request.transfer_id, caller(context) if self._secure else None
         if self._secure:
             require(tid, "transfer_id")
         kept = self._destinations.take(tid) if self._secure else None
+        if self._secure and request.capability and self._verifier is not None:
+            kept = signed_destination(self._verifier, request, int(time.time() * 1000))
         ahead_s = request.expires_unix_ms / 1000 - time.time()
 
         def consume() -> Outcome | None:  # None: no record of the transfer yet

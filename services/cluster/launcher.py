@@ -134,7 +134,7 @@ class LocalCluster:
                         contract.TLS_CA_ENV: str(d / contract.TLS_CA_FILE)})
             if self.roles[name] == "router":
                 env["PD_CAPABILITY_SIGNING_KEY"] = str(d / CAPABILITY_SIGNING_KEY)
-            elif self.roles[name] in ("prefill", "decode", "mixed"):
+            elif self.roles[name] in ("prefill", "decode", "mixed", "directory"):  # the directory: nonce checks
                 env["PD_CAPABILITY_PUBLIC_KEYS"] = str(d / CAPABILITY_PUBLIC_KEYS)
         if name == "directory" and self.redis_url:
             env["PD_REDIS_URL"] = self.redis_url

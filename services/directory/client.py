@@ -322,12 +322,14 @@ class DirectoryClient:
         return r.publications
 
     async def consume_nonce(self, nonce: str, expires_unix_ms: int, transfer_id: str = "",
-                            route_epoch: int = 0) -> bool:
+                            route_epoch: int = 0, capability: bytes = b"") -> bool:
         """True the first time ``nonce`` is consumed, False on any replay. With
         ``route_epoch``, also False (StaleRouteEpoch raised) when it is not current;
-        TransferNotRecorded while the directory holds no record of ``transfer_id``."""
+        TransferNotRecorded while the directory holds no record of ``transfer_id`` (never
+        with ``capability``, the signed one, at a directory that holds the keys)."""
         r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
-            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch))
+            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch,
+            capability=capability))
         if r.stale_route_epoch:
             raise StaleRouteEpoch(f"route epoch {route_epoch} is no longer current")
         if r.not_recorded:

@@ -133,8 +133,8 @@ class DestinationGate:
 
     def __init__(self, verifier: Verifier, worker_id: str, epoch: Callable[[], int], abi_digest: str,
                  consume: Callable, on_denied: Callable[[str], None] = _ignore):
-        """consume(nonce_hex, expires_unix_ms, transfer_id, route_epoch) -> bool (the
-        directory's ConsumeNonce; raises StaleRouteEpoch)."""
+        """consume(nonce_hex, expires_unix_ms, transfer_id, route_epoch, capability) -> bool
+        (the directory's ConsumeNonce, sent the signed capability; raises StaleRouteEpoch)."""
         self.verifier, self.worker_id, self.epoch, self.abi_digest = verifier, worker_id, epoch, abi_digest
         self._consume = consume
         self.on_denied = on_denied
@@ -147,7 +147,7 @@ class DestinationGate:
             body = self.verifier.verified_body(raw)  # SIGNATURE first, as in authorize
             ask = self._ask(tenant, body.source_worker_id, body.source_epoch, transfer_id, generation, regions,
                             num_bytes, body.nonce)
-            return await self._consume_once(self.verifier.check(body, ask, None, _now_ms()), transfer_id)
+            return await self._consume_once(self.verifier.check(body, ask, None, _now_ms()), transfer_id, raw)
         checked = asyncio.ensure_future(run())
         checked.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: `check` re-raises it
         return Ahead(raw, checked)
@@ -183,7 +183,7 @@ class DestinationGate:
             ahead.claimed = True
             return Grant(frozenset(cap.regions), cap.max_bytes)
         ask = self._ask(tenant, source, source_epoch, transfer_id, generation, regions, num_bytes, nonce)
-        cap = await self._consume_once(self.verifier.authorize(raw, ask, None, _now_ms()), transfer_id)
+        cap = await self._consume_once(self.verifier.authorize(raw, ask, None, _now_ms()), transfer_id, raw)
         return Grant(frozenset(cap.regions), cap.max_bytes)
 
     def _ask(self, tenant: str, source: str, source_epoch: int, transfer_id: str, generation: int,
@@ -195,14 +195,15 @@ class DestinationGate:
             destination_epoch=self.epoch(), transfer_id=transfer_id, generation=generation,
             cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
 
-    async def _consume_once(self, cap, transfer_id: str):
-        """Consume the verified capability's nonce once, under its route epoch. The router
-        records the transfer beside its Prefill call, so the directory may not hold it yet:
-        asked again (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
+    async def _consume_once(self, cap, transfer_id: str, raw: bytes):
+        """Consume the verified capability's nonce once, under its route epoch. A directory
+        with the keys checks the signed capability `raw` and needs no record; one without
+        them reads the transfer's record, which the router makes beside its Prefill call:
+        asked again while there is none (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
         retrying = until_recorded(tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True)
 
         async def consume() -> bool:
-            return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch)
+            return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
         try:
             fresh = await retrying(consume)
         except StaleRouteEpoch as e:

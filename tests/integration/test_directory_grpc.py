@@ -28,6 +28,7 @@ from tests.support.directory.grpc_process import (
     RECEIVED,
     SERVICE,
     Callers,
+    DirectoryProcess,
     drive_to,
     manifest,
     run,
@@ -319,6 +320,33 @@ def test_route_epoch_and_nonce(directory):
         assert (await client.abort(rid, tid, 1, *dst, reason="test done")).ok
 
     run(directory.address, scenario)
+
+
+def test_a_directory_with_the_capability_keys_lets_the_destination_consume_before_the_record(redis_server):
+    """With PD_CAPABILITY_PUBLIC_KEYS the destination's ConsumeNonce carries the router-signed
+    capability: no record is needed (no "not recorded", nothing asked again), only the
+    destination it names consumes, once; a key set it cannot read stops it at start (2)."""
+    from services.security.capability import PUSH, Grant, Signer
+    signing, public = pki.capability_keys()
+    keyed = DirectoryProcess(redis_server.url, PD_CAPABILITY_PUBLIC_KEYS=str(public))
+    try:
+        async def scenario(client: Callers):
+            minted = Signer.from_file(signing, "router/router").mint(Grant(
+                tenant="t", source_worker_id="prefill-0", source_epoch=1, destination_worker_id="decode-0",
+                destination_epoch=1, transfer_id="t/1", generation=1, route_epoch=0, cache_abi_digest="abi",
+                direction=PUSH, regions=(0,), max_bytes=1024, ttl_ms=30_000))
+            ask = dict(nonce=minted.nonce.hex(), expires_unix_ms=minted.expires_unix_ms, transfer_id="t/1",
+                       capability=minted.raw)
+            with pytest.raises(grpc.aio.AioRpcError, match="decode-9 is not the destination of transfer t/1"):
+                await client.as_("decode", "decode-9").consume_nonce(**ask)
+            assert await client.as_("decode", "decode-0").consume_nonce(**ask)  # no record of t/1 anywhere
+            assert not await client.as_("decode", "decode-0").consume_nonce(**ask)  # replay
+        run(keyed.address, scenario)
+        assert "nonce destinations by capability" in keyed.output()
+    finally:
+        assert keyed.stop() == 0, keyed.output()
+    with pytest.raises(RuntimeError, match="exited 2"):
+        DirectoryProcess(redis_server.url, PD_CAPABILITY_PUBLIC_KEYS=str(public) + ".missing")
 
 
 # ---- bad input --------------------------------------------------------------

@@ -118,8 +118,11 @@ def test_workers_are_named_by_their_pod_and_advertise_the_pod_ip(defaults):
 
 def test_workers_see_only_the_public_keys_and_the_router_only_the_signing_key(defaults):
     specs = pod_specs(defaults)
-    vols = {v["name"]: v for v in specs["pd-pdserve-decode"]["volumes"]}
-    assert [i["path"] for i in vols["capability"]["secret"]["items"]] == ["public-keys.json"]
+    for verifier in ("pd-pdserve-decode", "pd-pdserve-directory"):  # the directory checks nonce callers
+        vols = {v["name"]: v for v in specs[verifier]["volumes"]}
+        assert [i["path"] for i in vols["capability"]["secret"]["items"]] == ["public-keys.json"]
+        assert env_of(specs[verifier]["containers"][0])["PD_CAPABILITY_PUBLIC_KEYS"] == \
+            "/pd/capability/public-keys.json"
     vols = {v["name"]: v for v in specs["pd-pdserve-router"]["volumes"]}
     assert [i["path"] for i in vols["capability"]["secret"]["items"]] == ["signing-key.pem"]
 

@@ -136,3 +136,85 @@ def test_a_replica_that_did_not_record_the_transfer_reads_the_record():
         assert (await other.ConsumeNonce(_nonce("t1"), Context("decode/decode-0"))).consumed
         assert store.lookups == reads + 1
     asyncio.run(main())
+
+
+# ---- a directory with the capability keys: the signed capability names the destination ----
+
+def _minted(tid: str = "t1", destination: str = "decode-0", signing=None, **changes):
+    from services.security.capability import PUSH, Grant, Signer
+    from tests.support import pki
+    grant = dict(tenant="t", source_worker_id="prefill-0", source_epoch=1, destination_worker_id=destination,
+                 destination_epoch=1, transfer_id=tid, generation=1, route_epoch=0, cache_abi_digest="abi-1",
+                 direction=PUSH, regions=(0, 1), max_bytes=4096, ttl_ms=30_000)
+    return Signer.from_file(signing or pki.capability_keys()[0], "router/router").mint(Grant(**{**grant, **changes}))
+
+
+def _signed(minted, **fields) -> directory_pb2.ConsumeNonceRequest:
+    """The ConsumeNonce a destination sends for `minted` (`fields` overriding what it says)."""
+    request = dict(nonce=minted.nonce.hex(), expires_unix_ms=minted.expires_unix_ms, transfer_id="t1",
+                   route_epoch=0, capability=minted.raw)
+    return directory_pb2.ConsumeNonceRequest(**{**request, **fields})
+
+
+def _keyed(store) -> DirectoryServicer:
+    from services.security.capability import Verifier
+    from tests.support import pki
+    verifier = Verifier.from_file(pki.capability_keys()[1], ["router/router"], 300_000)
+    return DirectoryServicer(store, DirectoryConfig(), types.SimpleNamespace(secure=True), verifier)
+
+
+def test_with_the_keys_a_signed_capability_is_consumed_before_any_record_and_once():
+    async def main():
+        store = CountingStore()
+        servicer, minted = _keyed(store), _minted()
+        reply = await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))
+        assert reply.consumed and not reply.not_recorded  # the router's Reserve has not come: no wait
+        replay = await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))
+        assert not replay.consumed and store.lookups == 0  # no record read, either time
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("who,fields,match", [
+    ("decode/decode-9", {}, "decode-9 is not the destination of transfer t1"),
+    ("decode/decode-0", {"transfer_id": "t2"}, "minted for transfer 't1'"),
+    ("decode/decode-0", {"nonce": "00" * 16}, "minted for another nonce"),
+    ("decode/decode-0", {"route_epoch": 7}, "route epoch 0 != 7"),
+    ("decode/decode-0", {"expires_unix_ms": 1}, "expires at"),
+    ("decode/decode-0", {"capability": b"\x00garbage"}, "capability denied: signature: unparseable"),
+])
+def test_with_the_keys_a_capability_for_another_caller_or_check_is_refused(who, fields, match):
+    async def main():
+        store = CountingStore()
+        servicer, minted, context = _keyed(store), _minted(), Context(who)
+        with pytest.raises(Aborted, match=match):
+            await servicer.ConsumeNonce(_signed(minted, **fields), context)
+        assert context.code == grpc.StatusCode.PERMISSION_DENIED
+        # nothing was consumed: the destination's own check still goes through
+        assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).consumed
+    asyncio.run(main())
+
+
+def test_with_the_keys_a_capability_of_another_signer_or_issuer_is_refused(tmp_path):
+    from services.security.capability import generate_signing_key
+    generate_signing_key(tmp_path / "other.pem", tmp_path / "other.json")
+
+    async def main():
+        servicer = _keyed(CountingStore())
+        for minted, match in ((_minted(signing=tmp_path / "other.pem"), "unknown key id"),
+                              (_minted(ttl_ms=400_000), "expires in")):
+            context = Context("decode/decode-0")
+            with pytest.raises(Aborted, match=match):
+                await servicer.ConsumeNonce(_signed(minted), context)
+            assert context.code == grpc.StatusCode.PERMISSION_DENIED
+    asyncio.run(main())
+
+
+def test_without_the_keys_a_capability_is_not_enough_the_record_names_the_destination():
+    async def main():
+        store, servicer, src, dst = _setup()
+        minted = _minted()
+        assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).not_recorded
+        await servicer.Reserve(directory_pb2.TxnReserveRequest(
+            manifest=manifest(src, dst, "t1", "r1", cache_abi_digest="abi-1")), Context("router/router"))
+        assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).consumed
+    asyncio.run(main())

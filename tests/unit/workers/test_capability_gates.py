@@ -25,11 +25,13 @@ def mint(**changes) -> bytes:
     return Signer.from_file(signing, "router/router").mint(Grant(**{**grant, **changes})).raw
 
 
-def gate(consumed: list) -> DestinationGate:
+def gate(consumed: list, sent: list | None = None) -> DestinationGate:
     _, public = pki.capability_keys()
+    sent = [] if sent is None else sent
 
-    async def consume(nonce, expires, transfer_id, route_epoch):
+    async def consume(nonce, expires, transfer_id, route_epoch, capability):
         consumed.append(nonce)
+        sent.append(capability)
         return consumed.count(nonce) == 1
     return DestinationGate(Verifier.from_file(public, ["router/router"], 300_000), "d0", lambda: 3, "abi", consume)
 
@@ -42,16 +44,17 @@ def credential(raw: bytes, source: str = "p0") -> dict:
 
 def test_the_copy_ahead_is_checked_once_and_binds_the_first_sender_only():
     async def go():
-        consumed = []
-        g, raw = gate(consumed), mint()
+        consumed, sent = [], []
+        g, raw = gate(consumed, sent), mint()
         ahead = g.ahead(raw, **ASK)
         await asyncio.sleep(0)
         grant = await g.check(credential(raw), "p0", **ASK, ahead=ahead)
         with pytest.raises(CapabilityDenied) as replay:
             await g.check(credential(raw), "p0", **ASK, ahead=ahead)
-        return consumed, grant, replay.value.reason
-    consumed, grant, reason = asyncio.run(go())
+        return consumed, sent, raw, grant, replay.value.reason
+    consumed, sent, raw, grant, reason = asyncio.run(go())
     assert len(consumed) == 1 and grant.blocks == frozenset(REGIONS) and grant.max_bytes == 300
+    assert sent == [raw]  # the signed capability goes with its nonce: the directory checks it itself
     assert reason is Reason.NONCE
 
 
@@ -93,7 +96,7 @@ def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refus
         _, public = pki.capability_keys()
         asked = []
 
-        async def consume(nonce, expires, transfer_id, route_epoch):
+        async def consume(nonce, expires, transfer_id, route_epoch, capability):
             asked.append(nonce)
             answer = answers.pop(0) if answers else TransferNotRecorded(transfer_id)
             if isinstance(answer, Exception):

@@ -235,16 +235,18 @@ class RouteEpochResponse(_message.Message):
     def __init__(self, route_epoch: _Optional[int] = ..., advanced: _Optional[bool] = ..., publications: _Optional[int] = ...) -> None: ...
 
 class ConsumeNonceRequest(_message.Message):
-    __slots__ = ("nonce", "expires_unix_ms", "transfer_id", "route_epoch")
+    __slots__ = ("nonce", "expires_unix_ms", "transfer_id", "route_epoch", "capability")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     nonce: str
     expires_unix_ms: int
     transfer_id: str
     route_epoch: int
-    def __init__(self, nonce: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., route_epoch: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, nonce: _Optional[str] = ..., expires_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class ConsumeNonceResponse(_message.Message):
     __slots__ = ("consumed", "stale_route_epoch", "not_recorded")
