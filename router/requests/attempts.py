@@ -172,18 +172,19 @@ class AttemptRunner:
         # streamed prefill's Begin, the Publish): nothing publishes without it.
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
         # They leave in the order they are needed: the grant first (P's compute ends soon),
-        # the directory's Reserve, the DecodeStream last (needed at publication). Each one's
-        # setup in this process (TLS, protobuf) would otherwise delay the grant.
+        # the DecodeStream (its copy of the capability has D consume the nonce before P's
+        # AUTH asks), the directory's Reserve last (needed at publication, or by a streamed
+        # P's Begin, which asks again). Each one's setup in this process (TLS, protobuf)
+        # would otherwise delay the one before.
         grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
                                      req.sampling, capability))
         attempt_span.add_event(S.EVENT_GRANTED)
+        att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
+            req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
+            self._timeout(None)), queue))
         reserving = asyncio.ensure_future(
             self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
         try:
-            await asyncio.sleep(0)  # both start their calls before the next line makes the stream's
-            att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
-                req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
-                self._timeout(None)), queue))
             answer = await reserving
         except WorkerCallError as exc:
             raise AttemptFailed(att.stage.value, exc.code, exc.message) from exc
