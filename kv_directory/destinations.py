@@ -63,14 +63,16 @@ def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRe
     """The destination worker id the request's capability names, once it is the router's
     (signature, trusted issuer, not expired) and minted for exactly this nonce check (its
     transfer, nonce, expiry and route epoch are the request's); else Denied, saying which."""
+    tid = request.transfer_id
     try:
         cap = verifier.verified_body(request.capability)
     except CapabilityDenied as e:
-        raise Denied(f"{e} (transfer {request.transfer_id!r})") from None
-    left_ms = cap.expires_unix_ms - now_ms
+        raise Denied(f"{e} (transfer {tid!r})") from None
+    try:
+        verifier.current(cap, now_ms, tid)
+    except CapabilityDenied as e:
+        raise Denied(str(e)) from None
     checks = (
-        (cap.issuer in verifier.trusted_issuers, lambda: f"untrusted issuer {cap.issuer!r}"),
-        (0 < left_ms <= verifier.max_ttl_ms, lambda: f"expires in {left_ms} ms, not in (0, {verifier.max_ttl_ms}]"),
         (cap.transfer_id == request.transfer_id, lambda: f"minted for transfer {cap.transfer_id!r}"),
         (nonce_key(cap.nonce) == request.nonce, lambda: "minted for another nonce"),
         (cap.expires_unix_ms == request.expires_unix_ms,
@@ -79,5 +81,5 @@ def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRe
     )
     for passed, detail in checks:
         if not passed:
-            raise Denied(f"capability denied: {detail()} (transfer {request.transfer_id!r})")
+            raise Denied(f"capability denied: {detail()} (transfer {tid!r})")
     return cap.destination_worker_id

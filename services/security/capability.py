@@ -259,19 +259,27 @@ class Verifier:
         """
         return self.check(self.verified_body(raw), ask, route_epoch, now_ms)
 
+    def current(self, cap: capability_pb2.TransferCapability, now_ms: int, transfer_id: str) -> None:
+        """The issuer and expiry checks of a capability `verified_body` returned, in that
+        order (CapabilityDenied ISSUER or EXPIRED): all that a party asking nothing else of
+        it checks (the directory, which takes the destination it names for a nonce check)."""
+        left_ms = cap.expires_unix_ms - now_ms
+        if cap.issuer not in self.trusted_issuers:
+            raise CapabilityDenied(Reason.ISSUER, f"untrusted issuer {cap.issuer!r} (transfer {transfer_id!r})")
+        if not 0 < left_ms <= self.max_ttl_ms:
+            raise CapabilityDenied(Reason.EXPIRED, f"expires in {left_ms} ms, not in (0, {self.max_ttl_ms}] "
+                                                   f"(transfer {transfer_id!r})")
+
     def check(self, cap: capability_pb2.TransferCapability, ask: TransferAsk, route_epoch: int | None,
               now_ms: int) -> capability_pb2.TransferCapability:
         """`authorize` after the signature: the checks from the issuer on, on a capability
         `verified_body` returned (a caller that needed its fields first verifies once)."""
-        left_ms = cap.expires_unix_ms - now_ms
+        self.current(cap, now_ms, ask.transfer_id)
         source, asked_source = (cap.source_worker_id, cap.source_epoch), (ask.source_worker_id, ask.source_epoch)
         dest = (cap.destination_worker_id, cap.destination_epoch)
         asked_dest = (ask.destination_worker_id, ask.destination_epoch)
         outside = sorted(set(ask.regions) - set(cap.regions))
         checks = (  # (reason, passed, what was wrong: formatted only on denial), in the article's order
-            (Reason.ISSUER, cap.issuer in self.trusted_issuers, lambda: f"untrusted issuer {cap.issuer!r}"),
-            (Reason.EXPIRED, 0 < left_ms <= self.max_ttl_ms,
-             lambda: f"expires in {left_ms} ms, not in (0, {self.max_ttl_ms}]"),
             (Reason.TENANT, cap.tenant == ask.tenant, lambda: f"tenant {cap.tenant!r} != {ask.tenant!r}"),
             (Reason.SOURCE, source == asked_source, lambda: f"source {source} != {asked_source}"),
             (Reason.DESTINATION, dest == asked_dest, lambda: f"destination {dest} != {asked_dest}"),

@@ -140,13 +140,13 @@ def test_a_replica_that_did_not_record_the_transfer_reads_the_record():
 
 # ---- a directory with the capability keys: the signed capability names the destination ----
 
-def _minted(tid: str = "t1", destination: str = "decode-0", signing=None, **changes):
+def _minted(tid: str = "t1", destination: str = "decode-0", signing=None, issuer="router/router", **changes):
     from services.security.capability import PUSH, Grant, Signer
     from tests.support import pki
     grant = dict(tenant="t", source_worker_id="prefill-0", source_epoch=1, destination_worker_id=destination,
                  destination_epoch=1, transfer_id=tid, generation=1, route_epoch=0, cache_abi_digest="abi-1",
                  direction=PUSH, regions=(0, 1), max_bytes=4096, ttl_ms=30_000)
-    return Signer.from_file(signing or pki.capability_keys()[0], "router/router").mint(Grant(**{**grant, **changes}))
+    return Signer.from_file(signing or pki.capability_keys()[0], issuer).mint(Grant(**{**grant, **changes}))
 
 
 def _signed(minted, **fields) -> directory_pb2.ConsumeNonceRequest:
@@ -201,6 +201,7 @@ def test_with_the_keys_a_capability_of_another_signer_or_issuer_is_refused(tmp_p
     async def main():
         servicer = _keyed(CountingStore())
         for minted, match in ((_minted(signing=tmp_path / "other.pem"), "unknown key id"),
+                              (_minted(issuer="router/evil"), "untrusted issuer 'router/evil'"),
                               (_minted(ttl_ms=400_000), "expires in")):
             context = Context("decode/decode-0")
             with pytest.raises(Aborted, match=match):
