@@ -115,6 +115,18 @@ SHARED_LEGS = {
         (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at"), 1),
 }
 """Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
+AFTER_COMPUTE = (
+    ("compute ended", ("prefill", "prefill.compute", "end")),
+    ("first chunk sent", ("prefill", "transfer.layer@chunk.sent", "at")),
+    ("last chunk visible", ("decode", "transfer.receive@chunk.visible", "last_at")),
+    ("validation began", ("decode", "decode.validate", "start")),
+    ("Publish left", ("decode", "decode.publish", "start")),
+    ("published", ("decode", "decode.publish", "end")),
+    ("token 0 left the router", ("router", "router.request@first_token", "at")),
+)
+"""The disaggregated path from the prefill's compute's end to token 0 leaving the router,
+step by step (the `path` row: each segment is the median gap between two consecutive
+steps; what a colocated request pays after its compute is the last segment's like)."""
 HELD_LEG = {"token 0 held for the prefill's digest":
             (("router", "router.attempt@token.held", "at"), ("router", "router.attempt@prefill.done", "at"), 0)}
 """How long the router held the decode's token 0 for the Prefill's reply, whose K/V digest
@@ -167,16 +179,17 @@ def rpc_counts(traces) -> dict[str, float]:
 
 def _edge(trace, service: str, name: str, edge: str) -> int | None:
     """When a step happened in `trace` (ns): the first span `name` of `service` (its start or
-    end; "last_end": the last such span's end), or an event "span@event" ("at")."""
+    end; "last_end": the last such span's end), or an event "span@event" (its first, "at",
+    or its last, "last_at")."""
     span_name, _, event = name.partition("@")
     spans = sorted((s for s in trace.spans if s.service == f"pdserve-{service}" and s.name == span_name),
                    key=lambda s: s.start_ns)
     if not spans:
         return None
-    if edge == "at":
+    if edge in ("at", "last_at"):
         times = [e["t_ns"] for s in spans for e in s.events
                  if e.get("name") == event and isinstance(e.get("t_ns"), int)]
-        return min(times) if times else None
+        return (min(times) if edge == "at" else max(times)) if times else None
     return spans[-1].end_ns if edge == "last_end" else spans[0].end_ns if edge == "end" else spans[0].start_ns
 
 
@@ -189,6 +202,16 @@ def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
         if ms:
             out[leg] = (statistics.median(ms), len(ms))
     return out
+
+
+def after_compute(traces) -> tuple[dict[str, tuple[float, int]], tuple[float, int] | None]:
+    """The `path` row: AFTER_COMPUTE's segments (median ms, traces) and the whole way from
+    the compute's end to token 0 (its own median; None without a trace holding both)."""
+    steps = dict(AFTER_COMPUTE)
+    segments = legs(traces, {f"{a} -> {b}": (steps[a], steps[b], 0)
+                             for (a, _), (b, _) in zip(AFTER_COMPUTE, AFTER_COMPUTE[1:])})
+    whole = legs(traces, {"all": (AFTER_COMPUTE[0][1], AFTER_COMPUTE[-1][1], 0)})
+    return segments, whole.get("all")
 
 
 def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str, float]:
@@ -337,6 +360,11 @@ def run(args) -> None:
              extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2), overhead_ms=round(overhead, 2),
              target_ms=TARGET_OVERHEAD_MS, target_reachable_at_these_legs=extra_ms <= TARGET_OVERHEAD_MS,
              traces=min((n for _, n in extra.values()), default=0))
+    if traces["disaggregated"]:
+        segments, whole = after_compute(traces["disaggregated"])
+        if whole is not None:
+            emit(metric="path", after_compute={k: round(ms, 2) for k, (ms, _) in segments.items()},
+                 compute_end_to_token_0_ms=round(whole[0], 2), overhead_ms=round(overhead, 2), traces=whole[1])
     if traces["disaggregated"]:
         (held_ms, n_held), = legs(traces["disaggregated"], HELD_LEG).values() or [(0.0, 0)]
         emit(metric="held", leg=next(iter(HELD_LEG)), held_median_ms=round(held_ms, 2), traces_held=n_held,

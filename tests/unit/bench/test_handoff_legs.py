@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.handoff import EXTRA_LEGS, HELD_LEG, legs, rpc_counts
+from bench.handoff import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts
 
 MS = 1_000_000
 
@@ -62,3 +62,27 @@ def test_calls_are_counted_per_trace_by_service_and_method_asked_again_ones_incl
     two = SimpleNamespace(spans=[span("decode", "/pd.v1.Decode/Reserve", 1, 2)])
     assert rpc_counts([one, two]) == {"decode/Reserve": 1.0, "directory/ConsumeNonce": 1.0}
     assert rpc_counts([]) == {}
+
+
+def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own_median():
+    def one(shift):
+        return SimpleNamespace(spans=[
+            span("prefill", "prefill.compute", 3.0, 8.0),
+            span("prefill", "transfer.layer", 8.4, 8.5, [("chunk.sent", 8.5 + shift)]),
+            span("decode", "transfer.receive", 2.0, 10.0,
+                 [("chunk.visible", 9.0 + shift), ("chunk.visible", 9.5 + shift)]),
+            span("decode", "decode.validate", 10.0 + shift, 10.4 + shift),
+            span("decode", "decode.publish", 10.5 + shift, 12.5 + 2 * shift),
+            span("router", "router.request", 0.5, 20.0, [("first_token", 14.0 + 3 * shift)]),
+        ])
+    segments, whole = after_compute([one(0.0), one(1.0), one(2.0)])
+    assert {k: round(ms, 6) for k, (ms, _) in segments.items()} == {
+        "compute ended -> first chunk sent": 1.5,
+        "first chunk sent -> last chunk visible": 1.0,  # to the last chunk, not the first
+        "last chunk visible -> validation began": 0.5,
+        "validation began -> Publish left": 0.5,
+        "Publish left -> published": 3.0,
+        "published -> token 0 left the router": 2.5,
+    }
+    assert whole == (9.0, 3)
+    assert after_compute([SimpleNamespace(spans=one(0.0).spans[1:])])[1] is None  # no compute: no path
