@@ -18,7 +18,8 @@ A directory that holds the capability public keys (PD_CAPABILITY_PUBLIC_KEYS) ne
 the destination sends the router-signed capability with its nonce, and the destination it
 names is the one (`signed_destination`). Every replica can then check a nonce the moment a
 destination asks, before the router's Reserve of the transfer landed anywhere: no asking
-again, no read.
+again, no read. A capability under a key it has not loaded (a rotation under way) falls
+back to the record.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from google.protobuf.message import DecodeError
+
 from kv_directory.access import Denied
-from pdserve_client.rpc.pd.v1 import directory_pb2
+from pdserve_client.rpc.pd.v1 import capability_pb2, directory_pb2
 from services.security.capability import CapabilityDenied, Verifier, nonce_key
 
 MAX_KEPT = 65536
@@ -59,11 +62,21 @@ class KnownDestinations:
         return entry[0]
 
 
-def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRequest, now_ms: int) -> str:
+def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRequest, now_ms: int) -> str | None:
     """The destination worker id the request's capability names, once it is the router's
     (signature, trusted issuer, not expired) and minted for exactly this nonce check (its
-    transfer, nonce, expiry and route epoch are the request's); else Denied, saying which."""
+    transfer, nonce, expiry and route epoch are the request's); else Denied, saying which.
+    None for a capability signed with a key this directory has not loaded (a rotation
+    under way: the workers hold the new key set, this process was started before it):
+    the transfer's record names the destination then, as without keys."""
     tid = request.transfer_id
+    signed = capability_pb2.SignedCapability()
+    try:
+        signed.ParseFromString(request.capability)
+    except DecodeError:
+        raise Denied(f"capability denied: signature: unparseable capability (transfer {tid!r})") from None
+    if signed.key_id not in verifier.keys:
+        return None
     try:
         cap = verifier.verified_body(request.capability)
     except CapabilityDenied as e:

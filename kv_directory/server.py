@@ -354,7 +354,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             require(tid, "transfer_id")
         kept = self._destinations.take(tid) if self._secure else None
         if self._secure and request.capability and self._verifier is not None:
-            kept = signed_destination(self._verifier, request, int(time.time() * 1000))
+            kept = signed_destination(self._verifier, request, int(time.time() * 1000)) or kept
         ahead_s = request.expires_unix_ms / 1000 - time.time()
 
         def consume() -> Outcome | None:  # None: no record of the transfer yet

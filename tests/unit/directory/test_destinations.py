@@ -194,19 +194,44 @@ def test_with_the_keys_a_capability_for_another_caller_or_check_is_refused(who, 
     asyncio.run(main())
 
 
-def test_with_the_keys_a_capability_of_another_signer_or_issuer_is_refused(tmp_path):
-    from services.security.capability import generate_signing_key
-    generate_signing_key(tmp_path / "other.pem", tmp_path / "other.json")
+def test_with_the_keys_a_forged_untrusted_or_expired_capability_is_refused():
+    from pdserve_client.rpc.pd.v1 import capability_pb2
+
+    def forged(minted):
+        signed = capability_pb2.SignedCapability.FromString(minted.raw)
+        signed.signature = bytes(len(signed.signature))  # a known key id, a signature it did not make
+        return types.SimpleNamespace(raw=signed.SerializeToString(), nonce=minted.nonce,
+                                     expires_unix_ms=minted.expires_unix_ms)
 
     async def main():
         servicer = _keyed(CountingStore())
-        for minted, match in ((_minted(signing=tmp_path / "other.pem"), "unknown key id"),
+        for minted, match in ((forged(_minted()), "bad signature"),
                               (_minted(issuer="router/evil"), "untrusted issuer 'router/evil'"),
                               (_minted(ttl_ms=400_000), "expires in")):
             context = Context("decode/decode-0")
             with pytest.raises(Aborted, match=match):
                 await servicer.ConsumeNonce(_signed(minted), context)
             assert context.code == grpc.StatusCode.PERMISSION_DENIED
+    asyncio.run(main())
+
+
+def test_with_the_keys_a_capability_under_a_key_not_loaded_here_falls_back_to_the_record(tmp_path):
+    """A rotation under way: the router signs with a key this directory was started
+    without. The record names the destination then, as it does without keys."""
+    from services.security.capability import generate_signing_key
+    generate_signing_key(tmp_path / "new.pem", tmp_path / "new.json")
+
+    async def main():
+        store = CountingStore()
+        servicer, minted = _keyed(store), _minted(signing=tmp_path / "new.pem")
+        p, d = register(store, "prefill-0", "prefill"), register(store, "decode-0", "decode")
+        assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).not_recorded
+        await servicer.Reserve(directory_pb2.TxnReserveRequest(manifest=manifest(
+            (p.worker_id, p.epoch), (d.worker_id, d.epoch), "t1", "r1", cache_abi_digest="abi-1")),
+            Context("router/router"))
+        with pytest.raises(Aborted, match="not the destination"):  # by the record
+            await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-9"))
+        assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).consumed
     asyncio.run(main())
 
 
