@@ -164,6 +164,11 @@ class TransferNotRecorded(Exception):
     """ConsumeNonce named a transfer the directory holds no record of (yet)."""
 
 
+class NonceRefused(Exception):
+    """The directory refused a ConsumeNonce caller (PERMISSION_DENIED): the capability it
+    sent did not pass the directory's checks, or the caller is not the destination."""
+
+
 class DirectoryClient:
     """Typed async calls to pd.v1.Directory over one grpc.aio channel.
 
@@ -326,10 +331,16 @@ class DirectoryClient:
         """True the first time ``nonce`` is consumed, False on any replay. With
         ``route_epoch``, also False (StaleRouteEpoch raised) when it is not current;
         TransferNotRecorded while the directory holds no record of ``transfer_id`` (never
-        with ``capability``, the signed one, at a directory that holds the keys)."""
-        r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
-            nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch,
-            capability=capability))
+        with ``capability``, the signed one, at a directory that holds the keys);
+        NonceRefused when the directory refuses this caller or that capability."""
+        try:
+            r = await self._call("ConsumeNonce", directory_pb2.ConsumeNonceRequest(
+                nonce=nonce, expires_unix_ms=expires_unix_ms, transfer_id=transfer_id, route_epoch=route_epoch,
+                capability=capability))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                raise NonceRefused(exc.details()) from exc
+            raise
         if r.stale_route_epoch:
             raise StaleRouteEpoch(f"route epoch {route_epoch} is no longer current")
         if r.not_recorded:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import tenacity
 
 from pdserve_client.rpc.pd.v1 import capability_pb2
-from services.directory.client import StaleRouteEpoch, TransferNotRecorded
+from services.directory.client import NonceRefused, StaleRouteEpoch, TransferNotRecorded
 from services.security.capability import (
     PUSH,
     CapabilityDenied,
@@ -206,6 +206,9 @@ class DestinationGate:
             return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
         try:
             fresh = await retrying(consume)
+        except NonceRefused as e:
+            raise CapabilityDenied(Reason.NONCE, f"the directory refused the nonce check: {e} "
+                                                 f"(transfer {transfer_id!r})") from None
         except StaleRouteEpoch as e:
             raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
         except TransferNotRecorded as e:

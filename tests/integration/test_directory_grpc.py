@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
-from services.directory.client import TransferNotRecorded
+from services.directory.client import NonceRefused, TransferNotRecorded
 from services.directory.records import LoadReport, WorkerInfo, WorkerRole
 from services.directory.states import Outcome, TxnState
 from tests.support import pki
@@ -313,7 +313,7 @@ def test_route_epoch_and_nonce(directory):
         with pytest.raises(TransferNotRecorded, match=tid):
             await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)
         assert (await client.reserve(manifest(src, dst, tid, rid))).ok
-        with pytest.raises(grpc.aio.AioRpcError, match="not the destination"):  # another decode may not
+        with pytest.raises(NonceRefused, match="not the destination"):  # another decode may not
             await client.as_("decode", "decode-other").consume_nonce(nonce, expires_ms, transfer_id=tid)
         assert await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)
         assert not await client.worker(dst[0]).consume_nonce(nonce, expires_ms, transfer_id=tid)  # replay
@@ -337,7 +337,7 @@ def test_a_directory_with_the_capability_keys_lets_the_destination_consume_befor
                 direction=PUSH, regions=(0,), max_bytes=1024, ttl_ms=30_000))
             ask = dict(nonce=minted.nonce.hex(), expires_unix_ms=minted.expires_unix_ms, transfer_id="t/1",
                        capability=minted.raw)
-            with pytest.raises(grpc.aio.AioRpcError, match="decode-9 is not the destination of transfer t/1"):
+            with pytest.raises(NonceRefused, match="decode-9 is not the destination of transfer t/1"):
                 await client.as_("decode", "decode-9").consume_nonce(**ask)
             assert await client.as_("decode", "decode-0").consume_nonce(**ask)  # no record of t/1 anywhere
             assert not await client.as_("decode", "decode-0").consume_nonce(**ask)  # replay

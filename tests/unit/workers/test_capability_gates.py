@@ -90,7 +90,7 @@ def test_another_capability_than_the_copy_ahead_is_checked_the_full_way():
 def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refused():
     """The router records the transfer beside its Prefill call: the nonce is asked again
     while the directory answers "not recorded", and refused (TRANSFER) once the wait is over."""
-    from services.directory.client import TransferNotRecorded
+    from services.directory.client import NonceRefused, TransferNotRecorded
 
     def gate_of(answers: list):
         _, public = pki.capability_keys()
@@ -118,3 +118,8 @@ def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refus
     denied, asked = asyncio.run(go([]))
     assert isinstance(denied, CapabilityDenied) and denied.reason is Reason.TRANSFER and len(asked) > 3
     assert "r/1" in str(denied)
+    # The directory refusing the check (its own look at the capability, or the caller) is a
+    # refusal of the capability, counted as one, and not asked again.
+    refused, asked = asyncio.run(go([NonceRefused("capability denied: expired: expires in -3 ms")]))
+    assert isinstance(refused, CapabilityDenied) and refused.reason is Reason.NONCE and len(asked) == 1
+    assert "the directory refused the nonce check: capability denied: expired" in str(refused)
