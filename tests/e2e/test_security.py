@@ -29,6 +29,7 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2_grpc,
 )
 from pdserve_client.tls import TlsFiles
+from services.directory.client import NonceRefused
 from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
 from services.directory.states import TxnState
 from services.security.pki import Identity, LocalCA
@@ -70,6 +71,8 @@ def dir_run(cluster, identity: str, fn):
                 return await fn(d)
             except grpc.aio.AioRpcError as e:
                 return e.code()
+            except NonceRefused:  # the client's name for ConsumeNonce's PERMISSION_DENIED
+                return grpc.StatusCode.PERMISSION_DENIED
     return asyncio.run(go())
 
 
