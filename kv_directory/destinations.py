@@ -27,10 +27,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from google.protobuf.message import DecodeError
-
 from kv_directory.access import Denied
-from pdserve_client.rpc.pd.v1 import capability_pb2, directory_pb2
+from pdserve_client.rpc.pd.v1 import directory_pb2
 from services.security.capability import CapabilityDenied, Verifier, nonce_key
 
 MAX_KEPT = 65536
@@ -70,15 +68,11 @@ def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRe
     under way: the workers hold the new key set, this process was started before it):
     the transfer's record names the destination then, as without keys."""
     tid = request.transfer_id
-    signed = capability_pb2.SignedCapability()
     try:
-        signed.ParseFromString(request.capability)
-    except DecodeError:
-        raise Denied(f"capability denied: signature: unparseable capability (transfer {tid!r})") from None
-    if signed.key_id not in verifier.keys:
-        return None
-    try:
-        cap = verifier.verified_body(request.capability)
+        signed = verifier.signed(request.capability)
+        if signed.key_id not in verifier.keys:
+            return None
+        cap = verifier.opened(signed, request.capability)
     except CapabilityDenied as e:
         raise Denied(f"{e} (transfer {tid!r})") from None
     try:
@@ -86,7 +80,7 @@ def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRe
     except CapabilityDenied as e:
         raise Denied(str(e)) from None
     checks = (
-        (cap.transfer_id == request.transfer_id, lambda: f"minted for transfer {cap.transfer_id!r}"),
+        (cap.transfer_id == tid, lambda: f"minted for transfer {cap.transfer_id!r}"),
         (nonce_key(cap.nonce) == request.nonce, lambda: "minted for another nonce"),
         (cap.expires_unix_ms == request.expires_unix_ms,
          lambda: f"expires at {cap.expires_unix_ms}, not {request.expires_unix_ms}"),

@@ -234,11 +234,21 @@ class Verifier:
 
     def verified_body(self, raw: bytes) -> capability_pb2.TransferCapability:
         """The signed capability inside ``raw``, or CapabilityDenied(SIGNATURE)."""
+        return self.opened(self.signed(raw), raw)
+
+    @staticmethod
+    def signed(raw: bytes) -> capability_pb2.SignedCapability:
+        """``raw`` parsed, its signature not checked yet (`opened` does), or CapabilityDenied(SIGNATURE)."""
         signed = capability_pb2.SignedCapability()
         try:
             signed.ParseFromString(raw)
         except DecodeError:
             raise CapabilityDenied(Reason.SIGNATURE, f"unparseable capability {redact(raw)}") from None
+        return signed
+
+    def opened(self, signed: capability_pb2.SignedCapability, raw: bytes) -> capability_pb2.TransferCapability:
+        """The body of `signed` (parsed from ``raw``) once its key id is one of ours and the
+        signature holds, or CapabilityDenied(SIGNATURE)."""
         key = self.keys.get(signed.key_id)
         if key is None:
             raise CapabilityDenied(Reason.SIGNATURE, f"unknown key id {signed.key_id[:16]!r}")
