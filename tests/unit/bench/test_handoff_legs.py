@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.handoff import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts
+from bench._handoff_traces import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts
 
 MS = 1_000_000
 
