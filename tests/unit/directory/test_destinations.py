@@ -222,13 +222,11 @@ def test_with_the_keys_a_capability_under_a_key_not_loaded_here_falls_back_to_th
     generate_signing_key(tmp_path / "new.pem", tmp_path / "new.json")
 
     async def main():
-        store = CountingStore()
+        store, _, src, dst = _setup()
         servicer, minted = _keyed(store), _minted(signing=tmp_path / "new.pem")
-        p, d = register(store, "prefill-0", "prefill"), register(store, "decode-0", "decode")
         assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).not_recorded
-        await servicer.Reserve(directory_pb2.TxnReserveRequest(manifest=manifest(
-            (p.worker_id, p.epoch), (d.worker_id, d.epoch), "t1", "r1", cache_abi_digest="abi-1")),
-            Context("router/router"))
+        await servicer.Reserve(directory_pb2.TxnReserveRequest(
+            manifest=manifest(src, dst, "t1", "r1", cache_abi_digest="abi-1")), Context("router/router"))
         with pytest.raises(Aborted, match="not the destination"):  # by the record
             await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-9"))
         assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).consumed
