@@ -46,8 +46,16 @@ sum says how much of the overhead is hops under load before any handler work: wh
 `extra_legs_ms` alone is above the target, the target is out of reach here at this
 number of hops.
 
+The design floor, in the same run, after the cluster is down (bench/_handoff_floor.py):
+the same hops in skeleton processes on the same cores (grpc.aio, pdserve's UCX runtime,
+Redis with Lua compare-and-sets, mutual TLS when --secure) with no work in them (no spans,
+no checks, no model: a calibrated GIL-free compute burst of --floor-compute-ms), alternating
+pairs as above. Its overhead is what this design's hops cost on this machine, waking one
+process after another; `pdserve_over_floor_ms` is pdserve's own work on top. Where the
+floor is above the target, the target is out of reach here at this number of hops.
+
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
-"floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
+"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
 how long token 0 waited at the router for the prefill's digest, in the traces where it did
 (`HELD_LEG`); "calls" counts
 the gRPC calls each process served per traced request (mean, asked-again ones included);
@@ -103,6 +111,8 @@ EXTRA_CALLS = {
 takes Generate's place): the transaction's contract (reserve, the nonce, the compare-and-set
 with the source's sealed declaration, the release), each at least one call's CPU."""
 RTT_CALLS = 50
+FLOOR_STEP_MS = 0.3
+"""The design floor's decode step (token 1; after the TTFT either way)."""
 def emit(**row) -> None:
     print(json.dumps({"bench": "handoff", **row}), flush=True)
 
@@ -169,6 +179,7 @@ def round_trips(cluster, name: str, service: str, secure: bool) -> tuple[list[fl
 
 
 def run(args) -> None:
+    from bench._handoff_floor import measure as measure_floor
     from pdserve_client import trace_view
     from pdserve_client.spans import SPANS_FILE
     from services.cluster.launcher import ClusterSpec, LocalCluster
@@ -212,6 +223,10 @@ def run(args) -> None:
     finally:
         cluster.down()
     shutil.rmtree(state, ignore_errors=True)
+    cfg = preset_config(args.model)
+    kv_bytes = 2 * cfg.num_hidden_layers * args.prompt_tokens * cfg.num_key_value_heads * cfg.head_dim * 4
+    floor_run = measure_floor(args.requests, args.warmup, args.floor_compute_ms, FLOOR_STEP_MS, kv_bytes,
+                              tls=args.secure)
 
     med = {m: statistics.median(ttft[m]) for m in MODES}
     for m in MODES:
@@ -232,6 +247,16 @@ def run(args) -> None:
     emit(metric="floor", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
          floor_ms=round(floor, 2), target_ms=TARGET_OVERHEAD_MS, overhead_over_floor=round(overhead / floor, 2),
          target_reachable_here=floor <= TARGET_OVERHEAD_MS)
+    fl = {m: statistics.median(floor_run[m]) for m in MODES}
+    fl_over = fl["disaggregated"] - fl["colocated"]
+    fl_paired = statistics.median(d - c for d, c in zip(floor_run["disaggregated"], floor_run["colocated"],
+                                                        strict=True))
+    emit(metric="design_floor", compute_ms=args.floor_compute_ms, kv_bytes=kv_bytes, tls=args.secure,
+         colocated_ttft_median_ms=round(fl["colocated"], 2), disaggregated_ttft_median_ms=round(fl["disaggregated"], 2),
+         floor_overhead_ms=round(fl_over, 2), floor_overhead_paired_median_ms=round(fl_paired, 2),
+         overhead_ms=round(overhead, 2), pdserve_over_floor_ms=round(overhead - fl_over, 2),
+         target_ms=TARGET_OVERHEAD_MS, target_reachable_here=fl_over <= TARGET_OVERHEAD_MS,
+         requests=len(floor_run["disaggregated"]))
     for mode in MODES:
         emit(metric="cpu", mode=mode, requests=args.requests, cpu_ms_per_request=round(sum(cpu[mode].values()), 2),
              by_process={k: round(v, 2) for k, v in sorted(cpu[mode].items())})
@@ -291,6 +316,9 @@ def main() -> None:
     ap.add_argument("--traces", action=argparse.BooleanOptionalAction, default=True,
                     help="tracing to a local collector (the default; the waterfall needs it); "
                          "--no-traces: what tracing costs")
+    ap.add_argument("--floor-compute-ms", type=float, default=3.0,
+                    help="the design floor's prompt compute (a GIL-free burst; its overhead moved "
+                         "0.3 ms between 1 and 6 ms here)")
     run(ap.parse_args())
 
 

@@ -1,0 +1,295 @@
+"""The design's floor for issue 21's first target, measured in bench/handoff.py's run: the
+hops of a disaggregated hand-off with no work in them, on this machine's cores.
+
+Four skeleton processes (bench/_spawned.py) and a redis-server, laid out as the local
+cluster is, with the libraries pdserve uses (grpc.aio on loopback, ucxx through pdserve's
+own runtime, Redis with a Lua compare-and-set) and none of its work: plaintext, no spans,
+no checks, no model; bytes in, bytes out. Each prompt's compute is the same calibrated
+GIL-free burst (sha256 over 16 KiB blocks) on a thread of its own, in whichever process computes it:
+
+    colocated      client -> router -> decode Generate: compute, token 0 -> router -> client
+    disaggregated  client -> router -> prefill Prefill (job now; the grant after D's
+                   Reserve, on the same call) and decode Reserve (posts the receive);
+                   then directory Reserve (a Lua script) and decode DecodeStream;
+                   prefill: compute, one UCX message (the prompt's K/V bytes) -> decode:
+                   a digest, directory Publish (a Lua compare-and-set) -> token 0 on the
+                   DecodeStream -> router -> client; after the last token, directory Release
+
+That is the transaction's shape (reserve, transfer, validate, publish, release) with the
+fewest calls pdserve could make: no nonce check, no seal, no Begin. Its overhead
+(disaggregated - colocated median TTFT, pairs alternating as in the cluster run) is what
+the hops alone cost here, waking one process after another on shared cores. Where it is
+above the target, the target is out of reach on this machine at this design's number of
+hops, whatever pdserve's handlers do; where it is below, the rest of pdserve's overhead is
+pdserve's own work per hop (TLS, spans, checks, its handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import statistics
+import struct
+import time
+
+import grpc
+
+SERVICE = "floor.v1.Node"
+TOKEN = b"\x00\x00\x00\x07"
+LUA_RESERVE = "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end redis.call('SET', KEYS[1], 'R') return 1"
+LUA_MOVE = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('SET', KEYS[1], ARGV[2]) return 1"
+
+
+_BLOCK = bytes(16384)
+
+
+def _burst(iterations: int) -> None:
+    """Single-threaded work that releases the GIL, as the engine's kernels do."""
+    for _ in range(iterations):
+        hashlib.sha256(_BLOCK)
+
+
+class Node:
+    """One skeleton process (a Spawned namespace): `role` is router, prefill, decode or
+    directory. `serve` starts its gRPC server (and UCX runtime); `connect` its channels."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
+        self._iterations = {"prompt": 0, "step": 0}
+        self._stubs: dict[str, object] = {}
+        self._published: dict[int, asyncio.Future] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._server: grpc.aio.Server | None = None
+        self._redis = None
+        self._ucx = None
+        self._ep = None
+
+    async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
+                    redis_port: int = 0, tls_dir: str = "") -> dict:
+        self._kv_bytes, self._tls = kv_bytes, _tls_files(tls_dir, self.role)
+        for name, ms in (("prompt", compute_ms), ("step", step_ms)):
+            self._iterations[name] = _calibrate(ms) if ms > 0 else 0
+        handlers = {
+            "router": {"Generate": grpc.unary_stream_rpc_method_handler(self.router_generate)},
+            "prefill": {"Prefill": grpc.stream_unary_rpc_method_handler(self.prefill)},
+            "decode": {"Generate": grpc.unary_stream_rpc_method_handler(self.decode_generate),
+                       "Reserve": grpc.unary_unary_rpc_method_handler(self.decode_reserve),
+                       "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream)},
+            "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"dir_{name.lower()}"))
+                          for name in ("Reserve", "Publish", "Release")},
+        }[self.role]
+        self._server = grpc.aio.server()
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        port = (self._server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+            [(self._tls[2], self._tls[1])], root_certificates=self._tls[0], require_client_auth=True))
+            if self._tls else self._server.add_insecure_port("127.0.0.1:0"))
+        await self._server.start()
+        address = b""
+        if self.role in ("prefill", "decode"):
+            from services.transfer import ucx_runtime
+            self._ucx = ucx_runtime.runtime()
+            address = self._ucx.address
+        if self.role == "directory":
+            import redis.asyncio as aioredis
+            self._redis = aioredis.Redis(host="127.0.0.1", port=redis_port)
+            self._lua = {name: self._redis.register_script(src) for name, src in
+                         (("reserve", LUA_RESERVE), ("move", LUA_MOVE))}
+            await self._redis.ping()
+        return {"port": port, "ucx": address, "iterations": self._iterations}
+
+    async def connect(self, ports: dict[str, int], decode_ucx: bytes = b"") -> None:
+        for role, port in ports.items():
+            ch = (grpc.aio.secure_channel(f"127.0.0.1:{port}", _channel_credentials(self._tls)) if self._tls
+                  else grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+            await ch.channel_ready()
+            self._stubs[role] = ch
+        if decode_ucx and self._ucx is not None:
+            self._ep = await self._ucx.endpoint(decode_ucx)
+
+    def _call(self, role: str, method: str, kind: str = "unary_unary"):
+        return getattr(self._stubs[role], kind)(f"/{SERVICE}/{method}")
+
+    async def _run(self, what: str) -> None:
+        n = self._iterations[what]
+        if n:
+            await asyncio.get_running_loop().run_in_executor(self._compute, _burst, n)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- router --------------------------------------------------------------------
+    async def router_generate(self, request: bytes, context):
+        mode, tid = request[:1], request[1:9]
+        if mode == b"C":
+            async for msg in self._call("decode", "Generate", "unary_stream")(request):
+                yield msg
+            return
+        prefill = self._call("prefill", "Prefill", "stream_unary")()
+        await prefill.write(request)  # the job: P computes meanwhile
+        await self._call("decode", "Reserve")(tid)
+        await prefill.write(tid)  # the grant
+        await prefill.done_writing()
+        self._spawn(self._call("directory", "Reserve")(tid))
+        async for msg in self._call("decode", "DecodeStream", "unary_stream")(tid):
+            yield msg
+        await prefill
+
+    # ---- prefill -------------------------------------------------------------------
+    async def prefill(self, requests, context) -> bytes:
+        it = requests.__aiter__()
+        job = await it.__anext__()
+        computing = asyncio.ensure_future(self._run("prompt"))
+        await it.__anext__()  # the grant
+        await computing
+        await self._ucx.post_send(self._ep, job[1:9] + bytes(self._kv_bytes), 7)
+        return b"done"
+
+    # ---- decode --------------------------------------------------------------------
+    async def decode_generate(self, request: bytes, context):
+        await self._run("prompt")
+        yield TOKEN
+        await self._run("step")
+        yield TOKEN
+
+    async def decode_reserve(self, tid: bytes, context) -> bytes:
+        buf = bytearray(8 + self._kv_bytes)
+        landed = self._ucx.post_recv(buf, 7)
+        published = self._published[struct.unpack("<Q", tid)[0]] = asyncio.get_running_loop().create_future()
+
+        async def receive() -> None:
+            await landed
+            import xxhash
+            xxhash.xxh3_128_hexdigest(buf)
+            ok = await self._call("directory", "Publish")(bytes(buf[:8]))
+            published.set_result(ok)
+        self._spawn(receive())
+        return b"reserved"
+
+    async def decode_stream(self, tid: bytes, context):
+        key = struct.unpack("<Q", tid)[0]
+        await self._published[key]
+        yield TOKEN
+        await self._run("step")
+        yield TOKEN
+        del self._published[key]
+        self._spawn(self._call("directory", "Release")(tid))
+
+    # ---- directory -----------------------------------------------------------------
+    async def dir_reserve(self, tid: bytes, context) -> bytes:
+        return b"%d" % await self._lua["reserve"](keys=[b"txn:" + tid])
+
+    async def dir_publish(self, tid: bytes, context) -> bytes:
+        for _ in range(100):  # the record is the router's, made beside the stream: wait for it
+            if await self._lua["move"](keys=[b"txn:" + tid], args=["R", "P"]):
+                return b"1"
+            await asyncio.sleep(0.0005)
+        return b"0"
+
+    async def dir_release(self, tid: bytes, context) -> bytes:
+        return b"%d" % await self._lua["move"](keys=[b"txn:" + tid], args=["P", "X"])
+
+    async def at_exit(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(0)
+        if self._redis is not None:
+            await self._redis.aclose()
+        self._compute.shutdown(wait=False)
+
+
+def _tls_files(tls_dir: str, name: str) -> tuple[bytes, bytes, bytes] | None:
+    """(CA, certificate, key) of `name` in `tls_dir` (made by `measure`), None for plaintext."""
+    if not tls_dir:
+        return None
+    from pathlib import Path
+    d = Path(tls_dir)
+    return (d / "ca.crt").read_bytes(), (d / f"{name}.crt").read_bytes(), (d / f"{name}.key").read_bytes()
+
+
+def _channel_credentials(tls: tuple[bytes, bytes, bytes]) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=tls[0], private_key=tls[2], certificate_chain=tls[1])
+
+
+def _calibrate(ms: float) -> int:
+    """Iterations of `_burst` that take `ms` on an idle core here (the fastest of five)."""
+    _burst(50)
+    best = min(_timed(200) for _ in range(5))
+    return max(1, round(200 * ms / (best * 1000)))
+
+
+def _timed(n: int) -> float:
+    t = time.perf_counter()
+    _burst(n)
+    return time.perf_counter() - t
+
+
+def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
+            tls: bool = False) -> dict:
+    """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
+    per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
+    TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from bench._spawned import Spawned
+    from services.cluster.redis_proc import find_redis_server, free_port
+
+    state = tempfile.mkdtemp(prefix="pdserve-floor-")
+    tls_dir = ""
+    if tls:
+        from services.security.pki import Identity, LocalCA
+        ca = LocalCA(Path(state) / "tls")
+        for role in ("directory", "decode", "prefill", "router", "client"):
+            ca.issue(Identity(role, role))
+        tls_dir = str(ca.dir)
+    rport = free_port()
+    redis = subprocess.Popen([find_redis_server(), "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", state], stdout=subprocess.DEVNULL)
+    nodes = {role: Spawned(f"floor-{role}", "bench._handoff_floor:Node", role=role)
+             for role in ("directory", "decode", "prefill", "router")}
+    try:
+        info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
+                             redis_port=rport, tls_dir=tls_dir) for role, n in nodes.items()}
+        ports = {role: i["port"] for role, i in info.items()}
+        nodes["decode"].call("connect", ports={"directory": ports["directory"]})
+        nodes["prefill"].call("connect", ports={}, decode_ucx=info["decode"]["ucx"])
+        nodes["router"].call("connect", ports={r: ports[r] for r in ("decode", "prefill", "directory")})
+        ttft: dict[str, list[float]] = {"C": [], "D": []}
+        target = f"127.0.0.1:{ports['router']}"
+        with (grpc.secure_channel(target, _channel_credentials(_tls_files(tls_dir, "client"))) if tls
+              else grpc.insecure_channel(target)) as ch:
+            generate = ch.unary_stream(f"/{SERVICE}/Generate")
+            for i in range(warmup + requests):
+                for mode in (b"C", b"D") if i % 2 else (b"D", b"C"):
+                    t = time.perf_counter()
+                    stream = generate(mode + struct.pack("<Q", i * 2 + (mode == b"D")) + bytes(64), timeout=30)
+                    next(stream)
+                    ms = (time.perf_counter() - t) * 1000
+                    for _ in stream:
+                        pass
+                    if i >= warmup:
+                        ttft[mode.decode()].append(ms)
+        return {"colocated": ttft["C"], "disaggregated": ttft["D"],
+                "iterations": info["prefill"]["iterations"]}
+    finally:
+        for n in nodes.values():
+            n.close()
+        redis.terminate()
+        redis.wait(10)
+        import shutil
+        shutil.rmtree(Path(state), ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    r = measure(40, 5, 3.0, 0.3, 4096)
+    c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
+    print(f"colocated {c:.2f} disaggregated {d:.2f} overhead {d - c:.2f}")
