@@ -3,9 +3,10 @@ hops of a disaggregated hand-off with no work in them, on this machine's cores.
 
 Four skeleton processes (bench/_spawned.py) and a redis-server, laid out as the local
 cluster is, with the libraries pdserve uses (grpc.aio on loopback, ucxx through pdserve's
-own runtime, Redis with a Lua compare-and-set) and none of its work: plaintext, no spans,
-no checks, no model; bytes in, bytes out. Each prompt's compute is the same calibrated
-GIL-free burst (sha256 over 16 KiB blocks) on a thread of its own, in whichever process computes it:
+own runtime, Redis with Lua compare-and-sets) and none of its work: no spans, no
+signatures, no checks, no model; bytes in, bytes out. Each prompt's compute is the same
+calibrated GIL-free burst (sha256 over 16 KiB blocks) on a thread of its own, in whichever
+process computes it:
 
     colocated      client -> router -> decode Generate: compute, token 0 -> router -> client
     disaggregated  client -> router -> prefill Prefill (job now; the grant after D's
@@ -16,12 +17,18 @@ GIL-free burst (sha256 over 16 KiB blocks) on a thread of its own, in whichever 
                    DecodeStream -> router -> client; after the last token, directory Release
 
 That is the transaction's shape (reserve, transfer, validate, publish, release) with the
-fewest calls pdserve could make: no nonce check, no seal, no Begin. Its overhead
-(disaggregated - colocated median TTFT, pairs alternating as in the cluster run) is what
-the hops alone cost here, waking one process after another on shared cores. Where it is
-above the target, the target is out of reach on this machine at this design's number of
-hops, whatever pdserve's handlers do; where it is below, the rest of pdserve's overhead is
-pdserve's own work per hop (TLS, spans, checks, its handlers).
+fewest calls: no seal, no Begin. Options add what pdserve's contract or its implementation
+adds per hop: `tls` (every call over mutual TLS), `nonce` (the decode consumes the
+capability's nonce in Redis through the directory as its stream opens: the contract's
+replay and revocation check), `pool` and `read` (the directory's store calls on a thread
+pool with a synchronous client, and a record read before each script, as
+kv_directory/server.py does). Its overhead (disaggregated - colocated median TTFT, pairs
+alternating as in the cluster run) is what the hops alone cost here, waking one process
+after another on shared cores. Where it is above the target, the target is out of reach on
+this machine at this design's number of hops, whatever pdserve's handlers do; where it is
+below, the rest of pdserve's overhead is pdserve's own work per hop (spans, signatures,
+checks, its handlers). `python bench/_handoff_floor.py` alternates the variants in one
+sitting (JSON lines).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import grpc
 SERVICE = "floor.v1.Node"
 TOKEN = b"\x00\x00\x00\x07"
 LUA_RESERVE = "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end redis.call('SET', KEYS[1], 'R') return 1"
+LUA_NONCE = "return redis.call('SET', KEYS[1], 1, 'NX', 'PX', 60000) and 1 or 0"
 LUA_MOVE = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('SET', KEYS[1], ARGV[2]) return 1"
 
 
@@ -55,6 +63,10 @@ class Node:
     directory. `serve` starts its gRPC server (and UCX runtime); `connect` its channels."""
 
     def __init__(self, role: str):
+        import os
+        import sys
+        sys.stdout.flush()
+        os.dup2(2, 1)  # UCX's teardown warnings would land in the bench's JSON lines
         self.role = role
         self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compute")
         self._iterations = {"prompt": 0, "step": 0}
@@ -67,8 +79,9 @@ class Node:
         self._ep = None
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
-                    redis_port: int = 0, tls_dir: str = "") -> dict:
-        self._kv_bytes, self._tls = kv_bytes, _tls_files(tls_dir, self.role)
+                    redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
+                    nonce: bool = False) -> dict:
+        self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
             self._iterations[name] = _calibrate(ms) if ms > 0 else 0
         handlers = {
@@ -78,7 +91,7 @@ class Node:
                        "Reserve": grpc.unary_unary_rpc_method_handler(self.decode_reserve),
                        "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream)},
             "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"dir_{name.lower()}"))
-                          for name in ("Reserve", "Publish", "Release")},
+                          for name in ("Reserve", "Publish", "Release", "Nonce")},
         }[self.role]
         self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -92,11 +105,18 @@ class Node:
             self._ucx = ucx_runtime.runtime()
             address = self._ucx.address
         if self.role == "directory":
+            import redis
             import redis.asyncio as aioredis
-            self._redis = aioredis.Redis(host="127.0.0.1", port=redis_port)
-            self._lua = {name: self._redis.register_script(src) for name, src in
-                         (("reserve", LUA_RESERVE), ("move", LUA_MOVE))}
-            await self._redis.ping()
+            scripts = (("reserve", LUA_RESERVE), ("move", LUA_MOVE), ("nonce", LUA_NONCE))
+            if pool:  # pdserve's directory: a synchronous client on a thread pool
+                self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="store")
+                self._sync = redis.Redis(host="127.0.0.1", port=redis_port)
+                self._lua = {name: self._pooled(self._sync.register_script(src), read) for name, src in scripts}
+            else:
+                self._redis = aioredis.Redis(host="127.0.0.1", port=redis_port)
+                self._lua = {name: self._read_first(self._redis.register_script(src)) if read else
+                             self._redis.register_script(src) for name, src in scripts}
+                await self._redis.ping()
         return {"port": port, "ucx": address, "iterations": self._iterations}
 
     async def connect(self, ports: dict[str, int], decode_ucx: bytes = b"") -> None:
@@ -107,6 +127,22 @@ class Node:
             self._stubs[role] = ch
         if decode_ucx and self._ucx is not None:
             self._ep = await self._ucx.endpoint(decode_ucx)
+
+    def _pooled(self, script, read: bool):
+        def job(keys, args):
+            if read:  # the record read before the script (kv_directory/server.py: lookup, then call)
+                self._sync.get(keys[0])
+            return script(keys=keys, args=args)
+
+        async def call(keys, args=()):
+            return await asyncio.get_running_loop().run_in_executor(self._pool, job, keys, list(args))
+        return call
+
+    def _read_first(self, script):
+        async def call(keys, args=()):
+            await self._redis.get(keys[0])
+            return await script(keys=keys, args=args)
+        return call
 
     def _call(self, role: str, method: str, kind: str = "unary_unary"):
         return getattr(self._stubs[role], kind)(f"/{SERVICE}/{method}")
@@ -171,6 +207,8 @@ class Node:
 
     async def decode_stream(self, tid: bytes, context):
         key = struct.unpack("<Q", tid)[0]
+        if self._nonce:  # the capability's nonce consumed in the directory as the stream opens
+            await self._call("directory", "Nonce")(tid)
         await self._published[key]
         yield TOKEN
         await self._run("step")
@@ -188,6 +226,9 @@ class Node:
                 return b"1"
             await asyncio.sleep(0.0005)
         return b"0"
+
+    async def dir_nonce(self, tid: bytes, context) -> bytes:
+        return b"%d" % await self._lua["nonce"](keys=[b"nonce:" + tid])
 
     async def dir_release(self, tid: bytes, context) -> bytes:
         return b"%d" % await self._lua["move"](keys=[b"txn:" + tid], args=["P", "X"])
@@ -229,7 +270,7 @@ def _timed(n: int) -> float:
 
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
-            tls: bool = False) -> dict:
+            tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -255,7 +296,9 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
              for role in ("directory", "decode", "prefill", "router")}
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
-                             redis_port=rport, tls_dir=tls_dir) for role, n in nodes.items()}
+                             redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
+                             nonce=nonce)
+                for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
         nodes["prefill"].call("connect", ports={}, decode_ucx=info["decode"]["ucx"])
@@ -286,10 +329,35 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
         shutil.rmtree(Path(state), ignore_errors=True)
 
 
+def main() -> None:
+    """What each of pdserve's design choices adds to the floor, alternating variants in one
+    sitting: t = mutual TLS, p = the directory's store calls on a thread pool with a
+    synchronous client (as kv_directory/server.py), r = a record read before each script
+    (its lookup before a transition), n = the decode's nonce call to the directory as its
+    stream opens. JSON lines."""
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("--variants", default=",t,tp,tr,tn,tprn", help="comma-separated; '' is the bare floor")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--compute-ms", type=float, default=3.0)
+    ap.add_argument("--kv-bytes", type=int, default=8192)
+    args = ap.parse_args()
+    for rnd in range(args.rounds):
+        for v in args.variants.split(","):
+            r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
+                        tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v)
+            c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
+            print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare",
+                              "colocated_ttft_median_ms": round(c, 2), "disaggregated_ttft_median_ms": round(d, 2),
+                              "overhead_ms": round(d - c, 2), "overhead_paired_median_ms": round(statistics.median(
+                                  x - y for x, y in zip(r["disaggregated"], r["colocated"], strict=True)), 2)}),
+                  flush=True)
+
+
 if __name__ == "__main__":
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    r = measure(40, 5, 3.0, 0.3, 4096)
-    c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
-    print(f"colocated {c:.2f} disaggregated {d:.2f} overhead {d - c:.2f}")
+    main()

@@ -48,11 +48,13 @@ number of hops.
 
 The design floor, in the same run, after the cluster is down (bench/_handoff_floor.py):
 the same hops in skeleton processes on the same cores (grpc.aio, pdserve's UCX runtime,
-Redis with Lua compare-and-sets, mutual TLS when --secure) with no work in them (no spans,
-no checks, no model: a calibrated GIL-free compute burst of --floor-compute-ms), alternating
-pairs as above. Its overhead is what this design's hops cost on this machine, waking one
-process after another; `pdserve_over_floor_ms` is pdserve's own work on top. Where the
-floor is above the target, the target is out of reach here at this number of hops.
+Redis with Lua compare-and-sets; with --secure, mutual TLS and the decode's call that
+consumes the capability's nonce in Redis, as the design's contract has it) with no work in
+them (no spans, no signatures, no checks, no model: a calibrated GIL-free compute burst of
+--floor-compute-ms), alternating pairs as above. Its overhead is what this design's hops
+cost on this machine, waking one process after another; `pdserve_over_floor_ms` is
+pdserve's own work on top. Where the floor is above the target, the target is out of reach
+here at this number of hops.
 
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
 "floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
@@ -226,7 +228,7 @@ def run(args) -> None:
     cfg = preset_config(args.model)
     kv_bytes = 2 * cfg.num_hidden_layers * args.prompt_tokens * cfg.num_key_value_heads * cfg.head_dim * 4
     floor_run = measure_floor(args.requests, args.warmup, args.floor_compute_ms, FLOOR_STEP_MS, kv_bytes,
-                              tls=args.secure)
+                              tls=args.secure, nonce=args.secure)
 
     med = {m: statistics.median(ttft[m]) for m in MODES}
     for m in MODES:
@@ -252,6 +254,7 @@ def run(args) -> None:
     fl_paired = statistics.median(d - c for d, c in zip(floor_run["disaggregated"], floor_run["colocated"],
                                                         strict=True))
     emit(metric="design_floor", compute_ms=args.floor_compute_ms, kv_bytes=kv_bytes, tls=args.secure,
+         nonce_call=args.secure,
          colocated_ttft_median_ms=round(fl["colocated"], 2), disaggregated_ttft_median_ms=round(fl["disaggregated"], 2),
          floor_overhead_ms=round(fl_over, 2), floor_overhead_paired_median_ms=round(fl_paired, 2),
          overhead_ms=round(overhead, 2), pdserve_over_floor_ms=round(overhead - fl_over, 2),
