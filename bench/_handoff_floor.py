@@ -80,8 +80,9 @@ class Node:
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
-                    nonce: bool = False) -> dict:
-        self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce
+                    nonce: bool = False, merged: bool = False) -> dict:
+        self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
+        self._merged = merged
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
             self._iterations[name] = _calibrate(ms) if ms > 0 else 0
         handlers = {
@@ -169,7 +170,8 @@ class Node:
         await self._call("decode", "Reserve")(tid)
         await prefill.write(tid)  # the grant
         await prefill.done_writing()
-        self._spawn(self._call("directory", "Reserve")(tid))
+        if not self._merged:
+            self._spawn(self._call("directory", "Reserve")(tid))
         async for msg in self._call("decode", "DecodeStream", "unary_stream")(tid):
             yield msg
         await prefill
@@ -228,6 +230,8 @@ class Node:
         return b"0"
 
     async def dir_nonce(self, tid: bytes, context) -> bytes:
+        if self._merged:  # the record made in the same call (one script each here; one job)
+            await self._lua["reserve"](keys=[b"txn:" + tid])
         return b"%d" % await self._lua["nonce"](keys=[b"nonce:" + tid])
 
     async def dir_release(self, tid: bytes, context) -> bytes:
@@ -241,6 +245,22 @@ class Node:
         if self._redis is not None:
             await self._redis.aclose()
         self._compute.shutdown(wait=False)
+
+
+def _records(port: int, expected: int, wait_s: float = 5.0) -> dict[str, int]:
+    """The hand-offs' records and nonces in Redis by state (the Release follows the last
+    token: waits up to `wait_s` for `expected` records released): what the floor did."""
+    import collections
+
+    import redis
+    with redis.Redis(host="127.0.0.1", port=port) as r:
+        deadline = time.monotonic() + wait_s
+        while True:
+            states = collections.Counter(r.get(k).decode() for k in r.scan_iter("txn:*"))
+            if states.get("X", 0) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return {**states, "nonces": sum(1 for _ in r.scan_iter("nonce:*"))}
 
 
 def _tls_files(tls_dir: str, name: str) -> tuple[bytes, bytes, bytes] | None:
@@ -270,7 +290,8 @@ def _timed(n: int) -> float:
 
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
-            tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False) -> dict:
+            tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False,
+            merged: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -297,7 +318,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
                              redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
-                             nonce=nonce)
+                             nonce=nonce, merged=merged)
                 for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
@@ -319,7 +340,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
                     if i >= warmup:
                         ttft[mode.decode()].append(ms)
         return {"colocated": ttft["C"], "disaggregated": ttft["D"],
-                "iterations": info["prefill"]["iterations"]}
+                "iterations": info["prefill"]["iterations"], "records": _records(rport, warmup + requests)}
     finally:
         for n in nodes.values():
             n.close()
@@ -334,7 +355,8 @@ def main() -> None:
     sitting: t = mutual TLS, p = the directory's store calls on a thread pool with a
     synchronous client (as kv_directory/server.py), r = a record read before each script
     (its lookup before a transition), n = the decode's nonce call to the directory as its
-    stream opens. JSON lines."""
+    stream opens, m = that call also makes the directory's record, the router making none
+    (the merge issue 21 suggests). JSON lines."""
     import argparse
     import json
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
@@ -347,7 +369,8 @@ def main() -> None:
     for rnd in range(args.rounds):
         for v in args.variants.split(","):
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
-                        tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v)
+                        tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
+                        merged="m" in v)
             c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
             print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare",
                               "colocated_ttft_median_ms": round(c, 2), "disaggregated_ttft_median_ms": round(d, 2),

@@ -1,0 +1,32 @@
+"""bench/_handoff_floor.py, the design floor bench/handoff.py reports: real processes
+(grpc.aio over mutual TLS, UCX through pdserve's runtime, a real redis-server) that do
+the hand-off's transaction, not a no-op: every disaggregated request's record reserved,
+published and released in Redis, its nonce consumed once, each request's first token
+timed in both modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench._handoff_floor import measure
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["router-reserves", "decode-reserves"])
+def test_every_handoff_reserved_published_released_once(merged):
+    r = measure(requests=3, warmup=1, compute_ms=1.0, step_ms=0.1, kv_bytes=8192, tls=True, nonce=True,
+                merged=merged)
+    assert len(r["colocated"]) == len(r["disaggregated"]) == 3
+    assert all(ms > 0 for ms in r["colocated"] + r["disaggregated"])
+    # 4 disaggregated requests (the warm-up's included): each one record, released after
+    # its last token (never left reserved or published), and one nonce each.
+    assert r["records"] == {"X": 4, "nonces": 4}
+    assert r["iterations"]["prompt"] > 0
+
+
+def test_directory_on_a_pool_with_reads_does_the_same():
+    r = measure(requests=2, warmup=0, compute_ms=0.0, step_ms=0.0, kv_bytes=64, tls=False, pool=True,
+                read=True)
+    assert r["records"] == {"X": 2, "nonces": 0}
+    assert r["iterations"] == {"prompt": 0, "step": 0}
