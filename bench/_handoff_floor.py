@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import itertools
 import statistics
 import struct
 import time
@@ -247,6 +248,20 @@ class Node:
         self._compute.shutdown(wait=False)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds every thread of process `pid` ran so far, from the scheduler's nanosecond
+    counters (/proc/PID/task/*/schedstat: psutil's cpu_times tick in 10 ms, too coarse for
+    one call's cost); threads that ended meanwhile are not counted."""
+    from pathlib import Path
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended while we read
+    return total / 1e9
+
+
 def _records(port: int, expected: int, wait_s: float = 5.0) -> dict[str, int]:
     """The hand-offs' records and nonces in Redis by state (the Release follows the last
     token: waits up to `wait_s` for `expected` records released): what the floor did."""
@@ -329,18 +344,31 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
         with (grpc.secure_channel(target, _channel_credentials(_tls_files(tls_dir, "client"))) if tls
               else grpc.insecure_channel(target)) as ch:
             generate = ch.unary_stream(f"/{SERVICE}/Generate")
+            ids = itertools.count()
+
+            def one(mode: bytes) -> float:
+                t = time.perf_counter()
+                stream = generate(mode + struct.pack("<Q", next(ids)) + bytes(64), timeout=30)
+                next(stream)
+                ms = (time.perf_counter() - t) * 1000
+                for _ in stream:
+                    pass
+                return ms
             for i in range(warmup + requests):
                 for mode in (b"C", b"D") if i % 2 else (b"D", b"C"):
-                    t = time.perf_counter()
-                    stream = generate(mode + struct.pack("<Q", i * 2 + (mode == b"D")) + bytes(64), timeout=30)
-                    next(stream)
-                    ms = (time.perf_counter() - t) * 1000
-                    for _ in stream:
-                        pass
+                    ms = one(mode)
                     if i >= warmup:
                         ttft[mode.decode()].append(ms)
-        return {"colocated": ttft["C"], "disaggregated": ttft["D"],
-                "iterations": info["prefill"]["iterations"], "records": _records(rport, warmup + requests)}
+            pids = {**{role: n.proc.pid for role, n in nodes.items()}, "redis": redis.pid}
+            cpu = {}
+            for mode, name in ((b"C", "colocated"), (b"D", "disaggregated")):  # each mode in a row
+                before = {role: cpu_s(pid) for role, pid in pids.items()}
+                for _ in range(requests):
+                    one(mode)
+                cpu[name] = {role: (cpu_s(pid) - before[role]) * 1000 / requests for role, pid in pids.items()}
+        return {"colocated": ttft["C"], "disaggregated": ttft["D"], "cpu": cpu,
+                "iterations": info["prefill"]["iterations"],
+                "records": _records(rport, warmup + 2 * requests)}
     finally:
         for n in nodes.values():
             n.close()

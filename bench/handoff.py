@@ -81,6 +81,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._handoff_floor import cpu_s
 from bench._handoff_traces import (
     EXTRA_LEGS,
     HELD_LEG,
@@ -139,19 +140,6 @@ def cpu_per_request(cluster, sdk, mode: str, args, rng, vocab: int) -> dict[str,
             raise RuntimeError(f"{mode}: ran {res.route}")
     after = times()
     return {name: (after[name] - before[name]) * 1000 / args.requests for name in pids}
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds every thread of process `pid` ran so far, from the scheduler's nanosecond
-    counters (/proc/PID/task/*/schedstat: psutil's cpu_times tick in 10 ms, too coarse for
-    one call's cost); threads that ended meanwhile are not counted."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # the thread ended while we read
-    return total / 1e9
 
 
 def round_trips(cluster, name: str, service: str, secure: bool) -> tuple[list[float], float, float]:
@@ -259,7 +247,11 @@ def run(args) -> None:
          floor_overhead_ms=round(fl_over, 2), floor_overhead_paired_median_ms=round(fl_paired, 2),
          overhead_ms=round(overhead, 2), pdserve_over_floor_ms=round(overhead - fl_over, 2),
          target_ms=TARGET_OVERHEAD_MS, target_reachable_here=fl_over <= TARGET_OVERHEAD_MS,
-         requests=len(floor_run["disaggregated"]))
+         requests=len(floor_run["disaggregated"]),
+         cpu_ms_per_request={m: round(sum(floor_run["cpu"][m].values()), 2) for m in MODES},
+         extra_cpu_ms_per_request=round(sum(floor_run["cpu"]["disaggregated"].values())
+                                        - sum(floor_run["cpu"]["colocated"].values()), 2),
+         by_process={m: {k: round(v, 2) for k, v in sorted(floor_run["cpu"][m].items())} for m in MODES})
     for mode in MODES:
         emit(metric="cpu", mode=mode, requests=args.requests, cpu_ms_per_request=round(sum(cpu[mode].values()), 2),
              by_process={k: round(v, 2) for k, v in sorted(cpu[mode].items())})

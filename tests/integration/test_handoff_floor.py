@@ -19,14 +19,16 @@ def test_every_handoff_reserved_published_released_once(merged):
                 merged=merged)
     assert len(r["colocated"]) == len(r["disaggregated"]) == 3
     assert all(ms > 0 for ms in r["colocated"] + r["disaggregated"])
-    # 4 disaggregated requests (the warm-up's included): each one record, released after
-    # its last token (never left reserved or published), and one nonce each.
-    assert r["records"] == {"X": 4, "nonces": 4}
+    # 7 disaggregated requests (the warm-up's and the CPU count's included): each one
+    # record, released after its last token (never left reserved or published), one nonce each.
+    assert r["records"] == {"X": 7, "nonces": 7}
+    assert r["cpu"]["disaggregated"]["directory"] > 0 and r["cpu"]["colocated"]["decode"] > 0
+    assert r["cpu"]["disaggregated"]["prefill"] > r["cpu"]["colocated"]["prefill"]  # it computes there only
     assert r["iterations"]["prompt"] > 0
 
 
 def test_directory_on_a_pool_with_reads_does_the_same():
     r = measure(requests=2, warmup=0, compute_ms=0.0, step_ms=0.0, kv_bytes=64, tls=False, pool=True,
                 read=True)
-    assert r["records"] == {"X": 2, "nonces": 0}
+    assert r["records"] == {"X": 4, "nonces": 0}
     assert r["iterations"] == {"prompt": 0, "step": 0}
