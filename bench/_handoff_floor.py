@@ -81,7 +81,7 @@ class Node:
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
-                    nonce: bool = False, merged: bool = False) -> dict:
+                    nonce: bool = False, merged: bool = False, sync: bool = False) -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
         self._merged = merged
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
@@ -95,7 +95,16 @@ class Node:
             "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"dir_{name.lower()}"))
                           for name in ("Reserve", "Publish", "Release", "Nonce")},
         }[self.role]
-        self._server = grpc.aio.server()
+        if sync and self.role == "directory":  # grpc's thread-pool server, the store called inline
+            import redis
+            handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"sync_{name.lower()}"))
+                        for name in ("Reserve", "Publish", "Release", "Nonce")}
+            self._sync = redis.Redis(host="127.0.0.1", port=redis_port)
+            self._slua = {name: self._sync.register_script(src) for name, src in
+                          (("reserve", LUA_RESERVE), ("move", LUA_MOVE), ("nonce", LUA_NONCE))}
+            self._server = _SyncServer(grpc.server(concurrent.futures.ThreadPoolExecutor(16)))
+        else:
+            self._server = grpc.aio.server()
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         port = (self._server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
             [(self._tls[2], self._tls[1])], root_certificates=self._tls[0], require_client_auth=True))
@@ -238,6 +247,24 @@ class Node:
     async def dir_release(self, tid: bytes, context) -> bytes:
         return b"%d" % await self._lua["move"](keys=[b"txn:" + tid], args=["P", "X"])
 
+    def sync_reserve(self, tid: bytes, context) -> bytes:
+        return b"%d" % self._slua["reserve"](keys=[b"txn:" + tid])
+
+    def sync_publish(self, tid: bytes, context) -> bytes:
+        for _ in range(100):
+            if self._slua["move"](keys=[b"txn:" + tid], args=["R", "P"]):
+                return b"1"
+            time.sleep(0.0005)
+        return b"0"
+
+    def sync_nonce(self, tid: bytes, context) -> bytes:
+        if self._merged:
+            self._slua["reserve"](keys=[b"txn:" + tid])
+        return b"%d" % self._slua["nonce"](keys=[b"nonce:" + tid])
+
+    def sync_release(self, tid: bytes, context) -> bytes:
+        return b"%d" % self._slua["move"](keys=[b"txn:" + tid], args=["P", "X"])
+
     async def at_exit(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -246,6 +273,22 @@ class Node:
         if self._redis is not None:
             await self._redis.aclose()
         self._compute.shutdown(wait=False)
+
+
+class _SyncServer:
+    """grpc.server behind grpc.aio.server's start/stop (awaitable) for `Node`."""
+
+    def __init__(self, server):
+        self._s = server
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    async def start(self) -> None:
+        self._s.start()
+
+    async def stop(self, grace) -> None:
+        self._s.stop(grace)
 
 
 def cpu_s(pid: int) -> float:
@@ -306,7 +349,7 @@ def _timed(n: int) -> float:
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
             tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False,
-            merged: bool = False) -> dict:
+            merged: bool = False, sync: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -333,7 +376,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
                              redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
-                             nonce=nonce, merged=merged)
+                             nonce=nonce, merged=merged, sync=sync)
                 for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
@@ -384,7 +427,8 @@ def main() -> None:
     synchronous client (as kv_directory/server.py), r = a record read before each script
     (its lookup before a transition), n = the decode's nonce call to the directory as its
     stream opens, m = that call also makes the directory's record, the router making none
-    (the merge issue 21 suggests). JSON lines."""
+    (the merge issue 21 suggests), s = the directory on grpc's thread-pool server with
+    synchronous handlers calling Redis inline (no event loop, no executor hop). JSON lines."""
     import argparse
     import json
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
@@ -398,9 +442,10 @@ def main() -> None:
         for v in args.variants.split(","):
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
                         tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
-                        merged="m" in v)
+                        merged="m" in v, sync="s" in v)
             c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
-            print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare",
+            cpu = {m: {k: round(x, 2) for k, x in r["cpu"][m].items()} for m in r["cpu"]}
+            print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare", "cpu": cpu,
                               "colocated_ttft_median_ms": round(c, 2), "disaggregated_ttft_median_ms": round(d, 2),
                               "overhead_ms": round(d - c, 2), "overhead_paired_median_ms": round(statistics.median(
                                   x - y for x, y in zip(r["disaggregated"], r["colocated"], strict=True)), 2)}),
