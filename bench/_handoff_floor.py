@@ -33,21 +33,35 @@ sitting (JSON lines).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import collections
 import concurrent.futures
 import hashlib
 import itertools
+import json
+import os
+import shutil
 import statistics
 import struct
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import grpc
+import redis
+import redis.asyncio as aioredis
+import xxhash
 
 SERVICE = "floor.v1.Node"
 TOKEN = b"\x00\x00\x00\x07"
 LUA_RESERVE = "if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end redis.call('SET', KEYS[1], 'R') return 1"
 LUA_NONCE = "return redis.call('SET', KEYS[1], 1, 'NX', 'PX', 60000) and 1 or 0"
 LUA_MOVE = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('SET', KEYS[1], ARGV[2]) return 1"
+SCRIPTS = {"reserve": LUA_RESERVE, "move": LUA_MOVE, "nonce": LUA_NONCE}
+DIRECTORY_METHODS = ("Reserve", "Publish", "Release", "Nonce")
 
 
 _BLOCK = bytes(16384)
@@ -64,8 +78,6 @@ class Node:
     directory. `serve` starts its gRPC server (and UCX runtime); `connect` its channels."""
 
     def __init__(self, role: str):
-        import os
-        import sys
         sys.stdout.flush()
         os.dup2(2, 1)  # UCX's teardown warnings would land in the bench's JSON lines
         self.role = role
@@ -86,25 +98,20 @@ class Node:
         self._merged = merged
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
             self._iterations[name] = _calibrate(ms) if ms > 0 else 0
+        prefix = "sync" if sync and self.role == "directory" else "dir"
         handlers = {
             "router": {"Generate": grpc.unary_stream_rpc_method_handler(self.router_generate)},
             "prefill": {"Prefill": grpc.stream_unary_rpc_method_handler(self.prefill)},
             "decode": {"Generate": grpc.unary_stream_rpc_method_handler(self.decode_generate),
                        "Reserve": grpc.unary_unary_rpc_method_handler(self.decode_reserve),
                        "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream)},
-            "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"dir_{name.lower()}"))
-                          for name in ("Reserve", "Publish", "Release", "Nonce")},
+            "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"{prefix}_{name.lower()}"))
+                          for name in DIRECTORY_METHODS},
         }[self.role]
-        if sync and self.role == "directory":  # grpc's thread-pool server, the store called inline
-            import redis
-            handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"sync_{name.lower()}"))
-                        for name in ("Reserve", "Publish", "Release", "Nonce")}
-            self._sync = redis.Redis(host="127.0.0.1", port=redis_port)
-            self._slua = {name: self._sync.register_script(src) for name, src in
-                          (("reserve", LUA_RESERVE), ("move", LUA_MOVE), ("nonce", LUA_NONCE))}
-            self._server = _SyncServer(grpc.server(concurrent.futures.ThreadPoolExecutor(16)))
-        else:
-            self._server = grpc.aio.server()
+        if self.role == "directory":
+            await self._store(redis_port, sync, pool, read)
+        self._server = (_SyncServer(grpc.server(concurrent.futures.ThreadPoolExecutor(16))) if prefix == "sync"
+                        else grpc.aio.server())
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         port = (self._server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
             [(self._tls[2], self._tls[1])], root_certificates=self._tls[0], require_client_auth=True))
@@ -115,19 +122,6 @@ class Node:
             from services.transfer import ucx_runtime
             self._ucx = ucx_runtime.runtime()
             address = self._ucx.address
-        if self.role == "directory":
-            import redis
-            import redis.asyncio as aioredis
-            scripts = (("reserve", LUA_RESERVE), ("move", LUA_MOVE), ("nonce", LUA_NONCE))
-            if pool:  # pdserve's directory: a synchronous client on a thread pool
-                self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="store")
-                self._sync = redis.Redis(host="127.0.0.1", port=redis_port)
-                self._lua = {name: self._pooled(self._sync.register_script(src), read) for name, src in scripts}
-            else:
-                self._redis = aioredis.Redis(host="127.0.0.1", port=redis_port)
-                self._lua = {name: self._read_first(self._redis.register_script(src)) if read else
-                             self._redis.register_script(src) for name, src in scripts}
-                await self._redis.ping()
         return {"port": port, "ucx": address, "iterations": self._iterations}
 
     async def connect(self, ports: dict[str, int], decode_ucx: bytes = b"") -> None:
@@ -138,6 +132,24 @@ class Node:
             self._stubs[role] = ch
         if decode_ucx and self._ucx is not None:
             self._ep = await self._ucx.endpoint(decode_ucx)
+
+    async def _store(self, port: int, sync: bool, pool: bool, read: bool) -> None:
+        """The directory's scripts: `self._slua` called inline by the thread-pool server's
+        handlers (sync), else `self._lua` awaited by the event loop's, run on a thread pool
+        with a synchronous client (pool) or by an asyncio client; with `read`, after a read
+        of the record (kv_directory/server.py: lookup, then call)."""
+        if sync:
+            self._sync = redis.Redis(host="127.0.0.1", port=port)
+            self._slua = {name: self._sync.register_script(src) for name, src in SCRIPTS.items()}
+        elif pool:
+            self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="store")
+            self._sync = redis.Redis(host="127.0.0.1", port=port)
+            self._lua = {name: self._pooled(self._sync.register_script(src), read) for name, src in SCRIPTS.items()}
+        else:
+            self._redis = aioredis.Redis(host="127.0.0.1", port=port)
+            self._lua = {name: self._read_first(self._redis.register_script(src)) if read else
+                         self._redis.register_script(src) for name, src in SCRIPTS.items()}
+            await self._redis.ping()
 
     def _pooled(self, script, read: bool):
         def job(keys, args):
@@ -210,7 +222,6 @@ class Node:
 
         async def receive() -> None:
             await landed
-            import xxhash
             xxhash.xxh3_128_hexdigest(buf)
             ok = await self._call("directory", "Publish")(bytes(buf[:8]))
             published.set_result(ok)
@@ -291,11 +302,18 @@ class _SyncServer:
         self._s.stop(grace)
 
 
+def overheads(ttft: dict[str, list[float]]) -> tuple[dict[str, float], float, float]:
+    """From TTFTs (ms) by mode, pairs in order: the median per mode, the overhead (median
+    disaggregated - median colocated) and the median of the pairs' differences."""
+    med = {m: statistics.median(ttft[m]) for m in ("colocated", "disaggregated")}
+    paired = statistics.median(d - c for d, c in zip(ttft["disaggregated"], ttft["colocated"], strict=True))
+    return med, med["disaggregated"] - med["colocated"], paired
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds every thread of process `pid` ran so far, from the scheduler's nanosecond
     counters (/proc/PID/task/*/schedstat: psutil's cpu_times tick in 10 ms, too coarse for
     one call's cost); threads that ended meanwhile are not counted."""
-    from pathlib import Path
     total = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -308,9 +326,6 @@ def cpu_s(pid: int) -> float:
 def _records(port: int, expected: int, wait_s: float = 5.0) -> dict[str, int]:
     """The hand-offs' records and nonces in Redis by state (the Release follows the last
     token: waits up to `wait_s` for `expected` records released): what the floor did."""
-    import collections
-
-    import redis
     with redis.Redis(host="127.0.0.1", port=port) as r:
         deadline = time.monotonic() + wait_s
         while True:
@@ -325,7 +340,6 @@ def _tls_files(tls_dir: str, name: str) -> tuple[bytes, bytes, bytes] | None:
     """(CA, certificate, key) of `name` in `tls_dir` (made by `measure`), None for plaintext."""
     if not tls_dir:
         return None
-    from pathlib import Path
     d = Path(tls_dir)
     return (d / "ca.crt").read_bytes(), (d / f"{name}.crt").read_bytes(), (d / f"{name}.key").read_bytes()
 
@@ -353,10 +367,6 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
     from bench._spawned import Spawned
     from services.cluster.redis_proc import find_redis_server, free_port
 
@@ -369,7 +379,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
             ca.issue(Identity(role, role))
         tls_dir = str(ca.dir)
     rport = free_port()
-    redis = subprocess.Popen([find_redis_server(), "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+    redis_server = subprocess.Popen([find_redis_server(), "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
                               "--appendonly", "no", "--dir", state], stdout=subprocess.DEVNULL)
     nodes = {role: Spawned(f"floor-{role}", "bench._handoff_floor:Node", role=role)
              for role in ("directory", "decode", "prefill", "router")}
@@ -402,7 +412,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
                     ms = one(mode)
                     if i >= warmup:
                         ttft[mode.decode()].append(ms)
-            pids = {**{role: n.proc.pid for role, n in nodes.items()}, "redis": redis.pid}
+            pids = {**{role: n.proc.pid for role, n in nodes.items()}, "redis": redis_server.pid}
             cpu = {}
             for mode, name in ((b"C", "colocated"), (b"D", "disaggregated")):  # each mode in a row
                 before = {role: cpu_s(pid) for role, pid in pids.items()}
@@ -415,9 +425,8 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     finally:
         for n in nodes.values():
             n.close()
-        redis.terminate()
-        redis.wait(10)
-        import shutil
+        redis_server.terminate()
+        redis_server.wait(10)
         shutil.rmtree(Path(state), ignore_errors=True)
 
 
@@ -429,8 +438,6 @@ def main() -> None:
     stream opens, m = that call also makes the directory's record, the router making none
     (the merge issue 21 suggests), s = the directory on grpc's thread-pool server with
     synchronous handlers calling Redis inline (no event loop, no executor hop). JSON lines."""
-    import argparse
-    import json
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",t,tp,tr,tn,tprn", help="comma-separated; '' is the bare floor")
     ap.add_argument("--rounds", type=int, default=2)
@@ -443,17 +450,15 @@ def main() -> None:
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
                         tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
                         merged="m" in v, sync="s" in v)
-            c, d = statistics.median(r["colocated"]), statistics.median(r["disaggregated"])
+            med, overhead, paired = overheads(r)
             cpu = {m: {k: round(x, 2) for k, x in r["cpu"][m].items()} for m in r["cpu"]}
             print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare", "cpu": cpu,
-                              "colocated_ttft_median_ms": round(c, 2), "disaggregated_ttft_median_ms": round(d, 2),
-                              "overhead_ms": round(d - c, 2), "overhead_paired_median_ms": round(statistics.median(
-                                  x - y for x, y in zip(r["disaggregated"], r["colocated"], strict=True)), 2)}),
+                              "colocated_ttft_median_ms": round(med["colocated"], 2),
+                              "disaggregated_ttft_median_ms": round(med["disaggregated"], 2),
+                              "overhead_ms": round(overhead, 2), "overhead_paired_median_ms": round(paired, 2)}),
                   flush=True)
 
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     main()
