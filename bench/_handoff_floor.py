@@ -22,13 +22,15 @@ adds per hop: `tls` (every call over mutual TLS), `nonce` (the decode consumes t
 capability's nonce in Redis through the directory as its stream opens: the contract's
 replay and revocation check), `pool` and `read` (the directory's store calls on a thread
 pool with a synchronous client, and a record read before each script, as
-kv_directory/server.py does). Its overhead (disaggregated - colocated median TTFT, pairs
-alternating as in the cluster run) is what the hops alone cost here, waking one process
-after another on shared cores. Where it is above the target, the target is out of reach on
-this machine at this design's number of hops, whatever pdserve's handlers do; where it is
-below, the rest of pdserve's overhead is pdserve's own work per hop (spans, signatures,
-checks, its handlers). `python bench/_handoff_floor.py` alternates the variants in one
-sitting (JSON lines).
+kv_directory/server.py does), `engine` (the compute is pdserve's own engine on a preset
+model instead of the burst: its kernels release the GIL, the Python between them holds it,
+as in a worker whose event loop serves the hand-off beside it). Its overhead
+(disaggregated - colocated median TTFT, pairs alternating as in the cluster run) is what
+the hops alone cost here, waking one process after another on shared cores. Where it is
+above the target, the target is out of reach on this machine at this design's number of
+hops, whatever pdserve's handlers do; where it is below, the rest of pdserve's overhead is
+pdserve's own work per hop (spans, signatures, checks, its handlers). `python
+bench/_handoff_floor.py` alternates the variants in one sitting (JSON lines).
 """
 
 from __future__ import annotations
@@ -88,16 +90,20 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self._server: grpc.aio.Server | None = None
         self._redis = None
+        self._engine: _EnginePrompt | None = None
         self._ucx = None
         self._ep = None
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
-                    nonce: bool = False, merged: bool = False, sync: bool = False) -> dict:
+                    nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "",
+                    prompt_tokens: int = 16) -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
         self._merged = merged
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
             self._iterations[name] = _calibrate(ms) if ms > 0 else 0
+        if engine and self.role in ("prefill", "decode"):
+            self._engine = _EnginePrompt(engine, prompt_tokens)
         prefix = "sync" if sync and self.role == "directory" else "dir"
         handlers = {
             "router": {"Generate": grpc.unary_stream_rpc_method_handler(self.router_generate)},
@@ -122,7 +128,8 @@ class Node:
             from services.transfer import ucx_runtime
             self._ucx = ucx_runtime.runtime()
             address = self._ucx.address
-        return {"port": port, "ucx": address, "iterations": self._iterations}
+        return {"port": port, "ucx": address, "iterations": self._iterations,
+                "engine": self._engine.engine.name if self._engine is not None else ""}
 
     async def connect(self, ports: dict[str, int], decode_ucx: bytes = b"") -> None:
         for role, port in ports.items():
@@ -171,6 +178,9 @@ class Node:
         return getattr(self._stubs[role], kind)(f"/{SERVICE}/{method}")
 
     async def _run(self, what: str) -> None:
+        if what == "prompt" and self._engine is not None:
+            await asyncio.get_running_loop().run_in_executor(self._compute, self._engine.prefill)
+            return
         n = self._iterations[what]
         if n:
             await asyncio.get_running_loop().run_in_executor(self._compute, _burst, n)
@@ -286,6 +296,32 @@ class Node:
         self._compute.shutdown(wait=False)
 
 
+class _EnginePrompt:
+    """The compute as pdserve's own engine does it (variant e): a fresh random prompt's
+    prefill and token 0 on the preset model, as the cluster's workers run it (float32,
+    one torch thread); its blocks freed at once. The kernels release the GIL, the Python
+    between them holds it, as in a worker while its event loop serves the hand-off."""
+
+    def __init__(self, preset: str, prompt_tokens: int):
+        import random
+
+        from services.engine.config import EngineConfig
+        from services.engine.engine import Engine
+        self.engine = Engine.from_preset(preset, cfg=EngineConfig(torch_threads=1, dtype="float32"))
+        self.rng, self.tokens = random.Random(0), prompt_tokens
+        for _ in range(3):  # warm: the first forwards allocate
+            self.prefill()
+
+    def prefill(self) -> int:
+        vocab = self.engine.model_cfg.vocab_size
+        seq = self.engine.add_request("floor", [self.rng.randrange(3, vocab) for _ in range(self.tokens)], 2,
+                                      reuse_prefix=False)
+        try:
+            return self.engine.prefill(seq)
+        finally:
+            self.engine.free(seq)
+
+
 class _SyncServer:
     """grpc.server behind grpc.aio.server's start/stop (awaitable) for `Node`."""
 
@@ -363,7 +399,7 @@ def _timed(n: int) -> float:
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
             tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False,
-            merged: bool = False, sync: bool = False) -> dict:
+            merged: bool = False, sync: bool = False, engine: str = "") -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -386,7 +422,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
                              redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
-                             nonce=nonce, merged=merged, sync=sync)
+                             nonce=nonce, merged=merged, sync=sync, engine=engine)
                 for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
@@ -420,7 +456,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
                     one(mode)
                 cpu[name] = {role: (cpu_s(pid) - before[role]) * 1000 / requests for role, pid in pids.items()}
         return {"colocated": ttft["C"], "disaggregated": ttft["D"], "cpu": cpu,
-                "iterations": info["prefill"]["iterations"],
+                "iterations": info["prefill"]["iterations"], "engine": info["prefill"]["engine"],
                 "records": _records(rport, warmup + 2 * requests)}
     finally:
         for n in nodes.values():
@@ -437,19 +473,22 @@ def main() -> None:
     (its lookup before a transition), n = the decode's nonce call to the directory as its
     stream opens, m = that call also makes the directory's record, the router making none
     (the merge issue 21 suggests), s = the directory on grpc's thread-pool server with
-    synchronous handlers calling Redis inline (no event loop, no executor hop). JSON lines."""
+    synchronous handlers calling Redis inline (no event loop, no executor hop), e = the
+    compute is pdserve's engine (--engine preset, a fresh 16-token prompt each) instead of
+    the GIL-free burst. JSON lines."""
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",t,tp,tr,tn,tprn", help="comma-separated; '' is the bare floor")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--compute-ms", type=float, default=3.0)
     ap.add_argument("--kv-bytes", type=int, default=8192)
+    ap.add_argument("--engine", default="tiny", help="variant e's preset (the cluster's default model)")
     args = ap.parse_args()
     for rnd in range(args.rounds):
         for v in args.variants.split(","):
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
                         tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
-                        merged="m" in v, sync="s" in v)
+                        merged="m" in v, sync="s" in v, engine=args.engine if "e" in v else "")
             med, overhead, paired = overheads(r)
             cpu = {m: {k: round(x, 2) for k, x in r["cpu"][m].items()} for m in r["cpu"]}
             print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare", "cpu": cpu,
