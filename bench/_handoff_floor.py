@@ -43,6 +43,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import shutil
 import statistics
 import struct
@@ -64,6 +65,8 @@ LUA_NONCE = "return redis.call('SET', KEYS[1], 1, 'NX', 'PX', 60000) and 1 or 0"
 LUA_MOVE = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('SET', KEYS[1], ARGV[2]) return 1"
 SCRIPTS = {"reserve": LUA_RESERVE, "move": LUA_MOVE, "nonce": LUA_NONCE}
 DIRECTORY_METHODS = ("Reserve", "Publish", "Release", "Nonce")
+ENGINE_PROMPT_TOKENS = 16
+"""Variant e's prompt: bench/handoff.py's default (issue 21's short prompt)."""
 
 
 _BLOCK = bytes(16384)
@@ -96,14 +99,13 @@ class Node:
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
-                    nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "",
-                    prompt_tokens: int = 16) -> dict:
+                    nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "") -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
         self._merged = merged
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):
             self._iterations[name] = _calibrate(ms) if ms > 0 else 0
         if engine and self.role in ("prefill", "decode"):
-            self._engine = _EnginePrompt(engine, prompt_tokens)
+            self._engine = _EnginePrompt(engine)
         prefix = "sync" if sync and self.role == "directory" else "dir"
         handlers = {
             "router": {"Generate": grpc.unary_stream_rpc_method_handler(self.router_generate)},
@@ -299,23 +301,22 @@ class Node:
 class _EnginePrompt:
     """The compute as pdserve's own engine does it (variant e): a fresh random prompt's
     prefill and token 0 on the preset model, as the cluster's workers run it (float32,
-    one torch thread); its blocks freed at once. The kernels release the GIL, the Python
-    between them holds it, as in a worker while its event loop serves the hand-off."""
+    one torch thread); its blocks freed at once. The exact kernels release the GIL
+    (services/kernels/exact.cpp), the Python between them holds it, as in a worker while
+    its event loop serves the hand-off."""
 
-    def __init__(self, preset: str, prompt_tokens: int):
-        import random
-
-        from services.engine.config import EngineConfig
+    def __init__(self, preset: str):
+        from services.engine.config import EngineConfig  # torch: only where variant e runs
         from services.engine.engine import Engine
         self.engine = Engine.from_preset(preset, cfg=EngineConfig(torch_threads=1, dtype="float32"))
-        self.rng, self.tokens = random.Random(0), prompt_tokens
+        self.rng = random.Random(0)
         for _ in range(3):  # warm: the first forwards allocate
             self.prefill()
 
     def prefill(self) -> int:
         vocab = self.engine.model_cfg.vocab_size
-        seq = self.engine.add_request("floor", [self.rng.randrange(3, vocab) for _ in range(self.tokens)], 2,
-                                      reuse_prefix=False)
+        seq = self.engine.add_request("floor", [self.rng.randrange(3, vocab) for _ in range(ENGINE_PROMPT_TOKENS)],
+                                      2, reuse_prefix=False)
         try:
             return self.engine.prefill(seq)
         finally:
