@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from router.release import controller as release_controller
 from router.release import rollback as steps
 from router.release.controller import ReleaseConflict, ReleaseController
 from router.release.probes import RollbackBlocked
@@ -58,17 +59,23 @@ def test_a_failure_at_any_step_is_resumed_from_that_step_by_another_router(faili
         raise RollbackBlocked(f"injected at {failing.name}")
 
     monkeypatch.setitem(steps.STEPS, failing, fails_once)
+    # The lease is judged on the routers' wall clock; this one jumps past it when the test
+    # says so, not when a loaded machine happens to take 50 ms between two calls.
+    skipped_ms = [0]
+    wall_ms = release_controller.now_ms
+    monkeypatch.setattr(release_controller, "now_ms", lambda: wall_ms() + skipped_ms[0])
+    lease = {"rollback_lease_s": 30.0}
 
     async def go():
-        first = controller(fake, "router-a")
+        first = controller(fake, "router-a", **lease)
         await first.refresh()
         with pytest.raises(RollbackBlocked, match="injected"):
             await first.rollback("drill", "operator")
         stopped = first.record
-        second = controller(fake, "router-b")
+        second = controller(fake, "router-b", **lease)
         await second.refresh()  # follows the record: stops routes at once, leaves the run to router-a
         assert second.orch.view.colocated_only and second.runner is None
-        await asyncio.sleep(0.1)  # router-a's lease lapses
+        skipped_ms[0] += 31_000  # router-a's lease lapses
         await second.refresh()
         await second.runner
         return stopped, second.record
