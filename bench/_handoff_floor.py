@@ -102,10 +102,11 @@ class Node:
                     nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "") -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
         self._merged = merged
-        for name, ms in (("prompt", compute_ms), ("step", step_ms)):
-            self._iterations[name] = _calibrate(ms) if ms > 0 else 0
         if engine and self.role in ("prefill", "decode"):
             self._engine = _EnginePrompt(engine)
+        for name, ms in (("prompt", compute_ms), ("step", step_ms)):  # the engine computes prompts itself
+            busy = ms > 0 and not (name == "prompt" and self._engine is not None)
+            self._iterations[name] = _calibrate(ms) if busy else 0
         prefix = "sync" if sync and self.role == "directory" else "dir"
         handlers = {
             "router": {"Generate": grpc.unary_stream_rpc_method_handler(self.router_generate)},
