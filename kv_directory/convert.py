@@ -143,7 +143,7 @@ def txn_response(outcome: Outcome, txn: Transaction | None, request_id: str,
     )
 
 
-def fence(t: Transaction, request_id: str, generation: int, worker_id: str, worker_epoch: int,
+def fence(s: TransferSpec, request_id: str, generation: int, worker_id: str, worker_epoch: int,
           destination_only: bool = False) -> Outcome | None:
     """Check a transition request against the transaction's immutable identity.
 
@@ -157,7 +157,6 @@ def fence(t: Transaction, request_id: str, generation: int, worker_id: str, work
       a caller that is neither end (the router, an operator) is not fenced
     * ``generation`` is not the transaction's -> STALE_GENERATION
     """
-    s = t.spec
     if request_id != s.request_id or (destination_only and worker_id != s.dest.worker_id):
         return Outcome.CHECKSUM_CONFLICT
     if any(worker_id == end.worker_id and worker_epoch != end.epoch for end in (s.source, s.dest)):

@@ -1,63 +1,80 @@
-"""The destinations of the transfers this directory replica recorded, kept for the nonce check.
+"""A transfer's identity as this directory replica reserved it, and the destination a
+signed capability names: what the hand-off's calls are checked against without reading
+the transaction's record from Redis again.
 
-A destination consumes its capability's nonce (ConsumeNonce) under mutual TLS, and only the
-destination the transfer's record names may: its name was read from Redis on every call,
-one more round trip on the hand-off's critical path before the nonce itself. The record's
-destination never changes once reserved, so the replica that recorded the transfer keeps it
-from the Reserve it answered and the nonce check reads no record; another replica (the
-router's and the decode's calls may reach different ones) still reads it.
+Every transition (Begin, Publish, Abort, Release) and the nonce check (ConsumeNonce)
+checks its caller and fences its request against the transaction's identity: the ends,
+their epochs, the request id and the generation (``TransferSpec``). That identity never
+changes once reserved, so the replica that answered the Reserve keeps it
+(`KnownTransfers`) and checks those calls without the record's read: one Redis round
+trip fewer on each, the destination's Publish on the hand-off's critical path among them.
+What does change — the state, the source's declaration — is judged where it always was,
+inside the store's one atomic script; a call that needs it before (a Publish with no
+sealed declaration, a refusal that reports the state) reads the record as before.
+Another replica (the router's and the decode's calls may reach different ones) reads it.
 
-A kept name cannot outlive its record: a record lives at least the directory's record
+A kept identity cannot outlive its record: a record lives at least the directory's record
 retention (kept that long once its transaction ended), and an entry lasts half of it
 (`lifetime_s`; a retention of 0 keeps nothing), so no other transfer can have taken its id
-meanwhile.
-An entry leaves at its nonce check (one capability, one check per transfer) or, past
+meanwhile. An entry leaves once the transaction ended (released or aborted here) or, past
 `limit` entries, oldest first. Used on the event loop's thread only.
 
-A directory that holds the capability public keys (PD_CAPABILITY_PUBLIC_KEYS) needs neither:
-the destination sends the router-signed capability with its nonce, and the destination it
-names is the one (`signed_destination`). Every replica can then check a nonce the moment a
-destination asks, before the router's Reserve of the transfer landed anywhere: no asking
-again, no read. A capability under a key it has not loaded (a rotation under way) falls
-back to the record.
+A directory that holds the capability public keys (PD_CAPABILITY_PUBLIC_KEYS) needs no
+record for the nonce check at all: the destination sends the router-signed capability with
+its nonce, and the destination it names is the one (`signed_destination`). Every replica
+can then check a nonce the moment a destination asks, before the router's Reserve of the
+transfer landed anywhere: no asking again, no read. A capability under a key it has not
+loaded (a rotation under way) falls back to the identity kept or the record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 
 from kv_directory.access import Denied
 from pdserve_client.rpc.pd.v1 import directory_pb2
+from services.directory.records import TransferSpec
 from services.security.capability import CapabilityDenied, Verifier, nonce_key
 
-MAX_KEPT = 65536
+MAX_KEPT = 16384
+"""Identities kept at most (a few hundred bytes each): transfers in flight at once, per replica."""
 
 
-class KnownDestinations:
-    """transfer id -> destination worker id, for `lifetime_s` at most; see the module docstring."""
+class KnownTransfers:
+    """transfer id -> its identity as reserved here, for `lifetime_s` at most; see the module docstring."""
 
     def __init__(self, lifetime_s: float, limit: int = MAX_KEPT):
         self.lifetime_s, self.limit = lifetime_s, limit
-        self._kept: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[TransferSpec, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def remember(self, transfer_id: str, destination: str) -> None:
+    def remember(self, spec: TransferSpec) -> None:
+        """Keep `spec` (without its manifest: not part of the identity, and the largest part)."""
         if self.lifetime_s <= 0 or self.limit <= 0:
             return
-        self._kept[transfer_id] = (destination, time.monotonic() + self.lifetime_s)
-        self._kept.move_to_end(transfer_id)
+        tid = spec.transfer_id
+        self._kept[tid] = (dataclasses.replace(spec, manifest_blob=""), time.monotonic() + self.lifetime_s)
+        self._kept.move_to_end(tid)
         while len(self._kept) > self.limit:
             self._kept.popitem(last=False)
 
-    def take(self, transfer_id: str) -> str | None:
-        """The kept destination of `transfer_id` (None: not kept, or kept too long), forgotten."""
-        entry = self._kept.pop(transfer_id, None)
-        if entry is None or entry[1] < time.monotonic():
+    def get(self, transfer_id: str) -> TransferSpec | None:
+        """The kept identity of `transfer_id` (None: not kept, or kept too long, then forgotten)."""
+        entry = self._kept.get(transfer_id)
+        if entry is None:
+            return None
+        if entry[1] < time.monotonic():
+            del self._kept[transfer_id]
             return None
         return entry[0]
+
+    def forget(self, transfer_id: str) -> None:
+        """Its transaction ended: nothing will ask again (a late call reads the record)."""
+        self._kept.pop(transfer_id, None)
 
 
 def signed_destination(verifier: Verifier, request: directory_pb2.ConsumeNonceRequest, now_ms: int) -> str | None:

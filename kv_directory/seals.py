@@ -10,6 +10,11 @@ opened, the Publish is CHECKSUM_CONFLICT and nothing moves.
 
 Keys never change within an epoch, so they are cached here by (worker, epoch): the
 first Publish from a source's epoch pays one Redis read, later ones none.
+
+The seal is over the transaction's identity, which never changes once reserved: a replica
+that kept it (kv_directory/destinations.py) opens the seal without the record (`opens`),
+and only a seal that does not open there is judged against the record (`why_not`), where
+a transaction already past its declaration is not judged at all.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from kv_directory.store import DirectoryStore
-from services.directory.records import Transaction
+from services.directory.records import Transaction, TransferSpec
 from services.security import seal
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,14 @@ class SealJudge:
                 self._keys.clear()
             self._keys[(worker_id, epoch)] = key
         return key
+
+    def opens(self, spec: TransferSpec, sealed: bytes, held: str) -> bool:
+        """Whether `sealed` is the source's seal over `held` for the transfer `spec` names.
+        Quiet (no metric, no log): False means "judge it on the record" (`why_not`)."""
+        src = spec.source
+        key = self._key(src.worker_id, src.epoch)
+        return key is not None and seal.opens(key, sealed, spec.transfer_id, spec.generation, src.worker_id,
+                                              src.epoch, held)
 
     def why_not(self, txn: Transaction, sealed: bytes, held: str) -> str:
         """'' when `sealed` is the source's seal over `held` (the destination's evidence)

@@ -11,8 +11,10 @@ Errors:
 * a rejected transition is *not* an error: it is ``TxnResponse.outcome``.
 
 Transitions carry the caller's identity (request id, generation, worker, epoch):
-the servicer reads the transaction first and applies ``convert.fence`` (race-free:
-those fields never change after reserve). A relayed seal is opened by ``seals.py``.
+the servicer checks them against the transaction's identity with ``convert.fence``
+(race-free: those fields never change after reserve), as this replica kept it from its
+Reserve (``destinations.py``), else as it reads it from the record. A relayed seal is
+opened by ``seals.py``.
 
 Liveness without traffic: ``reaper.py`` calls ``store.reap_expired()`` every
 ``lease_ttl_s / 3`` (a dead worker leaves the snapshot, its unpublished transactions
@@ -34,7 +36,6 @@ from kv_directory.access import WORKER_ROLE_OF_CERT, Denied, as_worker
 from kv_directory.access import rpc as _rpc
 from kv_directory.config import DirectoryConfig
 from kv_directory.convert import (
-    fence,
     initial_load,
     role_matches,
     spec_from_manifest,
@@ -42,12 +43,13 @@ from kv_directory.convert import (
     txn_to_pb,
     worker_info_from_pb,
 )
-from kv_directory.destinations import KnownDestinations, signed_destination
+from kv_directory.destinations import KnownTransfers, signed_destination
 from kv_directory.reaper import reap_forever
 from kv_directory.seals import SealJudge
 from kv_directory.store import DirectoryStore
+from kv_directory.transitions import ENDED, Asked, Op, Step, decide
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
-from services.directory.records import Transaction, TxnResult, chunk_list_digest, kv_part
+from services.directory.records import Transaction, TransferSpec, TxnResult, chunk_list_digest, kv_part
 from services.directory.states import Outcome
 from services.directory.wire import (
     OUTCOME_FROM_PB,
@@ -93,7 +95,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         self._reaper: asyncio.Task | None = None
         self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
         self._abis: dict[tuple[str, int], str] = {}  # (worker id, epoch) -> its registered cache ABI
-        self._destinations = KnownDestinations(config.record_retention_s / 2)  # for ConsumeNonce
+        self._known = KnownTransfers(config.record_retention_s / 2)  # identities reserved here (destinations.py)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the pool."""
@@ -182,8 +184,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         spec = spec_from_manifest(request.manifest)
         await self._check_abi(request.manifest.cache_abi_digest, spec)
         result = await self._run(self._store.reserve, spec)
-        if result.outcome is Outcome.APPLIED and self._secure:
-            self._destinations.remember(spec.transfer_id, spec.dest.worker_id)
+        if result.outcome is Outcome.APPLIED:
+            self._known.remember(spec)
         return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
                             result.request_generation)
 
@@ -203,47 +205,32 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
                 raise BadRequest(f"manifest cache ABI {abi[:16]} is not the one worker {end[0]} "
                                  f"registered ({registered[:16]})")
 
-    async def _transition(self, context, request_id: str, transfer_id: str, generation: int, worker_id: str,
-                          worker_epoch: int, op: Callable[[Transaction], Callable[[], TxnResult]], *,
-                          ends: tuple[str, ...], router: bool = False,
+    async def _transition(self, context, asked: Asked, op: Op, *, ends: tuple[str, ...], router: bool = False,
                           destination_only: bool = False) -> directory_pb2.TxnResponse:
         """Validate, check the caller may move this transaction (one of `ends` of it, by
-        certificate, or the router when `router`), let ``op`` check the request against
-        the stored transaction and name its store call, fence against the stored
-        identity, then run that call on the store: read and call in one pool job."""
-        require(request_id, "request_id")
-        require(transfer_id, "transfer_id")
-        require(generation, "generation")
-        require(worker_id, "worker_id")
+        certificate, or the router when `router`), then the rest in one pool job
+        (kv_directory/transitions.py): ``op`` checks the request and names its store call,
+        the fence, the call."""
+        for name in ("request_id", "transfer_id", "generation", "worker_id"):
+            require(getattr(asked, name), name)
         who = caller(context) if self._secure else None
         if self._secure and not (router and who is not None and who.role == "router"):
-            as_worker(context, self._secure, worker_id)
+            as_worker(context, self._secure, asked.worker_id)
+        response = await self._run(decide, self._store, self._known.get(asked.transfer_id), asked, op, who, ends,
+                                   destination_only)
+        if response.state in ENDED:
+            self._known.forget(asked.transfer_id)
+        return response
 
-        def run() -> directory_pb2.TxnResponse:
-            txn = self._store.lookup(transfer_id)
-            if txn is None:
-                return txn_response(Outcome.NOT_FOUND, None, request_id, transfer_id)
-            if self._secure and who is not None and who.role != "router":
-                allowed = {"source": txn.spec.source.worker_id, "destination": txn.spec.dest.worker_id}
-                if who.name not in (allowed[e] for e in ends):
-                    raise Denied(f"{who} is not the {' or '.join(ends)} of transfer {transfer_id}")
-            call = op(txn)  # after the caller checks: an outsider learns nothing from the request's content
-            rejected = fence(txn, request_id, generation, worker_id, worker_epoch, destination_only)
-            if rejected is not None:
-                return txn_response(rejected, txn, request_id, transfer_id)
-            result = call()
-            return txn_response(result.outcome, result.txn, request_id, transfer_id)
-        return await self._run(run)
-
-    def _simple(self, context, r, op: Callable[[Transaction], Callable[[], TxnResult]], **kw: Any):
-        return self._transition(context, r.request_id, r.transfer_id, r.generation, r.worker_id, r.worker_epoch,
-                                op, **kw)
+    def _simple(self, context, r, op: Op, **kw: Any):
+        return self._transition(context, Asked(r.request_id, r.transfer_id, r.generation, r.worker_id,
+                                               r.worker_epoch), op, **kw)
 
     @_rpc
     async def Begin(self, request, context):
         """RESERVED -> TRANSFERRING, and the source's declaration once it has one: its K/V
         digest with the chunk list and each chunk's checksum (kept as one evidence string)."""
-        def begin(_txn: Transaction) -> Callable[[], TxnResult]:
+        def begin(_spec: TransferSpec, _txn: Transaction | None) -> Step:
             declared = ""
             if request.kv_digest:
                 require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
@@ -257,7 +244,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
         require(request.kv_digest, "kv_digest")
         held, chunks = evidence_of(request.kv_digest, request.chunks), chunk_list_digest(chunk_layouts(request.chunks))
-        return self._publication(await self._simple(context, request, lambda _txn: functools.partial(
+        return self._publication(await self._simple(context, request, lambda _spec, _txn: functools.partial(
             self._store.validated, request.transfer_id, held, chunks),
             ends=("destination",), destination_only=True))
 
@@ -269,19 +256,24 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         r = request
         require(r.kv_digest, "kv_digest")
 
-        def publish(txn: Transaction) -> Callable[[], TxnResult]:
+        def publish(spec: TransferSpec, txn: Transaction | None) -> Step | None:
             if r.chunks or r.source_seal:
                 held = evidence_of(r.kv_digest, r.chunks)
-                if r.source_seal and self._seals.why_not(txn, r.source_seal, held):
-                    return lambda: TxnResult(Outcome.CHECKSUM_CONFLICT, txn)
+                if r.source_seal:  # opened on the identity; a seal that does not open, judged on the record
+                    if txn is None and not self._seals.opens(spec, r.source_seal, held):
+                        return None
+                    if txn is not None and self._seals.why_not(txn, r.source_seal, held):
+                        return lambda: TxnResult(Outcome.CHECKSUM_CONFLICT, txn)
                 return functools.partial(self._store.validate_publish, r.transfer_id, r.generation, held,
                                          chunk_list_digest(chunk_layouts(r.chunks)), bool(r.source_seal))
+            if txn is None:
+                return None
             # The stored declaration (digest + checksums) never changes once made: repeat it
             # when the destination's digest is its K/V part.
             held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
             return functools.partial(self._store.publish, r.transfer_id, r.generation, held)
         return self._publication(await self._transition(
-            context, r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch,
+            context, Asked(r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch),
             publish, ends=("destination",), destination_only=True))
 
     def _publication(self, response: directory_pb2.TxnResponse) -> directory_pb2.TxnResponse:
@@ -293,15 +285,15 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def Abort(self, request, context):
         """Any unpublished state -> ABORTED (idempotent); logged with the caller."""
         log.info("abort of %s by %s: %s", request.transfer_id, caller_name(context), request.reason or "no reason")
-        return await self._simple(context, request, lambda _txn: functools.partial(
+        return await self._simple(context, request, lambda _spec, _txn: functools.partial(
             self._store.abort, request.transfer_id, request.reason or "aborted"), ends=("source", "destination"),
             router=True)
 
     @_rpc
     async def Release(self, request, context):
         """PUBLISHED -> RELEASED."""
-        return await self._simple(context, request, lambda _txn: functools.partial(self._store.release,
-                                                                                   request.transfer_id),
+        return await self._simple(context, request, lambda _spec, _txn: functools.partial(self._store.release,
+                                                                                         request.transfer_id),
                                   ends=("source", "destination"))
 
     @_rpc
@@ -345,14 +337,15 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def ConsumeNonce(self, request, context):
         """True the first time a nonce is seen (kept until the capability expires, plus skew
         margin). Secure: by the transfer's destination only, as its capability names it
-        (with the keys), else its record (kept from this replica's Reserve, else read in the
-        same store job as the nonce's; kv_directory/destinations.py)."""
+        (with the keys), else its identity (kept from this replica's Reserve, else read from
+        the record in the same store job as the nonce's; kv_directory/destinations.py)."""
         require(request.nonce, "nonce")
         require(request.expires_unix_ms, "expires_unix_ms")
         tid, who = request.transfer_id, caller(context) if self._secure else None
         if self._secure:
             require(tid, "transfer_id")
-        kept = self._destinations.take(tid) if self._secure else None
+        known = self._known.get(tid) if self._secure else None
+        kept = known.dest.worker_id if known is not None else None
         if self._secure and request.capability and self._verifier is not None:
             kept = signed_destination(self._verifier, request, int(time.time() * 1000)) or kept
         ahead_s = request.expires_unix_ms / 1000 - time.time()

@@ -197,7 +197,7 @@ def test_txn_response_round_trip():
 ])
 def test_fence(call, want):
     args = dict(request_id="r1", generation=1, worker_id="d0", worker_epoch=1) | call
-    assert fence(stored(), **args) == want
+    assert fence(stored().spec, **args) == want
 
 
 # ---- the store keeps what the wire needs (memory twin; Redis in integration) --

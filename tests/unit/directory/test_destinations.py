@@ -1,6 +1,7 @@
-"""kv_directory/destinations.py, and the nonce check that uses it: the replica that recorded a
-transfer checks its destination's ConsumeNonce without reading the record again; anyone else
-is still refused, and a replica that did not record it reads the record as before."""
+"""kv_directory/destinations.py, and the checks that use it: the replica that recorded a
+transfer checks its destination's ConsumeNonce, and fences its transitions, without reading
+the record again; anyone else is still refused, and a replica that did not record it reads
+the record as before."""
 
 from __future__ import annotations
 
@@ -13,43 +14,54 @@ import pytest
 
 from kv_directory import destinations
 from kv_directory.config import DirectoryConfig
-from kv_directory.destinations import KnownDestinations
+from kv_directory.destinations import KnownTransfers
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.server import DirectoryServicer
-from pdserve_client.rpc.pd.v1 import directory_pb2
+from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
+from services.directory.records import TransferSpec, WorkerRef
 from tests.support.directory.grpc_process import manifest
 from tests.support.directory.harness import register
 
 
-def test_a_destination_is_taken_once():
-    kept = KnownDestinations(60.0)
-    kept.remember("t1", "decode-0")
+def _spec(tid: str = "t1", dest: str = "decode-0") -> TransferSpec:
+    return TransferSpec(tid, "r1", "t", 1, WorkerRef("prefill-0", 1), WorkerRef(dest, 1), "m", "c",
+                        manifest_blob="x" * 4096)
+
+
+def test_an_identity_is_kept_without_its_manifest_until_forgotten():
+    kept = KnownTransfers(60.0)
+    kept.remember(_spec())
     assert len(kept) == 1
-    assert kept.take("t1") == "decode-0"
-    assert kept.take("t1") is None and len(kept) == 0
+    got = kept.get("t1")
+    assert got == _spec() and got.manifest_blob == ""  # the identity; the manifest is not part of it
+    assert kept.get("t1") == got  # asked again (the nonce, then the Publish, then the Release)
+    kept.forget("t1")
+    assert kept.get("t1") is None and len(kept) == 0
 
 
 def test_nothing_is_kept_without_a_lifetime():
-    kept = KnownDestinations(0.0)
-    kept.remember("t1", "decode-0")
-    assert kept.take("t1") is None and len(kept) == 0
+    kept = KnownTransfers(0.0)
+    kept.remember(_spec())
+    assert kept.get("t1") is None and len(kept) == 0
 
 
 def test_an_entry_older_than_its_lifetime_is_not_used(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(destinations.time, "monotonic", lambda: now[0])
-    kept = KnownDestinations(10.0)
-    kept.remember("t1", "decode-0")
-    now[0] += 10.5
-    assert kept.take("t1") is None
+    kept = KnownTransfers(10.0)
+    kept.remember(_spec())
+    now[0] += 9.5
+    assert kept.get("t1") is not None
+    now[0] += 1.0
+    assert kept.get("t1") is None and len(kept) == 0
 
 
 def test_past_the_limit_the_oldest_go():
-    kept = KnownDestinations(60.0, limit=2)
+    kept = KnownTransfers(60.0, limit=2)
     for i in range(3):
-        kept.remember(f"t{i}", f"decode-{i}")
-    assert kept.take("t0") is None
-    assert (kept.take("t1"), kept.take("t2")) == ("decode-1", "decode-2")
+        kept.remember(_spec(f"t{i}", f"decode-{i}"))
+    assert kept.get("t0") is None
+    assert (kept.get("t1").dest.worker_id, kept.get("t2").dest.worker_id) == ("decode-1", "decode-2")
 
 
 class Aborted(Exception):
@@ -106,7 +118,7 @@ def test_the_recording_replica_checks_the_destination_without_reading_the_record
         assert (await servicer.ConsumeNonce(_nonce("t1"), Context("decode/decode-0"))).consumed
         assert store.lookups == reads  # the kept destination: no read
         replay = await servicer.ConsumeNonce(_nonce("t1"), Context("decode/decode-0"))
-        assert not replay.consumed and store.lookups == reads + 1  # taken once: now the record is read
+        assert not replay.consumed and store.lookups == reads  # a replay is refused by the nonce, unread
     asyncio.run(main())
 
 
@@ -242,3 +254,96 @@ def test_without_the_keys_a_capability_is_not_enough_the_record_names_the_destin
             manifest=manifest(src, dst, "t1", "r1", cache_abi_digest="abi-1")), Context("router/router"))
         assert (await servicer.ConsumeNonce(_signed(minted), Context("decode/decode-0"))).consumed
     asyncio.run(main())
+
+
+# ---- transitions on the kept identity: no record read, the same answers ----
+
+def _sealed():
+    """A transfer reserved by this replica, from a source that seals, to decode-0."""
+    from services.directory.records import WorkerInfo
+    from services.security.seal import Sealer
+    store, sealer = CountingStore(), Sealer()
+    p = store.register_worker(WorkerInfo("prefill-0", "prefill", "p:1", "p:2", "abi-1", seal_key=sealer.public))
+    d = register(store, "decode-0", "decode")
+    servicer = _servicer(store)
+    m = manifest((p.worker_id, p.epoch), (d.worker_id, d.epoch), "t1", "r1", cache_abi_digest="abi-1")
+    reply = asyncio.run(servicer.Reserve(directory_pb2.TxnReserveRequest(manifest=m), Context("router/router")))
+    assert reply.outcome == directory_pb2.TXN_OUTCOME_APPLIED
+    return store, servicer, sealer, p.epoch, d.epoch, m
+
+
+def _publish(sealer, src_epoch, dst_epoch, m, generation=1, kv="kv" * 16, sealed_kv=None):
+    from services.directory.wire import evidence_of
+    chunks = list(m.expected_chunks)
+    seal = sealer.seal("t1", 1, "prefill-0", src_epoch, evidence_of(sealed_kv or kv, chunks))
+    return directory_pb2.TxnPublishRequest(request_id="r1", transfer_id="t1", generation=generation,
+                                           destination_worker_id="decode-0", destination_epoch=dst_epoch,
+                                           kv_digest=kv, chunks=chunks, source_seal=seal)
+
+
+def _release(dst_epoch):
+    return directory_pb2.TxnTransitionRequest(request_id="r1", transfer_id="t1", generation=1,
+                                              worker_id="decode-0", worker_epoch=dst_epoch)
+
+
+def test_the_recording_replica_publishes_and_releases_without_reading_the_record():
+    store, servicer, sealer, src_epoch, dst_epoch, m = _sealed()
+    reads, dest = store.lookups, Context("decode/decode-0")
+
+    async def main():
+        published = await servicer.Publish(_publish(sealer, src_epoch, dst_epoch, m), dest)
+        assert (published.outcome, published.state) == (directory_pb2.TXN_OUTCOME_APPLIED,
+                                                         manifest_pb2.TXN_STATE_PUBLISHED)
+        released = await servicer.Release(_release(dst_epoch), dest)
+        assert (released.outcome, released.state) == (directory_pb2.TXN_OUTCOME_APPLIED,
+                                                      manifest_pb2.TXN_STATE_RELEASED)
+        assert store.lookups == reads  # both on the kept identity
+        again = await servicer.Release(_release(dst_epoch), dest)  # ended: forgotten, the record read
+        assert again.outcome == directory_pb2.TXN_OUTCOME_DUPLICATE and store.lookups == reads + 1
+    asyncio.run(main())
+
+
+def test_a_seal_that_does_not_open_on_the_kept_identity_is_judged_on_the_record():
+    store, servicer, sealer, src_epoch, dst_epoch, m = _sealed()
+    refused, reads = [], store.lookups
+    servicer.metrics.seal_refused = refused.append
+
+    async def main():
+        forged = _publish(sealer, src_epoch, dst_epoch, m, sealed_kv="ff" * 16)  # sealed over other K/V
+        reply = await servicer.Publish(forged, Context("decode/decode-0"))
+        assert (reply.outcome, reply.state) == (directory_pb2.TXN_OUTCOME_CHECKSUM_CONFLICT,
+                                                manifest_pb2.TXN_STATE_RESERVED)
+        assert store.lookups == reads + 1 and refused == ["not_opened"]  # judged once, counted once
+        ok = await servicer.Publish(_publish(sealer, src_epoch, dst_epoch, m), Context("decode/decode-0"))
+        assert ok.outcome == directory_pb2.TXN_OUTCOME_APPLIED  # nothing moved: the real one still publishes
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("change,outcome", [
+    (dict(generation=2), directory_pb2.TXN_OUTCOME_STALE_GENERATION),
+    (dict(dst_epoch=99), directory_pb2.TXN_OUTCOME_STALE_EPOCH),
+])
+def test_a_fenced_publish_on_the_kept_identity_reports_the_state_from_the_record(change, outcome):
+    store, servicer, sealer, src_epoch, dst_epoch, m = _sealed()
+    reads = store.lookups
+    request = _publish(sealer, src_epoch, change.get("dst_epoch", dst_epoch), m,
+                       generation=change.get("generation", 1))
+    reply = asyncio.run(servicer.Publish(request, Context("decode/decode-0")))
+    assert (reply.outcome, reply.state) == (outcome, manifest_pb2.TXN_STATE_RESERVED)
+    assert store.lookups == reads + 1
+    assert store.lookup("t1").state.name == "RESERVED"
+
+
+def test_an_outsider_is_refused_on_the_kept_identity_and_moves_nothing():
+    store, servicer, sealer, src_epoch, dst_epoch, m = _sealed()
+    reads, outsider = store.lookups, Context("decode/decode-9")
+    request = _publish(sealer, src_epoch, dst_epoch, m)
+    request.destination_worker_id = "decode-9"  # as itself: its certificate's name
+    with pytest.raises(Aborted, match="decode-9 is not the destination of transfer t1"):
+        asyncio.run(servicer.Publish(request, outsider))
+    assert outsider.code == grpc.StatusCode.PERMISSION_DENIED and store.lookups == reads
+    release = _release(dst_epoch)
+    release.worker_id = "prefill-7"
+    with pytest.raises(Aborted, match="prefill-7 is not the source or destination of transfer t1"):
+        asyncio.run(servicer.Release(release, Context("prefill/prefill-7")))
+    assert store.lookup("t1").state.name == "RESERVED"
