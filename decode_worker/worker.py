@@ -51,6 +51,12 @@ from .tracing import ReservationTrace
 
 log = logging.getLogger(__name__)
 
+INLINE_DIGEST_BYTES = 256 * 1024
+"""Up to this much received K/V, its digest is taken on the event loop when the engine is
+idle (`EngineLoop.call(inline=True)`: ~tens of µs of hashing against a loop -> engine ->
+loop round trip of thread hand-offs on the hand-off's critical path); more, on the engine
+thread, so that a long prompt's hashing never stalls the loop."""
+
 
 class DecodeWorker:
     """Reservations and streams of one decode worker."""
@@ -186,7 +192,8 @@ class DecodeWorker:
             reason = validate_commit(res, commit, self.engine.abi.digest)
             local = ""
             if not reason:
-                local = await self.loop.call(lambda e: e.kv_digest(res.seq))
+                small = sum(a.num_bytes for a in res.received.values()) <= INLINE_DIGEST_BYTES
+                local = await self.loop.call(lambda e: e.kv_digest(res.seq), inline=small)
                 self.events("digest_computed", request=res.request_id)
             if not reason and not ahead:
                 reason = self._token_error(commit.first_token)

@@ -334,3 +334,34 @@ def test_the_reply_does_not_wait_for_the_blocks_to_be_freed():
     outcome, owned, held_blocks, tokens = run(go())
     assert outcome.first_token == tokens[0] and len(tokens) == 3
     assert owned == ["f/1"] and held_blocks > 0  # returned, not yet freed: still owned
+
+
+@pytest.mark.parametrize("limit,on_loop", [(1 << 30, True), (0, False)])
+def test_a_small_transfers_digest_is_taken_on_the_event_loop_and_a_large_ones_on_the_engine_thread(
+        monkeypatch, limit, on_loop):
+    """The decode's digest of what it received: inline on the event loop when the engine is
+    idle and the K/V is small (no thread hand-off on the critical path), on the engine's
+    thread past INLINE_DIGEST_BYTES; the same digest either way (the hand-off publishes)."""
+    import threading
+
+    import decode_worker.worker as decode_module
+    monkeypatch.setattr(decode_module, "INLINE_DIGEST_BYTES", limit)
+
+    async def go():
+        async with InprocCluster() as c:
+            threads = []
+            engine = c.d.loop.engine
+            digest = engine.kv_digest
+
+            def recorded(seq, num_tokens=None):
+                threads.append(threading.get_ident())
+                return digest(seq, num_tokens)
+            monkeypatch.setattr(engine, "kv_digest", recorded)
+            tokens, _ = await c.handoff("r", PROMPT, 3)
+            reference = await c.colocated("ref", PROMPT, 3)
+            await c.assert_all_returned()
+            return tokens, reference, threads, threading.get_ident()
+
+    tokens, reference, threads, loop_thread = run(go())
+    assert tokens == reference
+    assert len(threads) == 1 and (threads[0] == loop_thread) is on_loop
