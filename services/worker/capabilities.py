@@ -200,12 +200,17 @@ class DestinationGate:
         with the keys checks the signed capability `raw` and needs no record; one without
         them reads the transfer's record, which the router makes beside its Prefill call:
         asked again while there is none (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
-        retrying = until_recorded(tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True)
-
         async def consume() -> bool:
             return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
+
+        async def until_there() -> bool:  # at once first, without the retry machinery (on the path)
+            try:
+                return await consume()
+            except TransferNotRecorded:
+                return await until_recorded(tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True)(
+                    consume)
         try:
-            fresh = await retrying(consume)
+            fresh = await until_there()
         except NonceRefused as e:
             raise CapabilityDenied(Reason.NONCE, f"the directory refused the nonce check: {e} "
                                                  f"(transfer {transfer_id!r})") from None
