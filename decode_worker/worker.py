@@ -188,12 +188,12 @@ class DecodeWorker:
         res.trace.committed(commit.trace)
         await self.pause("commit", res.request_id)
         ahead = token_follows(commit)
+        received = sum(a.num_bytes for a in res.received.values())  # every chunk is in: the commit came
         with tracing.span_in(DECODE_VALIDATE, res.trace.context) as span:
             reason = validate_commit(res, commit, self.engine.abi.digest)
             local = ""
             if not reason:
-                small = sum(a.num_bytes for a in res.received.values()) <= INLINE_DIGEST_BYTES
-                local = await self.loop.call(lambda e: e.kv_digest(res.seq), inline=small)
+                local = await self.loop.call(lambda e: e.kv_digest(res.seq), inline=received <= INLINE_DIGEST_BYTES)
                 self.events("digest_computed", request=res.request_id)
             if not reason and not ahead:
                 reason = self._token_error(commit.first_token)
@@ -212,7 +212,7 @@ class DecodeWorker:
         self._cancel_timer(res.transfer_id)
         res.kv_digest = local
         advance(res, ResState.PUBLISHED)
-        self.metrics.received(sum(a.num_bytes for a in res.received.values()))
+        self.metrics.received(received)
         self.events("published", request=res.request_id, chunks=len(res.received), token_follows=ahead)
         await self.pause("published", res.request_id)
         if ahead:  # the prefill still computes its first token: the blocks wait for it, within the TTL

@@ -63,10 +63,8 @@ class SealJudge:
     def opens(self, spec: TransferSpec, sealed: bytes, held: str) -> bool:
         """Whether `sealed` is the source's seal over `held` for the transfer `spec` names.
         Quiet (no metric, no log): False means "judge it on the record" (`why_not`)."""
-        src = spec.source
-        key = self._key(src.worker_id, src.epoch)
-        return key is not None and seal.opens(key, sealed, spec.transfer_id, spec.generation, src.worker_id,
-                                              src.epoch, held)
+        key = self._key(spec.source.worker_id, spec.source.epoch)
+        return key is not None and _opened(key, spec, sealed, held)
 
     def why_not(self, txn: Transaction, sealed: bytes, held: str) -> str:
         """'' when `sealed` is the source's seal over `held` (the destination's evidence)
@@ -81,10 +79,16 @@ class SealJudge:
         if key is None:
             self._on_refused("no_key")
             return f"source {src.worker_id} registered no seal key at epoch {src.epoch}"
-        if not seal.opens(key, sealed, txn.transfer_id, txn.generation, src.worker_id, src.epoch, held):
+        if not _opened(key, txn.spec, sealed, held):
             self._on_refused("not_opened")
             log.warning("transfer %s: the relayed seal is not %s's (epoch %d) over what the destination holds",
                         txn.transfer_id, src.worker_id, src.epoch)
             return (f"the source's seal does not open over the destination's digest and chunks "
                     f"(source {src.worker_id} epoch {src.epoch})")
         return ""
+
+
+def _opened(key: Ed25519PublicKey, spec: TransferSpec, sealed: bytes, held: str) -> bool:
+    """`sealed` opens with `key` over `held` and the transfer's identity (`spec`)."""
+    src = spec.source
+    return seal.opens(key, sealed, spec.transfer_id, spec.generation, src.worker_id, src.epoch, held)
