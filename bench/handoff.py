@@ -56,7 +56,15 @@ cost on this machine, waking one process after another; `pdserve_over_floor_ms` 
 pdserve's own work on top. Where the floor is above the target, the target is out of reach
 here at this number of hops.
 
-JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "round_trip" |
+Isolated, in the same run (`--isolated-gap-ms`, 0 to skip): as many pairs again, each
+request after a pause long enough for the previous one's tail (the decode's Release, the
+prefill's reply, span exports) to end. Back to back, that tail shares the two cores with
+the next request's path, a colocated request's being shorter and lighter; `tail_ms` (the
+back-to-back overhead minus the isolated one) is what it costs the overhead. A measure of
+where the overhead comes from, not of the target: the target's overhead is the
+back-to-back one, as a loaded server runs.
+
+JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "overhead_isolated" | "round_trip" |
 "floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
 how long token 0 waited at the router for the prefill's digest, in the traces where it did
 (`HELD_LEG`); "calls" counts
@@ -179,7 +187,7 @@ def run(args) -> None:
     rng = random.Random(args.seed)
     emit(metric="config", model=args.model, transport=args.transport, prompt_tokens=args.prompt_tokens,
          max_tokens=args.max_tokens, requests=args.requests, warmup=args.warmup, seed=args.seed,
-         secure=args.secure, traces=args.traces)
+         secure=args.secure, traces=args.traces, isolated_gap_ms=args.isolated_gap_ms)
     state = tempfile.mkdtemp(prefix="pdserve-bench-handoff-")
     if not args.secure:  # the SDK's plaintext switch (else it looks for a certificate)
         from pdserve_client import contract
@@ -188,19 +196,29 @@ def run(args) -> None:
                                        state_dir=state, insecure=not args.secure, traces=args.traces))
     ttft: dict[str, list[float]] = {m: [] for m in MODES}
     ids: dict[str, list[str]] = {m: [] for m in MODES}
+    isolated: dict[str, list[float]] = {m: [] for m in MODES}
     try:
         cluster.up()
         with cluster.client(timeout_s=60) as sdk:
+            def serve(prompt: list[int], mode: str):
+                res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
+                                        ignore_eos=True, deadline_s=60)
+                if res.route != mode or res.attempts != 1:
+                    raise RuntimeError(f"{mode}: ran {res.route} after {res.attempts} attempts")
+                return res
+
             for i in range(args.warmup + args.requests):
                 prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
                 for mode in MODES if i % 2 else MODES[::-1]:
-                    res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
-                                            ignore_eos=True, deadline_s=60)
-                    if res.route != mode or res.attempts != 1:
-                        raise RuntimeError(f"{mode}: ran {res.route} after {res.attempts} attempts")
+                    res = serve(prompt, mode)
                     if i >= args.warmup:
                         ttft[mode].append(res.ttft_ms)
                         ids[mode].append(res.request_id)
+            for i in range(args.requests if args.isolated_gap_ms > 0 else 0):
+                prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+                for mode in MODES if i % 2 else MODES[::-1]:
+                    time.sleep(args.isolated_gap_ms / 1000)  # the last request's tail ends meanwhile
+                    isolated[mode].append(serve(prompt, mode).ttft_ms)
             cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
         calls = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
                  (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
@@ -227,6 +245,13 @@ def run(args) -> None:
          overhead_paired_median_ms=round(paired, 2), ratio=round(med["disaggregated"] / med["colocated"], 3),
          target_ms=TARGET_OVERHEAD_MS, met=overhead <= TARGET_OVERHEAD_MS,
          traces=len(traces["disaggregated"]))
+    if isolated["disaggregated"]:
+        iso_med, iso_over, iso_paired = overheads(isolated)
+        emit(metric="overhead_isolated", gap_ms=args.isolated_gap_ms, requests=len(isolated["disaggregated"]),
+             colocated_ttft_median_ms=round(iso_med["colocated"], 2),
+             disaggregated_ttft_median_ms=round(iso_med["disaggregated"], 2), overhead_ms=round(iso_over, 2),
+             overhead_paired_median_ms=round(iso_paired, 2), back_to_back_overhead_ms=round(overhead, 2),
+             tail_ms=round(overhead - iso_over, 2), target_ms=TARGET_OVERHEAD_MS, met=iso_over <= TARGET_OVERHEAD_MS)
     for svc, (ms, server_cpu, client_cpu) in calls.items():
         emit(metric="round_trip", service=svc, calls=len(ms), rtt_median_ms=round(statistics.median(ms), 3),
              rtt_p90_ms=round(p90(ms), 3), server_cpu_ms_per_call=round(server_cpu, 3),
@@ -307,6 +332,10 @@ def main() -> None:
     ap.add_argument("--traces", action=argparse.BooleanOptionalAction, default=True,
                     help="tracing to a local collector (the default; the waterfall needs it); "
                          "--no-traces: what tracing costs")
+    ap.add_argument("--isolated-gap-ms", type=float, default=50.0,
+                    help="after the back-to-back pairs, as many more with this pause before each request "
+                         "(the overhead on an idle cluster: the last request's tail, its Release and span "
+                         "exports, done); 0: skip them")
     ap.add_argument("--floor-compute-ms", type=float, default=3.0,
                     help="the design floor's prompt compute (a GIL-free burst; between 1 and 6 ms its "
                          "overhead stayed within the run-to-run noise here)")
