@@ -90,6 +90,7 @@ class Node:
         self._iterations = {"prompt": 0, "step": 0}
         self._stubs: dict[str, object] = {}
         self._published: dict[int, asyncio.Future] = {}
+        self.served: collections.Counter[str] = collections.Counter()  # the decode's hand-off calls
         self._tasks: set[asyncio.Task] = set()
         self._server: grpc.aio.Server | None = None
         self._redis = None
@@ -99,9 +100,10 @@ class Node:
 
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
-                    nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "") -> dict:
+                    nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "",
+                    one: bool = False) -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
-        self._merged = merged
+        self._merged, self._one = merged, one
         if engine and self.role in ("prefill", "decode"):
             self._engine = _EnginePrompt(engine)
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):  # the engine computes prompts itself
@@ -113,7 +115,8 @@ class Node:
             "prefill": {"Prefill": grpc.stream_unary_rpc_method_handler(self.prefill)},
             "decode": {"Generate": grpc.unary_stream_rpc_method_handler(self.decode_generate),
                        "Reserve": grpc.unary_unary_rpc_method_handler(self.decode_reserve),
-                       "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream)},
+                       "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream),
+                       "Handoff": grpc.stream_stream_rpc_method_handler(self.decode_handoff)},
             "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"{prefix}_{name.lower()}"))
                           for name in DIRECTORY_METHODS},
         }[self.role]
@@ -202,13 +205,23 @@ class Node:
             return
         prefill = self._call("prefill", "Prefill", "stream_unary")()
         await prefill.write(request)  # the job: P computes meanwhile
-        await self._call("decode", "Reserve")(tid)
+        if self._one:  # the Reserve and the stream as one call: its first answer is the reservation
+            handoff = self._call("decode", "Handoff", "stream_stream")()
+            await handoff.write(tid)
+            await handoff.read()
+        else:
+            await self._call("decode", "Reserve")(tid)
         await prefill.write(tid)  # the grant
         await prefill.done_writing()
         if not self._merged:
             self._spawn(self._call("directory", "Reserve")(tid))
-        async for msg in self._call("decode", "DecodeStream", "unary_stream")(tid):
-            yield msg
+        if self._one:
+            await handoff.write(tid)  # the capability's copy: the decode reads no more
+            while (msg := await handoff.read()) is not grpc.aio.EOF:
+                yield msg
+        else:
+            async for msg in self._call("decode", "DecodeStream", "unary_stream")(tid):
+                yield msg
         await prefill
 
     # ---- prefill -------------------------------------------------------------------
@@ -229,6 +242,7 @@ class Node:
         yield TOKEN
 
     async def decode_reserve(self, tid: bytes, context) -> bytes:
+        self.served["Reserve"] += 1
         buf = bytearray(8 + self._kv_bytes)
         landed = self._ucx.post_recv(buf, 7)
         published = self._published[struct.unpack("<Q", tid)[0]] = asyncio.get_running_loop().create_future()
@@ -241,7 +255,18 @@ class Node:
         self._spawn(receive())
         return b"reserved"
 
+    async def decode_handoff(self, requests, context):
+        """Variant o: Reserve, then the DecodeStream, on one bidirectional call."""
+        self.served["Handoff"] += 1
+        it = requests.__aiter__()
+        tid = await it.__anext__()
+        yield await self.decode_reserve(tid, context)
+        await it.__anext__()  # the router's copy of the capability
+        async for msg in self.decode_stream(tid, context):
+            yield msg
+
     async def decode_stream(self, tid: bytes, context):
+        self.served["DecodeStream"] += 1
         key = struct.unpack("<Q", tid)[0]
         if self._nonce:  # the capability's nonce consumed in the directory as the stream opens
             await self._call("directory", "Nonce")(tid)
@@ -288,6 +313,9 @@ class Node:
 
     def sync_release(self, tid: bytes, context) -> bytes:
         return b"%d" % self._slua["move"](keys=[b"txn:" + tid], args=["P", "X"])
+
+    def calls(self) -> dict[str, int]:
+        return dict(self.served)
 
     async def at_exit(self) -> None:
         for task in list(self._tasks):
@@ -401,7 +429,7 @@ def _timed(n: int) -> float:
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
             tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False,
-            merged: bool = False, sync: bool = False, engine: str = "") -> dict:
+            merged: bool = False, sync: bool = False, engine: str = "", one: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -424,7 +452,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
                              redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
-                             nonce=nonce, merged=merged, sync=sync, engine=engine)
+                             nonce=nonce, merged=merged, sync=sync, engine=engine, one=one)
                 for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
@@ -459,7 +487,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
                 cpu[name] = {role: (cpu_s(pid) - before[role]) * 1000 / requests for role, pid in pids.items()}
         return {"colocated": ttft["C"], "disaggregated": ttft["D"], "cpu": cpu,
                 "iterations": info["prefill"]["iterations"], "engine": info["prefill"]["engine"],
-                "records": _records(rport, warmup + 2 * requests)}
+                "records": _records(rport, warmup + 2 * requests), "decode_calls": nodes["decode"].call("calls")}
     finally:
         for n in nodes.values():
             n.close()
@@ -477,7 +505,9 @@ def main() -> None:
     (the merge issue 21 suggests), s = the directory on grpc's thread-pool server with
     synchronous handlers calling Redis inline (no event loop, no executor hop), e = the
     compute is pdserve's engine (--engine preset, a fresh 16-token prompt each) instead of
-    the GIL-free burst. JSON lines."""
+    the GIL-free burst, o = the decode's Reserve and its DecodeStream as one bidirectional
+    call (the reservation its first answer, the router's copy of the capability its second
+    request). JSON lines."""
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",t,tp,tr,tn,tprn", help="comma-separated; '' is the bare floor")
     ap.add_argument("--rounds", type=int, default=2)
@@ -490,7 +520,7 @@ def main() -> None:
         for v in args.variants.split(","):
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
                         tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
-                        merged="m" in v, sync="s" in v, engine=args.engine if "e" in v else "")
+                        merged="m" in v, sync="s" in v, engine=args.engine if "e" in v else "", one="o" in v)
             med, overhead, paired = overheads(r)
             cpu = {m: {k: round(x, 2) for k, x in r["cpu"][m].items()} for m in r["cpu"]}
             print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare", "cpu": cpu,

@@ -13,15 +13,20 @@ from bench._handoff_floor import measure
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize("merged", [False, True], ids=["router-reserves", "decode-reserves"])
-def test_every_handoff_reserved_published_released_once(merged):
+@pytest.mark.parametrize(("merged", "one"), [(False, False), (True, False), (False, True)],
+                         ids=["router-reserves", "decode-reserves", "reserve-and-stream-one-call"])
+def test_every_handoff_reserved_published_released_once(merged, one):
     r = measure(requests=3, warmup=1, compute_ms=1.0, step_ms=0.1, kv_bytes=8192, tls=True, nonce=True,
-                merged=merged)
+                merged=merged, one=one)
     assert len(r["colocated"]) == len(r["disaggregated"]) == 3
     assert all(ms > 0 for ms in r["colocated"] + r["disaggregated"])
     # 7 disaggregated requests (the warm-up's and the CPU count's included): each one
     # record, released after its last token (never left reserved or published), one nonce each.
     assert r["records"] == {"X": 7, "nonces": 7}
+    # Variant o: each hand-off on one Handoff call (its reserve and stream steps counted
+    # too); the others on a Reserve and a DecodeStream.
+    assert r["decode_calls"] == ({"Handoff": 7, "Reserve": 7, "DecodeStream": 7} if one
+                                 else {"Reserve": 7, "DecodeStream": 7})
     assert r["cpu"]["disaggregated"]["directory"] > 0 and r["cpu"]["colocated"]["decode"] > 0
     assert r["cpu"]["disaggregated"]["prefill"] > r["cpu"]["colocated"]["prefill"]  # it computes there only
     assert r["iterations"]["prompt"] > 0
