@@ -90,7 +90,7 @@ class Node:
         self._iterations = {"prompt": 0, "step": 0}
         self._stubs: dict[str, object] = {}
         self._published: dict[int, asyncio.Future] = {}
-        self.served: collections.Counter[str] = collections.Counter()  # the decode's hand-off calls
+        self._served: collections.Counter[str] = collections.Counter()  # the decode's hand-off calls
         self._tasks: set[asyncio.Task] = set()
         self._server: grpc.aio.Server | None = None
         self._redis = None
@@ -242,7 +242,7 @@ class Node:
         yield TOKEN
 
     async def decode_reserve(self, tid: bytes, context) -> bytes:
-        self.served["Reserve"] += 1
+        self._served["Reserve"] += 1
         buf = bytearray(8 + self._kv_bytes)
         landed = self._ucx.post_recv(buf, 7)
         published = self._published[struct.unpack("<Q", tid)[0]] = asyncio.get_running_loop().create_future()
@@ -257,7 +257,7 @@ class Node:
 
     async def decode_handoff(self, requests, context):
         """Variant o: Reserve, then the DecodeStream, on one bidirectional call."""
-        self.served["Handoff"] += 1
+        self._served["Handoff"] += 1
         it = requests.__aiter__()
         tid = await it.__anext__()
         yield await self.decode_reserve(tid, context)
@@ -266,7 +266,7 @@ class Node:
             yield msg
 
     async def decode_stream(self, tid: bytes, context):
-        self.served["DecodeStream"] += 1
+        self._served["DecodeStream"] += 1
         key = struct.unpack("<Q", tid)[0]
         if self._nonce:  # the capability's nonce consumed in the directory as the stream opens
             await self._call("directory", "Nonce")(tid)
@@ -315,7 +315,7 @@ class Node:
         return b"%d" % self._slua["move"](keys=[b"txn:" + tid], args=["P", "X"])
 
     def calls(self) -> dict[str, int]:
-        return dict(self.served)
+        return dict(self._served)
 
     async def at_exit(self) -> None:
         for task in list(self._tasks):

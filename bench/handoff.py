@@ -200,25 +200,26 @@ def run(args) -> None:
     try:
         cluster.up()
         with cluster.client(timeout_s=60) as sdk:
-            def serve(prompt: list[int], mode: str):
-                res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
-                                        ignore_eos=True, deadline_s=60)
-                if res.route != mode or res.attempts != 1:
-                    raise RuntimeError(f"{mode}: ran {res.route} after {res.attempts} attempts")
-                return res
+            def pairs(n: int, gap_s: float = 0.0):
+                """n pairs, a fresh prompt each, served in both modes (which goes first
+                alternates); (pair, mode, result); `gap_s` paused before each request."""
+                for i in range(n):
+                    prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+                    for mode in MODES if i % 2 else MODES[::-1]:
+                        if gap_s:
+                            time.sleep(gap_s)  # the last request's tail ends meanwhile
+                        res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
+                                                ignore_eos=True, deadline_s=60)
+                        if res.route != mode or res.attempts != 1:
+                            raise RuntimeError(f"{mode}: ran {res.route} after {res.attempts} attempts")
+                        yield i, mode, res
 
-            for i in range(args.warmup + args.requests):
-                prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
-                for mode in MODES if i % 2 else MODES[::-1]:
-                    res = serve(prompt, mode)
-                    if i >= args.warmup:
-                        ttft[mode].append(res.ttft_ms)
-                        ids[mode].append(res.request_id)
-            for i in range(args.requests if args.isolated_gap_ms > 0 else 0):
-                prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
-                for mode in MODES if i % 2 else MODES[::-1]:
-                    time.sleep(args.isolated_gap_ms / 1000)  # the last request's tail ends meanwhile
-                    isolated[mode].append(serve(prompt, mode).ttft_ms)
+            for i, mode, res in pairs(args.warmup + args.requests):
+                if i >= args.warmup:
+                    ttft[mode].append(res.ttft_ms)
+                    ids[mode].append(res.request_id)
+            for _, mode, res in pairs(args.requests if args.isolated_gap_ms > 0 else 0, args.isolated_gap_ms / 1000):
+                isolated[mode].append(res.ttft_ms)
             cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
         calls = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
                  (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
@@ -251,7 +252,7 @@ def run(args) -> None:
              colocated_ttft_median_ms=round(iso_med["colocated"], 2),
              disaggregated_ttft_median_ms=round(iso_med["disaggregated"], 2), overhead_ms=round(iso_over, 2),
              overhead_paired_median_ms=round(iso_paired, 2), back_to_back_overhead_ms=round(overhead, 2),
-             tail_ms=round(overhead - iso_over, 2), target_ms=TARGET_OVERHEAD_MS, met=iso_over <= TARGET_OVERHEAD_MS)
+             tail_ms=round(overhead - iso_over, 2))  # a cause's measure, not the target's (see the docstring)
     for svc, (ms, server_cpu, client_cpu) in calls.items():
         emit(metric="round_trip", service=svc, calls=len(ms), rtt_median_ms=round(statistics.median(ms), 3),
              rtt_p90_ms=round(p90(ms), 3), server_cpu_ms_per_call=round(server_cpu, 3),
