@@ -64,8 +64,20 @@ back-to-back overhead minus the isolated one) is what it costs the overhead. A m
 where the overhead comes from, not of the target: the target's overhead is the
 back-to-back one, as a loaded server runs.
 
+Whose CPU the path spends, in the same run (`--sched-requests` pairs more, 0 to skip; needs
+the traces and `perf`, else a row says why): the kernel's scheduler trace over those
+requests (bench/_handoff_sched.py), each request cut at its traced steps (the `path` row's
+after the compute, and the compute and what comes before it). Per segment: the wall time,
+the CPU each process spent in it (its event loop apart from its other threads), the time the
+cluster's threads waited for a CPU while one was free (a wake-up's latency, or a thread
+queued behind the one that woke it) and while every one was busy (contention), and the
+CPUs' idle time. `path_cpu_extra` is the whole path's disaggregated minus colocated figures:
+where the cluster's extra CPU on the path and the waits behind it account for the overhead,
+the overhead is that work on these cores, and what would remove it is less of it.
+
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "overhead_isolated" | "round_trip" |
-"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "hop", ...}; "held":
+"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "path_cpu" |
+"path_cpu_extra" | "hop", ...}; "held":
 how long token 0 waited at the router for the prefill's digest, in the traces where it did
 (`HELD_LEG`); "calls" counts
 the gRPC calls each process served per traced request (mean, asked-again ones included);
@@ -177,6 +189,7 @@ def round_trips(cluster, name: str, service: str, secure: bool) -> tuple[list[fl
 
 
 def run(args) -> None:
+    from bench import _handoff_sched as sched
     from bench._handoff_floor import measure as measure_floor
     from pdserve_client import trace_view
     from pdserve_client.spans import SPANS_FILE
@@ -197,6 +210,10 @@ def run(args) -> None:
     ttft: dict[str, list[float]] = {m: [] for m in MODES}
     ids: dict[str, list[str]] = {m: [] for m in MODES}
     isolated: dict[str, list[float]] = {m: [] for m in MODES}
+    sched_ids: dict[str, list[str]] = {m: [] for m in MODES}
+    sched_why = ("skipped (--sched-requests 0)" if args.sched_requests <= 0 else
+                 "needs the traces (--no-traces)" if not args.traces else sched.unavailable())
+    recording = None
     try:
         cluster.up()
         with cluster.client(timeout_s=60) as sdk:
@@ -220,6 +237,10 @@ def run(args) -> None:
                     ids[mode].append(res.request_id)
             for _, mode, res in pairs(args.requests if args.isolated_gap_ms > 0 else 0, args.isolated_gap_ms / 1000):
                 isolated[mode].append(res.ttft_ms)
+            if sched_why == "":
+                with sched.Recording(Path(state) / "sched.data") as recording:
+                    for _, mode, res in pairs(args.sched_requests):
+                        sched_ids[mode].append(res.request_id)
             cpu = {mode: cpu_per_request(cluster, sdk, mode, args, rng, vocab) for mode in MODES}
         calls = {svc: round_trips(cluster, name, svc, args.secure) for svc, name in
                  (("directory", "directory"), ("decode", "decode-0"), ("prefill", "prefill-0"))}
@@ -229,6 +250,14 @@ def run(args) -> None:
         for mode in MODES if args.traces else ():
             found, _ = trace_view.wait_for_each(spans_file, ids[mode], wait_s=30)
             traces[mode] = [t[0] for t in found.values() if len(t) == 1]
+        path_rows = {}
+        if recording is not None:
+            timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)
+            names = {p.pid: name for name, p in cluster.procs.items()}
+            for mode in MODES:
+                found, _ = trace_view.wait_for_each(spans_file, sched_ids[mode], wait_s=30)
+                path_rows[mode] = sched.path_cpu(timeline, [t[0] for t in found.values() if len(t) == 1], mode,
+                                                 recording.offset_ns, names)
     finally:
         cluster.down()
     shutil.rmtree(state, ignore_errors=True)
@@ -310,6 +339,7 @@ def run(args) -> None:
         per_trace = rpc_counts(traces[mode])
         emit(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
              total=round(sum(per_trace.values()), 2), traces=len(traces[mode]))
+    emit_path_cpu(path_rows, sched_why, overhead, args.sched_requests)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),
@@ -317,6 +347,27 @@ def run(args) -> None:
         if key in col:
             row.update(colocated_start_ms=round(col[key][0], 2), colocated_duration_ms=round(col[key][1], 2))
         emit(**row)
+
+
+def emit_path_cpu(rows: dict[str, list[dict]], why: str, overhead: float, requests: int) -> None:
+    """The `path_cpu` rows (bench/_handoff_sched.py): each mode's path, segment by segment,
+    then the whole of it (request -> token 0) and what a disaggregated one adds; or why
+    there is none."""
+    if not rows:
+        emit(metric="path_cpu", measured=False, why=why)
+        return
+    whole = {}
+    for mode, segments in rows.items():
+        keys = ("cluster_cpu_ms", "waited_core_free_ms", "waited_cores_busy_ms", "idle_cpu_ms")
+        whole[mode] = {k: round(sum(s[k] for s in segments), 2) for k in ("wall_median_ms", *keys)}
+        for seg in segments:
+            emit(metric="path_cpu", mode=mode, **seg)
+        emit(metric="path_cpu", mode=mode, segment="request -> token 0 left the router (sum of the segments)",
+             **whole[mode], traces=min((s["traces"] for s in segments), default=0), requests=requests)
+    if len(whole) == len(MODES):
+        dis, col = whole["disaggregated"], whole["colocated"]
+        emit(metric="path_cpu_extra", **{k: round(dis[k] - col[k], 2) for k in dis}, overhead_ms=round(overhead, 2),
+             target_ms=TARGET_OVERHEAD_MS)
 
 
 def main() -> None:
@@ -340,6 +391,9 @@ def main() -> None:
     ap.add_argument("--floor-compute-ms", type=float, default=3.0,
                     help="the design floor's prompt compute (a GIL-free burst; between 1 and 6 ms its "
                          "overhead stayed within the run-to-run noise here)")
+    ap.add_argument("--sched-requests", type=int, default=20,
+                    help="after those, this many pairs more under the kernel's scheduler trace (perf sched: "
+                         "the path_cpu rows, whose CPU each segment of the path spends); 0: skip them")
     run(ap.parse_args())
 
 
