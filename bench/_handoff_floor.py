@@ -24,7 +24,9 @@ replay and revocation check), `pool` and `read` (the directory's store calls on 
 pool with a synchronous client, and a record read before each script, as
 kv_directory/server.py does), `engine` (the compute is pdserve's own engine on a preset
 model instead of the burst: its kernels release the GIL, the Python between them holds it,
-as in a worker whose event loop serves the hand-off beside it). Its overhead
+as in a worker whose event loop serves the hand-off beside it), `watch` (the router's
+record call stays open and the directory answers the publication on it; the decode's
+token 0 leaves once validated and the router sends it on at the directory's word). Its overhead
 (disaggregated - colocated median TTFT, pairs alternating as in the cluster run) is what
 the hops alone cost here, waking one process after another on shared cores. Where it is
 above the target, the target is out of reach on this machine at this design's number of
@@ -90,7 +92,9 @@ class Node:
         self._iterations = {"prompt": 0, "step": 0}
         self._stubs: dict[str, object] = {}
         self._published: dict[int, asyncio.Future] = {}
-        self._served: collections.Counter[str] = collections.Counter()  # the decode's hand-off calls
+        self._validated: dict[int, asyncio.Future] = {}  # variant w: the decode's token 0 may leave
+        self._watched: dict[bytes, asyncio.Future] = {}  # variant w: the directory's publications
+        self._served: collections.Counter[str] = collections.Counter()  # hand-off calls of the variants' shapes
         self._tasks: set[asyncio.Task] = set()
         self._server: grpc.aio.Server | None = None
         self._redis = None
@@ -101,9 +105,10 @@ class Node:
     async def serve(self, compute_ms: float = 0.0, step_ms: float = 0.0, kv_bytes: int = 4096,
                     redis_port: int = 0, tls_dir: str = "", pool: bool = False, read: bool = False,
                     nonce: bool = False, merged: bool = False, sync: bool = False, engine: str = "",
-                    one: bool = False) -> dict:
+                    one: bool = False, watch: bool = False) -> dict:
         self._kv_bytes, self._tls, self._nonce = kv_bytes, _tls_files(tls_dir, self.role), nonce or merged
-        self._merged, self._one = merged, one
+        self._merged, self._one, self._watch = merged, one, watch
+        assert not (watch and (sync or one or merged)), "variant w runs with the router's record on grpc.aio"
         if engine and self.role in ("prefill", "decode"):
             self._engine = _EnginePrompt(engine)
         for name, ms in (("prompt", compute_ms), ("step", step_ms)):  # the engine computes prompts itself
@@ -117,8 +122,9 @@ class Node:
                        "Reserve": grpc.unary_unary_rpc_method_handler(self.decode_reserve),
                        "DecodeStream": grpc.unary_stream_rpc_method_handler(self.decode_stream),
                        "Handoff": grpc.stream_stream_rpc_method_handler(self.decode_handoff)},
-            "directory": {name: grpc.unary_unary_rpc_method_handler(getattr(self, f"{prefix}_{name.lower()}"))
-                          for name in DIRECTORY_METHODS},
+            "directory": {**{name: grpc.unary_unary_rpc_method_handler(getattr(self, f"{prefix}_{name.lower()}"))
+                             for name in DIRECTORY_METHODS},
+                          "ReserveWatch": grpc.unary_stream_rpc_method_handler(self.dir_reserve_watch)},
         }[self.role]
         if self.role == "directory":
             await self._store(redis_port, sync, pool, read)
@@ -213,7 +219,10 @@ class Node:
             await self._call("decode", "Reserve")(tid)
         await prefill.write(tid)  # the grant
         await prefill.done_writing()
-        if not self._merged:
+        published = None
+        if self._watch:  # the record's call stays open and brings the publication
+            published = asyncio.ensure_future(self._publication_of(tid))
+        elif not self._merged:
             self._spawn(self._call("directory", "Reserve")(tid))
         if self._one:
             await handoff.write(tid)  # the capability's copy: the decode reads no more
@@ -221,8 +230,18 @@ class Node:
                 yield msg
         else:
             async for msg in self._call("decode", "DecodeStream", "unary_stream")(tid):
+                if published is not None:  # token 0 came validated, not yet published: wait for it
+                    await published
+                    published = None
                 yield msg
         await prefill
+
+    async def _publication_of(self, tid: bytes) -> None:
+        """Variant w: the directory's record made, then its publication, on one call."""
+        async for msg in self._call("directory", "ReserveWatch", "unary_stream")(tid):
+            if msg == b"published":
+                return
+        raise RuntimeError("the record's call ended before its publication")
 
     # ---- prefill -------------------------------------------------------------------
     async def prefill(self, requests, context) -> bytes:
@@ -245,11 +264,14 @@ class Node:
         self._served["Reserve"] += 1
         buf = bytearray(8 + self._kv_bytes)
         landed = self._ucx.post_recv(buf, 7)
-        published = self._published[struct.unpack("<Q", tid)[0]] = asyncio.get_running_loop().create_future()
+        key = struct.unpack("<Q", tid)[0]
+        published = self._published[key] = asyncio.get_running_loop().create_future()
+        validated = self._validated[key] = asyncio.get_running_loop().create_future()
 
         async def receive() -> None:
             await landed
             xxhash.xxh3_128_hexdigest(buf)
+            validated.set_result(True)
             ok = await self._call("directory", "Publish")(bytes(buf[:8]))
             published.set_result(ok)
         self._spawn(receive())
@@ -270,11 +292,15 @@ class Node:
         key = struct.unpack("<Q", tid)[0]
         if self._nonce:  # the capability's nonce consumed in the directory as the stream opens
             await self._call("directory", "Nonce")(tid)
+        if self._watch:  # token 0 once validated: the router waits for the directory's word
+            await self._validated[key]
+            yield TOKEN
         await self._published[key]
-        yield TOKEN
+        if not self._watch:
+            yield TOKEN
         await self._run("step")
         yield TOKEN
-        del self._published[key]
+        del self._published[key], self._validated[key]
         self._spawn(self._call("directory", "Release")(tid))
 
     # ---- directory -----------------------------------------------------------------
@@ -284,9 +310,24 @@ class Node:
     async def dir_publish(self, tid: bytes, context) -> bytes:
         for _ in range(100):  # the record is the router's, made beside the stream: wait for it
             if await self._lua["move"](keys=[b"txn:" + tid], args=["R", "P"]):
+                if self._watch:
+                    self._watch_of(tid).set_result(True)
                 return b"1"
             await asyncio.sleep(0.0005)
         return b"0"
+
+    def _watch_of(self, tid: bytes) -> asyncio.Future:
+        if tid not in self._watched:
+            self._watched[tid] = asyncio.get_running_loop().create_future()
+        return self._watched[tid]
+
+    async def dir_reserve_watch(self, tid: bytes, context):
+        """Variant w: the router's Reserve, its call held open until the Publish lands here."""
+        self._served["ReserveWatch"] += 1
+        yield b"%d" % await self._lua["reserve"](keys=[b"txn:" + tid])
+        await self._watch_of(tid)
+        del self._watched[tid]
+        yield b"published"
 
     async def dir_nonce(self, tid: bytes, context) -> bytes:
         if self._merged:  # the record made in the same call (one script each here; one job)
@@ -429,7 +470,8 @@ def _timed(n: int) -> float:
 
 def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_bytes: int,
             tls: bool = False, pool: bool = False, read: bool = False, nonce: bool = False,
-            merged: bool = False, sync: bool = False, engine: str = "", one: bool = False) -> dict:
+            merged: bool = False, sync: bool = False, engine: str = "", one: bool = False,
+            watch: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
@@ -452,7 +494,7 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     try:
         info = {role: n.call("serve", compute_ms=compute_ms, step_ms=step_ms, kv_bytes=kv_bytes,
                              redis_port=rport, tls_dir=tls_dir, pool=pool, read=read,
-                             nonce=nonce, merged=merged, sync=sync, engine=engine, one=one)
+                             nonce=nonce, merged=merged, sync=sync, engine=engine, one=one, watch=watch)
                 for role, n in nodes.items()}
         ports = {role: i["port"] for role, i in info.items()}
         nodes["decode"].call("connect", ports={"directory": ports["directory"]})
@@ -487,7 +529,8 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
                 cpu[name] = {role: (cpu_s(pid) - before[role]) * 1000 / requests for role, pid in pids.items()}
         return {"colocated": ttft["C"], "disaggregated": ttft["D"], "cpu": cpu,
                 "iterations": info["prefill"]["iterations"], "engine": info["prefill"]["engine"],
-                "records": _records(rport, warmup + 2 * requests), "decode_calls": nodes["decode"].call("calls")}
+                "records": _records(rport, warmup + 2 * requests), "decode_calls": nodes["decode"].call("calls"),
+                "directory_calls": nodes["directory"].call("calls")}
     finally:
         for n in nodes.values():
             n.close()
@@ -507,7 +550,10 @@ def main() -> None:
     compute is pdserve's engine (--engine preset, a fresh 16-token prompt each) instead of
     the GIL-free burst, o = the decode's Reserve and its DecodeStream as one bidirectional
     call (the reservation its first answer, the router's copy of the capability its second
-    request). JSON lines."""
+    request), w = the router's record call held open until the directory has the decode's
+    Publish, which it answers on that call, while the decode sends token 0 as soon as it
+    validated: token 0 leaves the router on the directory's word, not the decode's (one
+    hop fewer after the publication). JSON lines."""
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     ap.add_argument("--variants", default=",t,tp,tr,tn,tprn", help="comma-separated; '' is the bare floor")
     ap.add_argument("--rounds", type=int, default=2)
@@ -520,7 +566,8 @@ def main() -> None:
         for v in args.variants.split(","):
             r = measure(args.requests, 5, args.compute_ms, 0.3, args.kv_bytes,
                         tls="t" in v, pool="p" in v, read="r" in v, nonce="n" in v,
-                        merged="m" in v, sync="s" in v, engine=args.engine if "e" in v else "", one="o" in v)
+                        merged="m" in v, sync="s" in v, engine=args.engine if "e" in v else "", one="o" in v,
+                        watch="w" in v)
             med, overhead, paired = overheads(r)
             cpu = {m: {k: round(x, 2) for k, x in r["cpu"][m].items()} for m in r["cpu"]}
             print(json.dumps({"bench": "handoff_floor", "round": rnd, "variant": v or "bare", "cpu": cpu,

@@ -13,11 +13,13 @@ from bench._handoff_floor import measure
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize(("merged", "one"), [(False, False), (True, False), (False, True)],
-                         ids=["router-reserves", "decode-reserves", "reserve-and-stream-one-call"])
-def test_every_handoff_reserved_published_released_once(merged, one):
+@pytest.mark.parametrize(("merged", "one", "watch"),
+                         [(False, False, False), (True, False, False), (False, True, False), (False, False, True)],
+                         ids=["router-reserves", "decode-reserves", "reserve-and-stream-one-call",
+                              "router-watches-the-publication"])
+def test_every_handoff_reserved_published_released_once(merged, one, watch):
     r = measure(requests=3, warmup=1, compute_ms=1.0, step_ms=0.1, kv_bytes=8192, tls=True, nonce=True,
-                merged=merged, one=one)
+                merged=merged, one=one, watch=watch)
     assert len(r["colocated"]) == len(r["disaggregated"]) == 3
     assert all(ms > 0 for ms in r["colocated"] + r["disaggregated"])
     # 7 disaggregated requests (the warm-up's and the CPU count's included): each one
@@ -27,6 +29,8 @@ def test_every_handoff_reserved_published_released_once(merged, one):
     # too); the others on a Reserve and a DecodeStream.
     assert r["decode_calls"] == ({"Handoff": 7, "Reserve": 7, "DecodeStream": 7} if one
                                  else {"Reserve": 7, "DecodeStream": 7})
+    # Variant w: each record made on a call held open for its publication.
+    assert r["directory_calls"] == ({"ReserveWatch": 7} if watch else {})
     assert r["cpu"]["disaggregated"]["directory"] > 0 and r["cpu"]["colocated"]["decode"] > 0
     assert r["cpu"]["disaggregated"]["prefill"] > r["cpu"]["colocated"]["prefill"]  # it computes there only
     assert r["iterations"]["prompt"] > 0
