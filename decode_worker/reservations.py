@@ -90,6 +90,8 @@ class Reservation:
     """The chunk list (ChunkSpecs, with checksums) the seal covers, as published."""
     published: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the reservation leaves RESERVED/RECEIVING (published or aborted)."""
+    token_0_out: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a DecodeStream handed token 0 to gRPC (admission.py: what waits for it)."""
     created_s: float = field(default_factory=time.monotonic)
     sink: AsyncSink | None = None
     """The published sequence's token stream; tokens wait in it until DecodeStream reads them."""

@@ -222,6 +222,7 @@ class DecodeWorker:
                     res, "no first token within the reservation TTL after publication")))
             return Verdict(True)
         self.admission.start(res, commit.first_token)
+        await self.admission.token_0_out(res)  # the VERDICT after it: see Admission.token_0_out
         return Verdict(True)
 
     def _token_error(self, token: int) -> str:
@@ -240,6 +241,7 @@ class DecodeWorker:
         self._cancel_timer(res.transfer_id)
         res.awaiting_token = False
         self.admission.start(res, commit.first_token)
+        await self.admission.token_0_out(res)
         return Verdict(True)
 
     # ---- 4. decode stream -------------------------------------------------
@@ -271,6 +273,7 @@ class DecodeWorker:
             raise RuntimeError(f"transfer {transfer_id} aborted: {res.abort_reason}")
         async for item in self._drain(res.sink, res.seq, res):
             yield item
+            res.token_0_out.set()  # resumed: gRPC took the item (token 0 the first time)
 
     async def _drain(self, sink: AsyncSink, seq: Sequence,
                      res: Reservation | None = None) -> AsyncIterator[TokenOut | SeqDone]:
