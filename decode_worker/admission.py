@@ -89,6 +89,7 @@ class Admission:
 
     async def _import(self, res: Reservation, first_token: int, start_ns: int) -> None:
         await self.token_0_out(res)
+        res.trace.flush()  # transfer.receive, kept off token 0's way
         try:
             await self.loop.call(lambda e: self._admit(res, first_token))
         except Exception as e:  # noqa: BLE001 - the stream reports it; the blocks come back

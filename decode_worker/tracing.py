@@ -14,7 +14,8 @@ on the data plane), under which the rest happens:
     decode.release      directory RELEASED                                  (live)
 
 Spans over work already done are built from noted times (no await added); live ones
-wrap directory calls so those RPCs join the trace.
+wrap directory calls so those RPCs join the trace. transfer.receive is built once token 0
+has left (`flush`, from the admission), not on the path from the commit to publication.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from services.telemetry import tracing
 class ReservationTrace:
     """One reservation's trace context and noted times (inert while tracing is off)."""
 
-    __slots__ = ("on", "context", "ready_ns", "events", "admitted_ns")
+    __slots__ = ("on", "context", "ready_ns", "events", "admitted_ns", "_received")
 
     def __init__(self, reserve_start_ns: int):
         self.on = tracing.enabled()
@@ -36,6 +37,7 @@ class ReservationTrace:
         self.ready_ns = time.time_ns()
         self.events: list[tuple[str, int, dict]] = []
         self.admitted_ns = 0
+        self._received: tuple | None = None  # transfer.receive's end, parent and events, not built yet
         if self.on and reserve_start_ns:  # 0: made outside Reserve (tests)
             tracing.past_span(S.DECODE_RESERVE, reserve_start_ns, self.ready_ns, self.context)
 
@@ -50,16 +52,23 @@ class ReservationTrace:
             self.events.append((S.EVENT_CAPABILITY_DENIED, time.time_ns(), {S.REASON: reason}))
 
     def committed(self, headers: tuple[tuple[str, str], ...]) -> None:
-        """The commit arrived: the receive span ends; what follows is under the commit's
-        context (the reservation's own when the commit carries none)."""
+        """The commit arrived: the receive span ends (built by `flush`); what follows is
+        under the commit's context (the reservation's own when the commit carries none)."""
         if self.on:
-            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context, events=self.events)
+            self._received = (time.time_ns(), self.context, tuple(self.events))
             self.context = tracing.extract(dict(headers)) or self.context
+
+    def flush(self) -> None:
+        """Build transfer.receive, if its end was noted and it is not built yet."""
+        if self._received is not None:
+            (end_ns, parent, events), self._received = self._received, None
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, end_ns, parent, events=events)
 
     def ended(self, error: str = "") -> None:
         """Decoding finished (or the reservation ended before publication: `error`)."""
         if not self.on:
             return
+        self.flush()
         if self.admitted_ns:
             tracing.past_span(S.DECODE_GENERATE, self.admitted_ns, time.time_ns(), self.context,
                               error=error)
