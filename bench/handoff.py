@@ -94,6 +94,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -252,12 +253,18 @@ def run(args) -> None:
             traces[mode] = [t[0] for t in found.values() if len(t) == 1]
         path_rows = {}
         if recording is not None:
-            timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)
+            try:
+                timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)  # perf saw every CPU
+            except subprocess.SubprocessError as e:
+                sched_why = f"perf sched timehist failed: {e}"
+                timeline = None
             names = {p.pid: name for name, p in cluster.procs.items()}
-            for mode in MODES:
+            for mode in MODES if timeline is not None else ():
                 found, _ = trace_view.wait_for_each(spans_file, sched_ids[mode], wait_s=30)
-                path_rows[mode] = sched.path_cpu(timeline, [t[0] for t in found.values() if len(t) == 1], mode,
-                                                 recording.offset_ns, names)
+                segments = sched.path_cpu(timeline, [t[0] for t in found.values() if len(t) == 1], mode,
+                                          recording.offset_ns, names)
+                if segments:  # no trace holding every step: no row for the mode
+                    path_rows[mode] = segments
     finally:
         cluster.down()
     shutil.rmtree(state, ignore_errors=True)
@@ -354,7 +361,7 @@ def emit_path_cpu(rows: dict[str, list[dict]], why: str, overhead: float, reques
     then the whole of it (request -> token 0) and what a disaggregated one adds; or why
     there is none."""
     if not rows:
-        emit(metric="path_cpu", measured=False, why=why)
+        emit(metric="path_cpu", measured=False, why=why or "no traced request held every step")
         return
     whole = {}
     for mode, segments in rows.items():

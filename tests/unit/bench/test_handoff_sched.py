@@ -4,6 +4,7 @@ threads) and the waits for a CPU in it, split by whether one was free."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +81,30 @@ def test_each_trace_is_cut_at_its_steps_on_the_trace_clock_and_averaged():
     assert first["idle_cpu_ms"] == pytest.approx(2.0)
     assert second["cpu_ms"] == {"decode": {THREADS: 6.0}} and second["cluster_cpu_ms"] == 6.0
     assert second["idle_cpu_ms"] == pytest.approx(6.0)
+
+
+def _segment(name, wall, cpu, free, busy, idle, traces=2):
+    return {"segment": name, "wall_median_ms": wall, "cpu_ms": {}, "cluster_cpu_ms": cpu, "waited_core_free_ms": free,
+            "waited_cores_busy_ms": busy, "idle_cpu_ms": idle, "traces": traces}
+
+
+def test_the_rows_sum_each_path_and_the_extra_row_is_the_difference(capsys):
+    from bench.handoff import emit_path_cpu
+    rows = {"colocated": [_segment("a", 2.0, 3.0, 0.5, 0.5, 1.0), _segment("b", 5.0, 7.0, 1.0, 1.0, 3.0)],
+            "disaggregated": [_segment("a", 4.0, 6.0, 1.0, 2.0, 2.0), _segment("c", 10.0, 20.0, 3.0, 8.0, 0.0, 1)]}
+    emit_path_cpu(rows, "", 9.0, 20)
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    whole = [r for r in out if r.get("segment", "").startswith("request -> token 0")]
+    assert [(r["mode"], r["wall_median_ms"], r["cluster_cpu_ms"], r["traces"]) for r in whole] == [
+        ("colocated", 7.0, 10.0, 2), ("disaggregated", 14.0, 26.0, 1)]
+    extra = out[-1]
+    assert extra["metric"] == "path_cpu_extra" and extra["overhead_ms"] == 9.0
+    assert (extra["wall_median_ms"], extra["cluster_cpu_ms"], extra["waited_cores_busy_ms"], extra["idle_cpu_ms"]) == \
+        (7.0, 16.0, 8.5, -2.0)
+
+
+def test_without_rows_one_row_says_why(capsys):
+    from bench.handoff import emit_path_cpu
+    emit_path_cpu({}, "perf is not installed", 9.0, 20)
+    assert json.loads(capsys.readouterr().out) == {"bench": "handoff", "metric": "path_cpu", "measured": False,
+                                                   "why": "perf is not installed"}
