@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from bench._handoff_traces import AFTER_COMPUTE, _edge
+from bench._handoff_traces import AFTER_COMPUTE, edge
 
 START = ("request", ("router", "/pd.v1.Router/Generate", "start"))
 STEPS = {
@@ -187,7 +187,7 @@ def path_cpu(timeline: Timeline, traces, mode: str, offset_ns: int, names: Mappi
     steps = STEPS[mode]
     acc: dict[str, dict] = {}
     for trace in traces:
-        edges = [_edge(trace, *where) for _, where in steps]
+        edges = [edge(trace, *where) for _, where in steps]
         if None in edges:
             continue
         edges = [e - offset_ns for e in edges]
@@ -217,3 +217,25 @@ def path_cpu(timeline: Timeline, traces, mode: str, offset_ns: int, names: Mappi
                      "waited_core_free_ms": ms(seg["free"]), "waited_cores_busy_ms": ms(seg["busy"]),
                      "idle_cpu_ms": ms(seg["idle"]), "traces": n})
     return rows
+
+
+def rows(paths: Mapping[str, list[dict]], why: str, overhead_ms: float, requests: int, target_ms: float) -> list[dict]:
+    """bench/handoff.py's `path_cpu` rows from `path_cpu`'s segments by mode: each mode's
+    segments, then its whole path (request -> token 0: the segments summed), then
+    `path_cpu_extra` (disaggregated minus colocated) when both modes have one; or one row
+    saying why there are none."""
+    if not paths:
+        return [{"metric": "path_cpu", "measured": False, "why": why or "no traced request held every step"}]
+    out, whole = [], {}
+    keys = ("wall_median_ms", "cluster_cpu_ms", "waited_core_free_ms", "waited_cores_busy_ms", "idle_cpu_ms")
+    for mode, segments in paths.items():
+        whole[mode] = {k: round(sum(s[k] for s in segments), 2) for k in keys}
+        out += [{"metric": "path_cpu", "mode": mode, **seg} for seg in segments]
+        out.append({"metric": "path_cpu", "mode": mode,
+                    "segment": "request -> token 0 left the router (sum of the segments)", **whole[mode],
+                    "traces": min((s["traces"] for s in segments), default=0), "requests": requests})
+    if whole.keys() == STEPS.keys():
+        dis, col = whole["disaggregated"], whole["colocated"]
+        out.append({"metric": "path_cpu_extra", **{k: round(dis[k] - col[k], 2) for k in dis},
+                    "overhead_ms": round(overhead_ms, 2), "target_ms": target_ms})
+    return out

@@ -86,7 +86,7 @@ def rpc_counts(traces) -> dict[str, float]:
     return {k: counts[k] / len(traces) for k in sorted(counts)} if traces else {}
 
 
-def _edge(trace, service: str, name: str, edge: str) -> int | None:
+def edge(trace, service: str, name: str, which: str) -> int | None:
     """When a step happened in `trace` (ns): the first span `name` of `service` (its start or
     end; "last_end": the last such span's end), or an event "span@event" (its first, "at",
     or its last, "last_at")."""
@@ -95,11 +95,11 @@ def _edge(trace, service: str, name: str, edge: str) -> int | None:
                    key=lambda s: s.start_ns)
     if not spans:
         return None
-    if edge in ("at", "last_at"):
+    if which in ("at", "last_at"):
         times = [e["t_ns"] for s in spans for e in s.events
                  if e.get("name") == event and isinstance(e.get("t_ns"), int)]
-        return (min(times) if edge == "at" else max(times)) if times else None
-    return spans[-1].end_ns if edge == "last_end" else spans[0].end_ns if edge == "end" else spans[0].start_ns
+        return (min(times) if which == "at" else max(times)) if times else None
+    return spans[-1].end_ns if which == "last_end" else spans[0].end_ns if which == "end" else spans[0].start_ns
 
 
 def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
@@ -107,7 +107,7 @@ def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
     out = {}
     for leg, (a, b, _hops) in table.items():
         ms = [(tb - ta) / 1e6 for t in traces
-              if (ta := _edge(t, *a)) is not None and (tb := _edge(t, *b)) is not None]
+              if (ta := edge(t, *a)) is not None and (tb := edge(t, *b)) is not None]
         if ms:
             out[leg] = (statistics.median(ms), len(ms))
     return out

@@ -346,7 +346,8 @@ def run(args) -> None:
         per_trace = rpc_counts(traces[mode])
         emit(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
              total=round(sum(per_trace.values()), 2), traces=len(traces[mode]))
-    emit_path_cpu(path_rows, sched_why, overhead, args.sched_requests)
+    for row in sched.rows(path_rows, sched_why, overhead, args.sched_requests, TARGET_OVERHEAD_MS):
+        emit(**row)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
     for key, (offset, duration, n) in sorted(dis.items(), key=lambda kv: kv[1][0]):
         row = {"metric": "hop", "span": key, "start_ms": round(offset, 2), "duration_ms": round(duration, 2),
@@ -354,27 +355,6 @@ def run(args) -> None:
         if key in col:
             row.update(colocated_start_ms=round(col[key][0], 2), colocated_duration_ms=round(col[key][1], 2))
         emit(**row)
-
-
-def emit_path_cpu(rows: dict[str, list[dict]], why: str, overhead: float, requests: int) -> None:
-    """The `path_cpu` rows (bench/_handoff_sched.py): each mode's path, segment by segment,
-    then the whole of it (request -> token 0) and what a disaggregated one adds; or why
-    there is none."""
-    if not rows:
-        emit(metric="path_cpu", measured=False, why=why or "no traced request held every step")
-        return
-    whole = {}
-    for mode, segments in rows.items():
-        keys = ("cluster_cpu_ms", "waited_core_free_ms", "waited_cores_busy_ms", "idle_cpu_ms")
-        whole[mode] = {k: round(sum(s[k] for s in segments), 2) for k in ("wall_median_ms", *keys)}
-        for seg in segments:
-            emit(metric="path_cpu", mode=mode, **seg)
-        emit(metric="path_cpu", mode=mode, segment="request -> token 0 left the router (sum of the segments)",
-             **whole[mode], traces=min((s["traces"] for s in segments), default=0), requests=requests)
-    if len(whole) == len(MODES):
-        dis, col = whole["disaggregated"], whole["colocated"]
-        emit(metric="path_cpu_extra", **{k: round(dis[k] - col[k], 2) for k in dis}, overhead_ms=round(overhead, 2),
-             target_ms=TARGET_OVERHEAD_MS)
 
 
 def main() -> None:

@@ -59,19 +59,22 @@ class Admission:
         transfer id: a discard (Cancel with discard_kv) unregisters exactly these, even after
         the sequence ended (a block since evicted and reused under another key is left alone)."""
 
-    def start(self, res: Reservation, first_token: int) -> None:
-        """Published, first token known: stream token 0, then import and join the batch.
+    async def start(self, res: Reservation, first_token: int) -> None:
+        """Published, first token known: stream token 0, then import and join the batch;
+        returns once token 0 has left (`token_0_out`), when the caller sends the prefill
+        its VERDICT.
 
         Token 0 is in the stream's queue and the DecodeStream waiting on `res.published`
         woken at once; the engine thread's import runs as a task of its own once token 0
-        has left (`token_0_out`), so the client's first token waits neither for that hop
-        nor for its CPU (token 1 does, and comes from the batch as before). An import that
-        fails ends the stream with its error (the sequence's blocks go back)."""
+        has left too, so the client's first token waits neither for that hop nor for its
+        CPU (token 1 does, and comes from the batch as before). An import that fails ends
+        the stream with its error (the sequence's blocks go back)."""
         start_ns = time.time_ns()  # decode.admit starts with token 0 (T_exposed ends there)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
         res.sink.queue.put_nowait(TokenOut(first_token, 0))
         res.published.set()
         self._importing.spawn(self._import(res, first_token, start_ns))
+        await self.token_0_out(res)
 
     @staticmethod
     async def token_0_out(res: Reservation) -> None:

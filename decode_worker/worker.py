@@ -221,8 +221,7 @@ class DecodeWorker:
                 self.cfg.reservation_ttl_s, lambda: asyncio.ensure_future(self.abort_unpublished(
                     res, "no first token within the reservation TTL after publication")))
             return Verdict(True)
-        self.admission.start(res, commit.first_token)
-        await self.admission.token_0_out(res)  # the VERDICT after it: see Admission.token_0_out
+        await self.admission.start(res, commit.first_token)  # the VERDICT once token 0 has left
         return Verdict(True)
 
     def _token_error(self, token: int) -> str:
@@ -240,8 +239,7 @@ class DecodeWorker:
             return Verdict(False, reason)
         self._cancel_timer(res.transfer_id)
         res.awaiting_token = False
-        self.admission.start(res, commit.first_token)
-        await self.admission.token_0_out(res)
+        await self.admission.start(res, commit.first_token)
         return Verdict(True)
 
     # ---- 4. decode stream -------------------------------------------------

@@ -4,12 +4,12 @@ threads) and the waits for a CPU in it, split by whether one was free."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 
 from bench._handoff_sched import LOOP, THREADS, Run, Timeline, parse_timehist, path_cpu, segment_cpu
+from bench._handoff_sched import rows as sched_rows
 
 MS = 1_000_000
 
@@ -88,23 +88,19 @@ def _segment(name, wall, cpu, free, busy, idle, traces=2):
             "waited_cores_busy_ms": busy, "idle_cpu_ms": idle, "traces": traces}
 
 
-def test_the_rows_sum_each_path_and_the_extra_row_is_the_difference(capsys):
-    from bench.handoff import emit_path_cpu
+def test_the_rows_sum_each_path_and_the_extra_row_is_the_difference():
     rows = {"colocated": [_segment("a", 2.0, 3.0, 0.5, 0.5, 1.0), _segment("b", 5.0, 7.0, 1.0, 1.0, 3.0)],
             "disaggregated": [_segment("a", 4.0, 6.0, 1.0, 2.0, 2.0), _segment("c", 10.0, 20.0, 3.0, 8.0, 0.0, 1)]}
-    emit_path_cpu(rows, "", 9.0, 20)
-    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    out = sched_rows(rows, "", 9.0, 20, 5.0)
     whole = [r for r in out if r.get("segment", "").startswith("request -> token 0")]
     assert [(r["mode"], r["wall_median_ms"], r["cluster_cpu_ms"], r["traces"]) for r in whole] == [
         ("colocated", 7.0, 10.0, 2), ("disaggregated", 14.0, 26.0, 1)]
     extra = out[-1]
-    assert extra["metric"] == "path_cpu_extra" and extra["overhead_ms"] == 9.0
+    assert extra["metric"] == "path_cpu_extra" and extra["overhead_ms"] == 9.0 and extra["target_ms"] == 5.0
     assert (extra["wall_median_ms"], extra["cluster_cpu_ms"], extra["waited_cores_busy_ms"], extra["idle_cpu_ms"]) == \
         (7.0, 16.0, 8.5, -2.0)
 
 
-def test_without_rows_one_row_says_why(capsys):
-    from bench.handoff import emit_path_cpu
-    emit_path_cpu({}, "perf is not installed", 9.0, 20)
-    assert json.loads(capsys.readouterr().out) == {"bench": "handoff", "metric": "path_cpu", "measured": False,
-                                                   "why": "perf is not installed"}
+def test_without_rows_one_row_says_why():
+    assert sched_rows({}, "perf is not installed", 9.0, 20, 5.0) == [
+        {"metric": "path_cpu", "measured": False, "why": "perf is not installed"}]
