@@ -40,6 +40,11 @@ def test_split_in_both_directions_equals_colocated(cluster):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(40, 300))] for _ in range(16)]
     split = generate_all(cluster, prompts, max_tokens=24, ignore_eos=True, mode="disaggregated")
+    # Placement reads the load each worker last reported (a heartbeat a lease third apart):
+    # wait until both report the split requests' blocks free, so the colocated requests are
+    # placed on two idle workers rather than on a report taken mid-split.
+    assert_cluster_clean(cluster)
+    time.sleep(0.5)  # past the router's snapshot reuse (4 x PD_ROUTER_SNAPSHOT_MAX_AGE_MS)
     colo = generate_all(cluster, prompts, max_tokens=24, ignore_eos=True, mode="colocated")
     pairs = {(r.prefill_worker, r.decode_worker) for r in split}
     assert all(r.route == "disaggregated" for r in split)
