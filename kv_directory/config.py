@@ -51,8 +51,10 @@ class DirectoryConfig(ServiceSettings):
     """Socket connect/read timeout; past it the call raises DirectoryUnavailable."""
 
     redis_retries: int = env("PD_REDIS_RETRIES", 2, ge=0)
-    """Reconnect attempts per call. Safe because every script is idempotent by
-    transfer id / epoch (a retried reserve answers DUPLICATE)."""
+    """Reconnect attempts per call. Safe because every script is idempotent: the
+    transitions by transfer id and state, the registry by epoch, a reserve and a nonce
+    check by the call's attempt token (run again after a lost reply, they answer
+    APPLIED, not DUPLICATE: tests/integration/test_directory_lost_reply.py)."""
 
     redis_password: str = env("PD_REDIS_PASSWORD", "")
     """Password of the Redis master (and its replicas); '' = the URL's, if any."""

@@ -57,7 +57,8 @@ class MemoryDirectoryStore(DirectoryStore):
         self._forget_at_ms: dict[str, int] = {}  # terminal txn -> retention end
         self._requests: dict[tuple[str, str], _Request] = {}
         self._route_epoch: int | None = None  # created at the first read (_route_epoch_at)
-        self._nonces: dict[str, int] = {}
+        self._nonces: dict[str, tuple[int, str]] = {}  # nonce -> (expiry, attempt that consumed it)
+        self._reserved_by: dict[str, str] = {}  # transfer id -> attempt that reserved it
         self._release: StoredRelease | None = None
         self._pubs: dict[int, int] = {}  # route epoch -> publications under it
 
@@ -122,9 +123,10 @@ class MemoryDirectoryStore(DirectoryStore):
             n += 1
         for tid in [tid for tid, at in self._forget_at_ms.items() if at <= now]:
             del self._txns[tid], self._forget_at_ms[tid]
+            self._reserved_by.pop(tid, None)
         for key in [k for k, r in self._requests.items() if r.expires_ms <= now]:
             del self._requests[key]
-        for key in [k for k, at in self._nonces.items() if at <= now]:
+        for key in [k for k, (at, _) in self._nonces.items() if at <= now]:
             del self._nonces[key]
         return now, n
 
@@ -238,7 +240,7 @@ class MemoryDirectoryStore(DirectoryStore):
 
     # ---- TransferLedger ----------------------------------------------------
 
-    def reserve(self, spec: TransferSpec) -> TxnResult:
+    def reserve(self, spec: TransferSpec, attempt: str = "") -> TxnResult:
         """See ``TransferLedger.reserve``."""
         with self._lock:
             now, _ = self._sweep()
@@ -247,7 +249,9 @@ class MemoryDirectoryStore(DirectoryStore):
             cur = req.generation if req is not None else 0
             old = self._txns.get(spec.transfer_id)
             if old is not None:
-                return TxnResult(Outcome.DUPLICATE if old.spec == spec else Outcome.CHECKSUM_CONFLICT, old, cur)
+                again = old.spec == spec and attempt != "" and self._reserved_by.get(spec.transfer_id) == attempt
+                return TxnResult(Outcome.APPLIED if again else Outcome.DUPLICATE if old.spec == spec
+                                 else Outcome.CHECKSUM_CONFLICT, old, cur)
             if self._release is not None and self._release.head.routes_stopped:
                 return TxnResult(Outcome.ROUTES_STOPPED, None, cur)
             if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):
@@ -263,7 +267,7 @@ class MemoryDirectoryStore(DirectoryStore):
             req.generation = spec.generation  # keeps published_transfer_id, as the Redis hash does
             self._touch_request(req, now)
             t = Transaction(spec, TxnState.RESERVED, "", now, now, now + self._ms(self._cfg.txn_ttl_s))
-            self._txns[spec.transfer_id] = t
+            self._txns[spec.transfer_id], self._reserved_by[spec.transfer_id] = t, attempt
             return TxnResult(Outcome.APPLIED, t, spec.generation)
 
     def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
@@ -298,29 +302,24 @@ class MemoryDirectoryStore(DirectoryStore):
 
     def abort(self, transfer_id: str, reason: str) -> TxnResult:
         """See ``TransferLedger.abort``."""
-        with self._lock:
-            now, _ = self._sweep()
-            t = self._txns.get(transfer_id)
-            if t is None:
-                return TxnResult(Outcome.NOT_FOUND, None)
-            if t.state == TxnState.ABORTED:
-                return TxnResult(Outcome.DUPLICATE, t)
-            if not check_transition(t.state, TxnState.ABORTED):
-                return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
-            return TxnResult(Outcome.APPLIED, self._abort(t, now, reason or "aborted"))
+        return self._end(transfer_id, TxnState.ABORTED, reason or "aborted")
 
     def release(self, transfer_id: str) -> TxnResult:
         """See ``TransferLedger.release``."""
+        return self._end(transfer_id, TxnState.RELEASED, "")
+
+    def _end(self, transfer_id: str, state: TxnState, reason: str) -> TxnResult:
+        """`transfer_id` to the terminal `state` (abort and release)."""
         with self._lock:
             now, _ = self._sweep()
             t = self._txns.get(transfer_id)
             if t is None:
                 return TxnResult(Outcome.NOT_FOUND, None)
-            if t.state == TxnState.RELEASED:
+            if t.state == state:
                 return TxnResult(Outcome.DUPLICATE, t)
-            if not check_transition(t.state, TxnState.RELEASED):
+            if not check_transition(t.state, state):
                 return TxnResult(Outcome.ILLEGAL_TRANSITION, t)
-            return TxnResult(Outcome.APPLIED, self._set(t, now, TxnState.RELEASED))
+            return TxnResult(Outcome.APPLIED, self._set(t, now, state, reason))
 
     def lookup(self, transfer_id: str) -> Transaction | None:
         """See ``TransferLedger.lookup``."""
@@ -369,7 +368,7 @@ class MemoryDirectoryStore(DirectoryStore):
         with self._lock:
             return self._pubs.get(route_epoch, 0)
 
-    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0, attempt: str = "") -> Outcome:
         """See ``NonceLedger.consume_nonce``."""
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
@@ -378,8 +377,8 @@ class MemoryDirectoryStore(DirectoryStore):
             if route_epoch and route_epoch != self._route_epoch_at(now):
                 return Outcome.STALE_GENERATION
             if nonce in self._nonces:
-                return Outcome.DUPLICATE
-            self._nonces[nonce] = now + self._ms(ttl_s)
+                return Outcome.APPLIED if attempt and self._nonces[nonce][1] == attempt else Outcome.DUPLICATE
+            self._nonces[nonce] = (now + self._ms(ttl_s), attempt)
             return Outcome.APPLIED
 
     # ---- ReleaseLedger -------------------------------------------------------

@@ -281,13 +281,13 @@ class RedisDirectoryStore(DirectoryStore):
 
     # ---- TransferLedger ----------------------------------------------------
 
-    def reserve(self, spec: TransferSpec) -> TxnResult:
+    def reserve(self, spec: TransferSpec, attempt: str = "") -> TxnResult:
         """See ``TransferLedger.reserve``."""
         # Canonical strings: the script compares them byte-for-byte with a stored retry.
         return _txn_result(self._run(
             "reserve", spec.transfer_id, spec.request_id, spec.tenant, str(spec.generation),
             spec.source.worker_id, str(spec.source.epoch), spec.dest.worker_id, str(spec.dest.epoch),
-            spec.manifest_digest, spec.chunks_digest, str(spec.route_epoch), spec.manifest_blob,
+            spec.manifest_digest, spec.chunks_digest, str(spec.route_epoch), spec.manifest_blob, attempt,
         ))
 
     def begin(self, transfer_id: str, kv_digest: str = "") -> TxnResult:
@@ -341,11 +341,11 @@ class RedisDirectoryStore(DirectoryStore):
         """See ``RouteEpochs.publications``."""
         return int(self._run("route_epoch", "pubs", str(route_epoch))[2])
 
-    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0, attempt: str = "") -> Outcome:
         """See ``NonceLedger.consume_nonce``."""
         if not nonce or ttl_s <= 0:
             raise ValueError("nonce must be non-empty and ttl_s > 0")
-        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch, acked=True))
+        return Outcome(self._run("nonce", nonce, max(1, int(ttl_s * 1000)), route_epoch, attempt, acked=True))
 
     # ---- ReleaseLedger -------------------------------------------------------
 

@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -183,7 +184,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Create the transaction in RESERVED from the manifest."""
         spec = spec_from_manifest(request.manifest)
         await self._check_abi(request.manifest.cache_abi_digest, spec)
-        result = await self._run(self._store.reserve, spec)
+        # One token per call: the store's retry of this call after a lost reply answers
+        # APPLIED (its own reservation), while another call's reserve stays a DUPLICATE.
+        result = await self._run(self._store.reserve, spec, secrets.token_hex(8))
         if result.outcome is Outcome.APPLIED:
             self._known.remember(spec)
         return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
@@ -349,6 +352,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         if self._secure and request.capability and self._verifier is not None:
             kept = signed_destination(self._verifier, request, int(time.time() * 1000)) or kept
         ahead_s = request.expires_unix_ms / 1000 - time.time()
+        attempt = secrets.token_hex(8)  # this call's: its retry after a lost reply is not a replay
 
         def consume() -> Outcome | None:  # None: no record of the transfer yet
             if self._secure:
@@ -364,7 +368,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
                 raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
                                  f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
             return self._store.consume_nonce(request.nonce, max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S,
-                                             request.route_epoch)
+                                             request.route_epoch, attempt)
         outcome = await self._run(consume)
         if outcome is None:
             return directory_pb2.ConsumeNonceResponse(not_recorded=True)

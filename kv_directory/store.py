@@ -84,9 +84,11 @@ class TransferLedger(abc.ABC):
     """Transfer transactions (states.py draws the machine)."""
 
     @abc.abstractmethod
-    def reserve(self, spec: TransferSpec) -> TxnResult:
+    def reserve(self, spec: TransferSpec, attempt: str = "") -> TxnResult:
         """Create the transaction in RESERVED. Rejections: DUPLICATE (same id and
-        identity: idempotent, returns the stored txn), CHECKSUM_CONFLICT (same id,
+        identity: idempotent, returns the stored txn; APPLIED again when the stored one
+        was reserved under the same non-empty ``attempt``, the caller's token for one
+        call: its own run repeated after a lost reply), CHECKSUM_CONFLICT (same id,
         other identity or digest), ROUTES_STOPPED (a rollback stopped new routes),
         LEASE_LOST (an end is not live at its epoch), STALE_GENERATION (not newer
         than the request's current generation, or an old route epoch). Supersedes
@@ -192,8 +194,9 @@ class NonceLedger(abc.ABC):
     """Single-use capability nonces."""
 
     @abc.abstractmethod
-    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0) -> Outcome:
-        """APPLIED the first time within ``ttl_s``, DUPLICATE (a replay) after;
+    def consume_nonce(self, nonce: str, ttl_s: float, route_epoch: int = 0, attempt: str = "") -> Outcome:
+        """APPLIED the first time within ``ttl_s``, DUPLICATE (a replay) after, except to
+        the call that consumed it run again (the same non-empty ``attempt``: APPLIED);
         STALE_GENERATION (nothing consumed) when ``route_epoch`` is set and is not the
         current route epoch — in the same atomic step."""
 

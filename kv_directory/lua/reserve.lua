@@ -1,13 +1,16 @@
 -- reserve: arg(1..11) transfer_id, request_id, tenant, generation,
 -- source_worker_id, source_epoch, dest_worker_id, dest_epoch, manifest_digest,
 -- chunks_digest, route_epoch; arg(12) manifest_blob (opaque, stored
--- but not part of the identity). Returns {outcome, txn flat or {}, the
+-- but not part of the identity); arg(13) attempt: the caller's token for this
+-- one call ('' none), so that the same call run again (redis-py's retry after a
+-- reply lost to a timeout) answers APPLIED, not DUPLICATE. Returns {outcome, txn flat or {}, the
 -- request's current generation after the call}.
 local now = now_ms()
 sweep(now)
 local FIELDS = {'transfer_id', 'request_id', 'tenant', 'generation', 'source_worker_id',
   'source_epoch', 'dest_worker_id', 'dest_epoch', 'manifest_digest', 'chunks_digest', 'route_epoch'}
 local tid, rid, tenant, gen = arg(1), arg(2), arg(3), tonumber(arg(4))
+local attempt = arg(13) or ''
 
 local rk = tkey('req', tenant, rid)
 local cur = tonumber(redis.call('HGET', rk, 'generation') or '0')
@@ -23,6 +26,7 @@ if old then
   for i, f in ipairs(FIELDS) do
     if old[f] ~= arg(i) then return reply(OC.CHECKSUM_CONFLICT, true) end
   end
+  if attempt ~= '' and old['attempt'] == attempt then return reply(OC.APPLIED, true) end
   return reply(OC.DUPLICATE, true)
 end
 if redis.call('HGET', key('release'), 'routes_stopped') == '1' then
@@ -47,7 +51,7 @@ local k = key('txn', tid)
 for i, f in ipairs(FIELDS) do redis.call('HSET', k, f, arg(i)) end
 local deadline = now + TXN_TTL_MS
 redis.call('HSET', k, 'state', ST.RESERVED, 'abort_reason', '', 'kv_digest', '', 'created_ms', now,
-  'updated_ms', now, 'deadline_ms', deadline, 'manifest_blob', arg(12))
+  'updated_ms', now, 'deadline_ms', deadline, 'manifest_blob', arg(12), 'attempt', attempt)
 redis.call('ZADD', key('open'), deadline, tid)
 redis.call('SADD', key('wtxn', arg(5)), tid)
 redis.call('SADD', key('wtxn', arg(7)), tid)

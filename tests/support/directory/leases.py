@@ -150,6 +150,18 @@ class LeaseContract(ContractBase):
         assert store.consume_nonce("n2", 30) == Outcome.APPLIED
         harness.assert_no_leaks(store)
 
+    def test_a_nonce_check_run_again_under_its_attempt_is_not_a_replay(self, harness):
+        """The call that consumed a nonce, run again with its attempt token (the store's
+        retry after a lost reply), is told APPLIED; any other call, a DUPLICATE."""
+        store = harness.open()
+        assert store.consume_nonce("n1", 30, attempt="a1") == Outcome.APPLIED
+        assert store.consume_nonce("n1", 30, attempt="a1") == Outcome.APPLIED
+        assert store.consume_nonce("n1", 30, attempt="a2") == Outcome.DUPLICATE
+        assert store.consume_nonce("n1", 30) == Outcome.DUPLICATE
+        assert store.consume_nonce("n2", 30) == Outcome.APPLIED
+        assert store.consume_nonce("n2", 30, attempt="") == Outcome.DUPLICATE
+        harness.assert_no_leaks(store)
+
     # ---- atomicity under contention --------------------------------------
 
     def test_concurrent_attempts_leave_newest_generation_published(self, harness, ends):

@@ -230,6 +230,24 @@ class LifecycleContract(ContractBase):
         store.abort("r9/1", "cleanup")
         harness.assert_no_leaks(store)
 
+    def test_a_reserve_run_again_under_its_attempt_answers_applied(self, harness, ends):
+        """The same call run twice (the store's retry after a reply lost to a timeout) is
+        told APPLIED both times; another call with the same bytes, or none, a DUPLICATE;
+        other bytes under the same attempt a CHECKSUM_CONFLICT."""
+        store, p, d = ends
+        first = store.reserve(make_spec(p, d, tid="t1"), attempt="a1")
+        again = store.reserve(make_spec(p, d, tid="t1"), attempt="a1")
+        assert (first.outcome, again.outcome) == (Outcome.APPLIED, Outcome.APPLIED)
+        assert (again.txn.state, again.request_generation) == (TxnState.RESERVED, 1)
+        assert store.reserve(make_spec(p, d, tid="t1"), attempt="a2").outcome == Outcome.DUPLICATE
+        assert store.reserve(make_spec(p, d, tid="t1")).outcome == Outcome.DUPLICATE
+        assert store.reserve(make_spec(p, d, tid="t1", chunks=((0, 0, 1, 9),)), attempt="a1").outcome == \
+            Outcome.CHECKSUM_CONFLICT
+        assert store.reserve(make_spec(p, d, tid="t2", gen=2)).outcome == Outcome.APPLIED  # no attempt
+        assert store.reserve(make_spec(p, d, tid="t2", gen=2), attempt="").outcome == Outcome.DUPLICATE
+        store.abort("t2", "cleanup")
+        harness.assert_no_leaks(store)
+
 
     def test_generations_are_per_tenant_and_request(self, harness, ends):
         store, p, d = ends
