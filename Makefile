@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing bench-handoff trace-viewer clean down
+.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it.
@@ -94,6 +94,9 @@ bench-tracing: $(STAMP) $(NATIVE)
 
 bench-handoff: $(STAMP) $(NATIVE)
 	$(VPY) bench/handoff.py
+
+bench-directory: $(STAMP)
+	$(VPY) bench/directory.py
 
 # Optional, never part of `make test`: Arize Phoenix (an OTLP trace viewer from PyPI) in
 # its own virtual environment, UI on :6006, OTLP/gRPC on :4317; then

@@ -56,6 +56,15 @@ class DirectoryConfig(ServiceSettings):
     check by the call's attempt token (run again after a lost reply, they answer
     APPLIED, not DUPLICATE: tests/integration/test_directory_lost_reply.py)."""
 
+    store_inline_budget_s: float = env("PD_STORE_INLINE_BUDGET_S", 0.01, ge=0)
+    """The hand-off's store calls (Reserve, nonce check, transitions) are made on the
+    event loop while Redis answers them within this (a twin client that gives up past
+    it); slower, or unreachable, they go back to the thread pool for the cool-off below
+    (kv_directory/store_calls.py). 0: always on the pool."""
+
+    store_inline_cool_off_s: float = env("PD_STORE_INLINE_COOL_OFF_S", 5.0, gt=0)
+    """After an inline call that was slow or gave up, the pool takes every call this long."""
+
     redis_password: str = env("PD_REDIS_PASSWORD", "")
     """Password of the Redis master (and its replicas); '' = the URL's, if any."""
 

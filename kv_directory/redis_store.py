@@ -177,6 +177,13 @@ class RedisDirectoryStore(DirectoryStore):
             int(config.record_retention_s * 1000),
         ]
 
+    def inline_twin(self, budget_s: float) -> RedisDirectoryStore | None:
+        """See ``DirectoryStore.inline_twin``: its own client, `budget_s` socket timeouts,
+        no retries. None with replicas to wait for (a WAIT is a replica round trip)."""
+        if self._replicas:
+            return None
+        return RedisDirectoryStore(self._cfg.model_copy(update={"redis_timeout_s": budget_s, "redis_retries": 0}))
+
     def _run(self, operation: str, *args: Any, acked: bool = False) -> Any:
         """Run ``operation``'s script; with ``acked`` (and replicas to wait for) the
         answer leaves only once that many replicas hold it."""

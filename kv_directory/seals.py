@@ -39,18 +39,20 @@ class SealJudge:
     """Opens relayed seals against the keys sources registered. Thread-safe: called
     from the directory's store pool."""
 
-    def __init__(self, store: DirectoryStore, on_refused: Callable[[str], None] = lambda reason: None) -> None:
-        """`on_refused(reason)`: a seal refused, `no_key` or `not_opened` (a metric)."""
-        self._store, self._on_refused = store, on_refused
+    def __init__(self, on_refused: Callable[[str], None] = lambda reason: None) -> None:
+        """`on_refused(reason)`: a seal refused, `no_key` or `not_opened` (a metric). Each
+        call names the store a key not cached yet is read from (the servicer's, or its
+        inline twin: kv_directory/store_calls.py)."""
+        self._on_refused = on_refused
         self._keys: dict[tuple[str, int], Ed25519PublicKey] = {}
         self._lock = threading.Lock()
 
-    def _key(self, worker_id: str, epoch: int) -> Ed25519PublicKey | None:
+    def _key(self, store: DirectoryStore, worker_id: str, epoch: int) -> Ed25519PublicKey | None:
         with self._lock:
             key = self._keys.get((worker_id, epoch))
         if key is not None:
             return key
-        raw = self._store.seal_key(worker_id, epoch)
+        raw = store.seal_key(worker_id, epoch)
         if not raw:
             return None
         key = seal.public_key(raw)
@@ -60,13 +62,13 @@ class SealJudge:
             self._keys[(worker_id, epoch)] = key
         return key
 
-    def opens(self, spec: TransferSpec, sealed: bytes, held: str) -> bool:
+    def opens(self, store: DirectoryStore, spec: TransferSpec, sealed: bytes, held: str) -> bool:
         """Whether `sealed` is the source's seal over `held` for the transfer `spec` names.
         Quiet (no metric, no log): False means "judge it on the record" (`why_not`)."""
-        key = self._key(spec.source.worker_id, spec.source.epoch)
+        key = self._key(store, spec.source.worker_id, spec.source.epoch)
         return key is not None and _opened(key, spec, sealed, held)
 
-    def why_not(self, txn: Transaction, sealed: bytes, held: str) -> str:
+    def why_not(self, store: DirectoryStore, txn: Transaction, sealed: bytes, held: str) -> str:
         """'' when `sealed` is the source's seal over `held` (the destination's evidence)
         for this transaction; else why not (never the seal or the key themselves). A
         transaction past any declaration (published, released, aborted: states only move
@@ -75,7 +77,7 @@ class SealJudge:
         if not txn.state.is_unpublished:
             return ""
         src = txn.spec.source
-        key = self._key(src.worker_id, src.epoch)
+        key = self._key(store, src.worker_id, src.epoch)
         if key is None:
             self._on_refused("no_key")
             return f"source {src.worker_id} registered no seal key at epoch {src.epoch}"

@@ -24,7 +24,6 @@ abort) and drives readiness (health NOT_SERVING while Redis is unreachable).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import secrets
@@ -48,6 +47,7 @@ from kv_directory.destinations import KnownTransfers, signed_destination
 from kv_directory.reaper import reap_forever
 from kv_directory.seals import SealJudge
 from kv_directory.store import DirectoryStore
+from kv_directory.store_calls import StoreCalls
 from kv_directory.transitions import ENDED, Asked, Op, Step, decide
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
 from services.directory.records import Transaction, TransferSpec, TxnResult, chunk_list_digest, kv_part
@@ -88,19 +88,20 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     def __init__(self, store: DirectoryStore, config: DirectoryConfig, security: Security | None = None,
                  verifier: Verifier | None = None):
         self._store, self._verifier = store, verifier  # verifier: capabilities name their destination
-        self._seals = SealJudge(store, lambda reason: self.metrics.seal_refused(reason))
+        self._seals = SealJudge(lambda reason: self.metrics.seal_refused(reason))
         self._cfg = config
         self._secure = security is not None and security.secure
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
-        self._pool = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="directory-store")
         self._reaper: asyncio.Task | None = None
         self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
         self._abis: dict[tuple[str, int], str] = {}  # (worker id, epoch) -> its registered cache ABI
         self._known = KnownTransfers(config.record_retention_s / 2)  # identities reserved here (destinations.py)
+        self._calls = StoreCalls(store, STORE_THREADS, budget_s=config.store_inline_budget_s,
+                                 cool_off_s=config.store_inline_cool_off_s, on_inline=self.metrics.store_inline)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking store call on the pool."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        return await self._calls.pooled(fn, *args)
 
     # ---- lifecycle ---------------------------------------------------------
 
@@ -122,7 +123,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         """Stop the reaper, drain the pool, close the store. Call after the
         server stopped, so no RPC still needs the store."""
         await self.stop_reaper()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._calls.close()
         self._store.close()
 
     # ---- registry ----------------------------------------------------------
@@ -186,7 +187,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         await self._check_abi(request.manifest.cache_abi_digest, spec)
         # One token per call: the store's retry of this call after a lost reply answers
         # APPLIED (its own reservation), while another call's reserve stays a DUPLICATE.
-        result = await self._run(self._store.reserve, spec, secrets.token_hex(8))
+        attempt = secrets.token_hex(8)
+        result = await self._calls.handoff(lambda store: store.reserve(spec, attempt))
         if result.outcome is Outcome.APPLIED:
             self._known.remember(spec)
         return txn_response(result.outcome, result.txn, spec.request_id, spec.transfer_id,
@@ -219,8 +221,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         who = caller(context) if self._secure else None
         if self._secure and not (router and who is not None and who.role == "router"):
             as_worker(context, self._secure, asked.worker_id)
-        response = await self._run(decide, self._store, self._known.get(asked.transfer_id), asked, op, who, ends,
-                                   destination_only)
+        response = await self._calls.handoff(decide, self._known.get(asked.transfer_id), asked, op, who, ends,
+                                             destination_only)
         if response.state in ENDED:
             self._known.forget(asked.transfer_id)
         return response
@@ -233,12 +235,12 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def Begin(self, request, context):
         """RESERVED -> TRANSFERRING, and the source's declaration once it has one: its K/V
         digest with the chunk list and each chunk's checksum (kept as one evidence string)."""
-        def begin(_spec: TransferSpec, _txn: Transaction | None) -> Step:
+        def begin(store: DirectoryStore, _spec: TransferSpec, _txn: Transaction | None) -> Step:
             declared = ""
             if request.kv_digest:
                 require(request.chunks, "chunks (the source's chunk list with checksums, declared with the digest)")
                 declared = evidence_of(request.kv_digest, request.chunks)
-            return functools.partial(self._store.begin, request.transfer_id, declared)
+            return functools.partial(store.begin, request.transfer_id, declared)
         return await self._simple(context, request, begin, ends=("source",))
 
     @_rpc
@@ -247,8 +249,8 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         the chunks it received are the manifest's (else CHECKSUM_CONFLICT)."""
         require(request.kv_digest, "kv_digest")
         held, chunks = evidence_of(request.kv_digest, request.chunks), chunk_list_digest(chunk_layouts(request.chunks))
-        return self._publication(await self._simple(context, request, lambda _spec, _txn: functools.partial(
-            self._store.validated, request.transfer_id, held, chunks),
+        return self._publication(await self._simple(context, request, lambda store, _spec, _txn: functools.partial(
+            store.validated, request.transfer_id, held, chunks),
             ends=("destination",), destination_only=True))
 
     @_rpc
@@ -259,22 +261,22 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         r = request
         require(r.kv_digest, "kv_digest")
 
-        def publish(spec: TransferSpec, txn: Transaction | None) -> Step | None:
+        def publish(store: DirectoryStore, spec: TransferSpec, txn: Transaction | None) -> Step | None:
             if r.chunks or r.source_seal:
                 held = evidence_of(r.kv_digest, r.chunks)
                 if r.source_seal:  # opened on the identity; a seal that does not open, judged on the record
-                    if txn is None and not self._seals.opens(spec, r.source_seal, held):
+                    if txn is None and not self._seals.opens(store, spec, r.source_seal, held):
                         return None
-                    if txn is not None and self._seals.why_not(txn, r.source_seal, held):
+                    if txn is not None and self._seals.why_not(store, txn, r.source_seal, held):
                         return lambda: TxnResult(Outcome.CHECKSUM_CONFLICT, txn)
-                return functools.partial(self._store.validate_publish, r.transfer_id, r.generation, held,
+                return functools.partial(store.validate_publish, r.transfer_id, r.generation, held,
                                          chunk_list_digest(chunk_layouts(r.chunks)), bool(r.source_seal))
             if txn is None:
                 return None
             # The stored declaration (digest + checksums) never changes once made: repeat it
             # when the destination's digest is its K/V part.
             held = txn.kv_digest if kv_part(txn.kv_digest) == r.kv_digest else r.kv_digest
-            return functools.partial(self._store.publish, r.transfer_id, r.generation, held)
+            return functools.partial(store.publish, r.transfer_id, r.generation, held)
         return self._publication(await self._transition(
             context, Asked(r.request_id, r.transfer_id, r.generation, r.destination_worker_id, r.destination_epoch),
             publish, ends=("destination",), destination_only=True))
@@ -288,15 +290,15 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
     async def Abort(self, request, context):
         """Any unpublished state -> ABORTED (idempotent); logged with the caller."""
         log.info("abort of %s by %s: %s", request.transfer_id, caller_name(context), request.reason or "no reason")
-        return await self._simple(context, request, lambda _spec, _txn: functools.partial(
-            self._store.abort, request.transfer_id, request.reason or "aborted"), ends=("source", "destination"),
+        return await self._simple(context, request, lambda store, _spec, _txn: functools.partial(
+            store.abort, request.transfer_id, request.reason or "aborted"), ends=("source", "destination"),
             router=True)
 
     @_rpc
     async def Release(self, request, context):
         """PUBLISHED -> RELEASED."""
-        return await self._simple(context, request, lambda _spec, _txn: functools.partial(self._store.release,
-                                                                                         request.transfer_id),
+        return await self._simple(context, request, lambda store, _spec, _txn: functools.partial(
+            store.release, request.transfer_id),
                                   ends=("source", "destination"))
 
     @_rpc
@@ -354,11 +356,11 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         ahead_s = request.expires_unix_ms / 1000 - time.time()
         attempt = secrets.token_hex(8)  # this call's: its retry after a lost reply is not a replay
 
-        def consume() -> Outcome | None:  # None: no record of the transfer yet
+        def consume(store: DirectoryStore) -> Outcome | None:  # None: no record of the transfer yet
             if self._secure:
                 dest = kept
                 if dest is None:
-                    txn = self._store.lookup(tid)
+                    txn = store.lookup(tid)
                     if txn is None and who is not None:
                         return None
                     dest = txn.spec.dest.worker_id if txn is not None else None
@@ -367,9 +369,9 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
             if ahead_s > MAX_CAPABILITY_LIFETIME_S:
                 raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
                                  f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
-            return self._store.consume_nonce(request.nonce, max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S,
+            return store.consume_nonce(request.nonce, max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S,
                                              request.route_epoch, attempt)
-        outcome = await self._run(consume)
+        outcome = await self._calls.handoff(consume)
         if outcome is None:
             return directory_pb2.ConsumeNonceResponse(not_recorded=True)
         if outcome == Outcome.STALE_GENERATION:

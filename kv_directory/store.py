@@ -226,6 +226,12 @@ class DirectoryStore(WorkerRegistry, TransferLedger, RouteEpochs, NonceLedger, R
     def close(self) -> None:
         """Release backend resources (connections)."""
 
+    def inline_twin(self, budget_s: float) -> DirectoryStore | None:
+        """This store with every backend call giving up (DirectoryUnavailable) after
+        `budget_s` and never retrying, for calls made on the event loop
+        (kv_directory/store_calls.py); None: this store has none (every call pooled)."""
+        return None
+
     def __enter__(self) -> DirectoryStore:
         return self
 

@@ -223,10 +223,18 @@ class DirectoryMetrics:
         self.seal_refusals = Counter("pd_seal_refusals", "Publish calls whose relayed source seal was refused "
                                      "(no_key: the source registered none at its epoch; not_opened: not its "
                                      "seal over what the destination holds).", ["reason"], registry=r)
+        self.store_inline_calls = Counter(
+            "pd_directory_store_inline_calls", "Hand-off store calls made by the inline twin (on the event loop, or "
+            "as its probe): answered within budget, slow (kept; the pool takes the calls for the cool-off), "
+            "unavailable (made again on the pool).", ["outcome"], registry=r)
 
     def seal_refused(self, reason: str) -> None:
         """A relayed seal was refused: `no_key` or `not_opened` (kv_directory/seals.py)."""
         self.seal_refusals.labels(reason=reason).inc()
+
+    def store_inline(self, outcome: str) -> None:
+        """The inline twin made a call: `answered`, `slow` or `unavailable` (kv_directory/store_calls.py)."""
+        self.store_inline_calls.labels(outcome=outcome).inc()
 
     def publication(self, outcome_name: str) -> None:
         """A Validated or Publish call answered `outcome_name` (an Outcome's name)."""
