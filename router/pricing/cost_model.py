@@ -149,10 +149,14 @@ class CostModel:
         fd = fd.value if fd else 1.0
         ld, cap = w.load, w.capacity
         free = (ld.free_blocks if ld.total_blocks else cap.total_blocks) - extra_blocks
+        total = ld.total_blocks or cap.total_blocks
+        if total:  # the extras may give back blocks a stale report holds: never more than all
+            free = min(free, total)
         return WorkerCosts(
             w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
-            p.kv_bytes_per_block, ld.pending_prefill_tokens + extra_tokens, free, ld.active_decode_batch + extra_seqs,
+            p.kv_bytes_per_block, max(0, ld.pending_prefill_tokens + extra_tokens), free,
+            max(0, ld.active_decode_batch + extra_seqs),
             ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch,
             pre_scale=sized.scales() if sized else (),
             **({} if streams is None else

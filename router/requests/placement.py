@@ -6,7 +6,8 @@ that can hold the request's blocks; P != D. Colocated: the decode-capable
 worker with most free blocks.
 
 Heartbeats lag dispatch, so every load figure is the snapshot's plus this
-router's own dispatches that the snapshot cannot show yet (`LoadOverlay`).
+router's own dispatches that the snapshot cannot show yet, less those it shows
+that have ended since (`LoadOverlay`).
 
 Ranking, most important first (every key is a tuple; ties end on worker id,
 so placement is deterministic):
@@ -79,16 +80,32 @@ class _Dispatch:
     at_s: float
     planned: bool = False
     """Counted at plan time for a request not dispatched yet (see `add`)."""
+    sign: int = 1
+    """+1: dispatched, not in the worker's reported load yet; 0: a heartbeat shows it, kept
+    for its end; -1: ended after a heartbeat showed it, given back until a heartbeat newer
+    than its end (`after_fetch` and `at_s` then date the end)."""
+
+
+SHOWN_TTL_S = 3600.0
+"""A dispatch a heartbeat showed is kept (counting nothing) for its end at most this long:
+a bound for a handle its owner never removes, far past any request's life."""
 
 
 class LoadOverlay:
-    """What this router dispatched that the latest snapshot may not show yet.
+    """What this router dispatched that the latest snapshot may not show yet, and what
+    it shows that has ended since.
 
-    An entry stops counting when (a) its owner removes it (the attempt ended),
-    (b) a heartbeat provably newer than the dispatch shows up — the worker's
-    lease expiry changed between two snapshots whose reads both started after
-    the dispatch — (c) the worker re-registered or left, or (d) `ttl_s` passed.
-    Double counting in between is conservative: it only under-states headroom.
+    A dispatch counts until (a) its owner removes it (the attempt ended), (b) a
+    heartbeat provably newer than the dispatch shows up — the worker's lease expiry
+    changed between two snapshots whose reads both started after the dispatch — (c) the
+    worker re-registered or left, or (d) `ttl_s` passed. Double counting in between is
+    conservative: it only under-states headroom. After (b) the entry is kept, counting
+    nothing, for its end: a dispatch removed once a heartbeat showed it is given back
+    (counted negative) until a heartbeat provably newer than its end, (c), or `ttl_s`
+    after the end. Heartbeats are a lease third apart, so without that a worker whose
+    last report was taken while it held a burst looks full for seconds after the burst
+    ended, and every request goes to the others. Figures built from it are clamped to
+    what a worker can report (free blocks at most its total, counts at least 0).
     """
 
     def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
@@ -117,7 +134,10 @@ class LoadOverlay:
             if w is None or w.epoch != e.epoch:
                 del self._entries[key]  # that incarnation's state is gone
             elif prev is not None and prev[1] != w.lease_expiry_ms and e.after_fetch < prev[2]:
-                del self._entries[key]  # a heartbeat newer than the dispatch arrived
+                if e.sign > 0 and not e.planned:
+                    e.sign = 0  # a heartbeat newer than the dispatch shows it: kept for its end
+                elif e.sign != 0:
+                    del self._entries[key]  # ... or newer than its end: the report is right again
         self._marks = {w.worker_id: (w.epoch, w.lease_expiry_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
@@ -131,20 +151,24 @@ class LoadOverlay:
         return self._next_id
 
     def remove(self, handle: int | None) -> None:
-        """Stop counting a dispatch (idempotent; None is ignored)."""
-        if handle is not None:
-            self._entries.pop(handle, None)
+        """The dispatch ended: stop counting it, or, when a heartbeat showed it, give it back
+        until one shows its end (idempotent; None is ignored)."""
+        e = self._entries.pop(handle, None) if handle is not None else None
+        if e is not None and e.sign == 0:
+            self._next_id += 1
+            e.sign, e.after_fetch, e.at_s = -1, self._fetches, self._clock()
+            self._entries[self._next_id] = e
 
     def prefill_tokens(self, worker_id: str) -> int:
         """Prompt tokens dispatched to `worker_id` and not yet visible in its load."""
         self._expire()
-        return sum(e.prefill_tokens for e in self._entries.values() if e.worker_id == worker_id)
+        return sum(e.sign * e.prefill_tokens for e in self._entries.values() if e.worker_id == worker_id)
 
     def blocks(self, worker_id: str, planned: bool = True) -> int:
         """K/V blocks reserved on `worker_id` and not yet visible in its load (with
         `planned` False: dispatched ones only)."""
         self._expire()
-        return sum(e.blocks for e in self._entries.values()
+        return sum(e.sign * e.blocks for e in self._entries.values()
                    if e.worker_id == worker_id and (planned or not e.planned))
 
     def totals(self) -> dict[str, tuple[int, int, int]]:
@@ -154,15 +178,17 @@ class LoadOverlay:
         out: dict[str, tuple[int, int, int]] = {}
         for e in self._entries.values():
             t, b, n = out.get(e.worker_id, (0, 0, 0))
-            out[e.worker_id] = (t + e.prefill_tokens, b + e.blocks, n + (e.blocks > 0))
+            out[e.worker_id] = (t + e.sign * e.prefill_tokens, b + e.sign * e.blocks, n + e.sign * (e.blocks > 0))
         return out
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Holds not removed yet (the given-back ended ones are not holds)."""
+        return sum(e.sign >= 0 for e in self._entries.values())
 
     def _expire(self) -> None:
-        cutoff = self._clock() - self._ttl_s
-        for key in [k for k, e in self._entries.items() if e.at_s < cutoff]:
+        now = self._clock()
+        for key in [k for k, e in self._entries.items()
+                    if e.at_s < now - (SHOWN_TTL_S if e.sign == 0 else self._ttl_s)]:
             del self._entries[key]
 
 
@@ -193,15 +219,19 @@ class FailureMemory:
 
 def free_blocks(worker: Worker, overlay: LoadOverlay | None = None, planned: bool = True) -> int:
     """Free K/V blocks: the heartbeat's figure (capacity before the first heartbeat)
-    minus this router's unreported reservations (`planned`: and plan-time holds);
-    may be negative."""
+    minus this router's unreported reservations (`planned`: and plan-time holds), plus
+    the reported ones that ended since; may be negative, never above the total."""
+    total = worker.load.total_blocks or worker.capacity.total_blocks
     base = worker.load.free_blocks if worker.load.total_blocks else worker.capacity.total_blocks
-    return base - (overlay.blocks(worker.worker_id, planned) if overlay else 0)
+    free = base - (overlay.blocks(worker.worker_id, planned) if overlay is not None else 0)
+    return min(free, total) if total else free
 
 
 def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:
-    """Prompt tokens queued at `worker`, including this router's unreported dispatches."""
-    return worker.load.pending_prefill_tokens + (overlay.prefill_tokens(worker.worker_id) if overlay else 0)
+    """Prompt tokens queued at `worker`, including this router's unreported dispatches
+    (less the reported ones that ended since; never below 0)."""
+    extra = overlay.prefill_tokens(worker.worker_id) if overlay is not None else 0
+    return max(0, worker.load.pending_prefill_tokens + extra)
 
 
 Avoid = Mapping[str, int] | Collection[str]

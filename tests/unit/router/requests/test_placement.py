@@ -152,6 +152,66 @@ def test_overlay_entry_lives_until_a_heartbeat_newer_than_the_dispatch():
     overlay.remove(handle)  # idempotent
 
 
+def test_a_dispatch_a_heartbeat_showed_is_given_back_when_it_ends_until_a_newer_heartbeat():
+    """A worker's last report taken while it held a request: once the request ends, its
+    blocks and prompt tokens count as free again until a heartbeat newer than the end."""
+    overlay = LoadOverlay(ttl_s=1000)
+    d = worker("d0", Role.DECODE, free=40, lease=1000)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    blocks, tokens = overlay.add(d, blocks=4), overlay.add(d, prefill_tokens=30)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    shown = worker("d0", Role.DECODE, free=36, pending=30, lease=2000)  # the report holds them
+    overlay.observe(cluster(shown), overlay.fetch_started())
+    assert (free_blocks(shown, overlay), pending_prefill_tokens(shown, overlay)) == (36, 30)
+    assert len(overlay) == 2
+    overlay.remove(blocks)
+    overlay.remove(tokens)
+    overlay.remove(blocks)  # idempotent: given back once
+    assert (free_blocks(shown, overlay), pending_prefill_tokens(shown, overlay)) == (40, 0)
+    assert overlay.totals() == {"d0": (-30, -4, -1)} and len(overlay) == 0
+    overlay.observe(cluster(shown), overlay.fetch_started())  # the same report: still given back
+    assert free_blocks(shown, overlay) == 40
+    fresh = worker("d0", Role.DECODE, free=40, lease=3000)  # a heartbeat, read after the end, shows it
+    overlay.observe(cluster(fresh), overlay.fetch_started())
+    assert (free_blocks(fresh, overlay), overlay.totals()) == (40, {})
+
+
+def test_a_dispatch_that_ends_before_any_heartbeat_showed_it_is_just_dropped():
+    overlay = LoadOverlay(ttl_s=1000)
+    d = worker("d0", Role.DECODE, free=40, lease=1000)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    overlay.remove(overlay.add(d, blocks=4))
+    overlay.observe(cluster(worker("d0", Role.DECODE, free=40, lease=2000)), overlay.fetch_started())
+    assert overlay.totals() == {} and free_blocks(d, overlay) == 40
+
+
+def test_given_back_blocks_never_raise_free_blocks_above_the_total_and_expire():
+    now = [0.0]
+    overlay = LoadOverlay(ttl_s=5.0, clock=lambda: now[0])
+    d = worker("d0", Role.DECODE, free=98, lease=1000)  # CAP: 100 blocks in all
+    overlay.observe(cluster(d), overlay.fetch_started())
+    handle = overlay.add(d, blocks=4)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    overlay.observe(cluster(worker("d0", Role.DECODE, free=98, lease=2000)), overlay.fetch_started())
+    now[0] = 10.0  # a long request: the heartbeat-shown hold outlives the TTL
+    assert overlay.blocks("d0") == 0 and len(overlay) == 1
+    overlay.remove(handle)
+    assert free_blocks(d, overlay) == 100  # 98 + 4, at most the total
+    now[0] = 15.1
+    assert overlay.blocks("d0") == 0  # given back for the TTL after the end at most
+
+
+def test_a_planned_hold_is_never_given_back():
+    overlay = LoadOverlay(ttl_s=1000)
+    d = worker("d0", Role.DECODE, free=40, lease=1000)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    handle = overlay.add(d, blocks=4, planned=True)
+    overlay.observe(cluster(d), overlay.fetch_started())
+    overlay.observe(cluster(worker("d0", Role.DECODE, free=40, lease=2000)), overlay.fetch_started())
+    overlay.remove(handle)  # a plan was never on the worker: nothing to give back
+    assert overlay.totals() == {}
+
+
 def test_overlay_keeps_an_entry_when_the_heartbeat_may_predate_the_dispatch():
     overlay = LoadOverlay(ttl_s=1000)
     fetch = overlay.fetch_started()              # snapshot A's read is in flight ...
