@@ -25,8 +25,11 @@ Why each op is row-invariant (services/kernels/exact.cpp holds the kernels):
   and which elements land in the tail moves with the tensor's size and with where
   threads split it (a 203-token prompt's one-shot prefill split a SwiGLU row
   across two threads and changed its bits against chunked prefill).
+- Square roots: `sqrt_` is numpy's (the hardware's, correctly rounded). torch's is
+  not on every host: with MKL on some AVX-512 CPUs it runs MKL's vector sqrt, an ulp
+  off in ~0.7% of elements, while with MKL limited to AVX2 it is exact.
 - Everything else on the path is correctly rounded element-wise (+, -, *, /,
-  sqrt, max, casts) or moves data (index_select, index_copy_, masked_fill_), whose
+  max, casts) or moves data (index_select, index_copy_, masked_fill_), whose
   results IEEE 754 fixes bit for bit; segment sums (index_add_) add in index order.
 
 Without a build of the kernels (no compiler) the engine runs torch's (`KERNEL` is
@@ -39,6 +42,7 @@ from __future__ import annotations
 import math
 from array import array
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -151,11 +155,22 @@ def exp_(x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
     return x
 
 
+def sqrt_(x: torch.Tensor) -> torch.Tensor:
+    """x = sqrt(x) in place, correctly rounded (IEEE 754) on every CPU.  x: float32,
+    contiguous. Not torch's sqrt: on some AVX-512 hosts it runs MKL's vector sqrt, which
+    is off by an ulp in ~0.7% of elements, and not with MKL limited to AVX2
+    (tests/integration/test_isa_matrix.py); numpy's is the hardware's, exact everywhere."""
+    assert x.dtype == torch.float32 and x.is_contiguous(), "sqrt_ needs contiguous float32"
+    a = x.numpy()
+    np.sqrt(a, out=a)
+    return x
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in float32 and cast back (as Llama does).  x: [T, d]."""
     xf = x.float()
     mean_square = row_sum(xf * xf) / xf.shape[1]  # [T, 1]
-    xf = xf * (1.0 / torch.sqrt(mean_square + eps))
+    xf = xf * (1.0 / sqrt_((mean_square + eps).contiguous()))
     return weight * xf.to(x.dtype)
 
 

@@ -49,9 +49,11 @@ LDFLAGS = ("-fopenmp",)
 """OpenMP from libgomp.so.1: torch is imported first, so the kernel shares torch's copy
 (same soname) and its thread pool rather than starting a second runtime."""
 
-FAMILY = "pdkernels-1"
-"""Names the kernel's numerics in the cache ABI. Must change whenever exact.cpp could
-change a result bit (chain order, initial value, a new code path that differs)."""
+FAMILY = "pdkernels-2"
+"""Names the engine's numerics in the cache ABI. Must change whenever exact.cpp, or the
+element-wise ops beside it (services/engine/ops.py), could change a result bit (chain
+order, initial value, a new code path that differs). 2: RMSNorm's square root correctly
+rounded on every CPU (torch's ran MKL's vector sqrt on some AVX-512 hosts)."""
 
 ENV_KERNEL = "PD_ENGINE_KERNEL"
 ENV_ISA = "PD_KERNEL_ISA"

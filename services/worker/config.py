@@ -64,6 +64,12 @@ class NodeConfig(MemberSettings, EngineConfig):
     fault_row_dependent_kernels: bool = env("PD_FAULT_ROW_DEPENDENT_KERNELS", False)
     """Fault injection: lm_head gives a row other bits in calls of fewer than 4 rows (as a
     BLAS may), so the start-up self-check fails and the worker registers colocated-only."""
+    load_report_change: float = env("PD_LOAD_REPORT_CHANGE", 0.125, ge=0, le=1)
+    """A heartbeat leaves before its time (a lease third) once free blocks, the decode
+    batch or the queued prompt tokens moved by this share of the worker's capacity since
+    the last one (services/worker/membership.py); 0: every lease third only."""
+    load_report_min_interval_s: float = env("PD_LOAD_REPORT_MIN_INTERVAL_S", 0.25, gt=0)
+    """How often the load is checked for that, and so the closest two heartbeats come."""
 
 
 class PrefillSettings(Settings):

@@ -14,6 +14,13 @@ is unreachable at start the worker keeps trying to register, NOT_SERVING.
 A draining worker `leave`s: heartbeats stop and it deregisters (the directory
 drops it now, as if its lease expired, so routers stop choosing it at once); a
 lease lost while leaving is not registered again.
+
+Heartbeats go a lease third apart, and sooner when the load moved: checked every
+`min_report_interval_s`, a heartbeat leaves as soon as free blocks, the decode batch or
+the queued prompt tokens moved by `report_change` of the worker's capacity since the
+last report, or its connector was disabled or enabled. Routers place on these reports
+(each router counts its own dispatches until a report shows them), so a burst's load, or
+its end, reaches every router in a fraction of a second instead of seconds.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ class Membership:
                  load_fn: Callable[[], LoadReport],
                  on_lease_lost: Callable[[], Awaitable[None]] | None = None,
                  on_ready: Callable[[bool], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, report_change: float = 0.0,
+                 min_report_interval_s: float = 0.25):
         self.client = client
         self.info = info
         self.load_fn = load_fn
@@ -55,6 +63,9 @@ class Membership:
         """The directory's last word: a rollback stopped new disaggregated routes, so this
         worker refuses transfer work (services/worker/node.py `TRANSFER_WORK`)."""
         self._task: asyncio.Task | None = None
+        self.report_change, self.min_report_interval_s = report_change, min_report_interval_s
+        self.reported: LoadReport | None = None
+        """The load of the last heartbeat sent."""
 
     async def _ready(self, ready: bool) -> None:
         if self.on_ready is not None:
@@ -99,8 +110,9 @@ class Membership:
 
     async def heartbeat_now(self) -> None:
         """Send one heartbeat (load report) right away."""
-        sent = self.clock()
-        lease = await self.client.heartbeat(self.info.worker_id, self.epoch, self.load_fn())
+        sent, load = self.clock(), self.load_fn()
+        lease = await self.client.heartbeat(self.info.worker_id, self.epoch, load)
+        self.reported = load
         self._routes(lease.routes_stopped)
         if lease.ok:
             self.live_until = sent + self.lease_ttl_s
@@ -115,9 +127,36 @@ class Membership:
         if not self.leaving:
             await self.register()
 
+    async def _next_beat(self) -> None:
+        """Wait a lease third, or less once the load moved (checked every
+        `min_report_interval_s`, so reports never come closer than that)."""
+        period = self.lease_ttl_s / 3
+        if self.report_change <= 0:
+            await asyncio.sleep(period)
+            return
+        waited = 0.0
+        while waited < period:
+            step = min(self.min_report_interval_s, period - waited)
+            await asyncio.sleep(step)
+            waited += step
+            if self.moved(self.load_fn()):
+                return
+
+    def moved(self, load: LoadReport) -> bool:
+        """Has `load` moved enough since the last report to send one now?"""
+        last, cap, share = self.reported, self.info.capacity, self.report_change
+        if last is None or share <= 0:
+            return False
+        if load.connector_disabled != last.connector_disabled:
+            return True
+        scales = ((load.free_blocks, last.free_blocks, load.total_blocks or cap.total_blocks),
+                  (load.active_decode_batch, last.active_decode_batch, cap.max_decode_batch),
+                  (load.pending_prefill_tokens, last.pending_prefill_tokens, cap.max_prefill_tokens))
+        return any(whole and abs(now - before) >= max(1.0, share * whole) for now, before, whole in scales)
+
     async def _beat(self) -> None:
         while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
+            await self._next_beat()
             try:
                 await self.heartbeat_now()
             except asyncio.CancelledError:

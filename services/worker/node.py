@@ -187,7 +187,8 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
         node.directory, WorkerInfo(cfg.worker_id, kind, advertised(cfg, port), data_plane, loop.engine.abi.digest,
                                    capacity(cfg, loop), profile, check.reason,
                                    loop.engine.abi.model_identity, node.txn.sealer.public),
-        lambda: node.load(roles), on_lease_lost=lease_lost, on_ready=health.ready)
+        lambda: node.load(roles), on_lease_lost=lease_lost, on_ready=health.ready,
+        report_change=cfg.load_report_change, min_report_interval_s=cfg.load_report_min_interval_s)
     await node.membership.start()
 
     def reserved() -> int:

@@ -158,3 +158,58 @@ def test_leave_deregisters_and_a_lease_lost_while_leaving_is_not_registered_agai
         d.up = False
         assert not await m2.leave()  # directory away: best effort, the lease expires by itself
     asyncio.run(main())
+
+
+def test_a_heartbeat_leaves_early_once_the_load_moved_and_not_before():
+    """With a 30 s lease (a heartbeat every 10 s), a load that moved by an eighth of the
+    capacity is reported within a check interval; a smaller move, or none, waits."""
+    class Directory(ScriptedDirectory):
+        async def register_worker(self, info):
+            await super().register_worker(info)
+            return Registration(self.epoch, 30_000, 0)
+
+        async def heartbeat(self, worker_id, epoch, load=None):
+            self.loads.append(load)
+            return await super().heartbeat(worker_id, epoch, load)
+
+    async def main():
+        d = Directory()
+        d.loads = []
+        load = [LoadReport(free_blocks=8, total_blocks=8)]
+        info = WorkerInfo("decode-0", WorkerRole.DECODE, "127.0.0.1:1", "tcp://127.0.0.1:2", "abi",
+                          WorkerCapacity(total_blocks=8, max_decode_batch=16, max_prefill_tokens=64))
+        m = Membership(d, info, lambda: load[0], clock=Clock(), report_change=0.125, min_report_interval_s=0.02)
+        await m.start()
+        await m.heartbeat_now()  # the report moves are measured against
+        assert len(d.loads) == 1
+        await asyncio.sleep(0.1)
+        assert len(d.loads) == 1  # nothing moved: the lease third (10 s) is far away
+        load[0] = LoadReport(free_blocks=8, total_blocks=8, active_decode_batch=1, pending_prefill_tokens=7)
+        await asyncio.sleep(0.1)
+        assert len(d.loads) == 1  # 1 of 16 sequences, 7 of 64 tokens: under an eighth
+        load[0] = LoadReport(free_blocks=7, total_blocks=8)  # one block of 8 taken
+        await asyncio.sleep(0.1)
+        assert len(d.loads) == 2 and d.loads[-1].free_blocks == 7
+        load[0] = LoadReport(free_blocks=7, total_blocks=8, connector_disabled=1)
+        await asyncio.sleep(0.1)
+        assert len(d.loads) == 3 and d.loads[-1].connector_disabled == 1
+        await asyncio.sleep(0.1)
+        assert len(d.loads) == 3  # reported: quiet again
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_without_a_report_share_heartbeats_keep_to_the_lease_third():
+    async def main():
+        d = ScriptedDirectory()  # a 0.3 s lease: a heartbeat every 0.1 s
+        load = [LoadReport(free_blocks=8, total_blocks=8)]
+        info = WorkerInfo("decode-0", WorkerRole.DECODE, "127.0.0.1:1", "tcp://127.0.0.1:2", "abi", CAP)
+        m = Membership(d, info, lambda: load[0], clock=Clock(), report_change=0.0)
+        await m.start()
+        load[0] = LoadReport(free_blocks=0, total_blocks=8)
+        await asyncio.sleep(0.05)
+        assert d.calls.count("heartbeat") == 0
+        await asyncio.sleep(0.1)
+        assert d.calls.count("heartbeat") == 1
+        await m.stop()
+    asyncio.run(main())
