@@ -212,3 +212,13 @@ def test_the_engine_runs_only_reviewed_torch_ops():
             engine.decode_step([s for s in seqs if not s.is_finished])
     assert "aten.mul" in seen and "aten.index_select" in seen  # it did record the path
     assert seen <= REVIEWED_OPS, f"not reviewed for exactness on every CPU: {sorted(seen - REVIEWED_OPS)}"
+
+
+@pytest.mark.parametrize("n", [512, 32000, 131072])
+def test_top_p_cumsum_is_a_sequential_float64_scan(n):
+    """The sampler's top-p mass (torch.cumsum of float32 probabilities) is the in-order
+    running sum kept in float64 and rounded once per element: one fixed sequence of
+    correctly rounded steps, so the same bits on every CPU."""
+    x = torch.rand(n, generator=torch.Generator().manual_seed(n)) / n
+    want = np.cumsum(x.numpy().astype(np.float64)).astype(np.float32)
+    assert np.array_equal(torch.cumsum(x, 0).numpy(), want)
