@@ -6,8 +6,8 @@ CPU); ATen honours ATEN_CPU_CAPABILITY; the exact kernels honour PD_KERNEL_ISA
 
 * the invariance tests and an end-to-end exactness test pass (pytest in a child
   process, the local cluster's processes inheriting the setting), and
-* the K/V bytes, logits and tokens of fixed prompts are the same bits as under
-  every other setting, and so is the cache ABI digest: the numerics do not depend
+* the K/V bytes, logits and tokens of fixed prompts, and 3,000 of the sampler's draws,
+  are the same bits as under every other setting, and so is the cache ABI digest: the numerics do not depend
   on the CPU, which is why the ABI names no instruction set (abi.py).
 """
 
@@ -58,6 +58,14 @@ for tile in (64, 128):
         h.update(engine.last_logits.numpy().tobytes())
     h.update(json.dumps([s.output_ids for s in seqs]).encode())
     out[f"tile{tile}"] = h.hexdigest()
+# The sampler's draw (torch.multinomial: an exponential race under the hood, whose
+# generator and arithmetic must not follow MKL's or ATen's code path), 3,000 times.
+from services.engine.sampler import SamplingParams as P, sample_one
+import numpy as np  # numpy's normals (scalar C) are the same on every CPU; torch.randn's need not be
+logits = torch.from_numpy(np.random.default_rng(11).standard_normal((3000, 512), dtype=np.float32))
+draws = [sample_one(logits[i], P(temperature=0.8, top_p=0.95 if i % 2 else 1.0, seed=i), i % 7)
+         for i in range(3000)]
+out["draws"] = hashlib.sha256(json.dumps(draws).encode()).hexdigest()
 print(json.dumps(out))
 """
 
@@ -97,6 +105,6 @@ def test_bits_are_the_same_under_every_setting():
     assert prints["portable-aten-default"]["kernel_path"] == "portable"
     assert prints["portable-aten-default"]["aten"] == "DEFAULT"
     assert prints["host"]["kernel_path"] != "torch"
-    for tile in ("tile64", "tile128"):
-        assert len({p[tile] for p in prints.values()}) == 1, {s: (p["kernel_path"], p["aten"], p[tile])
-                                                              for s, p in prints.items()}
+    for key in ("tile64", "tile128", "draws"):
+        assert len({p[key] for p in prints.values()}) == 1, {s: (p["kernel_path"], p["aten"], p[key])
+                                                             for s, p in prints.items()}
