@@ -12,7 +12,10 @@ def test_the_startup_heap_is_frozen_and_later_objects_are_still_collected():
     try:
         walked_before = len(gc.get_objects())
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() and frozen > len(kept)
+        assert frozen > len(kept)
+        # What it froze, less what died since: frozen objects still die by reference
+        # counting, here or on another of the process's threads (pytest-xdist's).
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen
         assert len(gc.get_objects()) < walked_before - len(kept)  # a full collection walks fewer
         cycle = []
         cycle.append(cycle)  # made after the freeze: still the collector's
