@@ -15,9 +15,10 @@ disaggregated request makes, in its order and as the process that makes it:
   Publish       the decode's validate-and-publish, with the chunks it received
   Release       the decode, when the sequence ends
 
-Each call's wall time is taken at the client; each directory's CPU time (its
-/proc/<pid>/stat user + system) is read around the whole run of its hand-offs. JSON
-lines: {"bench": "directory", "metric": "config" | "call" | "cpu" | "inline_calls", ...};
+Each call's wall time is taken at the client; each directory's CPU time (every thread's,
+from /proc: bench/_handoff_floor.py `cpu_s`) is read around the whole run of its
+hand-offs. JSON lines: {"bench": "directory", "metric": "config" | "call" | "cpu" |
+"inline_calls", ...};
 every "call" row has both modes' median and p90 wall ms and ratio = inline / pool
 median; "cpu" gives each mode's directory CPU ms per hand-off and the ratio.
 """
@@ -43,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._handoff_floor import cpu_s  # noqa: E402
 from pdserve_client import contract  # noqa: E402
 from pdserve_client.rpc.pd.v1 import manifest_pb2  # noqa: E402
 from pdserve_client.tls import TlsFiles  # noqa: E402
@@ -62,12 +64,6 @@ CAP = WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=204
 
 def emit(**row) -> None:
     print(json.dumps({"bench": "directory", **row}), flush=True)
-
-
-def cpu_ms(pid: int) -> float:
-    """User + system CPU of process `pid` so far, ms."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 class Directory:
@@ -164,11 +160,11 @@ async def run(args) -> None:
         for i in range(args.warmup):
             for d in dirs.values():
                 await d.handoff(i, timed=False)
-        start = {m: cpu_ms(d.proc.pid) for m, d in dirs.items()}  # each serves only its own hand-offs
+        start = {m: cpu_s(d.proc.pid) for m, d in dirs.items()}  # each serves only its own hand-offs
         for i in range(args.warmup, args.warmup + args.handoffs):
             for m in MODES if i % 2 else MODES[::-1]:
                 await dirs[m].handoff(i, timed=True)
-        per = {m: (cpu_ms(d.proc.pid) - start[m]) / args.handoffs for m, d in dirs.items()}
+        per = {m: (cpu_s(d.proc.pid) - start[m]) * 1000 / args.handoffs for m, d in dirs.items()}
         for name in CALLS:
             med = {m: statistics.median(dirs[m].wall[name]) for m in MODES}
             p90 = {m: statistics.quantiles(dirs[m].wall[name], n=10)[-1] for m in MODES}

@@ -248,10 +248,11 @@ class MemoryDirectoryStore(DirectoryStore):
             req = self._requests.get(key)
             cur = req.generation if req is not None else 0
             old = self._txns.get(spec.transfer_id)
-            if old is not None:
-                again = old.spec == spec and attempt != "" and self._reserved_by.get(spec.transfer_id) == attempt
-                return TxnResult(Outcome.APPLIED if again else Outcome.DUPLICATE if old.spec == spec
-                                 else Outcome.CHECKSUM_CONFLICT, old, cur)
+            if old is not None and old.spec != spec:
+                return TxnResult(Outcome.CHECKSUM_CONFLICT, old, cur)
+            if old is not None:  # its own run repeated (the same attempt), or another call's
+                again = attempt != "" and self._reserved_by.get(spec.transfer_id) == attempt
+                return TxnResult(Outcome.APPLIED if again else Outcome.DUPLICATE, old, cur)
             if self._release is not None and self._release.head.routes_stopped:
                 return TxnResult(Outcome.ROUTES_STOPPED, None, cur)
             if spec.route_epoch and spec.route_epoch < self._route_epoch_at(now):

@@ -37,7 +37,7 @@ MAX_CACHED_KEYS = 4096
 
 class SealJudge:
     """Opens relayed seals against the keys sources registered. Thread-safe: called
-    from the directory's store pool."""
+    from the directory's store jobs, on its pool or inline on its loop."""
 
     def __init__(self, on_refused: Callable[[str], None] = lambda reason: None) -> None:
         """`on_refused(reason)`: a seal refused, `no_key` or `not_opened` (a metric). Each

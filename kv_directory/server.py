@@ -370,7 +370,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
                 raise BadRequest(f"expires_unix_ms is {ahead_s:.0f} s ahead; a capability lives at most "
                                  f"{MAX_CAPABILITY_LIFETIME_S:.0f} s")
             return store.consume_nonce(request.nonce, max(ahead_s, 0.0) + NONCE_SKEW_MARGIN_S,
-                                             request.route_epoch, attempt)
+                                       request.route_epoch, attempt)
         outcome = await self._calls.handoff(consume)
         if outcome is None:
             return directory_pb2.ConsumeNonceResponse(not_recorded=True)

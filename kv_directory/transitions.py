@@ -4,10 +4,9 @@ The servicer (kv_directory/server.py) names the caller and the RPC's step (`Op`)
 in one store job (on the pool, or inline: kv_directory/store_calls.py). The transaction's
 identity (its ends, their epochs, the request id, the generation: fixed at reserve) is the
 one this replica kept from its Reserve (kv_directory/destinations.py), else the record's,
-read first. The state and the
-source's declaration change, so they are judged inside the store's atomic call; a step
-that needs them before (`Op` answering None on the identity alone) and a refusal that
-reports the state read the record as it stands.
+read first. The state and the source's declaration change, so they are judged inside the
+store's atomic call; a step that needs them before (`Op` answering None on the identity
+alone) and a refusal that reports the state read the record as it stands.
 """
 
 from __future__ import annotations

@@ -89,6 +89,16 @@ Load = LoadReport
 Cluster = ClusterSnapshot
 
 
+def free_blocks_after(worker: Worker, extra_blocks: int) -> int:
+    """`worker`'s free K/V blocks as it last reported them (its capacity before the first
+    heartbeat), less `extra_blocks` a router counts beside the report (negative: blocks the
+    report still holds that have been given back since); may be negative, never above
+    the worker's total."""
+    load, total = worker.load, worker.load.total_blocks or worker.capacity.total_blocks
+    free = (load.free_blocks if load.total_blocks else worker.capacity.total_blocks) - extra_blocks
+    return min(free, total) if total else free
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TxnAnswer:
     """The directory's answer to Reserve."""

@@ -66,7 +66,7 @@ from router.pricing.candidate import Candidate
 from router.pricing.corrections import CLAMP, Ewma, Sized, ratio
 from router.pricing.formula import prefill_ms
 from router.pricing.worker_costs import WorkerCosts
-from router.types import Route, Worker
+from router.types import Route, Worker, free_blocks_after
 from services.directory.cost_profile import CostProfile
 
 PREFILL_DOMINANT = 4.0
@@ -148,10 +148,7 @@ class CostModel:
         fd = self._decode.get(w.worker_id)
         fd = fd.value if fd else 1.0
         ld, cap = w.load, w.capacity
-        free = (ld.free_blocks if ld.total_blocks else cap.total_blocks) - extra_blocks
-        total = ld.total_blocks or cap.total_blocks
-        if total:  # the extras may give back blocks a stale report holds: never more than all
-            free = min(free, total)
+        free = free_blocks_after(w, extra_blocks)
         return WorkerCosts(
             w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,

@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from router.types import Cluster, Worker
+from router.types import Cluster, Worker, free_blocks_after
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -221,10 +221,7 @@ def free_blocks(worker: Worker, overlay: LoadOverlay | None = None, planned: boo
     """Free K/V blocks: the heartbeat's figure (capacity before the first heartbeat)
     minus this router's unreported reservations (`planned`: and plan-time holds), plus
     the reported ones that ended since; may be negative, never above the total."""
-    total = worker.load.total_blocks or worker.capacity.total_blocks
-    base = worker.load.free_blocks if worker.load.total_blocks else worker.capacity.total_blocks
-    free = base - (overlay.blocks(worker.worker_id, planned) if overlay is not None else 0)
-    return min(free, total) if total else free
+    return free_blocks_after(worker, overlay.blocks(worker.worker_id, planned) if overlay is not None else 0)
 
 
 def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:
