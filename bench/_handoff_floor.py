@@ -109,7 +109,8 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
     TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
     from bench._spawned import Spawned
-    from services.cluster.redis_proc import find_redis_server, free_port
+    from services.cluster.ports import free_port
+    from services.cluster.redis_proc import find_redis_server
 
     state = tempfile.mkdtemp(prefix="pdserve-floor-")
     tls_dir = ""

@@ -48,7 +48,8 @@ from bench._handoff_floor import cpu_s  # noqa: E402
 from pdserve_client import contract  # noqa: E402
 from pdserve_client.rpc.pd.v1 import manifest_pb2  # noqa: E402
 from pdserve_client.tls import TlsFiles  # noqa: E402
-from services.cluster.redis_proc import free_port, start_redis  # noqa: E402
+from services.cluster.ports import free_port  # noqa: E402
+from services.cluster.redis_proc import start_redis  # noqa: E402
 from services.directory.client import DirectoryClient  # noqa: E402
 from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole  # noqa: E402
 from services.security.pki import Identity, LocalCA  # noqa: E402

@@ -60,7 +60,7 @@ from _spawned import Spawned
 from _transfer_peers import Geometry
 from _transfer_perftest import find_perftest, run_tag_bw
 
-from services.cluster.redis_proc import free_port
+from services.cluster.ports import free_port
 
 MIB = 1 << 20
 PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucx_perftest",

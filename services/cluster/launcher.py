@@ -38,8 +38,9 @@ from services.security.tls import Security
 
 from . import collector
 from .observability import MONITOR_CERT, metrics_endpoint
-from .processes import pid_alive, wait_healthy
-from .redis_proc import find_redis_server, free_port, pings
+from .ports import free_port
+from .processes import PortTaken, pid_alive, start_failure, wait_healthy
+from .redis_proc import find_redis_server, pings
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 
@@ -110,6 +111,7 @@ class LocalCluster:
         self.state = Path(spec.state_dir).resolve()
         self.procs: dict[str, Proc] = {}
         self._popen: dict[str, subprocess.Popen] = {}
+        self._log_from: dict[str, int] = {}  # where each log stood when its process last started
         self.router_address = ""
         self.directory_address = ""
         self.redis_url = ""
@@ -186,6 +188,7 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str], address: str, metrics_url: str = "") -> subprocess.Popen:
         log_path = self.state / "logs" / f"{name}.log"
         log = open(log_path, "ab")
+        self._log_from[name] = log.tell()
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(name), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -194,28 +197,27 @@ class LocalCluster:
         return proc
 
     def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True) -> str:
-        """Start `module` on free loopback ports. A port picked free can be taken before the
-        process binds it (any process's outgoing connection may get it): such a start is
-        retried on other ports, twice."""
+        """Start `module` on free loopback ports; retried on others, twice, if one was taken
+        before the process bound it (another launcher picked it too)."""
         for attempt in range(3):
             address = f"127.0.0.1:{free_port()}"
             metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
-            log = self.state / "logs" / f"{name}.log"
-            log_from = log.stat().st_size if log.exists() else 0
             proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *metrics_flags, *args],
                                address, metrics_url)
             try:
                 self._wait(name, address, timeout_s, proc)
                 return address
-            except RuntimeError:  # it exited: for want of its port?
-                with open(log, "rb") as f:
-                    f.seek(log_from)
-                    if attempt == 2 or b"Address already in use" not in f.read():
-                        raise
+            except PortTaken:
+                if attempt == 2:
+                    raise
 
     def _wait(self, name: str, address: str, timeout_s: float, proc: subprocess.Popen) -> None:
+        """Until `name` serves; if it exits first, the error says why (its log's last line)."""
         service = contract.SERVER_ROLES[self.roles[name]][0]
-        wait_healthy(address, timeout_s, proc, self.identity("operator"), service)
+        try:
+            wait_healthy(address, timeout_s, proc, self.identity("operator"), service)
+        except RuntimeError as e:
+            raise start_failure(name, e, Path(self.procs[name].log), self._log_from[name]) from e
 
     def start_redis(self, timeout_s: float = 10.0) -> None:
         """Start the private redis-server."""

@@ -9,7 +9,7 @@ writes beside the others (services/telemetry/endpoint.py); insecure, plain HTTP.
 
 from __future__ import annotations
 
-from .redis_proc import free_port
+from .ports import free_port
 
 MONITOR_CERT = "monitor"
 """File stem of the scraper's certificate in the TLS dir (role monitor)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,6 +33,25 @@ def wait_healthy(address: str, timeout_s: float, proc: subprocess.Popen | None =
                 last = e.code().name
             time.sleep(0.1)
     raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s ({last})")
+
+
+BIND_FAILED = (b"Address already in use", b"Failed to bind to address")
+"""What a service's log says when its port was taken (Python's OSError; gRPC's)."""
+
+
+class PortTaken(RuntimeError):
+    """A service exited while starting because one of its ports was taken."""
+
+
+def start_failure(name: str, cause: Exception, log: Path, log_from: int) -> RuntimeError:
+    """The error for service `name` that exited while starting (`cause`, from wait_healthy):
+    the last line its log gained since byte `log_from` says why; PortTaken when a bind failed."""
+    with open(log, "rb") as f:
+        f.seek(log_from)
+        text = f.read()
+    lines = [line.strip() for line in text.decode(errors="replace").splitlines() if line.strip()]
+    kind = PortTaken if any(marker in text for marker in BIND_FAILED) else RuntimeError
+    return kind(f"{name}: {cause}: {lines[-1] if lines else 'its log says nothing'} (log {log})")
 
 
 def pid_alive(pid: int, popen: subprocess.Popen | None = None) -> bool:

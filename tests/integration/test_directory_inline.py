@@ -17,7 +17,8 @@ import time
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cluster.redis_proc import free_port, start_redis
+from services.cluster.ports import free_port
+from services.cluster.redis_proc import start_redis
 from services.directory.states import Outcome, TxnState
 from tests.support import pki
 from tests.support.directory.grpc_process import (

@@ -16,7 +16,8 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cluster.redis_proc import free_port, start_redis
+from services.cluster.ports import free_port
+from services.cluster.redis_proc import start_redis
 from services.directory.client import DirectoryClient
 from services.directory.records import DirectoryUnavailable, WorkerInfo
 from services.directory.states import Outcome, TxnState

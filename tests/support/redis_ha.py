@@ -30,7 +30,8 @@ from pathlib import Path
 
 import redis
 
-from services.cluster.redis_proc import find_redis_server, free_port, pings, terminate
+from services.cluster.ports import free_port
+from services.cluster.redis_proc import find_redis_server, pings, terminate
 
 MASTER_NAME = "pdmaster"
 HOST = "127.0.0.1"

@@ -7,7 +7,6 @@ the fixtures `server`, `fake`, `addr`, `client`.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -22,6 +21,7 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2,
     router_pb2_grpc,
 )
+from services.cluster.ports import free_port  # noqa: F401  (the tests import it from here)
 
 Event = router_pb2.GenerateEvent
 
@@ -181,7 +181,3 @@ def paced_script(first_s=0.15, gap_s=0.05):
             token(2, 13, "!", 42.0), gap_s, complete(3)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -17,7 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.cluster.redis_proc import free_port
+from services.cluster.ports import free_port
 from services.directory.client import DirectoryClient
 from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
 from services.directory.states import Outcome, TxnState
