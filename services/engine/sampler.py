@@ -6,6 +6,10 @@ step — prefill samples token 0, decode continues at token 1 — and draw exact
 what a single worker would have drawn. The probabilities are the same bits on
 every worker too: the softmax runs the engine's exact exp and in-order sum
 (ops.py), not torch's, whose bits follow the CPU's vector width; sorts are stable.
+The draw itself is ours, not torch.multinomial's (an exponential race over ATen's
+transform of its generator and the C library's log, whose code glibc picks by CPU, FMA
+or not): one uniform from the step's seed, looked up in the in-order float64 running
+sum of the probabilities.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .ops import exp_, row_sum
@@ -49,8 +54,32 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
 def _step_seed(seed: int, step: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def uniform(seed: int, step: int) -> float:
+    """The draw of output position `step`: a float64 in [0, 1), its top 53 bits from
+    SplitMix64's output function over the step's seed (integer arithmetic only)."""
+    z = (_step_seed(seed, step) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) * 2.0 ** -53
+
+
+def pick(probs: torch.Tensor, u: float) -> int:
+    """The token whose slice of the float64 running sum of `probs` (float32 [V], >= 0, not
+    all 0) holds u * total: the first index whose running sum exceeds it, so a token of
+    probability 0 is never picked. numpy's cumsum adds in index order, each add
+    correctly rounded: the same bits on every CPU."""
+    running = np.cumsum(probs.numpy(), dtype=np.float64)
+    i = int(np.searchsorted(running, u * running[-1], side="right"))
+    if i == len(running):  # u * total rounded up to the total: the last token with mass
+        i = int(np.flatnonzero(probs.numpy())[-1])
+    return i
 
 
 def sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
@@ -69,8 +98,7 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
         drop = (torch.cumsum(sorted_p, 0) - sorted_p) >= params.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-    gen = torch.Generator().manual_seed(_step_seed(params.seed, step))
-    return int(torch.multinomial(probs, 1, generator=gen))
+    return pick(probs, uniform(params.seed, step))
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:

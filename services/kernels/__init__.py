@@ -49,11 +49,12 @@ LDFLAGS = ("-fopenmp",)
 """OpenMP from libgomp.so.1: torch is imported first, so the kernel shares torch's copy
 (same soname) and its thread pool rather than starting a second runtime."""
 
-FAMILY = "pdkernels-2"
-"""Names the engine's numerics in the cache ABI. Must change whenever exact.cpp, or the
-element-wise ops beside it (services/engine/ops.py), could change a result bit (chain
-order, initial value, a new code path that differs). 2: RMSNorm's square root correctly
-rounded on every CPU (torch's ran MKL's vector sqrt on some AVX-512 hosts)."""
+FAMILY = "pdkernels-3"
+"""Names the engine's numerics in the cache ABI. Must change whenever exact.cpp, the
+element-wise ops beside it (services/engine/ops.py) or the sampler's draw could change a
+result bit (chain order, initial value, a new code path that differs). 2: RMSNorm's
+square root correctly rounded on every CPU (torch's ran MKL's vector sqrt on some AVX-512
+hosts). 3: the sampler's own inverse-CDF draw instead of torch.multinomial's."""
 
 ENV_KERNEL = "PD_ENGINE_KERNEL"
 ENV_ISA = "PD_KERNEL_ISA"

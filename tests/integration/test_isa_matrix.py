@@ -58,8 +58,8 @@ for tile in (64, 128):
         h.update(engine.last_logits.numpy().tobytes())
     h.update(json.dumps([s.output_ids for s in seqs]).encode())
     out[f"tile{tile}"] = h.hexdigest()
-# The sampler's draw (torch.multinomial: an exponential race under the hood, whose
-# generator and arithmetic must not follow MKL's or ATen's code path), 3,000 times.
+# The sampler's draws (the softmax, top-p's cumsum and the inverse-CDF pick must not
+# follow MKL's or ATen's code path), 3,000 times.
 from services.engine.sampler import SamplingParams as P, sample_one
 import numpy as np  # numpy's normals (scalar C) are the same on every CPU; torch.randn's need not be
 logits = torch.from_numpy(np.random.default_rng(11).standard_normal((3000, 512), dtype=np.float32))

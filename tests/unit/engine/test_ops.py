@@ -178,7 +178,7 @@ def test_sqrt_is_correctly_rounded():
 REVIEWED_OPS = frozenset(f"aten.{op}" for op in (
     "_local_scalar_dense add add_ alias amax arange argmax bitwise_not cat contiguous copy_ cumsum detach "
     "div empty expand fill_ full full_like ge gt index index_add_ index_copy_ index_put_ index_select "
-    "lift_fresh lt masked_fill masked_fill_ max maximum mul mul_ multinomial neg ones permute reciprocal "
+    "lift_fresh lt masked_fill masked_fill_ max maximum mul mul_ neg ones permute reciprocal "
     "repeat_interleave reshape resolve_conj resolve_neg scatter scatter_ scatter_reduce select slice sort "
     "split_with_sizes sub sub_ to unsqueeze view zeros zeros_like").split())
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from services.engine.sampler import SamplingParams, sample, sample_one
+from services.engine.sampler import SamplingParams, pick, sample, sample_one, uniform
 
 
 def _logits(seed: int, v: int = 100, scale: float = 3.0) -> torch.Tensor:
@@ -116,3 +116,52 @@ def test_top_k_keeps_exactly_k_on_ties():
     seen = {sample_one(logits, SamplingParams(temperature=1.0, top_k=1, seed=s), 0)
             for s in range(40)}
     assert seen == {3}
+
+
+# ---- the draw: ours, the same bits on every CPU ----------------------------------
+
+
+def test_the_uniform_is_splitmix64s_output():
+    """Seed 0, step 0 is SplitMix64's state 0, whose first output is the reference
+    implementation's published 0xE220A8397B1DCDAF (its top 53 bits)."""
+    assert uniform(0, 0) == (0xE220A8397B1DCDAF >> 11) * 2.0 ** -53
+    draws = [uniform(seed, step) for seed in range(50) for step in range(50)]
+    assert all(0.0 <= u < 1.0 for u in draws) and len(set(draws)) == len(draws)
+
+
+def _reference_pick(probs: list[float], u: float) -> int:
+    """The inverse CDF in plain Python floats (IEEE doubles): in-order running sum."""
+    running, total = [], 0.0
+    for p in probs:
+        total += p
+        running.append(total)
+    target = u * total
+    for i, r in enumerate(running):
+        if r > target:
+            return i
+    return max(i for i, p in enumerate(probs) if p > 0)
+
+
+def test_the_pick_is_the_in_order_inverse_cdf():
+    g = torch.Generator().manual_seed(4)
+    for trial in range(300):
+        v = (7, 512, 4096)[trial % 3]
+        probs = torch.rand(v, generator=g) ** 4
+        probs[torch.rand(v, generator=g) < 0.3] = 0.0  # top-k / top-p leave zeros
+        probs[v // 2] = 1e-3
+        probs = probs / probs.sum()
+        values = probs.tolist()
+        for step in range(5):
+            u = uniform(trial, step)
+            assert pick(probs, u) == _reference_pick(values, u), (trial, step)
+
+
+def test_the_pick_never_lands_on_a_token_without_mass():
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.0, 0.75, 0.0])
+    assert pick(probs, 0.0) == 1
+    assert pick(probs, 0.25) == 4  # the boundary belongs to the next token with mass
+    assert pick(probs, 1.0 - 2.0 ** -53) == 4
+    seen = {pick(probs, uniform(s, 0)) for s in range(200)}
+    assert seen == {1, 4}
+    # u * total rounded up to the total still names the last token with mass.
+    assert pick(torch.tensor([0.3, 0.7, 0.0]), 1.0) == 1

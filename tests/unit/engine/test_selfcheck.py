@@ -60,7 +60,7 @@ def test_colocated_only_numerics_pair_with_nobody():
 
 def test_abi_digest_covers_the_numerics():
     base = tiny_engine(attn_tile_tokens=64)
-    assert base.abi.kernels == ops.kernel_family() == "pdkernels-2"
+    assert base.abi.kernels == ops.kernel_family() == "pdkernels-3"
     assert base.abi.attn_tile_tokens == 64
     # The tile changes the bits (online softmax order): another digest, named in the error.
     other = tiny_engine(attn_tile_tokens=32)
