@@ -77,7 +77,8 @@ class Directory:
                contract.TLS_KEY_ENV: str(ca.dir / "directory.key"),
                contract.TLS_CA_ENV: str(ca.dir / contract.TLS_CA_FILE),
                "PD_DIRECTORY_KEY_PREFIX": "{bench-" + uuid.uuid4().hex[:8] + "}", "PD_LOG_LEVEL": "WARNING",
-               "PD_METRICS_LISTEN": self.metrics_listen}
+               "PD_METRICS_LISTEN": self.metrics_listen,
+               "PD_LEASE_TTL_S": "86400"}  # the bench's workers send no heartbeats: leases outlast any run
         if mode == "pool":
             env["PD_STORE_INLINE_BUDGET_S"] = "0"
         self.proc = subprocess.Popen([sys.executable, "-m", "kv_directory", "--listen", self.address,
