@@ -222,3 +222,22 @@ def test_top_p_cumsum_is_a_sequential_float64_scan(n):
     x = torch.rand(n, generator=torch.Generator().manual_seed(n)) / n
     want = np.cumsum(x.numpy().astype(np.float64)).astype(np.float32)
     assert np.array_equal(torch.cumsum(x, 0).numpy(), want)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "reciprocal"])
+def test_reviewed_arithmetic_is_correctly_rounded(op):
+    """The element-wise arithmetic REVIEWED_OPS trusts gives the float32 nearest the exact
+    result on this CPU's vector path (torch's AVX-512, AVX2 or scalar kernels alike): the
+    float64 result rounded once more is that (double rounding is innocuous here, float64
+    having more than twice float32's precision plus two bits). A kernel built on an
+    approximation (rcp14 and a Newton step, say) fails here before it breaks exactness."""
+    g = torch.Generator().manual_seed(17)
+    n = 100_003  # odd: the vector loop and its tail both run
+    a = (torch.rand(n, generator=g) - 0.5) * torch.exp2(torch.randint(-40, 40, (n,), generator=g).float())
+    b = (torch.rand(n, generator=g) + 0.01) * torch.exp2(torch.randint(-40, 40, (n,), generator=g).float())
+    a64, b64 = a.numpy().astype(np.float64), b.numpy().astype(np.float64)
+    got, want = {
+        "add": (a + b, a64 + b64), "sub": (a - b, a64 - b64), "mul": (a * b, a64 * b64),
+        "div": (a / b, a64 / b64), "reciprocal": (torch.reciprocal(b), 1.0 / b64),
+    }[op]
+    assert np.array_equal(got.numpy(), want.astype(np.float32))
