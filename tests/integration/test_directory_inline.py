@@ -42,56 +42,76 @@ def _inline_calls(metrics_url: str) -> dict[str, float]:
             for o in ("answered", "slow", "unavailable")}
 
 
+async def _warmed_up(directory: DirectoryProcess, url: str):
+    """A caller of `directory` and its two workers after three hand-offs (a probe on the
+    pool, then inline), or None when a twin's answer came slower than its budget (a busy
+    host): the directory is then cooling off with every call on the pool, and the stall
+    below would not test the inline path."""
+    client = Callers(directory.address)
+    src, dst = await two_workers(client)
+    for _ in range(3):
+        rid, tid = uid("r"), uid("t")
+        assert (await client.reserve(manifest(src, dst, tid, rid))).outcome == Outcome.APPLIED
+        await drive_to(client, rid, tid, 1, src, dst, TxnState.PUBLISHED)
+        assert (await client.release(rid, tid, 1, *dst)).ok
+    before = _inline_calls(url)
+    assert before["answered"] >= 2 and before["unavailable"] == 0, before
+    if before["slow"]:
+        await client.close()
+        return None
+    return client, src, dst
+
+
 def test_a_stalled_redis_sends_the_calls_back_to_the_pool_and_nothing_is_lost():
     redis_server = start_redis()
-    metrics = f"127.0.0.1:{free_port()}"
-    directory = DirectoryProcess(redis_server.url, PD_STORE_INLINE_BUDGET_S=str(BUDGET_S),
-                                 PD_STORE_INLINE_COOL_OFF_S="30", PD_METRICS_LISTEN=metrics)
-    url = f"https://{metrics}/metrics"
     try:
-        async def scenario():
-            client = Callers(directory.address)
+        for _ in range(3):  # a fresh directory (out of its cool-off) if the host was too busy
+            metrics = f"127.0.0.1:{free_port()}"
+            directory = DirectoryProcess(redis_server.url, PD_STORE_INLINE_BUDGET_S=str(BUDGET_S),
+                                         PD_STORE_INLINE_COOL_OFF_S="30", PD_METRICS_LISTEN=metrics)
             try:
-                src, dst = await two_workers(client)
-                for _ in range(3):  # a probe on the pool, then inline
-                    rid, tid = uid("r"), uid("t")
-                    assert (await client.reserve(manifest(src, dst, tid, rid))).outcome == Outcome.APPLIED
-                    await drive_to(client, rid, tid, 1, src, dst, TxnState.PUBLISHED)
-                    assert (await client.release(rid, tid, 1, *dst)).ok
-                before = _inline_calls(url)
-                assert before["answered"] >= 2 and before["unavailable"] == 0, before
-
-                rid, tid = uid("r"), uid("t")
-                os.kill(redis_server.proc.pid, signal.SIGSTOP)
-                try:
-                    reserving = asyncio.ensure_future(client.reserve(manifest(src, dst, tid, rid)))
-                    await asyncio.sleep(BUDGET_S * 4)
-                    with pki.security("operator", "operator").channel(directory.address, "directory") as ch:
-                        started = time.monotonic()
-                        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE),
-                                                             timeout=5)
-                        answered_in = time.monotonic() - started
-                    await asyncio.sleep(STALL_S)
-                finally:
-                    os.kill(redis_server.proc.pid, signal.SIGCONT)
-                reserved = await reserving
-                assert answered_in < STALL_S / 2, f"the event loop waited {answered_in:.2f}s on a stalled Redis"
-                assert reserved.outcome == Outcome.APPLIED, reserved  # not DUPLICATE: its own first run
-                after = _inline_calls(url)
-                assert after["unavailable"] == 1, after
-
-                nonce = os.urandom(16).hex()
-                expires = int(time.time() * 1000) + 30_000
-                assert await client.worker(dst[0]).consume_nonce(nonce, expires, tid)  # cooling off: pooled
-                assert not await client.worker(dst[0]).consume_nonce(nonce, expires, tid)  # a replay
-                await drive_to(client, rid, tid, 1, src, dst, TxnState.PUBLISHED)
-                assert (await client.release(rid, tid, 1, *dst)).ok
-                assert await client.list_open() == []
-                assert _inline_calls(url) == after  # the cool-off kept them all on the pool
+                if asyncio.run(_stall(directory, redis_server, f"https://{metrics}/metrics")):
+                    return
             finally:
-                await client.close()
-
-        asyncio.run(scenario())
+                directory.stop()
+        raise AssertionError("three directories in a row answered slower than their budget before any stall")
     finally:
-        directory.stop()
         redis_server.stop()
+
+
+async def _stall(directory: DirectoryProcess, redis_server, url: str) -> bool:
+    """The scenario; False when the directory never got past its warm-up inline."""
+    ready = await _warmed_up(directory, url)
+    if ready is None:
+        return False
+    client, src, dst = ready
+    try:
+        rid, tid = uid("r"), uid("t")
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            reserving = asyncio.ensure_future(client.reserve(manifest(src, dst, tid, rid)))
+            await asyncio.sleep(BUDGET_S * 4)
+            with pki.security("operator", "operator").channel(directory.address, "directory") as ch:
+                started = time.monotonic()
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=5)
+                answered_in = time.monotonic() - started
+            await asyncio.sleep(STALL_S)
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        reserved = await reserving
+        assert answered_in < STALL_S / 2, f"the event loop waited {answered_in:.2f}s on a stalled Redis"
+        assert reserved.outcome == Outcome.APPLIED, reserved  # not DUPLICATE: its own first run
+        after = _inline_calls(url)
+        assert after["unavailable"] == 1, after
+
+        nonce = os.urandom(16).hex()
+        expires = int(time.time() * 1000) + 30_000
+        assert await client.worker(dst[0]).consume_nonce(nonce, expires, tid)  # cooling off: pooled
+        assert not await client.worker(dst[0]).consume_nonce(nonce, expires, tid)  # a replay
+        await drive_to(client, rid, tid, 1, src, dst, TxnState.PUBLISHED)
+        assert (await client.release(rid, tid, 1, *dst)).ok
+        assert await client.list_open() == []
+        assert _inline_calls(url) == after  # the cool-off kept them all on the pool
+        return True
+    finally:
+        await client.close()
