@@ -25,7 +25,7 @@ from kv_directory.redis_store import RedisDirectoryStore
 from services.directory.states import Outcome, TxnState
 from tests.support.directory.harness import make_spec, register
 
-TIMEOUT_S = 0.3
+TIMEOUT_S = 0.5  # far above a loopback call on a busy host; a reply lost is held twice as long
 
 
 class LosingRelay:
