@@ -81,12 +81,14 @@ def cmd_demo(args) -> int:
     client = Client(address, tls_files=tls_files)
     rng = random.Random(0)
     shared = [rng.randrange(3, 500) for _ in range(48)]
+    split = shared + [rng.randrange(3, 500) for _ in range(20)]
     prompts = [
         ("disaggregated", [rng.randrange(3, 500) for _ in range(40)]),
-        ("disaggregated", shared + [rng.randrange(3, 500) for _ in range(20)]),
+        ("disaggregated", split),
         ("disaggregated", shared + [rng.randrange(3, 500) for _ in range(30)]),
-        ("colocated", shared + [rng.randrange(3, 500) for _ in range(20)]),
+        ("colocated", split),  # the second prompt again, on one worker: the same tokens
     ]
+    served: dict[tuple[int, ...], tuple[str, list[int]]] = {}
     for mode, prompt in prompts:
         res = client.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,
                                    ignore_eos=True)
@@ -95,6 +97,10 @@ def cmd_demo(args) -> int:
               f"attempts {res.attempts}   request {res.request_id}")
         if res.route != mode:
             print(f"{'':16}asked for {mode}, served {res.route}: {res.failed_attempts or 'no such route'}")
+        route, earlier = served.setdefault(tuple(prompt), (res.route, res.token_ids))
+        if earlier is not res.token_ids:
+            print(f"{'':16}the same prompt, {route} earlier: "
+                  f"{'the same tokens' if earlier == res.token_ids else 'OTHER TOKENS (not exact)'}")
     print(f"\nrouter at {address}; try `pdctl status` or `pdctl generate --prompt-ids 1,2,3 "
           f"--max-tokens 8`; stop with `pdserve down` (or `make down`).")
     return 0

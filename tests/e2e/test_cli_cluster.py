@@ -69,6 +69,9 @@ def test_up_pdctl_demo_down(tmp_path):
         fell_back = demo.stdout.count("asked for disaggregated, served colocated: attempt 1 (disaggregated")
         assert demo.stdout.count("[disaggregated") + fell_back == 3, demo.stdout
         assert demo.stdout.count("[colocated") == 1 + fell_back
+        # The colocated request repeats the second prompt: the demo shows the tokens equal.
+        assert "the same prompt, disaggregated earlier: the same tokens" in demo.stdout or fell_back, demo.stdout
+        assert "OTHER TOKENS" not in demo.stdout, demo.stdout
     finally:
         down = run(["services.cli", "down", "--state-dir", state])
     assert down.returncode == 0, down.stderr
