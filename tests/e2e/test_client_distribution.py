@@ -4,6 +4,7 @@ and the examples in client/README.md run with it against a real local cluster.""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "client" / "README.md"
 
 
+def alone(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) without PYTHONPATH: a developer's pointing at the
+    checkout would put the server's packages in the client's virtualenv."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
+
+
 @pytest.fixture(scope="module")
 def client_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("client-venv")
@@ -26,25 +33,25 @@ def client_venv(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     done = subprocess.run([str(py), "-m", "pip", "install", "-q", str(source)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=alone())
     assert done.returncode == 0, done.stdout + done.stderr
     return py
 
 
 def test_the_client_installs_alone_without_the_servers_dependencies(client_venv):
     listed = subprocess.run([str(client_venv), "-m", "pip", "list", "--format=freeze"],
-                            capture_output=True, text=True, check=True).stdout.lower()
+                            capture_output=True, text=True, check=True, env=alone()).stdout.lower()
     names = {line.split("==")[0] for line in listed.split()}
     assert {"pdserve-client", "grpcio", "protobuf"} <= names
     assert not names & {"torch", "ucxx-cu12", "numpy", "redis", "cython", "pdserve"}, names
     probe = ("import importlib.util, pdserve_client, pdserve_client.rpc.pd.v1.router_pb2; "
              "print(importlib.util.find_spec('torch'), importlib.util.find_spec('services'))")
     out = subprocess.run([str(client_venv), "-c", probe], capture_output=True, text=True, cwd="/",
-                         check=True).stdout
+                         check=True, env=alone()).stdout
     assert out.split() == ["None", "None"]
     typed = subprocess.run([str(client_venv), "-c", "import pdserve_client, pathlib; "
                             "print((pathlib.Path(pdserve_client.__file__).parent / 'py.typed').exists())"],
-                           capture_output=True, text=True, cwd="/", check=True).stdout
+                           capture_output=True, text=True, cwd="/", check=True, env=alone()).stdout
     assert typed.strip() == "True"
 
 
@@ -53,7 +60,7 @@ def test_the_readme_examples_run_against_a_local_cluster(client_venv, tmp_path):
     assert len(blocks) == 2
     cluster = start_cluster(tmp_path, prefill=1, decode=1, transport="tcp")
     try:
-        env = dict(tls_env(cluster), PD_ROUTER=cluster.router_address)
+        env = alone(dict(tls_env(cluster), PD_ROUTER=cluster.router_address))
         outputs = []
         for code in blocks:
             done = subprocess.run([str(client_venv), "-c", code], capture_output=True, text=True, env=env,
