@@ -54,14 +54,9 @@ def free_port(host: str = "127.0.0.1", ephemeral: tuple[int, int] | None = None)
     """A TCP port on `host`, free a moment ago and outside the ephemeral range when the
     host leaves any room there; else whatever bind(0) gives."""
     spans = quiet_ranges(ephemeral or ephemeral_range())
-    total = sum(len(s) for s in spans)
-    for _ in range(_PICKS if total else 0):
-        i = _random.randrange(total)
-        for span in spans:
-            if i < len(span):
-                port = span[i]
-                break
-            i -= len(span)
+    weights = [len(s) for s in spans]  # every quiet port equally likely
+    for _ in range(_PICKS if spans else 0):
+        port = _random.choice(_random.choices(spans, weights)[0])
         if bindable(host, port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -75,10 +75,11 @@ def pick(probs: torch.Tensor, u: float) -> int:
     all 0) holds u * total: the first index whose running sum exceeds it, so a token of
     probability 0 is never picked. numpy's cumsum adds in index order, each add
     correctly rounded: the same bits on every CPU."""
-    running = np.cumsum(probs.numpy(), dtype=np.float64)
+    p = probs.numpy()
+    running = np.cumsum(p, dtype=np.float64)
     i = int(np.searchsorted(running, u * running[-1], side="right"))
     if i == len(running):  # u * total rounded up to the total: the last token with mass
-        i = int(np.flatnonzero(probs.numpy())[-1])
+        i = int(np.flatnonzero(p)[-1])
     return i
 
 

@@ -21,7 +21,6 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2,
     router_pb2_grpc,
 )
-from services.cluster.ports import free_port  # noqa: F401  (the tests import it from here)
 
 Event = router_pb2.GenerateEvent
 
