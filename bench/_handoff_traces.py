@@ -14,8 +14,8 @@ from collections import defaultdict
 EXTRA_LEGS = {
     "decode Reserve -> router -> prefill's grant (2 one-way hops)":
         (("decode", "/pd.v1.Decode/Reserve", "end"), ("prefill", "/pd.v1.Prefill/Prefill@granted", "at"), 2),
-    "prefill chunk sent -> decode chunk visible (data plane)":
-        (("prefill", "transfer.layer@chunk.sent", "at"), ("decode", "transfer.receive@chunk.visible", "at"), 1),
+    "prefill layer sent -> decode layer visible (data plane)":
+        (("prefill", "transfer.send@layer.sent", "at"), ("decode", "transfer.receive@layer.visible", "at"), 1),
     "decode -> directory Publish":
         (("decode", "decode.publish", "start"), ("directory", "/pd.v1.Directory/Publish", "start"), 1),
     "directory Publish -> decode":
@@ -34,8 +34,8 @@ SHARED_LEGS = {
 """Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
 AFTER_COMPUTE = (
     ("compute ended", ("prefill", "prefill.compute", "end")),
-    ("first chunk sent", ("prefill", "transfer.layer@chunk.sent", "at")),
-    ("last chunk visible", ("decode", "transfer.receive@chunk.visible", "last_at")),
+    ("first layer sent", ("prefill", "transfer.send@layer.sent", "at")),
+    ("last layer visible", ("decode", "transfer.receive@layer.visible", "last_at")),
     ("validation began", ("decode", "decode.validate", "start")),
     ("Publish left", ("decode", "decode.publish", "start")),
     ("published", ("decode", "decode.publish", "end")),

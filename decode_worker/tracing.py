@@ -5,8 +5,9 @@ and, once the commit arrives, the commit's (the source's transfer.commit span, c
 on the data plane), under which the rest happens:
 
     decode.reserve      (Reserve RPC) blocks allocated, receiver expecting
-    transfer.receive    reservation ready -> commit received; chunk.visible events (and
-                        capability.denied, a sender refused)
+    transfer.receive    reservation ready -> commit received; a layer.visible event per
+                        layer {pd.layer, pd.chunks, pd.bytes} when its last chunk landed
+                        (and capability.denied, a sender refused)
     decode.validate     commit checks, K/V digest, directory VALIDATED      (live)
     decode.publish      directory PUBLISHED                                 (live)
     decode.admit        imported into the batch, token 0 out                (live)
@@ -29,22 +30,38 @@ from services.telemetry import tracing
 class ReservationTrace:
     """One reservation's trace context and noted times (inert while tracing is off)."""
 
-    __slots__ = ("on", "context", "ready_ns", "events", "admitted_ns", "_received")
+    __slots__ = ("on", "context", "ready_ns", "events", "layers", "admitted_ns", "_received", "_committed")
 
     def __init__(self, reserve_start_ns: int):
         self.on = tracing.enabled()
         self.context = tracing.current_context()
         self.ready_ns = time.time_ns()
         self.events: list[tuple[str, int, dict]] = []
+        """Events other than the layers' (capability.denied)."""
+        self.layers: dict[int, list[int]] = {}
+        """layer -> [chunks visible, their bytes, the last one visible (ns)]."""
         self.admitted_ns = 0
         self._received: tuple | None = None  # transfer.receive's end, parent and events, not built yet
+        self._committed = False  # the commit came: transfer.receive ends there
         if self.on and reserve_start_ns:  # 0: made outside Reserve (tests)
             tracing.past_span(S.DECODE_RESERVE, reserve_start_ns, self.ready_ns, self.context)
 
     def chunk_visible(self, layer: int, nbytes: int) -> None:
-        """A chunk's bytes are in place."""
+        """A chunk's bytes are in place (counted into its layer's event)."""
         if self.on:
-            self.events.append((S.EVENT_CHUNK_VISIBLE, time.time_ns(), {S.LAYER: layer, S.BYTES: nbytes}))
+            at, entry = time.time_ns(), self.layers.get(layer)
+            if entry is None:
+                self.layers[layer] = [1, nbytes, at]
+            else:
+                entry[0] += 1
+                entry[1] += nbytes
+                entry[2] = at
+
+    def _events(self) -> list[tuple[str, int, dict]]:
+        """transfer.receive's events in time order: a layer.visible per layer, the rest as noted."""
+        layers = [(S.EVENT_LAYER_VISIBLE, at, {S.LAYER: layer, S.CHUNKS: chunks, S.BYTES: nbytes})
+                  for layer, (chunks, nbytes, at) in self.layers.items()]
+        return sorted(layers + self.events, key=lambda e: (e[1], e[2].get(S.LAYER, -1)))
 
     def denied(self, reason: str) -> None:
         """A sender's capability was refused (the reservation goes on waiting)."""
@@ -55,23 +72,28 @@ class ReservationTrace:
         """The commit arrived: the receive span ends (built by `flush`); what follows is
         under the commit's context (the reservation's own when the commit carries none)."""
         if self.on:
-            self._received = (time.time_ns(), self.context, tuple(self.events))
+            self._received, self._committed = (time.time_ns(), self.context, self._events()), True
             self.context = tracing.extract(dict(headers)) or self.context
 
-    def flush(self) -> None:
-        """Build transfer.receive, if its end was noted and it is not built yet."""
+    def flush(self, error: str = "") -> None:
+        """Build transfer.receive, if its end was noted and it is not built yet (`error`:
+        the hand-off failed after its commit, before publication)."""
         if self._received is not None:
             (end_ns, parent, events), self._received = self._received, None
-            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, end_ns, parent, events=events)
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, end_ns, parent, events=events, error=error)
 
     def ended(self, error: str = "") -> None:
-        """Decoding finished (or the reservation ended before publication: `error`)."""
+        """Decoding finished (or the reservation ended before publication: `error`). One
+        transfer.receive per reservation: ending at the commit when one came, at the
+        failure otherwise."""
         if not self.on:
             return
-        self.flush()
         if self.admitted_ns:
+            self.flush()
             tracing.past_span(S.DECODE_GENERATE, self.admitted_ns, time.time_ns(), self.context,
                               error=error)
+        elif self._committed:
+            self.flush(error)
         elif error:
             tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, time.time_ns(), self.context,
-                              events=self.events, error=error)
+                              events=self._events(), error=error)

@@ -279,7 +279,7 @@ class PrefillWorker:
                 with tracing.span_in(TRANSFER_COMMIT):  # its context travels in the commit
                     verdict = await self._commit(task, transfer_id, task.dest, () if ahead else chunks, kv_digest,
                                                  first_token, sealed=not ahead)
-        finally:  # the past spans (queue, compute, layers), off the token's way: built before its
+        finally:  # the past spans (queue, compute, send), off the token's way: built before its
             # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace); and
             # off the reply's, which the router awaits before token 0 leaves it
             await settle(early.sent)

@@ -9,14 +9,18 @@ One request is one trace. Its spans, by process (service.name):
                                                  events retry{pd.reason}, fallback{pd.reason}
                          <gRPC client spans>     /pd.v1.Decode/Reserve, /pd.v1.Prefill/Prefill, ...
     pdserve-decode     decode.reserve            blocks + directory reservation
-                       transfer.receive          reservation ready -> every chunk visible;
-                                                 events chunk.visible{pd.layer, pd.bytes}
+                       transfer.receive          reservation ready -> commit received; events
+                                                 layer.visible{pd.layer, pd.chunks, pd.bytes},
+                                                 one per layer, when its last chunk landed
                        decode.validate, decode.publish, decode.admit,
                        decode.first_token        admitted -> first token out
                        decode.generate           first token -> last token
                        decode.release
     pdserve-prefill    prefill.queue, prefill.compute (one per compute chunk),
-                       transfer.layer            one per layer sent; events chunk.sent{pd.layer, pd.bytes}
+                       transfer.send             first chunk handed to the transport -> last one
+                                                 sent: pd.layers, pd.chunks, pd.bytes; events
+                                                 layer.sent{pd.layer, pd.chunks, pd.bytes}, one
+                                                 per layer, when its last chunk left
                        transfer.commit
     pdserve-directory  <gRPC server spans>       /pd.v1.Directory/Begin, /Validated, /Publish, ...
 
@@ -48,6 +52,8 @@ PREFILL_WORKER = "pd.prefill_worker"
 DECODE_WORKER = "pd.decode_worker"
 PROMPT_TOKENS = "pd.prompt_tokens"
 LAYER = "pd.layer"
+LAYERS = "pd.layers"
+CHUNKS = "pd.chunks"
 BYTES = "pd.bytes"
 REASON = "pd.reason"
 
@@ -69,14 +75,17 @@ DECODE_GENERATE = "decode.generate"
 DECODE_RELEASE = "decode.release"
 PREFILL_QUEUE = "prefill.queue"
 PREFILL_COMPUTE = "prefill.compute"
-TRANSFER_LAYER = "transfer.layer"
+TRANSFER_SEND = "transfer.send"
 TRANSFER_COMMIT = "transfer.commit"
 
 # ---- event names --------------------------------------------------------------
 EVENT_RETRY = "retry"
 EVENT_FALLBACK = "fallback"
-EVENT_CHUNK_SENT = "chunk.sent"
-EVENT_CHUNK_VISIBLE = "chunk.visible"
+EVENT_LAYER_SENT = "layer.sent"
+"""transfer.send: a layer's last chunk left (one event per layer, however many chunks it
+took, so a hand-off's trace grows with its layers, not its chunks)."""
+EVENT_LAYER_VISIBLE = "layer.visible"
+"""transfer.receive: a layer's last chunk is in place (one event per layer)."""
 EVENT_FIRST_TOKEN = "first_token"
 EVENT_CAPABILITY_DENIED = "capability.denied"
 EVENT_REJECTED = "rejected"

@@ -26,7 +26,7 @@ __all__ = ["Row", "Span", "Trace", "View", "find", "load", "parse", "render_text
 
 STATUS_NAMES = {0: "unset", 1: "ok", 2: "error"}
 """OTLP status codes as the collector records them."""
-KEY_ATTRIBUTES = (sv.ROUTE, sv.GENERATION, sv.TRANSFER_ID, sv.LAYER, sv.PREFILL_WORKER, sv.DECODE_WORKER)
+KEY_ATTRIBUTES = (sv.ROUTE, sv.GENERATION, sv.TRANSFER_ID, sv.LAYERS, sv.BYTES, sv.PREFILL_WORKER, sv.DECODE_WORKER)
 """Attributes shown on a waterfall row (the full set is in --json and the HTML details)."""
 
 

@@ -20,11 +20,13 @@ import pytest
 from pdserve_client import cli, trace_view
 from pdserve_client import spans as S
 from pdserve_client.types import PdError
+from services.engine.presets import PRESETS
 from tests.support.browser import BrowserUnavailable, Chromium
 from tests.support.cluster import assert_cluster_clean, client, start_cluster
 from tests.support.metrics import scrape_process
 
 MAX_TOKENS = 6
+LAYERS = PRESETS["tiny"].num_hidden_layers
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +95,11 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
     assert decide.attributes[S.ROUTE] == "disaggregated" and attempt.attributes[S.GENERATION] == "1"
     assert attempt.attributes[S.TRANSFER_ID] == f"{r.request_id}/1"
     reserve, receive = _one(trace, S.DECODE_RESERVE), _one(trace, S.TRANSFER_RECEIVE)
-    computes, layers = _named(trace, S.PREFILL_COMPUTE), _named(trace, S.TRANSFER_LAYER)
+    computes, send = _named(trace, S.PREFILL_COMPUTE), _one(trace, S.TRANSFER_SEND)
     commit, validate = _one(trace, S.TRANSFER_COMMIT), _one(trace, S.DECODE_VALIDATE)
     publish, admit = _one(trace, S.DECODE_PUBLISH), _one(trace, S.DECODE_ADMIT)
     generate = _one(trace, S.DECODE_GENERATE)
-    for a, b in [(decide, attempt), (reserve, receive), (computes[-1], layers[-1]), (layers[-1], commit),
+    for a, b in [(decide, attempt), (reserve, receive), (computes[-1], send), (send, commit),
                  (validate, publish), (publish, admit), (admit, generate)]:
         _before(a, b)
     assert commit.start_ns <= validate.start_ns and validate.parent_id == commit.span_id  # joined over the data plane
@@ -106,16 +108,20 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
     # landed before the first chunk left.
     at = {e["name"]: e["t_ns"] for e in attempt.events}
     landed = [e["t_ns"] for e in _one(trace, "/pd.v1.Prefill/Prefill").events if e["name"] == S.EVENT_GRANTED]
-    assert reserve.end_ns <= at[S.EVENT_RESERVED] <= at[S.EVENT_GRANTED] <= landed[0] <= layers[0].start_ns
+    assert reserve.end_ns <= at[S.EVENT_RESERVED] <= at[S.EVENT_GRANTED] <= landed[0] <= send.start_ns
     # The Prefill's reply (its K/V digest) came after the publication. Token 0 did not wait
     # for it: it brought the prefill's seal, which the router opened over the decode's digest.
     published = max(s.end_ns for s in _named(trace, "/pd.v1.Directory/Publish"))
     assert published <= at[S.EVENT_PREFILL_DONE] <= attempt.end_ns
     assert S.EVENT_TOKEN_HELD not in at
-    sent = [e for s in layers for e in s.events if e["name"] == S.EVENT_CHUNK_SENT]
-    visible = [e for e in receive.events if e["name"] == S.EVENT_CHUNK_VISIBLE]
-    assert len(sent) == len(visible) > 0 and sum(e["attributes"][S.BYTES] for e in sent) == \
-        sum(e["attributes"][S.BYTES] for e in visible) > 0
+    # One event per layer on each side, whatever the chunks: the model's every layer, each
+    # layer's chunks and bytes the same at both ends, summed on the send span.
+    sent = {e["attributes"][S.LAYER]: e["attributes"] for e in send.events if e["name"] == S.EVENT_LAYER_SENT}
+    visible = {e["attributes"][S.LAYER]: e["attributes"] for e in receive.events if e["name"] == S.EVENT_LAYER_VISIBLE}
+    assert sorted(sent) == list(range(LAYERS)) and sent == visible
+    assert send.attributes[S.LAYERS] == LAYERS and send.attributes[S.CHUNKS] == sum(
+        a[S.CHUNKS] for a in sent.values()) >= LAYERS
+    assert send.attributes[S.BYTES] == sum(a[S.BYTES] for a in sent.values()) > 0
     directory = {s.name for s in trace.spans if s.service == "pdserve-directory"}
     # The nonce check belongs to the request too, whether the sender's AUTH or the router's
     # copy of the capability (the DecodeStream) made it.

@@ -20,8 +20,8 @@ def trace(shift: float, publishes=((18.0, 19.0),)):
     return SimpleNamespace(spans=[
         span("decode", "/pd.v1.Decode/Reserve", 2.0, 2.5),
         span("prefill", "/pd.v1.Prefill/Prefill", 1.0, 20.0, [("granted", 5.5 + shift)]),
-        span("prefill", "transfer.layer", 12.0, 12.1, [("chunk.sent", 12.05)]),
-        span("decode", "transfer.receive", 2.6, 15.0, [("chunk.visible", 14.05 + shift)]),
+        span("prefill", "transfer.send", 12.0, 12.1, [("layer.sent", 12.05)]),
+        span("decode", "transfer.receive", 2.6, 15.0, [("layer.visible", 14.05 + shift)]),
         span("decode", "decode.publish", 17.0, 20.0),
         *(span("directory", "/pd.v1.Directory/Publish", a, b) for a, b in publishes),
     ])
@@ -31,7 +31,7 @@ def test_each_leg_is_the_median_gap_between_its_two_steps():
     got = legs([trace(0.0), trace(1.0), trace(2.0)], EXTRA_LEGS)
     assert {k: round(v[0], 6) for k, v in got.items()} == {
         "decode Reserve -> router -> prefill's grant (2 one-way hops)": 4.0,
-        "prefill chunk sent -> decode chunk visible (data plane)": 3.0,
+        "prefill layer sent -> decode layer visible (data plane)": 3.0,
         "decode -> directory Publish": 1.0,
         "directory Publish -> decode": 1.0,
     }
@@ -68,18 +68,18 @@ def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own
     def one(shift):
         return SimpleNamespace(spans=[
             span("prefill", "prefill.compute", 3.0, 8.0),
-            span("prefill", "transfer.layer", 8.4, 8.5, [("chunk.sent", 8.5 + shift)]),
+            span("prefill", "transfer.send", 8.4, 8.5, [("layer.sent", 8.5 + shift)]),
             span("decode", "transfer.receive", 2.0, 10.0,
-                 [("chunk.visible", 9.0 + shift), ("chunk.visible", 9.5 + shift)]),
+                 [("layer.visible", 9.0 + shift), ("layer.visible", 9.5 + shift)]),
             span("decode", "decode.validate", 10.0 + shift, 10.4 + shift),
             span("decode", "decode.publish", 10.5 + shift, 12.5 + 2 * shift),
             span("router", "router.request", 0.5, 20.0, [("first_token", 14.0 + 3 * shift)]),
         ])
     segments, whole = after_compute([one(0.0), one(1.0), one(2.0)])
     assert {k: round(ms, 6) for k, (ms, _) in segments.items()} == {
-        "compute ended -> first chunk sent": 1.5,
-        "first chunk sent -> last chunk visible": 1.0,  # to the last chunk, not the first
-        "last chunk visible -> validation began": 0.5,
+        "compute ended -> first layer sent": 1.5,
+        "first layer sent -> last layer visible": 1.0,  # to the last layer, not the first
+        "last layer visible -> validation began": 0.5,
         "validation began -> Publish left": 0.5,
         "Publish left -> published": 3.0,
         "published -> token 0 left the router": 2.5,

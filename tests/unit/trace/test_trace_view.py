@@ -36,8 +36,8 @@ def test_the_waterfall_is_a_tree_by_parent_with_siblings_by_start_whatever_the_a
     assert expected[:6] == [(0, sv.ROUTER_REQUEST), (1, sv.ROUTER_DECIDE), (1, sv.ROUTER_ATTEMPT),
                             (2, sv.DECODE_RESERVE), (2, sv.PREFILL_COMPUTE), (1, sv.ROUTER_ATTEMPT)]
     view = _view(spans)
-    layer = [i for i, r in enumerate(view.rows) if r.span.name == sv.TRANSFER_LAYER][0]
-    assert view.rows[layer + 1].span.name == sv.TRANSFER_COMMIT and view.rows[layer + 1].depth == 3
+    send = [i for i, r in enumerate(view.rows) if r.span.name == sv.TRANSFER_SEND][0]
+    assert view.rows[send + 1].span.name == sv.TRANSFER_COMMIT and view.rows[send + 1].depth == 3
     offsets = [r.offset_ms for r in view.rows if r.depth == 2 and r.span.attributes[sv.TRANSFER_ID] == "x2"]
     assert offsets == sorted(offsets)
     assert len(view.rows) == len(spans) == view.summary.spans == 20
@@ -156,6 +156,8 @@ def test_text_rows_carry_key_attributes_and_reasons():
     attempt = next(line for line in text.splitlines() if "router.attempt" in line and "error" in line)
     assert "generation=1" in attempt and "transfer_id=x1" in attempt and "[retry: TRANSFER_FAILED" in attempt
     assert "! /pd.v1.Directory/Publish" in text and "t_exposed_ms 2.875" in text
+    send = next(line for line in text.splitlines() if sv.TRANSFER_SEND in line)
+    assert "layers=1" in send and "bytes=4096" in send
 
 
 def test_wait_for_picks_up_spans_exported_after_the_call_and_waits_for_the_rest(tmp_path):
