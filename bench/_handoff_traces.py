@@ -1,5 +1,6 @@
 """What bench/handoff.py reads from the requests' traces: the per-hop waterfall (`hops`),
-the gRPC calls per request (`rpc_counts`), and the time between two traced steps of a
+the gRPC calls per request (`rpc_counts`), the spans and events per request
+(`span_counts`), and the time between two traced steps of a
 request, per trace, as medians (`legs`): the legs a disaggregated request adds
 (`EXTRA_LEGS`), those a colocated one has too (`SHARED_LEGS`), token 0 held for the
 prefill's digest (`HELD_LEG`), and the path from the compute's end to token 0, step by
@@ -84,6 +85,20 @@ def rpc_counts(traces) -> dict[str, float]:
             if s.name.startswith("/pd.v1."):
                 counts[f"{s.service.removeprefix('pdserve-')}/{s.name.rsplit('/', 1)[-1]}"] += 1
     return {k: counts[k] / len(traces) for k in sorted(counts)} if traces else {}
+
+
+def span_counts(traces) -> tuple[dict[str, float], float]:
+    """(service -> spans per trace, events per trace), means: what tracing a request makes,
+    exports and stores."""
+    spans: dict[str, int] = defaultdict(int)
+    events = 0
+    for trace in traces:
+        for s in trace.spans:
+            spans[s.service.removeprefix("pdserve-")] += 1
+            events += len(s.events)
+    if not traces:
+        return {}, 0.0
+    return {k: spans[k] / len(traces) for k in sorted(spans)}, events / len(traces)
 
 
 def edge(trace, service: str, name: str, which: str) -> int | None:

@@ -76,11 +76,13 @@ where the cluster's extra CPU on the path and the waits behind it account for th
 the overhead is that work on these cores, and what would remove it is less of it.
 
 JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "overhead_isolated" | "round_trip" |
-"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "path_cpu" |
+"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "spans" | "path_cpu" |
 "path_cpu_extra" | "hop", ...}; "held":
 how long token 0 waited at the router for the prefill's digest, in the traces where it did
 (`HELD_LEG`); "calls" counts
 the gRPC calls each process served per traced request (mean, asked-again ones included);
+"spans" the spans each process made per traced request and the events on them (what a
+request's trace costs to make, export and keep);
 "hop" rows include the
 spans' events ("service/span@event", duration 0: the router's first_token is when token 0
 left for the client).
@@ -111,6 +113,7 @@ from bench._handoff_traces import (
     hops,
     legs,
     rpc_counts,
+    span_counts,
 )
 
 TARGET_OVERHEAD_MS = 5.0
@@ -346,6 +349,10 @@ def run(args) -> None:
         per_trace = rpc_counts(traces[mode])
         emit(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
              total=round(sum(per_trace.values()), 2), traces=len(traces[mode]))
+        by_service, events = span_counts(traces[mode])
+        emit(metric="spans", mode=mode, per_request={k: round(v, 2) for k, v in by_service.items()},
+             total=round(sum(by_service.values()), 2), events_per_request=round(events, 2),
+             traces=len(traces[mode]))
     for row in sched.rows(path_rows, sched_why, overhead, args.sched_requests, TARGET_OVERHEAD_MS):
         emit(**row)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench._handoff_traces import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts
+from bench._handoff_traces import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts, span_counts
 
 MS = 1_000_000
 
@@ -62,6 +62,13 @@ def test_calls_are_counted_per_trace_by_service_and_method_asked_again_ones_incl
     two = SimpleNamespace(spans=[span("decode", "/pd.v1.Decode/Reserve", 1, 2)])
     assert rpc_counts([one, two]) == {"decode/Reserve": 1.0, "directory/ConsumeNonce": 1.0}
     assert rpc_counts([]) == {}
+
+
+def test_spans_and_their_events_are_counted_per_trace_by_service():
+    one, two = trace(0.0), trace(1.0, publishes=((18.0, 18.5), (18.6, 19.0)))
+    per_service, events = span_counts([one, two])
+    assert per_service == {"decode": 3.0, "directory": 1.5, "prefill": 2.0} and events == 3.0
+    assert span_counts([]) == ({}, 0.0)
 
 
 def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own_median():
