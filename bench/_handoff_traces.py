@@ -34,7 +34,7 @@ SHARED_LEGS = {
 }
 """Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
 AFTER_COMPUTE = (
-    ("compute ended", ("prefill", "prefill.compute", "end")),
+    ("compute ended", ("prefill", "prefill.compute", "last_end")),  # its last compute chunk
     ("first layer sent", ("prefill", "transfer.send@layer.sent", "at")),
     ("last layer visible", ("decode", "transfer.receive@layer.visible", "last_at")),
     ("validation began", ("decode", "decode.validate", "start")),

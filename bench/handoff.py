@@ -3,10 +3,11 @@ colocated one on a short prompt, hop by hop.
 
 One local cluster (--model, --transport, 1 prefill + 1 decode, secure, traced: the
 default deployment; --no-secure and --no-traces measure what each costs, the latter
-without the waterfall). After --warmup requests per mode, --requests pairs: a fresh random
---prompt-tokens prompt served colocated and disaggregated (which goes first alternates),
---max-tokens, ignore_eos, one at a time. Client-side TTFT (the SDK's) per mode: median and
-p90; overhead = median disaggregated - median colocated (issue 21's target: <= 5 ms),
+without the waterfall). After --warmup requests per mode, --requests pairs: a colocated
+and a disaggregated request (which goes first alternates), each on a fresh random
+--prompt-tokens prompt (none the cluster's prefix cache holds), --max-tokens, ignore_eos,
+one at a time. Client-side TTFT (the SDK's) per mode: median and p90; overhead = median
+disaggregated - median colocated (issue 21's target: <= 5 ms),
 ratio = disaggregated / colocated, both from this run.
 
 Per-hop breakdown, from each request's trace in the collector's file: for every span name
@@ -222,11 +223,14 @@ def run(args) -> None:
         cluster.up()
         with cluster.client(timeout_s=60) as sdk:
             def pairs(n: int, gap_s: float = 0.0):
-                """n pairs, a fresh prompt each, served in both modes (which goes first
-                alternates); (pair, mode, result); `gap_s` paused before each request."""
+                """n pairs, one request per mode (which goes first alternates), each on a
+                fresh prompt: the same prompt twice would find the first one's blocks in
+                the decode's prefix cache from its second block on (a 16-token prompt has
+                none to reuse; a long one would skip most of its compute);
+                (pair, mode, result); `gap_s` paused before each request."""
                 for i in range(n):
-                    prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
                     for mode in MODES if i % 2 else MODES[::-1]:
+                        prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
                         if gap_s:
                             time.sleep(gap_s)  # the last request's tail ends meanwhile
                         res = sdk.generate_full(prompt_ids=prompt, max_tokens=args.max_tokens, mode=mode,

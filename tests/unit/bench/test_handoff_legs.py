@@ -73,7 +73,8 @@ def test_spans_and_their_events_are_counted_per_trace_by_service():
 
 def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own_median():
     def one(shift):
-        return SimpleNamespace(spans=[
+        return SimpleNamespace(spans=[  # a prompt computed in two chunks: the path starts at the last's end
+            span("prefill", "prefill.compute", 1.0, 3.0),
             span("prefill", "prefill.compute", 3.0, 8.0),
             span("prefill", "transfer.send", 8.4, 8.5, [("layer.sent", 8.5 + shift)]),
             span("decode", "transfer.receive", 2.0, 10.0,
@@ -92,4 +93,4 @@ def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own
         "published -> token 0 left the router": 2.5,
     }
     assert whole == (9.0, 3)
-    assert after_compute([SimpleNamespace(spans=one(0.0).spans[1:])])[1] is None  # no compute: no path
+    assert after_compute([SimpleNamespace(spans=one(0.0).spans[2:])])[1] is None  # no compute: no path
