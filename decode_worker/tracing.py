@@ -25,6 +25,7 @@ import time
 
 from pdserve_client import spans as S
 from services.telemetry import tracing
+from services.telemetry.layer_tally import LayerTally
 
 
 class ReservationTrace:
@@ -38,8 +39,8 @@ class ReservationTrace:
         self.ready_ns = time.time_ns()
         self.events: list[tuple[str, int, dict]] = []
         """Events other than the layers' (capability.denied)."""
-        self.layers: dict[int, list[int]] = {}
-        """layer -> [chunks visible, their bytes, the last one visible (ns)]."""
+        self.layers = LayerTally()
+        """Chunks and bytes visible per layer, and when its last chunk landed."""
         self.admitted_ns = 0
         self._received: tuple | None = None  # transfer.receive's end, parent and events, not built yet
         self._committed = False  # the commit came: transfer.receive ends there
@@ -49,19 +50,12 @@ class ReservationTrace:
     def chunk_visible(self, layer: int, nbytes: int) -> None:
         """A chunk's bytes are in place (counted into its layer's event)."""
         if self.on:
-            at, entry = time.time_ns(), self.layers.get(layer)
-            if entry is None:
-                self.layers[layer] = [1, nbytes, at]
-            else:
-                entry[0] += 1
-                entry[1] += nbytes
-                entry[2] = at
+            self.layers.add(layer, nbytes, time.time_ns())
 
     def _events(self) -> list[tuple[str, int, dict]]:
         """transfer.receive's events in time order: a layer.visible per layer, the rest as noted."""
-        layers = [(S.EVENT_LAYER_VISIBLE, at, {S.LAYER: layer, S.CHUNKS: chunks, S.BYTES: nbytes})
-                  for layer, (chunks, nbytes, at) in self.layers.items()]
-        return sorted(layers + self.events, key=lambda e: (e[1], e[2].get(S.LAYER, -1)))
+        return sorted(self.layers.events(S.EVENT_LAYER_VISIBLE) + self.events,
+                      key=lambda e: (e[1], e[2].get(S.LAYER, -1)))
 
     def denied(self, reason: str) -> None:
         """A sender's capability was refused (the reservation goes on waiting)."""

@@ -23,6 +23,7 @@ import time
 
 from pdserve_client import spans as S
 from services.telemetry import tracing
+from services.telemetry.layer_tally import LayerTally
 from services.worker.loop import Job
 
 
@@ -35,8 +36,8 @@ class PrefillTrace:
         self.on = tracing.enabled()
         self.first_ns = self.last_ns = 0
         """The first chunk handed to the transport; the last one sent."""
-        self.layers: dict[int, list[int]] = {}
-        """layer -> [chunks sent, bytes sent, its last chunk sent (ns)]."""
+        self.layers = LayerTally()
+        """Chunks and bytes sent per layer, and when its last chunk left."""
 
     def sent(self, layer: int, nbytes: int, start_ns: int) -> None:
         """A chunk of `layer` left (it was handed to the transport at start_ns)."""
@@ -45,13 +46,7 @@ class PrefillTrace:
             if not self.layers:
                 self.first_ns = start_ns
             self.last_ns = end
-            entry = self.layers.get(layer)
-            if entry is None:
-                self.layers[layer] = [1, nbytes, end]
-            else:
-                entry[0] += 1
-                entry[1] += nbytes
-                entry[2] = end
+            self.layers.add(layer, nbytes, end)
 
     def computed(self, job: Job) -> None:
         """The queue and compute spans of `job` (its chunks are done)."""
@@ -73,11 +68,6 @@ class PrefillTrace:
 
     def transferred(self) -> None:
         """The transfer.send span: one layer.sent event per layer, in the order they left."""
-        if not self.layers:
-            return
-        by_time = sorted(self.layers.items(), key=lambda item: (item[1][2], item[0]))
-        events = [(S.EVENT_LAYER_SENT, at, {S.LAYER: layer, S.CHUNKS: chunks, S.BYTES: nbytes})
-                  for layer, (chunks, nbytes, at) in by_time]
-        tracing.past_span(S.TRANSFER_SEND, self.first_ns, self.last_ns, events=events, attributes={
-            S.LAYERS: len(self.layers), S.CHUNKS: sum(e[0] for e in self.layers.values()),
-            S.BYTES: sum(e[1] for e in self.layers.values())})
+        if self.layers:
+            tracing.past_span(S.TRANSFER_SEND, self.first_ns, self.last_ns, attributes=self.layers.totals(),
+                              events=self.layers.events(S.EVENT_LAYER_SENT))

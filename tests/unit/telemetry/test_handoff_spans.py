@@ -63,7 +63,7 @@ def test_nothing_sent_no_send_span_and_nothing_recorded_while_tracing_is_off(spa
     tracing.shutdown()
     off = PrefillTrace()
     off.sent(0, 10, 1)
-    assert not off.on and off.layers == {}
+    assert not off.on and not off.layers
 
 
 def test_the_prefill_builds_its_spans_after_the_reply_in_one_loop_turn(spans):
