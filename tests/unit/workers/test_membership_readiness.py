@@ -29,6 +29,7 @@ class ScriptedDirectory:
         self.epoch = 0
         self.registered: set[str] = set()
         self.calls: list[str] = []
+        self.beats: list[float] = []  # when each heartbeat came (time.monotonic)
 
     def _check(self, what: str) -> None:
         self.calls.append(what)
@@ -44,6 +45,7 @@ class ScriptedDirectory:
 
     async def heartbeat(self, worker_id: str, epoch: int, load: LoadReport | None = None) -> Lease:
         self._check("heartbeat")
+        self.beats.append(time.monotonic())
         ok = self.lease_ok and epoch == self.epoch
         return Lease(ok, 300 if ok else 0, 0)
 
@@ -83,10 +85,7 @@ async def until(done, timeout_s: float = 3.0) -> None:
 
 async def settle(m: Membership, states: list[bool], want: bool, timeout_s: float = 3.0) -> None:
     """Wait until the last readiness reported is `want`."""
-    async def until():
-        while not states or states[-1] is not want:
-            await asyncio.sleep(0.01)
-    await asyncio.wait_for(until(), timeout_s)
+    await until(lambda: states and states[-1] is want, timeout_s)
 
 
 @pytest.fixture(autouse=True)
@@ -209,14 +208,8 @@ def test_a_heartbeat_leaves_early_once_the_load_moved_and_not_before():
 
 
 def test_without_a_report_share_heartbeats_keep_to_the_lease_third():
-    class Directory(ScriptedDirectory):  # a 0.3 s lease: a heartbeat every 0.1 s
-        async def heartbeat(self, worker_id, epoch, load=None):
-            self.beats.append(time.monotonic())
-            return await super().heartbeat(worker_id, epoch, load)
-
     async def main():
-        d = Directory()
-        d.beats = []
+        d = ScriptedDirectory()  # a 0.3 s lease: a heartbeat every 0.1 s
         load = [LoadReport(free_blocks=8, total_blocks=8)]
         info = WorkerInfo("decode-0", WorkerRole.DECODE, "127.0.0.1:1", "tcp://127.0.0.1:2", "abi", CAP)
         m = Membership(d, info, lambda: load[0], clock=Clock(), report_change=0.0)
