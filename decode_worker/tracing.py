@@ -42,7 +42,7 @@ class ReservationTrace:
         self.layers = LayerTally()
         """Chunks and bytes visible per layer, and when its last chunk landed."""
         self.admitted_ns = 0
-        self._received: tuple | None = None  # transfer.receive's end, parent and events, not built yet
+        self._received: tuple | None = None  # transfer.receive's end, parent and events noted, not built yet
         self._committed = False  # the commit came: transfer.receive ends there
         if self.on and reserve_start_ns:  # 0: made outside Reserve (tests)
             tracing.past_span(S.DECODE_RESERVE, reserve_start_ns, self.ready_ns, self.context)
@@ -52,9 +52,10 @@ class ReservationTrace:
         if self.on:
             self.layers.add(layer, nbytes, time.time_ns())
 
-    def _events(self) -> list[tuple[str, int, dict]]:
-        """transfer.receive's events in time order: a layer.visible per layer, the rest as noted."""
-        return sorted(self.layers.events(S.EVENT_LAYER_VISIBLE) + self.events,
+    def _events(self, noted: int | None = None) -> list[tuple[str, int, dict]]:
+        """transfer.receive's events in time order: a layer.visible per layer, the rest as
+        noted (the first `noted` of them)."""
+        return sorted(self.layers.events(S.EVENT_LAYER_VISIBLE) + self.events[:noted],
                       key=lambda e: (e[1], e[2].get(S.LAYER, -1)))
 
     def denied(self, reason: str) -> None:
@@ -63,18 +64,20 @@ class ReservationTrace:
             self.events.append((S.EVENT_CAPABILITY_DENIED, time.time_ns(), {S.REASON: reason}))
 
     def committed(self, headers: tuple[tuple[str, str], ...]) -> None:
-        """The commit arrived: the receive span ends (built by `flush`); what follows is
-        under the commit's context (the reservation's own when the commit carries none)."""
+        """The commit arrived: the receive span ends (built by `flush`, its events too: every
+        chunk is in); what follows is under the commit's context (the reservation's own when
+        the commit carries none)."""
         if self.on:
-            self._received, self._committed = (time.time_ns(), self.context, self._events()), True
+            self._received, self._committed = (time.time_ns(), self.context, len(self.events)), True
             self.context = tracing.extract(dict(headers)) or self.context
 
     def flush(self, error: str = "") -> None:
         """Build transfer.receive, if its end was noted and it is not built yet (`error`:
         the hand-off failed after its commit, before publication)."""
         if self._received is not None:
-            (end_ns, parent, events), self._received = self._received, None
-            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, end_ns, parent, events=events, error=error)
+            (end_ns, parent, noted), self._received = self._received, None
+            tracing.past_span(S.TRANSFER_RECEIVE, self.ready_ns, end_ns, parent, events=self._events(noted),
+                              error=error)
 
     def ended(self, error: str = "") -> None:
         """Decoding finished (or the reservation ended before publication: `error`). One
