@@ -1,11 +1,13 @@
 """What bench/handoff.py reads from the requests' traces: the per-hop waterfall (`hops`),
 the gRPC calls per request (`rpc_counts`), the spans and events per request
 (`span_counts`), and the time between two traced steps of a
-request, per trace, as medians (`legs`): the legs a disaggregated request adds
-(`EXTRA_LEGS`), those a colocated one has too (`SHARED_LEGS`), token 0 held for the
-prefill's digest (`HELD_LEG`), and the path from the compute's end to token 0, step by
-step (`AFTER_COMPUTE`, `after_compute`). A trace is the SDK's trace_view view of it: its
-spans, each with service, name, start_ns, end_ns and events ({"name", "t_ns"})."""
+request, per trace, as medians (`legs`): the legs of the hand-off (`EXTRA_LEGS`: a
+colocated request has none; they are on the way to the decode's first token), those of
+token 0's way, which a colocated request has too (`SHARED_LEGS`), the decode's tokens held
+for the prefill's digest (`HELD_LEG`), and from the compute's end, step by step, the way
+to token 0 (`AFTER_COMPUTE`, `after_compute`) and the hand-off (`HANDOFF`). A trace is the
+SDK's trace_view view of it: its spans, each with service, name, start_ns, end_ns and
+events ({"name", "t_ns"})."""
 
 from __future__ import annotations
 
@@ -22,33 +24,42 @@ EXTRA_LEGS = {
     "directory Publish -> decode":
         (("directory", "/pd.v1.Directory/Publish", "last_end"), ("decode", "decode.publish", "end"), 1),
 }
-"""The legs between processes a disaggregated request adds to a colocated one's path (both
-go router -> decode and decode -> router): from the last traced step of one process to the
-first of the next (span start or end, or an event's time), in each trace; then the one-way
-hops the leg takes."""
+"""The legs between processes of the hand-off, which a colocated request does not make:
+from the last traced step of one process to the first of the next (span start or end, or
+an event's time), in each trace; then the one-way hops the leg takes. Token 0 leaves from
+the prefill as soon as it is sampled: these are on the way to the decode's tokens."""
 SHARED_LEGS = {
-    "router -> decode Reserve (colocated: Generate)":
-        (("router", "router.attempt", "start"), ("decode", "/pd.v1.Decode/Reserve", "start"), 1),
-    "decode publish done -> router sends token 0":
-        (("decode", "decode.publish", "end"), ("router", "router.request@first_token", "at"), 1),
+    "router -> prefill Prefill (colocated: decode Generate)":
+        (("router", "router.attempt", "start"), ("prefill", "/pd.v1.Prefill/Prefill", "start"), 1),
+    "prefill sends token 0 -> router sends it on (colocated: the decode's)":
+        (("prefill", "/pd.v1.Prefill/Prefill@first_token", "at"), ("router", "router.request@first_token", "at"), 1),
 }
-"""Legs a colocated request has too (its Generate instead of the Reserve; its own token)."""
+"""Token 0's legs, which a colocated request has too (to and from its decode worker)."""
 AFTER_COMPUTE = (
     ("compute ended", ("prefill", "prefill.compute", "last_end")),  # its last compute chunk
+    ("token 0 left the prefill", ("prefill", "/pd.v1.Prefill/Prefill@first_token", "at")),
+    ("token 0 left the router", ("router", "router.request@first_token", "at")),
+)
+"""The disaggregated path from the prefill's compute's end to token 0 leaving the router,
+step by step (the `path` row: each segment is the median gap between two consecutive
+steps; a colocated request's decode sends its own token 0 the same way)."""
+HANDOFF = (
+    ("compute ended", ("prefill", "prefill.compute", "last_end")),
     ("first layer sent", ("prefill", "transfer.send@layer.sent", "at")),
     ("last layer visible", ("decode", "transfer.receive@layer.visible", "last_at")),
     ("validation began", ("decode", "decode.validate", "start")),
     ("Publish left", ("decode", "decode.publish", "start")),
     ("published", ("decode", "decode.publish", "end")),
-    ("token 0 left the router", ("router", "router.request@first_token", "at")),
+    ("decoding", ("decode", "decode.generate", "start")),
 )
-"""The disaggregated path from the prefill's compute's end to token 0 leaving the router,
-step by step (the `path` row: each segment is the median gap between two consecutive
-steps; what a colocated request pays after its compute is the last segment's like)."""
-HELD_LEG = {"token 0 held for the prefill's digest":
+"""The hand-off from the prefill's compute's end until the decode decodes (the blocks
+imported and the sequence in its batch), step by step (the `handoff_path` row): the way
+to token 1, which a colocated request's decode has computed by then."""
+HELD_LEG = {"the decode's tokens held for the prefill's digest":
             (("router", "router.attempt@token.held", "at"), ("router", "router.attempt@prefill.done", "at"), 0)}
-"""How long the router held the decode's token 0 for the Prefill's reply, whose K/V digest
-it compares with the decode's before anything streams (only where token 0 came first)."""
+"""How long the router held the decode's tokens for the Prefill's reply, whose K/V digest
+it compares with the decode's before they stream (only where the decode's token 0 came
+first without the prefill's seal)."""
 
 
 def hops(traces) -> dict[str, tuple[float, float, int]]:
@@ -128,11 +139,11 @@ def legs(traces, table: dict) -> dict[str, tuple[float, int]]:
     return out
 
 
-def after_compute(traces) -> tuple[dict[str, tuple[float, int]], tuple[float, int] | None]:
-    """The `path` row: AFTER_COMPUTE's segments (median ms, traces) and the whole way from
-    the compute's end to token 0 (its own median; None without a trace holding both)."""
-    steps = dict(AFTER_COMPUTE)
-    segments = legs(traces, {f"{a} -> {b}": (steps[a], steps[b], 0)
-                             for (a, _), (b, _) in zip(AFTER_COMPUTE, AFTER_COMPUTE[1:])})
-    whole = legs(traces, {"all": (AFTER_COMPUTE[0][1], AFTER_COMPUTE[-1][1], 0)})
+def after_compute(traces, path=AFTER_COMPUTE) -> tuple[dict[str, tuple[float, int]], tuple[float, int] | None]:
+    """The `path` row (`handoff_path` with HANDOFF): the path's segments (median ms, traces)
+    and the whole way from its first step to its last (its own median; None without a trace
+    holding both)."""
+    steps = dict(path)
+    segments = legs(traces, {f"{a} -> {b}": (steps[a], steps[b], 0) for (a, _), (b, _) in zip(path, path[1:])})
+    whole = legs(traces, {"all": (path[0][1], path[-1][1], 0)})
     return segments, whole.get("all")

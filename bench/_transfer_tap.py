@@ -46,22 +46,31 @@ class PrefillTap(grpc.GenericRpcHandler):
         method = details.method
 
         def forward(request, context) -> bytes:
-            """`request`: the bytes of a unary call, or the requests of Prefill (the job, then
-            its grant: a client-streaming call, forwarded as one)."""
-            call = self._channel.stream_unary(method) if method == PREFILL_METHOD else \
-                self._channel.unary_unary(method)
+            """`request`: the bytes of a unary call."""
             try:
-                response = call(request, timeout=context.time_remaining(), metadata=context.invocation_metadata())
+                return self._channel.unary_unary(method)(request, timeout=context.time_remaining(),
+                                                         metadata=context.invocation_metadata())
             except grpc.RpcError as e:
                 context.abort(e.code(), e.details() or "")
-            if method == PREFILL_METHOD:
-                t = prefill_pb2.PrefillResult.FromString(response).timings
-                self.timings.append(dict(queue_ms=t.queue_ms, compute_ms=t.compute_ms,
-                                         transfer_ms=t.transfer_ms, total_ms=t.total_ms))
-            return response
+
+        def forward_prefill(requests, context):
+            """Prefill's requests as they come (the job, then its grant), its events as they
+            come (token 0, then the result, whose timings are kept)."""
+            call = self._channel.stream_stream(method)(requests, timeout=context.time_remaining(),
+                                                        metadata=context.invocation_metadata())
+            try:
+                for response in call:
+                    event = prefill_pb2.PrefillEvent.FromString(response)
+                    if event.HasField("result"):
+                        t = event.result.timings
+                        self.timings.append(dict(queue_ms=t.queue_ms, compute_ms=t.compute_ms,
+                                                 transfer_ms=t.transfer_ms, total_ms=t.total_ms))
+                    yield response
+            except grpc.RpcError as e:
+                context.abort(e.code(), e.details() or "")
 
         if method == PREFILL_METHOD:
-            return grpc.stream_unary_rpc_method_handler(forward)
+            return grpc.stream_stream_rpc_method_handler(forward_prefill)
         return grpc.unary_unary_rpc_method_handler(forward)
 
     def close(self) -> None:

@@ -10,6 +10,13 @@ one at a time. Client-side TTFT (the SDK's) per mode: median and p90; overhead =
 disaggregated - median colocated (issue 21's target: <= 5 ms),
 ratio = disaggregated / colocated, both from this run.
 
+Token 0 of a disaggregated request leaves from the prefill as soon as it is sampled (the
+router streams it while the hand-off goes on): the hand-off is on the way to token 1. The
+`token_1` rows give the client-side time to token 1 per mode and `handoff_overhead_ms`,
+disaggregated - colocated (both computed token 1 by one decode step: the difference is
+the hand-off's and its hops'). The floor, the design floor, the legs and the
+`handoff_path` row are that hand-off's; the `path` row is token 0's way.
+
 Per-hop breakdown, from each request's trace in the collector's file: for every span name
 (service / name) of the disaggregated requests, the median start offset from the client's
 request span (the router's Generate span) and the median duration, in critical-path order,
@@ -19,9 +26,8 @@ overlap (a parent covers its children): read the offsets as a waterfall.
 The floor, in the same run: the median round trip of one gRPC call (grpc.health.v1 Check,
 mutual TLS, from this process) to the directory, the decode and the prefill worker, and
 the round trips a disaggregated request makes in sequence that a colocated one does not
-(`EXTRA_ROUND_TRIPS`): their product is what the protocol costs on this machine however
-little work each hop does. Where it is above the target, the target is out of reach here
-by that many round trips, not by work on the path.
+(`EXTRA_ROUND_TRIPS`): their product is what the hand-off's protocol costs on this machine
+however little work each hop does, against `handoff_overhead_ms`.
 
 The work, in the same run: the CPU time (user + system, all threads) every cluster
 process spends per request, over `--requests` requests of each mode in a row. On a
@@ -38,24 +44,23 @@ contract costs here (`call_cpu_floor`), and its share of the measured extra CPU 
 much of that is the calls' number and how much the work behind each (handlers, spans,
 Redis, UCX).
 
-The legs, in the same run, from the traces (read by bench/_handoff_traces.py): the time a disaggregated request spends
-between processes on its path (`EXTRA_LEGS`: the five one-way hops it adds to a colocated
-request's two), from the last traced step of one process to the first of the next — a
-message in flight, the receiver waking up, and its gRPC, TLS and interceptor machinery
-before its first traced line. Against `one_way_idle_ms` (half the idle round trip), their
-sum says how much of the overhead is hops under load before any handler work: where
-`extra_legs_ms` alone is above the target, the target is out of reach here at this
-number of hops.
+The legs, in the same run, from the traces (read by bench/_handoff_traces.py): the time the
+hand-off spends between processes (`EXTRA_LEGS`: five one-way hops a colocated request does
+not make; `shared_legs`: token 0's two, which it makes too), from the last traced step of
+one process to the first of the next — a message in flight, the receiver waking up, and
+its gRPC, TLS and interceptor machinery before its first traced line. Against
+`one_way_idle_ms` (half the idle round trip), their sum says how much of the hand-off is
+hops under load before any handler work.
 
 The design floor, in the same run, after the cluster is down (bench/_handoff_floor.py):
 the same hops in skeleton processes on the same cores (grpc.aio, pdserve's UCX runtime,
 Redis with Lua compare-and-sets; with --secure, mutual TLS and the decode's call that
 consumes the capability's nonce in Redis, as the design's contract has it) with no work in
 them (no spans, no signatures, no checks, no model: a calibrated GIL-free compute burst of
---floor-compute-ms), alternating pairs as above. Its overhead is what this design's hops
-cost on this machine, waking one process after another; `pdserve_over_floor_ms` is
-pdserve's own work on top. Where the floor is above the target, the target is out of reach
-here at this number of hops.
+--floor-compute-ms), alternating pairs as above, its token 0 sent once the decode published
+(as the decode's tokens wait for publication). Its overhead is what this design's hand-off
+hops cost on this machine, waking one process after another; `pdserve_over_floor_ms` is
+pdserve's own work on top of them (`handoff_overhead_ms` - the floor's overhead).
 
 Isolated, in the same run (`--isolated-gap-ms`, 0 to skip): as many pairs again, each
 request after a pause long enough for the previous one's tail (the decode's Release, the
@@ -76,17 +81,17 @@ CPUs' idle time. `path_cpu_extra` is the whole path's disaggregated minus coloca
 where the cluster's extra CPU on the path and the waits behind it account for the overhead,
 the overhead is that work on these cores, and what would remove it is less of it.
 
-JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "overhead_isolated" | "round_trip" |
-"floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" | "held" | "calls" | "spans" | "path_cpu" |
-"path_cpu_extra" | "hop", ...}; "held":
-how long token 0 waited at the router for the prefill's digest, in the traces where it did
-(`HELD_LEG`); "calls" counts
+JSON lines: {"bench": "handoff", "metric": "config" | "ttft" | "overhead" | "token_1" | "handoff" |
+"overhead_isolated" | "round_trip" | "floor" | "design_floor" | "cpu" | "cpu_extra" | "call_cpu_floor" | "legs" |
+"path" | "handoff_path" | "held" | "calls" | "spans" | "path_cpu" | "path_cpu_extra" | "hop", ...}; "held":
+how long the decode's tokens waited at the router for the prefill's digest, in the traces
+where they did (`HELD_LEG`); "calls" counts
 the gRPC calls each process served per traced request (mean, asked-again ones included);
 "spans" the spans each process made per traced request and the events on them (what a
 request's trace costs to make, export and keep);
 "hop" rows include the
 spans' events ("service/span@event", duration 0: the router's first_token is when token 0
-left for the client).
+left for the client, the prefill's Prefill call's when it left the prefill).
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._handoff_floor import cpu_s, overheads
 from bench._handoff_traces import (
     EXTRA_LEGS,
+    HANDOFF,
     HELD_LEG,
     SHARED_LEGS,
     after_compute,
@@ -122,13 +128,14 @@ TARGET_OVERHEAD_MS = 5.0
 MODES = ("colocated", "disaggregated")
 EXTRA_ROUND_TRIPS = {
     "router -> decode Reserve": 1.0,
-    "prefill -> decode COMMIT (one way: token 0 leaves decode once published)": 0.5,
+    "prefill -> decode COMMIT (one way: the decode's tokens leave once published)": 0.5,
     "decode -> directory Publish (validated and published in one call)": 1.0,
 }
-"""What a disaggregated request waits on, in sequence, that a colocated one does not, in
-round trips (the directory's Reserve, the AUTH and the decode's nonce check overlap the
-prefill's compute; the source declares under its seal inside the COMMIT, no Begin; the
-prefill's reply to the router trails the verdict, off the path). The decode's Reserve
+"""What the hand-off (the way to a disaggregated request's token 1) waits on, in sequence,
+that a colocated request does not, in round trips (the directory's Reserve, the AUTH and
+the decode's nonce check overlap the prefill's compute; the source declares under its seal
+inside the COMMIT, no Begin; the prefill's reply to the router trails the verdict, off
+the path). The decode's Reserve
 overlaps the prefill's compute too (the job leaves beside it, the grant after), but only
 where the compute has a core of its own: counted whole here, where it has not."""
 EXTRA_CALLS = {
@@ -213,6 +220,7 @@ def run(args) -> None:
     cluster = LocalCluster(ClusterSpec(prefill=1, decode=1, model=args.model, transport=args.transport,
                                        state_dir=state, insecure=not args.secure, traces=args.traces))
     ttft: dict[str, list[float]] = {m: [] for m in MODES}
+    token_1: dict[str, list[float]] = {m: [] for m in MODES}
     ids: dict[str, list[str]] = {m: [] for m in MODES}
     isolated: dict[str, list[float]] = {m: [] for m in MODES}
     sched_ids: dict[str, list[str]] = {m: [] for m in MODES}
@@ -242,6 +250,7 @@ def run(args) -> None:
             for i, mode, res in pairs(args.warmup + args.requests):
                 if i >= args.warmup:
                     ttft[mode].append(res.ttft_ms)
+                    token_1[mode].extend(res.token_times_ms[1:2])
                     ids[mode].append(res.request_id)
             for _, mode, res in pairs(args.requests if args.isolated_gap_ms > 0 else 0, args.isolated_gap_ms / 1000):
                 isolated[mode].append(res.ttft_ms)
@@ -289,6 +298,15 @@ def run(args) -> None:
          overhead_paired_median_ms=round(paired, 2), ratio=round(med["disaggregated"] / med["colocated"], 3),
          target_ms=TARGET_OVERHEAD_MS, met=overhead <= TARGET_OVERHEAD_MS,
          traces=len(traces["disaggregated"]))
+    handoff = None
+    if all(len(token_1[m]) == len(ttft[m]) for m in MODES) and token_1["disaggregated"]:
+        t1_med, handoff, t1_paired = overheads(token_1)
+        for m in MODES:
+            emit(metric="token_1", mode=m, requests=len(token_1[m]), token_1_median_ms=round(t1_med[m], 2),
+                 token_1_p90_ms=round(p90(token_1[m]), 2))
+        emit(metric="handoff", what="time to token 1, disaggregated - colocated: the hand-off (token 0 left "
+                                    "from the prefill before it ended)", handoff_overhead_ms=round(handoff, 2),
+             handoff_overhead_paired_median_ms=round(t1_paired, 2), ttft_overhead_ms=round(overhead, 2))
     if isolated["disaggregated"]:
         iso_med, iso_over, iso_paired = overheads(isolated)
         emit(metric="overhead_isolated", gap_ms=args.isolated_gap_ms, requests=len(isolated["disaggregated"]),
@@ -302,16 +320,17 @@ def run(args) -> None:
              client_cpu_ms_per_call=round(client_cpu, 3))
     rtt = statistics.median([m for ms in rtts.values() for m in ms])
     floor = sum(EXTRA_ROUND_TRIPS.values()) * rtt
-    emit(metric="floor", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
-         floor_ms=round(floor, 2), target_ms=TARGET_OVERHEAD_MS, overhead_over_floor=round(overhead / floor, 2),
-         target_reachable_here=floor <= TARGET_OVERHEAD_MS)
+    emit(metric="floor", on="the hand-off (token 1)", round_trips=EXTRA_ROUND_TRIPS, rtt_median_ms=round(rtt, 3),
+         floor_ms=round(floor, 2), handoff_overhead_ms=None if handoff is None else round(handoff, 2),
+         handoff_over_floor=None if handoff is None else round(handoff / floor, 2))
     fl, fl_over, fl_paired = overheads(floor_run)
-    emit(metric="design_floor", compute_ms=args.floor_compute_ms, kv_bytes=kv_bytes, tls=args.secure,
-         nonce_call=args.secure,
+    emit(metric="design_floor", on="the hand-off (the skeleton's token 0 waits for publication, as the "
+                                      "decode's tokens do)", compute_ms=args.floor_compute_ms, kv_bytes=kv_bytes,
+         tls=args.secure, nonce_call=args.secure,
          colocated_ttft_median_ms=round(fl["colocated"], 2), disaggregated_ttft_median_ms=round(fl["disaggregated"], 2),
          floor_overhead_ms=round(fl_over, 2), floor_overhead_paired_median_ms=round(fl_paired, 2),
-         overhead_ms=round(overhead, 2), pdserve_over_floor_ms=round(overhead - fl_over, 2),
-         target_ms=TARGET_OVERHEAD_MS, target_reachable_here=fl_over <= TARGET_OVERHEAD_MS,
+         handoff_overhead_ms=None if handoff is None else round(handoff, 2),
+         pdserve_over_floor_ms=None if handoff is None else round(handoff - fl_over, 2),
          requests=len(floor_run["disaggregated"]),
          cpu_ms_per_request={m: round(sum(floor_run["cpu"][m].values()), 2) for m in MODES},
          extra_cpu_ms_per_request=round(sum(floor_run["cpu"]["disaggregated"].values())
@@ -330,8 +349,7 @@ def run(args) -> None:
     emit(metric="call_cpu_floor", calls=EXTRA_CALLS, cpu_ms_per_call=round(per_call, 3),
          protocol_cpu_ms=round(protocol_cpu, 2), extra_cpu_ms_per_request=round(extra_cpu, 2),
          calls_share_of_extra_cpu=round(protocol_cpu / extra_cpu, 2) if extra_cpu > 0 else None, cores=cores,
-         overhead_floor_ms=round(protocol_cpu / cores, 2), target_ms=TARGET_OVERHEAD_MS,
-         target_reachable_here=protocol_cpu / cores <= TARGET_OVERHEAD_MS)
+         overhead_floor_ms=round(protocol_cpu / cores, 2))
     if traces["disaggregated"]:
         extra, shared = legs(traces["disaggregated"], EXTRA_LEGS), legs(traces["disaggregated"], SHARED_LEGS)
         extra_ms = sum(ms for ms, _ in extra.values())
@@ -339,13 +357,18 @@ def run(args) -> None:
         emit(metric="legs", extra_legs={k: round(ms, 2) for k, (ms, _) in extra.items()},
              shared_legs={k: round(ms, 2) for k, (ms, _) in shared.items()}, extra_legs_ms=round(extra_ms, 2),
              one_way_idle_ms=round(rtt / 2, 3), extra_one_way_hops=extra_hops,
-             extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2), overhead_ms=round(overhead, 2),
-             target_ms=TARGET_OVERHEAD_MS, target_reachable_at_these_legs=extra_ms <= TARGET_OVERHEAD_MS,
+             extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2),
+             handoff_overhead_ms=None if handoff is None else round(handoff, 2),
              traces=min((n for _, n in extra.values()), default=0))
         segments, whole = after_compute(traces["disaggregated"])
         if whole is not None:
             emit(metric="path", after_compute={k: round(ms, 2) for k, (ms, _) in segments.items()},
                  compute_end_to_token_0_ms=round(whole[0], 2), overhead_ms=round(overhead, 2), traces=whole[1])
+        segments, whole = after_compute(traces["disaggregated"], HANDOFF)
+        if whole is not None:
+            emit(metric="handoff_path", after_compute={k: round(ms, 2) for k, (ms, _) in segments.items()},
+                 compute_end_to_decoding_ms=round(whole[0], 2),
+                 handoff_overhead_ms=None if handoff is None else round(handoff, 2), traces=whole[1])
         (held_ms, n_held), = legs(traces["disaggregated"], HELD_LEG).values() or [(0.0, 0)]
         emit(metric="held", leg=next(iter(HELD_LEG)), held_median_ms=round(held_ms, 2), traces_held=n_held,
              traces=len(traces["disaggregated"]), overhead_ms=round(overhead, 2))

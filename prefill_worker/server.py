@@ -8,7 +8,7 @@ import grpc
 from opentelemetry import trace
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from pdserve_client.spans import EVENT_GRANTED
+from pdserve_client.spans import EVENT_FIRST_TOKEN, EVENT_GRANTED
 from services.directory.wire import chunk_layouts
 from services.engine import InvalidRequest
 from services.security.capability import CapabilityDenied
@@ -27,6 +27,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         self.worker = worker
 
     async def Prefill(self, request_iterator, context):
+        """Token 0 as soon as it is sampled (FirstToken), then the result once the destination
+        accepted the commit: the router streams token 0 while the hand-off goes on."""
         requests = aiter(request_iterator)
         request = await anext(requests, None)
         if request is None:
@@ -41,11 +43,21 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             target.set_result(_target(request))
         else:
             target = asyncio.ensure_future(_grant(m, requests))
+        first: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
+        run = asyncio.ensure_future(self.worker.prefill(
+            request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
+            transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
+            sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target,
+            on_first_token=first.put_nowait))
         try:
-            out = await self.worker.prefill(
-                request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
-                transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
-                sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target)
+            token = asyncio.ensure_future(first.get())
+            await asyncio.wait((run, token), return_when=asyncio.FIRST_COMPLETED)
+            if token.done():
+                trace.get_current_span().add_event(EVENT_FIRST_TOKEN)  # the call's span
+                yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=token.result()))
+            else:
+                token.cancel()
+            out = await run
         except grpc.aio.AbortError:  # a malformed grant (MalformedRequests) ended the call already
             raise
         except asyncio.CancelledError as e:
@@ -61,14 +73,15 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         except Exception as e:  # noqa: BLE001
             await context.abort(*status_of(e))
         finally:
+            await settle(run)  # the call is over (cancelled, or its reply could not be sent)
             await settle(target)  # a grant still awaited: the call is over
-        return prefill_pb2.PrefillResult(
+        yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
             request_id=m.request_id, transfer_id=out.transfer_id,
             computed_tokens=out.computed_tokens, reused_tokens=out.reused_tokens,
             kv_digest=out.kv_digest, sent_bytes=out.sent_bytes, sent_chunks=out.sent_chunks,
             first_token_id=out.first_token,
             timings=prefill_pb2.PrefillTimings(queue_ms=out.queue_ms, compute_ms=out.compute_ms,
-                                               transfer_ms=out.transfer_ms, total_ms=out.total_ms))
+                                               transfer_ms=out.transfer_ms, total_ms=out.total_ms)))
 
     async def Cancel(self, request, context):
         found = await self.worker.cancel(request.request_id, request.generation)

@@ -58,7 +58,7 @@ class PrefillTrace:
 
     def ended(self, job: Job) -> None:
         """Every span of the prefill's work, built after the reply (`call_soon`: the router
-        holds token 0 for the reply, not for these)."""
+        holds the decode's tokens for the reply, not for these)."""
         if self.on:
             asyncio.get_running_loop().call_soon(self._build, job)  # in the Prefill call's context
 

@@ -6,7 +6,7 @@ One request:
                  meanwhile): a transfer too small to stream takes its grant after the
                  compute, one that may stream before (its chunks leave per layer)
   1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
-  2. Computing — chunked prefill on the engine loop; samples the first token
+  2. Computing — chunked prefill on the engine loop; samples token 0 (to the router at once)
   3. Sending   — transfer-set chunks pushed to the destination's reserved blocks.
                  The capability is presented (AUTH) once granted.
                  Streaming (transfers of at least stream_min_bytes): BEGIN
@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from pdserve_client.spans import TRANSFER_COMMIT
 from services.common.tasks import TaskSet
@@ -82,12 +82,14 @@ class PrefillWorker:
                       prompt: list[int], sampling: SamplingParams, abi_digest: str,
                       first_token_pos: int = 0, dest: str = "", chunks: list[Layout] = (),
                       manifest=None, capability: bytes = b"",
-                      target: Awaitable[Target] | None = None) -> PrefillOutcome:
+                      target: Awaitable[Target] | None = None,
+                      on_first_token: Callable[[int], None] | None = None) -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
         ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
         capability must grant exactly this transfer (CapabilityDenied before anything is read).
         ``target``: the destination, the grant's, comes later (instead of these arguments);
-        one too small to stream computes meanwhile. Nothing is read or sent before it."""
+        one too small to stream computes meanwhile. Nothing is read or sent before it.
+        ``on_first_token(token)``: token 0, on the loop as soon as it is sampled (to the router)."""
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
         if target is None:
@@ -99,7 +101,7 @@ class PrefillWorker:
                                               runner=asyncio.current_task())
         ttl = asyncio.get_running_loop().call_later(self.cfg.prefill_ttl_s, self._expire, task)
         try:
-            out = await self._compute_and_send(task, tenant, transfer_id, prompt, sampling, target)
+            out = await self._compute_and_send(task, tenant, transfer_id, prompt, sampling, target, on_first_token)
             self.metrics.sent(out.sent_bytes, out.transfer_ms / 1000)
             return out
         except BaseException as e:
@@ -111,7 +113,7 @@ class PrefillWorker:
             raise
         finally:
             ttl.cancel()
-            # Off the reply's way (the router holds token 0 for it): the engine thread frees
+            # Off the reply's way (the router holds the decode's tokens for it): the engine thread frees
             # the blocks (~1 ms here), then the task leaves the table that owns them.
             self._releasing.spawn(self._release(task, transfer_id))
 
@@ -146,16 +148,16 @@ class PrefillWorker:
             task.auth = asyncio.ensure_future(self.sender.present(t.dest, transfer_id, credential))
         return plan
 
-    async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
-                                sampling: SamplingParams, target: Awaitable[Target]) -> PrefillOutcome:
+    async def _compute_and_send(self, task: Task, *args) -> PrefillOutcome:
         try:
-            return await self._hand_off(task, tenant, transfer_id, prompt, sampling, target)
+            return await self._hand_off(task, *args)
         finally:
             await settle(task.granting)  # before the presentation it may have started
             await settle(task.auth)
 
     async def _hand_off(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
-                        sampling: SamplingParams, target: Awaitable[Target]) -> PrefillOutcome:
+                        sampling: SamplingParams, target: Awaitable[Target],
+                        on_first_token: Callable[[int], None] | None) -> PrefillOutcome:
         t0 = time.perf_counter()
         e, bs = self.engine, self.engine.block_size
         layers = e.model_cfg.num_hidden_layers
@@ -187,7 +189,8 @@ class PrefillWorker:
                             lambda: task.state is TaskState.COMPUTING
                             and ((auth := task.auth) is None
                                  or (auth.done() and not auth.cancelled() and auth.exception() is None)))
-        sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first)
+        sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first if on_first_token is None else
+                         lambda token: (early.on_first(token), on_first_token(token)))  # the COMMIT posts first
         chunks: list[Chunk] = []
 
         order = {key: i for i, key in enumerate(plan)}
@@ -280,8 +283,7 @@ class PrefillWorker:
                     verdict = await self._commit(task, transfer_id, task.dest, () if ahead else chunks, kv_digest,
                                                  first_token, sealed=not ahead)
         finally:  # the past spans (queue, compute, send), off the token's way: built before its
-            # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace); and
-            # off the reply's, which the router awaits before token 0 leaves it
+            # COMMIT, they held it ~1 ms at 2,048 tokens (in a failure too, for its trace)
             await settle(early.sent)
             trace.ended(job)
         if not verdict.published:

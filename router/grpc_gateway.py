@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -138,22 +138,27 @@ class GrpcWorkerGateway(WorkerGateway):
         return convert.reservation_from_pb(resp)
 
     async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
-                      grant: Awaitable[PrefillCall] | None = None) -> PrefillDone:
+                      grant: Awaitable[PrefillCall] | None = None,
+                      on_first_token: Callable[[int], None] | None = None) -> PrefillDone:
         rpc = self._prefill(worker).Prefill(timeout=timeout_s)
         try:
-            try:
+            try:  # the job, then the grant: a token 0 sampled before the grant left waits in the call
                 await rpc.write(convert.prefill_call_to_pb(call))
                 if grant is not None:
                     await rpc.write(convert.prefill_call_to_pb(await grant))
                 await rpc.done_writing()
             except asyncio.InvalidStateError:
                 pass  # the prefill ended the call before its grant (it refused the job): why is its status
-            result = await rpc
+            async for event in rpc:
+                if event.HasField("result"):
+                    return convert.prefill_done_from_pb(event.result)
+                if on_first_token is not None and event.HasField("first_token"):
+                    on_first_token(event.first_token.token_id)
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None
         finally:
             rpc.cancel()  # no-op once the call finished; a grant that never came ends it
-        return convert.prefill_done_from_pb(result)
+        raise WorkerCallError(StatusCode.INTERNAL, f"Prefill.Prefill on {worker.worker_id} ended without a result")
 
     async def _stream(self, call: Any, what: str) -> AsyncIterator[StreamItem]:
         try:

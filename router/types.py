@@ -270,6 +270,8 @@ class TokenOut:
     text: str
     index: int
     time_since_start_ms: float
+    decoding: bool = True
+    """A decode worker streamed it (False: a prefill's token 0, before any decode step)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -87,6 +87,8 @@ took, so a hand-off's trace grows with its layers, not its chunks)."""
 EVENT_LAYER_VISIBLE = "layer.visible"
 """transfer.receive: a layer's last chunk is in place (one event per layer)."""
 EVENT_FIRST_TOKEN = "first_token"
+"""router.request: token 0 left for the client; the Prefill call's span: the prefill's token 0
+left for the router, as soon as it was sampled (before its hand-off ends)."""
 EVENT_CAPABILITY_DENIED = "capability.denied"
 EVENT_REJECTED = "rejected"
 EVENT_RESERVED = "reserved"
@@ -94,8 +96,8 @@ EVENT_RESERVED = "reserved"
 EVENT_GRANTED = "granted"
 """router.attempt: the Prefill's grant went out; the Prefill call's span: it came in."""
 EVENT_TOKEN_HELD = "token.held"
-"""router.attempt: the decode's token 0 came before the Prefill's reply; it waits for the
-prefill's K/V digest (the two are compared before it goes out)."""
+"""router.attempt: the decode's token 0 came before the Prefill's reply; its tokens wait for
+the prefill's K/V digest (the two are compared before the decode's go out)."""
 EVENT_PREFILL_DONE = "prefill.done"
 """router.attempt: the Prefill call returned (the prefill's K/V digest is in)."""
 

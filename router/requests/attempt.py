@@ -10,7 +10,7 @@ import dataclasses
 import enum
 from collections.abc import AsyncIterator
 
-from router.types import Route, StatusCode, StreamItem, TxnOutcome, Worker, WorkerCallError
+from router.types import Route, StatusCode, StreamItem, TxnAnswer, TxnOutcome, Worker, WorkerCallError
 from services.common.lifecycle import Moves
 
 
@@ -119,6 +119,11 @@ class Attempt:
     overlay_handles: list[int] = dataclasses.field(default_factory=list)
     stream_task: asyncio.Task | None = None
     prefill_task: asyncio.Task | None = None
+    reserve_task: asyncio.Task | None = None
+    started: bool = False
+    """The Started event went out (a disaggregated attempt's comes with the directory's answer
+    or before its first token, whichever is first)."""
+    """The directory's Reserve of a disaggregated attempt (its answer comes through the queue)."""
     number: int = 0
     """1 for the request's first attempt, ...; the generation unless the request id
     ran before (then generations continue above the earlier run's). 0: = generation."""
@@ -143,6 +148,29 @@ class Attempt:
             return (f"attempt {self.number} (disaggregated {self.prefill.worker_id} -> "
                     f"{self.decode.worker_id}{gen})")
         return f"attempt {self.number} (colocated on {self.decode.worker_id}{gen})"
+
+
+def judge_reserve(att: Attempt, answer: TxnAnswer | WorkerCallError, request_id: str, view=None) -> None:
+    """The directory's answer to `att`'s Reserve: returns when APPLIED, else raises
+    AttemptFailed (GenerationBehind when the request id ran before at or above the
+    attempt's generation). `view` (a ClusterView) hears of a rollback's stop."""
+    if isinstance(answer, WorkerCallError):
+        raise AttemptFailed(DIRECTORY_RESERVE, answer.code, answer.message) from answer
+    if answer.outcome is TxnOutcome.APPLIED:
+        return
+    att.txn_open = False
+    what = f"directory answered {answer.outcome.name}"
+    if answer.outcome in RAN_BEFORE and answer.current_generation >= att.generation:
+        raise GenerationBehind(answer.current_generation, f"{what}: request id {request_id!r} ran before, up to "
+                                                          f"generation {answer.current_generation}")
+    if answer.outcome is TxnOutcome.ROUTES_STOPPED:  # a rollback: nobody failed, run colocated
+        if view is not None:
+            view.routes_stopped_elsewhere()
+        raise AttemptFailed(DIRECTORY_RESERVE, StatusCode.FAILED_PRECONDITION,
+                            f"{what}: a rollback stopped new disaggregated routes")
+    lost = answer.outcome is TxnOutcome.LEASE_LOST
+    raise AttemptFailed(DIRECTORY_RESERVE, StatusCode.ABORTED, what,
+                        frozenset({att.prefill.worker_id, att.decode.worker_id}) if lost else frozenset())
 
 
 def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:

@@ -7,14 +7,15 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
                                         stream; one that may stream waits for its grant)
          Decode.Reserve on D         -> reservation (blocks, data-plane address)
     2. concurrently, leaving in this order (the order they are needed in)
-         the Prefill's grant         -> manifest, destination, capability; P sends and
-                                        commits; returns after D accepted the commit
-         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]
+         the Prefill's grant         -> manifest, destination, capability; P sends token 0
+                                        as soon as it is sampled, sends and commits the
+                                        K/V; returns after D accepted the commit
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
-    3. Started event once the directory applied the reservation
-    4. token 0 arrives               -> the transfer is published (D releases it); it goes
-                                        out once the two ends' digests compared (P's seal
-                                        relayed with it, or P's reply)
+         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]; Started
+    3. P's token 0                   -> out at once (P's own result; a retry reproduces it)
+    4. D's token 0 arrives           -> published (D releases it); equal to P's; D's tokens
+                                        go out once the two ends' digests compared (P's
+                                        seal relayed with D's token 0, or P's reply)
     5. complete event                -> done
 
 Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
@@ -42,20 +43,19 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.requests.admission import Admitted
 from router.requests.attempt import (
-    RAN_BEFORE,
     Attempt,
     AttemptFailed,
-    GenerationBehind,
     Stage,
     advance,
     blame,
+    judge_reserve,
     pump,
 )
 from router.requests.cluster_view import ClusterView
 from router.requests.handoff import build_manifest, job_manifest, transfer_id
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
-from router.requests.seals import reply_against_seal, sealed_token_0
+from router.requests.seals import reply_against_seal, reply_against_token, sealed_token_0
 from router.types import (
     Event,
     PrefillCall,
@@ -68,7 +68,6 @@ from router.types import (
     StreamCall,
     StreamComplete,
     StreamToken,
-    TxnOutcome,
     WorkerCallError,
 )
 
@@ -124,7 +123,7 @@ class AttemptRunner:
             raise
         finally:
             self._inflight.release((*att.overlay_handles, att.prefill_handle))
-            for task in (att.stream_task, att.prefill_task):
+            for task in (att.stream_task, att.prefill_task, att.reserve_task):
                 if task is not None and not task.done():
                     task.cancel()
             self.current = None
@@ -174,40 +173,23 @@ class AttemptRunner:
         # They leave in the order they are needed: the grant first (P's compute ends soon),
         # the DecodeStream (its copy of the capability has D consume the nonce before P's
         # AUTH asks), the directory's Reserve last (needed at publication, or by a streamed
-        # P's Begin, which asks again). Each one's setup in this process (TLS, protobuf)
-        # would otherwise delay the one before.
+        # P's Begin, which asks again): each one's setup here would delay the one before.
         grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
                                      req.sampling, capability))
         attempt_span.add_event(S.EVENT_GRANTED)
         att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
             self._timeout(None)), queue))
-        reserving = asyncio.ensure_future(
-            self._directory.reserve_txn(manifest, self._timeout(self._cfg.directory_timeout_s)))
+        att.reserve_task = asyncio.create_task(self._reserve_txn(manifest, queue))
+        # _drive judges the directory's answer, which P's token 0 may precede.
+
+    async def _reserve_txn(self, manifest, queue: asyncio.Queue) -> None:
+        """Directory.Reserve of the attempt's manifest; its answer (or error) to the queue."""
         try:
-            answer = await reserving
+            queue.put_nowait(("directory", await self._directory.reserve_txn(
+                manifest, self._timeout(self._cfg.directory_timeout_s))))
         except WorkerCallError as exc:
-            raise AttemptFailed(att.stage.value, exc.code, exc.message) from exc
-        except BaseException:
-            reserving.cancel()
-            raise
-        if answer.outcome is not TxnOutcome.APPLIED:
-            att.txn_open = False
-            what = f"directory answered {answer.outcome.name}"
-            if answer.outcome in RAN_BEFORE and answer.current_generation >= g:
-                raise GenerationBehind(answer.current_generation,
-                                       f"{what}: request id {req.request_id!r} ran before, up to "
-                                       f"generation {answer.current_generation}")
-            if answer.outcome is TxnOutcome.ROUTES_STOPPED:  # a rollback: nobody failed, run colocated
-                if self._view is not None:
-                    self._view.routes_stopped_elsewhere()
-                raise AttemptFailed(att.stage.value, StatusCode.FAILED_PRECONDITION,
-                                    f"{what}: a rollback stopped new disaggregated routes")
-            lost = answer.outcome is TxnOutcome.LEASE_LOST
-            raise AttemptFailed(att.stage.value, StatusCode.ABORTED, what,
-                                frozenset({p.worker_id, d.worker_id}) if lost else frozenset())
-        advance(att, Stage.PREFILL)
-        self._emit(Started(Route.DISAGGREGATED, p.worker_id, d.worker_id, g, att.route_epoch))
+            queue.put_nowait(("directory_error", exc))
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
@@ -222,7 +204,8 @@ class AttemptRunner:
     async def _prefill(self, att: Attempt, call: PrefillCall, queue: asyncio.Queue,
                        grant: asyncio.Future[PrefillCall] | None = None) -> PrefillDone | None:
         try:
-            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant)
+            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
+                                               lambda token: queue.put_nowait(("first_token", token)))
             queue.put_nowait(("prefill", done))
             return done
         except WorkerCallError as exc:
@@ -275,6 +258,18 @@ class AttemptRunner:
         from token 0 until prefill returned (or its seal came with token 0): digests first."""
         while True:
             kind, value = await self._next(att, queue)
+            if kind == "first_token":  # P's token 0: the client has it now
+                self._started(att)
+                out = self._output.offer(0, value, att.generation, decoding=False)
+                if out is not None:
+                    self._emit(out)
+                continue
+            if kind in ("directory", "directory_error"):
+                if att.stage is Stage.DIRECTORY_RESERVE:  # (D's token 0 tells the same, when first)
+                    judge_reserve(att, value, self.req.request_id, self._view)
+                    advance(att, Stage.PREFILL)
+                    self._started(att)
+                continue
             if kind == "item" and att.route is Route.DISAGGREGATED and not att.held \
                     and sealed_token_0(att, value, self.req.request_id):  # a relayed seal must open
                 self._on_token(att, value)
@@ -318,23 +313,29 @@ class AttemptRunner:
                                     f"stream ended after {att.tokens_seen} tokens without a complete event",
                                     culprit=att.decode)
 
+    def _started(self, att: Attempt) -> None:
+        """The Started event of a disaggregated attempt, once: when the directory applied its
+        reservation, or before a token of it that came first."""
+        if not att.started:
+            att.started = True
+            self._emit(Started(Route.DISAGGREGATED, att.prefill.worker_id, att.decode.worker_id, att.generation,
+                               att.route_epoch))
+
     def _on_token(self, att: Attempt, tok: StreamToken) -> None:
         if tok.index != att.tokens_seen:
             raise AttemptFailed(att.stage.value, StatusCode.INTERNAL,
                                 f"token index {tok.index} out of order (expected {att.tokens_seen})",
                                 culprit=att.decode)
-        if att.tokens_seen == 0 and att.route is Route.DISAGGREGATED and tok.kv_digest \
-                and att.prefill_kv_digest and tok.kv_digest != att.prefill_kv_digest:
-            att.discard_kv = True
-            raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
-                                f"K/V digest mismatch: {att.prefill.worker_id} computed {att.prefill_kv_digest[:16]}, "
-                                f"{att.decode.worker_id} published {tok.kv_digest[:16]}; nothing was streamed",
-                                frozenset({att.prefill.worker_id, att.decode.worker_id}))
+        if att.tokens_seen == 0 and att.route is Route.DISAGGREGATED:
+            reply_against_token(att, tok)
         if att.tokens_seen == 0:
             att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
             if att.route is Route.COLOCATED:
                 self._inflight.release((att.prefill_handle,))  # W finished the prompt
             if att.route is Route.DISAGGREGATED:
+                if att.stage is Stage.DIRECTORY_RESERVE:  # published: the directory's answer is on its way
+                    advance(att, Stage.PREFILL)
+                    self._started(att)
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1
         out = self._output.offer(tok.index, tok.token_id, att.generation)

@@ -204,7 +204,7 @@ class Orchestrator:
     def _emit(self, run: RequestRun, event: Event) -> None:
         if isinstance(event, TokenOut):
             run.trace.first_token()
-            if run.booked is not None:
+            if run.booked is not None and event.decoding:  # the booked stream decodes
                 self.inflight.started(run.booked)
         run.emit(event)
 

@@ -27,9 +27,10 @@ class OutputLog:
         self.tokens: list[int] = []
         self._first_s: float | None = None
 
-    def offer(self, index: int, token_id: int, generation: int) -> TokenOut | None:
+    def offer(self, index: int, token_id: int, generation: int, decoding: bool = True) -> TokenOut | None:
         """A token from an attempt: the event to forward, or None when it replays an
-        already-forwarded token. Raises RouterError(INTERNAL) on divergence."""
+        already-forwarded token. Raises RouterError(INTERNAL) on divergence. `decoding`
+        False: a prefill's token 0 (TokenOut.decoding)."""
         if index < len(self.tokens):
             if self.tokens[index] != token_id:
                 raise RouterError(StatusCode.INTERNAL,
@@ -41,7 +42,7 @@ class OutputLog:
         if self._first_s is None:
             self._first_s = now
         self.tokens.append(token_id)
-        return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now))
+        return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now), decoding)
 
     def check_finished(self, num_tokens: int, generation: int) -> None:
         """An attempt completed after `num_tokens` tokens; it must not stop short of

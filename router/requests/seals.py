@@ -1,7 +1,8 @@
 """The prefill's word on its K/V digest, relayed by the decode with token 0.
 
-The router compares the two ends' K/V digests before token 0 of a hand-off goes out
-(docs/design.md, "The hand-off is checked against the directory and by the router").
+The router compares the two ends' K/V digests before the decode's tokens of a hand-off
+go out (docs/design.md, "The hand-off is checked against the directory and by the
+router"); token 0 itself went out as the prefill sampled it (its own result).
 The prefill's digest comes with its Prefill reply, which leaves only after the decode's
 verdict: one process and one hop more than token 0's way. A source that declared its
 K/V in its COMMIT sealed that declaration (services/security/seal.py) with the key it
@@ -11,8 +12,8 @@ from the router's snapshot, over the decode's digest and that chunk list, the se
 the prefill's own, unforgeable statement that it computed the digest the decode
 published: the comparison is made without waiting for the reply. A relayed seal must
 open, whichever of token 0 and the reply came first; where the token brings none (a
-source that declared with a Begin) or the snapshot holds no key, token 0 waits for the
-reply as before.
+source that declared with a Begin) or the snapshot holds no key, the decode's tokens
+wait for the reply.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def sealed_token_0(att: Attempt, item: StreamItem, request_id: str) -> bool:
         raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
                             f"K/V digest mismatch: {att.prefill.worker_id}'s seal relayed with token 0 does not "
                             f"open over the digest {att.decode.worker_id} published ({item.kv_digest[:16]}); "
-                            f"nothing was streamed", frozenset({att.prefill.worker_id, att.decode.worker_id}))
+                            f"nothing of the decode's was streamed",
+                            frozenset({att.prefill.worker_id, att.decode.worker_id}))
     att.sealed_kv_digest = item.kv_digest
     return True
 
@@ -78,3 +80,15 @@ def reply_against_seal(att: Attempt) -> None:
         log.error("%s: %s's reply names K/V digest %s, its seal %s (token 0 went out by the seal)",
                   att.describe(), att.prefill.worker_id if att.prefill else "?", att.prefill_kv_digest[:16],
                   att.sealed_kv_digest[:16])
+
+
+def reply_against_token(att: Attempt, token: StreamToken) -> None:
+    """The decode's token 0 against the Prefill's reply, come first: AttemptFailed (the
+    published K/V to be discarded) when their digests differ. Nothing of the decode's was
+    streamed; token 0 went out as the prefill's own."""
+    if token.kv_digest and att.prefill_kv_digest and token.kv_digest != att.prefill_kv_digest:
+        att.discard_kv = True
+        raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
+                            f"K/V digest mismatch: {att.prefill.worker_id} computed {att.prefill_kv_digest[:16]}, "
+                            f"{att.decode.worker_id} published {token.kv_digest[:16]}; nothing of the decode's was "
+                            "streamed", frozenset({att.prefill.worker_id, att.decode.worker_id}))

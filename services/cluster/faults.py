@@ -60,9 +60,11 @@ class CaseResult:
     step: str
     request_id: str
     outcome: str = ""
-    """"ok", "failed: <code>", or "hung" (no answer within the case's patience)."""
+    """"ok", "failed: <code>", "cancelled" (completed early by a cancel once output had
+    begun), or "hung" (no answer within the case's patience)."""
     tokens_match: bool | None = None
-    """Tokens equal to the fault-free run's (None when the request failed)."""
+    """Tokens equal to the fault-free run's, or its first ones when cancelled (None when the
+    request failed)."""
     attempts: int = 0
     held_blocks: int = 0
     """Blocks still held on the workers once the cluster settled (leaked)."""
@@ -227,8 +229,13 @@ class FaultRunner:
             res.outcome = "hung"
         elif "result" in box:
             r = box["result"]
-            res.outcome, res.attempts = "ok", r.attempts
-            res.tokens_match = list(r.token_ids) == list(self.reference)
+            res.attempts = r.attempts
+            if r.finish_reason == "cancelled":  # after output began: the tokens so far, then the end
+                res.outcome = "cancelled"
+                res.tokens_match = list(r.token_ids) == list(self.reference)[:len(r.token_ids)]
+            else:
+                res.outcome = "ok"
+                res.tokens_match = list(r.token_ids) == list(self.reference)
         else:
             err = box.get("error")
             res.outcome = f"failed: {getattr(err, 'code', type(err).__name__)}"

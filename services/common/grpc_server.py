@@ -66,8 +66,7 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or \
-                (handler.request_streaming and handler.response_streaming):
+        if handler is None or handler.request_deserializer is None:
             return handler
         parse, method = handler.request_deserializer, handler_call_details.method
 
@@ -82,14 +81,23 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
                                 f"{method}: the request is not a valid protobuf message of its type "
                                 f"({type(request.error).__name__}: {request.error})")
 
+        async def checked(requests, context):
+            async for request in requests:
+                if isinstance(request, _Malformed):
+                    await refuse(request, context)
+                yield request
+
+        if handler.request_streaming and handler.response_streaming:  # the first malformed request ends it
+            inner_both = handler.stream_stream
+
+            async def both_behaviour(requests, context):
+                async for item in inner_both(checked(requests, context), context):
+                    yield item
+
+            return grpc.stream_stream_rpc_method_handler(
+                both_behaviour, request_deserializer=deserialize, response_serializer=handler.response_serializer)
         if handler.request_streaming:  # stream-unary: the first malformed request ends the call
             inner_requests = handler.stream_unary
-
-            async def checked(requests, context):
-                async for request in requests:
-                    if isinstance(request, _Malformed):
-                        await refuse(request, context)
-                    yield request
 
             async def requests_behaviour(requests, context):
                 return await inner_requests(checked(requests, context), context)
@@ -168,14 +176,15 @@ class RefuseWhen(grpc.aio.ServerInterceptor):
                 await context.abort(code, f"{why} ({method})")
 
         if handler.response_streaming:
-            inner_stream = handler.unary_stream
+            kind = "unary_stream" if handler.unary_stream is not None else "stream_stream"
+            inner_stream = getattr(handler, kind)
 
-            async def stream(request, context):
+            async def stream(request, context):  # a request, or a stream-stream call's requests
                 await refuse(context)
                 async for item in inner_stream(request, context):
                     yield item
 
-            return handler._replace(unary_stream=stream)
+            return handler._replace(**{kind: stream})
         inner = handler.unary_unary or handler.stream_unary
 
         async def unary(request, context):  # a request, or a stream-unary call's requests

@@ -297,10 +297,11 @@ class _ServerSpans(grpc.aio.ServerInterceptor):
             if handler.unary_unary is not None:
                 return handler._replace(unary_unary=unary)
             return handler._replace(stream_unary=unary)
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
+        if handler.unary_stream is not None or handler.stream_stream is not None:
+            kind = "unary_stream" if handler.unary_stream is not None else "stream_stream"
+            inner_stream = getattr(handler, kind)
 
-            async def stream(request, context):
+            async def stream(request, context):  # a request, or a stream-stream call's requests
                 parent = remote()
                 span = _tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes)
                 ctx = trace.set_span_in_context(span, parent)
@@ -326,7 +327,7 @@ class _ServerSpans(grpc.aio.ServerInterceptor):
                     await items.aclose()  # the handler's own cleanup runs now, not at collection
                     span.end()
 
-            return handler._replace(unary_stream=stream)
+            return handler._replace(**{kind: stream})
         return handler
 
 

@@ -165,7 +165,7 @@ def test_a_prefill_job_without_a_valid_grant_is_refused_and_frees_its_compute(cl
     or no destination is INVALID_ARGUMENT, and the computed blocks are freed."""
     with channel(cluster, "prefill-0", "router") as ch:
         with pytest.raises(grpc.RpcError) as err:
-            prefill_pb2_grpc.PrefillStub(ch).Prefill(iter([_job()] + ([grant] if grant else [])), timeout=20)
+            list(prefill_pb2_grpc.PrefillStub(ch).Prefill(iter([_job()] + ([grant] if grant else [])), timeout=20))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
     assert words in err.value.details(), err.value.details()
     assert_cluster_clean(cluster)
@@ -173,9 +173,9 @@ def test_a_prefill_job_without_a_valid_grant_is_refused_and_frees_its_compute(cl
 
 def test_a_malformed_grant_is_invalid_argument(cluster):
     with channel(cluster, "prefill-0", "router") as ch:
-        call = ch.stream_unary("/pd.v1.Prefill/Prefill")
+        call = ch.stream_stream("/pd.v1.Prefill/Prefill")
         with pytest.raises(grpc.RpcError) as err:
-            call(iter([_job().SerializeToString(), b"\x0a\xff\xff\xff\xff\xff"]), timeout=20)
+            list(call(iter([_job().SerializeToString(), b"\x0a\xff\xff\xff\xff\xff"]), timeout=20))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
     assert err.value.details().startswith("/pd.v1.Prefill/Prefill: the request is not a valid protobuf message")
     assert_cluster_clean(cluster)
@@ -191,12 +191,13 @@ def test_a_job_cancelled_before_its_grant_leaves_nothing(cluster):
         stop.wait(20)  # the grant that never comes
 
     with channel(cluster, "prefill-0", "router") as ch:
-        call = prefill_pb2_grpc.PrefillStub(ch).Prefill.future(requests(), timeout=20)
+        call = prefill_pb2_grpc.PrefillStub(ch).Prefill(requests(), timeout=20)
         time.sleep(1.0)  # the job arrived and computed
         call.cancel()
         stop.set()
-        with pytest.raises(grpc.FutureCancelledError):
-            call.result()
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.CANCELLED
     assert_cluster_clean(cluster)
     with client(cluster) as sdk:
         res = sdk.generate_full(prompt_ids=list(range(3, 40)), max_tokens=3, ignore_eos=True, mode="disaggregated")

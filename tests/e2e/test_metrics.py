@@ -151,9 +151,9 @@ def test_capability_denials_are_counted_by_reason_where_refused(cluster):
         assert "capability denied: tenant:" in why, why
         stub = prefill_pb2_grpc.PrefillStub(channel(cluster, "prefill-0", "router"))
         with pytest.raises(grpc.RpcError) as err:
-            stub.Prefill(iter([prefill_pb2.PrefillRequest(
+            list(stub.Prefill(iter([prefill_pb2.PrefillRequest(
                 manifest=held.manifest, prompt_token_ids=PROMPT, capability=b"garbage",
-                destination_data_plane_address=held.reservation.data_plane_address)]), timeout=30)
+                destination_data_plane_address=held.reservation.data_plane_address)]), timeout=30))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "signature" in err.value.details()
     finally:
         release(cluster, held)

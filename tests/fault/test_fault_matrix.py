@@ -6,7 +6,8 @@ Expected: a worker, the directory or Redis killed (or a worker stopped), the req
 still completes with
 the fault-free run's tokens (a retry on the other pair, or the colocated recompute);
 the router killed, its client's request fails; a cancel or a deadline ends the
-request with CANCELLED or DEADLINE_EXCEEDED. In every case the cluster settles
+request with CANCELLED or DEADLINE_EXCEEDED (a cancel once the prefill's token 0 went
+out ends it as a completion cancelled after that token). In every case the cluster settles
 clean: no held block on any worker, no open transaction, none of the request's
 transactions left PUBLISHED.
 """
@@ -62,5 +63,8 @@ def test_a_hung_worker_is_routed_around(runner, victim, step):
 def test_cancel_and_deadline_at_each_await(runner, action, code, step):
     r = runner.run(action, "", step)
     assert r.reached, f"the request never reached {step}: {r.outcome} {r.detail}"
-    assert r.outcome == f"failed: {code}", r
+    if r.outcome == "cancelled":  # token 0 left from the prefill before the cancel: the request ends there
+        assert action == "cancel" and step != "reserved" and r.tokens_match, r
+    else:
+        assert r.outcome == f"failed: {code}", r
     assert r.clean(), r

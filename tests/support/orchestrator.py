@@ -94,6 +94,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.manifests: list = []
         self.published: dict[str, asyncio.Event] = {}
         self.token_gap_s = 0.0
+        self.prefill_token_0 = True
+        """The prefill sends token 0 as soon as it is sampled (before publication)."""
         self.after_token: Callable[[int], None] | None = None
         """Called with i right after token i was taken, in the same event-loop step as
         the router's queueing of it (a cancel there races the token)."""
@@ -205,10 +207,12 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.published[tid] = asyncio.Event()
         return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
 
-    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None) -> PrefillDone:
+    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None, on_first_token=None) -> PrefillDone:
         if grant is not None:  # the job came first; the call goes on once its grant is there
             call = await grant
         await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
+        if on_first_token is not None and self.prefill_token_0:  # sampled: it leaves before the hand-off ends
+            on_first_token(model_tokens(call.prompt_token_ids, 1)[0])
         tid = call.manifest.transfer_id
         self.txns[tid] = "PUBLISHED"
         self.published[tid].set()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench._handoff_traces import EXTRA_LEGS, HELD_LEG, after_compute, legs, rpc_counts, span_counts
+from bench._handoff_traces import EXTRA_LEGS, HANDOFF, HELD_LEG, after_compute, legs, rpc_counts, span_counts
 
 MS = 1_000_000
 
@@ -71,26 +71,39 @@ def test_spans_and_their_events_are_counted_per_trace_by_service():
     assert span_counts([]) == ({}, 0.0)
 
 
-def test_the_path_after_the_compute_is_cut_at_each_step_and_its_whole_is_its_own_median():
-    def one(shift):
-        return SimpleNamespace(spans=[  # a prompt computed in two chunks: the path starts at the last's end
-            span("prefill", "prefill.compute", 1.0, 3.0),
-            span("prefill", "prefill.compute", 3.0, 8.0),
-            span("prefill", "transfer.send", 8.4, 8.5, [("layer.sent", 8.5 + shift)]),
-            span("decode", "transfer.receive", 2.0, 10.0,
-                 [("layer.visible", 9.0 + shift), ("layer.visible", 9.5 + shift)]),
-            span("decode", "decode.validate", 10.0 + shift, 10.4 + shift),
-            span("decode", "decode.publish", 10.5 + shift, 12.5 + 2 * shift),
-            span("router", "router.request", 0.5, 20.0, [("first_token", 14.0 + 3 * shift)]),
-        ])
-    segments, whole = after_compute([one(0.0), one(1.0), one(2.0)])
+def _computed(shift):
+    return SimpleNamespace(spans=[  # a prompt computed in two chunks: the paths start at the last's end
+        span("prefill", "prefill.compute", 1.0, 3.0),
+        span("prefill", "prefill.compute", 3.0, 8.0),
+        span("prefill", "/pd.v1.Prefill/Prefill", 0.8, 30.0, [("granted", 4.0), ("first_token", 8.2 + shift)]),
+        span("prefill", "transfer.send", 8.4, 8.5, [("layer.sent", 8.5 + shift)]),
+        span("decode", "transfer.receive", 2.0, 10.0,
+             [("layer.visible", 9.0 + shift), ("layer.visible", 9.5 + shift)]),
+        span("decode", "decode.validate", 10.0 + shift, 10.4 + shift),
+        span("decode", "decode.publish", 10.5 + shift, 12.5 + 2 * shift),
+        span("decode", "decode.generate", 14.0 + 2 * shift, 16.0 + 2 * shift),
+        span("router", "router.request", 0.5, 20.0, [("first_token", 9.0 + 2 * shift)]),
+    ])
+
+
+def test_token_0s_path_after_the_compute_goes_from_the_prefill_to_the_router():
+    segments, whole = after_compute([_computed(0.0), _computed(1.0), _computed(2.0)])
+    assert {k: round(ms, 6) for k, (ms, _) in segments.items()} == {
+        "compute ended -> token 0 left the prefill": 1.2,
+        "token 0 left the prefill -> token 0 left the router": 1.8,
+    }
+    assert whole == (3.0, 3)
+    assert after_compute([SimpleNamespace(spans=_computed(0.0).spans[2:])])[1] is None  # no compute: no path
+
+
+def test_the_hand_off_is_cut_at_each_step_and_its_whole_is_its_own_median():
+    segments, whole = after_compute([_computed(0.0), _computed(1.0), _computed(2.0)], HANDOFF)
     assert {k: round(ms, 6) for k, (ms, _) in segments.items()} == {
         "compute ended -> first layer sent": 1.5,
         "first layer sent -> last layer visible": 1.0,  # to the last layer, not the first
         "last layer visible -> validation began": 0.5,
         "validation began -> Publish left": 0.5,
         "Publish left -> published": 3.0,
-        "published -> token 0 left the router": 2.5,
+        "published -> decoding": 1.5,
     }
-    assert whole == (9.0, 3)
-    assert after_compute([SimpleNamespace(spans=one(0.0).spans[2:])])[1] is None  # no compute: no path
+    assert whole == (8.0, 3)

@@ -37,16 +37,18 @@ class Decode(decode_pb2_grpc.DecodeServicer):
 
 
 class Prefill(prefill_pb2_grpc.PrefillServicer):
-    """Answers a Prefill (its job, then its grant: a client-streaming call) once both came."""
+    """Answers a Prefill (its job, then its grant: a bidirectional call) once both came."""
 
     async def Prefill(self, request_iterator, context):
         requests = [r async for r in request_iterator]
-        return prefill_pb2.PrefillResult(request_id=requests[0].manifest.request_id, sent_chunks=len(requests))
+        yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
+            request_id=requests[0].manifest.request_id, sent_chunks=len(requests)))
 
 
-def prefill(stub, request_id: str):
+async def prefill(stub, request_id: str) -> prefill_pb2.PrefillResult:
     job = prefill_pb2.PrefillRequest(manifest={"request_id": request_id})
-    return stub.Prefill(iter([job, prefill_pb2.PrefillRequest(destination_data_plane_address="d")]), timeout=2)
+    events = stub.Prefill(iter([job, prefill_pb2.PrefillRequest(destination_data_plane_address="d")]), timeout=2)
+    return [e async for e in events][-1].result
 
 
 async def statuses(channel) -> set[int]:

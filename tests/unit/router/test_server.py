@@ -106,9 +106,11 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
         self.sampling = request.sampling
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "transport to destination broke")
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
         self.published.setdefault(m.transfer_id, asyncio.Event()).set()
-        return prefill_pb2.PrefillResult(request_id=m.request_id, transfer_id=m.transfer_id,
-                                         first_token_id=tokens(1)[0], kv_digest=f"kv-{m.transfer_id}")
+        yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
+            request_id=m.request_id, transfer_id=m.transfer_id, first_token_id=tokens(1)[0],
+            kv_digest=f"kv-{m.transfer_id}"))
 
     async def Cancel(self, request, context):
         self.log.append(("Prefill.Cancel", self.name, request.request_id, request.generation))
@@ -252,9 +254,8 @@ def test_prefill_error_aborts_as_the_router_and_recovers_colocated():
     assert abort[1:3] == ("r1/1", "router") and "UNAVAILABLE" in abort[3]
     assert ("Decode.Cancel", "d0", "r1", 1) in log and ("Prefill.Cancel", "p0", "r1", 1) in log
     # One prefill worker: attempt 2 is the other distinct pair (p0, d1), then colocated.
+    assert [e[3] for e in log if e[0] == "Prefill.Prefill"] == [1, 2]
     started = [ev.started for ev in events if ev.WhichOneof("event") == "started"]
-    assert [(s.generation, s.route) for s in started][:2] == [(1, router_pb2.ROUTE_DISAGGREGATED),
-                                                              (2, router_pb2.ROUTE_DISAGGREGATED)]
     assert started[-1].route == router_pb2.ROUTE_COLOCATED and events[-1].complete.attempts == 3
     assert [ev.token.token_id for ev in events if ev.WhichOneof("event") == "token"] == tokens(4)
 

@@ -121,17 +121,19 @@ def test_a_commit_carries_its_trace_headers_within_bounds():
 
 
 class _Prefill(prefill_pb2_grpc.PrefillServicer):
-    """Answers Cancel (a unary call) and Prefill (a client-streaming one) at once."""
+    """Answers Cancel (a unary call) and Prefill (a bidirectional one) at once."""
 
     async def Cancel(self, request, context):
         return common_pb2.CancelResponse(request_id=request.request_id, found=True)
 
     async def Prefill(self, request_iterator, context):
-        return prefill_pb2.PrefillResult(request_id=str(len([r async for r in request_iterator])))
+        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=7))
+        yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
+            request_id=str(len([r async for r in request_iterator]))))
 
 
 def test_a_context_carrying_channel_joins_each_call_to_the_callers_trace():
-    """The channel adds traceparent and baggage to unary and client-streaming calls alike:
+    """The channel adds traceparent and baggage to unary and bidirectional calls alike:
     each call's server span is a child of the caller's span with its pd.* baggage; off,
     the channel is the plain one."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -152,7 +154,8 @@ def test_a_context_carrying_channel_joins_each_call_to_the_callers_trace():
                     await call.write(prefill_pb2.PrefillRequest())
                     await call.write(prefill_pb2.PrefillRequest())
                     await call.done_writing()
-                    assert (await call).request_id == "2"
+                    events = [e async for e in call]
+                    assert events[0].first_token.token_id == 7 and events[1].result.request_id == "2"
         finally:
             await server.stop(0)
 

@@ -1,6 +1,7 @@
-"""The router compares the two ends' K/V digests before token 0 of a hand-off goes out
-(issue 17, item 7): a mismatch streams nothing, retries, and has the decode worker drop
-the published blocks from its prefix cache."""
+"""The router compares the two ends' K/V digests before the decode's tokens of a hand-off
+go out (issue 17, item 7): a mismatch streams nothing of the decode's, retries, and has the
+decode worker drop the published blocks from its prefix cache. Token 0 is the prefill's
+own: it goes out as soon as the prefill sampled it (issue 21), and a retry reproduces it."""
 
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
     slow = fake.prefill
 
-    async def late_prefill(w, call, timeout_s, grant=None):
-        done = await slow(w, call, timeout_s, grant)
+    async def late_prefill(w, call, timeout_s, grant=None, on_first_token=None):
+        done = await slow(w, call, timeout_s, grant, on_first_token)
         await asyncio.sleep(0.2)  # the whole stream (published at the end of `slow`) is in first
         return done
     fake.prefill = late_prefill
@@ -89,8 +90,8 @@ def _silent_after_publishing(fake: FakeCluster) -> None:
     """The prefill publishes, then its reply never comes (it died after its verdict)."""
     publishing = fake.prefill
 
-    async def silent(w, call, timeout_s, grant=None):
-        await publishing(w, call, timeout_s, grant)
+    async def silent(w, call, timeout_s, grant=None, on_first_token=None):
+        await publishing(w, call, timeout_s, grant, on_first_token)
         await asyncio.Future()
     fake.prefill = silent
 
@@ -113,7 +114,7 @@ def test_token_0_with_the_prefills_seal_over_the_decodes_digest_goes_out_without
     assert_no_leaks(orch, fake)
 
 
-def test_without_a_seal_key_in_the_snapshot_token_0_waits_for_the_reply():
+def test_without_a_seal_key_in_the_snapshot_the_decodes_tokens_wait_for_the_reply():
     fake = _sealed_cluster("d0")
     fake.cluster = dataclasses.replace(fake.cluster, workers=tuple(
         dataclasses.replace(w, seal_key=b"") for w in fake.cluster.workers))
@@ -121,8 +122,42 @@ def test_without_a_seal_key_in_the_snapshot_token_0_waits_for_the_reply():
     orch = Orchestrator(fake, fake, config(first_token_timeout_s=0.3, cancel_timeout_s=0.05, max_attempts=1,
                                            max_disaggregated_attempts=1))
     events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
-    assert not [e for e in events if isinstance(e, TokenOut)]  # held, then the attempt timed out
+    # The prefill's token 0 went out; the decode's were held, then the attempt timed out.
+    assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == [(0, model_tokens(PROMPT, 1)[0])]
     assert error is not None
+
+
+def test_token_0_goes_out_as_the_prefill_samples_it_before_the_hand_off_ends():
+    """The prefill sampled token 0 and its hand-off never ends: the client has token 0 at
+    once; the attempt times out, the colocated retry reproduces token 0 (not sent twice)
+    and streams the rest."""
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+
+    async def stuck(w, call, timeout_s, grant=None, on_first_token=None):
+        call = await grant
+        on_first_token(model_tokens(call.prompt_token_ids, 1)[0])
+        await asyncio.Future()  # never publishes, never replies
+    fake.prefill = stuck
+    orch = Orchestrator(fake, fake, config(first_token_timeout_s=0.3, cancel_timeout_s=0.05))
+    calls_at_token_0: list[list] = []
+
+    async def watch():
+        events = []
+        async for ev in orch.generate(params(max_tokens=3, mode="disaggregated")):
+            if isinstance(ev, TokenOut) and ev.index == 0:
+                calls_at_token_0.append([c[0] for c in fake.calls])
+            events.append(ev)
+        await orch.drain()
+        return events, None
+    events, error = run(watch())
+    assert error is None
+    assert [(t.index, t.token_id) for t in events if isinstance(t, TokenOut)] == \
+        list(enumerate(model_tokens(PROMPT, 3)))
+    (calls,) = calls_at_token_0
+    assert "generate" not in calls and "cancel_prefill" not in calls  # the hand-off was still running
+    first, *rest = started(events)
+    assert first.prefill_worker_id == "p0" and rest and not rest[-1].prefill_worker_id  # served colocated
+    assert_no_leaks(orch, fake)
 
 
 @pytest.mark.parametrize("fault", ["forged seal", "decode digest differs"])
@@ -139,8 +174,8 @@ def test_a_reply_that_trails_the_sealed_stream_is_still_counted_and_learned_from
     fake = _sealed_cluster("d0")
     replying = fake.prefill
 
-    async def late(w, call, timeout_s, grant=None):
-        done = await replying(w, call, timeout_s, grant)
+    async def late(w, call, timeout_s, grant=None, on_first_token=None):
+        done = await replying(w, call, timeout_s, grant, on_first_token)
         await asyncio.sleep(0.2)  # the whole stream goes out meanwhile
         return done
     fake.prefill = late

@@ -117,11 +117,14 @@ def test_orchestrator_books_the_planned_stream_until_the_request_ends(windows):
         await gen.aclose()
         await orch.drain()
         seen["after"] = len(orch.planner.streams)
-        # A request that streams: started at its first token, dropped at the end.
+        # A request that streams: started at its decode's first token (not at the prefill's
+        # token 0, which comes before any decode step), dropped at the end.
         fake.hang.clear()
         gen = orch.generate(gen_params(request_id="s"))
         async for ev in gen:
-            if isinstance(ev, TokenOut):
+            if isinstance(ev, TokenOut) and not ev.decoding:
+                seen["prefill token"] = orch.planner.streams.at()
+            if isinstance(ev, TokenOut) and ev.decoding:
                 seen["streaming"] = orch.planner.streams.at()
                 break
         await gen.aclose()
@@ -139,6 +142,7 @@ def test_orchestrator_books_the_planned_stream_until_the_request_ends(windows):
     assert rec.predicted_ttft_ms > 5
     assert start_ms == (pytest.approx(0.75 * rec.predicted_ttft_ms) if windows else 0.0)
     assert seen["after"] == 0
+    assert [v[:2] for v in seen["prefill token"].values()] == [(0, 1)]
     assert list(seen["streaming"].values()) == [(1, 0, math.inf)]
     assert_no_leaks(orch, fake2)
 

@@ -55,3 +55,17 @@ class PrefillResult(_message.Message):
     sent_chunks: int
     first_token_id: int
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., kv_digest: _Optional[str] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., sent_bytes: _Optional[int] = ..., sent_chunks: _Optional[int] = ..., first_token_id: _Optional[int] = ...) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ("token_id",)
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    def __init__(self, token_id: _Optional[int] = ...) -> None: ...
+
+class PrefillEvent(_message.Message):
+    __slots__ = ("first_token", "result")
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    first_token: FirstToken
+    result: PrefillResult
+    def __init__(self, first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., result: _Optional[_Union[PrefillResult, _Mapping]] = ...) -> None: ...

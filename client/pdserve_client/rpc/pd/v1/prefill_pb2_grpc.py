@@ -36,10 +36,10 @@ class PrefillStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Prefill = channel.stream_unary(
+        self.Prefill = channel.stream_stream(
                 '/pd.v1.Prefill/Prefill',
                 request_serializer=pd_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
-                response_deserializer=pd_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
+                response_deserializer=pd_dot_v1_dot_prefill__pb2.PrefillEvent.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/pd.v1.Prefill/Cancel',
@@ -65,6 +65,12 @@ class PrefillServicer:
         without a grant is INVALID_ARGUMENT; a cancelled one leaves the compute as
         prefix cache. A single request that carries everything is the grant at
         once (what a unary caller sends).
+
+        Replies: a FirstToken event as soon as token 0 is sampled (the router
+        streams it to the client at once: token 0 is the prefill's own result and
+        needs none of the hand-off), then the PrefillResult event once the
+        destination accepted the commit, ending the call. A call that fails before
+        token 0 sends neither; one that fails after it ends with its status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,10 +86,10 @@ class PrefillServicer:
 
 def add_PrefillServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Prefill': grpc.stream_unary_rpc_method_handler(
+            'Prefill': grpc.stream_stream_rpc_method_handler(
                     servicer.Prefill,
                     request_deserializer=pd_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
-                    response_serializer=pd_dot_v1_dot_prefill__pb2.PrefillResult.SerializeToString,
+                    response_serializer=pd_dot_v1_dot_prefill__pb2.PrefillEvent.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -113,12 +119,12 @@ class Prefill:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
             '/pd.v1.Prefill/Prefill',
             pd_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
-            pd_dot_v1_dot_prefill__pb2.PrefillResult.FromString,
+            pd_dot_v1_dot_prefill__pb2.PrefillEvent.FromString,
             options,
             channel_credentials,
             insecure,
