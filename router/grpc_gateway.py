@@ -139,11 +139,14 @@ class GrpcWorkerGateway(WorkerGateway):
 
     async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
                       grant: Awaitable[PrefillCall] | None = None,
-                      on_first_token: Callable[[int], None] | None = None) -> PrefillDone:
+                      on_first_token: Callable[[int], None] | None = None,
+                      job_sent: asyncio.Future | None = None) -> PrefillDone:
         rpc = self._prefill(worker).Prefill(timeout=timeout_s)
         try:
             try:  # the job, then the grant: a token 0 sampled before the grant left waits in the call
-                await rpc.write(convert.prefill_call_to_pb(call))
+                await rpc.write(convert.prefill_call_to_pb(call))  # (after the call's headers went)
+                if job_sent is not None and not job_sent.done():
+                    job_sent.set_result(None)
                 if grant is not None:
                     await rpc.write(convert.prefill_call_to_pb(await grant))
                 await rpc.done_writing()
@@ -158,6 +161,8 @@ class GrpcWorkerGateway(WorkerGateway):
             raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None
         finally:
             rpc.cancel()  # no-op once the call finished; a grant that never came ends it
+            if job_sent is not None and not job_sent.done():
+                job_sent.set_result(None)
         raise WorkerCallError(StatusCode.INTERNAL, f"Prefill.Prefill on {worker.worker_id} ended without a result")
 
     async def _stream(self, call: Any, what: str) -> AsyncIterator[StreamItem]:

@@ -20,10 +20,10 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 
 Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
 
-Every failure, cancellation or deadline runs one teardown (`_teardown`), in
-this order: Directory.Abort (only while the transaction may be unpublished),
-Decode.Cancel, close the stream call, Prefill.Cancel. Teardown runs in its own
-task under `asyncio.shield`, so a second cancellation cannot cut it short.
+Every failure, cancellation or deadline runs one teardown (`_teardown`), in this order:
+Directory.Abort (only while the transaction may be unpublished), Decode.Cancel, close the
+stream call, Prefill.Cancel; in its own task under `asyncio.shield` (a second cancellation
+cannot cut it short).
 Failures become `AttemptFailed` (the orchestrator retries elsewhere) unless
 retrying cannot help: a worker's INVALID_ARGUMENT about the client's request
 and output divergence raise `RouterError` directly.
@@ -146,11 +146,11 @@ class AttemptRunner:
         # the destination, the capability) follows on the same call once D answered. A
         # failed Reserve cancels the call (teardown): nothing was read or sent, and the
         # compute (of a prompt too small to stream, at most) stays in P's prefix cache.
-        grant: asyncio.Future[PrefillCall] = asyncio.get_running_loop().create_future()
+        grant, job_sent = asyncio.get_running_loop().create_future(), asyncio.get_running_loop().create_future()
         job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
         att.prefill_task = asyncio.create_task(self._prefill(
-            att, PrefillCall(job, req.prompt, "", req.sampling), queue, grant))
-        await asyncio.sleep(0)  # P's call and job leave before D's Reserve: P's compute is the longer way
+            att, PrefillCall(job, req.prompt, "", req.sampling), queue, grant, job_sent))
+        await job_sent  # P's job leaves before D's Reserve (its write waits for the call's headers): P's way is longer
         try:
             reservation = await self._workers.reserve(d, ReserveCall(
                 req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
@@ -202,10 +202,11 @@ class AttemptRunner:
             prompt_token_ids=req.prompt), self._timeout(None)), queue))
 
     async def _prefill(self, att: Attempt, call: PrefillCall, queue: asyncio.Queue,
-                       grant: asyncio.Future[PrefillCall] | None = None) -> PrefillDone | None:
+                       grant: asyncio.Future[PrefillCall] | None = None,
+                       job_sent: asyncio.Future | None = None) -> PrefillDone | None:
         try:
             done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
-                                               lambda token: queue.put_nowait(("first_token", token)))
+                                               lambda token: queue.put_nowait(("first_token", token)), job_sent)
             queue.put_nowait(("prefill", done))
             return done
         except WorkerCallError as exc:

@@ -207,7 +207,10 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.published[tid] = asyncio.Event()
         return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
 
-    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None, on_first_token=None) -> PrefillDone:
+    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None, on_first_token=None,
+                      job_sent=None) -> PrefillDone:
+        if job_sent is not None:  # the job left
+            job_sent.set_result(None)
         if grant is not None:  # the job came first; the call goes on once its grant is there
             call = await grant
         await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)

@@ -63,8 +63,8 @@ def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
     slow = fake.prefill
 
-    async def late_prefill(w, call, timeout_s, grant=None, on_first_token=None):
-        done = await slow(w, call, timeout_s, grant, on_first_token)
+    async def late_prefill(w, call, timeout_s, grant=None, *more):
+        done = await slow(w, call, timeout_s, grant, *more)
         await asyncio.sleep(0.2)  # the whole stream (published at the end of `slow`) is in first
         return done
     fake.prefill = late_prefill
@@ -90,8 +90,8 @@ def _silent_after_publishing(fake: FakeCluster) -> None:
     """The prefill publishes, then its reply never comes (it died after its verdict)."""
     publishing = fake.prefill
 
-    async def silent(w, call, timeout_s, grant=None, on_first_token=None):
-        await publishing(w, call, timeout_s, grant, on_first_token)
+    async def silent(w, call, timeout_s, grant=None, *more):
+        await publishing(w, call, timeout_s, grant, *more)
         await asyncio.Future()
     fake.prefill = silent
 
@@ -133,7 +133,8 @@ def test_token_0_goes_out_as_the_prefill_samples_it_before_the_hand_off_ends():
     and streams the rest."""
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
 
-    async def stuck(w, call, timeout_s, grant=None, on_first_token=None):
+    async def stuck(w, call, timeout_s, grant=None, on_first_token=None, job_sent=None):
+        job_sent.set_result(None)
         call = await grant
         on_first_token(model_tokens(call.prompt_token_ids, 1)[0])
         await asyncio.Future()  # never publishes, never replies
@@ -174,8 +175,8 @@ def test_a_reply_that_trails_the_sealed_stream_is_still_counted_and_learned_from
     fake = _sealed_cluster("d0")
     replying = fake.prefill
 
-    async def late(w, call, timeout_s, grant=None, on_first_token=None):
-        done = await replying(w, call, timeout_s, grant, on_first_token)
+    async def late(w, call, timeout_s, grant=None, *more):
+        done = await replying(w, call, timeout_s, grant, *more)
         await asyncio.sleep(0.2)  # the whole stream goes out meanwhile
         return done
     fake.prefill = late
