@@ -142,10 +142,9 @@ class AttemptRunner:
         blocks, att.prefill_handle = self._inflight.hold_route(req, p, d)
         att.overlay_handles.append(blocks)
         advance(att, Stage.DECODE_RESERVE)
-        # P gets the job beside D's Reserve and computes meanwhile; its grant (the manifest,
-        # the destination, the capability) follows on the same call once D answered. A
-        # failed Reserve cancels the call (teardown): nothing was read or sent, and the
-        # compute (of a prompt too small to stream, at most) stays in P's prefix cache.
+        # P gets the job before D's Reserve and computes meanwhile; its grant follows on the
+        # same call once D answered. A failed Reserve cancels the call (teardown): nothing was
+        # read or sent, and the compute (of a prompt too small to stream) stays in P's cache.
         grant, job_sent = asyncio.get_running_loop().create_future(), asyncio.get_running_loop().create_future()
         job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
         att.prefill_task = asyncio.create_task(self._prefill(
