@@ -44,12 +44,13 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         else:
             target = asyncio.ensure_future(_grant(m, requests))
         first: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
-        run = asyncio.ensure_future(self.worker.prefill(
-            request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
-            transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
-            sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target,
-            on_first_token=first.put_nowait))
+        run = None
         try:
+            run = asyncio.ensure_future(self.worker.prefill(
+                request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
+                transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
+                sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target,
+                on_first_token=first.put_nowait))
             token = asyncio.ensure_future(first.get())
             await asyncio.wait((run, token), return_when=asyncio.FIRST_COMPLETED)
             if token.done():

@@ -290,6 +290,20 @@ class Completed:
     """... and of the K/V decode published; equal when the hand-off was exact."""
     failed_attempts: str = ""
     """Why the attempts before the last failed ('; '-joined); empty when the first succeeded."""
+    decode_ttft_ms: float | None = None
+    """When the decode's token 0 came (a hand-off's: the prefill's token 0 went out before it;
+    None: at `ttft_ms`). With `decode_tpot_ms`, what the cost model prices and learns from: a
+    split route's TTFT there holds the transfer and the admission (not for the client)."""
+    decode_tpot_ms: float | None = None
+    """(latency - decode_ttft_ms) / (n - 1): the decode's cadence (None: `tpot_ms`)."""
+
+    @property
+    def decoding_ttft_ms(self) -> float:
+        return self.ttft_ms if self.decode_ttft_ms is None else self.decode_ttft_ms
+
+    @property
+    def decoding_tpot_ms(self) -> float:
+        return self.tpot_ms if self.decode_tpot_ms is None else self.decode_tpot_ms
 
 
 Event = Started | TokenOut | Completed

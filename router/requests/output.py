@@ -26,11 +26,16 @@ class OutputLog:
         self._detok = Detokenizer(tokenizer)
         self.tokens: list[int] = []
         self._first_s: float | None = None
+        self._decoding_s: float | None = None
+        """When a decode worker's token 0 came (the prefill's may have gone out before)."""
 
     def offer(self, index: int, token_id: int, generation: int, decoding: bool = True) -> TokenOut | None:
         """A token from an attempt: the event to forward, or None when it replays an
         already-forwarded token. Raises RouterError(INTERNAL) on divergence. `decoding`
         False: a prefill's token 0 (TokenOut.decoding)."""
+        now = self._clock()
+        if decoding and index == 0:
+            self._decoding_s = now
         if index < len(self.tokens):
             if self.tokens[index] != token_id:
                 raise RouterError(StatusCode.INTERNAL,
@@ -38,7 +43,6 @@ class OutputLog:
                                   f"{token_id}, the client already has {self.tokens[index]}")
             return None
         assert index == len(self.tokens), "attempts stream indices in order from 0"
-        now = self._clock()
         if self._first_s is None:
             self._first_s = now
         self.tokens.append(token_id)
@@ -54,13 +58,16 @@ class OutputLog:
 
     def completed(self, finish_reason: FinishReason, route: Route, attempts: int, prefill_kv_digest: str = "",
                   decode_kv_digest: str = "", failed_attempts: str = "") -> Completed:
-        """The Complete event: TTFT, TPOT = (latency - TTFT) / (n - 1)."""
+        """The Complete event: TTFT, TPOT = (latency - TTFT) / (n - 1); the same from the
+        decode's token 0 when a prefill's came first (Completed.decode_ttft_ms)."""
         latency_ms = self._ms(self._clock())
         n = len(self.tokens)
         ttft_ms = self._ms(self._first_s) if self._first_s is not None else 0.0
         tpot_ms = (latency_ms - ttft_ms) / (n - 1) if n > 1 else 0.0
+        decoding = None if self._decoding_s in (None, self._first_s) else self._ms(self._decoding_s)
         return Completed(finish_reason, ttft_ms, tpot_ms, n, route, attempts, prefill_kv_digest, decode_kv_digest,
-                         failed_attempts)
+                         failed_attempts, decoding, None if decoding is None else
+                         (latency_ms - decoding) / (n - 1) if n > 1 else 0.0)
 
     def _ms(self, t: float) -> float:
         return (t - self._start_s) * 1000.0

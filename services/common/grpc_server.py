@@ -170,9 +170,13 @@ class RefuseWhen(grpc.aio.ServerInterceptor):
             return handler
         reason, code = self.reason, self.code
 
-        async def refuse(context) -> None:
+        streaming_requests = handler.request_streaming
+
+        async def refuse(context, requests=None) -> None:
             why = reason()
             if why is not None:
+                if streaming_requests:  # its first request in first: a write racing the end of
+                    await anext(aiter(requests), None)  # the call reads as INTERNAL at the caller
                 await context.abort(code, f"{why} ({method})")
 
         if handler.response_streaming:
@@ -180,7 +184,7 @@ class RefuseWhen(grpc.aio.ServerInterceptor):
             inner_stream = getattr(handler, kind)
 
             async def stream(request, context):  # a request, or a stream-stream call's requests
-                await refuse(context)
+                await refuse(context, request)
                 async for item in inner_stream(request, context):
                     yield item
 
@@ -188,7 +192,7 @@ class RefuseWhen(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary or handler.stream_unary
 
         async def unary(request, context):  # a request, or a stream-unary call's requests
-            await refuse(context)
+            await refuse(context, request)
             return await inner(request, context)
 
         if handler.unary_unary is not None:

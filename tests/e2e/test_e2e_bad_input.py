@@ -171,6 +171,17 @@ def test_a_prefill_job_without_a_valid_grant_is_refused_and_frees_its_compute(cl
     assert_cluster_clean(cluster)
 
 
+def test_a_job_with_bad_sampling_is_invalid_argument(cluster):
+    """The job's sampling is checked with the rest of it: INVALID_ARGUMENT saying what."""
+    bad = _job(sampling=common_pb2.SamplingParams(top_p=-1.0))
+    with channel(cluster, "prefill-0", "router") as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            list(prefill_pb2_grpc.PrefillStub(ch).Prefill(iter([bad]), timeout=20))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+    assert "top_p" in err.value.details(), err.value.details()
+    assert_cluster_clean(cluster)
+
+
 def test_a_malformed_grant_is_invalid_argument(cluster):
     with channel(cluster, "prefill-0", "router") as ch:
         call = ch.stream_stream("/pd.v1.Prefill/Prefill")

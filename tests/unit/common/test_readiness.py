@@ -45,10 +45,14 @@ class Prefill(prefill_pb2_grpc.PrefillServicer):
             request_id=requests[0].manifest.request_id, sent_chunks=len(requests)))
 
 
-async def prefill(stub, request_id: str) -> prefill_pb2.PrefillResult:
-    job = prefill_pb2.PrefillRequest(manifest={"request_id": request_id})
-    events = stub.Prefill(iter([job, prefill_pb2.PrefillRequest(destination_data_plane_address="d")]), timeout=2)
-    return [e async for e in events][-1].result
+async def prefill(stub, request_id: str, grant: bool = True) -> prefill_pb2.PrefillResult:
+    """The job, then (`grant`) its grant, as the router writes them; the call's result."""
+    call = stub.Prefill(timeout=2)
+    await call.write(prefill_pb2.PrefillRequest(manifest={"request_id": request_id}))
+    if grant:
+        await call.write(prefill_pb2.PrefillRequest(destination_data_plane_address="d"))
+        await call.done_writing()
+    return [e async for e in call][-1].result
 
 
 async def statuses(channel) -> set[int]:
@@ -80,7 +84,7 @@ def test_health_follows_readiness_and_a_draining_server_refuses_new_work_only():
                 assert await statuses(channel) == {NOT_SERVING}
                 for call in (stub.Reserve(decode_pb2.DecodeReserveRequest(request_id="r2"), timeout=2),
                              _first(stub.Generate(decode_pb2.DecodeGenerateRequest(request_id="r3"), timeout=2)),
-                             prefill(prefills, "p2")):
+                             prefill(prefills, "p2", grant=False)):
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
                         await call
                     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

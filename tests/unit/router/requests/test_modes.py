@@ -238,6 +238,25 @@ def test_decode_correction_ignores_the_dilation_a_colocated_prompt_causes_others
     assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 1.0
 
 
+def test_a_split_routes_costs_learn_from_the_decodes_stream_not_the_prefills_token_0():
+    # The prefill's token 0 goes out before the hand-off ends: the client's TTFT is short
+    # and its TPOT holds the hand-off. The decode's own token 0 and cadence are what a split
+    # route's price means (its TTFT holds the transfer and the admission): observed exactly
+    # as priced, nothing moves.
+    planner = Planner(config(cost_ewma_alpha=1.0))
+    one = profiled(two_by_two()).cluster
+    one = dataclasses.replace(one, workers=tuple(w for w in one.workers if w.worker_id in ("p0", "d0")))
+    plan = planner.plan("a", "t", tuple(range(1, 40)), 8, "disaggregated", Slo(), one)
+    c = plan.predicted
+    overhead = planner.costs.overhead_ms(Route.DISAGGREGATED)
+    client_ttft = c.ttft_ms - c.transfer_ms - c.admission_ms - 1.0
+    client_tpot = plan.own_tpot_ms + (c.ttft_ms - client_ttft) / 7
+    planner.completed("a", plan, Completed(None, client_ttft, client_tpot, 8, c.route, 1, "", "", "", c.ttft_ms,
+                                           plan.own_tpot_ms), plan.prefill, plan.decode)
+    assert planner.costs.corrections()["decode/d0"] == 1.0
+    assert planner.costs.overhead_ms(Route.DISAGGREGATED) == overhead
+
+
 def test_a_burst_of_completions_does_not_compound_the_decode_correction():
     # Three requests priced together, each then observed at 2x its predicted TPOT:
     # the factor is 2, not 2 * 2 * 2.
