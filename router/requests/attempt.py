@@ -107,9 +107,9 @@ class Attempt:
     """The prefill's digest by its own seal, relayed with token 0 and opened here with its
     registered key (router/requests/seals.py): compared without its reply."""
     held: list = dataclasses.field(default_factory=list)
-    """Stream items from token 0 on, held until prefill's reply lets the router compare
-    the two ends' K/V digests (nothing goes out before), unless token 0 brought the
-    prefill's seal over the decode's digest."""
+    """The decode's stream items from its token 0 on, held until prefill's reply lets the
+    router compare the two ends' K/V digests (none goes out before), unless the decode's
+    token 0 brought the prefill's seal over its digest (the prefill's token 0 went out)."""
     discard_kv: bool = False
     """The digests differed: the decode worker drops the published blocks from its cache."""
     prefill_handle: int | None = None
@@ -174,9 +174,9 @@ def judge_reserve(att: Attempt, answer: TxnAnswer | WorkerCallError, request_id:
 
 
 def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
-    """Who caused a stream failure at this point. Before token 0 of a
+    """Who caused a stream failure at this point. Before the decode's token 0 of a
     disaggregated attempt an aborted hand-off may be either end's fault; an
-    unreachable D (or any failure after token 0, or once prefill returned) is D's."""
+    unreachable D (or any failure after it, or once prefill returned) is D's."""
     handoff = att.prefill is not None and att.tokens_seen == 0 and not att.prefill_done
     if handoff and code is not StatusCode.UNAVAILABLE:
         return {"suspects": frozenset({att.prefill.worker_id, att.decode.worker_id})}
