@@ -21,12 +21,11 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
 
 Every failure, cancellation or deadline runs one teardown (`_teardown`), in this order:
-Directory.Abort (only while the transaction may be unpublished), Decode.Cancel, close the
-stream call, Prefill.Cancel; in its own task under `asyncio.shield` (a second cancellation
-cannot cut it short).
-Failures become `AttemptFailed` (the orchestrator retries elsewhere) unless
-retrying cannot help: a worker's INVALID_ARGUMENT about the client's request
-and output divergence raise `RouterError` directly.
+Directory.Abort (only while the transaction may be unpublished; after the Reserve's answer),
+Decode.Cancel, close the stream call, Prefill.Cancel; in its own task under `asyncio.shield`
+(a second cancellation cannot cut it short). Failures become `AttemptFailed` (the
+orchestrator retries elsewhere) unless retrying cannot help: a worker's INVALID_ARGUMENT
+about the client's request and output divergence raise `RouterError` directly.
 """
 
 from __future__ import annotations
@@ -179,8 +178,7 @@ class AttemptRunner:
         att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
             self._timeout(None)), queue))
-        att.reserve_task = asyncio.create_task(self._reserve_txn(manifest, queue))
-        # _drive judges the directory's answer, which P's token 0 may precede.
+        att.reserve_task = asyncio.create_task(self._reserve_txn(manifest, queue))  # judged by _drive
 
     async def _reserve_txn(self, manifest, queue: asyncio.Queue) -> None:
         """Directory.Reserve of the attempt's manifest; its answer (or error) to the queue."""
@@ -371,6 +369,8 @@ class AttemptRunner:
     async def _teardown(self, att: Attempt, reason: str) -> None:
         """Release everything `att` holds, in the contract's order; never raises."""
         rid, g, limit = self.req.request_id, att.generation, self._cfg.cancel_timeout_s
+        if att.reserve_task is not None:  # the Reserve answered first: an Abort must not overtake it
+            await asyncio.wait({att.reserve_task}, timeout=self._cfg.directory_timeout_s)
         if att.txn_open:
             await self._quietly(self._directory.abort_txn(rid, transfer_id(rid, g), g, reason, limit))
             att.txn_open = False

@@ -180,3 +180,37 @@ def test_attempts_failing_on_the_requests_own_deadline_end_deadline_exceeded_wit
     assert "request deadline of 1000 ms passed" in error.message
     assert len(fake.ops("reserve")) == 1
     assert_no_leaks(orch, fake)
+
+
+def test_a_cancel_while_the_directory_reserves_aborts_after_its_answer():
+    """The attempt streams before the directory answered its Reserve (the prefill's token 0
+    needs no record): a cancel then waits for that answer before the Abort, which must
+    not overtake a Reserve the directory applies after it (a record left RESERVED)."""
+    fake = two_by_two()
+    reserving = fake.reserve_txn
+
+    async def slow_reserve(manifest, timeout_s):
+        fake.calls.append(("txn_reserve_sent", manifest.transfer_id))
+        await asyncio.sleep(0.1)  # the cancel comes meanwhile
+        answer = await reserving(manifest, timeout_s)
+        fake.calls.append(("txn_reserve_answered", manifest.transfer_id))
+        return answer
+    fake.reserve_txn = slow_reserve
+    fake.hang.add(("decode_stream", "d1"))
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        run_ = await orch.submit(params(request_id="r", mode=Mode.DISAGGREGATED))
+        while not any(c[0] == "txn_reserve_sent" for c in fake.calls):
+            await asyncio.sleep(0.005)
+        assert await orch.cancel("r", "changed my mind")
+        async for _ in run_.stream():
+            pass
+        await orch.drain()
+        return orch
+
+    orch = run(go())
+    ops = [c[0] for c in fake.calls]
+    assert ops.index("txn_reserve_answered") < ops.index("txn_abort")
+    assert fake.txns["r/1"] == "ABORTED"
+    assert_no_leaks(orch, fake)
