@@ -10,12 +10,11 @@ that pause, its token 1 only after it.
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
-from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, channel, start_cluster
+from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
+from tests.support.cluster import assert_cluster_clean, router_events, start_cluster
 
 PAUSE_S = 3.0
 PROMPT = [random.Random(21).randrange(3, 500) for _ in range(40)]
@@ -29,26 +28,12 @@ def cluster(tmp_path_factory):
     c.down()
 
 
-def generate(cluster, request_id: str, mode) -> tuple[list[router_pb2.GenerateEvent.Started], list[int],
-                                                       list[float], router_pb2.GenerateEvent.Complete]:
+def generate(cluster, request_id: str, mode):
     """One request: its Started events, tokens, each token's arrival (s from the call) and
     its Complete event."""
-    request = router_pb2.GenerateRequest(
+    return router_events(cluster, router_pb2.GenerateRequest(
         request_id=request_id, prompt_token_ids=common_pb2.TokenIds(ids=PROMPT), max_tokens=6, mode=mode,
-        sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000)
-    started, tokens, times, complete = [], [], [], None
-    with channel(cluster, "router", "client") as ch:
-        t0 = time.monotonic()
-        for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=90):
-            kind = event.WhichOneof("event")
-            if kind == "started":
-                started.append(event.started)
-            elif kind == "token":
-                tokens.append(event.token.token_id)
-                times.append(time.monotonic() - t0)
-            elif kind == "complete":
-                complete = event.complete
-    return started, tokens, times, complete
+        sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000))
 
 
 def test_token_0_reaches_the_client_while_the_hand_off_waits(cluster):

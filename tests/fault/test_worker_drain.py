@@ -28,8 +28,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve_client import contract
-from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
+from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
+from tests.support.cluster import assert_cluster_clean, client, directory, router_events, start_cluster
 
 MAX_TOKENS = 24
 PAUSE_S = 3.0
@@ -48,16 +48,7 @@ def generate(cluster, request_id: str, ids: list[int], mode=router_pb2.MODE_DISA
     request = router_pb2.GenerateRequest(
         request_id=request_id, prompt_token_ids=common_pb2.TokenIds(ids=ids), max_tokens=MAX_TOKENS, mode=mode,
         sampling=common_pb2.SamplingParams(ignore_eos=True), deadline_ms=60_000)
-    started, tokens, complete = [], [], None
-    with channel(cluster, "router", "client") as ch:
-        for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=90):
-            kind = event.WhichOneof("event")
-            if kind == "started":
-                started.append(event.started)
-            elif kind == "token":
-                tokens.append(event.token.token_id)
-            elif kind == "complete":
-                complete = event.complete
+    started, tokens, _, complete = router_events(cluster, request)
     return started, tokens, complete
 
 

@@ -163,3 +163,23 @@ def generate_all(cluster: LocalCluster, prompts: list[list[int]], concurrency: i
 
     with client(cluster, timeout_s=120) as sdk, ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, prompts))
+
+
+def router_events(cluster: LocalCluster, request, identity: str = "client", timeout_s: float = 90.0):
+    """One GenerateRequest through the router's gRPC API: (its Started events, its tokens,
+    each token's arrival in s from the call, its Complete event or None)."""
+    from pdserve_client.rpc.pd.v1 import router_pb2_grpc
+
+    started, tokens, times, complete = [], [], [], None
+    with channel(cluster, "router", identity) as ch:
+        t0 = time.monotonic()
+        for event in router_pb2_grpc.RouterStub(ch).Generate(request, timeout=timeout_s):
+            kind = event.WhichOneof("event")
+            if kind == "started":
+                started.append(event.started)
+            elif kind == "token":
+                tokens.append(event.token.token_id)
+                times.append(time.monotonic() - t0)
+            elif kind == "complete":
+                complete = event.complete
+    return started, tokens, times, complete
