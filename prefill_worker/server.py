@@ -43,21 +43,18 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             target.set_result(_target(request))
         else:
             target = asyncio.ensure_future(_grant(m, requests))
-        first: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
+        token: asyncio.Future[int] = asyncio.get_running_loop().create_future()  # sampled once
         run = None
         try:
             run = asyncio.ensure_future(self.worker.prefill(
                 request_id=m.request_id, tenant=m.tenant or "default", generation=m.generation,
                 transfer_id=m.transfer_id, prompt=list(request.prompt_token_ids),
                 sampling=sampling_from_proto(request.sampling), abi_digest=m.cache_abi_digest, target=target,
-                on_first_token=first.put_nowait))
-            token = asyncio.ensure_future(first.get())
+                on_first_token=token.set_result))
             await asyncio.wait((run, token), return_when=asyncio.FIRST_COMPLETED)
             if token.done():
                 trace.get_current_span().add_event(EVENT_FIRST_TOKEN)  # the call's span
                 yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=token.result()))
-            else:
-                token.cancel()
             out = await run
         except grpc.aio.AbortError:  # a malformed grant (MalformedRequests) ended the call already
             raise

@@ -120,10 +120,10 @@ class Attempt:
     stream_task: asyncio.Task | None = None
     prefill_task: asyncio.Task | None = None
     reserve_task: asyncio.Task | None = None
+    """The directory's Reserve of a disaggregated attempt (its answer comes through the queue)."""
     started: bool = False
     """The Started event went out (a disaggregated attempt's comes with the directory's answer
     or before its first token, whichever is first)."""
-    """The directory's Reserve of a disaggregated attempt (its answer comes through the queue)."""
     number: int = 0
     """1 for the request's first attempt, ...; the generation unless the request id
     ran before (then generations continue above the earlier run's). 0: = generation."""

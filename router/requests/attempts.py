@@ -141,9 +141,8 @@ class AttemptRunner:
         blocks, att.prefill_handle = self._inflight.hold_route(req, p, d)
         att.overlay_handles.append(blocks)
         advance(att, Stage.DECODE_RESERVE)
-        # P gets the job before D's Reserve and computes meanwhile; its grant follows on the
-        # same call once D answered. A failed Reserve cancels the call (teardown): nothing was
-        # read or sent, and the compute (of a prompt too small to stream) stays in P's cache.
+        # P gets the job before D's Reserve and computes meanwhile; its grant follows on the same call
+        # once D answered. A failed Reserve cancels the call: nothing read or sent, the compute cached.
         grant, job_sent = asyncio.get_running_loop().create_future(), asyncio.get_running_loop().create_future()
         job = job_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt, prefill=p)
         att.prefill_task = asyncio.create_task(self._prefill(
@@ -186,7 +185,7 @@ class AttemptRunner:
             queue.put_nowait(("directory", await self._directory.reserve_txn(
                 manifest, self._timeout(self._cfg.directory_timeout_s))))
         except WorkerCallError as exc:
-            queue.put_nowait(("directory_error", exc))
+            queue.put_nowait(("directory", exc))
 
     def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
         req, w = self.req, att.decode
@@ -262,11 +261,10 @@ class AttemptRunner:
                 if out is not None:
                     self._emit(out)
                 continue
-            if kind in ("directory", "directory_error"):
+            if kind == "directory":
                 if att.stage is Stage.DIRECTORY_RESERVE:  # (D's token 0 tells the same, when first)
                     judge_reserve(att, value, self.req.request_id, self._view)
-                    advance(att, Stage.PREFILL)
-                    self._started(att)
+                    self._reserved(att)
                 continue
             if kind == "item" and att.route is Route.DISAGGREGATED and not att.held \
                     and sealed_token_0(att, value, self.req.request_id):  # a relayed seal must open
@@ -311,9 +309,12 @@ class AttemptRunner:
                                     f"stream ended after {att.tokens_seen} tokens without a complete event",
                                     culprit=att.decode)
 
+    def _reserved(self, att: Attempt) -> None:  # the directory holds the transaction: the hand-off runs
+        advance(att, Stage.PREFILL)
+        self._started(att)
+
     def _started(self, att: Attempt) -> None:
-        """The Started event of a disaggregated attempt, once: when the directory applied its
-        reservation, or before a token of it that came first."""
+        """A disaggregated attempt's Started event, once: at its Reserve's answer or first token."""
         if not att.started:
             att.started = True
             self._emit(Started(Route.DISAGGREGATED, att.prefill.worker_id, att.decode.worker_id, att.generation,
@@ -332,8 +333,7 @@ class AttemptRunner:
                 self._inflight.release((att.prefill_handle,))  # W finished the prompt
             if att.route is Route.DISAGGREGATED:
                 if att.stage is Stage.DIRECTORY_RESERVE:  # published: the directory's answer is on its way
-                    advance(att, Stage.PREFILL)
-                    self._started(att)
+                    self._reserved(att)
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1
         out = self._output.offer(tok.index, tok.token_id, att.generation)
