@@ -147,3 +147,41 @@ def after_compute(traces, path=AFTER_COMPUTE) -> tuple[dict[str, tuple[float, in
     segments = legs(traces, {f"{a} -> {b}": (steps[a], steps[b], 0) for (a, _), (b, _) in zip(path, path[1:])})
     whole = legs(traces, {"all": (path[0][1], path[-1][1], 0)})
     return segments, whole.get("all")
+
+
+def trace_rows(traces: dict, modes, rtt_ms: float, overhead_ms: float, handoff_ms: float | None) -> list[dict]:
+    """bench/handoff.py's rows from the traces (`traces`: mode -> traces), none without a
+    disaggregated one: `legs` (against half the idle round trip `rtt_ms`), `path` (token
+    0's way), `handoff_path`, `held`, then per mode `calls` and `spans`."""
+    dis, rows = traces["disaggregated"], []
+    if not dis:
+        return rows
+    handoff = None if handoff_ms is None else round(handoff_ms, 2)
+    extra, shared = legs(dis, EXTRA_LEGS), legs(dis, SHARED_LEGS)
+    extra_ms = sum(ms for ms, _ in extra.values())
+    extra_hops = sum(n for *_, n in EXTRA_LEGS.values())
+    rows.append(dict(metric="legs", extra_legs={k: round(ms, 2) for k, (ms, _) in extra.items()},
+                     shared_legs={k: round(ms, 2) for k, (ms, _) in shared.items()}, extra_legs_ms=round(extra_ms, 2),
+                     one_way_idle_ms=round(rtt_ms / 2, 3), extra_one_way_hops=extra_hops,
+                     extra_legs_over_idle=round(extra_ms / (extra_hops * rtt_ms / 2), 2), handoff_overhead_ms=handoff,
+                     traces=min((n for _, n in extra.values()), default=0)))
+    for metric, path, whole_key, against in (("path", AFTER_COMPUTE, "compute_end_to_token_0_ms",
+                                              {"overhead_ms": round(overhead_ms, 2)}),
+                                             ("handoff_path", HANDOFF, "compute_end_to_decoding_ms",
+                                              {"handoff_overhead_ms": handoff})):
+        segments, whole = after_compute(dis, path)
+        if whole is not None:
+            rows.append({"metric": metric, "after_compute": {k: round(ms, 2) for k, (ms, _) in segments.items()},
+                         whole_key: round(whole[0], 2), **against, "traces": whole[1]})
+    (held_ms, n_held), = legs(dis, HELD_LEG).values() or [(0.0, 0)]
+    rows.append(dict(metric="held", leg=next(iter(HELD_LEG)), held_median_ms=round(held_ms, 2), traces_held=n_held,
+                     traces=len(dis), overhead_ms=round(overhead_ms, 2)))
+    for mode in modes:
+        per_trace = rpc_counts(traces[mode])
+        rows.append(dict(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
+                         total=round(sum(per_trace.values()), 2), traces=len(traces[mode])))
+        by_service, events = span_counts(traces[mode])
+        rows.append(dict(metric="spans", mode=mode, per_request={k: round(v, 2) for k, v in by_service.items()},
+                         total=round(sum(by_service.values()), 2), events_per_request=round(events, 2),
+                         traces=len(traces[mode])))
+    return rows

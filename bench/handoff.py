@@ -111,17 +111,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._handoff_floor import cpu_s, overheads
-from bench._handoff_traces import (
-    EXTRA_LEGS,
-    HANDOFF,
-    HELD_LEG,
-    SHARED_LEGS,
-    after_compute,
-    hops,
-    legs,
-    rpc_counts,
-    span_counts,
-)
+from bench._handoff_traces import hops, trace_rows
 
 TARGET_OVERHEAD_MS = 5.0
 """Disaggregated - colocated median TTFT on a 16-token prompt, at most (issue 21)."""
@@ -350,36 +340,8 @@ def run(args) -> None:
          protocol_cpu_ms=round(protocol_cpu, 2), extra_cpu_ms_per_request=round(extra_cpu, 2),
          calls_share_of_extra_cpu=round(protocol_cpu / extra_cpu, 2) if extra_cpu > 0 else None, cores=cores,
          overhead_floor_ms=round(protocol_cpu / cores, 2))
-    if traces["disaggregated"]:
-        extra, shared = legs(traces["disaggregated"], EXTRA_LEGS), legs(traces["disaggregated"], SHARED_LEGS)
-        extra_ms = sum(ms for ms, _ in extra.values())
-        extra_hops = sum(n for *_, n in EXTRA_LEGS.values())
-        emit(metric="legs", extra_legs={k: round(ms, 2) for k, (ms, _) in extra.items()},
-             shared_legs={k: round(ms, 2) for k, (ms, _) in shared.items()}, extra_legs_ms=round(extra_ms, 2),
-             one_way_idle_ms=round(rtt / 2, 3), extra_one_way_hops=extra_hops,
-             extra_legs_over_idle=round(extra_ms / (extra_hops * rtt / 2), 2),
-             handoff_overhead_ms=None if handoff is None else round(handoff, 2),
-             traces=min((n for _, n in extra.values()), default=0))
-        segments, whole = after_compute(traces["disaggregated"])
-        if whole is not None:
-            emit(metric="path", after_compute={k: round(ms, 2) for k, (ms, _) in segments.items()},
-                 compute_end_to_token_0_ms=round(whole[0], 2), overhead_ms=round(overhead, 2), traces=whole[1])
-        segments, whole = after_compute(traces["disaggregated"], HANDOFF)
-        if whole is not None:
-            emit(metric="handoff_path", after_compute={k: round(ms, 2) for k, (ms, _) in segments.items()},
-                 compute_end_to_decoding_ms=round(whole[0], 2),
-                 handoff_overhead_ms=None if handoff is None else round(handoff, 2), traces=whole[1])
-        (held_ms, n_held), = legs(traces["disaggregated"], HELD_LEG).values() or [(0.0, 0)]
-        emit(metric="held", leg=next(iter(HELD_LEG)), held_median_ms=round(held_ms, 2), traces_held=n_held,
-             traces=len(traces["disaggregated"]), overhead_ms=round(overhead, 2))
-    for mode in MODES if traces["disaggregated"] else ():
-        per_trace = rpc_counts(traces[mode])
-        emit(metric="calls", mode=mode, per_request={k: round(v, 2) for k, v in per_trace.items()},
-             total=round(sum(per_trace.values()), 2), traces=len(traces[mode]))
-        by_service, events = span_counts(traces[mode])
-        emit(metric="spans", mode=mode, per_request={k: round(v, 2) for k, v in by_service.items()},
-             total=round(sum(by_service.values()), 2), events_per_request=round(events, 2),
-             traces=len(traces[mode]))
+    for row in trace_rows(traces, MODES, rtt, overhead, handoff):
+        emit(**row)
     for row in sched.rows(path_rows, sched_why, overhead, args.sched_requests, TARGET_OVERHEAD_MS):
         emit(**row)
     dis, col = hops(traces["disaggregated"]), hops(traces["colocated"])
