@@ -34,6 +34,9 @@ class PrefillRole(Role):
     def in_flight(self) -> int:
         return len(self.worker.tasks)
 
+    def waiting_prompt_tokens(self) -> int:
+        return self.worker.room.waiting_tokens
+
     def claims(self) -> dict[int, Claim]:
         # Computing: PREFILLING until the first token, then its chunks leave (SENDING).
         return {id(t.seq): (HoldState.SENDING, HoldState.SENDING) if t.state is TaskState.COMMITTING

@@ -5,7 +5,8 @@ One request:
                  send the job before its grant (it asks the decode worker for blocks
                  meanwhile): a transfer too small to stream takes its grant after the
                  compute, one that may stream before (its chunks leave per layer)
-  1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only)
+  1. Queued    — prompt validated, blocks allocated (prefix reuse: compute set only); a full
+                 pool queues the job until prefills in flight free theirs (room.py)
   2. Computing — chunked prefill on the engine loop; samples token 0 (to the router at once)
   3. Sending   — transfer-set chunks pushed to the destination's reserved blocks.
                  The capability is presented (AUTH) once granted.
@@ -51,6 +52,7 @@ from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .commit import TokenCommit, settle
+from .room import PoolQueue
 from .streaming import ProducerGate, stream_chunks
 from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end, send_plan
 from .tracing import PrefillTrace
@@ -77,6 +79,7 @@ class PrefillWorker:
         self._releasing = TaskSet(lambda e: log.error("freeing a prefill's blocks failed: %r", e))
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
+        self.room = PoolQueue(on_wait=self.metrics.prefill_pool_waits.inc)  # jobs waiting for blocks
 
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       prompt: list[int], sampling: SamplingParams, abi_digest: str,
@@ -113,8 +116,7 @@ class PrefillWorker:
             raise
         finally:
             ttl.cancel()
-            # Off the reply's way (the router holds the decode's tokens for it): the engine thread frees
-            # the blocks (~1 ms here), then the task leaves the table that owns them.
+            # Off the reply's way: the engine thread frees the blocks (~1 ms), then the task leaves the table.
             self._releasing.spawn(self._release(task, transfer_id))
 
     async def _release(self, task: Task, transfer_id: str) -> None:
@@ -123,6 +125,7 @@ class PrefillWorker:
                 seq = task.seq
                 await self.loop.call(lambda e: e.free(seq))
         finally:
+            self.room.freed()
             if self.tasks.get(transfer_id) is task:
                 del self.tasks[transfer_id]
             windows = getattr(self.sender, "credit_windows", dict)()
@@ -142,9 +145,7 @@ class PrefillWorker:
             credential = self.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         self._check(task)
         task.dest = t.dest
-        # The credential goes out while this prefill computes (the destination checks it
-        # meanwhile); no chunk leaves before it went.
-        if credential is not None:
+        if credential is not None:  # out while this computes (checked meanwhile); no chunk leaves before it
             task.auth = asyncio.ensure_future(self.sender.present(t.dest, transfer_id, credential))
         return plan
 
@@ -171,7 +172,8 @@ class PrefillWorker:
             task.granting = asyncio.ensure_future(self._granted(task, transfer_id, len(prompt), target))
         else:
             plan = await self._granted(task, transfer_id, len(prompt), target)
-        task.seq = seq = await self.loop.add_request(transfer_id, prompt, 1, sampling, tenant)
+        task.seq = seq = await self.room.allocate(
+            lambda: self.loop.add_request(transfer_id, prompt, 1, sampling, tenant), len(prompt))
         self._check(task)
         advance(task, TaskState.COMPUTING)
         reused = seq.num_cached_tokens
@@ -192,9 +194,7 @@ class PrefillWorker:
         sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first if on_first_token is None else
                          lambda token: (early.on_first(token), on_first_token(token)))  # the COMMIT posts first
         chunks: list[Chunk] = []
-
         order = {key: i for i, key in enumerate(plan)}
-
         trace = PrefillTrace()
 
         async def send_all(described: Iterable[Chunk], last: bool = False) -> None:
@@ -372,11 +372,15 @@ class PrefillWorker:
         """The prefill TTL passed: cancel it wherever it waits (its finally frees the blocks)."""
         log.warning("prefill %s@%d still running after %.0f s: cancelled", task.request_id,
                     task.generation, self.cfg.prefill_ttl_s)
+        self._cancel(task, f"prefill TTL of {self.cfg.prefill_ttl_s:g} s expired")
+
+    def _cancel(self, task: Task, why: str | None = None) -> None:
+        """Stop `task` wherever it waits (room in the pool, a credit, READY, the verdict)."""
         end(task, TaskState.CANCELLED)
         if task.seq is not None:
             self.loop.cancel(task.seq)
-        if task.runner is not None:
-            task.runner.cancel(f"prefill TTL of {self.cfg.prefill_ttl_s:g} s expired")
+        if task.runner is not None and task.runner is not asyncio.current_task():
+            task.runner.cancel(why)
 
     def held_blocks(self) -> int:
         """Blocks held by prefills in flight (computing, sending or awaiting the verdict)."""
@@ -392,9 +396,5 @@ class PrefillWorker:
         for task in list(self.tasks.values()):
             if task.request_id == request_id and generation in (0, task.generation):
                 found = True
-                end(task, TaskState.CANCELLED)
-                if task.seq is not None:
-                    self.loop.cancel(task.seq)
-                if task.runner is not None and task.runner is not asyncio.current_task():
-                    task.runner.cancel()  # wakes it from a credit, READY or verdict wait
+                self._cancel(task)
         return found

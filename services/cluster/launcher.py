@@ -43,13 +43,10 @@ from .processes import PortTaken, pid_alive, start_failure, wait_healthy
 from .redis_proc import find_redis_server, pings
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-CAPABILITY_SIGNING_KEY = "capability-signing.pem"
-"""The router's Ed25519 key (services/security/capability.py), in the TLS dir."""
-CAPABILITY_PUBLIC_KEYS = "capability-keys.json"
-"""The workers' public key set."""
+CAPABILITY_SIGNING_KEY = "capability-signing.pem"  # the router's Ed25519 key (capability.py), in the TLS dir
+CAPABILITY_PUBLIC_KEYS = "capability-keys.json"  # the workers' public key set
 
 
 @dataclass
@@ -64,6 +61,8 @@ class ClusterSpec:
     mode: str = "disaggregated"
     transport: str = "ucx"
     num_blocks: int = 512
+    prefill_num_blocks: int = 0
+    """The prefill workers' pool, when it differs from the others' (`num_blocks`)."""
     block_size: int = 16
     chunk_tokens: int = 256
     torch_threads: int = 1
@@ -254,7 +253,8 @@ class LocalCluster:
         extra = ["--serve-prefill"] if role == "mixed" else []
         return self._service(name, module, [*extra,
             "--directory", self.directory_address, "--worker-id", name, "--model", s.model,
-            "--num-blocks", str(s.num_blocks), "--block-size", str(s.block_size),
+            "--num-blocks", str(role == "prefill" and s.prefill_num_blocks or s.num_blocks),
+            "--block-size", str(s.block_size),
             "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
             "--torch-threads", str(s.torch_threads),
             "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s)

@@ -179,6 +179,8 @@ class WorkerMetrics:
                                      "published.", registry=r)
         self.total_blocks = Gauge("pd_total_blocks", "K/V blocks in the pool.", registry=r)
         self.prefill_queue = Gauge("pd_prefill_queue_tokens", "Prompt tokens waiting to be prefilled.", registry=r)
+        self.prefill_pool_waits = Counter("pd_prefill_pool_waits", "Prefill jobs that found the block pool full "
+                                          "and waited for room (queued, not refused).", registry=r)
         self.decode_batch = Gauge("pd_decode_batch_size", "Sequences in the decode batch.", registry=r)
         self._sources: list[Source] = []
         r.register(SampleCollector(self._sources))

@@ -94,6 +94,10 @@ class Role(abc.ABC):
         """Requests it accepted and has not finished (a drain waits for 0)."""
         return 0
 
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of jobs it holds before the engine's queue (waiting for blocks)."""
+        return 0
+
     def claims(self) -> dict[int, Claim]:
         """Event loop: the sequences its records hold, id(sequence) -> Claim (its state for
         WorkerAdmin.Blocks, services/worker/holdings.py)."""
@@ -107,6 +111,11 @@ class Role(abc.ABC):
 
     async def close(self) -> None:
         """Close its endpoints, after the node left the directory."""
+
+
+def pending_prefill_tokens(loop: EngineLoop, roles: list[Role]) -> int:
+    """Prompt tokens not computed yet: the engine's queue and the jobs waiting for blocks."""
+    return loop.pending_prefill_tokens + sum(r.waiting_prompt_tokens() for r in roles)
 
 
 def load_role(name: str) -> Role:
@@ -152,7 +161,7 @@ class WorkerNode:
     def load(self, roles: list[Role]) -> LoadReport:
         loop = self.loop
         return LoadReport(
-            pending_prefill_tokens=loop.pending_prefill_tokens, active_decode_batch=loop.active_decode,
+            pending_prefill_tokens=pending_prefill_tokens(loop, roles), active_decode_batch=loop.active_decode,
             active_context_tokens=active_context_tokens(loop),
             connector_disabled=int(self.membership is not None and self.membership.routes_stopped),
             **block_counts(loop.engine, sum(r.reserved_blocks() for r in roles)))
@@ -195,7 +204,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
         return sum(r.reserved_blocks() for r in roles)
 
     node.metrics.bind(lambda: loop.engine.num_free_blocks, reserved, lambda: loop.engine.blocks.num_blocks,
-                      lambda: loop.pending_prefill_tokens, lambda: loop.active_decode,
+                      lambda: pending_prefill_tokens(loop, roles), lambda: loop.active_decode,
                       [t for role in roles for t in role.transports])
     metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)
     log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),

@@ -49,8 +49,9 @@ class Node:
 class InprocCluster:
     """One prefill and one decode worker; `async with InprocCluster() as c:`."""
 
-    def __init__(self, num_blocks: int = 64, **worker_cfg):
-        self.num_blocks = num_blocks
+    def __init__(self, num_blocks: int = 64, prefill_blocks: int | None = None, **worker_cfg):
+        """`prefill_blocks`: the prefill's pool, when it differs from the decode's (`num_blocks`)."""
+        self.num_blocks, self.prefill_blocks = num_blocks, prefill_blocks or num_blocks
         self.cfg = WorkerConfig(transport="inproc", num_blocks=num_blocks, reservation_ttl_s=30.0, **worker_cfg)
         self._clients: list[DirectoryClient] = []
 
@@ -76,7 +77,8 @@ class InprocCluster:
         return self
 
     async def _node(self, worker_id: str, role: WorkerRole) -> Node:
-        loop = EngineLoop(tiny_engine(num_blocks=self.num_blocks, chunk_tokens=self.cfg.chunk_tokens))
+        blocks = self.prefill_blocks if role is WorkerRole.PREFILL else self.num_blocks
+        loop = EngineLoop(tiny_engine(num_blocks=blocks, chunk_tokens=self.cfg.chunk_tokens))
         loop.start()
         node = Node(worker_id, loop, None)
         client = DirectoryClient(self.address, 5.0, pki.security(role.value, worker_id))
