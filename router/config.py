@@ -104,10 +104,15 @@ class RouterConfig(MemberSettings):
     """K/V transfer bandwidth (MB/s, 10^6 bytes) before online correction."""
 
     disaggregated_overhead_ms: float = env("PD_ROUTER_DISAGGREGATED_OVERHEAD_MS", 5.0, ge=0)
-    """TTFT overhead of a split route (reserve, directory, two RPC hops) before correction."""
+    """TTFT overhead of a split route (the job's and token 0's hops through the prefill)
+    before correction."""
 
     colocated_overhead_ms: float = env("PD_ROUTER_COLOCATED_OVERHEAD_MS", 1.0, ge=0)
     """TTFT overhead of a colocated route before correction."""
+
+    handoff_overhead_ms: float = env("PD_ROUTER_HANDOFF_OVERHEAD_MS", 5.0, ge=0)
+    """How much later than the prefill's token 0 a split route's decode streams, beyond the
+    transfer and the admission (the hand-off's control plane), before correction."""
 
     decision_log_size: int = env("PD_ROUTER_DECISION_LOG_SIZE", 4096, gt=0)
     """Decisions kept for Admin.Decisions (predicted vs observed), oldest dropped first."""

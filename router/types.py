@@ -292,8 +292,8 @@ class Completed:
     """Why the attempts before the last failed ('; '-joined); empty when the first succeeded."""
     decode_ttft_ms: float | None = None
     """When the decode's token 0 came (a hand-off's: the prefill's token 0 went out before it;
-    None: at `ttft_ms`). With `decode_tpot_ms`, what the cost model prices and learns from: a
-    split route's TTFT there holds the transfer and the admission (not for the client)."""
+    None: at `ttft_ms`). Less `ttft_ms`, the hand-off's lag the cost model learns; with
+    `decode_tpot_ms`, the decode's own cadence (its step price, no lag in it)."""
     decode_tpot_ms: float | None = None
     """(latency - decode_ttft_ms) / (n - 1): the decode's cadence (None: `tpot_ms`)."""
 

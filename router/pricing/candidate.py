@@ -78,10 +78,14 @@ class Candidate:
         return f"{where} (predicted TTFT {self.ttft_ms:.1f} ms, TPOT {self.tpot_ms:.2f} ms)"
 
     def breakdown(self) -> str:
-        """The TTFT parts, for rejection messages and logs."""
-        return (f"queue {self.queue_ms:.1f} + prefill {self.prefill_ms:.1f} ({self.compute_tokens} tokens) + "
-                f"transfer {self.transfer_ms:.1f} ({self.transfer_bytes} bytes) + admission "
-                f"{self.admission_ms:.1f} + overhead {self.overhead_ms:.1f} ms")
+        """The TTFT parts, and a split route's hand-off after its token 0 (in its TPOT), for
+        rejection messages and logs."""
+        ttft = (f"TTFT = queue {self.queue_ms:.1f} + prefill {self.prefill_ms:.1f} ({self.compute_tokens} "
+                f"tokens) + overhead {self.overhead_ms:.1f} ms")
+        if self.route is not Route.DISAGGREGATED:
+            return ttft
+        return (f"{ttft}; then the hand-off in the first token gap: transfer {self.transfer_ms:.1f} "
+                f"({self.transfer_bytes} bytes) + admission {self.admission_ms:.1f} ms + the lag")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, init=False)

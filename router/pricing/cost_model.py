@@ -42,9 +42,17 @@ queueing (a burst whose queue the snapshot did not show yet), and a fixed
 overhead that absorbed them would price every later request, idle or not, as
 if it queued.
 
-A split route makes every hop a colocated one makes, plus the hand-off, so
-its overhead is priced at least the colocated one's (an unobserved split
-route never looks cheaper than the colocated overhead already seen).
+A split route runs on two clocks (docs/design.md, A request): its token 0 leaves
+from the prefill as soon as it is sampled, and the decode streams the tokens after
+it once the hand-off is done. Its TTFT is P's queue + prefill + the route's
+overhead (the job's and token 0's hops, learned from the client's TTFT); its
+decode starts `transfer + admission + handoff_lag_ms()` after that token 0, a
+delay the client sees in its first token gap, so the route's TPOT holds it spread
+over the request's gaps (WorkerCosts.tpot_with's extra). The lag is learned from
+each split request's decode token 0 less its client token 0, net of the
+predicted transfer and admission. A split route makes every hop a colocated one
+makes, so its overhead is priced at least the colocated one's (an unobserved
+split route never looks cheaper than the colocated overhead already seen).
 
 `costs(worker)` folds profile, corrections and the worker's load into one
 `WorkerCosts` row, so that pricing a route is a few multiply-adds
@@ -107,6 +115,8 @@ class CostModel:
         self._overhead = {r: Ewma(v) for r, v in self._default_overhead.items()}
         self._split_overhead, self._colocated_overhead = self._overhead[Route.DISAGGREGATED], \
             self._overhead[Route.COLOCATED]  # the same Ewma objects: overhead_ms reads them per request
+        self._lag = Ewma(config.handoff_overhead_ms)
+        """A split route's decode after its token 0, beyond transfer and admission (`handoff_lag_ms`)."""
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
         self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
@@ -172,6 +182,12 @@ class CostModel:
         if route is Route.DISAGGREGATED:
             return max(self._split_overhead.value, self._colocated_overhead.value)
         return self._colocated_overhead.value
+
+    def handoff_lag_ms(self) -> float:
+        """Learned: how much later than the prefill's token 0 a split route's decode
+        streams, beyond the transfer and the admission (the hand-off's control plane:
+        the grant, the COMMIT, validation and publication)."""
+        return self._lag.value
 
     def fixed_cost_scale_ms(self) -> float:
         """The size of a route's fixed costs known before any sample: the configured
@@ -310,6 +326,16 @@ class CostModel:
         sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * f)), self._alpha)
         self.version += 1
 
+    def observe_handoff(self, c: Candidate, lag_ms: float) -> None:
+        """A split request priced as `c` saw its decode's token 0 `lag_ms` after the
+        prefill's: the part beyond c's transfer and admission is a sample of the hand-off
+        lag (a plain EWMA step: nothing queues between the two tokens but the admission,
+        which `c` priced)."""
+        if c.route is not Route.DISAGGREGATED or not math.isfinite(lag_ms) or lag_ms < 0:
+            return
+        self._lag.update(max(0.0, lag_ms - c.transfer_ms - c.admission_ms), self._alpha)
+        self.version += 1
+
     def _update(self, table: dict, key, ratio: float | None) -> None:
         if ratio is None:
             return
@@ -325,4 +351,5 @@ class CostModel:
         out.update({f"decode/{k}": v.value for k, v in self._decode.items()})
         out.update({f"transfer/{a}->{b}": v.overall.value for (a, b), v in self._path.items()})
         out.update({f"overhead/{r.name.lower()}": v.value for r, v in self._overhead.items()})
+        out["handoff_lag"] = self._lag.value
         return out

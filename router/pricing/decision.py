@@ -8,10 +8,12 @@ prefix at most floor((S-1)/B) blocks: the last prompt token is always computed):
       compute set   = S - B*min(hit(P), usable)            tokens P computes
       transfer set  = ceil(S/B) - min(hit(D), usable)      blocks that move to D
       TTFT = queue(P) + prefill_P(compute set) [+ one step of P's decode batch per
-             chunk, when P is a mixed worker that decodes too] + transfer(transfer-set
-             bytes, P->D) + admission(D) + overhead(split)
+             chunk, when P is a mixed worker that decodes too] + overhead(split)
+             (token 0 leaves from P as soon as it is sampled)
       TPOT = D's step with batch+1 (rotated past max_batch)
-             + D's queued prefill spread over the request's tokens
+             + (D's queued prefill + the hand-off: transfer(transfer-set bytes, P->D)
+             + admission(D) + lag(split)) spread over the request's tokens (the
+             decode streams after the hand-off: the client's first gap holds it)
     colocated W:
       TTFT = queue(W) + prefill_W(compute set) + one decode step of W's batch per
              prefill chunk (chunked prefill interleaves) + overhead(colocated)
@@ -116,7 +118,7 @@ def rejected(closest: Candidate, best_dis: Candidate | None, best_col: Candidate
     """REJECT: no route meets the targets; the reason carries the closest route's numbers."""
     return Decision(Outcome.REJECT, None, best_dis, best_col,
                     f"no route meets the SLO; the closest, {closest.describe()}, misses it: "
-                    f"{closest.violations} [TTFT = {closest.breakdown()}]", admissible)
+                    f"{closest.violations} [{closest.breakdown()}]", admissible)
 
 
 def late(c: Candidate, best_dis: Candidate | None, best_col: Candidate | None, note: str) -> Decision:

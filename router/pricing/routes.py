@@ -51,14 +51,18 @@ def prefill_side(p: WorkerCosts, req: RequestShape, hit: int) -> PrefillSide:
 
 def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape, overhead: float,
              side: PrefillSide, d_hit: int) -> Row:
-    """The split route P -> D, P's part `side` (prefill_side), `d_hit` usable prefix blocks at D."""
+    """The split route P -> D, P's part `side` (prefill_side), `d_hit` usable prefix blocks at D.
+    Two clocks: token 0 leaves from P (TTFT: queue + prefill + `overhead`); D streams
+    the rest after the hand-off (transfer + admission + the learned lag), which the
+    request's TPOT holds over its gaps (router/pricing/cost_model.py)."""
     n, (compute, prefill, disturb, stalled) = req.prompt_tokens, side
     moved_blocks = req.prompt_blocks - d_hit
     nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
     transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
     qm, adm = p.queue_ms, d.admission_ms
-    return (Route.DISAGGREGATED, d.worker, p.worker, qm + prefill + transfer + adm + overhead,
-            d.tpot_with(n, req.max_tokens), qm, prefill, transfer, adm, overhead, n, compute,
+    return (Route.DISAGGREGATED, d.worker, p.worker, qm + prefill + overhead,
+            d.tpot_with(n, req.max_tokens, transfer + adm + model.handoff_lag_ms()), qm, prefill, transfer, adm,
+            overhead, n, compute,
             min(n, moved_blocks * req.block_size), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
             d.worker.capacity.total_blocks, disturb, stalled, d.live + d.planned)
 

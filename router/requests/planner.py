@@ -292,13 +292,16 @@ class Planner:
         c = plan.predicted
         if c is None or done.attempts != 1 or done.route is not c.route or decode.worker_id != c.decode.worker_id:
             return
-        # The decode's token 0 and cadence: a split route's prices hold the hand-off before
-        # the decode's stream (the prefill's token 0 went out before it; docs/design.md).
+        # Two clocks on a split route (router/pricing/cost_model.py): the client's token 0 (the
+        # prefill's) teaches the route's overhead, the decode's token 0 after it the hand-off's
+        # lag, and the decode's own cadence from there its step price (own_tpot_ms: no lag in it).
         if done.num_tokens > 1 and done.decoding_tpot_ms > 0:
             clean = self._arrivals.get(decode.worker_id, 0) == plan.arrival
             self.costs.observe_tpot(decode, plan.own_tpot_ms or c.tpot_ms, done.decoding_tpot_ms, plan.carried[0],
                                     clean)
-        self.costs.observe_first_token(c, done.decoding_ttft_ms, plan.carried[1])
+        self.costs.observe_first_token(c, done.ttft_ms, plan.carried[1])
+        if done.decode_ttft_ms is not None:
+            self.costs.observe_handoff(c, done.decode_ttft_ms - done.ttft_ms)
 
 
 def own_tpot_ms(row: WorkerCosts, c: Candidate, req: RequestShape) -> float:

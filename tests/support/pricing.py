@@ -4,7 +4,8 @@ stream and interference tests that price with them).
 Every profile uses round numbers so each prediction can be checked by hand:
 prefill 1 ms per token, 1 MB K/V per block at 1000 MB/s (1 ms per block) plus
 1 ms latency, decode steps of 10 ms per sequence, split overhead 5 ms,
-colocated overhead 1 ms.
+colocated overhead 1 ms, hand-off lag 5 ms (a split route's decode streams transfer +
+admission + 5 ms after its token 0: its TPOT holds that over its token gaps).
 """
 
 from __future__ import annotations

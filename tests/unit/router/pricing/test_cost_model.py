@@ -193,9 +193,10 @@ def test_fixed_cost_of_a_short_colocated_ttft_is_overhead_not_prefill():
     assert model.overhead_ms(Route.COLOCATED) == pytest.approx(20.0)
     again = price_colocated(model, model.costs(d), req)
     assert again.ttft_ms == pytest.approx(first.prefill_ms + 20.0)
-    # The split route, never observed, makes the same hops plus the hand-off: never cheaper.
+    # The split route, never observed: its token 0 makes the same hops (through P, not W),
+    # never cheaper; the hand-off comes after it, in the first token gap.
     split = price_pair(model, model.costs(p), model.costs(d), req)
-    assert split.overhead_ms == pytest.approx(20.0) and split.ttft_ms > again.ttft_ms
+    assert split.overhead_ms == pytest.approx(20.0) and split.ttft_ms == pytest.approx(again.ttft_ms)
     # Once observed, the split route's own (larger) overhead prices it.
     model.observe_first_token(split, split.ttft_ms + 60.0)
     assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(80.0)

@@ -23,10 +23,12 @@ def test_longer_prefix_hit_loses_to_shorter_queue():
     # p1 computes all 128 tokens with nothing queued: 128 ms.
     dec = decide(model, rows(model, p1, p2, d), req, params(), colocated=False)
     assert dec.outcome is Outcome.DISAGGREGATED and dec.chosen.prefill.worker_id == "p1"
-    # TTFT = queue 0 + prefill 128 + transfer (1 + 8 blocks x 1 ms) + admission 0 + overhead 5.
-    assert dec.chosen.ttft_ms == pytest.approx(128 + 9 + 0 + 5)
+    # TTFT (token 0 from P) = queue 0 + prefill 128 + overhead 5; TPOT = the step (10 ms)
+    # + the hand-off (transfer 1 + 8 blocks x 1 ms, admission 0, lag 5) over 7 token gaps.
+    assert dec.chosen.ttft_ms == pytest.approx(128 + 5)
+    assert dec.chosen.tpot_ms == pytest.approx(10 + (9 + 0 + 5) / 7)
     loser = price_pair(model, model.costs(p2), model.costs(d), req)
-    assert loser.compute_tokens == 16 and loser.ttft_ms == pytest.approx(1000 + 16 + 9 + 5)
+    assert loser.compute_tokens == 16 and loser.ttft_ms == pytest.approx(1000 + 16 + 5)
 
 
 def test_overloaded_decode_rejects_before_prefill_with_numbers():
@@ -34,13 +36,15 @@ def test_overloaded_decode_rejects_before_prefill_with_numbers():
     p = worker("p", Role.PREFILL)
     d0, d1 = worker("d0", Role.DECODE, batch=7), worker("d1", Role.DECODE, batch=11)
     req = RequestShape(prompt_tokens=64, max_tokens=8, block_size=BS, slo_tpot_ms=100.0)
-    # TPOT = 10 ms x (batch + 1): d0 -> 80 ms (admitted), d1 -> 120 ms.
+    # TPOT = 10 ms x (batch + 1) + the hand-off over 7 gaps: transfer 1 + 4 blocks, the
+    # admission (the current step: 10 ms x batch), lag 5. d0 -> 80 + 80 / 7 = 91.43 ms
+    # (admitted), d1 -> 120 + 120 / 7 = 137.14 ms.
     dec = decide(model, rows(model, p, d0, d1), req, params(), colocated=False)
     assert dec.outcome is Outcome.DISAGGREGATED and dec.chosen.decode.worker_id == "d0"
-    assert dec.chosen.tpot_ms == pytest.approx(80.0)
+    assert dec.chosen.tpot_ms == pytest.approx(80.0 + (5 + 70 + 5) / 7)
     overloaded = decide(model, rows(model, p, d1), req, params(), colocated=False)
     assert overloaded.outcome is Outcome.REJECT and overloaded.chosen is None
-    assert "TPOT 120.00 ms > SLO 100 ms" in overloaded.reason
+    assert "TPOT 137.14 ms > SLO 100 ms" in overloaded.reason
     assert "p -> d1" in overloaded.reason
 
 
@@ -63,12 +67,20 @@ def test_usable_prefix_never_covers_the_last_token():
     assert c.compute_tokens == BS and c.transfer_tokens == BS  # usable = (64-1)//16 = 3 blocks
 
 
-def test_short_prompt_runs_colocated_long_prompt_beside_streams_splits():
+def test_short_prompt_on_an_idle_decode_runs_colocated_long_prompt_beside_streams_splits():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE, batch=2)
+    p, idle = worker("p", Role.PREFILL), worker("d", Role.DECODE)
     short = RequestShape(prompt_tokens=32, max_tokens=33, block_size=BS)
-    dec = decide(model, rows(model, p, d), short, params())
+    dec = decide(model, rows(model, p, idle), short, params())
+    # Colocated: TTFT 32 + 1, TPOT 10; split: TTFT 32 + 5, TPOT 10 + (3 + 5) / 32.
     assert dec.outcome is Outcome.COLOCATED and dec.chosen.decode.worker_id == "d"
+    assert (dec.chosen.ttft_ms, dec.best_disaggregated.ttft_ms) == (pytest.approx(33), pytest.approx(37))
+    d = worker("d", Role.DECODE, batch=2)
+    # Beside 2 streams, the colocated prefill runs with one 20 ms step between its chunks (TTFT
+    # 32 + 20 + 1) and dilates them; the split's token 0 comes from P, its hand-off spreads over
+    # its 32 gaps.
+    beside = decide(model, rows(model, p, d), short, params())
+    assert beside.outcome is Outcome.DISAGGREGATED, beside.reason
     long = RequestShape(prompt_tokens=1024, max_tokens=33, block_size=BS)
     dec = decide(model, rows(model, p, d), long, params())
     assert dec.outcome is Outcome.DISAGGREGATED, dec.reason
@@ -78,7 +90,9 @@ def test_short_prompt_runs_colocated_long_prompt_beside_streams_splits():
     assert col.tpot_ms == pytest.approx(30 + 1024 / 32)
     # TTFT colocated: prefill 1024 + 4 chunks x one 20 ms step of the batch + 1.
     assert col.ttft_ms == pytest.approx(1024 + 4 * 20 + 1)
-    assert dec.chosen.tpot_ms == pytest.approx(30)
+    # Split: the step with 2 streams (30 ms) + the hand-off over 32 gaps (transfer 1 + 64
+    # blocks, admission: the current 20 ms step, lag 5).
+    assert dec.chosen.tpot_ms == pytest.approx(30 + (65 + 20 + 5) / 32)
 
 
 def test_ties_stay_colocated_within_margin():
@@ -159,10 +173,14 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
     # Queued prompts whose streams decode elsewhere (W prefills them for a split) dilate nobody here.
     for_others = model.costs(w, extra_tokens=128)
     assert price_colocated(model, for_others, req).tpot_ms == pytest.approx(10.0 + 128 / 8)
-    # The split route leaves W's cadence at 10 + 128 / 8 = 26 ms <= 30: it wins.
+    # The split route leaves W's cadence at 10 + 128 / 8 = 26 ms, but its decode joins W's
+    # batch only after W's current chunk (the queued 128-token prompt: admission 128 ms), so its
+    # first gap holds that and the hand-off (transfer 1 + 8 blocks, lag 5): 26 + 142 / 8 = 43.75
+    # ms > 30 too (the old single-clock price put the 128 ms in its TTFT, unconstrained here).
     snapshot = [model.costs(p), queued]
     dec = decide(model, snapshot, req, params())
-    assert dec.outcome is Outcome.DISAGGREGATED and dec.chosen.tpot_ms == pytest.approx(26.0)
+    assert dec.outcome is Outcome.REJECT
+    assert dec.best_disaggregated.tpot_ms == pytest.approx(26.0 + 142 / 8)
     assert dec.best_colocated.violations == "TPOT 42.00 ms > SLO 30 ms"
     ref = reference_decide(model, snapshot, req, params())
     assert (ref.outcome, ref.reason) == (dec.outcome, dec.reason)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
+
 from router.pricing.shapes import Outcome
 from router.requests.orchestrator import Orchestrator
 from router.requests.placement import LoadOverlay
@@ -48,11 +50,14 @@ def go(fake, p, **cfg):
 
 
 def test_auto_rejects_before_any_worker_call_with_predicted_numbers():
-    # 12 sequences at max_decode_batch 8: two rounds of a 10 ms x 12 step per token = 240 ms.
+    # 12 sequences at max_decode_batch 8: two rounds of a 10 ms x 12 step per token = 240 ms; the
+    # closest route is colocated (+ its own short prefill over its gaps, less than a split's
+    # hand-off there).
     fake = profiled(two_by_two(), busy_decode=11)
     orch, events, error = go(fake, params(mode=Mode.AUTO, slo=Slo(tpot_ms=100.0)), reject_unconfirmed=True)
     assert error is not None and error.code is StatusCode.RESOURCE_EXHAUSTED
-    assert "TPOT 240.00 ms > SLO 100 ms" in error.message and "admission rejected" in error.message
+    assert "colocated on d0" in error.message and "TPOT 241.80 ms > SLO 100 ms" in error.message
+    assert "admission rejected" in error.message
     assert [c for c in fake.calls if c[0] != "snapshot"] == [] and events == []
     rec = orch.planner.log.get("r")
     assert rec.outcome == "rejected" and rec.finished and rec.slo_tpot_ms == 100.0
@@ -238,23 +243,36 @@ def test_decode_correction_ignores_the_dilation_a_colocated_prompt_causes_others
     assert planner.costs.corrections()[f"decode/{plan.decode.worker_id}"] == 1.0
 
 
-def test_a_split_routes_costs_learn_from_the_decodes_stream_not_the_prefills_token_0():
-    # The prefill's token 0 goes out before the hand-off ends: the client's TTFT is short
-    # and its TPOT holds the hand-off. The decode's own token 0 and cadence are what a split
-    # route's price means (its TTFT holds the transfer and the admission): observed exactly
-    # as priced, nothing moves.
+def test_a_split_route_is_priced_and_learned_on_two_clocks():
+    # The prefill's token 0 goes out as soon as it is sampled: the client's TTFT holds no
+    # transfer, and the decode streams after the hand-off (transfer + admission + lag), which
+    # the client's first gap holds: the predicted TPOT spreads it over the request's 7 gaps.
     planner = Planner(config(cost_ewma_alpha=1.0))
     one = profiled(two_by_two()).cluster
     one = dataclasses.replace(one, workers=tuple(w for w in one.workers if w.worker_id in ("p0", "d0")))
     plan = planner.plan("a", "t", tuple(range(1, 40)), 8, "disaggregated", Slo(), one)
-    c = plan.predicted
-    overhead = planner.costs.overhead_ms(Route.DISAGGREGATED)
-    client_ttft = c.ttft_ms - c.transfer_ms - c.admission_ms - 1.0
-    client_tpot = plan.own_tpot_ms + (c.ttft_ms - client_ttft) / 7
-    planner.completed("a", plan, Completed(None, client_ttft, client_tpot, 8, c.route, 1, "", "", "", c.ttft_ms,
-                                           plan.own_tpot_ms), plan.prefill, plan.decode)
-    assert planner.costs.corrections()["decode/d0"] == 1.0
-    assert planner.costs.overhead_ms(Route.DISAGGREGATED) == overhead
+    c, costs = plan.predicted, planner.costs
+    overhead, lag = costs.overhead_ms(Route.DISAGGREGATED), costs.handoff_lag_ms()
+    assert c.ttft_ms == pytest.approx(c.queue_ms + c.prefill_ms + overhead)
+    handoff = c.transfer_ms + c.admission_ms + lag
+    assert c.tpot_ms == pytest.approx(plan.own_tpot_ms + handoff / 7)
+
+    def complete(rid, plan, ttft, decode_ttft):  # the decode then streams at its own priced cadence
+        c = plan.predicted
+        tpot = plan.own_tpot_ms + (decode_ttft - ttft) / 7
+        planner.completed(rid, plan, Completed(None, ttft, tpot, 8, c.route, 1, "", "", "", decode_ttft,
+                                               plan.own_tpot_ms), plan.prefill, plan.decode)
+    complete("a", plan, c.ttft_ms, c.ttft_ms + handoff)  # observed exactly as priced: nothing moves
+    assert costs.corrections()["decode/d0"] == 1.0
+    assert (costs.overhead_ms(Route.DISAGGREGATED), costs.handoff_lag_ms()) == (overhead, pytest.approx(lag))
+    # Token 0 2 ms late teaches the overhead; the decode's token 0 3 ms later again after
+    # it (5 ms late in all), the lag; the decode's own cadence, as priced, the step price.
+    again = planner.plan("b", "t", tuple(range(2, 41)), 8, "disaggregated", Slo(), one)
+    c = again.predicted
+    complete("b", again, c.ttft_ms + 2.0, c.ttft_ms + 2.0 + c.transfer_ms + c.admission_ms + lag + 3.0)
+    assert costs.overhead_ms(Route.DISAGGREGATED) == pytest.approx(overhead + 2.0)
+    assert costs.handoff_lag_ms() == pytest.approx(lag + 3.0)
+    assert costs.corrections()["decode/d0"] == 1.0
 
 
 def test_a_burst_of_completions_does_not_compound_the_decode_correction():
