@@ -244,11 +244,12 @@ class CostTable:
         d_rows, d_ids, d_abi = self.d_rows, self.d_ids, self.d_abi
         top_d = {id(d_rows[j]): j for j in top_d}.values()
         top_d = [(j, d_ids[j], d_abi[j], s[dms_at + j], s[tp_at + j]) for j in top_d]
-        overhead, lag, gaps = model.overhead_ms(Route.DISAGGREGATED), model.handoff_lag_ms(), max(1, req.max_tokens - 1)
+        overhead, lag, m = model.overhead_ms(Route.DISAGGREGATED), model.handoff_lag_ms(), req.max_tokens
+        spread = 1.0 / (m - 1) if m > 1 else 0.0
         p_ids, p_abi = self.p_ids, self.p_abi
         top_p = [(i, p_ids[i], p_abi[i], s[i]) for i in top_p]
         # Two clocks (routes.pair_row): token 0 from P; the hand-off in D's token gaps.
-        keyed = [(route_key(pm + overhead, tp + (dm + lag) / gaps, ttft_ref, tpot_ref), i, j)
+        keyed = [(route_key(pm + overhead, tp + (dm + lag) * spread, ttft_ref, tpot_ref), i, j)
                  for i, pid, pabi, pm in top_p
                  for j, did, dabi, dm, tp in top_d if did != pid and dabi == pabi]
         keyed.sort(key=_FIRST)

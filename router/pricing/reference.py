@@ -58,13 +58,14 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
                   for r, tp, hit in decoders]
         top_d = {id(x[2]): x for x in heapq.nsmallest(top_k, d_side, key=lambda x: x[0])
                  + heapq.nsmallest(top_k, d_side, key=lambda x: x[1])}
-        overhead, lag, gaps = model.overhead_ms(Route.DISAGGREGATED), model.handoff_lag_ms(), max(1, m - 1)
+        overhead, lag = model.overhead_ms(Route.DISAGGREGATED), model.handoff_lag_ms()
+        spread = 1.0 / (m - 1) if m > 1 else 0.0  # the hand-off in the token gaps (none: one token)
         pairs = []
         for p_ms, p in heapq.nsmallest(top_k, prefills, key=lambda x: x[0]):
             pid, abi = p.worker.worker_id, p.worker.cache_abi_digest
             for d_ms, tp, d in top_d.values():
                 if d.worker.worker_id != pid and d.worker.cache_abi_digest == abi:
-                    pairs.append((route_key(p_ms + overhead, tp + (d_ms + lag) / gaps, ttft_ref, tpot_ref), p, d))
+                    pairs.append((route_key(p_ms + overhead, tp + (d_ms + lag) * spread, ttft_ref, tpot_ref), p, d))
         for _, p, d in heapq.nsmallest(top_k, pairs, key=lambda x: x[0]):
             out.append(price_pair(model, p, d, req, overhead))
     if colocated:

@@ -60,9 +60,9 @@ def pair_row(model: CostModel, p: WorkerCosts, d: WorkerCosts, req: RequestShape
     nbytes = moved_blocks * (p.kv_bytes_per_block or d.kv_bytes_per_block)
     transfer = model.transfer_ms(p.worker.worker_id, d.worker.worker_id, nbytes)
     qm, adm = p.queue_ms, d.admission_ms
+    handoff = transfer + adm + model.handoff_lag_ms() if req.max_tokens > 1 else 0.0  # one token: no gap
     return (Route.DISAGGREGATED, d.worker, p.worker, qm + prefill + overhead,
-            d.tpot_with(n, req.max_tokens, transfer + adm + model.handoff_lag_ms()), qm, prefill, transfer, adm,
-            overhead, n, compute,
+            d.tpot_with(n, req.max_tokens, handoff), qm, prefill, transfer, adm, overhead, n, compute,
             min(n, moved_blocks * req.block_size), nbytes, p.pending_tokens, d.free_blocks - req.need_blocks,
             d.worker.capacity.total_blocks, disturb, stalled, d.live + d.planned)
 

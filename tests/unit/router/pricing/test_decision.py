@@ -184,3 +184,19 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
     assert dec.best_colocated.violations == "TPOT 42.00 ms > SLO 30 ms"
     ref = reference_decide(model, snapshot, req, params())
     assert (ref.outcome, ref.reason) == (dec.outcome, dec.reason)
+
+
+def test_a_split_routes_hand_off_is_in_its_token_gaps_and_a_one_token_request_has_none():
+    model = CostModel(CFG)
+    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE, batch=1)
+    for m, gap_share in ((9, 1 / 8), (2, 1.0), (1, 0.0)):
+        req = RequestShape(prompt_tokens=64, max_tokens=m, block_size=BS)
+        c = price_pair(model, model.costs(p), model.costs(d), req)
+        # TTFT: token 0 from P (prefill 64 + overhead 5); the hand-off (transfer 1 + 4 blocks,
+        # admission: the current 10 ms step, lag 5) before the decode's stream, in its gaps.
+        assert c.ttft_ms == pytest.approx(64 + 5)
+        assert c.tpot_ms == pytest.approx(20 + (5 + 10 + 5) * gap_share), m
+        ref = reference_decide(model, rows(model, p, d), req, params(), colocated=False)
+        dec = decide(model, rows(model, p, d), req, params(), colocated=False)
+        assert (ref.chosen.ttft_ms, ref.chosen.tpot_ms) == (dec.chosen.ttft_ms, dec.chosen.tpot_ms) == \
+            (c.ttft_ms, c.tpot_ms)
