@@ -65,10 +65,11 @@ class Admission:
         its VERDICT.
 
         Token 0 is in the stream's queue and the DecodeStream waiting on `res.published`
-        woken at once; the engine thread's import runs as a task of its own once token 0
-        has left too, so the client's first token waits neither for that hop nor for its
-        CPU (token 1 does, and comes from the batch as before). An import that fails ends
-        the stream with its error (the sequence's blocks go back)."""
+        woken at once; the engine thread's import runs as a task of its own meanwhile (the
+        client had token 0 from the prefill: the decode's token 0 and its import are both
+        on the way to token 1, so neither waits for the other; measured, the hand-off to
+        token 1 ~1 ms shorter than importing after token 0 left). An import that fails
+        ends the stream with its error (the sequence's blocks go back)."""
         start_ns = time.time_ns()  # decode.admit starts with token 0 (T_exposed ends there)
         res.sink = StreamSink(asyncio.get_running_loop(), lambda err: self._on_finished(res, err))
         res.sink.queue.put_nowait(TokenOut(first_token, 0))
@@ -79,20 +80,20 @@ class Admission:
     @staticmethod
     async def token_0_out(res: Reservation) -> None:
         """Until the DecodeStream attached to `res` has handed token 0 to gRPC (at most
-        TOKEN_0_WAIT_S; at once when no stream is attached yet). After publication three
-        things want the cores: token 0 on its way to the router and the client (the
-        request's TTFT), the prefill's work once it has the VERDICT (its reply, spans, its
-        blocks freed), and the engine thread's import and token 1. The last two wait for
-        the first (bench/results/handoff.md, 2026-12-05 sixth session: the prefill's CPU
-        between publication and token 0 at the router halved, the segment ~0.3 ms shorter)."""
+        TOKEN_0_WAIT_S; at once when no stream is attached yet). After publication the
+        decode's token 0 on its way to the router (which checks it against the prefill's
+        and the relayed seal before token 1 goes on) and the prefill's work once it has
+        the VERDICT (its reply, spans, its blocks freed) want the cores; the second waits
+        for the first (bench/results/handoff.md, 2026-12-05 sixth session: the prefill's
+        CPU between publication and token 0 at the router halved, the segment ~0.3 ms
+        shorter)."""
         if res.streamed and not res.token_0_out.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TOKEN_0_WAIT_S):
                     await res.token_0_out.wait()
 
     async def _import(self, res: Reservation, first_token: int, start_ns: int) -> None:
-        await self.token_0_out(res)
-        res.trace.flush()  # transfer.receive, kept off token 0's way
+        res.trace.flush()  # transfer.receive
         try:
             await self.loop.call(lambda e: self._admit(res, first_token))
         except Exception as e:  # noqa: BLE001 - the stream reports it; the blocks come back
