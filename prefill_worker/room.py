@@ -80,5 +80,5 @@ class PoolQueue:
             head = self._turns[0] is turn
             self._turns.remove(turn)
             self.waiting_tokens -= tokens
-            if head and self._turns:
+            if head and self._turns and not self._turns[0].done():  # (done: cancelled, its finally passes it on)
                 self._turns[0].set_result(None)

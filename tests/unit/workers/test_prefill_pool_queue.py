@@ -143,3 +143,26 @@ def test_blocks_freed_elsewhere_are_found_by_the_poll():
         return waiting, await asyncio.wait_for(job, 2), len(room), room.waiting_tokens
 
     assert run(go()) == ((False, 40), "allocated", 0, 0)
+
+
+def test_a_waiter_cancelled_as_its_turn_comes_passes_it_on():
+    """The head leaves while the next waiter's cancel is pending: the turn goes on to the
+    third, not lost, and nothing raises."""
+    async def go():
+        room, free = PoolQueue(poll_s=0.01), [0]
+
+        async def attempt():
+            if free[0] < 1:
+                raise OutOfBlocks(1, free[0], 8)
+            return "allocated"
+        jobs = [asyncio.ensure_future(room.allocate(attempt, n)) for n in (10, 20, 30)]
+        await until(lambda: len(room) == 3, "three waiters")
+        free[0] = 1
+        room.freed()  # the head wakes first...
+        jobs[1].cancel()  # ...the next one's turn future is cancelled now, its finally runs after the head's
+        got = await asyncio.wait_for(jobs[0], 2), await asyncio.wait_for(jobs[2], 2)
+        with pytest.raises(asyncio.CancelledError):
+            await jobs[1]
+        return got, len(room), room.waiting_tokens
+
+    assert run(go()) == (("allocated", "allocated"), 0, 0)
