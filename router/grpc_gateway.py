@@ -142,25 +142,23 @@ class GrpcWorkerGateway(WorkerGateway):
                       on_first_token: Callable[[int], None] | None = None,
                       job_sent: asyncio.Future | None = None) -> PrefillDone:
         rpc = self._prefill(worker).Prefill(timeout=timeout_s)
+        # The job, then the grant, written beside the reading: the prefill's token 0 is read as
+        # soon as it comes, the grant's way (the decode's Reserve) written or not.
+        writer = asyncio.ensure_future(_send_job(rpc, call, grant, job_sent))
         try:
-            try:  # the job, then the grant: a token 0 sampled before the grant left waits in the call
-                await rpc.write(convert.prefill_call_to_pb(call))  # (after the call's headers went)
-                if job_sent is not None and not job_sent.done():
-                    job_sent.set_result(None)
-                if grant is not None:
-                    await rpc.write(convert.prefill_call_to_pb(await grant))
-                await rpc.done_writing()
-            except asyncio.InvalidStateError:
-                pass  # the prefill ended the call before its grant (it refused the job): why is its status
             async for event in rpc:
                 if event.HasField("result"):
                     return convert.prefill_done_from_pb(event.result)
                 if on_first_token is not None and event.HasField("first_token"):
                     on_first_token(event.first_token.token_id)
         except grpc.aio.AioRpcError as exc:
+            if writer.done() and not writer.cancelled() and writer.exception() is not None:
+                raise writer.exception() from None  # the grant failed: the call was cancelled for it
             raise call_error(exc, f"Prefill.Prefill on {worker.worker_id}") from None
         finally:
             rpc.cancel()  # no-op once the call finished; a grant that never came ends it
+            writer.cancel()
+            writer.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: raised above)
             if job_sent is not None and not job_sent.done():
                 job_sent.set_result(None)
         raise WorkerCallError(StatusCode.INTERNAL, f"Prefill.Prefill on {worker.worker_id} ended without a result")
@@ -272,3 +270,21 @@ class GrpcDirectoryGateway(DirectoryGateway):
 
     async def close(self) -> None:
         await self._client.close()
+
+
+async def _send_job(rpc, call: PrefillCall, grant: Awaitable[PrefillCall] | None,
+                    job_sent: asyncio.Future | None) -> None:
+    """A Prefill call's requests: the job (`job_sent` then set), then the grant once it is there."""
+    try:
+        await rpc.write(convert.prefill_call_to_pb(call))  # (after the call's headers went)
+        if job_sent is not None and not job_sent.done():
+            job_sent.set_result(None)
+        if grant is not None:
+            # shielded: the caller's future, set later, is not this task's to cancel
+            await rpc.write(convert.prefill_call_to_pb(await asyncio.shield(grant)))
+        await rpc.done_writing()
+    except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+        pass  # the call ended (the prefill refused the job, or failed): the reader has its status
+    except Exception:
+        rpc.cancel()  # the grant failed: nothing more will come; the reader raises this
+        raise

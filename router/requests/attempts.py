@@ -12,7 +12,8 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
                                         K/V; returns after D accepted the commit
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
          Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]; Started
-    3. P's token 0                   -> out at once (P's own result; a retry reproduces it)
+    3. P's token 0                   -> out as soon as it is read, D's Reserve answered or not
+                                        (P's own result; a retry reproduces it)
     4. D's token 0 arrives           -> published (D releases it); equal to P's; D's tokens
                                         go out once the two ends' digests compared (P's
                                         seal relayed with D's token 0, or P's reply)
@@ -84,20 +85,12 @@ class AttemptRunner:
                  view: ClusterView | None = None,
                  mint: Callable[..., bytes] | None = None):
         self.req = req
-        self._mint = mint
-        """(manifest, reservation) -> the attempt's signed transfer capability."""
-        self._workers = workers
-        self._directory = directory
-        self._inflight = inflight
-        self._cfg = config
-        self._output = output
-        self._emit = emit
-        self._spawn = spawn
+        self._mint = mint  # (manifest, reservation) -> the attempt's signed transfer capability
+        self._workers, self._directory, self._inflight = workers, directory, inflight
+        self._cfg, self._output, self._emit, self._spawn = config, output, emit, spawn
         self._remaining_s = remaining_s
-        self._on_prefill = on_prefill
-        """Told each successful PrefillResult (the cost model learns from its timings)."""
-        self._view = view
-        """The cluster view (liveness of the attempt's workers; routes stopped), if any."""
+        self._on_prefill = on_prefill  # told each PrefillResult (the cost model learns from its timings)
+        self._view = view  # the cluster view (liveness of the attempt's workers; routes stopped), if any
         self.current: Attempt | None = None
         self.last: Attempt | None = None
         """The latest attempt started (kept after it ends, for error messages)."""
@@ -202,7 +195,7 @@ class AttemptRunner:
                        job_sent: asyncio.Future | None = None) -> PrefillDone | None:
         try:
             done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
-                                               lambda token: queue.put_nowait(("first_token", token)), job_sent)
+                                               lambda token: self._prefill_token_0(att, token, queue), job_sent)
             queue.put_nowait(("prefill", done))
             return done
         except WorkerCallError as exc:
@@ -255,12 +248,8 @@ class AttemptRunner:
         from token 0 until prefill returned (or its seal came with token 0): digests first."""
         while True:
             kind, value = await self._next(att, queue)
-            if kind == "first_token":  # P's token 0: the client has it now
-                self._started(att)
-                out = self._output.offer(0, value, att.generation, decoding=False)
-                if out is not None:
-                    self._emit(out)
-                continue
+            if kind == "diverged":  # P's token 0 is not the one the client has (_prefill_token_0)
+                raise value
             if kind == "directory":
                 if att.stage is Stage.DIRECTORY_RESERVE:  # (D's token 0 tells the same, when first)
                     judge_reserve(att, value, self.req.request_id, self._view)
@@ -312,6 +301,17 @@ class AttemptRunner:
     def _reserved(self, att: Attempt) -> None:  # the directory holds the transaction: the hand-off runs
         advance(att, Stage.PREFILL)
         self._started(att)
+
+    def _prefill_token_0(self, att: Attempt, token: int, queue: asyncio.Queue) -> None:
+        """P's token 0, out as soon as it is read: before the decode's Reserve answered too."""
+        try:
+            out = self._output.offer(0, token, att.generation, decoding=False)
+        except RouterError as exc:  # raised where the attempt's events are judged
+            queue.put_nowait(("diverged", exc))
+            return
+        self._started(att)
+        if out is not None:
+            self._emit(out)
 
     def _started(self, att: Attempt) -> None:
         """A disaggregated attempt's Started event, once: at its Reserve's answer or first token."""

@@ -4,7 +4,8 @@ a colocated run's.
 
 The prefill waits PAUSE_S after its compute, before its first chunk leaves, for a request
 whose id names "@computed" (PD_FAULT_PAUSE_S): its token 0 must reach the client within
-that pause, its token 1 only after it.
+that pause, its token 1 only after it. The same with the decode holding its Reserve
+("@reserved"): token 0 does not wait for the grant either.
 """
 
 from __future__ import annotations
@@ -44,4 +45,16 @@ def test_token_0_reaches_the_client_while_the_hand_off_waits(cluster):
     assert times[0] < PAUSE_S / 2, times  # token 0 did not wait for the hand-off
     assert times[1] > PAUSE_S, times  # token 1 did: the decode had no K/V before the pause ended
     assert complete.prefill_kv_digest == complete.decode_kv_digest
+    assert_cluster_clean(cluster)
+
+
+def test_token_0_does_not_wait_for_the_decodes_reserve(cluster):
+    """The decode holds its Reserve PAUSE_S ("@reserved"): the prefill computes its job
+    meanwhile, and its token 0 is read and streamed without waiting for the grant."""
+    _, want, _, _ = generate(cluster, "colocated-reserve", router_pb2.MODE_COLOCATED)
+    started, tokens, times, complete = generate(cluster, "split@reserved", router_pb2.MODE_DISAGGREGATED)
+    assert [s.route for s in started] == [router_pb2.ROUTE_DISAGGREGATED] and complete.attempts == 1
+    assert tokens == want
+    assert times[0] < PAUSE_S / 2, times
+    assert times[1] > PAUSE_S, times  # the decode reserved, then the hand-off ran
     assert_cluster_clean(cluster)

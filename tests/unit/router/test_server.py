@@ -92,13 +92,19 @@ class FakeDecode(decode_pb2_grpc.DecodeServicer):
 class FakePrefill(prefill_pb2_grpc.PrefillServicer):
     def __init__(self, name: str, log: Log, published: dict):
         self.name, self.log, self.published = name, log, published
-        self.fail = self.refuse_job = False
+        self.fail = self.refuse_job = self.token_at_job = False
 
     async def Prefill(self, request_iterator, context):
+        requests = aiter(request_iterator)
         if self.refuse_job:  # at the job, before its grant is written
-            job = await anext(aiter(request_iterator))
+            job = await anext(requests)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.manifest.transfer_id} refused")
-        self.requests = [r async for r in request_iterator]  # the job, then its grant
+        if self.token_at_job:  # token 0 sampled before the grant came (a compute shorter than D's Reserve)
+            self.requests = [await anext(requests)]
+            self.log.append(("Prefill.FirstToken", self.name))
+            yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
+        self.requests = getattr(self, "requests", []) if self.token_at_job else []
+        self.requests += [r async for r in requests]  # the job, then its grant
         request = self.requests[-1]
         m = request.manifest
         self.log.append(("Prefill.Prefill", self.name, m.request_id, m.generation,
@@ -106,7 +112,8 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
         self.sampling = request.sampling
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "transport to destination broke")
-        yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
+        if not self.token_at_job:
+            yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
         self.published.setdefault(m.transfer_id, asyncio.Event()).set()
         yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
             request_id=m.request_id, transfer_id=m.transfer_id, first_token_id=tokens(1)[0],
@@ -258,6 +265,27 @@ def test_prefill_error_aborts_as_the_router_and_recovers_colocated():
     started = [ev.started for ev in events if ev.WhichOneof("event") == "started"]
     assert started[-1].route == router_pb2.ROUTE_COLOCATED and events[-1].complete.attempts == 3
     assert [ev.token.token_id for ev in events if ev.WhichOneof("event") == "token"] == tokens(4)
+
+
+def test_the_prefills_token_0_reaches_the_client_before_the_grant_is_written():
+    """A compute shorter than the decode's Reserve: the prefill's token 0 is read and streamed
+    at once, not after the grant (whose write waits for the Reserve's answer)."""
+    async def go():
+        async with rig() as (router, _, log, fakes, _, _):
+            fakes["p0"].token_at_job = True
+            fakes["d0"].reserve_s = fakes["d1"].reserve_s = 1.0
+            events = []
+            async for ev in router.Generate(request()):
+                events.append(ev)
+                if ev.WhichOneof("event") == "token" and ev.token.index == 0:
+                    log.append(("client: token 0",))
+            return events, log, fakes["p0"].requests
+
+    events, log, requests = run(go())
+    order = [e[0] for e in log]
+    assert order.index("client: token 0") < order.index("Prefill.Prefill")  # (logged once the grant came)
+    assert [ev.token.token_id for ev in events if ev.WhichOneof("event") == "token"] == tokens(4)
+    assert [r.destination_data_plane_address for r in requests] == ["", "dp-d0"]
 
 
 def test_a_job_refused_before_its_grant_fails_the_attempt_with_the_prefills_status():

@@ -180,7 +180,10 @@ def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
         assert (done.route, done.attempts, done.failed_attempts) == (Route.DISAGGREGATED, 1, "")
     assert [s.generation for s in started(first[0])] == [1]
     assert [s.generation for s in started(again[0])] == [2]
-    assert [s.generation for s in started(third[0])] == [3]  # after r/1 was refused: generation 2 ran
+    # After r/1 was refused (generation 2 ran) it runs at 3; the prefill's token 0 at generation 1 may
+    # have gone out before the refusal (it leaves as soon as it is read), and 3 reproduced it.
+    assert [s.generation for s in started(third[0])][-1] == 3
+    assert {s.generation for s in started(third[0])} <= {1, 3}
     assert [c[1] for c in fake.calls if c[0] == "txn_reserve"] == ["r/1", "r/2", "r/1", "r/3"]
     assert ("cancel_decode", "d1", "r", 1) in fake.calls  # the refused reservation was given back
     assert_no_leaks(orch, fake)
