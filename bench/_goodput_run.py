@@ -15,10 +15,12 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from _goodput_workload import Request, RequestClass, random_prompt
 
 from pdserve_client import AsyncClient
+from pdserve_client.tls import TlsFiles
 from pdserve_client.types import PdError, client_tpot_ms
 
 REQUEST_DEADLINE_S = 120.0
@@ -140,7 +142,18 @@ async def _one(client: AsyncClient, r: Request, slo: Slo, lag_ms: float) -> Outc
     return Outcome(r.cls, res.ttft_ms, tpot, res.num_tokens, res.route, lag_ms)
 
 
-async def run_point(address: str, requests: list[Request], rate_rps: float, slo: Slo,
+class Router(NamedTuple):
+    """A cluster's router: its address and the client certificate it takes (None: insecure)."""
+
+    address: str
+    tls_files: TlsFiles | None
+
+
+def _client(router: Router) -> AsyncClient:
+    return AsyncClient(router.address, timeout_s=30.0, tls_files=router.tls_files)
+
+
+async def run_point(router: Router, requests: list[Request], rate_rps: float, slo: Slo,
                     max_wall_s: float = float("inf"),
                     on_done: Callable[[int], None] = lambda done: None) -> list[Outcome]:
     """Issue each request at arrival_unit_s / rate (open loop) and wait for all of them.
@@ -158,7 +171,7 @@ async def run_point(address: str, requests: list[Request], rate_rps: float, slo:
         finished += 1
         on_done(finished)
 
-    async with AsyncClient(address, timeout_s=30.0) as client:
+    async with _client(router) as client:
         t0 = loop.time()
         tasks = []
         for r in requests:
@@ -177,10 +190,10 @@ async def run_point(address: str, requests: list[Request], rate_rps: float, slo:
             if t.cancelled() else t.result() for r, t in zip(requests, tasks)]
 
 
-async def warm_up(address: str, vocab_size: int, seed: int, concurrent: int) -> None:
+async def warm_up(router: Router, vocab_size: int, seed: int, concurrent: int) -> None:
     """First calls on a fresh worker pay one-off costs; give every worker one (not measured)."""
     rng = random.Random(f"warm/{seed}")
-    async with AsyncClient(address, timeout_s=30.0) as client:
+    async with _client(router) as client:
         await asyncio.gather(*(client.generate_full(
             prompt_ids=random_prompt(rng, 300, vocab_size), max_tokens=4, ignore_eos=True,
             deadline_s=REQUEST_DEADLINE_S) for _ in range(concurrent)))
@@ -197,12 +210,12 @@ class Isolated:
     repeats: int
 
 
-async def measure_isolated(address: str, c: RequestClass, vocab_size: int, repeats: int,
+async def measure_isolated(router: Router, c: RequestClass, vocab_size: int, repeats: int,
                            seed: int) -> Isolated:
     """Median TTFT and TPOT of `repeats` sequential requests of c's median lengths, fresh prompts each."""
     rng = random.Random(f"calibrate/{c.name}/{seed}")
     ttft, tpot = [], []
-    async with AsyncClient(address, timeout_s=30.0) as client:
+    async with _client(router) as client:
         for _ in range(repeats):
             res = await client.generate_full(
                 prompt_ids=random_prompt(rng, c.median_prompt_tokens, vocab_size),

@@ -41,7 +41,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _goodput_report import Goodput, Progress, RateSearch, at_least, goodput, plot  # noqa: E402
-from _goodput_run import REQUEST_DEADLINE_S, Isolated, PointResult, Slo, measure_isolated, run_point, score, warm_up  # noqa: E402
+from _goodput_run import (  # noqa: E402
+    REQUEST_DEADLINE_S,
+    Isolated,
+    PointResult,
+    Router,
+    Slo,
+    measure_isolated,
+    run_point,
+    score,
+    warm_up,
+)
 from _goodput_workload import Workload, describe, request_classes, trace, workloads  # noqa: E402
 
 from services.cluster.launcher import ClusterSpec, LocalCluster  # noqa: E402
@@ -230,7 +240,7 @@ class Bench:
         t = time.monotonic()
         cluster = LocalCluster(cluster_spec(mode, self.args, Path(self.args.out_dir)))
         try:
-            address = cluster.up()
+            address = Router(cluster.up(), cluster.client_files())  # its certificate, not the cwd's
         except Exception as e:
             if mode != "auto":
                 raise
@@ -250,7 +260,7 @@ class Bench:
         finally:
             cluster.down()
 
-    def calibrate(self, address: str) -> None:
+    def calibrate(self, address: Router) -> None:
         self.progress.update("calibrating single-request latencies")
         a = self.args
         used = sorted({c for w in self.workloads.values() for c, _ in w.mix})
@@ -282,7 +292,7 @@ class Bench:
         share = cost[name] / sum(cost[n] for n in sweeps_left)
         return time.monotonic() + max(0.0, hard - time.monotonic()) * share, hard
 
-    def sweep(self, address: str, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
+    def sweep(self, address: Router, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
         w, a = self.workloads[name], self.args
         soft, hard = self.sweep_deadlines(name, sweeps_left, clusters_left)
         search = RateSearch(start_rate(w, self.iso))
