@@ -126,20 +126,27 @@ def test_a_job_larger_than_the_whole_pool_fails_at_once():
     assert (err.needed_blocks, err.total_blocks, left) == (POOL + 1, POOL, 0)
 
 
+class FakePool:
+    """A pool of 8 blocks with `free` of them free; `attempt` takes `need` (never holds any)."""
+
+    def __init__(self, need: int):
+        self.need, self.free = need, 0
+
+    async def attempt(self) -> str:
+        if self.free < self.need:
+            raise OutOfBlocks(self.need, self.free, 8)
+        return "allocated"
+
+
 def test_blocks_freed_elsewhere_are_found_by_the_poll():
     """A mixed worker's decodes free blocks without a prefill's release: the head retries."""
     async def go():
-        room, free = PoolQueue(poll_s=0.01), [0]
-
-        async def attempt():
-            if free[0] < 3:
-                raise OutOfBlocks(3, free[0], 8)
-            return "allocated"
-        job = asyncio.ensure_future(room.allocate(attempt, 40))
+        room, pool = PoolQueue(poll_s=0.01), FakePool(3)
+        job = asyncio.ensure_future(room.allocate(pool.attempt, 40))
         await until(lambda: len(room) == 1, "the job to wait")
         await asyncio.sleep(0.05)
         waiting = (job.done(), room.waiting_tokens)
-        free[0] = 3  # no freed() call
+        pool.free = 3  # no freed() call
         return waiting, await asyncio.wait_for(job, 2), len(room), room.waiting_tokens
 
     assert run(go()) == ((False, 40), "allocated", 0, 0)
@@ -149,15 +156,10 @@ def test_a_waiter_cancelled_as_its_turn_comes_passes_it_on():
     """The head leaves while the next waiter's cancel is pending: the turn goes on to the
     third, not lost, and nothing raises."""
     async def go():
-        room, free = PoolQueue(poll_s=0.01), [0]
-
-        async def attempt():
-            if free[0] < 1:
-                raise OutOfBlocks(1, free[0], 8)
-            return "allocated"
-        jobs = [asyncio.ensure_future(room.allocate(attempt, n)) for n in (10, 20, 30)]
+        room, pool = PoolQueue(poll_s=0.01), FakePool(1)
+        jobs = [asyncio.ensure_future(room.allocate(pool.attempt, n)) for n in (10, 20, 30)]
         await until(lambda: len(room) == 3, "three waiters")
-        free[0] = 1
+        pool.free = 1
         room.freed()  # the head wakes first...
         jobs[1].cancel()  # ...the next one's turn future is cancelled now, its finally runs after the head's
         got = await asyncio.wait_for(jobs[0], 2), await asyncio.wait_for(jobs[2], 2)
