@@ -25,8 +25,8 @@ Per size, because one factor learned from 2k-token prompts must not price a
 90-token one (the fitted curve's shape is wrong in places; a bucket with no
 sample borrows the nearest observed bucket's factor).
 
-A per-route TTFT overhead (RPC hops, reserve, directory, hand-off set-up) is
-learned from TTFT residuals: every split TTFT (its prefill and transfer are
+A per-route TTFT overhead (RPC hops; a split route's token 0 takes the
+prefill's) is learned from TTFT residuals: every split TTFT (its prefill is
 timed separately), and a colocated TTFT whose predicted prefill is below
 PREFILL_DOMINANT x `fixed_cost_scale_ms()` (the configured split overhead).
 Such a TTFT is not dominated by its prefill, and the fixed cost is the term a
