@@ -304,8 +304,9 @@ class CostModel:
     def observe_first_token(self, c: Candidate, observed_ms: float, carried: float | None = None) -> None:
         """A request priced as `c` saw its first token after `observed_ms`.
 
-        Split route: the residual goes to the route's overhead (prefill and
-        transfer have their own timed corrections); clean when P's queue was small.
+        Split route (the client's token 0, the prefill's): the residual goes to the
+        route's overhead (the prefill has its own timed correction); clean when P's
+        queue was small.
         Colocated route: the worker reports no prefill timing. When the predicted
         prefill does not dominate (< PREFILL_DOMINANT x `fixed_cost_scale_ms`), the
         residual goes to the colocated overhead. Otherwise, when W's predicted queue

@@ -99,12 +99,13 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
         if self.refuse_job:  # at the job, before its grant is written
             job = await anext(requests)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job.manifest.transfer_id} refused")
+        first = prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
+        self.requests = []  # the job, then its grant
         if self.token_at_job:  # token 0 sampled before the grant came (a compute shorter than D's Reserve)
-            self.requests = [await anext(requests)]
+            self.requests.append(await anext(requests))
             self.log.append(("Prefill.FirstToken", self.name))
-            yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
-        self.requests = getattr(self, "requests", []) if self.token_at_job else []
-        self.requests += [r async for r in requests]  # the job, then its grant
+            yield first
+        self.requests += [r async for r in requests]
         request = self.requests[-1]
         m = request.manifest
         self.log.append(("Prefill.Prefill", self.name, m.request_id, m.generation,
@@ -113,7 +114,7 @@ class FakePrefill(prefill_pb2_grpc.PrefillServicer):
         if self.fail:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "transport to destination broke")
         if not self.token_at_job:
-            yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=tokens(1)[0]))
+            yield first
         self.published.setdefault(m.transfer_id, asyncio.Event()).set()
         yield prefill_pb2.PrefillEvent(result=prefill_pb2.PrefillResult(
             request_id=m.request_id, transfer_id=m.transfer_id, first_token_id=tokens(1)[0],
