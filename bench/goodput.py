@@ -240,7 +240,7 @@ class Bench:
         t = time.monotonic()
         cluster = LocalCluster(cluster_spec(mode, self.args, Path(self.args.out_dir)))
         try:
-            address = Router(cluster.up(), cluster.client_files())  # its certificate, not the cwd's
+            router = Router(cluster.up(), cluster.client_files())  # its certificate, not the cwd's
         except Exception as e:
             if mode != "auto":
                 raise
@@ -248,25 +248,25 @@ class Bench:
             self.progress.step(1 + len(self.workloads) * self.args.max_points)
             return
         try:
-            self.loop.run_until_complete(warm_up(address, self.vocab, self.args.seed, self.args.workers))
+            self.loop.run_until_complete(warm_up(router, self.vocab, self.args.seed, self.args.workers))
             if self.slo is None:
                 self.cluster_cost_s = time.monotonic() - t + 10.0  # start + warm-up, plus a stop
-                self.calibrate(address)
+                self.calibrate(router)
             self.progress.step(1, f"{mode}: cluster up")
             names = list(self.workloads)
             for j, name in enumerate(names):
                 left = names[j:] + names * (remaining_modes - 1)
-                self.sweep(address, mode, name, left, remaining_modes - 1)
+                self.sweep(router, mode, name, left, remaining_modes - 1)
         finally:
             cluster.down()
 
-    def calibrate(self, address: Router) -> None:
+    def calibrate(self, router: Router) -> None:
         self.progress.update("calibrating single-request latencies")
         a = self.args
         used = sorted({c for w in self.workloads.values() for c, _ in w.mix})
         for c in used:
             self.iso[c] = self.loop.run_until_complete(measure_isolated(
-                address, self.classes[c], self.vocab, a.calibration_repeats, a.seed))
+                router, self.classes[c], self.vocab, a.calibration_repeats, a.seed))
         self.slo = Slo(ttft_ms={c: a.ttft_slo_x * self.iso[c].ttft_ms for c in used},
                        tpot_ms={c: a.tpot_slo_x * self.iso[c].tpot_ms for c in used})
         self.out.emit("slo", measured_on=self.modes[0], single_request={c: asdict(i) for c, i in self.iso.items()},
@@ -292,7 +292,7 @@ class Bench:
         share = cost[name] / sum(cost[n] for n in sweeps_left)
         return time.monotonic() + max(0.0, hard - time.monotonic()) * share, hard
 
-    def sweep(self, address: Router, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
+    def sweep(self, router: Router, mode: str, name: str, sweeps_left: list[str], clusters_left: int) -> None:
         w, a = self.workloads[name], self.args
         soft, hard = self.sweep_deadlines(name, sweeps_left, clusters_left)
         search = RateSearch(start_rate(w, self.iso))
@@ -314,7 +314,7 @@ class Bench:
             self.progress.update(text)
             t = time.monotonic()
             outcomes = self.loop.run_until_complete(run_point(
-                address, requests, rate, self.slo,
+                router, requests, rate, self.slo,
                 max(estimate_s, min(max(2 * estimate_s, estimate_s + 30), hard - time.monotonic())),
                 lambda done: self.progress.update(f"{text} {done}/{len(requests)} req", done / len(requests))))
             point = score(rate, outcomes, self.slo, time.monotonic() - t)
