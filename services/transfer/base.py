@@ -92,6 +92,16 @@ class Chunk:
         packed batch's header and the directory's evidence list it."""
         return (*self.key, self.num_bytes, self.checksum)
 
+    @staticmethod
+    def of_row(e: object) -> Chunk:
+        """Inverse of `row` for a received [layer, start, count, bytes, checksum] (a COMMIT's
+        entry, a packed batch's); ValueError unless it is exactly that: JSON ints and a string,
+        no bool, float or number as text."""
+        if type(e) is not list or len(e) != 5 or type(e[4]) is not str or not (
+                type(e[0]) is type(e[1]) is type(e[2]) is type(e[3]) is int):
+            raise ValueError(f"chunk entry {e!r} is not [layer, start, count, bytes, checksum]")
+        return Chunk(ChunkKey(e[0], e[1], e[2]), e[3], e[4])
+
 
 @dataclass(frozen=True, slots=True)
 class TransferCommit:

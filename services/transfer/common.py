@@ -22,13 +22,35 @@ def destination(exp: Expectation, key: ChunkKey, payload_len: int
     """(views, '') to write `key` into, or ([], why the chunk is rejected)."""
     if key in exp.received:
         return [], f"duplicate chunk {key}"
+    return _writable(exp, key, payload_len)
+
+
+def destinations(exp: Expectation, chunks: Sequence[Chunk], claimed: set[ChunkKey]
+                 ) -> tuple[list[list[memoryview]], str]:
+    """The views of each chunk of one message (a packed batch's several), or ([], why the
+    message is refused): none claimed (`claimed`: accepted earlier) or landed before, each
+    resolving to writable memory of its size."""
+    per = []
+    for c in chunks:
+        if c.key in claimed or c.key in exp.received:
+            return [], f"duplicate chunk {c.key}"
+        views, problem = _writable(exp, c.key, c.num_bytes)
+        if problem:
+            return [], problem
+        per.append(views)
+    return per, ""
+
+
+def _writable(exp: Expectation, key: ChunkKey, payload_len: int) -> tuple[list[memoryview], str]:
     try:
         views = [byte_view(v) for v in exp.resolve(key)]
     except Exception as e:  # noqa: BLE001 - KeyError by contract; range errors from the engine
         return [], f"unexpected chunk {key}: {e!r}"
-    if any(v.readonly for v in views):
-        return [], f"chunk {key} resolves to read-only memory"
-    size = sum(v.nbytes for v in views)
+    size = 0  # (plain loops: a batch checks dozens of chunks on the hand-off's path)
+    for v in views:
+        if v.readonly:
+            return [], f"chunk {key} resolves to read-only memory"
+        size += v.nbytes
     if size != payload_len:
         return [], f"chunk {key} is {payload_len} bytes, expected {size}"
     return views, ""
@@ -92,8 +114,9 @@ def coalesce(items: Sequence[tuple[Chunk, list[memoryview]]]) -> tuple[list[list
 
 def chunk_buffers(chunk: Chunk, buffers: Sequence) -> list[memoryview]:
     """The sender's buffers as byte views; ValueError unless they hold chunk.num_bytes."""
-    views = [byte_view(b) for b in buffers]
-    nbytes = sum(v.nbytes for v in views)
+    views, nbytes = [byte_view(b) for b in buffers], 0
+    for v in views:
+        nbytes += v.nbytes
     if nbytes != chunk.num_bytes:
         raise ValueError(f"chunk {chunk.key} says {chunk.num_bytes} bytes, "
                          f"its buffers hold {nbytes}")

@@ -105,20 +105,18 @@ def encode_commit(c: TransferCommit) -> dict:
                 chunks=[list(ch.row) for ch in c.chunks])
 
 
-def decode_commit(d: dict) -> TransferCommit:
-    """Inverse of encode_commit; ValueError naming the first bad field."""
+def decode_commit(d: dict, chunks: tuple[Chunk, ...] | None = None) -> TransferCommit:
+    """Inverse of encode_commit; ValueError naming the first bad field. `chunks`: its chunk
+    list, already decoded by the caller from rows equal to d["chunks"] (a COMMIT carried in
+    a packed batch's header lists that batch), so not decoded twice."""
     def get(name, kind):
         v = d.get(name) if isinstance(d, dict) else None
         if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
             raise ValueError(f"commit field {name!r} is {v!r}, not {kind.__name__}")
         return v
 
-    chunks = []
-    for e in get("chunks", list):  # exact types (JSON gives no subclasses; a bool is no int)
-        if type(e) is not list or len(e) != 5 or type(e[4]) is not str or not (
-                type(e[0]) is type(e[1]) is type(e[2]) is type(e[3]) is int):
-            raise ValueError(f"commit chunk entry {e!r} is not [layer, start, count, bytes, sum]")
-        chunks.append(Chunk(ChunkKey(e[0], e[1], e[2]), e[3], e[4]))
+    if chunks is None:
+        chunks = tuple(Chunk.of_row(e) for e in get("chunks", list))
     trace = d.get("trace", {})
     if not isinstance(trace, dict) or len(trace) > MAX_TRACE_HEADERS or not all(
             isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= MAX_TRACE_HEADER_CHARS
@@ -132,15 +130,17 @@ def decode_commit(d: dict) -> TransferCommit:
     except ValueError:
         raise ValueError("commit field 'seal' is not hex") from None
     return TransferCommit(get("transfer_id", str), get("request_id", str), get("generation", int),
-                          get("cache_abi_digest", str), tuple(chunks), get("kv_digest", str),
+                          get("cache_abi_digest", str), chunks, get("kv_digest", str),
                           get("first_token", int), get("source_worker_id", str),
                           get("source_epoch", int), tuple(trace.items()), sealed)
 
 
-def commit_for(raw: object, transfer_id: str) -> tuple[TransferCommit | None, str]:
-    """A received COMMIT body of transfer `transfer_id`: (it, '') or (None, why it is malformed)."""
+def commit_for(raw: object, transfer_id: str, chunks: tuple[Chunk, ...] | None = None
+               ) -> tuple[TransferCommit | None, str]:
+    """A received COMMIT body of transfer `transfer_id`: (it, '') or (None, why it is malformed).
+    `chunks`: as for decode_commit."""
     try:
-        commit = decode_commit(raw)
+        commit = decode_commit(raw, chunks)
     except ValueError as e:
         return None, f"malformed commit: {e}"
     if commit.transfer_id != transfer_id:

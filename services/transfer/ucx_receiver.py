@@ -51,7 +51,7 @@ from services.common.tasks import TaskSet
 
 from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
-from .common import decide, destination, emit, place, scatter
+from .common import decide, destinations, emit, place, scatter
 from .tcp_wire import commit_for
 from .ucx_runtime import Landing, Mailbox, UcxRuntime, local_host, post_control, runtime
 
@@ -216,19 +216,17 @@ class UcxReceiver(KVReceiver):
             self._reply(nonce, wire.ERROR, tid, {"reason": f"transfer {tid} not expected"})
             return
         claimed = self._claimed.setdefault(tid, set())
-        keys = [key for key, _, _ in entries]
-        views, per, problem = [], [], "" if len(set(keys)) == len(keys) else f"duplicate chunk in batch {keys}"
-        for key, nbytes, _ in entries:
-            if problem:
-                break
-            got, problem = ([], f"duplicate chunk {key}") if key in claimed else destination(exp, key, nbytes)
-            views += got
-            per.append(got)
-        if not problem and (any(n <= 0 for n in sizes) or sum(sizes) != sum(n for _, n, _ in entries)):
+        keys = [c.key for c in entries]
+        per, problem = destinations(exp, entries, claimed) if len(set(keys)) == len(keys) else (
+            [], f"duplicate chunk in batch {keys}")
+        if not problem and (min(sizes, default=0) <= 0 or sum(sizes) != sum(c.num_bytes for c in entries)):
             problem = f"chunk {keys[0]}: sender views {sizes[:4]}... do not add up to its bytes"
         carried = None  # a COMMIT in the header (the sender's last batch): held as if right behind it
         if not problem and "commit" in body:
-            carried, problem = (None, "a second COMMIT") if tid in self._held else commit_for(body["commit"], tid)
+            raw = body["commit"]  # its manifest is usually this very batch: decoded once
+            same = "batch" in body and type(raw) is dict and raw.get("chunks") == body["batch"]
+            carried, problem = (None, "a second COMMIT") if tid in self._held else commit_for(
+                raw, tid, tuple(entries) if same else None)
         if problem:
             self._swallow(first, len(sizes))
             self._reject(nonce, tid, exp, problem)
@@ -238,7 +236,7 @@ class UcxReceiver(KVReceiver):
             self._held[tid] = (nonce, carried)
             self.stats["carried_commits"] += 1
         posted, staged = [], []
-        for i, parts in enumerate(place(views, sizes)):
+        for i, parts in enumerate(place([v for views in per for v in views], sizes)):
             t = first + i
             if len(parts) == 1:  # inside one view: straight into the cache memory
                 posted.append((t, self._rt.post_recv(parts[0], t)))
@@ -279,21 +277,22 @@ class UcxReceiver(KVReceiver):
             return  # forgotten, failed or committed meanwhile; fence() owns the receives
         errors = [f.exception() for _, f in posted if not f.cancelled() and f.exception() is not None]
         if errors:
-            self._fail(tid, f"chunk {entries[0][0]}: receive failed (sender lost?): {errors[0]!r}")
+            self._fail(tid, f"chunk {entries[0].key}: receive failed (sender lost?): {errors[0]!r}")
             return
         for buf, parts in staged:  # still pending (checked above): the views are ours
             scatter(buf, parts)
         sums = [checksum(views) for views in per]
-        for (key, _, sent), got in zip(entries, sums):
-            if got != sent:
-                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {key}: sender {sent}, received {got}")
+        for c, got in zip(entries, sums):
+            if got != c.checksum:
+                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {c.key}: sender {c.checksum}, "
+                                              f"received {got}")
                 return
         self._heard(tid)
         self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
-        for (key, nbytes, _), got in zip(entries, sums):
-            arrived = exp.received[key] = ChunkArrived(tid, key, nbytes, got)
-            self.stats["chunks"] += 1
-            self.stats["bytes"] += nbytes
+        self.stats["chunks"] += len(entries)
+        self.stats["bytes"] += sum(c.num_bytes for c in entries)
+        for c in entries:
+            arrived = exp.received[c.key] = ChunkArrived(tid, c.key, c.num_bytes, c.checksum)
             emit(exp, arrived)
         held = self._held.get(tid)
         if held is not None and not self._in_flight(tid, exp):  # its VERDICT says it landed

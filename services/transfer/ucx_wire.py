@@ -37,7 +37,7 @@ import struct
 
 import orjson
 
-from .base import MAX_COMMIT_BODY_BYTES, ChunkKey, max_body_bytes, short_reason
+from .base import MAX_COMMIT_BODY_BYTES, Chunk, max_body_bytes, short_reason
 
 MAGIC = b"PDUX"
 VERSION = 1
@@ -116,15 +116,19 @@ def json_body(body: bytes) -> dict:
     return obj
 
 
-def chunk_header(body: dict) -> tuple[int, list[tuple[ChunkKey, int, str]], list[int], int]:
-    """A CHUNK body as (serial, [(key, bytes, checksum)] of its chunk or batch, the sender's
-    view sizes, the first data tag); KeyError, TypeError, ValueError or IndexError if malformed."""
+def chunk_header(body: dict) -> tuple[int, list[Chunk], list[int], int]:
+    """A CHUNK body as (serial, its chunk or its batch's chunks, the sender's view sizes, the
+    first data tag); KeyError, TypeError, ValueError or IndexError if malformed."""
     if "batch" in body:
-        entries = [(ChunkKey(int(e[0]), int(e[1]), int(e[2])), int(e[3]), str(e[4])) for e in body["batch"]]
+        batch = body["batch"]
+        if type(batch) is not list:
+            raise ValueError(f"batch is {type(batch).__name__}, not a list")
+        chunks = [Chunk.of_row(e) for e in batch]
     else:
-        layer, start, count = body["key"]
-        entries = [(ChunkKey(int(layer), int(start), int(count)), int(body["bytes"]), str(body["checksum"]))]
-    return int(body["serial"]), entries, [int(x) for x in body["sizes"]], int(body["tag"])
+        key = body["key"]
+        chunks = [Chunk.of_row([*key, body["bytes"], body["checksum"]] if type(key) is list and len(key) == 3
+                               else key)]
+    return int(body["serial"]), chunks, [int(x) for x in body["sizes"]], int(body["tag"])
 
 
 def fits_inline(obj: dict) -> bool:

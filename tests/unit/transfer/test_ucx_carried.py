@@ -115,3 +115,32 @@ def test_a_malformed_carried_commit_fails_the_transfer():
         assert failed and "malformed commit" in failed[0].reason, events
         assert (wire.ERROR, {"reason": failed[0].reason}) in rt.replies
     asyncio.run(go())
+
+
+def test_a_carried_commit_whose_manifest_is_not_its_batch_is_decided_on_its_own_manifest():
+    """The batch's decoded chunks stand in for the COMMIT's only when its rows are the batch's."""
+    async def go():
+        r, rt, cache, events, decided, data, head, commit = setup()
+        forged = Chunk(commit.chunks[0].key, BLOCK, "0" * 16)  # another checksum for chunk 0
+        other = TransferCommit("t/1", "t", 1, "abi", (forged, *commit.chunks[1:]), "digest", 5)
+        r._on_chunk(SENDER, "t/1", {**head, "commit": encode_commit(other)})
+        rt.deliver(data)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert decided == [other] and decided[0].chunks[0].checksum == "0" * 16
+    asyncio.run(go())
+
+
+def test_a_batch_row_with_a_number_as_text_is_refused_and_nothing_is_written():
+    async def go():
+        r, rt, cache, events, decided, data, head, commit = setup()
+        batch = [list(row) for row in head["batch"]]
+        batch[1][0] = str(batch[1][0])  # "1": int() would have taken it
+        r._on_chunk(SENDER, "t/1", {**head, "batch": batch, "commit": encode_commit(commit)})
+        rt.deliver(data)  # the swallowed piece: a 1-byte receive, never the cache
+        for _ in range(3):
+            await asyncio.sleep(0)
+        failed = [e for e in events if isinstance(e, Failed)]
+        assert failed and "malformed CHUNK" in failed[0].reason and "[layer, start, count" in failed[0].reason
+        assert "t/1" not in r.pending and decided == [] and bytes(cache) == bytes(len(cache))
+    asyncio.run(go())
