@@ -105,11 +105,9 @@ async def decide(exp: Expectation, commit: TransferCommit) -> Verdict:
         return verdict
 
 
-def coalesce(items: Sequence[tuple[Chunk, list[memoryview]]]) -> tuple[list[list], bytearray]:
-    """Small chunks as one message: ([[layer, start, count, bytes, checksum], ...], their
-    bytes back to back in one buffer, in that order)."""
-    buf = bytearray().join([v for _, views in items for v in views])  # one C copy, no zero fill
-    return [list(c.row) for c, _ in items], buf
+def pack(views: Sequence[memoryview]) -> memoryview:
+    """Small chunks' views back to back in one new buffer, in order (one message)."""
+    return memoryview(bytearray().join(views))  # one C copy, no zero fill
 
 
 def chunk_buffers(chunk: Chunk, buffers: Sequence) -> list[memoryview]:

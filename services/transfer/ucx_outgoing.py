@@ -21,6 +21,8 @@ class OutChunk:
     nbytes: int
     views: list[memoryview]
     head: dict = dataclasses.field(default_factory=dict)  # its CHUNK body, less serial, sizes and tag
+    packed: bool = False
+    """A batch: `views` are its chunks' views until posted, then the one buffer they are packed into."""
     state: str = "issued"  # issued -> sending (header and data posted) -> visible | fenced
     sends: list[asyncio.Future] = dataclasses.field(default_factory=list)
     credited: bool = True

@@ -1,13 +1,11 @@
 """UCX backend, sender side: UcxSender pushes chunks into a UcxReceiver's posted buffers.
 
-Per chunk (the chunk ledger of 0x06A):
-
-    acquire credit -> CHUNK (key, bytes, checksum, the sender's view sizes, first
-    data tag), then one send per view, zero copy from the cache memory (UCX
-    rendezvous: the receiver reads it straight into its posted destination
-    views — cma on one host — once it has matched the header)
-    <- VISIBLE (every byte is in the destination views, checksum verified) -> credit released
-    (none for a chunk whose landing lets the COMMIT through: its credit returns with the VERDICT)
+Per message (the chunk ledger of 0x06A): acquire credit -> CHUNK header (one chunk, or a
+batch of small ones; the sender's view sizes; the first data tag), then the data: a large
+chunk's K and V runs zero copy from the cache (UCX rendezvous: the receiver reads them
+straight into its posted views, cma on one host), a batch packed into one buffer
+<- VISIBLE (in the destination views, checksum verified) -> credit released (none for the
+message whose landing lets the COMMIT through: its credit returns with the VERDICT).
 
 `send` returns once the chunk is issued (credit held, CHUNK sent): the caller's
 buffers must stay valid until `commit` or `abort` returns. `commit` sends COMMIT
@@ -31,7 +29,7 @@ from collections.abc import Iterable, Sequence
 
 from . import ucx_wire as wire
 from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
-from .common import chunk_buffers, coalesce
+from .common import chunk_buffers, pack
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
 from .ucx_outgoing import OutChunk, Outgoing, Peer, alive, sender_metrics
@@ -87,8 +85,8 @@ class UcxSender(KVSender):
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
         if out.held is not None and not out.failed:  # more chunks: the held batch leaves first, alone
-            held, out.held = out.held, None
-            self._post(out, held)
+            self._post(out, out.held)
+            out.held = None
         limit, run, run_bytes = min(EAGER_BATCH_BYTES, peer.credits.capacity), [], 0
         for chunk, buffers in items:
             views = chunk_buffers(chunk, buffers)
@@ -117,9 +115,10 @@ class UcxSender(KVSender):
         if out.failed:  # failed while we waited: the credit goes straight back
             peer.credits.release(nbytes)
             out.raise_if_failed()
-        batch, buf = coalesce(items) if len(items) > 1 else (None, None)
+        batch = [list(c.row) for c, _ in items] if len(items) > 1 else None
         head = {"batch": batch} if batch else {"bytes": nbytes, "checksum": chunk.checksum, "key": list(chunk.key)}
-        c = OutChunk(next(out.serials), chunk.key, nbytes, views if buf is None else [memoryview(buf)], head)
+        c = OutChunk(next(out.serials), chunk.key, nbytes, [v for _, vs in items for v in vs] if batch else views,
+                     head, packed=batch is not None)
         out.chunks[c.serial] = c
         if hold and batch:
             out.held = c
@@ -129,20 +128,22 @@ class UcxSender(KVSender):
         return []
 
     def _post(self, out: Outgoing, c: OutChunk, commit: dict | None = None) -> None:
-        """Post `c`'s header (`commit`: a COMMIT riding in it), then its data right behind it
-        (rendezvous: UCX holds only its descriptor until the receiver posts the views).
-        Nothing waits: completions come as callbacks; a UCX error fails the transfer."""
+        """Post `c`'s header (`commit`: a COMMIT riding in it), then its data; a batch is packed
+        in between, while the receiver checks the header. A UCX error fails the transfer."""
         peer = out.peer
         pieces = [v for v in c.views if v.nbytes]
         first = next(self._data)
-        self._data = itertools.count(first + max(1, len(pieces)))
+        self._data = itertools.count(first + (1 if c.packed else max(1, len(pieces))))
         first_tag = wire.tag(wire.DATA, self.nonce, first)
-        body = {"serial": c.serial, "sizes": [v.nbytes for v in pieces], "tag": first_tag, **c.head}
+        sizes = [c.nbytes] if c.packed else [v.nbytes for v in pieces]
+        body = {"serial": c.serial, "sizes": sizes, "tag": first_tag, **c.head}
         if commit is not None:
             body["commit"] = commit
         try:
             c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.CHUNK, out.tid,
                                    self.nonce, body, lambda: next(self._oob))
+            if c.packed:
+                pieces = c.views = [pack(pieces)]  # (referenced until sent: `_future` keeps it)
             c.sends += [self._rt.post_send(peer.ep, v, first_tag + i) for i, v in enumerate(pieces)]
             c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error

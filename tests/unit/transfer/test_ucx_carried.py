@@ -7,7 +7,7 @@ import asyncio
 
 from services.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum
 from services.transfer import ucx_wire as wire
-from services.transfer.common import coalesce
+from services.transfer.common import pack
 from services.transfer.tcp_wire import encode_commit
 from services.transfer.ucx_receiver import UcxReceiver
 
@@ -58,7 +58,7 @@ def setup(tid: str = "t/1"):
     data = bytes(range(256)) * (4 * BLOCK // 256)
     items = [(Chunk(k, BLOCK, checksum([memoryview(data)[k.layer * BLOCK:(k.layer + 1) * BLOCK]])),
               [memoryview(data)[k.layer * BLOCK:(k.layer + 1) * BLOCK]]) for k in keys]
-    batch, buf = coalesce(items)
+    batch, buf = [list(c.row) for c, _ in items], pack([v for _, vs in items for v in vs])
     commit = TransferCommit(tid, "t", 1, "abi", tuple(c for c, _ in items), "digest", 5)
     head = {"serial": 0, "sizes": [len(buf)], "tag": wire.tag(wire.DATA, SENDER, 1), "batch": batch}
     return r, rt, cache, events, decided, bytes(buf), head, commit
