@@ -157,26 +157,36 @@ class Segment(NamedTuple):
     """One window of one request: CPU ns by "process/loop" or "process/threads" ("other"
     for any process not named), and the ns the named processes' threads spent runnable
     without a CPU, split by whether some CPU ran nothing meanwhile (a wake-up's latency, or
-    a thread queued behind the one that woke it) or every CPU was busy (contention)."""
+    a thread queued behind the one that woke it) or every CPU was busy (contention);
+    `waited_free_by` and `waited_busy_by`: the same by "process/loop" or "process/threads"."""
 
     cpu: dict[str, int]
     waited_core_free: int
     waited_cores_busy: int
+    waited_free_by: dict[str, int]
+    waited_busy_by: dict[str, int]
 
 
 def segment_cpu(timeline: Timeline, lo: int, hi: int, names: Mapping[int, str]) -> Segment:
     """What ran, and who waited for a CPU, in [lo, hi) (`names`: pid -> process)."""
     cpu: dict[str, int] = defaultdict(int)
+    free_by: dict[str, int] = defaultdict(int)
+    busy_by: dict[str, int] = defaultdict(int)
     free = busy = 0
     for r in timeline.around(lo, hi):
         name = names.get(r.pid)
+        who = "other" if name is None else f"{name}/{LOOP if r.tid == r.pid else THREADS}"
         if ns := _overlap(r.start_ns, r.end_ns, lo, hi):
-            cpu["other" if name is None else f"{name}/{LOOP if r.tid == r.pid else THREADS}"] += ns
+            cpu[who] += ns
         a, b = max(lo, r.start_ns - r.delay_ns), min(hi, r.start_ns)
         if name is not None and b > a:
             f = timeline.while_free(a, b)
             free, busy = free + f, busy + (b - a - f)
-    return Segment(dict(cpu), free, busy)
+            if f:
+                free_by[who] += f
+            if b - a - f:
+                busy_by[who] += b - a - f
+    return Segment(dict(cpu), free, busy, dict(free_by), dict(busy_by))
 
 
 def path_cpu(timeline: Timeline, traces, mode: str, offset_ns: int, names: Mapping[int, str]) -> list[dict]:

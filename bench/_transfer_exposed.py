@@ -21,6 +21,17 @@ and, from each request's trace (the cluster exports spans to its file):
                 the first token waits for; the verdict's way back, inside exposed_ms,
                 is not on the client's path)
 
+Where T_exposed goes on these cores (--exposed-sched-requests more disaggregated requests
+per setting, 0 to skip; needs `perf`, else the row says why): the kernel's scheduler
+trace over them (bench/_handoff_sched.py), each cut at its T_exposed window, says how long
+each process's threads waited for a CPU in it, with one free and with every one busy. On
+a small host the decode's loop, woken by the prefill's COMMIT, can be placed on the
+prefill loop's own CPU and wait there behind it while the other CPU idles (bench/results/
+transfer.md, twelfth session), and every process of the cluster shares the same cores.
+`sched.t_exposed_less_loop_waits_ms` is T_exposed less the two workers' event loops'
+waits for a CPU in the window (the loops that post and see the COMMIT): the part the
+hand-off itself spends on hosts where each worker has its cores.
+
 Beside them, as a cross-check: the worker's transfer_ms and the router's TTFT
 (Complete.ttft_ms) of the disaggregated requests and of colocated ones on the
 same cluster (the decode worker prefilling itself). One cluster per streaming
@@ -34,12 +45,15 @@ mode, then the median of --exposed-repeats. JSON lines:
 from __future__ import annotations
 
 import math
+import os
 import random
 import shutil
 import statistics
 import tempfile
 
 from _transfer_tap import PrefillTap
+
+from bench._handoff_sched import LOOP
 
 KV_BYTES_PER_TOKEN_LAYER_SMALL = 2 * 2 * 64 * 4  # K+V x kv heads x head_dim x fp32 (`small`)
 
@@ -51,6 +65,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--exposed-max-tokens", type=int, default=2,
                     help="2, not 1: a disaggregated max_tokens=1 request fails at HEAD "
                          "(prefill NOT_FOUND, router falls back to colocated)")
+    ap.add_argument("--exposed-sched-requests", type=int, default=3,
+                    help="disaggregated requests more per setting under the scheduler's trace (perf "
+                         "sched; 0 to skip): the waits for a CPU inside each one's T_exposed")
     ap.add_argument("--exposed-transport", default="ucx",
                     help="worker transport (falls back to tcp, reported, when ucx is not built)")
     ap.add_argument("--exposed-chunk-tokens", type=int, default=0,
@@ -110,15 +127,74 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
                 raise RuntimeError("K/V digests differ between prefill and decode")
             if i >= 2:  # the first of each mode is the warm-up
                 out[mode].append(r)
-        client.close()
         assert len(tap.timings) == n, tap.timings
+        waits = sched_waits(args, cluster, client, vocab, seed + 500)
+        client.close()
         exposed = traced_exposure(cluster, out["disaggregated"])
     finally:
         cluster.down()
         if tap is not None:
             tap.close()
     shutil.rmtree(state, ignore_errors=True)  # kept only when something failed
-    return {"spec": spec, "results": out, "timings": tap.timings[1:], "t_exposed": exposed}
+    return {"spec": spec, "results": out, "timings": tap.timings[1:n], "t_exposed": exposed, "sched": waits}
+
+
+def sched_waits(args, cluster, client, vocab: int, seed: int) -> dict:
+    """`--exposed-sched-requests` disaggregated requests under `perf sched record`: each one's
+    T_exposed and, inside its window, the ms each process's threads waited for a CPU while
+    one was free ({"why": ...} when not measured)."""
+    from bench import _handoff_sched as sched
+    from pdserve_client import trace_summary, trace_view
+    from pdserve_client.spans import SPANS_FILE
+    n = args.exposed_sched_requests
+    why = "skipped (--exposed-sched-requests 0)" if n <= 0 else sched.unavailable()
+    if why:
+        return {"why": why}
+    ids = []
+    with sched.Recording(cluster.state / "sched.data") as recording:
+        for p in prompts(n, args.exposed_prompt_tokens, vocab, seed):
+            ids.append(client.generate_full(prompt_ids=p, max_tokens=args.exposed_max_tokens, mode="disaggregated",
+                                            ignore_eos=True, deadline_s=300).request_id)
+    timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)  # perf saw every CPU
+    names = {p.pid: name for name, p in cluster.procs.items()}
+    found, _ = trace_view.wait_for_each(cluster.state / SPANS_FILE, ids, wait_s=30)
+    out = []
+    for trace in [t[0] for t in found.values() if len(t) == 1]:
+        x = [e for e in trace_summary.exposures(trace) if e.t_exposed_ms is not None]
+        if x:  # the window on the scheduler's clock: spans are on the wall clock
+            lo, hi = (trace.start_ns + round(v * 1e6) - recording.offset_ns
+                      for v in (x[-1].decode_ready_ms, x[-1].publish_end_ms))
+            seg = sched.segment_cpu(timeline, lo, hi, names)
+            out.append({"t_exposed_ms": x[-1].t_exposed_ms, "waited_core_free_ms": _ms(seg.waited_free_by),
+                        "waited_cores_busy_ms": _ms(seg.waited_busy_by)})
+    return {"requests": out}
+
+
+def _ms(by: dict[str, int]) -> dict[str, float]:
+    return {k: round(ns / 1e6, 3) for k, ns in sorted(by.items())}
+
+
+def sched_summary(waits: dict, target_ms: float | None) -> dict:
+    """The row's `sched` part: medians over the traced requests of T_exposed, of the decode
+    loop's wait for a CPU while one was free, of both workers' loops' waits (free or busy),
+    and of T_exposed less those (against the target when there is one); each request's
+    figures under `runs`."""
+    if "why" in waits or not waits.get("requests"):
+        return {"measured": False, "why": waits.get("why", "no traced request had a T_exposed")}
+    med, runs = statistics.median, waits["requests"]
+
+    def loops(r: dict, kinds: tuple[str, ...], workers: tuple[str, ...] = ("prefill", "decode")) -> float:
+        return sum(ms for kind in kinds for who, ms in r[kind].items()
+                   if who.startswith(workers) and who.endswith(f"/{LOOP}"))
+    both = ("waited_core_free_ms", "waited_cores_busy_ms")
+    less = [max(0.0, r["t_exposed_ms"] - loops(r, both)) for r in runs]
+    out = {"measured": True, "requests": len(runs), "t_exposed_ms": round(med(r["t_exposed_ms"] for r in runs), 3),
+           "decode_loop_waited_core_free_ms": round(med(loops(r, both[:1], ("decode",)) for r in runs), 3),
+           "loops_waited_ms": round(med(loops(r, both) for r in runs), 3),
+           "t_exposed_less_loop_waits_ms": round(med(less), 3), "runs": runs}
+    if target_ms is not None:
+        out["less_waits_met"] = out["t_exposed_less_loop_waits_ms"] <= target_ms
+    return out
 
 
 def traced_exposure(cluster, results) -> list[float]:
@@ -198,9 +274,10 @@ def rows(mode: str, length: int, transport: str, run: dict, layer_ms: float | No
                runs=[{k: round(v, 1) for k, v in x.items()} for x in t], transport=transport,
                t_exposed_ms=round(med(run["t_exposed"]), 2) if run["t_exposed"] else None,
                t_exposed_runs=[round(x, 2) for x in run["t_exposed"]])
-    if layer_ms is not None:
-        target = 1.1 * layer_ms
+    target = None if layer_ms is None else 1.1 * layer_ms
+    if target is not None:
         row.update(one_layer_transfer_ms_est=round(layer_ms, 2), target_exposed_ms=round(target, 2),
                    met=row["exposed_ms"] <= target,
                    t_exposed_met=None if row["t_exposed_ms"] is None else row["t_exposed_ms"] <= target)
+    row["sched"] = sched_summary(run.get("sched", {}), target)
     return row

@@ -3,14 +3,7 @@ target is met only when the sweeps' bounds decide it."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-
-from tests.support import REPO
-
-sys.path.insert(0, str(REPO / "bench"))  # the bench helpers import each other by bare name
-
 from _goodput_report import at_least, goodput
 from _goodput_run import PointResult
 

@@ -104,3 +104,14 @@ def test_the_rows_sum_each_path_and_the_extra_row_is_the_difference():
 def test_without_rows_one_row_says_why():
     assert sched_rows({}, "perf is not installed", 9.0, 20, 5.0) == [
         {"metric": "path_cpu", "measured": False, "why": "perf is not installed"}]
+
+
+def test_the_waits_with_a_cpu_free_are_also_told_by_process():
+    # CPU 0 busy 0-10 ms (the prefill's loop); CPU 1 idle from 4; the decode's loop waited
+    # 3-5 (1 ms of it with CPU 1 free), the router's engine thread 6-7 with CPU 1 free.
+    tl = Timeline([run(0, 10, 30), run(0, 4, 98, cpu=1), run(5, 6, 20, delay_ms=2.0),
+                   run(7, 8, 10, tid=11, cpu=1, delay_ms=1.0)], cores=2)
+    seg = segment_cpu(tl, 0, 20 * MS, {10: "router", 20: "decode", 30: "prefill"})
+    assert seg.waited_free_by == {f"decode/{LOOP}": 1 * MS, f"router/{THREADS}": 1 * MS}
+    assert seg.waited_busy_by == {f"decode/{LOOP}": 1 * MS}
+    assert seg.waited_core_free == 2 * MS and seg.waited_cores_busy == 1 * MS
