@@ -141,8 +141,8 @@ def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[st
 
 def sched_waits(args, cluster, client, vocab: int, seed: int) -> dict:
     """`--exposed-sched-requests` disaggregated requests under `perf sched record`: each one's
-    T_exposed and, inside its window, the ms each process's threads waited for a CPU while
-    one was free ({"why": ...} when not measured)."""
+    T_exposed and, inside its window, the CPU ms each process's threads ran and waited for a
+    CPU, one free or every one busy ({"why": ...} when not measured)."""
     from bench import _handoff_sched as sched
     from pdserve_client import trace_summary, trace_view
     from pdserve_client.spans import SPANS_FILE
@@ -165,7 +165,8 @@ def sched_waits(args, cluster, client, vocab: int, seed: int) -> dict:
             lo, hi = (trace.start_ns + round(v * 1e6) - recording.offset_ns
                       for v in (x[-1].decode_ready_ms, x[-1].publish_end_ms))
             seg = sched.segment_cpu(timeline, lo, hi, names)
-            out.append({"t_exposed_ms": x[-1].t_exposed_ms, "waited_core_free_ms": _ms(seg.waited_free_by),
+            out.append({"t_exposed_ms": x[-1].t_exposed_ms, "cpu_ms": _ms(seg.cpu),
+                        "waited_core_free_ms": _ms(seg.waited_free_by),
                         "waited_cores_busy_ms": _ms(seg.waited_busy_by)})
     return {"requests": out}
 
