@@ -35,7 +35,9 @@ Every timed transfer except ucx_perftest's lands in a receiver cache zeroed
 beforehand and must match the sender's digest (xxh3-128 of the whole cache),
 or no figure is reported for that path. The first transfer of each size and
 path is a warm-up (connection setup, page faults) and is not timed; the figure
-is the median of --repeats. gbps is 1e9 bytes/s. One JSON line per size and path:
+is the median of --repeats (at least SMALL_REPEATS up to SMALL_MIB). The paths take turns,
+round by round: a noisy host's slow spell lands on all of them alike. gbps is 1e9
+bytes/s. One JSON line per size and path:
 {"bench": "transfer", "size_mib", "path", "gbps", "ratio_vs_native", "ratio_vs_grpc"},
 ratios = this path's gbps over ucx_perftest's / grpc-stream's at the same size,
 measured in this run (pdserve rows add time_vs_raw_tcp); then one
@@ -81,9 +83,23 @@ def geometry(size_bytes: int, layers: int, block_bytes: int, max_chunk_blocks: i
     return Geometry(layers, size_bytes // per_block_all_layers, block_bytes, max_chunk_blocks)
 
 
-def timed(runs: int, one) -> list[float]:
-    """`one(i)` -> seconds, for a warm-up (i = 0, dropped) and `runs` timed transfers."""
-    return [one(i) for i in range(runs + 1)][1:]
+def interleaved(ones: dict[str, object], repeats: int, errors: dict[str, str]) -> dict[str, list[float]]:
+    """Each path's `one(i)` -> seconds, round by round (every path's transfer i, then every
+    path's i + 1): a warm-up round (i = 0, dropped), then `repeats` timed ones. A noisy host's
+    slow spell then lands on every path alike, not on whichever path ran through it. A path
+    that raises is dropped, its error kept in `errors`."""
+    runs: dict[str, list[float]] = {path: [] for path in ones}
+    for i in range(repeats + 1):
+        for path, one in list(ones.items()):
+            try:
+                t = one(i)
+            except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
+                errors[path] = f"{type(e).__name__}: {e}"
+                del ones[path], runs[path]
+                continue
+            if i:
+                runs[path].append(t)
+    return runs
 
 
 def check_digest(got: str, want: str, path: str) -> None:
@@ -91,8 +107,7 @@ def check_digest(got: str, want: str, path: str) -> None:
         raise RuntimeError(f"{path}: receiver digest {got} != sent {want} (wrong bytes moved)")
 
 
-def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_mib: int,
-                 repeats: int) -> list[float]:
+def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_mib: int):
     def one(i: int) -> float:
         tid = f"{kind}-{size_mib}-{i}"
         r.call("pd_expect", kind=kind, transfer_id=tid)
@@ -102,10 +117,10 @@ def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_m
             raise RuntimeError(f"pdserve-{kind}: not published ({out['reason']} / {res['reason']})")
         check_digest(res["digest"], sent, f"pdserve-{kind}")
         return out["elapsed_s"]
-    return timed(repeats, one)
+    return one
 
 
-def floor_path(r: Spawned, s: Spawned, sent: str, repeats: int, pieces: bool) -> list[float]:
+def floor_path(r: Spawned, s: Spawned, sent: str, pieces: bool):
     sender = s.call("floor_address")
     dest = r.call("floor_address")
     name = "ucxx-python-pieces" if pieces else "ucxx-python"
@@ -115,10 +130,10 @@ def floor_path(r: Spawned, s: Spawned, sent: str, repeats: int, pieces: bool) ->
         out = s.call("floor_send", dest=dest, i=i, pieces=pieces)
         check_digest(r.call("floor_landed", i=i), sent, name)
         return out["elapsed_s"]
-    return timed(repeats, one)
+    return one
 
 
-def exact_path(r: Spawned, s: Spawned, sent: str, repeats: int) -> list[float]:
+def exact_path(r: Spawned, s: Spawned, sent: str):
     sender, dest = s.call("floor_address"), r.call("floor_address")
 
     def one(i: int) -> float:
@@ -126,27 +141,35 @@ def exact_path(r: Spawned, s: Spawned, sent: str, repeats: int) -> list[float]:
         out = s.call("exact_send", dest=dest, i=i)
         check_digest(r.call("exact_landed", i=i), sent, "ucxx-python-exact")
         return out["elapsed_s"]
-    return timed(repeats, one)
+    return one
 
 
-def grpc_path(r: Spawned, s: Spawned, port: int, sent: str, size_bytes: int, message_bytes: int,
-              repeats: int) -> list[float]:
+def grpc_path(r: Spawned, s: Spawned, port: int, sent: str, size_bytes: int, message_bytes: int):
     def one(i: int) -> float:
         r.call("zero")
         out = s.call("grpc_send", port=port, message_bytes=message_bytes)
         assert out["received_bytes"] == size_bytes, out
         check_digest(r.call("digest"), sent, "grpc-stream")
         return out["elapsed_s"]
-    return timed(repeats, one)
+    return one
 
 
-def raw_path(r: Spawned, s: Spawned, port: int, sent: str, repeats: int) -> list[float]:
+def raw_path(r: Spawned, s: Spawned, port: int, sent: str):
     def one(i: int) -> float:
         r.call("zero")
         out = s.call("raw_send", port=port)
         check_digest(r.call("digest"), sent, "raw-tcp")
         return out["elapsed_s"]
-    return timed(repeats, one)
+    return one
+
+
+SMALL_MIB, SMALL_REPEATS = 4, 31
+"""Sizes up to SMALL_MIB take at least SMALL_REPEATS rounds: a round costs milliseconds there,
+and a median of 5 on a noisy host moved the 1 MiB ratio by half (its ms spread 1.3-2.1)."""
+
+
+def repeats_at(size_mib: int, repeats: int) -> int:
+    return max(repeats, SMALL_REPEATS) if size_mib <= SMALL_MIB else repeats
 
 
 def perftest_iters(size_bytes: int, total_mib: int) -> tuple[int, int]:
@@ -195,34 +218,34 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
             g = geometry(size_bytes, args.layers, args.block_kib * 1024, args.max_chunk_blocks)
             r.call("alloc", geometry=g.__dict__)
             sent = s.call("alloc", geometry=g.__dict__, fill_seed=size_mib)
-            runs: dict[str, list[float]] = {}
             errors: dict[str, str] = {}
+            ones = {}
 
-            def attempt(path: str, fn) -> None:
+            def attempt(path: str, make) -> None:
                 if path not in paths or path in skip:
                     return
                 try:
-                    runs[path] = fn()
+                    ones[path] = make()
                 except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
                     errors[path] = f"{type(e).__name__}: {e}"
 
             for kind, dest in dests.items():
-                attempt(f"pdserve-{kind}", lambda: pdserve_path(r, s, kind, dest, sent, size_mib,
-                                                                args.repeats))
-            attempt("ucxx-python", lambda: floor_path(r, s, sent, args.repeats, pieces=False))
-            attempt("ucxx-python-pieces", lambda: floor_path(r, s, sent, args.repeats, pieces=True))
-            attempt("ucxx-python-exact", lambda: exact_path(r, s, sent, args.repeats))
-            attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes,
-                                                     args.grpc_message_mib * MIB, args.repeats))
-            attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent, args.repeats))
+                attempt(f"pdserve-{kind}", lambda: pdserve_path(r, s, kind, dest, sent, size_mib))
+            attempt("ucxx-python", lambda: floor_path(r, s, sent, pieces=False))
+            attempt("ucxx-python-pieces", lambda: floor_path(r, s, sent, pieces=True))
+            attempt("ucxx-python-exact", lambda: exact_path(r, s, sent))
+            attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes, args.grpc_message_mib * MIB))
+            attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent))
+            runs = interleaved(ones, repeats_at(size_mib, args.repeats), errors)
             iters, warm = perftest_iters(size_bytes, args.perftest_total_mib)
             native_extra = {}
-
-            def perftest() -> list[float]:
-                out = run_tag_bw(size_bytes, iters, warm, free_port(), args.perftest_tls)
-                native_extra.update(iterations=iters, warmup=warm)
-                return [size_bytes / out["gbps"] / 1e9]
-            attempt("ucx_perftest", perftest)
+            if "ucx_perftest" in paths and "ucx_perftest" not in skip:
+                try:
+                    out = run_tag_bw(size_bytes, iters, warm, free_port(), args.perftest_tls)
+                    native_extra.update(iterations=iters, warmup=warm)
+                    runs["ucx_perftest"] = [size_bytes / out["gbps"] / 1e9]
+                except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
+                    errors["ucx_perftest"] = f"{type(e).__name__}: {e}"
             table[size_mib] = report(size_mib, size_bytes, g, runs, errors, native_extra)
     finally:
         r.close()
@@ -307,7 +330,8 @@ def main() -> None:
     args = ap.parse_args()
     emit(bench="transfer", metric="config", units="gbps = 1e9 bytes/s; size_mib = 2^20 bytes",
          sizes_mib=args.sizes_mib, repeats=args.repeats, paths=args.paths,
-         timing="median of repeats after one untimed warm-up; pdserve: first checksum -> verdict",
+         timing=f"median of repeats (at least {SMALL_REPEATS} up to {SMALL_MIB} MiB) after one untimed warm-up, "
+                "the paths interleaved round by round; pdserve: first checksum -> verdict",
          geometry=f"{args.layers} layers x {args.block_kib} KiB (K+V) blocks, "
                   f"<= {args.max_chunk_blocks} blocks/chunk, layer-major",
          grpc_message_mib=args.grpc_message_mib,
