@@ -49,6 +49,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 
 from _transfer_tap import PrefillTap
@@ -155,7 +156,10 @@ def sched_waits(args, cluster, client, vocab: int, seed: int) -> dict:
         for p in prompts(n, args.exposed_prompt_tokens, vocab, seed):
             ids.append(client.generate_full(prompt_ids=p, max_tokens=args.exposed_max_tokens, mode="disaggregated",
                                             ignore_eos=True, deadline_s=300).request_id)
-    timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)  # perf saw every CPU
+    try:
+        timeline = sched.Timeline(recording.runs(), os.cpu_count() or 1)  # perf saw every CPU
+    except subprocess.SubprocessError as e:
+        return {"why": f"perf sched timehist failed: {e}"}
     names = {p.pid: name for name, p in cluster.procs.items()}
     found, _ = trace_view.wait_for_each(cluster.state / SPANS_FILE, ids, wait_s=30)
     out = []
