@@ -156,15 +156,21 @@ class Timeline:
 class Segment(NamedTuple):
     """One window of one request: CPU ns by "process/loop" or "process/threads" ("other"
     for any process not named), and the ns the named processes' threads spent runnable
-    without a CPU, split by whether some CPU ran nothing meanwhile (a wake-up's latency, or
-    a thread queued behind the one that woke it) or every CPU was busy (contention);
-    `waited_free_by` and `waited_busy_by`: the same by "process/loop" or "process/threads"."""
+    without a CPU, by the same keys, split by whether some CPU ran nothing meanwhile (a
+    wake-up's latency, or a thread queued behind the one that woke it) or every CPU was
+    busy (contention)."""
 
     cpu: dict[str, int]
-    waited_core_free: int
-    waited_cores_busy: int
     waited_free_by: dict[str, int]
     waited_busy_by: dict[str, int]
+
+    @property
+    def waited_core_free(self) -> int:
+        return sum(self.waited_free_by.values())
+
+    @property
+    def waited_cores_busy(self) -> int:
+        return sum(self.waited_busy_by.values())
 
 
 def segment_cpu(timeline: Timeline, lo: int, hi: int, names: Mapping[int, str]) -> Segment:
@@ -172,7 +178,6 @@ def segment_cpu(timeline: Timeline, lo: int, hi: int, names: Mapping[int, str]) 
     cpu: dict[str, int] = defaultdict(int)
     free_by: dict[str, int] = defaultdict(int)
     busy_by: dict[str, int] = defaultdict(int)
-    free = busy = 0
     for r in timeline.around(lo, hi):
         name = names.get(r.pid)
         who = "other" if name is None else f"{name}/{LOOP if r.tid == r.pid else THREADS}"
@@ -181,12 +186,11 @@ def segment_cpu(timeline: Timeline, lo: int, hi: int, names: Mapping[int, str]) 
         a, b = max(lo, r.start_ns - r.delay_ns), min(hi, r.start_ns)
         if name is not None and b > a:
             f = timeline.while_free(a, b)
-            free, busy = free + f, busy + (b - a - f)
             if f:
                 free_by[who] += f
             if b - a - f:
                 busy_by[who] += b - a - f
-    return Segment(dict(cpu), free, busy, dict(free_by), dict(busy_by))
+    return Segment(dict(cpu), dict(free_by), dict(busy_by))
 
 
 def path_cpu(timeline: Timeline, traces, mode: str, offset_ns: int, names: Mapping[int, str]) -> list[dict]:
