@@ -90,16 +90,17 @@ def interleaved(ones: dict[str, object], repeats: int, errors: dict[str, str]) -
     that raises is dropped, its error kept in `errors`."""
     runs: dict[str, list[float]] = {path: [] for path in ones}
     for i in range(repeats + 1):
-        for path, one in list(ones.items()):
+        for path, one in ones.items():
+            if path in errors:
+                continue
             try:
                 t = one(i)
             except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
                 errors[path] = f"{type(e).__name__}: {e}"
-                del ones[path], runs[path]
                 continue
             if i:
                 runs[path].append(t)
-    return runs
+    return {path: t for path, t in runs.items() if path not in errors}
 
 
 def check_digest(got: str, want: str, path: str) -> None:
