@@ -100,6 +100,7 @@ class Peer(ExactFloor):
         self.grpc_server = self.grpc_channel = None
         self.raw_listener: socket.socket | None = None
         self.raw_conn: socket.socket | None = None
+        self.stamps = None  # bench/_transfer_timeline.py's, made on first use
 
     # ---- both roles -------------------------------------------------------
     async def alloc(self, geometry: dict, fill_seed: int | None = None) -> str:
@@ -350,6 +351,28 @@ class Peer(ExactFloor):
             if s is not None:
                 s.close()
         self.raw_conn = self.raw_listener = None
+
+    # ---- instruments -----------------------------------------------------------
+    async def cpu_ns(self) -> int:
+        """CPU time of this process so far, every thread (part 1 charges each transfer its
+        peers' CPU: the difference around it)."""
+        return time.process_time_ns()
+
+    async def timeline(self, action: str) -> list:
+        """bench/_transfer_timeline.py's stamps in this process: "on", "take" (the stamps
+        since the last take) or "off"."""
+        if self.stamps is None:
+            from _transfer_timeline import Stamps
+            self.stamps = Stamps()
+        if action == "on":
+            self.stamps.on()
+        elif action == "off":
+            self.stamps.off()
+        elif action == "take":
+            return self.stamps.take()
+        else:
+            raise ValueError(f"timeline action {action!r}: on, take or off")
+        return []
 
     async def at_exit(self) -> None:
         """Stop whatever is still open (bench/_spawned.py calls it on the way out)."""

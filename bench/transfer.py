@@ -40,9 +40,18 @@ round by round: a noisy host's slow spell lands on all of them alike. gbps is 1e
 bytes/s. One JSON line per size and path:
 {"bench": "transfer", "size_mib", "path", "gbps", "ratio_vs_native", "ratio_vs_grpc"},
 ratios = this path's gbps over ucx_perftest's / grpc-stream's at the same size,
-measured in this run (pdserve rows add time_vs_raw_tcp); then one
+measured in this run (pdserve rows add time_vs_raw_tcp). Each row but ucx_perftest's has
+cpu_ms_sender / cpu_ms_receiver: the median CPU a transfer cost each peer process, the
+bench's own work per transfer included (zeroing and digesting the receiver's cache, the
+commands), alike for every path: compare paths, not the figure with the time. Then one
 {"metric": "target", ...} line per issue-21 target part 1 can judge (1 MiB vs
-raw TCP, 64 MiB vs native).
+raw TCP, 64 MiB vs native); the 1 MiB one says how much more time and CPU (each side)
+pdserve-ucx took than the exact floor.
+
+--timeline-transfers (default 20): after the timed rounds of the first size, that many
+more pdserve-ucx hand-offs with per-step stamps in both peers, one
+{"metric": "timeline", "who", "step", "start_us", "wall_us", "cpu_us"} row per step and a
+"timeline_summary" (bench/_transfer_timeline.py).
 
 Part 2 (--streaming, default on): bench/_transfer_exposed.py.
 """
@@ -101,6 +110,40 @@ def interleaved(ones: dict[str, object], repeats: int, errors: dict[str, str]) -
             if i:
                 runs[path].append(t)
     return {path: t for path, t in runs.items() if path not in errors}
+
+
+def with_cpu(one, r: Spawned, s: Spawned, into: list[tuple[float, float]]):
+    """`one` that also appends the transfer's (sender, receiver) CPU seconds to `into`: each
+    peer's process CPU around it, so the bench's own work per transfer (zeroing and digesting
+    the receiver's cache, the command plumbing) is in it, alike for every path. A warm-up's
+    is dropped, like its time."""
+    def measured(i: int) -> float:
+        s0, r0 = s.call("cpu_ns"), r.call("cpu_ns")
+        t = one(i)
+        s1, r1 = s.call("cpu_ns"), r.call("cpu_ns")
+        if i:
+            into.append(((s1 - s0) / 1e9, (r1 - r0) / 1e9))
+        return t
+    return measured
+
+
+def timeline(r: Spawned, s: Spawned, one, transfers: int, size_mib: int) -> list[dict]:
+    """`transfers` more pdserve-ucx hand-offs with bench/_transfer_timeline.py's stamps on in
+    both peers (after one that warms the wrappers): where the time goes, step by step."""
+    from _transfer_timeline import timeline_rows
+    for p in (r, s):
+        p.call("timeline", action="on")
+    got = []
+    try:
+        for i in range(transfers + 1):
+            one(TIMELINE_IDS + i)
+            pair = s.call("timeline", action="take"), r.call("timeline", action="take")
+            if i:
+                got.append(pair)
+    finally:
+        for p in (r, s):
+            p.call("timeline", action="off")
+    return [dict(row, size_mib=size_mib) for row in timeline_rows(got)]
 
 
 def check_digest(got: str, want: str, path: str) -> None:
@@ -164,6 +207,8 @@ def raw_path(r: Spawned, s: Spawned, port: int, sent: str):
     return one
 
 
+TIMELINE_IDS = 1_000_000
+"""The timeline's transfers are numbered from here (the timed rounds' from 0)."""
 SMALL_MIB, SMALL_REPEATS = 4, 31
 """Sizes up to SMALL_MIB take at least SMALL_REPEATS rounds: a round costs milliseconds there,
 and a median of 5 on a noisy host moved the 1 MiB ratio by half (its ms spread 1.3-2.1)."""
@@ -207,6 +252,7 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
         emit(bench="transfer", path=p, skipped=why)
 
     table: dict[int, dict[str, float]] = {}
+    cpus: dict[int, dict[str, tuple[float, float]]] = {}  # size -> path -> (sender, receiver) CPU s
     r, s = (Spawned(name, "_transfer_peers:Peer", call_timeout_s=CALL_TIMEOUT_S, threads=args.threads)
             for name in ("receiver", "sender"))
     try:
@@ -237,7 +283,12 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
             attempt("ucxx-python-exact", lambda: exact_path(r, s, sent))
             attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes, args.grpc_message_mib * MIB))
             attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent))
-            runs = interleaved(ones, repeats_at(size_mib, args.repeats), errors)
+            cpu: dict[str, list[tuple[float, float]]] = {p: [] for p in ones}
+            runs = interleaved({p: with_cpu(one, r, s, cpu[p]) for p, one in ones.items()},
+                               repeats_at(size_mib, args.repeats), errors)
+            if size_mib == sizes[0] and args.timeline_transfers and "pdserve-ucx" in runs:
+                for row in timeline(r, s, ones["pdserve-ucx"], args.timeline_transfers, size_mib):
+                    emit(**row)
             iters, warm = perftest_iters(size_bytes, args.perftest_total_mib)
             native_extra = {}
             if "ucx_perftest" in paths and "ucx_perftest" not in skip:
@@ -247,15 +298,17 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
                     runs["ucx_perftest"] = [size_bytes / out["gbps"] / 1e9]
                 except Exception as e:  # noqa: BLE001 - one path failing must not hide the others
                     errors["ucx_perftest"] = f"{type(e).__name__}: {e}"
-            table[size_mib] = report(size_mib, size_bytes, g, runs, errors, native_extra)
+            table[size_mib] = report(size_mib, size_bytes, g, runs, errors, native_extra, cpu)
+            cpus[size_mib] = {p: cpu_medians(c) for p, c in cpu.items() if c}
     finally:
         r.close()
         s.close()
-    targets(table)
+    targets(table, cpus)
     return table
 
 
-def targets(table: dict[int, dict[str, float]]) -> None:
+def targets(table: dict[int, dict[str, float]], cpus: dict[int, dict[str, tuple[float, float]]] | None = None
+            ) -> None:
     """Issue 21's part-1 targets, each from figures of this run (where measured), with the
     ucxx-python floors beside them: where a floor itself misses a target, the limit is
     Python + ucxx on this machine (the exact floor: plus checking every byte), not pdserve's
@@ -270,6 +323,7 @@ def targets(table: dict[int, dict[str, float]]) -> None:
         if "ucxx-python-exact" in small:  # what checking every byte costs from Python, at least
             row.update(limit_exact_floor_time_vs_raw_tcp=round(small["raw-tcp"] / small["ucxx-python-exact"], 2),
                        time_vs_exact_floor=round(small["ucxx-python-exact"] / small["pdserve-ucx"], 2))
+            row.update(over_exact_floor(small, (cpus or {}).get(1, {})))
         emit(bench="transfer", metric="target", target="1 MiB hand-off <= 2x raw TCP time", size_mib=1, **row)
     if "pdserve-ucx" in large and "ucx_perftest" in large:
         ratio = large["pdserve-ucx"] / large["ucx_perftest"]
@@ -284,8 +338,21 @@ def targets(table: dict[int, dict[str, float]]) -> None:
         emit(bench="transfer", metric="target", target="64 MiB >= 0.7x native ucx_perftest", size_mib=64, **row)
 
 
+def over_exact_floor(gbps: dict[str, float], cpu: dict[str, tuple[float, float]]) -> dict:
+    """pdserve-ucx's time over the exact floor's at 1 MiB, and its CPU over the floor's on each
+    side (the bench's own work per transfer cancels out): where they match, the protocol's
+    cost is CPU on the way, not waiting."""
+    if "pdserve-ucx" not in cpu or "ucxx-python-exact" not in cpu:
+        return {}
+    (ps, pr), (fs, fr) = cpu["pdserve-ucx"], cpu["ucxx-python-exact"]
+    return dict(extra_ms_over_exact_floor=round((MIB / gbps["pdserve-ucx"] - MIB / gbps["ucxx-python-exact"]) / 1e6, 3),
+                extra_cpu_ms_over_exact_floor=dict(sender=round((ps - fs) * 1000, 3),
+                                                   receiver=round((pr - fr) * 1000, 3)))
+
+
 def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[float]],
-           errors: dict[str, str], native_extra: dict) -> dict[str, float]:
+           errors: dict[str, str], native_extra: dict,
+           cpu: dict[str, list[tuple[float, float]]] | None = None) -> dict[str, float]:
     gbps = {p: size_bytes / statistics.median(t) / 1e9 for p, t in runs.items()}
     native, grpc, raw = gbps.get("ucx_perftest"), gbps.get("grpc-stream"), gbps.get("raw-tcp")
     for path in PATHS:
@@ -300,12 +367,20 @@ def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[flo
             row.update(native_extra)
         else:
             row.update(ms=[round(t * 1000, 2) for t in runs[path]])
+        if cpu and cpu.get(path):  # (with the bench's own work per transfer: compare paths)
+            sender, receiver = cpu_medians(cpu[path])
+            row.update(cpu_ms_sender=round(sender * 1000, 3), cpu_ms_receiver=round(receiver * 1000, 3))
         if path.startswith(("pdserve", "ucxx-python")):
             row.update(time_vs_raw_tcp=round(raw / gbps[path], 2) if raw else None)
         if path.startswith("pdserve"):
             row.update(chunks=len(g.plan()))
         emit(**row)
     return gbps
+
+
+def cpu_medians(cpu: list[tuple[float, float]]) -> tuple[float, float]:
+    """Medians of the sender's and the receiver's CPU seconds per transfer."""
+    return statistics.median(c for c, _ in cpu), statistics.median(c for _, c in cpu)
 
 
 def main() -> None:
@@ -322,6 +397,9 @@ def main() -> None:
     ap.add_argument("--perftest-total-mib", type=int, default=2048,
                     help="bytes one ucx_perftest run moves (iterations = this / size, >= 8)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in each peer")
+    ap.add_argument("--timeline-transfers", type=int, default=20,
+                    help="pdserve-ucx hand-offs of the first size with per-step stamps in both "
+                         "peers, after the timed rounds (bench/_transfer_timeline.py); 0: none")
     ap.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=True,
                     help="also run part 2 (exposed transfer on a local cluster)")
     ap.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
