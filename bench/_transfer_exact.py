@@ -12,7 +12,10 @@ under test, on the same ucxx runtime and endpoint kind as pdserve-ucx:
             landed, the staging copied into the views, each chunk hashed and compared,
             then a 1-byte ack ('x' on a mismatch)
 
-timed from the first checksum to the ack. pdserve-ucx does all of this plus its
+timed from the first checksum to the ack. With `commit` (the `ucxx-python-commit` path) the
+last message is a COMMIT as pdserve encodes it (tcp_wire.encode_commit: the manifest's
+rows, JSON) instead of the bare checksums; the receiver decodes it and checks each listed
+chunk against what landed before it acks. pdserve-ucx does all of this plus its
 protocol (headers, destinations resolved per chunk, credits, VISIBLE, the COMMIT's
 manifest and the verdict): its time over this path's is the protocol's cost, and this
 path's time over raw TCP's is what exactness costs here at the least.
@@ -24,12 +27,16 @@ import asyncio
 import base64
 import time
 
-from services.transfer import checksum
+import orjson
+
+from services.transfer import Chunk, TransferCommit, checksum
 from services.transfer.common import scatter
+from services.transfer.tcp_wire import decode_commit, encode_commit
 from services.transfer.ucx_sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
 
 EXACT_DATA_TAG, EXACT_ACK_TAG = 0xD << 60, 0xC << 60  # tag kinds pdserve's wire does not use
 SUM_CHARS = 16  # xxh3-64 hex digest
+COMMIT_BUFFER_BYTES = 64 << 10  # the commit variant's COMMIT, as pdserve's wire caps an inline body
 ACK_TIMEOUT_S = 60.0
 
 
@@ -52,6 +59,13 @@ def messages(plan, views_of) -> list[tuple[bool, list[tuple[object, list[memoryv
     return out
 
 
+def _manifest_matches(buf: bytearray, got: dict, chunks: int) -> bool:
+    """The COMMIT in `buf` (4-byte length, then JSON) lists `chunks` chunks, each as it landed."""
+    n = int.from_bytes(buf[:4], "big")
+    manifest = decode_commit(orjson.loads(bytes(buf[4:4 + n]))).chunks
+    return len(manifest) == chunks and all(got.get(c.key) == c.checksum for c in manifest)
+
+
 def _tag(kind: int, i: int, piece: int) -> int:
     return kind + (i << 24) + piece
 
@@ -59,7 +73,7 @@ def _tag(kind: int, i: int, piece: int) -> int:
 class ExactFloor:
     """Mixed into bench/_transfer_peers.Peer (its kv, geometry, pending, views_of, digest)."""
 
-    async def exact_expect(self, i: int, sender: str) -> None:
+    async def exact_expect(self, i: int, sender: str, commit: bool = False) -> None:
         """Zero the cache, post every receive of the exact floor's transfer i; the ack follows
         the check (all outside the timed window but the check and the ack)."""
         from services.transfer.ucx_runtime import runtime
@@ -68,7 +82,7 @@ class ExactFloor:
         ep = await rt.endpoint(base64.b64decode(sender))
         plan = self.geometry.plan()
         msgs = messages(plan, self.views_of)
-        sums, got = bytearray(SUM_CHARS * len(plan)), {}
+        sums, got = bytearray(COMMIT_BUFFER_BYTES if commit else SUM_CHARS * len(plan)), {}
         posted, piece = [rt.post_recv(sums, _tag(EXACT_DATA_TAG, i, 0))], 1
         for packed, chunks in msgs:  # each message checked as soon as it landed (as pdserve does)
             views = [v for _, vs in chunks for v in vs]
@@ -82,7 +96,10 @@ class ExactFloor:
             posted.append(landed)
 
         def ack(f: asyncio.Future) -> None:  # 'x' for a failed receive too: the sender must not wait on
-            ok = f.exception() is None and "".join(got.get(key, "-") for key in plan).encode() == sums
+            if commit:
+                ok = f.exception() is None and _manifest_matches(sums, got, len(plan))
+            else:
+                ok = f.exception() is None and "".join(got.get(key, "-") for key in plan).encode() == sums
             rt.post_send(ep, bytearray(b"k" if ok else b"x"), _tag(EXACT_ACK_TAG, i, 0))
         done = asyncio.gather(*posted)
         done.add_done_callback(ack)
@@ -102,7 +119,7 @@ class ExactFloor:
             await rec["done"]
         return await self.digest()
 
-    async def exact_send(self, dest: str, i: int) -> dict:
+    async def exact_send(self, dest: str, i: int, commit: bool = False) -> dict:
         """Hash, pack and send as pdserve would (no protocol); timed to the ack, which must say
         the checksums matched."""
         from services.transfer.ucx_runtime import runtime
@@ -118,7 +135,13 @@ class ExactFloor:
             for v in [bytearray().join(views)] if packed else views:
                 sent.append(rt.post_send(ep, v, _tag(EXACT_DATA_TAG, i, piece)))
                 piece += 1
-        sent.append(rt.post_send(ep, bytearray("".join(sums).encode()), _tag(EXACT_DATA_TAG, i, 0)))
+        if commit:
+            chunks = tuple(Chunk(key, sum(v.nbytes for v in vs), c) for (key, vs), c in zip(
+                [kv for _, run in messages(plan, self.views_of) for kv in run], sums))
+            body = orjson.dumps(encode_commit(TransferCommit(f"exact-{i}", "bench", 1, "bench-abi", chunks, "-", 0)))
+            sent.append(rt.post_send(ep, bytearray(len(body).to_bytes(4, "big") + body), _tag(EXACT_DATA_TAG, i, 0)))
+        else:
+            sent.append(rt.post_send(ep, bytearray("".join(sums).encode()), _tag(EXACT_DATA_TAG, i, 0)))
         async with asyncio.timeout(ACK_TIMEOUT_S):
             await acked
         elapsed_s = time.perf_counter() - t0

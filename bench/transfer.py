@@ -24,6 +24,11 @@ two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
                 pdserve's checksums on both sides and its packing (one copy each
                 side for small chunks), every receive posted beforehand, no
                 protocol (bench/_transfer_exact.py)
+  ucxx-python-commit  the exact floor with a COMMIT instead of the bare checksums: the
+                manifest as pdserve encodes it (JSON rows), decoded on the receiver and
+                checked against what landed before the ack. The floor of a hand-off whose
+                receiver knows the plan beforehand (posts its receives ahead, no header)
+                and whose only control message is the COMMIT
   ucx_perftest  native `ucx_perftest -t tag_bw`, UCX_TLS=shm,self, one message =
                 the cache size, default window (32 in flight), -n/-w iterations
   grpc-stream   grpcio client stream of `bytes` messages (--grpc-message-mib)
@@ -74,8 +79,8 @@ from _transfer_perftest import find_perftest, run_tag_bw
 from services.cluster.ports import free_port
 
 MIB = 1 << 20
-PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucx_perftest",
-         "grpc-stream", "raw-tcp")
+PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucxx-python-commit",
+         "ucx_perftest", "grpc-stream", "raw-tcp")
 CALL_TIMEOUT_S = 600
 
 
@@ -177,13 +182,13 @@ def floor_path(r: Spawned, s: Spawned, sent: str, pieces: bool):
     return one
 
 
-def exact_path(r: Spawned, s: Spawned, sent: str):
+def exact_path(r: Spawned, s: Spawned, sent: str, commit: bool = False):
     sender, dest = s.call("floor_address"), r.call("floor_address")
 
     def one(i: int) -> float:
-        r.call("exact_expect", i=i, sender=sender)
-        out = s.call("exact_send", dest=dest, i=i)
-        check_digest(r.call("exact_landed", i=i), sent, "ucxx-python-exact")
+        r.call("exact_expect", i=i, sender=sender, commit=commit)
+        out = s.call("exact_send", dest=dest, i=i, commit=commit)
+        check_digest(r.call("exact_landed", i=i), sent, "ucxx-python-commit" if commit else "ucxx-python-exact")
         return out["elapsed_s"]
     return one
 
@@ -281,6 +286,7 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
             attempt("ucxx-python", lambda: floor_path(r, s, sent, pieces=False))
             attempt("ucxx-python-pieces", lambda: floor_path(r, s, sent, pieces=True))
             attempt("ucxx-python-exact", lambda: exact_path(r, s, sent))
+            attempt("ucxx-python-commit", lambda: exact_path(r, s, sent, commit=True))
             attempt("grpc-stream", lambda: grpc_path(r, s, grpc_port, sent, size_bytes, args.grpc_message_mib * MIB))
             attempt("raw-tcp", lambda: raw_path(r, s, raw_port, sent))
             cpu: dict[str, list[tuple[float, float]]] = {p: [] for p in ones}
@@ -324,6 +330,9 @@ def targets(table: dict[int, dict[str, float]], cpus: dict[int, dict[str, tuple[
             row.update(limit_exact_floor_time_vs_raw_tcp=round(small["raw-tcp"] / small["ucxx-python-exact"], 2),
                        time_vs_exact_floor=round(small["ucxx-python-exact"] / small["pdserve-ucx"], 2))
             row.update(over_exact_floor(small, (cpus or {}).get(1, {})))
+        if "ucxx-python-commit" in small:  # the same with a COMMIT's manifest decoded and checked
+            row.update(limit_commit_floor_time_vs_raw_tcp=round(small["raw-tcp"] / small["ucxx-python-commit"], 2),
+                       time_vs_commit_floor=round(small["ucxx-python-commit"] / small["pdserve-ucx"], 2))
         emit(bench="transfer", metric="target", target="1 MiB hand-off <= 2x raw TCP time", size_mib=1, **row)
     if "pdserve-ucx" in large and "ucx_perftest" in large:
         ratio = large["pdserve-ucx"] / large["ucx_perftest"]
