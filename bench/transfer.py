@@ -293,8 +293,11 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
             runs = interleaved({p: with_cpu(one, r, s, cpu[p]) for p, one in ones.items()},
                                repeats_at(size_mib, args.repeats), errors)
             if size_mib == sizes[0] and args.timeline_transfers and "pdserve-ucx" in runs:
-                for row in timeline(r, s, ones["pdserve-ucx"], args.timeline_transfers, size_mib):
-                    emit(**row)
+                try:
+                    for row in timeline(r, s, ones["pdserve-ucx"], args.timeline_transfers, size_mib):
+                        emit(**row)
+                except Exception as e:  # noqa: BLE001 - the instrument failing must not hide the figures
+                    emit(bench="transfer", metric="timeline", size_mib=size_mib, error=f"{type(e).__name__}: {e}")
             iters, warm = perftest_iters(size_bytes, args.perftest_total_mib)
             native_extra = {}
             if "ucx_perftest" in paths and "ucx_perftest" not in skip:
