@@ -128,16 +128,16 @@ class ExactFloor:
         ack = bytearray(1)
         acked = rt.post_recv(ack, _tag(EXACT_ACK_TAG, i, 0))
         t0 = time.perf_counter()
-        plan, sent, sums, piece = self.geometry.plan(), [], [], 1
+        plan, sent, sums, listed, piece = self.geometry.plan(), [], [], [], 1
         for packed, chunks in messages(plan, self.views_of):
             sums += [checksum(vs) for _, vs in chunks]
+            listed += chunks
             views = [v for _, vs in chunks for v in vs]
             for v in [bytearray().join(views)] if packed else views:
                 sent.append(rt.post_send(ep, v, _tag(EXACT_DATA_TAG, i, piece)))
                 piece += 1
         if commit:
-            chunks = tuple(Chunk(key, sum(v.nbytes for v in vs), c) for (key, vs), c in zip(
-                [kv for _, run in messages(plan, self.views_of) for kv in run], sums))
+            chunks = tuple(Chunk(key, sum(v.nbytes for v in vs), c) for (key, vs), c in zip(listed, sums))
             body = orjson.dumps(encode_commit(TransferCommit(f"exact-{i}", "bench", 1, "bench-abi", chunks, "-", 0)))
             sent.append(rt.post_send(ep, bytearray(len(body).to_bytes(4, "big") + body), _tag(EXACT_DATA_TAG, i, 0)))
         else:
