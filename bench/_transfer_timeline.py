@@ -23,6 +23,8 @@ import statistics
 import time
 from collections import Counter, defaultdict
 
+from _spawned import Spawned
+
 STEPS = (  # (module, owner or "", attribute, label): S = sender side, R = receiver side
     ("_transfer_peers", "", "checksum", "S.checksum"),
     ("services.transfer.ucx_sender", "UcxSender", "send_many", "S.send_many"),
@@ -40,6 +42,8 @@ STEPS = (  # (module, owner or "", attribute, label): S = sender side, R = recei
     ("services.transfer.ucx_runtime", "UcxRuntime", "post_send", "post_send"),
     ("services.transfer.ucx_runtime", "UcxRuntime", "post_recv", "post_recv"),
 )
+TIMELINE_IDS = 1_000_000
+"""The timeline's transfers are numbered from here (the timed rounds' from 0)."""
 SUMMED = ("S.checksum", "R.checksum")
 """Steps called once per chunk: reported as one row per transfer (their count and total)."""
 
@@ -139,3 +143,21 @@ def timeline_rows(transfers: list[tuple[list, list]]) -> list[dict]:
                          note="posts_off_cpu_us: per transfer, the time posts spent off their CPU "
                               "(wall - CPU): the woken peer ran in their place"))
     return rows
+
+
+def run_timeline(r: Spawned, s: Spawned, one, transfers: int, size_mib: int) -> list[dict]:
+    """`transfers` more pdserve-ucx hand-offs (`one`) with `Stamps` on in both peers, after one
+    that warms the wrappers: `timeline_rows` of them, each tagged with `size_mib`."""
+    for p in (r, s):
+        p.call("timeline", action="on")
+    got = []
+    try:
+        for i in range(transfers + 1):
+            one(TIMELINE_IDS + i)
+            pair = s.call("timeline", action="take"), r.call("timeline", action="take")
+            if i:
+                got.append(pair)
+    finally:
+        for p in (r, s):
+            p.call("timeline", action="off")
+    return [dict(row, size_mib=size_mib) for row in timeline_rows(got)]

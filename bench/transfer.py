@@ -48,7 +48,8 @@ ratios = this path's gbps over ucx_perftest's / grpc-stream's at the same size,
 measured in this run (pdserve rows add time_vs_raw_tcp). Each row but ucx_perftest's has
 cpu_ms_sender / cpu_ms_receiver: the median CPU a transfer cost each peer process, the
 bench's own work per transfer included (zeroing and digesting the receiver's cache, the
-commands), alike for every path: compare paths, not the figure with the time. Then one
+commands), alike for every path: compare paths, not the figure with the time
+(bench/_transfer_cpu.py). Then one
 {"metric": "target", ...} line per issue-21 target part 1 can judge (1 MiB vs
 raw TCP, 64 MiB vs native); the 1 MiB one says how much more time and CPU (each side)
 pdserve-ucx took than the exact floor.
@@ -73,8 +74,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _spawned import Spawned
+from _transfer_cpu import cpu_medians, over_exact_floor, with_cpu
 from _transfer_peers import Geometry
 from _transfer_perftest import find_perftest, run_tag_bw
+from _transfer_timeline import run_timeline
 
 from services.cluster.ports import free_port
 
@@ -115,40 +118,6 @@ def interleaved(ones: dict[str, object], repeats: int, errors: dict[str, str]) -
             if i:
                 runs[path].append(t)
     return {path: t for path, t in runs.items() if path not in errors}
-
-
-def with_cpu(one, r: Spawned, s: Spawned, into: list[tuple[float, float]]):
-    """`one` that also appends the transfer's (sender, receiver) CPU seconds to `into`: each
-    peer's process CPU around it, so the bench's own work per transfer (zeroing and digesting
-    the receiver's cache, the command plumbing) is in it, alike for every path. A warm-up's
-    is dropped, like its time."""
-    def measured(i: int) -> float:
-        s0, r0 = s.call("cpu_ns"), r.call("cpu_ns")
-        t = one(i)
-        s1, r1 = s.call("cpu_ns"), r.call("cpu_ns")
-        if i:
-            into.append(((s1 - s0) / 1e9, (r1 - r0) / 1e9))
-        return t
-    return measured
-
-
-def timeline(r: Spawned, s: Spawned, one, transfers: int, size_mib: int) -> list[dict]:
-    """`transfers` more pdserve-ucx hand-offs with bench/_transfer_timeline.py's stamps on in
-    both peers (after one that warms the wrappers): where the time goes, step by step."""
-    from _transfer_timeline import timeline_rows
-    for p in (r, s):
-        p.call("timeline", action="on")
-    got = []
-    try:
-        for i in range(transfers + 1):
-            one(TIMELINE_IDS + i)
-            pair = s.call("timeline", action="take"), r.call("timeline", action="take")
-            if i:
-                got.append(pair)
-    finally:
-        for p in (r, s):
-            p.call("timeline", action="off")
-    return [dict(row, size_mib=size_mib) for row in timeline_rows(got)]
 
 
 def check_digest(got: str, want: str, path: str) -> None:
@@ -212,8 +181,6 @@ def raw_path(r: Spawned, s: Spawned, port: int, sent: str):
     return one
 
 
-TIMELINE_IDS = 1_000_000
-"""The timeline's transfers are numbered from here (the timed rounds' from 0)."""
 SMALL_MIB, SMALL_REPEATS = 4, 31
 """Sizes up to SMALL_MIB take at least SMALL_REPEATS rounds: a round costs milliseconds there,
 and a median of 5 on a noisy host moved the 1 MiB ratio by half (its ms spread 1.3-2.1)."""
@@ -294,7 +261,7 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
                                repeats_at(size_mib, args.repeats), errors)
             if size_mib == sizes[0] and args.timeline_transfers and "pdserve-ucx" in runs:
                 try:
-                    for row in timeline(r, s, ones["pdserve-ucx"], args.timeline_transfers, size_mib):
+                    for row in run_timeline(r, s, ones["pdserve-ucx"], args.timeline_transfers, size_mib):
                         emit(**row)
                 except Exception as e:  # noqa: BLE001 - the instrument failing must not hide the figures
                     emit(bench="transfer", metric="timeline", size_mib=size_mib, error=f"{type(e).__name__}: {e}")
@@ -350,18 +317,6 @@ def targets(table: dict[int, dict[str, float]], cpus: dict[int, dict[str, tuple[
         emit(bench="transfer", metric="target", target="64 MiB >= 0.7x native ucx_perftest", size_mib=64, **row)
 
 
-def over_exact_floor(gbps: dict[str, float], cpu: dict[str, tuple[float, float]]) -> dict:
-    """pdserve-ucx's time over the exact floor's at 1 MiB, and its CPU over the floor's on each
-    side (the bench's own work per transfer cancels out): where they match, the protocol's
-    cost is CPU on the way, not waiting."""
-    if "pdserve-ucx" not in cpu or "ucxx-python-exact" not in cpu:
-        return {}
-    (ps, pr), (fs, fr) = cpu["pdserve-ucx"], cpu["ucxx-python-exact"]
-    return dict(extra_ms_over_exact_floor=round((MIB / gbps["pdserve-ucx"] - MIB / gbps["ucxx-python-exact"]) / 1e6, 3),
-                extra_cpu_ms_over_exact_floor=dict(sender=round((ps - fs) * 1000, 3),
-                                                   receiver=round((pr - fr) * 1000, 3)))
-
-
 def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[float]],
            errors: dict[str, str], native_extra: dict,
            cpu: dict[str, list[tuple[float, float]]] | None = None) -> dict[str, float]:
@@ -388,11 +343,6 @@ def report(size_mib: int, size_bytes: int, g: Geometry, runs: dict[str, list[flo
             row.update(chunks=len(g.plan()))
         emit(**row)
     return gbps
-
-
-def cpu_medians(cpu: list[tuple[float, float]]) -> tuple[float, float]:
-    """Medians of the sender's and the receiver's CPU seconds per transfer."""
-    return statistics.median(c for c, _ in cpu), statistics.median(c for _, c in cpu)
 
 
 def main() -> None:

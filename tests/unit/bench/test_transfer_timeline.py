@@ -86,7 +86,7 @@ class _Peer:
 
 
 def test_with_cpu_charges_each_timed_transfer_its_peers_cpu_and_drops_the_warm_up():
-    from transfer import with_cpu
+    from _transfer_cpu import with_cpu
 
     r, s, got = _Peer(), _Peer(), []
 
@@ -101,7 +101,7 @@ def test_with_cpu_charges_each_timed_transfer_its_peers_cpu_and_drops_the_warm_u
 
 
 def test_over_exact_floor_compares_time_and_each_sides_cpu_in_the_same_run():
-    from transfer import MIB, over_exact_floor
+    from _transfer_cpu import MIB, over_exact_floor
 
     gbps = {"pdserve-ucx": MIB / 2e6, "ucxx-python-exact": MIB / 1.5e6}  # 2 ms and 1.5 ms
     cpu = {"pdserve-ucx": (0.0012, 0.0016), "ucxx-python-exact": (0.0008, 0.0013)}
