@@ -190,7 +190,7 @@ class MemoryDirectoryStore(DirectoryStore):
             rec = WorkerRecord(
                 info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
                 info.capacity, load or LoadReport(), epoch, now + self._ms(self._cfg.lease_ttl_s),
-                info.profile, info.colocated_only_reason, info.model_identity, info.seal_key,
+                info.profile, info.colocated_only_reason, info.model_identity, info.seal_key, now,
             )
             self._workers[info.worker_id] = rec
             self._seal_keys[info.worker_id] = (epoch, info.seal_key)
@@ -211,8 +211,8 @@ class MemoryDirectoryStore(DirectoryStore):
             stopped = self._release is not None and self._release.head.routes_stopped
             if w is None or w.epoch != epoch:
                 return LeaseResult(Outcome.LEASE_LOST, 0, stopped)
-            w = dataclasses.replace(w, lease_expiry_ms=now + self._ms(self._cfg.lease_ttl_s), load=load)
-            self._workers[worker_id] = w
+            exp = now + self._ms(self._cfg.lease_ttl_s)
+            self._workers[worker_id] = w = dataclasses.replace(w, lease_expiry_ms=exp, load=load, load_reported_ms=now)
             return LeaseResult(Outcome.APPLIED, w.lease_expiry_ms, stopped)
 
     def deregister_worker(self, worker_id: str, epoch: int) -> Outcome:

@@ -149,6 +149,7 @@ def _worker(flat: Sequence[Any]) -> WorkerRecord:
         colocated_only_reason=m.get("colocated_only_reason", ""),
         model_identity=m.get("model_identity", ""),
         seal_key=bytes.fromhex(m.get("seal_key", "")),
+        load_reported_ms=int(m.get("load_reported_ms", 0)),
     )
 
 
@@ -245,7 +246,7 @@ class RedisDirectoryStore(DirectoryStore):
     def register_worker(self, info: WorkerInfo, load: LoadReport | None = None) -> WorkerRecord:
         """See ``WorkerRegistry.register_worker``."""
         load = load or LoadReport()
-        epoch, expiry_ms = self._run(
+        epoch, expiry_ms, reported_ms = self._run(
             "register", info.worker_id, info.role.value, info.grpc_address, info.data_plane_address,
             info.cache_abi_digest, *load.as_args(), *info.capacity.as_args(), info.profile.to_json(),
             info.colocated_only_reason, info.model_identity, info.seal_key.hex(), acked=True,
@@ -253,7 +254,7 @@ class RedisDirectoryStore(DirectoryStore):
         return WorkerRecord(
             info.worker_id, info.role, info.grpc_address, info.data_plane_address, info.cache_abi_digest,
             info.capacity, load, int(epoch), int(expiry_ms), info.profile, info.colocated_only_reason,
-            info.model_identity, info.seal_key,
+            info.model_identity, info.seal_key, int(reported_ms),
         )
 
     def seal_key(self, worker_id: str, epoch: int) -> bytes:

@@ -3,7 +3,7 @@
 -- CAPACITY_FIELDS order, then the cost profile as JSON (stored opaquely), then
 -- the colocated-only reason ('' when the worker may exchange K/V), then the model
 -- identity ('' when not declared), then the seal key as hex ('' when none).
--- Returns {epoch, lease_expiry_ms}.
+-- Returns {epoch, lease_expiry_ms, load_reported_ms}.
 local now = now_ms()
 sweep(now)
 local wid = arg(1)
@@ -19,7 +19,8 @@ local exp = now + LEASE_MS
 local wk = key('w', wid)
 redis.call('DEL', wk)
 redis.call('HSET', wk, 'worker_id', wid, 'role', arg(2), 'grpc_addr', arg(3),
-  'data_addr', arg(4), 'abi_digest', arg(5), 'epoch', epoch, 'lease_expiry_ms', exp)
+  'data_addr', arg(4), 'abi_digest', arg(5), 'epoch', epoch, 'lease_expiry_ms', exp,
+  'load_reported_ms', now)
 set_load(wk, 6)
 for i, f in ipairs(CAPACITY_FIELDS) do redis.call('HSET', wk, f, tonumber(arg(5 + #LOAD_FIELDS + i))) end
 redis.call('HSET', wk, 'profile', arg(6 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
@@ -27,4 +28,4 @@ redis.call('HSET', wk, 'colocated_only_reason', arg(7 + #LOAD_FIELDS + #CAPACITY
 redis.call('HSET', wk, 'model_identity', arg(8 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('HSET', wk, 'seal_key', arg(9 + #LOAD_FIELDS + #CAPACITY_FIELDS) or '')
 redis.call('ZADD', key('leases'), exp, wid)
-return {epoch, exp}
+return {epoch, exp, now}

@@ -159,15 +159,19 @@ class CostModel:
         fd = fd.value if fd else 1.0
         ld, cap = w.load, w.capacity
         free = free_blocks_after(w, extra_blocks)
+        batch = max(0, ld.active_decode_batch + extra_seqs)
+        # Streams decoding now: the report's, less those this router knows ended since (a
+        # net give-back: the report was taken during them), or this router's started ones.
+        live = max(0, ld.active_decode_batch + min(0, extra_seqs))
         return WorkerCosts(
             w, p.prefill_base_ms * fp, p.prefill_ms_per_token * fp, p.prefill_ms_per_pair * fp,
             p.decode_base_ms * fd, p.decode_ms_per_seq * fd, p.decode_ms_per_context_token * fd,
             p.kv_bytes_per_block, max(0, ld.pending_prefill_tokens + extra_tokens), free,
-            max(0, ld.active_decode_batch + extra_seqs),
+            batch,
             ld.active_context_tokens, cap.max_prefill_tokens or 256, cap.max_decode_batch,
             pre_scale=sized.scales() if sized else (),
             **({} if streams is None else
-               {"live": max(ld.active_decode_batch, streams[0]), "planned": streams[1], "next_start_ms": streams[2]}))
+               {"live": max(live, streams[0]), "planned": streams[1], "next_start_ms": streams[2]}))
 
     def transfer_ms(self, source_id: str, dest_id: str, nbytes: int) -> float:
         """Exposed transfer time of `nbytes` from source to destination."""

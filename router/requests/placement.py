@@ -76,36 +76,57 @@ class _Dispatch:
     prefill_tokens: int
     blocks: int
     after_fetch: int
-    """Id of the last snapshot fetch started before this dispatch."""
+    """Id of the last snapshot fetch started before this dispatch (before its end, once ended)."""
     at_s: float
+    """When it was dispatched (when it ended, once ended)."""
     planned: bool = False
-    """Counted at plan time for a request not dispatched yet (see `add`)."""
+    """Counted at plan time for a request not dispatched yet (see `add`): it counts until
+    its owner removes it or `ttl_s` passes, whatever the reports say."""
     sign: int = 1
-    """+1: dispatched, not in the worker's reported load yet; 0: a heartbeat shows it, kept
-    for its end; -1: ended after a heartbeat showed it, given back until a heartbeat newer
-    than its end (`after_fetch` and `at_s` then date the end)."""
+    """+1: dispatched, not in the worker's reported load yet; 0: a report shows it, kept for
+    its end (or, ended: no report taken during it was seen yet); -1: ended, a report taken
+    before its end shows it: given back until a report newer than its end."""
+    started_s: float = 0.0
+    """When it was dispatched, kept after its end (dated reports are compared with it)."""
+    ended: bool = False
 
 
 SHOWN_TTL_S = 3600.0
 """A dispatch a heartbeat showed is kept (counting nothing) for its end at most this long:
 a bound for a handle its owner never removes, far past any request's life."""
 
+DATE_SLACK_S = 0.001
+"""The store's clock counts whole milliseconds: a report's age read from two of its
+readings is off by up to this much either way."""
+
 
 class LoadOverlay:
     """What this router dispatched that the latest snapshot may not show yet, and what
     it shows that has ended since.
 
-    A dispatch counts until (a) its owner removes it (the attempt ended), (b) a
-    heartbeat provably newer than the dispatch shows up — the worker's lease expiry
-    changed between two snapshots whose reads both started after the dispatch — (c) the
-    worker re-registered or left, or (d) `ttl_s` passed. Double counting in between is
-    conservative: it only under-states headroom. After (b) the entry is kept, counting
-    nothing, for its end: a dispatch removed once a heartbeat showed it is given back
-    (counted negative) until a heartbeat provably newer than its end, (c), or `ttl_s`
-    after the end. Heartbeats are a lease third apart, so without that a worker whose
-    last report was taken while it held a burst looks full for seconds after the burst
-    ended, and every request goes to the others. Figures built from it are clamped to
-    what a worker can report (free blocks at most its total, counts at least 0).
+    A dispatch counts until (a) its owner removes it (the attempt ended), (b) a load
+    report provably taken after the dispatch shows up, (c) the worker re-registered or
+    left, or (d) `ttl_s` passed. Double counting in between is conservative: it only
+    under-states headroom. After (b) the entry is kept, counting nothing, for its end.
+
+    When did a worker take its report? The directory stamps each one on its own clock,
+    and the snapshot says what that clock read (`load_reported_ms`, `now_ms`): the
+    report is that much older than the snapshot's read, which happened between this
+    router's sending the fetch and its answer, so on this router's clock the report was
+    taken within that window less its age. Without the stamps (a directory before them)
+    a report is only known to be newer than a dispatch when the worker's lease expiry
+    changed between two snapshots whose reads both started after the dispatch.
+
+    A dispatch that ends is given back (counted negative) while the latest report was
+    taken during it — it shows the request, not its end — until a report newer than its
+    end, (c), or `ttl_s` after the end. Heartbeats are a lease third apart, so without
+    that a worker whose last report was taken while it held a request looks loaded for
+    up to that long after the request ended: a stream of short requests would each see
+    the last one still in its worker's decode batch. A dated report read only after the
+    end still counts: the entry waits, counting nothing, for the first report newer than
+    its end, and turns negative if one taken during it shows up first. Figures built
+    from the overlay are clamped to what a worker can report (free blocks at most its
+    total, counts at least 0).
     """
 
     def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
@@ -115,29 +136,63 @@ class LoadOverlay:
         self._next_id = 0
         self._fetches = 0
         self._observed = 0
+        self._sent: dict[int, float] = {}  # fetch id -> when it was sent
         self._marks: dict[str, tuple[int, int, int]] = {}  # id -> (epoch, lease expiry, fetch id)
+        self._dated: dict[str, tuple[int, float, float]] = {}
+        """Worker id -> (epoch, earliest, latest): when its latest report was taken, on this
+        router's clock (workers whose reports the directory dates)."""
 
     def fetch_started(self) -> int:
         """Call before asking the directory for a snapshot; pass the id to `observe`."""
         self._fetches += 1
+        self._sent[self._fetches] = self._clock()
         return self._fetches
 
+    def _windows(self, cluster: Cluster, sent: float) -> dict[str, tuple[int, float, float]]:
+        """When each dated report of `cluster` was taken (see the class)."""
+        received = self._clock()
+        if not cluster.now_ms:
+            return {}
+        out = {}
+        for w in cluster.workers:
+            if w.load_reported_ms:
+                age = max(0, cluster.now_ms - w.load_reported_ms) / 1000.0
+                out[w.worker_id] = (w.epoch, sent - age - DATE_SLACK_S, received - age + DATE_SLACK_S)
+        return out
+
     def observe(self, cluster: Cluster, fetch_id: int) -> None:
-        """Retire entries that snapshot `fetch_id` (or its heartbeats) already reflects."""
+        """Retire entries that snapshot `fetch_id` (or its reports) already reflects."""
+        sent = self._sent.pop(fetch_id, None)
+        for old in [k for k in self._sent if k < fetch_id]:
+            del self._sent[old]  # fetches that failed or were overtaken
         if fetch_id <= self._observed:
             return  # an older fetch finished late; the newer one already counted
         self._observed = fetch_id
+        self._dated = self._windows(cluster, self._clock() if sent is None else sent)
         live = {w.worker_id: w for w in cluster.workers}
         for key, e in list(self._entries.items()):
             w = live.get(e.worker_id)
-            prev = self._marks.get(e.worker_id)
             if w is None or w.epoch != e.epoch:
                 del self._entries[key]  # that incarnation's state is gone
-            elif prev is not None and prev[1] != w.lease_expiry_ms and e.after_fetch < prev[2]:
-                if e.sign > 0 and not e.planned:
-                    e.sign = 0  # a heartbeat newer than the dispatch shows it: kept for its end
-                elif e.sign != 0:
-                    del self._entries[key]  # ... or newer than its end: the report is right again
+                continue
+            if e.planned:
+                continue  # not on the worker yet: no report can show it
+            dated = self._dated.get(e.worker_id)
+            if dated is not None:
+                _, lo, hi = dated
+                newer = lo > e.at_s  # the report was taken after the dispatch (its end, once ended)
+                during = e.ended and lo > e.started_s and hi < e.at_s
+            else:
+                prev = self._marks.get(e.worker_id)
+                newer = prev is not None and prev[1] != w.lease_expiry_ms and e.after_fetch < prev[2]
+                during = False
+            if not e.ended:
+                if newer:
+                    e.sign = 0  # a report newer than the dispatch shows it: kept for its end
+            elif newer:
+                del self._entries[key]  # ... or newer than its end: the report is right again
+            elif during:
+                e.sign = -1  # taken while it ran, read only after it ended: given back
         self._marks = {w.worker_id: (w.epoch, w.lease_expiry_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
@@ -146,18 +201,23 @@ class LoadOverlay:
         a route planned but not dispatched yet (placement counts it, so a burst spreads;
         the admission queue's room check does not, the request may wait instead)."""
         self._next_id += 1
+        now = self._clock()
         self._entries[self._next_id] = _Dispatch(worker.worker_id, worker.epoch, prefill_tokens, blocks,
-                                                 self._fetches, self._clock(), planned)
+                                                 self._fetches, now, planned, started_s=now)
         return self._next_id
 
     def remove(self, handle: int | None) -> None:
         """The dispatch ended: stop counting it, or, when a heartbeat showed it, give it back
         until one shows its end (idempotent; None is ignored)."""
-        e = self._entries.pop(handle, None) if handle is not None else None
-        if e is not None and e.sign == 0:
-            self._next_id += 1
-            e.sign, e.after_fetch, e.at_s = -1, self._fetches, self._clock()
-            self._entries[self._next_id] = e
+        e = self._entries.get(handle) if handle is not None else None
+        if e is None or e.ended:
+            return
+        dated = self._dated.get(e.worker_id)
+        if e.planned or (e.sign > 0 and (dated is None or dated[0] != e.epoch)):
+            del self._entries[handle]  # no report showed it, and none read later can say it did
+            return
+        e.sign = -1 if e.sign == 0 else 0
+        e.ended, e.after_fetch, e.at_s = True, self._fetches, self._clock()
 
     def prefill_tokens(self, worker_id: str) -> int:
         """Prompt tokens dispatched to `worker_id` and not yet visible in its load."""
@@ -183,12 +243,12 @@ class LoadOverlay:
 
     def __len__(self) -> int:
         """Holds not removed yet (the given-back ended ones are not holds)."""
-        return sum(e.sign >= 0 for e in self._entries.values())
+        return sum(not e.ended for e in self._entries.values())
 
     def _expire(self) -> None:
         now = self._clock()
         for key in [k for k, e in self._entries.items()
-                    if e.at_s < now - (SHOWN_TTL_S if e.sign == 0 else self._ttl_s)]:
+                    if e.at_s < now - (SHOWN_TTL_S if e.sign == 0 and not e.ended else self._ttl_s)]:
             del self._entries[key]
 
 

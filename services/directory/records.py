@@ -152,6 +152,9 @@ class WorkerRecord:
     seal_key: bytes = b""
     """As registered (WorkerInfo.seal_key): the router opens this worker's seals, relayed
     with a hand-off's token 0, with it; empty: it seals none."""
+    load_reported_ms: int = 0
+    """Store clock when `load` was stored (its heartbeat or registration); with a
+    snapshot's `now_ms` it gives the report's age (0: not known)."""
 
     can_prefill: bool = dataclasses.field(init=False, repr=False, compare=False)
     """PREFILL and MIXED workers (from `role`; a field, not a property: the router's

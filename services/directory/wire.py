@@ -107,7 +107,7 @@ def worker_record_to_pb(rec: WorkerRecord) -> common_pb2.WorkerInfo:
         capacity=capacity_to_pb(rec.capacity), epoch=rec.epoch, load=load_to_pb(rec.load),
         lease_expires_unix_ms=rec.lease_expiry_ms, profile=profile_to_pb(rec.profile),
         colocated_only_reason=rec.colocated_only_reason, model_identity=rec.model_identity,
-        seal_key=rec.seal_key,
+        seal_key=rec.seal_key, load_reported_unix_ms=rec.load_reported_ms,
     )
 
 
@@ -117,7 +117,7 @@ def worker_record_from_pb(pb: common_pb2.WorkerInfo) -> WorkerRecord:
         pb.worker_id, ROLE_FROM_PB[pb.role], pb.grpc_address, pb.data_plane_address,
         pb.cache_abi_digest, capacity_from_pb(pb.capacity), load_from_pb(pb.load), pb.epoch,
         pb.lease_expires_unix_ms, profile_from_pb(pb.profile), pb.colocated_only_reason, pb.model_identity,
-        pb.seal_key,
+        pb.seal_key, pb.load_reported_unix_ms,
     )
 
 

@@ -72,6 +72,7 @@ def test_register_heartbeat_snapshot(directory):
             (WorkerRole.DECODE, f"{d}:1", f"{d}:2", "abi", ed)
         assert (w.capacity, w.load) == (CAP, load)
         assert w.lease_expiry_ms > snap.now_ms > time.time() * 1000 - 60_000
+        assert 0 < snap.worker(p).load_reported_ms <= w.load_reported_ms <= snap.now_ms  # reports dated
         assert snap.worker(p).load == LoadReport(free_blocks=64, total_blocks=64)  # registered, no heartbeat yet
         decode_side = {w.worker_id for w in (await client.snapshot(WorkerRole.DECODE)).workers}
         assert {d, m} <= decode_side and p not in decode_side

@@ -51,11 +51,16 @@ class LeaseContract(ContractBase):
         store, p, d = ends
         load = LoadReport(pending_prefill_tokens=7, active_decode_batch=3, free_blocks=10,
                           reserved_blocks=2, total_blocks=16)
+        assert 0 < d.load_reported_ms <= store.snapshot().now_ms  # the registration's report is dated
+        harness.advance(0.02)
         beat = store.heartbeat("d0", d.epoch, load)
         assert beat.outcome == Outcome.APPLIED and beat.lease_expiry_ms >= d.lease_expiry_ms
         snap = store.snapshot()
         assert [w.worker_id for w in snap.workers] == ["d0", "p0"]
         assert snap.worker("d0").load == load and snap.worker("p0").load == LoadReport()
+        # Dated on the snapshot's clock, by the heartbeat that carried it (the router reads ages).
+        assert d.load_reported_ms + 20 <= snap.worker("d0").load_reported_ms <= snap.now_ms
+        assert snap.worker("p0").load_reported_ms == p.load_reported_ms
         assert snap.worker("p0").role.value == "prefill"
         harness.assert_no_leaks(store)
 

@@ -224,3 +224,19 @@ def test_a_stream_that_saw_later_arrivals_bounds_the_decode_price_from_above():
     assert model.decode_factor("w") == pytest.approx(1.375 + 0.5 * (0.8 - 1.375))
     model.observe_tpot(worker, 10.0, 30.0, carried=1.0)  # a clean stream: plain EWMA step
     assert model.decode_factor("w") == pytest.approx(0.5 * 1.0875 + 0.5 * 3.0)
+
+
+def test_sequences_the_router_gives_back_leave_the_live_streams_too():
+    """A report taken during a request that has ended since (the overlay gives its sequence
+    back, router/requests/placement.py): neither the batch nor the streams decoding now
+    count it; this router's own started streams still do."""
+    model = CostModel(RouterConfig())
+    stale = w(active_decode_batch=1, active_context_tokens=48)
+    ended = model.costs(stale, extra_seqs=-1, streams=(0, 0, float("inf")))
+    assert (ended.batch, ended.live) == (0, 0)
+    as_reported = model.costs(stale, streams=(0, 0, float("inf")))
+    assert (as_reported.batch, as_reported.live) == (1, 1)
+    new_one = model.costs(stale, extra_seqs=1, streams=(0, 0, float("inf")))  # dispatched, not yet live
+    assert (new_one.batch, new_one.live) == (2, 1)
+    own = model.costs(stale, extra_seqs=-1, streams=(2, 0, float("inf")))
+    assert own.live == 2

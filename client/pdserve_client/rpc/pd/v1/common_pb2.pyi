@@ -175,7 +175,7 @@ class CostProfile(_message.Message):
     def __init__(self, prefill_base_ms: _Optional[float] = ..., prefill_ms_per_token: _Optional[float] = ..., prefill_ms_per_pair: _Optional[float] = ..., decode_base_ms: _Optional[float] = ..., decode_ms_per_seq: _Optional[float] = ..., decode_ms_per_context_token: _Optional[float] = ..., kv_bytes_per_block: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "epoch", "load", "lease_expires_unix_ms", "profile", "colocated_only_reason", "model_identity", "seal_key")
+    __slots__ = ("worker_id", "role", "grpc_address", "data_plane_address", "cache_abi_digest", "capacity", "epoch", "load", "lease_expires_unix_ms", "profile", "colocated_only_reason", "model_identity", "seal_key", "load_reported_unix_ms")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class WorkerInfo(_message.Message):
     COLOCATED_ONLY_REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SEAL_KEY_FIELD_NUMBER: _ClassVar[int]
+    LOAD_REPORTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     grpc_address: str
@@ -202,4 +203,5 @@ class WorkerInfo(_message.Message):
     colocated_only_reason: str
     model_identity: str
     seal_key: bytes
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., lease_expires_unix_ms: _Optional[int] = ..., profile: _Optional[_Union[CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ..., seal_key: _Optional[bytes] = ...) -> None: ...
+    load_reported_unix_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., grpc_address: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., cache_abi_digest: _Optional[str] = ..., capacity: _Optional[_Union[WorkerCapacity, _Mapping]] = ..., epoch: _Optional[int] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., lease_expires_unix_ms: _Optional[int] = ..., profile: _Optional[_Union[CostProfile, _Mapping]] = ..., colocated_only_reason: _Optional[str] = ..., model_identity: _Optional[str] = ..., seal_key: _Optional[bytes] = ..., load_reported_unix_ms: _Optional[int] = ...) -> None: ...
