@@ -181,7 +181,8 @@ class Peer(ExactFloor):
     async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:
         """Send every chunk in one `send_many`, each checksummed as it is taken (like the
         prefill worker without layer streaming: the backend may pack small chunks, and
-        hashes a chunk while the one before it moves; the last message may carry the
+        hashes a chunk while the one before it moves; the plan's keys are given first, so
+        a backend may announce them before the hashing; the last message may carry the
         COMMIT), then commit.
 
         Timed from the first checksum to the verdict.
@@ -198,7 +199,8 @@ class Peer(ExactFloor):
                 chunks.append(Chunk(key, sum(v.nbytes for v in views), checksum(views)))
                 yield chunks[-1], views
         t0 = time.perf_counter()
-        await sender.send_many(dest, transfer_id, items(), hold_last=True)
+        keys = [(k, k.block_count * self.geometry.block_bytes) for k in plan]  # known before any is hashed
+        await sender.send_many(dest, transfer_id, items(), hold_last=True, keys=keys)
         verdict = await sender.commit(dest, TransferCommit(
             transfer_id, f"bench-{transfer_id}", 1, "bench-abi", tuple(chunks), kv_digest, 0))
         elapsed_s = time.perf_counter() - t0

@@ -84,8 +84,7 @@ class PrefillWorker:
     async def prefill(self, *, request_id: str, tenant: str, generation: int, transfer_id: str,
                       prompt: list[int], sampling: SamplingParams, abi_digest: str,
                       first_token_pos: int = 0, dest: str = "", chunks: list[Layout] = (),
-                      manifest=None, capability: bytes = b"",
-                      target: Awaitable[Target] | None = None,
+                      manifest=None, capability: bytes = b"", target: Awaitable[Target] | None = None,
                       on_first_token: Callable[[int], None] | None = None) -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
         ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
@@ -197,9 +196,9 @@ class PrefillWorker:
         order = {key: i for i, key in enumerate(plan)}
         trace = PrefillTrace()
 
-        async def send_all(described: Iterable[Chunk], last: bool = False) -> None:
+        async def send_all(described: Iterable[Chunk], last: bool = False, keys: list | tuple = ()) -> None:
             """Out in one call (small chunks may share a message); lazy: each hashed as the last moves.
-            `last`: the COMMIT follows at once (the last message may carry it)."""
+            `last`: the COMMIT follows at once (the last message may carry it); `keys`: send_many's."""
             if chunks:
                 await self.pause("chunk", rid)
             if task.auth is not None:
@@ -213,7 +212,7 @@ class PrefillWorker:
                                     (c.key.block_start + c.key.block_count) * bs, len(prompt)))
                     sent.append(c)
                     yield c, chunk_views(e, seq, c.key)
-            await self.sender.send_many(task.dest, transfer_id, items(), hold_last=last)
+            await self.sender.send_many(task.dest, transfer_id, items(), hold_last=last, keys=keys)
             for c in sent:
                 trace.sent(c.key.layer, c.num_bytes, t_ns)
                 chunks.append(c)
@@ -261,9 +260,10 @@ class PrefillWorker:
                     described = (describe_chunk(e, seq, key) for key in plan)  # each hashed just before it leaves
                     # Chunks one at a time only where a test pauses between two.
                     one_by_one = self.pause.wants("chunk", rid)
+                    keys = () if one_by_one else [(key, chunk_bytes(e, key)) for key in plan]  # announced
                     for part in ([c] for c in described) if one_by_one else [described]:
                         self._check(task)
-                        await send_all(part, last=not one_by_one)
+                        await send_all(part, last=not one_by_one, keys=keys)
                 else:  # declared (and committed ahead) once every chunk left, most often while computing
                     kv_digest, ahead = await declared
                 self.events("digest", request=rid)

@@ -219,12 +219,17 @@ class KVSender(abc.ABC):
         """Write `chunk` (bytes = concatenation of buffers) into the destination's views."""
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False) -> None:
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False,
+                        keys: Sequence[tuple[ChunkKey, int]] = ()) -> None:
         """`send` each (chunk, buffers) in order; a backend may pack small ones together.
         `items` may be lazy (a generator): each is taken once the ones before it are on their
         way (or held for packing), so a caller that hashes a chunk as it is taken hashes it
         while the chunk before moves. `hold_last`: the caller commits next, and a backend may
-        keep the last packed message until then, to send the COMMIT in it."""
+        keep the last packed message until then, to send the COMMIT in it. `keys`: with
+        `hold_last`, every item's (key, bytes) in order, known before any is hashed: a backend
+        may announce them first, so that the receiver makes their memory ready while the
+        caller hashes, and check them against the COMMIT's checksums; an item that is not the
+        one announced fails the transfer (TransferError)."""
         for chunk, buffers in items:
             await self.send(dest, transfer_id, chunk, buffers)
 

@@ -1,17 +1,25 @@
-"""The UCX sender's records: a destination it talks to (`Peer`), one outgoing transfer
-(`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a batch of small
-ones); and whether a peer on this host still runs (`alive`)."""
+"""The UCX sender's records: a destination it talks to (`Peer`, made by `connect`), one
+outgoing transfer (`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a
+batch of small ones); and whether a peer on this host still runs (`alive`)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import itertools
+import logging
 
 from services.common.liveness import process_running
 
+from . import ucx_wire as wire
 from .base import ChunkKey, TransferError
 from .credits import CreditWindow
+from .ucx_runtime import send_control
+
+log = logging.getLogger(f"{__package__}.ucx")
+
+PROBE_INTERVAL_S = 0.25
+"""How often a waiting sender checks that a same-host peer process still exists."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -24,6 +32,8 @@ class OutChunk:
     packed: bool = False
     """A batch: `views` are its chunks' views until posted, then the one buffer they are packed into."""
     state: str = "issued"  # issued -> sending (header and data posted) -> visible | fenced
+    tag: int = 0
+    """Its first data tag (set when its header is posted)."""
     sends: list[asyncio.Future] = dataclasses.field(default_factory=list)
     credited: bool = True
 
@@ -66,6 +76,12 @@ class Outgoing:
             await asyncio.gather(*fences, return_exceptions=True)
 
 
+def announceable(keys, limit: int, chunk_limit: int) -> bool:
+    """Can `keys` ((key, bytes) of a transfer's last chunks) leave as one announced batch:
+    several chunks, each up to `chunk_limit` (ucx_sender.EAGER_CHUNK_BYTES), `limit` bytes in all?"""
+    return len(keys) > 1 and all(0 < n <= chunk_limit for _, n in keys) and sum(n for _, n in keys) <= limit
+
+
 def sender_metrics(stats: dict, peers) -> list[tuple[str, dict, float]]:
     """A UcxSender's samples for services.telemetry: totals, and per destination (`peers`) its
     path and credit."""
@@ -85,3 +101,44 @@ def alive(host: str, pid: int, rt) -> bool:
     if rt is None or host != rt.host or pid <= 0:
         return True
     return process_running(pid)
+
+
+async def connect(rt, dest: str, nonce: int, credits: CreditWindow, timeout_s: float, oob) -> Peer:
+    """A `Peer` for the UcxReceiver at address `dest` (an endpoint, then HELLO with this
+    process's worker address, `nonce` naming the sender); TransferError if it cannot be."""
+    try:
+        their_nonce, host, pid, address = wire.parse_address(dest)
+    except ValueError as e:
+        raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
+    if not alive(host, pid, rt):
+        raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
+    try:
+        async with asyncio.timeout(timeout_s):
+            ep = await rt.endpoint(address)
+    except Exception as e:  # noqa: BLE001 - bad address bytes, UCX errors
+        raise TransferError(f"cannot connect to {dest[:80]}: {e!r}") from None
+    peer = Peer(dest, their_nonce, host, pid, address, ep, credits, rt.path_to(host))
+    try:
+        await send_control(rt, ep, wire.tag(wire.CTRL, their_nonce), wire.HELLO, "", nonce,
+                           {"address": wire.b64(rt.address)}, oob, timeout_s)
+    except Exception as e:  # noqa: BLE001
+        rt.drop(address)
+        raise TransferError(f"cannot connect to {dest[:80]}: HELLO failed: {e!r}") from None
+    log.info("ucx sender %x -> %s at %s: path %s", nonce, f"{their_nonce:x}", host, peer.path)
+    return peer
+
+
+async def wait_progress(out: Outgoing, fut: asyncio.Future, timeout_s: float, rt, drop_peer) -> bool:
+    """Wait up to `timeout_s` for `fut`; False on timeout or when `out` failed. A peer on
+    this host is probed by pid meanwhile (`drop_peer(peer, why)` once it is gone): UCX, error
+    handling off, never reports a dead peer; the kernel does at once."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not fut.done() and not out.failed:
+        left = deadline - loop.time()
+        if left <= 0:
+            return False
+        await asyncio.wait([fut], timeout=min(left, PROBE_INTERVAL_S))
+        if not fut.done() and not alive(out.peer.host, out.peer.pid, rt):
+            drop_peer(out.peer, f"peer process {out.peer.pid} on {out.peer.host} is gone")
+    return fut.done() and not out.failed

@@ -18,7 +18,9 @@ Receiver rules:
   every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE (at
                             the loop turn's end, one for the transfer's chunks landed in it;
                             none for the chunk that releases a held COMMIT: the VERDICT
-                            says so); different -> Failed + ERROR
+                            says so); different -> Failed + ERROR. An announced chunk (its
+                            header's checksum "": sent before it was hashed) is compared
+                            with the COMMIT's checksum, once the COMMIT is here
   a piece failed, or no     Failed for the transfer (its sender died mid-read, or
   data for idle_timeout_s   went silent: one timer per receiver watches them all)
   COMMIT                    held while an accepted chunk is still landing (it follows the
@@ -53,7 +55,7 @@ from . import ucx_wire as wire
 from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
 from .common import decide, destinations, emit, place, scatter
 from .tcp_wire import commit_for
-from .ucx_runtime import Landing, Mailbox, UcxRuntime, local_host, post_control, runtime
+from .ucx_runtime import Landing, Mailbox, UcxRuntime, fence_receives, local_host, post_control, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -85,6 +87,7 @@ class UcxReceiver(KVReceiver):
         self._idle_timer: asyncio.TimerHandle | None = None  # due when the oldest of them idles out
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
         self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
+        self._unverified: dict[str, list] = {}  # announced chunks landed before their COMMIT: (serial, entries, sums)
         self._visible: dict[tuple[int, str], list[int]] = {}  # chunks landed this turn, VISIBLE soon
         self._token_next: set[str] = set()  # published ahead of their token: its COMMIT is next
         self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
@@ -122,6 +125,7 @@ class UcxReceiver(KVReceiver):
         self._token_next.discard(transfer_id)
         self._last_heard.pop(transfer_id, None)
         self._claimed.pop(transfer_id, None)
+        self._unverified.pop(transfer_id, None)
         held = self._held.pop(transfer_id, None)
         if held is not None:  # forgotten with its COMMIT waiting: the sender hears it now
             self._reply(held[0], wire.VERDICT, transfer_id, {"published": False, "reason": "transfer forgotten"})
@@ -147,20 +151,7 @@ class UcxReceiver(KVReceiver):
 
     async def fence(self, transfer_id: str) -> None:
         posted = self._posted.pop(transfer_id, [])
-        waiting = [(t, f) for t, f in posted if not f.done()]
-        if not waiting:
-            return
-        await asyncio.wait([f for _, f in waiting], timeout=self.fence_timeout_s)
-        stuck = [(t, f) for t, f in waiting if not f.done()]
-        for t, _ in stuck:
-            await self._rt.drain(t)
-            self.stats["drained"] += 1
-        if stuck:
-            _, still = await asyncio.wait([f for _, f in stuck], timeout=STOP_GRACE_S)
-            if still:  # cannot happen unless UCX lost our own message; say so loudly
-                log.error("fence of %s: %d receives still posted after drain", transfer_id,
-                          len(still))
-            log.info("fence of %s drained %d posted receives", transfer_id, len(stuck))
+        self.stats["drained"] += await fence_receives(self._rt, posted, self.fence_timeout_s, STOP_GRACE_S, transfer_id)
 
     # -- messages (mailbox, in arrival order)
     async def _on_message(self, kind: int, tid: str, nonce: int, body: dict) -> None:
@@ -266,9 +257,8 @@ class UcxReceiver(KVReceiver):
 
     def _swallow(self, first_tag: int, count: int) -> None:
         """A refused chunk's data off the wire: a 1-byte receive per piece completes (truncated)."""
-        for i in range(count):
-            fut = self._rt.post_recv(bytearray(1), first_tag + i)
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # truncated
+        for i in range(count):  # (each completes truncated: its exception retrieved)
+            self._rt.post_recv(bytearray(1), first_tag + i).add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, entries: list, per: list,
               posted: list, staged: list) -> None:
@@ -281,18 +271,27 @@ class UcxReceiver(KVReceiver):
             return
         for buf, parts in staged:  # still pending (checked above): the views are ours
             scatter(buf, parts)
+        self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
         sums = [checksum(views) for views in per]
+        if tid not in self._held and any(not c.checksum for c in entries):  # announced: the COMMIT has them
+            self._unverified.setdefault(tid, []).append((serial, entries, sums))
+            return
+        self._verified(nonce, tid, exp, serial, entries, sums)
+
+    def _verified(self, nonce: int, tid: str, exp: Expectation, serial: int, entries: list, sums: list[str]) -> None:
+        """A message's chunks landed and hashed (`sums`): each equal to its checksum (an
+        announced one's: the held COMMIT's) -> ChunkArrived, then VISIBLE or the COMMIT's
+        decision; else the transfer fails."""
+        listed = {c.key: c.checksum for c in self._held[tid][1].chunks} if tid in self._held else {}
         for c, got in zip(entries, sums):
-            if got != c.checksum:
-                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {c.key}: sender {c.checksum}, "
-                                              f"received {got}")
+            if got != (want := c.checksum or listed.get(c.key, "none in the COMMIT")):
+                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {c.key}: sender {want}, received {got}")
                 return
         self._heard(tid)
-        self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
         self.stats["chunks"] += len(entries)
         self.stats["bytes"] += sum(c.num_bytes for c in entries)
-        for c in entries:
-            arrived = exp.received[c.key] = ChunkArrived(tid, c.key, c.num_bytes, c.checksum)
+        for c, got in zip(entries, sums):
+            arrived = exp.received[c.key] = ChunkArrived(tid, c.key, c.num_bytes, got)
             emit(exp, arrived)
         held = self._held.get(tid)
         if held is not None and not self._in_flight(tid, exp):  # its VERDICT says it landed
@@ -330,6 +329,9 @@ class UcxReceiver(KVReceiver):
             self._reject(nonce, tid, exp, why or "a second COMMIT")
         elif self._in_flight(tid, exp):  # decided when the last of them lands (`_land`)
             self._held[tid] = (nonce, commit)
+            for serial, entries, sums in self._unverified.pop(tid, ()):  # landed ahead of their checksums
+                if self.pending.get(tid) is exp:
+                    self._verified(nonce, tid, exp, serial, entries, sums)
         else:
             return self._close(nonce, tid, exp, commit)
         return None

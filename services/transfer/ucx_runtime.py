@@ -328,6 +328,25 @@ async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: 
         f.result()
 
 
+async def fence_receives(rt: UcxRuntime, posted: list[tuple[int, asyncio.Future]], timeout_s: float,
+                         grace_s: float, what: str) -> int:
+    """Until every receive of `posted` ((tag, future)) completed: by itself within `timeout_s`,
+    else drained (`UcxRuntime.drain`). Returns how many were drained."""
+    waiting = [(t, f) for t, f in posted if not f.done()]
+    if not waiting:
+        return 0
+    await asyncio.wait([f for _, f in waiting], timeout=timeout_s)
+    stuck = [(t, f) for t, f in waiting if not f.done()]
+    for t, _ in stuck:
+        await rt.drain(t)
+    if stuck:
+        _, still = await asyncio.wait([f for _, f in stuck], timeout=grace_s)
+        if still:  # cannot happen unless UCX lost our own message; say so loudly
+            log.error("fence of %s: %d receives still posted after drain", what, len(still))
+        log.info("fence of %s drained %d posted receives", what, len(stuck))
+    return len(stuck)
+
+
 class Landing:
     """Counts a chunk's completed pieces; runs `then` once, when the last one completes."""
 

@@ -28,11 +28,11 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from . import ucx_wire as wire
-from .base import Chunk, KVSender, TransferCommit, TransferError, Verdict
+from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers, pack
 from .credits import CreditTimeout, CreditWindow
 from .tcp_wire import encode_commit
-from .ucx_outgoing import OutChunk, Outgoing, Peer, alive, sender_metrics
+from .ucx_outgoing import OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -41,8 +41,6 @@ EAGER_CHUNK_BYTES = 256 << 10
 """`send_many`: chunks up to this size leave together, copied into one message (a chunk's
 fixed cost — header, receives, VISIBLE, credit — is paid once per batch)."""
 EAGER_BATCH_BYTES = 2 << 20  # at most this much in one batch
-PROBE_INTERVAL_S = 0.25
-"""How often a waiting sender checks that a same-host peer process still exists."""
 
 
 class UcxSender(KVSender):
@@ -60,7 +58,7 @@ class UcxSender(KVSender):
         self._outs: dict[tuple[int, str], Outgoing] = {}
         self._oob = itertools.count(1)
         self._data = itertools.count(1)
-        self.stats = dict(chunks=0, bytes=0, failed_transfers=0)
+        self.stats = dict(chunks=0, bytes=0, failed_transfers=0, announced_batches=0)
 
     # -- KVSender
     async def start(self) -> None:
@@ -78,16 +76,21 @@ class UcxSender(KVSender):
         await self.send_many(dest, transfer_id, [(chunk, buffers)])
 
     async def send_many(self, dest: str, transfer_id: str,
-                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False) -> None:
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]], hold_last: bool = False,
+                        keys: Sequence[tuple[ChunkKey, int]] = ()) -> None:
         """Runs of small chunks (each up to EAGER_CHUNK_BYTES) leave as one batch message
         per EAGER_BATCH_BYTES (or credit window); a larger chunk goes alone, zero copy.
-        `hold_last`: a last run of several chunks waits for the COMMIT and carries it."""
+        `hold_last`: a last run of several chunks waits for the COMMIT and carries it; or,
+        with `keys` that fit one batch, its header leaves first, announcing them (`_announce`)."""
         peer = await self._peer(dest)
         out = self._out(peer, transfer_id)
         if out.held is not None and not out.failed:  # more chunks: the held batch leaves first, alone
             self._post(out, out.held)
             out.held = None
         limit, run, run_bytes = min(EAGER_BATCH_BYTES, peer.credits.capacity), [], 0
+        if hold_last and announceable(keys, limit, EAGER_CHUNK_BYTES):
+            await self._announce(out, keys, items)
+            return
         for chunk, buffers in items:
             views = chunk_buffers(chunk, buffers)
             big = chunk.num_bytes > EAGER_CHUNK_BYTES
@@ -100,21 +103,48 @@ class UcxSender(KVSender):
         if run:
             await self._issue(out, run, hold=hold_last)
 
-    async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]], hold: bool = False) -> list:
-        """Send `items` as one message (a batch when several; `hold`: a batch waits in
-        `out.held` for the COMMIT, its credit taken); returns a new empty run."""
-        peer, dest = out.peer, out.peer.dest
+    async def _announce(self, out: Outgoing, keys: Sequence[tuple[ChunkKey, int]],
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
+        """One batch whose header leaves before its chunks are taken (and hashed by the caller):
+        its rows' checksums are "", the COMMIT brings them; then its data, packed. An item
+        that is not the one announced fails the transfer (its receiver waits for data that
+        never comes: the caller's abort ends it there)."""
+        nbytes = sum(n for _, n in keys)
+        await self._credit(out, nbytes)
+        c = OutChunk(next(out.serials), keys[0][0], nbytes, [], {"batch": [[*k, n, ""] for k, n in keys]}, packed=True)
+        out.chunks[c.serial] = c
+        self._post(out, c, data=False)
+        self.stats["announced_batches"] += 1
+        for i, (chunk, buffers) in enumerate(items):
+            if i >= len(keys) or (chunk.key, chunk.num_bytes) != tuple(keys[i]):
+                self._fail(out, f"chunk {chunk.key} of {chunk.num_bytes} bytes is not the one announced {i}th")
+                break
+            c.views += chunk_buffers(chunk, buffers)
+        if sum(v.nbytes for v in c.views) != nbytes and not out.failed:
+            self._fail(out, f"{len(keys)} chunks announced, fewer taken")
+        if not out.failed:
+            self._post(out, c, header=False)
         out.raise_if_failed()
-        chunk, views = items[0]
-        nbytes = sum(c.num_bytes for c, _ in items)
+
+    async def _credit(self, out: Outgoing, nbytes: int) -> None:
+        """Take `nbytes` of the peer's credit window for one message (TransferError if stuck)."""
+        peer = out.peer
+        out.raise_if_failed()
         try:
             await peer.credits.acquire(nbytes, self.io_timeout_s)
         except CreditTimeout as e:
-            self._fail(out, f"credit window to {dest} stuck: {e}")
+            self._fail(out, f"credit window to {peer.dest} stuck: {e}")
             out.raise_if_failed()
         if out.failed:  # failed while we waited: the credit goes straight back
             peer.credits.release(nbytes)
             out.raise_if_failed()
+
+    async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]], hold: bool = False) -> list:
+        """Send `items` as one message (a batch when several; `hold`: a batch waits in
+        `out.held` for the COMMIT, its credit taken); returns a new empty run."""
+        chunk, views = items[0]
+        nbytes = sum(c.num_bytes for c, _ in items)
+        await self._credit(out, nbytes)
         batch = [list(c.row) for c, _ in items] if len(items) > 1 else None
         head = {"batch": batch} if batch else {"bytes": nbytes, "checksum": chunk.checksum, "key": list(chunk.key)}
         c = OutChunk(next(out.serials), chunk.key, nbytes, [v for _, vs in items for v in vs] if batch else views,
@@ -127,36 +157,39 @@ class UcxSender(KVSender):
         out.raise_if_failed()
         return []
 
-    def _post(self, out: Outgoing, c: OutChunk, commit: dict | None = None) -> None:
+    def _post(self, out: Outgoing, c: OutChunk, commit: dict | None = None, header: bool = True,
+              data: bool = True) -> None:
         """Post `c`'s header (`commit`: a COMMIT riding in it), then its data; a batch is packed
-        in between, while the receiver checks the header. A UCX error fails the transfer."""
-        peer = out.peer
+        in between, while the receiver checks the header (an announced batch: one or the
+        other, `header`/`data`). A UCX error fails the transfer."""
+        peer, sends = out.peer, []
         pieces = [v for v in c.views if v.nbytes]
-        first = next(self._data)
-        self._data = itertools.count(first + (1 if c.packed else max(1, len(pieces))))
-        first_tag = wire.tag(wire.DATA, self.nonce, first)
-        sizes = [c.nbytes] if c.packed else [v.nbytes for v in pieces]
-        body = {"serial": c.serial, "sizes": sizes, "tag": first_tag, **c.head}
-        if commit is not None:
-            body["commit"] = commit
         try:
-            c.sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.CHUNK, out.tid,
-                                   self.nonce, body, lambda: next(self._oob))
-            if c.packed:
-                pieces = c.views = [pack(pieces)]  # (referenced until sent: `_future` keeps it)
-            c.sends += [self._rt.post_send(peer.ep, v, first_tag + i) for i, v in enumerate(pieces)]
-            c.state = "sending"
+            if header:
+                first = next(self._data)
+                self._data = itertools.count(first + (1 if c.packed else max(1, len(pieces))))
+                c.tag = wire.tag(wire.DATA, self.nonce, first)
+                sizes = [c.nbytes] if c.packed else [v.nbytes for v in pieces]
+                body = {"serial": c.serial, "sizes": sizes, "tag": c.tag, **c.head}
+                if commit is not None:
+                    body["commit"] = commit
+                sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.CHUNK, out.tid,
+                                     self.nonce, body, lambda: next(self._oob))
+            if data:
+                if c.packed:
+                    pieces = c.views = [pack(pieces)]  # (referenced until sent: `_future` keeps it)
+                sends += [self._rt.post_send(peer.ep, v, c.tag + i) for i, v in enumerate(pieces)]
+                c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error
             self._fail(out, f"CHUNK to {peer.dest[:60]} failed: {e!r}")
-        for f in c.sends:
+        c.sends += sends
+        for f in sends:
             f.add_done_callback(self._failing(out, f"chunk {c.key}"))
 
     def _failing(self, out: Outgoing, what: str):
         """A send's done-callback: its failure fails the transfer."""
-        def sent(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is not None:
-                self._fail(out, f"{what}: send failed: {f.exception()!r}")
-        return sent
+        return lambda f: f.cancelled() or f.exception() is None or self._fail(
+            out, f"{what}: send failed: {f.exception()!r}")
 
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         peer = await self._peer(dest)
@@ -210,7 +243,8 @@ class UcxSender(KVSender):
         """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s)."""
         try:
             out.raise_if_failed()  # failed before the COMMIT could be posted
-            if not await self._wait_progress(out, out.verdict) and not out.failed:
+            if not await wait_progress(out, out.verdict, self.io_timeout_s, self._rt, self._drop_peer) \
+                    and not out.failed:
                 self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
             out.raise_if_failed()
             await self._fence_unseen(out, out.verdict.result())
@@ -248,27 +282,6 @@ class UcxSender(KVSender):
             await self._mailbox.stop()
             self._mailbox = None
 
-    async def _wait_progress(self, out: Outgoing, fut: asyncio.Future | None = None) -> bool:
-        """Wait up to io_timeout_s for `fut` (or any change of `out`); False on timeout.
-        A peer on this host is probed by pid while we wait: UCX (error handling off)
-        never reports a dead peer, the kernel does at once."""
-        waiter = fut if fut is not None else asyncio.ensure_future(out.changed.wait())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.io_timeout_s
-        try:
-            while not waiter.done() and not out.failed:
-                left = deadline - loop.time()
-                if left <= 0:
-                    return False
-                await asyncio.wait([waiter], timeout=min(left, PROBE_INTERVAL_S))
-                if not waiter.done() and not alive(out.peer.host, out.peer.pid, self._rt):
-                    self._drop_peer(out.peer, f"peer process {out.peer.pid} on "
-                                              f"{out.peer.host} is gone")
-            return waiter.done() and not out.failed
-        finally:
-            if fut is None:
-                waiter.cancel()
-
     # -- peers
     async def _peer(self, dest: str) -> Peer:
         peer = self._peers.get(dest)
@@ -281,27 +294,9 @@ class UcxSender(KVSender):
         return await asyncio.shield(fut)
 
     async def _connect(self, dest: str) -> Peer:
-        try:
-            nonce, host, pid, address = wire.parse_address(dest)
-        except ValueError as e:
-            raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
         self._ensure_runtime()
-        if not alive(host, pid, self._rt):
-            raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
-        try:
-            async with asyncio.timeout(self.io_timeout_s):
-                ep = await self._rt.endpoint(address)
-        except Exception as e:  # noqa: BLE001 - bad address bytes, UCX errors
-            raise TransferError(f"cannot connect to {dest[:80]}: {e!r}") from None
-        peer = Peer(dest, nonce, host, pid, address, ep, CreditWindow(self.window_bytes),
-                     self._rt.path_to(host))
-        try:
-            await self._control(peer, wire.HELLO, "", {"address": wire.b64(self._rt.address)})
-        except Exception as e:  # noqa: BLE001
-            self._rt.drop(address)
-            raise TransferError(f"cannot connect to {dest[:80]}: HELLO failed: {e!r}") from None
-        log.info("ucx sender %x -> %s at %s: path %s", self.nonce, f"{nonce:x}", host, peer.path)
-        self._peers[dest] = peer
+        peer = self._peers[dest] = await connect(self._rt, dest, self.nonce, CreditWindow(self.window_bytes),
+                                                 self.io_timeout_s, lambda: next(self._oob))
         return peer
 
     def _drop_peer(self, peer: Peer, reason: str) -> None:

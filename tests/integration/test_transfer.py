@@ -82,6 +82,41 @@ def test_the_last_batch_carries_the_commit(procs, spec, prompt_len, per_chunk):
     assert got["kv_digest"] == pre["kv_digest"] and got["tokens"] == mine["tokens"]
 
 
+@pytest.mark.parametrize("procs", ["ucx"], indirect=True)
+@pytest.mark.parametrize("spec,prompt_len,per_chunk", [("tiny", 9, 1), ("tiny", 301, 3)],
+                         ids=["1-block", "small-chunks"])
+def test_an_announced_batch_is_exact(procs, spec, prompt_len, per_chunk):
+    """`send_many(hold_last=True, keys=...)`: the batch's header leaves before its chunks are
+    taken and hashed; their checksums come in the COMMIT, which R checks each landed chunk
+    against. One announced batch, no COMMIT carried in it, and the bytes exact."""
+    r, s, _ = procs
+    before = r.call("r_stats").get("carried_commits", 0)
+    r.call("r_warnings")
+    tid, res, pre = reserve_and_prefill(procs, spec, make_prompt(prompt_len, prompt_len + 23), per_chunk=per_chunk)
+    sent = send(procs, tid, res, per_chunk, many=True, hold=True, announce=True)
+    assert sent["published"] is True and sent["announced"] == 1 and not sent["error"], sent
+    assert r.call("r_warnings") == [] and r.call("r_stats").get("carried_commits", 0) == before
+    done_id = r.start("r_finish", tid=tid)
+    mine = s.call("s_decode_self", tid=tid)
+    got = r.result(done_id)
+    assert got["kv_digest"] == pre["kv_digest"] and got["tokens"] == mine["tokens"]
+
+
+@pytest.mark.parametrize("procs", ["ucx"], indirect=True)
+@pytest.mark.parametrize("fault,at,match", [("checksum", 5, "checksum mismatch"), ("payload", 0, "checksum mismatch"),
+                                            ("bad_key", 7, "not the one announced"),
+                                            ("short", 2, "not the one announced"),
+                                            ("replay", 3, "not the one announced")])
+def test_an_announced_batch_unlike_its_commit_or_its_keys_publishes_nothing(procs, fault, at, match):
+    """A chunk whose bytes differ from the COMMIT's checksum fails at R; one that is not the
+    key or size announced fails at S, whose abort ends it at R. Nothing counts as arrived."""
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 29))
+    sent = send(procs, tid, res, fault=fault, at=at, many=True, hold=True, announce=True)
+    assert sent["published"] is None and match in sent["error"], sent
+    out = expect_failed(procs, tid, match=match)
+    assert out["arrived"] == 0, out
+
+
 def test_an_abort_while_the_last_batch_waits_for_its_commit_sends_none_of_it(procs):
     """The held batch never leaves; its credit comes back (the fixture checks S holds none)."""
     tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 13))

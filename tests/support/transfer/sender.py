@@ -62,12 +62,13 @@ async def s_kept() -> int:
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
                  io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False,
-                 early: str = "", hold: bool = False) -> dict:
+                 early: str = "", hold: bool = False, announce: bool = False) -> dict:
     """Send every chunk then commit; `fault` at chunk index `at`:
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
     `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort);
     `hold`: with hold_last (the last batch may carry the COMMIT); fault "abort_held": ABORT
-    after it, no COMMIT.
+    after it, no COMMIT. `announce`: with `hold`, the plan's (key, bytes) given to send_many
+    as `keys` (ucx announces them: `announced` in the result counts its announced batches).
     `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token" ("token_now":
     through `commit_now`): the token's
     COMMIT, or "abort": ABORT instead."""
@@ -77,7 +78,7 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
               sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None,
-              early=early, hold=hold)
+              early=early, hold=hold, announce=announce)
     return await _pump(st, describe_chunk, chunk_views)
 
 
@@ -141,7 +142,11 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
             st["chunks"].append(chunk)
             st["next"] += 1
         if st["many"]:
-            await sender.send_many(dest, wire, st["many"], hold_last=st.get("hold", False))
+            from services.transfer.chunks import chunk_bytes
+            keys = [(k, chunk_bytes(engine, k)) for k in st["keys"]] if st.get("announce") else ()
+            before = getattr(sender, "stats", {}).get("announced_batches", 0)
+            await sender.send_many(dest, wire, st["many"], hold_last=st.get("hold", False), keys=keys)
+            out["announced"] = getattr(sender, "stats", {}).get("announced_batches", 0) - before
         if st["fault"] == "abort_held":
             await sender.abort(dest, wire, "prefill cancelled before its commit")
             return dict(out, sent=st["next"], aborted=True)
