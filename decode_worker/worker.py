@@ -81,7 +81,7 @@ class DecodeWorker:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.events = EventLog(cfg.event_log, cfg.worker_id)
         self.pause = FaultPause(cfg.fault_pause_s)
-        self._releases = TaskSet()
+        self._releases = TaskSet(on_error=lambda e: log.warning("a release or abort of a reservation failed: %r", e))
         self.admission = Admission(loop, cfg.reservation_ttl_s, self._timers, self._finished)
 
     # ---- 1. reserve -----------------------------------------------------
@@ -342,7 +342,9 @@ class DecodeWorker:
 
     async def abort_unpublished(self, res: Reservation, reason: str) -> None:
         """Idempotent: fence the receiver, free the blocks, abort the transaction (published
-        ahead of a first token that did not come: release the publication instead)."""
+        ahead of a first token that did not come: release the publication instead). Once
+        begun it runs to its end even if its caller is cancelled (a cancel RPC's handler
+        goes with its call while the fence waits out a posted receive)."""
         published = res.awaiting_token
         if res.state >= ResState.PUBLISHED and not published:
             return
@@ -353,6 +355,9 @@ class DecodeWorker:
         log.info("abort %s: %s", res.transfer_id, reason)
         self.events("aborted", request=res.request_id, generation=res.generation, reason=reason)
         self.receiver.forget(res.transfer_id)
+        await asyncio.shield(self._releases.spawn(self._aborted(res, reason, published)))
+
+    async def _aborted(self, res: Reservation, reason: str, published: bool) -> None:
         await self.receiver.fence(res.transfer_id)
         await self.loop.call(lambda e: e.free(res.seq))
         self._forget(res, f"aborted: {reason}")

@@ -1,6 +1,6 @@
-"""The prefill's COMMIT and what travels beside it: settling side futures, and the token's
-COMMIT sent from token 0's own loop callback when the transfer was committed ahead of it
-(`TokenCommit`)."""
+"""The prefill's COMMIT and what travels beside it: the capability and the chunks announced
+ahead of it (`present`), settling side futures, and the token's COMMIT sent from token 0's
+own loop callback when the transfer was committed ahead of it (`TokenCommit`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from services.transfer import Verdict
+from services.transfer import ChunkKey, KVSender, Verdict
+
+
+async def present(sender: KVSender, dest: str, transfer_id: str, credential: dict | None,
+                  keys: list[tuple[ChunkKey, int]]) -> None:
+    """Show the destination the transfer's capability (none: security off), then announce
+    `keys` (the chunks of a transfer sent whole once computed: the destination makes their
+    memory ready while this computes). No chunk may leave before this is done."""
+    if credential is not None:
+        await sender.present(dest, transfer_id, credential)
+    if keys:
+        await sender.announce(dest, transfer_id, keys)
 
 
 async def settle(fut: asyncio.Future | None) -> None:

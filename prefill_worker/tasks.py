@@ -119,3 +119,12 @@ def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: lis
     if why:
         raise InvalidRequest(f"manifest.expected_chunks: {why}")
     return plan
+
+
+def whole_keys(engine: Engine, plan: list[ChunkKey], cfg, one_by_one: bool) -> list[tuple[ChunkKey, int]]:
+    """(key, bytes) of `plan` when it is sure to be sent whole once computed (too small to
+    stream under `cfg`, a PrefillWorkerConfig; not sent `one_by_one`): what the sender may
+    announce ahead and `send_many` then takes; [] otherwise."""
+    keys = [(key, chunk_bytes(engine, key)) for key in plan]
+    streams = cfg.stream_layers and sum(n for _, n in keys) >= cfg.stream_min_bytes
+    return [] if one_by_one or streams else keys

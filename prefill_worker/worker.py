@@ -51,10 +51,10 @@ from services.worker.directory_ops import TxnOps
 from services.worker.events import EventLog, FaultPause
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
-from .commit import TokenCommit, settle
+from .commit import TokenCommit, present, settle
 from .room import PoolQueue
 from .streaming import ProducerGate, stream_chunks
-from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end, send_plan
+from .tasks import PrefillOutcome, Target, Task, TaskState, advance, end, send_plan, whole_keys
 from .tracing import PrefillTrace
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,9 @@ class PrefillWorker:
                 raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
             credential = self.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         self._check(task)
-        task.dest = t.dest
-        if credential is not None:  # out while this computes (checked meanwhile); no chunk leaves before it
-            task.auth = asyncio.ensure_future(self.sender.present(t.dest, transfer_id, credential))
+        task.dest, keys = t.dest, whole_keys(self.engine, plan, self.cfg, self.pause.wants("chunk", task.request_id))
+        if credential is not None or keys:  # out while this computes (checked meanwhile); no chunk leaves before it
+            task.auth = asyncio.ensure_future(present(self.sender, t.dest, transfer_id, credential, keys))
         return plan
 
     async def _compute_and_send(self, task: Task, *args) -> PrefillOutcome:

@@ -233,6 +233,12 @@ class KVSender(abc.ABC):
         for chunk, buffers in items:
             await self.send(dest, transfer_id, chunk, buffers)
 
+    async def announce(self, dest: str, transfer_id: str, keys: Sequence[tuple[ChunkKey, int]]) -> None:
+        """Tell the receiver now which chunks ((key, bytes), in order) the transfer's last
+        `send_many(hold_last=True, keys=keys)` will bring (after `present`; before they exist:
+        while the prefill computes), so it makes their memory ready off the hand-off's
+        path. A backend may do nothing; one that did takes only those chunks next."""
+
     @abc.abstractmethod
     async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
         """Show the receiver this transfer's credential (AUTH) before its first chunk.

@@ -61,6 +61,9 @@ class Outgoing:
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     fences: list[asyncio.Task] = dataclasses.field(default_factory=list)
     serials: itertools.count = dataclasses.field(default_factory=itertools.count)
+    announced: tuple[OutChunk, list] | None = None
+    """A batch announced ahead (`UcxSender.announce`): its header posted, the (key, bytes) of
+    its chunks; the next `send_many` must bring exactly them."""
     held: OutChunk | None = None
     """The last batch of a `send_many(hold_last=True)`: issued (credited), it leaves with the
     COMMIT, which rides in its header (or before the next chunk, if one comes first)."""

@@ -82,7 +82,7 @@ class UcxReceiver(KVReceiver):
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
         self._senders: dict[int, tuple[bytes, object]] = {}  # nonce -> (address, endpoint)
-        self._posted: dict[str, list[tuple[int, asyncio.Future]]] = {}
+        self._posted: dict[str, list[tuple[int, asyncio.Future, bool]]] = {}  # (tag, receive, into staging)
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._idle_timer: asyncio.TimerHandle | None = None  # due when the oldest of them idles out
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
@@ -226,16 +226,14 @@ class UcxReceiver(KVReceiver):
         if carried is not None:
             self._held[tid] = (nonce, carried)
             self.stats["carried_commits"] += 1
-        posted, staged = [], []
+        posted, staged, fenced = [], [], self._posted.setdefault(tid, [])
         for i, parts in enumerate(place([v for views in per for v in views], sizes)):
-            t = first + i
-            if len(parts) == 1:  # inside one view: straight into the cache memory
-                posted.append((t, self._rt.post_recv(parts[0], t)))
-            else:  # crosses a view boundary: one staging buffer, one copy
-                buf = bytearray(sizes[i])
+            t = first + i  # inside one view: straight into the cache memory; else one staging buffer, one copy
+            buf = parts[0] if len(parts) == 1 else bytearray(sizes[i])
+            if len(parts) > 1:
                 staged.append((buf, parts))
-                posted.append((t, self._rt.post_recv(buf, t)))
-        self._posted.setdefault(tid, []).extend(posted)
+            posted.append((t, self._rt.post_recv(buf, t)))
+            fenced.append((*posted[-1], len(parts) > 1))  # (a staging receive holds no cache memory)
         land = Landing(len(posted), lambda: self._land(nonce, tid, exp, serial, entries, per, posted, staged))
         for _, f in posted:
             f.add_done_callback(land.piece_done)

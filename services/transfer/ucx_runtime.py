@@ -328,15 +328,18 @@ async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: 
         f.result()
 
 
-async def fence_receives(rt: UcxRuntime, posted: list[tuple[int, asyncio.Future]], timeout_s: float,
+async def fence_receives(rt: UcxRuntime, posted: list[tuple[int, asyncio.Future, bool]], timeout_s: float,
                          grace_s: float, what: str) -> int:
-    """Until every receive of `posted` ((tag, future)) completed: by itself within `timeout_s`,
-    else drained (`UcxRuntime.drain`). Returns how many were drained."""
-    waiting = [(t, f) for t, f in posted if not f.done()]
-    if not waiting:
+    """Until every receive of `posted` ((tag, future, into staging)) completed: by itself within
+    `timeout_s`, else drained (`UcxRuntime.drain`); one into a staging buffer is drained at
+    once (no byte of it reaches the cache once its transfer ended: its memory is the
+    fence's to give back at once). Returns how many were drained."""
+    waiting = [(t, f) for t, f, staging in posted if not f.done() and not staging]
+    if waiting:
+        await asyncio.wait([f for _, f in waiting], timeout=timeout_s)
+    stuck = [(t, f) for t, f, staging in posted if not f.done() and (staging or (t, f) in waiting)]
+    if not stuck:
         return 0
-    await asyncio.wait([f for _, f in waiting], timeout=timeout_s)
-    stuck = [(t, f) for t, f in waiting if not f.done()]
     for t, _ in stuck:
         await rt.drain(t)
     if stuck:

@@ -30,8 +30,9 @@ from collections.abc import Iterable, Sequence
 from . import ucx_wire as wire
 from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
 from .common import chunk_buffers, pack
-from .credits import CreditTimeout, CreditWindow
+from .credits import CreditWindow
 from .tcp_wire import encode_commit
+from .ucx_credits import SenderCredits
 from .ucx_outgoing import OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
 from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
 
@@ -43,7 +44,7 @@ fixed cost — header, receives, VISIBLE, credit — is paid once per batch)."""
 EAGER_BATCH_BYTES = 2 << 20  # at most this much in one batch
 
 
-class UcxSender(KVSender):
+class UcxSender(SenderCredits, KVSender):
     """Pushes chunks to UcxReceivers over UCX endpoints made from their worker addresses."""
 
     def __init__(self, window_bytes: int = 64 << 20, io_timeout_s: float = 30.0,
@@ -88,7 +89,7 @@ class UcxSender(KVSender):
             self._post(out, out.held)
             out.held = None
         limit, run, run_bytes = min(EAGER_BATCH_BYTES, peer.credits.capacity), [], 0
-        if hold_last and announceable(keys, limit, EAGER_CHUNK_BYTES):
+        if out.announced is not None or (hold_last and announceable(keys, limit, EAGER_CHUNK_BYTES)):
             await self._announce(out, keys, items)
             return
         for chunk, buffers in items:
@@ -103,18 +104,35 @@ class UcxSender(KVSender):
         if run:
             await self._issue(out, run, hold=hold_last)
 
-    async def _announce(self, out: Outgoing, keys: Sequence[tuple[ChunkKey, int]],
-                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
-        """One batch whose header leaves before its chunks are taken (and hashed by the caller):
-        its rows' checksums are "", the COMMIT brings them; then its data, packed. An item
-        that is not the one announced fails the transfer (its receiver waits for data that
-        never comes: the caller's abort ends it there)."""
+    async def announce(self, dest: str, transfer_id: str, keys: Sequence[tuple[ChunkKey, int]]) -> None:
+        peer = await self._peer(dest)
+        out = self._out(peer, transfer_id)
+        if out.announced is None and announceable(keys, min(EAGER_BATCH_BYTES, peer.credits.capacity),
+                                                  EAGER_CHUNK_BYTES):
+            out.announced = (await self._head(out, keys), list(keys))
+
+    async def _head(self, out: Outgoing, keys: Sequence[tuple[ChunkKey, int]]) -> OutChunk:
+        """An announced batch's header, its rows' checksums "" (the COMMIT brings them), posted."""
         nbytes = sum(n for _, n in keys)
         await self._credit(out, nbytes)
         c = OutChunk(next(out.serials), keys[0][0], nbytes, [], {"batch": [[*k, n, ""] for k, n in keys]}, packed=True)
         out.chunks[c.serial] = c
         self._post(out, c, data=False)
         self.stats["announced_batches"] += 1
+        out.raise_if_failed()
+        return c
+
+    async def _announce(self, out: Outgoing, keys: Sequence[tuple[ChunkKey, int]],
+                        items: Iterable[tuple[Chunk, Sequence[memoryview]]]) -> None:
+        """One batch whose header leaves before its chunks are taken (and hashed by the caller),
+        or left already (`announce`); then its data, packed. An item that is not the one
+        announced fails the transfer (its receiver waits for data that never comes: the
+        caller's abort ends it there)."""
+        c, keys = out.announced or (None, keys)
+        out.announced = None
+        if c is None:
+            c = await self._head(out, keys)
+        nbytes = c.nbytes
         for i, (chunk, buffers) in enumerate(items):
             if i >= len(keys) or (chunk.key, chunk.num_bytes) != tuple(keys[i]):
                 self._fail(out, f"chunk {chunk.key} of {chunk.num_bytes} bytes is not the one announced {i}th")
@@ -125,19 +143,6 @@ class UcxSender(KVSender):
         if not out.failed:
             self._post(out, c, header=False)
         out.raise_if_failed()
-
-    async def _credit(self, out: Outgoing, nbytes: int) -> None:
-        """Take `nbytes` of the peer's credit window for one message (TransferError if stuck)."""
-        peer = out.peer
-        out.raise_if_failed()
-        try:
-            await peer.credits.acquire(nbytes, self.io_timeout_s)
-        except CreditTimeout as e:
-            self._fail(out, f"credit window to {peer.dest} stuck: {e}")
-            out.raise_if_failed()
-        if out.failed:  # failed while we waited: the credit goes straight back
-            peer.credits.release(nbytes)
-            out.raise_if_failed()
 
     async def _issue(self, out: Outgoing, items: list[tuple[Chunk, list[memoryview]]], hold: bool = False) -> list:
         """Send `items` as one message (a batch when several; `hold`: a batch waits in
@@ -224,6 +229,9 @@ class UcxSender(KVSender):
         if out.failed:
             return out
         out.verdict = asyncio.get_running_loop().create_future()
+        if out.announced is not None:  # the receiver would hold this COMMIT for them forever
+            self._fail(out, f"COMMIT before the {len(out.announced[1])} chunks announced were sent")
+            return out
         body, held, out.held = encode_commit(commit), out.held, None
         try:
             if held is not None and wire.fits_inline({**held.head, "commit": body}):
@@ -350,38 +358,6 @@ class UcxSender(KVSender):
         for c in out.chunks.values():
             if c.credited and c.state != "visible":
                 out.fences.append(asyncio.ensure_future(self._fence(out, c)))
-
-    async def _fence_unseen(self, out: Outgoing, verdict: Verdict) -> None:
-        """After a verdict, the chunks never VISIBLE return their credit: at once when UCX is
-        done with all their sends (the last chunk before a COMMIT gets no VISIBLE: a
-        published verdict says it landed), else once fenced (refused first)."""
-        fence = []
-        for c in [c for c in out.chunks.values() if c.credited and c.state != "visible"]:
-            if not all(f.done() and not f.cancelled() and f.exception() is None for f in c.sends):
-                fence.append(c)
-                continue
-            c.state = "visible" if verdict.published else "fenced"
-            self._release(out.peer, c, count=verdict.published)
-        await asyncio.gather(*(self._fence(out, c) for c in fence))
-
-    async def _fence(self, out: Outgoing, c: OutChunk) -> None:
-        """Return a failed chunk's credit once UCX can no longer touch its memory."""
-        if c.sends:
-            _, pending = await asyncio.wait(c.sends, timeout=self.fence_timeout_s)
-            if pending:
-                self._drop_peer(out.peer, f"{len(pending)} sends of {out.tid} unfinished "
-                                          f"{self.fence_timeout_s} s after the failure")
-        c.state = "fenced"
-        self._release(out.peer, c)
-
-    def _release(self, peer: Peer, c: OutChunk, count: bool = False) -> None:
-        """Its credit back; `count`: it was delivered (sender stats)."""
-        if c.credited:
-            c.credited = False
-            peer.credits.release(c.nbytes)
-            if count:
-                self.stats["chunks"] += 1
-                self.stats["bytes"] += c.nbytes
 
     # -- introspection (tests, metrics)
     def metrics(self) -> list[tuple[str, dict, float]]:

@@ -85,15 +85,17 @@ def test_the_last_batch_carries_the_commit(procs, spec, prompt_len, per_chunk):
 @pytest.mark.parametrize("procs", ["ucx"], indirect=True)
 @pytest.mark.parametrize("spec,prompt_len,per_chunk", [("tiny", 9, 1), ("tiny", 301, 3)],
                          ids=["1-block", "small-chunks"])
-def test_an_announced_batch_is_exact(procs, spec, prompt_len, per_chunk):
+@pytest.mark.parametrize("when", ["inline", "ahead"])
+def test_an_announced_batch_is_exact(procs, spec, prompt_len, per_chunk, when):
     """`send_many(hold_last=True, keys=...)`: the batch's header leaves before its chunks are
-    taken and hashed; their checksums come in the COMMIT, which R checks each landed chunk
-    against. One announced batch, no COMMIT carried in it, and the bytes exact."""
+    taken and hashed (inline), or earlier still with `announce` (ahead: the prefill worker's,
+    while it computes); their checksums come in the COMMIT, which R checks each landed
+    chunk against. One announced batch, no COMMIT carried in it, and the bytes exact."""
     r, s, _ = procs
     before = r.call("r_stats").get("carried_commits", 0)
     r.call("r_warnings")
     tid, res, pre = reserve_and_prefill(procs, spec, make_prompt(prompt_len, prompt_len + 23), per_chunk=per_chunk)
-    sent = send(procs, tid, res, per_chunk, many=True, hold=True, announce=True)
+    sent = send(procs, tid, res, per_chunk, many=True, hold=True, announce=when)
     assert sent["published"] is True and sent["announced"] == 1 and not sent["error"], sent
     assert r.call("r_warnings") == [] and r.call("r_stats").get("carried_commits", 0) == before
     done_id = r.start("r_finish", tid=tid)
@@ -111,9 +113,22 @@ def test_an_announced_batch_unlike_its_commit_or_its_keys_publishes_nothing(proc
     """A chunk whose bytes differ from the COMMIT's checksum fails at R; one that is not the
     key or size announced fails at S, whose abort ends it at R. Nothing counts as arrived."""
     tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 29))
-    sent = send(procs, tid, res, fault=fault, at=at, many=True, hold=True, announce=True)
+    sent = send(procs, tid, res, fault=fault, at=at, many=True, hold=True, announce="ahead")
     assert sent["published"] is None and match in sent["error"], sent
     out = expect_failed(procs, tid, match=match)
+    assert out["arrived"] == 0, out
+
+
+@pytest.mark.parametrize("procs", ["ucx"], indirect=True)
+def test_a_commit_without_the_chunks_announced_fails_at_once(procs):
+    """R would hold that COMMIT for chunks that never come: S refuses to send it, and its
+    abort ends the transfer at R (no wait for a verdict's timeout)."""
+    tid, res, _ = reserve_and_prefill(procs, "tiny", make_prompt(100, 31))
+    t0 = time.monotonic()
+    sent = send(procs, tid, res, many=True, hold=True, announce="only")
+    assert sent["published"] is None and "COMMIT before the 16 chunks announced were sent" in sent["error"], sent
+    assert time.monotonic() - t0 < 5
+    out = expect_failed(procs, tid, match="aborted by sender")
     assert out["arrived"] == 0, out
 
 

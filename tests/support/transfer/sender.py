@@ -62,13 +62,15 @@ async def s_kept() -> int:
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
                  io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False,
-                 early: str = "", hold: bool = False, announce: bool = False) -> dict:
+                 early: str = "", hold: bool = False, announce: str = "") -> dict:
     """Send every chunk then commit; `fault` at chunk index `at`:
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
     `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort);
     `hold`: with hold_last (the last batch may carry the COMMIT); fault "abort_held": ABORT
     after it, no COMMIT. `announce`: with `hold`, the plan's (key, bytes) given to send_many
-    as `keys` (ucx announces them: `announced` in the result counts its announced batches).
+    as `keys` (ucx announces them: `announced` in the result counts its announced batches);
+    "ahead": `announce` first, before any chunk is hashed; "only": announce, then commit
+    without sending them.
     `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token" ("token_now":
     through `commit_now`): the token's
     COMMIT, or "abort": ABORT instead."""
@@ -76,10 +78,21 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     st = _state["sends"][tid]
     engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
+    if announce in ("ahead", "only"):
+        from services.transfer.chunks import chunk_bytes
+        sender = _sender(backend, io_timeout_s, window_bytes)
+        _state["announced_before"] = getattr(sender, "stats", {}).get("announced_batches", 0)
+        try:
+            await sender.announce(dest, as_tid or tid, [(k, chunk_bytes(engine, k)) for k in keys])
+        except TransferError as e:
+            return dict(published=None, reason="", error=str(e), sent=0)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
               sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None,
               early=early, hold=hold, announce=announce)
-    return await _pump(st, describe_chunk, chunk_views)
+    try:
+        return await _pump(st, describe_chunk, chunk_views)
+    finally:
+        _state.pop("announced_before", None)
 
 
 async def s_commit_ghost(dest: str, backend: str, n_chunks: int) -> dict:
@@ -113,7 +126,7 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
     t0 = time.monotonic()
     out = dict(published=None, reason="", error="")
     try:
-        while st["next"] < len(st["keys"]):
+        while st["next"] < len(st["keys"]) and st.get("announce") != "only":
             i, key = st["next"], st["keys"][st["next"]]
             chunk, views = describe_chunk(engine, seq, key), chunk_views(engine, seq, key)
             fault = st["fault"] if i == st["at"] else ""
@@ -144,7 +157,7 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
         if st["many"]:
             from services.transfer.chunks import chunk_bytes
             keys = [(k, chunk_bytes(engine, k)) for k in st["keys"]] if st.get("announce") else ()
-            before = getattr(sender, "stats", {}).get("announced_batches", 0)
+            before = _state.pop("announced_before", getattr(sender, "stats", {}).get("announced_batches", 0))
             await sender.send_many(dest, wire, st["many"], hold_last=st.get("hold", False), keys=keys)
             out["announced"] = getattr(sender, "stats", {}).get("announced_batches", 0) - before
         if st["fault"] == "abort_held":

@@ -111,3 +111,30 @@ def test_rows_of_one_batch_may_mix_announced_and_hashed_chunks():
         await turns()
         assert decided == [commit] and len(cache) == 4 * BLOCK
     asyncio.run(go())
+
+
+def test_the_fence_drains_a_staging_receive_at_once_and_waits_for_one_into_the_cache():
+    """A receive into a staging buffer holds no cache memory: a transfer ended before its data
+    came (an announced batch whose sender was cancelled) gives its blocks back at once."""
+    from services.transfer.ucx_runtime import fence_receives
+
+    class Drains:
+        def __init__(self, futs):
+            self.futs, self.drained = futs, []
+
+        async def drain(self, tag):
+            self.drained.append((tag, asyncio.get_running_loop().time()))
+            self.futs[tag].set_result(None)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        futs = {1: loop.create_future(), 2: loop.create_future()}
+        rt, t0 = Drains(futs), loop.time()
+        assert await fence_receives(rt, [(1, futs[1], True)], 0.5, 1.0, "t") == 1
+        assert rt.drained[0][1] - t0 < 0.1  # no wait for data that no cache byte depends on
+        assert await fence_receives(rt, [(2, futs[2], False)], 0.3, 1.0, "t") == 1
+        assert rt.drained[1][1] - t0 >= 0.3  # into the cache: its data may still land first
+        done = loop.create_future()
+        done.set_result(None)
+        assert await fence_receives(rt, [(3, done, True), (4, done, False)], 0.3, 1.0, "t") == 0
+    asyncio.run(go())
