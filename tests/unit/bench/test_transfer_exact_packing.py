@@ -25,7 +25,7 @@ class RecordingSender(UcxSender):
         return SimpleNamespace(credits=SimpleNamespace(capacity=self.window_bytes))
 
     def _out(self, peer, transfer_id):
-        return SimpleNamespace(held=None, failed="")
+        return SimpleNamespace(held=None, failed="", announced=None)
 
     async def _issue(self, out, items, hold=False):
         self.issued.append([c.key for c, _ in items])
