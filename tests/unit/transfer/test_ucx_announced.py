@@ -22,12 +22,18 @@ async def turns(n: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+async def landed_unchecked():
+    """`setup()`'s receiver after an announced batch's header and its data, no COMMIT yet."""
+    r, rt, cache, events, decided, data, head, commit = parts = setup()
+    r._on_chunk(SENDER, "t/1", announced(head))
+    rt.deliver(data)
+    await turns()
+    return parts
+
+
 def test_chunks_landed_before_their_commit_are_checked_against_it():
     async def go():
-        r, rt, cache, events, decided, data, head, commit = setup()
-        r._on_chunk(SENDER, "t/1", announced(head))
-        rt.deliver(data)
-        await turns()
+        r, rt, cache, events, decided, data, head, commit = await landed_unchecked()
         # Landed and copied, but nothing counts as arrived and nothing is VISIBLE: unchecked.
         assert bytes(cache) == data and not [e for e in events if isinstance(e, ChunkArrived)]
         assert not [k for k, _ in rt.replies if k == wire.VISIBLE] and decided == []
@@ -55,10 +61,7 @@ def test_a_commit_ahead_of_the_announced_data_is_held_until_it_lands():
 
 def test_an_announced_chunk_whose_commit_checksum_differs_fails_and_is_never_arrived():
     async def go():
-        r, rt, cache, events, decided, data, head, commit = setup()
-        r._on_chunk(SENDER, "t/1", announced(head))
-        rt.deliver(data)
-        await turns()
+        r, rt, cache, events, decided, data, head, commit = await landed_unchecked()
         wrong = dataclasses.replace(commit.chunks[2], checksum="0" * 16)
         forged = TransferCommit("t/1", "t", 1, "abi", (*commit.chunks[:2], wrong, commit.chunks[3]), "digest", 5)
         r._on_commit(SENDER, "t/1", encode_commit(forged))
@@ -87,10 +90,7 @@ def test_an_announced_chunk_the_commit_does_not_list_fails_the_transfer():
 
 def test_a_forgotten_transfer_drops_its_unchecked_chunks():
     async def go():
-        r, rt, cache, events, decided, data, head, commit = setup()
-        r._on_chunk(SENDER, "t/1", announced(head))
-        rt.deliver(data)
-        await turns()
+        r, rt, cache, events, decided, data, head, commit = await landed_unchecked()
         assert r._unverified
         r.forget("t/1")
         assert not r._unverified and "t/1" not in r.pending

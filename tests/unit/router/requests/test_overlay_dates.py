@@ -37,6 +37,12 @@ class Router:
             for batch, free, at_s in reports)
         self.overlay.observe(Cluster(workers, 3, self.store_ms(self.now - RTT_S / 2)), fetch)
 
+    def dispatch(self, at_s: float = 10.010) -> int:
+        """A snapshot whose report (idle) predates it, then a 4-block dispatch to d0 at `at_s`."""
+        self.read((0, 100, 9.5))
+        self.now = at_s
+        return self.overlay.add(self.d0(), blocks=4)
+
     def d0(self) -> Worker:
         return Worker("d0", Role.DECODE, "d0:1", "d0:2", "abi", CAP, epoch=1)
 
@@ -49,9 +55,7 @@ def test_a_report_taken_during_a_short_request_and_read_after_it_ended_is_correc
     """The router e2e test's flake: a stream of short colocated requests, each priced
     against the report its predecessor's run left behind (batch 1, four blocks held)."""
     r = Router()
-    r.read((0, 100, 9.5))
-    start = r.now = 10.010
-    handle = r.overlay.add(r.d0(), blocks=4)
+    handle, start = r.dispatch(), 10.010
     assert r.seqs() == 1  # dispatched, no report shows it yet
     r.now = 10.040
     r.overlay.remove(handle)  # the request ended before any snapshot was read
@@ -69,9 +73,7 @@ def test_a_report_taken_during_a_short_request_and_read_after_it_ended_is_correc
 
 def test_a_report_read_while_the_request_runs_shows_it_and_its_end_is_given_back():
     r = Router()
-    r.read((0, 100, 9.5))
-    r.now = 10.010
-    handle = r.overlay.add(r.d0(), blocks=4)
+    handle = r.dispatch()
     r.now = 10.030
     r.read((1, 96, 10.020))
     assert r.seqs() == 0 and len(r.overlay) == 1  # shown: kept, counting nothing, for its end
@@ -102,9 +104,7 @@ def test_a_report_that_may_predate_the_dispatch_does_not_count_it_as_shown():
 
 def test_a_request_no_report_saw_ends_without_ever_counting_negative():
     r = Router()
-    r.read((0, 100, 9.5))
-    r.now = 10.010
-    handle = r.overlay.add(r.d0(), blocks=4)
+    handle = r.dispatch()
     r.now = 10.020
     r.overlay.remove(handle)
     for at in (9.5, 10.019):  # an old report, then one that may have been taken after the end
@@ -118,9 +118,7 @@ def test_a_request_no_report_saw_ends_without_ever_counting_negative():
 
 def test_an_ended_request_waiting_for_a_report_expires_after_the_ttl():
     r = Router()
-    r.read((0, 100, 9.5))
-    r.now = 10.010
-    r.overlay.remove(r.overlay.add(r.d0(), blocks=4))
+    r.overlay.remove(r.dispatch())
     r.now = 15.5
     assert r.overlay.totals() == {} and not r.overlay._entries
 
