@@ -30,10 +30,13 @@ HELP = {
     "pd_transfer_sent_chunks": "K/V chunks the sender delivered.",
     "pd_transfer_sent_bytes": "K/V bytes the sender delivered.",
     "pd_transfer_sent_failed_transfers": "Transfers the sender gave up.",
+    "pd_transfer_sent_announced_batches": "Batches whose header left before their chunks were hashed "
+                                          "(ucx: announced, the checksums in the COMMIT).",
     "pd_transfer_received_chunks": "K/V chunks the receiver made visible.",
     "pd_transfer_received_bytes": "K/V bytes the receiver made visible.",
     "pd_transfer_received_failed_transfers": "Transfers the receiver failed.",
-    "pd_transfer_received_drained": "Late chunks of forgotten transfers the receiver drained.",
+    "pd_transfer_received_drained": "Posted receives of ended transfers the receiver completed itself "
+                                    "(a receive into staging at once, one into the cache after the fence timeout).",
     "pd_transfer_received_staged_pieces": "Chunk pieces the receiver staged before copying.",
     "pd_transfer_received_carried_commits": "COMMITs that arrived in the header of the sender's last batch.",
     "pd_transfer_pending": "Transfers the receiver expects and has not decided.",
