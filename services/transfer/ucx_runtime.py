@@ -330,23 +330,23 @@ async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: 
 
 async def fence_receives(rt: UcxRuntime, posted: list[tuple[int, asyncio.Future, bool]], timeout_s: float,
                          grace_s: float, what: str) -> int:
-    """Until every receive of `posted` ((tag, future, into staging)) completed: by itself within
-    `timeout_s`, else drained (`UcxRuntime.drain`); one into a staging buffer is drained at
-    once (no byte of it reaches the cache once its transfer ended: its memory is the
-    fence's to give back at once). Returns how many were drained."""
-    waiting = [(t, f) for t, f, staging in posted if not f.done() and not staging]
+    """Until every receive of `posted` ((tag, future, into staging)) completed: one into the
+    cache by itself within `timeout_s`, else drained (`UcxRuntime.drain`); one into a
+    staging buffer gets no wait of its own (no byte of it reaches the cache once its
+    transfer ended): drained at once when nothing else is waited for, else with the rest.
+    Returns how many were drained."""
+    waiting = [f for _, f, staging in posted if not f.done() and not staging]
     if waiting:
-        await asyncio.wait([f for _, f in waiting], timeout=timeout_s)
-    stuck = [(t, f) for t, f, staging in posted if not f.done() and (staging or (t, f) in waiting)]
+        await asyncio.wait(waiting, timeout=timeout_s)
+    stuck = [(t, f) for t, f, _ in posted if not f.done()]
     if not stuck:
         return 0
     for t, _ in stuck:
         await rt.drain(t)
-    if stuck:
-        _, still = await asyncio.wait([f for _, f in stuck], timeout=grace_s)
-        if still:  # cannot happen unless UCX lost our own message; say so loudly
-            log.error("fence of %s: %d receives still posted after drain", what, len(still))
-        log.info("fence of %s drained %d posted receives", what, len(stuck))
+    _, still = await asyncio.wait([f for _, f in stuck], timeout=grace_s)
+    if still:  # cannot happen unless UCX lost our own message; say so loudly
+        log.error("fence of %s: %d receives still posted after drain", what, len(still))
+    log.info("fence of %s drained %d posted receives", what, len(stuck))
     return len(stuck)
 
 
