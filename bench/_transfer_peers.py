@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 from _transfer_exact import ExactFloor
+from _transfer_timeline import Stamps
 
 from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum
 from services.transfer.chunks import plan_chunks
@@ -100,7 +101,7 @@ class Peer(ExactFloor):
         self.grpc_server = self.grpc_channel = None
         self.raw_listener: socket.socket | None = None
         self.raw_conn: socket.socket | None = None
-        self.stamps = None  # bench/_transfer_timeline.py's, made on first use
+        self.stamps = Stamps()  # bench/_transfer_timeline.py's: off until `timeline("on")`
 
     # ---- both roles -------------------------------------------------------
     async def alloc(self, geometry: dict, fill_seed: int | None = None) -> str:
@@ -183,8 +184,7 @@ class Peer(ExactFloor):
         prefill worker without layer streaming: the backend may pack small chunks, and
         hashes a chunk while the one before it moves; the last message may carry the
         COMMIT), then commit. The plan is announced first, outside the timed window, as the
-        prefill worker announces it while it computes (a backend may make the receiver
-        ready then: UCX posts the batch's header).
+        prefill worker announces it while it computes (UCX: the batch's header leaves).
 
         Timed from the first checksum to the verdict.
         """
@@ -365,9 +365,6 @@ class Peer(ExactFloor):
     async def timeline(self, action: str) -> list:
         """bench/_transfer_timeline.py's stamps in this process: "on", "take" (the stamps
         since the last take) or "off"."""
-        if self.stamps is None:
-            from _transfer_timeline import Stamps
-            self.stamps = Stamps()
         if action == "on":
             self.stamps.on()
         elif action == "off":
