@@ -280,7 +280,8 @@ class UcxReceiver(KVReceiver):
         """A message's chunks landed and hashed (`sums`): each equal to its checksum (an
         announced one's: the held COMMIT's) -> ChunkArrived, then VISIBLE or the COMMIT's
         decision; else the transfer fails."""
-        listed = {c.key: c.checksum for c in self._held[tid][1].chunks} if tid in self._held else {}
+        announced = tid in self._held and not all(c.checksum for c in entries)  # (else no lookup to build)
+        listed = {c.key: c.checksum for c in self._held[tid][1].chunks} if announced else {}
         for c, got in zip(entries, sums):
             if got != (want := c.checksum or listed.get(c.key, "none in the COMMIT")):
                 self._reject(nonce, tid, exp, f"checksum mismatch in chunk {c.key}: sender {want}, received {got}")
