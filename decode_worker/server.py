@@ -40,7 +40,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             res = await self.worker.reserve(
                 request.request_id, request.tenant or "default", request.generation,
                 list(request.prompt_token_ids), request.max_tokens, sampling,
-                request.cache_abi_digest)
+                request.cache_abi_digest, request.transfer_key)
         except Exception as e:  # noqa: BLE001 - mapped to a precise status
             await context.abort(*status_of(e))
         return decode_pb2.DecodeReserveResponse(

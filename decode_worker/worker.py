@@ -37,6 +37,7 @@ from services.transfer import (
     Verdict,
     token_follows,
 )
+from services.transfer.base import MissingTransferKey
 from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
 from services.worker.capabilities import DestinationGate
 from services.worker.config import DecodeWorkerConfig
@@ -86,8 +87,9 @@ class DecodeWorker:
 
     # ---- 1. reserve -----------------------------------------------------
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
-                      max_tokens: int, sampling: SamplingParams, abi_digest: str) -> Reservation:
-        """Allocate blocks for a transfer and start expecting its chunks."""
+                      max_tokens: int, sampling: SamplingParams, abi_digest: str, key: bytes = b"") -> Reservation:
+        """Allocate blocks for a transfer and start expecting its chunks, keyed by `key` (the
+        router's transfer secret: services/transfer/keys.py)."""
         t0_ns = time.time_ns()
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
@@ -95,6 +97,9 @@ class DecodeWorker:
         transfer_id = TransferRef(request_id, generation).transfer_id
         if transfer_id in self.reservations:
             return self.reservations[transfer_id]  # retried call: same reservation
+        if not key and self.receiver.key_required(self.gate is not None):
+            raise MissingTransferKey(f"transfer {transfer_id}: no transfer_key (the router mints one per attempt;"
+                                     " over this data plane nothing else binds a message to its sender)")
         for old in [r for r in self.reservations.values()
                     if r.request_id == request_id and r.generation < generation]:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
@@ -107,9 +112,9 @@ class DecodeWorker:
                           time.monotonic() + self.cfg.reservation_ttl_s, trace=ReservationTrace(t0_ns))
         self.reservations[transfer_id] = res
         self.receiver.expect(Expectation(
-            transfer_id, resolve=lambda key: self._resolve(res, key),
+            transfer_id, resolve=lambda k: self._resolve(res, k),
             on_event=lambda ev: self._on_event(res, ev), on_commit=lambda c: self._on_commit(res, c),
-            authorize=None if self.gate is None else lambda cred, peer: self._authorize(res, cred, peer)))
+            authorize=None if self.gate is None else lambda cred, peer: self._authorize(res, cred, peer), key=key))
         self._timers[transfer_id] = asyncio.get_running_loop().call_later(
             self.cfg.reservation_ttl_s, self._expire, res)
         self.events("reserved", request=request_id, generation=generation, blocks=len(seq.block_table))

@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 from services.transfer import ChunkKey, KVSender, Verdict
 
 
-async def present(sender: KVSender, dest: str, transfer_id: str, credential: dict | None,
+async def present(sender: KVSender, dest: str, transfer_id: str, credential: dict | None, key: bytes,
                   keys: list[tuple[ChunkKey, int]]) -> None:
-    """Show the destination the transfer's capability (none: security off), then announce
-    `keys` (the chunks of a transfer sent whole once computed: the destination makes their
-    memory ready while this computes). No chunk may leave before this is done."""
-    if credential is not None:
-        await sender.present(dest, transfer_id, credential)
+    """Open the transfer at the destination: its capability (none: security off) and its key
+    (the grant's), then announce `keys` (the chunks of a transfer sent whole once computed:
+    the destination makes their memory ready while this computes). Nothing of the transfer
+    may leave before this is done."""
+    await sender.present(dest, transfer_id, credential, key)
     if keys:
         await sender.announce(dest, transfer_id, keys)
 

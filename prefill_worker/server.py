@@ -90,7 +90,7 @@ def _target(request: prefill_pb2.PrefillRequest) -> Target:
     """The destination half of a PrefillRequest that carries one."""
     m = request.manifest
     return Target(request.destination_data_plane_address, m.token_interval.start, chunk_layouts(m.expected_chunks),
-                  m, request.capability)
+                  m, request.capability, request.transfer_key)
 
 
 async def _grant(job, requests) -> Target:

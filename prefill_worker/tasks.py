@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from services.common.lifecycle import Moves
 from services.directory.chunk_plan import Layout, tiling_error
 from services.engine import Engine, InvalidRequest, Sequence
-from services.transfer import ChunkKey
+from services.transfer import ChunkKey, TransferKey
 from services.transfer.chunks import chunk_bytes
 
 
@@ -69,6 +69,8 @@ class Task:
     granting: asyncio.Future | None = None
     """A grant that comes after the job: checked (and its capability presented) as soon as
     it lands, while the prefill computes; its plan once done."""
+    key: TransferKey | None = None
+    """The transfer's key, the grant's (services/transfer/keys.py): its chunks' checksums."""
     started_s: float = field(default_factory=time.perf_counter)
 
 
@@ -103,6 +105,8 @@ class Target:
     manifest: object = None
     """The HandoffManifest the capability is checked against."""
     capability: bytes = b""
+    key: bytes = b""
+    """The attempt's transfer secret (PrefillRequest.transfer_key; b"": the public key)."""
 
 
 def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:

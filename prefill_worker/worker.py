@@ -43,7 +43,7 @@ from services.engine.digest import LayerDigest
 from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
-from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, Verdict
+from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, TransferKey, Verdict
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
 from services.worker.capabilities import SourceGate
 from services.worker.config import PrefillWorkerConfig
@@ -143,9 +143,10 @@ class PrefillWorker:
                 raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
             credential = self.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         self._check(task)
-        task.dest, keys = t.dest, whole_keys(self.engine, plan, self.cfg, self.pause.wants("chunk", task.request_id))
-        if credential is not None or keys:  # out while this computes (checked meanwhile); no chunk leaves before it
-            task.auth = asyncio.ensure_future(present(self.sender, t.dest, transfer_id, credential, keys))
+        task.dest, task.key = t.dest, TransferKey.of(transfer_id, t.key)
+        keys = whole_keys(self.engine, plan, self.cfg, self.pause.wants("chunk", task.request_id))
+        # out while this computes (checked meanwhile); nothing of the transfer leaves before it
+        task.auth = asyncio.ensure_future(present(self.sender, t.dest, transfer_id, credential, t.key, keys))
         return plan
 
     async def _compute_and_send(self, task: Task, *args) -> PrefillOutcome:
@@ -218,7 +219,7 @@ class PrefillWorker:
                 chunks.append(c)
 
         async def send(key: ChunkKey) -> None:
-            await send_all([describe_chunk(e, seq, key)])
+            await send_all([describe_chunk(e, seq, key, task.key)])
 
         ahead = False  # streamed: committed ahead of the first token (the COMMIT then brings only it)
         if stream:  # the transaction must be TRANSFERRING before the first chunk leaves
@@ -257,7 +258,7 @@ class PrefillWorker:
                     # No Begin: the declaration travels sealed in the COMMIT, and the
                     # destination's Publish declares, validates and publishes in one step.
                     kv_digest = digested[0]
-                    described = (describe_chunk(e, seq, key) for key in plan)  # each hashed just before it leaves
+                    described = (describe_chunk(e, seq, key, task.key) for key in plan)  # hashed just before it leaves
                     # Chunks one at a time only where a test pauses between two.
                     one_by_one = self.pause.wants("chunk", rid)
                     keys = () if one_by_one else [(key, chunk_bytes(e, key)) for key in plan]  # announced

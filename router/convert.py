@@ -74,7 +74,8 @@ def reserve_call_to_pb(c: ReserveCall) -> decode_pb2.DecodeReserveRequest:
     """ReserveCall -> DecodeReserveRequest."""
     return decode_pb2.DecodeReserveRequest(
         request_id=c.request_id, tenant=c.tenant, generation=c.generation, prompt_token_ids=list(c.prompt_token_ids),
-        max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling), cache_abi_digest=c.cache_abi_digest)
+        max_tokens=c.max_tokens, sampling=sampling_to_pb(c.sampling), cache_abi_digest=c.cache_abi_digest,
+        transfer_key=c.transfer_key)
 
 
 def reservation_from_pb(resp: decode_pb2.DecodeReserveResponse) -> Reservation:
@@ -92,7 +93,8 @@ def prefill_call_to_pb(c: PrefillCall) -> prefill_pb2.PrefillRequest:
     """PrefillCall -> PrefillRequest."""
     return prefill_pb2.PrefillRequest(manifest=c.manifest, prompt_token_ids=list(c.prompt_token_ids),
                                       destination_data_plane_address=c.destination_data_plane_address,
-                                      sampling=sampling_to_pb(c.sampling), capability=c.capability)
+                                      sampling=sampling_to_pb(c.sampling), capability=c.capability,
+                                      transfer_key=c.transfer_key)
 
 
 def prefill_done_from_pb(r: prefill_pb2.PrefillResult) -> PrefillDone:

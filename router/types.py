@@ -172,6 +172,8 @@ class ReserveCall:
     max_tokens: int
     sampling: Sampling
     cache_abi_digest: str
+    transfer_key: bytes = b""
+    """The attempt's transfer secret (services/transfer/keys.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -186,6 +188,8 @@ class PrefillCall:
     """Sampling of token 0, the one token prefill samples."""
     capability: bytes = b""
     """The signed transfer capability for this attempt (services/security/capability.py)."""
+    transfer_key: bytes = b""
+    """The attempt's transfer secret, the one its Decode.Reserve carried (services/transfer/keys.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

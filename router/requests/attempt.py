@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from router.types import Route, StatusCode, StreamItem, TxnAnswer, TxnOutcome, Worker, WorkerCallError
 from services.common.lifecycle import Moves
+from services.transfer.keys import new_key
 
 
 class Stage(enum.Enum):
@@ -127,6 +128,9 @@ class Attempt:
     number: int = 0
     """1 for the request's first attempt, ...; the generation unless the request id
     ran before (then generations continue above the earlier run's). 0: = generation."""
+    transfer_key: bytes = dataclasses.field(default_factory=new_key, repr=False)
+    """A disaggregated attempt's transfer secret (services/transfer/keys.py): to its two ends
+    only, with Decode.Reserve and the Prefill's grant; never logged."""
 
     def __post_init__(self) -> None:
         self.number = self.number or self.generation

@@ -143,7 +143,8 @@ class AttemptRunner:
         await job_sent  # P's job leaves before D's Reserve (its write waits for the call's headers): P's way is longer
         try:
             reservation = await self._workers.reserve(d, ReserveCall(
-                req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest),
+                req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest,
+                att.transfer_key),
                 self._timeout(self._cfg.reserve_timeout_s))
         except WorkerCallError as exc:
             if exc.code is StatusCode.INVALID_ARGUMENT:
@@ -165,7 +166,7 @@ class AttemptRunner:
         # AUTH asks), the directory's Reserve last (needed at publication, or by a streamed
         # P's Begin, which asks again): each one's setup here would delay the one before.
         grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
-                                     req.sampling, capability))
+                                     req.sampling, capability, att.transfer_key))
         attempt_span.add_event(S.EVENT_GRANTED)
         att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),

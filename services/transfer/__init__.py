@@ -14,9 +14,11 @@ from .base import (
                    TransferError,
                    Verdict,
                    checksum,
+                   chunk_checksum,
                    token_follows,
 )
+from .keys import TransferKey, new_key
 
 __all__ = ["CHECKSUM_ALGORITHM", "Chunk", "ChunkArrived", "ChunkKey", "Expectation", "Failed",
            "KVReceiver", "KVSender", "TOKEN_FOLLOWS", "TransferCommit", "TransferError", "Verdict",
-           "checksum", "token_follows"]
+           "TransferKey", "checksum", "chunk_checksum", "new_key", "token_follows"]

@@ -33,9 +33,14 @@ from typing import NamedTuple
 
 import xxhash
 
+from .keys import TransferKey
+
 log = logging.getLogger(__name__)
 
-CHECKSUM_ALGORITHM = "xxh3_64"
+CHECKSUM_ALGORITHM = "poly1305-64"
+"""A chunk's checksum (HandoffManifest.checksum_algorithm): keyed by the transfer's secret
+(`keys.TransferKey.checksum`), 64 bits, 16 hex digits. `checksum` below (xxh3_64, unkeyed)
+is the benchmarks' floors' and the tests' plain hash, never a chunk's."""
 
 MAX_COMMIT_BODY_BYTES = 8 << 20
 """Largest COMMIT body on any data plane (the same cap as a control-plane message).
@@ -59,11 +64,18 @@ def short_reason(obj: dict, limit: int = 4096) -> dict:
 
 
 def checksum(buffers: Sequence[memoryview]) -> str:
-    """Checksum of the concatenation of `buffers` (hex), without concatenating."""
+    """xxh3_64 of the concatenation of `buffers` (hex), without concatenating: a plain hash,
+    not a chunk's checksum (`chunk_checksum`)."""
     h = xxhash.xxh3_64()
     for b in buffers:
         h.update(b)
     return h.hexdigest()
+
+
+def chunk_checksum(key: TransferKey, chunk_key: ChunkKey, buffers: Sequence[memoryview]) -> str:
+    """A chunk's checksum (CHECKSUM_ALGORITHM): its bytes keyed by the transfer's key, so that
+    only a holder of the secret can make one (docs/design.md, Security)."""
+    return key.checksum(chunk_key, buffers)
 
 
 class ChunkKey(NamedTuple):
@@ -198,9 +210,23 @@ class Expectation:
     authorize: Authorizer | None = None
     """None: chunks are accepted without a credential (security off)."""
     senders: set = field(default_factory=set)
-    """Senders (a connection, a UCX sender nonce) whose credential passed `authorize`: only
-    their chunks, commit and abort count; anyone else's are refused without touching the
-    transfer (a forged credential must not end the victim's transfer either)."""
+    """Senders (a TLS connection; over UCX, the holder of the transfer's key) whose
+    credential passed `authorize`: only their chunks, commit and abort count; anyone else's
+    are refused without touching the transfer (a forged credential must not end the
+    victim's transfer either)."""
+    key: bytes = b""
+    """The transfer's secret (keys.py), the router's, handed with Decode.Reserve: every chunk's
+    checksum is keyed with it, and over UCX every message. Empty: `TransferKey.public`
+    (security off; a UCX receiver refuses it for a transfer with an `authorize`)."""
+    tkey: TransferKey = field(init=False, repr=False)
+    """`key` as a TransferKey (what the receiver checks chunks and messages with)."""
+
+    def __post_init__(self) -> None:
+        self.tkey = TransferKey.of(self.transfer_id, self.key)
+
+
+class MissingTransferKey(RuntimeError):
+    """A transfer that must come with its key (`KVReceiver.key_required`) came without one."""
 
 
 class TransferError(RuntimeError):
@@ -240,10 +266,14 @@ class KVSender(abc.ABC):
         path. A backend may do nothing; one that did takes only those chunks next."""
 
     @abc.abstractmethod
-    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
-        """Show the receiver this transfer's credential (AUTH) before its first chunk.
-        Not acknowledged: a refusal comes back like a refused chunk (TransferError on a
-        later `send` or `commit`, with the reason)."""
+    async def present(self, dest: str, transfer_id: str, credential: dict | None, key: bytes = b"",
+                      confirm: bool = False) -> None:
+        """Open the transfer at the receiver before its first chunk: its credential (AUTH;
+        None with security off) and its secret `key` (keys.py: the router's, from the grant;
+        b"": the public key). Not acknowledged unless `confirm`: a refusal comes back like a
+        refused chunk (TransferError on a later `send` or `commit`, with the reason); with
+        `confirm` it returns once the receiver admitted the sender (TransferError if not).
+        The caller computes the chunks' checksums with the same key (`chunk_checksum`)."""
 
     @abc.abstractmethod
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
@@ -295,6 +325,11 @@ class KVReceiver(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop accepting; every pending transfer ends in Failed."""
+
+    def key_required(self, secured: bool) -> bool:
+        """Must a transfer come with its key (`Expectation.key`) to be expected here, security
+        on (`secured`) or off? Yes where nothing else binds its messages to its sender."""
+        return False
 
     def expect(self, expectation: Expectation) -> None:
         """Accept chunks of `expectation.transfer_id` from now on."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from services.engine import Engine, Sequence, kv_byte_views
 
-from .base import Chunk, ChunkKey, checksum
+from .base import Chunk, ChunkKey, chunk_checksum
+from .keys import TransferKey
 
 
 def plan_chunks(num_layers: int, first_block: int, last_block: int,
@@ -33,7 +34,8 @@ def chunk_bytes(engine: Engine, key: ChunkKey) -> int:
     return key.block_count * engine.cache.block_bytes_per_layer
 
 
-def describe_chunk(engine: Engine, seq: Sequence, key: ChunkKey) -> Chunk:
-    """The manifest entry of a chunk, with its checksum computed from the cache."""
+def describe_chunk(engine: Engine, seq: Sequence, key: ChunkKey, tkey: TransferKey) -> Chunk:
+    """The manifest entry of a chunk, with its checksum computed from the cache under the
+    transfer's key."""
     views = chunk_views(engine, seq, key)
-    return Chunk(key, sum(v.nbytes for v in views), checksum(views))
+    return Chunk(key, sum(v.nbytes for v in views), chunk_checksum(tkey, key, views))

@@ -64,8 +64,9 @@ class FaultySender(KVSender):
         if i == f.replay_chunk:
             await self._inner.send(dest, transfer_id, chunk, views)
 
-    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
-        await self._inner.present(dest, transfer_id, credential)
+    async def present(self, dest: str, transfer_id: str, credential: dict | None, key: bytes = b"",
+                      confirm: bool = False) -> None:
+        await self._inner.present(dest, transfer_id, credential, key, confirm)
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
         if not self._sent.pop(commit.transfer_id, 0) and self._faults.delay_before_send_s:

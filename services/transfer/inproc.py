@@ -13,7 +13,7 @@ from .base import (
     TransferCommit,
     TransferError,
     Verdict,
-    checksum,
+    chunk_checksum,
     trusts,
 )
 
@@ -59,7 +59,7 @@ class InprocReceiver(KVReceiver):
         for d in dest:
             d.cast("B")[:] = src[off:off + d.nbytes]
             off += d.nbytes
-        arrived = ChunkArrived(transfer_id, chunk.key, len(src), checksum(dest))
+        arrived = ChunkArrived(transfer_id, chunk.key, len(src), chunk_checksum(exp.tkey, chunk.key, dest))
         exp.received[chunk.key] = arrived
         exp.on_event(arrived)
 
@@ -77,8 +77,9 @@ class InprocSender(KVSender):
                    buffers: Sequence[memoryview]) -> None:
         self._receiver(dest)._write(transfer_id, chunk, buffers, self)
 
-    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
-        why = await self._receiver(dest).admit(transfer_id, credential, None, self)
+    async def present(self, dest: str, transfer_id: str, credential: dict | None, key: bytes = b"",
+                      confirm: bool = False) -> None:
+        why = await self._receiver(dest).admit(transfer_id, credential or {}, None, self)
         if why:
             raise TransferError(f"transfer {transfer_id} to {dest}: {why}")
 

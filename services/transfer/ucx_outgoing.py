@@ -1,20 +1,24 @@
-"""The UCX sender's records: a destination it talks to (`Peer`, made by `connect`), one
-outgoing transfer (`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a
-batch of small ones); and whether a peer on this host still runs (`alive`)."""
+"""The UCX sender's records: a destination it talks to (`Peer`, made by `connect`), a
+transfer's key and counters (`Keyed`, from `present` to the transfer's end), one outgoing
+transfer (`Outgoing`) and one message of chunks in it (`OutChunk`: one chunk, or a batch of
+small ones); and whether a peer on this host still runs (`alive`)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import itertools
 import logging
+import secrets
 
 from services.common.liveness import process_running
 
 from . import ucx_wire as wire
 from .base import ChunkKey, TransferError
 from .credits import CreditWindow
-from .ucx_runtime import send_control
+from .keys import TO_SENDER, TransferKey
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -51,10 +55,59 @@ class Peer:
     dead: str = ""
 
 
+KEYS_MAX = 65536
+"""Transfers whose keys a sender keeps at most (the oldest go first; one normally goes at its
+final verdict or abort)."""
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Keyed:
+    """A transfer's key as `present` gave it, and what the sender counts under it."""
+
+    key: TransferKey
+    next_counter: int = dataclasses.field(default_factory=lambda: secrets.randbelow(1 << 31))
+    """The next DATA/BODY tag counter: a random start, then consecutive (no two pieces of the
+    transfer ever share a tag)."""
+    last_reply_seq: int = 0
+    admitted: asyncio.Future | None = None
+    """present(confirm=True): the receiver's ADMITTED (True) or ERROR (TransferError)."""
+
+    def tags(self, kind: int, count: int) -> int:
+        """The first of `count` consecutive tags of `kind` under this transfer's tag bits."""
+        first = self.next_counter
+        if first + count > wire.COUNTER_SPAN:
+            raise TransferError(f"transfer {self.key.transfer_id} used up its tag counter")
+        self.next_counter += count
+        return wire.tag(kind, self.key.tag_bits, first)
+
+    def accept(self, msg: wire.Received) -> str:
+        """'' if `msg` is the receiver's next reply for this transfer (its seq taken), else why not."""
+        if not msg.verify(self.key, TO_SENDER):
+            return "bad_mac"
+        if msg.seq <= self.last_reply_seq:
+            return "replay"
+        self.last_reply_seq = msg.seq
+        return ""
+
+
+class Keys(collections.OrderedDict):
+    """Keyed by transfer id, at most KEYS_MAX (oldest out first)."""
+
+    def add(self, tid: str, key: TransferKey) -> Keyed:
+        """The transfer's record: made by its first `present` (a later one keeps it)."""
+        k = self.get(tid)
+        if k is None:
+            k = self[tid] = Keyed(key)
+            while len(self) > KEYS_MAX:
+                self.popitem(last=False)
+        return k
+
+
 @dataclasses.dataclass(eq=False)
 class Outgoing:
     peer: Peer
     tid: str
+    keyed: Keyed
     chunks: dict[int, OutChunk] = dataclasses.field(default_factory=dict)
     failed: str = ""
     verdict: asyncio.Future | None = None
@@ -70,7 +123,7 @@ class Outgoing:
 
     def raise_if_failed(self) -> None:
         if self.failed:
-            raise TransferError(f"transfer {self.tid} to {self.peer.dest[:60]}: {self.failed}")
+            raise TransferError(f"transfer {self.tid} to {wire.peer_name(self.peer.dest)}: {self.failed}")
 
     async def settle(self) -> None:
         """Wait for the failed transfer's fences (bounded: they time out themselves)."""
@@ -87,15 +140,20 @@ def announceable(keys, limit: int, chunk_limit: int) -> bool:
 
 def sender_metrics(stats: dict, peers) -> list[tuple[str, dict, float]]:
     """A UcxSender's samples for services.telemetry: totals, and per destination (`peers`) its
-    path and credit."""
+    path and credit (the peer named by host and a short hash of its address: no nonce)."""
     out = [(f"pd_transfer_sent_{k}_total", {"backend": "ucx"}, v) for k, v in stats.items()]
     for p in peers:
-        peer = {"backend": "ucx", "peer": f"{p.nonce:x}@{p.host}", "path": p.path}
+        peer = {"backend": "ucx", "peer": peer_label(p), "path": p.path}
         out += [("pd_transfer_path_info", peer, 1),
                 ("pd_transfer_credit_in_flight_bytes", peer, p.credits.in_flight),
                 ("pd_transfer_credit_peak_bytes", peer, p.credits.peak),
                 ("pd_transfer_credit_window_bytes", peer, p.credits.capacity)]
     return out
+
+
+def peer_label(p: Peer) -> str:
+    """host/8 hex digits of a hash of the peer's address (stable per peer process, not reversible)."""
+    return f"{p.host}/{hashlib.blake2b(p.dest.encode(), digest_size=4).hexdigest()}"
 
 
 def alive(host: str, pid: int, rt) -> bool:
@@ -106,28 +164,23 @@ def alive(host: str, pid: int, rt) -> bool:
     return process_running(pid)
 
 
-async def connect(rt, dest: str, nonce: int, credits: CreditWindow, timeout_s: float, oob) -> Peer:
-    """A `Peer` for the UcxReceiver at address `dest` (an endpoint, then HELLO with this
-    process's worker address, `nonce` naming the sender); TransferError if it cannot be."""
+async def connect(rt, dest: str, credits: CreditWindow, timeout_s: float) -> Peer:
+    """A `Peer` for the UcxReceiver at address `dest` (an endpoint to its worker address; the
+    transfers' AUTH tell it where to reply); TransferError if it cannot be."""
     try:
         their_nonce, host, pid, address = wire.parse_address(dest)
     except ValueError as e:
         raise TransferError(f"cannot connect to {dest[:80]}: {e}") from None
+    name = wire.peer_name(dest)
     if not alive(host, pid, rt):
-        raise TransferError(f"cannot connect to {dest[:60]}: process {pid} on {host} is gone")
+        raise TransferError(f"cannot connect to {name}: process {pid} on {host} is gone")
     try:
         async with asyncio.timeout(timeout_s):
             ep = await rt.endpoint(address)
     except Exception as e:  # noqa: BLE001 - bad address bytes, UCX errors
-        raise TransferError(f"cannot connect to {dest[:80]}: {e!r}") from None
+        raise TransferError(f"cannot connect to {name}: {e!r}") from None
     peer = Peer(dest, their_nonce, host, pid, address, ep, credits, rt.path_to(host))
-    try:
-        await send_control(rt, ep, wire.tag(wire.CTRL, their_nonce), wire.HELLO, "", nonce,
-                           {"address": wire.b64(rt.address)}, oob, timeout_s)
-    except Exception as e:  # noqa: BLE001
-        rt.drop(address)
-        raise TransferError(f"cannot connect to {dest[:80]}: HELLO failed: {e!r}") from None
-    log.info("ucx sender %x -> %s at %s: path %s", nonce, f"{their_nonce:x}", host, peer.path)
+    log.debug("ucx sender -> %s: path %s", name, peer.path)
     return peer
 
 

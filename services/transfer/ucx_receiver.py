@@ -1,26 +1,25 @@
 """UCX backend, receiver side: UcxReceiver posts the destination views as UCX receive
 buffers and answers each chunk (ucx_wire.py has the messages, ucx_sender.py the other side).
 
-Receiver rules:
-  HELLO                     remember the sender's worker address (an endpoint for replies)
+Every control message passes ucx_intake.py first (its MAC under the transfer's key, its
+seq, the sender admitted); these are the rules for what passes:
+
   AUTH                      the transfer's capability: checked (KVReceiver.admit) before
-                            any receive is posted for it; refused: ERROR, transfer failed.
-                            UCX authenticates nobody: the capability is the proof
-  CHUNK, unknown transfer   ERROR; its data swallowed (below), nothing written
-  duplicate key, refused    Failed for the transfer; ERROR
-  key, bad length or sizes
+                            any receive is posted for it; refused: ERROR, the transfer goes on
+  CHUNK, refused            (a duplicate or unexpected key, a bad length or sizes, data tags
+                            not the transfer's) Failed for the transfer; ERROR; its data
+                            swallowed (1-byte receives, truncated) so the sender's sends complete
   CHUNK accepted            each of the sender's pieces (its data follows on DATA tags
                             first, first+1, ...) is posted as a receive: straight into
                             the destination view when it lies inside one, else into a
                             staging buffer copied into the views on arrival
-  CHUNK refused             its pieces are swallowed (1-byte receives, truncated) so
-                            the sender's sends complete
-  every piece arrived       checksum over the views: equal -> ChunkArrived + VISIBLE (at
-                            the loop turn's end, one for the transfer's chunks landed in it;
-                            none for the chunk that releases a held COMMIT: the VERDICT
-                            says so); different -> Failed + ERROR. An announced chunk (its
-                            header's checksum "": sent before it was hashed) is compared
-                            with the COMMIT's checksum, once the COMMIT is here
+  every piece arrived       its keyed checksum over the views (keys.py: only the key's holder
+                            can make it): equal -> ChunkArrived + VISIBLE (at the loop turn's
+                            end, one for the transfer's chunks landed in it; none for the
+                            chunk that releases a held COMMIT: the VERDICT says so); different
+                            -> Failed + ERROR. An announced chunk (its header's checksum "":
+                            sent before it was hashed) is compared with the COMMIT's checksum,
+                            once the COMMIT is here
   a piece failed, or no     Failed for the transfer (its sender died mid-read, or
   data for idle_timeout_s   went silent: one timer per receiver watches them all)
   COMMIT                    held while an accepted chunk is still landing (it follows the
@@ -52,46 +51,66 @@ from collections.abc import Coroutine
 from services.common.tasks import TaskSet
 
 from . import ucx_wire as wire
-from .base import UNAUTHORIZED, ChunkArrived, ChunkKey, Expectation, KVReceiver, TransferCommit, checksum, trusts
+from .base import (
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    KVReceiver,
+    MissingTransferKey,
+    TransferCommit,
+    Verdict,
+    chunk_checksum,
+)
 from .common import decide, destinations, emit, place, scatter
 from .tcp_wire import commit_for
-from .ucx_runtime import Landing, Mailbox, UcxRuntime, fence_receives, local_host, post_control, runtime
+from .ucx_inbound import Inbounds, Rejections
+from .ucx_intake import Intake
+from .ucx_mailbox import Mailbox
+from .ucx_runtime import Landing, UcxRuntime, fence_receives, local_host, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
 
 STOP_GRACE_S = 5.0
+VISIBLE_MAX = 4096
+"""Serials in one VISIBLE (a reply always travels inline)."""
 MAX_PIECES = 4096
 """Most sender views in one chunk (its K and V runs: at most 2 per block, so chunks of
 up to 2,048 blocks; the CHUNK message listing their sizes stays under its 64 KiB cap)."""
 
 
-class UcxReceiver(KVReceiver):
-    """Accepts pushed chunks into posted views; `address` is ucx://nonce@host/worker-address."""
+class UcxReceiver(Intake, KVReceiver):
+    """Accepts pushed chunks into posted views; `address` is ucx://nonce@host:pid/worker-address
+    (the nonce names its mailbox: it routes, it proves nothing)."""
+
+    MAX_PIECES = MAX_PIECES
 
     def __init__(self, idle_timeout_s: float = 30.0, fence_timeout_s: float = 2.0,
-                 host: str = ""):
+                 host: str = "", body_timeout_s: float = 10.0):
         """idle_timeout_s: a posted chunk whose data does not arrive in this long fails
         its transfer. fence_timeout_s: how long `fence` waits for posted receives to
-        complete by themselves before draining them."""
-        if idle_timeout_s <= 0 or fence_timeout_s <= 0:
-            raise ValueError("idle_timeout_s and fence_timeout_s must be positive")
+        complete by themselves before draining them. body_timeout_s: how long an
+        out-of-line body may take after its (authenticated) head."""
+        if idle_timeout_s <= 0 or fence_timeout_s <= 0 or body_timeout_s <= 0:
+            raise ValueError("idle_timeout_s, fence_timeout_s and body_timeout_s must be positive")
         self.idle_timeout_s, self.fence_timeout_s = idle_timeout_s, fence_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.host = host or local_host()
         super().__init__()
         self.nonce = wire.new_nonce()
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
-        self._senders: dict[int, tuple[bytes, object]] = {}  # nonce -> (address, endpoint)
+        self._in = Inbounds(None)  # each expected transfer's sender, as far as it proved itself
+        self._seq = itertools.count(1)  # our replies' seq
+        self.rejected = Rejections()
         self._posted: dict[str, list[tuple[int, asyncio.Future, bool]]] = {}  # (tag, receive, into staging)
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something
         self._idle_timer: asyncio.TimerHandle | None = None  # due when the oldest of them idles out
         self._claimed: dict[str, set[ChunkKey]] = {}  # keys accepted (in flight or landed)
-        self._held: dict[str, tuple[int, TransferCommit]] = {}  # COMMITs behind chunks in flight
+        self._held: dict[str, TransferCommit] = {}  # COMMITs behind chunks in flight
         self._unverified: dict[str, list] = {}  # announced chunks landed before their COMMIT: (serial, entries, sums)
-        self._visible: dict[tuple[int, str], list[int]] = {}  # chunks landed this turn, VISIBLE soon
+        self._visible: dict[str, list[int]] = {}  # chunks landed this turn, VISIBLE soon
         self._token_next: set[str] = set()  # published ahead of their token: its COMMIT is next
         self._tasks = TaskSet(on_error=lambda e: log.warning("ucx receiver task failed: %r", e))
-        self._oob = itertools.count(1)
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, drained=0, carried_commits=0)
 
     @property
@@ -102,11 +121,15 @@ class UcxReceiver(KVReceiver):
 
     async def start(self) -> None:
         self._rt = runtime()
-        self._mailbox = Mailbox(self._rt, wire.tag(wire.CTRL, self.nonce), self._on_message,
-                                f"ucx-receiver-{self.nonce:x}", wants_body=self._wants_body)
+        self._rt.exporter = self._rt.exporter or self
+        self._in.attach(self._rt)
+        self._mailbox = Mailbox(self._rt, wire.tag(wire.CTRL, self.nonce), self._on_message, "ucx-receiver",
+                                on_reject=self._count_reject)
         self._mailbox.start()
-        log.info("ucx receiver %x at %s: transports %s", self.nonce, self.host,
-                 ",".join(self._rt.transports))
+        log.info("ucx receiver at %s: transports %s", self.host, ",".join(self._rt.transports))
+
+    def _count_reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
 
     async def stop(self) -> None:
         if self._idle_timer is not None:
@@ -119,16 +142,34 @@ class UcxReceiver(KVReceiver):
             self._fail(tid, "receiver stopped")
         for tid in list(self._posted):
             await self.fence(tid)
+        self._in.close()
         await self._tasks.settle(STOP_GRACE_S)
 
-    def _drop(self, transfer_id: str) -> None:
+    def key_required(self, secured: bool) -> bool:
+        return secured  # no TLS here: with security on, the key is what binds a message to its sender
+
+    def expect(self, expectation: Expectation) -> None:
+        """As KVReceiver.expect; a transfer with an `authorize` (security on) must come with its
+        key (MissingTransferKey): over UCX nothing else ties a message to its sender."""
+        if expectation.authorize is not None and not expectation.key:
+            raise MissingTransferKey(f"transfer {expectation.transfer_id}: a secured UCX transfer needs its key "
+                                     "(Decode.Reserve's transfer_key; the router mints one per attempt)")
+        super().expect(expectation)
+        self._in.open(expectation.transfer_id, expectation.tkey)
+
+    def _reopen(self, exp: Expectation, commit: TransferCommit, verdict: Verdict) -> None:
+        super()._reopen(exp, commit, verdict)
+        if self.pending.get(exp.transfer_id) is exp:  # pending again: its sender too, as it was
+            self._in.open(exp.transfer_id, exp.tkey)
+
+    def _drop(self, transfer_id: str, why: str = "forgotten") -> None:
         self._token_next.discard(transfer_id)
         self._last_heard.pop(transfer_id, None)
         self._claimed.pop(transfer_id, None)
         self._unverified.pop(transfer_id, None)
-        held = self._held.pop(transfer_id, None)
-        if held is not None:  # forgotten with its COMMIT waiting: the sender hears it now
-            self._reply(held[0], wire.VERDICT, transfer_id, {"published": False, "reason": "transfer forgotten"})
+        if self._held.pop(transfer_id, None) is not None:  # forgotten with its COMMIT waiting: the sender hears it
+            self._reply(transfer_id, wire.VERDICT, {"published": False, "reason": "transfer forgotten"})
+        self._in.end(transfer_id, why)
 
     def _heard(self, tid: str) -> None:
         """A message of pending transfer tid arrived: restart its idle clock (one timer per
@@ -153,58 +194,18 @@ class UcxReceiver(KVReceiver):
         posted = self._posted.pop(transfer_id, [])
         self.stats["drained"] += await fence_receives(self._rt, posted, self.fence_timeout_s, STOP_GRACE_S, transfer_id)
 
-    # -- messages (mailbox, in arrival order)
-    async def _on_message(self, kind: int, tid: str, nonce: int, body: dict) -> None:
-        if kind == wire.HELLO:
-            await self._on_hello(nonce, body)
-            return
-        if nonce not in self._senders:
-            log.warning("ucx receiver: %s from unknown sender %x dropped",
-                        wire.KIND_NAMES.get(kind), nonce)
-            if kind in (wire.CHUNK, wire.COMMIT):
-                self._fail(tid, "chunk from a sender that never said HELLO")
-            return
-        exp = self.pending.get(tid)
-        if exp is not None and not trusts(exp, nonce) and kind != wire.AUTH:
-            self._untrusted(kind, nonce, tid, body)
-            return
-        if exp is not None:
-            self._heard(tid)
-        if kind == wire.CHUNK:
-            self._on_chunk(nonce, tid, body)
-        elif kind == wire.COMMIT:
-            if (deciding := self._on_commit(nonce, tid, body)) is not None:
-                await deciding
-        elif kind == wire.AUTH:
-            why = await self.admit(tid, body or {}, None, nonce)
-            if why:
-                self._reply(nonce, wire.ERROR, tid, {"reason": why})
-        elif kind == wire.ABORT:
-            self._fail(tid, f"aborted by sender: {body.get('reason', '')}")
-        else:
-            log.warning("ucx receiver: unexpected %s for %s", wire.KIND_NAMES.get(kind), tid)
-
-    async def _on_hello(self, nonce: int, body: dict) -> None:
-        try:
-            address = wire.unb64(str(body["address"]))
-            ep = await self._rt.endpoint(address)
-        except Exception as e:  # noqa: BLE001 - bad address or UCX error: ignore the sender
-            log.warning("ucx receiver: HELLO from %x unusable: %r", nonce, e)
-            return
-        self._senders[nonce] = (address, ep)
-
-    def _on_chunk(self, nonce: int, tid: str, body: dict) -> None:
-        exp = self.pending.get(tid)
+    # -- the receiver's rules (ucx_intake.py checked each message first)
+    def _on_chunk(self, tid: str, body: dict) -> None:
+        exp, bits = self.pending.get(tid), self._in.live[tid].key.tag_bits
         try:
             serial, entries, sizes, first = wire.chunk_header(body)
-            if first >> 60 != wire.DATA or len(sizes) > MAX_PIECES or not 0 < len(entries) <= MAX_PIECES:
-                raise ValueError(f"data tag {first:#x} / {len(sizes)} pieces / {len(entries)} chunks")
+            kind, tag_bits, counter = wire.tag_parts(first)
+            if (kind, tag_bits) != (wire.DATA, bits) or counter + len(sizes) > wire.COUNTER_SPAN or \
+                    len(sizes) > MAX_PIECES or not 0 < len(entries) <= MAX_PIECES:
+                raise ValueError(f"data tag {first:#x} (not the transfer's) / {len(sizes)} pieces / "
+                                 f"{len(entries)} chunks")
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            self._reject(nonce, tid, exp, f"malformed CHUNK: {e!r}")
-            return
-        if exp is None:
-            self._swallow(first, len(sizes))
-            self._reply(nonce, wire.ERROR, tid, {"reason": f"transfer {tid} not expected"})
+            self._reject(tid, exp, f"malformed CHUNK: {e!r}")
             return
         claimed = self._claimed.setdefault(tid, set())
         keys = [c.key for c in entries]
@@ -220,11 +221,11 @@ class UcxReceiver(KVReceiver):
                 raw, tid, tuple(entries) if same else None)
         if problem:
             self._swallow(first, len(sizes))
-            self._reject(nonce, tid, exp, problem)
+            self._reject(tid, exp, problem)
             return
         claimed.update(keys)
         if carried is not None:
-            self._held[tid] = (nonce, carried)
+            self._held[tid] = carried
             self.stats["carried_commits"] += 1
         posted, staged, fenced = [], [], self._posted.setdefault(tid, [])
         for i, parts in enumerate(place([v for views in per for v in views], sizes)):
@@ -234,31 +235,16 @@ class UcxReceiver(KVReceiver):
                 staged.append((buf, parts))
             posted.append((t, self._rt.post_recv(buf, t)))
             fenced.append((*posted[-1], len(parts) > 1))  # (a staging receive holds no cache memory)
-        land = Landing(len(posted), lambda: self._land(nonce, tid, exp, serial, entries, per, posted, staged))
+        land = Landing(len(posted), lambda: self._land(tid, exp, serial, entries, per, posted, staged))
         for _, f in posted:
             f.add_done_callback(land.piece_done)
-
-    def _untrusted(self, kind: int, nonce: int, tid: str, body: dict) -> None:
-        """A CHUNK, COMMIT or ABORT from a sender whose credential was not accepted: refused,
-        its data swallowed; the transfer goes on for the sender that holds the capability."""
-        if kind == wire.CHUNK:
-            try:
-                self._swallow(int(body["tag"]), min(len(body["sizes"]), MAX_PIECES))
-            except (KeyError, TypeError, ValueError):
-                pass
-            self._reply(nonce, wire.ERROR, tid, {"reason": UNAUTHORIZED})
-        elif kind == wire.COMMIT:
-            self._reply(nonce, wire.VERDICT, tid, {"published": False, "reason": UNAUTHORIZED})
-        else:
-            log.warning("ucx receiver: %s for %s from unauthorized sender %x ignored",
-                        wire.KIND_NAMES.get(kind), tid, nonce)
 
     def _swallow(self, first_tag: int, count: int) -> None:
         """A refused chunk's data off the wire: a 1-byte receive per piece completes (truncated)."""
         for i in range(count):  # (each completes truncated: its exception retrieved)
             self._rt.post_recv(bytearray(1), first_tag + i).add_done_callback(lambda f: f.cancelled() or f.exception())
 
-    def _land(self, nonce: int, tid: str, exp: Expectation, serial: int, entries: list, per: list,
+    def _land(self, tid: str, exp: Expectation, serial: int, entries: list, per: list,
               posted: list, staged: list) -> None:
         """Every piece of a chunk completed: verify, then VISIBLE (or fail the transfer)."""
         if self.pending.get(tid) is not exp:
@@ -270,21 +256,22 @@ class UcxReceiver(KVReceiver):
         for buf, parts in staged:  # still pending (checked above): the views are ours
             scatter(buf, parts)
         self.stats["staged_pieces"] = self.stats.get("staged_pieces", 0) + len(staged)
-        sums = [checksum(views) for views in per]
+        sums = [chunk_checksum(exp.tkey, c.key, views) for c, views in zip(entries, per)]
         if tid not in self._held and any(not c.checksum for c in entries):  # announced: the COMMIT has them
             self._unverified.setdefault(tid, []).append((serial, entries, sums))
             return
-        self._verified(nonce, tid, exp, serial, entries, sums)
+        self._verified(tid, exp, serial, entries, sums)
 
-    def _verified(self, nonce: int, tid: str, exp: Expectation, serial: int, entries: list, sums: list[str]) -> None:
+    def _verified(self, tid: str, exp: Expectation, serial: int, entries: list, sums: list[str]) -> None:
         """A message's chunks landed and hashed (`sums`): each equal to its checksum (an
         announced one's: the held COMMIT's) -> ChunkArrived, then VISIBLE or the COMMIT's
-        decision; else the transfer fails."""
+        decision; else the transfer fails (the value computed is never told: keys.py)."""
         announced = tid in self._held and not all(c.checksum for c in entries)  # (else no lookup to build)
-        listed = {c.key: c.checksum for c in self._held[tid][1].chunks} if announced else {}
+        listed = {c.key: c.checksum for c in self._held[tid].chunks} if announced else {}
         for c, got in zip(entries, sums):
             if got != (want := c.checksum or listed.get(c.key, "none in the COMMIT")):
-                self._reject(nonce, tid, exp, f"checksum mismatch in chunk {c.key}: sender {want}, received {got}")
+                self._reject(tid, exp, f"checksum mismatch in chunk {c.key}: the bytes that landed are not "
+                                       f"the sender's ({want[:4]}…)")
                 return
         self._heard(tid)
         self.stats["chunks"] += len(entries)
@@ -295,105 +282,87 @@ class UcxReceiver(KVReceiver):
         held = self._held.get(tid)
         if held is not None and not self._in_flight(tid, exp):  # its VERDICT says it landed
             del self._held[tid]
-            if (deciding := self._close(held[0], tid, exp, held[1])) is not None:
+            if (deciding := self._close(tid, exp, held)) is not None:
                 self._tasks.spawn(deciding)
         else:
-            self._visible_soon(nonce, tid, serial)
+            self._visible_soon(tid, serial)
 
-    def _visible_soon(self, nonce: int, tid: str, serial: int) -> None:
+    def _visible_soon(self, tid: str, serial: int) -> None:
         """VISIBLE for `serial`, in one message with tid's other chunks landed in this turn."""
-        self._visible.setdefault((nonce, tid), []).append(serial)
-        if len(self._visible) == 1 and len(self._visible[(nonce, tid)]) == 1:
+        self._visible.setdefault(tid, []).append(serial)
+        if len(self._visible) == 1 and len(self._visible[tid]) == 1:
             asyncio.get_running_loop().call_soon(self._flush_visible)
 
     def _flush_visible(self) -> None:
         visible, self._visible = self._visible, {}
-        for (nonce, tid), serials in visible.items():
-            self._reply(nonce, wire.VISIBLE, tid, {"serials": serials})
+        for tid, serials in visible.items():
+            for i in range(0, len(serials), VISIBLE_MAX):  # each reply inline
+                self._reply(tid, wire.VISIBLE, {"serials": serials[i:i + VISIBLE_MAX]})
 
-    def _wants_body(self, kind: int, tid: str, nonce: int) -> bool:
-        """An out-of-line body is received only from a sender that said HELLO (anyone else
-        could stall the mailbox with bodies that never come), and a COMMIT's (up to 8 MiB)
-        only for a transfer this receiver expects."""
-        return nonce in self._senders and (kind not in (wire.COMMIT, wire.AUTH) or tid in self.pending)
-
-    def _on_commit(self, nonce: int, tid: str, body: dict | None) -> Coroutine | None:
-        exp = self.pending.get(tid)
-        if exp is None or body is None:
-            self._reply(nonce, wire.VERDICT, tid, {"published": False,
-                                                   "reason": f"transfer {tid} not expected"})
-            return
+    def _on_commit(self, tid: str, body: dict) -> Coroutine | None:
+        exp = self.pending[tid]
         commit, why = commit_for(body, tid)
         if why or tid in self._held:
-            self._reject(nonce, tid, exp, why or "a second COMMIT")
+            self._reject(tid, exp, why or "a second COMMIT")
         elif self._in_flight(tid, exp):  # decided when the last of them lands (`_land`)
-            self._held[tid] = (nonce, commit)
+            self._held[tid] = commit
             for serial, entries, sums in self._unverified.pop(tid, ()):  # landed ahead of their checksums
                 if self.pending.get(tid) is exp:
-                    self._verified(nonce, tid, exp, serial, entries, sums)
+                    self._verified(tid, exp, serial, entries, sums)
         else:
-            return self._close(nonce, tid, exp, commit)
+            return self._close(tid, exp, commit)
         return None
 
     def _in_flight(self, tid: str, exp: Expectation) -> bool:  # an accepted chunk not landed yet
         return any(key not in exp.received for key in self._claimed.get(tid, ()))
 
-    def _close(self, nonce: int, tid: str, exp: Expectation, commit: TransferCommit) -> Coroutine | None:
+    def _close(self, tid: str, exp: Expectation, commit: TransferCommit) -> Coroutine | None:
         """The COMMIT ends the transfer here: no more chunks, no Failed from stop/idle. It is
         decided in a task; the token's COMMIT of a transfer published ahead of it (its listener
         only admits) is returned instead, for the mailbox to await: one loop turn less."""
         del self.pending[tid]
         token = tid in self._token_next and not commit.chunks
-        self._drop(tid)  # (no COMMIT held here: none, or `_land` took it)
-        deciding = self._decide(nonce, exp, commit)
+        self._drop(tid, "committed")  # (no COMMIT held here: none, or `_land` took it)
+        deciding = self._decide(exp, commit)
         if token:
             return deciding
         self._tasks.spawn(deciding)
         return None
 
-    async def _decide(self, nonce: int, exp: Expectation, commit: TransferCommit) -> None:
+    async def _decide(self, exp: Expectation, commit: TransferCommit) -> None:
         verdict = await decide(exp, commit)
         self._reopen(exp, commit, verdict)
         if self.pending.get(exp.transfer_id) is exp:  # published ahead: its token's COMMIT comes next
             self._token_next.add(exp.transfer_id)
-        self._reply(nonce, wire.VERDICT, exp.transfer_id, {"published": verdict.published, "reason": verdict.reason})
+        self._reply(exp.transfer_id, wire.VERDICT, {"published": verdict.published, "reason": verdict.reason})
 
     def metrics(self) -> list[tuple[str, dict, float]]:
-        """Samples for services.telemetry: totals, pending transfers, and the transports."""
+        """Samples for services.telemetry: totals, pending transfers, the transports, and what
+        the receiver dropped (with the runtime's sweeps, when it reports them)."""
         labels = {"backend": "ucx", "transports": ",".join(self._rt.transports if self._rt else [])}
-        return [(f"pd_transfer_received_{k}_total", labels, v) for k, v in self.stats.items()] + [
+        out = [(f"pd_transfer_received_{k}_total", labels, v) for k, v in self.stats.items()] + [
             ("pd_transfer_pending", labels, len(self.pending))]
+        return out + self.rejected.samples("receiver") + runtime_samples(self._rt, self)
 
     # -- helpers
-    def _reject(self, nonce: int, tid: str, exp: Expectation | None, reason: str) -> None:
+    def _reject(self, tid: str, exp: Expectation | None, reason: str) -> None:
+        """The transfer's genuine sender broke a rule: the transfer fails, the sender hears why."""
         if exp is not None and self.pending.get(tid) is exp:
             self._fail(tid, reason)
-        self._reply(nonce, wire.ERROR, tid, {"reason": reason})
+        self._reply(tid, wire.ERROR, {"reason": reason})
 
     def _fail(self, tid: str, reason: str) -> None:
         if tid in self.pending:
             self.stats["failed_transfers"] += 1
-        held = self._held.pop(tid, None)
-        if held is not None:  # its COMMIT waited: the sender hears why
-            self._reply(held[0], wire.ERROR, tid, {"reason": reason})
+        if self._held.pop(tid, None) is not None:  # its COMMIT waited: the sender hears why
+            self._reply(tid, wire.ERROR, {"reason": reason})
+        self._in.end(tid, reason)
         super()._fail(tid, reason)
 
-    def _reply(self, nonce: int, kind: int, tid: str, body: dict) -> None:
-        """Post a reply now (in order with earlier replies); errors are only logged —
-        a sender that hears nothing times out on its side."""
-        entry = self._senders.get(nonce)
-        if entry is None:
-            return
-        try:
-            futs = post_control(self._rt, entry[1], wire.tag(wire.REPLY, nonce), kind, tid,
-                                self.nonce, body, lambda: next(self._oob))
-        except Exception as e:  # noqa: BLE001 - UCX refused the post
-            log.warning("ucx receiver: reply %s for %s not posted: %r", wire.KIND_NAMES.get(kind), tid, e)
-            return
-        for f in futs:
-            f.add_done_callback(_log_reply_error)
 
-
-def _log_reply_error(f: asyncio.Future) -> None:
-    if not f.cancelled() and f.exception() is not None:
-        log.info("ucx receiver: a reply was not delivered: %r", f.exception())
+def runtime_samples(rt: UcxRuntime | None, owner: object) -> list[tuple[str, dict, float]]:
+    """The runtime's own drops (its sweeps), reported by one transfer object per process."""
+    if rt is None or rt.exporter is not owner:
+        return []
+    return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": "runtime", "reason": "unexpected"},
+             rt.stats["unexpected"])]

@@ -24,6 +24,14 @@ With error handling off UCX reports no peer failure on an endpoint: an
 operation towards a dead peer may never complete. Every wait in the backend is
 therefore bounded by a timeout, and a posted receive is fenced by completing it
 ourselves (`drain`) when its sender is gone.
+
+Messages nobody receives. A message whose tag matches no posted receive waits in UCX's
+unexpected queue until one is posted: for a legitimate piece that is a moment (its
+header is on its way through a mailbox), for anything else forever. So the mailboxes
+and the transfers register the tags they will receive (`expect_tags`: a kind and the
+28 bits after it), and every SWEEP_INTERVAL_S the runtime takes each unexpected message
+on a tag nobody registered off the queue (probed, received truncated into one byte) and
+counts it (`stats["unexpected"]`). A registered one is left where it is.
 """
 
 from __future__ import annotations
@@ -34,21 +42,21 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable
 
 from . import ucx_wire as wire
 
 log = logging.getLogger(f"{__package__}.ucx")
 
 _runtime: UcxRuntime | None = None
-RING = 64
-"""Control buffers a mailbox keeps posted."""
+FULL_MASK = (1 << 64) - 1
 FUTURE_REFILL_EVERY = 32
 """Posts between two refills of ucxx's future pool (it holds 100 and refills below 50)."""
 PROGRESS_ROUNDS = 64
 """Progress rounds in one loop callback before it yields to the loop's other work."""
-OOB_TIMEOUT_S = 30.0
-"""How long a mailbox waits for an out-of-line body after its head."""
+SWEEP_INTERVAL_S = 1.0
+"""How often the unexpected queue is swept of messages on tags nobody registered."""
+SWEEP_MAX = 4096
+"""Most messages one sweep drains (the next sweep takes the rest)."""
 
 
 def runtime() -> UcxRuntime:
@@ -87,7 +95,7 @@ class UcxRuntime:
         from ucxx._lib import libucxx as ucx
         from ucxx._lib.arr import Array
         from ucxx.types import Tag
-        self._Array, self._Tag, self._ucx = Array, Tag, ucx
+        self._Array, self._Tag, self._Mask, self._ucx = Array, Tag, ucx.UCXXTagMask, ucx
         self.loop, self._thread = loop, threading.get_ident()
         self.ctx = ucx.UCXContext({})
         # Futures on (ucxx completes each request's asyncio future in run_request_notifier,
@@ -103,6 +111,12 @@ class UcxRuntime:
         self._eps: dict[bytes, object] = {}
         self._posts = 0
         self.transports = _transports(self.ctx.info)
+        self._expected: collections.Counter[tuple[int, int]] = collections.Counter()
+        self.stats = {"unexpected": 0}
+        """Messages the sweeps drained (on a tag nobody registered)."""
+        self.exporter: object | None = None
+        """The transfer object that reports this runtime's stats (the first to ask)."""
+        self._sweep = loop.call_later(SWEEP_INTERVAL_S, self.sweep)
         log.info("ucx runtime: transports %s (UCX_TLS=%s), progressed on the event loop",
                  ",".join(self.transports), os.environ.get("UCX_TLS", "<all>"))
 
@@ -181,6 +195,42 @@ class UcxRuntime:
             raise RuntimeError("ucx: a post off the event loop that progresses the worker "
                                "(use loop.call_soon_threadsafe)")
 
+    def expect_tags(self, kind: int, bits: int, count: int = 1) -> None:
+        """Messages on tags of `kind` with these 28 `bits` will be received (a mailbox's
+        nonce, a transfer's tag bits): sweeps leave them queued. `count` -1 takes one back."""
+        key = (kind, bits)
+        self._expected[key] += count
+        if self._expected[key] <= 0:
+            del self._expected[key]
+
+    def expected(self, t: int) -> bool:
+        return (t >> 60, (t >> 32) & ((1 << wire.NONCE_BITS) - 1)) in self._expected
+
+    def sweep(self) -> int:
+        """Drain the unexpected messages on tags nobody expects; returns how many. Per tag
+        kind, oldest first, up to the first one somebody expects (UCX shows no further)."""
+        self._sweep = self.loop.call_later(SWEEP_INTERVAL_S, self.sweep)
+        drained = 0
+        try:
+            for kind in range(16):
+                while drained < SWEEP_MAX:
+                    seen = self.worker.tag_probe(self._Tag(kind << 60), self._Mask(0xF << 60), False)
+                    if not seen.matched or self.expected(seen.sender_tag.value):
+                        break
+                    taken = self.worker.tag_probe(seen.sender_tag, self._Mask(FULL_MASK), True)
+                    if not taken.matched:
+                        break
+                    sink = bytearray(1)  # completes truncated (its error retrieved by _future)
+                    _future(self.worker.tag_recv_with_handle(self._Array(sink), taken), sink)
+                    drained += 1
+        except Exception:  # a sweep must never stop the next one
+            log.exception("ucx: sweeping the unexpected queue failed")
+        if drained:
+            self.stats["unexpected"] += drained
+            log.info("ucx: drained %d unexpected messages (tags nobody receives)", drained)
+            self._kick()
+        return drained
+
     async def drain(self, tag: int) -> None:
         """Complete a receive posted on `tag` with one byte from ourselves (fence)."""
         ep = await self.endpoint(self.address)
@@ -207,125 +257,6 @@ def _transports(info: str) -> list[str]:
             if name and name not in names:
                 names.append(name)
     return names
-
-
-Handler = Callable[[int, str, int, dict | None], Awaitable[None] | None]
-
-
-class Mailbox:
-    """Receives control messages on one tag and hands them, in order, to `handler`.
-
-    handler(kind, transfer_id, nonce, body) runs on the event loop; it must not
-    block (long work goes to tasks). A malformed message is logged and dropped.
-    """
-
-    def __init__(self, rt: UcxRuntime, tag: int, handler: Handler, name: str,
-                 wants_body: Callable[[int, str, int], bool] | None = None):
-        """wants_body(kind, transfer_id, nonce): False for a message whose out-of-line
-        body is not worth memory or waiting for (a sender that never said HELLO, a COMMIT
-        for no pending transfer); that body is taken off the wire by a 1-byte receive
-        and the handler gets body None."""
-        self.rt, self.tag, self.handler, self.name = rt, tag, handler, name
-        self.wants_body = wants_body
-        self._task: asyncio.Task | None = None
-        self._stopping = False
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
-
-    async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._stopping = True
-        msg, _ = wire.encode(wire.STOP, "", 0)
-        ep = await self.rt.endpoint(self.rt.address)
-        await asyncio.wait([self.rt.post_send(ep, msg, self.tag)], timeout=5)
-        try:
-            async with asyncio.timeout(5):
-                await asyncio.shield(self._task)
-        except (TimeoutError, asyncio.CancelledError):
-            self._task.cancel()
-        self._task = None
-
-    async def _run(self) -> None:
-        # A ring of posted buffers: UCX matches messages of one tag to posted
-        # receives in posting order, so a burst lands in one wake-up, in order.
-        ring = collections.deque()
-        for _ in range(RING):
-            buf = bytearray(wire.MESSAGE_BUFFER_BYTES)
-            ring.append((buf, self.rt.post_recv(buf, self.tag)))
-        while True:
-            buf, fut = ring.popleft()
-            try:
-                await fut
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - e.g. a message larger than the buffer (truncated)
-                log.warning("%s: dropped a message that could not be received: %r", self.name, e)
-                ring.append((buf, self.rt.post_recv(buf, self.tag)))  # the mailbox keeps receiving
-                continue
-            view = memoryview(buf)
-            try:
-                kind, tid, nonce, body_len, oob = wire.decode_head(view)
-                if kind == wire.STOP and self._stopping:
-                    return
-                if oob and self.wants_body is not None and not self.wants_body(kind, tid, nonce):
-                    got = self.rt.post_recv(bytearray(1), oob)  # completes truncated: discarded
-                    got.add_done_callback(lambda f: f.cancelled() or f.exception())
-                    obj = None
-                elif oob:
-                    body = bytearray(body_len)
-                    got = self.rt.post_recv(body, oob)
-                    await asyncio.wait([got], timeout=OOB_TIMEOUT_S)  # never cancel it
-                    if not got.done():
-                        await self.rt.drain(oob)
-                        raise asyncio.TimeoutError(f"body of {tid} not sent in {OOB_TIMEOUT_S} s")
-                    got.result()
-                    obj = wire.json_body(bytes(body))
-                else:
-                    obj = wire.json_body(wire.inline_body(view, tid, body_len))
-            except (wire.ProtocolError, asyncio.TimeoutError, Exception) as e:  # noqa: BLE001
-                log.warning("%s: dropped a control message: %s", self.name, e)
-                continue
-            finally:
-                ring.append((buf, self.rt.post_recv(buf, self.tag)))
-            try:
-                res = self.handler(kind, tid, nonce, obj)
-                if asyncio.iscoroutine(res):
-                    await res
-            except Exception:  # one bad message must not stop the mailbox
-                log.exception("%s: handler of %s for %s failed", self.name,
-                              wire.KIND_NAMES.get(kind), tid)
-
-
-def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, nonce: int,
-                 obj: dict | None, oob_counter: Callable[[], int]) -> list[asyncio.Future]:
-    """Post one control message (its body out of line when large); its send futures.
-
-    Messages posted on one endpoint and tag are matched in posting order, so a
-    caller that does not wait still keeps the protocol's order.
-    """
-    msg, body = wire.encode(kind, transfer_id, nonce, obj)
-    if not body:
-        return [rt.post_send(ep, msg, to_tag)]
-    oob = wire.tag(wire.BODY, nonce, oob_counter())
-    return [rt.post_send(ep, wire.with_oob_tag(msg, oob), to_tag), rt.post_send(ep, body, oob)]
-
-
-async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, nonce: int,
-                       obj: dict | None, oob_counter: Callable[[], int],
-                       timeout_s: float) -> None:
-    """Send one control message and wait (timeout_s) until UCX is done with it. The worker
-    is progressed at once: the message leaves now, not after the loop's other ready
-    callbacks (the token's COMMIT waited 0.15-0.5 ms for them behind the prefill's wake-up)."""
-    futs = post_control(rt, ep, to_tag, kind, transfer_id, nonce, obj, oob_counter)
-    rt.progress()
-    done, pending = await asyncio.wait(futs, timeout=timeout_s)  # never cancels ucxx's futures
-    if pending:
-        raise TimeoutError(f"{wire.KIND_NAMES[kind]} for {transfer_id} not delivered in "
-                           f"{timeout_s} s")
-    for f in done:
-        f.result()
 
 
 async def fence_receives(rt: UcxRuntime, posted: list[tuple[int, asyncio.Future, bool]], timeout_s: float,

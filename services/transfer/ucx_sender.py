@@ -28,13 +28,17 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from . import ucx_wire as wire
-from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict
+from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict, token_follows
 from .common import chunk_buffers, pack
 from .credits import CreditWindow
+from .keys import TO_RECEIVER, TransferKey
 from .tcp_wire import encode_commit
 from .ucx_credits import SenderCredits
-from .ucx_outgoing import OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
-from .ucx_runtime import Mailbox, UcxRuntime, post_control, runtime, send_control
+from .ucx_inbound import Rejections
+from .ucx_mailbox import Mailbox, post_control, send_control
+from .ucx_outgoing import Keys, OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
+from .ucx_receiver import runtime_samples
+from .ucx_runtime import UcxRuntime, runtime
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -51,14 +55,15 @@ class UcxSender(SenderCredits, KVSender):
                  fence_timeout_s: float = 2.0):
         self.window_bytes, self.io_timeout_s = window_bytes, io_timeout_s
         self.fence_timeout_s = fence_timeout_s
-        self.nonce = wire.new_nonce()
+        self.nonce = wire.new_nonce()  # names our mailbox (REPLY tag): it routes, it proves nothing
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
         self._peers: dict[str, Peer] = {}
         self._connecting: dict[str, asyncio.Future] = {}
-        self._outs: dict[tuple[int, str], Outgoing] = {}
-        self._oob = itertools.count(1)
-        self._data = itertools.count(1)
+        self._outs: dict[str, Outgoing] = {}
+        self._keys = Keys()  # each presented transfer's key, until its end
+        self._seq = itertools.count(1)  # our messages' seq
+        self.rejected = Rejections()
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, announced_batches=0)
 
     # -- KVSender
@@ -68,9 +73,13 @@ class UcxSender(SenderCredits, KVSender):
     def _ensure_runtime(self) -> None:
         if self._rt is None:
             self._rt = runtime()
-            self._mailbox = Mailbox(self._rt, wire.tag(wire.REPLY, self.nonce), self._on_reply,
-                                    f"ucx-sender-{self.nonce:x}")
+            self._rt.exporter = self._rt.exporter or self
+            self._mailbox = Mailbox(self._rt, wire.tag(wire.REPLY, self.nonce), self._on_reply, "ucx-sender",
+                                    on_reject=self._count_reject)
             self._mailbox.start()
+
+    def _count_reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:
@@ -171,22 +180,19 @@ class UcxSender(SenderCredits, KVSender):
         pieces = [v for v in c.views if v.nbytes]
         try:
             if header:
-                first = next(self._data)
-                self._data = itertools.count(first + (1 if c.packed else max(1, len(pieces))))
-                c.tag = wire.tag(wire.DATA, self.nonce, first)
+                c.tag = out.keyed.tags(wire.DATA, 1 if c.packed else max(1, len(pieces)))
                 sizes = [c.nbytes] if c.packed else [v.nbytes for v in pieces]
                 body = {"serial": c.serial, "sizes": sizes, "tag": c.tag, **c.head}
                 if commit is not None:
                     body["commit"] = commit
-                sends = post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.CHUNK, out.tid,
-                                     self.nonce, body, lambda: next(self._oob))
+                sends = self._post_control(out, wire.CHUNK, body)
             if data:
                 if c.packed:
                     pieces = c.views = [pack(pieces)]  # (referenced until sent: `_future` keeps it)
                 sends += [self._rt.post_send(peer.ep, v, c.tag + i) for i, v in enumerate(pieces)]
                 c.state = "sending"
         except Exception as e:  # noqa: BLE001 - any UCX error
-            self._fail(out, f"CHUNK to {peer.dest[:60]} failed: {e!r}")
+            self._fail(out, f"CHUNK to {wire.peer_name(peer.dest)} failed: {e!r}")
         c.sends += sends
         for f in sends:
             f.add_done_callback(self._failing(out, f"chunk {c.key}"))
@@ -196,31 +202,48 @@ class UcxSender(SenderCredits, KVSender):
         return lambda f: f.cancelled() or f.exception() is None or self._fail(
             out, f"{what}: send failed: {f.exception()!r}")
 
-    async def present(self, dest: str, transfer_id: str, credential: dict) -> None:
+    async def present(self, dest: str, transfer_id: str, credential: dict | None, key: bytes = b"",
+                      confirm: bool = False) -> None:
+        """AUTH: the credential and where replies go, under the transfer's key; every later
+        message of the transfer is sent under that key too (none given: the public one)."""
         peer = await self._peer(dest)
+        keyed = self._keys.add(transfer_id, TransferKey.of(transfer_id, key))
         out = self._out(peer, transfer_id)
         out.raise_if_failed()
+        body = {**(credential or {}), "reply": {"address": wire.b64(self._rt.address), "mailbox": self.nonce}}
+        if confirm:
+            body["confirm"] = True
+            keyed.admitted = asyncio.get_running_loop().create_future()
         try:
-            await self._control(peer, wire.AUTH, transfer_id, credential)
+            await self._control(out, wire.AUTH, body)
         except Exception as e:  # noqa: BLE001 - any UCX error
-            self._fail(out, f"AUTH to {dest[:60]} failed: {e!r}")
+            self._fail(out, f"AUTH to {wire.peer_name(dest)} failed: {e!r}")
+        out.raise_if_failed()
+        if confirm and not await wait_progress(out, keyed.admitted, self.io_timeout_s, self._rt, self._drop_peer):
+            self._fail(out, out.failed or f"AUTH of {transfer_id} not answered in {self.io_timeout_s} s")
         out.raise_if_failed()
 
     def _out(self, peer: Peer, transfer_id: str) -> Outgoing:
-        """The outgoing state of `transfer_id` to `peer`, made on first use."""
-        out = self._outs.get((peer.nonce, transfer_id))
-        if out is None:
-            out = self._outs[(peer.nonce, transfer_id)] = Outgoing(peer, transfer_id)
+        """The outgoing state of `transfer_id` to `peer`, made on first use (after `present`)."""
+        out = self._outs.get(transfer_id)
+        if out is None or out.peer.dest != peer.dest:
+            keyed = self._keys.get(transfer_id)
+            if keyed is None:
+                raise TransferError(f"transfer {transfer_id}: not presented (`present` gives its key and "
+                                    "tells the receiver where to reply)")
+            if out is not None:
+                raise TransferError(f"transfer {transfer_id} is under way to {wire.peer_name(out.peer.dest)}")
+            out = self._outs[transfer_id] = Outgoing(peer, transfer_id, keyed)
         return out
 
     async def commit(self, dest: str, commit: TransferCommit) -> Verdict:
-        return await self._verdict(self._post_commit(await self._peer(dest), commit))
+        return await self._verdict(self._post_commit(await self._peer(dest), commit), token_follows(commit))
 
     def commit_now(self, dest: str, commit: TransferCommit) -> asyncio.Future | None:
         peer = self._peers.get(dest)
-        if peer is None or peer.dead:
+        if peer is None or peer.dead or commit.transfer_id not in self._keys:
             return None
-        return asyncio.ensure_future(self._verdict(self._post_commit(peer, commit)))
+        return asyncio.ensure_future(self._verdict(self._post_commit(peer, commit), token_follows(commit)))
 
     def _post_commit(self, peer: Peer, commit: TransferCommit) -> Outgoing:
         """Post the COMMIT now and progress at once (it leaves before the loop's other ready
@@ -239,46 +262,55 @@ class UcxSender(SenderCredits, KVSender):
             else:
                 if held is not None:
                     self._post(out, held)
-                for f in post_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), wire.COMMIT,
-                                      commit.transfer_id, self.nonce, body, lambda: next(self._oob)):
-                    f.add_done_callback(self._failing(out, f"COMMIT to {peer.dest[:60]}"))
+                for f in self._post_control(out, wire.COMMIT, body):
+                    f.add_done_callback(self._failing(out, f"COMMIT to {wire.peer_name(peer.dest)}"))
             self._rt.progress()
         except Exception as e:  # noqa: BLE001 - UCX refused the post
-            self._fail(out, f"COMMIT to {peer.dest[:60]} failed: {e!r}")
+            self._fail(out, f"COMMIT to {wire.peer_name(peer.dest)} failed: {e!r}")
         return out
 
-    async def _verdict(self, out: Outgoing) -> Verdict:
-        """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s)."""
+    async def _verdict(self, out: Outgoing, token_next: bool = False) -> Verdict:
+        """The VERDICT of a posted COMMIT (TransferError on any failure or io_timeout_s). The
+        transfer's key is kept only for the token's COMMIT of one published ahead of it."""
         try:
             out.raise_if_failed()  # failed before the COMMIT could be posted
             if not await wait_progress(out, out.verdict, self.io_timeout_s, self._rt, self._drop_peer) \
                     and not out.failed:
-                self._fail(out, f"no verdict for {out.tid} from {out.peer.dest} in {self.io_timeout_s} s")
+                self._fail(out, f"no verdict for {out.tid} from {wire.peer_name(out.peer.dest)} in "
+                                f"{self.io_timeout_s} s")
             out.raise_if_failed()
             await self._fence_unseen(out, out.verdict.result())
+            token_next = token_next and out.verdict.result().published
             return out.verdict.result()
         finally:
             if out.failed:
                 await out.settle()
-            self._outs.pop((out.peer.nonce, out.tid), None)
+            if self._outs.get(out.tid) is out:
+                del self._outs[out.tid]
+            if not out.failed and not token_next:  # (a failed one's: its abort takes it)
+                self._keys.pop(out.tid, None)
 
     async def abort(self, dest: str, transfer_id: str, reason: str) -> None:
         # Our own state first, reachable peer or not: a dead peer's chunks' credits return once fenced.
-        for key in [k for k, o in self._outs.items() if k[1] == transfer_id and o.peer.dest == dest]:
-            out = self._outs.pop(key)
+        out = self._outs.get(transfer_id)
+        if out is not None and out.peer.dest == dest:
+            del self._outs[transfer_id]
             self._fail(out, f"aborted: {reason}")
             await out.settle()
+        keyed = self._keys.pop(transfer_id, None)
+        if keyed is None:  # never presented: the receiver has no word of ours to take back
+            return
         try:
             peer = await self._peer(dest)
         except TransferError as e:
-            log.info("abort of %s at %s not delivered: %s", transfer_id, dest, e)
+            log.info("abort of %s at %s not delivered: %s", transfer_id, wire.peer_name(dest), e)
             return
         if peer.dead:
             return
         try:
-            await self._control(peer, wire.ABORT, transfer_id, {"reason": reason})
+            await self._control(Outgoing(peer, transfer_id, keyed), wire.ABORT, {"reason": reason})
         except Exception as e:  # noqa: BLE001 - abort is best effort by contract
-            log.info("abort of %s at %s not delivered: %r", transfer_id, dest, e)
+            log.info("abort of %s at %s not delivered: %r", transfer_id, wire.peer_name(dest), e)
 
     async def close(self) -> None:
         for out in list(self._outs.values()):
@@ -286,6 +318,7 @@ class UcxSender(SenderCredits, KVSender):
         for out in list(self._outs.values()):
             await out.settle()
         self._outs.clear()
+        self._keys.clear()
         if self._mailbox is not None:
             await self._mailbox.stop()
             self._mailbox = None
@@ -303,15 +336,14 @@ class UcxSender(SenderCredits, KVSender):
 
     async def _connect(self, dest: str) -> Peer:
         self._ensure_runtime()
-        peer = self._peers[dest] = await connect(self._rt, dest, self.nonce, CreditWindow(self.window_bytes),
-                                                 self.io_timeout_s, lambda: next(self._oob))
+        peer = self._peers[dest] = await connect(self._rt, dest, CreditWindow(self.window_bytes), self.io_timeout_s)
         return peer
 
     def _drop_peer(self, peer: Peer, reason: str) -> None:
         if peer.dead:
             return
         peer.dead = reason
-        log.warning("ucx sender: dropping endpoint to %s: %s", peer.dest[:60], reason)
+        log.warning("ucx sender: dropping endpoint to %s: %s", wire.peer_name(peer.dest), reason)
         if self._peers.get(peer.dest) is peer:
             del self._peers[peer.dest]
         if self._rt is not None:
@@ -320,29 +352,50 @@ class UcxSender(SenderCredits, KVSender):
             if out.peer is peer:
                 self._fail(out, f"peer dropped: {reason}")
 
-    async def _control(self, peer: Peer, kind: int, tid: str, body: dict) -> None:
-        await send_control(self._rt, peer.ep, wire.tag(wire.CTRL, peer.nonce), kind, tid,
-                           self.nonce, body, lambda: next(self._oob), self.io_timeout_s)
+    async def _control(self, out: Outgoing, kind: int, body: dict) -> None:
+        """One control message of `out`'s transfer, sent (io_timeout_s)."""
+        k = out.keyed
+        await send_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid,
+                           next(self._seq), body, k.key, TO_RECEIVER, self.io_timeout_s,
+                           lambda: k.tags(wire.BODY, 1))
 
-    # -- replies (mailbox, in arrival order)
-    def _on_reply(self, kind: int, tid: str, nonce: int, body: dict) -> None:
-        out = self._outs.get((nonce, tid))
+    def _post_control(self, out: Outgoing, kind: int, body: dict) -> list[asyncio.Future]:
+        k = out.keyed
+        return post_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid,
+                            next(self._seq), body, k.key, TO_RECEIVER, lambda: k.tags(wire.BODY, 1))
+
+    # -- replies (mailbox, in arrival order): each under its transfer's key, or dropped
+    def _on_reply(self, msg: wire.Received) -> None:
+        keyed = self._keys.get(msg.transfer_id)
+        why = "unknown_transfer" if keyed is None else keyed.accept(msg)
+        if not why and msg.oob_tag:
+            why = "oversized"  # a reply always travels inline
+        try:
+            body = {} if why else msg.body()
+        except wire.ProtocolError:
+            why = "malformed"
+        if why:
+            self.rejected[why] += 1
+            return
+        if keyed.admitted is not None and not keyed.admitted.done() and msg.kind in (wire.ADMITTED, wire.ERROR):
+            keyed.admitted.set_result(msg.kind == wire.ADMITTED)
+        out = self._outs.get(msg.transfer_id)
         if out is None:
-            return  # settled or never ours: nothing to do
+            return  # settled: nothing to do
+        kind = msg.kind
         if kind == wire.VISIBLE:
             serials = body.get("serials")
-            for serial in serials if isinstance(serials, list) else [body.get("serial")]:
+            for serial in serials if isinstance(serials, list) else ():
                 c = out.chunks.get(serial)
                 if c is not None and c.state == "sending":
                     c.state = "visible"
                     self._release(out.peer, c, count=True)
             out.changed.set()
         elif kind == wire.ERROR:
-            self._fail(out, str(body.get("reason", "rejected")))
+            self._fail(out, str(body.get("reason", "rejected"))[:4096])
         elif kind == wire.VERDICT:
             if out.verdict is not None and not out.verdict.done():
-                out.verdict.set_result(Verdict(bool(body.get("published")),
-                                               str(body.get("reason", ""))))
+                out.verdict.set_result(Verdict(bool(body.get("published")), str(body.get("reason", ""))[:4096]))
 
     # -- failure
     def _fail(self, out: Outgoing, reason: str) -> None:
@@ -350,7 +403,7 @@ class UcxSender(SenderCredits, KVSender):
             return
         out.failed = reason
         self.stats["failed_transfers"] += 1
-        log.info("ucx transfer %s to %s failed: %s", out.tid, out.peer.dest[:60], reason)
+        log.info("ucx transfer %s to %s failed: %s", out.tid, wire.peer_name(out.peer.dest), reason)
         if out.verdict is not None and not out.verdict.done():
             out.verdict.set_exception(TransferError(reason))
             out.verdict.exception()  # retrieved
@@ -362,7 +415,8 @@ class UcxSender(SenderCredits, KVSender):
     # -- introspection (tests, metrics)
     def metrics(self) -> list[tuple[str, dict, float]]:
         """Samples for services.telemetry: totals, and per destination its path and credit."""
-        return sender_metrics(self.stats, self._peers.values())
+        return sender_metrics(self.stats, self._peers.values()) + self.rejected.samples("sender") + \
+            runtime_samples(self._rt, self)
 
     def credit_windows(self) -> dict[str, CreditWindow]:
         return {dest: p.credits for dest, p in self._peers.items()}

@@ -1,21 +1,34 @@
-"""UCX backend wire format: tags and control messages (version 1, network byte order).
+"""UCX backend wire format: tags and control messages (version 2, network byte order).
 
-Tags (64 bits) keep the three message streams of a process's UCX worker apart:
+Tags (64 bits) keep a process's UCX message streams apart:
 
-    kind (4 bits) | nonce (28 bits) | counter (32 bits)
-    CTRL   kind 1, the receiver's nonce, 0     sender -> receiver control messages
-    REPLY  kind 2, the sender's nonce, 0       receiver -> sender control messages
-    DATA   kind 3, the sender's nonce, n       one payload piece (the sender counts)
-    BODY   kind 4, the sender's/receiver's nonce, n   an out-of-line control body
+    kind (4 bits) | 28 bits | counter (32 bits)
+    CTRL   kind 1, the receiver's mailbox nonce, 0     sender -> receiver control messages
+    REPLY  kind 2, the sender's mailbox nonce, 0       receiver -> sender control messages
+    DATA   kind 3, the transfer's tag bits, n          one payload piece (the sender counts)
+    BODY   kind 4, the transfer's tag bits, n          an out-of-line control body
 
-A nonce is random per sender/receiver object, so several of each can share one
-process (one UCX worker) and a restarted peer never matches an old tag.
+A mailbox nonce only routes: it is in the receiver's address (the directory lists it) and
+in the sender's AUTH, and proves nothing. A transfer's tag bits come from its secret
+(keys.TransferKey.tag_bits), so nobody without the secret can name a receive posted for
+the transfer; the sender starts each transfer's counter at a random value.
 
-A control message is HEAD | transfer id | JSON body. A body larger than
-INLINE_BODY_BYTES travels out of line: HEAD.oob_tag names the BODY tag on which
-the body follows (the receiver posts a buffer of exactly body_len for it).
+A control message is HEAD | transfer id | [body digest] | inline body, authenticated:
 
-    HELLO    {"address": b64 UCX worker address}   sender -> receiver, first message
+    HEAD   magic "PDUX", version 2, kind, id length, seq (u64), body length (u64),
+           out-of-line tag (u64), MAC (16 bytes)
+    MAC    the transfer key's (keys.TransferKey.mac) over HEAD without its MAC, the transfer
+           id, and the inline body or, for a body out of line, its BLAKE2b-256 digest;
+           personalised by direction (to the receiver, to the sender)
+    seq    the sending object's message counter: per transfer, each side accepts only a
+           seq larger than the last it accepted (a replayed message is dropped)
+
+A body larger than INLINE_BODY_BYTES travels out of line, on the BODY tag its HEAD names;
+its digest comes inline, so the HEAD is checked before any byte of the body is taken.
+
+    AUTH     {credential..., "reply": {"address": b64 worker address, "mailbox": nonce},
+              "confirm": bool}              sender -> receiver, each transfer's first message:
+             the capability (none with security off) and where replies go
     CHUNK    {"serial": n, "key": [layer, start, count], "bytes": n, "checksum": hex,
               "sizes": [the sender's view sizes], "tag": DATA tag of the first piece}
              followed by one tagged message per piece (tag, tag + 1, ...); a batch of small
@@ -23,87 +36,147 @@ the body follows (the receiver posts a buffer of exactly body_len for it).
              "sizes": [their total], "tag"}: their bytes, in order, in one message
     COMMIT   encode_commit(TransferCommit)
     ABORT    {"reason": str}
-    VISIBLE  {"serials": [n, ...]}              these chunks are in the destination views
-             (checksums verified); {"serial": n} from a receiver before 2026-12
+    ADMITTED {}                             the AUTH was accepted (sent when it asked to confirm)
+    VISIBLE  {"serials": [n, ...]}          these chunks are in the destination views
     VERDICT  {"published": bool, "reason": str}
     ERROR    {"reason": str, "key": [...] or null}
+    STOP     a mailbox's message to itself while it stops (no key: honoured only then)
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import secrets
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import orjson
 
 from .base import MAX_COMMIT_BODY_BYTES, Chunk, max_body_bytes, short_reason
+from .keys import MAC_BYTES, TransferKey
 
 MAGIC = b"PDUX"
-VERSION = 1
-HELLO, CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP, AUTH = range(1, 10)
-KIND_NAMES = {HELLO: "HELLO", CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT",
-              VISIBLE: "VISIBLE", VERDICT: "VERDICT", ERROR: "ERROR", STOP: "STOP", AUTH: "AUTH"}
-HEAD = struct.Struct("!4sBBHIQQ")  # magic, version, kind, id_len, nonce, body_len, oob_tag
+VERSION = 2
+# HELLO (1) was version 1's, unauthenticated: its number is not reused.
+CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP, AUTH, ADMITTED = range(2, 11)
+KIND_NAMES = {CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT", VISIBLE: "VISIBLE", VERDICT: "VERDICT",
+              ERROR: "ERROR", STOP: "STOP", AUTH: "AUTH", ADMITTED: "ADMITTED"}
+HEAD = struct.Struct("!4sBBHQQQ16s")  # magic, version, kind, id_len, seq, body_len, oob_tag, mac
+SIGNED_HEAD_BYTES = HEAD.size - MAC_BYTES
+DIGEST_BYTES = 32
 MAX_ID_BYTES = 1024
 INLINE_BODY_BYTES = 60 << 10
-MESSAGE_BUFFER_BYTES = HEAD.size + MAX_ID_BYTES + INLINE_BODY_BYTES
+MESSAGE_BUFFER_BYTES = HEAD.size + MAX_ID_BYTES + DIGEST_BYTES + INLINE_BODY_BYTES
 MAX_BODY_BYTES = MAX_COMMIT_BODY_BYTES
 """Largest control body (a COMMIT's); others are capped at MAX_SMALL_BODY_BYTES."""
 
 CTRL, REPLY, DATA, BODY = 1, 2, 3, 4
 NONCE_BITS = 28
+COUNTER_SPAN = 1 << 32
 
 
 class ProtocolError(Exception):
-    """A message broke the format; it is dropped (and its transfer failed if known)."""
+    """A message broke the format; it is dropped (and counted)."""
 
 
 def new_nonce() -> int:
     return secrets.randbits(NONCE_BITS) or 1
 
 
-def tag(kind: int, nonce: int, counter: int = 0) -> int:
-    return (kind << 60) | ((nonce & ((1 << NONCE_BITS) - 1)) << 32) | (counter & 0xFFFFFFFF)
+def tag(kind: int, bits: int, counter: int = 0) -> int:
+    return (kind << 60) | ((bits & ((1 << NONCE_BITS) - 1)) << 32) | (counter & 0xFFFFFFFF)
 
 
-def encode(kind: int, transfer_id: str, nonce: int, obj: dict | None = None
-           ) -> tuple[bytes, bytes]:
-    """(head + id + inline body, out-of-line body or b'') — oob_tag filled in by the caller."""
+def tag_parts(t: int) -> tuple[int, int, int]:
+    """(kind, 28 bits, counter) of a tag."""
+    return t >> 60, (t >> 32) & ((1 << NONCE_BITS) - 1), t & 0xFFFFFFFF
+
+
+def first_counter(pieces: int) -> int:
+    """A random first counter for `pieces` consecutive tags that do not wrap."""
+    return secrets.randbelow(COUNTER_SPAN - pieces)
+
+
+def body_digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest()
+
+
+def encode(kind: int, transfer_id: str, seq: int, obj: dict | None, key: TransferKey, direction: bytes,
+           body_tag: Callable[[], int] | None = None) -> tuple[bytes, bytes, int]:
+    """(the message, its out-of-line body or b'', that body's tag or 0). A body too large to
+    go inline goes out of line on the tag `body_tag()` gives (ValueError without it)."""
     tid = transfer_id.encode()
     if len(tid) > MAX_ID_BYTES:
         raise ValueError(f"transfer id of {len(tid)} bytes exceeds {MAX_ID_BYTES}")
     body = orjson.dumps(short_reason(obj or {}))
-    if len(body) > max_body_bytes(kind in (COMMIT, AUTH)):
-        raise ValueError(f"control body of {len(body)} bytes exceeds {max_body_bytes(kind in (COMMIT, AUTH))}")
+    cap = max_body_bytes(kind in (COMMIT, AUTH))
+    if len(body) > cap:
+        raise ValueError(f"control body of {len(body)} bytes exceeds {cap}")
     inline = len(body) <= INLINE_BODY_BYTES
-    head = HEAD.pack(MAGIC, VERSION, kind, len(tid), nonce, len(body), 0)
-    return (head + tid + body, b"") if inline else (head + tid, body)
+    if not inline and body_tag is None:
+        raise ValueError(f"a {KIND_NAMES.get(kind)} body of {len(body)} bytes needs an out-of-line tag")
+    oob = 0 if inline else body_tag()
+    tail = body if inline else body_digest(body)
+    signed = HEAD.pack(MAGIC, VERSION, kind, len(tid), seq, len(body), oob, bytes(MAC_BYTES))[:SIGNED_HEAD_BYTES]
+    mac = key.mac(direction, signed, tid, tail)
+    return signed + mac + tid + tail, b"" if inline else body, oob
 
 
-def with_oob_tag(message: bytes, oob_tag: int) -> bytes:
-    magic, version, kind, id_len, nonce, body_len, _ = HEAD.unpack_from(message)
-    return HEAD.pack(magic, version, kind, id_len, nonce, body_len, oob_tag) + message[HEAD.size:]
+def encode_stop() -> bytes:
+    return HEAD.pack(MAGIC, VERSION, STOP, 0, 0, 0, 0, bytes(MAC_BYTES))
 
 
-def decode_head(buf: memoryview) -> tuple[int, str, int, int, int]:
-    """(kind, transfer id, nonce, body_len, oob_tag) of a received message."""
-    magic, version, kind, id_len, nonce, body_len, oob = HEAD.unpack_from(buf)
+@dataclass(slots=True)
+class Received:
+    """A control message as it came, before anything of it is trusted."""
+
+    kind: int
+    transfer_id: str
+    seq: int
+    body_len: int
+    oob_tag: int
+    mac: bytes
+    signed: bytes
+    """What the MAC covers, less the transfer id: HEAD without its MAC, then the inline body
+    or the out-of-line body's digest after the id (`tail`)."""
+    tail: bytes
+
+    def verify(self, key: TransferKey, direction: bytes) -> bool:
+        return key.verify(self.mac, direction, self.signed, self.transfer_id.encode(), self.tail)
+
+    def body(self) -> dict:
+        """The inline body as a JSON object (ProtocolError if it is not one)."""
+        return json_body(self.tail)
+
+    def body_matches(self, body: bytes) -> bool:
+        """Is `body` the out-of-line body this (verified) head announced?"""
+        return len(body) == self.body_len and body_digest(body) == self.tail
+
+
+def decode(buf: memoryview) -> Received:
+    """A received message's parts (ProtocolError if it breaks the format)."""
+    if buf.nbytes < HEAD.size:
+        raise ProtocolError(f"message of {buf.nbytes} bytes is shorter than a head")
+    magic, version, kind, id_len, seq, body_len, oob, mac = HEAD.unpack_from(buf)
     if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
         raise ProtocolError(f"bad message head {bytes(magic)!r}/{version}/{kind}")
     if id_len > MAX_ID_BYTES or body_len > max_body_bytes(kind in (COMMIT, AUTH)) or (
-            not oob and body_len > INLINE_BODY_BYTES):
-        raise ProtocolError(f"message too large: id {id_len}, body {body_len} bytes")
+            not oob and body_len > INLINE_BODY_BYTES) or (oob and body_len <= INLINE_BODY_BYTES):
+        raise ProtocolError(f"message sizes out of bounds: id {id_len}, body {body_len} bytes")
+    if oob and tag_parts(oob)[0] != BODY:
+        raise ProtocolError(f"out-of-line tag {oob:#x} is not a BODY tag")
+    end_id = HEAD.size + id_len
+    tail_len = DIGEST_BYTES if oob else body_len
+    if buf.nbytes < end_id + tail_len:
+        raise ProtocolError("message shorter than its head says")
     try:
-        tid = bytes(buf[HEAD.size:HEAD.size + id_len]).decode()
+        tid = bytes(buf[HEAD.size:end_id]).decode()
     except UnicodeDecodeError:
         raise ProtocolError("transfer id is not utf-8") from None
-    return kind, tid, nonce, body_len, oob
-
-
-def inline_body(buf: memoryview, transfer_id: str, body_len: int) -> bytes:
-    start = HEAD.size + len(transfer_id.encode())
-    return bytes(buf[start:start + body_len])
+    return Received(kind, tid, seq, body_len, oob, bytes(mac), bytes(buf[:SIGNED_HEAD_BYTES]),
+                    bytes(buf[end_id:end_id + tail_len]))
 
 
 def json_body(body: bytes) -> dict:
@@ -137,7 +210,7 @@ def fits_inline(obj: dict) -> bool:
 
 
 def b64(raw: bytes) -> str:
-    """urlsafe base64 of a UCX worker address (in an address string and in HELLO)."""
+    """urlsafe base64 of a UCX worker address (in an address string and in AUTH)."""
     return base64.urlsafe_b64encode(raw).decode()
 
 
@@ -164,3 +237,12 @@ def parse_address(address: str) -> tuple[int, str, int, bytes]:
     except ValueError:
         raise ValueError(f"{address[:80]!r} is not ucx://<nonce>@<host>:<pid>/<worker address>"
                          ) from None
+
+
+def peer_name(address: str) -> str:
+    """How logs name the peer at a UCX address: host:pid, no nonce and no worker address."""
+    try:
+        _, host, pid, _ = parse_address(address)
+    except ValueError:
+        return "<bad ucx address>"
+    return f"{host}:{pid}"

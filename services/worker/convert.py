@@ -6,6 +6,7 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2
 from services.engine import AbiMismatch, FinishReason, InvalidRequest, OutOfBlocks, SamplingParams
+from services.transfer.base import MissingTransferKey
 
 
 def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
@@ -44,7 +45,7 @@ def status_of(e: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.INVALID_ARGUMENT, str(e)
     if isinstance(e, OutOfBlocks):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"K/V blocks exhausted: {e}"
-    if isinstance(e, AbiMismatch):
+    if isinstance(e, (AbiMismatch, MissingTransferKey)):
         return grpc.StatusCode.FAILED_PRECONDITION, str(e)
     if isinstance(e, KeyError):
         return grpc.StatusCode.NOT_FOUND, str(e.args[0]) if e.args else "not found"

@@ -11,9 +11,19 @@ import socket
 import time
 
 import pytest
-import xxhash
 
-from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum, tcp
+from services.transfer import (
+    Chunk,
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    Failed,
+    TransferCommit,
+    TransferKey,
+    Verdict,
+    chunk_checksum,
+    tcp,
+)
 from tests.support.transfer.engines import IDLE_TIMEOUT_S
 from tests.support.transfer.fixtures import make_prompt, new_tid, procs, receiver_clean
 
@@ -57,8 +67,8 @@ def test_bad_magic_closes_the_connection_and_fails_its_transfers(procs):
     res = r.call("r_reserve", tid=tid, spec="tiny", prompt=make_prompt(40, 8), per_chunk=1)
     payload = bytes(res["block_bytes"])
     with _raw_connect(addr) as sock:
-        sock.sendall(tcp.chunk_frame(tid, ChunkKey(1, 0, 1), len(payload),
-                                     xxhash.xxh3_64_hexdigest(payload)) + payload)
+        summed = chunk_checksum(TransferKey.public(tid), ChunkKey(1, 0, 1), [memoryview(payload)])
+        sock.sendall(tcp.chunk_frame(tid, ChunkKey(1, 0, 1), len(payload), summed) + payload)
         sock.sendall(b"HTTP/1.1 GET /\r\n\r\n")
         assert _closed_by_peer(sock)
     out = r.call("r_outcome", tid=tid)
@@ -91,7 +101,7 @@ def test_cancelled_send_finishes_its_frame_and_keeps_the_connection():
         for tid in ("a", "b"):
             recv.expect(Expectation(tid, resolver(tid), events.append, on_commit))
         payload = memoryview(os.urandom(big))
-        chunk = Chunk(ChunkKey(0, 0, 1), big, checksum([payload]))
+        chunk = Chunk(ChunkKey(0, 0, 1), big, chunk_checksum(TransferKey.public("a"), ChunkKey(0, 0, 1), [payload]))
         send_a = asyncio.ensure_future(sender.send(recv.address, "a", chunk, [payload]))
         await started.wait()  # R parsed a's header; a's payload is on its way
         link = sender._links[recv.address]
@@ -99,7 +109,7 @@ def test_cancelled_send_finishes_its_frame_and_keeps_the_connection():
         with pytest.raises(asyncio.CancelledError):
             await send_a
         small = memoryview(os.urandom(4096))
-        b_chunk = Chunk(ChunkKey(0, 0, 1), 4096, checksum([small]))
+        b_chunk = Chunk(ChunkKey(0, 0, 1), 4096, chunk_checksum(TransferKey.public("b"), ChunkKey(0, 0, 1), [small]))
         await sender.send(recv.address, "b", b_chunk, [small])
         verdict = await sender.commit(recv.address, TransferCommit(
             "b", "rb", 1, "abi", (b_chunk,), "digest", 3))

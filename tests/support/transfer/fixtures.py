@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from services.transfer.keys import new_key
 from tests.support.spawned import Spawned, spawned
 from tests.support.transfer.engines import IDLE_TIMEOUT_S
 
@@ -64,6 +65,8 @@ def receiver_clean(procs):
 
 
 _tids = itertools.count()
+KEYS: dict[str, str] = {}
+"""Each transfer's secret (hex) as the test, playing the router, handed it to R and S."""
 
 
 def new_tid() -> str:
@@ -80,7 +83,8 @@ def reserve_and_prefill(procs, spec: str, tokens: list[int], **reserve):
     """R reserves `tokens` while S prefills them: (tid, R's reservation, S's prefill)."""
     r, s, _ = procs
     tid = new_tid()
-    res_id = r.start("r_reserve", tid=tid, spec=spec, prompt=tokens, **reserve)
+    KEYS[tid] = new_key().hex()
+    res_id = r.start("r_reserve", tid=tid, spec=spec, prompt=tokens, key=KEYS[tid], **reserve)
     pre = s.call("s_prefill", tid=tid, spec=spec, prompt=tokens)
     return tid, r.result(res_id), pre
 
@@ -90,7 +94,7 @@ def send(procs, tid, res, per_chunk=2, dest=None, **fault):
     _, s, addr = procs
     return s.call("s_send", tid=tid, dest=dest or addr, first_block=res["first_block"],
                   last_block=res["last_block"], per_chunk=per_chunk, backend=procs.backend,
-                  **fault)
+                  key=KEYS.get(tid, ""), **fault)
 
 
 def expect_failed(procs, tid, match=""):

@@ -113,9 +113,10 @@ async def r_start(idle_timeout_s: float, backend: str) -> str:
 
 
 async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int = 0,
-                    holders: int = 0, per_chunk: int = 2) -> dict:
+                    holders: int = 0, per_chunk: int = 2, key: str = "") -> dict:
     """Reserve like a decode worker: maybe a cached prefix, maybe holes in the pool; the
-    expected chunks are `per_chunk` blocks each (the sender must cut them the same)."""
+    expected chunks are `per_chunk` blocks each (the sender must cut them the same); `key`:
+    the transfer's secret in hex (the test plays the router; "": the public key)."""
     engine = engine_for(spec)
     if cached_prefix:
         other = prompt[:cached_prefix] + [7] * 30
@@ -125,7 +126,7 @@ async def r_reserve(tid: str, spec: str, prompt: list[int], cached_prefix: int =
     bs = engine.block_size
     rec = _state["recs"][tid] = _Rec(tid, engine, seq, seq.num_cached_tokens // bs,
                                      -(-len(prompt) // bs), held, per_chunk)
-    _state["receiver"].expect(Expectation(tid, rec.resolve, rec.on_event, rec.on_commit))
+    _state["receiver"].expect(Expectation(tid, rec.resolve, rec.on_event, rec.on_commit, key=bytes.fromhex(key)))
     return dict(first_block=rec.res.first_block, last_block=rec.res.last_block,
                 block_bytes=engine.cache.block_bytes_per_layer, table=list(seq.block_table))
 
@@ -177,8 +178,14 @@ async def r_check_clean() -> dict:
 
 
 async def r_stats() -> dict:
-    """The receiver's counters (services.telemetry's pd_transfer_received_*)."""
-    return dict(getattr(_state["receiver"], "stats", {}))  # the tcp receiver keeps none
+    """The receiver's counters (services.telemetry's pd_transfer_received_*), with what it
+    dropped (`rejected_<reason>`) and its process's sweeps of UCX's unexpected queue."""
+    recv = _state["receiver"]
+    out = dict(getattr(recv, "stats", {}))  # the tcp receiver keeps none
+    out.update({f"rejected_{k}": v for k, v in getattr(recv, "rejected", {}).items()})
+    if getattr(recv, "_rt", None) is not None:
+        out["swept"] = recv._rt.stats["unexpected"]
+    return out
 
 
 async def r_warnings() -> list[str]:

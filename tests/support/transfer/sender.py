@@ -12,7 +12,7 @@ import dataclasses
 import os
 import time
 
-from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, checksum
+from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, TransferKey, chunk_checksum
 from services.transfer.factory import make_sender
 from tests.support.transfer.engines import IO_TIMEOUT_S, MAX_TOKENS, engine_for, sampling
 from tests.support.transfer.kept import alive
@@ -62,7 +62,7 @@ async def s_kept() -> int:
 async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chunk: int,
                  backend: str, fault: str = "", at: int = 0, as_tid: str = "",
                  io_timeout_s: float = IO_TIMEOUT_S, window_bytes: int = 0, many: bool = False,
-                 early: str = "", hold: bool = False, announce: str = "") -> dict:
+                 early: str = "", hold: bool = False, announce: str = "", key: str = "") -> dict:
     """Send every chunk then commit; `fault` at chunk index `at`:
     checksum | payload (corrupt), replay, abort, bad_key, short, pause (return; see s_resume).
     `many`: every chunk in one `send_many` call (the backend may pack them; not with pause/abort);
@@ -73,19 +73,24 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     without sending them.
     `early`: commit ahead of the first token (TOKEN_FOLLOWS), then "token" ("token_now":
     through `commit_now`): the token's
-    COMMIT, or "abort": ABORT instead."""
+    COMMIT, or "abort": ABORT instead. `key`: the transfer's secret (hex), as the prefill's
+    grant brings it: presented first (as a prefill does, no capability: security is off
+    here), every chunk's checksum keyed with it."""
     from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
     engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
-    if announce in ("ahead", "only"):
-        from services.transfer.chunks import chunk_bytes
-        sender = _sender(backend, io_timeout_s, window_bytes)
-        _state["announced_before"] = getattr(sender, "stats", {}).get("announced_batches", 0)
-        try:
+    sender = _sender(backend, io_timeout_s, window_bytes)
+    st.update(secret=bytes.fromhex(key), tkey=TransferKey.of(as_tid or tid, bytes.fromhex(key)))
+    try:
+        await sender.present(dest, as_tid or tid, None, st["secret"])
+        if announce in ("ahead", "only"):
+            from services.transfer.chunks import chunk_bytes
+            _state["announced_before"] = getattr(sender, "stats", {}).get("announced_batches", 0)
             await sender.announce(dest, as_tid or tid, [(k, chunk_bytes(engine, k)) for k in keys])
-        except TransferError as e:
-            return dict(published=None, reason="", error=str(e), sent=0)
+    except TransferError as e:
+        await sender.abort(dest, as_tid or tid, f"send failed: {e}")
+        return dict(published=None, reason="", error=str(e), sent=0)
     st.update(dest=dest, keys=keys, next=0, chunks=[], wire_tid=as_tid or tid,
               sender=_sender(backend, io_timeout_s, window_bytes), fault=fault, at=at, many=[] if many else None,
               early=early, hold=hold, announce=announce)
@@ -95,21 +100,32 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
         _state.pop("announced_before", None)
 
 
-async def s_commit_ghost(dest: str, backend: str, n_chunks: int) -> dict:
-    """Commit a transfer R never expected, listing n_chunks made-up chunks (a large body)."""
+async def s_commit_ghost(dest: str, backend: str, n_chunks: int, io_timeout_s: float = IO_TIMEOUT_S) -> dict:
+    """Present and commit a transfer R never expected, listing n_chunks made-up chunks (a
+    large body); published None and the error when no verdict came."""
     chunks = tuple(Chunk(ChunkKey(i % 4, i // 4, 1), 4096, f"{i:016x}") for i in range(n_chunks))
-    verdict = await _sender(backend, IO_TIMEOUT_S).commit(dest, TransferCommit(
-        "ghost/commit", "ghost", 1, "abi", chunks, "digest", 7))
-    return dict(published=verdict.published, reason=verdict.reason)
+    sender, t0 = _sender(backend, io_timeout_s), time.monotonic()
+    try:
+        await sender.present(dest, "ghost/commit", None, os.urandom(32))
+        verdict = await sender.commit(dest, TransferCommit("ghost/commit", "ghost", 1, "abi", chunks, "digest", 7))
+    except TransferError as e:
+        await sender.abort(dest, "ghost/commit", "no verdict")
+        return dict(published=None, reason="", error=str(e), elapsed_s=time.monotonic() - t0)
+    return dict(published=verdict.published, reason=verdict.reason, error="")
 
 
 async def s_recommit(tid: str) -> dict:
-    """Commit `tid` once more, its chunk list and its token (after it ended at R)."""
+    """Present and commit `tid` once more, its chunk list and its token (after it ended at R)."""
     st = _state["sends"][tid]
     engine, seq = st["engine"], st["seq"]
-    verdict = await st["sender"].commit(st["dest"], TransferCommit(
-        st["wire_tid"], seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]), engine.kv_digest(seq),
-        st["first"]))
+    try:
+        await st["sender"].present(st["dest"], st["wire_tid"], None, st["secret"])
+        verdict = await st["sender"].commit(st["dest"], TransferCommit(
+            st["wire_tid"], seq.request_id, 1, engine.abi.digest, tuple(st["chunks"]), engine.kv_digest(seq),
+            st["first"]))
+    except TransferError as e:
+        await st["sender"].abort(st["dest"], st["wire_tid"], "refused")
+        return dict(published=False, reason=str(e))
     return dict(published=verdict.published, reason=verdict.reason)
 
 
@@ -128,7 +144,7 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
     try:
         while st["next"] < len(st["keys"]) and st.get("announce") != "only":
             i, key = st["next"], st["keys"][st["next"]]
-            chunk, views = describe_chunk(engine, seq, key), chunk_views(engine, seq, key)
+            chunk, views = describe_chunk(engine, seq, key, st["tkey"]), chunk_views(engine, seq, key)
             fault = st["fault"] if i == st["at"] else ""
             if fault == "pause":
                 return dict(out, sent=i, paused=True)
@@ -200,15 +216,17 @@ async def s_decode_self(tid: str) -> dict:
                 total=engine.blocks.num_blocks)
 
 
-async def ls_send(dest: str, tid: str, keys: list, block_bytes: int, backend: str) -> int:
-    """Light sender: send made-up (correctly sized and summed) chunks; keep the connection.
+async def ls_send(dest: str, tid: str, keys: list, block_bytes: int, backend: str, secret: str = "") -> int:
+    """Light sender: send made-up (correctly sized and keyed-summed) chunks; keep the connection.
     Returns once the chunks are at R (ucx: every credit is back, i.e. each chunk VISIBLE)."""
     sender = _state["keep"]["sender"] = make_sender(backend)
     keep = _state["keep"].setdefault("data", [])
+    tkey = TransferKey.of(tid, bytes.fromhex(secret))
+    await sender.present(dest, tid, None, bytes.fromhex(secret))
     for key in keys:
         data = memoryview(os.urandom(key.block_count * block_bytes))
         keep.append(data)
-        await sender.send(dest, tid, Chunk(key, data.nbytes, checksum([data])), [data])
+        await sender.send(dest, tid, Chunk(key, data.nbytes, chunk_checksum(tkey, key, [data])), [data])
     while backend == "ucx" and any(w.in_flight for w in sender.credit_windows().values()):
         await asyncio.sleep(0.01)
     return len(keys)

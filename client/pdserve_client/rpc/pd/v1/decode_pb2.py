@@ -26,7 +26,7 @@ from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as pd_dot_v1_dot_manifest__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/decode.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\xbf\x01\n\x14\x44\x65\x63odeReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x07 \x01(\t\"\xee\x01\n\x11\x44\x65\x63odeReservation\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x03 \x01(\t\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x1d\n\x15visible_prefix_blocks\x18\x06 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x07 \x01(\r\x12)\n\x0f\x65xpected_chunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x85\x01\n\x15\x44\x65\x63odeReserveResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x0breservation\x18\x02 \x01(\x0b\x32\x18.pd.v1.DecodeReservationH\x00\x12\x1d\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x42\x08\n\x06result\"@\n\x15TransferStatusRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"\xdf\x01\n\x16TransferStatusResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x1e\n\x05state\x18\x03 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x17\n\x0f\x63hunks_received\x18\x04 \x01(\r\x12\x17\n\x0f\x63hunks_expected\x18\x05 \x01(\r\x12\x16\n\x0ereceived_bytes\x18\x06 \x01(\x04\x12\x16\n\x0e\x65xpected_bytes\x18\x07 \x01(\x04\x12\x1a\n\x12reserved_kv_digest\x18\x08 \x01(\t\"\xa3\x01\n\x13\x44\x65\x63odeStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x12\n\ncapability\x18\x06 \x01(\x0c\"\xa6\x01\n\x15\x44\x65\x63odeGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\"\xbe\x03\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05token\x18\x02 \x01(\x0b\x32\x17.pd.v1.TokenEvent.TokenH\x00\x12.\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1a.pd.v1.TokenEvent.CompleteH\x00\x12\x1d\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x1a\x8f\x01\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x1b\n\x13time_since_start_ms\x18\x03 \x01(\x01\x12\x11\n\tkv_digest\x18\x04 \x01(\t\x12\x13\n\x0bsource_seal\x18\x05 \x01(\x0c\x12 \n\x06\x63hunks\x18\x06 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\x1a\x87\x01\n\x08\x43omplete\x12*\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x13.pd.v1.FinishReason\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x16\n\x0e\x66irst_token_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x11\n\tkv_digest\x18\x05 \x01(\tB\x07\n\x05\x65vent2\xd4\x02\n\x06\x44\x65\x63ode\x12\x44\n\x07Reserve\x12\x1b.pd.v1.DecodeReserveRequest\x1a\x1c.pd.v1.DecodeReserveResponse\x12M\n\x0eTransferStatus\x12\x1c.pd.v1.TransferStatusRequest\x1a\x1d.pd.v1.TransferStatusResponse\x12?\n\x0c\x44\x65\x63odeStream\x12\x1a.pd.v1.DecodeStreamRequest\x1a\x11.pd.v1.TokenEvent0\x01\x12=\n\x08Generate\x12\x1c.pd.v1.DecodeGenerateRequest\x1a\x11.pd.v1.TokenEvent0\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/decode.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\xd5\x01\n\x14\x44\x65\x63odeReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x07 \x01(\t\x12\x14\n\x0ctransfer_key\x18\x08 \x01(\x0c\"\xee\x01\n\x11\x44\x65\x63odeReservation\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x03 \x01(\t\x12\x1d\n\x15\x64\x65stination_worker_id\x18\x04 \x01(\t\x12\x19\n\x11\x64\x65stination_epoch\x18\x05 \x01(\x04\x12\x1d\n\x15visible_prefix_blocks\x18\x06 \x01(\r\x12\x0e\n\x06ttl_ms\x18\x07 \x01(\r\x12)\n\x0f\x65xpected_chunks\x18\x08 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\"\x85\x01\n\x15\x44\x65\x63odeReserveResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x0breservation\x18\x02 \x01(\x0b\x32\x18.pd.v1.DecodeReservationH\x00\x12\x1d\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x42\x08\n\x06result\"@\n\x15TransferStatusRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\"\xdf\x01\n\x16TransferStatusResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x1e\n\x05state\x18\x03 \x01(\x0e\x32\x0f.pd.v1.TxnState\x12\x17\n\x0f\x63hunks_received\x18\x04 \x01(\r\x12\x17\n\x0f\x63hunks_expected\x18\x05 \x01(\r\x12\x16\n\x0ereceived_bytes\x18\x06 \x01(\x04\x12\x16\n\x0e\x65xpected_bytes\x18\x07 \x01(\x04\x12\x1a\n\x12reserved_kv_digest\x18\x08 \x01(\t\"\xa3\x01\n\x13\x44\x65\x63odeStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x12\n\ncapability\x18\x06 \x01(\x0c\"\xa6\x01\n\x15\x44\x65\x63odeGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\"\xbe\x03\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x05token\x18\x02 \x01(\x0b\x32\x17.pd.v1.TokenEvent.TokenH\x00\x12.\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1a.pd.v1.TokenEvent.CompleteH\x00\x12\x1d\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x1a\x8f\x01\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x1b\n\x13time_since_start_ms\x18\x03 \x01(\x01\x12\x11\n\tkv_digest\x18\x04 \x01(\t\x12\x13\n\x0bsource_seal\x18\x05 \x01(\x0c\x12 \n\x06\x63hunks\x18\x06 \x03(\x0b\x32\x10.pd.v1.ChunkSpec\x1a\x87\x01\n\x08\x43omplete\x12*\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x13.pd.v1.FinishReason\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x16\n\x0e\x66irst_token_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x11\n\tkv_digest\x18\x05 \x01(\tB\x07\n\x05\x65vent2\xd4\x02\n\x06\x44\x65\x63ode\x12\x44\n\x07Reserve\x12\x1b.pd.v1.DecodeReserveRequest\x1a\x1c.pd.v1.DecodeReserveResponse\x12M\n\x0eTransferStatus\x12\x1c.pd.v1.TransferStatusRequest\x1a\x1d.pd.v1.TransferStatusResponse\x12?\n\x0c\x44\x65\x63odeStream\x12\x1a.pd.v1.DecodeStreamRequest\x1a\x11.pd.v1.TokenEvent0\x01\x12=\n\x08Generate\x12\x1c.pd.v1.DecodeGenerateRequest\x1a\x11.pd.v1.TokenEvent0\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,25 +34,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.decode_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODERESERVEREQUEST']._serialized_start=72
-  _globals['_DECODERESERVEREQUEST']._serialized_end=263
-  _globals['_DECODERESERVATION']._serialized_start=266
-  _globals['_DECODERESERVATION']._serialized_end=504
-  _globals['_DECODERESERVERESPONSE']._serialized_start=507
-  _globals['_DECODERESERVERESPONSE']._serialized_end=640
-  _globals['_TRANSFERSTATUSREQUEST']._serialized_start=642
-  _globals['_TRANSFERSTATUSREQUEST']._serialized_end=706
-  _globals['_TRANSFERSTATUSRESPONSE']._serialized_start=709
-  _globals['_TRANSFERSTATUSRESPONSE']._serialized_end=932
-  _globals['_DECODESTREAMREQUEST']._serialized_start=935
-  _globals['_DECODESTREAMREQUEST']._serialized_end=1098
-  _globals['_DECODEGENERATEREQUEST']._serialized_start=1101
-  _globals['_DECODEGENERATEREQUEST']._serialized_end=1267
-  _globals['_TOKENEVENT']._serialized_start=1270
-  _globals['_TOKENEVENT']._serialized_end=1716
-  _globals['_TOKENEVENT_TOKEN']._serialized_start=1426
-  _globals['_TOKENEVENT_TOKEN']._serialized_end=1569
-  _globals['_TOKENEVENT_COMPLETE']._serialized_start=1572
-  _globals['_TOKENEVENT_COMPLETE']._serialized_end=1707
-  _globals['_DECODE']._serialized_start=1719
-  _globals['_DECODE']._serialized_end=2059
+  _globals['_DECODERESERVEREQUEST']._serialized_end=285
+  _globals['_DECODERESERVATION']._serialized_start=288
+  _globals['_DECODERESERVATION']._serialized_end=526
+  _globals['_DECODERESERVERESPONSE']._serialized_start=529
+  _globals['_DECODERESERVERESPONSE']._serialized_end=662
+  _globals['_TRANSFERSTATUSREQUEST']._serialized_start=664
+  _globals['_TRANSFERSTATUSREQUEST']._serialized_end=728
+  _globals['_TRANSFERSTATUSRESPONSE']._serialized_start=731
+  _globals['_TRANSFERSTATUSRESPONSE']._serialized_end=954
+  _globals['_DECODESTREAMREQUEST']._serialized_start=957
+  _globals['_DECODESTREAMREQUEST']._serialized_end=1120
+  _globals['_DECODEGENERATEREQUEST']._serialized_start=1123
+  _globals['_DECODEGENERATEREQUEST']._serialized_end=1289
+  _globals['_TOKENEVENT']._serialized_start=1292
+  _globals['_TOKENEVENT']._serialized_end=1738
+  _globals['_TOKENEVENT_TOKEN']._serialized_start=1448
+  _globals['_TOKENEVENT_TOKEN']._serialized_end=1591
+  _globals['_TOKENEVENT_COMPLETE']._serialized_start=1594
+  _globals['_TOKENEVENT_COMPLETE']._serialized_end=1729
+  _globals['_DECODE']._serialized_start=1741
+  _globals['_DECODE']._serialized_end=2081
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DecodeReserveRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "generation", "prompt_token_ids", "max_tokens", "sampling", "cache_abi_digest")
+    __slots__ = ("request_id", "tenant", "generation", "prompt_token_ids", "max_tokens", "sampling", "cache_abi_digest", "transfer_key")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class DecodeReserveRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_ABI_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     generation: int
@@ -24,7 +25,8 @@ class DecodeReserveRequest(_message.Message):
     max_tokens: int
     sampling: _common_pb2.SamplingParams
     cache_abi_digest: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ...) -> None: ...
+    transfer_key: bytes
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., generation: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_abi_digest: _Optional[str] = ..., transfer_key: _Optional[bytes] = ...) -> None: ...
 
 class DecodeReservation(_message.Message):
     __slots__ = ("reservation_id", "block_ids", "data_plane_address", "destination_worker_id", "destination_epoch", "visible_prefix_blocks", "ttl_ms", "expected_chunks")

@@ -9,18 +9,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("manifest", "prompt_token_ids", "destination_data_plane_address", "capability", "sampling")
+    __slots__ = ("manifest", "prompt_token_ids", "destination_data_plane_address", "capability", "sampling", "transfer_key")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_KEY_FIELD_NUMBER: _ClassVar[int]
     manifest: _manifest_pb2.HandoffManifest
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     destination_data_plane_address: str
     capability: bytes
     sampling: _common_pb2.SamplingParams
-    def __init__(self, manifest: _Optional[_Union[_manifest_pb2.HandoffManifest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., destination_data_plane_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    transfer_key: bytes
+    def __init__(self, manifest: _Optional[_Union[_manifest_pb2.HandoffManifest, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., destination_data_plane_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., transfer_key: _Optional[bytes] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_ms", "compute_ms", "transfer_ms", "total_ms")

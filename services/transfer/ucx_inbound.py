@@ -1,0 +1,121 @@
+"""The UCX receiver's record of each transfer's sender (`Inbound`), kept from `expect` until
+a while after the transfer ended (`Inbounds`), and what it drops (`Rejections`).
+
+An `Inbound` holds the transfer's key, from the Expectation (the router's secret, handed
+with Decode.Reserve): a control message counts only if its MAC holds under that key and
+its seq is larger than the last one taken (ucx_wire.py). Everything the receiver learns
+of the sender comes from messages that passed that check: where to reply (its AUTH), and
+whether its capability was admitted. Nothing is kept of a peer that proved nothing.
+
+A transfer that ended stays here, as ended, for ENDED_KEEP_S (at most ENDED_MAX of them):
+its genuine sender's late message still gets an authenticated answer (the transfer ended,
+and why) at once, instead of waiting out its io timeout.
+
+Messages of one transfer are handled in order; while one of them waits (its AUTH's
+capability check, an out-of-line body on its way) the ones behind it wait in the
+transfer's `lane` (at most LANE_MAX), and every other transfer goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+from . import ucx_wire as wire
+from .keys import TO_RECEIVER, TransferKey
+
+ENDED_KEEP_S = 60.0
+ENDED_MAX = 4096
+LANE_MAX = 8192
+"""Messages one transfer may have waiting behind its slow one (its credit window bounds a
+genuine sender far below this; past it the transfer fails)."""
+
+REJECT_REASONS = ("malformed", "oversized", "unknown_transfer", "bad_mac", "replay", "unauthorized", "ended",
+                  "body_timeout", "body_mismatch", "lane_full", "no_reply_address", "unexpected")
+"""pd_dataplane_rejected_total's reasons (docs/observability.md)."""
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Inbound:
+    """One transfer's sender, as far as it proved itself."""
+
+    key: TransferKey
+    last_seq: int = 0
+    reply: tuple[int, object] | None = None
+    """(the sender's mailbox nonce, an endpoint to it), from its authenticated AUTH."""
+    lane: collections.deque | None = None
+    """Messages waiting behind one in progress; None while none is."""
+    ended: str = ""
+    """Why the transfer ended ("" while it is live)."""
+    ended_at: float = 0.0
+
+    def accept(self, msg: wire.Received) -> str:
+        """'' if `msg` is this transfer's sender's next message (its seq taken), else why not."""
+        if not msg.verify(self.key, TO_RECEIVER):
+            return "bad_mac"
+        if msg.seq <= self.last_seq:
+            return "replay"
+        self.last_seq = msg.seq
+        return ""
+
+
+class Inbounds:
+    """Live transfers' Inbound by transfer id, and the ended ones for a while."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.live: dict[str, Inbound] = {}
+        self.ended: collections.OrderedDict[str, Inbound] = collections.OrderedDict()
+
+    def attach(self, rt) -> None:
+        """The runtime the tags are registered with (the receiver's, once it started)."""
+        self.rt = rt
+        for inb in self.live.values():
+            self._tags(inb.key, 1)
+
+    def get(self, tid: str) -> Inbound | None:
+        inb = self.live.get(tid)
+        if inb is None and (inb := self.ended.get(tid)) is not None and time.monotonic() - inb.ended_at > ENDED_KEEP_S:
+            del self.ended[tid]
+            return None
+        return inb
+
+    def open(self, tid: str, key: TransferKey) -> Inbound:
+        """A transfer now expected: its tags are registered (sweeps leave them be)."""
+        old = self.ended.pop(tid, None)
+        inb = self.live[tid] = Inbound(key) if old is None or old.key is not key else old
+        inb.ended = ""
+        self._tags(key, 1)
+        return inb
+
+    def end(self, tid: str, why: str) -> None:
+        """The transfer ended: kept as ended (its tags no longer registered)."""
+        inb = self.live.pop(tid, None)
+        if inb is None:
+            return
+        inb.ended, inb.ended_at, inb.lane = why or "ended", time.monotonic(), None
+        self._tags(inb.key, -1)
+        self.ended[tid] = inb
+        now = inb.ended_at
+        while self.ended and (len(self.ended) > ENDED_MAX
+                              or now - next(iter(self.ended.values())).ended_at > ENDED_KEEP_S):
+            self.ended.popitem(last=False)
+
+    def close(self) -> None:
+        for tid in list(self.live):
+            self.end(tid, "receiver stopped")
+        self.ended.clear()
+
+    def _tags(self, key: TransferKey, count: int) -> None:
+        if self.rt is not None:
+            self.rt.expect_tags(wire.DATA, key.tag_bits, count)
+            self.rt.expect_tags(wire.BODY, key.tag_bits, count)
+
+
+class Rejections(collections.Counter):
+    """Messages dropped, by reason (REJECT_REASONS): pd_dataplane_rejected_total."""
+
+    def samples(self, side: str) -> list[tuple[str, dict, float]]:
+        return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": side, "reason": r}, n)
+                for r, n in sorted(self.items())]
