@@ -64,9 +64,10 @@ class SecurePeer(Peer):
             self.gates[variant] = DestinationGate(verifier, DESTINATION, lambda: 1, ABI, self._consume)
         return receiver.address
 
-    async def sec_expect(self, variant: str, transfer_id: str) -> None:
-        """Peer.pd_expect, with the capability check on the expectation when `cap`."""
-        await self.pd_expect(variant, transfer_id)
+    async def sec_expect(self, variant: str, transfer_id: str, key: str = "") -> None:
+        """Peer.pd_expect (keyed by `key`, hex), with the capability check on the expectation
+        when `cap`."""
+        await self.pd_expect(variant, transfer_id, key)
         gate = self.gates.get(variant)
         if gate is None:
             return
@@ -92,12 +93,11 @@ class SecurePeer(Peer):
         return {"capability": base64.b64encode(minted.raw).decode(), "source_worker_id": SOURCE,
                 "source_epoch": 1, "nonce": minted.nonce.hex()}
 
-    async def sec_send(self, variant: str, dest: str, transfer_id: str, kv_digest: str, cap: bool) -> dict:
-        """AUTH (when `cap`), then Peer.pd_send; timed from AUTH to the verdict."""
+    async def sec_send(self, variant: str, dest: str, transfer_id: str, kv_digest: str, cap: bool,
+                       key: str = "") -> dict:
+        """Peer.pd_send with its AUTH (the capability when `cap`); timed from AUTH to the verdict."""
         credential = self._credential(transfer_id) if cap else None
         t0 = time.perf_counter()
-        if credential is not None:
-            await self.senders[variant].present(dest, transfer_id, credential)
-        out = await self.pd_send(variant, dest, transfer_id, kv_digest)
+        out = await self.pd_send(variant, dest, transfer_id, kv_digest, key, credential)
         out["elapsed_s"] = time.perf_counter() - t0
         return out

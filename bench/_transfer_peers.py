@@ -32,7 +32,17 @@ import xxhash
 from _transfer_exact import ExactFloor
 from _transfer_timeline import Stamps
 
-from services.transfer import Chunk, ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, checksum
+from services.transfer import (
+    Chunk,
+    ChunkArrived,
+    ChunkKey,
+    Expectation,
+    Failed,
+    TransferCommit,
+    TransferKey,
+    Verdict,
+    chunk_checksum,
+)
 from services.transfer.chunks import plan_chunks
 
 GRPC_METHOD = "/pdbench.Sink/Put"
@@ -134,8 +144,9 @@ class Peer(ExactFloor):
         await receiver.start()
         return receiver.address
 
-    async def pd_expect(self, kind: str, transfer_id: str) -> None:
-        """Zero the cache and accept `transfer_id` into it (outside the timed window)."""
+    async def pd_expect(self, kind: str, transfer_id: str, key: str = "") -> None:
+        """Zero the cache and accept `transfer_id` into it, keyed by `key` (hex: the transfer's
+        secret, as the router hands it with Decode.Reserve), outside the timed window."""
         self.kv.zero_()
         kv, g, rec = self.kv_bytes, self.geometry, {"arrived": {}, "state": "pending", "reason": "",
                             "done": asyncio.Event()}
@@ -160,8 +171,8 @@ class Peer(ExactFloor):
             end("published")
             return Verdict(True)
 
-        self.receivers[kind].expect(Expectation(transfer_id, lambda key: chunk_views(kv, g, key),
-                                                on_event, on_commit))
+        self.receivers[kind].expect(Expectation(transfer_id, lambda k: chunk_views(kv, g, k),
+                                                on_event, on_commit, key=bytes.fromhex(key)))
 
     async def pd_result(self, kind: str, transfer_id: str, timeout_s: float = 60.0) -> dict:
         """How the transfer ended and the digest of what landed."""
@@ -179,12 +190,14 @@ class Peer(ExactFloor):
         self.receivers.clear()
 
     # ---- pdserve backends: sender ---------------------------------------------
-    async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str) -> dict:
-        """Send every chunk in one `send_many`, each checksummed as it is taken (like the
-        prefill worker without layer streaming: the backend may pack small chunks, and
-        hashes a chunk while the one before it moves; the last message may carry the
-        COMMIT), then commit. The plan is announced first, outside the timed window, as the
-        prefill worker announces it while it computes (UCX: the batch's header leaves).
+    async def pd_send(self, kind: str, dest: str, transfer_id: str, kv_digest: str, key: str = "",
+                      credential: dict | None = None) -> dict:
+        """Send every chunk in one `send_many`, each checksummed (keyed: `key`, hex, the
+        transfer's secret) as it is taken (like the prefill worker without layer streaming:
+        the backend may pack small chunks, and hashes a chunk while the one before it moves;
+        the last message may carry the COMMIT), then commit. The transfer is presented (AUTH:
+        its key, where replies go) and its plan announced first, outside the timed window, as
+        the prefill worker does while it computes (UCX: the AUTH and the batch's header leave).
 
         Timed from the first checksum to the verdict.
         """
@@ -192,15 +205,17 @@ class Peer(ExactFloor):
         sender = self.senders.get(kind)
         if sender is None:
             sender = self.senders[kind] = make_sender(kind)
-        plan, chunks = self.geometry.plan(), []
+        plan, chunks, secret = self.geometry.plan(), [], bytes.fromhex(key)
+        tkey = TransferKey.of(transfer_id, secret)
 
         def items():
-            for key in plan:
-                views = chunk_views(self.kv_bytes, self.geometry, key)
-                chunks.append(Chunk(key, sum(v.nbytes for v in views), checksum(views)))
+            for k in plan:
+                views = chunk_views(self.kv_bytes, self.geometry, k)
+                chunks.append(Chunk(k, sum(v.nbytes for v in views), chunk_checksum(tkey, k, views)))
                 yield chunks[-1], views
         keys = [(k, k.block_count * self.geometry.block_bytes) for k in plan]
-        await sender.announce(dest, transfer_id, keys)  # the prefill worker's, while it computes
+        await sender.present(dest, transfer_id, credential, secret)  # the prefill worker's, while it computes
+        await sender.announce(dest, transfer_id, keys)
         t0 = time.perf_counter()
         await sender.send_many(dest, transfer_id, items(), hold_last=True, keys=keys)
         verdict = await sender.commit(dest, TransferCommit(

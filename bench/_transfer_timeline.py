@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from _spawned import Spawned
 
 STEPS = (  # (module, owner or "", attribute, label): S = sender side, R = receiver side
-    ("_transfer_peers", "", "checksum", "S.checksum"),
+    ("_transfer_peers", "", "chunk_checksum", "S.checksum"),
     ("services.transfer.ucx_sender", "UcxSender", "send_many", "S.send_many"),
     ("services.transfer.ucx_sender", "UcxSender", "commit", "S.commit"),
     ("services.transfer.ucx_sender", "UcxSender", "_post", "S.post_message"),
@@ -36,7 +36,7 @@ STEPS = (  # (module, owner or "", attribute, label): S = sender side, R = recei
     ("services.transfer.ucx_receiver", "UcxReceiver", "_on_chunk", "R.on_chunk"),
     ("services.transfer.ucx_receiver", "UcxReceiver", "_land", "R.land"),
     ("services.transfer.ucx_receiver", "", "scatter", "R.scatter"),
-    ("services.transfer.ucx_receiver", "", "checksum", "R.checksum"),
+    ("services.transfer.ucx_receiver", "", "chunk_checksum", "R.checksum"),
     ("services.transfer.ucx_receiver", "UcxReceiver", "_decide", "R.decide"),
     ("services.transfer.ucx_runtime", "UcxRuntime", "progress", "progress"),
     ("services.transfer.ucx_runtime", "UcxRuntime", "post_send", "post_send"),

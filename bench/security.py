@@ -57,6 +57,7 @@ from transfer import geometry
 from pdserve_client import Client, contract
 from services.security.capability import PUSH, Grant, Signer, TransferAsk, Verifier, generate_signing_key
 from services.security.pki import Identity, LocalCA
+from services.transfer.keys import new_key
 
 MIB = 1 << 20
 TARGET_ADDED_TTFT_MS = 2.0
@@ -119,10 +120,10 @@ def bandwidth_part(args, tls_dir: Path) -> None:
             s.call("sec_connect", variant=variant, kind=kind, tls=tls)
         for i in range(args.repeats + 1):
             for variant, _, _, cap, _ in VARIANTS:
-                tid = f"{variant}-{i}"
-                r.call("sec_expect", variant=variant, transfer_id=tid)
+                tid, key = f"{variant}-{i}", new_key().hex()  # the router's part: a secret per attempt
+                r.call("sec_expect", variant=variant, transfer_id=tid, key=key)
                 out = s.call("sec_send", variant=variant, dest=dests[variant], transfer_id=tid,
-                             kv_digest=sent, cap=cap)
+                             kv_digest=sent, cap=cap, key=key)
                 res = r.call("pd_result", kind=variant, transfer_id=tid)
                 if not out["published"] or res["state"] != "published" or res["digest"] != sent:
                     raise RuntimeError(f"{variant}: not published or wrong bytes ({out} / {res})")

@@ -80,6 +80,7 @@ from _transfer_perftest import find_perftest, run_tag_bw
 from _transfer_timeline import run_timeline
 
 from services.cluster.ports import free_port
+from services.transfer.keys import new_key
 
 MIB = 1 << 20
 PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucxx-python-commit",
@@ -127,9 +128,9 @@ def check_digest(got: str, want: str, path: str) -> None:
 
 def pdserve_path(r: Spawned, s: Spawned, kind: str, dest: str, sent: str, size_mib: int):
     def one(i: int) -> float:
-        tid = f"{kind}-{size_mib}-{i}"
-        r.call("pd_expect", kind=kind, transfer_id=tid)
-        out = s.call("pd_send", kind=kind, dest=dest, transfer_id=tid, kv_digest=sent)
+        tid, key = f"{kind}-{size_mib}-{i}", new_key().hex()  # the router's part: a secret per attempt
+        r.call("pd_expect", kind=kind, transfer_id=tid, key=key)
+        out = s.call("pd_send", kind=kind, dest=dest, transfer_id=tid, kv_digest=sent, key=key)
         res = r.call("pd_result", kind=kind, transfer_id=tid)
         if not out["published"] or res["state"] != "published":
             raise RuntimeError(f"pdserve-{kind}: not published ({out['reason']} / {res['reason']})")

@@ -40,7 +40,6 @@ from services.directory.chunk_plan import Layout
 from services.directory.wire import evidence_of
 from services.engine import InvalidRequest, SamplingParams, Sequence
 from services.engine.digest import LayerDigest
-from services.security.capability import CapabilityDenied, Reason
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
 from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, TransferKey, Verdict
@@ -138,9 +137,6 @@ class PrefillWorker:
         plan = send_plan(self.engine, t.first_token_pos, prompt_len, t.chunks)
         credential = None
         if self.gate is not None and plan:  # no chunk: no byte is read or sent
-            if not t.capability:
-                self.gate.on_denied(Reason.SIGNATURE.value)
-                raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {transfer_id!r}")
             credential = self.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         self._check(task)
         task.dest, task.key = t.dest, TransferKey.of(transfer_id, t.key)

@@ -52,7 +52,7 @@ from router.requests.attempt import (
     pump,
 )
 from router.requests.cluster_view import ClusterView
-from router.requests.handoff import build_manifest, job_manifest, transfer_id
+from router.requests.handoff import build_manifest, job_manifest, reserve_call, transfer_id
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
 from router.requests.seals import reply_against_seal, reply_against_token, sealed_token_0
@@ -60,7 +60,6 @@ from router.types import (
     Event,
     PrefillCall,
     PrefillDone,
-    ReserveCall,
     Route,
     RouterError,
     Started,
@@ -142,10 +141,8 @@ class AttemptRunner:
             att, PrefillCall(job, req.prompt, "", req.sampling), queue, grant, job_sent))
         await job_sent  # P's job leaves before D's Reserve (its write waits for the call's headers): P's way is longer
         try:
-            reservation = await self._workers.reserve(d, ReserveCall(
-                req.request_id, req.tenant, g, req.prompt, req.max_tokens, req.sampling, p.cache_abi_digest,
-                att.transfer_key),
-                self._timeout(self._cfg.reserve_timeout_s))
+            reservation = await self._workers.reserve(d, reserve_call(req, g, p, att.transfer_key),
+                                                      self._timeout(self._cfg.reserve_timeout_s))
         except WorkerCallError as exc:
             if exc.code is StatusCode.INVALID_ARGUMENT:
                 raise RouterError(exc.code, exc.message) from exc  # the client's to fix: verbatim

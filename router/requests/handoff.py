@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from router.types import Reservation, Worker
+from router.types import Reservation, ReserveCall, Worker
 from services.directory.records import TransferRef
 from services.security.capability import PUSH, Grant
 from services.transfer.base import CHECKSUM_ALGORITHM
@@ -44,6 +44,13 @@ def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_
                  generation=manifest.generation, route_epoch=manifest.route_epoch,
                  cache_abi_digest=manifest.cache_abi_digest, direction=PUSH, regions=tuple(regions),
                  max_bytes=sum(c.num_bytes for c in manifest.expected_chunks), ttl_ms=ttl_ms)
+
+
+def reserve_call(req, generation: int, prefill: Worker, key: bytes) -> ReserveCall:
+    """Decode.Reserve's arguments for one attempt of `req` (an Admitted request): the blocks
+    for its prompt and budget, and the attempt's transfer key (services/transfer/keys.py)."""
+    return ReserveCall(req.request_id, req.tenant, generation, req.prompt, req.max_tokens, req.sampling,
+                       prefill.cache_abi_digest, key)
 
 
 def job_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],

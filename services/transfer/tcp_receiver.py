@@ -194,7 +194,7 @@ class TcpReceiver(KVReceiver):
             return  # failed or forgotten meanwhile: the rest went nowhere
         got = chunk_checksum(exp.tkey, key, views)
         if got != sent_hex:  # (never the value computed: the one-time key's second string, keys.py)
-            problem = f"checksum mismatch in chunk {key}: sender {sent_hex[:4]}…, received other bytes"
+            problem = f"checksum mismatch in chunk {key}: sender {sent_hex}, received other bytes"
             self._fail(tid, problem)
             inbox.reply(ERROR, tid, {"reason": problem})
             return

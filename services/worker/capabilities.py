@@ -113,6 +113,8 @@ class SourceGate:
             raise
 
     def _check(self, raw: bytes, manifest, chunks: Sequence[ChunkKey], num_bytes: int) -> dict:
+        if not raw:
+            raise CapabilityDenied(Reason.SIGNATURE, f"no capability for transfer {manifest.transfer_id!r}")
         try:
             regions = physical_blocks(manifest.destination_block_ids, chunks)
         except ValueError as e:

@@ -17,7 +17,7 @@ class Recording(KVSender):
     async def send(self, dest, transfer_id, chunk, views):
         self.log.append(("send", transfer_id, chunk.key.layer, chunk.checksum, time.monotonic()))
 
-    async def present(self, dest, transfer_id, credential):
+    async def present(self, dest, transfer_id, credential, key=b"", confirm=False):
         self.log.append(("present", transfer_id, time.monotonic()))
 
     async def commit(self, dest, commit):

@@ -28,8 +28,9 @@ from services.transfer import (
     Failed,
     TransferCommit,
     TransferError,
+    TransferKey,
     Verdict,
-    checksum,
+    chunk_checksum,
 )
 from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
 from services.transfer.factory import make_receiver, make_sender
@@ -82,8 +83,9 @@ def test_chunk_views_are_the_packed_bytes_of_the_chunk():
         packed = export_kv(engine, seq, key.block_start, key.block_count)  # layer by layer
         mine = packed[key.layer * key.block_count * per_layer:][:key.block_count * per_layer]
         assert b"".join(bytes(v) for v in views) == mine
-        c = describe_chunk(engine, seq, key)
-        assert (c.key, c.num_bytes, c.checksum) == (key, len(mine), checksum([memoryview(mine)]))
+        c = describe_chunk(engine, seq, key, TransferKey.public("t"))
+        assert (c.key, c.num_bytes, c.checksum) == (key, len(mine),
+                                                    chunk_checksum(TransferKey.public("t"), key, [memoryview(mine)]))
     for s in [seq, *holders]:
         engine.free(s)
     assert_no_leak(engine)
@@ -154,7 +156,7 @@ def _pair(prompt):
 async def _send_all(sender, dest, tid, engine, seq, keys):
     chunks = []
     for key in keys:
-        c = describe_chunk(engine, seq, key)
+        c = describe_chunk(engine, seq, key, TransferKey.public(tid))
         await sender.send(dest, tid, c, chunk_views(engine, seq, key))
         chunks.append(c)
     return tuple(chunks)
@@ -218,7 +220,7 @@ def test_unexpected_transfer_is_refused_and_writes_nothing():
         before = dec.engine.kv_digest(dec.seq)
         key = ChunkKey(0, 0, 1)
         with pytest.raises(TransferError, match="not expected"):
-            await send.send(recv.address, "ghost", describe_chunk(a, sa, key),
+            await send.send(recv.address, "ghost", describe_chunk(a, sa, key, TransferKey.public("ghost")),
                             chunk_views(a, sa, key))
         verdict = await send.commit(recv.address, TransferCommit(
             "ghost", "r", 1, a.abi.digest, (), "", first))
@@ -231,7 +233,7 @@ def test_unexpected_transfer_is_refused_and_writes_nothing():
 
 def test_chunk_outside_the_transfer_set_fails_the_transfer():
     async def body(a, sa, first, recv, send, dec):
-        good = describe_chunk(a, sa, ChunkKey(0, 0, 1))
+        good = describe_chunk(a, sa, ChunkKey(0, 0, 1), TransferKey.public("t1"))
         bad = dataclasses.replace(good, key=ChunkKey(0, dec.last_block, 1))
         with pytest.raises(TransferError):
             await send.send(recv.address, "t1", bad, chunk_views(a, sa, ChunkKey(0, 0, 1)))
@@ -243,7 +245,7 @@ def test_chunk_outside_the_transfer_set_fails_the_transfer():
 
 def test_chunk_of_the_wrong_size_fails_the_transfer():
     async def body(a, sa, first, recv, send, dec):
-        c = describe_chunk(a, sa, ChunkKey(1, 0, 2))
+        c = describe_chunk(a, sa, ChunkKey(1, 0, 2), TransferKey.public("t1"))
         short = [memoryview(b"".join(bytes(v) for v in chunk_views(a, sa, c.key))[:-4])]
         with pytest.raises(TransferError, match="size"):
             await send.send(recv.address, "t1", c, short)

@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 
+from services.transfer import ChunkKey
 from services.transfer import ucx_wire as wire
 from services.transfer.common import place
 from services.transfer.credits import CreditTimeout, CreditWindow
+from services.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
 
 
 def run(coro):
@@ -83,20 +85,56 @@ def test_place_maps_sender_pieces_onto_receiver_views():
 
 
 def test_ucx_messages_round_trip_and_large_bodies_go_out_of_line():
-    msg, body = wire.encode(wire.CHUNK, "req/1", 7, {"serial": 3, "key": [1, 2, 3]})
-    assert body == b""
-    kind, tid, nonce, n, oob = wire.decode_head(memoryview(msg))
-    assert (kind, tid, nonce, oob) == (wire.CHUNK, "req/1", 7, 0)
-    assert wire.json_body(wire.inline_body(memoryview(msg), tid, n))["key"] == [1, 2, 3]
+    key = TransferKey("req/1", new_key())
+    msg, body, oob = wire.encode(wire.CHUNK, "req/1", 7, {"serial": 3, "key": [1, 2, 3]}, key, TO_RECEIVER)
+    assert body == b"" and oob == 0
+    got = wire.decode(memoryview(msg))
+    assert (got.kind, got.transfer_id, got.seq, got.oob_tag) == (wire.CHUNK, "req/1", 7, 0)
+    assert got.verify(key, TO_RECEIVER) and got.body()["key"] == [1, 2, 3]
     big = {"chunks": ["x" * 100] * 2000}
-    msg, body = wire.encode(wire.COMMIT, "req/1", 7, big)
-    assert len(body) > wire.INLINE_BODY_BYTES
-    tagged = wire.with_oob_tag(msg, wire.tag(wire.BODY, 7, 1))
-    assert wire.decode_head(memoryview(tagged))[4] == wire.tag(wire.BODY, 7, 1)
-    with pytest.raises(wire.ProtocolError, match="too large"):
-        wire.decode_head(memoryview(msg))  # a big body without its out-of-line tag
+    with pytest.raises(ValueError, match="out-of-line tag"):
+        wire.encode(wire.COMMIT, "req/1", 8, big, key, TO_RECEIVER)
+    body_tag = wire.tag(wire.BODY, key.tag_bits, 1)
+    msg, body, oob = wire.encode(wire.COMMIT, "req/1", 8, big, key, TO_RECEIVER, lambda: body_tag)
+    assert len(body) > wire.INLINE_BODY_BYTES and oob == body_tag
+    got = wire.decode(memoryview(msg))
+    assert got.oob_tag == body_tag and got.verify(key, TO_RECEIVER) and got.body_matches(body)
+    assert not got.body_matches(body[:100] + b"y" + body[101:]) and not got.body_matches(body[:-1])
     with pytest.raises(wire.ProtocolError, match="bad message head"):
-        wire.decode_head(memoryview(b"HTTP/1.1 200 OK\r\n" + bytes(40)))
+        wire.decode(memoryview(b"HTTP/1.1 200 OK\r\n" + bytes(60)))
+
+
+def test_a_ucx_message_holds_only_under_its_key_its_direction_and_its_bytes():
+    """Another transfer's key, the reverse direction, or any changed byte of what the MAC
+    covers (head, transfer id, body) and the message no longer verifies."""
+    key, other = TransferKey("req/1", new_key()), TransferKey("req/1", new_key())
+    msg, _, _ = wire.encode(wire.COMMIT, "req/1", 9, {"published": True}, key, TO_RECEIVER)
+    assert wire.decode(memoryview(msg)).verify(key, TO_RECEIVER)
+    assert not wire.decode(memoryview(msg)).verify(other, TO_RECEIVER)
+    assert not wire.decode(memoryview(msg)).verify(key, TO_SENDER)
+    assert not wire.decode(memoryview(msg)).verify(TransferKey.public("req/1"), TO_RECEIVER)
+    for i in range(len(msg)):
+        if wire.SIGNED_HEAD_BYTES <= i < wire.HEAD.size:  # the MAC itself
+            continue
+        flipped = bytearray(msg)
+        flipped[i] ^= 0x01
+        try:
+            assert not wire.decode(memoryview(flipped)).verify(key, TO_RECEIVER), i
+        except (wire.ProtocolError, AssertionError) as e:
+            assert isinstance(e, wire.ProtocolError), f"byte {i} changed and the MAC still holds"
+
+
+def test_a_keyed_chunk_checksum_needs_the_key():
+    """The chunk checksum is the key's: another key, another chunk key or other bytes give
+    another value; the public key of a transfer is the same for everybody."""
+    data = [memoryview(bytes(range(256)) * 16)]
+    key = TransferKey("t/1", new_key())
+    sums = {key.checksum(ChunkKey(0, 0, 1), data), TransferKey("t/1", new_key()).checksum(ChunkKey(0, 0, 1), data),
+            key.checksum(ChunkKey(0, 1, 1), data), key.checksum(ChunkKey(0, 0, 1), [data[0][1:], data[0][:1]])}
+    assert len(sums) == 4 and all(len(s) == 16 for s in sums)
+    assert TransferKey.public("t/1").checksum(ChunkKey(0, 0, 1), data) == \
+        TransferKey.public("t/1").checksum(ChunkKey(0, 0, 1), [data[0][:7], data[0][7:]])  # the pieces' cut: same
+    assert "secret" not in repr(key) and key.tag_bits and 0 < key.tag_bits < 1 << wire.NONCE_BITS
 
 
 def test_ucx_tags_keep_streams_and_nonces_apart():
@@ -104,6 +142,7 @@ def test_ucx_tags_keep_streams_and_nonces_apart():
             for n in (1, 2) for c in (0, 1, 0xFFFFFFFF)}
     assert len(tags) == 4 * 2 * 3
     assert wire.tag(wire.DATA, 5, 1 << 32) == wire.tag(wire.DATA, 5, 0)  # counter wraps in place
+    assert wire.tag_parts(wire.tag(wire.BODY, 5, 9)) == (wire.BODY, 5, 9)
 
 
 def test_ucx_address_round_trip_and_errors():

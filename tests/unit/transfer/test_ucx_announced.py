@@ -10,7 +10,7 @@ import dataclasses
 from services.transfer import ChunkArrived, Failed, TransferCommit
 from services.transfer import ucx_wire as wire
 from services.transfer.tcp_wire import encode_commit
-from tests.unit.transfer.test_ucx_carried import BLOCK, SENDER, setup
+from tests.unit.transfer.test_ucx_carried import BLOCK, setup
 
 
 def announced(head: dict) -> dict:
@@ -25,7 +25,7 @@ async def turns(n: int = 5) -> None:
 async def landed_unchecked():
     """`setup()`'s receiver after an announced batch's header and its data, no COMMIT yet."""
     r, rt, cache, events, decided, data, head, commit = parts = setup()
-    r._on_chunk(SENDER, "t/1", announced(head))
+    r._on_chunk("t/1", announced(head))
     rt.deliver(data)
     await turns()
     return parts
@@ -37,7 +37,7 @@ def test_chunks_landed_before_their_commit_are_checked_against_it():
         # Landed and copied, but nothing counts as arrived and nothing is VISIBLE: unchecked.
         assert bytes(cache) == data and not [e for e in events if isinstance(e, ChunkArrived)]
         assert not [k for k, _ in rt.replies if k == wire.VISIBLE] and decided == []
-        assert r._on_commit(SENDER, "t/1", encode_commit(commit)) is None  # held, then checked at once
+        assert r._on_commit("t/1", encode_commit(commit)) is None  # held, then checked at once
         await turns()
         assert decided == [commit] and (wire.VERDICT, {"published": True, "reason": ""}) in rt.replies
         arrived = {e.key: e.checksum for e in events if isinstance(e, ChunkArrived)}
@@ -49,8 +49,8 @@ def test_chunks_landed_before_their_commit_are_checked_against_it():
 def test_a_commit_ahead_of_the_announced_data_is_held_until_it_lands():
     async def go():
         r, rt, cache, events, decided, data, head, commit = setup()
-        r._on_chunk(SENDER, "t/1", announced(head))
-        assert r._on_commit(SENDER, "t/1", encode_commit(commit)) is None
+        r._on_chunk("t/1", announced(head))
+        assert r._on_commit("t/1", encode_commit(commit)) is None
         await turns()
         assert decided == [] and "t/1" in r._held
         rt.deliver(data)
@@ -64,7 +64,7 @@ def test_an_announced_chunk_whose_commit_checksum_differs_fails_and_is_never_arr
         r, rt, cache, events, decided, data, head, commit = await landed_unchecked()
         wrong = dataclasses.replace(commit.chunks[2], checksum="0" * 16)
         forged = TransferCommit("t/1", "t", 1, "abi", (*commit.chunks[:2], wrong, commit.chunks[3]), "digest", 5)
-        r._on_commit(SENDER, "t/1", encode_commit(forged))
+        r._on_commit("t/1", encode_commit(forged))
         await turns()
         failed = [e for e in events if isinstance(e, Failed)]
         assert failed and f"checksum mismatch in chunk {wrong.key}: sender {'0' * 16}" in failed[0].reason
@@ -77,9 +77,9 @@ def test_an_announced_chunk_whose_commit_checksum_differs_fails_and_is_never_arr
 def test_an_announced_chunk_the_commit_does_not_list_fails_the_transfer():
     async def go():
         r, rt, cache, events, decided, data, head, commit = setup()
-        r._on_chunk(SENDER, "t/1", announced(head))
+        r._on_chunk("t/1", announced(head))
         short = TransferCommit("t/1", "t", 1, "abi", commit.chunks[1:], "digest", 5)
-        r._on_commit(SENDER, "t/1", encode_commit(short))
+        r._on_commit("t/1", encode_commit(short))
         rt.deliver(data)
         await turns()
         failed = [e for e in events if isinstance(e, Failed)]
@@ -103,11 +103,11 @@ def test_rows_of_one_batch_may_mix_announced_and_hashed_chunks():
         r, rt, cache, events, decided, data, head, commit = setup()
         rows = announced(head)["batch"]
         rows[0] = list(head["batch"][0])
-        r._on_chunk(SENDER, "t/1", {**head, "batch": rows})
+        r._on_chunk("t/1", {**head, "batch": rows})
         rt.deliver(data)
         await turns()
         assert r._unverified and decided == []
-        r._on_commit(SENDER, "t/1", encode_commit(commit))
+        r._on_commit("t/1", encode_commit(commit))
         await turns()
         assert decided == [commit] and len(cache) == 4 * BLOCK
     asyncio.run(go())

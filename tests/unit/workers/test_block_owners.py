@@ -69,7 +69,7 @@ class SilentPeer(KVSender):
         self.sending.set()
         await asyncio.Future()
 
-    async def present(self, dest, transfer_id, credential):
+    async def present(self, dest, transfer_id, credential, key=b"", confirm=False):
         pass
 
     async def commit(self, dest, commit):
