@@ -28,7 +28,7 @@ class SenderExchange:
         keyed = self._keys.add(transfer_id, TransferKey.of(transfer_id, key))
         out = self._out(peer, transfer_id)
         out.raise_if_failed()
-        body = {**(credential or {}), "reply": {"address": wire.b64(self._rt.address), "mailbox": self.nonce}}
+        body = {**(credential or {}), "reply": {"address": wire.b64(self._rt.address)}}
         if confirm:
             body["confirm"] = True
             keyed.admitted = asyncio.get_running_loop().create_future()
@@ -57,13 +57,13 @@ class SenderExchange:
     async def _control(self, out: Outgoing, kind: int, body: dict) -> None:
         """One control message of `out`'s transfer, sent (io_timeout_s)."""
         k = out.keyed
-        await send_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid,
+        await send_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid, self.nonce,
                            next(self._seq), body, k.key, TO_RECEIVER, self.io_timeout_s,
                            lambda: k.tags(wire.BODY, 1))
 
     def _post_control(self, out: Outgoing, kind: int, body: dict) -> list[asyncio.Future]:
         k = out.keyed
-        return post_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid,
+        return post_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid, self.nonce,
                             next(self._seq), body, k.key, TO_RECEIVER, lambda: k.tags(wire.BODY, 1))
 
     # -- replies (mailbox, in arrival order): each under its transfer's key, or dropped

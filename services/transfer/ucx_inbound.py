@@ -30,6 +30,9 @@ ENDED_MAX = 4096
 LANE_MAX = 8192
 """Messages one transfer may have waiting behind its slow one (its credit window bounds a
 genuine sender far below this; past it the transfer fails)."""
+REPLIES_MAX = 8
+"""Reply addresses one transfer keeps (one per sender mailbox whose AUTH held; a genuine
+transfer has one)."""
 
 REJECT_REASONS = ("malformed", "oversized", "unknown_transfer", "bad_mac", "replay", "unauthorized", "ended",
                   "body_timeout", "body_mismatch", "lane_full", "no_reply_address", "unexpected")
@@ -42,8 +45,11 @@ class Inbound:
 
     key: TransferKey
     last_seq: int = 0
-    reply: tuple[int, object] | None = None
-    """(the sender's mailbox nonce, an endpoint to it), from its authenticated AUTH."""
+    replies: dict[int, object] = dataclasses.field(default_factory=dict)
+    """Endpoints by sender mailbox nonce, each from an AUTH of that mailbox that held."""
+    admitted: int = 0
+    """The mailbox of the sender the transfer's AUTH admitted (0: none yet): chunks, COMMIT and
+    ABORT count from it alone (with security on); replies go to it."""
     lane: collections.deque | None = None
     """Messages waiting behind one in progress; None while none is."""
     ended: str = ""

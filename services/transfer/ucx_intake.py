@@ -9,6 +9,8 @@ rules (ucx_receiver.py) see it, and replies leave from here.
                                                     then the capability (KVReceiver.admit),
                                                     in the transfer's lane
     CHUNK, COMMIT, ABORT of a sender not admitted   refused (ERROR / VERDICT), the transfer goes on
+                                                    (a sender is its mailbox: the key's holders
+                                                    are told apart by the head's sender)
     an out-of-line body                             received after its head held, in the
                                                     transfer's lane, for body_timeout_s at most
 
@@ -29,7 +31,7 @@ from collections.abc import Coroutine
 from . import ucx_wire as wire
 from .base import UNAUTHORIZED, trusts
 from .keys import TO_SENDER
-from .ucx_inbound import LANE_MAX, Inbound
+from .ucx_inbound import LANE_MAX, REPLIES_MAX, Inbound
 from .ucx_mailbox import post_control
 
 log = logging.getLogger(f"{__package__}.ucx")
@@ -114,13 +116,13 @@ class Intake:
     def _handle(self, inb: Inbound, msg: wire.Received, obj: dict) -> Coroutine | None:
         tid, kind = msg.transfer_id, msg.kind
         if kind == wire.AUTH:
-            return self._auth(inb, tid, obj)
+            return self._auth(inb, msg.sender, tid, obj)
         exp = self.pending.get(tid)
         if exp is None:  # ended while this waited in its lane
             self._after_end(inb, msg, obj)
             return None
-        if not trusts(exp, inb):
-            self._untrusted(kind, tid, obj)
+        if not trusts(exp, msg.sender):
+            self._untrusted(kind, tid, obj, msg.sender)
             return None
         self._heard(tid)
         if kind == wire.CHUNK:
@@ -131,40 +133,41 @@ class Intake:
             self._fail(tid, f"aborted by sender: {str(obj.get('reason', ''))[:512]}")
         return None
 
-    async def _auth(self, inb: Inbound, tid: str, obj: dict) -> None:
-        """Where the sender takes replies (it is the key's holder: the MAC held), then its
+    async def _auth(self, inb: Inbound, sender: int, tid: str, obj: dict) -> None:
+        """Where the sender takes replies (it holds the key: the MAC held), then its
         capability; refused: ERROR, and the transfer goes on for a sender it admits."""
         confirm = obj.pop("confirm", False) is True
-        if not await self._reply_to(inb, obj.pop("reply", None)):
-            self._fail(tid, "AUTH without a usable reply address")
+        if not await self._reply_to(inb, sender, obj.pop("reply", None)):
             return
-        why = await self.admit(tid, obj, None, inb)
+        why = await self.admit(tid, obj, None, sender)
         if why:
-            self._reply(tid, wire.ERROR, {"reason": why})
-        elif confirm:
-            self._reply(tid, wire.ADMITTED, {})
+            self._reply(tid, wire.ERROR, {"reason": why}, to=sender)
+            return
+        inb.admitted = sender
+        if confirm:
+            self._reply(tid, wire.ADMITTED, {}, to=sender)
 
-    async def _reply_to(self, inb: Inbound, reply) -> bool:
+    async def _reply_to(self, inb: Inbound, sender: int, reply) -> bool:
+        """An endpoint for replies to `sender`'s mailbox at the address its AUTH names."""
         try:
-            address, mailbox = wire.unb64(str(reply["address"])), int(reply["mailbox"])
-            if not 0 < mailbox < 1 << wire.NONCE_BITS:
-                raise ValueError(f"mailbox {mailbox}")
-            inb.reply = (mailbox, await self._rt.endpoint(address))
+            if not 0 < sender < 1 << wire.NONCE_BITS or len(inb.replies) >= REPLIES_MAX and sender not in inb.replies:
+                raise ValueError(f"mailbox {sender} (or more than {REPLIES_MAX} of them)")
+            inb.replies[sender] = await self._rt.endpoint(wire.unb64(str(reply["address"])))
         except Exception as e:  # noqa: BLE001 - a bad address or a UCX error: no reply possible
             log.debug("ucx receiver: AUTH's reply address unusable: %r", e)
             self.rejected["no_reply_address"] += 1
             return False
         return True
 
-    def _untrusted(self, kind: int, tid: str, body: dict) -> None:
+    def _untrusted(self, kind: int, tid: str, body: dict, sender: int) -> None:
         """A CHUNK, COMMIT or ABORT of a sender whose capability was not admitted: refused,
         its data swallowed; the transfer goes on."""
         self.rejected["unauthorized"] += 1
         if kind == wire.CHUNK:
             self._swallow_body(body)
-            self._reply(tid, wire.ERROR, {"reason": UNAUTHORIZED})
+            self._reply(tid, wire.ERROR, {"reason": UNAUTHORIZED}, to=sender)
         elif kind == wire.COMMIT:
-            self._reply(tid, wire.VERDICT, {"published": False, "reason": UNAUTHORIZED})
+            self._reply(tid, wire.VERDICT, {"published": False, "reason": UNAUTHORIZED}, to=sender)
 
     def _after_end(self, inb: Inbound, msg: wire.Received, obj: dict | None = None) -> None:
         """The genuine sender's message for a transfer that ended: it hears so at once."""
@@ -175,23 +178,23 @@ class Intake:
             except wire.ProtocolError:
                 obj = {}
         obj = obj or {}
-        if msg.kind == wire.AUTH and inb.reply is None:
-            self._tasks.spawn(self._reply_then(inb, msg.transfer_id, obj.get("reply")))
+        if msg.kind == wire.AUTH and msg.sender not in inb.replies:
+            self._tasks.spawn(self._reply_then(inb, msg.sender, msg.transfer_id, obj.get("reply")))
             return
-        self._answer_ended(inb, msg.kind, msg.transfer_id, obj)
+        self._answer_ended(inb, msg.kind, msg.sender, msg.transfer_id, obj)
 
-    async def _reply_then(self, inb: Inbound, tid: str, reply) -> None:
-        if await self._reply_to(inb, reply):
-            self._answer_ended(inb, wire.AUTH, tid, {})
+    async def _reply_then(self, inb: Inbound, sender: int, tid: str, reply) -> None:
+        if await self._reply_to(inb, sender, reply):
+            self._answer_ended(inb, wire.AUTH, sender, tid, {})
 
-    def _answer_ended(self, inb: Inbound, kind: int, tid: str, obj: dict) -> None:
+    def _answer_ended(self, inb: Inbound, kind: int, sender: int, tid: str, obj: dict) -> None:
         reason = f"transfer {tid} not expected (it ended: {inb.ended[:200]})"
         if kind == wire.CHUNK:
             self._swallow_body(obj)
         if kind == wire.COMMIT:
-            self._reply(tid, wire.VERDICT, {"published": False, "reason": reason})
+            self._reply(tid, wire.VERDICT, {"published": False, "reason": reason}, to=sender)
         elif kind != wire.ABORT:
-            self._reply(tid, wire.ERROR, {"reason": reason})
+            self._reply(tid, wire.ERROR, {"reason": reason}, to=sender)
 
     def _swallow_body(self, body: dict) -> None:
         """A refused CHUNK's data off the wire (its tags and count from its authenticated header)."""
@@ -202,16 +205,18 @@ class Intake:
         except (KeyError, TypeError, ValueError):
             pass
 
-    def _reply(self, tid: str, kind: int, body: dict) -> None:
-        """Post a reply to the transfer's sender now (in order with earlier replies), under the
-        transfer's key; errors are only logged: a sender that hears nothing times out."""
+    def _reply(self, tid: str, kind: int, body: dict, to: int = 0) -> None:
+        """Post a reply now (in order with earlier replies) to the sender mailbox `to` (0: the
+        one admitted), under the transfer's key; errors are only logged: a sender that hears
+        nothing times out."""
         inb = self._in.get(tid)
-        if inb is None or inb.reply is None:
+        mailbox = to or (inb.admitted if inb is not None else 0)
+        ep = inb.replies.get(mailbox) if inb is not None else None
+        if ep is None:
             return
-        mailbox, ep = inb.reply
         try:
-            futs = post_control(self._rt, ep, wire.tag(wire.REPLY, mailbox), kind, tid, next(self._seq), body,
-                                inb.key, TO_SENDER)
+            futs = post_control(self._rt, ep, wire.tag(wire.REPLY, mailbox), kind, tid, self.nonce, next(self._seq),
+                                body, inb.key, TO_SENDER)
         except Exception as e:  # noqa: BLE001 - UCX refused the post
             log.warning("ucx receiver: reply %s for %s not posted: %r", wire.KIND_NAMES.get(kind), tid, e)
             return

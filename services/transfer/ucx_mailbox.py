@@ -98,8 +98,8 @@ class Mailbox:
                 log.exception("%s: handler of %s failed", self.name, wire.KIND_NAMES.get(msg.kind))
 
 
-def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, seq: int, obj: dict | None,
-                 key: TransferKey, direction: bytes, body_tag: Callable[[], int] | None = None
+def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, sender: int, seq: int,
+                 obj: dict | None, key: TransferKey, direction: bytes, body_tag: Callable[[], int] | None = None
                  ) -> list[asyncio.Future]:
     """Post one authenticated control message (its body out of line on `body_tag()` when
     large); its send futures.
@@ -107,19 +107,19 @@ def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, s
     Messages posted on one endpoint and tag are matched in posting order, so a
     caller that does not wait still keeps the protocol's order.
     """
-    msg, body, oob = wire.encode(kind, transfer_id, seq, obj, key, direction, body_tag)
+    msg, body, oob = wire.encode(kind, transfer_id, sender, seq, obj, key, direction, body_tag)
     if not body:
         return [rt.post_send(ep, msg, to_tag)]
     return [rt.post_send(ep, msg, to_tag), rt.post_send(ep, body, oob)]
 
 
-async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, seq: int, obj: dict | None,
-                       key: TransferKey, direction: bytes, timeout_s: float,
+async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, sender: int, seq: int,
+                       obj: dict | None, key: TransferKey, direction: bytes, timeout_s: float,
                        body_tag: Callable[[], int] | None = None) -> None:
     """Send one control message and wait (timeout_s) until UCX is done with it. The worker
     is progressed at once: the message leaves now, not after the loop's other ready
     callbacks (the token's COMMIT waited 0.15-0.5 ms for them behind the prefill's wake-up)."""
-    futs = post_control(rt, ep, to_tag, kind, transfer_id, seq, obj, key, direction, body_tag)
+    futs = post_control(rt, ep, to_tag, kind, transfer_id, sender, seq, obj, key, direction, body_tag)
     rt.progress()
     done, pending = await asyncio.wait(futs, timeout=timeout_s)  # never cancels ucxx's futures
     if pending:

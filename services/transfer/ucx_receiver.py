@@ -46,6 +46,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import Coroutine
 
 from services.common.tasks import TaskSet
@@ -100,7 +101,7 @@ class UcxReceiver(Intake, KVReceiver):
         self._rt: UcxRuntime | None = None
         self._mailbox: Mailbox | None = None
         self._in = Inbounds(None)  # each expected transfer's sender, as far as it proved itself
-        self._seq = itertools.count(1)  # our replies' seq
+        self._seq = itertools.count(time.time_ns())  # our replies' seq
         self.rejected = Rejections()
         self._posted: dict[str, list[tuple[int, asyncio.Future, bool]]] = {}  # (tag, receive, into staging)
         self._last_heard: dict[str, float] = {}  # pending transfers that sent something

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
 from . import ucx_wire as wire
@@ -66,7 +67,7 @@ class UcxSender(SenderExchange, SenderCredits, KVSender):
         self._connecting: dict[str, asyncio.Future] = {}
         self._outs: dict[str, Outgoing] = {}
         self._keys = Keys()  # each presented transfer's key, until its end
-        self._seq = itertools.count(1)  # our messages' seq
+        self._seq = itertools.count(time.time_ns())  # our messages' seq (from the clock: a later sender's are larger)
         self.rejected = Rejections()
         self.stats = dict(chunks=0, bytes=0, failed_transfers=0, announced_batches=0)
 

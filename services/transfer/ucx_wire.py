@@ -15,20 +15,24 @@ the transfer; the sender starts each transfer's counter at a random value.
 
 A control message is HEAD | transfer id | [body digest] | inline body, authenticated:
 
-    HEAD   magic "PDUX", version 2, kind, id length, seq (u64), body length (u64),
-           out-of-line tag (u64), MAC (16 bytes)
+    HEAD   magic "PDUX", version 2, kind, id length, sender (u32), seq (u64), body length
+           (u64), out-of-line tag (u64), MAC (16 bytes)
+    sender the sending object's mailbox nonce: which of the key's holders speaks (a
+           receiver takes a transfer's chunks from the one its AUTH admitted, and replies
+           to it)
     MAC    the transfer key's (keys.TransferKey.mac) over HEAD without its MAC, the transfer
            id, and the inline body or, for a body out of line, its BLAKE2b-256 digest;
            personalised by direction (to the receiver, to the sender)
-    seq    the sending object's message counter: per transfer, each side accepts only a
-           seq larger than the last it accepted (a replayed message is dropped)
+    seq    the sending object's message counter, started at the clock (ns) when the object
+           was made: per transfer, each side accepts only a seq larger than the last it
+           accepted (a replayed message is dropped)
 
 A body larger than INLINE_BODY_BYTES travels out of line, on the BODY tag its HEAD names;
 its digest comes inline, so the HEAD is checked before any byte of the body is taken.
 
-    AUTH     {credential..., "reply": {"address": b64 worker address, "mailbox": nonce},
-              "confirm": bool}              sender -> receiver, each transfer's first message:
-             the capability (none with security off) and where replies go
+    AUTH     {credential..., "reply": {"address": b64 worker address}, "confirm": bool}
+             sender -> receiver, each transfer's first message: the capability (none with
+             security off) and where replies go (that worker, the head's sender mailbox)
     CHUNK    {"serial": n, "key": [layer, start, count], "bytes": n, "checksum": hex,
               "sizes": [the sender's view sizes], "tag": DATA tag of the first piece}
              followed by one tagged message per piece (tag, tag + 1, ...); a batch of small
@@ -63,7 +67,7 @@ VERSION = 2
 CHUNK, COMMIT, ABORT, VISIBLE, VERDICT, ERROR, STOP, AUTH, ADMITTED = range(2, 11)
 KIND_NAMES = {CHUNK: "CHUNK", COMMIT: "COMMIT", ABORT: "ABORT", VISIBLE: "VISIBLE", VERDICT: "VERDICT",
               ERROR: "ERROR", STOP: "STOP", AUTH: "AUTH", ADMITTED: "ADMITTED"}
-HEAD = struct.Struct("!4sBBHQQQ16s")  # magic, version, kind, id_len, seq, body_len, oob_tag, mac
+HEAD = struct.Struct("!4sBBHIQQQ16s")  # magic, version, kind, id_len, sender, seq, body_len, oob_tag, mac
 SIGNED_HEAD_BYTES = HEAD.size - MAC_BYTES
 DIGEST_BYTES = 32
 MAX_ID_BYTES = 1024
@@ -103,8 +107,8 @@ def body_digest(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest()
 
 
-def encode(kind: int, transfer_id: str, seq: int, obj: dict | None, key: TransferKey, direction: bytes,
-           body_tag: Callable[[], int] | None = None) -> tuple[bytes, bytes, int]:
+def encode(kind: int, transfer_id: str, sender: int, seq: int, obj: dict | None, key: TransferKey,
+           direction: bytes, body_tag: Callable[[], int] | None = None) -> tuple[bytes, bytes, int]:
     """(the message, its out-of-line body or b'', that body's tag or 0). A body too large to
     go inline goes out of line on the tag `body_tag()` gives (ValueError without it)."""
     tid = transfer_id.encode()
@@ -119,13 +123,14 @@ def encode(kind: int, transfer_id: str, seq: int, obj: dict | None, key: Transfe
         raise ValueError(f"a {KIND_NAMES.get(kind)} body of {len(body)} bytes needs an out-of-line tag")
     oob = 0 if inline else body_tag()
     tail = body if inline else body_digest(body)
-    signed = HEAD.pack(MAGIC, VERSION, kind, len(tid), seq, len(body), oob, bytes(MAC_BYTES))[:SIGNED_HEAD_BYTES]
+    signed = HEAD.pack(MAGIC, VERSION, kind, len(tid), sender, seq, len(body), oob,
+                       bytes(MAC_BYTES))[:SIGNED_HEAD_BYTES]
     mac = key.mac(direction, signed, tid, tail)
     return signed + mac + tid + tail, b"" if inline else body, oob
 
 
 def encode_stop() -> bytes:
-    return HEAD.pack(MAGIC, VERSION, STOP, 0, 0, 0, 0, bytes(MAC_BYTES))
+    return HEAD.pack(MAGIC, VERSION, STOP, 0, 0, 0, 0, 0, bytes(MAC_BYTES))
 
 
 @dataclass(slots=True)
@@ -134,6 +139,7 @@ class Received:
 
     kind: int
     transfer_id: str
+    sender: int
     seq: int
     body_len: int
     oob_tag: int
@@ -159,7 +165,7 @@ def decode(buf: memoryview) -> Received:
     """A received message's parts (ProtocolError if it breaks the format)."""
     if buf.nbytes < HEAD.size:
         raise ProtocolError(f"message of {buf.nbytes} bytes is shorter than a head")
-    magic, version, kind, id_len, seq, body_len, oob, mac = HEAD.unpack_from(buf)
+    magic, version, kind, id_len, sender, seq, body_len, oob, mac = HEAD.unpack_from(buf)
     if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
         raise ProtocolError(f"bad message head {bytes(magic)!r}/{version}/{kind}")
     if id_len > MAX_ID_BYTES or body_len > max_body_bytes(kind in (COMMIT, AUTH)) or (
@@ -175,7 +181,7 @@ def decode(buf: memoryview) -> Received:
         tid = bytes(buf[HEAD.size:end_id]).decode()
     except UnicodeDecodeError:
         raise ProtocolError("transfer id is not utf-8") from None
-    return Received(kind, tid, seq, body_len, oob, bytes(mac), bytes(buf[:SIGNED_HEAD_BYTES]),
+    return Received(kind, tid, sender, seq, body_len, oob, bytes(mac), bytes(buf[:SIGNED_HEAD_BYTES]),
                     bytes(buf[end_id:end_id + tail_len]))
 
 

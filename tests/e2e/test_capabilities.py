@@ -28,7 +28,8 @@ from router.convert import reservation_from_pb
 from router.requests.handoff import build_manifest, grant
 from services.cluster.launcher import CAPABILITY_SIGNING_KEY
 from services.security.capability import PULL, Reason, Signer
-from services.transfer.base import Chunk, ChunkKey, TransferError, checksum
+from services.transfer.base import Chunk, ChunkKey, TransferError, chunk_checksum
+from services.transfer.keys import TransferKey, new_key
 from tests.support import ucx_loop
 from tests.support.cluster import assert_cluster_clean, channel, directory, start_cluster
 
@@ -58,6 +59,8 @@ class Held:
     reservation: object
     prefill_epoch: int
     digest: str
+    key: bytes
+    """The attempt's transfer key, as the router minted it (Reserve and the grant carry it)."""
 
 
 def decode_stub(cluster):
@@ -70,10 +73,10 @@ def status(cluster, tid: str) -> decode_pb2.TransferStatusResponse:
 
 def hold(cluster, run) -> Held:
     """Decode.Reserve and Directory.Reserve, as the router does for one attempt."""
-    rid = uuid.uuid4().hex
+    rid, key = uuid.uuid4().hex, new_key()
     reply = decode_stub(cluster).Reserve(decode_pb2.DecodeReserveRequest(
         request_id=rid, tenant="default", generation=1, prompt_token_ids=PROMPT, max_tokens=2,
-        sampling=common_pb2.SamplingParams()), timeout=10)
+        sampling=common_pb2.SamplingParams(), transfer_key=key), timeout=10)
     reservation = reservation_from_pb(reply)
 
     async def record():
@@ -86,7 +89,7 @@ def hold(cluster, run) -> Held:
             assert (await d.reserve(m)).ok
             return m, workers["prefill-0"].epoch
     manifest, epoch = run(record())
-    return Held(manifest, reservation, epoch, status(cluster, manifest.transfer_id).reserved_kv_digest)
+    return Held(manifest, reservation, epoch, status(cluster, manifest.transfer_id).reserved_kv_digest, key)
 
 
 def assert_untouched(now: decode_pb2.TransferStatusResponse, held: Held) -> None:
@@ -125,20 +128,22 @@ def sender(cluster):
 
 
 async def attempt(cluster, held: Held, cred: dict | None, tx=None, probe: bool = True) -> str:
-    """Present `cred` (None: no AUTH at all) and send the first expected chunk as random
-    bytes; with `probe`, send it again once the replies are in: '' if nothing was
-    refused, else the first refusal's reason (a refused sender's next send raises it)."""
+    """Present `cred` (None: none; over UCX an AUTH without a capability, over TCP no AUTH at
+    all) with the attempt's transfer key, as the prefill does with its grant, and send the
+    first expected chunk as random bytes (its checksum keyed); with `probe`, send it again
+    once the replies are in: '' if nothing was refused, else the first refusal's reason (a
+    refused sender's next send raises it)."""
     m, own = held.manifest, tx is None
     tx = tx or sender(cluster)
     await tx.start()
     dest = held.reservation.data_plane_address
     spec = m.expected_chunks[0]
     payload = os.urandom(spec.num_bytes)
-    chunk = Chunk(ChunkKey(spec.layer, spec.block_start, spec.block_count), spec.num_bytes,
-                  checksum([memoryview(payload)]))
+    key = ChunkKey(spec.layer, spec.block_start, spec.block_count)
+    chunk = Chunk(key, spec.num_bytes, chunk_checksum(TransferKey.of(m.transfer_id, held.key), key,
+                                                      [memoryview(payload)]))
     try:
-        if cred is not None:
-            await tx.present(dest, m.transfer_id, cred)
+        await tx.present(dest, m.transfer_id, cred, held.key)
         await tx.send(dest, m.transfer_id, chunk, [memoryview(payload)])
         await asyncio.sleep(0.5)  # the replies come back asynchronously
         if probe:
@@ -257,7 +262,7 @@ def test_a_replayed_nonce_is_refused(cluster, run):
             first, second = sender(cluster), sender(cluster)
             try:
                 await first.start()
-                await first.present(held.reservation.data_plane_address, held.manifest.transfer_id, cred)
+                await first.present(held.reservation.data_plane_address, held.manifest.transfer_id, cred, held.key)
                 await asyncio.sleep(0.3)
                 why = await attempt(cluster, held, cred, tx=second)
                 return why, status(cluster, held.manifest.transfer_id)  # while the first sender is connected
@@ -272,10 +277,13 @@ def test_a_replayed_nonce_is_refused(cluster, run):
 
 
 def test_chunks_without_a_capability_are_refused(cluster, run):
+    """TCP: chunks with no AUTH before them. UCX (where every transfer opens with an AUTH):
+    an AUTH under the transfer's key with no capability in it, then the chunk."""
     held = hold(cluster, run)
     try:
         why = run(attempt(cluster, held, None))
-        assert "no accepted capability" in why, why
+        expected = "no accepted capability" if cluster.spec.transport == "tcp" else "capability denied: signature:"
+        assert expected in why, why
         assert_untouched(status(cluster, held.manifest.transfer_id), held)
     finally:
         release(cluster, held)

@@ -1,8 +1,8 @@
-"""Property-based fuzzing of a decode worker's ucx data plane (issue 15, fault suite):
-messages on its control tag from a sender it never heard of: random bytes, heads of
-every kind with random ids, nonces, lengths and out-of-line tags, and messages
-larger than the receive buffers. The receiver drops what it cannot use and keeps
-receiving: afterwards it serves a disaggregated request over ucx with nothing held."""
+"""Property-based fuzzing of a decode worker's ucx data plane (fault suite): messages on
+its control tag from a process that holds no key: random bytes, heads of every kind with
+random ids, senders, seqs, lengths, out-of-line tags and MACs, and messages larger than the
+receive buffers. The receiver drops what it cannot use (counted) and keeps receiving:
+afterwards it serves a disaggregated request over ucx with nothing held."""
 
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ async def _rt(factory):
 
 
 heads = st.builds(
-    lambda kind, tid, nonce, body_len, oob, body: wire.HEAD.pack(
-        wire.MAGIC, wire.VERSION, kind, len(tid), nonce, body_len, oob) + tid + body,
-    st.integers(0, 12), st.binary(max_size=30),
-    st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 100, 70_000, 2**64 - 1]) | st.integers(0, 300),
+    lambda kind, tid, sender, seq, body_len, oob, mac, body: wire.HEAD.pack(
+        wire.MAGIC, wire.VERSION, kind, len(tid), sender, seq, body_len, oob, mac) + tid + body,
+    st.integers(0, 12), st.binary(max_size=30), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
+    st.sampled_from([0, 1, 100, 70_000, 2**64 - 1]) | st.integers(0, 300),
     st.sampled_from([0, 1, wire.tag(wire.BODY, 5, 1)]) | st.integers(0, 2**64 - 1),
-    st.binary(max_size=200))
+    st.binary(min_size=16, max_size=16), st.binary(max_size=200))
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,

@@ -86,16 +86,16 @@ def test_place_maps_sender_pieces_onto_receiver_views():
 
 def test_ucx_messages_round_trip_and_large_bodies_go_out_of_line():
     key = TransferKey("req/1", new_key())
-    msg, body, oob = wire.encode(wire.CHUNK, "req/1", 7, {"serial": 3, "key": [1, 2, 3]}, key, TO_RECEIVER)
+    msg, body, oob = wire.encode(wire.CHUNK, "req/1", 5, 7, {"serial": 3, "key": [1, 2, 3]}, key, TO_RECEIVER)
     assert body == b"" and oob == 0
     got = wire.decode(memoryview(msg))
-    assert (got.kind, got.transfer_id, got.seq, got.oob_tag) == (wire.CHUNK, "req/1", 7, 0)
+    assert (got.kind, got.transfer_id, got.sender, got.seq, got.oob_tag) == (wire.CHUNK, "req/1", 5, 7, 0)
     assert got.verify(key, TO_RECEIVER) and got.body()["key"] == [1, 2, 3]
     big = {"chunks": ["x" * 100] * 2000}
     with pytest.raises(ValueError, match="out-of-line tag"):
-        wire.encode(wire.COMMIT, "req/1", 8, big, key, TO_RECEIVER)
+        wire.encode(wire.COMMIT, "req/1", 5, 8, big, key, TO_RECEIVER)
     body_tag = wire.tag(wire.BODY, key.tag_bits, 1)
-    msg, body, oob = wire.encode(wire.COMMIT, "req/1", 8, big, key, TO_RECEIVER, lambda: body_tag)
+    msg, body, oob = wire.encode(wire.COMMIT, "req/1", 5, 8, big, key, TO_RECEIVER, lambda: body_tag)
     assert len(body) > wire.INLINE_BODY_BYTES and oob == body_tag
     got = wire.decode(memoryview(msg))
     assert got.oob_tag == body_tag and got.verify(key, TO_RECEIVER) and got.body_matches(body)
@@ -108,7 +108,7 @@ def test_a_ucx_message_holds_only_under_its_key_its_direction_and_its_bytes():
     """Another transfer's key, the reverse direction, or any changed byte of what the MAC
     covers (head, transfer id, body) and the message no longer verifies."""
     key, other = TransferKey("req/1", new_key()), TransferKey("req/1", new_key())
-    msg, _, _ = wire.encode(wire.COMMIT, "req/1", 9, {"published": True}, key, TO_RECEIVER)
+    msg, _, _ = wire.encode(wire.COMMIT, "req/1", 5, 9, {"published": True}, key, TO_RECEIVER)
     assert wire.decode(memoryview(msg)).verify(key, TO_RECEIVER)
     assert not wire.decode(memoryview(msg)).verify(other, TO_RECEIVER)
     assert not wire.decode(memoryview(msg)).verify(key, TO_SENDER)

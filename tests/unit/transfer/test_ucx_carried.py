@@ -60,7 +60,8 @@ def setup(tid: str = "t/1"):
     views = {k: [memoryview(cache)[k.layer * BLOCK:(k.layer + 1) * BLOCK]] for k in keys}
     exp = Expectation(tid, lambda k: views[k], events.append, on_commit, key=new_key())
     r.expect(exp)
-    r._in.live[tid].reply = (SENDER, None)  # as its AUTH said
+    r._in.live[tid].replies[SENDER] = object()  # as its AUTH said (the stand-in runtime posts anywhere)
+    r._in.live[tid].admitted = SENDER
     data = bytes(range(256)) * (4 * BLOCK // 256)
     items = [(Chunk(k, BLOCK, chunk_checksum(exp.tkey, k, [memoryview(data)[k.layer * BLOCK:(k.layer + 1) * BLOCK]])),
               [memoryview(data)[k.layer * BLOCK:(k.layer + 1) * BLOCK]]) for k in keys]
