@@ -41,6 +41,7 @@ from router.types import (
     Worker,
     WorkerCallError,
 )
+from services.transfer.keys import new_key
 
 MAX_TOKENS = 2
 SETTLE_S = 10.0
@@ -77,6 +78,8 @@ class Probe:
     request_id: str = dataclasses.field(default_factory=lambda: probe_id("release-smoke"))
     generations: list[int] = dataclasses.field(default_factory=list)
     """Generations reserved in the directory (each aborted at teardown)."""
+    keys: dict[int, bytes] = dataclasses.field(default_factory=dict)
+    """Each generation's transfer key, as an attempt's (services/transfer/keys.py)."""
 
     @property
     def workers(self) -> WorkerGateway:
@@ -88,8 +91,9 @@ class Probe:
     async def open(self, generation: int = 1) -> tuple[Reservation, object]:
         """Decode.Reserve, then Directory.Reserve of the manifest: a hand-off ready for prefill."""
         p, d = self.prefill, self.decode
+        key = self.keys.setdefault(generation, new_key())
         reservation = await self.workers.reserve(d, ReserveCall(
-            self.request_id, TENANT, generation, self.prompt, MAX_TOKENS, Sampling(), p.cache_abi_digest),
+            self.request_id, TENANT, generation, self.prompt, MAX_TOKENS, Sampling(), p.cache_abi_digest, key),
             self._t("reserve_timeout_s"))
         manifest = await self.reserve_txn(reservation, generation)
         return reservation, manifest
@@ -112,7 +116,7 @@ class Probe:
         """Prefill.Prefill of the hand-off with `capability`."""
         return await self.workers.prefill(self.prefill, PrefillCall(
             manifest, self.prompt, reservation.data_plane_address or self.decode.data_plane_address, Sampling(),
-            capability), self._t("prefill_timeout_s"))
+            capability, self.keys.get(manifest.generation, b"")), self._t("prefill_timeout_s"))
 
     def decode_stream(self, generation: int, capability: bytes):
         return self.workers.decode_stream(self.decode, StreamCall(

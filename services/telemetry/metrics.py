@@ -44,6 +44,9 @@ HELP = {
     "pd_transfer_credit_in_flight_bytes": "Byte credit in flight to a peer.",
     "pd_transfer_credit_peak_bytes": "Most byte credit ever in flight to a peer.",
     "pd_transfer_credit_window_bytes": "Byte credit window per peer.",
+    "pd_dataplane_rejected": "Data-plane messages dropped unread or refused, by side and reason (ucx: a MAC "
+                             "that does not hold, an unknown transfer, a replay, a message nobody receives...).",
+    "pd_dataplane_endpoints": "UCX endpoints the process holds (to peers that proved a transfer key, and itself).",
 }
 """HELP text by family name (a counter's name without _total); others get their name.
 Names must match the transports' metrics() (services/transfer/ucx_sender.py, ucx_receiver.py)."""

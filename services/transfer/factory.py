@@ -84,3 +84,12 @@ def _pick(table: dict[str, Callable], kind: str) -> Callable:
         return table[kind]
     except KeyError:
         raise ValueError(f"unknown transfer backend {kind!r}; known: {sorted(table)}") from None
+
+
+def loggable(address: str) -> str:
+    """How logs name a data-plane address: a ucx address by its host and pid (its mailbox
+    nonce and worker address stay out of logs), any other as it is."""
+    if address.startswith("ucx://"):
+        from .ucx_wire import peer_name
+        return f"ucx://{peer_name(address)}"
+    return address

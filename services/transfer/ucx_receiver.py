@@ -361,8 +361,9 @@ class UcxReceiver(Intake, KVReceiver):
 
 
 def runtime_samples(rt: UcxRuntime | None, owner: object) -> list[tuple[str, dict, float]]:
-    """The runtime's own drops (its sweeps), reported by one transfer object per process."""
+    """The runtime's own figures, reported by one transfer object per process: the messages
+    its sweeps drained, and the endpoints it holds (one per peer process that proved itself)."""
     if rt is None or rt.exporter is not owner:
         return []
     return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": "runtime", "reason": "unexpected"},
-             rt.stats["unexpected"])]
+             rt.stats["unexpected"]), ("pd_dataplane_endpoints", {"backend": "ucx"}, rt.endpoints)]

@@ -152,6 +152,11 @@ class UcxRuntime:
             self._kick()
         return ep
 
+    @property
+    def endpoints(self) -> int:
+        """Endpoints this process holds (to peers, and one to itself)."""
+        return len(self._eps)
+
     def drop(self, address: bytes) -> None:
         """Forget the endpoint to `address` (its peer is gone); later calls make a new one."""
         ep = self._eps.pop(address, None)

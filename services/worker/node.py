@@ -51,6 +51,7 @@ from services.security.tls import Security, access_table
 from services.telemetry import tracing
 from services.telemetry.catalog import WorkerMetrics
 from services.telemetry.endpoint import serve_metrics
+from services.transfer.factory import loggable
 
 from .blocks import registration as blocks_registration
 from .config import NodeConfig
@@ -208,7 +209,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
                       [t for role in roles for t in role.transports])
     metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)
     log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),
-             f", data plane {data_plane}" if data_plane else "")
+             f", data plane {loggable(data_plane)}" if data_plane else "")
     freeze_startup_heap()
 
     async def on_stop() -> None:

@@ -14,27 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import os
 import time
-import uuid
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from google.protobuf.message import DecodeError
 
-from pdserve_client.rpc.pd.v1 import capability_pb2, common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
-from router.convert import reservation_from_pb
-from router.requests.handoff import build_manifest, grant
+from pdserve_client.rpc.pd.v1 import capability_pb2
 from services.cluster.launcher import CAPABILITY_SIGNING_KEY
 from services.security.capability import PULL, Reason, Signer
 from services.transfer.base import Chunk, ChunkKey, TransferError, chunk_checksum
-from services.transfer.keys import TransferKey, new_key
+from services.transfer.keys import TransferKey
 from tests.support import ucx_loop
-from tests.support.cluster import assert_cluster_clean, channel, directory, start_cluster
-
-PROMPT = [5 + (11 * i) % 400 for i in range(64)]  # 4 blocks of 16
-ISSUER = "router/router"
+from tests.support.cluster import assert_cluster_clean, directory, start_cluster
+from tests.support.router_role import (
+    ISSUER,
+    Held,
+    assert_untouched,
+    credential,
+    grant_of,
+    hold,
+    mint,
+    release,
+    sender,
+    signer,
+    status,
+)
 
 
 @pytest.fixture(scope="module", params=["tcp", "ucx"])
@@ -49,82 +54,6 @@ def cluster(request, tmp_path_factory):
 def run():
     """Runs a coroutine on the test process's UCX loop (tests/support/ucx_loop.py)."""
     return ucx_loop.run
-
-
-@dataclasses.dataclass
-class Held:
-    """One reservation at decode-0 with its transaction, ready for a capability."""
-
-    manifest: object
-    reservation: object
-    prefill_epoch: int
-    digest: str
-    key: bytes
-    """The attempt's transfer key, as the router minted it (Reserve and the grant carry it)."""
-
-
-def decode_stub(cluster):
-    return decode_pb2_grpc.DecodeStub(channel(cluster, "decode-0", "router"))
-
-
-def status(cluster, tid: str) -> decode_pb2.TransferStatusResponse:
-    return decode_stub(cluster).TransferStatus(decode_pb2.TransferStatusRequest(transfer_id=tid), timeout=10)
-
-
-def hold(cluster, run) -> Held:
-    """Decode.Reserve and Directory.Reserve, as the router does for one attempt."""
-    rid, key = uuid.uuid4().hex, new_key()
-    reply = decode_stub(cluster).Reserve(decode_pb2.DecodeReserveRequest(
-        request_id=rid, tenant="default", generation=1, prompt_token_ids=PROMPT, max_tokens=2,
-        sampling=common_pb2.SamplingParams(), transfer_key=key), timeout=10)
-    reservation = reservation_from_pb(reply)
-
-    async def record():
-        async with directory(cluster, "router") as d:
-            snap = await d.snapshot()
-            workers = {w.worker_id: w for w in snap.workers}
-            m = build_manifest(request_id=rid, tenant="default", generation=1, prompt=PROMPT,
-                               prefill=workers["prefill-0"], decode=workers["decode-0"], reservation=reservation,
-                               route_epoch=snap.route_epoch)
-            assert (await d.reserve(m)).ok
-            return m, workers["prefill-0"].epoch
-    manifest, epoch = run(record())
-    return Held(manifest, reservation, epoch, status(cluster, manifest.transfer_id).reserved_kv_digest, key)
-
-
-def assert_untouched(now: decode_pb2.TransferStatusResponse, held: Held) -> None:
-    """Nothing landed: no chunk, the reserved blocks' digest as at Reserve, and the
-    reservation still waiting for the sender that holds the capability."""
-    assert (now.state, now.chunks_received, now.reserved_kv_digest) == \
-        (manifest_pb2.TXN_STATE_RESERVED, 0, held.digest)
-
-
-def release(cluster, held: Held) -> None:
-    """What the router does when an attempt is given up: Decode.Cancel (the reservation
-    aborts its transaction and frees its blocks)."""
-    decode_stub(cluster).Cancel(common_pb2.CancelRequest(request_id=held.manifest.request_id), timeout=10)
-
-
-def signer(cluster) -> Signer:
-    return Signer.from_file(cluster.tls_dir / CAPABILITY_SIGNING_KEY, ISSUER)
-
-
-def credential(raw: bytes, held: Held, **over) -> dict:
-    """What a prefill worker presents: the capability, its own name and the nonce it binds."""
-    try:
-        nonce = capability_pb2.TransferCapability.FromString(capability_pb2.SignedCapability.FromString(raw).body).nonce
-    except DecodeError:  # garbage: any nonce; the signature check comes first
-        nonce = b"\0" * 16
-    return {"capability": base64.b64encode(raw).decode(), "source_worker_id": "prefill-0",
-            "source_epoch": held.prefill_epoch, "nonce": nonce.hex(), **over}
-
-
-def sender(cluster):
-    if cluster.spec.transport == "tcp":
-        from services.transfer.tcp import TcpSender
-        return TcpSender(ssl_context=cluster.identity("prefill-0").client_ssl(), io_timeout_s=10)
-    from services.transfer.ucx import UcxSender
-    return UcxSender(io_timeout_s=10)
 
 
 async def attempt(cluster, held: Held, cred: dict | None, tx=None, probe: bool = True) -> str:
@@ -170,51 +99,43 @@ def rekey(raw: bytes, key_id: str) -> bytes:
     return signed.SerializeToString()
 
 
-def _grant(held: Held, **changes):
-    return dataclasses.replace(grant(held.manifest, held.reservation, 30_000), **changes)
-
-
-def _mint(cluster, held: Held, **changes) -> bytes:
-    return signer(cluster).mint(_grant(held, **changes)).raw
-
-
 def _outside(held: Held):
-    regions = _grant(held).regions
+    regions = grant_of(held).regions
     return {"regions": regions[:-1]}  # the grant lacks one block the transfer needs
 
 
 def _other_key(cluster, held: Held) -> bytes:
-    return Signer(Ed25519PrivateKey.generate(), ISSUER).mint(_grant(held)).raw
+    return Signer(Ed25519PrivateKey.generate(), ISSUER).mint(grant_of(held)).raw
 
 
 MUTATIONS = [  # (name, capability bytes from (cluster, held), credential changes, reason)
-    ("tenant", lambda c, h: _mint(c, h, tenant="other"), {}, Reason.TENANT),
-    ("source worker", lambda c, h: _mint(c, h, source_worker_id="prefill-9"), {}, Reason.SOURCE),
-    ("source epoch", lambda c, h: _mint(c, h, source_epoch=h.prefill_epoch + 1), {}, Reason.SOURCE),
-    ("destination worker", lambda c, h: _mint(c, h, destination_worker_id="decode-9"), {}, Reason.DESTINATION),
-    ("destination epoch", lambda c, h: _mint(c, h, destination_epoch=h.manifest.destination_epoch + 1), {},
+    ("tenant", lambda c, h: mint(c, h, tenant="other"), {}, Reason.TENANT),
+    ("source worker", lambda c, h: mint(c, h, source_worker_id="prefill-9"), {}, Reason.SOURCE),
+    ("source epoch", lambda c, h: mint(c, h, source_epoch=h.prefill_epoch + 1), {}, Reason.SOURCE),
+    ("destination worker", lambda c, h: mint(c, h, destination_worker_id="decode-9"), {}, Reason.DESTINATION),
+    ("destination epoch", lambda c, h: mint(c, h, destination_epoch=h.manifest.destination_epoch + 1), {},
      Reason.DESTINATION),
-    ("transfer id", lambda c, h: _mint(c, h, transfer_id=h.manifest.request_id + "/9"), {}, Reason.TRANSFER),
-    ("generation", lambda c, h: _mint(c, h, generation=2), {}, Reason.GENERATION),
-    ("route epoch (old)", lambda c, h: _mint(c, h, route_epoch=h.manifest.route_epoch - 1), {}, Reason.ROUTE_EPOCH),
-    ("cache ABI", lambda c, h: _mint(c, h, cache_abi_digest="f" * 64), {}, Reason.ABI),
-    ("direction", lambda c, h: _mint(c, h, direction=PULL), {}, Reason.DIRECTION),
-    ("region one block outside the grant", lambda c, h: _mint(c, h, **_outside(h)), {}, Reason.REGION),
-    ("one byte over the bound", lambda c, h: _mint(c, h, max_bytes=_grant(h).max_bytes - 1), {}, Reason.BYTES),
-    ("expired", lambda c, h: signer(c).mint(_grant(h), now_ms=time.time_ns() // 10**6 - 31_000).raw, {},
+    ("transfer id", lambda c, h: mint(c, h, transfer_id=h.manifest.request_id + "/9"), {}, Reason.TRANSFER),
+    ("generation", lambda c, h: mint(c, h, generation=2), {}, Reason.GENERATION),
+    ("route epoch (old)", lambda c, h: mint(c, h, route_epoch=h.manifest.route_epoch - 1), {}, Reason.ROUTE_EPOCH),
+    ("cache ABI", lambda c, h: mint(c, h, cache_abi_digest="f" * 64), {}, Reason.ABI),
+    ("direction", lambda c, h: mint(c, h, direction=PULL), {}, Reason.DIRECTION),
+    ("region one block outside the grant", lambda c, h: mint(c, h, **_outside(h)), {}, Reason.REGION),
+    ("one byte over the bound", lambda c, h: mint(c, h, max_bytes=grant_of(h).max_bytes - 1), {}, Reason.BYTES),
+    ("expired", lambda c, h: signer(c).mint(grant_of(h), now_ms=time.time_ns() // 10**6 - 31_000).raw, {},
      Reason.EXPIRED),
-    ("lifetime over the limit", lambda c, h: _mint(c, h, ttl_ms=301_000), {}, Reason.EXPIRED),
+    ("lifetime over the limit", lambda c, h: mint(c, h, ttl_ms=301_000), {}, Reason.EXPIRED),
     ("untrusted issuer", lambda c, h: Signer.from_file(c.tls_dir / CAPABILITY_SIGNING_KEY, "router/evil")
-     .mint(_grant(h)).raw, {}, Reason.ISSUER),
-    ("flipped signature byte", lambda c, h: flip(_mint(c, h), "signature"), {}, Reason.SIGNATURE),
-    ("flipped body byte", lambda c, h: flip(_mint(c, h), "body"), {}, Reason.SIGNATURE),
-    ("unknown key id", lambda c, h: rekey(_mint(c, h), "0" * 16), {}, Reason.SIGNATURE),
+     .mint(grant_of(h)).raw, {}, Reason.ISSUER),
+    ("flipped signature byte", lambda c, h: flip(mint(c, h), "signature"), {}, Reason.SIGNATURE),
+    ("flipped body byte", lambda c, h: flip(mint(c, h), "body"), {}, Reason.SIGNATURE),
+    ("unknown key id", lambda c, h: rekey(mint(c, h), "0" * 16), {}, Reason.SIGNATURE),
     ("another key pair", _other_key, {}, Reason.SIGNATURE),
     ("another key pair with the real key id",
      lambda c, h: rekey(_other_key(c, h), signer(c).key_id), {}, Reason.SIGNATURE),
     ("garbage", lambda c, h: os.urandom(80), {}, Reason.SIGNATURE),
     ("empty", lambda c, h: b"", {}, Reason.SIGNATURE),
-    ("nonce not the capability's", lambda c, h: _mint(c, h), {"nonce": os.urandom(16).hex()}, Reason.NONCE),
+    ("nonce not the capability's", lambda c, h: mint(c, h), {"nonce": os.urandom(16).hex()}, Reason.NONCE),
 ]
 
 
@@ -240,7 +161,7 @@ def test_a_valid_capability_lets_its_chunk_land(cluster, run):
         async def go():
             tx = sender(cluster)
             try:
-                why = await attempt(cluster, held, credential(_mint(cluster, held), held), tx=tx, probe=False)
+                why = await attempt(cluster, held, credential(mint(cluster, held), held), tx=tx, probe=False)
                 return why, status(cluster, held.manifest.transfer_id)  # before the sender leaves
             finally:
                 await tx.close()
@@ -256,7 +177,7 @@ def test_a_replayed_nonce_is_refused(cluster, run):
     from a second connection is a replay: NONCE, and nothing of that sender lands."""
     held = hold(cluster, run)
     try:
-        cred = credential(_mint(cluster, held), held)
+        cred = credential(mint(cluster, held), held)
 
         async def go():
             first, second = sender(cluster), sender(cluster)
@@ -296,7 +217,7 @@ def test_a_sender_claiming_another_source_is_refused(cluster, run):
     held = hold(cluster, run)
     try:
         minted_for = "prefill-9" if cluster.spec.transport == "tcp" else "prefill-0"
-        raw = _mint(cluster, held, source_worker_id=minted_for)
+        raw = mint(cluster, held, source_worker_id=minted_for)
         why = run(attempt(cluster, held, credential(raw, held, source_worker_id="prefill-9")))
         assert f"capability denied: {Reason.SOURCE.value}:" in why, why
         assert_untouched(status(cluster, held.manifest.transfer_id), held)
@@ -308,7 +229,7 @@ def test_advancing_the_route_epoch_revokes_capabilities_and_nothing_leaks(cluste
     """Last in the module: REVOKE_CAPABILITIES of the rollback order, then the leak check."""
     held = hold(cluster, run)
     try:
-        raw = _mint(cluster, held)
+        raw = mint(cluster, held)
 
         async def advance():
             async with directory(cluster, "operator") as d:
