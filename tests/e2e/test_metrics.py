@@ -17,10 +17,11 @@ import pytest
 from pdserve_client.rpc.pd.v1 import manifest_pb2, prefill_pb2, prefill_pb2_grpc
 from services.cluster.launcher import LocalCluster
 from services.directory.states import Outcome
-from tests.e2e.test_capabilities import PROMPT, _mint, attempt, credential, hold, release
+from tests.e2e.test_capabilities import attempt
 from tests.support import ucx_loop
 from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
 from tests.support.metrics import Scrape, scrape, scrape_process, tls_context
+from tests.support.router_role import PROMPT, credential, hold, mint, release
 
 SERVICES = ("directory", "decode-0", "prefill-0", "router")
 KV_DIGEST = "cd" * 16
@@ -147,7 +148,7 @@ def test_capability_denials_are_counted_by_reason_where_refused(cluster):
     before = {w: scrape_process(cluster, w) for w in ("decode-0", "prefill-0")}
     held = hold(cluster, ucx_loop.run)
     try:
-        why = ucx_loop.run(attempt(cluster, held, credential(_mint(cluster, held, tenant="other"), held)))
+        why = ucx_loop.run(attempt(cluster, held, credential(mint(cluster, held, tenant="other"), held)))
         assert "capability denied: tenant:" in why, why
         stub = prefill_pb2_grpc.PrefillStub(channel(cluster, "prefill-0", "router"))
         with pytest.raises(grpc.RpcError) as err:
