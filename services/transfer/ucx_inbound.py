@@ -9,7 +9,9 @@ whether its capability was admitted. Nothing is kept of a peer that proved nothi
 
 A transfer that ended stays here, as ended, for ENDED_KEEP_S (at most ENDED_MAX of them):
 its genuine sender's late message still gets an authenticated answer (the transfer ended,
-and why) at once, instead of waiting out its io timeout.
+and why) at once, instead of waiting out its io timeout, and its late chunks' data is taken
+off the wire by the receiver (their tags stay registered until then: the runtime's sweep
+leaves them to it).
 
 Messages of one transfer are handled in order; while one of them waits (its AUTH's
 capability check, an out-of-line body on its way) the ones behind it wait in the
@@ -83,35 +85,45 @@ class Inbounds:
     def get(self, tid: str) -> Inbound | None:
         inb = self.live.get(tid)
         if inb is None and (inb := self.ended.get(tid)) is not None and time.monotonic() - inb.ended_at > ENDED_KEEP_S:
-            del self.ended[tid]
+            self._forget(tid)
             return None
         return inb
 
     def open(self, tid: str, key: TransferKey) -> Inbound:
-        """A transfer now expected: its tags are registered (sweeps leave them be)."""
-        old = self.ended.pop(tid, None)
-        inb = self.live[tid] = Inbound(key) if old is None or old.key is not key else old
-        inb.ended = ""
-        self._tags(key, 1)
+        """A transfer now expected (again, when published ahead of its token: as it was); its
+        tags registered: sweeps leave them to the receiver."""
+        old = self.ended.get(tid)
+        if old is not None and old.key is key:
+            del self.ended[tid]
+            inb = old
+        else:
+            if old is not None:
+                self._forget(tid)
+            inb = Inbound(key)
+            self._tags(key, 1)
+        self.live[tid], inb.ended = inb, ""
         return inb
 
     def end(self, tid: str, why: str) -> None:
-        """The transfer ended: kept as ended (its tags no longer registered)."""
+        """The transfer ended: kept as ended for a while (its tags with it)."""
         inb = self.live.pop(tid, None)
         if inb is None:
             return
         inb.ended, inb.ended_at, inb.lane = why or "ended", time.monotonic(), None
-        self._tags(inb.key, -1)
         self.ended[tid] = inb
         now = inb.ended_at
         while self.ended and (len(self.ended) > ENDED_MAX
                               or now - next(iter(self.ended.values())).ended_at > ENDED_KEEP_S):
-            self.ended.popitem(last=False)
+            self._forget(next(iter(self.ended)))
+
+    def _forget(self, tid: str) -> None:
+        self._tags(self.ended.pop(tid).key, -1)
 
     def close(self) -> None:
         for tid in list(self.live):
             self.end(tid, "receiver stopped")
-        self.ended.clear()
+        for tid in list(self.ended):
+            self._forget(tid)
 
     def _tags(self, key: TransferKey, count: int) -> None:
         if self.rt is not None:

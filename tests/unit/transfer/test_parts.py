@@ -135,6 +135,10 @@ def test_a_keyed_chunk_checksum_needs_the_key():
     assert TransferKey.public("t/1").checksum(ChunkKey(0, 0, 1), data) == \
         TransferKey.public("t/1").checksum(ChunkKey(0, 0, 1), [data[0][:7], data[0][7:]])  # the pieces' cut: same
     assert "secret" not in repr(key) and key.tag_bits and 0 < key.tag_bits < 1 << wire.NONCE_BITS
+    big = memoryview(bytes(range(256)) * 4096)  # 1 MiB: past JOIN_MAX_BYTES, hashed piece by piece
+    whole = key.checksum(ChunkKey(1, 2, 3), [big])
+    assert key.checksum(ChunkKey(1, 2, 3), [big[:3], big[3:700_000], big[700_000:]]) == whole
+    assert key.checksum(ChunkKey(1, 2, 3), [big[:100], big[100:]]) == whole
 
 
 def test_ucx_tags_keep_streams_and_nonces_apart():

@@ -66,7 +66,7 @@ def test_happy_disaggregated_path():
     assert m.prompt_digest == hashlib.sha256(b"t\0" + struct.pack("<9I", *PROMPT)).hexdigest()  # tenant-keyed
     assert (m.token_interval.start, m.token_interval.end, m.block_size) == (4, 9, 4)  # 1 visible prefix block of 4
     assert (m.source_worker_id, m.source_epoch, m.destination_worker_id, m.destination_epoch) == ("p0", 5, "d1", 5)
-    assert (m.route_epoch, m.cache_abi_digest, m.checksum_algorithm) == (7, "abi-1", "poly1305-64")
+    assert (m.route_epoch, m.cache_abi_digest, m.checksum_algorithm) == (7, "abi-1", "gmac-aes256-64")
     assert_no_leaks(orch, fake)
 
 
