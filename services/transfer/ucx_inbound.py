@@ -60,12 +60,9 @@ class Inbound:
 
     def accept(self, msg: wire.Received) -> str:
         """'' if `msg` is this transfer's sender's next message (its seq taken), else why not."""
-        if not msg.verify(self.key, TO_RECEIVER):
-            return "bad_mac"
-        if msg.seq <= self.last_seq:
-            return "replay"
-        self.last_seq = msg.seq
-        return ""
+        why = msg.check(self.key, TO_RECEIVER, self.last_seq)
+        self.last_seq = self.last_seq if why else msg.seq
+        return why
 
 
 class Inbounds:

@@ -75,8 +75,8 @@ class Intake:
         try:
             while True:
                 if body is not None:
-                    body = await self._body(msg, body)
-                obj = self._parsed(msg, body)
+                    body = await self._body(msg, body)  # None: it did not come (the transfer failed)
+                obj = None if msg.oob_tag and body is None else self._parsed(msg, body)
                 if obj is not None and (deciding := self._handle(inb, msg, obj)) is not None:
                     await deciding
                 if not inb.lane:  # (None: the transfer ended; what waited there is dropped)
@@ -103,12 +103,11 @@ class Intake:
         return bytes(buf)
 
     def _parsed(self, msg: wire.Received, body: bytes | None) -> dict | None:
-        """The message's body as an object; a genuine sender's body that is not one fails its transfer."""
+        """The message's body (its out-of-line `body`, when it has one) as an object; a genuine
+        sender's body that is not one fails its transfer."""
         try:
             return wire.json_body(body) if msg.oob_tag else msg.body()
         except wire.ProtocolError as e:
-            if msg.oob_tag and body is None:
-                return None  # failed already (`_body`)
             self.rejected["malformed"] += 1
             self._fail(msg.transfer_id, f"malformed {wire.KIND_NAMES[msg.kind]} body: {e}")
             return None

@@ -82,12 +82,9 @@ class Keyed:
 
     def accept(self, msg: wire.Received) -> str:
         """'' if `msg` is the receiver's next reply for this transfer (its seq taken), else why not."""
-        if not msg.verify(self.key, TO_SENDER):
-            return "bad_mac"
-        if msg.seq <= self.last_reply_seq:
-            return "replay"
-        self.last_reply_seq = msg.seq
-        return ""
+        why = msg.check(self.key, TO_SENDER, self.last_reply_seq)
+        self.last_reply_seq = self.last_reply_seq if why else msg.seq
+        return why
 
 
 class Keys(collections.OrderedDict):

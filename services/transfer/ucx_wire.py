@@ -152,6 +152,13 @@ class Received:
     def verify(self, key: TransferKey, direction: bytes) -> bool:
         return key.verify(self.mac, direction, self.signed, self.transfer_id.encode(), self.tail)
 
+    def check(self, key: TransferKey, direction: bytes, last_seq: int) -> str:
+        """'' if this message holds under `key` in `direction` and comes after `last_seq`
+        (the caller then takes its seq), else why not: bad_mac, replay."""
+        if not self.verify(key, direction):
+            return "bad_mac"
+        return "replay" if self.seq <= last_seq else ""
+
     def body(self) -> dict:
         """The inline body as a JSON object (ProtocolError if it is not one)."""
         return json_body(self.tail)
