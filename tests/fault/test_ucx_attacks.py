@@ -135,49 +135,62 @@ class Prober:
 
 def test_forged_messages_for_a_held_transfer_change_nothing(cluster, attacker, dest):
     """Attack 1 (bytes into a victim's blocks), 3 (a message that aborts it) and the AUTH
-    attacks (garbage capability, no key): CHUNK with its data on guessed tags, COMMIT, ABORT
-    and AUTH for the victim's transfer id under made-up keys, and in wire 1 under the sender
-    nonce the genuine sender would use. The victim's blocks are untouched, and its own sender
-    is admitted afterwards and its chunk lands."""
+    attacks (garbage capability, no key): once the victim's own sender was admitted, CHUNK
+    (its data, and more, sprayed on guessed tags), COMMIT, ABORT and AUTH for its transfer
+    id under the genuine sender's mailbox nonce and made-up keys, and the same in wire 1
+    under that nonce. The victim's blocks are untouched, and its own sender's chunk lands."""
     victim = hold(cluster, ucx_loop.run)
+    tx = UcxSender(io_timeout_s=5)
     try:
         with Prober(cluster) as probe:
-            before, eps = rejected(cluster), endpoints(cluster)  # (one to the prober's process, now)
+            _present(cluster, victim, tx)  # admitted: the attacker now poses as this very sender
+            before, eps = rejected(cluster), endpoints(cluster)  # (one to this process, now)
             assert attacker.call("a_forge", dest=dest, tids=[victim.manifest.transfer_id], rounds=20,
-                                 timeout_s=120) > 0
+                                 sender=tx.nonce, timeout_s=120) > 0
         probe.assert_answered()
         assert_untouched(status(cluster, victim.manifest.transfer_id), victim)
         after = rejected(cluster)
         assert after.get("bad_mac", 0) - before.get("bad_mac", 0) >= 20 * 4, after
         assert after.get("malformed", 0) - before.get("malformed", 0) >= 20 * 4, after  # the wire-1 messages
         assert endpoints(cluster) == eps and attacker.call("a_heard") == 0
-        assert _genuine_chunk_lands(cluster, victim)
+        assert _genuine_chunk_lands(cluster, victim, tx)
     finally:
+        ucx_loop.run(tx.close())
         release(cluster, victim)
 
 
-def _genuine_chunk_lands(cluster, held) -> bool:
-    """The held attempt's own sender: admitted, its first chunk lands (the victim goes on)."""
+def _present(cluster, held, tx: UcxSender) -> None:
+    """The held attempt's own sender presents its capability and is admitted."""
+    h = held
+    ucx_loop.run(tx.present(h.reservation.data_plane_address, h.manifest.transfer_id,
+                            credential(mint(cluster, h), h), h.key, confirm=True))
+
+
+def _genuine_chunk_lands(cluster, held, tx: UcxSender | None = None) -> bool:
+    """The held attempt's own sender (admitted now, unless `tx` was): its first chunk lands
+    (the victim goes on)."""
     from services.transfer.base import Chunk, ChunkKey, chunk_checksum
     from services.transfer.keys import TransferKey
     spec, m = held.manifest.expected_chunks[0], held.manifest
     key = ChunkKey(spec.layer, spec.block_start, spec.block_count)
     payload = memoryview(bytes(range(256)) * (spec.num_bytes // 256))
+    own = tx is None
+    if own:
+        tx = UcxSender(io_timeout_s=5)
+        _present(cluster, held, tx)
 
     async def go():
-        tx = UcxSender(io_timeout_s=5)
         try:
-            dest = held.reservation.data_plane_address
-            await tx.present(dest, m.transfer_id, credential(mint(cluster, held), held), held.key, confirm=True)
             chunk = Chunk(key, spec.num_bytes, chunk_checksum(TransferKey(m.transfer_id, held.key), key, [payload]))
-            await tx.send(dest, m.transfer_id, chunk, [payload])
+            await tx.send(held.reservation.data_plane_address, m.transfer_id, chunk, [payload])
             for _ in range(100):
                 if status(cluster, m.transfer_id).chunks_received == 1:
                     return True
                 await asyncio.sleep(0.02)
             return False
         finally:
-            await tx.close()
+            if own:
+                await tx.close()
     return ucx_loop.run(go())
 
 
