@@ -47,7 +47,7 @@ MAX_COMMIT_BODY_BYTES = 8 << 20
 A commit lists every chunk (~60 bytes each): 8 MiB is ~140,000 chunks, far above a
 1M-token prompt on 80 layers in 64-block chunks (~80,000)."""
 MAX_SMALL_BODY_BYTES = 64 << 10
-"""Largest ABORT / VERDICT / ERROR / HELLO body (a reason string, an address)."""
+"""Largest ABORT / VERDICT / ERROR body (a reason string) and a CHUNK header's."""
 
 
 def max_body_bytes(is_commit: bool) -> int:
