@@ -9,7 +9,7 @@ chosen (UCX pulls in ucxx). Keyword `options` go to the backend's constructor
 the ucx sender's credit window). `advertise` is the host this process's data plane
 names in the address it registers (PD_DATA_PLANE_ADVERTISE: the pod IP in
 Kubernetes): tcp puts it in tcp://host:port instead of the bind host; ucx in
-ucx://nonce@host/..., where it is also how a sender tells a peer on its own host.
+ucx://w2.nonce@host:pid/..., where it is also how a sender tells a peer on its own host.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ up to 2,048 blocks; the CHUNK message listing their sizes stays under its 64 KiB
 
 
 class UcxReceiver(Intake, KVReceiver):
-    """Accepts pushed chunks into posted views; `address` is ucx://nonce@host:pid/worker-address
+    """Accepts pushed chunks into posted views; `address` is ucx://w2.nonce@host:pid/worker-address
     (the nonce names its mailbox: it routes, it proves nothing)."""
 
     MAX_PIECES = MAX_PIECES

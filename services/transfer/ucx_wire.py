@@ -232,23 +232,33 @@ def unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text.encode())
 
 
+ADDRESS_MARK = f"w{VERSION}."
+"""Before the nonce in an address: the wire version the receiver speaks. A sender of another
+version refuses the address at once (a version-1 sender cannot parse it; this one names a
+version-1 receiver's address for what it is), instead of timing out on messages dropped."""
+
+
 def format_address(nonce: int, host: str, pid: int, worker_address: bytes) -> str:
-    """ucx://<nonce hex>@<host>:<pid>/<urlsafe base64 of the UCX worker address>."""
-    return f"ucx://{nonce:x}@{host}:{pid}/{b64(worker_address)}"
+    """ucx://w2.<nonce hex>@<host>:<pid>/<urlsafe base64 of the UCX worker address>."""
+    return f"ucx://{ADDRESS_MARK}{nonce:x}@{host}:{pid}/{b64(worker_address)}"
 
 
 def parse_address(address: str) -> tuple[int, str, int, bytes]:
-    """Inverse of format_address: (nonce, host, pid, worker address); ValueError if malformed."""
+    """Inverse of format_address: (nonce, host, pid, worker address); ValueError if malformed
+    or another wire version's."""
     scheme, _, rest = address.partition("://")
     who, _, encoded = rest.partition("/")
     nonce_hex, _, where = who.partition("@")
     host, _, pid = where.rpartition(":")
+    if scheme == "ucx" and "." not in nonce_hex and all(c in "0123456789abcdef" for c in nonce_hex):
+        raise ValueError(f"{address[:40]!r} is a UCX wire-1 receiver's (an older pdserve): it cannot tell this "
+                         f"sender from anybody; upgrade prefill and decode workers together")
     try:
-        if scheme != "ucx" or not encoded or not host:
+        if scheme != "ucx" or not encoded or not host or not nonce_hex.startswith(ADDRESS_MARK):
             raise ValueError
-        return int(nonce_hex, 16), host, int(pid), unb64(encoded)
+        return int(nonce_hex.removeprefix(ADDRESS_MARK), 16), host, int(pid), unb64(encoded)
     except ValueError:
-        raise ValueError(f"{address[:80]!r} is not ucx://<nonce>@<host>:<pid>/<worker address>"
+        raise ValueError(f"{address[:80]!r} is not ucx://{ADDRESS_MARK}<nonce>@<host>:<pid>/<worker address>"
                          ) from None
 
 

@@ -292,6 +292,7 @@ def test_no_nonce_key_or_capability_in_logs_or_labels(cluster, dest):
     """The decode worker's mailbox nonce and worker address (its data-plane address), the
     transfer keys and the capabilities' nonces appear in no process's log, and the prefill's
     /metrics names its peer by host and a short hash, not by nonce."""
+    assert _requests(cluster, [uuid.uuid4().hex])[0].attempts == 1  # the prefill has talked to the decode
     held = hold(cluster, ucx_loop.run)
     try:
         assert _genuine_chunk_lands(cluster, held)

@@ -152,9 +152,12 @@ def test_ucx_tags_keep_streams_and_nonces_apart():
 def test_ucx_address_round_trip_and_errors():
     a = wire.format_address(0xABC, "node-1", 4242, b"\x00\x01worker")
     assert wire.parse_address(a) == (0xABC, "node-1", 4242, b"\x00\x01worker")
-    for bad in ("tcp://1.2.3.4:5", "ucx://zz@h:1/AAAA", "ucx://1@h:1/"):
-        with pytest.raises(ValueError, match="is not ucx://"):
+    assert a.startswith("ucx://w2.abc@node-1:4242/")
+    for bad in ("tcp://1.2.3.4:5", "ucx://w2.zz@h:1/AAAA", "ucx://w2.1@h:1/", "ucx://w3.1@h:1/AAAA"):
+        with pytest.raises(ValueError, match="is not ucx://w2.<nonce>"):
             wire.parse_address(bad)
+    with pytest.raises(ValueError, match="wire-1 receiver's"):  # an older pdserve's: refused at once, said so
+        wire.parse_address("ucx://abc@node-1:4242/AAAA")
 
 
 def test_metrics_text_round_trip():
