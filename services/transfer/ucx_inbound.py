@@ -20,6 +20,7 @@ transfer's `lane` (at most LANE_MAX), and every other transfer goes on.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import time
@@ -106,6 +107,10 @@ class Inbounds:
         inb = self.live.pop(tid, None)
         if inb is None:
             return
+        for msg, body in inb.lane or ():  # dropped unhandled: a body still posted for one is drained
+            if body is not None and not body[1].done():
+                asyncio.ensure_future(self.rt.drain(msg.oob_tag)).add_done_callback(
+                    lambda f: f.cancelled() or f.exception())
         inb.ended, inb.ended_at, inb.lane = why or "ended", time.monotonic(), None
         self.ended[tid] = inb
         now = inb.ended_at
