@@ -114,7 +114,9 @@ TORCH_VARIANT ?= cpu
 IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(TORCH_VARIANT)
 BASE_IMAGE    ?=
 IMAGE_ARGS    ?=
-BUILDER       ?= $(firstword $(shell command -v buildah podman docker 2>/dev/null))
+# One `command -v` per name: given several, dash (Debian's /bin/sh) answers for none once the
+# first is missing.
+BUILDER       ?= $(shell for b in buildah podman docker; do command -v $$b && break; done 2>/dev/null)
 image:
 	@test -n "$(BUILDER)" || { echo "make image: needs buildah, podman or docker" \
 	  "(Debian: apt-get install buildah podman)"; exit 1; }
