@@ -16,12 +16,16 @@ NATIVE  := router/_native/.stamp
 .PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
-# the server, which depends on it.
-$(STAMP): pyproject.toml client/pyproject.toml
+# the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
+# (without an NVIDIA GPU PyTorch's CPU index where it answers, else pip's own; TORCH_INDEX_URL
+# overrides), then the server with the UCX extra of that torch's CUDA major.
+$(STAMP): pyproject.toml client/pyproject.toml deploy/torch-ucx.sh
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q $(TORCH)
-	$(VPY) -m pip install -q -e ./client -e '.[test]'
+	index=$$(deploy/torch-ucx.sh torch-index $(VPY)) && \
+	  $(VPY) -m pip install -q $${index:+--index-url "$$index"} $(TORCH)
+	extra=$$(deploy/torch-ucx.sh ucx-extra $(VPY)) && \
+	  $(VPY) -m pip install -q -e ./client -e ".[test,$$extra]"
 	@touch $(STAMP)
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
