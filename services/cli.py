@@ -5,6 +5,10 @@
   pdserve demo              up (unless running) + a few requests, printed with TTFT/TPOT
   pdserve client-cert T     a client certificate for tenant T from the local cluster's CA
   pdserve export-checkpoint --preset NAME --out DIR [--seed S] [--shard-mb MB]
+
+`up` says each process as it starts and once it answers (stderr), then where each
+serves /metrics and the curl command that scrapes one; the router's address is the
+last line on stdout.
 """
 
 from __future__ import annotations
@@ -12,11 +16,20 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from pathlib import Path
 
 from pdserve_client import contract
 from pdserve_client.spans import SPANS_FILE
 
 DEFAULT_STATE = contract.LOCAL_STATE_DIR
+COMMANDS = {
+    "up": "start the local cluster (Redis, trace collector, directory, workers, router) and leave it running",
+    "demo": "up (unless running), then a few requests printed with their route, TTFT and TPOT",
+    "down": "stop the local cluster's processes, newest first",
+    "client-cert": "issue a client certificate for a tenant from the local CA",
+    "export-checkpoint": "write a seeded preset as a Hugging Face Llama checkpoint directory",
+}
+"""Each sub-command's one-line help (`pdserve --help` lists them)."""
 
 
 def _spec(args):
@@ -39,19 +52,31 @@ def cmd_up(args) -> int:
         running.down()
     except FileNotFoundError:
         pass
-    cluster = LocalCluster(_spec(args))
-    address = cluster.up()
-    from services.cluster.observability import metrics_lines
+    from services.cluster.progress import ShownCluster
 
-    for name, p in cluster.procs.items():
-        print(f"  {name:<10} pid {p.pid:<7} {p.address:<22} log {p.log}", file=sys.stderr)
+    cluster = ShownCluster(_spec(args))  # a line per process as it starts: the wait is never silent
+    address = cluster.up()
     if cluster.otlp_endpoint:
         print(f"  traces -> {cluster.otlp_endpoint}" + (f" ({cluster.state / SPANS_FILE}; pdctl trace REQUEST_ID)"
               if "collector" in cluster.procs else ""), file=sys.stderr)
-    for line in metrics_lines(cluster.procs.values()):
+    for line in _scrape_lines(cluster):
         print(line, file=sys.stderr)
     print(address)
     return 0
+
+
+def _scrape_lines(cluster) -> list[str]:
+    """Each process's /metrics URL, then the curl command that scrapes the router's as
+    the monitor (the others' the same way)."""
+    from services.cluster.observability import curl_command, metrics_lines
+    from services.cluster.progress import shown_path
+
+    lines = metrics_lines(cluster.procs.values())
+    url = cluster.procs["router"].metrics_url if "router" in cluster.procs else ""
+    if url:
+        tls_dir = None if cluster.spec.insecure else shown_path(cluster.tls_dir)
+        lines.append(f"  scrape any of them: {curl_command(url, tls_dir)}")
+    return lines
 
 
 def cmd_down(args) -> int:
@@ -101,9 +126,35 @@ def cmd_demo(args) -> int:
         if earlier is not res.token_ids:
             print(f"{'':16}the same prompt, {route} earlier: "
                   f"{'the same tokens' if earlier == res.token_ids else 'OTHER TOKENS (not exact)'}")
-    print(f"\nrouter at {address}; try `pdctl status` or `pdctl generate --prompt-ids 1,2,3 "
-          f"--max-tokens 8`; stop with `pdserve down` (or `make down`).")
+    print("\n" + next_steps(cluster))
     return 0
+
+
+def runnable(script: str, module: str) -> str:
+    """How to run console script `script` from here: the one beside this Python (a
+    virtualenv's bin/, seldom on PATH), else this Python with `-m module`."""
+    from services.cluster.progress import shown_path
+
+    beside = Path(sys.executable).parent / script
+    return shown_path(beside) if beside.exists() else f"{shown_path(sys.executable)} -m {module}"
+
+
+def next_steps(cluster) -> str:
+    """The demo's closing hint: pdctl and pdserve commands that run as printed, from here
+    (a state dir elsewhere than ./.pdserve needs its router, certificates and --state-dir named)."""
+    from services.cluster.progress import shown_path
+
+    here = cluster.state == (Path.cwd() / DEFAULT_STATE).resolve()
+    env, flags, down = "PD_INSECURE=1 " if cluster.spec.insecure else "", "", ""
+    if not here:
+        tls = shown_path(cluster.tls_dir)
+        env = env or (f"{contract.TLS_CERT_ENV}={tls}/client.crt {contract.TLS_KEY_ENV}={tls}/client.key "
+                      f"{contract.TLS_CA_ENV}={tls}/{contract.TLS_CA_FILE} ")
+        flags, down = f" --router {cluster.router_address}", f" --state-dir {shown_path(cluster.state)}"
+    pdctl = env + runnable("pdctl", "pdserve_client.cli") + flags
+    return (f"router at {cluster.router_address}; try `{pdctl} status` or `{pdctl} generate --prompt-ids 1,2,3 "
+            f"--max-tokens 8`; stop with `{runnable('pdserve', 'services.cli')} down{down}`"
+            + (" (or `make down`)." if here else "."))
 
 
 def cmd_client_cert(args) -> int:
@@ -125,41 +176,68 @@ def cmd_export(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    """The options of `up` and `demo`: what to start, and how."""
     from services.cluster.launcher import ClusterSpec
 
-    ap = argparse.ArgumentParser(prog="pdserve", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--prefill", type=int, default=ClusterSpec.prefill, metavar="N",
+                   help=f"prefill workers (default {ClusterSpec.prefill})")
+    p.add_argument("--decode", type=int, default=ClusterSpec.decode, metavar="N",
+                   help=f"decode workers (default {ClusterSpec.decode})")
+    p.add_argument("--mixed", type=int, default=ClusterSpec.mixed, metavar="N",
+                   help="decode workers that also serve Prefill (either phase, or both; default 0)")
+    p.add_argument("--model", default=ClusterSpec.model, metavar="PRESET|DIR",
+                   help=f"a seeded preset (tiny, small) or a Hugging Face Llama checkpoint directory "
+                        f"(default {ClusterSpec.model})")
+    p.add_argument("--mode", default=ClusterSpec.mode, choices=contract.MODES,
+                   help=f"the router's serving mode for requests that name none (default {ClusterSpec.mode})")
+    p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"),
+                   help=f"K/V data plane between workers (default {ClusterSpec.transport})")
+    p.add_argument("--num-blocks", type=int, default=ClusterSpec.num_blocks, metavar="N",
+                   help=f"K/V blocks in each worker's pool, {ClusterSpec.block_size} tokens each "
+                        f"(default {ClusterSpec.num_blocks})")
+    _state_dir(p)
+    p.add_argument("--insecure", action="store_true",
+                   help="no TLS, no certificates, no Redis password (debugging; every service warns)")
+    p.add_argument("--otlp-endpoint", default="", metavar="URL",
+                   help="send every process's spans to this OTLP/gRPC endpoint instead of the local "
+                        "collector (http://host:4317 for plaintext, e.g. a local Jaeger)")
+    p.add_argument("--no-traces", action="store_true", help="no local collector, no spans")
+
+
+def _state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", default=DEFAULT_STATE, metavar="DIR",
+                   help=f"where the cluster's pids, addresses, logs and certificates live (default {DEFAULT_STATE})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The pdserve argument parser: one sub-command per COMMANDS entry, every option with its help."""
+    ap = argparse.ArgumentParser(prog="pdserve", description="Run the local pdserve cluster (every service "
+                                 "its own process on loopback) and manage checkpoints.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for name in ("up", "demo"):
-        p = sub.add_parser(name)
-        p.add_argument("--prefill", type=int, default=ClusterSpec.prefill)
-        p.add_argument("--decode", type=int, default=ClusterSpec.decode)
-        p.add_argument("--mixed", type=int, default=ClusterSpec.mixed,
-                       help="decode workers that also serve Prefill (either phase, or both)")
-        p.add_argument("--model", default=ClusterSpec.model)
-        p.add_argument("--mode", default=ClusterSpec.mode, choices=contract.MODES)
-        p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"))
-        p.add_argument("--num-blocks", type=int, default=ClusterSpec.num_blocks)
-        p.add_argument("--state-dir", default=DEFAULT_STATE)
-        p.add_argument("--insecure", action="store_true",
-                       help="no TLS, no certificates, no Redis password (debugging; every service warns)")
-        p.add_argument("--otlp-endpoint", default="", metavar="URL",
-                       help="send every process's spans to this OTLP/gRPC endpoint instead of the local "
-                            "collector (http://host:4317 for plaintext, e.g. a local Jaeger)")
-        p.add_argument("--no-traces", action="store_true", help="no local collector, no spans")
+        p = sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
+        _cluster_options(p)
         if name == "demo":
-            p.add_argument("--max-tokens", type=int, default=12)
-    p = sub.add_parser("down")
-    p.add_argument("--state-dir", default=DEFAULT_STATE)
-    p = sub.add_parser("client-cert", help="issue a client certificate for a tenant from the local CA")
-    p.add_argument("tenant")
-    p.add_argument("--state-dir", default=DEFAULT_STATE)
-    p = sub.add_parser("export-checkpoint")
-    p.add_argument("--preset", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shard-mb", type=float, default=0)
-    args = ap.parse_args(argv)
+            p.add_argument("--max-tokens", type=int, default=12, metavar="N",
+                           help="tokens each demo request generates (default 12)")
+    _state_dir(sub.add_parser("down", help=COMMANDS["down"], description=COMMANDS["down"]))
+    p = sub.add_parser("client-cert", help=COMMANDS["client-cert"], description=COMMANDS["client-cert"])
+    p.add_argument("tenant", help="the tenant the certificate names (its requests are that tenant's)")
+    _state_dir(p)
+    p = sub.add_parser("export-checkpoint", help=COMMANDS["export-checkpoint"],
+                       description=COMMANDS["export-checkpoint"])
+    p.add_argument("--preset", required=True, help="the preset to write (tiny, small)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the checkpoint directory to write")
+    p.add_argument("--seed", type=int, default=0, help="the weights' seed (default 0, what the cluster uses)")
+    p.add_argument("--shard-mb", type=float, default=0, metavar="MB",
+                   help="split the safetensors into shards of at most MB (default 0: one file)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `pdserve` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
     handler = {"up": cmd_up, "down": cmd_down, "demo": cmd_demo, "client-cert": cmd_client_cert,
                "export-checkpoint": cmd_export}[args.cmd]
     try:

@@ -1,12 +1,16 @@
 """Who holds which K/V blocks (Admin.Blocks, `pdctl blocks`) as plain values, and
 their conversion from pd.v1.
 
-On every worker each block is free, caching a prefix (owned by nobody), or
-charged to one holding, so free + cached_prefix + reserved + active == total. A
-holding is one sequence: request, tenant, transfer, generation, state (prefilling,
-sending, reserved, receiving, published, decoding, unowned), age. The router
-flags orphans — holdings nothing will give back (router/blocks.py has the rule) —
-with the reason.
+On every worker each block is free (a new request can take it now), or charged to
+one holding, so free + reserved + active == total; cached_prefix is the part of free
+that still holds a reusable prompt prefix (owned by nobody: the next allocation may
+take it). That is the load reports' definition, which `pdctl status` shows: both
+commands print FREE and CACHED alike. The wire counts them apart (pd.v1.WorkerBlocks:
+free_blocks holds no prefix; docs/design.md, Who holds which blocks);
+`worker_blocks_from_proto` adds them up. A holding is one sequence: request, tenant,
+transfer, generation, state (prefilling, sending, reserved, receiving, published,
+decoding, unowned), age. The router flags orphans — holdings nothing will give back
+(router/blocks.py has the rule) — with the reason.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class BlockHolding:
 
 @dataclass(frozen=True, slots=True)
 class WorkerBlocks:
-    """One worker's pool: free + cached_prefix + reserved + active == total."""
+    """One worker's pool: free + reserved + active == total, cached_prefix <= free."""
 
     worker_id: str
     """Worker id."""
@@ -66,9 +70,9 @@ class WorkerBlocks:
     total_blocks: int
     """Blocks in the pool."""
     free_blocks: int
-    """Free blocks caching no prefix."""
+    """Blocks a new request can take now: the unreferenced prefix cache included."""
     cached_prefix_blocks: int
-    """Unreferenced blocks kept for prefix reuse (never orphans)."""
+    """Of the free blocks, those kept for prefix reuse (owned by nobody, never orphans)."""
     reserved_blocks: int
     """Charged to reserved and receiving holdings."""
     active_blocks: int
@@ -128,9 +132,10 @@ def holding_from_proto(h: blocks_pb2.BlockHolding) -> BlockHolding:
 
 
 def worker_blocks_from_proto(w: blocks_pb2.WorkerBlocks) -> WorkerBlocks:
-    """pd.v1.WorkerBlocks -> WorkerBlocks."""
-    return WorkerBlocks(w.worker_id, w.role, w.epoch, w.total_blocks, w.free_blocks, w.cached_prefix_blocks,
-                        w.reserved_blocks, w.active_blocks, w.orphan_blocks, w.error,
+    """pd.v1.WorkerBlocks -> WorkerBlocks (its free blocks and cached prefix blocks, both
+    free to take, counted together as free)."""
+    return WorkerBlocks(w.worker_id, w.role, w.epoch, w.total_blocks, w.free_blocks + w.cached_prefix_blocks,
+                        w.cached_prefix_blocks, w.reserved_blocks, w.active_blocks, w.orphan_blocks, w.error,
                         tuple(holding_from_proto(h) for h in w.holdings))
 
 

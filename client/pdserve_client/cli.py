@@ -16,13 +16,15 @@ local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
 presented is the local launcher's `.pdserve/tls/client.crt` (`operator.crt` for
 set-mode, blocks, release promote and rollback; `--identity` picks another), or $PD_TLS_CERT/KEY/CA.
 Exit codes: 0 ok, 1 the router or the connection reported an error (CODE:
-message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled).
+message on stderr), 2 bad arguments, 130 interrupted (the request is cancelled),
+141 stdout closed early (`pdctl ... | head`: quietly, as a tool SIGPIPE ends).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -30,11 +32,11 @@ from typing import TextIO
 from pdserve_client import cli_blocks, cli_drill, cli_release, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
-from pdserve_client.tables import table
+from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
 
 
 def _token_id_list(text: str) -> list[int]:
@@ -98,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object when done")
     gen.set_defaults(run=cmd_generate)
 
-    status = commands.add_parser("status", parents=[shared], help="workers, blocks, open transactions, mode")
+    status = commands.add_parser("status", parents=[shared], help="workers, blocks, open transactions, mode",
+                                 description="Every live worker's load and K/V pool, open transactions and "
+                                             "the release mode. " + POOL_HELP)
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=cmd_status)
 
@@ -130,26 +134,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _TokenLine:
+    """Tokens written as they arrive (text, or ids with --ids; nothing with --json) on
+    a line that `end` closes only if the tokens opened one: a router without a
+    tokenizer streams empty text, and an empty line says nothing."""
+
+    def __init__(self, out: TextIO, ids: bool, quiet: bool):
+        self.out, self.ids, self.quiet = out, ids, quiet
+        self.open = False
+
+    def write(self, token) -> None:
+        """Show one token (and flush: the user watches it arrive)."""
+        piece = "" if self.quiet else f"{token.token_id} " if self.ids else token.text
+        if piece:
+            self.out.write(piece)
+            self.out.flush()
+            self.open = not piece.endswith("\n")
+
+    def end(self) -> None:
+        """End the line the tokens left open, if they did."""
+        if self.open:
+            self.out.write("\n")
+            self.open = False
+
+
 def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     """Stream tokens to `out`, then a summary line (or one JSON object with --json)."""
     options = GenerateOptions(**{name: getattr(args, name) for name in OPTION_NAMES})
     stream = client.generate(args.prompt, prompt_ids=args.prompt_ids, options=options)
+    line = _TokenLine(out, args.ids, args.json)
     with stream:
         try:
             for token in stream:
-                if not args.json:
-                    out.write(f"{token.token_id} " if args.ids else token.text)
-                    out.flush()
+                line.write(token)
             result = stream.collect()
         except (PdError, KeyboardInterrupt):
-            if stream.tokens and not args.json:
-                out.write("\n")  # end the partial line before the error on stderr
+            line.end()  # before the error on stderr
             raise
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
         return EXIT_OK
-    if result.token_ids:
-        out.write("\n")
+    line.end()
     if not args.ids and result.token_ids and not result.text:
         # A router without a tokenizer streams empty text; show what was generated.
         out.write("token_ids: " + ",".join(map(str, result.token_ids)) + "\n")
@@ -174,10 +199,11 @@ def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"mode: {s.mode}  canary_fraction: {s.canary_fraction:.2f}  route_epoch: {s.route_epoch}  "
               f"open_transactions: {s.open_transactions}\n")
     out.write(f"decode blocks: free {s.free_blocks}  reserved {s.reserved_blocks}  total {s.total_blocks}\n")
-    rows = [(w.worker_id, w.role, w.epoch, w.free_blocks, w.cached_blocks, w.reserved_blocks, w.active_blocks,
-             w.total_blocks, w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
-    out.write(table(("WORKER", "ROLE", "EPOCH", "FREE", "(CACHED)", "RESERVED", "ACTIVE", "TOTAL",
-                      "PENDING_PREFILL", "BATCH", "ADDRESS"), rows) + "\n")
+    rows = [(w.worker_id, w.role, w.epoch,
+             *pool_cells(free=w.free_blocks, cached=w.cached_blocks, reserved=w.reserved_blocks,
+                         active=w.active_blocks, total=w.total_blocks),
+             w.pending_prefill_tokens, w.active_decode_batch, w.address) for w in s.workers]
+    out.write(table(("WORKER", "ROLE", "EPOCH", *POOL_HEADERS, "PENDING_PREFILL", "BATCH", "ADDRESS"), rows) + "\n")
     for w in s.workers:
         if w.colocated_only_reason:
             out.write(f"{w.worker_id}: colocated only, no K/V hand-off: {w.colocated_only_reason}\n")
@@ -229,11 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     out = sys.stdout
     try:
-        if getattr(args, "offline", False):  # reads local files, needs no router
-            return args.run(args, out)
-        identity = args.identity or getattr(args, "default_identity", "client")
-        with Client(args.router, timeout_s=args.timeout, identity=identity) as client:
-            return args.run(client, args, out)
+        code = _run(args, out)
+        out.flush()  # here, not at exit: a reader that left is caught below
+        return code
+    except BrokenPipeError:
+        # The reader is gone (`| head` read its lines): nothing to report to anyone. Later
+        # writes, the interpreter's last flush included, go to /dev/null instead of raising.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return EXIT_PIPE_CLOSED
     except TlsConfigError as e:
         print(f"pdctl: error: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -244,6 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pdctl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the parsed command: offline ones on local files, the rest with a Client."""
+    if getattr(args, "offline", False):  # reads local files, needs no router
+        return args.run(args, out)
+    identity = args.identity or getattr(args, "default_identity", "client")
+    with Client(args.router, timeout_s=args.timeout, identity=identity) as client:
+        return args.run(client, args, out)
 
 
 if __name__ == "__main__":

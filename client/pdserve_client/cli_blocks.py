@@ -3,7 +3,8 @@
     pdctl blocks [--json] [--orphans-only] [--request R] [--worker W]
 
 Presents the operator certificate by default (Admin.Blocks is operators only).
-One line per worker (its pool adds up: FREE + CACHED + RESERVED + ACTIVE = TOTAL),
+One line per worker, its pool in the columns `pdctl status` prints (tables.POOL_HELP:
+FREE counts the cached prefix blocks too; FREE + RESERVED + ACTIVE = TOTAL),
 then one line per holding: request, tenant, transfer, state, age, blocks, and
 ORPHAN with the router's reason for a holding nothing will give back.
 """
@@ -16,12 +17,13 @@ from typing import TextIO
 
 from pdserve_client.blocks import BlockHolding
 from pdserve_client.client import Client
-from pdserve_client.tables import table
+from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 
 
 def add_parser(commands, shared: argparse.ArgumentParser) -> None:
     """Register `blocks` on pdctl's sub-command set."""
-    p = commands.add_parser("blocks", parents=[shared], help="who holds which K/V blocks; orphans flagged")
+    p = commands.add_parser("blocks", parents=[shared], help="who holds which K/V blocks; orphans flagged",
+                            description="Every worker's K/V pool and who holds its blocks. " + POOL_HELP)
     p.add_argument("--orphans-only", action="store_true", help="list only orphan holdings")
     p.add_argument("--request", default="", help="only this request's holdings")
     p.add_argument("--worker", default="", help="only this worker")
@@ -39,9 +41,11 @@ def cmd_blocks(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps(view.to_dict()) + "\n")
         return 0
-    out.write(table(("WORKER", "ROLE", "EPOCH", "TOTAL", "FREE", "CACHED", "RESERVED", "ACTIVE", "ORPHANED"),
-                    [(w.worker_id, w.role, w.epoch, w.total_blocks, w.free_blocks, w.cached_prefix_blocks,
-                      w.reserved_blocks, w.active_blocks, w.orphan_blocks) for w in view.workers]) + "\n")
+    out.write(table(("WORKER", "ROLE", "EPOCH", *POOL_HEADERS, "ORPHANED"),
+                    [(w.worker_id, w.role, w.epoch,
+                      *pool_cells(free=w.free_blocks, cached=w.cached_prefix_blocks, reserved=w.reserved_blocks,
+                                  active=w.active_blocks, total=w.total_blocks),
+                      w.orphan_blocks) for w in view.workers]) + "\n")
     for w in view.workers:
         if w.error:
             out.write(f"{w.worker_id}: no answer: {w.error}\n")

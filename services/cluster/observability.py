@@ -5,9 +5,12 @@ command line (so `LocalCluster.restart` brings it back on the same URL), and its
 recorded in cluster.json as the process's `metrics_url`. With security on the URL is
 HTTPS and a scraper presents the `operator` or the `monitor` certificate the launcher
 writes beside the others (services/telemetry/endpoint.py); insecure, plain HTTP.
+`pdserve up` prints the curl command that scrapes one of them so.
 """
 
 from __future__ import annotations
+
+import shlex
 
 from .ports import free_port
 
@@ -24,3 +27,12 @@ def metrics_endpoint(insecure: bool) -> tuple[list[str], str]:
 def metrics_lines(procs) -> list[str]:
     """One line per process with a metrics URL, for `pdserve up`."""
     return [f"  {p.name:<10} metrics {p.metrics_url}" for p in procs if getattr(p, "metrics_url", "")]
+
+
+def curl_command(url: str, tls_dir: str | None) -> str:
+    """The curl command that scrapes `url` as the monitor (with `tls_dir`'s CA and
+    monitor certificate; None: an insecure cluster's plain HTTP)."""
+    if tls_dir is None:
+        return f"curl {url}"
+    files = [f"{tls_dir.rstrip('/')}/{name}" for name in ("ca.crt", f"{MONITOR_CERT}.crt", f"{MONITOR_CERT}.key")]
+    return "curl --cacert {} --cert {} --key {} {}".format(*map(shlex.quote, files), url)

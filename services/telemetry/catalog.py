@@ -1,9 +1,11 @@
 """Every metric a pdserve process exports, defined in one place per process kind.
 
-    RouterMetrics     routes, request latencies and SLO attainment, hand-off attempts
-                      and their outcomes, fallbacks, queues; drain and rollback
+    RouterMetrics     routes, request latencies (first token, per token, end to end,
+                      queued) and SLO attainment, prompt and generated tokens, hand-off
+                      attempts and their outcomes, fallbacks, queues; drain and rollback
     WorkerMetrics     K/V bytes moved and exposed transfer time, capability denials,
-                      blocks, queues and batch; the transports' own figures
+                      blocks and K/V cache usage, queues and batch; the transports' own
+                      figures
     DirectoryMetrics  publications the directory refused
 
 Each object owns a `CollectorRegistry` of its own (so tests can build as many as they
@@ -15,6 +17,11 @@ compares the two).
 Histograms are observed through `observe`, which attaches the current trace id as an
 exemplar when a span is being recorded (tracing on); exemplars appear only in the
 OpenMetrics exposition, which /metrics serves when the scraper asks for it.
+
+Counters and histograms carry no `_created` series: prometheus_client's would add one
+per labelled child (a timestamp no dashboard reads), so importing this module turns
+them off for the process (`disable_created_metrics`, the switch
+PROMETHEUS_DISABLE_CREATED_SERIES sets).
 """
 
 from __future__ import annotations
@@ -30,12 +37,17 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
 )
 
 from .metrics import SampleCollector, Source
 
+disable_created_metrics()  # process-wide; every registry here is scraped without _created
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Seconds: TTFT, exposed transfer time and rollback duration (a tiny model's TTFT is ms)."""
+REQUEST_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Seconds: a whole request, admission to its last token (long generations take minutes)."""
 TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 """Seconds per output token after the first."""
 PROMPT_BUCKETS = (128, 512, 2048, 8192)
@@ -59,6 +71,11 @@ def observe(histogram: Histogram, value: float) -> None:
     histogram.observe(value, exemplar=trace_exemplar())
 
 
+def usage_ratio(free_blocks: float, total_blocks: float) -> float:
+    """1 - free / total in [0, 1]: the share of a pool that requests hold (0 for no pool)."""
+    return 1.0 - free_blocks / total_blocks if total_blocks > 0 else 0.0
+
+
 def new_registry() -> CollectorRegistry:
     """A registry with prometheus_client's process, platform and GC collectors."""
     registry = CollectorRegistry()
@@ -80,6 +97,16 @@ class RouterMetrics:
         self.tpot = Histogram("pd_tpot_seconds", "Time per output token after the first, of completed "
                               "requests of 2 or more tokens, by workload cell.",
                               ["tenant", "prompt_bucket"], buckets=TPOT_BUCKETS_S, registry=r)
+        self.e2e_latency = Histogram("pd_e2e_request_latency_seconds", "Admission to the Complete event, of "
+                                     "completed requests, by workload cell.", ["tenant", "prompt_bucket"],
+                                     buckets=REQUEST_BUCKETS_S, registry=r)
+        self.queue_time = Histogram("pd_request_queue_time_seconds", "Admission to the first attempt's dispatch "
+                                    "(the plan, and the wait for K/V room in the admission queue), by workload "
+                                    "cell.", ["tenant", "prompt_bucket"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.prompt_tokens = Counter("pd_prompt_tokens", "Prompt tokens of completed requests, by tenant.",
+                                     ["tenant"], registry=r)
+        self.generation_tokens = Counter("pd_generation_tokens", "Tokens generated for completed requests "
+                                         "(streamed to the client), by tenant.", ["tenant"], registry=r)
         self.slo = Counter("pd_slo_requests", "Completed requests with an SLO target, by workload cell and "
                            "whether every target was met.", ["tenant", "prompt_bucket", "attained"], registry=r)
         self.transfer_attempts = Counter("pd_kv_transfer_attempts", "Disaggregated attempts dispatched "
@@ -148,6 +175,8 @@ class RouterMetrics:
         for listener in self.listeners:
             listener.completed(tenant, prompt_tokens, ttft_s, tpot_s, num_tokens, slo_ttft_s, slo_tpot_s, route)
         cell = {"tenant": tenant, "prompt_bucket": prompt_bucket(prompt_tokens)}
+        self.prompt_tokens.labels(tenant=tenant).inc(prompt_tokens)
+        self.generation_tokens.labels(tenant=tenant).inc(num_tokens)
         observe(self.ttft.labels(**cell), ttft_s)
         if num_tokens > 1:
             observe(self.tpot.labels(**cell), tpot_s)
@@ -155,6 +184,15 @@ class RouterMetrics:
             met = (not slo_ttft_s or ttft_s <= slo_ttft_s) and (not slo_tpot_s or num_tokens < 2
                                                                   or tpot_s <= slo_tpot_s)
             self.slo.labels(attained="yes" if met else "no", **cell).inc()
+
+    def queued(self, tenant: str, prompt_tokens: int, wait_s: float) -> None:
+        """A request's first attempt was dispatched `wait_s` after its admission began
+        (call it once per request: an attempt sent back to the queue is no new request)."""
+        observe(self.queue_time.labels(tenant=tenant, prompt_bucket=prompt_bucket(prompt_tokens)), wait_s)
+
+    def finished(self, tenant: str, prompt_tokens: int, latency_s: float) -> None:
+        """A request completed `latency_s` after its admission began (its end-to-end latency)."""
+        observe(self.e2e_latency.labels(tenant=tenant, prompt_bucket=prompt_bucket(prompt_tokens)), latency_s)
 
     def ended(self, policy: str, topology: str, result: str) -> None:
         """A request ended (result: ok, error, cancelled, rejected; topology none when
@@ -174,10 +212,13 @@ class WorkerMetrics:
                                           buckets=LATENCY_BUCKETS_S, registry=r)
         self.capability_denials = Counter("pd_capability_denials", "Transfer capabilities refused, by the "
                                           "first failed check.", ["reason"], registry=r)
-        self.free_blocks = Gauge("pd_free_blocks", "K/V blocks free in the pool.", registry=r)
+        self.free_blocks = Gauge("pd_free_blocks", "K/V blocks a new request can take now (the unreferenced "
+                                  "prefix cache included).", registry=r)
         self.reserved_blocks = Gauge("pd_reserved_blocks", "K/V blocks reserved for hand-offs not yet "
                                      "published.", registry=r)
         self.total_blocks = Gauge("pd_total_blocks", "K/V blocks in the pool.", registry=r)
+        self.kv_usage = Gauge("pd_kv_cache_usage_ratio", "Share of the K/V pool held by requests: "
+                              "1 - free / total (the unreferenced prefix cache counts as free).", registry=r)
         self.prefill_queue = Gauge("pd_prefill_queue_tokens", "Prompt tokens waiting to be prefilled.", registry=r)
         self.prefill_pool_waits = Counter("pd_prefill_pool_waits", "Prefill jobs that found the block pool full "
                                           "and waited for room (queued, not refused).", registry=r)
@@ -194,6 +235,7 @@ class WorkerMetrics:
                             (self.total_blocks, total), (self.prefill_queue, prefill_queue),
                             (self.decode_batch, decode_batch)):
             gauge.set_function(read)
+        self.kv_usage.set_function(lambda: usage_ratio(free(), total()))
         self._sources[:] = [t.metrics for t in transports if hasattr(t, "metrics")]
 
     def sent(self, num_bytes: int, exposed_s: float) -> None:

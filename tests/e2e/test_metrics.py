@@ -101,9 +101,42 @@ def test_routes_latencies_and_bytes_after_known_traffic(cluster):
     received = delta("decode-0", "pd_kv_transfer_bytes_total", direction="received")
     assert sent > 0 and sent == received
     assert delta("prefill-0", "pd_kv_exposed_transfer_seconds_count") == n
+    assert delta("router", "pd_prompt_tokens_total", tenant="default") == n * 100 + m * 40
+    assert delta("router", "pd_generation_tokens_total", tenant="default") == (n + m) * 3
     after = scrape_process(cluster, "router")
     assert after.value("pd_drain_depth") == 0 and not after.samples("pd_rollback_duration_seconds_count")
     assert after.value("pd_requests_in_flight") == 0
+    assert_cluster_clean(cluster)
+
+
+def test_no_process_exports_created_series(cluster):
+    """After traffic every counter and histogram has children; none has a _created twin."""
+    with client(cluster) as sdk:
+        sdk.generate_full(prompt_ids=[11, 12, 13, 14], max_tokens=2, ignore_eos=True, mode="disaggregated")
+    for name in SERVICES:
+        for openmetrics in (False, True):
+            m = scrape_process(cluster, name, openmetrics=openmetrics)
+            samples = {sample for sample, _ in m.as_dict()}
+            assert any(s.startswith("pd_") for s in samples), name
+            assert not [s for s in samples if s.endswith("_created")], (name, openmetrics)
+
+
+def test_kv_cache_usage_rises_while_a_request_holds_blocks_and_falls_after(cluster):
+    def usage() -> tuple[float, float]:
+        m = scrape_process(cluster, "decode-0")
+        return m.value("pd_kv_cache_usage_ratio"), 1 - m.value("pd_free_blocks") / m.value("pd_total_blocks")
+
+    assert usage() == (0.0, 0.0)  # at rest: cached prefix blocks count as free
+    with client(cluster) as sdk:
+        stream = sdk.generate(prompt_ids=[5 + (7 * i) % 300 for i in range(70)], max_tokens=1900, ignore_eos=True,
+                              mode="disaggregated")
+        with stream:
+            tokens = iter(stream)
+            next(tokens), next(tokens)  # the decode is decoding from its own blocks
+            held, from_blocks = usage()
+            stream.cancel("seen")
+    assert 0 < held < 1 and held == pytest.approx(from_blocks, abs=0.01)
+    assert settled(lambda: usage()[0], 0.0) == 0.0
     assert_cluster_clean(cluster)
 
 

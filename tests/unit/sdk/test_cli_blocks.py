@@ -21,7 +21,9 @@ def test_sdk_blocks_decodes_the_view(fake, addr):
     assert (worker_id, h.request_id, h.state, h.generation, h.orphan) == ("decode-0", "gone", "reserved", 2, True)
     assert h.block_ids == [8, 9, 10, 11, 20]
     d0 = view.workers[0]
-    assert d0.free_blocks + d0.cached_prefix_blocks + d0.held_blocks == d0.total_blocks
+    # The wire's 50 free and 7 cached are 57 free, 7 of them cached: status's definition.
+    assert (d0.free_blocks, d0.cached_prefix_blocks) == (57, 7)
+    assert d0.free_blocks + d0.held_blocks == d0.total_blocks
     (req,) = fake.blocks_requests
     assert (req.request_id, req.worker_id, req.orphans_only) == ("gone", "decode-0", True)
 
@@ -30,7 +32,8 @@ def test_cli_blocks_table_and_json(fake, addr, capsys):
     assert main(["--router", addr, "blocks"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[1].split() == ["decode-0", "decode", "1", "64", "50", "7", "5", "2", "5"]
+    assert lines[0].split()[3:] == ["FREE", "(CACHED)", "RESERVED", "ACTIVE", "TOTAL", "ORPHANED"]
+    assert lines[1].split() == ["decode-0", "decode", "1", "57", "7", "5", "2", "64", "5"]
     assert "prefill-0: no answer: UNAVAILABLE: down" in out
     (gone,) = [line for line in lines if " gone " in line]
     assert "reserved" in gone and "8-11,20" in gone and "ORPHAN: request not in flight" in gone

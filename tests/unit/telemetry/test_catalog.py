@@ -145,3 +145,66 @@ def test_a_histogram_observed_in_a_span_carries_its_trace_id_and_none_without():
     exemplars = [s.exemplar for s in m.samples("pd_kv_exposed_transfer_seconds_bucket") if s.exemplar]
     assert [e.labels for e in exemplars] == [{"trace_id": trace_id}]
     assert exemplars[0].value == 0.004
+
+
+def _touched() -> tuple[RouterMetrics, WorkerMetrics, DirectoryMetrics]:
+    """One of each catalog with every counter and histogram family holding a labelled child."""
+    r, w, d = RouterMetrics(), WorkerMetrics(), DirectoryMetrics()
+    r.dispatched(1, "disaggregated", "disaggregated", None)
+    r.attempt_failed("disaggregated", "DEADLINE_EXCEEDED")
+    r.completed("gold", 100, ttft_s=0.2, tpot_s=0.01, num_tokens=8, slo_ttft_s=0.3, slo_tpot_s=0.0)
+    r.queued("gold", 100, 0.01)
+    r.finished("gold", 100, 0.3)
+    r.ended("disaggregated", "disaggregated", "ok")
+    w.sent(10, 0.001)
+    w.denied("nonce")
+    d.publication("DUPLICATE")
+    return r, w, d
+
+
+def test_counters_and_histograms_have_no_created_series_in_either_format():
+    for owner in _touched():
+        for text, openmetrics in ((generate_latest(owner.registry).decode(), False),
+                                  (openmetrics_latest(owner.registry).decode(), True)):
+            names = {name for name, _ in Scrape(text, openmetrics).as_dict()}
+            assert any(n.startswith("pd_") for n in names)
+            assert not [n for n in names if n.endswith("_created")], owner
+            assert "_created" not in text
+
+
+def test_completions_count_prompt_and_generated_tokens_by_tenant():
+    r = RouterMetrics()
+    r.completed("gold", 100, ttft_s=0.2, tpot_s=0.01, num_tokens=8, slo_ttft_s=0.0, slo_tpot_s=0.0)
+    r.completed("gold", 30, ttft_s=0.1, tpot_s=0.0, num_tokens=1, slo_ttft_s=0.0, slo_tpot_s=0.0)
+    r.completed("iron", 7, ttft_s=0.1, tpot_s=0.01, num_tokens=3, slo_ttft_s=0.0, slo_tpot_s=0.0)
+    m = Scrape(generate_latest(r.registry).decode())
+    assert m.value("pd_prompt_tokens_total", tenant="gold") == 130
+    assert m.value("pd_generation_tokens_total", tenant="gold") == 9
+    assert m.value("pd_prompt_tokens_total", tenant="iron") == 7
+    assert m.value("pd_generation_tokens_total", tenant="iron") == 3
+
+
+def test_queue_time_and_end_to_end_latency_fill_their_cells():
+    r = RouterMetrics()
+    r.queued("gold", 100, 0.004)
+    r.queued("gold", 600, 0.7)
+    r.finished("gold", 100, 1.5)
+    m = Scrape(generate_latest(r.registry).decode())
+    assert m.value("pd_request_queue_time_seconds_count", tenant="gold", prompt_bucket="le128") == 1
+    assert m.value("pd_request_queue_time_seconds_count", prompt_bucket="le2048") == 1
+    assert m.value("pd_request_queue_time_seconds_sum") == 0.704
+    assert m.value("pd_request_queue_time_seconds_bucket", le="0.005") == 1  # only the short wait
+    assert m.value("pd_e2e_request_latency_seconds_count", tenant="gold", prompt_bucket="le128") == 1
+    assert m.value("pd_e2e_request_latency_seconds_bucket", le="1.0") == 0
+    assert m.value("pd_e2e_request_latency_seconds_bucket", le="2.5") == 1
+
+
+def test_kv_cache_usage_is_the_held_share_of_the_pool_read_at_each_scrape():
+    w = WorkerMetrics()
+    pool = {"free": 96, "total": 128}
+    w.bind(lambda: pool["free"], lambda: 0, lambda: pool["total"], lambda: 0, lambda: 0)
+    assert Scrape(generate_latest(w.registry).decode()).value("pd_kv_cache_usage_ratio") == 0.25
+    pool["free"] = 128  # everything back (cached prefix blocks count as free)
+    assert Scrape(generate_latest(w.registry).decode()).value("pd_kv_cache_usage_ratio") == 0.0
+    pool["total"] = 0  # no pool yet: 0, not a division by zero
+    assert Scrape(generate_latest(w.registry).decode()).value("pd_kv_cache_usage_ratio") == 0.0
