@@ -184,12 +184,12 @@ class RouterConfig(MemberSettings):
     it for this long unless nothing else can serve them (its lease may not have
     expired in the directory yet)."""
 
-    unreachable_wait_ms: int = env("PD_ROUTER_UNREACHABLE_WAIT_MS", 5_000, ge=0)
+    unreachable_wait_ms: int = env("PD_ROUTER_UNREACHABLE_WAIT_MS", 2_000, ge=0)
     """When every worker that could take a request's next attempt already failed to
-    answer in this request (connection refused, lease about to lapse), how long the
-    request waits for the cluster to change (the worker restarts and registers again,
-    its lease lapses, another joins) before dispatching into it anyway; bounded by the
-    request's deadline less its predicted service time. 0 retries at once."""
+    answer in this request (connection refused, a stream cut, a lease lapsed), how long
+    the request waits for the cluster to change (the worker restarts and registers
+    again, another joins) before it fails UNAVAILABLE naming them; bounded by the
+    request's deadline less its predicted service time."""
 
     queue_per_tenant: int = env("PD_ROUTER_QUEUE_PER_TENANT", 256, gt=0)
     """Most requests of one tenant waiting for K/V room in the admission queue; one

@@ -49,11 +49,22 @@ from services.security.tls import Security
 
 log = logging.getLogger(__name__)
 
+KEEPALIVE_S, PING_TIMEOUT_S = 1.0, 2.0
+"""After how long without a byte from a worker the router pings its connection (a call
+open), and how long it waits for the answer before it closes it: a frozen worker's calls
+fail ~3 s after it froze (services/common/grpc_server.py `PING_OPTIONS` lets workers take
+the pings). gRPC's own threads answer them: a worker whose Python is busy, even holding
+the GIL for seconds, is not taken for frozen (tests/integration/test_keepalive.py)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    # A worker that stops answering (frozen, its host gone) is noticed by its calls' own
+    # connection: the call fails UNAVAILABLE ("ping timeout") and the request moves on,
+    # well before the worker's lease lapses in the directory (10 s).
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(PING_TIMEOUT_S * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(PING_TIMEOUT_S * 1000)),  # what gRPC core reads now (default 1 min)
+    ("grpc.http2.max_pings_without_data", 0),  # a server stream's client sends no data: keep pinging
     *RECONNECT_OPTIONS,
     # gRPC shares subchannels between channels to one target by default: a new
     # incarnation's channel would inherit the dead one's subchannel, still in reconnect

@@ -15,7 +15,8 @@ Lifecycle of one request (each arrow is one place in this file):
                router-wide in the last failure_cooldown_ms) are avoided when an
                alternative exists; when the only workers left failed to answer
                in this request (UNAVAILABLE), it waits up to unreachable_wait_ms
-               for the cluster to change (a restart re-registers) first
+               for the cluster to change (a restart re-registers), and no longer
+               than that: then UNAVAILABLE, naming them (no wait for K/V room there)
     end:     Complete | RouterError (every attempt listed) | DEADLINE_EXCEEDED |
              CANCELLED (Complete with finish_reason CANCELLED once tokens flowed)
 
@@ -32,10 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -43,24 +42,22 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.pricing.shapes import Outcome
 from router.requests.admission import Admitted, admit, check_cluster
-from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind
+from router.requests.attempt import Attempt
 from router.requests.attempts import AttemptRunner
 from router.requests.cluster_view import ClusterView
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
-from router.requests.placement import FailureMemory, has_prefill_worker
+from router.requests.placement import FailureMemory
 from router.requests.planner import Plan, Planner
 from router.requests.queueing import AdmissionQueue
 from router.requests.request_run import RecentGenerations, RequestRun
-from router.requests.retries import Retries
+from router.requests.retries import RetryPolicy
 from router.types import (
     Cluster,
-    Completed,
     Event,
     FinishReason,
     GenerateParams,
     PrefillDone,
-    Route,
     RouterError,
     StatusCode,
     TokenOut,
@@ -71,7 +68,7 @@ from services.telemetry.catalog import RouterMetrics
 log = logging.getLogger(__name__)
 
 
-class Orchestrator:
+class Orchestrator(RetryPolicy):
     """Admits requests, runs their attempts and keeps the in-flight registry."""
 
     def __init__(self, workers: WorkerGateway, directory: DirectoryGateway, config: RouterConfig,
@@ -256,144 +253,3 @@ class Orchestrator:
         attempts' calls, whose deadlines are the request's, failed before the timer fired."""
         left = self._remaining_s(run)
         return None if left is None or left > 0 else run.deadline_error()
-
-    async def _attempts(self, run: RequestRun) -> Completed:
-        """The retry policy; returns the Complete event or raises RouterError."""
-        req, cfg = run.req, self.config
-        r = Retries(cfg.max_disaggregated_attempts if req.route is Route.DISAGGREGATED else 0,
-                    self.generations.last(req), failures=run.failures)  # above any earlier run of this id
-        fits = self.queue.room_for(req.demand)
-        while r.number < cfg.max_attempts and not self._deadline_passed(run):
-            cluster = await self.view.get()
-            self._release(run)  # the plan-time hold must not count against the request's own room
-            if not self.queue.go_now(req.tenant, fits, cluster):  # wait for K/V room (router/requests/queueing.py)
-                try:
-                    self.view.overlay.remove(await self.queue.wait(
-                        req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))
-                except RouterError as exc:
-                    refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
-                    raise RouterError(exc.code, exc.message + refused) from None
-                cluster = self.view.latest or cluster  # no await from here to the dispatch
-            att = self._next_attempt(run, r, cluster, fits)
-            if (att is None or r.into_unreachable(att)) and r.unreachable and self._wait_for_change(run, r):
-                # Only workers that failed to answer in this request (or none) are left:
-                # wait for the cluster to change rather than burn an attempt.
-                await asyncio.sleep(cfg.queue_poll_ms / 1000.0)
-                continue
-            if att is None:
-                break
-            previous = run.runner.last
-            r.dispatch(att)
-            self.metrics.dispatched(att.number, att.route.name.lower(), req.route.name.lower(),
-                                    previous.stage.value if previous is not None else None)
-            self.generations.note(req, r.generation)
-            try:
-                with run.trace.attempt(att, r.number, req.route):
-                    done = await run.runner.run(att)
-            except GenerationBehind as exc:
-                r.behind_hops += 1
-                if r.behind_hops <= 2:  # nobody failed: the same attempt again, above the earlier run
-                    log.info("request %s: %s", req.request_id, exc.message)
-                    self._unbook(run)
-                    r.generation = max(r.generation, exc.current)
-                    self.generations.note(req, r.generation)
-                    r.uncount(att)
-                    continue
-                r.failed(att, exc)  # no suspects: nobody's fault, only out of hops
-                continue
-            except AttemptFailed as exc:
-                if exc.code is StatusCode.RESOURCE_EXHAUSTED and r.requeues < cfg.max_requeues:
-                    # No room after all (the snapshot lagged, or another router filled it): no
-                    # one failed. Count the worker full until it reports room, and queue again.
-                    r.requeues += 1
-                    run.refusals.append(f"{att.describe()}: {exc.message}")
-                    log.info("request %s: %s found no room (%s); back to the admission queue",
-                             req.request_id, att.describe(), exc.message)
-                    self._unbook(run)
-                    if exc.culprit is not None:
-                        self.queue.fence_full(exc.culprit)
-                    else:
-                        await asyncio.sleep(min(0.05 * 2 ** r.requeues, 1.0))
-                    r.uncount(att)
-                    continue
-                log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
-                self.metrics.attempt_failed(att.route.name.lower(), exc.code.name, att.discard_kv)
-                self._unbook(run)  # a later attempt streams from elsewhere
-                r.failed(att, exc)
-                if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
-                                                                   StatusCode.DEADLINE_EXCEEDED):
-                    self.view.directory_unreachable()
-                if exc.culprit is not None and exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
-                    self.failures.record(exc.culprit)
-                continue
-            finally:
-                self.queue.kick()  # what the attempt held is free again
-            completed = run.output.completed(done.finish_reason, att.route, r.number,  # the reply's, else the seal's
-                                             att.prefill_kv_digest or att.sealed_kv_digest, done.kv_digest,
-                                             "; ".join(run.failures))
-            self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
-            slo = self.planner.slo(req.tenant, req.slo)
-            self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,
-                                   completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000, att.route.name.lower())
-            return completed
-        raise self._deadline_passed(run) or r.exhausted()
-
-    def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
-        """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
-        what failed (a colocated worker that answers beats a pair with one that did not)."""
-        first, g = r.number == 0, r.generation + 1
-        penalties = r.avoid + Counter(self.failures.penalties(cluster)) + Counter(self.queue.fenced(cluster))
-        att = run.planned_attempt(cluster, g) if first else None
-        if att is not None and att.route is Route.DISAGGREGATED and self.view.colocated_only:
-            att = None  # no transaction can run now (directory unreachable, or a rollback stopped routes)
-        if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
-            att = None  # the planned D has no room (any more): place where there is
-        att = att or self._place(cluster, run, g, first, r.disaggregated_left > 0 and not self.view.colocated_only,
-                                 penalties, r.tried)
-        if att is not None and att.route is Route.DISAGGREGATED and r.into_unreachable(att):
-            colocated = self._place(cluster, run, g, False, False, penalties, r.tried)
-            if colocated is not None and not r.into_unreachable(colocated):
-                att = colocated
-        return att
-
-    def _wait_for_change(self, run: RequestRun, r: Retries) -> bool:
-        """True while the request may still wait (unreachable_wait_ms, within its patience)."""
-        if r.wait_until is None:
-            patience = self._patience_s(run)
-            wait_s = self.config.unreachable_wait_ms / 1000.0
-            r.wait_until = time.monotonic() + (wait_s if patience is None else min(wait_s, patience))
-        return time.monotonic() < r.wait_until
-
-    def _patience_s(self, run: RequestRun) -> float | None:
-        """How long the request may wait for K/V room: what is left of its deadline less
-        its predicted service time (the planner's prediction, else the config's default
-        costs); None without a deadline."""
-        left = self._remaining_s(run)
-        if left is None:
-            return None
-        req, cfg, plan = run.req, self.config, run.plan
-        if plan is not None and plan.predicted is not None:
-            service_ms = plan.predicted.ttft_ms + plan.predicted.tpot_ms * max(0, req.max_tokens - 1)
-        else:
-            service_ms = (cfg.default_prefill_ms_per_token * len(req.prompt)
-                          + cfg.default_decode_step_ms * req.max_tokens)
-        return left - service_ms / 1000.0
-
-    def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
-               avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
-        """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
-        req = run.req
-        place = functools.partial(self.planner.place, req.tenant, req.prompt, req.max_tokens,
-                                  self.planner.slo(req.tenant, req.slo), cluster, self.view.overlay)
-        if disaggregated:
-            c = place(True, avoid, tried)
-            if c is not None:
-                return Attempt(generation, Route.DISAGGREGATED, decode=c.decode, prefill=c.prefill,
-                               route_epoch=cluster.route_epoch)
-            if first:
-                why = "no prefill worker" if not has_prefill_worker(cluster) else "no compatible (P, D) pair"
-                log.info("request %s: %s; running colocated", req.request_id, why)
-        c = place(False, avoid)
-        if c is None:
-            return None
-        return Attempt(generation, Route.COLOCATED, decode=c.decode, route_epoch=cluster.route_epoch)

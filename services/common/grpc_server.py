@@ -49,6 +49,15 @@ RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 5_000),
 ]
 """Client channel options for calls between pdserve's services."""
+PING_OPTIONS = [
+    # A router pings each worker connection every second while a call is open (its
+    # keepalive: router/grpc_gateway.py), also while no data flows (a DecodeStream waiting
+    # for publication). gRPC's server default takes one such ping per 5 minutes, and answers
+    # the third with GOAWAY: every stream on the connection would be cut.
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+"""Server options: the peers' keepalive pings are welcome."""
 
 
 class _Malformed:
@@ -224,6 +233,7 @@ async def start_server(listen: str, registrations: Iterable[Registration], secur
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
+        *PING_OPTIONS,
     ])
     names = [reflection.SERVICE_NAME, health.SERVICE_NAME]
     for add, servicer, full_name in registrations:

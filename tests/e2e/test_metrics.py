@@ -198,3 +198,22 @@ def test_capability_denials_are_counted_by_reason_where_refused(cluster):
     assert delta("decode-0", reason="tenant") == 1 and delta("decode-0") == 1
     assert delta("prefill-0", reason="signature") == 1 and delta("prefill-0") == 1
     assert_cluster_clean(cluster)
+
+
+def test_end_to_end_latency_and_queue_time_once_per_completed_request(cluster):
+    n = 3
+    before = scrape_process(cluster, "router")
+    with client(cluster) as sdk:
+        for i in range(n):
+            sdk.generate_full(prompt_ids=[3 + (i * 11 + j) % 400 for j in range(30)], max_tokens=4, ignore_eos=True,
+                              mode="disaggregated")
+
+    def delta(sample, **labels):
+        return scrape_process(cluster, "router").value(sample, **labels) - before.value(sample, **labels)
+
+    cell = {"tenant": "default", "prompt_bucket": "le128"}
+    assert settled(lambda: delta("pd_e2e_request_latency_seconds_count", **cell), n) == n
+    assert delta("pd_request_queue_time_seconds_count", **cell) == n
+    # Admission to the end holds the first token and the dispatch before it.
+    assert delta("pd_e2e_request_latency_seconds_sum") > delta("pd_ttft_seconds_sum") > 0
+    assert 0 <= delta("pd_request_queue_time_seconds_sum") < delta("pd_ttft_seconds_sum")

@@ -164,7 +164,10 @@ def test_when_only_unreachable_workers_are_left_the_request_waits_for_a_replacem
     assert_no_leaks(orch, fake)
 
 
-def test_the_wait_for_a_replacement_is_bounded_then_the_attempts_run_out():
+def test_the_wait_for_a_replacement_is_bounded_then_the_request_fails_naming_the_worker():
+    """Once the wait for another worker is over, the request fails UNAVAILABLE naming the one
+    that did not answer, instead of dispatching into its address again (a frozen worker's
+    connection hangs: its attempts would each take a connect timeout)."""
     fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE)])
     fake.fail[("reserve", "d1")] = fake.fail[("generate", "d1")] = unavailable("Connection refused")
 
@@ -177,7 +180,39 @@ def test_the_wait_for_a_replacement_is_bounded_then_the_attempts_run_out():
 
     orch, events, error, took_s = run(go())
     assert error is not None and error.code is StatusCode.UNAVAILABLE
-    assert error.message.startswith("all 3 attempts failed")
+    assert error.message.startswith("d1 failed to answer and no other worker could take the request (waited 0.3 s")
+    assert "Connection refused" in error.message
     assert 0.3 <= took_s < 3.0
-    assert len(fake.ops("reserve", "generate")) == 3
+    assert len(fake.ops("reserve", "generate")) == 1
+    assert_no_leaks(orch, fake)
+
+
+@pytest.mark.parametrize("still_listed", [True, False], ids=["listed", "dropped by the directory"])
+def test_the_only_decode_worker_dying_mid_stream_fails_the_request_naming_it(still_listed):
+    """Its last heartbeat shows its blocks held, and no heartbeat will show them freed: the
+    retry does not wait for K/V room there (or, once the directory dropped it, for room
+    anywhere) until the deadline, but for another worker, unreachable_wait_ms at most;
+    then UNAVAILABLE naming the worker and what its stream said."""
+    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=64)])
+    fake.break_after["d0"] = 3
+
+    def heartbeat_lost(i: int) -> None:
+        if i == 2:  # the last report it sends: its pool full with this very request
+            others = [w for w in fake.cluster.workers if w.worker_id != "d0"]
+            gone = [worker("d0", Role.DECODE, free=0)] if still_listed else []
+            fake.cluster = Cluster((*others, *gone), fake.cluster.route_epoch)
+    fake.after_token = heartbeat_lost
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(unreachable_wait_ms=300, queue_poll_ms=10))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        events, error = await collect(orch, params(deadline_ms=60_000, max_tokens=20))
+        return orch, events, error, loop.time() - start
+
+    orch, events, error, took_s = run(go())
+    assert error is not None and error.code is StatusCode.UNAVAILABLE, error
+    assert error.message.startswith("d0 failed to answer") and "d0 died mid-stream" in error.message, error
+    assert took_s < 3.0, took_s
+    assert orch.queue.waiting == 0
     assert_no_leaks(orch, fake)

@@ -1,0 +1,95 @@
+"""A decode worker lost mid-stream, killed (SIGKILL) or frozen (SIGSTOP), on the local
+cluster (secure, ucx, `tiny`, disaggregated, no request deadline): the request never hangs
+and never waits for a wrong answer.
+
+  - with one decode worker: the client gets UNAVAILABLE naming it, within 3 s of a kill and
+    within the lease + 5 s of a freeze (its connection's keepalive notices the freeze
+    before the lease: router/grpc_gateway.py);
+  - with two: the request moves to the other one, and every token arrives once, equal to
+    an uninterrupted run's (greedy and seeded sampling), the stream stalling less than 5 s.
+
+Afterwards the worker is revived (SIGCONT, or started again) and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from pdserve_client.types import PdError
+from tests.support.cluster import assert_cluster_clean, client, revive, start_cluster
+
+PROMPT = list(range(3, 60))
+MAX_TOKENS = 300
+AT = 12  # tokens received before the worker is lost
+SIGNALS = {"killed": signal.SIGKILL, "frozen": signal.SIGSTOP}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """1 prefill + 1 decode worker."""
+    c = start_cluster(tmp_path_factory.mktemp("lost-single"), prefill=1, decode=1)
+    yield c
+    c.down()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """1 prefill + 2 decode workers."""
+    c = start_cluster(tmp_path_factory.mktemp("lost-pair"), prefill=1, decode=2)
+    yield c
+    c.down()
+
+
+def lose_decode_mid_stream(cluster, how: str, **sampling) -> tuple[list[int], list[float], float, object]:
+    """Run a request, lose its decode worker after AT tokens: (tokens, their arrival times,
+    the time of the signal, the result or the PdError); the worker is revived after."""
+    tokens, times, victim, t_signal, outcome = [], [], None, 0.0, None
+    with client(cluster, timeout_s=120) as sdk:
+        stream = sdk.generate(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling)
+        try:
+            for event in stream:
+                tokens.append(event.token_id)
+                times.append(time.monotonic())
+                if len(tokens) == AT:
+                    victim = stream.route.decode_worker
+                    cluster.signal(victim, SIGNALS[how])
+                    t_signal = time.monotonic()
+            outcome = stream.result
+        except PdError as e:
+            outcome = e
+            times.append(time.monotonic())  # when the error came
+        finally:
+            if victim is not None and how == "frozen":
+                cluster.signal(victim, signal.SIGCONT)
+    revive(cluster)
+    return tokens, times, t_signal, (victim, outcome)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_the_only_decode_worker_lost_mid_stream_fails_the_request_naming_it(single, how):
+    cluster = single
+    tokens, times, t_signal, (victim, error) = lose_decode_mid_stream(cluster, how)
+    assert isinstance(error, PdError) and error.code == "UNAVAILABLE", error
+    assert victim in str(error) and "failed to answer" in str(error), error
+    took_s = times[-1] - t_signal
+    limit_s = 3.0 if how == "killed" else cluster.spec.lease_ttl_s + 5.0
+    assert took_s < limit_s, f"UNAVAILABLE {took_s:.1f} s after the worker was {how} ({error})"
+    assert_cluster_clean(cluster)
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_request_whose_decode_worker_is_lost_mid_stream_moves_and_loses_nothing(pair, how, sampling):
+    cluster = pair
+    with client(cluster, timeout_s=120) as sdk:
+        reference = sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling)
+    tokens, times, t_signal, (victim, result) = lose_decode_mid_stream(cluster, how, **sampling)
+    assert not isinstance(result, Exception), result
+    assert tokens == reference.token_ids and result.token_ids == reference.token_ids  # every token once, the same
+    assert result.attempts == 2 and victim in result.failed_attempts, result
+    stall = max(b - a for a, b in zip(times, times[1:]) if b > t_signal)
+    assert stall < 5.0, f"the stream stalled {stall:.1f} s after its decode worker was {how}"
+    assert_cluster_clean(cluster)
