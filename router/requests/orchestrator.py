@@ -201,6 +201,10 @@ class Orchestrator(RetryPolicy):
     def _emit(self, run: RequestRun, event: Event) -> None:
         if isinstance(event, TokenOut):
             run.trace.first_token()
+            if run.migrated_at is not None:  # the request's first token since its migration
+                self.metrics.resumed(self._clock() - run.migrated_at)
+                run.migrated_at = None
+                run.trace.resumed()
             if run.booked is not None and event.decoding:  # the booked stream decodes
                 self.inflight.started(run.booked)
         run.emit(event)

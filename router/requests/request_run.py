@@ -38,6 +38,8 @@ class RequestRun:
         self.failures: list[str] = []
         self.refusals: list[str] = []
         """Attempts a worker refused for want of K/V room (sent back to the queue)."""
+        self.migrated_at: float | None = None
+        """When an attempt failed after tokens went out (None: not since the last token)."""
         self.cancel_reason: str | None = None
         self.finished = False
         self.trace = RequestTrace(req)

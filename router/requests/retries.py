@@ -176,6 +176,10 @@ class RetryPolicy:
                     continue
                 log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
                 self.metrics.attempt_failed(att.route.name.lower(), exc.code.name, att.discard_kv)
+                if run.output.tokens:  # mid-stream: the request moves on (router.migration)
+                    self.metrics.migrated(exc.code.name)
+                    run.migrated_at = self._clock()
+                    run.trace.migrating(att.decode.worker_id, len(run.output.tokens), exc.code.name)
                 self._unbook(run)  # a later attempt streams from elsewhere
                 r.failed(att, exc)
                 if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,

@@ -6,6 +6,9 @@
       router.decide    the mode's plan: pd.route, predicted TTFT/TPOT, chosen workers
       router.attempt   one per attempt: pd.generation, pd.transfer_id, pd.route, workers;
                        its worker and directory calls are its children (gRPC spans)
+      router.migration an attempt failed after tokens went out, and the request moved on:
+                       from the failure to the next token the client gets (or the end),
+                       pd.migration.from_worker, .tokens_sent, .cause
 
 The request's identity travels as W3C baggage set here, replacing anything a client
 sent, so every span downstream in every process carries pd.request_id and pd.tenant
@@ -30,13 +33,14 @@ from services.telemetry import tracing
 class RequestTrace:
     """The router.request span of one request and the context its work runs under."""
 
-    __slots__ = ("on", "span", "context", "first_token_seen", "ids", "_token")
+    __slots__ = ("on", "span", "context", "first_token_seen", "ids", "_token", "migration")
 
     def __init__(self, req: Admitted):
         self.on = tracing.enabled()
         self.ids = {S.REQUEST_ID: req.request_id, S.TENANT: req.tenant}
         self.first_token_seen = False
         self.span, self.context, self._token = trace.INVALID_SPAN, None, None
+        self.migration: trace.Span | None = None
         if self.on:
             trace.get_current_span().set_attributes(self.ids)  # the Generate RPC's own span
             base = tracing.with_request(self.ids)
@@ -100,6 +104,21 @@ class RequestTrace:
             self.span.add_event(S.EVENT_RETRY, {S.REASON: str(exc)[:500], S.GENERATION: att.generation})
             raise
 
+    def migrating(self, from_worker: str, tokens_sent: int, cause: str) -> None:
+        """An attempt failed after `tokens_sent` tokens went out: the router.migration span
+        starts (and ends at `resumed`)."""
+        if self.on:
+            self.resumed()
+            self.migration = tracing.tracer().start_span(S.ROUTER_MIGRATION, context=self.context, attributes={
+                "pd.migration.from_worker": from_worker, "pd.migration.tokens_sent": tokens_sent,
+                "pd.migration.cause": cause})
+
+    def resumed(self) -> None:
+        """The request's next token went out (or it ended): the migration span ends."""
+        if self.migration is not None:
+            self.migration.end()
+            self.migration = None
+
     def first_token(self) -> None:
         """The first token left for the client."""
         if self.on and not self.first_token_seen:
@@ -110,6 +129,7 @@ class RequestTrace:
         """The terminal event (a Completed or a RouterError) went to the client."""
         if not self.on:
             return
+        self.resumed()
         if isinstance(outcome, RouterError):
             tracing.failed(self.span, f"{outcome.code.name}: {outcome.message}")
             if outcome.code.name == "RESOURCE_EXHAUSTED":

@@ -126,6 +126,12 @@ class RouterMetrics:
                                   "is computed again.", registry=r)
         self.reroutes = Counter("pd_reroutes", "Attempts after a request's first, by the route placed.",
                                 ["route"], registry=r)
+        self.migrations = Counter("pd_request_migrations", "Requests that moved on after an attempt failed "
+                                  "mid-stream (tokens had gone to the client), by the failure's status code.",
+                                  ["code"], registry=r)
+        self.migration_stall = Histogram("pd_request_migration_stall_seconds", "From an attempt's failure "
+                                         "mid-stream to the next token its request gave the client.",
+                                         buckets=LATENCY_BUCKETS_S, registry=r)
         self.in_flight = Gauge("pd_requests_in_flight", "Requests admitted and not yet finished.", registry=r)
         self.queue_depth = Gauge("pd_admission_queue_depth", "Requests waiting for K/V room.", registry=r)
         self.drain_depth = Gauge("pd_drain_depth", "Unpublished transfers a rollback's DRAIN_OR_ABORT_TRANSFERS "
@@ -193,6 +199,14 @@ class RouterMetrics:
     def finished(self, tenant: str, prompt_tokens: int, latency_s: float) -> None:
         """A request completed `latency_s` after its admission began (its end-to-end latency)."""
         observe(self.e2e_latency.labels(tenant=tenant, prompt_bucket=prompt_bucket(prompt_tokens)), latency_s)
+
+    def migrated(self, code: str) -> None:
+        """A request's attempt failed with `code` after tokens went out; the request goes on."""
+        self.migrations.labels(code=code).inc()
+
+    def resumed(self, stall_s: float) -> None:
+        """The next token of a request that migrated went out, `stall_s` after the failure."""
+        observe(self.migration_stall, stall_s)
 
     def ended(self, policy: str, topology: str, result: str) -> None:
         """A request ended (result: ok, error, cancelled, rejected; topology none when

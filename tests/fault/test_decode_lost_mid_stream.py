@@ -6,7 +6,8 @@ and never waits for a wrong answer.
     within the lease + 5 s of a freeze (its connection's keepalive notices the freeze
     before the lease: router/grpc_gateway.py);
   - with two: the request moves to the other one, and every token arrives once, equal to
-    an uninterrupted run's (greedy and seeded sampling), the stream stalling less than 5 s.
+    an uninterrupted run's (greedy and seeded sampling), the stream stalling less than 5 s;
+    the migration is counted (pd_request_migrations_total, its stall timed).
 
 Afterwards the worker is revived (SIGCONT, or started again) and nothing leaks.
 """
@@ -18,8 +19,11 @@ import time
 
 import pytest
 
+from pdserve_client import spans as S
+from pdserve_client import trace_view
 from pdserve_client.types import PdError
 from tests.support.cluster import assert_cluster_clean, client, revive, start_cluster
+from tests.support.metrics import scrape_process
 
 PROMPT = list(range(3, 60))
 MAX_TOKENS = 300
@@ -86,10 +90,24 @@ def test_a_request_whose_decode_worker_is_lost_mid_stream_moves_and_loses_nothin
     cluster = pair
     with client(cluster, timeout_s=120) as sdk:
         reference = sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling)
+    before = scrape_process(cluster, "router")
+    migrations_before = before.value("pd_request_migrations_total", code="UNAVAILABLE")
+    stalls_before = before.value("pd_request_migration_stall_seconds_count")
+    stall_sum_before = before.value("pd_request_migration_stall_seconds_sum")
     tokens, times, t_signal, (victim, result) = lose_decode_mid_stream(cluster, how, **sampling)
     assert not isinstance(result, Exception), result
     assert tokens == reference.token_ids and result.token_ids == reference.token_ids  # every token once, the same
     assert result.attempts == 2 and victim in result.failed_attempts, result
     stall = max(b - a for a, b in zip(times, times[1:]) if b > t_signal)
     assert stall < 5.0, f"the stream stalled {stall:.1f} s after its decode worker was {how}"
+    router = scrape_process(cluster, "router")
+    assert router.value("pd_request_migrations_total", code="UNAVAILABLE") == migrations_before + 1
+    assert router.value("pd_request_migration_stall_seconds_count") == stalls_before + 1
+    assert 0 < router.value("pd_request_migration_stall_seconds_sum") - stall_sum_before < 5.0
+    traces, _ = trace_view.wait_for(cluster.state / S.SPANS_FILE, result.request_id, wait_s=20)
+    [migration] = [sp for t in traces for sp in t.spans if sp.name == S.ROUTER_MIGRATION]
+    assert migration.attributes["pd.migration.from_worker"] == victim
+    assert int(migration.attributes["pd.migration.tokens_sent"]) >= AT
+    assert migration.attributes["pd.migration.cause"] == "UNAVAILABLE"
+    assert 0 < migration.end_ns - migration.start_ns < 5e9
     assert_cluster_clean(cluster)
