@@ -184,7 +184,7 @@ class RouterConfig(MemberSettings):
     it for this long unless nothing else can serve them (its lease may not have
     expired in the directory yet)."""
 
-    unreachable_wait_ms: int = env("PD_ROUTER_UNREACHABLE_WAIT_MS", 2_000, ge=0)
+    unreachable_wait_ms: int = env("PD_ROUTER_UNREACHABLE_WAIT_MS", 1_500, ge=0)
     """When every worker that could take a request's next attempt already failed to
     answer in this request (connection refused, a stream cut, a lease lapsed), how long
     the request waits for the cluster to change (the worker restarts and registers
