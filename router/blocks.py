@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, blocks_pb2
+from router.edge.refusal import quote
 from router.types import RouterError, StatusCode, WorkerCallError
 
 Claims = Mapping[tuple[str, str], int]
@@ -87,7 +88,7 @@ async def blocks(orch, request: admin_pb2.BlocksRequest) -> admin_pb2.BlocksResp
     cluster = await orch.view.get(max_age_s=0.0)
     workers = [w for w in cluster.workers if request.worker_id in ("", w.worker_id)]
     if request.worker_id and not workers:
-        raise RouterError(StatusCode.NOT_FOUND, f"no live worker {request.worker_id!r}")
+        raise RouterError(StatusCode.NOT_FOUND, f"no live worker {quote(request.worker_id)}")
     timeout_s = orch.config.directory_timeout_s
     before = orch.claims()
     answers = await asyncio.gather(*(_ask(orch, w, request.request_id, timeout_s) for w in workers))

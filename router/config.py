@@ -131,6 +131,11 @@ class RouterConfig(MemberSettings):
     max_tokens_limit: int = env("PD_ROUTER_MAX_TOKENS", 4096, ge=1)
     """Largest max_tokens a request may ask for."""
 
+    intake_bytes: int = env("PD_ROUTER_INTAKE_BYTES", 64 << 20, ge=1)
+    """Bytes of Generate requests read at once between receipt and admission (router/edge/
+    budget.py); one that would pass it is refused RESOURCE_EXHAUSTED before it is parsed.
+    A request alone is always read."""
+
     max_attempts: int = env("PD_ROUTER_MAX_ATTEMPTS", 3, ge=1)
     """Generations one request may use in total (disaggregated plus colocated)."""
 

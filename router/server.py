@@ -5,17 +5,19 @@ and the process wiring: Router + Admin on one server with health and reflection.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 from typing import Any
 
-import grpc
-
+from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
 from router import convert, native
 from router.admin import AdminServicer
 from router.config import RouterConfig
+from router.edge.budget import IntakeBudget
+from router.edge.heap import Heap
+from router.edge.intake import Intake, add_router_servicer
+from router.edge.refusal import Refusal, bounded, quote, too_long
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
 from router.identity import caller_tenant
@@ -23,7 +25,8 @@ from router.release.controller import ReleaseController
 from router.release.manifest import tokenizer_identity
 from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
-from router.types import RouterError
+from router.requests.request_run import RequestRun
+from router.types import RouterError, StatusCode
 from services.common.grpc_server import start_server, wait_for_shutdown
 from services.common.heap import freeze_startup_heap
 from services.security.capability import Signer
@@ -46,48 +49,69 @@ ACCESS = {
                                    "Rollback": {"operator"}, "Blocks": {"operator"}}),
 }
 """Who may call what (services/security/tls.py `Access`)."""
+MAX_REASON_CHARS = 256
+"""A cancel's reason is kept up to this many characters."""
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    """pd.v1.Router over an Orchestrator. Errors end the RPC with their status
-    (context.abort), never as an in-band error event."""
+    """pd.v1.Router over an Orchestrator. Errors end the RPC with their status, never as an
+    in-band error event; refusals set it and return (`_refuse`) rather than abort, whose
+    exception would keep the frames holding the request."""
 
     def __init__(self, orchestrator: Orchestrator, secure: bool = False):
         self._orch = orchestrator
         self._secure = secure
+        self.intake = Intake(orchestrator.view, IntakeBudget(orchestrator.config.intake_bytes))
+        self.heap = Heap()
 
-    async def Generate(self, request, context):
-        tenant = caller_tenant(context, self._secure)
-        if tenant is not None and request.tenant and request.tenant != tenant:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"tenant {request.tenant!r} is not the caller's ({tenant!r}, from its certificate)")
-        try:
-            params = convert.generate_params_from_pb(request)
-            if tenant is not None:
-                params = dataclasses.replace(params, tenant=tenant)
-            left_s = context.time_remaining()
-            if left_s is not None and (not params.deadline_ms or left_s * 1000 < params.deadline_ms):
-                # The client's own gRPC deadline is the tighter budget: size worker calls by it.
-                params = dataclasses.replace(params, deadline_ms=max(1, int(left_s * 1000)))
-            run = await self._orch.submit(params)
-        except RouterError as exc:
-            await context.abort(grpc_code(exc.code), exc.message)
+    async def Generate(self, request: bytes, context):
+        """`request`: the GenerateRequest's wire bytes (router/edge/intake.py reads them)."""
+        self.heap.trim_after(context, len(request))
+        async with self.intake.read(request, caller_tenant(context, self._secure), context.time_remaining()) as read:
+            run = read if isinstance(read, Refusal) else await self._submit(read)
+        if isinstance(run, Refusal):
+            _refuse(context, run)
+            return
         request_id = run.req.request_id
         try:
             async for event in run.stream():
                 yield convert.event_to_pb(request_id, event)
         except RouterError as exc:
-            await context.abort(grpc_code(exc.code), exc.message)
+            _refuse(context, Refusal.of(exc))
         finally:
             run.cancel("client went away")  # no-op once the request finished
 
+    async def _submit(self, params) -> RequestRun | Refusal:
+        try:
+            return await self._orch.submit(params)
+        except RouterError as exc:
+            return Refusal.of(exc)
+
     async def Cancel(self, request, context):
-        if not request.request_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
-        log.info("cancel of %s by %s: %s", request.request_id, caller_name(context), request.reason or "no reason")
-        if not await self._orch.cancel(request.request_id, request.reason, caller_tenant(context, self._secure)):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no in-flight request {request.request_id!r}")
+        refusal = _cancel_refusal(request)
+        if refusal is not None:
+            return _refuse(context, refusal)
+        reason = request.reason[:MAX_REASON_CHARS]  # it reappears in the request's CANCELLED status
+        log.info("cancel of %s by %s: %s", request.request_id, caller_name(context), reason or "no reason")
+        if not await self._orch.cancel(request.request_id, reason, caller_tenant(context, self._secure)):
+            return _refuse(context, Refusal(StatusCode.NOT_FOUND, f"no in-flight request {quote(request.request_id)}"))
         return common_pb2.CancelResponse(request_id=request.request_id, found=True)
+
+
+def _cancel_refusal(request: common_pb2.CancelRequest) -> Refusal | None:
+    if not request.request_id:
+        return Refusal(StatusCode.INVALID_ARGUMENT, "request_id is required")
+    size = len(request.request_id.encode())
+    if size > contract.MAX_REQUEST_ID_BYTES:
+        return too_long("request_id", size, contract.MAX_REQUEST_ID_BYTES)
+    return None
+
+
+def _refuse(context, refusal: Refusal) -> None:
+    """End the call with `refusal`'s status (the handler returns next); its message bounded
+    (router/edge/refusal.py)."""
+    context.set_code(grpc_code(refusal.code))
+    context.set_details(bounded(refusal.message))
 
 
 def build(config: RouterConfig, security: Security, tokenizer: Any | None = None,
@@ -121,7 +145,7 @@ async def start(config: RouterConfig, orchestrator: Orchestrator, security: Secu
                                            tokenizer_identity(orchestrator.tokenizer))
     admin = AdminServicer(orchestrator, release, security.secure)
     return await start_server(config.listen_addr, [
-        (router_pb2_grpc.add_RouterServicer_to_server, RouterServicer(orchestrator, security.secure), ROUTER_SERVICE),
+        (add_router_servicer, RouterServicer(orchestrator, security.secure), ROUTER_SERVICE),
         (admin_pb2_grpc.add_AdminServicer_to_server, admin, ADMIN_SERVICE),
     ], security, ACCESS, ready=ready)
 
@@ -144,6 +168,7 @@ async def ready_once_directory_answers(orchestrator: Orchestrator, health, retry
 async def serve(config: RouterConfig, security: Security, tokenizer: Any | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then cancel in-flight requests (their workers
     get Cancel) and stop."""
+    Heap().tune()
     orchestrator = build(config, security, tokenizer)
     release = ReleaseController(orchestrator, config.router_id, config, tokenizer_identity(tokenizer))
     server, port, health = await start(config, orchestrator, security, ready=False, release=release)

@@ -56,6 +56,11 @@ RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED"})
 MAX_MESSAGE_BYTES = 8 << 20
 """Largest gRPC message any pdserve channel or server sends or accepts (8 MiB: a
 prompt of ~1M token ids; the default 4 MiB of gRPC allows ~500k)."""
+MAX_REQUEST_ID_BYTES = 256
+"""Longest request id, in UTF-8 bytes: a transfer id (request id, '/', generation) must fit
+the data plane's 1,024-byte id field, whatever characters the id uses."""
+MAX_TENANT_BYTES = 128
+"""Longest tenant name, in UTF-8 bytes (it keys prefix caches and directory records)."""
 
 # ---- mutual TLS (client/pdserve_client/tls.py, services/security) -------------------
 ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client", "monitor", "collector")

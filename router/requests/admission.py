@@ -21,11 +21,8 @@ from router.requests.placement import Demand, capacity_shortfall
 from router.requests.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
 
-MAX_REQUEST_ID_BYTES = 256
-"""UTF-8 bytes: a transfer id (request id, '/', generation) must fit the data plane's
-1,024-byte id field, whatever characters the id uses."""
-MAX_TENANT_BYTES = 128
-"""UTF-8 bytes of a tenant name (it keys prefix caches and directory records)."""
+MAX_REQUEST_ID_BYTES = contract.MAX_REQUEST_ID_BYTES
+MAX_TENANT_BYTES = contract.MAX_TENANT_BYTES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

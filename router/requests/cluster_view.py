@@ -122,6 +122,12 @@ class ClusterView:
             return cluster
 
     @property
+    def last(self) -> Cluster | None:
+        """The latest snapshot, whatever its age (None before the first): for checks that
+        must not wait for the directory (router/edge/intake.py)."""
+        return self._cached
+
+    @property
     def colocated_only(self) -> bool:
         """No disaggregated route may start: the directory is unreachable (no transaction can
         run), or a rollback stopped new routes (this router's, or any router's: the snapshot)."""

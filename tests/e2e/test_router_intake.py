@@ -1,0 +1,110 @@
+"""The router's intake in a real router process (router/edge; docs/design.md, Failures):
+what a large refused prompt costs the process, read from /proc (peak RSS is VmHWM,
+reset before the request; VmRSS after), and refusals of huge fields that stay short.
+
+A 7.4 MB prompt (3.7M ids) is longer than any worker of the tiny model takes (2,048
+tokens). Before the intake read sizes from the wire bytes, refusing it raised the
+router's peak RSS by 25x the message and kept it all; the target is at most 4x at the
+peak and nothing kept.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.cluster import assert_cluster_clean, channel, start_cluster
+
+MB = 1 << 20
+OVERSIZE = router_pb2.GenerateRequest(prompt_token_ids=common_pb2.TokenIds(ids=[300] * 3_700_000), max_tokens=2)
+"""7.4 MB: two bytes an id, under the 8 MiB message limit."""
+PEAK_PER_MESSAGE = 4
+"""Most the router's peak RSS may grow per byte of a refused message (gRPC alone makes
+~3 copies of it: its read slices, one contiguous buffer, the bytes handed to Python)."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("intake"), prefill=0, decode=0, mixed=1, mode="colocated",
+                      traces=False)
+    yield c
+    c.down()
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """VmHWM (peak since the last reset) and VmRSS of process `pid`, in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def reset_peak(pid: int) -> None:
+    """Start VmHWM again from the current RSS (proc(5), clear_refs: 5)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def generate(stub, req: router_pb2.GenerateRequest) -> tuple[grpc.StatusCode, str]:
+    try:
+        for _ in stub.Generate(req, timeout=60):
+            pass
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_a_refused_large_prompt_costs_at_most_4x_its_size_and_leaves_nothing(cluster):
+    pid, size = cluster.procs["router"].pid, OVERSIZE.ByteSize()
+    with channel(cluster, "router", "client") as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        assert generate(stub, router_pb2.GenerateRequest(
+            prompt_token_ids=common_pb2.TokenIds(ids=[5, 6, 7]), max_tokens=2))[0] == grpc.StatusCode.OK
+        assert generate(stub, router_pb2.GenerateRequest(  # the refusal's own code, warm
+            prompt_token_ids=common_pb2.TokenIds(ids=[300] * 600_000), max_tokens=2))[0] != grpc.StatusCode.OK
+        time.sleep(0.5)
+        before = memory_mib(pid)["VmRSS"]
+        reset_peak(pid)
+        answers = [generate(stub, OVERSIZE) for _ in range(3)]
+        time.sleep(1.0)  # the heap is trimmed once each call is over
+        during = memory_mib(pid)
+    time.sleep(1.0)
+    closed = memory_mib(pid)["VmRSS"]
+    report = (f"message {size / MB:.1f} MiB; RSS {before:.1f} MiB before, peak {during['VmHWM']:.1f}, "
+              f"{during['VmRSS']:.1f} after, {closed:.1f} once the client's connection closed")
+    assert (during["VmHWM"] - before) * MB <= PEAK_PER_MESSAGE * size, report
+    assert (during["VmRSS"] - before) * MB <= size / 2, report
+    assert (closed - before) * MB <= 1 * MB, report
+    code, details = answers[0]
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and len(details) < 200, (code, details[:200])
+    assert details.startswith("prompt is 3700000 tokens; no worker takes more than 2048"), details
+    assert answers == [answers[0]] * 3
+    assert_cluster_clean(cluster)
+
+
+@pytest.mark.parametrize("field", ["tenant", "request_id"])
+def test_a_1mb_field_is_invalid_argument_naming_its_limit(cluster, field):
+    """Before: the tenant came back in a 1 MB PERMISSION_DENIED message, which the client
+    dropped as RESOURCE_EXHAUSTED ("received metadata size exceeds hard limit")."""
+    req = router_pb2.GenerateRequest(prompt_token_ids=common_pb2.TokenIds(ids=[5, 6, 7]), max_tokens=2,
+                                     **{field: "x" * MB})
+    with channel(cluster, "router", "client") as ch:
+        code, details = generate(router_pb2_grpc.RouterStub(ch), req)
+    limit = {"tenant": 128, "request_id": 256}[field]
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, f"{field} is {MB} bytes in UTF-8; at most {limit}")
+    assert_cluster_clean(cluster)
+
+
+def test_a_tenant_not_the_callers_is_refused_quoting_a_bounded_prefix(cluster):
+    other = "o" * 128  # the longest tenant there is: the message shows its first 64 characters
+    req = router_pb2.GenerateRequest(prompt_token_ids=common_pb2.TokenIds(ids=[5, 6, 7]), max_tokens=2, tenant=other)
+    with channel(cluster, "router", "client") as ch:
+        code, details = generate(router_pb2_grpc.RouterStub(ch), req)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert details == f"tenant {'o' * 64!r}... (128 characters) is not the caller's ('default', from its certificate)"
