@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pdserve_client.spans import SPANS_FILE
 
+from .state import private_dir
+
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 NAME = "collector"
 
@@ -22,7 +24,7 @@ def start(cluster, timeout_s: float) -> str:
     if spec.otlp_endpoint or not spec.traces:
         return spec.otlp_endpoint
     spans = cluster.state / SPANS_FILE
-    spans.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(spans.parent)
     spans.unlink(missing_ok=True)  # a fresh cluster's traces only
     cluster._issue(NAME, "collector")
     address = cluster._service(NAME, "services.telemetry.collector", ["--out", str(spans)], timeout_s,

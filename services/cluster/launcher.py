@@ -13,8 +13,9 @@ Security is on unless the spec says `insecure`: `up` makes a throwaway CA under
 `operator` and `client` certificates for pdctl and the SDK and a `monitor` one for a
 metrics scraper (every process serves /metrics: services/cluster/observability.py);
 each service gets its files through PD_TLS_CERT/KEY/CA. Traces go to a local collector
-(services/cluster/collector.py). Redis gets a random password (in a 0600 config
-file, never on a command line); the directory reads its URL from the environment.
+(services/cluster/collector.py). Redis gets a random password (in a config file, never on a
+command line); the directory reads its URL from the environment. The state folder is 0700,
+every file in it 0600, the children's too (services/cluster/state.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .observability import MONITOR_CERT, metrics_endpoint
 from .ports import free_port
 from .processes import PortTaken, pid_alive, start_failure, wait_healthy
 from .redis_proc import find_redis_server, pings
+from .state import CHILD_UMASK, make_private, private_dir, private_open, private_write
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +152,7 @@ class LocalCluster:
         self.roles[name] = role
         if not self.spec.insecure:
             LocalCA(self.tls_dir).issue(Identity(role, name))
+            make_private(self.tls_dir)
 
     def client_files(self, name: str = "client") -> TlsFiles | None:
         """The files of certificate `name` in the state dir ("client", "operator", a
@@ -170,6 +173,7 @@ class LocalCluster:
         """A client certificate for `tenant` from this cluster's CA."""
         file_name = file_name or f"client-{tenant}"
         LocalCA(self.tls_dir).issue(Identity("client", tenant), file_name)
+        make_private(self.tls_dir)
         return TlsFiles.in_dir(self.tls_dir, file_name)
 
     def _make_identities(self) -> None:
@@ -178,18 +182,18 @@ class LocalCluster:
         if self.tls_dir.exists():  # a fresh CA per cluster: nothing issued for an old one stays valid
             for f in self.tls_dir.iterdir():
                 f.unlink()
-        ca = LocalCA(self.tls_dir)
+        ca = LocalCA(private_dir(self.tls_dir))
         generate_signing_key(self.tls_dir / CAPABILITY_SIGNING_KEY, self.tls_dir / CAPABILITY_PUBLIC_KEYS)
         ca.issue(Identity("operator", "operator"))
         ca.issue(Identity("monitor", MONITOR_CERT))
-        ca.issue(Identity("client", self.spec.tenant), "client")
+        ca.issue(Identity("client", self.spec.tenant), "client")  # made 0600 with the first service's (_issue)
 
     def _spawn(self, name: str, argv: list[str], address: str, metrics_url: str = "") -> subprocess.Popen:
         log_path = self.state / "logs" / f"{name}.log"
-        log = open(log_path, "ab")
+        log = private_open(log_path, "ab")
         self._log_from[name] = log.tell()
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(name), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=self._env(name), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, umask=CHILD_UMASK)
         log.close()
         self._popen[name] = proc
         self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv), metrics_url)
@@ -223,9 +227,7 @@ class LocalCluster:
         port = free_port()
         password = "" if self.spec.insecure else secrets.token_hex(24)
         conf = self.state / "redis.conf"  # the password stays off every command line
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"requirepass {password}\n" if password else "")
+        private_write(conf, f"requirepass {password}\n" if password else "")
         # AOF on (fsync every second): the directory's state — fences, transactions —
         # survives a Redis restart; the fences survive even losing the files (next_fence).
         self._spawn("redis", [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
@@ -286,7 +288,7 @@ class LocalCluster:
     # started only through `down`.
     def start_base(self, timeout_s: float = 180.0) -> None:
         """Fresh identities, Redis, the trace collector, the directory."""
-        (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        private_dir(private_dir(self.state) / "logs")
         self._make_identities()
         self.start_redis()
         self.otlp_endpoint = collector.start(self, timeout_s)
@@ -307,10 +309,8 @@ class LocalCluster:
                 "directory": self.directory_address, "redis": self.redis_url, "roles": self.roles,
                 "otlp_endpoint": self.otlp_endpoint,
                 "procs": {k: asdict(v) for k, v in self.procs.items()}}
-        fd = os.open(self.state / "cluster.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the Redis URL
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2))
-        (self.state / ROUTER_ADDRESS_NAME).write_text(self.router_address)
+        private_write(self.state / "cluster.json", json.dumps(data, indent=2))
+        private_write(self.state / ROUTER_ADDRESS_NAME, self.router_address)
 
     # ---- inspect / stop ----------------------------------------------------
     @classmethod

@@ -71,20 +71,28 @@ def span_lines(request: trace_service_pb2.ExportTraceServiceRequest) -> list[str
 
 class SpanFile(trace_service_pb2_grpc.TraceServiceServicer):
     """Appends every exported span to `path` as a JSON line (one write per export, so a
-    reader never sees half a batch's line)."""
+    reader never sees half a batch's line). The file is its owner's alone (0600, a folder
+    it makes 0700): spans name every tenant's request ids, transfer ids and digests, which
+    /metrics shows only to the operator and monitor roles."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.spans = 0
 
     async def Export(self, request, context):
         lines = span_lines(request)
         if lines:
-            with self.path.open("a") as f:
+            with open(self.path, "a", opener=_private) as f:
                 f.write("".join(line + "\n" for line in lines))
             self.spans += len(lines)
         return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def _private(path: str, flags: int) -> int:
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that was there
+    return fd
 
 
 async def start(listen: str, out: str | Path, security: Security | None = None):
