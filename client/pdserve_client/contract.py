@@ -26,6 +26,9 @@ LOCAL_STATE_DIR = ".pdserve"
 ROUTER_ADDRESS_FILE = f"{LOCAL_STATE_DIR}/router.addr"
 """Where the local launcher writes the router's host:port, relative to the directory
 it was started from; `pdctl` run from there finds the cluster."""
+CLUSTER_ENV = "PD_CLUSTER"
+"""A local cluster's state folder (what `pdserve up` made: ./.pdserve by default, or its
+--state-dir), for clients anywhere: its router.addr and its tls/ folder, together."""
 
 MODES = ("disaggregated", "colocated", "auto", "shadow", "canary")
 """Serving modes by name: pd.v1.Mode without its MODE_ prefix, lower case."""

@@ -8,8 +8,9 @@ and a channel checks that name, so a worker's certificate cannot pose as the rou
 A client finds its files, first found:
   1. the `TlsFiles` it was given;
   2. $PD_TLS_CERT, $PD_TLS_KEY and $PD_TLS_CA;
-  3. the local launcher's `.pdserve/tls/<identity>.crt`, `.key` and `ca.crt`
-     (identity "client" for the SDK, "operator" for pdctl's state-changing commands).
+  3. a local cluster's `tls/<identity>.crt`, `.key` and `ca.crt` (identity "client" for
+     the SDK, "operator" for pdctl's state-changing commands), in the state folder
+     $PD_CLUSTER names, else in `./.pdserve`.
 $PD_INSECURE=1 makes plaintext channels instead (debugging a cluster started the same way).
 """
 
@@ -76,12 +77,15 @@ def resolve(explicit: TlsFiles | None = None, identity: str = "client", cwd: Pat
             raise TlsConfigError(f"set all of {contract.TLS_CERT_ENV}, {contract.TLS_KEY_ENV} and "
                                  f"{contract.TLS_CA_ENV}, or none")
         return TlsFiles.read(*paths)
-    tls_dir = (cwd or Path.cwd()) / contract.TLS_DIR
+    cluster = env.get(contract.CLUSTER_ENV, "").strip()
+    tls_dir = Path(cluster).expanduser() / Path(contract.TLS_DIR).name if cluster else \
+        (cwd or Path.cwd()) / contract.TLS_DIR
     if not (tls_dir / f"{identity}.crt").exists():
         raise TlsConfigError(
             f"no client certificate: {tls_dir / (identity + '.crt')} does not exist (start a local cluster "
-            f"with `pdserve up` from this directory, or set {contract.TLS_CERT_ENV}/{contract.TLS_KEY_ENV}/"
-            f"{contract.TLS_CA_ENV}; {contract.INSECURE_ENV}=1 only for a cluster started insecure)")
+            f"with `pdserve up` from this directory, or set {contract.CLUSTER_ENV} to its state folder, or "
+            f"{contract.TLS_CERT_ENV}/{contract.TLS_KEY_ENV}/{contract.TLS_CA_ENV}; {contract.INSECURE_ENV}=1 "
+            "only for a cluster started insecure)")
     return TlsFiles.in_dir(tls_dir, identity)
 
 

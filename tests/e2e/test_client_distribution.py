@@ -1,6 +1,7 @@
-"""The client distribution on its own (issue 16): `pip install ./client` into a fresh
-virtualenv brings grpcio and protobuf and nothing of the server (no torch, no UCX),
-and the examples in client/README.md run with it against a real local cluster."""
+"""The client distribution on its own: `pip install ./client` into a fresh virtualenv
+brings grpcio and protobuf and nothing of the server (no torch, no UCX), and the examples
+in client/README.md run with it against a real local cluster, from a directory outside
+the cluster's clone with only $PD_CLUSTER naming it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import assert_cluster_clean, start_cluster, tls_env
+from pdserve_client import contract
+from tests.support.cluster import assert_cluster_clean, start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "client" / "README.md"
@@ -58,13 +60,17 @@ def test_the_client_installs_alone_without_the_servers_dependencies(client_venv)
 def test_the_readme_examples_run_against_a_local_cluster(client_venv, tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) == 2
-    cluster = start_cluster(tmp_path, prefill=1, decode=1, transport="tcp")
+    cluster = start_cluster(tmp_path / "clone", prefill=1, decode=1, transport="tcp")
+    elsewhere = tmp_path / "elsewhere"  # outside the clone: no .pdserve here
+    elsewhere.mkdir()
     try:
-        env = alone(dict(tls_env(cluster), PD_ROUTER=cluster.router_address))
+        # One variable, the cluster's state folder, as the README says; nothing else.
+        env = {k: v for k, v in alone().items() if not k.startswith(("PD_ROUTER", "PD_TLS_", "PD_INSECURE"))}
+        env[contract.CLUSTER_ENV] = str(cluster.state)
         outputs = []
         for code in blocks:
             done = subprocess.run([str(client_venv), "-c", code], capture_output=True, text=True, env=env,
-                                  cwd=tmp_path, timeout=120)
+                                  cwd=elsewhere, timeout=120)
             assert done.returncode == 0, done.stdout + done.stderr
             outputs.append(done.stdout)
         sync, aio = outputs
