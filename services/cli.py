@@ -1,14 +1,15 @@
 """`pdserve`: run the local cluster and manage checkpoints.
 
   pdserve up [--prefill N] [--decode M] [--mixed K] [--model PRESET|DIR] [--mode ...]
-  pdserve down
+  pdserve down [--purge]    --purge: and remove the state dir (start the next `up` from clean state)
   pdserve demo              up (unless running) + a few requests, printed with TTFT/TPOT
   pdserve client-cert T     a client certificate for tenant T from the local cluster's CA
   pdserve export-checkpoint --preset NAME --out DIR [--seed S] [--shard-mb MB]
 
 `up` says each process as it starts and once it answers (stderr), then where each
-serves /metrics and the curl command that scrapes one; the router's address is the
-last line on stdout.
+serves /metrics and the curl command that scrapes one, then the release when it is not
+ACTIVE under a manifest of what runs (the state dir keeps the release across `down`: a
+rolled-back one stays ROLLED_BACK); the router's address is the last line on stdout.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ DEFAULT_STATE = contract.LOCAL_STATE_DIR
 COMMANDS = {
     "up": "start the local cluster (Redis, trace collector, directory, workers, router) and leave it running",
     "demo": "up (unless running), then a few requests printed with their route, TTFT and TPOT",
-    "down": "stop the local cluster's processes, newest first",
+    "down": "stop the local cluster's processes, newest first (--purge: and remove its state dir)",
     "client-cert": "issue a client certificate for a tenant from the local CA",
     "export-checkpoint": "write a seeded preset as a Hugging Face Llama checkpoint directory",
 }
@@ -47,6 +48,8 @@ def cmd_up(args) -> int:
     try:
         running = LocalCluster.load(args.state_dir)
         if all(running.alive().values()):
+            for line in _release_lines(running):
+                print(line, file=sys.stderr)
             print(running.router_address)
             return 0
         running.down()
@@ -59,10 +62,32 @@ def cmd_up(args) -> int:
     if cluster.otlp_endpoint:
         print(f"  traces -> {cluster.otlp_endpoint}" + (f" ({cluster.state / SPANS_FILE}; pdctl trace REQUEST_ID)"
               if "collector" in cluster.procs else ""), file=sys.stderr)
-    for line in _scrape_lines(cluster):
+    for line in _scrape_lines(cluster) + _release_lines(cluster):
         print(line, file=sys.stderr)
     print(address)
     return 0
+
+
+def _release_lines(cluster) -> list[str]:
+    """The release, when it is not ACTIVE under a manifest of what runs: its state, what
+    that means for requests and the commands that move it (pdserve_client.release.standing)."""
+    from pdserve_client.release import standing
+    from pdserve_client.tls import TlsConfigError
+    from pdserve_client.types import PdError
+    from services.cluster.progress import shown_path
+
+    try:
+        with cluster.client("operator", timeout_s=10) as ops:
+            note = standing(ops.release())
+    except (PdError, TlsConfigError, OSError) as exc:  # the cluster is up: what it cannot say is said, not raised
+        return [f"release: could not be read: {exc}"]
+    if not note:
+        return []
+    down = f"{runnable('pdserve', 'services.cli')} down --purge"
+    if cluster.state != (Path.cwd() / DEFAULT_STATE).resolve():
+        down += f" --state-dir {shown_path(cluster.state)}"
+    return [note, f"  ({shown_path(cluster.state)} keeps the release across `pdserve down`; `{down}` stops the "
+                  "cluster and starts the next from clean state)"]
 
 
 def _scrape_lines(cluster) -> list[str]:
@@ -89,6 +114,17 @@ def cmd_down(args) -> int:
         return 0
     cluster.down()
     print("stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_down_and_purge(args) -> int:
+    """`down`, then the state dir removed (services/cluster/purge.py)."""
+    from services.cluster.purge import purge
+
+    cmd_down(args)
+    removed = purge(args.state_dir)
+    print(f"removed {args.state_dir}: the next `pdserve up` starts from clean state" if removed
+          else f"nothing to remove: no {args.state_dir}", file=sys.stderr)
     return 0
 
 
@@ -121,13 +157,25 @@ def cmd_demo(args) -> int:
         print(f"{'':16}TTFT {res.ttft_ms:7.1f} ms   TPOT {res.tpot_ms:6.2f} ms   "
               f"attempts {res.attempts}   request {res.request_id}")
         if res.route != mode:
-            print(f"{'':16}asked for {mode}, served {res.route}: {res.failed_attempts or 'no such route'}")
+            print(f"{'':16}asked for {mode}, served {res.route}: {res.failed_attempts or _no_route(client)}")
         route, earlier = served.setdefault(tuple(prompt), (res.route, res.token_ids))
         if earlier is not res.token_ids:
             print(f"{'':16}the same prompt, {route} earlier: "
                   f"{'the same tokens' if earlier == res.token_ids else 'OTHER TOKENS (not exact)'}")
     print("\n" + next_steps(cluster))
     return 0
+
+
+def _no_route(client) -> str:
+    """Why a request that asked for a route ran on another with no attempt failed: the
+    release, when it stops disaggregated routes (a rollback), else no worker pair took it."""
+    from pdserve_client.release import stopped_routes
+    from pdserve_client.types import PdError
+
+    try:
+        return stopped_routes(client.release()) or "no such route"
+    except PdError:
+        return "no such route"
 
 
 def runnable(script: str, module: str) -> str:
@@ -221,7 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "demo":
             p.add_argument("--max-tokens", type=int, default=12, metavar="N",
                            help="tokens each demo request generates (default 12)")
-    _state_dir(sub.add_parser("down", help=COMMANDS["down"], description=COMMANDS["down"]))
+    p = sub.add_parser("down", help=COMMANDS["down"], description=COMMANDS["down"])
+    _state_dir(p)
+    p.add_argument("--purge", action="store_true",
+                   help="also remove the state dir: its Redis files (the release record), release.json, logs, "
+                        "traces and certificates, so that the next `up` starts from clean state (the virtual "
+                        "environment stays)")
     p = sub.add_parser("client-cert", help=COMMANDS["client-cert"], description=COMMANDS["client-cert"])
     p.add_argument("tenant", help="the tenant the certificate names (its requests are that tenant's)")
     _state_dir(p)
@@ -238,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `pdserve` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    handler = {"up": cmd_up, "down": cmd_down, "demo": cmd_demo, "client-cert": cmd_client_cert,
+    handler = {"up": cmd_up, "down": cmd_down_and_purge if getattr(args, "purge", False) else cmd_down,
+               "demo": cmd_demo, "client-cert": cmd_client_cert,
                "export-checkpoint": cmd_export}[args.cmd]
     try:
         return handler(args)

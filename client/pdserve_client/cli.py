@@ -32,6 +32,7 @@ from typing import TextIO
 from pdserve_client import cli_blocks, cli_drill, cli_release, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
+from pdserve_client.release import stopped_routes
 from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
@@ -171,6 +172,8 @@ def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         except (PdError, KeyboardInterrupt):
             line.end()  # before the error on stderr
             raise
+    if args.mode == "disaggregated" and result.route != "disaggregated" and not result.failed_attempts:
+        _say_why_not(client, result.route)
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
         return EXIT_OK
@@ -180,6 +183,17 @@ def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
         out.write("token_ids: " + ",".join(map(str, result.token_ids)) + "\n")
     out.write(summary_line(result) + "\n")
     return EXIT_OK
+
+
+def _say_why_not(client: Client, route: str) -> None:
+    """On stderr: the release, when it is why a request that asked for disaggregated ran
+    `route` with no attempt failed (a rollback stops those routes)."""
+    try:
+        why = stopped_routes(client.release())
+    except PdError:
+        return  # the answer stands; the release is only its explanation
+    if why:
+        print(f"pdctl: asked for disaggregated, served {route}: {why}", file=sys.stderr)
 
 
 def summary_line(r: GenerationResult) -> str:

@@ -1,10 +1,12 @@
-"""`pdctl drill`: a rollback, or a promotion, under load, checked end to end (issue 20;
-docs/runbooks/rollback.md walks an operator through it).
+"""`pdctl drill`: a rollback, or a promotion, under load, checked end to end
+(docs/runbooks/rollback.md walks an operator through it).
 
     pdctl drill rollback [--cluster local|kube] [--state-dir DIR] [--namespace NS --release NAME
                          [--context CTX]] [--router ADDR] [--rate R] [--duration S]
                          [--trigger-after S] [--max-tokens N] [--seed N] [--concurrency N] [--json]
-    pdctl drill promote  (the same options, and --canary-fraction F)
+    pdctl drill promote  (the same options, and --canary-fraction F [--canary-samples N]
+                         [--slo-ttft-ms MS] [--slo-tpot-ms MS]: by default what the router's
+                         canary gates need, so that they pass on a healthy cluster)
 
 Prints one line per check (PASS/FAIL and its figure), the rollback's steps with their
 duration and counts (or each promotion with its gates), the first failures; `--json`
@@ -24,7 +26,7 @@ from typing import TextIO
 from pdserve_client import contract
 from pdserve_client.drill.cluster import DrillCluster, DrillError
 from pdserve_client.drill.report import render
-from pdserve_client.drill.run import DrillOptions, promote_drill, rollback_drill
+from pdserve_client.drill.run import FALLBACK_SLO_MS, DrillOptions, promote_drill, rollback_drill
 
 DRILLS = {"rollback": rollback_drill, "promote": promote_drill}
 
@@ -73,13 +75,14 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
                        help=f"requests in flight at most (default {defaults.concurrency})")
         p.add_argument("--canary-fraction", type=float, default=defaults.canary_fraction,
                        help=f"promote: the canary share (default {defaults.canary_fraction:g})")
-        p.add_argument("--canary-samples", type=_number(int, 0, False), default=defaults.canary_samples,
-                       help=f"promote: stay in CANARY until this many requests completed on each route "
-                            f"(default {defaults.canary_samples}; the router's PD_CANARY_MIN_SAMPLES)")
-        p.add_argument("--slo-ttft-ms", type=_number(float, 0, False), default=0.0,
-                       help="TTFT target of each load request (default: the router's configured targets)")
-        p.add_argument("--slo-tpot-ms", type=_number(float, 0, False), default=0.0,
-                       help="TPOT target of each load request (default: the router's configured targets)")
+        p.add_argument("--canary-samples", type=_number(int, 0, False), default=None,
+                       help="promote: stay in CANARY until this many requests completed on each route "
+                            "(default: what the router's canary gates judge on, its PD_CANARY_MIN_SAMPLES)")
+        for clock, name in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms")):
+            p.add_argument(f"--{name.replace('_', '-')}", type=_number(float, 0, False), default=None,
+                           help=f"promote: {clock} target of each load request, 0 for none (default: the "
+                                f"router's target, else {FALLBACK_SLO_MS[name]:g}, a ceiling a healthy "
+                                "cluster meets on either route)")
         p.add_argument("--reason", default="", help="for the release history (default: the drill's name)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.set_defaults(run=cmd_drill, offline=True)  # builds its own clients from the cluster
@@ -108,14 +111,19 @@ def make_cluster(args: argparse.Namespace) -> DrillCluster:
     return KubernetesCluster(args.namespace, args.release, context=args.context, router=router)
 
 
+def options_of(args: argparse.Namespace) -> DrillOptions:
+    """The DrillOptions the parsed arguments say (ValueError: values that do not go together)."""
+    return DrillOptions(rate_rps=args.rate, duration_s=args.duration, trigger_after_s=args.trigger_after,
+                        max_tokens=args.max_tokens, seed=args.seed, concurrency=args.concurrency,
+                        canary_fraction=args.canary_fraction, reason=args.reason,
+                        canary_samples=args.canary_samples, slo_ttft_ms=args.slo_ttft_ms,
+                        slo_tpot_ms=args.slo_tpot_ms)
+
+
 def cmd_drill(args: argparse.Namespace, out: TextIO) -> int:
     """Run the drill; print its report; 0 only when every check passed."""
     try:
-        options = DrillOptions(rate_rps=args.rate, duration_s=args.duration, trigger_after_s=args.trigger_after,
-                               max_tokens=args.max_tokens, seed=args.seed, concurrency=args.concurrency,
-                               canary_fraction=args.canary_fraction, reason=args.reason,
-                               canary_samples=args.canary_samples, slo_ttft_ms=args.slo_ttft_ms,
-                               slo_tpot_ms=args.slo_tpot_ms)
+        options = options_of(args)
     except ValueError as exc:
         print(f"pdctl: error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=cmd_status)
     promote = actions.add_parser("promote", parents=[shared], help="promote one state through the gates")
-    promote.add_argument("target", nargs="?", default="", choices=TARGETS, metavar="TARGET",
+    # default None, not "": argparse checks a string default against `choices`, and "" is none.
+    promote.add_argument("target", nargs="?", default=None, choices=TARGETS, metavar="TARGET",
                          help=f"target state, one of {', '.join(TARGETS)} (default: the next one)")
     promote.add_argument("--canary-fraction", type=float, default=0.0, help="canary share in [0, 1] (CANARY)")
     promote.add_argument("--reason", required=True, help="why, for the history")
@@ -64,7 +65,8 @@ def _change(change: ReleaseChange, args: argparse.Namespace, out: TextIO) -> int
 
 
 def cmd_promote(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    return _change(client.promote(args.target, canary_fraction=args.canary_fraction, reason=args.reason), args, out)
+    change = client.promote(args.target or "", canary_fraction=args.canary_fraction, reason=args.reason)
+    return _change(change, args, out)
 
 
 def cmd_rollback(client: Client, args: argparse.Namespace, out: TextIO) -> int:

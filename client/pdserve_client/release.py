@@ -84,6 +84,14 @@ class ReleaseView:
     routes_stopped: bool = False
     router_id: str = ""
     route_epoch: int = 0
+    manifest_drift: str = ""
+    """Where the live cluster is not the frozen manifest ("field frozen -> live; ..."): the
+    record was kept from another deployment. Empty: the manifest describes what runs."""
+    canary_min_samples: int = 0
+    """What the answering router's canary gates judge on at least, per route (0: unknown)."""
+    canary_slo_ttft_ms: float = 0.0
+    """The TTFT target a request of the caller's tenant that names none gets (0: none)."""
+    canary_slo_tpot_ms: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,12 +139,68 @@ def record_from_proto(r: release_pb2.ReleaseRecord, **seen) -> ReleaseView:
 
 def status_from_proto(s: admin_pb2.ReleaseStatusResponse) -> ReleaseView:
     return record_from_proto(s.record, router_mode=s.router_mode, routes_stopped=s.routes_stopped,
-                             router_id=s.router_id, route_epoch=s.route_epoch)
+                             router_id=s.router_id, route_epoch=s.route_epoch, manifest_drift=s.manifest_drift,
+                             canary_min_samples=s.canary.min_samples, canary_slo_ttft_ms=s.canary.slo_ttft_ms,
+                             canary_slo_tpot_ms=s.canary.slo_tpot_ms)
 
 
 def change_from_proto(c: admin_pb2.ReleaseChange) -> ReleaseChange:
     return ReleaseChange(_mode(c.previous_mode), record_from_proto(c.record), tuple(
         Gate(g.name, g.passed, g.measured, g.threshold, g.detail) for g in c.gates))
+
+
+NEXT = {"rolled_back": "PINNED", "pinned": "SHADOW", "shadow": "CANARY", "canary": "ACTIVE"}
+"""The state `pdctl release promote` moves each to (services/release/machine.py's order)."""
+SERVES = {"rolled_back": "every request runs colocated, one that asks for disaggregated too",
+          "pinned": "requests that name no mode run colocated",
+          "shadow": "requests that name no mode run colocated (disaggregated routes are only scored)",
+          "canary": "a share of the requests that name no mode run disaggregated"}
+
+
+def standing(view: ReleaseView) -> str:
+    """What the release means for requests now and the commands that move it, when it is
+    not simply ACTIVE under a manifest of what runs ("" then): what `pdserve up` prints."""
+    lines = []
+    if view.mode != "active":
+        lines.append(f"release {view.mode.upper()}{_since(view)}: {SERVES.get(view.mode, '')}; {_moves(view)}")
+    if view.manifest_drift:
+        lines.append(f"release manifest {view.manifest.get('digest', '')[:16]} is NOT the live cluster's: "
+                     f"{view.manifest_drift}; {_refreeze(view)}")
+    return "\n".join(lines)
+
+
+def _refreeze(view: ReleaseView) -> str:
+    """What freezes a manifest of the live cluster: a promotion to PINNED, after a rollback."""
+    first = "" if view.mode == "rolled_back" else "`pdctl release rollback --reason R`, then "
+    return f"frozen for an earlier deployment: {first}`pdctl release promote --reason R` to PINNED freezes this one"
+
+
+def stopped_routes(view: ReleaseView) -> str:
+    """Why a request that asked for disaggregated ran colocated with no attempt failed,
+    when the release is why (a rollback stops those routes); "" when it is not."""
+    if not view.routes_stopped:
+        return ""
+    return (f"the release is {view.mode.upper()}, which stops disaggregated routes until it is promoted "
+            "(`pdctl release promote --reason R`; `pdctl release status` says more)")
+
+
+def _since(view: ReleaseView) -> str:
+    entered = [t for t in view.history if t["to_mode"] == view.mode]
+    if not entered:
+        return ""
+    t = entered[-1]
+    return f" since {_when(t['at_unix_ms'])} ({t['by']}: {t['reason'] or '-'})"
+
+
+def _moves(view: ReleaseView) -> str:
+    rb = view.rollback
+    if view.mode == "rolled_back" and rb is not None and not rb.complete:
+        return "its rollback is unfinished: `pdctl release rollback --reason R` resumes it"
+    step = NEXT.get(view.mode, "the next state")
+    onwards = "" if step == "ACTIVE" else ", then one state at a time on to ACTIVE"
+    promote = (f"`pdctl release promote --reason R` moves it to {step}{onwards} through the gates "
+               "(`pdctl drill promote` takes it to ACTIVE under load)")
+    return promote + ("" if view.mode == "rolled_back" else "; `pdctl release rollback --reason R` rolls it back")
 
 
 def _when(unix_ms: int) -> str:
@@ -159,6 +223,8 @@ def render(view: ReleaseView) -> str:
                      f"fallback {m.get('fallback_mode', '')}, frozen at route epoch {m.get('route_epoch', 0)}")
     else:
         lines.append("manifest: none frozen")
+    if view.manifest_drift:
+        lines.append(f"  NOT the live cluster's: {view.manifest_drift}; {_refreeze(view)}")
     rb = view.rollback
     if rb is not None:
         state = f"complete in {rb.duration_ms} ms" if rb.complete else f"in progress (runner {rb.owner or '-'})"

@@ -1,6 +1,10 @@
 """The release's Admin RPCs (pdctl release status | promote | rollback, and SetMode), a
 mixin of router/admin.py's servicer: proto -> ReleaseController -> proto.
 
+ReleaseStatus adds what the record alone cannot say: where the live cluster has drifted
+from the frozen manifest, and what the canary's gates need (samples, and the targets a
+request of the caller's tenant gets), so that a drill's load can give it to them.
+
 Refusals are FAILED_PRECONDITION with the reason (an illegal transition, which gates
 failed and by how much, another router running the rollback); a rollback step that
 cannot complete now is FAILED_PRECONDITION too, and the rollback resumes from it."""
@@ -12,6 +16,7 @@ import logging
 import grpc
 
 from pdserve_client.rpc.pd.v1 import admin_pb2
+from router.identity import caller_tenant
 from router.release.controller import GatesFailed, ReleaseConflict, ReleaseController
 from router.release.gates import Check
 from router.release.probes import RollbackBlocked
@@ -36,6 +41,7 @@ class ReleaseAdmin:
     """ReleaseStatus, Promote, Rollback and SetMode over a ReleaseController (`self._release`)."""
 
     _release: ReleaseController
+    _secure: bool
 
     async def _refuse(self, context, exc: Exception) -> None:
         if isinstance(exc, RouterError):
@@ -49,10 +55,20 @@ class ReleaseAdmin:
             record = await self._release.current()
         except (RouterError, WorkerCallError) as exc:
             await self._refuse(context, exc)
+        try:
+            drift = await self._release.manifest_drift()
+        except (RouterError, WorkerCallError) as exc:
+            await self._refuse(context, exc)
         orch = self._release.orch
         return admin_pb2.ReleaseStatusResponse(record=record_to_pb(record), router_mode=orch.default_mode,
                                                routes_stopped=orch.view.colocated_only,
-                                               router_id=self._release.router_id, route_epoch=orch.view.route_epoch)
+                                               router_id=self._release.router_id, route_epoch=orch.view.route_epoch,
+                                               manifest_drift="; ".join(drift), canary=self._canary_needs(context))
+
+    def _canary_needs(self, context) -> admin_pb2.CanaryNeeds:
+        cfg = self._release.config
+        ttft_ms, tpot_ms = cfg.slo_for(caller_tenant(context, self._secure) or cfg.default_tenant)
+        return admin_pb2.CanaryNeeds(min_samples=cfg.canary_min_samples, slo_ttft_ms=ttft_ms, slo_tpot_ms=tpot_ms)
 
     async def Promote(self, request, context):
         if not request.reason.strip():

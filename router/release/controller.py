@@ -7,6 +7,10 @@ router reads the record and applies it — the default mode of requests that nam
 A cluster with no record yet gets one from the first router that sees a worker: the
 state of its configured mode, with the deployment manifest frozen from what is live.
 
+Reporting: `manifest_drift` says where the live cluster is not the frozen manifest (a
+record kept from an earlier deployment: another model, tokenizer or cache ABI), and every
+refusal names the state the release stays in and the commands that move it (`moves`).
+
 Moving: `promote` takes one legal step through its gates (router/release/gates.py);
 `rollback` enters ROLLED_BACK — that write is STOP_NEW_ROUTES, cluster-wide at once,
 because the directory refuses transfer reservations from then on — and runs the
@@ -25,7 +29,7 @@ from router.config import RouterConfig
 from router.release.canary import CanaryTally
 from router.release.gates import Check
 from router.release.gates import summary as gates_summary
-from router.release.manifest import freeze
+from router.release.manifest import drift, freeze
 from router.release.promotion import promotion_gates
 from router.release.rollback import run_steps, stop_routes_here
 from router.types import RouterError, StatusCode, WorkerCallError
@@ -51,11 +55,25 @@ class ReleaseConflict(RuntimeError):
 class GatesFailed(RuntimeError):
     """A promotion's gates did not all pass; `checks` has every verdict."""
 
-    def __init__(self, target: Release, checks: list[Check]):
+    def __init__(self, current: Release, target: Release, checks: list[Check]):
         failed = [c for c in checks if not c.passed]
-        super().__init__(f"promotion to {target.name} refused: {len(failed)} of {len(checks)} gates failed: "
-                         + "; ".join(c.line() for c in failed))
+        # "gates failed: " and what follows is read back by the drill (client/pdserve_client/drill/run.py).
+        super().__init__(f"promotion to {target.name} refused (the release stays {current.name}; "
+                         f"`pdctl release promote --reason R` again once these pass): {len(failed)} of "
+                         f"{len(checks)} gates failed: " + "; ".join(c.line() for c in failed))
         self.checks = checks
+
+
+def moves(record: ReleaseRecord) -> str:
+    """The release's state and the pdctl commands that move it from there: what a refusal
+    adds, so that it never leaves an operator guessing."""
+    state = record.state
+    if record.rolling_back:
+        return f"the release is {state.name}, its rollback unfinished: `pdctl release rollback --reason R` resumes it"
+    step = Release.PINNED if state is Release.ROLLED_BACK else next_promotion(state)
+    ways = [f"`pdctl release promote --reason R` moves it to {step.name}" if step is not None else "",
+            "" if state is Release.ROLLED_BACK else "`pdctl release rollback --reason R` rolls it back"]
+    return f"the release is {state.name}: " + " or ".join(w for w in ways if w)
 
 
 def now_ms() -> int:
@@ -219,13 +237,17 @@ class ReleaseController:
         complete = record.rollback is not None and record.rollback.complete
         target = target or (Release.PINNED if record.state is Release.ROLLED_BACK else next_promotion(record.state))
         if target is None:
-            raise IllegalTransition(f"{record.state.name} has no promotion (ACTIVE is the last state)")
+            raise IllegalTransition(f"{record.state.name} has no promotion (ACTIVE is the last state); "
+                                    f"{moves(record)}")
         if target is Release.ROLLED_BACK:
-            raise IllegalTransition("a rollback is not a promotion: `pdctl release rollback`")
-        check_transition(record.state, target, complete)
+            raise IllegalTransition("a rollback is not a promotion: `pdctl release rollback --reason R`")
+        try:
+            check_transition(record.state, target, complete)
+        except IllegalTransition as exc:
+            raise IllegalTransition(f"{exc}; {moves(record)}") from None
         checks = await promotion_gates(self, target)
         if not all(c.passed for c in checks):
-            raise GatesFailed(target, checks)
+            raise GatesFailed(record.state, target, checks)
         changes: dict = {}
         if target is Release.PINNED:
             changes["manifest"] = freeze(await self._orch.view.get(max_age_s=0.0), self)
@@ -234,6 +256,16 @@ class ReleaseController:
         new = record.moved(target, now_ms(), by, reason, gates_summary(checks), **changes)
         log.warning("release %s -> %s by %s: %s", record.state.name, target.name, by, reason)
         return record.state, await self.write(new), checks
+
+    async def manifest_drift(self) -> list[str]:
+        """Where the live cluster is not the record's frozen manifest ("field frozen ->
+        live" each): a record kept from an earlier deployment. None while nothing was
+        frozen, or while no worker is listed (nothing live to compare)."""
+        frozen = self.record.manifest if self.record is not None else None
+        cluster = await self._orch.view.get(max_age_s=0.0)
+        if frozen is None or not cluster.workers:
+            return []
+        return drift(frozen, freeze(cluster, self))
 
     def _may_run(self, rollback: Rollback) -> bool:
         return rollback.owner == self.router_id or rollback.owner_until_ms < now_ms()

@@ -1,5 +1,7 @@
 """Freezing the deployment manifest (article 0x0FF) from what is live: the workers the
-directory lists, the router's tokenizer and modes."""
+directory lists, the router's tokenizer and modes; and where what is live has drifted
+from a frozen one (another model, tokenizer, cache ABI or transports: a deployment the
+manifest was not frozen for)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from services.release.record import DeploymentManifest
 
 ALLOWED_MODES = ("colocated", "disaggregated", "auto", "shadow", "canary")
 FALLBACK_MODE = "colocated"
+IDENTITY_FIELDS = ("model", "model_identity", "tokenizer_identity", "cache_abi_digests", "transports")
+"""What makes a deployment the manifest's: roles and the route epoch change under it
+(scaling, a rollback); these only with another deployment."""
+SHOWN_CHARS = 12
+"""Digests are shown this long (as `pdctl release status` shows the cache ABI)."""
 
 
 def tokenizer_identity(tokenizer: Any | None) -> str:
@@ -36,3 +43,16 @@ def freeze(cluster: Cluster, ctl) -> DeploymentManifest:
         route_epoch=cluster.route_epoch,
         allowed_modes=ALLOWED_MODES,
         fallback_mode=FALLBACK_MODE)
+
+
+def drift(frozen: DeploymentManifest, live: DeploymentManifest) -> list[str]:
+    """Each identity field where `live` is not `frozen`, as "field frozen -> live"
+    (digests shortened)."""
+    return [f"{name} {_shown(name, getattr(frozen, name))} -> {_shown(name, getattr(live, name))}"
+            for name in IDENTITY_FIELDS if getattr(frozen, name) != getattr(live, name)]
+
+
+def _shown(name: str, value: str | tuple[str, ...]) -> str:
+    values = (value,) if isinstance(value, str) else value
+    digests = name != "model" and name != "transports"
+    return ",".join(v[:SHOWN_CHARS] if digests else v for v in values) or "-"

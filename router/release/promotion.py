@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from router.release.canary import canary_record
 from router.release.gates import Check
-from router.release.manifest import freeze
+from router.release.manifest import drift, freeze
 from router.release.probes import TENANT, RollbackBlocked, colocated_probe, probe_id
 from router.release.smoke import failure_injection_smoke
 from router.types import Completed, GenerateParams, Mode, RouterError, TokenOut
@@ -49,11 +49,10 @@ async def manifest_verified(ctl) -> Check:
     frozen = ctl.record.manifest
     if frozen is None:
         return Check("manifest_verified", False, "no deployment manifest was frozen")
-    live = freeze(await ctl.orch.view.get(max_age_s=0.0), ctl)
-    fields = ("model", "model_identity", "tokenizer_identity", "cache_abi_digests", "transports")
-    differ = [f for f in fields if getattr(live, f) != getattr(frozen, f)]
+    differ = drift(frozen, freeze(await ctl.orch.view.get(max_age_s=0.0), ctl))
     return Check("manifest_verified", not differ,
-                 f"differs from the frozen {frozen.digest[:16]} in {', '.join(differ)}" if differ
+                 f"the live cluster is not the frozen {frozen.digest[:16]}'s: {'; '.join(differ)} (frozen for "
+                 "another deployment: a rollback, then a promotion to PINNED, freezes this one)" if differ
                  else f"live cluster matches the frozen manifest {frozen.digest[:16]}")
 
 

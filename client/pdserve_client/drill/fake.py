@@ -6,7 +6,9 @@ It follows the real machine where a drill depends on it: requests without a mode
 disaggregated while ACTIVE and colocated once ROLLED_BACK; greedy tokens depend on the
 prompt only (a mismatch is a knob); a rollback records the eight steps in order; a
 promotion moves one legal step and is refused, naming the failed gates, the way the
-router words it; rollback and promote want the operator identity.
+router words it; the canary's samples and attainment gates count what was served since
+CANARY, with targets (the request's, else the router's), against the router's minimum;
+rollback and promote want the operator identity.
 """
 
 from __future__ import annotations
@@ -72,12 +74,39 @@ class FakeState:
     after_rollback: int = 0
     disaggregated: int = 0
     latency_s: float = 0.002
+    canary_min_samples: int = 20
+    """The router's PD_CANARY_MIN_SAMPLES."""
+    router_slo_ms: tuple[float, float] = (0.0, 0.0)
+    """The router's (TTFT, TPOT) targets for a request that names none (0: none)."""
+    canary_served: list[tuple[str, bool, bool]] = field(default_factory=list)
+    """Since CANARY: (route, had a TTFT target, had a TPOT target) per request served."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def moved(self, to: str, by: str, reason: str) -> None:
         self.history.append({"from_mode": self.mode, "to_mode": to, "at_unix_ms": int(time.time() * 1000),
                              "by": by, "reason": reason, "gates": ""})
         self.mode, self.version = to, self.version + 1
+        self.canary_served.clear()
+
+    def served(self, route: str, slo_ttft_ms: float, slo_tpot_ms: float) -> None:
+        if self.mode == "canary":
+            ttft, tpot = self.router_slo_ms
+            self.canary_served.append((route, bool(slo_ttft_ms or ttft), bool(slo_tpot_ms or tpot)))
+
+    def canary_gates(self) -> dict[str, str]:
+        """The canary gates that fail on what was served since CANARY, with the router's words."""
+        need, failing = self.canary_min_samples, {}
+        dis = sum(1 for route, _, _ in self.canary_served if route == "disaggregated")
+        if dis < need:
+            failing["canary_samples"] = f"{dis} disaggregated requests completed here since CANARY"
+        for i, clock in ((1, "TTFT"), (2, "TPOT")):
+            judged = [sum(1 for s in self.canary_served if s[0] == route and s[i])
+                      for route in ("disaggregated", "colocated")]
+            if min(judged) < need:
+                failing[f"{clock.lower()}_attainment"] = (
+                    f"not measurable: {judged[0]} disaggregated and {judged[1]} colocated requests with a "
+                    f"{clock} target (each needs {need})")
+        return failing
 
     def view(self) -> ReleaseView:
         stopped = self.mode in ("rolled_back", "pinned")
@@ -85,7 +114,8 @@ class FakeState:
                            tuple(self.history), self.rollback,
                            router_mode="colocated" if stopped else "disaggregated",
                            routes_stopped=self.mode == "rolled_back", router_id="fake-router",
-                           route_epoch=self.route_epoch)
+                           route_epoch=self.route_epoch, canary_min_samples=self.canary_min_samples,
+                           canary_slo_ttft_ms=self.router_slo_ms[0], canary_slo_tpot_ms=self.router_slo_ms[1])
 
 
 def tokens(prompt: list[int], n: int) -> list[int]:
@@ -111,7 +141,7 @@ class FakeClient:
 
     def generate_full(self, prompt: str | None = None, *, prompt_ids: list[int], max_tokens: int,
                       ignore_eos: bool = False, mode: str | None = None, request_id: str | None = None,
-                      **_) -> GenerationResult:
+                      slo_ttft_ms: float = 0.0, slo_tpot_ms: float = 0.0, **_) -> GenerationResult:
         """Greedy tokens of `prompt_ids`, routed the way the release says."""
         s, k = self._s, self._s.knobs
         time.sleep(s.latency_s)
@@ -129,6 +159,8 @@ class FakeClient:
                 s.disaggregated += 1
                 if s.disaggregated <= k.mismatched_requests:
                     out[-1] += 1
+            if mode is None:
+                s.served("disaggregated" if disaggregated else "colocated", slo_ttft_ms, slo_tpot_ms)
             decode = sorted(w for w, (role, _) in s.workers.items() if role == "decode")
             worker = decode[s.load_requests % len(decode)] if decode else "decode-0"
         return GenerationResult(request_id or "fake", out, "", "length", 1.0, 1.0,
@@ -200,7 +232,7 @@ class FakeClient:
                 raise PdError("FAILED_PRECONDITION", f"illegal release transition {s.mode.upper()} -> "
                                                      f"{(target or 'none').upper()}")
             names = () if target == "pinned" else GATES + (CANARY_GATES if target == "active" else ())
-            failing = s.knobs.failing_gates
+            failing = {**(s.canary_gates() if target == "active" else {}), **s.knobs.failing_gates}
             gates = tuple(Gate(n, n not in failing, 0.0, 0.0, failing.get(n, "fake: ok")) for n in names)
             failed = [g for g in gates if not g.passed]
             if failed:
@@ -219,10 +251,13 @@ class FakeCluster(DrillCluster):
 
     name = "fake"
 
-    def __init__(self, knobs: FakeKnobs | None = None, decode: int = 2, prefill: int = 1, mode: str = "active"):
+    def __init__(self, knobs: FakeKnobs | None = None, decode: int = 2, prefill: int = 1, mode: str = "active",
+                 canary_min_samples: int = 20, router_slo_ms: tuple[float, float] = (0.0, 0.0)):
+        """`canary_min_samples` and `router_slo_ms`: the router's canary minimum and targets."""
         workers = {f"prefill-{i}": ["prefill", 1] for i in range(prefill)}
         workers.update({f"decode-{i}": ["decode", 1] for i in range(decode)})
-        self.state = FakeState(knobs or FakeKnobs(), mode=mode, workers=workers)
+        self.state = FakeState(knobs or FakeKnobs(), mode=mode, workers=workers,
+                               canary_min_samples=canary_min_samples, router_slo_ms=router_slo_ms)
         self.recorded: list[ReleaseView] = []
 
     def client(self, identity: str = "client", timeout_s: float = 60.0) -> FakeClient:

@@ -139,6 +139,10 @@ def _counts(counts: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
 
 
+def _target(ms: float) -> str:
+    return f"{ms:g} ms" if ms else "the router's"
+
+
 def render(r: DrillReport) -> str:
     """The text `pdctl drill` prints: verdict, one line per check, the rollback's steps
     or the promotions, the first errors and mismatches."""
@@ -148,6 +152,9 @@ def render(r: DrillReport) -> str:
              f"{o['concurrency']}, max_tokens {o['max_tokens']}, seed {o['seed']}); {r.succeeded} succeeded, "
              f"{r.failed} failed; routes " + (", ".join(f"{k} {v}" for k, v in sorted(r.routes.items())) or "-"),
              f"release: {r.release_before.upper() or '?'} -> {r.release_after.upper() or '?'}"]
+    if r.kind == "promote":
+        lines.insert(2, f"canary: waits for {o['canary_samples']} requests on each route; load targets "
+                        f"TTFT {_target(o['slo_ttft_ms'])}, TPOT {_target(o['slo_tpot_ms'])}")
     width = max((len(c.name) for c in r.checks), default=0)
     # A figure not measured has none to print: its detail starts with NOT MEASURED.
     lines += [f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<{width}}  "

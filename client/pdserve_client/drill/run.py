@@ -12,7 +12,9 @@ Rollback drill, in this order:
 
 Promotion drill: load, then one promotion at a time up to ACTIVE (from a completed
 rollback: PINNED first), each through the router's gates; a refusal ends the promotions
-and fails the drill with the router's verdicts; then the same load checks.
+and fails the drill with the router's verdicts; then the same load checks. What its
+options leave to the router (`for_router`) comes from the router's release status: the
+samples its canary gates need, and load targets where it sets none.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pdserve_client import contract
 from pdserve_client.drill import checks
@@ -35,6 +37,14 @@ DECODE_ROLES = ("decode", "mixed")
 PROMOTION_ORDER = tuple(m for m in contract.RELEASE_MODES if m != "rolled_back")
 FIRST_ERRORS = 5
 """Failures and mismatches the report lists one by one (it counts them all)."""
+CANARY_SAMPLES = 20
+"""The canary samples a router that does not say (an older build) needs: its default
+PD_CANARY_MIN_SAMPLES (router/config.py)."""
+FALLBACK_SLO_MS = {"slo_ttft_ms": 10_000.0, "slo_tpot_ms": 1_000.0}
+"""The targets the promotion drill's load carries where neither the operator nor the router
+gives one: a ceiling every request of a healthy cluster meets on either route, so that the
+attainment gates can compare the routes (a route that stalls past it fails them); not an
+SLO. Give yours (--slo-ttft-ms, --slo-tpot-ms) for a verdict on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +74,16 @@ class DrillOptions:
     """The promotion drill's canary share."""
     step_dwell_s: float = 1.0
     """The promotion drill's pause in each state, so the load meets it."""
-    canary_samples: int = 20
+    canary_samples: int | None = None
     """The promotion drill stays in CANARY until the load completed this many requests on
-    each route since it began (the router's canary gates count what it served: set this to
-    the router's PD_CANARY_MIN_SAMPLES), or `canary_timeout_s` passed."""
+    each route since it began, or `canary_timeout_s` passed (None: what the router's canary
+    gates judge on, its PD_CANARY_MIN_SAMPLES)."""
     canary_timeout_s: float = 180.0
-    slo_ttft_ms: float = 0.0
-    """TTFT target each load request carries (0: the router's configured targets): the
-    canary's attainment gates judge requests with targets only."""
-    slo_tpot_ms: float = 0.0
+    slo_ttft_ms: float | None = None
+    """TTFT target each load request carries (0: none, the router's configured targets
+    apply): the canary's attainment gates judge requests with targets only. None: the
+    router's where it has one, else FALLBACK_SLO_MS's."""
+    slo_tpot_ms: float | None = None
     reason: str = ""
     """For the release history (default: what the drill is)."""
 
@@ -84,7 +95,7 @@ class DrillOptions:
                 raise ValueError(f"{name} must be > 0, got {value}")
         for name in ("trigger_after_s", "min_disaggregated", "settle_s", "drain_s", "step_dwell_s",
                      "canary_samples", "canary_timeout_s", "slo_ttft_ms", "slo_tpot_ms"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.trigger_after_s > self.duration_s:
             raise ValueError(f"trigger_after_s ({self.trigger_after_s:g}) must not exceed duration_s "
@@ -105,7 +116,7 @@ def rollback_drill(cluster: DrillCluster, options: DrillOptions | None = None) -
         report.release_before = before.mode
         decode_before = {w.worker_id: w for w in cluster.registered() if w.role in DECODE_ROLES}
         load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed,
-                    options.slo_ttft_ms, options.slo_tpot_ms)
+                    options.slo_ttft_ms or 0.0, options.slo_tpot_ms or 0.0)
         load.start()
         try:
             trigger_s = _wait_for_trigger(load, options, "disaggregated", options.min_disaggregated)
@@ -141,10 +152,11 @@ def rollback_drill(cluster: DrillCluster, options: DrillOptions | None = None) -
 def promote_drill(cluster: DrillCluster, options: DrillOptions | None = None) -> DrillReport:
     """Promote the release one state at a time to ACTIVE under load, through the gates."""
     options = options or DrillOptions()
-    report = DrillReport("promote", cluster.name, asdict(options))
     with cluster.client("client") as sdk, cluster.client("operator") as ops:
         view = ops.release()
         path = promotion_path(view)
+        options = for_router(options, sdk.release())  # the load's tenant: the targets it gets
+        report = DrillReport("promote", cluster.name, asdict(options))
         report.release_before = view.mode
         load = Load(sdk, options.rate_rps, options.concurrency, options.max_tokens, options.seed,
                     options.slo_ttft_ms, options.slo_tpot_ms)
@@ -167,6 +179,19 @@ def promote_drill(cluster: DrillCluster, options: DrillOptions | None = None) ->
         *checks.leftovers(report, options.settle_s),
     ]
     return report
+
+
+def for_router(options: DrillOptions, view: ReleaseView) -> DrillOptions:
+    """`options` with what they leave to the router (None) filled in from its release
+    status `view`, as the load's tenant sees it: the canary samples its gates judge on, and
+    for each clock the router gives no target, FALLBACK_SLO_MS's (0 where it gives one: the
+    load then carries none and the router's applies)."""
+    routers = {"slo_ttft_ms": view.canary_slo_ttft_ms, "slo_tpot_ms": view.canary_slo_tpot_ms}
+    targets = {name: (0.0 if routers[name] else FALLBACK_SLO_MS[name]) if getattr(options, name) is None
+               else getattr(options, name) for name in FALLBACK_SLO_MS}
+    samples = options.canary_samples if options.canary_samples is not None else \
+        view.canary_min_samples or CANARY_SAMPLES
+    return replace(options, canary_samples=samples, **targets)
 
 
 def promotion_path(view: ReleaseView) -> list[str]:

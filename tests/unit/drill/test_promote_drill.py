@@ -1,6 +1,7 @@
 """The promotion drill against the in-memory fake: one state at a time to ACTIVE through
 the gates; a refusal fails the drill with the router's verdicts, a gate that could not
-be measured included."""
+be measured included; with its defaults it gives the router's canary gates what they
+judge on (the samples the router asks, targets where it sets none)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import pytest
 from pdserve_client.drill.cluster import DrillError
 from pdserve_client.drill.fake import CANARY_GATES, FakeCluster, FakeKnobs
 from pdserve_client.drill.report import render
-from pdserve_client.drill.run import DrillOptions, failed_gates, promote_drill, rollback_drill
+from pdserve_client.drill.run import FALLBACK_SLO_MS, DrillOptions, failed_gates, promote_drill, rollback_drill
 
-QUICK = DrillOptions(rate_rps=200, duration_s=0.3, trigger_after_s=0.05, max_tokens=4, settle_s=0, step_dwell_s=0,
-                     canary_samples=3)
+FAST = {"rate_rps": 200, "duration_s": 0.3, "trigger_after_s": 0.05, "max_tokens": 4, "settle_s": 0,
+        "step_dwell_s": 0}
+QUICK = DrillOptions(**FAST, canary_samples=3)
 
 
-def rolled_back(**knobs) -> FakeCluster:
-    """A fake after a passed rollback drill, with `knobs` on from then."""
-    cluster = FakeCluster()
+def rolled_back(canary_min_samples: int = 3, router_slo_ms=(0.0, 0.0), **knobs) -> FakeCluster:
+    """A fake after a passed rollback drill, with `knobs` on from then; its router's canary
+    judges on `canary_min_samples` and gives `router_slo_ms` to requests that name none."""
+    cluster = FakeCluster(canary_min_samples=canary_min_samples, router_slo_ms=router_slo_ms)
     assert rollback_drill(cluster, QUICK).passed
     cluster.state.knobs = FakeKnobs(**knobs)
     return cluster
@@ -87,3 +90,28 @@ def test_failed_gates_reads_the_routers_refusal():
     assert gates[0].detail == "prompt 1: first differs at token 3"
     assert gates[1].detail == "not measured by this build: mid-transfer kill; stale completion"
     assert failed_gates("ACTIVE -> PINNED is not a legal release transition") == []
+
+
+def test_the_defaults_give_the_routers_canary_what_it_judges_on():
+    """The router needs 20 samples per route and sets no target: the load carries the
+    drill's fallback targets and the drill waits for 20 on each route."""
+    cluster = rolled_back(canary_min_samples=20)
+    r = promote_drill(cluster, DrillOptions(**FAST))
+    assert r.passed, render(r)
+    assert (r.options["canary_samples"], r.options["slo_ttft_ms"], r.options["slo_tpot_ms"]) == (
+        20, FALLBACK_SLO_MS["slo_ttft_ms"], FALLBACK_SLO_MS["slo_tpot_ms"])
+    assert "canary: waits for 20 requests on each route; load targets TTFT 10000 ms, TPOT 1000 ms" in render(r)
+
+
+def test_a_router_with_targets_judges_the_load_on_its_own():
+    cluster = rolled_back(canary_min_samples=8, router_slo_ms=(500.0, 50.0))
+    r = promote_drill(cluster, DrillOptions(**FAST))
+    assert r.passed, render(r)
+    assert (r.options["canary_samples"], r.options["slo_ttft_ms"], r.options["slo_tpot_ms"]) == (8, 0.0, 0.0)
+    assert "load targets TTFT the router's, TPOT the router's" in render(r)
+
+
+def test_fewer_canary_samples_than_the_router_judges_on_fail_the_drill_naming_the_gate():
+    r = promote_drill(rolled_back(canary_min_samples=40), DrillOptions(**FAST, canary_samples=3))
+    assert not r.passed and r.release_after == "canary"
+    assert "canary_samples:" in r.check("promoted_to_active").detail

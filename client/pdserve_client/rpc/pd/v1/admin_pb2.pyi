@@ -185,18 +185,32 @@ class ReleaseStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseStatusResponse(_message.Message):
-    __slots__ = ("record", "router_mode", "routes_stopped", "router_id", "route_epoch")
+    __slots__ = ("record", "router_mode", "routes_stopped", "router_id", "route_epoch", "manifest_drift", "canary")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     ROUTER_MODE_FIELD_NUMBER: _ClassVar[int]
     ROUTES_STOPPED_FIELD_NUMBER: _ClassVar[int]
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DRIFT_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
     record: _release_pb2.ReleaseRecord
     router_mode: str
     routes_stopped: bool
     router_id: str
     route_epoch: int
-    def __init__(self, record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ..., router_mode: _Optional[str] = ..., routes_stopped: _Optional[bool] = ..., router_id: _Optional[str] = ..., route_epoch: _Optional[int] = ...) -> None: ...
+    manifest_drift: str
+    canary: CanaryNeeds
+    def __init__(self, record: _Optional[_Union[_release_pb2.ReleaseRecord, _Mapping]] = ..., router_mode: _Optional[str] = ..., routes_stopped: _Optional[bool] = ..., router_id: _Optional[str] = ..., route_epoch: _Optional[int] = ..., manifest_drift: _Optional[str] = ..., canary: _Optional[_Union[CanaryNeeds, _Mapping]] = ...) -> None: ...
+
+class CanaryNeeds(_message.Message):
+    __slots__ = ("min_samples", "slo_ttft_ms", "slo_tpot_ms")
+    MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SLO_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    min_samples: int
+    slo_ttft_ms: float
+    slo_tpot_ms: float
+    def __init__(self, min_samples: _Optional[int] = ..., slo_ttft_ms: _Optional[float] = ..., slo_tpot_ms: _Optional[float] = ...) -> None: ...
 
 class GateResult(_message.Message):
     __slots__ = ("name", "passed", "measured", "threshold", "detail")
