@@ -20,7 +20,7 @@ from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
 from router.edge import wire
 from router.edge.budget import IntakeBudget
-from router.edge.heap import LARGE_BLOCK_BYTES, Heap
+from router.edge.heap import LARGE_BLOCK_BYTES, TRIM_AGAIN_S, Heap
 from router.edge.intake import Intake, prompt_limit, sizes_of
 from router.edge.refusal import MAX_MESSAGE_CHARS, QUOTE_CHARS, Refusal, bounded, quote
 from router.types import Cluster, RouterError, StatusCode, WorkerCapacity, WorkerRecord, WorkerRole
@@ -230,22 +230,22 @@ def test_the_prompt_limit_is_the_largest_decode_workers_max_model_len():
 
 @pytest.mark.skipif(Heap()._libc is None, reason="glibc's malloc controls")
 def test_the_heap_is_trimmed_once_a_large_call_is_over(monkeypatch):
-    """After a call whose message was large, never after a small one; at most one trim
-    pending (two large calls ending together may share it)."""
+    """After a call whose message was large (at once and TRIM_AGAIN_S later), never after a
+    small one; large calls ending together share the trims."""
     trims, original = [], Heap._trim
-    monkeypatch.setattr(Heap, "_trim", lambda self: (trims.append(1), original(self)))
+    monkeypatch.setattr(Heap, "_trim", lambda self, delay_s: (trims.append(delay_s), original(self, delay_s)))
     large = request(prompt_token_ids=common_pb2.TokenIds(ids=[300] * (LARGE_BLOCK_BYTES // 2 + 1)))
 
     async def go():
         async with rig() as (router, *_):
             assert (await _outcome(router, request("small")))[0] == grpc.StatusCode.OK
-            await asyncio.sleep(0.2)
-            small = len(trims)
+            await asyncio.sleep(TRIM_AGAIN_S + 0.3)
+            small = list(trims)
             refused = await asyncio.gather(_status(router, large), _status(router, large))
-            await asyncio.sleep(0.2)
-            return small, refused, len(trims)
+            await asyncio.sleep(TRIM_AGAIN_S + 0.3)
+            return small, refused, sorted(trims)
 
-    small, refused, after = run(go())
-    assert small == 0
+    small, refused, trims_after = run(go())
+    assert small == []
     assert [code for code, _ in refused] == [grpc.StatusCode.INVALID_ARGUMENT] * 2
-    assert after in (1, 2)  # one when both calls ended before the trim ran
+    assert trims_after in ([0.0, TRIM_AGAIN_S], [0.0, 0.0, TRIM_AGAIN_S])  # both ended before the first ran, or not
