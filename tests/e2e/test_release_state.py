@@ -25,6 +25,9 @@ from services.cluster.launcher import REPO_ROOT, LocalCluster
 
 UP_S = 240
 
+OPERATOR_SETTINGS = ("PD_TLS_", "PD_INSECURE", "PD_ROUTER", "PD_CLUSTER")
+"""Environment a shell of the test's own may hold that would send pdctl elsewhere than ./.pdserve."""
+
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
@@ -38,7 +41,7 @@ def home(tmp_path_factory):
 
 def run(home: Path, *argv: str) -> subprocess.CompletedProcess:
     """`pdserve ...` or `pdctl ...` as an operator runs it from `home` (./.pdserve there)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE", "PD_ROUTER"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OPERATOR_SETTINGS)}
     env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'client'}"
     module = {"pdserve": "services.cli", "pdctl": "pdserve_client.cli"}[argv[0]]
     done = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=home, env=env, capture_output=True,

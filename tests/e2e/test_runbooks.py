@@ -129,6 +129,9 @@ def test_kubectl_commands_name_the_charts_objects(command):
     assert all(("Deployment", d) in names for d in deployments), (deployments, sorted(names))
     assert filled.split()[:3] == ["kubectl", "-n", "serving"]
 
+OPERATOR_SETTINGS = ("PD_TLS_", "PD_INSECURE", "PD_ROUTER", "PD_CLUSTER")
+"""Environment a shell of the test's own may hold that would send pdctl elsewhere than ./.pdserve."""
+
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
@@ -149,7 +152,7 @@ def seen() -> dict[str, str]:
 def shell_env() -> dict[str, str]:
     """An operator's shell: the virtualenv's scripts first on PATH, no certificate or router
     settings of the test's own (pdctl finds ./.pdserve's), this checkout importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE", "PD_ROUTER"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OPERATOR_SETTINGS)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'client'}"
     return env
