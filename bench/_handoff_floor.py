@@ -1,5 +1,6 @@
-"""The design's floor for issue 21's first target, measured in bench/handoff.py's run: the
-hops of a disaggregated hand-off with no work in them, on this machine's cores.
+"""The design's floor for the hand-off overhead target (<= 5 ms, docs/benchmarks.md, Hand-off),
+measured in bench/handoff.py's run: the hops of a disaggregated hand-off with no work in
+them, on this machine's cores.
 
 Four skeleton processes (bench/_handoff_floor_node.py, spawned by bench/_spawned.py) and
 a redis-server, laid out as the local cluster is, with the libraries pdserve uses
@@ -179,7 +180,7 @@ def main() -> None:
     synchronous client (as kv_directory/server.py), r = a record read before each script
     (its lookup before a transition), n = the decode's nonce call to the directory as its
     stream opens, m = that call also makes the directory's record, the router making none
-    (the merge issue 21 suggests), s = the directory on grpc's thread-pool server with
+    (the two calls merged into one), s = the directory on grpc's thread-pool server with
     synchronous handlers calling Redis inline (no event loop, no executor hop), e = the
     compute is pdserve's engine (--engine preset, a fresh 16-token prompt each) instead of
     the GIL-free burst, o = the decode's Reserve and its DecodeStream as one bidirectional

@@ -31,7 +31,7 @@ LUA_MOVE = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.cal
 SCRIPTS = {"reserve": LUA_RESERVE, "move": LUA_MOVE, "nonce": LUA_NONCE}
 DIRECTORY_METHODS = ("Reserve", "Publish", "Release", "Nonce")
 ENGINE_PROMPT_TOKENS = 16
-"""Variant e's prompt: bench/handoff.py's default (issue 21's short prompt)."""
+"""Variant e's prompt: bench/handoff.py's default (the hand-off target's 16-token prompt)."""
 
 
 _BLOCK = bytes(16384)

@@ -1,4 +1,4 @@
-"""Fault benchmark: the reliability goal's figures in one table (issue 15).
+"""Fault benchmark: the reliability goal's figures in one table (docs/design.md, Failures).
 
 On local clusters of real processes (tiny model), one run injects:
 

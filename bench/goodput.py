@@ -20,8 +20,8 @@ stdout: JSON lines, all with "bench": "goodput" and a "kind":
   slo     the measured single-request latencies and the SLOs derived from them
   rate    one rate point: attainments, latency quantiles, routes taken, errors
   goodput {"workload", "mode", "goodput_rps", "ratio_vs_colocated", ...} per sweep
-  target  the issue's targets (disaggregated >= 1.5x colocated on long; auto >=
-          0.95x the better of the two on long and short), met or not
+  target  the targets (docs/benchmarks.md, Goodput: disaggregated >= 1.5x colocated on
+          long; auto >= 0.95x the better of the two on long and short), met or not
   note    anything skipped, and why
 The same lines go to <out-dir>/goodput.jsonl, the plot to <out-dir>/goodput.png,
 cluster logs to <out-dir>/cluster-<mode>/logs; a progress bar goes to stderr.
@@ -142,7 +142,7 @@ def cluster_spec(mode: str, args: argparse.Namespace, out_dir: Path) -> ClusterS
 
 
 SHARE_WEIGHT = {"long": 2.0, "short": 2.0, "mixed": 0.5}
-"""Budget weight of a workload's sweeps: the workloads the issue's targets are about
+"""Budget weight of a workload's sweeps: the workloads the targets are about
 (`long`, `short`) four times `mixed`'s. Without weights the long sweeps, whose points
 cost a minute or two each, stopped after one point in every mode; with short at 1,
 colocated's short sweep ran out before it found a failing rate (a lower bound that
@@ -342,8 +342,8 @@ class Bench:
         return table
 
     def check_targets(self, table: dict[str, dict[str, Goodput]]) -> None:
-        """The issue's targets, judged on the sweeps' bounds (`at_least`): `met` is
-        true, false, or null when the sweeps do not decide it (`why` says)."""
+        """The targets (docs/benchmarks.md, Goodput), judged on the sweeps' bounds
+        (`at_least`): `met` is true, false, or null when the sweeps do not decide it (`why` says)."""
         long = table.get("long", {})
         if "colocated" in long and "disaggregated" in long:
             c, d = long["colocated"], long["disaggregated"]

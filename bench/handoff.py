@@ -1,5 +1,5 @@
-"""Hand-off critical-path benchmark (issue 21): what a disaggregated request pays over a
-colocated one on a short prompt, hop by hop.
+"""Hand-off critical-path benchmark (docs/benchmarks.md, Hand-off): what a disaggregated
+request pays over a colocated one on a short prompt, hop by hop.
 
 One local cluster (--model, --transport, 1 prefill + 1 decode, secure, traced: the
 default deployment; --no-secure and --no-traces measure what each costs, the latter
@@ -7,7 +7,7 @@ without the waterfall). After --warmup requests per mode, --requests pairs: a co
 and a disaggregated request (which goes first alternates), each on a fresh random
 --prompt-tokens prompt (none the cluster's prefix cache holds), --max-tokens, ignore_eos,
 one at a time. Client-side TTFT (the SDK's) per mode: median and p90; overhead = median
-disaggregated - median colocated (issue 21's target: <= 5 ms),
+disaggregated - median colocated (the target: <= 5 ms),
 ratio = disaggregated / colocated, both from this run.
 
 Token 0 of a disaggregated request leaves from the prefill as soon as it is sampled (the
@@ -114,7 +114,7 @@ from bench._handoff_floor import cpu_s, overheads
 from bench._handoff_traces import hops, trace_rows
 
 TARGET_OVERHEAD_MS = 5.0
-"""Disaggregated - colocated median TTFT on a 16-token prompt, at most (issue 21)."""
+"""Disaggregated - colocated median TTFT on a 16-token prompt, at most (docs/benchmarks.md, Hand-off)."""
 MODES = ("colocated", "disaggregated")
 EXTRA_ROUND_TRIPS = {
     "router -> decode Reserve": 1.0,

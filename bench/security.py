@@ -1,4 +1,4 @@
-"""Security benchmark: what mutual TLS and transfer capabilities cost (issue 17).
+"""Security benchmark: what mutual TLS and transfer capabilities cost (docs/design.md, Security).
 
 Part 1, micro (in this process): the router's `Signer.mint` and a worker's
 `Verifier.authorize` of a one-block capability (a 16-token prompt), µs per call,
@@ -28,7 +28,7 @@ disaggregated requests each (fresh random --prompt-tokens prompt, --max-tokens,
 ignore_eos) alternate between them, the order swapped every pair. Client-side TTFT
 (the SDK's) per cluster: median and p90; the added ms = median secure - median
 insecure (also the median of the per-pair differences), ratio = secure / insecure,
-against the issue's target (< 2 ms).
+against the target (< 2 ms).
 
 JSON lines: {"bench": "security", "metric": "config" | "micro" | "bandwidth" | "ttft"
 | "ttft_added", ...}.

@@ -49,10 +49,9 @@ measured in this run (pdserve rows add time_vs_raw_tcp). Each row but ucx_perfte
 cpu_ms_sender / cpu_ms_receiver: the median CPU a transfer cost each peer process, the
 bench's own work per transfer included (zeroing and digesting the receiver's cache, the
 commands), alike for every path: compare paths, not the figure with the time
-(bench/_transfer_cpu.py). Then one
-{"metric": "target", ...} line per issue-21 target part 1 can judge (1 MiB vs
-raw TCP, 64 MiB vs native); the 1 MiB one says how much more time and CPU (each side)
-pdserve-ucx took than the exact floor.
+(bench/_transfer_cpu.py). Then one {"metric": "target", ...} line per target
+(docs/benchmarks.md, Transfer) part 1 can judge (1 MiB vs raw TCP, 64 MiB vs native); the
+1 MiB one says how much more time and CPU (each side) pdserve-ucx took than the exact floor.
 
 --timeline-transfers (default 20): after the timed rounds of the first size, that many
 more pdserve-ucx hand-offs with per-step stamps in both peers, one
@@ -286,10 +285,10 @@ def transfer_part(args) -> dict[int, dict[str, float]]:
 
 def targets(table: dict[int, dict[str, float]], cpus: dict[int, dict[str, tuple[float, float]]] | None = None
             ) -> None:
-    """Issue 21's part-1 targets, each from figures of this run (where measured), with the
-    ucxx-python floors beside them: where a floor itself misses a target, the limit is
-    Python + ucxx on this machine (the exact floor: plus checking every byte), not pdserve's
-    protocol (limit_* fields)."""
+    """The part-1 targets (docs/benchmarks.md, Transfer), each from figures of this run (where
+    measured), with the ucxx-python floors beside them: where a floor itself misses a target,
+    the limit is Python + ucxx on this machine (the exact floor: plus checking every byte), not
+    pdserve's protocol (limit_* fields)."""
     small, large = table.get(1, {}), table.get(64, {})
     if "pdserve-ucx" in small and "raw-tcp" in small:
         ratio = small["raw-tcp"] / small["pdserve-ucx"]

@@ -1,4 +1,4 @@
-"""The decode side's spans of a hand-off (issue 18; names in pdserve_client/spans.py).
+"""The decode side's spans of a hand-off (docs/observability.md; names in pdserve_client/spans.py).
 
 A reservation outlives the Reserve RPC that made it: its trace keeps that RPC's context
 and, once the commit arrives, the commit's (the source's transfer.commit span, carried

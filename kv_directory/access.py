@@ -1,5 +1,5 @@
-"""Who may call the directory, the identity checks its servicer makes (issue 17), and how
-its refusals become statuses (`rpc`).
+"""Who may call the directory, the identity checks its servicer makes (docs/design.md,
+Security), and how its refusals become statuses (`rpc`).
 
 `ACCESS` lets a method through for the certificate roles it names
 (services/security/tls.py `Access`); the servicer then binds the call to the caller:

@@ -6,7 +6,7 @@ share are services/directory/wire.py.
 The manifest is stored with its transaction as canonical JSON
 (``manifest_blob``); the transaction's identity digest is the sha256 of that
 text, so a retry by transfer id is DUPLICATE only if *every* manifest field is
-equal, and CHECKSUM_CONFLICT otherwise (article 0x06A).
+equal, and CHECKSUM_CONFLICT otherwise (docs/design.md, Contracts).
 """
 
 from __future__ import annotations

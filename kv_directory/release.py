@@ -1,4 +1,4 @@
-"""The directory's half of the release (article 0x0FF): it keeps the one release record
+"""The directory's half of the release (docs/design.md, The release): it keeps the one release record
 and lets it move only as the state machine allows (services/release/record.py
 `check_write`), whoever writes. Read-check-write is safe because the write is a
 compare-and-set on the version the check read."""

@@ -202,8 +202,8 @@ class NonceLedger(abc.ABC):
 
 
 class ReleaseLedger(abc.ABC):
-    """The release record every router follows (article 0x0FF). The store keeps it opaque
-    (the servicer decodes it and checks the transition); it reads only the head."""
+    """The release record every router follows (docs/design.md, The release). The store keeps it
+    opaque (the servicer decodes it and checks the transition); it reads only the head."""
 
     @abc.abstractmethod
     def get_release(self) -> StoredRelease | None:

@@ -1,4 +1,5 @@
-"""Layer-wise streaming of a prefill's K/V: the producer gate [0x06C].
+"""Layer-wise streaming of a prefill's K/V: the producer gate (docs/design.md, Contracts:
+the streaming gate).
 
 The engine thread reports `on_layer(layer, token_start, token_end)` after it
 wrote a layer's K/V for a prefill chunk. `ProducerGate` turns those reports into

@@ -1,4 +1,4 @@
-"""The prefill side's spans of a hand-off (issue 18; names in pdserve_client/spans.py).
+"""The prefill side's spans of a hand-off (docs/observability.md; names in pdserve_client/spans.py).
 
 The hot path only notes wall-clock times (the engine loop's per-chunk times are on the
 Job; a chunk's send here); the spans are built once the transfer is committed, under

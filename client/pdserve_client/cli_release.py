@@ -1,4 +1,4 @@
-"""`pdctl release`: the release state machine and its rollback (article 0x0FF-0x0FG).
+"""`pdctl release`: the release state machine and its rollback (docs/design.md, The release).
 
     pdctl release status   [--json]
     pdctl release promote  [TARGET] --reason R [--canary-fraction F] [--json]

@@ -1,5 +1,5 @@
 """The trace vocabulary: span names and attribute keys every pdserve process uses
-(issue 18), shared by the services that emit spans and `pdctl trace` that reads them.
+(docs/observability.md), shared by the services that emit spans and `pdctl trace` that reads them.
 
 One request is one trace. Its spans, by process (service.name):
 

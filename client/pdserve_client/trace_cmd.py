@@ -1,5 +1,5 @@
 """`pdctl trace REQUEST_ID`: the waterfall of one request from the local collector's
-span file (issue 18). Reads a file, talks to no router.
+span file (docs/observability.md). Reads a file, talks to no router.
 
     pdctl trace REQUEST_ID [--spans FILE | --state-dir DIR] [--wait-s S] [--json] [--html FILE]
 

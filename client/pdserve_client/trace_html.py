@@ -1,4 +1,4 @@
-"""`pdctl trace --html`: a trace as one self-contained page (issue 18). Inline CSS and a
+"""`pdctl trace --html`: a trace as one self-contained page (docs/observability.md). Inline CSS and a
 few lines of JS, nothing fetched (a Content-Security-Policy forbids it): the summary on
 top, then one bar per span on a shared time axis, coloured by service, labelled with
 its name and duration; a click on a row opens its attributes and events.

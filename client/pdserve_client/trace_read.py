@@ -1,4 +1,4 @@
-"""Reading the local collector's span file (issue 18): its lines as Spans, and the
+"""Reading the local collector's span file (docs/observability.md): its lines as Spans, and the
 trace(s) of one request. Standard library only, like all of pdserve_client.
 
 The collector writes one span per line (services/telemetry/collector.py); the spans of

@@ -1,4 +1,4 @@
-"""The numbers above a trace's waterfall (issue 18): route, attempts, first token, and
+"""The numbers above a trace's waterfall (docs/observability.md): route, attempts, first token, and
 T_exposed per transfer exactly as client/pdserve_client/spans.py defines it.
 Standard library only."""
 

@@ -1,6 +1,6 @@
-"""The trace of one request, read back from the local collector's span file (issue 18):
-what `pdctl trace` shows. Standard library only (the client distribution installs
-without the server, and without OpenTelemetry).
+"""The trace of one request, read back from the local collector's span file
+(docs/observability.md): what `pdctl trace` shows. Standard library only (the client
+distribution installs without the server, and without OpenTelemetry).
 
     spans, malformed = load(path)          every well-formed line of the JSONL file
     traces = find(spans, request_id)       the trace(s) holding a span of that request

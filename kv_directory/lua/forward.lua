@@ -52,7 +52,7 @@ local function forward(tid, target, gen, digest, chunks)
       txn_abort(tid, m, 'dest_lease_lost', now)
       return txn_reply(OC.LEASE_LOST, tid)
     end
-    -- Reserved under a route epoch a rollback retired: it may not move on (0x0FG).
+    -- Reserved under a route epoch a rollback retired: it may not move on (docs/design.md, The release).
     local re = tonumber(m.route_epoch) or 0
     if re > 0 and re < route_epoch_at(now) then
       txn_abort(tid, m, 'route_epoch_retired', now)

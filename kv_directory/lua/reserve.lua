@@ -21,7 +21,7 @@ end
 
 local old = txn_get(tid)
 if old then
-  -- Idempotent only if the whole identity matches (article 0x06A): the same
+  -- Idempotent only if the whole identity matches (docs/design.md, Contracts): the same
   -- transfer id with other bytes or other ends is corruption, not a retry.
   for i, f in ipairs(FIELDS) do
     if old[f] ~= arg(i) then return reply(OC.CHECKSUM_CONFLICT, true) end

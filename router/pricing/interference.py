@@ -21,7 +21,7 @@ request, halfway through (remaining = (max_tokens - 1) / 2 tokens):
   routes' checks then agree, instead of sending short prompts split because
   one more stream tipped the colocated step over the target. Short prompts
   (stall of a few ms) are never harmful; long ones are when the target is
-  tight. This is the article's trade: split when the interference avoided is
+  tight. This is the trade disaggregation offers: split when the interference avoided is
   worth the transfer.
 * split P -> D: harmful when P can decode, P has streams now (batch > 0) and
   P's step + stall > target, the stall counting the prompts queued ahead on P

@@ -1,4 +1,4 @@
-"""The canary's record (article 0x0FF): what this router served since the release entered
+"""The canary's record (docs/design.md, The release): what this router served since the release entered
 CANARY, judged when a promotion to ACTIVE is asked.
 
 `CanaryTally` listens to the router's metrics (services/telemetry/catalog.py) and keeps a

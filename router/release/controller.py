@@ -1,4 +1,4 @@
-"""This router's part in the release (article 0x0FF): every replica follows the record the
+"""This router's part in the release (docs/design.md, The release): every replica follows the record the
 directory keeps; the one an operator asks (Admin) moves it.
 
 Following: every `release_poll_s` (and whenever a snapshot shows a new version) the

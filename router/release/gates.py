@@ -1,5 +1,5 @@
 """Gates of the release, evaluated from what the system measured, never asserted: the
-rollback's completion gate (article 0x0FG) and the promotion gates (0x0FF).
+rollback's completion gate and the promotion gates (docs/design.md, The release).
 
 A gate is a `Check`: its name, whether it passed, the measured value against its
 threshold where it has one, and a line saying what was seen."""
@@ -29,7 +29,7 @@ class Check:
 
 
 async def completion_gate(ctl) -> list[Check]:
-    """Every condition of article 0x0FG, checked now (the rollback completes only if all pass)."""
+    """Every completion condition of the rollback, checked now (it completes only if all pass)."""
     record, orch = ctl.record, ctl.orch
     cluster = await orch.view.get(max_age_s=0.0)
     retired = record.rollback.retired_epoch

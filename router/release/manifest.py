@@ -1,4 +1,4 @@
-"""Freezing the deployment manifest (article 0x0FF) from what is live: the workers the
+"""Freezing the deployment manifest (docs/design.md, The release) from what is live: the workers the
 directory lists, the router's tokenizer and modes; and where what is live has drifted
 from a frozen one (another model, tokenizer, cache ABI or transports: a deployment the
 manifest was not frozen for)."""

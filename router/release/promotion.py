@@ -1,4 +1,4 @@
-"""Promotion gates (article 0x0FF), measured on the live cluster when a promotion is asked.
+"""Promotion gates (docs/design.md, The release), measured on the live cluster when a promotion is asked.
 
     -> SHADOW   the frozen manifest still describes what runs; disaggregated tokens equal
                 colocated ones on a fixed prompt set; colocated fallback serves; the

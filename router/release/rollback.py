@@ -1,4 +1,4 @@
-"""The rollback's steps in the article's order (0x0FG), each recorded in the release record
+"""The rollback's steps in order (docs/design.md, The release), each recorded in the release record
 as it starts and as it ends (time, counts), so that a router that dies mid-rollback leaves
 a record the next router resumes from the first step not ended. Every step is safe to run
 again: it checks what already holds before acting.
@@ -186,7 +186,7 @@ async def rollback_complete(ctl) -> Step:
         raise RollbackBlocked("; ".join(f"{c.name}: {c.detail}" for c in failed))
     late = next(c for c in checks if c.name == "no_publication_under_the_retired_epoch_since")
     return Step({"conditions": len(checks), "publications_under_retired_epoch": int(late.measured)},
-                "every completion condition of article 0x0FG holds")
+                "every completion condition holds")
 
 
 STEPS = {

@@ -1,4 +1,4 @@
-"""The failure-injection smoke of a promotion (article 0x0FF), driven against the live
+"""The failure-injection smoke of a promotion (docs/design.md, The release), driven against the live
 workers and directory through this router's own gateways, the calls its attempts make:
 
     bad_capability    a hand-off reserved for real (decode blocks, a directory transaction)

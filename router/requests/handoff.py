@@ -33,7 +33,7 @@ def prompt_digest(prompt: Sequence[int], tenant: str) -> str:
 
 
 def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_ms: int) -> Grant:
-    """The capability grant of one attempt (article 0x0FE): exactly the destination blocks
+    """The capability grant of one attempt (docs/design.md, Security): exactly the destination blocks
     the manifest's chunks land in (the reservation's physical block ids) and their bytes."""
     ids = reservation.block_ids
     regions = sorted({ids[b] for c in manifest.expected_chunks

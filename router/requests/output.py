@@ -1,6 +1,6 @@
 """The tokens a request has forwarded to its client, across attempts.
 
-Exactness (article 0x10) makes a retry after partial output seamless: the next
+Exactness (docs/design.md, Principles) makes a retry after partial output seamless: the next
 attempt regenerates the same sequence from index 0, so its tokens below the
 forwarded count are compared with what the client already has and suppressed;
 a mismatch is a correctness bug and ends the request with INTERNAL

@@ -1,4 +1,4 @@
-"""A request's spans at the router (issue 18; names in pdserve_client/spans.py).
+"""A request's spans at the router (docs/observability.md; names in pdserve_client/spans.py).
 
     router.request     admitted -> the terminal event (root of the request's trace, or a
                        child of the client's own span when its Generate carried traceparent);

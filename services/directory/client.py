@@ -347,7 +347,7 @@ class DirectoryClient:
             raise TransferNotRecorded(f"the directory holds no transfer {transfer_id!r}")
         return r.consumed
 
-    # ---- release (article 0x0FF; kv_directory/release.py) --------------------
+    # ---- release (docs/design.md, The release; kv_directory/release.py) -------
 
     async def get_release(self) -> ReleaseRecord | None:
         """The release record (None while none was written)."""

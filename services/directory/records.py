@@ -266,7 +266,7 @@ class TransferSpec:
     """The immutable identity of one transfer, fixed at reserve time.
 
     A retry with the same transfer id is idempotent only if every field here is
-    equal; otherwise it is CHECKSUM_CONFLICT (corruption, article 0x06A).
+    equal; otherwise it is CHECKSUM_CONFLICT (corruption: docs/design.md, Contracts).
     """
 
     transfer_id: str

@@ -1,6 +1,6 @@
 """Transfer-transaction lifecycle and the outcomes the directory reports.
 
-One K/V hand-off is one transaction, keyed by transfer id (article 0x06A, 0x10)::
+One K/V hand-off is one transaction, keyed by transfer id (docs/design.md, The transaction)::
 
     RESERVED ──begin──▶ TRANSFERRING ──validated──▶ VALIDATED ──publish──▶ PUBLISHED ──release──▶ RELEASED
         │                    │                          │

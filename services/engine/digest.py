@@ -1,6 +1,6 @@
 """The K/V digest built while layers become final, so that little is left to hash when the
-last one is (issue 21: the whole-prompt digest after the last chunk cost 20-30 ms on each
-side of a 2,048-token hand-off).
+last one is (docs/design.md, Contracts: the whole-prompt digest after the last chunk cost
+20-30 ms on each side of a 2,048-token hand-off).
 
     digest = LayerDigest(engine, seq)
     digest.final(layer)        # as each layer's K/V is complete (any order)

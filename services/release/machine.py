@@ -1,5 +1,5 @@
-"""The release state machine of the disaggregated path (article 0x0FF) and the order
-of its rollback (0x0FG). Pure logic: no grpc, no redis.
+"""The release state machine of the disaggregated path and the order of its rollback
+(docs/design.md, The release). Pure logic: no grpc, no redis.
 
     PINNED ──> SHADOW ──> CANARY ──> ACTIVE        promotion: one step at a time,
       │          │          │          │           each through its gates
@@ -7,10 +7,9 @@ of its rollback (0x0FG). Pure logic: no grpc, no redis.
                       v
                  ROLLED_BACK ──> PINNED            only once the rollback completed
 
-ROLLED_BACK is entered from any other state and runs the rollback in the article's
-order (`ROLLBACK_ORDER`); every step is recorded (time, counts) as it ends, so a
-router that dies mid-rollback leaves a record the next one resumes from the first
-step not ended. Back to PINNED freezes a new deployment manifest.
+ROLLED_BACK is entered from any other state and runs the rollback in `ROLLBACK_ORDER`;
+every step is recorded (time, counts) as it ends, so a router that dies mid-rollback
+leaves a record the next one resumes from the first step not ended. Back to PINNED freezes a new deployment manifest.
 
 What each state means for a request that names no mode (`ROUTER_MODE`): PINNED and
 ROLLED_BACK run colocated, SHADOW scores disaggregated routes and runs colocated,
@@ -45,7 +44,7 @@ RELEASE_OF_MODE = {"colocated": Release.PINNED, "shadow": Release.SHADOW, "canar
 
 
 class RollbackStep(enum.IntEnum):
-    """The rollback's steps, in the order they run (article 0x0FG).
+    """The rollback's steps, in the order they run (docs/design.md, The release).
 
     Safety invariant: routes stop before the connector is disabled (a request whose
     prompt owner already committed to a remote decode is not stranded), fallback is

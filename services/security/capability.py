@@ -1,4 +1,4 @@
-"""Transfer capabilities (article 0x0FE): remote-memory access is a signed, bounded grant.
+"""Transfer capabilities (docs/design.md, Security): remote-memory access is a signed, bounded grant.
 
 Knowing a peer's address or memory keys authorizes nothing: a transfer may touch
 destination blocks only under a ``pd.v1.TransferCapability`` that binds tenant, both
@@ -262,7 +262,7 @@ class Verifier:
                   now_ms: int) -> capability_pb2.TransferCapability:
         """Return the capability if it permits exactly ``ask`` now; else raise CapabilityDenied.
 
-        Checks run in the article's order and the first failure is the reason. The
+        Checks run in the order of `Reason` and the first failure is the reason. The
         caller must consume ``cap.nonce`` once in the directory next (module docstring).
         ``route_epoch`` None: the caller has the directory compare the route epoch in the
         same atomic step that consumes the nonce (ConsumeNonce's route_epoch).
@@ -289,7 +289,7 @@ class Verifier:
         dest = (cap.destination_worker_id, cap.destination_epoch)
         asked_dest = (ask.destination_worker_id, ask.destination_epoch)
         outside = sorted(set(ask.regions) - set(cap.regions))
-        checks = (  # (reason, passed, what was wrong: formatted only on denial), in the article's order
+        checks = (  # (reason, passed, what was wrong: formatted only on denial), in `Reason`'s order
             (Reason.TENANT, cap.tenant == ask.tenant, lambda: f"tenant {cap.tenant!r} != {ask.tenant!r}"),
             (Reason.SOURCE, source == asked_source, lambda: f"source {source} != {asked_source}"),
             (Reason.DESTINATION, dest == asked_dest, lambda: f"destination {dest} != {asked_dest}"),

@@ -1,4 +1,4 @@
-"""Per-layer tallies of a hand-off's chunks, for its data-plane spans (issue 21): one event
+"""Per-layer tallies of a hand-off's chunks, for its data-plane spans (docs/observability.md): one event
 per layer, however many chunks the layer took, so a trace grows with the model's depth and
 not with the prompt's length (prefill_worker/tracing.py, decode_worker/tracing.py)."""
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing for every pdserve process (issue 18).
+"""OpenTelemetry tracing for every pdserve process (docs/observability.md).
 
 Off unless an OTLP endpoint is configured by the standard variables
 (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; the sampler by

@@ -1,4 +1,4 @@
-"""Byte-credit window [0x06B]: bounds the bytes a sender has in flight to one destination.
+"""Byte-credit window (docs/design.md, Contracts): bounds the bytes a sender has in flight to one destination.
 
     acquire(n)  before a chunk is issued; waits (FIFO) while the window is full
     release(n)  when the destination reports the chunk visible, or — for a failed

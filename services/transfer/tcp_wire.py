@@ -20,7 +20,7 @@ on `commit`: the receiver handles a connection's frames in order, so every ERROR
 for a transfer is on the wire before its VERDICT. Chunks thus stream back to
 back with no round trip each; TCP flow control bounds the bytes in flight, and
 the receiver reads straight into reserved views, so there is no staging memory
-for a credit window (0x06B) to protect. COMMIT gets VERDICT (or ERROR when the
+for a credit window (docs/design.md, Contracts) to protect. COMMIT gets VERDICT (or ERROR when the
 commit is malformed); ABORT gets nothing.
 
 What the receiver does with each frame is in tcp_receiver.py; the sender's

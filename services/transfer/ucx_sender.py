@@ -1,6 +1,6 @@
 """UCX backend, sender side: UcxSender pushes chunks into a UcxReceiver's posted buffers.
 
-Per message (the chunk ledger of 0x06A): acquire credit -> CHUNK header (one chunk, or a
+Per message (the chunk ledger: docs/design.md, Contracts): acquire credit -> CHUNK header (one chunk, or a
 batch of small ones; the sender's view sizes; the first data tag), then the data: a large
 chunk's K and V runs zero copy from the cache (UCX rendezvous: the receiver reads them
 straight into its posted views, cma on one host), a batch packed into one buffer

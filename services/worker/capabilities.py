@@ -1,4 +1,4 @@
-"""The workers' side of transfer capabilities (article 0x0FE; services/security/capability.py).
+"""The workers' side of transfer capabilities (docs/design.md, Security; services/security/capability.py).
 
 The router mints one capability per attempt and gives it to prefill with the manifest.
 

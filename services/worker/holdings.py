@@ -1,5 +1,5 @@
-"""Who holds which blocks on this worker (issue 18, `pdctl blocks`): the accounting
-behind WorkerAdmin.Blocks, with no gRPC.
+"""Who holds which blocks on this worker (`pdctl blocks`; docs/design.md, Who holds which
+blocks): the accounting behind WorkerAdmin.Blocks, with no gRPC.
 
 Every block of the pool is in exactly one place:
 

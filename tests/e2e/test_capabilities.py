@@ -1,4 +1,4 @@
-"""Issue 17's capability mutation table, against a real cluster with mutual TLS on.
+"""The capability mutation table (docs/design.md, Security), against a real cluster with mutual TLS on.
 
 The test plays the router and a prefill worker: it reserves blocks at decode-0 with
 the router's certificate, records the transaction, mints a capability with the

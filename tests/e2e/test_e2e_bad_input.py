@@ -77,7 +77,7 @@ NAN = float("nan")
      "request_id is required"),
 ], ids=["reserve-nan-temperature", "generate-nan-temperature", "generate-without-request-id"])
 def test_decode_worker_refuses_bad_calls_precisely(cluster, call, request_, words):
-    """Straight to the worker, past the router's checks (issue 15, item 8)."""
+    """Straight to the worker, past the router's checks (docs/design.md, Principles)."""
     with channel(cluster, "decode-0", "router") as ch:
         stub = decode_pb2_grpc.DecodeStub(ch)
         with pytest.raises(grpc.RpcError) as err:
@@ -120,7 +120,7 @@ def test_client_cancel_mid_stream_reaches_every_worker(cluster, mode):
                                             ("prefill-0", "/pd.v1.Prefill/Prefill"),
                                             ("directory", "/pd.v1.Directory/RegisterWorker")])
 def test_malformed_bytes_are_invalid_argument(cluster, service, method):
-    """Bytes that are no protobuf message get a status a person can act on (issue 15, item 7)."""
+    """Bytes that are no protobuf message get a status a person can act on (docs/design.md, Principles)."""
     # Each caller is one its method admits: the bytes, not the identity, are at fault.
     identity = {"router": "client", "decode-0": "router", "prefill-0": "router", "directory": "decode-0"}[service]
     with channel(cluster, service, identity) as ch:

@@ -51,7 +51,7 @@ def test_disaggregated_equals_colocated_with_exact_handoff(cluster):
 @pytest.mark.parametrize("max_tokens", [1, 2])
 def test_shortest_outputs_succeed_disaggregated_at_the_first_attempt(cluster, max_tokens):
     """A 1-token request finishes at publication, possibly before its DecodeStream call
-    arrives: the tokens wait for the stream, and no attempt fails (issue 15, item 2)."""
+    arrives: the tokens wait for the stream, and no attempt fails."""
     prompts = seeded_requests(20, seed=max_tokens, max_prompt=300)
     results = generate_all(cluster, prompts, max_tokens=max_tokens, mode="disaggregated",
                            ignore_eos=True)
@@ -63,8 +63,8 @@ def test_shortest_outputs_succeed_disaggregated_at_the_first_attempt(cluster, ma
 
 
 def test_a_reused_request_id_is_served_at_its_first_attempt(cluster):
-    """Issue 15, item 8: re-using a finished request id within the directory's retention
-    failed the first attempt (transfer id r/1 already taken). The router that served it
+    """Re-using a finished request id within the directory's retention used to fail the
+    first attempt (transfer id r/1 already taken). The router that served it
     goes above its last generation; a restarted router (no memory) learns the generation
     from the directory's refusal and re-reserves above it without counting a failure."""
     prompt = seeded_requests(1, seed=77, max_prompt=200)[0]

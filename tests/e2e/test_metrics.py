@@ -1,6 +1,6 @@
-"""Issue 18's metrics against a real cluster with mutual TLS on: every process serves
-/metrics (its URL in cluster.json), only operator and monitor certificates may read it,
-and after known traffic the counters have exactly the expected values (each measured
+"""The metrics of docs/observability.md against a real cluster with mutual TLS on: every
+process serves /metrics (its URL in cluster.json), only operator and monitor certificates
+may read it, and after known traffic the counters have exactly the expected values (each measured
 as the change over a scrape taken before, parsed with prometheus_client's parser)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End to end, real processes: the release (issue 20) on one local cluster, in order.
+"""End to end, real processes: the release (docs/design.md, The release) on one local cluster, in order.
 
 The cluster starts disaggregated with two decode workers, so its first router records
 the release ACTIVE with the manifest frozen from the live workers. Then, as an operator
@@ -6,7 +6,7 @@ runs them with pdctl:
 
 1. an out-of-order promotion is refused with the reason;
 2. `pdctl drill rollback --cluster local` sends load, rolls the release back mid-load
-   (every step recorded in the article's order), replaces both decode workers one at a
+   (every step recorded, in order), replaces both decode workers one at a
    time (real processes: drained, started again, registered at a new epoch) while the
    load goes on, and checks the result; the test reads the drill's JSON and checks it
    against the cluster itself (workers refuse transfer work after, nothing reserved or

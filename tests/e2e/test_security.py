@@ -1,4 +1,5 @@
-"""The attacks of issue 17, each tried against a real local cluster with mutual TLS on.
+"""The attacks docs/design.md, Security, guards against, each tried against a real local
+cluster with mutual TLS on.
 
 One cluster (one prefill, one decode worker, UCX data plane) started from a state dir
 named `.pdserve`, so pdctl run from its parent finds the certificates with no flags.

@@ -1,4 +1,5 @@
-"""Layer streaming on the real cluster (ucx): the producer gate and the consumer gate [0x06C].
+"""Layer streaming on the real cluster (ucx): the producer gate and the consumer gate
+(docs/design.md, Contracts: the streaming gate).
 
 Workers append hand-off events to one JSON-lines file (PD_EVENT_LOG, times from
 CLOCK_MONOTONIC, one clock for every process here). A 1,000-token prompt on

@@ -1,5 +1,5 @@
 """Token 0 of a disaggregated request leaves from the prefill as soon as it is sampled
-(issue 21): the client has it while the hand-off still runs, and the request's tokens are
+(docs/design.md, Measurement): the client has it while the hand-off still runs, and the request's tokens are
 a colocated run's.
 
 The prefill waits PAUSE_S after its compute, before its first chunk leaves, for a request

@@ -1,4 +1,4 @@
-"""One request, one trace, across every process it touched (issue 18), on a real local
+"""One request, one trace, across every process it touched (docs/observability.md), on a real local
 cluster whose processes export to the project's collector over mutual TLS.
 
 A disaggregated request, a colocated one, one rejected by auto mode and one that retries

@@ -1,5 +1,5 @@
-"""A burst far over the cluster's K/V room is queued, not shed (issue 15, item 6;
-services/cluster/faults.burst).
+"""A burst far over the cluster's K/V room is queued, not shed (docs/architecture.md,
+Router retries and the admission queue; services/cluster/faults.burst).
 
 200 concurrent requests (prompts of 1-400 tokens, 24 tokens each) on one decode
 worker of 512 blocks: together they need several times the pool. Before the

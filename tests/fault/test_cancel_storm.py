@@ -1,10 +1,10 @@
-"""A storm of 1,000 requests cancelled at random moments (issue 15, item 1 and the
-fault suite; services/cluster/faults.cancel_storm): a third through Router.Cancel, a
-third by dropping the gRPC stream, a third left to finish; cancels land anywhere from
-admission to mid-decode, disaggregated and colocated. Before the fixes 9-14 prefill
-blocks stayed held after a storm of 120 in 2 of 5 runs, and this storm left a decode
-worker holding 8-20 blocks. Every request must end (none hangs), the ones left alone
-complete with all their tokens, and the cluster ends clean: no held block, no open
+"""A storm of 1,000 requests cancelled at random moments (docs/design.md,
+Principles: every held resource has a way back; services/cluster/faults.cancel_storm): a
+third through Router.Cancel, a third by dropping the gRPC stream, a third left to finish;
+cancels land anywhere from admission to mid-decode, disaggregated and colocated. Before
+the fixes for it, prefill blocks stayed held after a storm of 120 in 2 of 5 runs, and this
+storm left a decode worker holding 8-20 blocks. Every request must end (none hangs), the
+ones left alone complete with all their tokens, and the cluster ends clean: no held block, no open
 transaction."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Oversized and unsolicited messages on a decode worker's tcp data plane (issue 15,
-item 7): a COMMIT for a transfer nobody expects is discarded as it streams in, never
+"""Oversized and unsolicited messages on a decode worker's tcp data plane (docs/design.md,
+Failures: limits): a COMMIT for a transfer nobody expects is discarded as it streams in, never
 buffered (it was read whole, up to 64 MiB, before the lookup); a body over its kind's
 cap closes the connection before a byte of it is read; the worker keeps serving."""
 

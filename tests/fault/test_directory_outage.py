@@ -1,4 +1,4 @@
-"""A directory outage does not take colocated serving down (issue 15, item 4).
+"""A directory outage does not take colocated serving down (docs/design.md, Failures).
 
 Real processes (1 prefill, 1 decode, tiny, tcp): the directory is killed with
 SIGKILL; for longer than a worker's lease every request, whichever mode it asks

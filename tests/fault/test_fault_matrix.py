@@ -1,5 +1,5 @@
 """Every process killed at every step of the hand-off, and a cancel and a deadline at
-every await (issue 15): services/cluster/faults.py stops one request at one step,
+every await (docs/design.md, Failures): services/cluster/faults.py stops one request at one step,
 acts there, restarts the victim and waits for the cluster to settle.
 
 Expected: a worker, the directory or Redis killed (or a worker stopped), the request

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of a decode worker's tcp data plane (issue 15, fault suite):
+"""Property-based fuzzing of a decode worker's tcp data plane (the fault suite):
 random bytes, and frames with a valid header and random kind, transfer id, lengths
 and body. Whatever comes, the worker answers (ERROR / VERDICT) or closes the
 connection, never crashes or buffers more than a frame's cap, and afterwards serves

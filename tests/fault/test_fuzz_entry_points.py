@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every gRPC entry point of a running cluster (issue 15,
+"""Property-based fuzzing of every gRPC entry point of a running cluster (the
 fault suite): random bytes, and well-formed messages with random field values
 (edge integers, NaN and infinite floats, long and odd strings, unknown enum values,
 out-of-vocabulary tokens), built by hypothesis from the services' own descriptors.

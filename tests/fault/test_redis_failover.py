@@ -1,4 +1,4 @@
-"""The directory's Redis master SIGKILLed under a store that follows Sentinel (issue 19).
+"""The directory's Redis master SIGKILLed under a store that follows Sentinel (docs/design.md, Failures).
 
 Real processes on loopback (tests/support/redis_ha.py): a master, one replica,
 three Sentinels (quorum 2), passwords on all of them. What the store must do

@@ -1,5 +1,5 @@
 """Redis restarted under a running cluster, with its data (AOF) and without it
-(issue 15, item 3): fences never move backwards. Worker epochs and the route epoch
+(docs/design.md, The transaction): fences never move backwards. Worker epochs and the route epoch
 after the restart are at least what they were (strictly larger for workers that had
 to register again), requests are served disaggregated again with the same tokens,
 and the cluster ends clean."""

@@ -1,4 +1,5 @@
-"""What Kubernetes needs of a worker's lifecycle (issue 19), on real processes.
+"""What Kubernetes needs of a worker's lifecycle (docs/design.md, Processes and what each
+owns: readiness and drain), on real processes.
 
 Drain: SIGTERM to a decode worker while a request is in flight on it. The request
 finishes there with every token (equal to a colocated run), new requests meanwhile

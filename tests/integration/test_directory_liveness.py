@@ -119,7 +119,7 @@ def test_redis_down_is_unavailable_not_a_hang():
     asyncio.run(gone())
 
 
-# ---- graceful leave and readiness (issue 19) ----------------------------------
+# ---- graceful leave and readiness (docs/design.md, Processes and what each owns)
 
 def test_a_worker_deregisters_itself_and_leaves_at_once(directory):
     async def scenario(client: Callers):

@@ -209,7 +209,7 @@ def test_redis_going_away_raises_unavailable_not_a_wrong_answer(own_redis):
 
     # Back on the same port with its data gone: the store reconnects and reloads its
     # scripts (NOSCRIPT path) without being rebuilt, and no fence moved backwards: a
-    # stale holder of the old epochs is still fenced off (issue 15, item 3).
+    # stale holder of the old epochs is still fenced off (docs/design.md, The transaction).
     restarted = start_redis(port=own_redis.port)
     try:
         assert store.lookup("t1") is None

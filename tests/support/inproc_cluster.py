@@ -1,4 +1,4 @@
-"""An in-process cluster for worker lifecycle tests (issue 16): the real
+"""An in-process cluster for worker lifecycle tests: the real
 `PrefillWorker` and `DecodeWorker`, each on its own `EngineLoop` over the tiny
 model, the inproc data plane, and the real directory servicer over the memory
 store behind a real gRPC server on loopback (the workers talk to it through the

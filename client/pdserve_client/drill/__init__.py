@@ -1,4 +1,4 @@
-"""Release drills an operator runs against a cluster (issue 20): a rollback, or a
+"""Release drills an operator runs against a cluster (docs/runbooks/rollback.md): a rollback, or a
 promotion, under load, checked end to end. `cluster.py` is what a drill needs from the
 cluster it runs against, with three implementations: the local cluster
 (services/cluster/drill.py, in the server package, found by entry point),

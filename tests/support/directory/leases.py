@@ -36,7 +36,7 @@ class LeaseContract(ContractBase):
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "worker_restarted")
         assert store.validated("t1", KV, CHUNKS).outcome == Outcome.LEASE_LOST
-        # Published K/V went with the old process: released, not aborted (issue 15, item 5).
+        # Published K/V went with the old process: released, not aborted (docs/design.md, The transaction).
         pub = store.lookup("pub")
         assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: worker_restarted")
         assert store.heartbeat("d0", d.epoch, LoadReport()).outcome == Outcome.LEASE_LOST
@@ -89,7 +89,7 @@ class LeaseContract(ContractBase):
         t1 = store.lookup("t1")
         assert (t1.state, t1.abort_reason) == (TxnState.ABORTED, "lease_expired")
         assert store.validated("t1", KV, CHUNKS).outcome == Outcome.LEASE_LOST
-        # A decode worker killed after publication leaves nothing PUBLISHED (issue 15, item 5).
+        # A decode worker killed after publication leaves nothing PUBLISHED (docs/design.md, The transaction).
         pub = store.lookup("pub")
         assert (pub.state, pub.abort_reason) == (TxnState.RELEASED, "decode worker gone: lease_expired")
         assert store.release("pub").outcome == Outcome.DUPLICATE  # a late release is harmless

@@ -1,5 +1,5 @@
 """The DirectoryStore contract, part three: the release record (compare-and-set, the
-route stop) and the route epoch's retirement of unpublished transfers (article 0x0FG)."""
+route stop) and the route epoch's retirement of unpublished transfers (docs/design.md, The release)."""
 
 from __future__ import annotations
 

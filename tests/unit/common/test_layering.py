@@ -1,7 +1,7 @@
-"""The house's plan, read from the code's own imports (issue 16): services/ is the
-shared floor and imports no service; the services do not import each other (a
-mixed worker is one node with two roles, found by entry point); no import cycle;
-no product file, and no test helper (tests/support), over 400 lines."""
+"""The house's plan, read from the code's own imports (docs/design.md, Processes and what
+each owns): services/ is the shared floor and imports no service; the services do not
+import each other (a mixed worker is one node with two roles, found by entry point); no
+import cycle; no product file, and no test helper (tests/support), over 400 lines."""
 
 from __future__ import annotations
 

@@ -330,7 +330,7 @@ def test_errors_are_grpc_statuses():
     assert codes["empty"][0] == grpc.StatusCode.INVALID_ARGUMENT and "empty" in codes["empty"][1]
     assert codes["slo"][0] == grpc.StatusCode.INVALID_ARGUMENT and "slo.ttft_ms" in codes["slo"][1]
     assert codes["vocab"][0] == grpc.StatusCode.INVALID_ARGUMENT and "vocab_size is 512" in codes["vocab"][1]
-    # A mode this router does not know is refused, not served as another mode (issue 15, item 8).
+    # A mode this router does not know is refused, not served as another mode.
     assert codes["mode"][0] == grpc.StatusCode.INVALID_ARGUMENT
     assert codes["mode"][1].startswith("mode 99 is not a known pd.v1.Mode: 0 (UNSPECIFIED), 1 (DISAGGREGATED)")
     assert codes["cancel"][0] == grpc.StatusCode.NOT_FOUND

@@ -1,7 +1,7 @@
 """Transfer capabilities (services/security/capability.py): real Ed25519 keys on disk, no mocks.
 
 Each refusal case changes one thing: grant fields are re-signed with the real key, so
-the reason proves that exactly that check fired (checks run in the article's order,
+the reason proves that exactly that check fired (checks run in `Reason`'s order,
 and an earlier wrong field would report its own reason).
 """
 
@@ -76,7 +76,7 @@ def test_a_valid_capability_is_accepted(keys):
     assert cap.expires_unix_ms == minted.expires_unix_ms == NOW_MS + GRANT.ttl_ms
     assert len(minted.nonce) == 16 and cap.nonce == minted.nonce
     assert nonce_key(minted.nonce) == minted.nonce.hex() and len(nonce_key(minted.nonce)) == 32
-    # The bounds are inclusive where the article says <=: every granted block, exactly max_bytes,
+    # The bounds are inclusive: every granted block, exactly max_bytes,
     # and the last millisecond before expiry.
     full = ask_for(minted.nonce, regions=GRANT.regions, num_bytes=GRANT.max_bytes)
     verifier.authorize(minted.raw, full, ROUTE_EPOCH, minted.expires_unix_ms - 1)
@@ -155,7 +155,7 @@ ORDER = ["ttl too long", "tenant", "source id", "destination id", "transfer id",
 
 
 @pytest.mark.parametrize("first", range(len(ORDER) + 1))
-def test_the_first_failed_check_in_the_article_order_is_the_reason(keys, tmp_path, first):
+def test_the_first_failed_check_in_reason_order_is_the_reason(keys, tmp_path, first):
     """Every check from ``first`` on is wrong at once (0: the issuer too); the reason names the earliest."""
     _, verifier, _ = keys
     cases = {c[0]: c[1:] for c in GRANT_AND_ASK_CASES}

@@ -1,4 +1,4 @@
-"""Tracing setup and the local collector (issue 18): spans reach the collector over real
+"""Tracing setup and the local collector (docs/observability.md): spans reach the collector over real
 OTLP/gRPC with mutual TLS, only pdserve's services may export, pd.* baggage lands on
 every span (never a client's at the router), a dead collector costs dropped spans and
 no time, and the data plane's commit carries the context within bounds."""

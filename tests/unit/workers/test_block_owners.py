@@ -1,4 +1,4 @@
-"""Every block a worker holds has an owner and a way back (issue 15, item 1).
+"""Every block a worker holds has an owner and a way back (docs/design.md, Principles).
 
 Prefill: a prefill whose caller vanished without cancelling (it waits on a peer
 that never answers) is cancelled at its TTL and its blocks freed. Decode: a

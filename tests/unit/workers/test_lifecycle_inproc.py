@@ -1,4 +1,4 @@
-"""The two workers below the full cluster (issue 16): real PrefillWorker and
+"""The two workers below the full cluster: real PrefillWorker and
 DecodeWorker on tiny engines, the inproc data plane, the real directory servicer
 over the memory store (tests/support/inproc_cluster.py). A hand-off driven in the router's
 order equals a colocated run, and every test ends with everything returned."""

@@ -1,5 +1,5 @@
 """A call that takes blocks gives them back when its caller stops waiting, whenever that
-happens (services/worker/loop.py, safety invariant "ownership"; issue 15, item 1)."""
+happens (services/worker/loop.py, safety invariant "ownership"; docs/design.md, Principles)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-request decision on hand-computed cases (article 0x08E, 0x09I, 0x01A),
+"""The per-request decision on hand-computed cases (docs/architecture.md, Router: cost model, decision, modes),
 over the round-number workers of tests/support/pricing.py.
 """
 

@@ -1,5 +1,5 @@
 """The rollback over the in-process fake cluster (tests/support/orchestrator.py): the
-steps run in the article's order and are recorded; a failure at any step leaves a
+steps run in order (services/release/machine.py, ROLLBACK_ORDER) and are recorded; a failure at any step leaves a
 record that the next run — another router, once the runner's lease lapsed — resumes
 from that step, keeping what ended; the completion gate refuses what does not hold."""
 

@@ -1,7 +1,7 @@
 """The router compares the two ends' K/V digests before the decode's tokens of a hand-off
-go out (issue 17, item 7): a mismatch streams nothing of the decode's, retries, and has the
+go out (docs/design.md, Security): a mismatch streams nothing of the decode's, retries, and has the
 decode worker drop the published blocks from its prefix cache. Token 0 is the prefill's
-own: it goes out as soon as the prefill sampled it (issue 21), and a retry reproduces it."""
+own: it goes out as soon as the prefill sampled it (docs/design.md, Measurement), and a retry reproduces it."""
 
 from __future__ import annotations
 

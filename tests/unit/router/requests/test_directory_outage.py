@@ -1,6 +1,6 @@
 """Colocated serving outlives a directory outage, and disaggregated routes resume after
-it (router/requests/cluster_view.py; issue 15, item 4); a hung worker is noticed by its lease
-(router/requests/attempts.py; item 8)."""
+it (router/requests/cluster_view.py; docs/design.md, Failures); a hung worker is noticed by
+its lease (router/requests/attempts.py)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_no_snapshot_ever_is_unavailable():
                                           (Mode.DISAGGREGATED, ("decode_stream", "d1"))])
 def test_a_hung_worker_is_noticed_when_its_lease_expires_not_at_the_token_timeout(mode, stalled):
     """The worker answers nothing (SIGSTOP); the directory expires its lease; the attempt
-    fails then and the request completes elsewhere (issue 15, item 8)."""
+    fails then and the request completes elsewhere (docs/design.md, Failures)."""
     fake = two_by_two()
     fake.hang.add(stalled)
 

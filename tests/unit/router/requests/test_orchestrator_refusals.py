@@ -54,7 +54,7 @@ from tests.support.orchestrator import (
     (dict(sampling=Sampling(temperature=-1.0)), StatusCode.INVALID_ARGUMENT, "temperature"),
     (dict(slo=Slo(ttft_ms=-1.0)), StatusCode.INVALID_ARGUMENT, "slo.ttft_ms must be a finite number >= 0"),
     (dict(mode=Mode.AUTO, slo=Slo(tpot_ms=float("nan"))), StatusCode.INVALID_ARGUMENT, "slo.tpot_ms"),
-    # Limits in bytes, not characters (issue 15, item 8): 65 four-byte characters.
+    # Limits in bytes, not characters (docs/design.md, Failures): 65 four-byte characters.
     (dict(request_id="\U0001F600" * 65), StatusCode.INVALID_ARGUMENT, "request_id is 260 bytes in UTF-8; at most 256"),
     (dict(request_id="r" * 257), StatusCode.INVALID_ARGUMENT, "request_id is 257 bytes"),
     (dict(tenant="t" * (1 << 20)), StatusCode.INVALID_ARGUMENT, "tenant is 1048576 bytes in UTF-8; at most 128"),
@@ -117,9 +117,10 @@ def test_request_too_big_for_any_worker_is_resource_exhausted_without_trying():
 
 
 def test_resource_exhausted_everywhere_tries_other_workers_then_waits_out_its_deadline():
-    """Workers full although their heartbeats show room (issue 15, item 6): each refusal
-    fences that worker full and the retry goes to another; with none left the request
-    waits in the admission queue, and is refused once its deadline can no longer be met."""
+    """Workers full although their heartbeats show room: each refusal fences that worker
+    full and the retry goes to another; with none left the request waits in the admission
+    queue (docs/architecture.md, Router retries and the admission queue), and is refused
+    once its deadline can no longer be met."""
     fake = two_by_two()
     full = WorkerCallError(StatusCode.RESOURCE_EXHAUSTED, "K/V blocks exhausted: 0 free")
     for w in ("d0", "d1"):

@@ -159,8 +159,8 @@ def test_a_burst_planned_before_any_attempt_runs_spreads_over_workers(mode):
 
 
 def test_a_reused_request_id_goes_above_the_earlier_runs_generation():
-    """Issue 15, item 8: a client re-using a finished request id within the directory's
-    retention found transfer id r/1 taken and lost its first attempt. The router that
+    """A client re-using a finished request id within the directory's retention used to
+    find transfer id r/1 taken and lose its first attempt. The router that
     served the id starts above it; another router (no memory of it) learns the
     generation from the directory's refusal and re-reserves above it, uncounted."""
     fake = two_by_two()

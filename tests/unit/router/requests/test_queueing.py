@@ -1,9 +1,10 @@
-"""The admission queue (router/requests/queueing.py; issue 15, item 6): a burst waits for K/V
-room instead of being shed, tenants are served round robin, each tenant's queue is
-bounded, and a waiter leaves only when its deadline can no longer be met. Over the
-in-process fake cluster of tests/support/orchestrator.py, whose decode worker
-reports a fixed number of free blocks: this router's own in-flight requests are
-what fills it (the overlay), so room frees exactly when requests end."""
+"""The admission queue (router/requests/queueing.py; docs/architecture.md, Router retries
+and the admission queue): a burst waits for K/V room instead of being shed, tenants are
+served round robin, each tenant's queue is bounded, and a waiter leaves only when its
+deadline can no longer be met. Over the in-process fake cluster of
+tests/support/orchestrator.py, whose decode worker reports a fixed number of free blocks:
+this router's own in-flight requests are what fills it (the overlay), so room frees exactly
+when requests end."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Rollback(self, request, context):
-        """Roll the release back in the article's order (or resume an unfinished rollback).
+        """Roll the release back, step by step in RollbackStep's order (or resume an unfinished rollback).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

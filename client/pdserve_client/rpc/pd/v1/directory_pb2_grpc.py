@@ -236,7 +236,7 @@ class DirectoryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetRelease(self, request, context):
-        """Read the release record (article 0x0FF) every router follows.
+        """Read the release record (docs/design.md, The release) every router follows.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
