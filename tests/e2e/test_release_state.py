@@ -14,35 +14,25 @@ processes, the real CLIs, one state dir used by cluster after cluster, in order.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from services.cluster.launcher import REPO_ROOT, LocalCluster
+from tests.support.operator import operator_env, operator_home
 
 UP_S = 240
 
-OPERATOR_SETTINGS = ("PD_TLS_", "PD_INSECURE", "PD_ROUTER", "PD_CLUSTER")
-"""Environment a shell of the test's own may hold that would send pdctl elsewhere than ./.pdserve."""
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("release-state")
-    yield home
-    try:
-        LocalCluster.load(str(home / ".pdserve")).down()
-    except FileNotFoundError:
-        pass
+    with operator_home(tmp_path_factory, "release-state") as home:
+        yield home
 
 
 def run(home: Path, *argv: str) -> subprocess.CompletedProcess:
     """`pdserve ...` or `pdctl ...` as an operator runs it from `home` (./.pdserve there)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OPERATOR_SETTINGS)}
-    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'client'}"
+    env = operator_env()
     module = {"pdserve": "services.cli", "pdctl": "pdserve_client.cli"}[argv[0]]
     done = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=home, env=env, capture_output=True,
                           text=True, timeout=UP_S)

@@ -17,7 +17,6 @@ A runbook command that is in neither fails `test_every_runbook_command_is_run_or
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import pytest
 
 from pdserve_client import cli, cli_drill, kubectl
 from pdserve_client.drill.kube import fullname
-from services.cluster.launcher import REPO_ROOT, LocalCluster
+from tests.support.operator import operator_env, operator_home
 from tests.support.runbooks import all_commands, local
 
 STEP_S = 420
@@ -129,18 +128,10 @@ def test_kubectl_commands_name_the_charts_objects(command):
     assert all(("Deployment", d) in names for d in deployments), (deployments, sorted(names))
     assert filled.split()[:3] == ["kubectl", "-n", "serving"]
 
-OPERATOR_SETTINGS = ("PD_TLS_", "PD_INSECURE", "PD_ROUTER", "PD_CLUSTER")
-"""Environment a shell of the test's own may hold that would send pdctl elsewhere than ./.pdserve."""
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("runbook")
-    yield home
-    try:
-        LocalCluster.load(str(home / ".pdserve")).down()
-    except FileNotFoundError:
-        pass
+    with operator_home(tmp_path_factory, "runbook") as home:
+        yield home
 
 
 @pytest.fixture(scope="module")
@@ -152,10 +143,7 @@ def seen() -> dict[str, str]:
 def shell_env() -> dict[str, str]:
     """An operator's shell: the virtualenv's scripts first on PATH, no certificate or router
     settings of the test's own (pdctl finds ./.pdserve's), this checkout importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OPERATOR_SETTINGS)}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{REPO_ROOT / 'client'}"
-    return env
+    return operator_env()
 
 
 def values(home: Path, seen: dict[str, str]) -> dict[str, str]:
