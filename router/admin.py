@@ -10,13 +10,13 @@ import logging
 
 import grpc
 
+from pdserve_client.contract import MAX_REQUEST_ID_BYTES
 from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
 from router.blocks import blocks
 from router.grpc_gateway import grpc_code
 from router.identity import caller_tenant
 from router.release.admin import ReleaseAdmin
 from router.release.controller import ReleaseController
-from router.requests.admission import MAX_REQUEST_ID_BYTES
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError

@@ -26,14 +26,12 @@ a trim takes ~1 ms. `PD_MALLOC_TUNE=0` turns all of it off, as for the workers
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import logging
-import os
+
+from services.common.heap import M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc_malloc
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # Must match glibc's malloc.h
 LARGE_BLOCK_BYTES = 1 << 20
 """Blocks of this size or more get a mapping of their own, and a call whose message is
 this large trims the heap when it is over."""
@@ -45,24 +43,11 @@ TRIM_AGAIN_S = 0.5
 """How long after a large call is over the heap is trimmed a second time."""
 
 
-def _libc():
-    """glibc's malloc controls, or None (PD_MALLOC_TUNE=0, or not glibc)."""
-    if os.environ.get("PD_MALLOC_TUNE", "1") == "0":
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-    except (OSError, AttributeError, TypeError):
-        return None
-    return libc
-
-
 class Heap:
     """The router's heap settings and its trims."""
 
     def __init__(self):
-        self._libc = _libc()
+        self._libc = glibc_malloc()
         self._pending: set[float] = set()
         """Delays of the trims scheduled and not run yet."""
         self.trims = 0
@@ -70,7 +55,6 @@ class Heap:
     def tune(self) -> bool:
         """Fix the thresholds and the arenas, at start before serving; False when not done."""
         if self._libc is None:
-            log.info("heap left as glibc tunes it (PD_MALLOC_TUNE=0, or no mallopt)")
             return False
         ok = all([self._libc.mallopt(option, value) for option, value in (
             (M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES), (M_TRIM_THRESHOLD, TRIM_BYTES), (M_ARENA_MAX, ARENAS))])

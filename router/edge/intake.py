@@ -26,7 +26,8 @@ from google.protobuf.message import DecodeError
 from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
 from router import convert
-from router.types import Cluster, GenerateParams, RouterError, StatusCode
+from router.requests.admission import max_model_len
+from router.types import GenerateParams, RouterError, StatusCode
 
 from . import wire
 from .budget import IntakeBudget
@@ -73,7 +74,7 @@ class Intake:
             return None
         cluster = self._view.last  # whatever its age: the limits of workers change rarely
         try:
-            limit = prompt_limit(cluster if cluster is not None else await self._view.get())
+            limit = max_model_len(cluster if cluster is not None else await self._view.get())
         except RouterError as exc:
             return Refusal.of(exc)
         if limit is not None and sizes.prompt_tokens > limit:
@@ -113,13 +114,6 @@ def sizes_of(request: router_pb2.GenerateRequest) -> wire.RequestSizes:
     """The sizes of a parsed request (one the wire reading left to the parser)."""
     tokens = len(request.prompt_token_ids.ids) if request.WhichOneof("prompt") == "prompt_token_ids" else None
     return wire.RequestSizes(len(request.request_id.encode()), len(request.tenant.encode()), tokens)
-
-
-def prompt_limit(cluster: Cluster) -> int | None:
-    """The most tokens any decode-capable worker of `cluster` holds for one request (its
-    max_model_len); None when there is none, or one that declares no limit."""
-    lengths = [w.capacity.max_model_len for w in cluster.workers if w.can_decode]
-    return max(lengths) if lengths and all(lengths) else None
 
 
 def add_router_servicer(servicer, server: grpc.aio.Server) -> None:

@@ -21,9 +21,6 @@ from router.requests.placement import Demand, capacity_shortfall
 from router.requests.text import encode
 from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
 
-MAX_REQUEST_ID_BYTES = contract.MAX_REQUEST_ID_BYTES
-MAX_TENANT_BYTES = contract.MAX_TENANT_BYTES
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Admitted:
@@ -68,8 +65,8 @@ def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Rout
     for name, value in (("slo.ttft_ms", params.slo.ttft_ms), ("slo.tpot_ms", params.slo.tpot_ms)):
         if not (math.isfinite(value) and value >= 0):
             raise _invalid(f"{name} must be a finite number >= 0 (0 = no target), got {value}")
-    for name, value, limit in (("request_id", params.request_id, MAX_REQUEST_ID_BYTES),
-                               ("tenant", params.tenant, MAX_TENANT_BYTES)):
+    for name, value, limit in (("request_id", params.request_id, contract.MAX_REQUEST_ID_BYTES),
+                               ("tenant", params.tenant, contract.MAX_TENANT_BYTES)):
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > limit:
             raise _invalid(f"{name} is {size} bytes in UTF-8; at most {limit}")
@@ -120,6 +117,14 @@ def _check_sampling(s: Sampling, seed_source: Callable[[], int]) -> Sampling:
     return s
 
 
+def max_model_len(cluster: Cluster) -> int | None:
+    """The most tokens any decode-capable worker of `cluster` holds for one request, prompt
+    and generated together (its max_model_len); None when there is none, or one that
+    declares no limit."""
+    lengths = [w.capacity.max_model_len for w in cluster.workers if w.can_decode]
+    return max(lengths) if lengths and all(lengths) else None
+
+
 def check_cluster(req: Admitted, cluster: Cluster) -> None:
     """Checks against the workers' declared capacity; raises RouterError
     (UNAVAILABLE, INVALID_ARGUMENT, RESOURCE_EXHAUSTED).
@@ -137,9 +142,8 @@ def check_cluster(req: Admitted, cluster: Cluster) -> None:
         bad = next(((i, t) for i, t in enumerate(req.prompt) if t >= vocab_size), None)
         if bad is not None:
             raise _invalid(f"prompt token id {bad[1]} at position {bad[0]} is out of range: vocab_size is {vocab_size}")
-    lengths = [w.capacity.max_model_len for w in decoders]
-    if all(lengths):
-        max_len = max(lengths)
+    max_len = max_model_len(cluster)
+    if max_len is not None:
         total = len(req.prompt) + req.max_tokens
         if total > max_len:
             raise _invalid(f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) = {total} "

@@ -47,8 +47,10 @@ class Retries:
     failures: list[str] = dataclasses.field(default_factory=list)
     requeues: int = 0
     behind_hops: int = 0
+    wait_since: float | None = None
+    """When the request began waiting for unreachable workers to be replaced (monotonic)."""
     wait_until: float | None = None
-    """Until when the request waits for unreachable workers to be replaced (set on first wait)."""
+    """Until when it waits for them (set with `wait_since`)."""
 
     def dispatch(self, att: Attempt) -> None:
         """`att` is about to run: count it."""
@@ -88,9 +90,10 @@ class Retries:
         return bool(self.unreachable) and all(self.unreachable.get(w.worker_id) == w.epoch
                                               for w in cluster.workers if w.can_decode)
 
-    def nobody_left(self, waited_s: float) -> RouterError:
+    def nobody_left(self, now: float) -> RouterError:
         """UNAVAILABLE naming the workers that failed to answer, once no other worker could
-        take the request's next attempt within the wait for one (`waited_s`)."""
+        take the request's next attempt within the wait for one (until `now`)."""
+        waited_s = now - self.wait_since if self.wait_since is not None else 0.0
         return RouterError(StatusCode.UNAVAILABLE,
                            f"{', '.join(sorted(self.unreachable))} failed to answer and no other worker could take "
                            f"the request (waited {waited_s:.1f} s for one): {'; '.join(self.failures)}")
@@ -133,7 +136,7 @@ class RetryPolicy:
                 # for the cluster to change (a restart re-registers), then say whom it waited for
                 # rather than dispatch into an address that did not answer (a frozen one hangs).
                 if not self._wait_for_change(run, r):
-                    raise r.nobody_left(self._waited_s(r))
+                    raise r.nobody_left(time.monotonic())
                 await asyncio.sleep(cfg.queue_poll_ms / 1000.0)
                 continue
             if att is None:
@@ -224,13 +227,9 @@ class RetryPolicy:
         if r.wait_until is None:
             patience = self._patience_s(run)
             wait_s = self.config.unreachable_wait_ms / 1000.0
-            r.wait_until = time.monotonic() + (wait_s if patience is None else min(wait_s, patience))
+            r.wait_since = time.monotonic()
+            r.wait_until = r.wait_since + (wait_s if patience is None else min(wait_s, patience))
         return time.monotonic() < r.wait_until
-
-    def _waited_s(self, r: Retries) -> float:
-        """How long the request has waited for a worker other than those that failed to answer."""
-        wait_s = self.config.unreachable_wait_ms / 1000.0
-        return max(0.0, time.monotonic() - (r.wait_until - wait_s)) if r.wait_until is not None else 0.0
 
     def _patience_s(self, run: RequestRun) -> float | None:
         """How long the request may wait for K/V room: what is left of its deadline less

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import grpc
 
+from pdserve_client.contract import MAX_REQUEST_ID_BYTES
 from pdserve_client.rpc.pd.v1 import blocks_pb2, blocks_pb2_grpc
 
 from . import holdings
 
 WORKER_ADMIN_SERVICE = blocks_pb2.DESCRIPTOR.services_by_name["WorkerAdmin"].full_name
-MAX_REQUEST_ID_BYTES = 256
-"""Longer ids are refused (the router admits none longer; must match router/requests/admission.py)."""
 
 
 def view_to_pb(v: holdings.BlockView, worker_id: str, epoch: int) -> blocks_pb2.WorkerBlocks:

@@ -18,15 +18,11 @@ hundreds of MB anyway.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import os
+
+from services.common.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc_malloc
 
 log = logging.getLogger(__name__)
-
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
 
 MAX_MMAP_THRESHOLD = 32 << 20
 """glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)."""
@@ -40,17 +36,10 @@ def tune_malloc(mmap_threshold: int = MAX_MMAP_THRESHOLD,
 
     `PD_MALLOC_TUNE=0` turns it off (e.g. to measure without it).
     """
-    if os.environ.get("PD_MALLOC_TUNE", "1") == "0":
-        log.info("malloc tuning off (PD_MALLOC_TUNE=0)")
+    libc = glibc_malloc()
+    if libc is None:
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        log.info("no mallopt in %s: heap thresholds left as they are", name)
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt = libc.mallopt
     ok = bool(mallopt(M_MMAP_THRESHOLD, min(mmap_threshold, MAX_MMAP_THRESHOLD)))
     ok &= bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
     if not ok:

@@ -21,8 +21,9 @@ from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
 from router.edge import wire
 from router.edge.budget import IntakeBudget
 from router.edge.heap import LARGE_BLOCK_BYTES, TRIM_AGAIN_S, Heap
-from router.edge.intake import Intake, prompt_limit, sizes_of
+from router.edge.intake import Intake, sizes_of
 from router.edge.refusal import MAX_MESSAGE_CHARS, QUOTE_CHARS, Refusal, bounded, quote
+from router.requests.admission import max_model_len
 from router.types import Cluster, RouterError, StatusCode, WorkerCapacity, WorkerRecord, WorkerRole
 from tests.unit.router.test_server import CAP, FakeDirectory, request, rig, run
 
@@ -223,9 +224,9 @@ def test_the_prompt_limit_is_the_largest_decode_workers_max_model_len():
 
     prefill, d1, d2 = (worker("p", WorkerRole.PREFILL, 9000), worker("d1", WorkerRole.DECODE, 512),
                        worker("d2", WorkerRole.MIXED, 2048))
-    assert prompt_limit(Cluster((prefill, d1, d2))) == 2048
-    assert prompt_limit(Cluster((d1, worker("d3", WorkerRole.DECODE, 0)))) is None  # one declares no limit
-    assert prompt_limit(Cluster((prefill,))) is None
+    assert max_model_len(Cluster((prefill, d1, d2))) == 2048
+    assert max_model_len(Cluster((d1, worker("d3", WorkerRole.DECODE, 0)))) is None  # one declares no limit
+    assert max_model_len(Cluster((prefill,))) is None
 
 
 @pytest.mark.skipif(Heap()._libc is None, reason="glibc's malloc controls")
