@@ -13,7 +13,7 @@ import asyncio
 from . import ucx_wire as wire
 from .base import TransferError, Verdict
 from .keys import TO_RECEIVER, TransferKey
-from .ucx_mailbox import post_control, send_control
+from .ucx_mailbox import delivered, post_control
 from .ucx_outgoing import Outgoing, Peer, wait_progress
 
 
@@ -56,10 +56,8 @@ class SenderExchange:
 
     async def _control(self, out: Outgoing, kind: int, body: dict) -> None:
         """One control message of `out`'s transfer, sent (io_timeout_s)."""
-        k = out.keyed
-        await send_control(self._rt, out.peer.ep, wire.tag(wire.CTRL, out.peer.nonce), kind, out.tid, self.nonce,
-                           next(self._seq), body, k.key, TO_RECEIVER, self.io_timeout_s,
-                           lambda: k.tags(wire.BODY, 1))
+        await delivered(self._rt, self._post_control(out, kind, body), f"{wire.KIND_NAMES[kind]} for {out.tid}",
+                        self.io_timeout_s)
 
     def _post_control(self, out: Outgoing, kind: int, body: dict) -> list[asyncio.Future]:
         k = out.keyed

@@ -136,6 +136,10 @@ class Inbounds:
 class Rejections(collections.Counter):
     """Messages dropped, by reason (REJECT_REASONS): pd_dataplane_rejected_total."""
 
+    def add(self, reason: str) -> None:
+        """One more message dropped for `reason` (a mailbox's `on_reject`)."""
+        self[reason] += 1
+
     def samples(self, side: str) -> list[tuple[str, dict, float]]:
         return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": side, "reason": r}, n)
                 for r, n in sorted(self.items())]

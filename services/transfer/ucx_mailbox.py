@@ -1,5 +1,6 @@
 """Control messages over UCX: a `Mailbox` receiving them on one tag, and posting
-authenticated ones (`post_control`, `send_control`; ucx_wire.py has the format).
+authenticated ones (`post_control`, then `delivered` to wait for them; ucx_wire.py has the
+format).
 
 The mailbox parses each message and hands it to its owner (the receiver or the sender)
 before anything of it is trusted: the owner checks its MAC under the transfer's key and
@@ -113,16 +114,14 @@ def post_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, s
     return [rt.post_send(ep, msg, to_tag), rt.post_send(ep, body, oob)]
 
 
-async def send_control(rt: UcxRuntime, ep, to_tag: int, kind: int, transfer_id: str, sender: int, seq: int,
-                       obj: dict | None, key: TransferKey, direction: bytes, timeout_s: float,
-                       body_tag: Callable[[], int] | None = None) -> None:
-    """Send one control message and wait (timeout_s) until UCX is done with it. The worker
-    is progressed at once: the message leaves now, not after the loop's other ready
-    callbacks (the token's COMMIT waited 0.15-0.5 ms for them behind the prefill's wake-up)."""
-    futs = post_control(rt, ep, to_tag, kind, transfer_id, sender, seq, obj, key, direction, body_tag)
+async def delivered(rt: UcxRuntime, futs: list[asyncio.Future], what: str, timeout_s: float) -> None:
+    """Wait (timeout_s) until UCX is done with `futs`, the sends of one control message
+    (`what`, for the error; `post_control`'s). The worker is progressed at once: the message
+    leaves now, not after the loop's other ready callbacks (the token's COMMIT waited
+    0.15-0.5 ms for them behind the prefill's wake-up)."""
     rt.progress()
     done, pending = await asyncio.wait(futs, timeout=timeout_s)  # never cancels ucxx's futures
     if pending:
-        raise TimeoutError(f"{wire.KIND_NAMES[kind]} for {transfer_id} not delivered in {timeout_s} s")
+        raise TimeoutError(f"{what} not delivered in {timeout_s} s")
     for f in done:
         f.result()

@@ -67,7 +67,7 @@ from .tcp_wire import commit_for
 from .ucx_inbound import Inbounds, Rejections
 from .ucx_intake import Intake
 from .ucx_mailbox import Mailbox
-from .ucx_runtime import Landing, UcxRuntime, fence_receives, local_host, runtime
+from .ucx_runtime import Landing, UcxRuntime, fence_receives, local_host, runtime, runtime_samples
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -125,12 +125,9 @@ class UcxReceiver(Intake, KVReceiver):
         self._rt.exporter = self._rt.exporter or self
         self._in.attach(self._rt)
         self._mailbox = Mailbox(self._rt, wire.tag(wire.CTRL, self.nonce), self._on_message, "ucx-receiver",
-                                on_reject=self._count_reject)
+                                on_reject=self.rejected.add)
         self._mailbox.start()
         log.info("ucx receiver at %s: transports %s", self.host, ",".join(self._rt.transports))
-
-    def _count_reject(self, reason: str) -> None:
-        self.rejected[reason] += 1
 
     async def stop(self) -> None:
         if self._idle_timer is not None:
@@ -358,12 +355,3 @@ class UcxReceiver(Intake, KVReceiver):
             self._reply(tid, wire.ERROR, {"reason": reason})
         self._in.end(tid, reason)
         super()._fail(tid, reason)
-
-
-def runtime_samples(rt: UcxRuntime | None, owner: object) -> list[tuple[str, dict, float]]:
-    """The runtime's own figures, reported by one transfer object per process: the messages
-    its sweeps drained, and the endpoints it holds (one per peer process that proved itself)."""
-    if rt is None or rt.exporter is not owner:
-        return []
-    return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": "runtime", "reason": "unexpected"},
-             rt.stats["unexpected"]), ("pd_dataplane_endpoints", {"backend": "ucx"}, rt.endpoints)]

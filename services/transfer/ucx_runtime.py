@@ -209,7 +209,8 @@ class UcxRuntime:
             del self._expected[key]
 
     def expected(self, t: int) -> bool:
-        return (t >> 60, (t >> 32) & ((1 << wire.NONCE_BITS) - 1)) in self._expected
+        """Does somebody receive on tag `t` (its kind and 28 bits registered)?"""
+        return wire.tag_parts(t)[:2] in self._expected
 
     def sweep(self) -> int:
         """Drain the unexpected messages on tags nobody expects; returns how many. Per tag
@@ -301,3 +302,12 @@ class Landing:
                 self.then()
             except Exception:  # a bug here must not vanish in a callback
                 log.exception("ucx: landing a chunk failed")
+
+
+def runtime_samples(rt: UcxRuntime | None, owner: object) -> list[tuple[str, dict, float]]:
+    """The runtime's own figures, reported by one transfer object per process: the messages
+    its sweeps drained, and the endpoints it holds (one per peer process that proved itself)."""
+    if rt is None or rt.exporter is not owner:
+        return []
+    return [("pd_dataplane_rejected_total", {"backend": "ucx", "side": "runtime", "reason": "unexpected"},
+             rt.stats["unexpected"]), ("pd_dataplane_endpoints", {"backend": "ucx"}, rt.endpoints)]

@@ -42,8 +42,7 @@ from .ucx_exchange import SenderExchange
 from .ucx_inbound import Rejections
 from .ucx_mailbox import Mailbox
 from .ucx_outgoing import Keys, OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
-from .ucx_receiver import runtime_samples
-from .ucx_runtime import UcxRuntime, runtime
+from .ucx_runtime import UcxRuntime, runtime, runtime_samples
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -80,11 +79,8 @@ class UcxSender(SenderExchange, SenderCredits, KVSender):
             self._rt = runtime()
             self._rt.exporter = self._rt.exporter or self
             self._mailbox = Mailbox(self._rt, wire.tag(wire.REPLY, self.nonce), self._on_reply, "ucx-sender",
-                                    on_reject=self._count_reject)
+                                    on_reject=self.rejected.add)
             self._mailbox.start()
-
-    def _count_reject(self, reason: str) -> None:
-        self.rejected[reason] += 1
 
     async def send(self, dest: str, transfer_id: str, chunk: Chunk,
                    buffers: Sequence[memoryview]) -> None:

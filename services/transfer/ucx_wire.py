@@ -98,11 +98,6 @@ def tag_parts(t: int) -> tuple[int, int, int]:
     return t >> 60, (t >> 32) & ((1 << NONCE_BITS) - 1), t & 0xFFFFFFFF
 
 
-def first_counter(pieces: int) -> int:
-    """A random first counter for `pieces` consecutive tags that do not wrap."""
-    return secrets.randbelow(COUNTER_SPAN - pieces)
-
-
 def body_digest(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=DIGEST_BYTES).digest()
 
