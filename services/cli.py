@@ -84,10 +84,15 @@ def _release_lines(cluster) -> list[str]:
     if not note:
         return []
     down = f"{runnable('pdserve', 'services.cli')} down --purge"
-    if cluster.state != (Path.cwd() / DEFAULT_STATE).resolve():
+    if not _default_state(cluster):
         down += f" --state-dir {shown_path(cluster.state)}"
     return [note, f"  ({shown_path(cluster.state)} keeps the release across `pdserve down`; `{down}` stops the "
                   "cluster and starts the next from clean state)"]
+
+
+def _default_state(cluster) -> bool:
+    """Is `cluster`'s state dir ./.pdserve, the one every command finds without --state-dir?"""
+    return cluster.state == (Path.cwd() / DEFAULT_STATE).resolve()
 
 
 def _scrape_lines(cluster) -> list[str]:
@@ -169,13 +174,9 @@ def cmd_demo(args) -> int:
 def _no_route(client) -> str:
     """Why a request that asked for a route ran on another with no attempt failed: the
     release, when it stops disaggregated routes (a rollback), else no worker pair took it."""
-    from pdserve_client.release import stopped_routes
-    from pdserve_client.types import PdError
+    from pdserve_client.release import stopped_routes_of
 
-    try:
-        return stopped_routes(client.release()) or "no such route"
-    except PdError:
-        return "no such route"
+    return stopped_routes_of(client) or "no such route"
 
 
 def runnable(script: str, module: str) -> str:
@@ -192,7 +193,7 @@ def next_steps(cluster) -> str:
     (a state dir elsewhere than ./.pdserve needs its router, certificates and --state-dir named)."""
     from services.cluster.progress import shown_path
 
-    here = cluster.state == (Path.cwd() / DEFAULT_STATE).resolve()
+    here = _default_state(cluster)
     env, flags, down = "PD_INSECURE=1 " if cluster.spec.insecure else "", "", ""
     if not here:
         tls = shown_path(cluster.tls_dir)

@@ -32,7 +32,7 @@ from typing import TextIO
 from pdserve_client import cli_blocks, cli_drill, cli_release, trace_cmd, wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
-from pdserve_client.release import stopped_routes
+from pdserve_client.release import stopped_routes_of
 from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
@@ -188,10 +188,7 @@ def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
 def _say_why_not(client: Client, route: str) -> None:
     """On stderr: the release, when it is why a request that asked for disaggregated ran
     `route` with no attempt failed (a rollback stops those routes)."""
-    try:
-        why = stopped_routes(client.release())
-    except PdError:
-        return  # the answer stands; the release is only its explanation
+    why = stopped_routes_of(client)
     if why:
         print(f"pdctl: asked for disaggregated, served {route}: {why}", file=sys.stderr)
 

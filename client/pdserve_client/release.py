@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from pdserve_client.rpc.pd.v1 import admin_pb2, release_pb2
+from pdserve_client.types import PdError
 from pdserve_client.wire import enum_name
 
 RELEASE_TIMEOUT_S = 120.0
@@ -182,6 +183,15 @@ def stopped_routes(view: ReleaseView) -> str:
         return ""
     return (f"the release is {view.mode.upper()}, which stops disaggregated routes until it is promoted "
             "(`pdctl release promote --reason R`; `pdctl release status` says more)")
+
+
+def stopped_routes_of(client) -> str:
+    """`stopped_routes` of the release `client` (a pdserve_client.Client) reads now; "" when it
+    cannot be read: the request's answer stands, the release is only its explanation."""
+    try:
+        return stopped_routes(client.release())
+    except PdError:
+        return ""
 
 
 def _since(view: ReleaseView) -> str:

@@ -23,10 +23,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from .launcher import REPO_ROOT
+
 MARKERS = ("redis.conf", "cluster.json", "tls")
 """What `pdserve up` writes into a state dir before anything else can fail: a folder with
 none of them is not one, and is never removed."""
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class NotPurged(ValueError):

@@ -36,7 +36,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
 PYPI = "https://pypi.org/simple"
 RESOLVE_TIMEOUT_S = 240  # a resolution takes 4-15 s here; this bounds one that downloads wheels
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support import REPO
+
 SHELLS = ["/bin/dash", "/bin/bash"]
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support import REPO
+
 SCRIPT = REPO / "deploy" / "torch-ucx.sh"
 SHELLS = ["/bin/dash", "/bin/bash"]
 GPU = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
