@@ -10,8 +10,7 @@ docs/observability.md) and `ClusterSpec.traces=False` turns tracing off.
 from __future__ import annotations
 
 from pdserve_client.spans import SPANS_FILE
-
-from .state import private_dir
+from services.common.private_files import private_dir
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 NAME = "collector"

