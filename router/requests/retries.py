@@ -164,45 +164,59 @@ class RetryPolicy:
                 continue
             except AttemptFailed as exc:
                 if exc.code is StatusCode.RESOURCE_EXHAUSTED and r.requeues < cfg.max_requeues:
-                    # No room after all (the snapshot lagged, or another router filled it): no
-                    # one failed. Count the worker full until it reports room, and queue again.
-                    r.requeues += 1
-                    run.refusals.append(f"{att.describe()}: {exc.message}")
-                    log.info("request %s: %s found no room (%s); back to the admission queue",
-                             req.request_id, att.describe(), exc.message)
-                    self._unbook(run)
-                    if exc.culprit is not None:
-                        self.queue.fence_full(exc.culprit)
-                    else:
-                        await asyncio.sleep(min(0.05 * 2 ** r.requeues, 1.0))
-                    r.uncount(att)
-                    continue
-                log.info("request %s: %s failed: %s", req.request_id, att.describe(), exc)
-                self.metrics.attempt_failed(att.route.name.lower(), exc.code.name, att.discard_kv)
-                if run.output.tokens:  # mid-stream: the request moves on (router.migration)
-                    self.metrics.migrated(exc.code.name)
-                    run.migrated_at = self._clock()
-                    run.trace.migrating(att.decode.worker_id, len(run.output.tokens), exc.code.name)
-                self._unbook(run)  # a later attempt streams from elsewhere
-                r.failed(att, exc)
-                if exc.stage == DIRECTORY_RESERVE and exc.code in (StatusCode.UNAVAILABLE,
-                                                                   StatusCode.DEADLINE_EXCEEDED):
-                    self.view.directory_unreachable()
-                if exc.culprit is not None and exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
-                    self.failures.record(exc.culprit)
+                    await self._requeue(run, r, att, exc)
+                else:
+                    self._failed(run, r, att, exc)
                 continue
             finally:
                 self.queue.kick()  # what the attempt held is free again
-            completed = run.output.completed(done.finish_reason, att.route, r.number,  # the reply's, else the seal's
-                                             att.prefill_kv_digest or att.sealed_kv_digest, done.kv_digest,
-                                             "; ".join(run.failures))
-            self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
-            slo = self.planner.slo(req.tenant, req.slo)
-            self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,
-                                   completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000, att.route.name.lower())
-            self.metrics.finished(req.tenant, len(req.prompt), self._clock() - run.start_s)
-            return completed
+            return self._completed(run, r, att, done)
         raise self._deadline_passed(run) or r.exhausted()
+
+    async def _requeue(self, run: RequestRun, r: Retries, att: Attempt, exc: AttemptFailed) -> None:
+        """`att` found no room after all (the snapshot lagged, or another router filled it): no
+        one failed. The worker counts as full until it reports room; the request queues again."""
+        r.requeues += 1
+        run.refusals.append(f"{att.describe()}: {exc.message}")
+        log.info("request %s: %s found no room (%s); back to the admission queue",
+                 run.req.request_id, att.describe(), exc.message)
+        self._unbook(run)
+        if exc.culprit is not None:
+            self.queue.fence_full(exc.culprit)
+        else:
+            await asyncio.sleep(min(0.05 * 2 ** r.requeues, 1.0))
+        r.uncount(att)
+
+    def _failed(self, run: RequestRun, r: Retries, att: Attempt, exc: AttemptFailed) -> None:
+        """`att` failed: counted, its culprit remembered (here and router-wide); after tokens
+        went out, the request migrates (router.migration)."""
+        log.info("request %s: %s failed: %s", run.req.request_id, att.describe(), exc)
+        self.metrics.attempt_failed(att.route.name.lower(), exc.code.name, att.discard_kv)
+        if run.output.tokens:  # mid-stream: the request moves on
+            self.metrics.migrated(exc.code.name)
+            run.migrated_at = self._clock()
+            run.trace.migrating(att.decode.worker_id, len(run.output.tokens), exc.code.name)
+        self._unbook(run)  # a later attempt streams from elsewhere
+        r.failed(att, exc)
+        unanswered = exc.code in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED)
+        if exc.stage == DIRECTORY_RESERVE and unanswered:
+            self.view.directory_unreachable()
+        if exc.culprit is not None and unanswered:
+            self.failures.record(exc.culprit)
+
+    def _completed(self, run: RequestRun, r: Retries, att: Attempt, done) -> Completed:
+        """The request's Complete event from its last attempt's `done`; the planner and the
+        metrics hear of it."""
+        req = run.req
+        completed = run.output.completed(done.finish_reason, att.route, r.number,  # the reply's, else the seal's
+                                         att.prefill_kv_digest or att.sealed_kv_digest, done.kv_digest,
+                                         "; ".join(run.failures))
+        self.planner.completed(req.request_id, run.plan, completed, att.prefill, att.decode)
+        slo = self.planner.slo(req.tenant, req.slo)
+        self.metrics.completed(req.tenant, len(req.prompt), completed.ttft_ms / 1000, completed.tpot_ms / 1000,
+                               completed.num_tokens, slo.ttft_ms / 1000, slo.tpot_ms / 1000, att.route.name.lower())
+        self.metrics.finished(req.tenant, len(req.prompt), self._clock() - run.start_s)
+        return completed
 
     def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
         """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
