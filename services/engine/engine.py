@@ -115,7 +115,7 @@ class Engine:
         """Blocks a request holds: K/V of the prompt and of every output but the last."""
         return -(-(prompt_len + max_tokens - 1) // self.block_size)
 
-    def validate(self, prompt_ids: list[int], max_tokens: int) -> None:
+    def validate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None) -> None:
         """Raise InvalidRequest saying what is wrong with this prompt / budget."""
         n = len(prompt_ids)
         if n == 0:
@@ -125,6 +125,9 @@ class Engine:
         if n >= self.max_model_len:
             raise InvalidRequest(f"prompt of {n} tokens does not fit the context length "
                                  f"{self.max_model_len} (at most {self.max_model_len - 1})")
+        if sampling is not None and sampling.first_step >= n:
+            raise InvalidRequest(f"first_step {sampling.first_step} replays the whole prompt of {n} tokens "
+                                 f"(at most {n - 1}: the prompt proper comes first)")
         if n + max_tokens > self.max_model_len:
             raise InvalidRequest(f"prompt {n} + max_tokens {max_tokens} exceeds the context "
                                  f"length {self.max_model_len}")
@@ -144,9 +147,11 @@ class Engine:
         Raises InvalidRequest or OutOfBlocks; on either, nothing is held.
         """
         prompt_ids = list(prompt_ids)
-        self.validate(prompt_ids, max_tokens)
+        self.validate(prompt_ids, max_tokens, sampling)
         seq = Sequence(request_id, prompt_ids, max_tokens, sampling or SamplingParams(), salt)
-        seq.block_keys = hash_blocks(prompt_ids, self.block_size, self.abi.digest, salt)
+        # Keys for blocks of the prompt proper only: a replayed output's K/V is decode's
+        # bits (SamplingParams.first_step), not what a prefill of the same tokens gives.
+        seq.block_keys = hash_blocks(prompt_ids[:seq.replay_start], self.block_size, self.abi.digest, salt)
         # The last prompt token is always computed: its logits give the first output.
         max_reuse = (len(prompt_ids) - 1) // self.block_size if reuse_prefix else 0
         seq.block_table, reused = self.blocks.allocate(
@@ -176,16 +181,19 @@ class Engine:
         end = min(seq.num_prompt_tokens, start + (max_chunk_tokens or self.cfg.chunk_tokens))
         seq.state = SeqState.PREFILLING
         cb = None if on_layer is None else (lambda layer: on_layer(layer, start, end))
+        head_end = max(start, min(end, seq.replay_start))  # replayed outputs from here on
+        replay = None if head_end == end else build_decode_meta(
+            [seq.block_table] * (end - head_end), [p + 1 for p in range(head_end, end)], self.block_size)
         logits = self.model.forward_prefill(
             torch.tensor(seq.prompt_ids[start:end], dtype=torch.long), start,
-            self._slots(seq, start, end), self._tile_table(seq, end), self.cache,
-            self.cfg.attn_tile_tokens, cb)
+            self._slots(seq, start, end), self._tile_table(seq, head_end), self.cache,
+            self.cfg.attn_tile_tokens, cb, replay)
         seq.num_computed_tokens = end
         self._register_full_blocks(seq, end)
         self.last_logits = logits
         if end < seq.num_prompt_tokens:
             return None
-        token = sample(logits, [seq.sampling], [0])[0]
+        token = sample(logits, [seq.sampling], [seq.next_step])[0]
         self._append(seq, token)
         return token
 
@@ -213,7 +221,7 @@ class Engine:
             torch.tensor(positions, dtype=torch.long), torch.tensor(slots, dtype=torch.long),
             meta, self.cache)
         self.last_logits = logits
-        tokens = sample(logits, [s.sampling for s in seqs], [len(s.output_ids) for s in seqs])
+        tokens = sample(logits, [s.sampling for s in seqs], [s.next_step for s in seqs])
         for s, t in zip(seqs, tokens):
             s.num_computed_tokens += 1
             self._append(s, t)

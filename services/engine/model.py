@@ -71,22 +71,30 @@ class LlamaModel:
     @torch.inference_mode()
     def forward_prefill(self, token_ids: torch.Tensor, q_start: int, slots: torch.Tensor,
                         block_table: torch.Tensor, cache: KVCache, tile: int,
-                        on_layer: LayerCallback | None = None) -> torch.Tensor:
+                        on_layer: LayerCallback | None = None,
+                        replay: DecodeMeta | None = None) -> torch.Tensor:
         """One chunk of one sequence; writes its K/V; returns the last token's logits [1, V].
 
         token_ids, slots: [C] (positions q_start .. q_start+C-1);
-        block_table: the sequence's blocks padded to whole attention tiles.
+        block_table: the sequence's blocks padded to whole attention tiles, covering the
+        rows that are not replayed.
         `on_layer(l)` fires as soon as layer l's K/V for this chunk is in the cache.
+        `replay`: the chunk's last `replay.batch` rows are outputs replayed (a resumed
+        request, SamplingParams.first_step), each over its own context: their attention
+        runs as decode ran it (`decode_attention`), so their K/V and hidden states are
+        decode's bits, not the tiled prefill's.
         """
-        x = self.prefill_hidden(token_ids, q_start, slots, block_table, cache, tile, on_layer)
+        x = self.prefill_hidden(token_ids, q_start, slots, block_table, cache, tile, on_layer, replay)
         return self.logits(x[-1:])
 
     @torch.inference_mode()
     def prefill_hidden(self, token_ids: torch.Tensor, q_start: int, slots: torch.Tensor,
                        block_table: torch.Tensor, cache: KVCache, tile: int,
-                       on_layer: LayerCallback | None = None) -> torch.Tensor:
+                       on_layer: LayerCallback | None = None,
+                       replay: DecodeMeta | None = None) -> torch.Tensor:
         """forward_prefill up to the last layer's output [C, d] (no final norm, no lm_head)."""
         c = token_ids.numel()
+        head = c - (replay.batch if replay is not None else 0)  # rows computed as prefill computes them
         cos, sin = self.cos[q_start:q_start + c], self.sin[q_start:q_start + c]
         x = self.embed[token_ids]  # [C, d]
         for li, layer in enumerate(self.layers):
@@ -95,7 +103,12 @@ class LlamaModel:
             cache.write(li, slots, k, v)
             if on_layer is not None:
                 on_layer(li)
-            attn = prefill_attention(q, cache.k[li], cache.v[li], block_table, q_start, tile)
+            if replay is None:
+                attn = prefill_attention(q, cache.k[li], cache.v[li], block_table, q_start, tile)
+            else:
+                tail = decode_attention(q[head:], cache.k[li], cache.v[li], replay)
+                attn = tail if head == 0 else torch.cat(
+                    [prefill_attention(q[:head], cache.k[li], cache.v[li], block_table, q_start, tile), tail])
             x = self._mlp_residual(layer, x, attn)
         return x
 

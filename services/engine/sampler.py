@@ -39,8 +39,16 @@ class SamplingParams:
     """Finish when one of these is generated (in addition to the model's EOS)."""
     ignore_eos: bool = False
     """Do not stop at the model's EOS ids (benchmarks)."""
+    first_step: int = 0
+    """Output index of the first token this request samples. A resumed request (its
+    stream moved to another worker after k tokens) sends its prompt followed by those k
+    tokens with first_step k: the last k prompt tokens are outputs replayed (their K/V
+    is computed as decode computed it, services/engine/engine.py), and the draws go on
+    at step k, so the rest is the bits an uninterrupted run gives."""
 
     def __post_init__(self):
+        if self.first_step < 0:
+            raise ValueError(f"first_step {self.first_step} < 0")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature {self.temperature} is not a finite number >= 0")
         if self.top_k < 0:

@@ -60,6 +60,17 @@ class Sequence:
         return len(self.prompt_ids)
 
     @property
+    def replay_start(self) -> int:
+        """Position of the first replayed output in the prompt (SamplingParams.first_step;
+        the prompt's length when none is)."""
+        return len(self.prompt_ids) - self.sampling.first_step
+
+    @property
+    def next_step(self) -> int:
+        """The output index of the next token sampled (the sampler's step)."""
+        return self.sampling.first_step + len(self.output_ids)
+
+    @property
     def token_ids(self) -> list[int]:
         """Prompt followed by outputs."""
         return self.prompt_ids + self.output_ids
