@@ -58,13 +58,14 @@ def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
     """SamplingParams -> Sampling (seed None when unset)."""
     return Sampling(pb.temperature, pb.top_k, pb.top_p, pb.seed if pb.HasField("seed") else None,
-                    tuple(pb.stop_token_ids), pb.ignore_eos)
+                    tuple(pb.stop_token_ids), pb.ignore_eos, pb.first_step)
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
     """Sampling -> SamplingParams (seed left unset when None)."""
     pb = common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                   stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos)
+                                   stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
+                                   first_step=s.first_step)
     if s.seed is not None:
         pb.seed = s.seed
     return pb

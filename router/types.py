@@ -120,6 +120,8 @@ class Sampling:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    first_step: int = 0
+    """The prompt's last first_step tokens are outputs already given (a resumed stream)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="sampler seed")
     gen.add_argument("--stop-token-ids", type=_token_id_list, default=[], help="extra stop ids, e.g. 2,13")
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    gen.add_argument("--first-step", type=int, default=0,
+                     help="resume: the prompt ends with this many tokens already given; the rest follow")
     gen.add_argument("--tenant", default="", help="tenant (default: the one the client certificate names)")
     gen.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT target for admission/routing")
     gen.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT target for admission/routing")

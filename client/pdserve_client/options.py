@@ -59,6 +59,11 @@ class GenerateOptions:
     """Token ids that end the generation besides end-of-sequence (any iterable; kept as a tuple)."""
     ignore_eos: bool = False
     """Keep generating past end-of-sequence, until max_tokens or a stop id (benchmarks)."""
+    first_step: int = 0
+    """Resume a stream: the prompt ends with the first `first_step` tokens a request with
+    the same prompt, sampling and seed already gave; the tokens after them come, exactly
+    as an uninterrupted run gives them (max_tokens counts only those). Less than the
+    prompt's length."""
     mode: str | None = None
     """Serving mode, one of contract.MODES ('disaggregated', 'colocated', 'auto', 'shadow',
     'canary'), any case; None: the router's default."""
@@ -88,6 +93,7 @@ class GenerateOptions:
             raise _invalid("stop_token_ids", f"a sequence of token ids, integers in [0, {UINT32_MAX}]",
                            self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stop_ids)
+        _check_int("first_step", self.first_step, 0, UINT32_MAX)
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "True or False", self.ignore_eos)
         if self.mode is not None:

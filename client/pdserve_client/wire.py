@@ -111,7 +111,7 @@ def build_generate_request(
         mode=encode_mode(o.mode),
         sampling=common_pb2.SamplingParams(
             temperature=float(o.temperature), top_k=o.top_k, top_p=float(o.top_p),
-            stop_token_ids=o.stop_token_ids, ignore_eos=o.ignore_eos,
+            stop_token_ids=o.stop_token_ids, ignore_eos=o.ignore_eos, first_step=o.first_step,
         ),
         slo=common_pb2.Slo(ttft_ms=float(o.slo_ttft_ms or 0.0), tpot_ms=float(o.slo_tpot_ms or 0.0)),
     )

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pdserve_client import contract
@@ -39,6 +39,19 @@ class Admitted:
     """Router mode (router/requests/planner.py): the request's own, or the router default."""
     slo: Slo = Slo()
     """Targets as the request named them (tenant defaults are applied by the planner)."""
+
+    def replaying(self, given: Sequence[int]) -> Admitted:
+        """The request as an attempt runs it after the client got `given` (its first outputs,
+        all but the last of what it has: output.py `resume_point`): the prompt followed by
+        them, replayed as decode computed them, sampling from step len(given) on
+        (SamplingParams.first_step), a budget that much smaller. Exact kernels make the
+        rest the bits an uninterrupted run gives (docs/design.md, Failures). None given:
+        the request itself."""
+        if not given:
+            return self
+        return dataclasses.replace(self, prompt=self.prompt + tuple(given), max_tokens=self.max_tokens - len(given),
+                                   sampling=dataclasses.replace(
+                                       self.sampling, first_step=self.sampling.first_step + len(given)))
 
     @property
     def demand(self) -> Demand:
@@ -76,6 +89,9 @@ def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Rout
     if params.max_tokens > config.max_tokens_limit:
         raise _invalid(f"max_tokens {params.max_tokens} exceeds this router's limit of {config.max_tokens_limit}")
     sampling = _check_sampling(params.sampling, seed_source)
+    if sampling.first_step >= len(prompt):
+        raise _invalid(f"sampling.first_step {sampling.first_step} replays the whole prompt of {len(prompt)} tokens "
+                       f"(at most {len(prompt) - 1}: the prompt proper comes first)")
     deadline_ms = params.deadline_ms or config.default_deadline_ms
     return Admitted(
         request_id=params.request_id or uuid.uuid4().hex,

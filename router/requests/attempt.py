@@ -117,6 +117,9 @@ class Attempt:
     """Overlay entry of the prompt tokens queued at P (dropped when prefill returns)."""
     tokens_seen: int = 0
     """Tokens this attempt streamed; also the next expected index."""
+    first_index: int = 0
+    """The request's output index of this attempt's token 0: a resumed attempt's prompt
+    ends with the outputs before it (Admitted.replaying)."""
     overlay_handles: list[int] = dataclasses.field(default_factory=list)
     stream_task: asyncio.Task | None = None
     prefill_task: asyncio.Task | None = None

@@ -100,10 +100,11 @@ class AttemptRunner:
         self.current = self.last = att
         try:
             queue: asyncio.Queue = asyncio.Queue()
+            req = self.req.replaying(self._output.tokens[:att.first_index])  # a resumed attempt's request
             if att.route is Route.DISAGGREGATED:
-                await self._start_disaggregated(att, queue)
+                await self._start_disaggregated(att, req, queue)
             else:
-                self._start_colocated(att, queue)
+                self._start_colocated(att, req, queue)
             done = await self._drive(att, queue)
             await self._settle_prefill(att)
             return done
@@ -127,8 +128,8 @@ class AttemptRunner:
             return limit_s
         return max(0.001, left if limit_s is None else min(limit_s, left))
 
-    async def _start_disaggregated(self, att: Attempt, queue: asyncio.Queue) -> None:
-        req, p, d, g = self.req, att.prefill, att.decode, att.generation
+    async def _start_disaggregated(self, att: Attempt, req: Admitted, queue: asyncio.Queue) -> None:
+        p, d, g = att.prefill, att.decode, att.generation
         tid = transfer_id(req.request_id, g)
         blocks, att.prefill_handle = self._inflight.hold_route(req, p, d)
         att.overlay_handles.append(blocks)
@@ -178,8 +179,8 @@ class AttemptRunner:
         except WorkerCallError as exc:
             queue.put_nowait(("directory", exc))
 
-    def _start_colocated(self, att: Attempt, queue: asyncio.Queue) -> None:
-        req, w = self.req, att.decode
+    def _start_colocated(self, att: Attempt, req: Admitted, queue: asyncio.Queue) -> None:
+        w = att.decode
         blocks, att.prefill_handle = self._inflight.hold_route(req, w, w)
         att.overlay_handles.append(blocks)
         advance(att, Stage.COLOCATED)
@@ -272,7 +273,7 @@ class AttemptRunner:
                     if isinstance(item, StreamToken):
                         self._on_token(att, item)
                     else:
-                        self._output.check_finished(att.tokens_seen, att.generation)
+                        self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
                         return item
             elif kind == "prefill_error":
                 if att.tokens_seen == 0:
@@ -283,7 +284,7 @@ class AttemptRunner:
             elif kind == "item" and isinstance(value, StreamToken):
                 self._on_token(att, value)
             elif kind == "item":
-                self._output.check_finished(att.tokens_seen, att.generation)
+                self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
                 return value
             elif kind == "stream_error":
                 if (value.code is StatusCode.INVALID_ARGUMENT and att.route is Route.COLOCATED
@@ -303,7 +304,7 @@ class AttemptRunner:
     def _prefill_token_0(self, att: Attempt, token: int, queue: asyncio.Queue) -> None:
         """P's token 0, out as soon as it is read: before the decode's Reserve answered too."""
         try:
-            out = self._output.offer(0, token, att.generation, decoding=False)
+            out = self._output.offer(att.first_index, token, att.generation, decoding=False)
         except RouterError as exc:  # raised where the attempt's events are judged
             queue.put_nowait(("diverged", exc))
             return
@@ -334,7 +335,7 @@ class AttemptRunner:
                     self._reserved(att)
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1
-        out = self._output.offer(tok.index, tok.token_id, att.generation)
+        out = self._output.offer(att.first_index + tok.index, tok.token_id, att.generation)
         if out is not None:
             self._emit(out)
 

@@ -1,10 +1,11 @@
 """The tokens a request has forwarded to its client, across attempts.
 
 Exactness (docs/design.md, Principles) makes a retry after partial output seamless: the next
-attempt regenerates the same sequence from index 0, so its tokens below the
-forwarded count are compared with what the client already has and suppressed;
-a mismatch is a correctness bug and ends the request with INTERNAL
-("divergence at index i"). Also measures TTFT and TPOT at the router.
+attempt resumes after all but the last forwarded token (`resume_point`; its prompt is
+followed by them, replayed as decode computed them), so its first token is the last one
+forwarded, computed again; a token below the forwarded count is compared with what the
+client already has and suppressed; a mismatch is a correctness bug and ends the request
+with INTERNAL ("divergence at index i"). Also measures TTFT and TPOT at the router.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ class OutputLog:
             self._first_s = now
         self.tokens.append(token_id)
         return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now), decoding)
+
+    def resume_point(self) -> int:
+        """How many forwarded tokens the next attempt replays as prompt: all but the last,
+        which it computes again and `offer` checks, so the attempt also ends as the
+        uninterrupted run ended when that token was its last (an EOS the router cannot
+        tell from another token). With one forwarded, none: the attempt starts over."""
+        return max(0, len(self.tokens) - 1)
 
     def check_finished(self, num_tokens: int, generation: int) -> None:
         """An attempt completed after `num_tokens` tokens; it must not stop short of

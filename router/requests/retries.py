@@ -141,6 +141,7 @@ class RetryPolicy:
                 continue
             if att is None:
                 break
+            att.first_index = run.output.resume_point()  # mid-stream: the prompt and the tokens given
             previous = run.runner.last
             if previous is None:  # the request's first dispatch: its wait since admission
                 self.metrics.queued(req.tenant, len(req.prompt), self._clock() - run.start_s)
@@ -263,7 +264,7 @@ class RetryPolicy:
     def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
         """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
-        req = run.req
+        req = run.req.replaying(run.output.tokens[:run.output.resume_point()])  # priced as it will run
         place = functools.partial(self.planner.place, req.tenant, req.prompt, req.max_tokens,
                                   self.planner.slo(req.tenant, req.slo), cluster, self.view.overlay)
         if disaggregated:

@@ -4,7 +4,8 @@
                        child of the client's own span when its Generate carried traceparent);
                        events first_token, retry{pd.reason}, fallback{pd.reason}, rejected
       router.decide    the mode's plan: pd.route, predicted TTFT/TPOT, chosen workers
-      router.attempt   one per attempt: pd.generation, pd.transfer_id, pd.route, workers;
+      router.attempt   one per attempt: pd.generation, pd.transfer_id, pd.route, workers,
+                       pd.replayed_tokens (outputs a resumed attempt replays as prompt);
                        its worker and directory calls are its children (gRPC spans)
       router.migration an attempt failed after tokens went out, and the request moved on:
                        from the failure to the next token the client gets (or the end),
@@ -94,7 +95,7 @@ class RequestTrace:
         if number > 1 and att.route is not wanted:
             self.span.add_event(S.EVENT_FALLBACK, {S.REASON: f"attempt {number} runs {att.route.name.lower()}"})
         ctx = tracing.with_request({**self.ids, **attrs}, self.context)
-        workers = {S.DECODE_WORKER: att.decode.worker_id, "pd.attempt": number}
+        workers = {S.DECODE_WORKER: att.decode.worker_id, "pd.attempt": number, S.REPLAYED_TOKENS: att.first_index}
         if att.prefill is not None:
             workers[S.PREFILL_WORKER] = att.prefill.worker_id
         try:

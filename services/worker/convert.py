@@ -14,14 +14,14 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p else 1.0,
         seed=p.seed if p.HasField("seed") else 0, stop_token_ids=tuple(p.stop_token_ids),
-        ignore_eos=p.ignore_eos)
+        ignore_eos=p.ignore_eos, first_step=p.first_step)
 
 
 def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
     """Engine SamplingParams -> proto."""
     return common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                      seed=s.seed, stop_token_ids=list(s.stop_token_ids),
-                                     ignore_eos=s.ignore_eos)
+                                     ignore_eos=s.ignore_eos, first_step=s.first_step)
 
 
 FINISH = {

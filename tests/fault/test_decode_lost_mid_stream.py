@@ -7,7 +7,10 @@ and never waits for a wrong answer.
     before the lease: router/grpc_gateway.py);
   - with two: the request moves to the other one, and every token arrives once, equal to
     an uninterrupted run's (greedy and seeded sampling), the stream stalling less than 5 s;
-    the migration is counted (pd_request_migrations_total, its stall timed).
+    the migration is counted (pd_request_migrations_total, its stall timed). The next
+    attempt resumes: its prompt is the request's followed by all but the last token given
+    (pd.replayed_tokens on its span), and the one it computes again matches the client's.
+  - a client resumes its own stream the same way (first_step), on both routes.
 
 Afterwards the worker is revived (SIGCONT, or started again) and nothing leaks.
 """
@@ -110,4 +113,25 @@ def test_a_request_whose_decode_worker_is_lost_mid_stream_moves_and_loses_nothin
     assert int(migration.attributes["pd.migration.tokens_sent"]) >= AT
     assert migration.attributes["pd.migration.cause"] == "UNAVAILABLE"
     assert 0 < migration.end_ns - migration.start_ns < 5e9
+    attempts = {int(sp.attributes["pd.attempt"]): sp for t in traces for sp in t.spans if sp.name == S.ROUTER_ATTEMPT}
+    assert int(attempts[1].attributes[S.REPLAYED_TOKENS]) == 0
+    assert int(attempts[2].attributes[S.REPLAYED_TOKENS]) == int(migration.attributes["pd.migration.tokens_sent"]) - 1
     assert_cluster_clean(cluster)
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "colocated"])
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_client_resumes_its_stream_after_k_tokens_and_gets_the_rest_exactly(pair, mode, sampling):
+    """The prompt followed by the k tokens a client has, with first_step k: the tokens after
+    them, bit for bit those of an uninterrupted run, at several k (1, one block's edge, most)."""
+    n = 40
+    with client(pair, timeout_s=120) as sdk:
+        whole = sdk.generate_full(prompt_ids=PROMPT, max_tokens=n, ignore_eos=True, mode=mode, **sampling).token_ids
+        for k in (1, 7, 8, 39):
+            rest = sdk.generate_full(prompt_ids=PROMPT + whole[:k], max_tokens=n - k, first_step=k, ignore_eos=True,
+                                     mode=mode, **sampling)
+            assert rest.token_ids == whole[k:], f"resumed after {k}"
+        with pytest.raises(PdError, match="first_step 57 replays the whole prompt of 57 tokens") as info:
+            sdk.generate_full(prompt_ids=PROMPT, max_tokens=4, first_step=len(PROMPT), mode=mode)
+        assert info.value.code == "INVALID_ARGUMENT"
+    assert_cluster_clean(pair)

@@ -51,9 +51,12 @@ CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, bloc
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
 
 
-def model_tokens(prompt, n: int) -> list[int]:
-    """The fake model: a deterministic function of the prompt (every worker agrees)."""
-    return [(sum(prompt) * 31 + 7 * i) % VOCAB for i in range(n)]
+def model_tokens(prompt, n: int, first_step: int = 0) -> list[int]:
+    """The fake model: a deterministic function of the prompt (every worker agrees). A
+    resumed call's prompt ends with `first_step` outputs (SamplingParams.first_step): the
+    n tokens after them, as an uninterrupted run gives them."""
+    proper = sum(prompt[:len(prompt) - first_step])
+    return [(proper * 31 + 7 * i) % VOCAB for i in range(first_step, first_step + n)]
 
 
 def worker(worker_id: str, role: Role, free: int = 64, pending: int = 0) -> Worker:
@@ -93,6 +96,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         """The directory's per-request generation register (reserve refuses at or below it)."""
         self.manifests: list = []
         self.published: dict[str, asyncio.Event] = {}
+        self.reserved_prompts: dict[str, tuple[int, ...]] = {}
+        """Transfer id -> the prompt its Decode.Reserve named (what its DecodeStream decodes)."""
         self.token_gap_s = 0.0
         self.prefill_token_0 = True
         """The prefill sends token 0 as soon as it is sampled (before publication)."""
@@ -205,6 +210,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         await self._enter("reserve", w.worker_id, call.request_id, call.generation)
         tid = f"{call.request_id}/{call.generation}"
         self.published[tid] = asyncio.Event()
+        self.reserved_prompts[tid] = call.prompt_token_ids
         return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
 
     async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None, on_first_token=None,
@@ -215,21 +221,22 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
             call = await grant
         await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
         if on_first_token is not None and self.prefill_token_0:  # sampled: it leaves before the hand-off ends
-            on_first_token(model_tokens(call.prompt_token_ids, 1)[0])
+            on_first_token(model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0])
         tid = call.manifest.transfer_id
         self.txns[tid] = "PUBLISHED"
         self.published[tid].set()
         self.prefill_sampling = call.sampling
-        return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1)[0], kv_digest=f"kv:{tid}")
+        return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0],
+                           kv_digest=f"kv:{tid}")
 
-    def _tokens(self, w: Worker, prompt, n: int) -> list[int]:
-        tokens = model_tokens(prompt, n)
+    def _tokens(self, w: Worker, prompt, n: int, first_step: int) -> list[int]:
+        tokens = model_tokens(prompt, n, first_step)
         if w.worker_id in self.diverge and self.diverge[w.worker_id] < n:
             tokens[self.diverge[w.worker_id]] ^= 1
         return tokens
 
     async def _stream(self, w: Worker, call: StreamCall, prompt) -> AsyncIterator:
-        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens)):
+        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens, call.sampling.first_step)):
             if self.break_after.get(w.worker_id) == i:
                 raise unavailable(f"{w.worker_id} died mid-stream")
             await asyncio.sleep(self.token_gap_s)
@@ -249,7 +256,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):
         await self._enter("decode_stream", w.worker_id, call.request_id, call.generation, call.transfer_id)
         await self.published[call.transfer_id].wait()
-        async for item in self._stream(w, call, self.prompt):
+        async for item in self._stream(w, call, self.reserved_prompts.get(call.transfer_id, self.prompt)):
             yield item
         self.txns[call.transfer_id] = "RELEASED"
 

@@ -34,6 +34,7 @@ from tests.support.sdk import complete, started
     (dict(stop_token_ids="2,13"), "stop_token_ids", "a sequence of token ids"),
     (dict(stop_token_ids=7), "stop_token_ids", "a sequence of token ids"),
     (dict(ignore_eos=1), "ignore_eos", "True or False"),
+    (dict(first_step=-1), "first_step", "an integer in [0, 4294967295]"),
     (dict(mode="sideways"), "mode", "None or one of disaggregated, colocated, auto, shadow, canary"),
     (dict(tenant=None), "tenant", "a string"),
     (dict(slo_ttft_ms=-5), "slo_ttft_ms", "None or a finite number >= 0"),

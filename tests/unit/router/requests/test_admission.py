@@ -56,6 +56,26 @@ def test_request_id_length_is_bounded_in_bytes():
     assert admit(params(request_id="\u00e9" * 128), CFG, Route.COLOCATED).request_id == "\u00e9" * 128
 
 
+def test_a_resumed_request_replays_what_was_given_and_its_budget_shrinks():
+    a = admit(params(max_tokens=10, sampling=Sampling(temperature=1.0, seed=3, first_step=1)), CFG, Route.COLOCATED)
+    r = a.replaying([7, 8])
+    assert (r.prompt, r.max_tokens, r.sampling.first_step, r.sampling.seed) == ((1, 2, 3, 7, 8), 8, 3, 3)
+    assert a.replaying([]) is a
+    assert len(r.prompt) + r.max_tokens == len(a.prompt) + a.max_tokens  # the same room
+    with pytest.raises(RouterError, match="sampling.first_step 3 replays the whole prompt of 3 tokens"):
+        admit(params(sampling=Sampling(first_step=3)), CFG, Route.COLOCATED)
+
+
+def test_the_next_attempt_resumes_after_all_but_the_last_token_given():
+    log = OutputLog(0.0, clock=lambda: 1.0)
+    assert log.resume_point() == 0
+    log.offer(0, 11, 1)
+    assert log.resume_point() == 0  # one given: start over (and check it)
+    for i, t in enumerate((12, 13), start=1):
+        log.offer(i, t, 1)
+    assert log.resume_point() == 2
+
+
 def decode(vocab: int, max_len: int, blocks: int = 100, role: Role = Role.DECODE, name: str = "d") -> Worker:
     return Worker(name, role, "a:1", capacity=Capacity(total_blocks=blocks, block_size=4, vocab_size=vocab,
                                                        max_model_len=max_len))

@@ -113,20 +113,23 @@ def test_failure_after_partial_output_continues_seamlessly():
     assert (events[-1].num_tokens, events[-1].attempts) == (8, 2)
     assert ("cancel_decode", "d1", "r", 1) in fake.calls
     assert ("txn_abort", "r/1") not in [c[:2] for c in fake.calls]  # published: D releases it
+    # Attempt 2 resumed: the prompt and all but the last of the 3 tokens given, from step 2 on.
+    assert fake.reserved_prompts["r/2"] == PROMPT + tuple(model_tokens(PROMPT, 2))
+    assert fake.prefill_sampling.first_step == 2
     assert_no_leaks(orch, fake)
 
 
 def test_divergent_retry_is_an_internal_error_naming_the_index():
     fake = two_by_two()
     fake.break_after["d1"] = 3
-    fake.diverge["d0"] = 1
+    fake.diverge["d0"] = 0  # the resumed attempt's token 0: the last token given, computed again
 
     async def go():
         orch = Orchestrator(fake, fake, config())
         return orch, *(await collect(orch, params(max_tokens=8)))
 
     orch, events, error = run(go())
-    assert error.code is StatusCode.INTERNAL and "divergence at index 1" in error.message
+    assert error.code is StatusCode.INTERNAL and "divergence at index 2" in error.message
     assert len(tokens_of(events)) == 3
     assert ("cancel_decode", "d0", "r", 2) in fake.calls and ("cancel_prefill", "p0", "r", 2) in fake.calls
     assert_no_leaks(orch, fake)
