@@ -13,7 +13,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
+.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -89,6 +89,9 @@ bench-goodput: $(STAMP) $(NATIVE)
 
 bench-faults: $(STAMP) $(NATIVE)
 	$(VPY) bench/faults.py
+
+bench-migration: $(STAMP) $(NATIVE)
+	$(VPY) bench/migration.py
 
 bench-security: $(STAMP) $(NATIVE)
 	$(VPY) bench/security.py

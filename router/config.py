@@ -161,6 +161,13 @@ class RouterConfig(MemberSettings):
     token_timeout_s: float = env("PD_ROUTER_TOKEN_TIMEOUT_S", 30.0, gt=0)
     """Longest gap between two tokens of one attempt before it counts as failed."""
 
+    resume_mid_stream: bool = env("PD_ROUTER_RESUME_MID_STREAM", True)
+    """An attempt after tokens went out resumes after them: its prompt is the request's
+    followed by all but the last token given, replayed as decode computed them (exact
+    kernels: the same bits; router/requests/output.py). Off: it regenerates from token
+    0 and every token given is checked again (an engine whose replayed K/V is not decode's
+    bits; bench/migration.py's baseline)."""
+
     liveness_check_s: float = env("PD_ROUTER_LIVENESS_CHECK_S", 1.0, gt=0)
     """While an attempt waits for a token, check this often that its workers still hold
     their leases at the attempt's epochs: a hung (SIGSTOPped) or dead worker is noticed

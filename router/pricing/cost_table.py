@@ -182,16 +182,7 @@ class CostTable:
         pairs and colocated workers it would price, in its order, priced by
         router/pricing/routes.py."""
         k = max(0, top_k)
-        ub = req.usable_blocks
-        h0 = 0 if ub >= 0 else ub  # the hit of a worker the index does not name
-        p_hit: dict[int, int] = {}  # position -> usable hit blocks, for the workers the index names
-        d_hit: dict[int, int] = {}
-        for w, h in req.hits.items():
-            h = h if h < ub else ub
-            for i in self.p_at.get(w, ()):
-                p_hit[i] = h
-            for i in self.d_at.get(w, ()):
-                d_hit[i] = h
+        h0, p_hit, d_hit = self._hits(req)
         if usable is None:
             p_idx, d_idx = range(len(self.p_rows)), range(len(self.d_rows))
         else:
@@ -236,6 +227,21 @@ class CostTable:
         if colocated:
             out += [colocated_row(self.d_rows[i], req, col_overhead, d_hit.get(i, h0)) for i in picks[-1]]
         return out
+
+    def _hits(self, req: RequestShape) -> tuple[int, dict[int, int], dict[int, int]]:
+        """(the usable prefix hit of a worker the index does not name, then position -> usable
+        hit blocks of the prefill rows and of the decode rows the index names)."""
+        ub = req.usable_blocks
+        h0 = 0 if ub >= 0 else ub
+        p_hit: dict[int, int] = {}
+        d_hit: dict[int, int] = {}
+        for w, h in req.hits.items():
+            h = h if h < ub else ub
+            for i in self.p_at.get(w, ()):
+                p_hit[i] = h
+            for i in self.d_at.get(w, ()):
+                d_hit[i] = h
+        return h0, p_hit, d_hit
 
     def _pairs(self, model, req, k, s, top_p, top_d, ttft_ref, tpot_ref, h0, p_hit, d_hit):
         """The k best pairs among the k best P by p_ms (`top_p`) and the k best D by each

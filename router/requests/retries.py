@@ -122,13 +122,7 @@ class RetryPolicy:
             cluster = await self.view.get()
             self._release(run)  # the plan-time hold must not count against the request's own room
             if not self.queue.go_now(req.tenant, fits, cluster) and not r.only_unreachable(cluster):
-                # wait for K/V room (router/requests/queueing.py); none comes on workers that failed to answer
-                try:
-                    self.view.overlay.remove(await self.queue.wait(
-                        req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))
-                except RouterError as exc:
-                    refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
-                    raise RouterError(exc.code, exc.message + refused) from None
+                await self._wait_for_room(run, fits)  # none comes on workers that failed to answer
                 cluster = self.view.latest or cluster  # no await from here to the dispatch
             att = self._next_attempt(run, r, cluster, fits)
             if (att is None or r.into_unreachable(att)) and r.unreachable:
@@ -141,7 +135,7 @@ class RetryPolicy:
                 continue
             if att is None:
                 break
-            att.first_index = run.output.resume_point()  # mid-stream: the prompt and the tokens given
+            att.first_index = self._resume_point(run)  # mid-stream: the prompt and the tokens given
             previous = run.runner.last
             if previous is None:  # the request's first dispatch: its wait since admission
                 self.metrics.queued(req.tenant, len(req.prompt), self._clock() - run.start_s)
@@ -173,6 +167,17 @@ class RetryPolicy:
                 self.queue.kick()  # what the attempt held is free again
             return self._completed(run, r, att, done)
         raise self._deadline_passed(run) or r.exhausted()
+
+    async def _wait_for_room(self, run: RequestRun, fits) -> None:
+        """Wait in the admission queue for K/V room (router/requests/queueing.py); its
+        RouterError (the queue full, the patience out) names the recent refusals too."""
+        req = run.req
+        try:
+            self.view.overlay.remove(await self.queue.wait(
+                req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))
+        except RouterError as exc:
+            refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
+            raise RouterError(exc.code, exc.message + refused) from None
 
     async def _requeue(self, run: RequestRun, r: Retries, att: Attempt, exc: AttemptFailed) -> None:
         """`att` found no room after all (the snapshot lagged, or another router filled it): no
@@ -237,6 +242,10 @@ class RetryPolicy:
                 att = colocated
         return att
 
+    def _resume_point(self, run: RequestRun) -> int:
+        """Tokens given that the next attempt replays as prompt (0: it regenerates them)."""
+        return run.output.resume_point() if self.config.resume_mid_stream else 0
+
     def _wait_for_change(self, run: RequestRun, r: Retries) -> bool:
         """True while the request may still wait (unreachable_wait_ms, within its patience)."""
         if r.wait_until is None:
@@ -264,7 +273,7 @@ class RetryPolicy:
     def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
         """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
-        req = run.req.replaying(run.output.tokens[:run.output.resume_point()])  # priced as it will run
+        req = run.req.replaying(run.output.tokens[:self._resume_point(run)])  # priced as it will run
         place = functools.partial(self.planner.place, req.tenant, req.prompt, req.max_tokens,
                                   self.planner.slo(req.tenant, req.slo), cluster, self.view.overlay)
         if disaggregated:

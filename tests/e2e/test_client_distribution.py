@@ -78,6 +78,7 @@ def test_the_readme_examples_run_against_a_local_cluster(client_venv, tmp_path):
         assert re.search(r"^\[(\d+, ){7}\d+\] (disaggregated|colocated) TTFT [\d.]+ ms, TPOT [\d.]+ ms$",
                          sync, re.M)
         assert "cancelled after token 0" in sync
+        assert "resumed exactly: True" in sync
         assert re.search(r"^(DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED) (True|False) .+", sync, re.M)
         assert re.search(r"^INVALID_ARGUMENT .*1000000000", sync, re.M)
         assert len(re.findall(r"^\d+ \d+$", aio, re.M)) == 8

@@ -136,6 +136,22 @@ async def s_resume(tid: str) -> dict:
     return await _pump(st, describe_chunk, chunk_views)
 
 
+def _faulted(fault: str, key, chunk, views):
+    """(chunk, views) as fault `fault` sends them ("" or a fault of the whole stream: as they are)."""
+    if fault == "checksum":  # flip one hex digit of the frame's checksum
+        chunk = dataclasses.replace(chunk, checksum=chunk.checksum[:-1] + ("0" if chunk.checksum[-1] != "0" else "1"))
+    elif fault == "payload":  # flip one payload byte, keep the honest checksum
+        data = bytearray(b"".join(bytes(v) for v in views))
+        data[len(data) // 2] ^= 0x40
+        views = [memoryview(data)]
+    elif fault == "bad_key":
+        chunk = dataclasses.replace(chunk, key=ChunkKey(key.layer, 10_000, key.block_count))
+    elif fault == "short":
+        data = b"".join(bytes(v) for v in views)[:-8]
+        chunk, views = dataclasses.replace(chunk, num_bytes=len(data)), [memoryview(data)]
+    return chunk, views
+
+
 async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
     engine, seq, sender = st["engine"], st["seq"], st["sender"]
     dest, wire = st["dest"], st["wire_tid"]
@@ -151,18 +167,7 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
             if fault == "abort":
                 await sender.abort(dest, wire, "prefill cancelled")
                 return dict(out, sent=i, aborted=True)
-            if fault == "checksum":  # flip one hex digit of the frame's checksum
-                chunk = dataclasses.replace(chunk, checksum=chunk.checksum[:-1] + (
-                    "0" if chunk.checksum[-1] != "0" else "1"))
-            elif fault == "payload":  # flip one payload byte, keep the honest checksum
-                data = bytearray(b"".join(bytes(v) for v in views))
-                data[len(data) // 2] ^= 0x40
-                views = [memoryview(data)]
-            elif fault == "bad_key":
-                chunk = dataclasses.replace(chunk, key=ChunkKey(key.layer, 10_000, key.block_count))
-            elif fault == "short":
-                data = b"".join(bytes(v) for v in views)[:-8]
-                chunk, views = dataclasses.replace(chunk, num_bytes=len(data)), [memoryview(data)]
+            chunk, views = _faulted(fault, key, chunk, views)
             for _ in range(2 if fault == "replay" else 1):
                 if st["many"] is not None:
                     st["many"].append((chunk, views))

@@ -1,7 +1,10 @@
 """The house's plan, read from the code's own imports (docs/design.md, Processes and what
 each owns): services/ is the shared floor and imports no service; the services do not
 import each other (a mixed worker is one node with two roles, found by entry point); no
-import cycle; no product file, and no test helper (tests/support), over 400 lines."""
+import cycle; no function over 60 lines in product code or test helpers (tests/support),
+but the few listed in LONG_FUNCTIONS, a list that only shrinks (what hurts a reader is a
+function's size and branching, not a file's length: ruff's C901, PLR0913 and PLR0915 are
+on too, pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -113,16 +116,35 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-def test_no_product_file_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
-            if (n := len(p.read_text().splitlines())) > 400}
-    assert long == {}
+MAX_FUNCTION_LINES = 60
+LONG_FUNCTIONS = {
+    "prefill_worker/worker.py::_hand_off": 143,
+    "client/pdserve_client/cli.py::build_parser": 74,
+    "services/cluster/faults.py::run": 63,
+}
+"""Functions over MAX_FUNCTION_LINES today, at their length: each may only get shorter,
+and leaves the list once it fits."""
 
 
-def test_no_test_helper_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "tests" / "support").rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
-    assert long == {}
+def _function_lengths(paths) -> dict[str, int]:
+    """'path::name' -> lines (decorators to the last line) of every function in `paths`."""
+    lengths = {}
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                key = f"{p.relative_to(ROOT)}::{node.name}"
+                lengths[key] = max(lengths.get(key, 0), node.end_lineno - first + 1)
+    return lengths
+
+
+def test_no_function_is_over_60_lines_but_the_listed_ones_which_only_shrink():
+    lengths = _function_lengths([*_modules().values(), *(ROOT / "tests" / "support").rglob("*.py")])
+    long = {key: n for key, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    assert {k: n for k, n in long.items() if k not in LONG_FUNCTIONS} == {}, "new functions over 60 lines"
+    assert {k: (n, LONG_FUNCTIONS[k]) for k, n in long.items() if k in LONG_FUNCTIONS and n > LONG_FUNCTIONS[k]} \
+        == {}, "listed functions grew (lines now, lines listed)"
+    assert sorted(set(LONG_FUNCTIONS) - set(long)) == [], "these fit now: take them off LONG_FUNCTIONS"
 
 
 def test_the_reference_decision_is_imported_by_no_product_module():

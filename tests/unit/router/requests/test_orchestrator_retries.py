@@ -119,6 +119,20 @@ def test_failure_after_partial_output_continues_seamlessly():
     assert_no_leaks(orch, fake)
 
 
+def test_without_resuming_the_next_attempt_regenerates_every_token_given():
+    fake = two_by_two()
+    fake.break_after["d1"] = 3
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(resume_mid_stream=False))
+        return orch, *(await collect(orch, params(max_tokens=8)))
+
+    orch, events, error = run(go())
+    assert error is None and tokens_of(events) == list(enumerate(model_tokens(PROMPT, 8)))
+    assert fake.reserved_prompts["r/2"] == PROMPT and fake.prefill_sampling.first_step == 0
+    assert_no_leaks(orch, fake)
+
+
 def test_divergent_retry_is_an_internal_error_naming_the_index():
     fake = two_by_two()
     fake.break_after["d1"] = 3
