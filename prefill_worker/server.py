@@ -17,7 +17,8 @@ from services.worker.convert import sampling_from_proto, status_of
 from services.worker.directory_ops import DirectoryUnavailable
 
 from .commit import settle
-from .worker import PrefillWorker, Target, TransferRefused
+from .handoff import TransferRefused
+from .worker import PrefillWorker, Target
 
 
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):

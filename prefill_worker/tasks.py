@@ -52,6 +52,12 @@ def end(task: Task, to: TaskState) -> None:
         task.state = to
 
 
+def check_live(task: Task) -> None:
+    """Raise CancelledError once `task` was cancelled (a cancel may find it between two awaits)."""
+    if task.state is TaskState.CANCELLED:
+        raise asyncio.CancelledError("cancelled by caller")
+
+
 @dataclass
 class Task:
     """A prefill in flight (for cancel)."""

@@ -17,7 +17,7 @@ import pytest
 
 from decode_worker.admission import Admission
 from decode_worker.reservations import ResState
-from prefill_worker.worker import TransferRefused
+from prefill_worker.handoff import TransferRefused
 from services.directory.states import TxnState
 from services.worker.loop import SeqDone, TokenOut
 from tests.support.inproc_cluster import InprocCluster

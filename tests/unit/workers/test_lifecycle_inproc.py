@@ -11,7 +11,8 @@ import random
 import pytest
 
 from decode_worker.reservations import ResState
-from prefill_worker.worker import Target, TaskState, TransferRefused
+from prefill_worker.handoff import TransferRefused
+from prefill_worker.worker import Target, TaskState
 from services.directory.states import TxnState
 from services.engine import InvalidRequest
 from services.security.seal import Sealer
