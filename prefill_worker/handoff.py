@@ -65,10 +65,11 @@ class HandOffPlan:
     """Chunks leave per layer as the prefill writes it (BEGIN first; the declaration and the
     COMMIT go ahead of the token once every chunk left: `declare`)."""
     token_commit_early: bool
-    """Streamed: the token's COMMIT may post from token 0's own callback (TokenCommit)."""
+    """Streamed: the token's COMMIT may post from token 0's own callback (TokenCommit;
+    a fault test holding it back asks for `token_late`)."""
     one_by_one: bool
     """Whole: each chunk in a message of its own, not one announced batch (a fault test
-    pausing between two chunks)."""
+    stopping between two chunks asks for it: services/worker/events.py PLAN_OPTIONS)."""
 
 
 class HandOff:
@@ -98,15 +99,16 @@ class HandOff:
         whole = -(-len(self.prompt) // e.block_size) * e.model_cfg.num_hidden_layers * e.cache.block_bytes_per_layer
         may_stream = cfg.stream_layers and whole >= cfg.stream_min_bytes
         target_now = isinstance(self.target, asyncio.Future) and self.target.done()
-        one_by_one = self.w.pause.wants("chunk", self.rid)  # (a test pausing between two chunks)
+        one_by_one = self.w.pause.asks("one_by_one", self.rid)  # (a fault test stopping between two chunks)
         if not target_now and not may_stream:  # checked as soon as it lands, presented while this computes
             self.task.granting = asyncio.ensure_future(self._granted())
             self.plan = HandOffPlan(True, False, False, one_by_one)
         else:
             self.keys = await self._granted()
             stream = cfg.stream_layers and sum(chunk_bytes(e, k) for k in self.keys) >= cfg.stream_min_bytes
-            early = stream and not any(self.w.pause.wants(step, self.rid) for step in ("sampled", "computed"))
+            early = stream and not self.w.pause.asks("token_late", self.rid)
             self.plan = HandOffPlan(False, stream, early, one_by_one)
+        self.w.events("plan", request=self.rid, **dataclasses.asdict(self.plan))
         return self.plan
 
     async def _granted(self) -> list[ChunkKey]:
@@ -119,7 +121,7 @@ class HandOff:
             credential = w.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         check_live(task)
         task.dest, task.key = t.dest, TransferKey.of(self.transfer_id, t.key)
-        keys = whole_keys(self.e, plan, w.cfg, w.pause.wants("chunk", self.rid))
+        keys = whole_keys(self.e, plan, w.cfg, w.pause.asks("one_by_one", self.rid))
         # out while this computes (checked meanwhile); nothing of the transfer leaves before it
         task.auth = asyncio.ensure_future(present(w.sender, t.dest, self.transfer_id, credential, t.key, keys))
         return plan

@@ -36,6 +36,10 @@ from services.directory.client import DirectoryClient
 from services.directory.states import TxnState
 
 STEPS = ("reserved", "computed", "chunk", "commit", "published")
+PLAN_ASKS = {"chunk": "@one_by_one", "computed": "@token_late"}
+"""Plan options a step's case names beside it (services/worker/events.py PLAN_OPTIONS): a
+pause between two chunks needs them sent one by one; a pause after the compute holds a
+streamed transfer's token COMMIT back only when it does not leave from token 0's callback."""
 STEP_EVENT = {"reserved": "reserved", "computed": "computed", "chunk": "chunk_visible",
               "commit": "commit_received", "published": "published"}
 """The event a worker logs when the request reaches the step (and pauses right after)."""
@@ -192,7 +196,8 @@ class FaultRunner:
         or a deadline that passes during the pause; "none": a plain request, the
         baseline); restart; settle."""
         self._n += 1
-        rid = f"{action}-{victim}@{step}-{self._n}" if action != "none" else f"baseline-{self._n}"
+        asks = PLAN_ASKS.get(step, "")  # what the step's pause needs of the hand-off's plan
+        rid = f"{action}-{victim}@{step}{asks}-{self._n}" if action != "none" else f"baseline-{self._n}"
         res = CaseResult(action, victim, step, rid)
         # A deadline passes during the pause whenever the request reaches the step before
         # it: 0.9 of the pause leaves the most room for a loaded machine's way there.

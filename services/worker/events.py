@@ -30,6 +30,12 @@ class EventLog:
                                           **fields)) + "\n")
 
 
+PLAN_OPTIONS = ("one_by_one", "token_late")
+"""What a fault test may ask of a prefill's hand-off plan, by naming it in the request id
+(`FaultPause.asks`): a whole transfer's chunks one message each, so that a pause at
+"chunk" falls between two (`one_by_one`); no token COMMIT from token 0's callback, so
+that a pause at "sampled" or "computed" holds the token's COMMIT back (`token_late`)."""
+
 PAUSE_STEPS = ("reserved", "computed", "sampled", "chunk", "commit", "published")
 """Hand-off steps a fault test can stop a request at (`FaultPause`): decode reserved its
 blocks (the Reserve call has not returned); prefill computed (nothing sent); prefill
@@ -47,8 +53,15 @@ class FaultPause:
         self.seconds = seconds
 
     def wants(self, step: str, request_id: str) -> bool:
-        """Does `request_id` pause at `step`?"""
+        """Does `request_id` pause at `step`? (A pause never changes what the hand-off
+        does: prefill_worker/handoff.py HandOffPlan.)"""
         return self.seconds > 0 and f"@{step}" in request_id
+
+    def asks(self, option: str, request_id: str) -> bool:
+        """Does `request_id` ask its hand-off's plan for `option` (PLAN_OPTIONS)? Only with
+        fault injection on, as for a pause."""
+        assert option in PLAN_OPTIONS, option
+        return self.seconds > 0 and f"@{option}" in request_id
 
     async def __call__(self, step: str, request_id: str) -> None:
         if self.wants(step, request_id):

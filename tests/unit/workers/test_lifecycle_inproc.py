@@ -30,8 +30,8 @@ def test_a_handoff_equals_colocated_and_gives_everything_back():
         async with InprocCluster() as c:
             tokens, outcome = await c.handoff("r", PROMPT, 6)
             reference = await c.colocated("ref", PROMPT, 6)
+            await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("r", "r/1")
-            await c.assert_all_returned()
             return tokens, reference, outcome, record
 
     tokens, reference, outcome, record = run(go())
@@ -49,8 +49,8 @@ def test_a_streamed_handoff_equals_colocated_and_gives_everything_back():
         async with InprocCluster(stream_min_bytes=0, chunk_tokens=256, max_chunk_blocks=4) as c:
             tokens, outcome = await c.handoff("s", prompt, 4)
             reference = await c.colocated("ref", prompt, 4)
+            await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("s", "s/1")
-            await c.assert_all_returned()
             return tokens, reference, outcome, record
 
     tokens, reference, outcome, record = run(go())
@@ -87,8 +87,8 @@ def test_a_cancelled_prefill_aborts_the_transaction_and_frees_both_ends():
                 await prefill
             assert task.state is TaskState.CANCELLED
             await c.decode.cancel("x@computed", 1)  # the router's teardown reaches D too
+            await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("x@computed", "x@computed/1")
-            await c.assert_all_returned()
             return record, res
 
     record, res = run(go())
@@ -115,8 +115,8 @@ def test_a_seal_that_does_not_open_over_what_the_destination_holds_publishes_not
             res = await c.reserve("lie", PROMPT, 4)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
                 await c.send("lie", res, PROMPT)
+            await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("lie", "lie/1")
-            await c.assert_all_returned()
             return record, res
 
     record, res = run(go())
@@ -238,8 +238,8 @@ def test_a_destination_that_drops_the_seal_cannot_publish():
             res = await c.reserve("bare", PROMPT, 4)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: ILLEGAL_TRANSITION"):
                 await c.send("bare", res, PROMPT)
+            await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("bare", "bare/1")
-            await c.assert_all_returned()
             return record
 
     record = run(go())
