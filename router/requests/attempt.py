@@ -10,7 +10,17 @@ import dataclasses
 import enum
 from collections.abc import AsyncIterator
 
-from router.types import Route, StatusCode, StreamItem, TxnAnswer, TxnOutcome, Worker, WorkerCallError
+from router.types import (
+    PrefillDone,
+    Route,
+    RouterError,
+    StatusCode,
+    StreamItem,
+    TxnAnswer,
+    TxnOutcome,
+    Worker,
+    WorkerCallError,
+)
 from services.common.lifecycle import Moves
 from services.transfer.keys import new_key
 
@@ -190,17 +200,62 @@ def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     return {"culprit": att.decode}
 
 
+# ---- what an attempt hears: its queue's events (router/requests/attempts.py _drive) ----
+@dataclasses.dataclass(frozen=True, slots=True)
+class FromStream:
+    """A token or the complete event of the decode's (or colocated worker's) stream."""
+
+    item: StreamItem
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """The stream closed (after its complete event, or without one: a failure)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamFailed:
+    error: WorkerCallError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DirectoryAnswered:
+    """The directory's answer to the attempt's Reserve (or the call's error)."""
+
+    answer: TxnAnswer | WorkerCallError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillReturned:
+    done: PrefillDone
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillFailed:
+    error: WorkerCallError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Diverged:
+    """The prefill's token 0 is not the one the client has (raised where events are judged)."""
+
+    error: RouterError
+
+
+AttemptEvent = FromStream | StreamEnded | StreamFailed | DirectoryAnswered | PrefillReturned | PrefillFailed | Diverged
+
+
 async def pump(stream: AsyncIterator[StreamItem], queue: asyncio.Queue) -> None:
-    """A worker stream's items into an attempt's queue: ("item", item) each, then ("end",
-    None), or ("stream_error", WorkerCallError); the stream closed at the end."""
+    """A worker stream's items into an attempt's queue: FromStream each, then StreamEnded,
+    or StreamFailed; the stream closed at the end."""
     try:
         async for item in stream:
-            queue.put_nowait(("item", item))
-        queue.put_nowait(("end", None))
+            queue.put_nowait(FromStream(item))
+        queue.put_nowait(StreamEnded())
     except WorkerCallError as exc:
-        queue.put_nowait(("stream_error", exc))
+        queue.put_nowait(StreamFailed(exc))
     except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
-        queue.put_nowait(("stream_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
+        queue.put_nowait(StreamFailed(WorkerCallError(StatusCode.INTERNAL, repr(exc))))
     finally:
         close = getattr(stream, "aclose", None)
         if close is not None:

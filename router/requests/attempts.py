@@ -44,8 +44,16 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.requests.admission import Admitted
 from router.requests.attempt import (
     Attempt,
+    AttemptEvent,
     AttemptFailed,
+    DirectoryAnswered,
+    Diverged,
+    FromStream,
+    PrefillFailed,
+    PrefillReturned,
     Stage,
+    StreamEnded,
+    StreamFailed,
     advance,
     blame,
     judge_reserve,
@@ -66,6 +74,7 @@ from router.types import (
     StatusCode,
     StreamCall,
     StreamComplete,
+    StreamItem,
     StreamToken,
     WorkerCallError,
 )
@@ -174,10 +183,10 @@ class AttemptRunner:
     async def _reserve_txn(self, manifest, queue: asyncio.Queue) -> None:
         """Directory.Reserve of the attempt's manifest; its answer (or error) to the queue."""
         try:
-            queue.put_nowait(("directory", await self._directory.reserve_txn(
+            queue.put_nowait(DirectoryAnswered(await self._directory.reserve_txn(
                 manifest, self._timeout(self._cfg.directory_timeout_s))))
         except WorkerCallError as exc:
-            queue.put_nowait(("directory", exc))
+            queue.put_nowait(DirectoryAnswered(exc))
 
     def _start_colocated(self, att: Attempt, req: Admitted, queue: asyncio.Queue) -> None:
         w = att.decode
@@ -195,14 +204,14 @@ class AttemptRunner:
         try:
             done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
                                                lambda token: self._prefill_token_0(att, token, queue), job_sent)
-            queue.put_nowait(("prefill", done))
+            queue.put_nowait(PrefillReturned(done))
             return done
         except WorkerCallError as exc:
-            queue.put_nowait(("prefill_error", exc))
+            queue.put_nowait(PrefillFailed(exc))
         except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
-            queue.put_nowait(("prefill_error", WorkerCallError(StatusCode.INTERNAL, repr(exc))))
+            queue.put_nowait(PrefillFailed(WorkerCallError(StatusCode.INTERNAL, repr(exc))))
 
-    async def _next(self, att: Attempt, queue: asyncio.Queue) -> tuple[str, Any]:
+    async def _next(self, att: Attempt, queue: asyncio.Queue) -> AttemptEvent:
         """The attempt's next event. While waiting, checks every liveness_check_s that its
         workers still hold their leases; raises AttemptFailed at the token timeout."""
         limit = self._cfg.first_token_timeout_s if att.tokens_seen == 0 else self._cfg.token_timeout_s
@@ -246,56 +255,71 @@ class AttemptRunner:
         """Consume the attempt's events until its complete event. A hand-off's stream is held
         from token 0 until prefill returned (or its seal came with token 0): digests first."""
         while True:
-            kind, value = await self._next(att, queue)
-            if kind == "diverged":  # P's token 0 is not the one the client has (_prefill_token_0)
-                raise value
-            if kind == "directory":
-                if att.stage is Stage.DIRECTORY_RESERVE:  # (D's token 0 tells the same, when first)
-                    judge_reserve(att, value, self.req.request_id, self._view)
+            match await self._next(att, queue):
+                case Diverged(error):  # P's token 0 is not the one the client has (_prefill_token_0)
+                    raise error
+                case DirectoryAnswered(answer) if att.stage is Stage.DIRECTORY_RESERVE:
+                    judge_reserve(att, answer, self.req.request_id, self._view)  # (D's token 0 tells the same)
                     self._reserved(att)
-                continue
-            if kind == "item" and att.route is Route.DISAGGREGATED and not att.held \
-                    and sealed_token_0(att, value, self.req.request_id):  # a relayed seal must open
-                self._on_token(att, value)
-                continue
-            if kind == "item" and att.route is Route.DISAGGREGATED and not att.prefill_done \
-                    and not att.sealed_kv_digest and (att.held or isinstance(value, StreamToken)):
-                if not att.held:
-                    trace.get_current_span().add_event(S.EVENT_TOKEN_HELD)
-                att.held.append(value)
-                continue
-            if kind == "end" and att.held:
-                continue  # its complete event is held with the tokens
-            if kind == "prefill":
-                self._prefill_returned(att, value)
-                held, att.held = att.held, []
-                for item in held:
-                    if isinstance(item, StreamToken):
-                        self._on_token(att, item)
-                    else:
-                        self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
-                        return item
-            elif kind == "prefill_error":
-                if att.tokens_seen == 0:
+                case FromStream(item):
+                    if (done := self._from_stream(att, item)) is not None:
+                        return done
+                case PrefillReturned(done):
+                    if (complete := self._release_held(att, done)) is not None:
+                        return complete
+                case PrefillFailed(error) if att.tokens_seen == 0:
                     # Prefill reports its own failures and the hand-off's alike: either end.
-                    raise AttemptFailed("prefill", value.code, value.message,
-                                        frozenset({att.prefill.worker_id, att.decode.worker_id})) from value
-                log.warning("%s: prefill failed after token 0 (ignored): %s", att.describe(), value)
-            elif kind == "item" and isinstance(value, StreamToken):
-                self._on_token(att, value)
-            elif kind == "item":
-                self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
-                return value
-            elif kind == "stream_error":
-                if (value.code is StatusCode.INVALID_ARGUMENT and att.route is Route.COLOCATED
-                        and att.tokens_seen == 0):
-                    raise RouterError(value.code, value.message) from value
-                stage = att.stage.value + (f" after {att.tokens_seen} tokens" if att.tokens_seen else "")
-                raise AttemptFailed(stage, value.code, value.message, **blame(att, value.code)) from value
+                    raise AttemptFailed("prefill", error.code, error.message,
+                                        frozenset({att.prefill.worker_id, att.decode.worker_id})) from error
+                case PrefillFailed(error):
+                    log.warning("%s: prefill failed after token 0 (ignored): %s", att.describe(), error)
+                case StreamFailed(error):
+                    raise self._stream_failed(att, error) from error
+                case StreamEnded() if not att.held:  # (held: its complete event is held with the tokens)
+                    raise AttemptFailed(att.stage.value, StatusCode.UNAVAILABLE,
+                                        f"stream ended after {att.tokens_seen} tokens without a complete event",
+                                        culprit=att.decode)
+
+    @staticmethod
+    def _stream_failed(att: Attempt, error: WorkerCallError) -> RouterError | AttemptFailed:
+        """The stream's failure as the attempt's: a colocated worker's INVALID_ARGUMENT
+        before any token is the client's to fix (verbatim, no retry)."""
+        if error.code is StatusCode.INVALID_ARGUMENT and att.route is Route.COLOCATED and att.tokens_seen == 0:
+            return RouterError(error.code, error.message)
+        stage = att.stage.value + (f" after {att.tokens_seen} tokens" if att.tokens_seen else "")
+        return AttemptFailed(stage, error.code, error.message, **blame(att, error.code))
+
+    def _from_stream(self, att: Attempt, item: StreamItem) -> StreamComplete | None:
+        """A stream item: a token out (or held until the prefill's digest is known: a
+        hand-off's, unless its seal came with token 0), or the complete event returned."""
+        split = att.route is Route.DISAGGREGATED
+        if split and not att.held and sealed_token_0(att, item, self.req.request_id):  # a relayed seal must open
+            self._on_token(att, item)
+            return None
+        if split and not att.prefill_done and not att.sealed_kv_digest \
+                and (att.held or isinstance(item, StreamToken)):
+            if not att.held:
+                trace.get_current_span().add_event(S.EVENT_TOKEN_HELD)
+            att.held.append(item)
+            return None
+        if isinstance(item, StreamToken):
+            self._on_token(att, item)
+            return None
+        self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
+        return item
+
+    def _release_held(self, att: Attempt, done: PrefillDone) -> StreamComplete | None:
+        """The prefill returned: its digest judged, the items held since token 0 go out (the
+        complete event among them returned)."""
+        self._prefill_returned(att, done)
+        held, att.held = att.held, []
+        for item in held:
+            if isinstance(item, StreamToken):
+                self._on_token(att, item)
             else:
-                raise AttemptFailed(att.stage.value, StatusCode.UNAVAILABLE,
-                                    f"stream ended after {att.tokens_seen} tokens without a complete event",
-                                    culprit=att.decode)
+                self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
+                return item
+        return None
 
     def _reserved(self, att: Attempt) -> None:  # the directory holds the transaction: the hand-off runs
         advance(att, Stage.PREFILL)
@@ -306,7 +330,7 @@ class AttemptRunner:
         try:
             out = self._output.offer(att.first_index, token, att.generation, decoding=False)
         except RouterError as exc:  # raised where the attempt's events are judged
-            queue.put_nowait(("diverged", exc))
+            queue.put_nowait(Diverged(exc))
             return
         self._started(att)
         if out is not None:
