@@ -64,8 +64,8 @@ from router.pricing.reference import reference_decide
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, RequestShape
 from router.requests.placement import Demand, choose_pair
-from router.types import Capacity, Cluster, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
+from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 BLOCK = 16
 INDEX_KEYS = 10_000
@@ -74,21 +74,21 @@ ROUNDS = 5
 """Passes over the requests, each timing the fast path and then the reference."""
 
 
-def snapshot(n: int, rng: random.Random) -> Cluster:
+def snapshot(n: int, rng: random.Random) -> ClusterSnapshot:
     """n workers, half prefill and half decode, with random load."""
     workers = []
     for i in range(n):
-        role = Role.PREFILL if i % 2 == 0 else Role.DECODE
+        role = WorkerRole.PREFILL if i % 2 == 0 else WorkerRole.DECODE
         profile = CostProfile(rng.uniform(0, 3), rng.uniform(0.05, 0.1), rng.uniform(5e-5, 1e-4),
                               rng.uniform(2, 4), rng.uniform(0.1, 0.3), 3e-5, 8192, "calibrated")
-        workers.append(Worker(
+        workers.append(WorkerRecord(
             f"{role.name.lower()}-{i}", role, f"10.0.0.{i}:1", cache_abi_digest="abi", profile=profile,
-            capacity=Capacity(total_blocks=4096, max_decode_batch=64, max_prefill_tokens=256, block_size=BLOCK,
-                              vocab_size=32000, max_model_len=8192),
-            load=Load(pending_prefill_tokens=rng.randrange(0, 4000), active_decode_batch=rng.randrange(0, 40),
-                      free_blocks=rng.randrange(100, 4096), total_blocks=4096,
-                      active_context_tokens=rng.randrange(0, 40_000))))
-    return Cluster(tuple(workers))
+            capacity=WorkerCapacity(total_blocks=4096, max_decode_batch=64, max_prefill_tokens=256, block_size=BLOCK,
+                                    vocab_size=32000, max_model_len=8192),
+            load=LoadReport(pending_prefill_tokens=rng.randrange(0, 4000), active_decode_batch=rng.randrange(0, 40),
+                            free_blocks=rng.randrange(100, 4096), total_blocks=4096,
+                            active_context_tokens=rng.randrange(0, 40_000))))
+    return ClusterSnapshot(tuple(workers))
 
 
 def prompts(rng: random.Random, count: int) -> list[list[int]]:
@@ -99,7 +99,7 @@ def prompts(rng: random.Random, count: int) -> list[list[int]]:
             for _ in range(count)]
 
 
-def fill_index(index: PrefixIndex, cluster: Cluster, reqs: list[list[int]], rng: random.Random) -> None:
+def fill_index(index: PrefixIndex, cluster: ClusterSnapshot, reqs: list[list[int]], rng: random.Random) -> None:
     """Record prompts at random workers until the index holds INDEX_KEYS keys."""
     ids = [w.worker_id for w in cluster.workers]
     i = 0

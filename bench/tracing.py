@@ -62,11 +62,11 @@ def _router_request_work(n: int) -> float:
     from router.requests.attempt import Attempt
     from router.requests.planner import Plan
     from router.requests.tracing import RequestTrace
-    from router.types import Completed, FinishReason, Route, Worker
-    from services.directory.records import WorkerRole
+    from router.types import Completed, FinishReason, Route
+    from services.directory.records import WorkerRecord, WorkerRole
 
-    d = Worker("decode-0", WorkerRole.DECODE, "127.0.0.1:1")
-    p = Worker("prefill-0", WorkerRole.PREFILL, "127.0.0.1:2")
+    d = WorkerRecord("decode-0", WorkerRole.DECODE, "127.0.0.1:1")
+    p = WorkerRecord("prefill-0", WorkerRole.PREFILL, "127.0.0.1:2")
     plan = Plan("disaggregated", Outcome.DISAGGREGATED, Route.DISAGGREGATED, p, d)
     done = Completed(FinishReason.LENGTH, 10.0, 1.0, 4, Route.DISAGGREGATED, 1)
     t0 = time.perf_counter()

@@ -28,7 +28,6 @@ from typing import Any
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
 from router.types import (
-    Cluster,
     PrefillCall,
     PrefillDone,
     Reservation,
@@ -37,11 +36,11 @@ from router.types import (
     StreamCall,
     StreamItem,
     TxnAnswer,
-    TxnOutcome,
-    Worker,
     WorkerCallError,
 )
 from services.directory.client import ReleaseWrite, RouteEpoch
+from services.directory.records import ClusterSnapshot, WorkerRecord
+from services.directory.states import Outcome
 from services.release.record import ReleaseRecord
 
 
@@ -49,11 +48,11 @@ class WorkerGateway(abc.ABC):
     """Calls to prefill and decode workers."""
 
     @abc.abstractmethod
-    async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
+    async def reserve(self, worker: WorkerRecord, call: ReserveCall, timeout_s: float) -> Reservation:
         """Decode.Reserve: destination blocks for one generation of a request."""
 
     @abc.abstractmethod
-    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
+    async def prefill(self, worker: WorkerRecord, call: PrefillCall, timeout_s: float,
                       grant: Awaitable[PrefillCall] | None = None,
                       on_first_token: Callable[[int], None] | None = None,
                       job_sent: asyncio.Future | None = None) -> PrefillDone:
@@ -66,25 +65,26 @@ class WorkerGateway(abc.ABC):
         job left (or the call ended without it), so the caller can send what follows it."""
 
     @abc.abstractmethod
-    def decode_stream(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+    def decode_stream(self, worker: WorkerRecord, call: StreamCall,
+                      timeout_s: float | None) -> AsyncIterator[StreamItem]:
         """Decode.DecodeStream: tokens 0, 1, ... of a published transfer, then complete."""
 
     @abc.abstractmethod
-    def generate(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+    def generate(self, worker: WorkerRecord, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
         """Decode.Generate: the whole request colocated on `worker`."""
 
     @abc.abstractmethod
-    async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
+    async def cancel_decode(self, worker: WorkerRecord, request_id: str, generation: int, reason: str,
                             timeout_s: float, discard_kv: bool = False) -> bool:
         """Decode.Cancel; True if the worker knew the request. `discard_kv`: the K/V it
         published failed the router's check (its blocks leave the prefix cache)."""
 
     @abc.abstractmethod
-    async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,
+    async def cancel_prefill(self, worker: WorkerRecord, request_id: str, generation: int, reason: str,
                              timeout_s: float) -> bool:
         """Prefill.Cancel; True if the worker knew the request."""
 
-    async def blocks(self, worker: Worker, request_id: str, timeout_s: float) -> Any:
+    async def blocks(self, worker: WorkerRecord, request_id: str, timeout_s: float) -> Any:
         """WorkerAdmin.Blocks: the worker's holdings and block counts (pd.v1.WorkerBlocks,
         as it is: router/blocks.py judges it). Default: UNIMPLEMENTED."""
         raise WorkerCallError(StatusCode.UNIMPLEMENTED, "this gateway has no WorkerAdmin.Blocks")
@@ -97,7 +97,7 @@ class DirectoryGateway(abc.ABC):
     """Calls to the directory service."""
 
     @abc.abstractmethod
-    async def snapshot(self, timeout_s: float) -> Cluster:
+    async def snapshot(self, timeout_s: float) -> ClusterSnapshot:
         """Directory.ClusterSnapshot: live workers with load, and the route epoch."""
 
     @abc.abstractmethod
@@ -106,7 +106,7 @@ class DirectoryGateway(abc.ABC):
 
     @abc.abstractmethod
     async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
-                        timeout_s: float) -> TxnOutcome:
+                        timeout_s: float) -> Outcome:
         """Directory.Abort: the abort_unpublished path for one transfer."""
 
     @abc.abstractmethod

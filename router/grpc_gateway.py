@@ -27,7 +27,6 @@ from pdserve_client.rpc.pd.v1 import (
 from router import convert
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.types import (
-    Cluster,
     PrefillCall,
     PrefillDone,
     Reservation,
@@ -37,13 +36,12 @@ from router.types import (
     StreamComplete,
     StreamItem,
     TxnAnswer,
-    TxnOutcome,
-    Worker,
     WorkerCallError,
 )
 from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
 from services.directory.client import DirectoryClient, ReleaseWrite, RouteEpoch
-from services.directory.records import DirectoryUnavailable
+from services.directory.records import ClusterSnapshot, DirectoryUnavailable, WorkerRecord
+from services.directory.states import Outcome
 from services.release.record import ReleaseRecord
 from services.security.tls import Security
 
@@ -135,20 +133,20 @@ class GrpcWorkerGateway(WorkerGateway):
     def __init__(self, security: Security) -> None:
         self._channels = _Channels(security)
 
-    def _decode(self, w: Worker) -> decode_pb2_grpc.DecodeStub:
+    def _decode(self, w: WorkerRecord) -> decode_pb2_grpc.DecodeStub:
         return decode_pb2_grpc.DecodeStub(self._channels.get(w.grpc_address, "decode", w.epoch))
 
-    def _prefill(self, w: Worker) -> prefill_pb2_grpc.PrefillStub:
+    def _prefill(self, w: WorkerRecord) -> prefill_pb2_grpc.PrefillStub:
         return prefill_pb2_grpc.PrefillStub(self._channels.get(w.grpc_address, "prefill", w.epoch))
 
-    async def reserve(self, worker: Worker, call: ReserveCall, timeout_s: float) -> Reservation:
+    async def reserve(self, worker: WorkerRecord, call: ReserveCall, timeout_s: float) -> Reservation:
         try:
             resp = await self._decode(worker).Reserve(convert.reserve_call_to_pb(call), timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Decode.Reserve on {worker.worker_id}") from None
         return convert.reservation_from_pb(resp)
 
-    async def prefill(self, worker: Worker, call: PrefillCall, timeout_s: float,
+    async def prefill(self, worker: WorkerRecord, call: PrefillCall, timeout_s: float,
                       grant: Awaitable[PrefillCall] | None = None,
                       on_first_token: Callable[[int], None] | None = None,
                       job_sent: asyncio.Future | None = None) -> PrefillDone:
@@ -186,15 +184,16 @@ class GrpcWorkerGateway(WorkerGateway):
         finally:
             call.cancel()  # no-op once the call finished
 
-    def decode_stream(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+    def decode_stream(self, worker: WorkerRecord, call: StreamCall,
+                      timeout_s: float | None) -> AsyncIterator[StreamItem]:
         rpc = self._decode(worker).DecodeStream(convert.stream_call_to_pb(call), timeout=timeout_s)
         return self._stream(rpc, f"Decode.DecodeStream on {worker.worker_id}")
 
-    def generate(self, worker: Worker, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
+    def generate(self, worker: WorkerRecord, call: StreamCall, timeout_s: float | None) -> AsyncIterator[StreamItem]:
         rpc = self._decode(worker).Generate(convert.generate_call_to_pb(call), timeout=timeout_s)
         return self._stream(rpc, f"Decode.Generate on {worker.worker_id}")
 
-    async def cancel_decode(self, worker: Worker, request_id: str, generation: int, reason: str,
+    async def cancel_decode(self, worker: WorkerRecord, request_id: str, generation: int, reason: str,
                             timeout_s: float, discard_kv: bool = False) -> bool:
         req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason,
                                        discard_kv=discard_kv)
@@ -203,7 +202,7 @@ class GrpcWorkerGateway(WorkerGateway):
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Decode.Cancel on {worker.worker_id}") from None
 
-    async def cancel_prefill(self, worker: Worker, request_id: str, generation: int, reason: str,
+    async def cancel_prefill(self, worker: WorkerRecord, request_id: str, generation: int, reason: str,
                              timeout_s: float) -> bool:
         req = common_pb2.CancelRequest(request_id=request_id, generation=generation, reason=reason)
         try:
@@ -211,7 +210,7 @@ class GrpcWorkerGateway(WorkerGateway):
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, f"Prefill.Cancel on {worker.worker_id}") from None
 
-    async def blocks(self, worker: Worker, request_id: str, timeout_s: float) -> Any:
+    async def blocks(self, worker: WorkerRecord, request_id: str, timeout_s: float) -> Any:
         # Every node serves WorkerAdmin next to its phases: reach it as one of them.
         ch = self._channels.get(worker.grpc_address, "decode" if worker.can_decode else "prefill", worker.epoch)
         try:
@@ -248,7 +247,7 @@ class GrpcDirectoryGateway(DirectoryGateway):
         except grpc.aio.AioRpcError as exc:
             raise call_error(exc, what) from None
 
-    async def snapshot(self, timeout_s: float) -> Cluster:
+    async def snapshot(self, timeout_s: float) -> ClusterSnapshot:
         return await self._call("Directory.ClusterSnapshot", self._client.snapshot(), timeout_s)
 
     async def reserve_txn(self, manifest: manifest_pb2.HandoffManifest, timeout_s: float) -> TxnAnswer:
@@ -256,7 +255,7 @@ class GrpcDirectoryGateway(DirectoryGateway):
         return TxnAnswer(reply.outcome, reply.current_generation)
 
     async def abort_txn(self, request_id: str, transfer_id: str, generation: int, reason: str,
-                        timeout_s: float) -> TxnOutcome:
+                        timeout_s: float) -> Outcome:
         reply = await self._call("Directory.Abort", self._client.abort(
             request_id, transfer_id, generation, self._caller_id, 0, reason=reason), timeout_s)
         return reply.outcome

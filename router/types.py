@@ -9,7 +9,7 @@ import dataclasses
 import enum
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from services.directory.records import WorkerRecord
 from services.directory.states import Outcome
 
 
@@ -76,20 +76,7 @@ class FinishReason(enum.Enum):
     CANCELLED = 3
 
 
-TxnOutcome = Outcome
-"""What a directory transaction transition did: the directory's own `Outcome`
-(services/directory/states.py; one definition), under the router's name for it."""
-
-# The worker record is the directory's (services/directory/records.py; one
-# definition), under the names the router's code reads.
-Worker = WorkerRecord
-Role = WorkerRole
-Capacity = WorkerCapacity
-Load = LoadReport
-Cluster = ClusterSnapshot
-
-
-def free_blocks_after(worker: Worker, extra_blocks: int) -> int:
+def free_blocks_after(worker: WorkerRecord, extra_blocks: int) -> int:
     """`worker`'s free K/V blocks as it last reported them (its capacity before the first
     heartbeat), less `extra_blocks` a router counts beside the report (negative: blocks the
     report still holds that have been given back since); may be negative, never above
@@ -103,7 +90,7 @@ def free_blocks_after(worker: Worker, extra_blocks: int) -> int:
 class TxnAnswer:
     """The directory's answer to Reserve."""
 
-    outcome: TxnOutcome
+    outcome: Outcome
     current_generation: int = 0
     """The request's generation after the call. A refused reserve at or below it
     means the request id ran before (within the directory's retention): the next

@@ -61,24 +61,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The pdctl argument parser (one sub-command per operation)."""
-    # --router/--timeout are accepted before or after the command; SUPPRESS keeps a
-    # value given before the command from being reset by the sub-parser's default.
-    shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--router", default=argparse.SUPPRESS, help="router host:port")
-    shared.add_argument("--identity", default=argparse.SUPPRESS,
-                        help="certificate to present from .pdserve/tls: client (default) or operator "
-                             "(set-mode's and blocks' default); $PD_TLS_CERT/KEY/CA override both")
-    shared.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="unary call timeout, s")
-
-    parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
-    parser.add_argument("--router", default=None,
-                        help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50080)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="unary call timeout, s (default 30)")
-    parser.add_argument("--identity", default=None, help=argparse.SUPPRESS)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_generate(commands, shared: argparse.ArgumentParser) -> None:
+    """`pdctl generate`: one flag per GenerateOptions field."""
     gen = commands.add_parser("generate", parents=[shared], help="generate tokens, streaming them as they arrive")
     prompt = gen.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
@@ -102,6 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ids", action="store_true", help="print token ids instead of text")
     gen.add_argument("--json", action="store_true", help="print one JSON object when done")
     gen.set_defaults(run=cmd_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The pdctl argument parser (one sub-command per operation)."""
+    # --router/--timeout are accepted before or after the command; SUPPRESS keeps a
+    # value given before the command from being reset by the sub-parser's default.
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--router", default=argparse.SUPPRESS, help="router host:port")
+    shared.add_argument("--identity", default=argparse.SUPPRESS,
+                        help="certificate to present from .pdserve/tls: client (default) or operator "
+                             "(set-mode's and blocks' default); $PD_TLS_CERT/KEY/CA override both")
+    shared.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="unary call timeout, s")
+
+    parser = argparse.ArgumentParser(prog="pdctl", description="pdserve client")
+    parser.add_argument("--router", default=None,
+                        help="router host:port (default: $PD_ROUTER, ./.pdserve/router.addr, 127.0.0.1:50080)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="unary call timeout, s (default 30)")
+    parser.add_argument("--identity", default=None, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    _add_generate(commands, shared)
 
     status = commands.add_parser("status", parents=[shared], help="workers, blocks, open transactions, mode",
                                  description="Every live worker's load and K/V pool, open transactions and "

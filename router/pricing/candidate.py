@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from router.types import Route, Worker
+from router.types import Route
+from services.directory.records import WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)
@@ -23,9 +24,9 @@ class Candidate:
     """A route with its predicted TTFT/TPOT and the facts the scorers read."""
 
     route: Route
-    decode: Worker
+    decode: WorkerRecord
     """D, or W for a colocated route."""
-    prefill: Worker | None
+    prefill: WorkerRecord | None
     """P; None for a colocated route."""
     ttft_ms: float
     tpot_ms: float

@@ -74,8 +74,9 @@ from router.pricing.candidate import Candidate
 from router.pricing.corrections import CLAMP, Ewma, Sized, ratio
 from router.pricing.formula import prefill_ms
 from router.pricing.worker_costs import WorkerCosts
-from router.types import Route, Worker, free_blocks_after
+from router.types import Route, free_blocks_after
 from services.directory.cost_profile import CostProfile
+from services.directory.records import WorkerRecord
 
 PREFILL_DOMINANT = 4.0
 """A colocated TTFT is a prefill sample of W only when its predicted prefill is at least this
@@ -119,17 +120,17 @@ class CostModel:
         """A split route's decode after its token 0, beyond transfer and admission (`handoff_lag_ms`)."""
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
-        self._rows: dict[int, tuple[Worker, WorkerCosts]] = {}
+        self._rows: dict[int, tuple[WorkerRecord, WorkerCosts]] = {}
         self.version = 0
         """Bumped by every correction; rows built under an older version are rebuilt."""
         self._rows_version = 0
 
     # ---- pricing --------------------------------------------------------
-    def profile(self, w: Worker) -> CostProfile:
+    def profile(self, w: WorkerRecord) -> CostProfile:
         """The worker's declared profile, or the defaults when it declared none."""
         return w.profile if w.profile.declared else self._default
 
-    def costs(self, w: Worker, extra_tokens: int = 0, extra_blocks: int = 0, extra_seqs: int = 0,
+    def costs(self, w: WorkerRecord, extra_tokens: int = 0, extra_blocks: int = 0, extra_seqs: int = 0,
               streams: tuple[int, int, float] | None = None) -> WorkerCosts:
         """`w`'s cost row; `extra_*`: this router's dispatches its heartbeat does not
         show yet (prompt tokens queued, blocks reserved, sequences added to the batch);
@@ -150,7 +151,7 @@ class CostModel:
             self._rows[id(w)] = (w, row)
         return row
 
-    def _build(self, w: Worker, extra_tokens: int, extra_blocks: int, extra_seqs: int,
+    def _build(self, w: WorkerRecord, extra_tokens: int, extra_blocks: int, extra_seqs: int,
                streams: tuple[int, int, float] | None = None) -> WorkerCosts:
         p = self.profile(w)
         sized = self._prefill.get(w.worker_id)
@@ -229,7 +230,7 @@ class CostModel:
         return self.prefill_confirmed(c) and self.decode_confirmed(c.decode.worker_id)
 
     # ---- online correction ------------------------------------------------
-    def observe_prefill(self, w: Worker, new: int, reused: int, observed_ms: float) -> None:
+    def observe_prefill(self, w: WorkerRecord, new: int, reused: int, observed_ms: float) -> None:
         """A prefill of `new` tokens after `reused` took `observed_ms` of compute at `w`."""
         p = self.profile(w)
         raw = prefill_ms(p.prefill_base_ms, p.prefill_ms_per_token, p.prefill_ms_per_pair, new, reused, 1.0)
@@ -238,7 +239,7 @@ class CostModel:
             self._prefill.setdefault(w.worker_id, Sized()).update(new, r, self._alpha)
             self.version += 1
 
-    def observe_transfer(self, source: Worker, dest: Worker, nbytes: int, observed_ms: float) -> None:
+    def observe_transfer(self, source: WorkerRecord, dest: WorkerRecord, nbytes: int, observed_ms: float) -> None:
         """A hand-off of `nbytes` had `observed_ms` of exposed transfer time."""
         raw = self._latency_ms + nbytes * self._ms_per_byte
         r = ratio(observed_ms, raw)
@@ -257,7 +258,7 @@ class CostModel:
         sized = self._prefill.get(worker_id)
         return sized.factor(new) if sized else 1.0
 
-    def observe_tpot(self, w: Worker, predicted_ms: float, observed_ms: float, carried: float | None = None,
+    def observe_tpot(self, w: WorkerRecord, predicted_ms: float, observed_ms: float, carried: float | None = None,
                      clean: bool = True) -> None:
         """A stream at `w` showed `observed_ms` per token where `predicted_ms` was
         priced, with decode factor `carried` (default: the current one).

@@ -11,7 +11,7 @@ import math
 import cython
 
 from router.pricing.corrections import size_bucket
-from router.types import Worker
+from services.directory.records import WorkerRecord
 
 if cython.compiled:  # the terms as C calls (router/pricing/formula.pxd)
     from cython.cimports.router.pricing.formula import (
@@ -29,7 +29,7 @@ else:
 class WorkerCosts:
     """One worker's corrected coefficients and its load-dependent terms."""
 
-    worker: Worker
+    worker: WorkerRecord
     pre_base: float
     pre_tok: float
     pre_pair: float

@@ -9,7 +9,7 @@ import collections
 import hashlib
 from typing import Any
 
-from router.types import Cluster
+from services.directory.records import ClusterSnapshot
 from services.release.record import DeploymentManifest
 
 ALLOWED_MODES = ("colocated", "disaggregated", "auto", "shadow", "canary")
@@ -29,7 +29,7 @@ def tokenizer_identity(tokenizer: Any | None) -> str:
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
 
 
-def freeze(cluster: Cluster, ctl) -> DeploymentManifest:
+def freeze(cluster: ClusterSnapshot, ctl) -> DeploymentManifest:
     """The manifest of what `cluster` runs now, under router `ctl`'s model and tokenizer."""
     roles = collections.Counter(w.role.value for w in cluster.workers)
     return DeploymentManifest(

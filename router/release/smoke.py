@@ -29,18 +29,9 @@ from pdserve_client.rpc.pd.v1 import blocks_pb2
 from router.gateway import WorkerGateway
 from router.release.probes import TENANT, probe_id
 from router.requests.handoff import build_manifest, transfer_id
-from router.types import (
-    PrefillCall,
-    Reservation,
-    ReserveCall,
-    Role,
-    Sampling,
-    StatusCode,
-    StreamCall,
-    TxnOutcome,
-    Worker,
-    WorkerCallError,
-)
+from router.types import PrefillCall, Reservation, ReserveCall, Sampling, StatusCode, StreamCall, WorkerCallError
+from services.directory.records import WorkerRecord, WorkerRole
+from services.directory.states import Outcome
 from services.transfer.keys import new_key
 
 MAX_TOKENS = 2
@@ -72,8 +63,8 @@ class Probe:
     """One probe request's hand-off pieces, for its teardown."""
 
     ctl: object
-    prefill: Worker
-    decode: Worker
+    prefill: WorkerRecord
+    decode: WorkerRecord
     prompt: tuple[int, ...]
     request_id: str = dataclasses.field(default_factory=lambda: probe_id("release-smoke"))
     generations: list[int] = dataclasses.field(default_factory=list)
@@ -94,7 +85,7 @@ class Probe:
         key = self.keys.setdefault(generation, new_key())
         reservation = await self.workers.reserve(d, ReserveCall(
             self.request_id, TENANT, generation, self.prompt, MAX_TOKENS, Sampling(), p.cache_abi_digest, key),
-            self._t("reserve_timeout_s"))
+                                                 self._t("reserve_timeout_s"))
         manifest = await self.reserve_txn(reservation, generation)
         return reservation, manifest
 
@@ -107,7 +98,7 @@ class Probe:
     async def reserve_txn(self, reservation: Reservation, generation: int):
         manifest = await self.manifest(reservation, generation)
         answer = await self.ctl.orch.directory.reserve_txn(manifest, self._t("directory_timeout_s"))
-        if answer.outcome is not TxnOutcome.APPLIED:
+        if answer.outcome is not Outcome.APPLIED:
             raise SmokeFailed(f"the directory refused the probe's reservation: {answer.outcome.name}")
         self.generations.append(generation)
         return manifest
@@ -123,7 +114,7 @@ class Probe:
             self.request_id, generation, MAX_TOKENS, Sampling(), transfer_id=transfer_id(self.request_id, generation),
             capability=capability), self._t("prefill_timeout_s"))
 
-    async def abort(self, generation: int) -> TxnOutcome:
+    async def abort(self, generation: int) -> Outcome:
         return await self.ctl.orch.directory.abort_txn(self.request_id, transfer_id(self.request_id, generation),
                                                        generation, "release smoke", self._t("cancel_timeout_s"))
 
@@ -179,7 +170,7 @@ async def failure_injection_smoke(ctl) -> tuple[bool, str]:
         f"{v.name} {'ok' if v.passed else 'FAILED'}: {v.detail}" for v in verdicts)
 
 
-async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
+async def hand_off_pair(ctl) -> tuple[WorkerRecord, WorkerRecord] | None:
     """A live prefill and decode worker that may hand off between them (the most free
     blocks). Right after a rollback's PINNED the workers learn that routes reopened at
     their next heartbeat and report their connector on in the one after: wait for that,
@@ -190,8 +181,8 @@ async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
         cluster = await ctl.orch.view.get(max_age_s=0.0)
         able = [w for w in cluster.workers if not w.colocated_only_reason and not w.load.connector_disabled]
         by_room = sorted(able, key=lambda w: -w.load.free_blocks)
-        for p in (w for w in by_room if w.role in (Role.PREFILL, Role.MIXED)):
-            for d in (w for w in by_room if w.role in (Role.DECODE, Role.MIXED)):
+        for p in (w for w in by_room if w.role in (WorkerRole.PREFILL, WorkerRole.MIXED)):
+            for d in (w for w in by_room if w.role in (WorkerRole.DECODE, WorkerRole.MIXED)):
                 if d.worker_id != p.worker_id and d.cache_abi_digest == p.cache_abi_digest:
                     return p, d
         if loop.time() >= give_up:
@@ -199,13 +190,13 @@ async def hand_off_pair(ctl) -> tuple[Worker, Worker] | None:
         await asyncio.sleep(0.1)
 
 
-def probe_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
+def probe_prompt(prefill: WorkerRecord, decode: WorkerRecord) -> tuple[int, ...]:
     """A prompt of a few blocks that both ends accept (token ids every vocabulary has)."""
     length, vocab = _prompt_limits(prefill, decode, 256)
     return tuple(3 + (i * 7) % (vocab - 3) for i in range(length))
 
 
-def cut_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
+def cut_prompt(prefill: WorkerRecord, decode: WorkerRecord) -> tuple[int, ...]:
     """A long prompt of random token ids: no prefix of it is cached, so prefill computes
     (and sends) all of it, long enough for the cut to find it under way."""
     room = decode.load.free_blocks // 4 * (decode.capacity.block_size or 16)
@@ -213,7 +204,7 @@ def cut_prompt(prefill: Worker, decode: Worker) -> tuple[int, ...]:
     return tuple(3 + secrets.randbelow(vocab - 3) for _ in range(length))
 
 
-def _prompt_limits(prefill: Worker, decode: Worker, cap: int) -> tuple[int, int]:
+def _prompt_limits(prefill: WorkerRecord, decode: WorkerRecord, cap: int) -> tuple[int, int]:
     """(prompt length both ends accept, at most `cap`; vocabulary both ends have). A prompt
     longer than max_prefill_tokens is computed in chunks of it."""
     caps = (prefill.capacity, decode.capacity)
@@ -271,7 +262,7 @@ async def stale_completion(job: Probe) -> str:
         with contextlib.suppress(Exception):
             await stream.aclose()
     outcome = await job.abort(1)
-    if outcome is not TxnOutcome.DUPLICATE:  # DUPLICATE: it was already aborted (superseded), never published
+    if outcome is not Outcome.DUPLICATE:  # DUPLICATE: it was already aborted (superseded), never published
         raise SmokeFailed(f"generation 1's transaction was not left aborted: abort answered {outcome.name}")
     return f"the superseded generation was refused ({refused[:120]}) and never published"
 
@@ -296,7 +287,7 @@ async def mid_transfer(job: Probe) -> str:
             for task in (prefill, stream):
                 task.cancel()
             await asyncio.gather(prefill, stream, return_exceptions=True)
-        if cut is TxnOutcome.APPLIED:
+        if cut is Outcome.APPLIED:
             return (f"cut while {seen} (attempt {attempt}, {len(job.prompt)}-token prompt"
                     + (f"; missed: {', '.join(missed)})" if missed else ")")
                     + "; its transaction aborted before publication")

@@ -19,7 +19,8 @@ from pdserve_client import contract
 from router.config import RouterConfig
 from router.requests.placement import Demand, capacity_shortfall
 from router.requests.text import encode
-from router.types import Cluster, GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
+from router.types import GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
+from services.directory.records import ClusterSnapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ def _check_sampling(s: Sampling, seed_source: Callable[[], int]) -> Sampling:
     return s
 
 
-def max_model_len(cluster: Cluster) -> int | None:
+def max_model_len(cluster: ClusterSnapshot) -> int | None:
     """The most tokens any decode-capable worker of `cluster` holds for one request, prompt
     and generated together (its max_model_len); None when there is none, or one that
     declares no limit."""
@@ -141,7 +142,7 @@ def max_model_len(cluster: Cluster) -> int | None:
     return max(lengths) if lengths and all(lengths) else None
 
 
-def check_cluster(req: Admitted, cluster: Cluster) -> None:
+def check_cluster(req: Admitted, cluster: ClusterSnapshot) -> None:
     """Checks against the workers' declared capacity; raises RouterError
     (UNAVAILABLE, INVALID_ARGUMENT, RESOURCE_EXHAUSTED).
 

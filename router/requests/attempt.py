@@ -10,18 +10,10 @@ import dataclasses
 import enum
 from collections.abc import AsyncIterator
 
-from router.types import (
-    PrefillDone,
-    Route,
-    RouterError,
-    StatusCode,
-    StreamItem,
-    TxnAnswer,
-    TxnOutcome,
-    Worker,
-    WorkerCallError,
-)
+from router.types import PrefillDone, Route, RouterError, StatusCode, StreamItem, TxnAnswer, WorkerCallError
 from services.common.lifecycle import Moves
+from services.directory.records import WorkerRecord
+from services.directory.states import Outcome
 from services.transfer.keys import new_key
 
 
@@ -67,7 +59,7 @@ def advance(att: Attempt, to: Stage) -> None:
 DIRECTORY_RESERVE = Stage.DIRECTORY_RESERVE.value
 """The stage label of an attempt that opens its transaction in the directory."""
 
-RAN_BEFORE = frozenset({TxnOutcome.STALE_GENERATION, TxnOutcome.DUPLICATE, TxnOutcome.CHECKSUM_CONFLICT})
+RAN_BEFORE = frozenset({Outcome.STALE_GENERATION, Outcome.DUPLICATE, Outcome.CHECKSUM_CONFLICT})
 """Reserve outcomes that, with the request's generation at or above the attempt's,
 mean an earlier run of the same request id holds the transfer id or the generation."""
 
@@ -76,7 +68,7 @@ class AttemptFailed(Exception):
     """An attempt failed in a way another route may not: retry under a new generation."""
 
     def __init__(self, stage: str, code: StatusCode, message: str, suspects: frozenset[str] = frozenset(),
-                 culprit: Worker | None = None):
+                 culprit: WorkerRecord | None = None):
         super().__init__(f"{stage}: {code.name}: {message}")
         self.stage = stage
         self.code = code
@@ -104,8 +96,8 @@ class Attempt:
 
     generation: int
     route: Route
-    decode: Worker
-    prefill: Worker | None = None
+    decode: WorkerRecord
+    prefill: WorkerRecord | None = None
     route_epoch: int = 0
     stage: Stage = Stage.PLACED
     txn_open: bool = False
@@ -173,19 +165,19 @@ def judge_reserve(att: Attempt, answer: TxnAnswer | WorkerCallError, request_id:
     attempt's generation). `view` (a ClusterView) hears of a rollback's stop."""
     if isinstance(answer, WorkerCallError):
         raise AttemptFailed(DIRECTORY_RESERVE, answer.code, answer.message) from answer
-    if answer.outcome is TxnOutcome.APPLIED:
+    if answer.outcome is Outcome.APPLIED:
         return
     att.txn_open = False
     what = f"directory answered {answer.outcome.name}"
     if answer.outcome in RAN_BEFORE and answer.current_generation >= att.generation:
         raise GenerationBehind(answer.current_generation, f"{what}: request id {request_id!r} ran before, up to "
-                                                          f"generation {answer.current_generation}")
-    if answer.outcome is TxnOutcome.ROUTES_STOPPED:  # a rollback: nobody failed, run colocated
+                               f"generation {answer.current_generation}")
+    if answer.outcome is Outcome.ROUTES_STOPPED:  # a rollback: nobody failed, run colocated
         if view is not None:
             view.routes_stopped_elsewhere()
         raise AttemptFailed(DIRECTORY_RESERVE, StatusCode.FAILED_PRECONDITION,
                             f"{what}: a rollback stopped new disaggregated routes")
-    lost = answer.outcome is TxnOutcome.LEASE_LOST
+    lost = answer.outcome is Outcome.LEASE_LOST
     raise AttemptFailed(DIRECTORY_RESERVE, StatusCode.ABORTED, what,
                         frozenset({att.prefill.worker_id, att.decode.worker_id}) if lost else frozenset())
 

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from router.config import RouterConfig
 from router.gateway import DirectoryGateway
 from router.requests.placement import LoadOverlay
-from router.types import Cluster, RouterError, StatusCode, WorkerCallError
+from router.types import RouterError, StatusCode, WorkerCallError
+from services.directory.records import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ClusterView:
         self._config = config
         self._clock = clock
         self.overlay = LoadOverlay(config.overlay_ttl_ms / 1000.0, clock)
-        self._cached: Cluster | None = None
+        self._cached: ClusterSnapshot | None = None
         self._cached_at = 0.0
         self._retry_at = 0.0
         self.degraded = False
@@ -75,7 +76,7 @@ class ClusterView:
     def _waiting_to_retry(self) -> bool:
         return self.degraded and self._clock() < self._retry_at
 
-    async def get(self, max_age_s: float | None = None) -> Cluster:
+    async def get(self, max_age_s: float | None = None) -> ClusterSnapshot:
         """A snapshot at most `max_age_s` old (default: the config's max age), or during a
         directory outage the last one (`degraded`).
 
@@ -93,7 +94,7 @@ class ClusterView:
             return self._cached
         return await self._fetch(max_age_s)
 
-    async def _fetch(self, max_age_s: float) -> Cluster:
+    async def _fetch(self, max_age_s: float) -> ClusterSnapshot:
         """Ask the directory (unless another fetch made the snapshot fresh meanwhile)."""
         async with self._lock:
             if self._fresh(max_age_s) or self._waiting_to_retry():
@@ -122,7 +123,7 @@ class ClusterView:
             return cluster
 
     @property
-    def last(self) -> Cluster | None:
+    def last(self) -> ClusterSnapshot | None:
         """The latest snapshot, whatever its age (None before the first): for checks that
         must not wait for the directory (router/edge/intake.py)."""
         return self._cached
@@ -141,7 +142,7 @@ class ClusterView:
         self._cached_at = float("-inf")  # read the directory again at the next get()
 
     @property
-    def latest(self) -> Cluster | None:
+    def latest(self) -> ClusterSnapshot | None:
         """The last snapshot fetched (None before the first), whatever its age."""
         return self._cached
 

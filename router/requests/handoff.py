@@ -14,8 +14,8 @@ import struct
 from collections.abc import Sequence
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from router.types import Reservation, ReserveCall, Worker
-from services.directory.records import TransferRef
+from router.types import Reservation, ReserveCall
+from services.directory.records import TransferRef, WorkerRecord
 from services.security.capability import PUSH, Grant
 from services.transfer.base import CHECKSUM_ALGORITHM
 
@@ -46,7 +46,7 @@ def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_
                  max_bytes=sum(c.num_bytes for c in manifest.expected_chunks), ttl_ms=ttl_ms)
 
 
-def reserve_call(req, generation: int, prefill: Worker, key: bytes) -> ReserveCall:
+def reserve_call(req, generation: int, prefill: WorkerRecord, key: bytes) -> ReserveCall:
     """Decode.Reserve's arguments for one attempt of `req` (an Admitted request): the blocks
     for its prompt and budget, and the attempt's transfer key (services/transfer/keys.py)."""
     return ReserveCall(req.request_id, req.tenant, generation, req.prompt, req.max_tokens, req.sampling,
@@ -54,7 +54,7 @@ def reserve_call(req, generation: int, prefill: Worker, key: bytes) -> ReserveCa
 
 
 def job_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
-                 prefill: Worker) -> manifest_pb2.HandoffManifest:
+                 prefill: WorkerRecord) -> manifest_pb2.HandoffManifest:
     """The manifest of a Prefill job sent before its grant: what to compute, not where to
     (the grant's `build_manifest` names the same transfer and adds the destination)."""
     return manifest_pb2.HandoffManifest(
@@ -65,7 +65,7 @@ def job_manifest(*, request_id: str, tenant: str, generation: int, prompt: Seque
 
 
 def build_manifest(*, request_id: str, tenant: str, generation: int, prompt: Sequence[int],
-                   prefill: Worker, decode: Worker, reservation: Reservation,
+                   prefill: WorkerRecord, decode: WorkerRecord, reservation: Reservation,
                    route_epoch: int, job: manifest_pb2.HandoffManifest | None = None) -> manifest_pb2.HandoffManifest:
     """The HandoffManifest for one disaggregated attempt: its job's (`job`, the one sent
     ahead to the prefill; made here when not given) with the destination, the reservation

@@ -25,7 +25,8 @@ from router.requests.admission import Admitted
 from router.requests.placement import LoadOverlay
 from router.requests.planner import Plan
 from router.requests.streams import StreamBook
-from router.types import Route, Worker
+from router.types import Route
+from services.directory.records import WorkerRecord
 
 
 class InFlight:
@@ -41,7 +42,7 @@ class InFlight:
         return len(self.overlay) + len(self.streams)
 
     # ---- load holds -------------------------------------------------------------
-    def hold_route(self, req: Admitted, computing: Worker, decode: Worker,
+    def hold_route(self, req: Admitted, computing: WorkerRecord, decode: WorkerRecord,
                    planned: bool = False) -> tuple[int, int]:
         """Hold a route's load: the reservation's blocks at the decode worker and the
         prompt queued at the computing worker (P, or the colocated worker) until token 0.

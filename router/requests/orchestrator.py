@@ -52,17 +52,9 @@ from router.requests.planner import Plan, Planner
 from router.requests.queueing import AdmissionQueue
 from router.requests.request_run import RecentGenerations, RequestRun
 from router.requests.retries import RetryPolicy
-from router.types import (
-    Cluster,
-    Event,
-    FinishReason,
-    GenerateParams,
-    PrefillDone,
-    RouterError,
-    StatusCode,
-    TokenOut,
-)
+from router.types import Event, FinishReason, GenerateParams, PrefillDone, RouterError, StatusCode, TokenOut
 from services.common.tasks import TaskSet
+from services.directory.records import ClusterSnapshot
 from services.telemetry.catalog import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -187,7 +179,7 @@ class Orchestrator(RetryPolicy):
     def _remaining_s(self, run: RequestRun) -> float | None:
         return None if run.req.deadline_s is None else run.req.deadline_s - (self._clock() - run.start_s)
 
-    def _plan(self, req: Admitted, cluster: Cluster) -> Plan:
+    def _plan(self, req: Admitted, cluster: ClusterSnapshot) -> Plan:
         """The mode's plan for attempt 1; raises RESOURCE_EXHAUSTED when auto mode
         predicts no route meets the request's SLO (nothing was dispatched)."""
         slo = self.planner.slo(req.tenant, req.slo)

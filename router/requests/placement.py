@@ -32,7 +32,8 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from router.types import Cluster, Worker, free_blocks_after
+from router.types import free_blocks_after
+from services.directory.records import ClusterSnapshot, WorkerRecord
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class Demand:
     max_tokens: int
     max_token_id: int = 0
 
-    def blocks_on(self, worker: Worker) -> int:
+    def blocks_on(self, worker: WorkerRecord) -> int:
         """K/V blocks the request needs on `worker` (0 if it declares no block size)."""
         return blocks_needed(self.prompt_tokens, self.max_tokens, worker.capacity.block_size)
 
@@ -55,7 +56,7 @@ def blocks_needed(prompt_tokens: int, max_tokens: int, block_size: int) -> int:
     return math.ceil((prompt_tokens + max_tokens - 1) / block_size)
 
 
-def rejects(worker: Worker, demand: Demand) -> str | None:
+def rejects(worker: WorkerRecord, demand: Demand) -> str | None:
     """Why `worker` can never serve `demand` (vocab, context, capacity), or None."""
     cap = worker.capacity
     if cap.vocab_size and demand.max_token_id >= cap.vocab_size:
@@ -148,7 +149,7 @@ class LoadOverlay:
         self._sent[self._fetches] = self._clock()
         return self._fetches
 
-    def _windows(self, cluster: Cluster, sent: float) -> dict[str, tuple[int, float, float]]:
+    def _windows(self, cluster: ClusterSnapshot, sent: float) -> dict[str, tuple[int, float, float]]:
         """When each dated report of `cluster` was taken (see the class)."""
         received = self._clock()
         if not cluster.now_ms:
@@ -160,7 +161,7 @@ class LoadOverlay:
                 out[w.worker_id] = (w.epoch, sent - age - DATE_SLACK_S, received - age + DATE_SLACK_S)
         return out
 
-    def observe(self, cluster: Cluster, fetch_id: int) -> None:
+    def observe(self, cluster: ClusterSnapshot, fetch_id: int) -> None:
         """Retire entries that snapshot `fetch_id` (or its reports) already reflects."""
         sent = self._sent.pop(fetch_id, None)
         for old in [k for k in self._sent if k < fetch_id]:
@@ -196,7 +197,7 @@ class LoadOverlay:
         self._marks = {w.worker_id: (w.epoch, w.lease_expiry_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
-    def add(self, worker: Worker, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False) -> int:
+    def add(self, worker: WorkerRecord, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False) -> int:
         """Count a dispatch against `worker`; returns a handle for `remove`. `planned`:
         a route planned but not dispatched yet (placement counts it, so a burst spreads;
         the admission queue's room check does not, the request may wait instead)."""
@@ -265,11 +266,11 @@ class FailureMemory:
         self._clock = clock
         self._failed: dict[str, tuple[int, float]] = {}  # id -> (epoch, when)
 
-    def record(self, worker: Worker) -> None:
+    def record(self, worker: WorkerRecord) -> None:
         """Remember that a call to `worker` failed now."""
         self._failed[worker.worker_id] = (worker.epoch, self._clock())
 
-    def penalties(self, cluster: Cluster, weight: int = 2) -> dict[str, int]:
+    def penalties(self, cluster: ClusterSnapshot, weight: int = 2) -> dict[str, int]:
         """Penalty per recently failed worker of `cluster` (same epoch, within the cooldown)."""
         cutoff = self._clock() - self._cooldown_s
         self._failed = {k: v for k, v in self._failed.items() if v[1] >= cutoff}
@@ -277,14 +278,14 @@ class FailureMemory:
         return {k: weight for k, (epoch, _) in self._failed.items() if live.get(k) == epoch}
 
 
-def free_blocks(worker: Worker, overlay: LoadOverlay | None = None, planned: bool = True) -> int:
+def free_blocks(worker: WorkerRecord, overlay: LoadOverlay | None = None, planned: bool = True) -> int:
     """Free K/V blocks: the heartbeat's figure (capacity before the first heartbeat)
     minus this router's unreported reservations (`planned`: and plan-time holds), plus
     the reported ones that ended since; may be negative, never above the total."""
     return free_blocks_after(worker, overlay.blocks(worker.worker_id, planned) if overlay is not None else 0)
 
 
-def pending_prefill_tokens(worker: Worker, overlay: LoadOverlay | None = None) -> int:
+def pending_prefill_tokens(worker: WorkerRecord, overlay: LoadOverlay | None = None) -> int:
     """Prompt tokens queued at `worker`, including this router's unreported dispatches
     (less the reported ones that ended since; never below 0)."""
     extra = overlay.prefill_tokens(worker.worker_id) if overlay is not None else 0
@@ -301,13 +302,13 @@ def _penalty(avoid: Avoid, worker_id: str) -> int:
     return int(worker_id in avoid)
 
 
-def _decode_key(worker: Worker, demand: Demand, overlay: LoadOverlay | None) -> tuple:
+def _decode_key(worker: WorkerRecord, demand: Demand, overlay: LoadOverlay | None) -> tuple:
     free = free_blocks(worker, overlay)
     return (free < demand.blocks_on(worker), -free, worker.load.active_decode_batch, worker.worker_id)
 
 
-def choose_pair(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
-                avoid: Avoid = (), tried: Collection[tuple[str, str]] = ()) -> tuple[Worker, Worker] | None:
+def choose_pair(cluster: ClusterSnapshot, demand: Demand, overlay: LoadOverlay | None = None,
+                avoid: Avoid = (), tried: Collection[tuple[str, str]] = ()) -> tuple[WorkerRecord, WorkerRecord] | None:
     """Best (prefill, decode) pair for a disaggregated attempt, or None.
 
     `avoid`: penalties of workers that failed (chosen only when no alternative
@@ -330,8 +331,8 @@ def choose_pair(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = 
     return best
 
 
-def choose_colocated(cluster: Cluster, demand: Demand, overlay: LoadOverlay | None = None,
-                     avoid: Avoid = ()) -> Worker | None:
+def choose_colocated(cluster: ClusterSnapshot, demand: Demand, overlay: LoadOverlay | None = None,
+                     avoid: Avoid = ()) -> WorkerRecord | None:
     """Best decode-capable worker to run the whole request, or None."""
     candidates = [w for w in cluster.workers if w.can_decode and rejects(w, demand) is None]
     if not candidates:
@@ -339,12 +340,12 @@ def choose_colocated(cluster: Cluster, demand: Demand, overlay: LoadOverlay | No
     return min(candidates, key=lambda w: (_penalty(avoid, w.worker_id), *_decode_key(w, demand, overlay)))
 
 
-def has_prefill_worker(cluster: Cluster) -> bool:
+def has_prefill_worker(cluster: ClusterSnapshot) -> bool:
     """True when some worker can run a disaggregated prefill."""
     return any(w.can_prefill for w in cluster.workers)
 
 
-def capacity_shortfall(workers: Iterable[Worker], demand: Demand) -> str | None:
+def capacity_shortfall(workers: Iterable[WorkerRecord], demand: Demand) -> str | None:
     """A message with the numbers if no decode-capable worker could hold the
     request's K/V even when empty; None if one could (or none declares capacity)."""
     sized = [w for w in workers if w.can_decode and w.capacity.total_blocks]

@@ -44,7 +44,8 @@ from router.pricing.worker_costs import WorkerCosts
 from router.requests.placement import Demand, LoadOverlay, choose_colocated, choose_pair, rejects
 from router.requests.records import DecisionLog, DecisionRecord
 from router.requests.streams import StreamBook
-from router.types import Cluster, Completed, PrefillDone, Route, Slo, Worker
+from router.types import Completed, PrefillDone, Route, Slo
+from services.directory.records import ClusterSnapshot, WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)
@@ -54,8 +55,8 @@ class Plan:
     mode: str
     outcome: Outcome
     route: Route
-    prefill: Worker | None = None
-    decode: Worker | None = None
+    prefill: WorkerRecord | None = None
+    decode: WorkerRecord | None = None
     """None: let placement choose (nothing suitable was found at decision time)."""
     predicted: Candidate | None = None
     reason: str = ""
@@ -106,7 +107,7 @@ class Planner:
         ttft, tpot = self.config.slo_for(tenant)
         return Slo(asked.ttft_ms or ttft, asked.tpot_ms or tpot)
 
-    def rows(self, cluster: Cluster, overlay: LoadOverlay | None) -> list[WorkerCosts]:
+    def rows(self, cluster: ClusterSnapshot, overlay: LoadOverlay | None) -> list[WorkerCosts]:
         """Cost rows of every worker, with this router's unreported dispatches folded in."""
         extra = overlay.totals() if overlay is not None else {}
         streams = self.streams.at({w.worker_id: w.epoch for w in cluster.workers}) if len(self.streams) else {}
@@ -118,7 +119,8 @@ class Planner:
         return rows
 
     def plan(self, request_id: str, tenant: str, prompt: tuple[int, ...], max_tokens: int, mode: str, slo: Slo,
-             cluster: Cluster, overlay: LoadOverlay | None = None, avoid: Mapping[str, int] | None = None) -> Plan:
+             cluster: ClusterSnapshot, overlay: LoadOverlay | None = None,
+             avoid: Mapping[str, int] | None = None) -> Plan:
         """Decide the first attempt under `mode` and record the prediction."""
         t0 = time.perf_counter()
         avoid = avoid or {}
@@ -149,7 +151,7 @@ class Planner:
         self._record(request_id, tenant, plan, decision, req, (time.perf_counter() - t0) * 1e6)
         return plan
 
-    def place(self, tenant: str, prompt: tuple[int, ...], max_tokens: int, slo: Slo, cluster: Cluster,
+    def place(self, tenant: str, prompt: tuple[int, ...], max_tokens: int, slo: Slo, cluster: ClusterSnapshot,
               overlay: LoadOverlay | None, split: bool, avoid: Mapping[str, int],
               tried: Collection[tuple[str, str]] = ()) -> Candidate | None:
         """A retry's route (router/requests/orchestrator.py), priced and chosen as a first
@@ -176,14 +178,14 @@ class Planner:
         return None
 
     def _shape(self, tenant: str, prompt: tuple[int, ...], max_tokens: int, slo: Slo,
-               cluster: Cluster) -> tuple[RequestShape, list[int]]:
+               cluster: ClusterSnapshot) -> tuple[RequestShape, list[int]]:
         """The request's shape for pricing (its prefix hits included), and its block chain keys."""
         block_size = next((w.capacity.block_size for w in cluster.workers if w.capacity.block_size), 16)
         hashes = block_hashes(prompt, block_size, tenant)
         return RequestShape(len(prompt), max_tokens, block_size, slo.ttft_ms, slo.tpot_ms,
                             self.prefix.match(hashes) if hashes else {}), hashes
 
-    def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand, cluster: Cluster,
+    def _forced(self, mode: str, rows: list[WorkerCosts], req: RequestShape, demand: Demand, cluster: ClusterSnapshot,
                 overlay: LoadOverlay | None, avoid: Mapping[str, int]) -> Plan:
         by_id = {r.worker.worker_id: r for r in rows}
         if mode == "disaggregated":
@@ -271,15 +273,15 @@ class Planner:
             finished=plan.outcome is Outcome.REJECT))
 
     # ---- feedback -----------------------------------------------------------
-    def prefill_done(self, plan: Plan | None, prefill: Worker, decode: Worker, done: PrefillDone) -> None:
+    def prefill_done(self, plan: Plan | None, prefill: WorkerRecord, decode: WorkerRecord, done: PrefillDone) -> None:
         """Correct prefill and transfer costs from PrefillResult's timings."""
         if done.compute_ms > 0 and done.computed_tokens > 0:
             self.costs.observe_prefill(prefill, done.computed_tokens, done.reused_tokens, done.compute_ms)
         if done.sent_bytes > 0 and done.transfer_ms > 0:
             self.costs.observe_transfer(prefill, decode, done.sent_bytes, done.transfer_ms)
 
-    def completed(self, request_id: str, plan: Plan | None, done: Completed, prefill: Worker | None,
-                  decode: Worker) -> None:
+    def completed(self, request_id: str, plan: Plan | None, done: Completed, prefill: WorkerRecord | None,
+                  decode: WorkerRecord) -> None:
         """Record observed times; a first attempt on the planned route also corrects
         the decode cost and the route overhead, and teaches the prefix index."""
         self.log.observe(request_id, done.ttft_ms, done.tpot_ms, done.route.name.lower(),

@@ -36,11 +36,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from router.requests.placement import LoadOverlay, free_blocks, rejects
-from router.types import Cluster, RouterError, StatusCode, Worker
+from router.types import RouterError, StatusCode
+from services.directory.records import ClusterSnapshot, WorkerRecord
 
 log = logging.getLogger(__name__)
 
-Fits = Callable[[Cluster], "Worker | None"]
+Fits = Callable[[ClusterSnapshot], "WorkerRecord | None"]
 """The decode-capable worker with room for a request now (most room first), or None."""
 
 
@@ -49,7 +50,7 @@ class _Waiter:
     tenant: str
     request_id: str
     fits: Fits
-    blocks: Callable[[Worker], int]
+    blocks: Callable[[WorkerRecord], int]
     granted: asyncio.Future
     since_s: float
 
@@ -57,7 +58,7 @@ class _Waiter:
 class AdmissionQueue:
     """Per-tenant FIFOs of requests waiting for K/V room, granted round robin."""
 
-    def __init__(self, overlay: LoadOverlay, cluster: Callable[[], Awaitable[Cluster]], *,
+    def __init__(self, overlay: LoadOverlay, cluster: Callable[[], Awaitable[ClusterSnapshot]], *,
                  per_tenant: int = 256, poll_s: float = 0.05, fence_ttl_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self._overlay = overlay
@@ -93,7 +94,7 @@ class AdmissionQueue:
         """A `Fits` for `demand`: the decode-capable worker whose free blocks (this
         router's unreported dispatches included) hold the request's, most room first;
         workers fenced full are skipped."""
-        def fits(cluster: Cluster) -> Worker | None:
+        def fits(cluster: ClusterSnapshot) -> WorkerRecord | None:
             best, best_free = None, 0
             for w in cluster.workers:
                 if not w.can_decode or rejects(w, demand) is not None or self._fenced(w):
@@ -104,18 +105,18 @@ class AdmissionQueue:
             return best
         return fits
 
-    def fence_full(self, worker: Worker) -> None:
+    def fence_full(self, worker: WorkerRecord) -> None:
         """`worker` refused for lack of blocks although this router's view showed room:
         count it full until a heartbeat newer than that view (its lease expiry moves),
         a new incarnation, or `fence_ttl_s`."""
         self._full[worker.worker_id] = (worker.epoch, worker.lease_expiry_ms,
                                         self._clock() + self.fence_ttl_s)
 
-    def fenced(self, cluster: Cluster, weight: int = 4) -> dict[str, int]:
+    def fenced(self, cluster: ClusterSnapshot, weight: int = 4) -> dict[str, int]:
         """Placement penalties of the workers fenced full (placement then prefers others)."""
         return {w.worker_id: weight for w in cluster.workers if self._fenced(w)}
 
-    def _fenced(self, w: Worker) -> bool:
+    def _fenced(self, w: WorkerRecord) -> bool:
         entry = self._full.get(w.worker_id)
         if entry is None:
             return False
@@ -125,13 +126,13 @@ class AdmissionQueue:
             return False
         return True
 
-    def go_now(self, tenant: str, fits: Fits, cluster: Cluster) -> bool:
+    def go_now(self, tenant: str, fits: Fits, cluster: ClusterSnapshot) -> bool:
         """True when a request may dispatch without waiting: there is room for it
         and no request of its tenant is waiting (nobody is overtaken in its FIFO;
         other tenants' waiters need room this one's demand does not take away)."""
         return not self._queues.get(tenant) and fits(cluster) is not None and not self._starved(cluster)
 
-    async def wait(self, tenant: str, request_id: str, fits: Fits, blocks: Callable[[Worker], int],
+    async def wait(self, tenant: str, request_id: str, fits: Fits, blocks: Callable[[WorkerRecord], int],
                    patience_s: float | None) -> int:
         """Wait for room; returns the overlay handle of the grant's hold (the caller
         removes it once its attempt counts its own dispatch). Raises RouterError
@@ -190,7 +191,7 @@ class AdmissionQueue:
                 async with asyncio.timeout(self.poll_s):
                     await self._kick.wait()
 
-    def _grant(self, cluster: Cluster) -> None:
+    def _grant(self, cluster: ClusterSnapshot) -> None:
         """Serve tenants round robin: a pass offers each tenant's head, in turn order,
         the room there is; a tenant served goes to the back of the turn order, one not
         served keeps its place. Passes repeat while any grant was made."""
@@ -218,7 +219,7 @@ class AdmissionQueue:
                     self._turn.append(tenant)
                 progress = True
 
-    def _starved(self, cluster: Cluster) -> bool:
+    def _starved(self, cluster: ClusterSnapshot) -> bool:
         """Some waiter of another tenant fits now: it goes first (it waited)."""
         return any(q and not q[0].granted.done() and q[0].fits(cluster) is not None
                    for q in self._queues.values())

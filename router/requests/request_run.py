@@ -14,7 +14,8 @@ from router.requests.attempts import AttemptRunner
 from router.requests.output import OutputLog
 from router.requests.planner import Plan
 from router.requests.tracing import RequestTrace
-from router.types import Cluster, Completed, Event, FinishReason, RouterError, StatusCode
+from router.types import Completed, Event, FinishReason, RouterError, StatusCode
+from services.directory.records import ClusterSnapshot
 
 
 class RequestRun:
@@ -89,7 +90,7 @@ class RequestRun:
         if self.task is not None:
             self.task.cancel()
 
-    def planned_attempt(self, cluster: Cluster, generation: int) -> Attempt | None:
+    def planned_attempt(self, cluster: ClusterSnapshot, generation: int) -> Attempt | None:
         """Attempt 1 as planned, while its workers are still live at the planned epoch."""
         plan = self.plan
         if plan is None or plan.decode is None:

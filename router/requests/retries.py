@@ -24,7 +24,8 @@ from collections import Counter
 from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, GenerationBehind
 from router.requests.placement import has_prefill_worker
 from router.requests.request_run import RequestRun
-from router.types import Cluster, Completed, Route, RouterError, StatusCode
+from router.types import Completed, Route, RouterError, StatusCode
+from services.directory.records import ClusterSnapshot
 
 log = logging.getLogger("router.requests.orchestrator")  # (its records keep their logger's name)
 
@@ -83,7 +84,7 @@ class Retries:
         return any(w is not None and self.unreachable.get(w.worker_id) == w.epoch
                    for w in (att.prefill, att.decode))
 
-    def only_unreachable(self, cluster: Cluster) -> bool:
+    def only_unreachable(self, cluster: ClusterSnapshot) -> bool:
         """True when this request saw a worker fail to answer and every decode-capable worker
         left is one of those (or none is left): waiting for K/V room there is waiting for
         nothing."""
@@ -224,7 +225,7 @@ class RetryPolicy:
         self.metrics.finished(req.tenant, len(req.prompt), self._clock() - run.start_s)
         return completed
 
-    def _next_attempt(self, run: RequestRun, r: Retries, cluster: Cluster, fits) -> Attempt | None:
+    def _next_attempt(self, run: RequestRun, r: Retries, cluster: ClusterSnapshot, fits) -> Attempt | None:
         """Attempt 1 as planned when its workers still can; otherwise placed now, avoiding
         what failed (a colocated worker that answers beats a pair with one that did not)."""
         first, g = r.number == 0, r.generation + 1
@@ -232,7 +233,7 @@ class RetryPolicy:
         att = run.planned_attempt(cluster, g) if first else None
         if att is not None and att.route is Route.DISAGGREGATED and self.view.colocated_only:
             att = None  # no transaction can run now (directory unreachable, or a rollback stopped routes)
-        if att is not None and fits(Cluster((att.decode,), cluster.route_epoch)) is None:
+        if att is not None and fits(ClusterSnapshot((att.decode,), cluster.route_epoch)) is None:
             att = None  # the planned D has no room (any more): place where there is
         att = att or self._place(cluster, run, g, first, r.disaggregated_left > 0 and not self.view.colocated_only,
                                  penalties, r.tried)
@@ -270,7 +271,7 @@ class RetryPolicy:
                           + cfg.default_decode_step_ms * req.max_tokens)
         return left - service_ms / 1000.0
 
-    def _place(self, cluster: Cluster, run: RequestRun, generation: int, first: bool, disaggregated: bool,
+    def _place(self, cluster: ClusterSnapshot, run: RequestRun, generation: int, first: bool, disaggregated: bool,
                avoid: Counter[str], tried: set[tuple[str, str]]) -> Attempt | None:
         """The next attempt's route, priced as attempt 1's (Planner.place); None: no worker can take it."""
         req = run.req.replaying(run.output.tokens[:self._resume_point(run)])  # priced as it will run

@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from router.requests.attempt import Attempt, AttemptFailed
 from router.requests.handoff import transfer_id
-from router.types import StatusCode, StreamItem, StreamToken, Worker
+from router.types import StatusCode, StreamItem, StreamToken
+from services.directory.records import WorkerRecord
 from services.directory.wire import evidence_of
 from services.security import seal
 
@@ -40,7 +41,7 @@ def _key(raw: bytes) -> Ed25519PublicKey | None:
         return None
 
 
-def sealed_digest(token: StreamToken, prefill: Worker, transfer_id: str, generation: int) -> bool | None:
+def sealed_digest(token: StreamToken, prefill: WorkerRecord, transfer_id: str, generation: int) -> bool | None:
     """None: `token` brings no seal, or the snapshot holds no key for `prefill` (wait for
     its reply); True: the prefill sealed exactly `token`'s digest and chunk list for this
     transfer at its epoch; False: the seal does not open over them (a mismatch)."""

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 
-from router.types import Worker
+from services.directory.records import WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,7 +47,7 @@ class StreamBook:
         self._streams: dict[int, _Stream] = {}
         self._next = 0
 
-    def book(self, worker: Worker, predicted_ttft_ms: float) -> int:
+    def book(self, worker: WorkerRecord, predicted_ttft_ms: float) -> int:
         """A stream planned on `worker`, expected to start `predicted_ttft_ms` from now;
         returns the handle for `started` and `drop`."""
         self._next += 1

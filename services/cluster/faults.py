@@ -230,7 +230,21 @@ class FaultRunner:
             with self.cluster.client() as c:
                 c.cancel(rid, reason="fault suite")
         thread.join(self.patience_s + 10)
-        if thread.is_alive():
+        self._outcome(res, "hung" if thread.is_alive() else box)
+        if not res.reached:  # what the request did get to, for whoever reads the failure
+            res.detail += f" (not at {step} after {waited_s:.2f} s; its events: " + ", ".join(
+                f"{e['event']}@{e.get('worker', '')}" for e in self.events.of(rid)) + ")"
+        if target and action == "kill":
+            self.cluster.restart(target)
+        elif target:  # stopped (hung): it comes back, finds its lease lost, registers again
+            self.cluster.signal(target, signal.SIGCONT)
+        (res.held_blocks, res.open_txns, res.unreleased), res.settle_s = settle(self.cluster, rid)
+        until_disaggregated(self.cluster, self.prompt[:8], timeout_s=15.0)
+        return res
+
+    def _outcome(self, res: CaseResult, box: dict | str) -> None:
+        """`res`'s outcome from what its request's thread left in `box` ("hung": it never ended)."""
+        if box == "hung":
             res.outcome = "hung"
         elif "result" in box:
             r = box["result"]
@@ -245,16 +259,6 @@ class FaultRunner:
             err = box.get("error")
             res.outcome = f"failed: {getattr(err, 'code', type(err).__name__)}"
             res.detail = str(getattr(err, "message", err))
-        if not res.reached:  # what the request did get to, for whoever reads the failure
-            res.detail += f" (not at {step} after {waited_s:.2f} s; its events: " + ", ".join(
-                f"{e['event']}@{e.get('worker', '')}" for e in self.events.of(rid)) + ")"
-        if target and action == "kill":
-            self.cluster.restart(target)
-        elif target:  # stopped (hung): it comes back, finds its lease lost, registers again
-            self.cluster.signal(target, signal.SIGCONT)
-        (res.held_blocks, res.open_txns, res.unreleased), res.settle_s = settle(self.cluster, rid)
-        until_disaggregated(self.cluster, self.prompt[:8], timeout_s=15.0)
-        return res
 
     def _victim(self, victim: str, rid: str) -> str:
         if victim == "prefill":

@@ -13,16 +13,12 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.requests.orchestrator import Orchestrator
 from router.types import (
-    Capacity,
-    Cluster,
     FinishReason,
     GenerateParams,
-    Load,
     PrefillCall,
     PrefillDone,
     Reservation,
     ReserveCall,
-    Role,
     RouterError,
     Started,
     StatusCode,
@@ -31,12 +27,17 @@ from router.types import (
     StreamToken,
     TokenOut,
     TxnAnswer,
-    TxnOutcome,
-    Worker,
     WorkerCallError,
 )
 from services.directory.client import ReleaseWrite, RouteEpoch
-from services.directory.records import ReleaseHead
+from services.directory.records import (
+    ClusterSnapshot,
+    LoadReport,
+    ReleaseHead,
+    WorkerCapacity,
+    WorkerRecord,
+    WorkerRole,
+)
 from services.directory.states import Outcome
 from services.directory.wire import evidence_of
 from services.release.machine import IllegalTransition
@@ -46,8 +47,8 @@ from services.security.seal import Sealer
 VOCAB = 512
 SEALED_CHUNKS = (manifest_pb2.ChunkSpec(layer=0, block_start=0, block_count=2, num_bytes=64, checksum="c0"),
                  manifest_pb2.ChunkSpec(layer=1, block_start=0, block_count=2, num_bytes=64, checksum="c1"))
-CAP = Capacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
-               max_model_len=256)
+CAP = WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4, vocab_size=VOCAB,
+                     max_model_len=256)
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5)
 
 
@@ -59,10 +60,10 @@ def model_tokens(prompt, n: int, first_step: int = 0) -> list[int]:
     return [(proper * 31 + 7 * i) % VOCAB for i in range(first_step, first_step + n)]
 
 
-def worker(worker_id: str, role: Role, free: int = 64, pending: int = 0) -> Worker:
-    return Worker(worker_id, role, f"{worker_id}:50", f"{worker_id}:60", "abi-1", CAP,
-                  Load(pending_prefill_tokens=pending, free_blocks=free, total_blocks=64), epoch=5,
-                  lease_expiry_ms=1)
+def worker(worker_id: str, role: WorkerRole, free: int = 64, pending: int = 0) -> WorkerRecord:
+    return WorkerRecord(worker_id, role, f"{worker_id}:50", f"{worker_id}:60", "abi-1", CAP,
+                        LoadReport(pending_prefill_tokens=pending, free_blocks=free, total_blocks=64), epoch=5,
+                        lease_expiry_ms=1)
 
 
 def unavailable(msg: str = "worker down") -> WorkerCallError:
@@ -80,8 +81,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     the prefill's digest and `SEALED_CHUNKS`, as a decode relays a sealed COMMIT's.
     """
 
-    def __init__(self, workers: list[Worker]):
-        self.cluster = Cluster(tuple(workers), route_epoch=7)
+    def __init__(self, workers: list[WorkerRecord]):
+        self.cluster = ClusterSnapshot(tuple(workers), route_epoch=7)
         self.calls: list[tuple] = []
         self.fail: dict[tuple[str, str], WorkerCallError] = {}
         self.hang: set[tuple[str, str]] = set()
@@ -90,7 +91,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.corrupt_kv: set[str] = set()
         """Decode workers whose published K/V digest differs from the prefill's."""
         self.seal: tuple[Sealer, str, int] | None = None
-        self.txn_outcome = TxnOutcome.APPLIED
+        self.txn_outcome = Outcome.APPLIED
         self.txns: dict[str, str] = {}
         self.request_generations: dict[str, int] = {}
         """The directory's per-request generation register (reserve refuses at or below it)."""
@@ -141,12 +142,12 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.calls.append(("txn_reserve", manifest.transfer_id))
         self._directory_call()
         if self.cluster.release.routes_stopped:
-            return TxnAnswer(TxnOutcome.ROUTES_STOPPED, self.request_generations.get(manifest.request_id, 0))
+            return TxnAnswer(Outcome.ROUTES_STOPPED, self.request_generations.get(manifest.request_id, 0))
         self.manifests.append(manifest)
         behind = self.request_generations.get(manifest.request_id, 0)
-        if self.txn_outcome is TxnOutcome.APPLIED and manifest.generation <= behind:
-            return TxnAnswer(TxnOutcome.STALE_GENERATION, behind)  # the id ran before
-        if self.txn_outcome is TxnOutcome.APPLIED:
+        if self.txn_outcome is Outcome.APPLIED and manifest.generation <= behind:
+            return TxnAnswer(Outcome.STALE_GENERATION, behind)  # the id ran before
+        if self.txn_outcome is Outcome.APPLIED:
             self.txns[manifest.transfer_id] = "RESERVED"
             self.request_generations[manifest.request_id] = manifest.generation
         return TxnAnswer(self.txn_outcome, self.request_generations.get(manifest.request_id, 0))
@@ -155,8 +156,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.calls.append(("txn_abort", transfer_id, reason))
         if self.txns.get(transfer_id) == "RESERVED":
             self.txns[transfer_id] = "ABORTED"
-            return TxnOutcome.APPLIED
-        return TxnOutcome.ILLEGAL_TRANSITION
+            return Outcome.APPLIED
+        return Outcome.ILLEGAL_TRANSITION
 
     async def list_open_transactions(self, timeout_s):
         self._directory_call()
@@ -188,7 +189,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         # The workers learn it at once (their heartbeats, in the real cluster), but the deaf ones.
         workers = tuple(dataclasses.replace(w, load=dataclasses.replace(
             w.load, connector_disabled=int(record.routes_stopped and w.worker_id not in self.deaf)))
-            for w in self.cluster.workers)
+                        for w in self.cluster.workers)
         self.cluster = dataclasses.replace(self.cluster, release=head, workers=workers)
         return ReleaseWrite(Outcome.APPLIED, record)
 
@@ -206,14 +207,14 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         return self.publications_by_epoch.get(route_epoch, 0)
 
     # -- workers
-    async def reserve(self, w: Worker, call: ReserveCall, timeout_s) -> Reservation:
+    async def reserve(self, w: WorkerRecord, call: ReserveCall, timeout_s) -> Reservation:
         await self._enter("reserve", w.worker_id, call.request_id, call.generation)
         tid = f"{call.request_id}/{call.generation}"
         self.published[tid] = asyncio.Event()
         self.reserved_prompts[tid] = call.prompt_token_ids
         return Reservation(tid, tuple(range(5)), f"dp-{w.worker_id}", w.worker_id, w.epoch, visible_prefix_blocks=1)
 
-    async def prefill(self, w: Worker, call: PrefillCall, timeout_s, grant=None, on_first_token=None,
+    async def prefill(self, w: WorkerRecord, call: PrefillCall, timeout_s, grant=None, on_first_token=None,
                       job_sent=None) -> PrefillDone:
         if job_sent is not None:  # the job left
             job_sent.set_result(None)
@@ -229,13 +230,13 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0],
                            kv_digest=f"kv:{tid}")
 
-    def _tokens(self, w: Worker, prompt, n: int, first_step: int) -> list[int]:
+    def _tokens(self, w: WorkerRecord, prompt, n: int, first_step: int) -> list[int]:
         tokens = model_tokens(prompt, n, first_step)
         if w.worker_id in self.diverge and self.diverge[w.worker_id] < n:
             tokens[self.diverge[w.worker_id]] ^= 1
         return tokens
 
-    async def _stream(self, w: Worker, call: StreamCall, prompt) -> AsyncIterator:
+    async def _stream(self, w: WorkerRecord, call: StreamCall, prompt) -> AsyncIterator:
         for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens, call.sampling.first_step)):
             if self.break_after.get(w.worker_id) == i:
                 raise unavailable(f"{w.worker_id} died mid-stream")
@@ -253,14 +254,14 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
                 self.after_token(i)
         yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
 
-    async def decode_stream(self, w: Worker, call: StreamCall, timeout_s):
+    async def decode_stream(self, w: WorkerRecord, call: StreamCall, timeout_s):
         await self._enter("decode_stream", w.worker_id, call.request_id, call.generation, call.transfer_id)
         await self.published[call.transfer_id].wait()
         async for item in self._stream(w, call, self.reserved_prompts.get(call.transfer_id, self.prompt)):
             yield item
         self.txns[call.transfer_id] = "RELEASED"
 
-    async def generate(self, w: Worker, call: StreamCall, timeout_s):
+    async def generate(self, w: WorkerRecord, call: StreamCall, timeout_s):
         await self._enter("generate", w.worker_id, call.request_id, call.generation)
         async for item in self._stream(w, call, call.prompt_token_ids):
             yield item
@@ -277,8 +278,8 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
 
 
 def two_by_two() -> FakeCluster:
-    return FakeCluster([worker("p0", Role.PREFILL), worker("p1", Role.PREFILL, pending=10),
-                        worker("d0", Role.DECODE, free=60), worker("d1", Role.DECODE)])
+    return FakeCluster([worker("p0", WorkerRole.PREFILL), worker("p1", WorkerRole.PREFILL, pending=10),
+                        worker("d0", WorkerRole.DECODE, free=60), worker("d1", WorkerRole.DECODE)])
 
 
 def config(**kw) -> RouterConfig:

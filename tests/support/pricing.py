@@ -13,8 +13,8 @@ from __future__ import annotations
 from router.config import RouterConfig
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams
-from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 BS = 16
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1_000_000,
@@ -23,11 +23,13 @@ CFG = RouterConfig(transfer_latency_ms=1.0, transfer_mb_per_s=1000.0, disaggrega
                    colocated_overhead_ms=1.0)
 
 
-def worker(wid: str, role: Role, pending: int = 0, batch: int = 0, free: int = 1000, profile=PROFILE) -> Worker:
-    return Worker(wid, role, f"{wid}:1", cache_abi_digest="abi", profile=profile,
-                  capacity=Capacity(total_blocks=1000, max_decode_batch=64, max_prefill_tokens=256, block_size=BS),
-                  load=Load(pending_prefill_tokens=pending, active_decode_batch=batch, free_blocks=free,
-                            total_blocks=1000))
+def worker(wid: str, role: WorkerRole, pending: int = 0, batch: int = 0, free: int = 1000,
+           profile=PROFILE) -> WorkerRecord:
+    return WorkerRecord(wid, role, f"{wid}:1", cache_abi_digest="abi", profile=profile,
+                        capacity=WorkerCapacity(total_blocks=1000, max_decode_batch=64, max_prefill_tokens=256,
+                                                block_size=BS),
+                        load=LoadReport(pending_prefill_tokens=pending, active_decode_batch=batch, free_blocks=free,
+                                        total_blocks=1000))
 
 
 def params(**kw) -> DecisionParams:

@@ -12,28 +12,28 @@ from router.pricing.cost_model import CostModel
 from router.pricing.cost_table import CostTable
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, RequestShape
-from router.types import Capacity, Load, Role, Worker
 from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 CFG = RouterConfig()
 
 
-def random_worker(rng: random.Random, i: int, block_size: int) -> Worker:
-    role = rng.choice((Role.PREFILL, Role.DECODE, Role.MIXED))
+def random_worker(rng: random.Random, i: int, block_size: int) -> WorkerRecord:
+    role = rng.choice((WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.MIXED))
     profile = CostProfile(rng.choice((0.0, rng.uniform(0, 3))), rng.uniform(0.01, 0.2), rng.uniform(0, 1e-4),
                           rng.uniform(1, 5), rng.uniform(0.05, 0.5), rng.choice((0.0, 3e-5)),
                           rng.choice((0, 65536, 131072)), "calibrated")
     total = rng.choice((64, 4096))
-    return Worker(f"w{i}", role, f"h{i}:1", cache_abi_digest=rng.choice(("abi", "abi", "other")), profile=profile,
-                  capacity=Capacity(total_blocks=total, max_decode_batch=rng.choice((0, 8, 64)),
-                                    max_prefill_tokens=rng.choice((0, 64, 256)), block_size=block_size),
-                  load=Load(pending_prefill_tokens=rng.choice((0, rng.randrange(0, 5000))),
-                            active_decode_batch=rng.choice((0, rng.randrange(0, 70))),
-                            free_blocks=rng.randrange(0, total + 1), total_blocks=total,
-                            active_context_tokens=rng.randrange(0, 50_000)))
+    return WorkerRecord(f"w{i}", role, f"h{i}:1", cache_abi_digest=rng.choice(("abi", "abi", "other")), profile=profile,
+                        capacity=WorkerCapacity(total_blocks=total, max_decode_batch=rng.choice((0, 8, 64)),
+                                                max_prefill_tokens=rng.choice((0, 64, 256)), block_size=block_size),
+                        load=LoadReport(pending_prefill_tokens=rng.choice((0, rng.randrange(0, 5000))),
+                                        active_decode_batch=rng.choice((0, rng.randrange(0, 70))),
+                                        free_blocks=rng.randrange(0, total + 1), total_blocks=total,
+                                        active_context_tokens=rng.randrange(0, 50_000)))
 
 
-def snapshot(rng: random.Random, block_size: int) -> list[Worker]:
+def snapshot(rng: random.Random, block_size: int) -> list[WorkerRecord]:
     workers = [random_worker(rng, i, block_size) for i in range(rng.randrange(1, 40))]
     for _ in range(rng.randrange(0, 4)):  # identical twins under other ids: exact ties
         twin = rng.choice(workers)
@@ -42,7 +42,7 @@ def snapshot(rng: random.Random, block_size: int) -> list[Worker]:
     return workers
 
 
-def random_request(rng: random.Random, workers: list[Worker], block_size: int) -> RequestShape:
+def random_request(rng: random.Random, workers: list[WorkerRecord], block_size: int) -> RequestShape:
     n = rng.choice((0, 1, block_size, block_size + 1, rng.randrange(1, 3000), rng.randrange(1, 3000)))
     named = rng.sample(workers, rng.randrange(0, min(6, len(workers)) + 1))
     hits = {w.worker_id: rng.randrange(1, n // block_size + 3) for w in named}
@@ -51,7 +51,7 @@ def random_request(rng: random.Random, workers: list[Worker], block_size: int) -
                         hits)
 
 
-def learned_model(rng: random.Random, workers: list[Worker]) -> CostModel:
+def learned_model(rng: random.Random, workers: list[WorkerRecord]) -> CostModel:
     model = CostModel(CFG)
     for _ in range(rng.randrange(0, 6)):
         a, b = rng.choice(workers), rng.choice(workers)
@@ -67,7 +67,7 @@ def random_streams(rng: random.Random) -> tuple[int, int, float] | None:
     return rng.choice((0, 0, 1, 3)), rng.choice((0, 1, 2)), rng.choice((0.0, rng.uniform(0, 3000)))
 
 
-def random_table(seed: int) -> tuple[random.Random, int, list[Worker], CostModel, CostTable]:
+def random_table(seed: int) -> tuple[random.Random, int, list[WorkerRecord], CostModel, CostTable]:
     """A seeded snapshot: the rng to draw its requests with, block size, workers, a
     model with learned corrections, and the table of its rows (a third carry streams)."""
     rng = random.Random(seed)

@@ -117,10 +117,7 @@ def test_no_import_cycles():
 
 
 MAX_FUNCTION_LINES = 60
-LONG_FUNCTIONS = {
-    "client/pdserve_client/cli.py::build_parser": 74,
-    "services/cluster/faults.py::run": 63,
-}
+LONG_FUNCTIONS: dict[str, int] = {}
 """Functions over MAX_FUNCTION_LINES today, at their length: each may only get shorter,
 and leaves the list once it fits."""
 

@@ -16,7 +16,8 @@ from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc, blocks_pb2
 from router.blocks import Witnesses, blocks, orphan_reason
 from router.requests.orchestrator import Orchestrator
 from router.server import start
-from router.types import Role, RouterError, StatusCode, WorkerCallError
+from router.types import RouterError, StatusCode, WorkerCallError
+from services.directory.records import WorkerRole
 from tests.support import pki
 from tests.support.orchestrator import FakeCluster, collect, config, params, run, worker
 
@@ -72,7 +73,8 @@ class BlockCluster(FakeCluster):
 
 
 def rig() -> tuple[BlockCluster, Orchestrator]:
-    fake = BlockCluster([worker("d0", Role.DECODE), worker("d1", Role.DECODE), worker("p0", Role.PREFILL)])
+    fake = BlockCluster([worker("d0", WorkerRole.DECODE), worker("d1", WorkerRole.DECODE),
+                         worker("p0", WorkerRole.PREFILL)])
     return fake, Orchestrator(fake, fake, config(default_mode="colocated"))
 
 

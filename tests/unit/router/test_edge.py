@@ -24,7 +24,8 @@ from router.edge.heap import LARGE_BLOCK_BYTES, TRIM_AGAIN_S, Heap
 from router.edge.intake import Intake, sizes_of
 from router.edge.refusal import MAX_MESSAGE_CHARS, QUOTE_CHARS, Refusal, bounded, quote
 from router.requests.admission import max_model_len
-from router.types import Cluster, RouterError, StatusCode, WorkerCapacity, WorkerRecord, WorkerRole
+from router.types import RouterError, StatusCode
+from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 from tests.unit.router.test_server import CAP, FakeDirectory, request, rig, run
 
 MB = 1 << 20
@@ -103,7 +104,7 @@ class View:
     last = None
 
     async def get(self):
-        return Cluster(workers=(), route_epoch=1)
+        return ClusterSnapshot(workers=(), route_epoch=1)
 
 
 def test_the_budget_refuses_past_its_limit_and_gives_back_what_it_charged():
@@ -224,9 +225,9 @@ def test_the_prompt_limit_is_the_largest_decode_workers_max_model_len():
 
     prefill, d1, d2 = (worker("p", WorkerRole.PREFILL, 9000), worker("d1", WorkerRole.DECODE, 512),
                        worker("d2", WorkerRole.MIXED, 2048))
-    assert max_model_len(Cluster((prefill, d1, d2))) == 2048
-    assert max_model_len(Cluster((d1, worker("d3", WorkerRole.DECODE, 0)))) is None  # one declares no limit
-    assert max_model_len(Cluster((prefill,))) is None
+    assert max_model_len(ClusterSnapshot((prefill, d1, d2))) == 2048
+    assert max_model_len(ClusterSnapshot((d1, worker("d3", WorkerRole.DECODE, 0)))) is None  # one declares no limit
+    assert max_model_len(ClusterSnapshot((prefill,))) is None
 
 
 @pytest.mark.skipif(Heap()._libc is None, reason="glibc's malloc controls")

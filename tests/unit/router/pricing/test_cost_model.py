@@ -13,17 +13,19 @@ from router.pricing.cost_model import CLAMP, CostModel
 from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import SCORERS, build
 from router.pricing.shapes import RequestShape
-from router.types import Capacity, Load, Role, Route, Worker
+from router.types import Route
 from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 PROFILE = CostProfile(prefill_base_ms=2.0, prefill_ms_per_token=0.5, prefill_ms_per_pair=0.001,
                       decode_base_ms=4.0, decode_ms_per_seq=1.0, decode_ms_per_context_token=0.01,
                       kv_bytes_per_block=1000, source="test")
 
 
-def w(profile=PROFILE, **load) -> Worker:
-    return Worker("w", Role.DECODE, "w:1", profile=profile, load=Load(**load),
-                  capacity=Capacity(total_blocks=100, max_decode_batch=4, max_prefill_tokens=128, block_size=16))
+def w(profile=PROFILE, **load) -> WorkerRecord:
+    return WorkerRecord("w", WorkerRole.DECODE, "w:1", profile=profile, load=LoadReport(**load),
+                        capacity=WorkerCapacity(total_blocks=100, max_decode_batch=4, max_prefill_tokens=128,
+                                                block_size=16))
 
 
 def test_profile_evaluation_by_hand():
@@ -145,7 +147,7 @@ def test_colocated_ttft_corrects_a_pessimistic_calibration():
     # W calibrated while its neighbour started: 2.5x too slow. Colocated routes
     # report no prefill timing, so before, only the (never negative) overhead saw it.
     model = CostModel(RouterConfig(cost_ewma_alpha=0.5, colocated_overhead_ms=1.0))
-    worker = dataclasses.replace(w(PROFILE), role=Role.DECODE)
+    worker = dataclasses.replace(w(PROFILE), role=WorkerRole.DECODE)
     req = RequestShape(90, 32, 16, slo_ttft_ms=0.0)
     c = price_colocated(model, model.costs(worker), req)
     true_ms = c.prefill_ms / 2.5 + c.overhead_ms
@@ -154,7 +156,7 @@ def test_colocated_ttft_corrects_a_pessimistic_calibration():
     assert again.ttft_ms == pytest.approx(true_ms, rel=1e-6)
     assert model.overhead_ms(Route.COLOCATED) == pytest.approx(1.0)
     # With a queue ahead of it the TTFT is not a prefill sample.
-    busy = dataclasses.replace(worker, load=Load(pending_prefill_tokens=2000))
+    busy = dataclasses.replace(worker, load=LoadReport(pending_prefill_tokens=2000))
     queued = price_colocated(model, model.costs(busy), req)
     before = model.corrections()["prefill/w"]
     model.observe_first_token(queued, queued.ttft_ms * 3)
@@ -163,13 +165,13 @@ def test_colocated_ttft_corrects_a_pessimistic_calibration():
 
 def test_split_ttft_goes_to_the_overhead_not_the_prefill():
     model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
-    p = Worker("p", Role.PREFILL, "p:1", profile=PROFILE, capacity=w().capacity)
-    d = Worker("d", Role.DECODE, "d:1", profile=PROFILE, capacity=w().capacity)
+    p = WorkerRecord("p", WorkerRole.PREFILL, "p:1", profile=PROFILE, capacity=w().capacity)
+    d = WorkerRecord("d", WorkerRole.DECODE, "d:1", profile=PROFILE, capacity=w().capacity)
     c = price_pair(model, model.costs(p), model.costs(d), RequestShape(90, 32, 16))
     model.observe_first_token(c, c.ttft_ms + 200.0)  # nothing queued at P: a clean sample sets it
     assert "prefill/p" not in model.corrections()
     assert model.overhead_ms(Route.DISAGGREGATED) == pytest.approx(c.overhead_ms + 200.0)
-    busy = dataclasses.replace(p, load=Load(pending_prefill_tokens=3000))
+    busy = dataclasses.replace(p, load=LoadReport(pending_prefill_tokens=3000))
     queued = price_pair(model, model.costs(busy), model.costs(d), RequestShape(90, 32, 16))
     model.observe_first_token(queued, queued.ttft_ms + 2000.0)  # a queue ahead: barely moves
     assert model.overhead_ms(Route.DISAGGREGATED) < c.overhead_ms + 200.0 + 0.5 * 0.25 * 3 * 205.0 + 1e-6
@@ -183,8 +185,8 @@ def test_fixed_cost_of_a_short_colocated_ttft_is_overhead_not_prefill():
     model = CostModel(RouterConfig(cost_ewma_alpha=0.5, colocated_overhead_ms=1.0, disaggregated_overhead_ms=5.0))
     tiny = CostProfile(prefill_base_ms=0.5, prefill_ms_per_token=0.2, decode_base_ms=2.0,
                        kv_bytes_per_block=1000, source="test")
-    p = Worker("p", Role.PREFILL, "p:1", profile=tiny, capacity=w().capacity)
-    d = Worker("d", Role.DECODE, "d:1", profile=tiny, capacity=w().capacity)
+    p = WorkerRecord("p", WorkerRole.PREFILL, "p:1", profile=tiny, capacity=w().capacity)
+    d = WorkerRecord("d", WorkerRole.DECODE, "d:1", profile=tiny, capacity=w().capacity)
     req = RequestShape(32, 16, 16)
     first = price_colocated(model, model.costs(d), req)
     assert first.prefill_ms == pytest.approx(6.9)  # as on `tiny`: comparable with the fixed costs

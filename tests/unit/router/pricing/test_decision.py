@@ -11,13 +11,14 @@ from router.pricing.decision import decide
 from router.pricing.reference import reference_decide
 from router.pricing.routes import price_colocated, price_pair
 from router.pricing.shapes import Outcome, RequestShape
-from router.types import Capacity, Role, Worker
+from services.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
 from tests.support.pricing import BS, CFG, PROFILE, params, rows, worker
 
 
 def test_longer_prefix_hit_loses_to_shorter_queue():
     model = CostModel(CFG)
-    p1, p2, d = worker("p1", Role.PREFILL), worker("p2", Role.PREFILL, pending=1000), worker("d", Role.DECODE)
+    p1, p2 = worker("p1", WorkerRole.PREFILL), worker("p2", WorkerRole.PREFILL, pending=1000)
+    d = worker("d", WorkerRole.DECODE)
     req = RequestShape(prompt_tokens=128, max_tokens=8, block_size=BS, hits={"p2": 8})
     # p2 reuses 7 blocks (usable = (128-1)//16): queue 1000 + prefill 16 = 1016 ms;
     # p1 computes all 128 tokens with nothing queued: 128 ms.
@@ -33,8 +34,8 @@ def test_longer_prefix_hit_loses_to_shorter_queue():
 
 def test_overloaded_decode_rejects_before_prefill_with_numbers():
     model = CostModel(CFG)
-    p = worker("p", Role.PREFILL)
-    d0, d1 = worker("d0", Role.DECODE, batch=7), worker("d1", Role.DECODE, batch=11)
+    p = worker("p", WorkerRole.PREFILL)
+    d0, d1 = worker("d0", WorkerRole.DECODE, batch=7), worker("d1", WorkerRole.DECODE, batch=11)
     req = RequestShape(prompt_tokens=64, max_tokens=8, block_size=BS, slo_tpot_ms=100.0)
     # TPOT = 10 ms x (batch + 1) + the hand-off over 7 gaps: transfer 1 + 4 blocks, the
     # admission (the current step: 10 ms x batch), lag 5. d0 -> 80 + 80 / 7 = 91.43 ms
@@ -50,7 +51,7 @@ def test_overloaded_decode_rejects_before_prefill_with_numbers():
 
 def test_compute_set_differs_from_transfer_set():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE)
+    p, d = worker("p", WorkerRole.PREFILL), worker("d", WorkerRole.DECODE)
     req = RequestShape(prompt_tokens=128, max_tokens=8, block_size=BS, hits={"p": 4, "d": 6})
     c = price_pair(model, model.costs(p), model.costs(d), req)
     assert c.compute_tokens == 128 - 4 * BS          # P lacks blocks 4..7
@@ -61,7 +62,7 @@ def test_compute_set_differs_from_transfer_set():
 
 def test_usable_prefix_never_covers_the_last_token():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE)
+    p, d = worker("p", WorkerRole.PREFILL), worker("d", WorkerRole.DECODE)
     req = RequestShape(prompt_tokens=64, max_tokens=4, block_size=BS, hits={"p": 4, "d": 4})
     c = price_pair(model, model.costs(p), model.costs(d), req)
     assert c.compute_tokens == BS and c.transfer_tokens == BS  # usable = (64-1)//16 = 3 blocks
@@ -69,13 +70,13 @@ def test_usable_prefix_never_covers_the_last_token():
 
 def test_short_prompt_on_an_idle_decode_runs_colocated_long_prompt_beside_streams_splits():
     model = CostModel(CFG)
-    p, idle = worker("p", Role.PREFILL), worker("d", Role.DECODE)
+    p, idle = worker("p", WorkerRole.PREFILL), worker("d", WorkerRole.DECODE)
     short = RequestShape(prompt_tokens=32, max_tokens=33, block_size=BS)
     dec = decide(model, rows(model, p, idle), short, params())
     # Colocated: TTFT 32 + 1, TPOT 10; split: TTFT 32 + 5, TPOT 10 + (3 + 5) / 32.
     assert dec.outcome is Outcome.COLOCATED and dec.chosen.decode.worker_id == "d"
     assert (dec.chosen.ttft_ms, dec.best_disaggregated.ttft_ms) == (pytest.approx(33), pytest.approx(37))
-    d = worker("d", Role.DECODE, batch=2)
+    d = worker("d", WorkerRole.DECODE, batch=2)
     # Beside 2 streams, the colocated prefill runs with one 20 ms step between its chunks (TTFT
     # 32 + 20 + 1) and dilates them; the split's token 0 comes from P, its hand-off spreads over
     # its 32 gaps.
@@ -97,7 +98,7 @@ def test_short_prompt_on_an_idle_decode_runs_colocated_long_prompt_beside_stream
 
 def test_ties_stay_colocated_within_margin():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE)
+    p, d = worker("p", WorkerRole.PREFILL), worker("d", WorkerRole.DECODE)
     req = RequestShape(prompt_tokens=32, max_tokens=8, block_size=BS)
     dec = decide(model, rows(model, p, d), req, params(margin=10.0))
     assert dec.outcome is Outcome.COLOCATED and dec.best_disaggregated is not None
@@ -105,8 +106,8 @@ def test_ties_stay_colocated_within_margin():
 
 def test_decode_without_room_is_avoided_when_another_fits():
     model = CostModel(CFG)
-    p = worker("p", Role.PREFILL)
-    full, roomy = worker("d0", Role.DECODE, free=2), worker("d1", Role.DECODE, batch=3)
+    p = worker("p", WorkerRole.PREFILL)
+    full, roomy = worker("d0", WorkerRole.DECODE, free=2), worker("d1", WorkerRole.DECODE, batch=3)
     req = RequestShape(prompt_tokens=64, max_tokens=64, block_size=BS)
     dec = decide(model, rows(model, p, full, roomy), req, params(), colocated=False)
     assert dec.chosen.decode.worker_id == "d1"
@@ -115,7 +116,7 @@ def test_decode_without_room_is_avoided_when_another_fits():
 
 def test_ttft_slo_rejects_when_queue_too_long_everywhere():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL, pending=5000), worker("d", Role.DECODE, pending=5000)
+    p, d = worker("p", WorkerRole.PREFILL, pending=5000), worker("d", WorkerRole.DECODE, pending=5000)
     req = RequestShape(prompt_tokens=100, max_tokens=8, block_size=BS, slo_ttft_ms=500)
     dec = decide(model, rows(model, p, d), req, params())
     assert dec.outcome is Outcome.REJECT
@@ -124,10 +125,10 @@ def test_ttft_slo_rejects_when_queue_too_long_everywhere():
 
 def test_abi_mismatch_and_self_pairs_are_never_candidates():
     model = CostModel(CFG)
-    both = Worker("b", Role.MIXED, "b:1", cache_abi_digest="abi", profile=PROFILE,
-                  capacity=Capacity(total_blocks=100, block_size=BS, max_prefill_tokens=256))
-    other = Worker("d", Role.DECODE, "d:1", cache_abi_digest="other", profile=PROFILE,
-                   capacity=Capacity(total_blocks=100, block_size=BS))
+    both = WorkerRecord("b", WorkerRole.MIXED, "b:1", cache_abi_digest="abi", profile=PROFILE,
+                        capacity=WorkerCapacity(total_blocks=100, block_size=BS, max_prefill_tokens=256))
+    other = WorkerRecord("d", WorkerRole.DECODE, "d:1", cache_abi_digest="other", profile=PROFILE,
+                         capacity=WorkerCapacity(total_blocks=100, block_size=BS))
     req = RequestShape(prompt_tokens=32, max_tokens=4, block_size=BS)
     dec = decide(model, rows(model, both, other), req, params())
     assert dec.best_disaggregated is None and dec.outcome is Outcome.COLOCATED
@@ -135,10 +136,10 @@ def test_abi_mismatch_and_self_pairs_are_never_candidates():
 
 def test_pruning_keeps_the_best_pair_among_many_workers():
     model = CostModel(CFG)
-    ws = [worker(f"p{i}", Role.PREFILL, pending=100 * (i + 1)) for i in range(20)]
-    ws += [worker(f"d{i}", Role.DECODE, batch=i + 1) for i in range(20)]
-    ws.append(worker("p-idle", Role.PREFILL))
-    ws.append(worker("d-idle", Role.DECODE))
+    ws = [worker(f"p{i}", WorkerRole.PREFILL, pending=100 * (i + 1)) for i in range(20)]
+    ws += [worker(f"d{i}", WorkerRole.DECODE, batch=i + 1) for i in range(20)]
+    ws.append(worker("p-idle", WorkerRole.PREFILL))
+    ws.append(worker("d-idle", WorkerRole.DECODE))
     req = RequestShape(prompt_tokens=256, max_tokens=16, block_size=BS)
     dec = decide(model, rows(model, *ws), req, params(top_k=2), colocated=False)
     assert (dec.chosen.prefill.worker_id, dec.chosen.decode.worker_id) == ("p-idle", "d-idle")
@@ -146,7 +147,7 @@ def test_pruning_keeps_the_best_pair_among_many_workers():
 
 def test_colocated_price_by_hand():
     model = CostModel(CFG)
-    w = worker("w", Role.DECODE, pending=100, batch=1)
+    w = worker("w", WorkerRole.DECODE, pending=100, batch=1)
     req = RequestShape(prompt_tokens=300, max_tokens=11, block_size=BS)
     c = price_colocated(model, model.costs(w), req)
     # queue 100; own prefill 300 + 2 chunks (256 tokens each) x 10 ms step; overhead 1.
@@ -160,7 +161,7 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
     # colocated on an idle W, and the next was priced as slowing nobody although
     # the first (in this router's overlay, not yet in a heartbeat) is queued there.
     model = CostModel(CFG)
-    p, w = worker("p", Role.PREFILL), worker("w", Role.DECODE)
+    p, w = worker("p", WorkerRole.PREFILL), worker("w", WorkerRole.DECODE)
     req = RequestShape(prompt_tokens=128, max_tokens=9, block_size=BS, slo_tpot_ms=30.0)
     idle = price_colocated(model, model.costs(w), req)
     assert idle.tpot_ms == pytest.approx(10.0)  # nothing to disturb: one step of batch 1
@@ -188,7 +189,7 @@ def test_colocated_prompt_behind_a_queued_burst_prompt_dilates_it():
 
 def test_a_split_routes_hand_off_is_in_its_token_gaps_and_a_one_token_request_has_none():
     model = CostModel(CFG)
-    p, d = worker("p", Role.PREFILL), worker("d", Role.DECODE, batch=1)
+    p, d = worker("p", WorkerRole.PREFILL), worker("d", WorkerRole.DECODE, batch=1)
     for m, gap_share in ((9, 1 / 8), (2, 1.0), (1, 0.0)):
         req = RequestShape(prompt_tokens=64, max_tokens=m, block_size=BS)
         c = price_pair(model, model.costs(p), model.costs(d), req)

@@ -20,7 +20,7 @@ from router.pricing.decision import candidates, decide
 from router.pricing.reference import reference_candidates, reference_decide
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, Outcome
-from router.types import Role
+from services.directory.records import WorkerRole
 from tests.support.random_tables import (
     CFG,
     learned_model,
@@ -75,7 +75,7 @@ def test_fast_decision_equals_reference_on_simple_tables(seed, live):
                                                             active_decode_batch=batch()))
                for w in snapshot(rng, block_size)]
     if not live:  # at least one idle decode row
-        workers[0] = dataclasses.replace(workers[0], role=Role.DECODE,
+        workers[0] = dataclasses.replace(workers[0], role=WorkerRole.DECODE,
                                          load=dataclasses.replace(workers[0].load, active_decode_batch=0))
     model = CostModel(CFG)
     rows = CostTable([model.costs(w, streams=None if live or i == 0 else random_streams(rng))

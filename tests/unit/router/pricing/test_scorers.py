@@ -13,9 +13,10 @@ from router.pricing.candidate import Candidate, ScoreBatch, ScoreContext
 from router.pricing.decision import weighted_scores
 from router.pricing.scorers import SCORERS, build
 from router.pricing.shapes import RequestShape
-from router.types import Capacity, Role, Route, Worker
+from router.types import Route
+from services.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
 
-W = Worker("w", Role.MIXED, "w:1", capacity=Capacity(total_blocks=100))
+W = WorkerRecord("w", WorkerRole.MIXED, "w:1", capacity=WorkerCapacity(total_blocks=100))
 
 
 def random_candidate(rng: random.Random) -> Candidate:

@@ -8,19 +8,8 @@ from router.config import RouterConfig
 from router.requests.admission import admit, check_cluster
 from router.requests.output import OutputLog
 from router.requests.text import Detokenizer, load_tokenizer
-from router.types import (
-    Capacity,
-    Cluster,
-    FinishReason,
-    GenerateParams,
-    Mode,
-    Role,
-    Route,
-    RouterError,
-    Sampling,
-    StatusCode,
-    Worker,
-)
+from router.types import FinishReason, GenerateParams, Mode, Route, RouterError, Sampling, StatusCode
+from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 
 CFG = RouterConfig(default_deadline_ms=5000)
 
@@ -76,24 +65,25 @@ def test_the_next_attempt_resumes_after_all_but_the_last_token_given():
     assert log.resume_point() == 2
 
 
-def decode(vocab: int, max_len: int, blocks: int = 100, role: Role = Role.DECODE, name: str = "d") -> Worker:
-    return Worker(name, role, "a:1", capacity=Capacity(total_blocks=blocks, block_size=4, vocab_size=vocab,
-                                                       max_model_len=max_len))
+def decode(vocab: int, max_len: int, blocks: int = 100, role: WorkerRole = WorkerRole.DECODE,
+           name: str = "d") -> WorkerRecord:
+    return WorkerRecord(name, role, "a:1", capacity=WorkerCapacity(total_blocks=blocks, block_size=4, vocab_size=vocab,
+                                                                   max_model_len=max_len))
 
 
 def test_cluster_checks_use_the_most_permissive_declared_limit():
     req = admit(params(prompt_token_ids=(900,), max_tokens=100), CFG, Route.COLOCATED)
-    check_cluster(req, Cluster((decode(512, 128, name="a"), decode(1024, 256, name="b"))))
+    check_cluster(req, ClusterSnapshot((decode(512, 128, name="a"), decode(1024, 256, name="b"))))
     with pytest.raises(RouterError) as err:
-        check_cluster(req, Cluster((decode(512, 128),)))
+        check_cluster(req, ClusterSnapshot((decode(512, 128),)))
     assert err.value.code is StatusCode.INVALID_ARGUMENT and "vocab_size is 512" in err.value.message
-    check_cluster(req, Cluster((decode(0, 0),)))  # nothing declared: the worker decides
+    check_cluster(req, ClusterSnapshot((decode(0, 0),)))  # nothing declared: the worker decides
 
 
 def test_cluster_without_decode_capable_workers_is_unavailable():
     req = admit(params(), CFG, Route.COLOCATED)
     with pytest.raises(RouterError) as err:
-        check_cluster(req, Cluster((decode(512, 128, role=Role.PREFILL),)))
+        check_cluster(req, ClusterSnapshot((decode(512, 128, role=WorkerRole.PREFILL),)))
     assert err.value.code is StatusCode.UNAVAILABLE and "no decode-capable worker" in err.value.message
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 import pytest
 
 from router.requests.attempt import Attempt, Stage, advance
-from router.types import Role, Route
+from router.types import Route
+from services.directory.records import WorkerRole
 from tests.support.orchestrator import worker
 
 SPLIT = [Stage.DECODE_RESERVE, Stage.DIRECTORY_RESERVE, Stage.PREFILL, Stage.DECODE]
 
 
 def _split() -> Attempt:
-    return Attempt(1, Route.DISAGGREGATED, decode=worker("d0", Role.DECODE), prefill=worker("p0", Role.PREFILL))
+    return Attempt(1, Route.DISAGGREGATED, decode=worker("d0", WorkerRole.DECODE),
+                   prefill=worker("p0", WorkerRole.PREFILL))
 
 
 def test_a_split_attempt_walks_its_stages_in_order_and_engages_as_it_goes():
@@ -29,7 +31,7 @@ def test_a_split_attempt_walks_its_stages_in_order_and_engages_as_it_goes():
 
 
 def test_a_colocated_attempt_has_one_stage_and_never_engages_a_prefill():
-    att = Attempt(1, Route.COLOCATED, decode=worker("d0", Role.DECODE))
+    att = Attempt(1, Route.COLOCATED, decode=worker("d0", WorkerRole.DECODE))
     advance(att, Stage.COLOCATED)
     assert att.decode_engaged and not att.prefill_engaged
 

@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from router.requests.orchestrator import Orchestrator
-from router.types import Completed, Role, TokenOut
+from router.types import Completed, TokenOut
+from services.directory.records import WorkerRole
 from services.security.seal import Sealer
 from tests.support.orchestrator import (
     PROMPT,
@@ -42,14 +43,14 @@ def _streams_nothing_retries_and_discards(fake: FakeCluster) -> None:
 
 
 def test_a_digest_mismatch_streams_nothing_retries_and_discards_the_published_kv():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=60),
-                        worker("d1", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE, free=60),
+                        worker("d1", WorkerRole.DECODE)])
     fake.corrupt_kv = {"d0", "d1"}  # every hand-off's digests differ; a colocated route has none
     _streams_nothing_retries_and_discards(fake)
 
 
 def test_equal_digests_stream_at_once_and_discard_nothing():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE)])
     orch = Orchestrator(fake, fake, config())
     events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
     assert error is None and len(started(events)) == 1
@@ -60,7 +61,7 @@ def test_equal_digests_stream_at_once_and_discard_nothing():
 def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     """Decode published, streamed and ended before Prefill returned: the held tokens and
     the complete event go out once the reply came and the digests agree."""
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE)])
     slow = fake.prefill
 
     async def late_prefill(w, call, timeout_s, grant=None, *more):
@@ -80,8 +81,8 @@ def _sealed_cluster(*decodes: str, forged: bool = False) -> FakeCluster:
     """p0 registered a seal key (the snapshot has it); token 0 relays a seal over p0's
     digest, made with that key, or with another one (`forged`)."""
     sealer = Sealer()
-    p0 = dataclasses.replace(worker("p0", Role.PREFILL), seal_key=sealer.public)
-    fake = FakeCluster([p0, *(worker(d, Role.DECODE, free=60 - i) for i, d in enumerate(decodes))])
+    p0 = dataclasses.replace(worker("p0", WorkerRole.PREFILL), seal_key=sealer.public)
+    fake = FakeCluster([p0, *(worker(d, WorkerRole.DECODE, free=60 - i) for i, d in enumerate(decodes))])
     fake.seal = (Sealer() if forged else sealer, "p0", p0.epoch)
     return fake
 
@@ -131,7 +132,7 @@ def test_token_0_goes_out_as_the_prefill_samples_it_before_the_hand_off_ends():
     """The prefill sampled token 0 and its hand-off never ends: the client has token 0 at
     once; the attempt times out, the colocated retry reproduces token 0 (not sent twice)
     and streams the rest."""
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE)])
 
     async def stuck(w, call, timeout_s, grant=None, on_first_token=None, job_sent=None):
         job_sent.set_result(None)

@@ -14,8 +14,9 @@ from router.pricing.shapes import Outcome
 from router.requests.orchestrator import Orchestrator
 from router.requests.placement import LoadOverlay
 from router.requests.planner import Planner, canary_pick
-from router.types import Completed, Load, Mode, PrefillDone, Role, Route, Slo, StatusCode
+from router.types import Completed, Mode, PrefillDone, Route, Slo, StatusCode
 from services.directory.cost_profile import CostProfile
+from services.directory.records import LoadReport, WorkerRole
 from tests.support.orchestrator import (
     VOCAB,
     FakeCluster,
@@ -142,7 +143,7 @@ def test_completion_corrects_costs_and_teaches_the_prefix_index():
 
 
 def test_unprofiled_workers_use_config_defaults():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE)])
     orch, _, error = go(fake, params(mode=Mode.AUTO), default_prefill_ms_per_token=2.0)
     rec = orch.planner.log.get("r")
     assert error is None and rec.predicted_ttft_ms >= 2.0 * 9
@@ -152,7 +153,7 @@ def test_load_from_heartbeat_raises_predicted_tpot():
     planner = Planner(config())
     idle = profiled(two_by_two()).cluster
     busy = dataclasses.replace(idle, workers=tuple(
-        dataclasses.replace(w, load=Load(active_decode_batch=5, free_blocks=60, total_blocks=64))
+        dataclasses.replace(w, load=LoadReport(active_decode_batch=5, free_blocks=60, total_blocks=64))
         for w in idle.workers))
     p_idle = planner.plan("a", "t", (1, 2, 3), 4, "colocated", Slo(), idle)
     p_busy = planner.plan("b", "t", (1, 2, 3), 4, "colocated", Slo(), busy)

@@ -11,19 +11,8 @@ import asyncio
 import pytest
 
 from router.requests.orchestrator import Orchestrator
-from router.types import (
-    Capacity,
-    Cluster,
-    Mode,
-    Role,
-    Route,
-    RouterError,
-    Sampling,
-    Slo,
-    StatusCode,
-    Worker,
-    WorkerCallError,
-)
+from router.types import Mode, Route, RouterError, Sampling, Slo, StatusCode, WorkerCallError
+from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
@@ -99,10 +88,10 @@ def test_no_workers_is_unavailable_and_duplicates_are_rejected():
 
 
 def test_request_too_big_for_any_worker_is_resource_exhausted_without_trying():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE)])
-    fake.cluster = Cluster(tuple(w if w.can_prefill else Worker(
-        w.worker_id, w.role, w.grpc_address, capacity=Capacity(total_blocks=3, block_size=4))
-        for w in fake.cluster.workers))
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE)])
+    fake.cluster = ClusterSnapshot(tuple(w if w.can_prefill else WorkerRecord(
+        w.worker_id, w.role, w.grpc_address, capacity=WorkerCapacity(total_blocks=3, block_size=4))
+                                         for w in fake.cluster.workers))
 
     async def go():
         orch = Orchestrator(fake, fake, config())
@@ -144,7 +133,8 @@ def test_when_only_unreachable_workers_are_left_the_request_waits_for_a_replacem
     """Found in CI: d1 was killed while d0's lease had lapsed under load (gone from the
     snapshot for a moment); attempts 2 and 3 went straight back to d1 (connection
     refused) and the request failed while d0 was re-registering."""
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("p1", Role.PREFILL), worker("d1", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("p1", WorkerRole.PREFILL),
+                        worker("d1", WorkerRole.DECODE)])
     dead = unavailable("failed to connect to all addresses; Connection refused")
     fake.fail[("reserve", "d1")] = fake.fail[("generate", "d1")] = dead
 
@@ -154,7 +144,8 @@ def test_when_only_unreachable_workers_are_left_the_request_waits_for_a_replacem
         await asyncio.sleep(0.3)
         assert not request.done()
         assert len(fake.ops("reserve", "generate")) == 1  # it waits; it does not spin on d1
-        fake.cluster = Cluster((*fake.cluster.workers, worker("d0", Role.DECODE)), fake.cluster.route_epoch)
+        fake.cluster = ClusterSnapshot((*fake.cluster.workers, worker("d0", WorkerRole.DECODE)),
+                                       fake.cluster.route_epoch)
         return orch, *(await request)
 
     orch, events, error = run(go())
@@ -169,7 +160,7 @@ def test_the_wait_for_a_replacement_is_bounded_then_the_request_fails_naming_the
     """Once the wait for another worker is over, the request fails UNAVAILABLE naming the one
     that did not answer, instead of dispatching into its address again (a frozen worker's
     connection hangs: its attempts would each take a connect timeout)."""
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d1", WorkerRole.DECODE)])
     fake.fail[("reserve", "d1")] = fake.fail[("generate", "d1")] = unavailable("Connection refused")
 
     async def go():
@@ -194,14 +185,14 @@ def test_the_only_decode_worker_dying_mid_stream_fails_the_request_naming_it(sti
     retry does not wait for K/V room there (or, once the directory dropped it, for room
     anywhere) until the deadline, but for another worker, unreachable_wait_ms at most;
     then UNAVAILABLE naming the worker and what its stream said."""
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=64)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE, free=64)])
     fake.break_after["d0"] = 3
 
     def heartbeat_lost(i: int) -> None:
         if i == 2:  # the last report it sends: its pool full with this very request
             others = [w for w in fake.cluster.workers if w.worker_id != "d0"]
-            gone = [worker("d0", Role.DECODE, free=0)] if still_listed else []
-            fake.cluster = Cluster((*others, *gone), fake.cluster.route_epoch)
+            gone = [worker("d0", WorkerRole.DECODE, free=0)] if still_listed else []
+            fake.cluster = ClusterSnapshot((*others, *gone), fake.cluster.route_epoch)
     fake.after_token = heartbeat_lost
 
     async def go():

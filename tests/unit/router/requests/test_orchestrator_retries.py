@@ -7,13 +7,9 @@ worker). Every lifecycle test ends with a leak check."""
 from __future__ import annotations
 
 from router.requests.orchestrator import Orchestrator
-from router.types import (
-    Role,
-    Route,
-    StatusCode,
-    TxnOutcome,
-    WorkerCallError,
-)
+from router.types import Route, StatusCode, WorkerCallError
+from services.directory.records import WorkerRole
+from services.directory.states import Outcome
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
@@ -165,7 +161,7 @@ def test_invalid_argument_from_a_worker_is_returned_verbatim_without_retry():
 
 def test_directory_refusal_cancels_the_reservation_and_moves_on():
     fake = two_by_two()
-    fake.txn_outcome = TxnOutcome.STALE_GENERATION
+    fake.txn_outcome = Outcome.STALE_GENERATION
 
     async def go():
         orch = Orchestrator(fake, fake, config())
@@ -182,7 +178,8 @@ def test_directory_refusal_cancels_the_reservation_and_moves_on():
 
 
 def test_a_dead_worker_is_avoided_by_the_fallback_and_by_the_next_request():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=60)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE),
+                        worker("d1", WorkerRole.DECODE, free=60)])
     dead = unavailable("failed to connect to all addresses")
     fake.fail[("reserve", "d0")] = fake.fail[("generate", "d0")] = dead
     fake.fail[("prefill", "p0")] = unavailable("transfer failed")
@@ -208,7 +205,8 @@ def test_a_dead_worker_is_avoided_by_the_fallback_and_by_the_next_request():
 
 
 def test_a_colocated_worker_that_answers_beats_a_pair_with_one_that_did_not():
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d1", Role.DECODE), worker("m0", Role.MIXED)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d1", WorkerRole.DECODE),
+                        worker("m0", WorkerRole.MIXED)])
     fake.fail[("reserve", "d1")] = unavailable("Connection refused")
     fake.fail[("reserve", "m0")] = WorkerCallError(StatusCode.FAILED_PRECONDITION, "no room for a hand-off")
 

@@ -12,16 +12,8 @@ import struct
 import pytest
 
 from router.requests.orchestrator import Orchestrator
-from router.types import (
-    Completed,
-    FinishReason,
-    Mode,
-    Role,
-    Route,
-    Sampling,
-    Started,
-    TokenOut,
-)
+from router.types import Completed, FinishReason, Mode, Route, Sampling, Started, TokenOut
+from services.directory.records import WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     VOCAB,
@@ -71,7 +63,7 @@ def test_happy_disaggregated_path():
 
 
 def test_without_prefill_workers_disaggregated_requests_run_colocated():
-    fake = FakeCluster([worker("d0", Role.DECODE), worker("d1", Role.DECODE, free=10)])
+    fake = FakeCluster([worker("d0", WorkerRole.DECODE), worker("d1", WorkerRole.DECODE, free=10)])
 
     async def go():
         orch = Orchestrator(fake, fake, config())
@@ -145,7 +137,8 @@ def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
 def test_a_burst_planned_before_any_attempt_runs_spreads_over_workers(mode):
     # Four requests submitted back to back are all planned before the first one's
     # attempt task runs; each plan must count the ones before it (overlay at plan time).
-    fake = FakeCluster([worker("p0", Role.PREFILL), worker("d0", Role.DECODE), worker("d1", Role.DECODE)])
+    fake = FakeCluster([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE),
+                        worker("d1", WorkerRole.DECODE)])
 
     async def go():
         orch = Orchestrator(fake, fake, config())

@@ -9,9 +9,9 @@ store reads its clock half-way.
 from __future__ import annotations
 
 from router.requests.placement import LoadOverlay, free_blocks
-from router.types import Capacity, Cluster, Load, Role, Worker
+from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
-CAP = Capacity(total_blocks=100, max_decode_batch=8, max_prefill_tokens=512, block_size=16)
+CAP = WorkerCapacity(total_blocks=100, max_decode_batch=8, max_prefill_tokens=512, block_size=16)
 OFFSET_MS = 1_700_000_000_000
 RTT_S = 0.002
 
@@ -31,11 +31,11 @@ class Router:
         fetch = self.overlay.fetch_started()
         self.now += RTT_S
         workers = tuple(
-            Worker("d0", Role.DECODE, "d0:1", "d0:2", "abi", CAP,
-                   Load(active_decode_batch=batch, free_blocks=free, total_blocks=100), 1, 0,
-                   load_reported_ms=self.store_ms(at_s))
+            WorkerRecord("d0", WorkerRole.DECODE, "d0:1", "d0:2", "abi", CAP,
+                         LoadReport(active_decode_batch=batch, free_blocks=free, total_blocks=100), 1, 0,
+                         load_reported_ms=self.store_ms(at_s))
             for batch, free, at_s in reports)
-        self.overlay.observe(Cluster(workers, 3, self.store_ms(self.now - RTT_S / 2)), fetch)
+        self.overlay.observe(ClusterSnapshot(workers, 3, self.store_ms(self.now - RTT_S / 2)), fetch)
 
     def dispatch(self, at_s: float = 10.010) -> int:
         """A snapshot whose report (idle) predates it, then a 4-block dispatch to d0 at `at_s`."""
@@ -43,8 +43,8 @@ class Router:
         self.now = at_s
         return self.overlay.add(self.d0(), blocks=4)
 
-    def d0(self) -> Worker:
-        return Worker("d0", Role.DECODE, "d0:1", "d0:2", "abi", CAP, epoch=1)
+    def d0(self) -> WorkerRecord:
+        return WorkerRecord("d0", WorkerRole.DECODE, "d0:1", "d0:2", "abi", CAP, epoch=1)
 
     def seqs(self) -> int:
         """Sequences of d0's decode batch the overlay adds to its report (negative: gives back)."""
@@ -63,8 +63,9 @@ def test_a_report_taken_during_a_short_request_and_read_after_it_ended_is_correc
     r.now = 10.041
     r.read((1, 96, start + 0.010))  # taken while it ran: it shows the ended request
     assert r.overlay.totals() == {"d0": (0, -4, -1)}
-    w = Worker("d0", Role.DECODE, "d0:1", "d0:2", "abi", CAP, Load(active_decode_batch=1, free_blocks=96,
-                                                                     total_blocks=100), 1)
+    w = WorkerRecord("d0", WorkerRole.DECODE, "d0:1", "d0:2", "abi", CAP,
+                     LoadReport(active_decode_batch=1, free_blocks=96,
+                                total_blocks=100), 1)
     assert free_blocks(w, r.overlay) == 100
     r.now = 10.060
     r.read((0, 100, 10.050))  # taken after the end: right again, nothing to correct
@@ -137,8 +138,9 @@ def test_planned_holds_count_whatever_the_reports_say():
 def test_undated_reports_from_an_older_directory_keep_the_lease_rule():
     r = Router()
     fetch = r.overlay.fetch_started()
-    r.overlay.observe(Cluster((Worker("d0", Role.DECODE, "d0:1", epoch=1, lease_expiry_ms=1000),), 3,
-                              r.store_ms(r.now)), fetch)
+    r.overlay.observe(ClusterSnapshot((WorkerRecord("d0", WorkerRole.DECODE, "d0:1", epoch=1,
+                                                    lease_expiry_ms=1000),), 3,
+                                      r.store_ms(r.now)), fetch)
     handle = r.overlay.add(r.d0(), blocks=4)
     r.now += 0.050
     r.overlay.remove(handle)  # undated: no later report can be placed in time, so dropped

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from router.requests.orchestrator import Orchestrator
-from router.types import Mode, Role, RouterError, StatusCode
+from router.types import Mode, RouterError, StatusCode
+from services.directory.records import WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
@@ -32,7 +33,7 @@ class Gauged(FakeCluster):
     """Counts requests holding blocks at the decode worker (reserve/generate to stream end)."""
 
     def __init__(self, free_blocks: int):
-        super().__init__([worker("p0", Role.PREFILL), worker("d0", Role.DECODE, free=free_blocks)])
+        super().__init__([worker("p0", WorkerRole.PREFILL), worker("d0", WorkerRole.DECODE, free=free_blocks)])
         self.token_gap_s = 0.01
         self.active = self.peak = 0
         self.order: list[str] = []

@@ -10,8 +10,9 @@ import dataclasses
 from router.pricing.decision import decide
 from router.requests.placement import Demand, choose_pair
 from router.requests.planner import Planner
-from router.types import Cluster, Role, Slo
+from router.types import Slo
 from services.directory.cost_profile import CostProfile
+from services.directory.records import ClusterSnapshot, WorkerRole
 from tests.support.orchestrator import CAP, PROMPT, config, worker
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_base_ms=2.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000,
@@ -22,14 +23,15 @@ def profiled(w, batch: int = 0):
     return dataclasses.replace(w, profile=PROFILE, load=dataclasses.replace(w.load, active_decode_batch=batch))
 
 
-def snapshot(*extra) -> Cluster:
+def snapshot(*extra) -> ClusterSnapshot:
     """p0 idle, p1 with a queue; d0 the freest but decoding 30 streams, d1 idle with fewer free blocks."""
-    return Cluster((profiled(worker("p0", Role.PREFILL)), profiled(worker("p1", Role.PREFILL, pending=40)),
-                    profiled(worker("d0", Role.DECODE, free=64), batch=30),
-                    profiled(worker("d1", Role.DECODE, free=40)), *extra), route_epoch=7)
+    return ClusterSnapshot((profiled(worker("p0", WorkerRole.PREFILL)),
+                            profiled(worker("p1", WorkerRole.PREFILL, pending=40)),
+                            profiled(worker("d0", WorkerRole.DECODE, free=64), batch=30),
+                            profiled(worker("d1", WorkerRole.DECODE, free=40)), *extra), route_epoch=7)
 
 
-def place(planner: Planner, cluster: Cluster, split: bool, avoid=None, tried=()):
+def place(planner: Planner, cluster: ClusterSnapshot, split: bool, avoid=None, tried=()):
     c = planner.place("t", PROMPT, 6, Slo(), cluster, None, split, avoid or {}, tried)
     return None if c is None else (c.prefill.worker_id if c.prefill else None, c.decode.worker_id)
 
@@ -66,8 +68,8 @@ def test_avoided_workers_are_taken_only_when_no_route_avoids_them_least_penalize
 
 def test_a_worker_that_can_never_hold_the_request_is_never_taken():
     small = dataclasses.replace(CAP, total_blocks=1)
-    tiny = dataclasses.replace(profiled(worker("d2", Role.DECODE)), capacity=small)
+    tiny = dataclasses.replace(profiled(worker("d2", WorkerRole.DECODE)), capacity=small)
     cluster, planner = snapshot(tiny), Planner(config())
     assert place(planner, cluster, False, {"d0": 1, "d1": 1}) == (None, "d1")
-    alone = Cluster((profiled(worker("p0", Role.PREFILL)), tiny), route_epoch=7)
+    alone = ClusterSnapshot((profiled(worker("p0", WorkerRole.PREFILL)), tiny), route_epoch=7)
     assert place(planner, alone, True) is None and place(planner, alone, False) is None

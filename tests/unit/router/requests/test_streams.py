@@ -18,7 +18,8 @@ from router.pricing.reference import reference_decide
 from router.pricing.shapes import Outcome, RequestShape
 from router.requests.orchestrator import Orchestrator
 from router.requests.streams import StreamBook
-from router.types import Role, Started, TokenOut
+from router.types import Started, TokenOut
+from services.directory.records import WorkerRole
 from tests.support.orchestrator import assert_no_leaks, config, run, two_by_two
 from tests.support.orchestrator import params as gen_params
 from tests.support.pricing import BS, CFG, params, worker
@@ -35,7 +36,7 @@ class Clock:
 def test_book_reports_planned_and_started_streams_per_worker():
     clock = Clock()
     book = StreamBook(clock)
-    d, e = worker("d", Role.DECODE), worker("e", Role.DECODE)
+    d, e = worker("d", WorkerRole.DECODE), worker("e", WorkerRole.DECODE)
     assert book.at() == {}
     a = book.book(d, 1500.0)
     b = book.book(d, 400.0)
@@ -58,7 +59,7 @@ def burst_rows(model: CostModel, first_start_ms: float):
     """Two idle mixed workers just after the router planned a 1000-token prompt r1
     split w0 -> w1: r1 queues on w0 (1000 ms), its stream is planned on w1 (blocks and
     a sequence in the overlay, not in a heartbeat yet) to start `first_start_ms` from now."""
-    w0, w1 = worker("w0", Role.MIXED), worker("w1", Role.MIXED)
+    w0, w1 = worker("w0", WorkerRole.MIXED), worker("w1", WorkerRole.MIXED)
     return [model.costs(w0, extra_tokens=1000, streams=(0, 0, math.inf)),
             model.costs(w1, extra_blocks=66, extra_seqs=1, streams=(0, 1, first_start_ms))]
 
@@ -79,7 +80,7 @@ def test_prefill_that_ends_before_a_planned_stream_starts_stalls_nobody():
     assert split_disturb_ms(w1, 1000.0, 41, 1040.0) == pytest.approx(10 + 29 / 20)
     assert split_disturb_ms(w1, 1000.0, 41, 1000.0) == 0.0
     # Without the book the planned stream counts as live: the whole prefill stalls it.
-    plain = model.costs(worker("w1", Role.MIXED), extra_blocks=66, extra_seqs=1)
+    plain = model.costs(worker("w1", WorkerRole.MIXED), extra_blocks=66, extra_seqs=1)
     assert plain.live == 1 and colocated_disturb_ms(plain, 1000.0, 41, 1040.0) == pytest.approx(10 + 50)
 
 
@@ -155,8 +156,8 @@ def test_table_key_counts_only_the_overlap_with_a_planned_stream():
     # + (10 + 500 / 40) / 55 = 0.709. Counting wa's whole prefill (20 + 1000 / 40 = 45 ms)
     # would make it 1.026 and pick wb.
     model = CostModel(CFG)
-    wa = model.costs(worker("wa", Role.DECODE), extra_blocks=66, extra_seqs=1, streams=(0, 1, 900.0))
-    wb = model.costs(worker("wb", Role.DECODE, pending=500))
+    wa = model.costs(worker("wa", WorkerRole.DECODE), extra_blocks=66, extra_seqs=1, streams=(0, 1, 900.0))
+    wb = model.costs(worker("wb", WorkerRole.DECODE, pending=500))
     req = RequestShape(prompt_tokens=1000, max_tokens=41, block_size=BS, slo_ttft_ms=5000, slo_tpot_ms=55)
     for fn in (decide, reference_decide):
         dec = fn(model, [wa, wb], req, params(top_k=1), split=False)
