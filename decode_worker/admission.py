@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pdserve_client.spans import DECODE_ADMIT
 from services.common.tasks import TaskSet
 from services.directory.records import TransferRef
-from services.engine import Sequence, commit_import
+from services.engine import Sequence
 from services.telemetry import tracing
 from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
@@ -127,7 +127,7 @@ class Admission:
         """Loop thread: import done, stream token 0, then decode (or finish). A cancel that
         came between publication and now stops it here."""
         seq, sink = res.seq, res.sink
-        commit_import(self.engine, seq, first_token)  # token 0 is in the stream already (start)
+        self.engine.commit_import(seq, first_token)  # token 0 is in the stream already (start)
         blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
         self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
         while len(self.imported) > IMPORTED_KEPT:

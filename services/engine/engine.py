@@ -2,9 +2,10 @@
 
 Operations by caller:
   colocated worker:  add_request -> prefill_chunk* -> decode_step* -> free
-  prefill worker:    add_request -> prefill (on_layer streams K/V out) -> kv_byte_views -> free
-  decode worker:     add_request (reserve) -> kv_byte_views/import_kv -> commit_import
+  prefill worker:    add_request -> prefill (on_layer streams K/V out) -> kv_views -> free
+  decode worker:     add_request (reserve) -> kv_views (received into) -> commit_import
                      -> decode_step* -> free
+(services/worker/engine_contract.py: the contract these calls keep.)
 Every failure path ends in `free` (or `abort`), which returns every block.
 The engine is single-threaded: one caller drives it (the worker's batch loop).
 """
@@ -38,6 +39,18 @@ GATHER_RUNS = 8
 """`kv_digest`: above this many runs of consecutive physical blocks, hash a layer's K and
 V from one gathered copy each (a view per run costs ~10-25 us of Python under load; a
 fragmented 2,048-token table on `small` took 19 ms of slicing against 1 ms of hashing)."""
+
+
+def physical_runs(table: list[int], first: int, count: int) -> list[tuple[int, int]]:
+    """(first physical block, blocks) of each run of consecutive physical ids in
+    table[first:first + count]."""
+    runs: list[list[int]] = []
+    for i in range(first, first + count):
+        if runs and table[i] == runs[-1][0] + runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([table[i], 1])
+    return [(start, n) for start, n in runs]
 
 
 class Engine:
@@ -264,6 +277,36 @@ class Engine:
             self.free(seq)
 
     # ---- K/V export / import (see kv_io.py) ----------------------------
+    def block_range(self, seq: Sequence, first: int, count: int | None) -> int:
+        """`count` checked (None: the prompt's blocks from `first`); InvalidRequest if
+        [first, first + count) is outside the sequence's blocks."""
+        count = -(-seq.num_prompt_tokens // self.block_size) - first if count is None else count
+        if first < 0 or count < 0 or first + count > len(seq.block_table):
+            raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's "
+                                 f"{len(seq.block_table)} blocks")
+        return count
+
+    def kv_views(self, seq: Sequence, layer: int, first: int = 0,
+                 count: int | None = None) -> list[tuple[memoryview, memoryview]]:
+        """(K bytes, V bytes) per physical run of `layer`'s logical blocks [first, first + count),
+        views of the cache memory (slices of one view of it, far cheaper than a tensor view
+        per run); services/worker/engine_contract.py."""
+        count = self.block_range(seq, first, count)
+        return [self.cache.byte_views(layer, start, n) for start, n in physical_runs(seq.block_table, first, count)]
+
+    def commit_import(self, seq: Sequence, first_token: int) -> None:
+        """Mark the prompt's K/V as present (imported) and continue from `first_token`.
+
+        Safety invariant: call only after every transferred block was validated;
+        from here on the prompt blocks are readable by decode and by prefix reuse.
+        """
+        assert seq.state == SeqState.WAITING, f"commit of a {seq.state.name} sequence"
+        if not 0 <= first_token < self.model_cfg.vocab_size:
+            raise InvalidRequest(f"first token {first_token} is outside the vocabulary")
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self._register_full_blocks(seq, seq.num_prompt_tokens)
+        self._append(seq, first_token)
+
     def kv_digest(self, seq: Sequence, num_tokens: int | None = None) -> str:
         """xxh3-128 of the K then V bytes of token slots [0, num_tokens), layer by layer.
 

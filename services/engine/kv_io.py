@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import Engine
+from .engine import Engine, physical_runs
 from .errors import InvalidRequest
-from .sequence import SeqState, Sequence
+from .sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,37 +32,22 @@ class BlockRun:
 
 def block_runs(table: list[int], first: int, count: int) -> list[BlockRun]:
     """Split table[first:first+count] into runs of consecutive physical ids."""
-    runs: list[BlockRun] = []
-    for i in range(first, first + count):
-        last = runs[-1] if runs else None
-        if last and table[i] == last.physical_start + last.count:
-            runs[-1] = BlockRun(last.logical_start, last.physical_start, last.count + 1)
-        else:
-            runs.append(BlockRun(i, table[i], 1))
+    runs, logical = [], first
+    for start, n in physical_runs(table, first, count):
+        runs.append(BlockRun(logical, start, n))
+        logical += n
     return runs
-
-
-def _range(engine: Engine, seq: Sequence, first: int, count: int | None) -> int:
-    n_prompt_blocks = -(-seq.num_prompt_tokens // engine.block_size)
-    count = n_prompt_blocks - first if count is None else count
-    if first < 0 or count < 0 or first + count > len(seq.block_table):
-        raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's "
-                             f"{len(seq.block_table)} blocks")
-    return count
 
 
 def kv_byte_views(engine: Engine, seq: Sequence, layer: int, first: int = 0,
                   count: int | None = None) -> list[tuple[memoryview, memoryview]]:
-    """(K bytes, V bytes) per physical run of `layer`'s logical blocks [first, first + count),
-    views of the cache memory (slices of one view of it, far cheaper than a tensor view per run)."""
-    count = _range(engine, seq, first, count)
-    return [engine.cache.byte_views(layer, r.physical_start, r.count)
-            for r in block_runs(seq.block_table, first, count)]
+    """(K bytes, V bytes) per physical run of `layer`'s logical blocks (Engine.kv_views)."""
+    return engine.kv_views(seq, layer, first, count)
 
 
 def export_kv(engine: Engine, seq: Sequence, first: int = 0, count: int | None = None) -> bytes:
     """Packed copy of the K/V of logical blocks [first, first + count) (default: the prompt's)."""
-    count = _range(engine, seq, first, count)
+    count = engine.block_range(seq, first, count)
     table = torch.tensor(seq.block_table[first:first + count], dtype=torch.long)
     parts = []
     for layer in range(engine.model_cfg.num_hidden_layers):
@@ -75,7 +60,7 @@ def import_kv(engine: Engine, seq: Sequence, data: bytes | memoryview, abi_diges
               first: int = 0, count: int | None = None) -> None:
     """Write packed K/V (from `export_kv` of an engine with the same ABI) into seq's blocks."""
     engine.abi.check_compatible(abi_digest)
-    count = _range(engine, seq, first, count)
+    count = engine.block_range(seq, first, count)
     per_part = count * engine.cache.block_bytes_per_layer // 2
     expected = 2 * per_part * engine.model_cfg.num_hidden_layers
     if len(data) != expected:
@@ -92,14 +77,6 @@ def import_kv(engine: Engine, seq: Sequence, data: bytes | memoryview, abi_diges
 
 
 def commit_import(engine: Engine, seq: Sequence, first_token: int) -> None:
-    """Mark the prompt's K/V as present (imported) and continue from `first_token`.
-
-    Safety invariant: call only after every transferred block was validated;
-    from here on the prompt blocks are readable by decode and by prefix reuse.
-    """
-    assert seq.state == SeqState.WAITING, f"commit of a {seq.state.name} sequence"
-    if not 0 <= first_token < engine.model_cfg.vocab_size:
-        raise InvalidRequest(f"first token {first_token} is outside the vocabulary")
-    seq.num_computed_tokens = seq.num_prompt_tokens
-    engine._register_full_blocks(seq, seq.num_prompt_tokens)
-    engine._append(seq, first_token)
+    """Mark the prompt's K/V as present (imported) and continue from `first_token`
+    (Engine.commit_import)."""
+    engine.commit_import(seq, first_token)

@@ -8,7 +8,7 @@ blocks, which both sides map to views of their own cache memory.
 
 from __future__ import annotations
 
-from services.engine import Engine, Sequence, kv_byte_views
+from services.engine import Engine, Sequence
 
 from .base import Chunk, ChunkKey, chunk_checksum
 from .keys import TransferKey
@@ -25,7 +25,7 @@ def plan_chunks(num_layers: int, first_block: int, last_block: int,
 
 def chunk_views(engine: Engine, seq: Sequence, key: ChunkKey) -> list[memoryview]:
     """Views of `seq`'s cache memory holding `key`'s bytes: K runs, then V runs (no copy)."""
-    runs = kv_byte_views(engine, seq, key.layer, key.block_start, key.block_count)
+    runs = engine.kv_views(seq, key.layer, key.block_start, key.block_count)
     return [k for k, _ in runs] + [v for _, v in runs]
 
 
