@@ -100,7 +100,7 @@ class Node:
         await self._server.start()
         address = b""
         if self.role in ("prefill", "decode"):
-            from services.transfer import ucx_runtime
+            from services.transfer.ucx import runtime as ucx_runtime
             self._ucx = ucx_runtime.runtime()
             address = self._ucx.address
         return {"port": port, "ucx": address, "iterations": self._iterations,

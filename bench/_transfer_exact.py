@@ -4,7 +4,7 @@ What any hand-off that checks every byte pays at least from Python, for the geom
 under test, on the same ucxx runtime and endpoint kind as pdserve-ucx:
 
   sender    each chunk's xxh3-64 over its views (pdserve's checksum), the chunks up to
-            ucx_sender.EAGER_CHUNK_BYTES packed into one buffer per EAGER_BATCH_BYTES
+            ucx/sender.py EAGER_CHUNK_BYTES packed into one buffer per EAGER_BATCH_BYTES
             (one copy, as pdserve packs them), a larger chunk's K and V runs sent as they
             are (zero copy); then every checksum in one message
   receiver  every receive posted beforehand (a packed run into a staging buffer, a large
@@ -13,7 +13,7 @@ under test, on the same ucxx runtime and endpoint kind as pdserve-ucx:
             then a 1-byte ack ('x' on a mismatch)
 
 timed from the first checksum to the ack. With `commit` (the `ucxx-python-commit` path) the
-last message is a COMMIT as pdserve encodes it (tcp_wire.encode_commit: the manifest's
+last message is a COMMIT as pdserve encodes it (tcp/wire.py encode_commit: the manifest's
 rows, JSON) instead of the bare checksums; the receiver decodes it and checks each listed
 chunk against what landed before it acks. pdserve-ucx does all of this plus its
 protocol (headers, destinations resolved per chunk, credits, VISIBLE, the COMMIT's
@@ -31,8 +31,8 @@ import orjson
 
 from services.transfer import Chunk, TransferCommit, checksum
 from services.transfer.common import scatter
-from services.transfer.tcp_wire import decode_commit, encode_commit
-from services.transfer.ucx_sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
+from services.transfer.tcp.wire import decode_commit, encode_commit
+from services.transfer.ucx.sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
 
 EXACT_DATA_TAG, EXACT_ACK_TAG = 0xD << 60, 0xC << 60  # tag kinds pdserve's wire does not use
 SUM_CHARS = 16  # xxh3-64 hex digest
@@ -76,7 +76,7 @@ class ExactFloor:
     async def exact_expect(self, i: int, sender: str, commit: bool = False) -> None:
         """Zero the cache, post every receive of the exact floor's transfer i; the ack follows
         the check (all outside the timed window but the check and the ack)."""
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         rt = runtime()
         self.kv.zero_()
         ep = await rt.endpoint(base64.b64decode(sender))
@@ -122,7 +122,7 @@ class ExactFloor:
     async def exact_send(self, dest: str, i: int, commit: bool = False) -> dict:
         """Hash, pack and send as pdserve would (no protocol); timed to the ack, which must say
         the checksums matched."""
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         rt = runtime()
         ep = await rt.endpoint(base64.b64decode(dest))
         ack = bytearray(1)

@@ -232,14 +232,14 @@ class Peer(ExactFloor):
     # ---- ucxx from Python: the floor of any Python UCX hand-off ---------------
     async def floor_address(self) -> str:
         """This process's UCX worker address (the runtime pdserve's ucx backend uses)."""
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         return base64.b64encode(runtime().address).decode()
 
     async def floor_expect(self, i: int, sender: str, pieces: bool = False) -> None:
         """Zero the cache, post the receives for all of it (one, or one per piece of the
         pdserve plan with `pieces`); when they completed, a 1-byte ack back to `sender`
         (outside the timed window: posted beforehand)."""
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         rt = runtime()
         self.kv.zero_()
         ep = await rt.endpoint(base64.b64decode(sender))
@@ -263,7 +263,7 @@ class Peer(ExactFloor):
     async def floor_send(self, dest: str, i: int, pieces: bool = False) -> dict:
         """The cache as one tagged message (or one per piece), zero copy; timed from the
         first post to the ack."""
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         rt = runtime()
         ep = await rt.endpoint(base64.b64decode(dest))
         ack = rt.post_recv(bytearray(1), FLOOR_ACK_TAG + i)

@@ -49,7 +49,7 @@ HELP = {
     "pd_dataplane_endpoints": "UCX endpoints the process holds (to peers that proved a transfer key, and itself).",
 }
 """HELP text by family name (a counter's name without _total); others get their name.
-Names must match the transports' metrics() (services/transfer/ucx_sender.py, ucx_receiver.py)."""
+Names must match the transports' metrics() (services/transfer/ucx/sender.py, ucx/receiver.py)."""
 
 
 class SampleCollector(Collector):

@@ -35,7 +35,7 @@ def _inproc_receiver(host: str, name: str, advertise: str = "", **options: Any) 
 
 def _ucx_receiver(host: str, name: str, advertise: str = "", **options: Any) -> KVReceiver:
     from .ucx import UcxReceiver
-    from .ucx_runtime import advertise_host
+    from .ucx.runtime import advertise_host
     advertise_host(advertise)
     return UcxReceiver(**options)
 
@@ -47,7 +47,7 @@ def _tcp_sender(advertise: str = "", **options: Any) -> KVSender:
 
 def _ucx_sender(advertise: str = "", **options: Any) -> KVSender:
     from .ucx import UcxSender
-    from .ucx_runtime import advertise_host
+    from .ucx.runtime import advertise_host
     advertise_host(advertise)
     return UcxSender(**options)
 
@@ -90,6 +90,6 @@ def loggable(address: str) -> str:
     """How logs name a data-plane address: a ucx address by its host and pid (its mailbox
     nonce and worker address stay out of logs), any other as it is."""
     if address.startswith("ucx://"):
-        from .ucx_wire import peer_name
+        from .ucx.wire import peer_name
         return f"ucx://{peer_name(address)}"
     return address

@@ -24,9 +24,9 @@ import uuid
 
 import pytest
 
-from services.transfer import ucx_wire as wire
 from services.transfer.keys import TO_RECEIVER
-from services.transfer.ucx_sender import UcxSender
+from services.transfer.ucx import wire
+from services.transfer.ucx.sender import UcxSender
 from tests.support import ucx_loop
 from tests.support.cluster import _directory, assert_cluster_clean, client, start_cluster
 from tests.support.metrics import scrape_process
@@ -235,7 +235,7 @@ def _stall_own(held) -> None:
 
     async def go():
         from services.transfer.keys import TransferKey
-        from services.transfer.ucx_runtime import runtime
+        from services.transfer.ucx.runtime import runtime
         rt = runtime()
         nonce, _, _, address = wire.parse_address(held.reservation.data_plane_address)
         msg, _, _ = wire.encode(wire.COMMIT, m.transfer_id, wire.new_nonce(), time.time_ns(), {"pad": "x" * 200_000},

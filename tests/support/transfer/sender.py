@@ -55,7 +55,7 @@ async def s_credits(backend: str) -> dict:
 
 async def s_kept() -> int:
     """Outgoing transfers S's ucx senders still hold (after every test: none)."""
-    from services.transfer.ucx_outgoing import Outgoing
+    from services.transfer.ucx.outgoing import Outgoing
     return await alive(Outgoing)
 
 

@@ -7,7 +7,7 @@ import orjson
 
 from bench._transfer_exact import _manifest_matches
 from services.transfer import Chunk, ChunkKey, TransferCommit
-from services.transfer.tcp_wire import encode_commit
+from services.transfer.tcp.wire import encode_commit
 
 
 def _buffer(chunks: tuple[Chunk, ...]) -> bytearray:

@@ -11,7 +11,7 @@ import pytest
 from bench._transfer_exact import messages
 from services.transfer import Chunk
 from services.transfer.chunks import plan_chunks
-from services.transfer.ucx_sender import UcxSender
+from services.transfer.ucx.sender import UcxSender
 
 
 class RecordingSender(UcxSender):

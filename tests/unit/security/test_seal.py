@@ -7,7 +7,7 @@ import pytest
 
 from services.security.seal import SEAL_BYTES, Sealer, declaration, opens, public_key
 from services.transfer import Chunk, ChunkKey, TransferCommit
-from services.transfer.tcp_wire import commit_for, decode_commit, encode_commit
+from services.transfer.tcp.wire import commit_for, decode_commit, encode_commit
 
 DECL = ("req/3", 3, "prefill-0", 1_796_000_000_000, "ab" * 16 + "+" + "cd" * 32)
 

@@ -20,7 +20,7 @@ from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from pdserve_client.tls import credentials
 from services.telemetry import collector, tracing
 from services.transfer.base import TransferCommit
-from services.transfer.tcp_wire import decode_commit, encode_commit
+from services.transfer.tcp.wire import decode_commit, encode_commit
 from tests.support import pki
 
 

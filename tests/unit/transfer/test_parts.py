@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from services.transfer import ChunkKey
-from services.transfer import ucx_wire as wire
 from services.transfer.common import place
 from services.transfer.credits import CreditTimeout, CreditWindow
 from services.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
+from services.transfer.ucx import wire
 
 
 def run(coro):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from services.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict, chunk_checksum
-from services.transfer import ucx_wire as wire
 from services.transfer.common import pack
 from services.transfer.keys import new_key
-from services.transfer.tcp_wire import encode_commit
-from services.transfer.ucx_receiver import UcxReceiver
+from services.transfer.tcp.wire import encode_commit
+from services.transfer.ucx import wire
+from services.transfer.ucx.receiver import UcxReceiver
 
 SENDER = 7
 BLOCK = 64

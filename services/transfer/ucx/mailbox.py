@@ -1,5 +1,5 @@
 """Control messages over UCX: a `Mailbox` receiving them on one tag, and posting
-authenticated ones (`post_control`, then `delivered` to wait for them; ucx_wire.py has the
+authenticated ones (`post_control`, then `delivered` to wait for them; wire.py has the
 format).
 
 The mailbox parses each message and hands it to its owner (the receiver or the sender)
@@ -16,9 +16,9 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable
 
-from . import ucx_wire as wire
-from .keys import TransferKey
-from .ucx_runtime import UcxRuntime
+from ..keys import TransferKey
+from . import wire
+from .runtime import UcxRuntime
 
 log = logging.getLogger(f"{__package__}.ucx")
 

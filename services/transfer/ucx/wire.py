@@ -58,8 +58,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from .base import MAX_COMMIT_BODY_BYTES, Chunk, max_body_bytes, short_reason
-from .keys import MAC_BYTES, TransferKey
+from ..base import MAX_COMMIT_BODY_BYTES, Chunk, max_body_bytes, short_reason
+from ..keys import MAC_BYTES, TransferKey
 
 MAGIC = b"PDUX"
 VERSION = 2

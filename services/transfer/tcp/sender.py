@@ -1,4 +1,4 @@
-"""TCP backend, sender side: TcpSender, its connections (frames per tcp_wire.py) and
+"""TCP backend, sender side: TcpSender, its connections (frames per wire.py) and
 the task that reads each connection's replies.
 
 Sender: one connection per destination, opened on first use and reopened after
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 from pdserve_client import contract
 
-from .base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, TransferError, Verdict
-from .common import chunk_buffers
-from .tcp_wire import (
+from ..base import MAX_SMALL_BODY_BYTES, Chunk, KVSender, TransferCommit, TransferError, Verdict
+from ..common import chunk_buffers
+from .wire import (
     ABORT,
     AUTH,
     COMMIT,

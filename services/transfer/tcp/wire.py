@@ -23,8 +23,8 @@ the receiver reads straight into reserved views, so there is no staging memory
 for a credit window (docs/design.md, Contracts) to protect. COMMIT gets VERDICT (or ERROR when the
 commit is malformed); ABORT gets nothing.
 
-What the receiver does with each frame is in tcp_receiver.py; the sender's
-connections and timeouts are in tcp_sender.py.
+What the receiver does with each frame is in receiver.py; the sender's
+connections and timeouts are in sender.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import orjson
 
 from services.security.seal import SEAL_BYTES
 
-from .base import (
+from ..base import (
     CHECKSUM_ALGORITHM,
     MAX_COMMIT_BODY_BYTES,
     MAX_TRACE_HEADER_CHARS,
@@ -46,7 +46,7 @@ from .base import (
     max_body_bytes,
     short_reason,
 )
-from .common import byte_view  # noqa: F401 - part of this module's names
+from ..common import byte_view  # noqa: F401 - part of this module's names
 
 MAGIC = b"PDKV"
 VERSION = 2  # 2: the chunk checksum is keyed (gmac-aes256-64; 1 was xxh3_64)

@@ -3,7 +3,7 @@ a while after the transfer ended (`Inbounds`), and what it drops (`Rejections`).
 
 An `Inbound` holds the transfer's key, from the Expectation (the router's secret, handed
 with Decode.Reserve): a control message counts only if its MAC holds under that key and
-its seq is larger than the last one taken (ucx_wire.py). Everything the receiver learns
+its seq is larger than the last one taken (wire.py). Everything the receiver learns
 of the sender comes from messages that passed that check: where to reply (its AUTH), and
 whether its capability was admitted. Nothing is kept of a peer that proved nothing.
 
@@ -25,8 +25,8 @@ import collections
 import dataclasses
 import time
 
-from . import ucx_wire as wire
-from .keys import TO_RECEIVER, TransferKey
+from ..keys import TO_RECEIVER, TransferKey
+from . import wire
 
 ENDED_KEEP_S = 60.0
 ENDED_MAX = 4096

@@ -2,18 +2,18 @@
 
 The protocol is documented with the code that implements it:
 
-    tcp_wire.py      wire format, version 1: frames, the COMMIT JSON codec, which
+    wire.py      wire format, version 1: frames, the COMMIT JSON codec, which
                      frames get a reply
-    tcp_receiver.py  TcpReceiver: the rules it applies to each frame, and the safety
+    receiver.py  TcpReceiver: the rules it applies to each frame, and the safety
                      invariant that no byte lands in a view after forget/stop/Failed
-    tcp_sender.py    TcpSender: one connection per destination, timeouts, replies
+    sender.py    TcpSender: one connection per destination, timeouts, replies
 
 This module re-exports their public names; import the backend from here.
 """
 
-from .tcp_receiver import TcpReceiver
-from .tcp_sender import TcpSender
-from .tcp_wire import (
+from .receiver import TcpReceiver
+from .sender import TcpSender
+from .wire import (
                        ABORT,
                        CHUNK,
                        CHUNK_HEAD,

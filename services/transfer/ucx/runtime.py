@@ -43,7 +43,7 @@ import os
 import socket
 import threading
 
-from . import ucx_wire as wire
+from . import wire
 
 log = logging.getLogger(f"{__package__}.ucx")
 

@@ -7,7 +7,7 @@ straight into its posted views, cma on one host), a batch packed into one buffer
 <- VISIBLE (in the destination views, checksum verified) -> credit released (none for the
 message whose landing lets the COMMIT through: its credit returns with the VERDICT).
 
-A transfer opens with `present` (ucx_exchange.py): its AUTH tells the receiver where to
+A transfer opens with `present` (exchange.py): its AUTH tells the receiver where to
 reply, and every message of the transfer, either way, is authenticated under the
 transfer's key (keys.py); a chunk's data goes on tags only the key's holders can name.
 
@@ -32,17 +32,17 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
-from . import ucx_wire as wire
-from .base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict, token_follows
-from .common import chunk_buffers, pack
-from .credits import CreditWindow
-from .tcp_wire import encode_commit
-from .ucx_credits import SenderCredits
-from .ucx_exchange import SenderExchange
-from .ucx_inbound import Rejections
-from .ucx_mailbox import Mailbox
-from .ucx_outgoing import Keys, OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
-from .ucx_runtime import UcxRuntime, runtime, runtime_samples
+from ..base import Chunk, ChunkKey, KVSender, TransferCommit, TransferError, Verdict, token_follows
+from ..common import chunk_buffers, pack
+from ..credits import CreditWindow
+from ..tcp.wire import encode_commit
+from . import wire
+from .credits import SenderCredits
+from .exchange import SenderExchange
+from .inbound import Rejections
+from .mailbox import Mailbox
+from .outgoing import Keys, OutChunk, Outgoing, Peer, announceable, connect, sender_metrics, wait_progress
+from .runtime import UcxRuntime, runtime, runtime_samples
 
 log = logging.getLogger(f"{__package__}.ucx")
 

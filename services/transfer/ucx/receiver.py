@@ -1,7 +1,7 @@
 """UCX backend, receiver side: UcxReceiver posts the destination views as UCX receive
-buffers and answers each chunk (ucx_wire.py has the messages, ucx_sender.py the other side).
+buffers and answers each chunk (wire.py has the messages, sender.py the other side).
 
-Every control message passes ucx_intake.py first (its MAC under the transfer's key, its
+Every control message passes intake.py first (its MAC under the transfer's key, its
 seq, the sender admitted); these are the rules for what passes:
 
   AUTH                      the transfer's capability: checked (KVReceiver.admit) before
@@ -51,8 +51,7 @@ from collections.abc import Coroutine
 
 from services.common.tasks import TaskSet
 
-from . import ucx_wire as wire
-from .base import (
+from ..base import (
     ChunkArrived,
     ChunkKey,
     Expectation,
@@ -62,12 +61,13 @@ from .base import (
     Verdict,
     chunk_checksum,
 )
-from .common import decide, destinations, emit, place, scatter
-from .tcp_wire import commit_for
-from .ucx_inbound import Inbounds, Rejections
-from .ucx_intake import Intake
-from .ucx_mailbox import Mailbox
-from .ucx_runtime import Landing, UcxRuntime, fence_receives, local_host, runtime, runtime_samples
+from ..common import decide, destinations, emit, place, scatter
+from ..tcp.wire import commit_for
+from . import wire
+from .inbound import Inbounds, Rejections
+from .intake import Intake
+from .mailbox import Mailbox
+from .runtime import Landing, UcxRuntime, fence_receives, local_host, runtime, runtime_samples
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -192,7 +192,7 @@ class UcxReceiver(Intake, KVReceiver):
         posted = self._posted.pop(transfer_id, [])
         self.stats["drained"] += await fence_receives(self._rt, posted, self.fence_timeout_s, STOP_GRACE_S, transfer_id)
 
-    # -- the receiver's rules (ucx_intake.py checked each message first)
+    # -- the receiver's rules (intake.py checked each message first)
     def _on_chunk(self, tid: str, body: dict) -> None:
         exp, bits = self.pending.get(tid), self._in.live[tid].key.tag_bits
         try:

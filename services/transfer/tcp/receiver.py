@@ -1,5 +1,5 @@
-"""TCP backend, receiver side: TcpReceiver reads frames (tcp_wire.py) with an
-asyncio BufferedProtocol per connection (tcp_inbox.py), payloads straight into the
+"""TCP backend, receiver side: TcpReceiver reads frames (wire.py) with an
+asyncio BufferedProtocol per connection (inbox.py), payloads straight into the
 destination views.
 
 Receiver rules:
@@ -37,7 +37,7 @@ import ssl
 
 from services.common.tasks import TaskSet
 
-from .base import (
+from ..base import (
     UNAUTHORIZED,
     ChunkArrived,
     ChunkKey,
@@ -48,12 +48,12 @@ from .base import (
     max_body_bytes,
     trusts,
 )
-from .common import decide
-from .common import destination as _destination
-from .common import emit as _emit
-from .tcp_inbox import Closed as _Closed
-from .tcp_inbox import Inbox as _Inbox
-from .tcp_wire import (
+from ..common import decide
+from ..common import destination as _destination
+from ..common import emit as _emit
+from .inbox import Closed as _Closed
+from .inbox import Inbox as _Inbox
+from .wire import (
     ABORT,
     AUTH,
     CHUNK,

@@ -1,5 +1,5 @@
 """The UCX receiver's way in: every control message is checked here before the receiver's
-rules (ucx_receiver.py) see it, and replies leave from here.
+rules (receiver.py) see it, and replies leave from here.
 
     its transfer is not one this receiver knows    dropped: unknown_transfer
     its MAC does not hold under the transfer's key  dropped: bad_mac
@@ -28,11 +28,11 @@ import collections
 import logging
 from collections.abc import Coroutine
 
-from . import ucx_wire as wire
-from .base import UNAUTHORIZED, trusts
-from .keys import TO_SENDER
-from .ucx_inbound import LANE_MAX, REPLIES_MAX, Inbound
-from .ucx_mailbox import post_control
+from ..base import UNAUTHORIZED, trusts
+from ..keys import TO_SENDER
+from . import wire
+from .inbound import LANE_MAX, REPLIES_MAX, Inbound
+from .mailbox import post_control
 
 log = logging.getLogger(f"{__package__}.ucx")
 

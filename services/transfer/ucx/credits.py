@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
-from .base import Verdict
-from .credits import CreditTimeout
-from .ucx_outgoing import OutChunk, Outgoing, Peer
+from ..base import Verdict
+from ..credits import CreditTimeout
+from .outgoing import OutChunk, Outgoing, Peer
 
 
 class SenderCredits:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from . import ucx_wire as wire
-from .base import TransferError, Verdict
-from .keys import TO_RECEIVER, TransferKey
-from .ucx_mailbox import delivered, post_control
-from .ucx_outgoing import Outgoing, Peer, wait_progress
+from ..base import TransferError, Verdict
+from ..keys import TO_RECEIVER, TransferKey
+from . import wire
+from .mailbox import delivered, post_control
+from .outgoing import Outgoing, Peer, wait_progress
 
 
 class SenderExchange:

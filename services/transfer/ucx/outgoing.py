@@ -15,10 +15,10 @@ import secrets
 
 from services.common.liveness import process_running
 
-from . import ucx_wire as wire
-from .base import ChunkKey, TransferError
-from .credits import CreditWindow
-from .keys import TO_SENDER, TransferKey
+from ..base import ChunkKey, TransferError
+from ..credits import CreditWindow
+from ..keys import TO_SENDER, TransferKey
+from . import wire
 
 log = logging.getLogger(f"{__package__}.ucx")
 
@@ -131,7 +131,7 @@ class Outgoing:
 
 def announceable(keys, limit: int, chunk_limit: int) -> bool:
     """Can `keys` ((key, bytes) of a transfer's last chunks) leave as one announced batch:
-    several chunks, each up to `chunk_limit` (ucx_sender.EAGER_CHUNK_BYTES), `limit` bytes in all?"""
+    several chunks, each up to `chunk_limit` (sender.EAGER_CHUNK_BYTES), `limit` bytes in all?"""
     return len(keys) > 1 and all(0 < n <= chunk_limit for _, n in keys) and sum(n for _, n in keys) <= limit
 
 

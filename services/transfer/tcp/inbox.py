@@ -1,8 +1,8 @@
-"""One accepted connection of the TCP receiver (tcp_receiver.py): an asyncio
+"""One accepted connection of the TCP receiver (receiver.py): an asyncio
 BufferedProtocol that reads headers into a small buffer and payloads straight into
 the destination views, and the coroutine-side reads the receiver's loop awaits.
 
-Safety invariant (see tcp_receiver.py): a payload byte reaches a view only inside
+Safety invariant (see receiver.py): a payload byte reaches a view only inside
 `get_buffer`/`buffer_updated`, through a sink that re-checks the transfer is alive.
 With TLS, only a prefill worker's certificate may connect (`SENDER_ROLES`).
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from services.security.tls import worker_of_ssl
 
-from .tcp_wire import control_frame
+from .wire import control_frame
 
 log = logging.getLogger(f"{__package__}.tcp")
 
