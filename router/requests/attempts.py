@@ -32,6 +32,7 @@ about the client's request and output divergence raise `RouterError` directly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -82,23 +83,35 @@ from router.types import (
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouterReach:
+    """What every request's attempts use of their router (one per router: the Orchestrator's)."""
+
+    workers: WorkerGateway
+    directory: DirectoryGateway
+    inflight: InFlight
+    config: RouterConfig
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
+    """Runs a teardown that must finish even when the request's task is cancelled."""
+    view: ClusterView | None = None
+    """The cluster view (liveness of an attempt's workers; routes stopped), if any."""
+    mint: Callable[..., bytes] | None = None
+    """(manifest, reservation) -> the attempt's signed transfer capability; None: none."""
+
+
 class AttemptRunner:
     """Runs the attempts of one request; `current` is the attempt in flight."""
 
-    def __init__(self, req: Admitted, workers: WorkerGateway, directory: DirectoryGateway, inflight: InFlight,
-                 config: RouterConfig, output: OutputLog, emit: Callable[[Event], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
+    def __init__(self, req: Admitted, reach: RouterReach, output: OutputLog, emit: Callable[[Event], None],
                  remaining_s: Callable[[], float | None],
-                 on_prefill: Callable[[Attempt, PrefillDone], None] | None = None,
-                 view: ClusterView | None = None,
-                 mint: Callable[..., bytes] | None = None):
+                 on_prefill: Callable[[Attempt, PrefillDone], None] | None = None):
         self.req = req
-        self._mint = mint  # (manifest, reservation) -> the attempt's signed transfer capability
-        self._workers, self._directory, self._inflight = workers, directory, inflight
-        self._cfg, self._output, self._emit, self._spawn = config, output, emit, spawn
+        self._mint = reach.mint
+        self._workers, self._directory, self._inflight = reach.workers, reach.directory, reach.inflight
+        self._cfg, self._output, self._emit, self._spawn = reach.config, output, emit, reach.spawn
         self._remaining_s = remaining_s
         self._on_prefill = on_prefill  # told each PrefillResult (the cost model learns from its timings)
-        self._view = view  # the cluster view (liveness of the attempt's workers; routes stopped), if any
+        self._view = reach.view
         self.current: Attempt | None = None
         self.last: Attempt | None = None
         """The latest attempt started (kept after it ends, for error messages)."""

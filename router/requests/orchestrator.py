@@ -43,7 +43,7 @@ from router.gateway import DirectoryGateway, WorkerGateway
 from router.pricing.shapes import Outcome
 from router.requests.admission import Admitted, admit, check_cluster
 from router.requests.attempt import Attempt
-from router.requests.attempts import AttemptRunner
+from router.requests.attempts import AttemptRunner, RouterReach
 from router.requests.cluster_view import ClusterView
 from router.requests.inflight import InFlight
 from router.requests.output import OutputLog
@@ -130,10 +130,10 @@ class Orchestrator(RetryPolicy):
         run.held = self.inflight.hold_plan(run.plan, req)
         run.booked = self.inflight.book(run.plan)
         run.req = req = dataclasses.replace(req, route=run.plan.route)
-        run.runner = AttemptRunner(req, self.workers, self.directory, self.inflight, self.config, run.output,
-                                   lambda event: self._emit(run, event), self._spawn, lambda: self._remaining_s(run),
-                                   on_prefill=lambda att, done: self._on_prefill(run, att, done),
-                                   view=self.view, mint=self.mint)
+        reach = RouterReach(self.workers, self.directory, self.inflight, self.config, self._spawn, self.view, self.mint)
+        run.runner = AttemptRunner(req, reach, run.output, lambda event: self._emit(run, event),
+                                   lambda: self._remaining_s(run),
+                                   on_prefill=lambda att, done: self._on_prefill(run, att, done))
         run.task = asyncio.create_task(self._serve(run), name=f"request {req.request_id}")
         run.task.add_done_callback(lambda _t: self._on_done(run))
         run.trace.detach()
