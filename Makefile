@@ -8,9 +8,9 @@ TORCH   := torch==2.13.0
 
 # Compiled builds, rebuilt when a source changes: the router's per-request modules
 # (router/native.py; without Cython or a compiler the router runs its source) and the
-# engine's exact kernels (services/kernels; without a compiler the engine runs torch's,
+# engine's exact kernels (runtime/kernels; without a compiler the engine runs torch's,
 # and its workers' start-up self-check decides whether they may hand off K/V).
-NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py services/kernels/*)
+NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
 .PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml client/pyproject.toml deploy/torch-ucx.sh
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(VPY) -m router.native_build
-	$(VPY) -m services.kernels
+	$(VPY) -m runtime.kernels
 	@mkdir -p $(@D) && touch $@
 
 # A headless Chromium for the trace page's test (tests/integration/test_trace_page.py;
@@ -47,7 +47,7 @@ install: $(STAMP) $(NATIVE) browser
 native: $(NATIVE)
 
 run: $(STAMP) $(NATIVE)
-	$(VPY) -m services.cli demo
+	$(VPY) -m tooling.cli demo
 
 # Two pytest workers, a test module each at a time (module-scoped clusters stay in one
 # worker): much of the suite waits on real processes (startups, leases, pauses). Three
@@ -69,7 +69,7 @@ chart-check: $(STAMP)
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit/chart tests/unit/security/test_podcert.py
 
 proto: $(STAMP)
-	$(VPY) -m services.rpc.gen
+	$(VPY) -m tooling.gen_stubs
 
 # The blocking client (client/pdserve_client/_sync/client.py) from the asyncio one, checked in like the stubs.
 sync-client: $(STAMP)
@@ -107,7 +107,7 @@ bench-directory: $(STAMP)
 
 # Optional, never part of `make test`: Arize Phoenix (an OTLP trace viewer from PyPI) in
 # its own virtual environment, UI on :6006, OTLP/gRPC on :4317; then
-# `.venv/bin/python -m services.cli up --otlp-endpoint http://127.0.0.1:4317` (docs/observability.md).
+# `.venv/bin/python -m tooling.cli up --otlp-endpoint http://127.0.0.1:4317` (docs/observability.md).
 PHOENIX := .venv-phoenix
 trace-viewer:
 	@test -x $(PHOENIX)/bin/phoenix || ($(PY) -m venv $(PHOENIX) && $(PHOENIX)/bin/pip install -q arize-phoenix)
@@ -154,7 +154,7 @@ image-smoke:
 	deploy/smoke.sh $(IMAGE):$(IMAGE_TAG)
 
 down: $(STAMP)
-	$(VPY) -m services.cli down
+	$(VPY) -m tooling.cli down
 
 clean:
 	rm -rf $(VENV) $(PHOENIX) .pdserve .tools

@@ -108,15 +108,15 @@ def measure(requests: int, warmup: int, compute_ms: float, step_ms: float, kv_by
             watch: bool = False) -> dict:
     """Start the skeleton, serve warmup + requests alternating pairs, stop it: each TTFT
     per mode, as bench/handoff.py's cluster run takes them. `tls`: every call over mutual
-    TLS (pdserve's certificates: services/security/pki.py), else plaintext."""
+    TLS (pdserve's certificates: runtime/security/pki.py), else plaintext."""
     from bench._spawned import Spawned
-    from services.cluster.ports import free_port
-    from services.cluster.redis_proc import find_redis_server
+    from tooling.cluster.ports import free_port
+    from tooling.cluster.redis_proc import find_redis_server
 
     state = tempfile.mkdtemp(prefix="pdserve-floor-")
     tls_dir = ""
     if tls:
-        from services.security.pki import Identity, LocalCA
+        from runtime.security.pki import Identity, LocalCA
         ca = LocalCA(Path(state) / "tls")
         for role in ("directory", "decode", "prefill", "router", "client"):
             ca.issue(Identity(role, role))

@@ -100,7 +100,7 @@ class Node:
         await self._server.start()
         address = b""
         if self.role in ("prefill", "decode"):
-            from services.transfer.ucx import runtime as ucx_runtime
+            from runtime.transfer.ucx import runtime as ucx_runtime
             self._ucx = ucx_runtime.runtime()
             address = self._ucx.address
         return {"port": port, "ucx": address, "iterations": self._iterations,
@@ -335,12 +335,12 @@ class _EnginePrompt:
     """The compute as pdserve's own engine does it (variant e): a fresh random prompt's
     prefill and token 0 on the preset model, as the cluster's workers run it (float32,
     one torch thread); its blocks freed at once. The exact kernels release the GIL
-    (services/kernels/exact.cpp), the Python between them holds it, as in a worker while
+    (runtime/kernels/exact.cpp), the Python between them holds it, as in a worker while
     its event loop serves the hand-off."""
 
     def __init__(self, preset: str):
-        from services.engine.config import EngineConfig  # torch: only where variant e runs
-        from services.engine.engine import Engine
+        from runtime.engine.config import EngineConfig  # torch: only where variant e runs
+        from runtime.engine.engine import Engine
         self.engine = Engine.from_preset(preset, cfg=EngineConfig(torch_threads=1, dtype="float32"))
         self.rng = random.Random(0)
         for _ in range(3):  # warm: the first forwards allocate

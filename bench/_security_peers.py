@@ -1,5 +1,5 @@
 """The two processes of bench/security.py's bandwidth part: bench/_transfer_peers.py's
-Peer with each data plane's security as the workers deploy it (services/worker/process.py).
+Peer with each data plane's security as the workers deploy it (runtime/worker/process.py).
 
 A *variant* names one receiver (R) or sender (S) of a backend, with or without security:
 
@@ -24,10 +24,10 @@ from pathlib import Path
 from _transfer_peers import Peer
 
 from pdserve_client.tls import TlsFiles
-from services.security.capability import PUSH, Grant, Signer, Verifier
-from services.security.tls import Security
-from services.transfer.factory import make_receiver, make_sender
-from services.worker.capabilities import DestinationGate
+from runtime.security.capability import PUSH, Grant, Signer, Verifier
+from runtime.security.tls import Security
+from runtime.transfer.factory import make_receiver, make_sender
+from runtime.worker.capabilities import DestinationGate
 
 ISSUER, TENANT, ABI = "router", "bench", "bench-abi"
 SOURCE, DESTINATION = "prefill-0", "decode-0"

@@ -32,7 +32,7 @@ import os
 import time
 import traceback
 
-from services.common.tasks import TaskSet
+from runtime.common.tasks import TaskSet
 
 CLOSE_TIMEOUT_S = 10.0
 

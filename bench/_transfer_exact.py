@@ -29,10 +29,10 @@ import time
 
 import orjson
 
-from services.transfer import Chunk, TransferCommit, checksum
-from services.transfer.common import scatter
-from services.transfer.tcp.wire import decode_commit, encode_commit
-from services.transfer.ucx.sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
+from runtime.transfer import Chunk, TransferCommit, checksum
+from runtime.transfer.common import scatter
+from runtime.transfer.tcp.wire import decode_commit, encode_commit
+from runtime.transfer.ucx.sender import EAGER_BATCH_BYTES, EAGER_CHUNK_BYTES
 
 EXACT_DATA_TAG, EXACT_ACK_TAG = 0xD << 60, 0xC << 60  # tag kinds pdserve's wire does not use
 SUM_CHARS = 16  # xxh3-64 hex digest
@@ -76,7 +76,7 @@ class ExactFloor:
     async def exact_expect(self, i: int, sender: str, commit: bool = False) -> None:
         """Zero the cache, post every receive of the exact floor's transfer i; the ack follows
         the check (all outside the timed window but the check and the ack)."""
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.ucx.runtime import runtime
         rt = runtime()
         self.kv.zero_()
         ep = await rt.endpoint(base64.b64decode(sender))
@@ -122,7 +122,7 @@ class ExactFloor:
     async def exact_send(self, dest: str, i: int, commit: bool = False) -> dict:
         """Hash, pack and send as pdserve would (no protocol); timed to the ack, which must say
         the checksums matched."""
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.ucx.runtime import runtime
         rt = runtime()
         ep = await rt.endpoint(base64.b64decode(dest))
         ack = bytearray(1)

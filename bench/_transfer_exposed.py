@@ -1,7 +1,7 @@
 """Part 2 of bench/transfer.py: how much K/V transfer a 2,048-token prompt exposes.
 
 A real local cluster (redis, directory, 1 prefill + 1 decode worker, router;
-services/cluster/launcher.py order), requests through the SDK, `max_tokens=2`
+tooling/cluster/launcher.py order), requests through the SDK, `max_tokens=2`
 (TTFT is the token prefill sampled; a disaggregated max_tokens=1 request
 currently fails over to colocated). The router reads PrefillResult.timings but
 does not pass them on to clients, so the prefill worker is registered under a
@@ -82,7 +82,7 @@ def streaming_variable(explicit: str) -> str:
     """The PD_* variable that turns layer streaming on/off, or '' if none exists yet."""
     if explicit:
         return explicit
-    from services.worker.config import WorkerConfig
+    from runtime.worker.config import WorkerConfig
     names = [f.validation_alias for name, f in WorkerConfig.model_fields.items()
              if "stream" in name and f.annotation is bool]
     return names[0] if len(names) == 1 else ""
@@ -95,8 +95,8 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def run_cluster(args, transport: str, env: dict[str, str], seed: int) -> dict[str, list]:
     """Start a cluster, time `colocated` and `disaggregated` requests alternately."""
-    from services.cluster.launcher import ClusterSpec, LocalCluster
-    from services.engine.presets import preset_config
+    from runtime.engine.presets import preset_config
+    from tooling.cluster.launcher import ClusterSpec, LocalCluster
 
     vocab = preset_config(args.exposed_model).vocab_size
     n, length = args.exposed_repeats + 1, args.exposed_prompt_tokens
@@ -225,7 +225,7 @@ def one_layer_ms(bandwidth: dict, transport: str, kv_bytes: int, layer_bytes: in
 def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
     """Emit the transfer_exposed lines (see the module docstring); `bandwidth` is part 1's
     {size_mib: {path: gbps}}, for the one-layer estimate the target is stated in."""
-    from services.transfer import factory
+    from runtime.transfer import factory
     transport = args.exposed_transport
     if transport not in factory.SENDERS:
         emit(bench="transfer_exposed", note=f"transport {transport!r} not built yet; using tcp")
@@ -234,7 +234,7 @@ def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
     settings = [("disaggregated-streaming", {var: "1"}), ("disaggregated-no-streaming", {var: "0"})]
     if not var:
         emit(bench="transfer_exposed", mode="disaggregated-streaming",
-             skipped="no layer-streaming flag in services/worker/config.py WorkerConfig yet "
+             skipped="no layer-streaming flag in runtime/worker/config.py WorkerConfig yet "
                      "(pass --stream-env PD_NAME once it exists)")
         settings = [("disaggregated", {})]
     length = args.exposed_prompt_tokens
@@ -247,7 +247,7 @@ def exposed_part(args, emit, bandwidth: dict | None = None) -> None:
          kv_bytes_per_layer=layer_bytes)
     layer_ms = None
     if layer_bytes and bandwidth:
-        from services.engine.presets import preset_config
+        from runtime.engine.presets import preset_config
         n_layers = preset_config(args.exposed_model).num_hidden_layers
         layer_ms = one_layer_ms(bandwidth, transport, layer_bytes * n_layers, layer_bytes)
         if layer_ms is None:

@@ -9,9 +9,9 @@ Both hold a K/V-cache-like tensor of the size under test:
 
     kv: [layers, 2, blocks, half_block_bytes] uint8   (K = [:, 0], V = [:, 1])
 
-the engine's layout (services/engine/kv_cache.py, [L, 2, N, ...]). A chunk
+the engine's layout (runtime/engine/kv_cache.py, [L, 2, N, ...]). A chunk
 (layer, block_start, block_count) is two contiguous views, K run then V run, as
-services.transfer.chunks.chunk_views gives for consecutive physical blocks.
+runtime.transfer.chunks.chunk_views gives for consecutive physical blocks.
 S fills its tensor with random bytes; R zeroes its own before every transfer,
 so a transfer that moved nothing (or the wrong bytes) cannot match the digest.
 """
@@ -32,7 +32,7 @@ import xxhash
 from _transfer_exact import ExactFloor
 from _transfer_timeline import Stamps
 
-from services.transfer import (
+from runtime.transfer import (
     Chunk,
     ChunkArrived,
     ChunkKey,
@@ -43,7 +43,7 @@ from services.transfer import (
     Verdict,
     chunk_checksum,
 )
-from services.transfer.chunks import plan_chunks
+from runtime.transfer.chunks import plan_chunks
 
 GRPC_METHOD = "/pdbench.Sink/Put"
 GRPC_MAX_MESSAGE_BYTES = 64 << 20
@@ -138,7 +138,7 @@ class Peer(ExactFloor):
 
     # ---- pdserve backends: receiver ------------------------------------------
     async def pd_listen(self, kind: str) -> str:
-        from services.transfer.factory import make_receiver
+        from runtime.transfer.factory import make_receiver
         receiver = self.receivers[kind] = make_receiver(kind, host="127.0.0.1",
                                                         name=f"bench-{kind}")
         await receiver.start()
@@ -201,7 +201,7 @@ class Peer(ExactFloor):
 
         Timed from the first checksum to the verdict.
         """
-        from services.transfer.factory import make_sender
+        from runtime.transfer.factory import make_sender
         sender = self.senders.get(kind)
         if sender is None:
             sender = self.senders[kind] = make_sender(kind)
@@ -232,14 +232,14 @@ class Peer(ExactFloor):
     # ---- ucxx from Python: the floor of any Python UCX hand-off ---------------
     async def floor_address(self) -> str:
         """This process's UCX worker address (the runtime pdserve's ucx backend uses)."""
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.ucx.runtime import runtime
         return base64.b64encode(runtime().address).decode()
 
     async def floor_expect(self, i: int, sender: str, pieces: bool = False) -> None:
         """Zero the cache, post the receives for all of it (one, or one per piece of the
         pdserve plan with `pieces`); when they completed, a 1-byte ack back to `sender`
         (outside the timed window: posted beforehand)."""
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.ucx.runtime import runtime
         rt = runtime()
         self.kv.zero_()
         ep = await rt.endpoint(base64.b64decode(sender))
@@ -263,7 +263,7 @@ class Peer(ExactFloor):
     async def floor_send(self, dest: str, i: int, pieces: bool = False) -> dict:
         """The cache as one tagged message (or one per piece), zero copy; timed from the
         first post to the ack."""
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.ucx.runtime import runtime
         rt = runtime()
         ep = await rt.endpoint(base64.b64decode(dest))
         ack = rt.post_recv(bytearray(1), FLOOR_ACK_TAG + i)

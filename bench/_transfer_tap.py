@@ -14,7 +14,7 @@ from concurrent import futures
 import grpc
 
 from pdserve_client.rpc.pd.v1 import prefill_pb2
-from services.security.tls import Security
+from runtime.security.tls import Security
 
 PREFILL_METHOD = "/pd.v1.Prefill/Prefill"
 

@@ -48,12 +48,12 @@ from bench._handoff_floor import cpu_s  # noqa: E402
 from pdserve_client import contract  # noqa: E402
 from pdserve_client.rpc.pd.v1 import manifest_pb2  # noqa: E402
 from pdserve_client.tls import TlsFiles  # noqa: E402
-from services.cluster.ports import free_port  # noqa: E402
-from services.cluster.redis_proc import start_redis  # noqa: E402
-from services.directory.client import DirectoryClient  # noqa: E402
-from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole  # noqa: E402
-from services.security.pki import Identity, LocalCA  # noqa: E402
-from services.security.tls import Security  # noqa: E402
+from runtime.directory.client import DirectoryClient  # noqa: E402
+from runtime.directory.records import WorkerCapacity, WorkerInfo, WorkerRole  # noqa: E402
+from runtime.security.pki import Identity, LocalCA  # noqa: E402
+from runtime.security.tls import Security  # noqa: E402
+from tooling.cluster.ports import free_port  # noqa: E402
+from tooling.cluster.redis_proc import start_redis  # noqa: E402
 
 MODES = ("inline", "pool")
 CALLS = ("Reserve", "ConsumeNonce", "Begin", "Publish", "Release")

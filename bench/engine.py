@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.engine import Engine, EngineConfig, SamplingParams
-from services.engine.checkpoint import export_preset
+from runtime.engine import Engine, EngineConfig, SamplingParams
+from runtime.engine.checkpoint import export_preset
 
 
 def emit(**row) -> None:

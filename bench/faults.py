@@ -4,7 +4,7 @@ On local clusters of real processes (tiny model), one run injects:
 
   kill <process>   SIGKILL of the prefill worker, the decode worker, the directory,
                    Redis or the router holding a request, at each hand-off step
-                   (services/cluster/faults.STEPS), then a restart
+                   (tooling/cluster/faults.STEPS), then a restart
   cancel / deadline  a client cancel, or a deadline passing, at each step
   cancel storm     1,000 requests, two thirds cancelled at random moments
   burst            200 concurrent requests needing several times the K/V pool
@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
-from services.cluster.launcher import ClusterSpec, LocalCluster
-from services.cluster.load import burst, cancel_storm, redis_restart
+from tooling.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
+from tooling.cluster.launcher import ClusterSpec, LocalCluster
+from tooling.cluster.load import burst, cancel_storm, redis_restart
 
 PAUSE_S = 2.0
 COLUMNS = ("fault", "injected", "affected", "failed", "expected_ends", "hung", "blocks_leaked",

@@ -54,8 +54,8 @@ from _goodput_run import (  # noqa: E402
 )
 from _goodput_workload import Workload, describe, request_classes, trace, workloads  # noqa: E402
 
-from services.cluster.launcher import ClusterSpec, LocalCluster  # noqa: E402
-from services.engine.presets import preset_config  # noqa: E402
+from runtime.engine.presets import preset_config  # noqa: E402
+from tooling.cluster.launcher import ClusterSpec, LocalCluster  # noqa: E402
 
 MODES = ("colocated", "disaggregated", "auto")
 """Colocated first: it is the baseline of every ratio, and calibration runs on it."""

@@ -195,8 +195,8 @@ def run(args) -> None:
     from bench._handoff_floor import measure as measure_floor
     from pdserve_client import trace_view
     from pdserve_client.spans import SPANS_FILE
-    from services.cluster.launcher import ClusterSpec, LocalCluster
-    from services.engine.presets import preset_config
+    from runtime.engine.presets import preset_config
+    from tooling.cluster.launcher import ClusterSpec, LocalCluster
 
     vocab = preset_config(args.model).vocab_size
     rng = random.Random(args.seed)

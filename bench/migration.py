@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.cluster.launcher import ClusterSpec, LocalCluster
+from tooling.cluster.launcher import ClusterSpec, LocalCluster
 
 PROMPT = list(range(3, 67))  # 64 tokens
 MAX_TOKENS = 200

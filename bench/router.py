@@ -64,8 +64,8 @@ from router.pricing.reference import reference_decide
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, RequestShape
 from router.requests.placement import Demand, choose_pair
-from services.directory.cost_profile import CostProfile
-from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 BLOCK = 16
 INDEX_KEYS = 10_000

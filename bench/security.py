@@ -55,9 +55,9 @@ from _spawned import Spawned
 from transfer import geometry
 
 from pdserve_client import Client, contract
-from services.security.capability import PUSH, Grant, Signer, TransferAsk, Verifier, generate_signing_key
-from services.security.pki import Identity, LocalCA
-from services.transfer.keys import new_key
+from runtime.security.capability import PUSH, Grant, Signer, TransferAsk, Verifier, generate_signing_key
+from runtime.security.pki import Identity, LocalCA
+from runtime.transfer.keys import new_key
 
 MIB = 1 << 20
 TARGET_ADDED_TTFT_MS = 2.0
@@ -160,8 +160,8 @@ def p90(xs: list[float]) -> float:
 
 
 def ttft_part(args) -> None:
-    from services.cluster.launcher import ClusterSpec, LocalCluster
-    from services.engine.presets import preset_config
+    from runtime.engine.presets import preset_config
+    from tooling.cluster.launcher import ClusterSpec, LocalCluster
 
     vocab = preset_config(args.model).vocab_size
     rng = random.Random(args.seed)
@@ -216,7 +216,7 @@ async def directory_rpc_ms(clusters: dict, calls: int) -> dict[str, float]:
     """Median ms of one directory round trip as decode-0 (Lookup of an unknown transfer: a
     gRPC call and a Redis read), per cluster, interleaved. A secure hand-off adds such a
     call (ConsumeNonce: a lookup, then a Redis script); plaintext vs TLS shows its cost."""
-    from services.directory.client import DirectoryClient
+    from runtime.directory.client import DirectoryClient
     dirs = {n: DirectoryClient(c.directory_address, security=c.identity(DESTINATION)) for n, c in clusters.items()}
     out: dict[str, list[float]] = {n: [] for n in dirs}
     try:

@@ -63,7 +63,7 @@ def _router_request_work(n: int) -> float:
     from router.requests.planner import Plan
     from router.requests.tracing import RequestTrace
     from router.types import Completed, FinishReason, Route
-    from services.directory.records import WorkerRecord, WorkerRole
+    from runtime.directory.records import WorkerRecord, WorkerRole
 
     d = WorkerRecord("decode-0", WorkerRole.DECODE, "127.0.0.1:1")
     p = WorkerRecord("prefill-0", WorkerRole.PREFILL, "127.0.0.1:2")
@@ -86,7 +86,7 @@ def _router_request_work(n: int) -> float:
 def micro_part(args) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.telemetry import tracing
+    from runtime.telemetry import tracing
 
     def per_request_us() -> float:
         _router_request_work(args.micro_calls)  # warm
@@ -115,7 +115,7 @@ async def call_cost_us(args) -> dict:
     import grpc
 
     from pdserve_client.rpc.pd.v1 import directory_pb2, directory_pb2_grpc
-    from services.telemetry import tracing
+    from runtime.telemetry import tracing
 
     class _Echo(directory_pb2_grpc.DirectoryServicer):
         """Answers GetRouteEpoch at once: the call's cost is all gRPC."""
@@ -167,7 +167,7 @@ def span_cost_us(args) -> dict:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.telemetry import collector, tracing
+    from runtime.telemetry import collector, tracing
 
     exporter = InMemorySpanExporter()
     tracing.configure("decode", "bench", exporter=exporter)
@@ -206,8 +206,8 @@ def cluster_part(args) -> None:
     from pdserve_client import trace_view
     from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
     from pdserve_client.spans import SPANS_FILE
-    from services.cluster.launcher import ClusterSpec, LocalCluster
-    from services.engine.presets import preset_config
+    from runtime.engine.presets import preset_config
+    from tooling.cluster.launcher import ClusterSpec, LocalCluster
 
     vocab = preset_config(args.model).vocab_size
     rng = random.Random(args.seed)

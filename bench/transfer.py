@@ -3,7 +3,7 @@
 Part 1, per cache size (1, 16, 64, 256 MiB), in one run, sender and receiver in
 two spawned processes (bench/_transfer_peers.py on bench/_spawned.py):
 
-  pdserve-ucx   services.transfer `ucx` backend: chunks planned like the prefill
+  pdserve-ucx   runtime.transfer `ucx` backend: chunks planned like the prefill
                 worker (plan_chunks: layer-major, <= max_chunk_blocks blocks),
                 each checksummed, then all sent in one `send_many` from views of
                 the sender's cache (chunks up to 256 KiB packed into one message
@@ -78,8 +78,8 @@ from _transfer_peers import Geometry
 from _transfer_perftest import find_perftest, run_tag_bw
 from _transfer_timeline import run_timeline
 
-from services.cluster.ports import free_port
-from services.transfer.keys import new_key
+from runtime.transfer.keys import new_key
+from tooling.cluster.ports import free_port
 
 MIB = 1 << 20
 PATHS = ("pdserve-ucx", "pdserve-tcp", "ucxx-python", "ucxx-python-pieces", "ucxx-python-exact", "ucxx-python-commit",
@@ -198,10 +198,10 @@ def perftest_iters(size_bytes: int, total_mib: int) -> tuple[int, int]:
 
 def ucx_backend_available() -> str:
     """'' when the `ucx` backend is registered, else why not."""
-    from services.transfer import factory
+    from runtime.transfer import factory
     if "ucx" in factory.SENDERS and "ucx" in factory.RECEIVERS:
         return ""
-    return "backend 'ucx' not registered in services.transfer.factory yet"
+    return "backend 'ucx' not registered in runtime.transfer.factory yet"
 
 
 def transfer_part(args) -> dict[int, dict[str, float]]:

@@ -16,7 +16,7 @@ Why a checked-in file and not generation at build time: `pip install ./client`
 then needs nothing beyond grpcio and protobuf (unasync is a test dependency of
 the server, not a dependency of the client), an editable install or a plain
 PYTHONPATH checkout runs the same code as a wheel, and the blocking client can
-be read, grepped and reviewed like any other module. Like services/rpc/gen.py
+be read, grepped and reviewed like any other module. Like tooling/gen_stubs.py
 for the pd.v1 stubs, the generator lives outside the package it writes into,
 so it is not shipped.
 """

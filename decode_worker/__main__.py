@@ -2,14 +2,14 @@
 
 With `--serve-prefill` (PD_SERVE_PREFILL=1) the same process also serves
 pd.v1.Prefill on its engine and registers as role mixed (a node with both roles,
-services/worker/node.py). Prefill-only jobs and decode steps share the engine
+runtime/worker/node.py). Prefill-only jobs and decode steps share the engine
 loop (one prefill chunk, then one decode step), as colocated requests do.
 """
 
 from __future__ import annotations
 
-from services.worker.node import run_node
-from services.worker.process import run_process
+from runtime.worker.node import run_node
+from runtime.worker.process import run_process
 
 
 def main() -> None:

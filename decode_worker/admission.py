@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 
 from pdserve_client.spans import DECODE_ADMIT
-from services.common.tasks import TaskSet
-from services.directory.records import TransferRef
-from services.engine import Sequence
-from services.telemetry import tracing
-from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
+from runtime.common.tasks import TaskSet
+from runtime.directory.records import TransferRef
+from runtime.engine import Sequence
+from runtime.telemetry import tracing
+from runtime.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .reservations import Reservation, ResState
 

@@ -7,10 +7,10 @@ the same store operation; the first refusal is the answer."""
 from __future__ import annotations
 
 from pdserve_client import spans as S
-from services.directory.states import Outcome, TxnState
-from services.directory.wire import chunk_specs
-from services.telemetry import tracing
-from services.worker.directory_ops import DirectoryUnavailable, TxnOps
+from runtime.directory.states import Outcome, TxnState
+from runtime.directory.wire import chunk_specs
+from runtime.telemetry import tracing
+from runtime.worker.directory_ops import DirectoryUnavailable, TxnOps
 
 from .reservations import Reservation
 

@@ -21,12 +21,12 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from services.common.lifecycle import Moves
-from services.directory.chunk_plan import Layout
-from services.engine import Sequence
-from services.transfer import ChunkArrived, ChunkKey, TransferCommit
-from services.worker.capabilities import Ahead, Grant, physical_blocks
-from services.worker.loop import AsyncSink
+from runtime.common.lifecycle import Moves
+from runtime.directory.chunk_plan import Layout
+from runtime.engine import Sequence
+from runtime.transfer import ChunkArrived, ChunkKey, TransferCommit
+from runtime.worker.capabilities import Ahead, Grant, physical_blocks
+from runtime.worker.loop import AsyncSink
 
 from .tracing import ReservationTrace
 
@@ -104,7 +104,7 @@ class Reservation:
     the published K/V, not admitted yet; the token's COMMIT admits it. Meanwhile a failure,
     cancel or the TTL gives it back like an unpublished one (the publication released)."""
     grant: Grant | None = None
-    """What the sender's capability allows (services/worker/capabilities.py); None
+    """What the sender's capability allows (runtime/worker/capabilities.py); None
     until authorized (or with security off)."""
     granted_bytes: int = 0
     """Bytes admitted under the grant so far."""

@@ -1,13 +1,13 @@
 """The decode role of a worker node: reserves blocks, receives K/V, validates,
-publishes and decodes; serves pd.v1.Decode (services/worker/node.py)."""
+publishes and decodes; serves pd.v1.Decode (runtime/worker/node.py)."""
 
 from __future__ import annotations
 
 from pdserve_client.rpc.pd.v1 import decode_pb2_grpc
-from services.common.grpc_server import Registration
-from services.worker.holdings import Claim, HoldState
-from services.worker.node import Role, WorkerNode, destination_gate
-from services.worker.process import build_receiver
+from runtime.common.grpc_server import Registration
+from runtime.worker.holdings import Claim, HoldState
+from runtime.worker.node import Role, WorkerNode, destination_gate
+from runtime.worker.process import build_receiver
 
 from .reservations import ResState
 from .server import DecodeServicer

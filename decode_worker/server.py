@@ -8,8 +8,8 @@ import time
 import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
-from services.worker.convert import finish_to_proto, sampling_from_proto, status_of
-from services.worker.loop import TokenOut
+from runtime.worker.convert import finish_to_proto, sampling_from_proto, status_of
+from runtime.worker.loop import TokenOut
 
 from .reservations import Reservation, ResState
 from .worker import DecodeWorker

@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 
 from pdserve_client import spans as S
-from services.telemetry import tracing
-from services.telemetry.layer_tally import LayerTally
+from runtime.telemetry import tracing
+from runtime.telemetry.layer_tally import LayerTally
 
 
 class ReservationTrace:

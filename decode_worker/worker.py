@@ -21,13 +21,13 @@ import time
 from collections.abc import AsyncIterator
 
 from pdserve_client.spans import DECODE_VALIDATE
-from services.common.tasks import TaskSet
-from services.directory.records import TransferRef
-from services.engine import InvalidRequest, SamplingParams, Sequence
-from services.security.capability import CapabilityDenied
-from services.telemetry import tracing
-from services.telemetry.catalog import WorkerMetrics
-from services.transfer import (
+from runtime.common.tasks import TaskSet
+from runtime.directory.records import TransferRef
+from runtime.engine import InvalidRequest, SamplingParams, Sequence
+from runtime.security.capability import CapabilityDenied
+from runtime.telemetry import tracing
+from runtime.telemetry.catalog import WorkerMetrics
+from runtime.transfer import (
     ChunkArrived,
     ChunkKey,
     Expectation,
@@ -37,13 +37,13 @@ from services.transfer import (
     Verdict,
     token_follows,
 )
-from services.transfer.base import MissingTransferKey
-from services.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
-from services.worker.capabilities import DestinationGate
-from services.worker.config import DecodeWorkerConfig
-from services.worker.directory_ops import TxnOps
-from services.worker.events import EventLog, FaultPause
-from services.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
+from runtime.transfer.base import MissingTransferKey
+from runtime.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
+from runtime.worker.capabilities import DestinationGate
+from runtime.worker.config import DecodeWorkerConfig
+from runtime.worker.directory_ops import TxnOps
+from runtime.worker.events import EventLog, FaultPause
+from runtime.worker.loop import AsyncSink, EngineLoop, Job, SeqDone, TokenOut
 
 from . import publication
 from .admission import Admission
@@ -89,7 +89,7 @@ class DecodeWorker:
     async def reserve(self, request_id: str, tenant: str, generation: int, prompt: list[int],
                       max_tokens: int, sampling: SamplingParams, abi_digest: str, key: bytes = b"") -> Reservation:
         """Allocate blocks for a transfer and start expecting its chunks, keyed by `key` (the
-        router's transfer secret: services/transfer/keys.py)."""
+        router's transfer secret: runtime/transfer/keys.py)."""
         t0_ns = time.time_ns()
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
@@ -253,7 +253,7 @@ class DecodeWorker:
         return self.reservations.get(transfer_id) or self.unread.get(transfer_id)
 
     async def stream(self, transfer_id: str) -> AsyncIterator[TokenOut | SeqDone]:
-        """Wait for publication, then yield TokenOut ... SeqDone (services/worker/loop.py).
+        """Wait for publication, then yield TokenOut ... SeqDone (runtime/worker/loop.py).
         A sequence that finished before this call (max_tokens 1) streams what it queued."""
         res = self.reservations.get(transfer_id)
         if res is None and (res := self.unread.pop(transfer_id, None)) is not None:

@@ -6,13 +6,13 @@
 #   prefill    python -m prefill_worker
 #   decode     python -m decode_worker
 #   mixed      python -m decode_worker --serve-prefill   (a decode worker that also serves Prefill)
-#   collector  python -m services.telemetry.collector    (the local trace collector)
+#   collector  python -m runtime.telemetry.collector    (the local trace collector)
 #   roles      print this table
 #
 # Anything else runs as a command (`python ...`, `pdctl ...`, `pdserve ...`), so a debug
 # pod or the chart's `helm test` hook uses the same image. `exec` makes the service
 # PID 1: it gets the kubelet's SIGTERM itself (every service handles SIGTERM:
-# services/common/grpc_server.py) and no shell stays behind.
+# runtime/common/grpc_server.py) and no shell stays behind.
 set -eu
 
 role="${1:-roles}"
@@ -23,7 +23,7 @@ case "$role" in
   prefill)   shift; exec python -m prefill_worker "$@" ;;
   decode)    shift; exec python -m decode_worker "$@" ;;
   mixed)     shift; exec python -m decode_worker --serve-prefill "$@" ;;
-  collector) shift; exec python -m services.telemetry.collector "$@" ;;
+  collector) shift; exec python -m runtime.telemetry.collector "$@" ;;
   roles|--help|-h)
              sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
   *)         exec "$@" ;;

@@ -21,13 +21,13 @@ else
 fi
 
 run id
-run python -c "import router, kv_directory, prefill_worker, decode_worker, services.telemetry.collector; print('ok')"
+run python -c "import router, kv_directory, prefill_worker, decode_worker, runtime.telemetry.collector; print('ok')"
 for role in router directory prefill decode mixed collector; do
   echo "--- $role --help"
   run "$role" --help | head -3
 done
 run python -m router.native_build status | sed -n '1,3p;$p'
-run python -m services.kernels status
+run python -m runtime.kernels status
 run python -c "import torch, ucxx; from importlib.metadata import version as v; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| ucxx', v('ucxx-cu12'), '| libucx', v('libucx-cu12'))"
 run sh -c 'for c in gcc cc g++ c++; do command -v "$c" && exit 1; done; echo "no compiler on PATH"'
 echo "smoke: ok ($image)"

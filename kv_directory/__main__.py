@@ -19,14 +19,14 @@ from kv_directory.redis_store import RedisDirectoryStore
 from kv_directory.server import DirectoryServicer
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import directory_pb2_grpc
-from services.common.grpc_server import setup_logging, start_server, wait_for_shutdown
-from services.common.heap import freeze_startup_heap
-from services.directory.records import DirectoryUnavailable
-from services.security.capability import Verifier
-from services.security.config import CapabilitySettings, verifier
-from services.security.tls import Security
-from services.telemetry import tracing
-from services.telemetry.endpoint import serve_metrics
+from runtime.common.grpc_server import setup_logging, start_server, wait_for_shutdown
+from runtime.common.heap import freeze_startup_heap
+from runtime.directory.records import DirectoryUnavailable
+from runtime.security.capability import Verifier
+from runtime.security.config import CapabilitySettings, verifier
+from runtime.security.tls import Security
+from runtime.telemetry import tracing
+from runtime.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger("kv_directory")
 

@@ -2,7 +2,7 @@
 Security), and how its refusals become statuses (`rpc`).
 
 `ACCESS` lets a method through for the certificate roles it names
-(services/security/tls.py `Access`); the servicer then binds the call to the caller:
+(runtime/security/tls.py `Access`); the servicer then binds the call to the caller:
 a worker acts only under the id its certificate names (`as_worker`), and only a
 transaction's two ends move it (kv_directory/server.py `_transition`).
 """
@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 
 from pdserve_client.rpc.pd.v1 import directory_pb2
-from services.directory.records import DirectoryUnavailable
-from services.directory.wire import BadRequest
-from services.security.pki import Identity
-from services.security.tls import WORKERS, access_table, caller
+from runtime.directory.records import DirectoryUnavailable
+from runtime.directory.wire import BadRequest
+from runtime.security.pki import Identity
+from runtime.security.tls import WORKERS, access_table, caller
 
 SERVICE_NAME = directory_pb2.DESCRIPTOR.services_by_name["Directory"].full_name
 
@@ -39,7 +39,7 @@ ACCESS = access_table(SERVICE_NAME, {
     # Every router follows the release; only a router moves it (Admin is the operator's way in).
     "GetRelease": WORKERS | _CONTROL, "WriteRelease": {"router"},
 })
-"""Who may call what (services/security/tls.py `Access`); finer checks in the servicer."""
+"""Who may call what (runtime/security/tls.py `Access`); finer checks in the servicer."""
 
 log = logging.getLogger(__name__)
 

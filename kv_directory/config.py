@@ -1,4 +1,4 @@
-"""Settings of the KV directory: one pydantic-settings class (services/common/settings.py).
+"""Settings of the KV directory: one pydantic-settings class (runtime/common/settings.py).
 
 Where Redis is, two ways:
 
@@ -18,7 +18,7 @@ import urllib.parse
 from pydantic import field_validator, model_validator
 
 from pdserve_client import contract
-from services.common.settings import ServiceSettings, env
+from runtime.common.settings import ServiceSettings, env
 
 
 class DirectoryConfig(ServiceSettings):

@@ -1,7 +1,7 @@
 """The directory service's side of the wire: manifests stored with their
 transactions, transaction replies, fences and the checks a request gets before
 the store. Pure functions, no gRPC and no Redis. The record mappings both ends
-share are services/directory/wire.py.
+share are runtime/directory/wire.py.
 
 The manifest is stored with its transaction as canonical JSON
 (``manifest_blob``); the transaction's identity digest is the sha256 of that
@@ -17,8 +17,8 @@ import json
 from google.protobuf import json_format
 
 from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
-from services.directory.chunk_plan import tiling_error
-from services.directory.records import (
+from runtime.directory.chunk_plan import tiling_error
+from runtime.directory.records import (
     LoadReport,
     Transaction,
     TransferSpec,
@@ -29,8 +29,8 @@ from services.directory.records import (
     chunk_list_digest,
     kv_part,
 )
-from services.directory.states import Outcome
-from services.directory.wire import (
+from runtime.directory.states import Outcome
+from runtime.directory.wire import (
     OUTCOME_TO_PB,
     STATE_TO_PB,
     BadRequest,

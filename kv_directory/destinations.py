@@ -35,8 +35,8 @@ from collections import OrderedDict
 
 from kv_directory.access import Denied
 from pdserve_client.rpc.pd.v1 import directory_pb2
-from services.directory.records import TransferSpec
-from services.security.capability import CapabilityDenied, Verifier, nonce_key
+from runtime.directory.records import TransferSpec
+from runtime.security.capability import CapabilityDenied, Verifier, nonce_key
 
 MAX_KEPT = 16384
 """Identities kept at most (a few hundred bytes each): transfers in flight at once, per replica."""

@@ -12,8 +12,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.directory.records import CAPACITY_FIELDS, LOAD_FIELDS
-from services.directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
+from runtime.directory.records import CAPACITY_FIELDS, LOAD_FIELDS
+from runtime.directory.states import ABORT_OUTCOMES, LEGAL_SOURCES, Outcome, TxnState
 
 LUA_DIR = Path(__file__).with_name("lua")
 OPERATIONS = (

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.directory.records import Transaction, TransferSpec, TxnResult
-from services.directory.states import ABORT_OUTCOMES, Outcome, TxnState, check_transition
+from runtime.directory.records import Transaction, TransferSpec, TxnResult
+from runtime.directory.states import ABORT_OUTCOMES, Outcome, TxnState, check_transition
 
 
 @dataclasses.dataclass(slots=True)

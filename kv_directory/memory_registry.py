@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from kv_directory.store import next_fence
-from services.directory.records import ClusterSnapshot, LeaseResult, LoadReport, ReleaseHead, WorkerInfo, WorkerRecord
-from services.directory.states import Outcome
+from runtime.directory.records import ClusterSnapshot, LeaseResult, LoadReport, ReleaseHead, WorkerInfo, WorkerRecord
+from runtime.directory.states import Outcome
 
 
 class MemoryRegistry:

@@ -22,7 +22,7 @@ from kv_directory.config import DirectoryConfig
 from kv_directory.memory_ledger import MemoryLedger, RequestRegister
 from kv_directory.memory_registry import MemoryRegistry
 from kv_directory.store import DirectoryStore, next_fence
-from services.directory.records import (
+from runtime.directory.records import (
     EpochResult,
     ReleaseHead,
     StoredRelease,
@@ -30,7 +30,7 @@ from services.directory.records import (
     WorkerRecord,
     WorkerRef,
 )
-from services.directory.states import Outcome, TxnState
+from runtime.directory.states import Outcome, TxnState
 
 
 class MemoryDirectoryStore(MemoryRegistry, MemoryLedger, DirectoryStore):

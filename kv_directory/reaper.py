@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from services.directory.records import DirectoryUnavailable
+from runtime.directory.records import DirectoryUnavailable
 
 log = logging.getLogger(__name__)
 

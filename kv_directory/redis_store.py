@@ -44,8 +44,8 @@ from redis.sentinel import Sentinel
 from kv_directory.config import DirectoryConfig
 from kv_directory.lua_scripts import OPERATIONS, script_source
 from kv_directory.store import DirectoryStore
-from services.directory.cost_profile import CostProfile
-from services.directory.records import (
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import (
     CAPACITY_FIELDS,
     LOAD_FIELDS,
     ClusterSnapshot,
@@ -63,7 +63,7 @@ from services.directory.records import (
     WorkerRecord,
     WorkerRef,
 )
-from services.directory.states import Outcome, TxnState
+from runtime.directory.states import Outcome, TxnState
 
 _SWEEP_LIMIT = 128  # Must match SWEEP_LIMIT in lua/_lib.lua.
 

@@ -1,5 +1,5 @@
 """The directory's half of the release (docs/design.md, The release): it keeps the one release record
-and lets it move only as the state machine allows (services/release/record.py
+and lets it move only as the state machine allows (runtime/release/record.py
 `check_write`), whoever writes. Read-check-write is safe because the write is a
 compare-and-set on the version the check read."""
 
@@ -9,12 +9,12 @@ import logging
 
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import directory_pb2, release_pb2
-from services.directory.records import ReleaseHead, StoredRelease
-from services.directory.states import Outcome
-from services.directory.wire import OUTCOME_TO_PB, BadRequest
-from services.release.machine import IllegalTransition
-from services.release.record import ReleaseRecord, check_write
-from services.release.wire import BadRelease, decode, encode, record_from_pb
+from runtime.directory.records import ReleaseHead, StoredRelease
+from runtime.directory.states import Outcome
+from runtime.directory.wire import OUTCOME_TO_PB, BadRequest
+from runtime.release.machine import IllegalTransition
+from runtime.release.record import ReleaseRecord, check_write
+from runtime.release.wire import BadRelease, decode, encode, record_from_pb
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The directory's check of a source's sealed declaration (services/security/seal.py).
+"""The directory's check of a source's sealed declaration (runtime/security/seal.py).
 
 A destination's Publish may relay the source's seal from its COMMIT instead of the
 source declaring with a Begin. The directory rebuilds the declaration from the
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from kv_directory.store import DirectoryStore
-from services.directory.records import Transaction, TransferSpec
-from services.security import seal
+from runtime.directory.records import Transaction, TransferSpec
+from runtime.security import seal
 
 log = logging.getLogger(__name__)
 

@@ -50,9 +50,9 @@ from kv_directory.store import DirectoryStore
 from kv_directory.store_calls import StoreCalls
 from kv_directory.transitions import ENDED, Asked, Op, Step, decide
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc
-from services.directory.records import Transaction, TransferSpec, TxnResult, chunk_list_digest, kv_part
-from services.directory.states import Outcome
-from services.directory.wire import (
+from runtime.directory.records import Transaction, TransferSpec, TxnResult, chunk_list_digest, kv_part
+from runtime.directory.states import Outcome
+from runtime.directory.wire import (
     OUTCOME_FROM_PB,
     BadRequest,
     chunk_layouts,
@@ -62,9 +62,9 @@ from services.directory.wire import (
     role_from_pb,
     worker_record_to_pb,
 )
-from services.security.capability import Verifier
-from services.security.tls import Security, caller, caller_name
-from services.telemetry.catalog import DirectoryMetrics
+from runtime.security.capability import Verifier
+from runtime.security.tls import Security, caller, caller_name
+from runtime.telemetry.catalog import DirectoryMetrics
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class DirectoryServicer(directory_pb2_grpc.DirectoryServicer):
         self._secure = security is not None and security.secure
         self._lease_ttl_ms = int(config.lease_ttl_s * 1000)
         self._reaper: asyncio.Task | None = None
-        self.metrics = DirectoryMetrics()  # served on /metrics (services/telemetry/catalog.py)
+        self.metrics = DirectoryMetrics()  # served on /metrics (runtime/telemetry/catalog.py)
         self._abis: dict[tuple[str, int], str] = {}  # (worker id, epoch) -> its registered cache ABI
         self._known = KnownTransfers(config.record_retention_s / 2)  # identities reserved here (destinations.py)
         self._calls = StoreCalls(store, STORE_THREADS, budget_s=config.store_inline_budget_s,

@@ -10,7 +10,7 @@ Who calls what (the gRPC servicer maps one RPC to one method):
   owners are written once, in docs/design.md "The transaction").
 * ``RouteEpochs``      — the router's rollback path advances the route epoch.
 * ``NonceLedger``      — capability checks consume a nonce exactly once.
-* ``ReleaseLedger``    — the release record (services/release), compare-and-set on
+* ``ReleaseLedger``    — the release record (runtime/release), compare-and-set on
   its version; while it says routes are stopped, ``reserve`` answers ROUTES_STOPPED.
 
 Failure semantics, common to every method: an answer is either the truth about
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import abc
 
-from services.directory.records import (
+from runtime.directory.records import (
     ClusterSnapshot,
     EpochResult,
     LeaseResult,
@@ -44,7 +44,7 @@ from services.directory.records import (
     WorkerInfo,
     WorkerRecord,
 )
-from services.directory.states import Outcome
+from runtime.directory.states import Outcome
 
 
 class WorkerRegistry(abc.ABC):
@@ -58,7 +58,7 @@ class WorkerRegistry(abc.ABC):
 
     @abc.abstractmethod
     def seal_key(self, worker_id: str, epoch: int) -> bytes:
-        """The seal key ``worker_id`` registered for ``epoch`` (services/security/seal.py);
+        """The seal key ``worker_id`` registered for ``epoch`` (runtime/security/seal.py);
         b'' when it registered none, or ``epoch`` is not its current one."""
 
     @abc.abstractmethod

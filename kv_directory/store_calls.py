@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kv_directory.store import DirectoryStore
-from services.directory.records import DirectoryUnavailable
+from runtime.directory.records import DirectoryUnavailable
 
 T = TypeVar("T")
 

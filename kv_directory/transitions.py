@@ -18,10 +18,10 @@ from kv_directory.access import Denied
 from kv_directory.convert import fence, txn_response
 from kv_directory.store import DirectoryStore
 from pdserve_client.rpc.pd.v1 import directory_pb2
-from services.directory.records import Transaction, TransferSpec, TxnResult
-from services.directory.states import Outcome, TxnState
-from services.directory.wire import STATE_TO_PB
-from services.security.pki import Identity
+from runtime.directory.records import Transaction, TransferSpec, TxnResult
+from runtime.directory.states import Outcome, TxnState
+from runtime.directory.wire import STATE_TO_PB
+from runtime.security.pki import Identity
 
 Step = Callable[[], TxnResult]
 """A transition's store call, named by its RPC once the request is checked."""

@@ -1,9 +1,9 @@
-"""`python -m prefill_worker`: a prefill worker process (services/worker/node.py)."""
+"""`python -m prefill_worker`: a prefill worker process (runtime/worker/node.py)."""
 
 from __future__ import annotations
 
-from services.worker.node import run_node
-from services.worker.process import run_process
+from runtime.worker.node import run_node
+from runtime.worker.process import run_process
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from services.transfer import ChunkKey, KVSender, Verdict
+from runtime.transfer import ChunkKey, KVSender, Verdict
 
 
 async def present(sender: KVSender, dest: str, transfer_id: str, credential: dict | None, key: bytes,

@@ -16,17 +16,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from pdserve_client.spans import TRANSFER_COMMIT
-from services.directory.wire import evidence_of
-from services.engine import Engine, SamplingParams, Sequence
-from services.engine.digest import LayerDigest
-from services.telemetry import tracing
-from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, TransferKey, Verdict
-from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
-from services.worker.capabilities import SourceGate
-from services.worker.config import PrefillWorkerConfig
-from services.worker.directory_ops import TxnOps
-from services.worker.events import EventLog, FaultPause
-from services.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
+from runtime.directory.wire import evidence_of
+from runtime.engine import Engine, SamplingParams, Sequence
+from runtime.engine.digest import LayerDigest
+from runtime.telemetry import tracing
+from runtime.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, KVSender, TransferCommit, TransferKey, Verdict
+from runtime.transfer.chunks import chunk_bytes, chunk_views, describe_chunk
+from runtime.worker.capabilities import SourceGate
+from runtime.worker.config import PrefillWorkerConfig
+from runtime.worker.directory_ops import TxnOps
+from runtime.worker.events import EventLog, FaultPause
+from runtime.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 
 from .commit import TokenCommit, present, settle
 from .room import PoolQueue
@@ -69,7 +69,7 @@ class HandOffPlan:
     a fault test holding it back asks for `token_late`)."""
     one_by_one: bool
     """Whole: each chunk in a message of its own, not one announced batch (a fault test
-    stopping between two chunks asks for it: services/worker/events.py PLAN_OPTIONS)."""
+    stopping between two chunks asks for it: runtime/worker/events.py PLAN_OPTIONS)."""
 
 
 class HandOff:

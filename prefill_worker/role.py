@@ -1,14 +1,14 @@
-"""The prefill role of a worker node: serves pd.v1.Prefill, sends K/V (services/worker/node.py)."""
+"""The prefill role of a worker node: serves pd.v1.Prefill, sends K/V (runtime/worker/node.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from pdserve_client.rpc.pd.v1 import prefill_pb2_grpc
-from services.common.grpc_server import Registration
-from services.worker.holdings import Claim, HoldState
-from services.worker.node import Role, WorkerNode, source_gate
-from services.worker.process import build_sender
+from runtime.common.grpc_server import Registration
+from runtime.worker.holdings import Claim, HoldState
+from runtime.worker.node import Role, WorkerNode, source_gate
+from runtime.worker.process import build_sender
 
 from .server import PrefillServicer
 from .worker import PrefillWorker, TaskState

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from services.engine import OutOfBlocks
+from runtime.engine import OutOfBlocks
 
 T = TypeVar("T")
 

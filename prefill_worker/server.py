@@ -9,12 +9,12 @@ from opentelemetry import trace
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from pdserve_client.spans import EVENT_FIRST_TOKEN, EVENT_GRANTED
-from services.directory.wire import chunk_layouts
-from services.engine import InvalidRequest
-from services.security.capability import CapabilityDenied
-from services.transfer import TransferError
-from services.worker.convert import sampling_from_proto, status_of
-from services.worker.directory_ops import DirectoryUnavailable
+from runtime.directory.wire import chunk_layouts
+from runtime.engine import InvalidRequest
+from runtime.security.capability import CapabilityDenied
+from runtime.transfer import TransferError
+from runtime.worker.convert import sampling_from_proto, status_of
+from runtime.worker.directory_ops import DirectoryUnavailable
 
 from .commit import settle
 from .handoff import TransferRefused

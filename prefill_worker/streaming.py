@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from services.transfer import ChunkKey
+from runtime.transfer import ChunkKey
 
 
 class ProducerGate:

@@ -9,11 +9,11 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from services.common.lifecycle import Moves
-from services.directory.chunk_plan import Layout, tiling_error
-from services.engine import Engine, InvalidRequest, Sequence
-from services.transfer import ChunkKey, TransferKey
-from services.transfer.chunks import chunk_bytes
+from runtime.common.lifecycle import Moves
+from runtime.directory.chunk_plan import Layout, tiling_error
+from runtime.engine import Engine, InvalidRequest, Sequence
+from runtime.transfer import ChunkKey, TransferKey
+from runtime.transfer.chunks import chunk_bytes
 
 
 class TaskState(enum.Enum):
@@ -76,7 +76,7 @@ class Task:
     """A grant that comes after the job: checked (and its capability presented) as soon as
     it lands, while the prefill computes; its plan once done."""
     key: TransferKey | None = None
-    """The transfer's key, the grant's (services/transfer/keys.py): its chunks' checksums."""
+    """The transfer's key, the grant's (runtime/transfer/keys.py): its chunks' checksums."""
     started_s: float = field(default_factory=time.perf_counter)
 
 

@@ -22,9 +22,9 @@ import asyncio
 import time
 
 from pdserve_client import spans as S
-from services.telemetry import tracing
-from services.telemetry.layer_tally import LayerTally
-from services.worker.loop import Job
+from runtime.telemetry import tracing
+from runtime.telemetry.layer_tally import LayerTally
+from runtime.worker.loop import Job
 
 
 class PrefillTrace:

@@ -18,7 +18,7 @@ One request:
                  the compute ends; the COMMIT after it brings the token alone);
                  otherwise after the whole prefill, the COMMIT in the last message
   4. Committed — manifest (chunks, checksums, digest, first token) handed over,
-                 the source's declaration sealed in it (services/security/seal.py:
+                 the source's declaration sealed in it (runtime/security/seal.py:
                  no declaring BEGIN); the destination's Publish relays the seal,
                  the directory opens it and publishes, or the destination refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
@@ -32,16 +32,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from services.common.tasks import TaskSet
-from services.directory.chunk_plan import Layout
-from services.engine import InvalidRequest, SamplingParams
-from services.telemetry.catalog import WorkerMetrics
-from services.transfer import KVSender
-from services.worker.capabilities import SourceGate
-from services.worker.config import PrefillWorkerConfig
-from services.worker.directory_ops import TxnOps
-from services.worker.events import EventLog, FaultPause
-from services.worker.loop import EngineLoop
+from runtime.common.tasks import TaskSet
+from runtime.directory.chunk_plan import Layout
+from runtime.engine import InvalidRequest, SamplingParams
+from runtime.telemetry.catalog import WorkerMetrics
+from runtime.transfer import KVSender
+from runtime.worker.capabilities import SourceGate
+from runtime.worker.config import PrefillWorkerConfig
+from runtime.worker.directory_ops import TxnOps
+from runtime.worker.events import EventLog, FaultPause
+from runtime.worker.loop import EngineLoop
 
 from .commit import settle
 from .handoff import HandOff

@@ -14,10 +14,10 @@ import sys
 from router.config import MODES, RouterConfig
 from router.requests.text import load_tokenizer
 from router.server import serve
-from services.common.grpc_server import setup_logging
-from services.common.settings import SettingsError
-from services.security.tls import Security
-from services.telemetry import tracing
+from runtime.common.grpc_server import setup_logging
+from runtime.common.settings import SettingsError
+from runtime.security.tls import Security
+from runtime.telemetry import tracing
 
 
 def parse_args(argv: list[str] | None = None) -> RouterConfig:

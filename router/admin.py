@@ -20,8 +20,8 @@ from router.release.controller import ReleaseController
 from router.requests.orchestrator import Orchestrator
 from router.requests.records import DecisionRecord
 from router.types import RouterError, WorkerCallError
-from services.directory.wire import worker_record_to_pb
-from services.release.machine import RELEASE_OF_MODE
+from runtime.directory.wire import worker_record_to_pb
+from runtime.release.machine import RELEASE_OF_MODE
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Admin.Blocks: who holds which K/V blocks on every worker, with orphans flagged.
 
-Each live worker answers pd.v1.WorkerAdmin.Blocks (services/worker/holdings.py: every
+Each live worker answers pd.v1.WorkerAdmin.Blocks (runtime/worker/holdings.py: every
 block free, cached prefix, or charged to one holding naming its request, tenant,
 transfer, generation and state). The router then judges each holding.
 

@@ -1,4 +1,4 @@
-"""Settings of the router: one pydantic-settings class (services/common/settings.py)."""
+"""Settings of the router: one pydantic-settings class (runtime/common/settings.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from pydantic import field_validator, model_validator
 
 from pdserve_client import contract
-from services.common.settings import MemberSettings, env
+from runtime.common.settings import MemberSettings, env
 
 MODES = contract.MODES
 """Router modes (see router/requests/planner.py). bench/goodput.py and PD_ROUTER_MODE use these names."""

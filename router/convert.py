@@ -30,7 +30,7 @@ from router.types import (
     TokenOut,
     WorkerCallError,
 )
-from services.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
+from runtime.directory.wire import STATE_TO_PB as STORE_STATE_TO_PB
 
 ERROR_CODE_STATUS: dict[int, StatusCode] = {
     common_pb2.ErrorCode.Value(f"ERROR_CODE_{name}"): StatusCode[status]

@@ -38,10 +38,10 @@ from router.types import (
     TxnAnswer,
     WorkerCallError,
 )
-from services.directory.client import ReleaseWrite, RouteEpoch
-from services.directory.records import ClusterSnapshot, WorkerRecord
-from services.directory.states import Outcome
-from services.release.record import ReleaseRecord
+from runtime.directory.client import ReleaseWrite, RouteEpoch
+from runtime.directory.records import ClusterSnapshot, WorkerRecord
+from runtime.directory.states import Outcome
+from runtime.release.record import ReleaseRecord
 
 
 class WorkerGateway(abc.ABC):

@@ -4,7 +4,7 @@ Every gRPC failure becomes `WorkerCallError` with the same status name; an
 in-band pd.v1.Error (a Reserve error result, a TokenEvent error) becomes one
 too. Leaving a stream (consumer cancelled, generator closed) cancels the call.
 
-The directory is reached through the shared `services.directory.client.DirectoryClient`.
+The directory is reached through the shared `runtime.directory.client.DirectoryClient`.
 """
 
 from __future__ import annotations
@@ -38,19 +38,19 @@ from router.types import (
     TxnAnswer,
     WorkerCallError,
 )
-from services.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
-from services.directory.client import DirectoryClient, ReleaseWrite, RouteEpoch
-from services.directory.records import ClusterSnapshot, DirectoryUnavailable, WorkerRecord
-from services.directory.states import Outcome
-from services.release.record import ReleaseRecord
-from services.security.tls import Security
+from runtime.common.grpc_server import MAX_MESSAGE_BYTES, RECONNECT_OPTIONS
+from runtime.directory.client import DirectoryClient, ReleaseWrite, RouteEpoch
+from runtime.directory.records import ClusterSnapshot, DirectoryUnavailable, WorkerRecord
+from runtime.directory.states import Outcome
+from runtime.release.record import ReleaseRecord
+from runtime.security.tls import Security
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S, PING_TIMEOUT_S = 1.0, 2.0
 """After how long without a byte from a worker the router pings its connection (a call
 open), and how long it waits for the answer before it closes it: a frozen worker's calls
-fail ~3 s after it froze (services/common/grpc_server.py `PING_OPTIONS` lets workers take
+fail ~3 s after it froze (runtime/common/grpc_server.py `PING_OPTIONS` lets workers take
 the pings). gRPC's own threads answer them: a worker whose Python is busy, even holding
 the GIL for seconds, is not taken for frozen (tests/integration/test_keepalive.py)."""
 CHANNEL_OPTIONS = [
@@ -224,7 +224,7 @@ class GrpcWorkerGateway(WorkerGateway):
 
 
 class GrpcDirectoryGateway(DirectoryGateway):
-    """DirectoryGateway over the shared `services.directory.client.DirectoryClient`.
+    """DirectoryGateway over the shared `runtime.directory.client.DirectoryClient`.
 
     `caller_id` is the worker_id the router states in transitions it makes (the
     directory fences only a transaction's own ends by epoch, not the router).

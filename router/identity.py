@@ -1,13 +1,13 @@
 """Who called the router: the tenant a call acts for and the name the audit log gives it.
 
-With security on, a client's certificate names its tenant (services/security/pki.py): it
+With security on, a client's certificate names its tenant (runtime/security/pki.py): it
 generates, lists and cancels as that tenant only, whatever its request says. An
 operator's certificate acts for every tenant.
 """
 
 from __future__ import annotations
 
-from services.security.tls import caller
+from runtime.security.tls import caller
 
 
 def caller_tenant(context, secure: bool) -> str | None:

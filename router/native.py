@@ -37,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 
-from services.common.native import EXT_SUFFIX, tagged_path
+from runtime.common.native import EXT_SUFFIX, tagged_path
 
 MODULES = (
     "router.pricing.candidate",

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from router.native import _SUFFIX, BUILD_DIR, MODULES, ROOT, TYPED, build_path, enabled, missing, source_of, status
-from services.common.native import build_command, install_file, prepare_build_dir, run_build_ext
+from runtime.common.native import build_command, install_file, prepare_build_dir, run_build_ext
 
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 """Plain modules: annotations ignored (Python semantics). TYPED modules are built with

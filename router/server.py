@@ -27,12 +27,12 @@ from router.requests.handoff import grant
 from router.requests.orchestrator import Orchestrator
 from router.requests.request_run import RequestRun
 from router.types import RouterError, StatusCode
-from services.common.grpc_server import start_server, wait_for_shutdown
-from services.common.heap import freeze_startup_heap
-from services.security.capability import Signer
-from services.security.config import CapabilitySettings, signer
-from services.security.tls import Security, access_table, caller_name
-from services.telemetry.endpoint import serve_metrics
+from runtime.common.grpc_server import start_server, wait_for_shutdown
+from runtime.common.heap import freeze_startup_heap
+from runtime.security.capability import Signer
+from runtime.security.config import CapabilitySettings, signer
+from runtime.security.tls import Security, access_table, caller_name
+from runtime.telemetry.endpoint import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ ACCESS = {
                                    "ReleaseStatus": _USERS, "SetMode": {"operator"}, "Promote": {"operator"},
                                    "Rollback": {"operator"}, "Blocks": {"operator"}}),
 }
-"""Who may call what (services/security/tls.py `Access`)."""
+"""Who may call what (runtime/security/tls.py `Access`)."""
 MAX_REASON_CHARS = 256
 """A cancel's reason is kept up to this many characters."""
 

@@ -9,8 +9,8 @@ import dataclasses
 import enum
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.directory.records import WorkerRecord
-from services.directory.states import Outcome
+from runtime.directory.records import WorkerRecord
+from runtime.directory.states import Outcome
 
 
 class StatusCode(enum.Enum):
@@ -162,7 +162,7 @@ class ReserveCall:
     sampling: Sampling
     cache_abi_digest: str
     transfer_key: bytes = b""
-    """The attempt's transfer secret (services/transfer/keys.py)."""
+    """The attempt's transfer secret (runtime/transfer/keys.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,9 +176,9 @@ class PrefillCall:
     sampling: Sampling
     """Sampling of token 0, the one token prefill samples."""
     capability: bytes = b""
-    """The signed transfer capability for this attempt (services/security/capability.py)."""
+    """The signed transfer capability for this attempt (runtime/security/capability.py)."""
     transfer_key: bytes = b""
-    """The attempt's transfer secret, the one its Decode.Reserve carried (services/transfer/keys.py)."""
+    """The attempt's transfer secret, the one its Decode.Reserve carried (runtime/transfer/keys.py)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ def redis_server():
     Tests share it, so each must use its own key prefix (or database); tests
     that stop or restart Redis start their own with ``start_redis()`` instead.
     """
-    from services.cluster.redis_proc import start_redis  # only sessions that need Redis pay for it
+    from tooling.cluster.redis_proc import start_redis  # only sessions that need Redis pay for it
 
     with start_redis() as server:
         yield server

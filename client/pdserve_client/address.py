@@ -1,6 +1,6 @@
 """Where the router is: explicit address, then $PD_ROUTER, then the local launcher's file.
 
-The local launcher (services/cluster) writes the router's host:port to `router.addr` in
+The local launcher (tooling/cluster) writes the router's host:port to `router.addr` in
 its state folder (`.pdserve` under the directory it was started from, by default), so
 `pdctl` run from that directory, or anywhere with $PD_CLUSTER naming the folder, finds
 a cluster started on a random port.

@@ -90,7 +90,7 @@ def add_parser(commands, shared: argparse.ArgumentParser) -> None:
 
 CLUSTER_GROUP = "pdserve.drill_clusters"
 """Entry points naming DrillCluster implementations installed beside the client: the
-server package registers `local` (services/cluster/drill.py)."""
+server package registers `local` (tooling/cluster/drill.py)."""
 
 
 def make_cluster(args: argparse.Namespace) -> DrillCluster:

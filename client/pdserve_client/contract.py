@@ -65,7 +65,7 @@ the data plane's 1,024-byte id field, whatever characters the id uses."""
 MAX_TENANT_BYTES = 128
 """Longest tenant name, in UTF-8 bytes (it keys prefix caches and directory records)."""
 
-# ---- mutual TLS (client/pdserve_client/tls.py, services/security) -------------------
+# ---- mutual TLS (client/pdserve_client/tls.py, runtime/security) -------------------
 ROLES = ("router", "directory", "prefill", "decode", "mixed", "operator", "client", "monitor", "collector")
 """What a certificate may name as its holder's role. Its subject common name is
 ``<role>/<name>``: a worker's name is its worker id, a client's is its tenant; a

@@ -151,7 +151,7 @@ def change_from_proto(c: admin_pb2.ReleaseChange) -> ReleaseChange:
 
 
 NEXT = {"rolled_back": "PINNED", "pinned": "SHADOW", "shadow": "CANARY", "canary": "ACTIVE"}
-"""The state `pdctl release promote` moves each to (services/release/machine.py's order)."""
+"""The state `pdctl release promote` moves each to (runtime/release/machine.py's order)."""
 SERVES = {"rolled_back": "every request runs colocated, one that asks for disaggregated too",
           "pinned": "requests that name no mode run colocated",
           "shadow": "requests that name no mode run colocated (disaggregated routes are only scored)",

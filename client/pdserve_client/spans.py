@@ -61,7 +61,7 @@ REASON = "pd.reason"
 
 REQUEST_ATTRIBUTES = (REQUEST_ID, TENANT, GENERATION, TRANSFER_ID, ROUTE)
 """Carried as W3C baggage from the router, copied onto every span of the request in
-every process (services/telemetry/tracing.py)."""
+every process (runtime/telemetry/tracing.py)."""
 
 # ---- span names ---------------------------------------------------------------
 ROUTER_REQUEST = "router.request"
@@ -105,4 +105,4 @@ EVENT_PREFILL_DONE = "prefill.done"
 """router.attempt: the Prefill call returned (the prefill's K/V digest is in)."""
 
 SPANS_FILE = "traces/spans.jsonl"
-"""Where the local collector (services/telemetry/collector.py) writes, under the state dir."""
+"""Where the local collector (runtime/telemetry/collector.py) writes, under the state dir."""

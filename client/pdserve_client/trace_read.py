@@ -1,7 +1,7 @@
 """Reading the local collector's span file (docs/observability.md): its lines as Spans, and the
 trace(s) of one request. Standard library only, like all of pdserve_client.
 
-The collector writes one span per line (services/telemetry/collector.py); the spans of
+The collector writes one span per line (runtime/telemetry/collector.py); the spans of
 one trace come in batches from several processes, in any order, so the file is read
 whole and joined here.
 """

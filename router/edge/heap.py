@@ -20,7 +20,7 @@ a client of its own, left the router 0.2 MB larger.
 The router makes large blocks only for large messages, and its threads mostly wait
 on the GIL, so neither the extra mmap calls nor one arena cost anything measurable;
 a trim takes ~1 ms. `PD_MALLOC_TUNE=0` turns all of it off, as for the workers
-(whose heap settings keep memory instead: services/worker/memory.py).
+(whose heap settings keep memory instead: runtime/worker/memory.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.common.heap import M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc_malloc
+from runtime.common.heap import M_ARENA_MAX, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc_malloc
 
 log = logging.getLogger(__name__)
 

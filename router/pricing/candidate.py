@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from router.types import Route
-from services.directory.records import WorkerRecord
+from runtime.directory.records import WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)

@@ -4,7 +4,7 @@
     decode_step_ms(batch, context) = d + e*batch + f*context                 (per worker)
     transfer_ms(bytes, P -> D)     = latency + bytes / bandwidth             (per path)
 
-(a..f) come from the CostProfile each worker measured at start (services/worker/
+(a..f) come from the CostProfile each worker measured at start (runtime/worker/
 profile.py) and registered; a worker without one gets the config's defaults.
 A start-up calibration on a shared host can be several times too slow (other
 workers start beside it), so every function carries a multiplicative
@@ -75,8 +75,8 @@ from router.pricing.corrections import CLAMP, Ewma, Sized, ratio
 from router.pricing.formula import prefill_ms
 from router.pricing.worker_costs import WorkerCosts
 from router.types import Route, free_blocks_after
-from services.directory.cost_profile import CostProfile
-from services.directory.records import WorkerRecord
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import WorkerRecord
 
 PREFILL_DOMINANT = 4.0
 """A colocated TTFT is a prefill sample of W only when its predicted prefill is at least this

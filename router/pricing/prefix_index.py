@@ -4,7 +4,7 @@ Workers do not publish their prefix caches yet, and a directory round trip per
 request would cost more than the whole decision, so the router keeps its own
 index from what it dispatched: after a request runs, P (or W) holds the prompt's
 full blocks in its prefix cache, and so does D. Keys are a hash chain over full
-blocks of one tenant (like services/engine/prefix.py, but with Python's fast
+blocks of one tenant (like runtime/engine/prefix.py, but with Python's fast
 tuple hash: the index is process-local, never compared with workers' keys):
 
     h_0 = hash((tenant, block_size)),  h_j = hash((h_{j-1}, tokens of block j))

@@ -11,7 +11,7 @@ import math
 import cython
 
 from router.pricing.corrections import size_bucket
-from services.directory.records import WorkerRecord
+from runtime.directory.records import WorkerRecord
 
 if cython.compiled:  # the terms as C calls (router/pricing/formula.pxd)
     from cython.cimports.router.pricing.formula import (

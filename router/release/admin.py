@@ -21,9 +21,9 @@ from router.release.controller import GatesFailed, ReleaseConflict, ReleaseContr
 from router.release.gates import Check
 from router.release.probes import RollbackBlocked
 from router.types import RouterError, WorkerCallError
-from services.release.machine import IllegalTransition, Release
-from services.release.wire import record_to_pb
-from services.security.tls import caller_name
+from runtime.release.machine import IllegalTransition, Release
+from runtime.release.wire import record_to_pb
+from runtime.security.tls import caller_name
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The canary's record (docs/design.md, The release): what this router served since the release entered
 CANARY, judged when a promotion to ACTIVE is asked.
 
-`CanaryTally` listens to the router's metrics (services/telemetry/catalog.py) and keeps a
+`CanaryTally` listens to the router's metrics (runtime/telemetry/catalog.py) and keeps a
 bounded, timestamped trace of disaggregated attempts and completed requests by route;
 `canary_record` cuts it at the record's last transition into CANARY and checks:
 
@@ -30,7 +30,7 @@ from collections import deque
 
 from router.release.gates import Check
 from router.release.probes import TENANT as PROBE_TENANT
-from services.release.machine import Release
+from runtime.release.machine import Release
 
 CAPACITY = 65536
 """Events kept (the oldest go first): the canary is judged on at most the newest ones."""

@@ -33,8 +33,8 @@ from router.release.manifest import drift, freeze
 from router.release.promotion import promotion_gates
 from router.release.rollback import run_steps, stop_routes_here
 from router.types import RouterError, StatusCode, WorkerCallError
-from services.directory.states import Outcome
-from services.release.machine import (
+from runtime.directory.states import Outcome
+from runtime.release.machine import (
     RELEASE_OF_MODE,
     ROUTER_MODE,
     IllegalTransition,
@@ -43,7 +43,7 @@ from services.release.machine import (
     check_transition,
     next_promotion,
 )
-from services.release.record import ReleaseRecord, Rollback, StepRecord
+from runtime.release.record import ReleaseRecord, Rollback, StepRecord
 
 log = logging.getLogger(__name__)
 

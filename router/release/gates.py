@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from router.release.probes import RollbackBlocked, colocated_probe, open_transfers, reserved_blocks
-from services.release.machine import RollbackStep
+from runtime.release.machine import RollbackStep
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ import collections
 import hashlib
 from typing import Any
 
-from services.directory.records import ClusterSnapshot
-from services.release.record import DeploymentManifest
+from runtime.directory.records import ClusterSnapshot
+from runtime.release.record import DeploymentManifest
 
 ALLOWED_MODES = ("colocated", "disaggregated", "auto", "shadow", "canary")
 FALLBACK_MODE = "colocated"

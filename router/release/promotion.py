@@ -24,7 +24,7 @@ from router.release.manifest import drift, freeze
 from router.release.probes import TENANT, RollbackBlocked, colocated_probe, probe_id
 from router.release.smoke import failure_injection_smoke
 from router.types import Completed, GenerateParams, Mode, RouterError, TokenOut
-from services.release.machine import Release
+from runtime.release.machine import Release
 
 EXACTNESS_PROMPTS = ((5, 9, 2, 6, 5, 3, 5, 8, 9, 7), tuple(range(11, 60)), (2, 7, 1, 8, 2, 8) * 9)
 """The exactness smoke's fixed prompts (token ids every vocabulary has): short, one block

@@ -25,9 +25,9 @@ import time
 
 from router.release.gates import completion_gate
 from router.release.probes import RollbackBlocked, colocated_probe, open_transfers, reserved_blocks
-from services.release.machine import RollbackStep
-from services.release.record import StepRecord
-from services.telemetry import tracing
+from runtime.release.machine import RollbackStep
+from runtime.release.record import StepRecord
+from runtime.telemetry import tracing
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from router.gateway import WorkerGateway
 from router.release.probes import TENANT, probe_id
 from router.requests.handoff import build_manifest, transfer_id
 from router.types import PrefillCall, Reservation, ReserveCall, Sampling, StatusCode, StreamCall, WorkerCallError
-from services.directory.records import WorkerRecord, WorkerRole
-from services.directory.states import Outcome
-from services.transfer.keys import new_key
+from runtime.directory.records import WorkerRecord, WorkerRole
+from runtime.directory.states import Outcome
+from runtime.transfer.keys import new_key
 
 MAX_TOKENS = 2
 SETTLE_S = 10.0
@@ -70,7 +70,7 @@ class Probe:
     generations: list[int] = dataclasses.field(default_factory=list)
     """Generations reserved in the directory (each aborted at teardown)."""
     keys: dict[int, bytes] = dataclasses.field(default_factory=dict)
-    """Each generation's transfer key, as an attempt's (services/transfer/keys.py)."""
+    """Each generation's transfer key, as an attempt's (runtime/transfer/keys.py)."""
 
     @property
     def workers(self) -> WorkerGateway:

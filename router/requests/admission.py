@@ -20,7 +20,7 @@ from router.config import RouterConfig
 from router.requests.placement import Demand, capacity_shortfall
 from router.requests.text import encode
 from router.types import GenerateParams, Mode, Route, RouterError, Sampling, Slo, StatusCode
-from services.directory.records import ClusterSnapshot
+from runtime.directory.records import ClusterSnapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,10 +11,10 @@ import enum
 from collections.abc import AsyncIterator
 
 from router.types import PrefillDone, Route, RouterError, StatusCode, StreamItem, TxnAnswer, WorkerCallError
-from services.common.lifecycle import Moves
-from services.directory.records import WorkerRecord
-from services.directory.states import Outcome
-from services.transfer.keys import new_key
+from runtime.common.lifecycle import Moves
+from runtime.directory.records import WorkerRecord
+from runtime.directory.states import Outcome
+from runtime.transfer.keys import new_key
 
 
 class Stage(enum.Enum):
@@ -134,7 +134,7 @@ class Attempt:
     """1 for the request's first attempt, ...; the generation unless the request id
     ran before (then generations continue above the earlier run's). 0: = generation."""
     transfer_key: bytes = dataclasses.field(default_factory=new_key, repr=False)
-    """A disaggregated attempt's transfer secret (services/transfer/keys.py): to its two ends
+    """A disaggregated attempt's transfer secret (runtime/transfer/keys.py): to its two ends
     only, with Decode.Reserve and the Prefill's grant; never logged."""
 
     def __post_init__(self) -> None:

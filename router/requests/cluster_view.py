@@ -31,7 +31,7 @@ from router.config import RouterConfig
 from router.gateway import DirectoryGateway
 from router.requests.placement import LoadOverlay
 from router.types import RouterError, StatusCode, WorkerCallError
-from services.directory.records import ClusterSnapshot
+from runtime.directory.records import ClusterSnapshot
 
 log = logging.getLogger(__name__)
 

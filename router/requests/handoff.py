@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
 from router.types import Reservation, ReserveCall
-from services.directory.records import TransferRef, WorkerRecord
-from services.security.capability import PUSH, Grant
-from services.transfer.base import CHECKSUM_ALGORITHM
+from runtime.directory.records import TransferRef, WorkerRecord
+from runtime.security.capability import PUSH, Grant
+from runtime.transfer.base import CHECKSUM_ALGORITHM
 
 
 def transfer_id(request_id: str, generation: int) -> str:
@@ -48,7 +48,7 @@ def grant(manifest: manifest_pb2.HandoffManifest, reservation: Reservation, ttl_
 
 def reserve_call(req, generation: int, prefill: WorkerRecord, key: bytes) -> ReserveCall:
     """Decode.Reserve's arguments for one attempt of `req` (an Admitted request): the blocks
-    for its prompt and budget, and the attempt's transfer key (services/transfer/keys.py)."""
+    for its prompt and budget, and the attempt's transfer key (runtime/transfer/keys.py)."""
     return ReserveCall(req.request_id, req.tenant, generation, req.prompt, req.max_tokens, req.sampling,
                        prefill.cache_abi_digest, key)
 

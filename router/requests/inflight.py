@@ -26,7 +26,7 @@ from router.requests.placement import LoadOverlay
 from router.requests.planner import Plan
 from router.requests.streams import StreamBook
 from router.types import Route
-from services.directory.records import WorkerRecord
+from runtime.directory.records import WorkerRecord
 
 
 class InFlight:

@@ -53,9 +53,9 @@ from router.requests.queueing import AdmissionQueue
 from router.requests.request_run import RecentGenerations, RequestRun
 from router.requests.retries import RetryPolicy
 from router.types import Event, FinishReason, GenerateParams, PrefillDone, RouterError, StatusCode, TokenOut
-from services.common.tasks import TaskSet
-from services.directory.records import ClusterSnapshot
-from services.telemetry.catalog import RouterMetrics
+from runtime.common.tasks import TaskSet
+from runtime.directory.records import ClusterSnapshot
+from runtime.telemetry.catalog import RouterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Orchestrator(RetryPolicy):
                                     fence_ttl_s=config.overlay_ttl_ms / 1000.0, clock=clock)
         """Requests waiting for K/V room (router/requests/queueing.py)."""
         self.metrics = RouterMetrics()
-        """This router's families (services/telemetry/catalog.py), served on /metrics."""
+        """This router's families (runtime/telemetry/catalog.py), served on /metrics."""
         self.metrics.bind(lambda: len(self._runs), lambda: self.queue.waiting)
         self.generations = RecentGenerations(config.recent_request_ids)
         """The last generation of recently served request ids: a client re-using one

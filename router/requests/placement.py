@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from router.types import free_blocks_after
-from services.directory.records import ClusterSnapshot, WorkerRecord
+from runtime.directory.records import ClusterSnapshot, WorkerRecord
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

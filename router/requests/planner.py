@@ -45,7 +45,7 @@ from router.requests.placement import Demand, LoadOverlay, choose_colocated, cho
 from router.requests.records import DecisionLog, DecisionRecord
 from router.requests.streams import StreamBook
 from router.types import Completed, PrefillDone, Route, Slo
-from services.directory.records import ClusterSnapshot, WorkerRecord
+from runtime.directory.records import ClusterSnapshot, WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)

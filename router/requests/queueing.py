@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 
 from router.requests.placement import LoadOverlay, free_blocks, rejects
 from router.types import RouterError, StatusCode
-from services.directory.records import ClusterSnapshot, WorkerRecord
+from runtime.directory.records import ClusterSnapshot, WorkerRecord
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from router.requests.output import OutputLog
 from router.requests.planner import Plan
 from router.requests.tracing import RequestTrace
 from router.types import Completed, Event, FinishReason, RouterError, StatusCode
-from services.directory.records import ClusterSnapshot
+from runtime.directory.records import ClusterSnapshot
 
 
 class RequestRun:

@@ -25,7 +25,7 @@ from router.requests.attempt import DIRECTORY_RESERVE, Attempt, AttemptFailed, G
 from router.requests.placement import has_prefill_worker
 from router.requests.request_run import RequestRun
 from router.types import Completed, Route, RouterError, StatusCode
-from services.directory.records import ClusterSnapshot
+from runtime.directory.records import ClusterSnapshot
 
 log = logging.getLogger("router.requests.orchestrator")  # (its records keep their logger's name)
 

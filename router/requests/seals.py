@@ -5,7 +5,7 @@ go out (docs/design.md, "The hand-off is checked against the directory and by th
 router"); token 0 itself went out as the prefill sampled it (its own result).
 The prefill's digest comes with its Prefill reply, which leaves only after the decode's
 verdict: one process and one hop more than token 0's way. A source that declared its
-K/V in its COMMIT sealed that declaration (services/security/seal.py) with the key it
+K/V in its COMMIT sealed that declaration (runtime/security/seal.py) with the key it
 registered at its epoch, and the directory published only what the seal opens over;
 the decode relays the seal and the chunk list with token 0. Opened here with the key
 from the router's snapshot, over the decode's digest and that chunk list, the seal is
@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from router.requests.attempt import Attempt, AttemptFailed
 from router.requests.handoff import transfer_id
 from router.types import StatusCode, StreamItem, StreamToken
-from services.directory.records import WorkerRecord
-from services.directory.wire import evidence_of
-from services.security import seal
+from runtime.directory.records import WorkerRecord
+from runtime.directory.wire import evidence_of
+from runtime.security import seal
 
 log = logging.getLogger(__name__)
 

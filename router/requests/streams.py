@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 
-from services.directory.records import WorkerRecord
+from runtime.directory.records import WorkerRecord
 
 
 @dataclasses.dataclass(slots=True)

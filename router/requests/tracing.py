@@ -28,7 +28,7 @@ from pdserve_client import spans as S
 from router.requests.admission import Admitted
 from router.requests.handoff import transfer_id
 from router.types import Route, RouterError
-from services.telemetry import tracing
+from runtime.telemetry import tracing
 
 
 class RequestTrace:

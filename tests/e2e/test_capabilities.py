@@ -21,10 +21,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pdserve_client.rpc.pd.v1 import capability_pb2
-from services.cluster.launcher import CAPABILITY_SIGNING_KEY
-from services.security.capability import PULL, Reason, Signer
-from services.transfer.base import Chunk, ChunkKey, TransferError, chunk_checksum
-from services.transfer.keys import TransferKey
+from runtime.security.capability import PULL, Reason, Signer
+from runtime.transfer.base import Chunk, ChunkKey, TransferError, chunk_checksum
+from runtime.transfer.keys import TransferKey
 from tests.support import ucx_loop
 from tests.support.cluster import assert_cluster_clean, directory, start_cluster
 from tests.support.router_role import (
@@ -40,6 +39,7 @@ from tests.support.router_role import (
     signer,
     status,
 )
+from tooling.cluster.launcher import CAPABILITY_SIGNING_KEY
 
 
 @pytest.fixture(scope="module", params=["tcp", "ucx"])

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cluster.launcher import LocalCluster
-from services.cluster.processes import pid_alive
 from tests.support.cluster import client, pdctl
+from tooling.cluster.launcher import LocalCluster
+from tooling.cluster.processes import pid_alive
 
 NAMES = ("redis", "collector", "directory", "decode-0", "prefill-0", "router")
 """Every process `pdserve up` starts."""
@@ -61,13 +61,13 @@ class Up:
 def up(tmp_path_factory):
     home = tmp_path_factory.mktemp("cli")
     # The state dir is ./.pdserve, named whole: cluster.json then names it whole too (LocalCluster.load here).
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--state-dir", str(home / ".pdserve")],
+    proc = subprocess.Popen([sys.executable, "-m", "tooling.cli", "up", "--state-dir", str(home / ".pdserve")],
                             cwd=home, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]  # as each arrives
     started = Up(home, lines, proc.stdout.read(), proc.wait(timeout=60))
     assert started.returncode == 0, started.stderr
     yield started
-    run(["services.cli", "down"], home)  # already down after the last test: says so, exits 0
+    run(["tooling.cli", "down"], home)  # already down after the last test: says so, exits 0
 
 
 def test_up_says_each_process_as_it_starts_and_once_it_answers(up):
@@ -192,7 +192,7 @@ def _runs(command: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_demo_runs_and_its_hint_names_commands_that_run(up):
-    demo = run(["services.cli", "demo", "--max-tokens", "4"], up.home)
+    demo = run(["tooling.cli", "demo", "--max-tokens", "4"], up.home)
     assert demo.returncode == 0, demo.stderr
     assert "TTFT" in demo.stdout and "TPOT" in demo.stdout
     # Every disaggregated request is shown split, or served colocated with the reason.
@@ -212,7 +212,7 @@ def test_demo_runs_and_its_hint_names_commands_that_run(up):
 def test_the_hint_from_another_directory_names_the_router_certificates_and_state_dir(up):
     elsewhere = up.home / "elsewhere"
     elsewhere.mkdir()
-    demo = run(["services.cli", "demo", "--max-tokens", "2", "--state-dir", str(up.home / ".pdserve")], elsewhere)
+    demo = run(["tooling.cli", "demo", "--max-tokens", "2", "--state-dir", str(up.home / ".pdserve")], elsewhere)
     assert demo.returncode == 0, demo.stderr
     status, _, down = _hinted(demo.stdout)[:3]
     assert "--router" in status and "PD_TLS_CERT=" in status and "--state-dir" in down, demo.stdout
@@ -222,7 +222,7 @@ def test_the_hint_from_another_directory_names_the_router_certificates_and_state
 
 def test_down_stops_every_process(up):
     pids = [p.pid for p in up.cluster.procs.values()]
-    down = run(["services.cli", "down"], up.home)
+    down = run(["tooling.cli", "down"], up.home)
     assert down.returncode == 0, down.stderr
     for pid in pids:
         assert not pid_alive(pid), f"pid {pid} still running after pdserve down"

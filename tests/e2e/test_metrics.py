@@ -15,13 +15,13 @@ import grpc
 import pytest
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2, prefill_pb2, prefill_pb2_grpc
-from services.cluster.launcher import LocalCluster
-from services.directory.states import Outcome
+from runtime.directory.states import Outcome
 from tests.e2e.test_capabilities import attempt
 from tests.support import ucx_loop
 from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
 from tests.support.metrics import Scrape, scrape, scrape_process, tls_context
 from tests.support.router_role import PROMPT, credential, hold, mint, release
+from tooling.cluster.launcher import LocalCluster
 
 SERVICES = ("directory", "decode-0", "prefill-0", "router")
 KV_DIGEST = "cd" * 16

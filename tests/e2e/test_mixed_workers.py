@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.cluster import _directory, assert_cluster_clean, client, generate_all, start_cluster
 from tests.support.metrics import scrape_process
 

@@ -18,8 +18,7 @@ import grpc
 import pytest
 
 from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
-from services.cluster.launcher import REPO_ROOT
-from services.engine import Engine, EngineConfig, SamplingParams
+from runtime.engine import Engine, EngineConfig, SamplingParams
 from tests.support.cluster import (
     _directory,
     assert_cluster_clean,
@@ -29,6 +28,7 @@ from tests.support.cluster import (
     start_cluster,
     tls_env,
 )
+from tooling.cluster.launcher import REPO_ROOT
 
 TILE_64 = {"PD_ATTN_TILE_TOKENS": "64"}
 

@@ -30,11 +30,11 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2_grpc,
 )
 from pdserve_client.tls import TlsFiles
-from services.directory.client import NonceRefused
-from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
-from services.directory.states import TxnState
-from services.security.pki import Identity, LocalCA
-from services.security.tls import Security
+from runtime.directory.client import NonceRefused
+from runtime.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
+from runtime.directory.states import TxnState
+from runtime.security.pki import Identity, LocalCA
+from runtime.security.tls import Security
 from tests.support.cluster import address, assert_cluster_clean, channel, directory, pdctl, start_cluster
 
 SERVICES = ("router", "directory", "prefill-0", "decode-0")

@@ -1,7 +1,7 @@
 """Files at rest (docs/design.md, Security): the local cluster's state folder and every
 folder in it are 0700, every file in it 0600, the ones its processes write later too:
 the spans of a request, Redis's rewritten append-only file, a certificate issued after
-the start. Walked on a real local cluster (services/common/private_files.py)."""
+the start. Walked on a real local cluster (runtime/common/private_files.py)."""
 
 from __future__ import annotations
 

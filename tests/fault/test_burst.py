@@ -1,5 +1,5 @@
 """A burst far over the cluster's K/V room is queued, not shed (docs/architecture.md,
-Router retries and the admission queue; services/cluster/faults.burst).
+Router retries and the admission queue; tooling/cluster/faults.burst).
 
 200 concurrent requests (prompts of 1-400 tokens, 24 tokens each) on one decode
 worker of 512 blocks: together they need several times the pool. Before the
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.cluster.load import burst
 from tests.support.cluster import seeded_requests, start_cluster
+from tooling.cluster.load import burst
 
 PREFILL_BLOCKS = 96
 """The prefill's pool: a fifth of the decode's, which the router's admission counts."""

@@ -1,5 +1,5 @@
 """A storm of 1,000 requests cancelled at random moments (docs/design.md,
-Principles: every held resource has a way back; services/cluster/faults.cancel_storm): a
+Principles: every held resource has a way back; tooling/cluster/faults.cancel_storm): a
 third through Router.Cancel, a third by dropping the gRPC stream, a third left to finish;
 cancels land anywhere from admission to mid-decode, disaggregated and colocated. Before
 the fixes for it, prefill blocks stayed held after a storm of 120 in 2 of 5 runs, and this
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.cluster.load import cancel_storm
 from tests.support.cluster import start_cluster
+from tooling.cluster.load import cancel_storm
 
 
 @pytest.fixture(scope="module")

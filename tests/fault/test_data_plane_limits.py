@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pdserve_client.contract import server_name
-from services.transfer.base import MAX_COMMIT_BODY_BYTES, MAX_SMALL_BODY_BYTES
-from services.transfer.tcp.wire import ABORT, COMMIT, FRAME, VERDICT, frame, json_body, parse_address
+from runtime.transfer.base import MAX_COMMIT_BODY_BYTES, MAX_SMALL_BODY_BYTES
+from runtime.transfer.tcp.wire import ABORT, COMMIT, FRAME, VERDICT, frame, json_body, parse_address
 from tests.support.cluster import assert_cluster_clean, generate_all, start_cluster
 
 

@@ -1,5 +1,5 @@
 """Every process killed at every step of the hand-off, and a cancel and a deadline at
-every await (docs/design.md, Failures): services/cluster/faults.py stops one request at one step,
+every await (docs/design.md, Failures): tooling/cluster/faults.py stops one request at one step,
 acts there, restarts the victim and waits for the cluster to settle.
 
 Expected: a worker, the directory or Redis killed (or a worker stopped), the request
@@ -18,8 +18,8 @@ import random
 
 import pytest
 
-from services.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
 from tests.support.cluster import start_cluster
+from tooling.cluster.faults import STEPS, FaultRunner, fault_env, kill_cases
 
 PAUSE_S = 2.0
 PROMPT = [random.Random(15).randrange(3, 500) for _ in range(150)]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.transfer.tcp.wire import FRAME, MAGIC, VERSION, parse_address
+from runtime.transfer.tcp.wire import FRAME, MAGIC, VERSION, parse_address
 from tests.support.cluster import assert_cluster_clean, generate_all, start_cluster
 
 

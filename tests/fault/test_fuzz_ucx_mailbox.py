@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.transfer.ucx import wire
+from runtime.transfer.ucx import wire
 from tests.support import ucx_loop
 from tests.support.cluster import _directory, assert_cluster_clean, generate_all, start_cluster
 
@@ -27,7 +27,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sender(cluster):
     """(event loop, send(payload)) to the decode worker's control tag from this process."""
-    from services.transfer.ucx.runtime import runtime
+    from runtime.transfer.ucx.runtime import runtime
     snap, _ = _directory(cluster)
     [d] = [w for w in snap.workers if w.role == "decode"]
     nonce, _, _, address = wire.parse_address(d.data_plane_address)

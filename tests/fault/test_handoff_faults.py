@@ -29,9 +29,9 @@ import pytest
 
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from pdserve_client.types import PdError
-from services.cluster.faults import EventFile
-from services.directory.states import TxnState
+from runtime.directory.states import TxnState
 from tests.support.cluster import assert_cluster_clean, channel, client, directory, revive, start_cluster
+from tooling.cluster.faults import EventFile
 
 MAX_TOKENS = 8
 PROMPT = [random.Random(11).randrange(3, 500) for _ in range(150)]  # 4 chunks (tiny: 4 layers)

@@ -21,8 +21,8 @@ import pytest
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import RedisDirectoryStore
-from services.directory.records import DirectoryUnavailable, LoadReport
-from services.directory.states import Outcome, TxnState
+from runtime.directory.records import DirectoryUnavailable, LoadReport
+from runtime.directory.states import Outcome, TxnState
 from tests.support.directory.harness import CHUNKS, KV, drive, make_spec, register
 from tests.support.redis_ha import start_redis_ha
 

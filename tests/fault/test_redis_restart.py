@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from services.cluster.faults import advance_route_epoch, fences
 from tests.support.cluster import assert_cluster_clean, client, start_cluster
+from tooling.cluster.faults import advance_route_epoch, fences
 
 PROMPT = list(range(3, 120))
 

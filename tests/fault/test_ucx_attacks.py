@@ -24,9 +24,9 @@ import uuid
 
 import pytest
 
-from services.transfer.keys import TO_RECEIVER
-from services.transfer.ucx import wire
-from services.transfer.ucx.sender import UcxSender
+from runtime.transfer.keys import TO_RECEIVER
+from runtime.transfer.ucx import wire
+from runtime.transfer.ucx.sender import UcxSender
 from tests.support import ucx_loop
 from tests.support.cluster import _directory, assert_cluster_clean, client, start_cluster
 from tests.support.metrics import scrape_process
@@ -169,8 +169,8 @@ def _present(cluster, held, tx: UcxSender) -> None:
 def _genuine_chunk_lands(cluster, held, tx: UcxSender | None = None) -> bool:
     """The held attempt's own sender (admitted now, unless `tx` was): its first chunk lands
     (the victim goes on)."""
-    from services.transfer.base import Chunk, ChunkKey, chunk_checksum
-    from services.transfer.keys import TransferKey
+    from runtime.transfer.base import Chunk, ChunkKey, chunk_checksum
+    from runtime.transfer.keys import TransferKey
     spec, m = held.manifest.expected_chunks[0], held.manifest
     key = ChunkKey(spec.layer, spec.block_start, spec.block_count)
     payload = memoryview(bytes(range(256)) * (spec.num_bytes // 256))
@@ -234,8 +234,8 @@ def _stall_own(held) -> None:
     m = held.manifest
 
     async def go():
-        from services.transfer.keys import TransferKey
-        from services.transfer.ucx.runtime import runtime
+        from runtime.transfer.keys import TransferKey
+        from runtime.transfer.ucx.runtime import runtime
         rt = runtime()
         nonce, _, _, address = wire.parse_address(held.reservation.data_plane_address)
         msg, _, _ = wire.encode(wire.COMMIT, m.transfer_id, wire.new_nonce(), time.time_ns(), {"pad": "x" * 200_000},
@@ -251,7 +251,7 @@ def test_a_replayed_or_reflected_message_is_dropped(cluster, attacker, dest):
     dropped (replay, bad_mac); the victim is untouched."""
     victim = hold(cluster, ucx_loop.run)
     try:
-        from services.transfer.keys import TransferKey
+        from runtime.transfer.keys import TransferKey
         m = victim.manifest
         auth, _, _ = wire.encode(wire.AUTH, m.transfer_id, wire.new_nonce(), time.time_ns(),
                                  {"reply": {"address": "AAAA"}}, TransferKey(m.transfer_id, victim.key), TO_RECEIVER)

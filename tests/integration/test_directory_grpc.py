@@ -18,9 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, directory_pb2_grpc, manifest_pb2
-from services.directory.client import NonceRefused, TransferNotRecorded
-from services.directory.records import LoadReport, WorkerInfo, WorkerRole
-from services.directory.states import Outcome, TxnState
+from runtime.directory.client import NonceRefused, TransferNotRecorded
+from runtime.directory.records import LoadReport, WorkerInfo, WorkerRole
+from runtime.directory.states import Outcome, TxnState
 from tests.support import pki
 from tests.support.directory.grpc_process import (
     CAP,
@@ -327,7 +327,7 @@ def test_a_directory_with_the_capability_keys_lets_the_destination_consume_befor
     """With PD_CAPABILITY_PUBLIC_KEYS the destination's ConsumeNonce carries the router-signed
     capability: no record is needed (no "not recorded", nothing asked again), only the
     destination it names consumes, once; a key set it cannot read stops it at start (2)."""
-    from services.security.capability import PUSH, Grant, Signer
+    from runtime.security.capability import PUSH, Grant, Signer
     signing, public = pki.capability_keys()
     keyed = DirectoryProcess(redis_server.url, PD_CAPABILITY_PUBLIC_KEYS=str(public))
     try:

@@ -17,9 +17,7 @@ import time
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cluster.ports import free_port
-from services.cluster.redis_proc import start_redis
-from services.directory.states import Outcome, TxnState
+from runtime.directory.states import Outcome, TxnState
 from tests.support import pki
 from tests.support.directory.grpc_process import (
     SERVICE,
@@ -31,6 +29,8 @@ from tests.support.directory.grpc_process import (
     uid,
 )
 from tests.support.metrics import Scrape, scrape
+from tooling.cluster.ports import free_port
+from tooling.cluster.redis_proc import start_redis
 
 BUDGET_S = 0.05
 STALL_S = 0.6

@@ -16,11 +16,9 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.cluster.ports import free_port
-from services.cluster.redis_proc import start_redis
-from services.directory.client import DirectoryClient
-from services.directory.records import DirectoryUnavailable, WorkerInfo
-from services.directory.states import Outcome, TxnState
+from runtime.directory.client import DirectoryClient
+from runtime.directory.records import DirectoryUnavailable, WorkerInfo
+from runtime.directory.states import Outcome, TxnState
 from tests.support import pki
 from tests.support.directory.grpc_process import (
     CAP,
@@ -33,6 +31,8 @@ from tests.support.directory.grpc_process import (
     two_workers,
     uid,
 )
+from tooling.cluster.ports import free_port
+from tooling.cluster.redis_proc import start_redis
 
 
 def test_start_fails_clearly_without_redis():

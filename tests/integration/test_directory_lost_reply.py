@@ -22,7 +22,7 @@ import pytest
 
 from kv_directory.config import DirectoryConfig
 from kv_directory.redis_store import RedisDirectoryStore
-from services.directory.states import Outcome, TxnState
+from runtime.directory.states import Outcome, TxnState
 from tests.support.directory.harness import make_spec, register
 
 TIMEOUT_S = 0.5  # far above a loopback call on a busy host; a reply lost is held twice as long

@@ -13,12 +13,12 @@ from kv_directory.config import DirectoryConfig
 from kv_directory.lua_scripts import OPERATIONS, script_source
 from kv_directory.redis_store import RedisDirectoryStore, _txn
 from kv_directory.store import DirectoryStore
-from services.cluster.redis_proc import start_redis
-from services.directory.records import DirectoryUnavailable, LoadReport
-from services.directory.states import Outcome, TxnState
+from runtime.directory.records import DirectoryUnavailable, LoadReport
+from runtime.directory.states import Outcome, TxnState
 from tests.support.directory.contract import DirectoryContract
 from tests.support.directory.harness import CHUNKS, KV, Harness, make_spec, register
 from tests.support.redis_ha import start_redis_ha
+from tooling.cluster.redis_proc import start_redis
 
 
 class RedisHarness(Harness):

@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from services.engine import (
+from runtime.engine import (
     Engine,
     EngineConfig,
     SamplingParams,

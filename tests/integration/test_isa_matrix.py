@@ -36,9 +36,9 @@ E2E_TEST = "tests/e2e/test_e2e_exactness.py::test_disaggregated_equals_colocated
 _FINGERPRINT = r"""
 import hashlib, json, random
 import torch
-from services.engine import Engine, EngineConfig, SamplingParams
-from services import kernels
-from services.engine.ops import ISA, KERNEL
+from runtime.engine import Engine, EngineConfig, SamplingParams
+from runtime import kernels
+from runtime.engine.ops import ISA, KERNEL
 rng = random.Random(7)
 path = {v: k for k, v in kernels.ISAS.items()}[ISA]
 out = {"kernel_path": (KERNEL.isa() if path == "auto" else path) if KERNEL else "torch",
@@ -60,7 +60,7 @@ for tile in (64, 128):
     out[f"tile{tile}"] = h.hexdigest()
 # The sampler's draws (the softmax, top-p's cumsum and the inverse-CDF pick must not
 # follow MKL's or ATen's code path), 3,000 times.
-from services.engine.sampler import SamplingParams as P, sample_one
+from runtime.engine.sampler import SamplingParams as P, sample_one
 import numpy as np  # numpy's normals (scalar C) are the same on every CPU; torch.randn's need not be
 logits = torch.from_numpy(np.random.default_rng(11).standard_normal((3000, 512), dtype=np.float32))
 draws = [sample_one(logits[i], P(temperature=0.8, top_p=0.95 if i % 2 else 1.0, seed=i), i % 7)

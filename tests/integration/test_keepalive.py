@@ -1,5 +1,5 @@
 """The router's keepalive on its worker connections (router/grpc_gateway.py CHANNEL_OPTIONS,
-services/common/grpc_server.py PING_OPTIONS), with real gRPC between two processes: a
+runtime/common/grpc_server.py PING_OPTIONS), with real gRPC between two processes: a
 server that stops (SIGSTOP) has its open call fail UNAVAILABLE a few seconds later, long
 before any lease would lapse; a server whose Python holds the GIL for seconds answers the
 pings all the same (gRPC's own threads do) and its call stays open."""
@@ -18,13 +18,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.grpc_gateway import CHANNEL_OPTIONS, KEEPALIVE_S, PING_TIMEOUT_S
-from services.cluster.ports import free_port
+from tooling.cluster.ports import free_port
 
 SERVER = r"""
 import asyncio, sys, threading, time
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from services.common.grpc_server import PING_OPTIONS
+from runtime.common.grpc_server import PING_OPTIONS
 
 def hog(seconds):  # pure Python: holds the GIL the whole time
     time.sleep(1.0)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from services.transfer import ChunkKey
+from runtime.transfer import ChunkKey
 from tests.support.transfer.engines import IDLE_TIMEOUT_S, MAX_TOKENS
 from tests.support.transfer.fixtures import (
     expect_failed,

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from services.transfer import (
+from runtime.transfer import (
     Chunk,
     ChunkArrived,
     ChunkKey,

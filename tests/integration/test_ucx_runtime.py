@@ -1,4 +1,4 @@
-"""The process's UCX runtime (services/transfer/ucx/runtime.py), real ucxx in this process:
+"""The process's UCX runtime (runtime/transfer/ucx/runtime.py), real ucxx in this process:
 progressed on its event loop's thread, no progress or notifier thread.
 
 * Messages to itself (an endpoint to its own worker address) complete, in posting order,
@@ -20,7 +20,7 @@ TAG = 0x0ABC_0000_0000_0000
 
 
 async def _runtime():
-    from services.transfer.ucx.runtime import runtime
+    from runtime.transfer.ucx.runtime import runtime
     return runtime()
 
 

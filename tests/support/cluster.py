@@ -20,8 +20,8 @@ import grpc.aio
 
 from pdserve_client import Client, contract
 from pdserve_client.types import PdError
-from services.cluster.launcher import REPO_ROOT, ClusterSpec, LocalCluster
-from services.directory.client import DirectoryClient
+from runtime.directory.client import DirectoryClient
+from tooling.cluster.launcher import REPO_ROOT, ClusterSpec, LocalCluster
 
 
 def start_cluster(tmp_path, state_name: str = "pdserve", **kw) -> LocalCluster:

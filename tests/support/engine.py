@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from services.engine import Engine, EngineConfig, ModelConfig
-from services.engine.checkpoint import save_checkpoint
-from services.engine.presets import PRESETS, seeded_weights
+from runtime.engine import Engine, EngineConfig, ModelConfig
+from runtime.engine.checkpoint import save_checkpoint
+from runtime.engine.presets import PRESETS, seeded_weights
 
 # Grouped-query attention (8 query heads over 2 K/V heads) with Llama-3 RoPE scaling.
 GQA = dataclasses.replace(
@@ -48,7 +48,7 @@ def assert_no_leak(engine: Engine) -> None:
 
 def running_loop(num_blocks: int = 64):
     """A started EngineLoop over a tiny engine (a generator for pytest fixtures: stopped after)."""
-    from services.worker.loop import EngineLoop
+    from runtime.worker.loop import EngineLoop
     engine_loop = EngineLoop(tiny_engine(num_blocks=num_blocks))
     engine_loop.start()
     try:

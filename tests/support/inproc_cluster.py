@@ -21,17 +21,17 @@ from kv_directory.server import DirectoryServicer
 from pdserve_client.rpc.pd.v1 import directory_pb2_grpc, manifest_pb2
 from prefill_worker.worker import PrefillWorker
 from router.requests.handoff import prompt_digest
-from services.common.grpc_server import start_server
-from services.directory.client import DirectoryClient
-from services.directory.cost_profile import CostProfile
-from services.directory.records import WorkerInfo, WorkerRole
-from services.engine import SamplingParams
-from services.transfer.base import CHECKSUM_ALGORITHM
-from services.transfer.inproc import InprocReceiver, InprocSender
-from services.worker.config import WorkerConfig
-from services.worker.directory_ops import TxnOps
-from services.worker.loop import EngineLoop, SeqDone, TokenOut
-from services.worker.process import capacity
+from runtime.common.grpc_server import start_server
+from runtime.directory.client import DirectoryClient
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import WorkerInfo, WorkerRole
+from runtime.engine import SamplingParams
+from runtime.transfer.base import CHECKSUM_ALGORITHM
+from runtime.transfer.inproc import InprocReceiver, InprocSender
+from runtime.worker.config import WorkerConfig
+from runtime.worker.directory_ops import TxnOps
+from runtime.worker.loop import EngineLoop, SeqDone, TokenOut
+from runtime.worker.process import capacity
 from tests.support import pki
 from tests.support.engine import tiny_engine
 

@@ -15,7 +15,7 @@ import urllib.request
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.security.tls import Security
+from runtime.security.tls import Security
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 

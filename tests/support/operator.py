@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.cluster.launcher import REPO_ROOT, LocalCluster
+from tooling.cluster.launcher import REPO_ROOT, LocalCluster
 
 OPERATOR_SETTINGS = ("PD_TLS_", "PD_INSECURE", "PD_ROUTER", "PD_CLUSTER")
 """Environment a test's own shell may hold that would send pdctl elsewhere than ./.pdserve."""

@@ -29,8 +29,8 @@ from router.types import (
     TxnAnswer,
     WorkerCallError,
 )
-from services.directory.client import ReleaseWrite, RouteEpoch
-from services.directory.records import (
+from runtime.directory.client import ReleaseWrite, RouteEpoch
+from runtime.directory.records import (
     ClusterSnapshot,
     LoadReport,
     ReleaseHead,
@@ -38,11 +38,11 @@ from services.directory.records import (
     WorkerRecord,
     WorkerRole,
 )
-from services.directory.states import Outcome
-from services.directory.wire import evidence_of
-from services.release.machine import IllegalTransition
-from services.release.record import ReleaseRecord, check_write
-from services.security.seal import Sealer
+from runtime.directory.states import Outcome
+from runtime.directory.wire import evidence_of
+from runtime.release.machine import IllegalTransition
+from runtime.release.record import ReleaseRecord, check_write
+from runtime.security.seal import Sealer
 
 VOCAB = 512
 SEALED_CHUNKS = (manifest_pb2.ChunkSpec(layer=0, block_start=0, block_count=2, num_bytes=64, checksum="c0"),

@@ -1,5 +1,5 @@
 """Certificates for tests that run pdserve's servers in-process: one throwaway CA per
-test process (services/security/pki.py), a certificate per (role, name) on demand."""
+test process (runtime/security/pki.py), a certificate per (role, name) on demand."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pdserve_client import contract
 from pdserve_client.tls import TlsFiles
-from services.security.capability import generate_signing_key
-from services.security.config import CapabilitySettings
-from services.security.pki import Identity, LocalCA
-from services.security.tls import Security
+from runtime.security.capability import generate_signing_key
+from runtime.security.config import CapabilitySettings
+from runtime.security.pki import Identity, LocalCA
+from runtime.security.tls import Security
 
 
 @functools.cache

@@ -13,8 +13,8 @@ from __future__ import annotations
 from router.config import RouterConfig
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams
-from services.directory.cost_profile import CostProfile
-from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 BS = 16
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1_000_000,

@@ -12,8 +12,8 @@ from router.pricing.cost_model import CostModel
 from router.pricing.cost_table import CostTable
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, RequestShape
-from services.directory.cost_profile import CostProfile
-from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 CFG = RouterConfig()
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import redis
 
-from services.cluster.ports import free_port
-from services.cluster.redis_proc import find_redis_server, pings, terminate
+from tooling.cluster.ports import free_port
+from tooling.cluster.redis_proc import find_redis_server, pings, terminate
 
 MASTER_NAME = "pdmaster"
 HOST = "127.0.0.1"

@@ -15,10 +15,10 @@ from google.protobuf.message import DecodeError
 from pdserve_client.rpc.pd.v1 import capability_pb2, common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
 from router.convert import reservation_from_pb
 from router.requests.handoff import build_manifest, grant
-from services.cluster.launcher import CAPABILITY_SIGNING_KEY
-from services.security.capability import Signer
-from services.transfer.keys import new_key
+from runtime.security.capability import Signer
+from runtime.transfer.keys import new_key
 from tests.support.cluster import channel, directory
+from tooling.cluster.launcher import CAPABILITY_SIGNING_KEY
 
 PROMPT = [5 + (11 * i) % 400 for i in range(64)]  # 4 blocks of 16
 ISSUER = "router/router"
@@ -98,9 +98,9 @@ def credential(raw: bytes, held: Held, **over) -> dict:
 def sender(cluster):
     """A sender as prefill-0's would be (TCP: with its certificate; UCX needs none)."""
     if cluster.spec.transport == "tcp":
-        from services.transfer.tcp import TcpSender
+        from runtime.transfer.tcp import TcpSender
         return TcpSender(ssl_context=cluster.identity("prefill-0").client_ssl(), io_timeout_s=10)
-    from services.transfer.ucx import UcxSender
+    from runtime.transfer.ucx import UcxSender
     return UcxSender(io_timeout_s=10)
 
 

@@ -1,4 +1,4 @@
-"""Hand-made traces as the local collector writes them (services/telemetry/collector.py):
+"""Hand-made traces as the local collector writes them (runtime/telemetry/collector.py):
 span dicts, one per JSON line, for the trace view's tests (pdctl trace, the HTML page).
 
 DISAGGREGATED (request "req-1") is a request that retried: attempt 1 (generation 1,

@@ -17,18 +17,18 @@ import os
 import random
 import struct
 
-from services.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey
-from services.transfer.ucx import wire
+from runtime.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey
+from runtime.transfer.ucx import wire
 
 _state: dict = {"heard": 0}
 V1_HEAD = struct.Struct("!4sBBHIQQ")  # version 1: magic, version, kind, id_len, nonce, body_len, oob_tag
 
 
 async def _rt():
-    from services.transfer.ucx.runtime import runtime
+    from runtime.transfer.ucx.runtime import runtime
     rt = runtime()
     if "mailbox" not in _state:
-        from services.transfer.ucx.mailbox import Mailbox
+        from runtime.transfer.ucx.mailbox import Mailbox
         _state["nonce"] = wire.new_nonce()
         _state["mailbox"] = Mailbox(rt, wire.tag(wire.REPLY, _state["nonce"]), _heard, "attacker")
         _state["mailbox"].start()

@@ -1,6 +1,6 @@
 """The event loop of in-process UCX in a test process.
 
-ucxx binds the futures of this process's UCX runtime (services/transfer/ucx/runtime.py)
+ucxx binds the futures of this process's UCX runtime (runtime/transfer/ucx/runtime.py)
 to the loop that first used it, for the life of the process; test modules that use
 UCX in-process (pytest-xdist may put several in one worker) all run it on this one
 loop, in a daemon thread.

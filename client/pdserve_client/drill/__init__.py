@@ -1,7 +1,7 @@
 """Release drills an operator runs against a cluster (docs/runbooks/rollback.md): a rollback, or a
 promotion, under load, checked end to end. `cluster.py` is what a drill needs from the
 cluster it runs against, with three implementations: the local cluster
-(services/cluster/drill.py, in the server package, found by entry point),
+(tooling/cluster/drill.py, in the server package, found by entry point),
 Kubernetes (`kube.py`) and an in-memory fake for unit tests (`fake.py`).
 
 `run.py` is the drills' sequences, `load.py` the load and the colocated comparison,

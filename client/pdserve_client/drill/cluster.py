@@ -1,5 +1,5 @@
 """What a drill needs from the cluster it runs against (one interface, three
-implementations: services/cluster/drill.py (server package), kube.py, fake.py).
+implementations: tooling/cluster/drill.py (server package), kube.py, fake.py).
 
 A drill drives the release through the router's Admin service (the SDK), sends load
 through the router, and does what only the deployment can do: record the release where

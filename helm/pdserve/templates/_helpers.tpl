@@ -89,14 +89,14 @@ certificate)? "true"/"" */}}
 
 {{/*
 The pod's own certificate: init container pd-cert signs it with the CA Secret, which is
-mounted into this container only (services/security/podcert.py).
+mounted into this container only (runtime/security/podcert.py).
 (dict "ctx" $ "role" "decode" "name" "$(POD_NAME)")
 */}}
 {{- define "pdserve.certInit" -}}
 - name: pd-cert
   image: {{ include "pdserve.image" .ctx }}
   imagePullPolicy: {{ .ctx.Values.image.pullPolicy }}
-  command: [python, -m, services.security.podcert, --ca-dir, /pd/ca, --out, /pd/tls,
+  command: [python, -m, runtime.security.podcert, --ca-dir, /pd/ca, --out, /pd/tls,
             --role, {{ .role | quote }}, --name, {{ .name | quote }}, --host, "$(POD_IP)",
             --days, {{ .ctx.Values.security.certValidityDays | quote }}]
   env:
@@ -152,11 +152,11 @@ mounted into this container only (services/security/podcert.py).
 {{- end }}
 {{- end -}}
 
-{{/* Exec probes over mutual TLS (services/common/healthcheck.py): Kubernetes' grpc probe
+{{/* Exec probes over mutual TLS (runtime/common/healthcheck.py): Kubernetes' grpc probe
 cannot present a client certificate. (dict "port" 50080 "service" "router" "alive" false) */}}
 {{- define "pdserve.probeCommand" -}}
 exec:
-  command: [python, -m, services.common.healthcheck, --address, {{ printf "127.0.0.1:%d" (int .port) | quote }},
+  command: [python, -m, runtime.common.healthcheck, --address, {{ printf "127.0.0.1:%d" (int .port) | quote }},
             --service, {{ .service }}{{ if .alive }}, --alive{{ end }}]
 {{- end -}}
 

@@ -17,11 +17,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import manifest_pb2
-from services.cluster.ports import free_port
-from services.directory.client import DirectoryClient
-from services.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
-from services.directory.states import Outcome, TxnState
+from runtime.directory.client import DirectoryClient
+from runtime.directory.records import WorkerCapacity, WorkerInfo, WorkerRole
+from runtime.directory.states import Outcome, TxnState
 from tests.support import pki
+from tooling.cluster.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICE = "pd.v1.Directory"

@@ -9,14 +9,14 @@ import abc
 import pytest
 
 from kv_directory.store import DirectoryStore
-from services.directory.records import (
+from runtime.directory.records import (
     Transaction,
     TransferSpec,
     WorkerInfo,
     WorkerRecord,
     chunk_list_digest,
 )
-from services.directory.states import Outcome, TxnState
+from runtime.directory.states import Outcome, TxnState
 
 FINAL_OK = {TxnState.PUBLISHED, TxnState.ABORTED, TxnState.RELEASED}
 

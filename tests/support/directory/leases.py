@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from services.directory.records import LoadReport, WorkerInfo
-from services.directory.states import Outcome, TxnState
+from runtime.directory.records import LoadReport, WorkerInfo
+from runtime.directory.states import Outcome, TxnState
 from tests.support.directory.harness import CHUNKS, KV, ContractBase, drive, make_spec, register
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.directory.records import WorkerInfo, chunk_list_digest
-from services.directory.states import Outcome, TxnState, check_transition
+from runtime.directory.records import WorkerInfo, chunk_list_digest
+from runtime.directory.states import Outcome, TxnState, check_transition
 from tests.support.directory.harness import CHUNKS, KV, LAYOUT, OPS, ContractBase, drive, make_spec, register
 
 

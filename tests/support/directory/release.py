@@ -3,8 +3,8 @@ route stop) and the route epoch's retirement of unpublished transfers (docs/desi
 
 from __future__ import annotations
 
-from services.directory.records import ReleaseHead
-from services.directory.states import Outcome, TxnState
+from runtime.directory.records import ReleaseHead
+from runtime.directory.states import Outcome, TxnState
 from tests.support.directory.harness import CHUNKS, KV, ContractBase, make_spec
 
 

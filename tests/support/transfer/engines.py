@@ -13,8 +13,8 @@ ENGINES: dict = {}  # spec -> Engine, per process
 
 def engine_for(spec: str):
     """R and S build the same engines: tiny preset, or 'wide' (16 KiB of K/V per token)."""
-    from services.engine import Engine, EngineConfig, ModelConfig
-    from services.engine.presets import seeded_weights
+    from runtime.engine import Engine, EngineConfig, ModelConfig
+    from runtime.engine.presets import seeded_weights
     if spec not in ENGINES:
         if spec == "tiny":
             cfg = EngineConfig(num_blocks=96, block_size=16, chunk_tokens=256,
@@ -31,5 +31,5 @@ def engine_for(spec: str):
 
 
 def sampling():
-    from services.engine import SamplingParams
+    from runtime.engine import SamplingParams
     return SamplingParams(**GREEDY_ARGS)

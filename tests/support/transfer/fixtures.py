@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from services.transfer.keys import new_key
+from runtime.transfer.keys import new_key
 from tests.support.spawned import Spawned, spawned
 from tests.support.transfer.engines import IDLE_TIMEOUT_S
 

@@ -14,8 +14,8 @@ import time
 
 import xxhash
 
-from services.transfer import ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, token_follows
-from services.transfer.factory import make_receiver
+from runtime.transfer import ChunkArrived, ChunkKey, Expectation, Failed, TransferCommit, Verdict, token_follows
+from runtime.transfer.factory import make_receiver
 from tests.support.transfer.engines import ENGINES, MAX_TOKENS, engine_for, sampling
 from tests.support.transfer.kept import alive
 
@@ -36,7 +36,7 @@ class _Rec:
 
     def __init__(self, tid, engine, seq, first_block, last_block, holders, per_chunk):
         from decode_worker.reservations import Reservation
-        from services.transfer.chunks import chunk_bytes, plan_chunks
+        from runtime.transfer.chunks import chunk_bytes, plan_chunks
         self.tid, self.engine, self.seq, self.holders = tid, engine, seq, holders
         layers = engine.model_cfg.num_hidden_layers
         expected = {k: chunk_bytes(engine, k) for k in plan_chunks(layers, first_block, last_block, per_chunk)}
@@ -52,7 +52,7 @@ class _Rec:
 
     def resolve(self, key: ChunkKey):
         from decode_worker.reservations import ResState, advance
-        from services.transfer.chunks import chunk_views
+        from runtime.transfer.chunks import chunk_views
         self.res.admit_chunk_key(key)  # KeyError for a chunk not expected, or a second time
         if self.res.state is ResState.RESERVED:
             advance(self.res, ResState.RECEIVING)
@@ -71,7 +71,7 @@ class _Rec:
 
     async def on_commit(self, commit: TransferCommit) -> Verdict:
         from decode_worker.reservations import ResState, advance, validate_commit
-        from services.engine import commit_import
+        from runtime.engine import commit_import
         if self.res.state is ResState.PUBLISHED:  # the token's COMMIT, after one published ahead of it
             reason = "" if not commit.chunks and not token_follows(commit) else "not a token COMMIT"
             if not reason:
@@ -106,7 +106,7 @@ class _Rec:
 
 
 async def r_start(idle_timeout_s: float, backend: str) -> str:
-    logging.getLogger("services.transfer").addHandler(_Warnings(logging.WARNING))
+    logging.getLogger("runtime.transfer").addHandler(_Warnings(logging.WARNING))
     recv = _state["receiver"] = make_receiver(backend, idle_timeout_s=idle_timeout_s)
     await recv.start()
     return recv.address
@@ -178,7 +178,7 @@ async def r_check_clean() -> dict:
 
 
 async def r_stats() -> dict:
-    """The receiver's counters (services.telemetry's pd_transfer_received_*), with what it
+    """The receiver's counters (runtime.telemetry's pd_transfer_received_*), with what it
     dropped (`rejected_<reason>`) and its process's sweeps of UCX's unexpected queue."""
     recv = _state["receiver"]
     out = dict(getattr(recv, "stats", {}))  # the tcp receiver keeps none

@@ -12,8 +12,8 @@ import dataclasses
 import os
 import time
 
-from services.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, TransferKey, chunk_checksum
-from services.transfer.factory import make_sender
+from runtime.transfer import TOKEN_FOLLOWS, Chunk, ChunkKey, TransferCommit, TransferError, TransferKey, chunk_checksum
+from runtime.transfer.factory import make_sender
 from tests.support.transfer.engines import IO_TIMEOUT_S, MAX_TOKENS, engine_for, sampling
 from tests.support.transfer.kept import alive
 
@@ -24,7 +24,7 @@ async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
     """Compute the prompt (tiny), or fill it with seeded random K/V and import it (wide)."""
     import torch
 
-    from services.engine import commit_import
+    from runtime.engine import commit_import
     engine = engine_for(spec)
     seq = engine.add_request(tid, prompt, MAX_TOKENS, sampling())
     if spec == "tiny":
@@ -55,7 +55,7 @@ async def s_credits(backend: str) -> dict:
 
 async def s_kept() -> int:
     """Outgoing transfers S's ucx senders still hold (after every test: none)."""
-    from services.transfer.ucx.outgoing import Outgoing
+    from runtime.transfer.ucx.outgoing import Outgoing
     return await alive(Outgoing)
 
 
@@ -76,7 +76,7 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     COMMIT, or "abort": ABORT instead. `key`: the transfer's secret (hex), as the prefill's
     grant brings it: presented first (as a prefill does, no capability: security is off
     here), every chunk's checksum keyed with it."""
-    from services.transfer.chunks import chunk_views, describe_chunk, plan_chunks
+    from runtime.transfer.chunks import chunk_views, describe_chunk, plan_chunks
     st = _state["sends"][tid]
     engine, _seq = st["engine"], st["seq"]
     keys = plan_chunks(engine.model_cfg.num_hidden_layers, first_block, last_block, per_chunk)
@@ -85,7 +85,7 @@ async def s_send(tid: str, dest: str, first_block: int, last_block: int, per_chu
     try:
         await sender.present(dest, as_tid or tid, None, st["secret"])
         if announce in ("ahead", "only"):
-            from services.transfer.chunks import chunk_bytes
+            from runtime.transfer.chunks import chunk_bytes
             _state["announced_before"] = getattr(sender, "stats", {}).get("announced_batches", 0)
             await sender.announce(dest, as_tid or tid, [(k, chunk_bytes(engine, k)) for k in keys])
     except TransferError as e:
@@ -130,7 +130,7 @@ async def s_recommit(tid: str) -> dict:
 
 
 async def s_resume(tid: str) -> dict:
-    from services.transfer.chunks import chunk_views, describe_chunk
+    from runtime.transfer.chunks import chunk_views, describe_chunk
     st = _state["sends"][tid]
     st["fault"] = ""
     return await _pump(st, describe_chunk, chunk_views)
@@ -176,7 +176,7 @@ async def _pump(st: dict, describe_chunk, chunk_views) -> dict:
             st["chunks"].append(chunk)
             st["next"] += 1
         if st["many"]:
-            from services.transfer.chunks import chunk_bytes
+            from runtime.transfer.chunks import chunk_bytes
             keys = [(k, chunk_bytes(engine, k)) for k in st["keys"]] if st.get("announce") else ()
             before = _state.pop("announced_before", getattr(sender, "stats", {}).get("announced_batches", 0))
             await sender.send_many(dest, wire, st["many"], hold_last=st.get("hold", False), keys=keys)

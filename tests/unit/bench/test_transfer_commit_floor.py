@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 
 from bench._transfer_exact import _manifest_matches
-from services.transfer import Chunk, ChunkKey, TransferCommit
-from services.transfer.tcp.wire import encode_commit
+from runtime.transfer import Chunk, ChunkKey, TransferCommit
+from runtime.transfer.tcp.wire import encode_commit
 
 
 def _buffer(chunks: tuple[Chunk, ...]) -> bytearray:

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from bench._transfer_exact import messages
-from services.transfer import Chunk
-from services.transfer.chunks import plan_chunks
-from services.transfer.ucx.sender import UcxSender
+from runtime.transfer import Chunk
+from runtime.transfer.chunks import plan_chunks
+from runtime.transfer.ucx.sender import UcxSender
 
 
 class RecordingSender(UcxSender):

@@ -47,7 +47,7 @@ def test_timeline_rows_skip_a_transfer_without_the_senders_start():
 def test_stamps_wrap_the_steps_while_on_and_restore_them_after():
     from _transfer_timeline import Stamps
 
-    from services.transfer.ucx import receiver as ucx_receiver
+    from runtime.transfer.ucx import receiver as ucx_receiver
 
     original, stamps = ucx_receiver.scatter, Stamps()
     stamps.on()
@@ -68,7 +68,7 @@ def test_stamps_fail_loudly_when_a_step_is_gone(monkeypatch):
     import _transfer_timeline
     from _transfer_timeline import Stamps
 
-    monkeypatch.setattr(_transfer_timeline, "STEPS", (("services.transfer.ucx.receiver", "UcxReceiver",
+    monkeypatch.setattr(_transfer_timeline, "STEPS", (("runtime.transfer.ucx.receiver", "UcxReceiver",
                                                       "_no_such_step", "R.gone"),))
     with pytest.raises(AttributeError):
         Stamps().on()

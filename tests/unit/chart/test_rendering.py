@@ -59,7 +59,7 @@ def test_pdserve_probes_are_mtls_exec_probes_and_readiness_means_serving(default
             continue
         c = spec["containers"][0]
         ready = c["readinessProbe"]["exec"]["command"]
-        assert ready[:3] == ["python", "-m", "services.common.healthcheck"] and "--alive" not in ready, name
+        assert ready[:3] == ["python", "-m", "runtime.common.healthcheck"] and "--alive" not in ready, name
         assert "--alive" in c["livenessProbe"]["exec"]["command"], name  # a NOT_SERVING worker is not killed
         assert "grpc" not in c["readinessProbe"]  # the native probe cannot present a certificate
 

@@ -17,10 +17,10 @@ from pdserve_client import address, contract, wire
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, router_pb2
 from router.config import RouterConfig
 from router.convert import ERROR_CODE_STATUS
-from services.cluster.launcher import ClusterSpec
-from services.common import grpc_server
-from services.engine.config import EngineConfig
-from services.worker.config import WorkerConfig
+from runtime.common import grpc_server
+from runtime.engine.config import EngineConfig
+from runtime.worker.config import WorkerConfig
+from tooling.cluster.launcher import ClusterSpec
 
 
 def test_clients_look_where_the_services_listen():
@@ -72,7 +72,7 @@ def test_a_variable_the_worker_and_the_engine_both_read_has_one_default():
 
 
 def test_pdserve_up_defaults_are_the_launchers(monkeypatch):
-    from services import cli
+    from tooling import cli
     seen = {}
     monkeypatch.setattr(cli, "cmd_up", lambda args: seen.update(vars(args)) or 0)
     assert cli.main(["up"]) == 0
@@ -89,7 +89,7 @@ def test_one_message_limit_for_servers_and_clients():
 
 def test_one_rule_names_a_transfer():
     from router.requests.handoff import transfer_id
-    from services.directory.records import TransferRef
+    from runtime.directory.records import TransferRef
     ref = TransferRef("req/with/slashes", 12)
     assert ref.transfer_id == transfer_id("req/with/slashes", 12) == "req/with/slashes/12"
     assert TransferRef.parse(ref.transfer_id) == ref

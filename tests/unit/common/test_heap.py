@@ -1,10 +1,10 @@
-"""services/common/heap.py: the start-up heap leaves the cycle collector's walks."""
+"""runtime/common/heap.py: the start-up heap leaves the cycle collector's walks."""
 
 from __future__ import annotations
 
 import gc
 
-from services.common.heap import freeze_startup_heap
+from runtime.common.heap import freeze_startup_heap
 
 
 def test_the_startup_heap_is_frozen_and_later_objects_are_still_collected():

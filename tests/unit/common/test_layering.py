@@ -1,5 +1,5 @@
 """The house's plan, read from the code's own imports (docs/design.md, Processes and what
-each owns): services/ is the shared floor and imports no service; the services do not
+each owns): runtime/ is the shared floor and imports no service; the services do not
 import each other (a mixed worker is one node with two roles, found by entry point); no
 import cycle; no function over 60 lines in product code or test helpers (tests/support),
 but the few listed in LONG_FUNCTIONS, a list that only shrinks (what hurts a reader is a
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.support import REPO as ROOT
 
-PRODUCT = ("router", "services", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client")
+PRODUCT = ("router", "runtime", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client", "tooling")
 SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
 
 
@@ -56,9 +56,20 @@ def _top(module: str) -> str:
 
 def test_the_shared_floor_imports_no_service():
     graph = _graph()
-    up = sorted((a, b) for a, deps in graph.items() if _top(a) == "services"
+    up = sorted((a, b) for a, deps in graph.items() if _top(a) == "runtime"
                 for b in deps if _top(b) in SERVICES)
     assert up == []
+
+
+def test_nothing_that_serves_imports_the_tooling():
+    """tooling/ (the local cluster, faults, load drivers, drills, the `pdserve` command, the
+    stub generator) stands on the runtime and the services; nothing of those, and nothing of
+    the client distribution, imports it."""
+    graph = _graph()
+    assert "tooling.cluster.launcher" in graph
+    down = sorted((a, b) for a, deps in graph.items() if _top(a) != "tooling"
+                  for b in deps if _top(b) == "tooling")
+    assert down == []
 
 
 def test_the_client_distribution_imports_nothing_of_the_server():

@@ -1,4 +1,4 @@
-"""services/common/liveness.py: a zombie (exited, not reaped) is gone, like a reaped
+"""runtime/common/liveness.py: a zombie (exited, not reaped) is gone, like a reaped
 process; a running one is running."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 
-from services.common.liveness import process_running
+from runtime.common.liveness import process_running
 
 
 def test_running_exited_unreaped_and_reaped():

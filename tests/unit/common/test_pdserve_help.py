@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from services.cli import COMMANDS, build_parser
+from tooling.cli import COMMANDS, build_parser
 
 
 def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:

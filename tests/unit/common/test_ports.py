@@ -1,4 +1,4 @@
-"""The local cluster's ports and start failures (services/cluster/ports.py, processes.py).
+"""The local cluster's ports and start failures (tooling/cluster/ports.py, processes.py).
 
 A service restarted on its address must find its port free: a port picked inside the
 kernel's ephemeral range can meanwhile become the source port of any outgoing connection
@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from services.cluster.ports import LOWEST, bindable, ephemeral_range, free_port, quiet_ranges
-from services.cluster.processes import PortTaken, start_failure
+from tooling.cluster.ports import LOWEST, bindable, ephemeral_range, free_port, quiet_ranges
+from tooling.cluster.processes import PortTaken, start_failure
 
 GRPC_BIND_FAILURE = (b"Traceback (most recent call last):\n  ...\nRuntimeError: Failed to bind to address "
                      b"127.0.0.1:30850; set GRPC_VERBOSITY=debug environment variable to see detailed error "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from services.rpc import gen
+from tooling import gen_stubs as gen
 
 PROTO_DIR = gen.PROTO_ROOT / gen.PACKAGE
 PROTOS = sorted(PROTO_DIR.glob("*.proto"))
@@ -161,9 +161,9 @@ def test_regeneration_matches_checked_in_stubs(tmp_path):
         for p in [*(gen.RPC_DIR / "pd").rglob("*"), gen.RPC_DIR / gen.LOCK_NAME]
         if p.is_file() and "__pycache__" not in p.parts
     )
-    assert fresh == checked_in, "run `make proto` and commit services/rpc"
+    assert fresh == checked_in, "run `make proto` and commit client/pdserve_client/rpc"
     stale = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, gen.RPC_DIR / p, shallow=False)]
-    assert not stale, f"stale stubs {stale}: run `make proto` and commit services/rpc"
+    assert not stale, f"stale stubs {stale}: run `make proto` and commit client/pdserve_client/rpc"
 
 
 def test_lock_rejects_renumbering_reuse_and_unreserved_removal():

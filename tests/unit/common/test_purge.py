@@ -1,4 +1,4 @@
-"""`pdserve down --purge` (services/cluster/purge.py) removes a local cluster's state dir
+"""`pdserve down --purge` (tooling/cluster/purge.py) removes a local cluster's state dir
 and nothing else: a folder that is not one, or that holds the Python environment, the
 working directory or the repository, is refused and left as it was."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
-from services.cluster.purge import REPO_ROOT, NotPurged, purge
+from tooling.cli import main
+from tooling.cluster.purge import REPO_ROOT, NotPurged, purge
 
 
 def state_dir(path: Path) -> Path:
@@ -47,7 +47,7 @@ def test_a_folder_holding_the_venv_the_working_directory_or_the_repository_is_re
     elif holds == "cwd":
         monkeypatch.chdir(inner)
     else:
-        monkeypatch.setattr("services.cluster.purge.REPO_ROOT", inner)
+        monkeypatch.setattr("tooling.cluster.purge.REPO_ROOT", inner)
     with pytest.raises(NotPurged, match="nothing removed"):
         purge(state)
     assert (state / "redis.conf").exists()

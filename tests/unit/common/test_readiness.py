@@ -1,4 +1,4 @@
-"""Readiness and drain at the gRPC server (services/common/grpc_server.py): health is
+"""Readiness and drain at the gRPC server (runtime/common/grpc_server.py): health is
 NOT_SERVING until the process says it is ready, follows `ready`, and is NOT_SERVING for
 good once draining, when the calls that start new work fail UNAVAILABLE with the
 reason while every other call (a stream already accepted, a cancel) still runs.
@@ -13,11 +13,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
-from services.common.grpc_server import start_server
-from services.security.tls import Security
-from services.worker.config import NodeConfig
-from services.worker.node import NEW_WORK
-from services.worker.process import advertised
+from runtime.common.grpc_server import start_server
+from runtime.security.tls import Security
+from runtime.worker.config import NodeConfig
+from runtime.worker.node import NEW_WORK
+from runtime.worker.process import advertised
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 

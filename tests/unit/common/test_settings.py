@@ -1,4 +1,4 @@
-"""The services' settings classes (services/common/settings.py): how the environment is
+"""The services' settings classes (runtime/common/settings.py): how the environment is
 read, the defaults, the one-line errors, and one owner (one default) per variable."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 from kv_directory.config import DirectoryConfig
 from pdserve_client import contract
 from router.config import RouterConfig
-from services.common.settings import MemberSettings, ServiceSettings, Settings, SettingsError
-from services.engine import EngineConfig
-from services.security.config import CapabilitySettings
-from services.worker.config import DecodeWorkerConfig, PrefillWorkerConfig, WorkerConfig
-from services.worker.process import parse_config
-from services.worker.profile import ProfileConfig
+from runtime.common.settings import MemberSettings, ServiceSettings, Settings, SettingsError
+from runtime.engine import EngineConfig
+from runtime.security.config import CapabilitySettings
+from runtime.worker.config import DecodeWorkerConfig, PrefillWorkerConfig, WorkerConfig
+from runtime.worker.process import parse_config
+from runtime.worker.profile import ProfileConfig
 from tests.support import REPO
 
 ROOT = REPO
@@ -84,7 +84,7 @@ def test_the_shared_variables_have_their_owners():
 
 def test_every_variable_the_launcher_and_the_fault_suite_set_is_read_by_someone():
     declared = readers().keys()
-    for path in ("services/cluster/launcher.py", "services/cluster/faults.py"):
+    for path in ("tooling/cluster/launcher.py", "tooling/cluster/faults.py"):
         text = (ROOT / path).read_text()
         for var in re.findall(r'"(PD_[A-Z0-9_]+)"', text):
             assert var in declared, f"{path} sets {var}, which no settings class reads"

@@ -1,4 +1,4 @@
-"""services.common.tasks.TaskSet: a spawned task is held until done, wait covers tasks
+"""runtime.common.tasks.TaskSet: a spawned task is held until done, wait covers tasks
 spawned while waiting, cancel ends every task left, settle
 gives a grace period and then cancels, on_error hears failures."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from services.common.tasks import TaskSet
+from runtime.common.tasks import TaskSet
 
 
 def test_a_spawned_task_survives_collection_and_leaves_the_set_when_done():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.telemetry.metrics import registry_of, render
+from runtime.telemetry.metrics import registry_of, render
 
 
 class FakeSender:

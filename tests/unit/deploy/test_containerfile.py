@@ -115,7 +115,7 @@ def test_oci_labels(text):
 
 def test_build_context_excludes_local_state():
     ignored = set((REPO / ".dockerignore").read_text().split())
-    assert {".git", ".venv", ".pdserve", "router/_native", "services/kernels/_native"} <= ignored
+    assert {".git", ".venv", ".pdserve", "router/_native", "runtime/kernels/_native"} <= ignored
 
 
 def test_wheel_carries_what_the_compiled_builds_are_named_by():
@@ -124,7 +124,7 @@ def test_wheel_carries_what_the_compiled_builds_are_named_by():
     tomllib = pytest.importorskip("tomllib")
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "_native/*.so" in data["router"] and "pricing/*.pxd" in data["router"]
-    assert "kernels/_native/*.so" in data["services"] and "kernels/exact.cpp" in data["services"]
+    assert "kernels/_native/*.so" in data["runtime"] and "kernels/exact.cpp" in data["runtime"]
 
 
 @pytest.mark.parametrize("role, argv", [
@@ -133,7 +133,7 @@ def test_wheel_carries_what_the_compiled_builds_are_named_by():
     ("prefill", ["-m", "prefill_worker", "--listen", "0.0.0.0:50051"]),
     ("decode", ["-m", "decode_worker", "--listen", "0.0.0.0:50051"]),
     ("mixed", ["-m", "decode_worker", "--serve-prefill", "--listen", "0.0.0.0:50051"]),
-    ("collector", ["-m", "services.telemetry.collector", "--listen", "0.0.0.0:50051"]),
+    ("collector", ["-m", "runtime.telemetry.collector", "--listen", "0.0.0.0:50051"]),
 ])
 def test_entrypoint_maps_each_role_to_its_module(tmp_path, role, argv):
     stub = tmp_path / "python"

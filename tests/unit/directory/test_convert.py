@@ -19,8 +19,8 @@ from kv_directory.convert import (
 )
 from kv_directory.memory_store import MemoryDirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2, directory_pb2, manifest_pb2
-from services.directory.client import TxnRecord, TxnReply
-from services.directory.records import (
+from runtime.directory.client import TxnRecord, TxnReply
+from runtime.directory.records import (
     CAPACITY_FIELDS,
     LOAD_FIELDS,
     LoadReport,
@@ -31,8 +31,8 @@ from services.directory.records import (
     WorkerRole,
     chunk_list_digest,
 )
-from services.directory.states import Outcome, TxnState
-from services.directory.wire import (
+from runtime.directory.states import Outcome, TxnState
+from runtime.directory.wire import (
     OUTCOME_FROM_PB,
     OUTCOME_TO_PB,
     STATE_TO_PB,

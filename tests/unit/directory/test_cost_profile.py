@@ -11,9 +11,9 @@ import pytest
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from pdserve_client.rpc.pd.v1 import common_pb2
-from services.directory.cost_profile import CostProfile
-from services.directory.records import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
-from services.directory.wire import (
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
+from runtime.directory.wire import (
     BadRequest,
     profile_from_pb,
     profile_to_pb,

@@ -18,7 +18,7 @@ from kv_directory.destinations import KnownTransfers
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.server import DirectoryServicer
 from pdserve_client.rpc.pd.v1 import directory_pb2, manifest_pb2
-from services.directory.records import TransferSpec, WorkerRef
+from runtime.directory.records import TransferSpec, WorkerRef
 from tests.support.directory.grpc_process import manifest
 from tests.support.directory.harness import register
 
@@ -153,7 +153,7 @@ def test_a_replica_that_did_not_record_the_transfer_reads_the_record():
 # ---- a directory with the capability keys: the signed capability names the destination ----
 
 def _minted(tid: str = "t1", destination: str = "decode-0", signing=None, issuer="router/router", **changes):
-    from services.security.capability import PUSH, Grant, Signer
+    from runtime.security.capability import PUSH, Grant, Signer
     from tests.support import pki
     grant = dict(tenant="t", source_worker_id="prefill-0", source_epoch=1, destination_worker_id=destination,
                  destination_epoch=1, transfer_id=tid, generation=1, route_epoch=0, cache_abi_digest="abi-1",
@@ -169,7 +169,7 @@ def _signed(minted, **fields) -> directory_pb2.ConsumeNonceRequest:
 
 
 def _keyed(store) -> DirectoryServicer:
-    from services.security.capability import Verifier
+    from runtime.security.capability import Verifier
     from tests.support import pki
     verifier = Verifier.from_file(pki.capability_keys()[1], ["router/router"], 300_000)
     return DirectoryServicer(store, DirectoryConfig(), types.SimpleNamespace(secure=True), verifier)
@@ -230,7 +230,7 @@ def test_with_the_keys_a_forged_untrusted_or_expired_capability_is_refused():
 def test_with_the_keys_a_capability_under_a_key_not_loaded_here_falls_back_to_the_record(tmp_path):
     """A rotation under way: the router signs with a key this directory was started
     without. The record names the destination then, as it does without keys."""
-    from services.security.capability import generate_signing_key
+    from runtime.security.capability import generate_signing_key
     generate_signing_key(tmp_path / "new.pem", tmp_path / "new.json")
 
     async def main():
@@ -260,8 +260,8 @@ def test_without_the_keys_a_capability_is_not_enough_the_record_names_the_destin
 
 def _sealed():
     """A transfer reserved by this replica, from a source that seals, to decode-0."""
-    from services.directory.records import WorkerInfo
-    from services.security.seal import Sealer
+    from runtime.directory.records import WorkerInfo
+    from runtime.security.seal import Sealer
     store, sealer = CountingStore(), Sealer()
     p = store.register_worker(WorkerInfo("prefill-0", "prefill", "p:1", "p:2", "abi-1", seal_key=sealer.public))
     d = register(store, "decode-0", "decode")
@@ -273,7 +273,7 @@ def _sealed():
 
 
 def _publish(sealer, src_epoch, dst_epoch, m, generation=1, kv="kv" * 16, sealed_kv=None):
-    from services.directory.wire import evidence_of
+    from runtime.directory.wire import evidence_of
     chunks = list(m.expected_chunks)
     seal = sealer.seal("t1", 1, "prefill-0", src_epoch, evidence_of(sealed_kv or kv, chunks))
     return directory_pb2.TxnPublishRequest(request_id="r1", transfer_id="t1", generation=generation,

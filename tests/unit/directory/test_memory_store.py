@@ -7,8 +7,8 @@ import pytest
 from kv_directory.config import DirectoryConfig
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.store import DirectoryStore
-from services.directory.records import LoadReport, TransferSpec, WorkerRef, chunk_list_digest
-from services.directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
+from runtime.directory.records import LoadReport, TransferSpec, WorkerRef, chunk_list_digest
+from runtime.directory.states import LEGAL_SOURCES, Outcome, TxnState, check_transition
 from tests.support.directory.contract import DirectoryContract
 from tests.support.directory.harness import Harness, make_spec, register
 

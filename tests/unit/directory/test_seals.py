@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from kv_directory.memory_store import MemoryDirectoryStore
 from kv_directory.seals import SealJudge
-from services.directory.records import WorkerInfo
-from services.security.seal import Sealer
+from runtime.directory.records import WorkerInfo
+from runtime.security.seal import Sealer
 from tests.support.directory.harness import CHUNKS, KV, make_spec, register
 
 HELD = KV + "+" + "ab" * 32

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from kv_directory.store_calls import StoreCalls
-from services.directory.records import DirectoryUnavailable
+from runtime.directory.records import DirectoryUnavailable
 
 BUDGET_S, COOL_OFF_S = 0.01, 5.0
 

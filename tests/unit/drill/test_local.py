@@ -9,8 +9,8 @@ import pytest
 
 from pdserve_client.drill.cluster import DrillError
 from pdserve_client.drill.fake import FakeCluster
-from services.cluster.drill import LocalDrillCluster
-from services.cluster.launcher import ClusterSpec, LocalCluster, Proc
+from tooling.cluster.drill import LocalDrillCluster
+from tooling.cluster.launcher import ClusterSpec, LocalCluster, Proc
 
 
 def recorded_cluster(state_dir) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.engine import (
+from runtime.engine import (
     AbiMismatch,
     CheckpointError,
     Engine,
@@ -24,8 +24,8 @@ from services.engine import (
     export_kv,
     import_kv,
 )
-from services.engine.prefix import hash_blocks
-from services.engine.presets import PRESETS
+from runtime.engine.prefix import hash_blocks
+from runtime.engine.presets import PRESETS
 from tests.support.engine import assert_no_leak, random_prompt, tiny_engine, write_checkpoint
 
 GREEDY = SamplingParams(ignore_eos=True)

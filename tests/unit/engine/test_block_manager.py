@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from services.engine.block_manager import BlockManager
-from services.engine.errors import OutOfBlocks
-from services.engine.prefix import hash_blocks
+from runtime.engine.block_manager import BlockManager
+from runtime.engine.errors import OutOfBlocks
+from runtime.engine.prefix import hash_blocks
 
 
 def key(name: str) -> bytes:

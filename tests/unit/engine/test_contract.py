@@ -1,4 +1,4 @@
-"""The built-in engine keeps the hand-off's engine contract (services/worker/engine_contract.py):
+"""The built-in engine keeps the hand-off's engine contract (runtime/worker/engine_contract.py):
 a whole hand-off driven through the contract's calls alone, between two engines, gives the
 tokens a colocated run gives, both ends' digests equal, and every block back; and the
 contract's failure semantics hold (a refused request holds nothing; free is idempotent)."""
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from services.engine import InvalidRequest, OutOfBlocks, SamplingParams
-from services.worker.engine_contract import HandOffEngine
+from runtime.engine import InvalidRequest, OutOfBlocks, SamplingParams
+from runtime.worker.engine_contract import HandOffEngine
 from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)

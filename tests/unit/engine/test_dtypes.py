@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine import Engine, EngineConfig, SamplingParams
+from runtime.engine import Engine, EngineConfig, SamplingParams
 from tests.support.engine import assert_no_leak
 
 

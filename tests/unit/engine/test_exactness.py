@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.engine import SamplingParams
+from runtime.engine import SamplingParams
 from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 GREEDY = SamplingParams(ignore_eos=True)

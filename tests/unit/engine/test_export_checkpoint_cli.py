@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 
-from services.engine import Engine, SamplingParams
+from runtime.engine import Engine, SamplingParams
 from tests.support import REPO
 
 
 def test_export_checkpoint_round_trips(tmp_path):
     out = tmp_path / "tiny-ckpt"
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "export-checkpoint",
+    proc = subprocess.run([sys.executable, "-m", "tooling.cli", "export-checkpoint",
                            "--preset", "tiny", "--out", str(out), "--seed", "7"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -26,7 +26,7 @@ def test_export_checkpoint_round_trips(tmp_path):
 
 
 def test_export_checkpoint_unknown_preset_fails_clearly(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "export-checkpoint",
+    proc = subprocess.run([sys.executable, "-m", "tooling.cli", "export-checkpoint",
                            "--preset", "huge", "--out", str(tmp_path / "x")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0

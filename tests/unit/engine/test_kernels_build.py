@@ -1,4 +1,4 @@
-"""The exact kernels' build and choice (services/kernels): present after `make`,
+"""The exact kernels' build and choice (runtime/kernels): present after `make`,
 loaded only for the source they were built from, chosen by PD_ENGINE_KERNEL."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from services import kernels
-from services.engine import ops
+from runtime import kernels
+from runtime.engine import ops
 
 
 def test_the_engine_runs_the_built_kernels():
@@ -50,6 +50,6 @@ def test_bad_settings_name_the_variable(monkeypatch, var, value):
 
 
 def test_status_command():
-    out = subprocess.run([sys.executable, "-m", "services.kernels", "status"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "runtime.kernels", "status"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("kernel: pdkernels "), out.stdout + out.stderr

@@ -1,4 +1,4 @@
-"""LayerDigest (services/engine/digest.py): the K/V digest built as layers become final, in any
+"""LayerDigest (runtime/engine/digest.py): the K/V digest built as layers become final, in any
 order, equals Engine.kv_digest — and differs when one byte of any layer differs."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from services.engine import SamplingParams
-from services.engine.digest import LayerDigest
+from runtime.engine import SamplingParams
+from runtime.engine.digest import LayerDigest
 from tests.support.engine import random_prompt, tiny_engine
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -55,7 +55,7 @@ def test_a_changed_byte_in_the_last_layer_changes_it():
 def test_a_fragmented_block_table_hashes_the_same_gathered_or_run_by_run(monkeypatch):
     """Past GATHER_RUNS runs the digest hashes one gathered copy per K and V: the same bytes
     in the same order as a view per run."""
-    from services.engine import engine as engine_module
+    from runtime.engine import engine as engine_module
 
     engine = tiny_engine(num_blocks=64)
     fillers = [engine.add_request(f"f{i}", random_prompt(random.Random(i), 16), 1, GREEDY, reuse_prefix=False)

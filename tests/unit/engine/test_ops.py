@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from services import kernels as kernel
-from services.engine import ops
-from services.engine.ops import Linear, row_bmm
+from runtime import kernels as kernel
+from runtime.engine import ops
+from runtime.engine.ops import Linear, row_bmm
 
 ROW_COUNTS = list(range(1, 20)) + [31, 32, 33, 64, 100, 257]
 PORTABLE = kernel.ISAS["portable"]
@@ -174,7 +174,7 @@ def test_sqrt_is_correctly_rounded():
 # SIMD width (add, sub, mul, div, reciprocal, neg), and the reductions that add in a fixed
 # order (cumsum's scan, index_add_ and scatter_reduce in index order). MKL's vector math
 # (torch's sqrt, exp, log, sin, ... on MKL builds) is not in it: it is not correctly
-# rounded on every CPU (services/engine/ops.py).
+# rounded on every CPU (runtime/engine/ops.py).
 REVIEWED_OPS = frozenset(f"aten.{op}" for op in (
     "_local_scalar_dense add add_ alias amax arange argmax bitwise_not cat contiguous copy_ cumsum detach "
     "div empty expand fill_ full full_like ge gt index index_add_ index_copy_ index_put_ index_select "
@@ -191,7 +191,7 @@ def test_the_engine_runs_only_reviewed_torch_ops():
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from services.engine import Engine, EngineConfig, SamplingParams
+    from runtime.engine import Engine, EngineConfig, SamplingParams
 
     seen: set[str] = set()
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from services.engine import Engine, EngineConfig, SamplingParams
+from runtime.engine import Engine, EngineConfig, SamplingParams
 from tests.support.engine import GQA, MHA, assert_no_leak, random_prompt, write_checkpoint
 
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from services.engine import InvalidRequest, SamplingParams
+from runtime.engine import InvalidRequest, SamplingParams
 from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 MAX_TOKENS = 48

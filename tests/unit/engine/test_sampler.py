@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from services.engine.sampler import SamplingParams, pick, sample, sample_one, uniform
+from runtime.engine.sampler import SamplingParams, pick, sample, sample_one, uniform
 
 
 def _logits(seed: int, v: int = 100, scale: float = 3.0) -> torch.Tensor:
@@ -109,7 +109,7 @@ def test_sampled_tokens_stay_in_the_top_p_nucleus():
 
 
 def test_top_k_keeps_exactly_k_on_ties():
-    from services.engine.sampler import sample_one
+    from runtime.engine.sampler import sample_one
 
     logits = torch.zeros(16)
     logits[3] = logits[7] = 5.0

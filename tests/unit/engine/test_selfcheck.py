@@ -1,12 +1,12 @@
-"""The start-up self-check (services/engine/selfcheck.py) and the numerics in the cache ABI."""
+"""The start-up self-check (runtime/engine/selfcheck.py) and the numerics in the cache ABI."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.engine import AbiMismatch, Engine, EngineConfig, attention, ops, selfcheck
-from services.engine.presets import seeded_weights
+from runtime.engine import AbiMismatch, Engine, EngineConfig, attention, ops, selfcheck
+from runtime.engine.presets import seeded_weights
 from tests.support.engine import GQA, MHA, assert_no_leak, tiny_engine
 
 

@@ -1,5 +1,5 @@
 """The release state machine: every legal and illegal transition, and the writes the
-directory lets through (services/release)."""
+directory lets through (runtime/release)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from services.release.machine import (
+from runtime.release.machine import (
     ROLLBACK_ORDER,
     IllegalTransition,
     Release,
@@ -16,8 +16,8 @@ from services.release.machine import (
     check_transition,
     next_promotion,
 )
-from services.release.record import DeploymentManifest, ReleaseRecord, Rollback, StepRecord, check_write
-from services.release.wire import BadRelease, decode, encode, record_from_pb, record_to_pb
+from runtime.release.record import DeploymentManifest, ReleaseRecord, Rollback, StepRecord, check_write
+from runtime.release.wire import BadRelease, decode, encode, record_from_pb, record_to_pb
 
 P, S, C, A, R = Release.PINNED, Release.SHADOW, Release.CANARY, Release.ACTIVE, Release.ROLLED_BACK
 LEGAL = {(P, S), (S, C), (C, A), (P, R), (S, R), (C, R), (A, R)}

@@ -14,8 +14,8 @@ from pdserve_client.release import ReleaseChange, ReleaseView, RollbackStepView,
 from router.release.controller import GatesFailed, moves
 from router.release.gates import Check
 from router.release.manifest import drift
-from services.release.machine import ROLLBACK_ORDER, Release, RollbackStep
-from services.release.record import DeploymentManifest, ReleaseRecord, Rollback, StepRecord
+from runtime.release.machine import ROLLBACK_ORDER, Release, RollbackStep
+from runtime.release.record import DeploymentManifest, ReleaseRecord, Rollback, StepRecord
 
 TINY = DeploymentManifest(model="tiny", model_identity=("a" * 64,), tokenizer_identity="none",
                           cache_abi_digests=("c" * 64,), transports=("ucx",), roles=("decode=1", "prefill=1"),

@@ -17,7 +17,7 @@ from router.blocks import Witnesses, blocks, orphan_reason
 from router.requests.orchestrator import Orchestrator
 from router.server import start
 from router.types import RouterError, StatusCode, WorkerCallError
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support import pki
 from tests.support.orchestrator import FakeCluster, collect, config, params, run, worker
 

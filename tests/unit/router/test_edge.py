@@ -25,7 +25,7 @@ from router.edge.intake import Intake, sizes_of
 from router.edge.refusal import MAX_MESSAGE_CHARS, QUOTE_CHARS, Refusal, bounded, quote
 from router.requests.admission import max_model_len
 from router.types import RouterError, StatusCode
-from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 from tests.unit.router.test_server import CAP, FakeDirectory, request, rig, run
 
 MB = 1 << 20

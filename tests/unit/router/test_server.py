@@ -28,10 +28,10 @@ from pdserve_client.rpc.pd.v1 import (
 from router.__main__ import parse_args
 from router.config import RouterConfig
 from router.server import build, start
-from services.common.grpc_server import start_server
-from services.release.record import check_write
-from services.release.wire import record_from_pb
-from services.worker.node import router_only
+from runtime.common.grpc_server import start_server
+from runtime.release.record import check_write
+from runtime.release.wire import record_from_pb
+from runtime.worker.node import router_only
 from tests.support import pki
 
 CAP = common_pb2.WorkerCapacity(total_blocks=64, max_decode_batch=8, max_prefill_tokens=512, block_size=4,

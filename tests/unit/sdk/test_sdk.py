@@ -15,8 +15,8 @@ import pytest
 from pdserve_client import Client, PdError
 from pdserve_client.rpc.pd.v1 import admin_pb2, common_pb2, manifest_pb2, router_pb2
 from pdserve_client.stream import StreamTally
-from services.cluster.ports import free_port
 from tests.support.sdk import Abort, Forever, complete, error, paced_script, started, token
+from tooling.cluster.ports import free_port
 
 # --------------------------------------------------------------------------- sync client
 

@@ -1,4 +1,4 @@
-"""Transfer capabilities (services/security/capability.py): real Ed25519 keys on disk, no mocks.
+"""Transfer capabilities (runtime/security/capability.py): real Ed25519 keys on disk, no mocks.
 
 Each refusal case changes one thing: grant fields are re-signed with the real key, so
 the reason proves that exactly that check fired (checks run in `Reason`'s order,
@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pdserve_client.rpc.pd.v1 import capability_pb2
-from services.security.capability import (
+from runtime.security.capability import (
     PULL,
     PUSH,
     CapabilityDenied,

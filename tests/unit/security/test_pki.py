@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pdserve_client.tls import TlsFiles
-from services.security.pki import Identity, LocalCA
-from services.security.tls import Security
+from runtime.security.pki import Identity, LocalCA
+from runtime.security.tls import Security
 
 
 def test_a_ca_in_a_deep_folder_issues_certificates(tmp_path):

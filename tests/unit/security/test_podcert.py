@@ -1,5 +1,5 @@
-"""The chart's pod certificates (services/security/podcert.py) and exec health probe
-(services/common/healthcheck.py): a certificate issued from a read-only CA folder names
+"""The chart's pod certificates (runtime/security/podcert.py) and exec health probe
+(runtime/common/healthcheck.py): a certificate issued from a read-only CA folder names
 the pod, carries the service DNS name, and a probe with it sees SERVING / NOT_SERVING."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve_client import contract
 from pdserve_client.tls import TlsFiles
-from services.common import healthcheck
-from services.security import podcert
-from services.security.pki import Identity, LocalCA
+from runtime.common import healthcheck
+from runtime.security import podcert
+from runtime.security.pki import Identity, LocalCA
 
 
 @pytest.fixture

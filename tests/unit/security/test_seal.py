@@ -1,13 +1,13 @@
-"""Sealed declarations (services/security/seal.py): a seal opens only with the key that
+"""Sealed declarations (runtime/security/seal.py): a seal opens only with the key that
 made it, over exactly the declaration it was made for; the COMMIT carries it intact."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.security.seal import SEAL_BYTES, Sealer, declaration, opens, public_key
-from services.transfer import Chunk, ChunkKey, TransferCommit
-from services.transfer.tcp.wire import commit_for, decode_commit, encode_commit
+from runtime.security.seal import SEAL_BYTES, Sealer, declaration, opens, public_key
+from runtime.transfer import Chunk, ChunkKey, TransferCommit
+from runtime.transfer.tcp.wire import commit_for, decode_commit, encode_commit
 
 DECL = ("req/3", 3, "prefill-0", 1_796_000_000_000, "ab" * 16 + "+" + "cd" * 32)
 

@@ -1,4 +1,4 @@
-"""The metric catalog (services/telemetry/catalog.py): the doc table lists exactly what
+"""The metric catalog (runtime/telemetry/catalog.py): the doc table lists exactly what
 the code exports, every family has its HELP, events move exactly the counters they
 name, and a histogram observed inside a recording span carries its trace id."""
 
@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from services.telemetry import metrics as transport_metrics
-from services.telemetry.catalog import (
+from runtime.telemetry import metrics as transport_metrics
+from runtime.telemetry.catalog import (
     DirectoryMetrics,
     RouterMetrics,
     WorkerMetrics,

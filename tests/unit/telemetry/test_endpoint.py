@@ -1,4 +1,4 @@
-"""/metrics over HTTPS (services/telemetry/endpoint.py), on a real socket with
+"""/metrics over HTTPS (runtime/telemetry/endpoint.py), on a real socket with
 certificates from a throwaway CA: operator and monitor read, any other role gets 403,
 no certificate fails the handshake; insecure it is plain HTTP; OpenMetrics on request."""
 
@@ -9,9 +9,9 @@ import urllib.error
 
 import pytest
 
-from services.security.tls import Security
-from services.telemetry.catalog import WorkerMetrics
-from services.telemetry.endpoint import serve_metrics
+from runtime.security.tls import Security
+from runtime.telemetry.catalog import WorkerMetrics
+from runtime.telemetry.endpoint import serve_metrics
 from tests.support import pki
 from tests.support.metrics import Scrape, scrape, tls_context
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from decode_worker.tracing import ReservationTrace
 from pdserve_client import spans as S
 from prefill_worker.tracing import PrefillTrace
-from services.telemetry import tracing
+from runtime.telemetry import tracing
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from pdserve_client.rpc.pd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from pdserve_client.tls import credentials
-from services.telemetry import collector, tracing
-from services.transfer.base import TransferCommit
-from services.transfer.tcp.wire import decode_commit, encode_commit
+from runtime.telemetry import collector, tracing
+from runtime.transfer.base import TransferCommit
+from runtime.transfer.tcp.wire import decode_commit, encode_commit
 from tests.support import pki
 
 

@@ -1,4 +1,4 @@
-"""services/transfer/faults.py: the fault suite's data-plane faults as a decorator of
+"""runtime/transfer/faults.py: the fault suite's data-plane faults as a decorator of
 a sender (here over a recording sender; the fault suite runs it over tcp and ucx)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.transfer.base import Chunk, ChunkKey, KVSender, TransferCommit, Verdict
-from services.transfer.faults import FaultySender, SenderFaults
+from runtime.transfer.base import Chunk, ChunkKey, KVSender, TransferCommit, Verdict
+from runtime.transfer.faults import FaultySender, SenderFaults
 
 
 class Recording(KVSender):

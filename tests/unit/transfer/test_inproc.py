@@ -20,8 +20,8 @@ from collections import Counter
 import pytest
 import torch
 
-from services.engine import SamplingParams, commit_import, export_kv
-from services.transfer import (
+from runtime.engine import SamplingParams, commit_import, export_kv
+from runtime.transfer import (
     ChunkArrived,
     ChunkKey,
     Expectation,
@@ -32,10 +32,10 @@ from services.transfer import (
     Verdict,
     chunk_checksum,
 )
-from services.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
-from services.transfer.factory import make_receiver, make_sender
-from services.transfer.inproc import InprocReceiver, InprocSender
-from services.transfer.tcp import TcpReceiver, TcpSender
+from runtime.transfer.chunks import chunk_bytes, chunk_views, describe_chunk, plan_chunks
+from runtime.transfer.factory import make_receiver, make_sender
+from runtime.transfer.inproc import InprocReceiver, InprocSender
+from runtime.transfer.tcp import TcpReceiver, TcpSender
 from tests.support.engine import assert_no_leak, random_prompt, tiny_engine
 
 GREEDY = SamplingParams(ignore_eos=True)
@@ -307,7 +307,7 @@ def test_factory_builds_each_backend_and_names_the_known_ones():
     tcp = make_receiver("tcp", host="127.0.0.1", idle_timeout_s=3.0)
     assert isinstance(tcp, TcpReceiver) and tcp.idle_timeout_s == 3.0
     assert isinstance(make_sender("tcp", io_timeout_s=2.0), TcpSender)
-    from services.transfer.ucx import UcxReceiver  # constructing starts no UCX
+    from runtime.transfer.ucx import UcxReceiver  # constructing starts no UCX
     ucx = make_receiver("ucx", idle_timeout_s=4.0)
     assert isinstance(ucx, UcxReceiver) and ucx.idle_timeout_s == 4.0
     assert make_sender("ucx", window_bytes=1 << 20).window_bytes == 1 << 20

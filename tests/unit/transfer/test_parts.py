@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from services.transfer import ChunkKey
-from services.transfer.common import place
-from services.transfer.credits import CreditTimeout, CreditWindow
-from services.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
-from services.transfer.ucx import wire
+from runtime.transfer import ChunkKey
+from runtime.transfer.common import place
+from runtime.transfer.credits import CreditTimeout, CreditWindow
+from runtime.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
+from runtime.transfer.ucx import wire
 
 
 def run(coro):
@@ -161,7 +161,7 @@ def test_ucx_address_round_trip_and_errors():
 
 
 def test_metrics_text_round_trip():
-    from services.telemetry.metrics import parse, registry_of, render
+    from runtime.telemetry.metrics import parse, registry_of, render
     samples = [("pd_a_total", {}, 3.0),
                ("pd_path_info", {"path": "shm(sysv+cma)", "peer": 'x"y'}, 1.0)]
     text = render(registry_of([lambda: samples]))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from services.transfer import ChunkArrived, Failed, TransferCommit
-from services.transfer.tcp.wire import encode_commit
-from services.transfer.ucx import wire
+from runtime.transfer import ChunkArrived, Failed, TransferCommit
+from runtime.transfer.tcp.wire import encode_commit
+from runtime.transfer.ucx import wire
 from tests.unit.transfer.test_ucx_carried import BLOCK, setup
 
 
@@ -116,7 +116,7 @@ def test_rows_of_one_batch_may_mix_announced_and_hashed_chunks():
 def test_the_fence_drains_a_staging_receive_at_once_and_waits_for_one_into_the_cache():
     """A receive into a staging buffer holds no cache memory: a transfer ended before its data
     came (an announced batch whose sender was cancelled) gives its blocks back at once."""
-    from services.transfer.ucx.runtime import fence_receives
+    from runtime.transfer.ucx.runtime import fence_receives
 
     class Drains:
         def __init__(self, futs):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from services.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict, chunk_checksum
-from services.transfer.common import pack
-from services.transfer.keys import new_key
-from services.transfer.tcp.wire import encode_commit
-from services.transfer.ucx import wire
-from services.transfer.ucx.receiver import UcxReceiver
+from runtime.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict, chunk_checksum
+from runtime.transfer.common import pack
+from runtime.transfer.keys import new_key
+from runtime.transfer.tcp.wire import encode_commit
+from runtime.transfer.ucx import wire
+from runtime.transfer.ucx.receiver import UcxReceiver
 
 SENDER = 7
 BLOCK = 64

@@ -1,4 +1,4 @@
-"""The UCX receiver's way in (services/transfer/ucx/intake.py) and the sender's replies
+"""The UCX receiver's way in (runtime/transfer/ucx/intake.py) and the sender's replies
 (ucx/exchange.py), on a stand-in runtime (no UCX): what is dropped unread and counted, what
 an out-of-line body holds up (its own transfer only), and what the genuine sender of an
 ended transfer hears. The real backend between processes, and an attacker of its own, are
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from services.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict
-from services.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
-from services.transfer.tcp.wire import encode_commit
-from services.transfer.ucx import wire
-from services.transfer.ucx.receiver import UcxReceiver
+from runtime.transfer import Chunk, ChunkKey, Expectation, Failed, TransferCommit, Verdict
+from runtime.transfer.keys import TO_RECEIVER, TO_SENDER, TransferKey, new_key
+from runtime.transfer.tcp.wire import encode_commit
+from runtime.transfer.ucx import wire
+from runtime.transfer.ucx.receiver import UcxReceiver
 
 SENDER = 11  # the genuine sender's mailbox
 
@@ -201,9 +201,9 @@ def test_a_sender_takes_only_replies_made_under_its_transfers_key():
     """A forged VERDICT (another key), a reflected one (the sender's own direction) and one for
     a transfer it does not know are dropped and counted; the genuine one is taken."""
     async def go():
-        from services.transfer.ucx.outgoing import Outgoing
-        from services.transfer.ucx.outgoing import Peer as OutPeer
-        from services.transfer.ucx.sender import UcxSender
+        from runtime.transfer.ucx.outgoing import Outgoing
+        from runtime.transfer.ucx.outgoing import Peer as OutPeer
+        from runtime.transfer.ucx.sender import UcxSender
         s = UcxSender()
         keyed = s._keys.add("t/1", TransferKey("t/1", secret := new_key()))
         out = s._outs["t/1"] = Outgoing(OutPeer("ucx://1@h:1/AA", 1, "h", 1, b"", None, None, ""), "t/1", keyed)

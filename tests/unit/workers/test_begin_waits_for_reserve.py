@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.directory.client import TxnReply
-from services.directory.states import Outcome, TxnState
-from services.worker.directory_ops import TxnOps
+from runtime.directory.client import TxnReply
+from runtime.directory.states import Outcome, TxnState
+from runtime.worker.directory_ops import TxnOps
 
 
 class Directory:

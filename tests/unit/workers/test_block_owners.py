@@ -15,13 +15,13 @@ import asyncio
 import pytest
 
 from prefill_worker.worker import PrefillWorker
-from services.directory.states import Outcome, TxnState
-from services.engine import SamplingParams
-from services.transfer import KVSender
-from services.transfer.chunks import chunk_bytes, plan_chunks
-from services.worker.config import WorkerConfig
-from services.worker.loop import EngineLoop
-from services.worker.process import block_counts
+from runtime.directory.states import Outcome, TxnState
+from runtime.engine import SamplingParams
+from runtime.transfer import KVSender
+from runtime.transfer.chunks import chunk_bytes, plan_chunks
+from runtime.worker.config import WorkerConfig
+from runtime.worker.loop import EngineLoop
+from runtime.worker.process import block_counts
 from tests.support.engine import assert_no_leak, running_loop, tiny_engine
 
 PROMPT = list(range(3, 103))
@@ -141,7 +141,7 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
     """The router died between the commit and its DecodeStream call: the sequence
     would decode to max_tokens holding its blocks; the TTL stops it and frees them."""
     from decode_worker.worker import DecodeWorker
-    from services.transfer.inproc import InprocReceiver, InprocSender
+    from runtime.transfer.inproc import InprocReceiver, InprocSender
 
     p_loop, d_loop = EngineLoop(tiny_engine(num_blocks=64)), EngineLoop(tiny_engine(num_blocks=256))
     p_loop.start()

@@ -1,4 +1,4 @@
-"""The workers' capability gates (services/worker/capabilities.py) over a real signing key:
+"""The workers' capability gates (runtime/worker/capabilities.py) over a real signing key:
 the destination's check of the router's copy ahead of the sender, and the sender's AUTH
 against it. The directory's ConsumeNonce is a set here (its own tests are elsewhere)."""
 
@@ -9,8 +9,8 @@ import base64
 
 import pytest
 
-from services.security.capability import PUSH, CapabilityDenied, Grant, Reason, Signer, Verifier
-from services.worker.capabilities import DestinationGate
+from runtime.security.capability import PUSH, CapabilityDenied, Grant, Reason, Signer, Verifier
+from runtime.worker.capabilities import DestinationGate
 from tests.support import pki
 
 REGIONS = (3, 4, 5)
@@ -37,7 +37,7 @@ def gate(consumed: list, sent: list | None = None) -> DestinationGate:
 
 
 def credential(raw: bytes, source: str = "p0") -> dict:
-    from services.worker.capabilities import _nonce_of
+    from runtime.worker.capabilities import _nonce_of
     return {"capability": base64.b64encode(raw).decode(), "source_worker_id": source, "source_epoch": 2,
             "nonce": _nonce_of(raw).hex()}
 
@@ -90,7 +90,7 @@ def test_another_capability_than_the_copy_ahead_is_checked_the_full_way():
 def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refused():
     """The router records the transfer beside its Prefill call: the nonce is asked again
     while the directory answers "not recorded", and refused (TRANSFER) once the wait is over."""
-    from services.directory.client import NonceRefused, TransferNotRecorded
+    from runtime.directory.client import NonceRefused, TransferNotRecorded
 
     def gate_of(answers: list):
         _, public = pki.capability_keys()

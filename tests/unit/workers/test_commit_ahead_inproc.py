@@ -1,4 +1,4 @@
-"""Layer streaming's COMMIT ahead of the first token (services/transfer/base.py
+"""Layer streaming's COMMIT ahead of the first token (runtime/transfer/base.py
 TOKEN_FOLLOWS), between the real PrefillWorker and DecodeWorker (tests/support/inproc_cluster.py):
 the destination validates and publishes while the prefill's compute ends, admits the
 request when the token's COMMIT comes, and whatever happens between the two — the
@@ -18,8 +18,8 @@ import pytest
 from decode_worker.admission import Admission
 from decode_worker.reservations import ResState
 from prefill_worker.handoff import TransferRefused
-from services.directory.states import TxnState
-from services.worker.loop import SeqDone, TokenOut
+from runtime.directory.states import TxnState
+from runtime.worker.loop import SeqDone, TokenOut
 from tests.support.inproc_cluster import InprocCluster
 
 PROMPT = [random.Random(5).randrange(3, 500) for _ in range(600)]  # 3 prefill chunks of 256: streamed

@@ -1,7 +1,7 @@
 """A fault hook never changes what a hand-off does (prefill_worker/handoff.py HandOffPlan),
 between the real PrefillWorker and DecodeWorker (tests/support/inproc_cluster.py): a request
 that pauses at any step takes the plan a plain request takes, streamed or whole; a test that
-wants another plan asks for it by name (services/worker/events.py PLAN_OPTIONS)."""
+wants another plan asks for it by name (runtime/worker/events.py PLAN_OPTIONS)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import random
 import pytest
 
 from prefill_worker.handoff import HandOffPlan
-from services.worker.events import PAUSE_STEPS
+from runtime.worker.events import PAUSE_STEPS
 from tests.support.inproc_cluster import InprocCluster
 
 PROMPT = [random.Random(8).randrange(3, 500) for _ in range(300)]

@@ -1,4 +1,4 @@
-"""Who holds which blocks (services/worker/holdings.py): every block of the pool is
+"""Who holds which blocks (runtime/worker/holdings.py): every block of the pool is
 free, cached prefix or charged to exactly one holding, and a holding names its
 request, tenant, transfer, generation and state. In-process, on a tiny engine."""
 
@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from services.engine import SamplingParams
-from services.worker import holdings
-from services.worker.blocks import view_to_pb
-from services.worker.holdings import HoldState
+from runtime.engine import SamplingParams
+from runtime.worker import holdings
+from runtime.worker.blocks import view_to_pb
+from runtime.worker.holdings import HoldState
 from tests.support.engine import assert_no_leak, running_loop, tiny_engine
 
 PROMPT = list(range(3, 103))  # 100 tokens: 6 full blocks of 16 and a partial one
@@ -112,7 +112,7 @@ def engine_loop():
 
 def test_taken_on_the_engine_thread_while_it_decodes(engine_loop):
     """The snapshot is one `call` on the loop: consistent with the batch it runs."""
-    from services.worker.loop import AsyncSink, Job, SeqDone
+    from runtime.worker.loop import AsyncSink, Job, SeqDone
 
     async def go():
         sink = AsyncSink(asyncio.get_running_loop())

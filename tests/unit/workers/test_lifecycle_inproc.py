@@ -13,9 +13,9 @@ import pytest
 from decode_worker.reservations import ResState
 from prefill_worker.handoff import TransferRefused
 from prefill_worker.worker import Target, TaskState
-from services.directory.states import TxnState
-from services.engine import InvalidRequest
-from services.security.seal import Sealer
+from runtime.directory.states import TxnState
+from runtime.engine import InvalidRequest
+from runtime.security.seal import Sealer
 from tests.support.inproc_cluster import GREEDY, InprocCluster
 
 PROMPT = [random.Random(3).randrange(3, 500) for _ in range(70)]  # 5 blocks of 16

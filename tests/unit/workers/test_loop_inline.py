@@ -1,6 +1,6 @@
 """EngineLoop.call(..., inline=True): on an idle engine the call runs at once on the
 caller's thread; while the engine works or a call is queued it queues, in order, and runs
-on the loop thread (services/worker/loop.py, safety invariant)."""
+on the loop thread (runtime/worker/loop.py, safety invariant)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from services.engine import SamplingParams
+from runtime.engine import SamplingParams
 from tests.support.engine import assert_no_leak, running_loop
 
 PROMPT = list(range(3, 40))

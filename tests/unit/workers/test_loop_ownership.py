@@ -1,5 +1,5 @@
 """A call that takes blocks gives them back when its caller stops waiting, whenever that
-happens (services/worker/loop.py, safety invariant "ownership"; docs/design.md, Principles)."""
+happens (runtime/worker/loop.py, safety invariant "ownership"; docs/design.md, Principles)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from services.engine import Engine
-from services.worker.loop import EngineLoop
+from runtime.engine import Engine
+from runtime.worker.loop import EngineLoop
 from tests.support.engine import assert_no_leak, running_loop
 
 PROMPT = list(range(3, 103))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
-from services.engine.engine import Engine, EngineConfig
-from services.worker.loop import EngineLoop, Job
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.worker.loop import EngineLoop, Job
 
 
 def test_compute_time_excludes_the_prompts_ahead_and_the_decode_steps_between_chunks():

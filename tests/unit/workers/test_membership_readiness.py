@@ -1,4 +1,4 @@
-"""Readiness of a worker follows its lease (services/worker/membership.py): NOT_SERVING
+"""Readiness of a worker follows its lease (runtime/worker/membership.py): NOT_SERVING
 until registered, while the directory is unreachable at start, after a lease loss
 until re-registered, and after a whole lease without a renewal; `leave` deregisters.
 Driven over a scripted directory client and a manual clock (no processes)."""
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from services.directory.client import Lease, Registration
-from services.directory.records import DirectoryUnavailable, LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
-from services.worker import membership as membership_mod
-from services.worker.membership import Membership
+from runtime.directory.client import Lease, Registration
+from runtime.directory.records import DirectoryUnavailable, LoadReport, WorkerCapacity, WorkerInfo, WorkerRole
+from runtime.worker import membership as membership_mod
+from runtime.worker.membership import Membership
 
 CAP = WorkerCapacity(total_blocks=8, max_decode_batch=2, max_prefill_tokens=64, block_size=16,
                      vocab_size=512, max_model_len=256)

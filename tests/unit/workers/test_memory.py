@@ -1,7 +1,7 @@
 """tune_malloc: a worker's large temporaries stop costing page faults on every allocation.
 
 Measured in a decode worker (`small`, two 1.5k-token sequences): 1.76 M minor
-faults over two requests without it, 1.2 k with it (services/worker/memory.py).
+faults over two requests without it, 1.2 k with it (runtime/worker/memory.py).
 Here the same effect through glibc directly: with a fixed low mmap threshold
 every 3 MiB block is a fresh mapping (faulted again on each use); after
 `tune_malloc` freed blocks are reused.
@@ -20,7 +20,7 @@ from tests.support import REPO
 
 PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, resource, sys
-    from services.worker.memory import tune_malloc
+    from runtime.worker.memory import tune_malloc
     tuned = tune_malloc() if sys.argv[1] == "tune" else False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -59,6 +59,6 @@ def test_tuned_heap_reuses_freed_blocks():
 
 
 def test_tuning_can_be_turned_off(monkeypatch):
-    from services.worker.memory import tune_malloc
+    from runtime.worker.memory import tune_malloc
     monkeypatch.setenv("PD_MALLOC_TUNE", "0")
     assert tune_malloc() is False

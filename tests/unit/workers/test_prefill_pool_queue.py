@@ -18,8 +18,8 @@ import pytest
 
 from prefill_worker.role import PrefillRole
 from prefill_worker.room import PoolQueue
-from services.engine import OutOfBlocks
-from services.worker.node import pending_prefill_tokens
+from runtime.engine import OutOfBlocks
+from runtime.worker.node import pending_prefill_tokens
 from tests.support.inproc_cluster import InprocCluster
 
 rng = random.Random(21)

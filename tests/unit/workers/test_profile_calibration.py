@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.directory.cost_profile import CostProfile
-from services.engine import Engine, EngineConfig
-from services.worker.profile import ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain, prefill_features
+from runtime.directory.cost_profile import CostProfile
+from runtime.engine import Engine, EngineConfig
+from runtime.worker.profile import ProfileConfig, fit_nonneg, fit_prefill, kv_bytes_per_block, obtain, prefill_features
 
 
 def test_fit_recovers_exact_coefficients():
@@ -73,7 +73,7 @@ def test_profile_config_from_env():
 def test_the_decode_points_always_measured_determine_all_three_terms():
     # With only (1, 64) and (4, 64) measured, context grew with batch and the fit put
     # a whole step on context: 191 ms predicted TPOT for a 28 ms idle stream.
-    from services.worker.profile import DECODE_POINTS, MIN_DECODE_POINTS, decode_features
+    from runtime.worker.profile import DECODE_POINTS, MIN_DECODE_POINTS, decode_features
     rows = [decode_features(b, b * ctx) for b, ctx in DECODE_POINTS[:MIN_DECODE_POINTS]]
     det = (rows[0][0] * (rows[1][1] * rows[2][2] - rows[1][2] * rows[2][1])
            - rows[0][1] * (rows[1][0] * rows[2][2] - rows[1][2] * rows[2][0])
@@ -107,7 +107,7 @@ def test_fit_prefill_never_prices_a_token_at_zero():
     """Seen on a loaded machine (the suite with two workers and a busy core): noisy
     calibration points that the pair term alone fits best gave prefill_ms_per_token 0.
     The fit then drops the pair term instead: every prefill token costs something."""
-    from services.worker.profile import fit_prefill, prefill_features
+    from runtime.worker.profile import fit_prefill, prefill_features
     news = [64, 128, 256, 512]
     rows = [prefill_features(n, 0) for n in news]
     ys = [1e-5 * n * n / 2 for n in news]  # all quadratic: the full fit puts nothing per token
@@ -119,7 +119,7 @@ def test_workers_starting_together_calibrate_once_and_the_others_load_it(engine,
     import threading
     import time
 
-    from services.worker import profile as profile_mod
+    from runtime.worker import profile as profile_mod
 
     runs = []
 

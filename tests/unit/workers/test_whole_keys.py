@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from prefill_worker.tasks import whole_keys
-from services.transfer import ChunkKey
+from runtime.transfer import ChunkKey
 
 ENGINE = SimpleNamespace(cache=SimpleNamespace(block_bytes_per_layer=4096))
 PLAN = [ChunkKey(layer, 0, 2) for layer in range(4)]  # 4 x 8 KiB

@@ -14,8 +14,8 @@ from router.pricing.routes import price_colocated, price_pair
 from router.pricing.scorers import SCORERS, build
 from router.pricing.shapes import RequestShape
 from router.types import Route
-from services.directory.cost_profile import CostProfile
-from services.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 PROFILE = CostProfile(prefill_base_ms=2.0, prefill_ms_per_token=0.5, prefill_ms_per_pair=0.001,
                       decode_base_ms=4.0, decode_ms_per_seq=1.0, decode_ms_per_context_token=0.01,

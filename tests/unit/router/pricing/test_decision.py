@@ -11,7 +11,7 @@ from router.pricing.decision import decide
 from router.pricing.reference import reference_decide
 from router.pricing.routes import price_colocated, price_pair
 from router.pricing.shapes import Outcome, RequestShape
-from services.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
 from tests.support.pricing import BS, CFG, PROFILE, params, rows, worker
 
 

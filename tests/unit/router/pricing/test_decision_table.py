@@ -20,7 +20,7 @@ from router.pricing.decision import candidates, decide
 from router.pricing.reference import reference_candidates, reference_decide
 from router.pricing.scorers import build
 from router.pricing.shapes import DecisionParams, Outcome
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.random_tables import (
     CFG,
     learned_model,

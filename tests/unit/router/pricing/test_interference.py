@@ -21,7 +21,7 @@ from router.pricing.interference import (
 from router.pricing.reference import reference_decide
 from router.pricing.routes import price_colocated
 from router.pricing.shapes import Outcome, RequestShape
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.pricing import BS, CFG, params, rows, worker
 
 

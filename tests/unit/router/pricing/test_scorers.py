@@ -14,7 +14,7 @@ from router.pricing.decision import weighted_scores
 from router.pricing.scorers import SCORERS, build
 from router.pricing.shapes import RequestShape
 from router.types import Route
-from services.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import WorkerCapacity, WorkerRecord, WorkerRole
 
 W = WorkerRecord("w", WorkerRole.MIXED, "w:1", capacity=WorkerCapacity(total_blocks=100))
 

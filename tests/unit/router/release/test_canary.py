@@ -12,8 +12,8 @@ from router.release.canary import CanaryTally, canary_record
 from router.release.controller import ReleaseController
 from router.requests.orchestrator import Orchestrator
 from router.types import Mode
-from services.release.machine import Release
-from services.release.record import ReleaseRecord, Transition
+from runtime.release.machine import Release
+from runtime.release.record import ReleaseRecord, Transition
 from tests.support.orchestrator import collect, config, params, run, two_by_two
 
 START = 1_000

@@ -1,5 +1,5 @@
 """The rollback over the in-process fake cluster (tests/support/orchestrator.py): the
-steps run in order (services/release/machine.py, ROLLBACK_ORDER) and are recorded; a failure at any step leaves a
+steps run in order (runtime/release/machine.py, ROLLBACK_ORDER) and are recorded; a failure at any step leaves a
 record that the next run — another router, once the runner's lease lapsed — resumes
 from that step, keeping what ended; the completion gate refuses what does not hold."""
 
@@ -14,7 +14,7 @@ from router.release import rollback as steps
 from router.release.controller import ReleaseConflict, ReleaseController
 from router.release.probes import RollbackBlocked
 from router.requests.orchestrator import Orchestrator
-from services.release.machine import ROLLBACK_ORDER, Release, RollbackStep
+from runtime.release.machine import ROLLBACK_ORDER, Release, RollbackStep
 from tests.support.orchestrator import assert_no_leaks, config, run, two_by_two
 
 FAST = {"rollback_lease_s": 0.05, "rollback_drain_timeout_s": 0.3, "rollback_reclaim_timeout_s": 0.3}

@@ -9,7 +9,7 @@ from router.requests.admission import admit, check_cluster
 from router.requests.output import OutputLog
 from router.requests.text import Detokenizer, load_tokenizer
 from router.types import FinishReason, GenerateParams, Mode, Route, RouterError, Sampling, StatusCode
-from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 
 CFG = RouterConfig(default_deadline_ms=5000)
 

@@ -8,7 +8,7 @@ import pytest
 
 from router.requests.attempt import Attempt, Stage, advance
 from router.types import Route
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.orchestrator import worker
 
 SPLIT = [Stage.DECODE_RESERVE, Stage.DIRECTORY_RESERVE, Stage.PREFILL, Stage.DECODE]

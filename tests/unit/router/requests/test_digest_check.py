@@ -12,8 +12,8 @@ import pytest
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Completed, TokenOut
-from services.directory.records import WorkerRole
-from services.security.seal import Sealer
+from runtime.directory.records import WorkerRole
+from runtime.security.seal import Sealer
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,

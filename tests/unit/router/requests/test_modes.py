@@ -15,8 +15,8 @@ from router.requests.orchestrator import Orchestrator
 from router.requests.placement import LoadOverlay
 from router.requests.planner import Planner, canary_pick
 from router.types import Completed, Mode, PrefillDone, Route, Slo, StatusCode
-from services.directory.cost_profile import CostProfile
-from services.directory.records import LoadReport, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import LoadReport, WorkerRole
 from tests.support.orchestrator import (
     VOCAB,
     FakeCluster,

@@ -12,7 +12,7 @@ import pytest
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Mode, Route, RouterError, Sampling, Slo, StatusCode, WorkerCallError
-from services.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import ClusterSnapshot, WorkerCapacity, WorkerRecord, WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Route, StatusCode, WorkerCallError
-from services.directory.records import WorkerRole
-from services.directory.states import Outcome
+from runtime.directory.records import WorkerRole
+from runtime.directory.states import Outcome
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,

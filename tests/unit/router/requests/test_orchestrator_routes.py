@@ -13,7 +13,7 @@ import pytest
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Completed, FinishReason, Mode, Route, Sampling, Started, TokenOut
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     VOCAB,

@@ -9,7 +9,7 @@ store reads its clock half-way.
 from __future__ import annotations
 
 from router.requests.placement import LoadOverlay, free_blocks
-from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 CAP = WorkerCapacity(total_blocks=100, max_decode_batch=8, max_prefill_tokens=512, block_size=16)
 OFFSET_MS = 1_700_000_000_000

@@ -16,7 +16,7 @@ from router.requests.placement import (
     pending_prefill_tokens,
     rejects,
 )
-from services.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
+from runtime.directory.records import ClusterSnapshot, LoadReport, WorkerCapacity, WorkerRecord, WorkerRole
 
 CAP = WorkerCapacity(total_blocks=100, max_decode_batch=8, max_prefill_tokens=512, block_size=16, vocab_size=512,
                      max_model_len=2048)

@@ -12,7 +12,7 @@ import asyncio
 
 from router.requests.orchestrator import Orchestrator
 from router.types import Mode, RouterError, StatusCode
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,

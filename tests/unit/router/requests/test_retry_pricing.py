@@ -11,8 +11,8 @@ from router.pricing.decision import decide
 from router.requests.placement import Demand, choose_pair
 from router.requests.planner import Planner
 from router.types import Slo
-from services.directory.cost_profile import CostProfile
-from services.directory.records import ClusterSnapshot, WorkerRole
+from runtime.directory.cost_profile import CostProfile
+from runtime.directory.records import ClusterSnapshot, WorkerRole
 from tests.support.orchestrator import CAP, PROMPT, config, worker
 
 PROFILE = CostProfile(prefill_ms_per_token=1.0, decode_base_ms=2.0, decode_ms_per_seq=10.0, kv_bytes_per_block=1000,

@@ -19,7 +19,7 @@ from router.pricing.shapes import Outcome, RequestShape
 from router.requests.orchestrator import Orchestrator
 from router.requests.streams import StreamBook
 from router.types import Started, TokenOut
-from services.directory.records import WorkerRole
+from runtime.directory.records import WorkerRole
 from tests.support.orchestrator import assert_no_leaks, config, run, two_by_two
 from tests.support.orchestrator import params as gen_params
 from tests.support.pricing import BS, CFG, params, worker

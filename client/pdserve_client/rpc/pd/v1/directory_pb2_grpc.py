@@ -244,7 +244,7 @@ class DirectoryServicer:
 
     def WriteRelease(self, request, context):
         """Write the release record: compare-and-set on its version, and only a legal
-        transition of the release state machine (services/release/machine.py).
+        transition of the release state machine (runtime/release/machine.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
