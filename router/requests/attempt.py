@@ -192,7 +192,7 @@ def blame(att: Attempt, code: StatusCode = StatusCode.UNAVAILABLE) -> dict:
     return {"culprit": att.decode}
 
 
-# ---- what an attempt hears: its queue's events (router/requests/attempts.py _drive) ----
+# ---- what an attempt hears: its queue's events (router/requests/attempt_drive.py _drive) ----
 @dataclasses.dataclass(frozen=True, slots=True)
 class FromStream:
     """A token or the complete event of the decode's (or colocated worker's) stream."""
