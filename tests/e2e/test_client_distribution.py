@@ -47,7 +47,7 @@ def test_the_client_installs_alone_without_the_servers_dependencies(client_venv)
     assert {"pdserve-client", "grpcio", "protobuf"} <= names
     assert not names & {"torch", "ucxx-cu12", "numpy", "redis", "cython", "pdserve"}, names
     probe = ("import importlib.util, pdserve_client, pdserve_client.rpc.pd.v1.router_pb2; "
-             "print(importlib.util.find_spec('torch'), importlib.util.find_spec('services'))")
+             "print(importlib.util.find_spec('torch'), importlib.util.find_spec('runtime'))")
     out = subprocess.run([str(client_venv), "-c", probe], capture_output=True, text=True, cwd="/",
                          check=True, env=alone()).stdout
     assert out.split() == ["None", "None"]
