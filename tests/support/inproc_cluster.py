@@ -25,6 +25,7 @@ from runtime.common.grpc_server import start_server
 from runtime.directory.client import DirectoryClient
 from runtime.directory.cost_profile import CostProfile
 from runtime.directory.records import WorkerInfo, WorkerRole
+from runtime.directory.states import TxnState
 from runtime.engine import SamplingParams
 from runtime.transfer.base import CHECKSUM_ALGORITHM
 from runtime.transfer.inproc import InprocReceiver, InprocSender
@@ -155,13 +156,16 @@ class InprocCluster:
 
     # ---- everything returned -----------------------------------------------------
     async def assert_all_returned(self, timeout_s: float = 10.0) -> None:
-        """Blocks back on both engines, no open transaction, no credit in flight, no
-        transfer expected by the receiver, no reservation or prefill task left."""
+        """Blocks back on both engines, no open transaction and no publication left unreleased
+        (the decode releases it after the stream's end, on its own task), no credit in
+        flight, no transfer expected by the receiver, no reservation or prefill task left."""
         deadline = time.monotonic() + timeout_s
         while True:
             held = {n.worker_id: n.loop.engine.blocks.num_blocks - n.loop.engine.num_free_blocks
                     for n in (self.p, self.d)}
             open_txns = [(t.transfer_id, t.state.name) for t in await self.directory.list_open()]
+            open_txns += [(t.transfer_id, t.state.name) for t in self.store.all_transactions()
+                          if t.state is TxnState.PUBLISHED]
             windows = {d: w.in_flight for d, w in getattr(self.sender, "credit_windows", dict)().items()
                        if w.in_flight}
             left = dict(held={k: v for k, v in held.items() if v}, open=open_txns, credits=windows,
