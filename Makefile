@@ -19,13 +19,13 @@ NATIVE  := router/_native/.stamp
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
 # (without an NVIDIA GPU PyTorch's CPU index where it answers, else pip's own; TORCH_INDEX_URL
 # overrides), then the server with the UCX extra of that torch's CUDA major.
-$(STAMP): pyproject.toml client/pyproject.toml deploy/torch-ucx.sh
+$(STAMP): pyproject.toml client/pyproject.toml ops/pyproject.toml deploy/torch-ucx.sh
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	index=$$(deploy/torch-ucx.sh torch-index $(VPY)) && \
 	  $(VPY) -m pip install -q $${index:+--index-url "$$index"} $(TORCH)
 	extra=$$(deploy/torch-ucx.sh ucx-extra $(VPY)) && \
-	  $(VPY) -m pip install -q -e ./client -e ".[test,$$extra]"
+	  $(VPY) -m pip install -q -e ./client -e "./ops[kube]" -e ".[test,$$extra]"
 	@touch $(STAMP)
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)

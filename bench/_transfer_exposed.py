@@ -145,8 +145,8 @@ def sched_waits(args, cluster, client, vocab: int, seed: int) -> dict:
     T_exposed and, inside its window, the CPU ms each process's threads ran and waited for a
     CPU, one free or every one busy ({"why": ...} when not measured)."""
     from bench import _handoff_sched as sched
-    from pdserve_client import trace_summary, trace_view
     from pdserve_client.spans import SPANS_FILE
+    from pdserve_ops import trace_summary, trace_view
     n = args.exposed_sched_requests
     why = "skipped (--exposed-sched-requests 0)" if n <= 0 else sched.unavailable()
     if why:
@@ -204,8 +204,8 @@ def sched_summary(waits: dict, target_ms: float | None) -> dict:
 
 def traced_exposure(cluster, results) -> list[float]:
     """T_exposed (ms) of each request that has a whole trace with one (spans.py's definition)."""
-    from pdserve_client import trace_summary, trace_view
     from pdserve_client.spans import SPANS_FILE
+    from pdserve_ops import trace_summary, trace_view
     found, _ = trace_view.wait_for_each(cluster.state / SPANS_FILE, [r.request_id for r in results], wait_s=30)
     exposed = [trace_summary.summarize(t[0]).t_exposed_ms for t in found.values() if len(t) == 1]
     return [t for t in exposed if t is not None]

@@ -193,8 +193,8 @@ def round_trips(cluster, name: str, service: str, secure: bool) -> tuple[list[fl
 def run(args) -> None:
     from bench import _handoff_sched as sched
     from bench._handoff_floor import measure as measure_floor
-    from pdserve_client import trace_view
     from pdserve_client.spans import SPANS_FILE
+    from pdserve_ops import trace_view
     from runtime.engine.presets import preset_config
     from tooling.cluster.launcher import ClusterSpec, LocalCluster
 

@@ -203,9 +203,9 @@ VARIANTS = {
 
 
 def cluster_part(args) -> None:
-    from pdserve_client import trace_view
     from pdserve_client.rpc.pd.v1 import admin_pb2, admin_pb2_grpc
     from pdserve_client.spans import SPANS_FILE
+    from pdserve_ops import trace_view
     from runtime.engine.presets import preset_config
     from tooling.cluster.launcher import ClusterSpec, LocalCluster
 

@@ -200,7 +200,7 @@ def next_steps(cluster) -> str:
         env = env or (f"{contract.TLS_CERT_ENV}={tls}/client.crt {contract.TLS_KEY_ENV}={tls}/client.key "
                       f"{contract.TLS_CA_ENV}={tls}/{contract.TLS_CA_FILE} ")
         flags, down = f" --router {cluster.router_address}", f" --state-dir {shown_path(cluster.state)}"
-    pdctl = env + runnable("pdctl", "pdserve_client.cli") + flags
+    pdctl = env + runnable("pdctl", "pdserve_ops.cli") + flags
     return (f"router at {cluster.router_address}; try `{pdctl} status` or `{pdctl} generate --prompt-ids 1,2,3 "
             f"--max-tokens 8`; stop with `{runnable('pdserve', 'tooling.cli')} down{down}`"
             + (" (or `make down`)." if here else "."))

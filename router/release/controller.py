@@ -57,7 +57,7 @@ class GatesFailed(RuntimeError):
 
     def __init__(self, current: Release, target: Release, checks: list[Check]):
         failed = [c for c in checks if not c.passed]
-        # "gates failed: " and what follows is read back by the drill (client/pdserve_client/drill/run.py).
+        # "gates failed: " and what follows is read back by the drill (ops/pdserve_ops/drill/run.py).
         super().__init__(f"promotion to {target.name} refused (the release stays {current.name}; "
                          f"`pdctl release promote --reason R` again once these pass): {len(failed)} of "
                          f"{len(checks)} gates failed: " + "; ".join(c.line() for c in failed))

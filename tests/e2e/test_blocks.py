@@ -102,7 +102,7 @@ def test_only_an_operator_may_look_and_pdctl_prints_it(cluster):
     with pytest.raises(grpc.RpcError) as not_router:
         worker.Blocks(blocks_pb2.WorkerBlocksRequest(), timeout=10)
     assert not_router.value.code() == grpc.StatusCode.PERMISSION_DENIED  # worker RPCs: the router only
-    cli = [sys.executable, "-m", "pdserve_client.cli", "--router", cluster.router_address, "blocks"]
+    cli = [sys.executable, "-m", "pdserve_ops.cli", "--router", cluster.router_address, "blocks"]
     out = subprocess.run([*cli, "--json"], env=tls_env(cluster, "operator"), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr

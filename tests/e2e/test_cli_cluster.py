@@ -169,7 +169,7 @@ def test_pdctl_into_a_closed_pipe_exits_quietly(up, args):
     """`pdctl ... | head -1` once head has gone: the pipe's reader is closed before pdctl
     writes (status writes once at the end, generate once per token)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE"))}
-    proc = subprocess.Popen([sys.executable, "-m", "pdserve_client.cli", *args], cwd=up.home, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve_ops.cli", *args], cwd=up.home, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()  # head read its line and left
     stderr = proc.stderr.read()

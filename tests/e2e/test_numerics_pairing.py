@@ -94,7 +94,7 @@ def test_failed_self_check_is_colocated_only_and_says_why(cluster):
     why = workers["mixed-0"].colocated_only_reason
     assert why.startswith("lm_head: rows 0..0 computed apart differ"), why
     assert all(not w.colocated_only_reason for name, w in workers.items() if name != "mixed-0")
-    out = subprocess.run([sys.executable, "-m", "pdserve_client.cli", "status", "--router", cluster.router_address],
+    out = subprocess.run([sys.executable, "-m", "pdserve_ops.cli", "status", "--router", cluster.router_address],
                          cwd=REPO_ROOT, env=tls_env(cluster), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"mixed-0: colocated only, no K/V hand-off: {why}" in out.stdout

@@ -26,8 +26,8 @@ import grpc
 import pytest
 
 from pdserve_client import PdError
-from pdserve_client.drill.checks import EXPECTED_STEPS
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from pdserve_ops.drill.checks import EXPECTED_STEPS
 from tests.support.cluster import assert_cluster_clean, channel, client, pdctl, start_cluster
 from tooling.cluster.launcher import LocalCluster
 

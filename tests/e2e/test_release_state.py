@@ -33,7 +33,7 @@ def home(tmp_path_factory):
 def run(home: Path, *argv: str) -> subprocess.CompletedProcess:
     """`pdserve ...` or `pdctl ...` as an operator runs it from `home` (./.pdserve there)."""
     env = operator_env()
-    module = {"pdserve": "tooling.cli", "pdctl": "pdserve_client.cli"}[argv[0]]
+    module = {"pdserve": "tooling.cli", "pdctl": "pdserve_ops.cli"}[argv[0]]
     done = subprocess.run([sys.executable, "-m", module, *argv[1:]], cwd=home, env=env, capture_output=True,
                           text=True, timeout=UP_S)
     assert done.returncode == 0, f"{' '.join(argv)}:\n{done.stdout}\n{done.stderr}"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pdserve_client import cli, cli_drill, kubectl
-from pdserve_client.drill.kube import fullname
+from pdserve_ops import cli, cli_drill, kubectl
+from pdserve_ops.drill.kube import fullname
 from tests.support.operator import operator_env, operator_home
 from tests.support.runbooks import all_commands, local
 

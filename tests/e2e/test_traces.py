@@ -17,9 +17,9 @@ import random
 
 import pytest
 
-from pdserve_client import cli, trace_view
 from pdserve_client import spans as S
 from pdserve_client.types import PdError
+from pdserve_ops import cli, trace_view
 from runtime.engine.presets import PRESETS
 from tests.support.browser import BrowserUnavailable, Chromium
 from tests.support.cluster import assert_cluster_clean, client, start_cluster

@@ -23,8 +23,8 @@ import time
 import pytest
 
 from pdserve_client import spans as S
-from pdserve_client import trace_view
 from pdserve_client.types import PdError
+from pdserve_ops import trace_view
 from tests.support.cluster import assert_cluster_clean, client, revive, start_cluster
 from tests.support.metrics import scrape_process
 

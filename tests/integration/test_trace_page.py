@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from pdserve_client import cli
 from pdserve_client import spans as sv
+from pdserve_ops import cli
 from tests.support import traces
 from tests.support.browser import BrowserUnavailable, Chromium
 

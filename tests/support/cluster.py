@@ -67,7 +67,7 @@ def pdctl(cluster, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedP
     no flags but the command's, no PD_TLS_*; killed past `timeout_s` (a drill runs minutes)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PD_TLS_", "PD_INSECURE"))}
     env["PYTHONPATH"] = f"{REPO_ROOT}:{REPO_ROOT / 'client'}"
-    return subprocess.run([sys.executable, "-m", "pdserve_client.cli", *args], cwd=cluster.state.parent,
+    return subprocess.run([sys.executable, "-m", "pdserve_ops.cli", *args], cwd=cluster.state.parent,
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 

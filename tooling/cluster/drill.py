@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pdserve_client import contract, tls
 from pdserve_client.client import Client
-from pdserve_client.drill.cluster import DrillCluster, DrillError, Registered
 from pdserve_client.release import ReleaseView
+from pdserve_ops.drill.cluster import DrillCluster, DrillError, Registered
 from tooling.cluster.launcher import LocalCluster
 
 RELEASE_FILE = "release.json"

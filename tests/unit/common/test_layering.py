@@ -14,7 +14,8 @@ from pathlib import Path
 
 from tests.support import REPO as ROOT
 
-PRODUCT = ("router", "runtime", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client", "tooling")
+PRODUCT = ("router", "runtime", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client",
+           "ops/pdserve_ops", "tooling")
 SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
 
 
@@ -78,6 +79,19 @@ def test_the_client_distribution_imports_nothing_of_the_server():
     server = sorted((a, b) for a, deps in graph.items() if _top(a) == "pdserve_client"
                     for b in deps if _top(b) != "pdserve_client")
     assert server == []
+
+
+def test_the_sdk_imports_no_operator_tool_and_the_operator_tools_no_server():
+    """client/ (pdserve_client: stubs, contract, TLS, the clients) is what users import beside
+    their code; ops/ (pdserve_ops: pdctl, drills, the trace viewer, the kubectl plugin) stands
+    on it alone."""
+    graph = _graph()
+    assert "pdserve_ops.cli" in graph and "pdserve_ops.drill.run" in graph
+    sdk_up = sorted((a, b) for a, deps in graph.items() if _top(a) == "pdserve_client"
+                    for b in deps if _top(b) == "pdserve_ops")
+    ops_server = sorted((a, b) for a, deps in graph.items() if _top(a) == "pdserve_ops"
+                        for b in deps if _top(b) not in ("pdserve_ops", "pdserve_client"))
+    assert (sdk_up, ops_server) == ([], [])
 
 
 def test_no_service_imports_another():

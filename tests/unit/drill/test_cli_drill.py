@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from pdserve_client import cli_drill
-from pdserve_client.cli import main
-from pdserve_client.drill.fake import FakeCluster, FakeKnobs
+from pdserve_ops import cli_drill
+from pdserve_ops.cli import main
+from pdserve_ops.drill.fake import FakeCluster, FakeKnobs
 
 FAST = ["--rate", "200", "--duration", "0.4", "--trigger-after", "0.1", "--max-tokens", "4"]
 

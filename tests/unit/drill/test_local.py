@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pdserve_client.drill.cluster import DrillError
-from pdserve_client.drill.fake import FakeCluster
+from pdserve_ops.drill.cluster import DrillError
+from pdserve_ops.drill.fake import FakeCluster
 from tooling.cluster.drill import LocalDrillCluster
 from tooling.cluster.launcher import ClusterSpec, LocalCluster, Proc
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve_client.drill.cluster import DrillError
-from pdserve_client.drill.fake import CANARY_GATES, FakeCluster, FakeKnobs
-from pdserve_client.drill.report import render
-from pdserve_client.drill.run import FALLBACK_SLO_MS, DrillOptions, failed_gates, promote_drill, rollback_drill
+from pdserve_ops.drill.cluster import DrillError
+from pdserve_ops.drill.fake import CANARY_GATES, FakeCluster, FakeKnobs
+from pdserve_ops.drill.report import render
+from pdserve_ops.drill.run import FALLBACK_SLO_MS, DrillOptions, failed_gates, promote_drill, rollback_drill
 
 FAST = {"rate_rps": 200, "duration_s": 0.3, "trigger_after_s": 0.05, "max_tokens": 4, "settle_s": 0,
         "step_dwell_s": 0}

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from pdserve_client.drill.checks import EXPECTED_STEPS
-from pdserve_client.drill.cluster import DrillError
-from pdserve_client.drill.fake import FakeCluster, FakeKnobs
-from pdserve_client.drill.report import render
-from pdserve_client.drill.run import DrillOptions, rollback_drill
+from pdserve_ops.drill.checks import EXPECTED_STEPS
+from pdserve_ops.drill.cluster import DrillError
+from pdserve_ops.drill.fake import FakeCluster, FakeKnobs
+from pdserve_ops.drill.report import render
+from pdserve_ops.drill.run import DrillOptions, rollback_drill
 
 QUICK = DrillOptions(rate_rps=200, duration_s=0.4, trigger_after_s=0.1, max_tokens=6, min_disaggregated=3,
                      settle_s=0, step_dwell_s=0)

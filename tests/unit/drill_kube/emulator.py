@@ -20,7 +20,7 @@ import threading
 import jsonpatch
 import kmock
 
-from pdserve_client.drill.cluster import Registered
+from pdserve_ops.drill.cluster import Registered
 from tests.support.helm import render
 
 NS = "serving"

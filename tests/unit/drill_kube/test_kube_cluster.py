@@ -1,4 +1,4 @@
-"""KubernetesCluster (client/pdserve_client/drill/kube.py) with the real `kubernetes` client
+"""KubernetesCluster (ops/pdserve_ops/drill/kube.py) with the real `kubernetes` client
 against kmock's Kubernetes emulator holding the chart's objects: the API calls it makes, in
 order and with their bodies, each one within the chart's rollback-drill Role; and the safety
 invariant (roll_back_decode returns only once the directory lists the new decode workers)."""
@@ -10,9 +10,9 @@ import copy
 import pytest
 import yaml
 
-from pdserve_client.drill.cluster import DrillError, Registered
-from pdserve_client.drill.kube import KubernetesCluster, fullname, rollout_waiting
 from pdserve_client.release import ReleaseView, RollbackStepView, RollbackView
+from pdserve_ops.drill.cluster import DrillError, Registered
+from pdserve_ops.drill.kube import KubernetesCluster, fullname, rollout_waiting
 from tests.support.helm import template as helm_template
 from tests.unit.drill_kube.emulator import (
     CONFIG_MAP,

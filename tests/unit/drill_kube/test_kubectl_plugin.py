@@ -1,4 +1,4 @@
-"""`kubectl pdserve` (client/pdserve_client/kubectl.py): the pdctl command it runs for the
+"""`kubectl pdserve` (ops/pdserve_ops/kubectl.py): the pdctl command it runs for the
 words kubectl hands it, the context and namespace it reads from the kubeconfig, its
 console script, and its error when the kubernetes client is not installed."""
 
@@ -11,7 +11,7 @@ import pytest
 import tomllib
 import yaml
 
-from pdserve_client import kubectl
+from pdserve_ops import kubectl
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -91,7 +91,7 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_main_runs_pdctl_with_the_mapped_words(kubeconfig, monkeypatch):
     ran = []
-    monkeypatch.setattr("pdserve_client.cli.main", lambda argv: ran.append(argv) or 0)
+    monkeypatch.setattr("pdserve_ops.cli.main", lambda argv: ran.append(argv) or 0)
     assert kubectl.main(["drill", "rollback", "--rate", "2"]) == 0
     assert ran == [["drill", "rollback", "--rate", "2", "--cluster", "kube", "--namespace", "serving",
                     "--context", "prod"]]
@@ -99,17 +99,19 @@ def test_main_runs_pdctl_with_the_mapped_words(kubeconfig, monkeypatch):
 
 def test_without_the_kubernetes_client_the_plugin_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` now fails
-    monkeypatch.delitem(sys.modules, "pdserve_client.drill.kube", raising=False)
-    monkeypatch.setattr("pdserve_client.cli.main", lambda argv: pytest.fail("pdctl ran"))
+    monkeypatch.delitem(sys.modules, "pdserve_ops.drill.kube", raising=False)
+    monkeypatch.setattr("pdserve_ops.cli.main", lambda argv: pytest.fail("pdctl ran"))
     assert kubectl.main(["drill", "rollback"]) == 1
     assert "pip install 'pdserve-client[kube]'" in capsys.readouterr().err
     with pytest.raises(ImportError, match=r"pip install 'pdserve-client\[kube\]'"):
-        import pdserve_client.drill.kube  # noqa: F401
+        import pdserve_ops.drill.kube  # noqa: F401
 
 
 def test_the_console_script_and_the_extras_are_declared():
-    client = tomllib.loads((REPO / "client" / "pyproject.toml").read_text())["project"]
-    assert client["scripts"]["kubectl-pdserve"] == "pdserve_client.kubectl:main"
-    assert any(d.startswith("kubernetes") for d in client["optional-dependencies"]["kube"])
+    ops = tomllib.loads((REPO / "ops" / "pyproject.toml").read_text())["project"]
+    assert ops["scripts"]["kubectl-pdserve"] == "pdserve_ops.kubectl:main"
+    assert ops["scripts"]["pdctl"] == "pdserve_ops.cli:main"
+    assert any(d.startswith("kubernetes") for d in ops["optional-dependencies"]["kube"])
+    assert ops["dependencies"] == ["pdserve-client"]
     test = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert {d.split("==")[0] for d in test} >= {"kubernetes", "kmock", "pytest-asyncio"}

@@ -9,8 +9,8 @@ import io
 
 import pytest
 
-from pdserve_client import cli
 from pdserve_client.release import ReleaseChange, ReleaseView, RollbackStepView, RollbackView, standing, stopped_routes
+from pdserve_ops import cli
 from router.release.controller import GatesFailed, moves
 from router.release.gates import Check
 from router.release.manifest import drift

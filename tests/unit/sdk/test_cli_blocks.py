@@ -8,7 +8,7 @@ import asyncio
 import json
 
 from pdserve_client import AsyncClient
-from pdserve_client.cli import main
+from pdserve_ops.cli import main
 
 
 def test_sdk_blocks_decodes_the_view(fake, addr):

@@ -10,9 +10,9 @@ import math
 import pytest
 
 from pdserve_client import AsyncClient, GenerateOptions, InvalidArgumentError, PdError
-from pdserve_client.cli import build_parser
 from pdserve_client.options import OPTION_NAMES, resolve_options
 from pdserve_client.rpc.pd.v1 import router_pb2
+from pdserve_ops.cli import build_parser
 from tests.support.sdk import complete, started
 
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from pdserve_client import AsyncClient, PdError, resolve_router_address
-from pdserve_client.cli import main
 from pdserve_client.rpc.pd.v1 import common_pb2, manifest_pb2, router_pb2
+from pdserve_ops.cli import main
 from tests.support.sdk import Abort, Forever, complete, error, paced_script, started, token
 from tooling.cluster.ports import free_port
 

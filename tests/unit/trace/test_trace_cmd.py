@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from pdserve_client import cli, contract
+from pdserve_client import contract
 from pdserve_client import spans as sv
+from pdserve_ops import cli
 from tests.support import traces
 
 

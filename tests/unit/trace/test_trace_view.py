@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pdserve_client import spans as sv
-from pdserve_client import trace_view
+from pdserve_ops import trace_view
 from tests.support import traces
 
 

@@ -56,7 +56,7 @@ def current_context(context: str | None) -> tuple[str | None, str]:
     in a pod: (None, the pod's namespace)."""
     from kubernetes import config
 
-    from pdserve_client.drill.kube import in_pod, kubeconfig_path
+    from pdserve_ops.drill.kube import in_pod, kubeconfig_path
 
     try:
         contexts, active = config.list_kube_config_contexts(kubeconfig_path())
@@ -76,7 +76,7 @@ def current_context(context: str | None) -> tuple[str | None, str]:
 
 def release_router(namespace: str, release: str, context: str | None) -> str:
     """The router address the release ConfigMap names, qualified for any namespace."""
-    from pdserve_client.drill.kube import KubernetesCluster
+    from pdserve_ops.drill.kube import KubernetesCluster
 
     cluster = KubernetesCluster(namespace, release, context)
     try:
@@ -111,18 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage:\n{USAGE}")
         return 0 if argv else 2
     try:
-        import pdserve_client.drill.kube  # noqa: F401  (the kube extra, or its install hint)
+        import pdserve_ops.drill.kube  # noqa: F401  (the kube extra, or its install hint)
     except ImportError as e:
         print(f"kubectl pdserve: error: {e}", file=sys.stderr)
         return 1
-    from pdserve_client.drill.cluster import DrillError
+    from pdserve_ops.drill.cluster import DrillError
 
     try:
         pdctl = to_pdctl(argv)
     except (PluginError, DrillError) as e:
         print(f"kubectl pdserve: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
-    from pdserve_client import cli
+    from pdserve_ops import cli
 
     return cli.main(pdctl)
 

@@ -24,9 +24,9 @@ from importlib.metadata import entry_points
 from typing import TextIO
 
 from pdserve_client import contract
-from pdserve_client.drill.cluster import DrillCluster, DrillError
-from pdserve_client.drill.report import render
-from pdserve_client.drill.run import FALLBACK_SLO_MS, DrillOptions, promote_drill, rollback_drill
+from pdserve_ops.drill.cluster import DrillCluster, DrillError
+from pdserve_ops.drill.report import render
+from pdserve_ops.drill.run import FALLBACK_SLO_MS, DrillOptions, promote_drill, rollback_drill
 
 DRILLS = {"rollback": rollback_drill, "promote": promote_drill}
 
@@ -105,7 +105,7 @@ def make_cluster(args: argparse.Namespace) -> DrillCluster:
     if not args.namespace or not args.release:
         raise DrillError("--cluster kube needs --namespace and --release")
     try:
-        from pdserve_client.drill.kube import KubernetesCluster
+        from pdserve_ops.drill.kube import KubernetesCluster
     except ImportError as exc:
         raise DrillError(f"the Kubernetes drill is not available here: {exc}") from None
     return KubernetesCluster(args.namespace, args.release, context=args.context, router=router)

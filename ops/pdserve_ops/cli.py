@@ -29,13 +29,14 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from pdserve_client import cli_blocks, cli_drill, cli_release, trace_cmd, wire
+from pdserve_client import wire
 from pdserve_client.client import Client
 from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.release import stopped_routes_of
-from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
+from pdserve_ops import cli_blocks, cli_drill, cli_release, trace_cmd
+from pdserve_ops.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
 

@@ -19,11 +19,11 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from pdserve_client.drill.checks import EXPECTED_STEPS, PUBLICATIONS_KEY
-from pdserve_client.drill.cluster import DrillCluster, DrillError, Registered
-from pdserve_client.drill.run import PROMOTION_ORDER
 from pdserve_client.release import Gate, ReleaseChange, ReleaseView, RollbackStepView, RollbackView
 from pdserve_client.types import ClusterStatus, GenerationResult, PdError, WorkerStatus
+from pdserve_ops.drill.checks import EXPECTED_STEPS, PUBLICATIONS_KEY
+from pdserve_ops.drill.cluster import DrillCluster, DrillError, Registered
+from pdserve_ops.drill.run import PROMOTION_ORDER
 
 GATES = ("manifest_verified", "colocated_fallback_healthy", "exactness_smoke", "failure_injection_smoke")
 """Gates of a promotion to SHADOW or CANARY (router/release/promotion.py)."""

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from pdserve_client import contract, spans, trace_html, trace_view
+from pdserve_client import contract, spans
+from pdserve_ops import trace_html, trace_view
 
 EXIT_OK, EXIT_ERROR = 0, 1
 

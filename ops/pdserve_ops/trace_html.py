@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from pdserve_client.trace_view import Row, View
+from pdserve_ops.trace_view import Row, View
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac")
 """Bar colours, one per service in name order (wraps after nine)."""

@@ -6,9 +6,9 @@ passes on a figure it did not see.
 
 from __future__ import annotations
 
-from pdserve_client.drill.report import NOT_MEASURED, Check, DecodeRollback, DrillReport
 from pdserve_client.release import ReleaseView
 from pdserve_client.rpc.pd.v1 import release_pb2
+from pdserve_ops.drill.report import NOT_MEASURED, Check, DecodeRollback, DrillReport
 
 EXPECTED_STEPS = tuple(name.removeprefix("ROLLBACK_STEP_") for name, number in
                        sorted(release_pb2.RollbackStep.items(), key=lambda item: item[1]) if number)

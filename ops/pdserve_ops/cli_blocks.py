@@ -17,7 +17,7 @@ from typing import TextIO
 
 from pdserve_client.blocks import BlockHolding
 from pdserve_client.client import Client
-from pdserve_client.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
+from pdserve_ops.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 
 
 def add_parser(commands, shared: argparse.ArgumentParser) -> None:

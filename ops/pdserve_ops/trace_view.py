@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from pdserve_client import spans as sv
-from pdserve_client.trace_read import Span, Trace, find, load, ms, order, parse, wait_for, wait_for_each
-from pdserve_client.trace_summary import Summary, summarize
+from pdserve_ops.trace_read import Span, Trace, find, load, ms, order, parse, wait_for, wait_for_each
+from pdserve_ops.trace_summary import Summary, summarize
 
 __all__ = ["Row", "Span", "Trace", "View", "find", "load", "parse", "render_text", "summary_lines", "wait_for",
            "wait_for_each", "waterfall"]

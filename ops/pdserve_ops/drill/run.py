@@ -25,12 +25,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
 from pdserve_client import contract
-from pdserve_client.drill import checks
-from pdserve_client.drill.cluster import DrillCluster, DrillError
-from pdserve_client.drill.load import Load, compare_colocated
-from pdserve_client.drill.report import DecodeRollback, DrillReport, GateVerdict, Promotion, Replacement, StepTiming
 from pdserve_client.release import ReleaseView
 from pdserve_client.types import PdError
+from pdserve_ops.drill import checks
+from pdserve_ops.drill.cluster import DrillCluster, DrillError
+from pdserve_ops.drill.load import Load, compare_colocated
+from pdserve_ops.drill.report import DecodeRollback, DrillReport, GateVerdict, Promotion, Replacement, StepTiming
 
 DECODE_ROLES = ("decode", "mixed")
 """Directory roles of the workers the decode roll-back replaces."""

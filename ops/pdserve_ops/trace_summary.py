@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve_client import spans as sv
-from pdserve_client.trace_read import Span, Trace, ms, order
+from pdserve_ops.trace_read import Span, Trace, ms, order
 
 
 @dataclass(frozen=True, slots=True)

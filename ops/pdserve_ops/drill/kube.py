@@ -43,9 +43,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pdserve_client.client import Client
-from pdserve_client.drill.cluster import DrillCluster, DrillError, Registered
 from pdserve_client.release import ReleaseView
 from pdserve_client.tls import TlsConfigError
+from pdserve_ops.drill.cluster import DrillCluster, DrillError, Registered
 
 INSTALL_HINT = "the Kubernetes drill needs the kubernetes client: pip install 'pdserve-client[kube]'"
 
