@@ -1,7 +1,7 @@
 """`kubectl pdserve`: a kubectl plugin (the console script `kubectl-pdserve`, found on PATH by
 kubectl) that runs pdctl's drill and release commands against the pdserve release in the
 cluster of the current kube context. It needs the `kube` extra:
-pip install 'pdserve-client[kube]'.
+pip install 'pdserve-ops[kube]'.
 
     kubectl pdserve drill rollback [pdctl drill options] [--release NAME] [--router ADDR]
     kubectl pdserve release status|promote|rollback [pdctl release options]

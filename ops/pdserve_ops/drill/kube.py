@@ -1,5 +1,5 @@
 """The drill against a Kubernetes cluster the Helm chart (helm/pdserve) deployed, through
-the official `kubernetes` client (the `kube` extra: pip install 'pdserve-client[kube]').
+the official `kubernetes` client (the `kube` extra: pip install 'pdserve-ops[kube]').
 
 What it calls, and nothing else: the chart's Role `<fullname>-rollback-drill`
 (templates/rbac.yaml) grants exactly this, and tests/unit/drill_kube checks every call
@@ -47,7 +47,7 @@ from pdserve_client.release import ReleaseView
 from pdserve_client.tls import TlsConfigError
 from pdserve_ops.drill.cluster import DrillCluster, DrillError, Registered
 
-INSTALL_HINT = "the Kubernetes drill needs the kubernetes client: pip install 'pdserve-client[kube]'"
+INSTALL_HINT = "the Kubernetes drill needs the kubernetes client: pip install 'pdserve-ops[kube]'"
 
 try:
     import urllib3
