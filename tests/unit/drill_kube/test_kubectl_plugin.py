@@ -103,7 +103,7 @@ def test_without_the_kubernetes_client_the_plugin_says_how_to_install_it(monkeyp
     monkeypatch.setattr("pdserve_ops.cli.main", lambda argv: pytest.fail("pdctl ran"))
     assert kubectl.main(["drill", "rollback"]) == 1
     assert "pip install 'pdserve-ops[kube]'" in capsys.readouterr().err
-    with pytest.raises(ImportError, match=r"pip install 'pdserve-client\[kube\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'pdserve-ops\[kube\]'"):
         import pdserve_ops.drill.kube  # noqa: F401
 
 
