@@ -68,6 +68,17 @@ def generate_once(cluster, req: router_pb2.GenerateRequest) -> tuple[grpc.Status
         return generate(router_pb2_grpc.RouterStub(ch), req)
 
 
+def settled_rss(pid: int, target: float, wait_s: float = 5.0) -> float:
+    """The router's RSS once within NOISE_MIB of `target`, else the lowest seen in `wait_s`:
+    on a loaded machine the second trim (TRIM_AGAIN_S after the call) may run late. Memory
+    kept is never given back, so it still shows."""
+    lowest, until = memory_mib(pid)["VmRSS"], time.monotonic() + wait_s
+    while lowest - target > NOISE_MIB and time.monotonic() < until:
+        time.sleep(0.25)
+        lowest = min(lowest, memory_mib(pid)["VmRSS"])
+    return lowest
+
+
 def test_a_refused_large_prompt_costs_at_most_4x_its_size_and_leaves_nothing(cluster):
     """Three in a row, each from a client of its own and its peak read on its own:
     nothing piles up from one to the next, nothing stays after."""
@@ -85,7 +96,7 @@ def test_a_refused_large_prompt_costs_at_most_4x_its_size_and_leaves_nothing(clu
         answers.append(generate_once(cluster, OVERSIZE))
         time.sleep(1.0)  # the heap is trimmed when a large call is over, and half a second later
         peaks.append(memory_mib(pid)["VmHWM"] - before)
-        after.append(memory_mib(pid)["VmRSS"])
+        after.append(settled_rss(pid, first))
     report = (f"message {size / MB:.1f} MiB; RSS {first:.1f} MiB before, peaks "
               f"{', '.join(f'+{p:.1f}' for p in peaks)}, after each {', '.join(f'{a:.1f}' for a in after)}")
     assert max(peaks) * MB <= PEAK_PER_MESSAGE * size, report
