@@ -20,7 +20,6 @@ from runtime.engine import (
     Engine,
     EngineConfig,
     SamplingParams,
-    commit_import,
     export_kv,
     import_kv,
 )
@@ -73,7 +72,7 @@ def b_import_and_decode(kv: bytes, abi_digest: str, kv_digest: str, first_token:
     got_digest = engine.kv_digest(seq)
     if got_digest != kv_digest:
         raise AssertionError(f"kv_digest after import {got_digest} != prefill's {kv_digest}")
-    commit_import(engine, seq, first_token)
+    engine.commit_import(seq, first_token)
     while not seq.is_finished:
         engine.decode_step([seq])
     engine.free(seq)

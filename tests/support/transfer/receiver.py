@@ -71,11 +71,10 @@ class _Rec:
 
     async def on_commit(self, commit: TransferCommit) -> Verdict:
         from decode_worker.reservations import ResState, advance, validate_commit
-        from runtime.engine import commit_import
         if self.res.state is ResState.PUBLISHED:  # the token's COMMIT, after one published ahead of it
             reason = "" if not commit.chunks and not token_follows(commit) else "not a token COMMIT"
             if not reason:
-                commit_import(self.engine, self.seq, commit.first_token)
+                self.engine.commit_import(self.seq, commit.first_token)
             self._end("rejected" if reason else "published", reason)
             return Verdict(not reason, reason)
         reason = validate_commit(self.res, commit, self.engine.abi.digest)
@@ -87,7 +86,7 @@ class _Rec:
         advance(self.res, ResState.PUBLISHED)
         if token_follows(commit):
             return Verdict(True)  # the blocks stay held; the token's COMMIT (or a failure) ends it
-        commit_import(self.engine, self.seq, commit.first_token)
+        self.engine.commit_import(self.seq, commit.first_token)
         self._end("published", "")
         return Verdict(True)
 

@@ -24,7 +24,6 @@ async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
     """Compute the prompt (tiny), or fill it with seeded random K/V and import it (wide)."""
     import torch
 
-    from runtime.engine import commit_import
     engine = engine_for(spec)
     seq = engine.add_request(tid, prompt, MAX_TOKENS, sampling())
     if spec == "tiny":
@@ -32,7 +31,7 @@ async def s_prefill(tid: str, spec: str, prompt: list[int]) -> dict:
     else:  # a 4095-token prefill is too slow for a test; the bytes are what matter here
         engine.cache.kv.normal_(generator=torch.Generator().manual_seed(len(prompt)))
         first = 5
-        commit_import(engine, seq, first)
+        engine.commit_import(seq, first)
     _state["sends"][tid] = dict(engine=engine, seq=seq, first=first)
     return dict(first_token=first, kv_digest=engine.kv_digest(seq))
 

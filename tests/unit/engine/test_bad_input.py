@@ -20,7 +20,6 @@ from runtime.engine import (
     InvalidRequest,
     OutOfBlocks,
     SamplingParams,
-    commit_import,
     export_kv,
     import_kv,
 )
@@ -325,7 +324,7 @@ def test_commit_import_with_first_token_outside_vocabulary(token):
     seq = engine.add_request("dst", prompt, 4, GREEDY, reuse_prefix=False)
     import_kv(engine, seq, data, engine.abi.digest)
     with pytest.raises(InvalidRequest, match=f"first token {token} is outside"):
-        commit_import(engine, seq, token)
+        engine.commit_import(seq, token)
     assert not seq.output_ids
     engine.free(seq)
     assert_no_leak(engine)

@@ -20,7 +20,7 @@ from collections import Counter
 import pytest
 import torch
 
-from runtime.engine import SamplingParams, commit_import, export_kv
+from runtime.engine import SamplingParams, export_kv
 from runtime.transfer import (
     ChunkArrived,
     ChunkKey,
@@ -130,7 +130,7 @@ class Decode:
         elif self.engine.kv_digest(self.seq) != commit.kv_digest:
             verdict = Verdict(False, "kv digest differs")
         else:
-            commit_import(self.engine, self.seq, commit.first_token)
+            self.engine.commit_import(self.seq, commit.first_token)
             verdict = Verdict(True)
         self.verdicts.append(verdict)
         return verdict
