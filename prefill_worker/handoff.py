@@ -31,7 +31,7 @@ from runtime.worker.loop import AsyncSink, EngineLoop, Job, TokenOut
 from .commit import TokenCommit, present, settle
 from .room import PoolQueue
 from .streaming import ProducerGate, stream_chunks
-from .tasks import PrefillOutcome, Target, Task, TaskState, advance, check_live, send_plan, whole_keys
+from .tasks import PrefillOutcome, Target, Task, TaskState, advance, check_live, send_plan, streams, whole_keys
 from .tracing import PrefillTrace
 
 
@@ -82,6 +82,8 @@ class HandOff:
         self.prompt, self.sampling, self.target, self.on_first_token = prompt, sampling, target, on_first_token
         self.e = worker.engine
         self.rid = task.request_id
+        self.one_by_one = worker.pause.asks("one_by_one", self.rid)
+        """A fault test stopping between two chunks asks for them one by one (HandOffPlan)."""
         self.t0 = time.perf_counter()
         self.keys: list[ChunkKey] = []
         """The chunks to send, in manifest order (the grant's plan)."""
@@ -97,17 +99,15 @@ class HandOff:
         computes, `task.granting`)."""
         cfg, e = self.w.cfg, self.e
         whole = -(-len(self.prompt) // e.block_size) * e.model_cfg.num_hidden_layers * e.cache.block_bytes_per_layer
-        may_stream = cfg.stream_layers and whole >= cfg.stream_min_bytes
         target_now = isinstance(self.target, asyncio.Future) and self.target.done()
-        one_by_one = self.w.pause.asks("one_by_one", self.rid)  # (a fault test stopping between two chunks)
-        if not target_now and not may_stream:  # checked as soon as it lands, presented while this computes
+        if not target_now and not streams(cfg, whole):  # checked as soon as it lands, presented while this computes
             self.task.granting = asyncio.ensure_future(self._granted())
-            self.plan = HandOffPlan(True, False, False, one_by_one)
+            self.plan = HandOffPlan(True, False, False, self.one_by_one)
         else:
             self.keys = await self._granted()
-            stream = cfg.stream_layers and sum(chunk_bytes(e, k) for k in self.keys) >= cfg.stream_min_bytes
+            stream = streams(cfg, sum(chunk_bytes(e, k) for k in self.keys))
             early = stream and not self.w.pause.asks("token_late", self.rid)
-            self.plan = HandOffPlan(False, stream, early, one_by_one)
+            self.plan = HandOffPlan(False, stream, early, self.one_by_one)
         self.w.events("plan", request=self.rid, **dataclasses.asdict(self.plan))
         return self.plan
 
@@ -121,7 +121,7 @@ class HandOff:
             credential = w.gate.check(t.capability, t.manifest, plan, sum(n for *_, n in t.chunks))
         check_live(task)
         task.dest, task.key = t.dest, TransferKey.of(self.transfer_id, t.key)
-        keys = whole_keys(self.e, plan, w.cfg, w.pause.asks("one_by_one", self.rid))
+        keys = whole_keys(self.e, plan, w.cfg, self.one_by_one)
         # out while this computes (checked meanwhile); nothing of the transfer leaves before it
         task.auth = asyncio.ensure_future(present(w.sender, t.dest, self.transfer_id, credential, t.key, keys))
         return plan

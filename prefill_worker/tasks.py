@@ -131,10 +131,15 @@ def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: lis
     return plan
 
 
+def streams(cfg, nbytes: int) -> bool:
+    """Does a transfer of `nbytes` stream under `cfg` (a PrefillWorkerConfig): its chunks
+    leaving per layer as the prefill writes it?"""
+    return cfg.stream_layers and nbytes >= cfg.stream_min_bytes
+
+
 def whole_keys(engine: Engine, plan: list[ChunkKey], cfg, one_by_one: bool) -> list[tuple[ChunkKey, int]]:
     """(key, bytes) of `plan` when it is sure to be sent whole once computed (too small to
     stream under `cfg`, a PrefillWorkerConfig; not sent `one_by_one`): what the sender may
     announce ahead and `send_many` then takes; [] otherwise."""
     keys = [(key, chunk_bytes(engine, key)) for key in plan]
-    streams = cfg.stream_layers and sum(n for _, n in keys) >= cfg.stream_min_bytes
-    return [] if one_by_one or streams else keys
+    return [] if one_by_one or streams(cfg, sum(n for _, n in keys)) else keys
