@@ -43,12 +43,6 @@ def up(state: Path, resume: str, model: str) -> LocalCluster:
     return c
 
 
-def revive(c: LocalCluster) -> None:
-    for name, alive in c.alive().items():
-        if not alive:
-            c.restart(name)
-
-
 def migrate_after(c: LocalCluster, k: int, reference: list[int]) -> dict:
     """One request whose decode worker is killed after k tokens: the stall and the check."""
     tokens, times, t_kill = [], [], 0.0
@@ -63,7 +57,7 @@ def migrate_after(c: LocalCluster, k: int, reference: list[int]) -> dict:
             elif t_kill:
                 times.append(time.monotonic())
         result = stream.result
-    revive(c)
+    c.revive()
     return {"stall_s": max(b - a for a, b in zip(times, times[1:])), "attempts": result.attempts,
             "exact": tokens == reference and result.token_ids == reference}
 

@@ -25,7 +25,7 @@ import pytest
 from pdserve_client import spans as S
 from pdserve_client.types import PdError
 from pdserve_ops import trace_view
-from tests.support.cluster import assert_cluster_clean, client, revive, start_cluster
+from tests.support.cluster import assert_cluster_clean, client, start_cluster
 from tests.support.metrics import scrape_process
 
 PROMPT = list(range(3, 60))
@@ -84,7 +84,7 @@ def _lose_once(cluster, how: str, **sampling) -> tuple[list[int], list[float], f
         finally:
             if victim is not None and how == "frozen":
                 cluster.signal(victim, signal.SIGCONT)
-    revive(cluster)
+    cluster.revive()
     return tokens, times, t_signal, (victim, outcome)
 
 

@@ -30,7 +30,7 @@ import pytest
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from pdserve_client.types import PdError
 from runtime.directory.states import TxnState
-from tests.support.cluster import assert_cluster_clean, channel, client, directory, revive, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, directory, start_cluster
 from tooling.cluster.faults import EventFile
 
 MAX_TOKENS = 8
@@ -58,7 +58,7 @@ def cluster(tmp_path_factory):
 def whole(cluster):
     """The module's cluster with every worker up: one a test killed is started again after it."""
     yield cluster
-    revive(cluster)
+    cluster.revive()
 
 
 def read_events(cluster, request_id: str, event: str = "") -> list[dict]:

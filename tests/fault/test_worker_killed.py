@@ -15,7 +15,7 @@ import random
 import pytest
 
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.cluster import assert_cluster_clean, channel, client, revive, start_cluster
+from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
 
 MAX_TOKENS = 10
 
@@ -32,7 +32,7 @@ def module_cluster(tmp_path_factory):
 def cluster(module_cluster):
     """The module's cluster, whole again after each test (the killed worker restarted)."""
     yield module_cluster
-    revive(module_cluster)
+    module_cluster.revive()
 
 
 def generate_killing(cluster, prompt: list[int], victim_role: str):

@@ -33,14 +33,6 @@ def start_cluster(tmp_path, state_name: str = "pdserve", **kw) -> LocalCluster:
     return cluster
 
 
-def revive(cluster: LocalCluster) -> None:
-    """Start again every service of `cluster` that is not running (a fault test killed it),
-    each waiting until it serves: the next test of a module-scoped cluster gets it whole."""
-    for name, up in cluster.alive().items():
-        if not up:
-            cluster.restart(name)
-
-
 def seeded_requests(n: int, seed: int, vocab: int = 512, max_prompt: int = 512,
                     shared_fraction: float = 0.3) -> list[list[int]]:
     """n prompts of 1..max_prompt tokens; some share one of a few long prefixes."""

@@ -230,7 +230,7 @@ class FaultRunner:
             with self.cluster.client() as c:
                 c.cancel(rid, reason="fault suite")
         thread.join(self.patience_s + 10)
-        self._outcome(res, "hung" if thread.is_alive() else box)
+        self._outcome(res, box, hung=thread.is_alive())
         if not res.reached:  # what the request did get to, for whoever reads the failure
             res.detail += f" (not at {step} after {waited_s:.2f} s; its events: " + ", ".join(
                 f"{e['event']}@{e.get('worker', '')}" for e in self.events.of(rid)) + ")"
@@ -242,9 +242,9 @@ class FaultRunner:
         until_disaggregated(self.cluster, self.prompt[:8], timeout_s=15.0)
         return res
 
-    def _outcome(self, res: CaseResult, box: dict | str) -> None:
-        """`res`'s outcome from what its request's thread left in `box` ("hung": it never ended)."""
-        if box == "hung":
+    def _outcome(self, res: CaseResult, box: dict, hung: bool) -> None:
+        """`res`'s outcome from what its request's thread left in `box` (`hung`: it never ended)."""
+        if hung:
             res.outcome = "hung"
         elif "result" in box:
             r = box["result"]

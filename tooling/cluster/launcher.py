@@ -364,6 +364,13 @@ class LocalCluster:
         if name != "redis":
             self._wait(name, p.address, timeout_s, proc)
 
+    def revive(self) -> None:
+        """Start again every service that is not running (a fault killed it), each waiting
+        until it serves: the cluster whole again for what comes next."""
+        for name, up in self.alive().items():
+            if not up:
+                self.restart(name)
+
     def down(self, timeout_s: float = 10.0) -> None:
         """Stop every service, newest first: SIGTERM, then SIGKILL after timeout_s."""
         for name in reversed(list(self.procs)):
