@@ -257,7 +257,7 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     async def decode_stream(self, w: WorkerRecord, call: StreamCall, timeout_s):
         await self._enter("decode_stream", w.worker_id, call.request_id, call.generation, call.transfer_id)
         await self.published[call.transfer_id].wait()
-        async for item in self._stream(w, call, self.reserved_prompts.get(call.transfer_id, self.prompt)):
+        async for item in self._stream(w, call, self.reserved_prompts[call.transfer_id]):
             yield item
         self.txns[call.transfer_id] = "RELEASED"
 
@@ -273,8 +273,6 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
     async def cancel_prefill(self, w, request_id, generation, reason, timeout_s):
         self.calls.append(("cancel_prefill", w.worker_id, request_id, generation))
         return True
-
-    prompt = PROMPT  # DecodeStream carries no prompt; the fake decodes this one
 
 
 def two_by_two() -> FakeCluster:

@@ -77,8 +77,7 @@ def test_auto_runs_short_prompt_colocated_and_records_observed_times():
 
 def test_auto_splits_a_long_prompt_beside_running_streams():
     fake = profiled(two_by_two(), busy_decode=2)
-    fake.prompt = tuple(range(1, 200))
-    orch, events, error = go(fake, params(mode=Mode.AUTO, prompt_token_ids=fake.prompt, max_tokens=8))
+    orch, events, error = go(fake, params(mode=Mode.AUTO, prompt_token_ids=tuple(range(1, 200)), max_tokens=8))
     assert error is None, error
     first = started(events)[0]
     assert first.route is Route.DISAGGREGATED and first.prefill_worker_id == "p0"
@@ -96,8 +95,7 @@ def test_tenant_default_slo_applies_when_the_request_names_none():
 
 def test_shadow_executes_colocated_and_records_the_split_prediction():
     fake = profiled(two_by_two(), busy_decode=2)
-    fake.prompt = tuple(range(1, 200))
-    orch, events, error = go(fake, params(prompt_token_ids=fake.prompt, max_tokens=8, slo=Slo(tpot_ms=1.0)),
+    orch, events, error = go(fake, params(prompt_token_ids=tuple(range(1, 200)), max_tokens=8, slo=Slo(tpot_ms=1.0)),
                              default_mode="shadow")
     assert error is None  # shadow never rejects
     assert [s.route for s in started(events)] == [Route.COLOCATED] and not fake.ops("prefill", "reserve")

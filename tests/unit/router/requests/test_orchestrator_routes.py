@@ -120,7 +120,6 @@ def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     tokenizer = load_tokenizer(str(tmp_path))
     fake = two_by_two()
-    fake.prompt = (3, 1, 4)
 
     async def go():
         orch = Orchestrator(fake, fake, config(), tokenizer=tokenizer)
