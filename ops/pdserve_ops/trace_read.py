@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,21 +126,31 @@ def find(spans: Sequence[Span], request_id: str) -> list[Trace]:
     return sorted(traces, key=lambda t: (t.start_ns, t.trace_id))
 
 
+def _names(traces: Iterable[Trace]) -> set[str]:
+    """Every span's name in `traces`, bare and as "service:name"."""
+    return {n for t in traces for s in t.spans for n in (s.name, f"{s.service}:{s.name}")}
+
+
 def wait_for(path: str | Path, request_id: str, wait_s: float = 10.0, settle_s: float = 0.5,
-             poll_s: float = 0.1) -> tuple[list[Trace], int]:
+             poll_s: float = 0.1, expect: Collection[str] = ()) -> tuple[list[Trace], int]:
     """find() over the file, waiting up to wait_s for the request's trace to be whole:
-    its router.request span is in (it is exported once the request ended) and the span
-    count has not changed for settle_s (other processes' batches come on their own
-    schedule). Returns what there is at the deadline, and the file's malformed lines."""
-    found, malformed = wait_for_each(path, [request_id], wait_s, settle_s, poll_s)
+    its router.request span is in (it is exported once the request ended), so is a span
+    named each of `expect` (a name, or "service:name" for that process's span), and the
+    span count has not changed for settle_s (other processes' batches come on their own
+    schedule: a caller that knows which spans a process owes names them in `expect`
+    rather than trusting the settle). Returns what there is at the deadline, and the
+    file's malformed lines."""
+    found, malformed = wait_for_each(path, [request_id], wait_s, settle_s, poll_s, expect)
     return found[request_id], malformed
 
 
 def wait_for_each(path: str | Path, request_ids: Sequence[str], wait_s: float = 10.0, settle_s: float = 0.5,
-                  poll_s: float = 0.1) -> tuple[dict[str, list[Trace]], int]:
+                  poll_s: float = 0.1, expect: Collection[str] = ()) -> tuple[dict[str, list[Trace]], int]:
     """wait_for over several requests at once (one read of the file per poll, one settle
-    for all): {request id: its traces} once every one ended and none of their spans changed
-    for settle_s, or what there is at the deadline; and the file's malformed lines."""
+    for all): {request id: its traces} once every one ended, holds a span named each of
+    `expect`, and none of their spans changed for settle_s, or what there is at the
+    deadline; and the file's malformed lines."""
+    wanted = {sv.ROUTER_REQUEST, *expect}
     deadline = time.monotonic() + wait_s
     stable_since, count = time.monotonic(), -1
     while True:
@@ -149,7 +159,7 @@ def wait_for_each(path: str | Path, request_ids: Sequence[str], wait_s: float = 
         n = sum(len(t.spans) for traces in found.values() for t in traces)
         if n != count:
             stable_since, count = time.monotonic(), n
-        ended = all(any(s.name == sv.ROUTER_REQUEST for t in traces for s in t.spans) for traces in found.values())
+        ended = all(wanted <= _names(traces) for traces in found.values())
         if (ended and time.monotonic() - stable_since >= settle_s) or time.monotonic() >= deadline:
             return found, malformed
         time.sleep(poll_s)

@@ -41,8 +41,10 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
 
 
-def _trace(cluster, request_id: str) -> trace_view.Trace:
-    traces, malformed = trace_view.wait_for(cluster.state / S.SPANS_FILE, request_id, wait_s=20)
+def _trace(cluster, request_id: str, *expect: str) -> trace_view.Trace:
+    """The request's one trace, once it holds the router's request span and each of
+    `expect` (a process's batch may come after the router's settled)."""
+    traces, malformed = trace_view.wait_for(cluster.state / S.SPANS_FILE, request_id, wait_s=20, expect=expect)
     assert malformed == 0
     assert len(traces) == 1, f"{request_id}: {len(traces)} traces"
     return traces[0]
@@ -89,7 +91,8 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
         r = sdk.generate_full(prompt_ids=_prompt(100, 1), max_tokens=MAX_TOKENS, mode="disaggregated",
                               ignore_eos=True)
     assert r.route == "disaggregated"
-    trace = _trace(cluster, r.request_id)
+    trace = _trace(cluster, r.request_id, S.DECODE_GENERATE, S.TRANSFER_SEND, S.TRANSFER_RECEIVE,
+                   S.DECODE_PUBLISH, "/pd.v1.Prefill/Prefill", "/pd.v1.Directory/ConsumeNonce")
     _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-prefill", "pdserve-decode"})
     decide, attempt = _one(trace, S.ROUTER_DECIDE), _one(trace, S.ROUTER_ATTEMPT)
     assert decide.attributes[S.ROUTE] == "disaggregated" and attempt.attributes[S.GENERATION] == "1"
@@ -152,7 +155,7 @@ def test_a_disaggregated_request_is_one_trace_in_causal_order(cluster, tmp_path)
 def test_a_colocated_request_is_one_trace(cluster):
     with client(cluster) as sdk:
         r = sdk.generate_full(prompt_ids=_prompt(40, 2), max_tokens=MAX_TOKENS, mode="colocated", ignore_eos=True)
-    trace = _trace(cluster, r.request_id)
+    trace = _trace(cluster, r.request_id, "pdserve-decode:/pd.v1.Decode/Generate")
     _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-decode"}, SNAPSHOT_READ)
     attempt = _one(trace, S.ROUTER_ATTEMPT)
     assert attempt.attributes[S.ROUTE] == "colocated" and S.TRANSFER_ID not in attempt.attributes
@@ -203,7 +206,7 @@ def test_a_retry_after_a_killed_prefill_worker_is_one_trace(cluster):
         r = sdk.generate_full(prompt_ids=_prompt(120, 4), max_tokens=MAX_TOKENS, mode="disaggregated",
                               ignore_eos=True)
     assert r.attempts >= 2 and r.route == "colocated"
-    trace = _trace(cluster, r.request_id)
+    trace = _trace(cluster, r.request_id, "pdserve-decode:/pd.v1.Decode/Generate")
     _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-decode"})
     attempts = _named(trace, S.ROUTER_ATTEMPT)
     assert len(attempts) == r.attempts and attempts[0].status == 2 and attempts[-1].status != 2
@@ -228,5 +231,5 @@ def test_a_dead_collector_costs_its_spans_and_nothing_else(cluster):
     with client(cluster) as sdk:
         r = sdk.generate_full(prompt_ids=_prompt(64, 20), max_tokens=MAX_TOKENS, mode="disaggregated",
                               ignore_eos=True)
-    trace = _trace(cluster, r.request_id)
+    trace = _trace(cluster, r.request_id, S.DECODE_GENERATE, "pdserve-prefill:/pd.v1.Prefill/Prefill")
     _check_whole(trace, r.request_id, {"pdserve-router", "pdserve-directory", "pdserve-prefill", "pdserve-decode"})

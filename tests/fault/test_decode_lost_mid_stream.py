@@ -120,7 +120,8 @@ def test_a_request_whose_decode_worker_is_lost_mid_stream_moves_and_loses_nothin
     assert router.value("pd_request_migrations_total", code="UNAVAILABLE") == migrations_before + 1
     assert router.value("pd_request_migration_stall_seconds_count") == stalls_before + 1
     assert 0 < router.value("pd_request_migration_stall_seconds_sum") - stall_sum_before < 5.0
-    traces, _ = trace_view.wait_for(cluster.state / S.SPANS_FILE, result.request_id, wait_s=20)
+    traces, _ = trace_view.wait_for(cluster.state / S.SPANS_FILE, result.request_id, wait_s=20,
+                                    expect=(S.ROUTER_MIGRATION,))
     [migration] = [sp for t in traces for sp in t.spans if sp.name == S.ROUTER_MIGRATION]
     assert migration.attributes["pd.migration.from_worker"] == victim
     assert int(migration.attributes["pd.migration.tokens_sent"]) >= AT

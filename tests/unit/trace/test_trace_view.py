@@ -177,6 +177,26 @@ def test_wait_for_picks_up_spans_exported_after_the_call_and_waits_for_the_rest(
     assert malformed == 0 and len(found) == 1 and len(found[0].spans) == 20
 
 
+def test_wait_for_waits_past_the_settle_for_the_spans_it_expects(tmp_path):
+    path = tmp_path / "spans.jsonl"
+    spans = traces.disaggregated()
+    late = [s for s in spans if s["name"] == sv.TRANSFER_SEND]
+    early = [s for s in spans if s["name"] != sv.TRANSFER_SEND]
+    assert late and any(s["name"] == sv.ROUTER_REQUEST for s in early)
+
+    def exporter():  # one process's batch comes long after the router's settled
+        traces.write(path, early, "a")
+        time.sleep(0.8)
+        traces.write(path, late, "a")
+
+    thread = threading.Thread(target=exporter)
+    thread.start()
+    found, _ = trace_view.wait_for(path, "req-1", wait_s=10, settle_s=0.2,
+                                   expect=[f"pdserve-prefill:{sv.TRANSFER_SEND}"])
+    thread.join()
+    assert sum(len(t.spans) for t in found) == len(spans)
+
+
 @pytest.mark.parametrize("wait_s", [0, 0.3])
 def test_wait_for_gives_up_after_wait_s(tmp_path, wait_s):
     path = traces.write(tmp_path / "spans.jsonl", traces.colocated())
