@@ -19,24 +19,34 @@ from runtime.transfer.keys import new_key
 
 class Stage(enum.Enum):
     """Where an attempt is; the value names it in error messages. Moves only forward,
-    through `advance` (the numbered steps of the module docstring)::
+    through `advance` (the numbered steps of router/requests/attempts.py)::
 
         PLACED -> DECODE_RESERVE -> DIRECTORY_RESERVE -> PREFILL -> DECODE   (split)
+                                    DIRECTORY_RESERVE -> REFUSED              (no record)
+                                              PREFILL -> DIVERGED             (digests differ)
         PLACED -> COLOCATED                                                    (colocated)
 
     A failure leaves the attempt at the stage it failed in; teardown reads from the
-    stage what the attempt engaged.
+    stage what the attempt engaged: whether the transaction may be open unpublished
+    (`Attempt.txn_open`), whether the decode must drop what it published
+    (`Attempt.discard_kv`).
     """
 
     PLACED = "placed"
     DECODE_RESERVE = "decode reserve"
     """D was asked for blocks (a reserve that timed out may still have been granted)."""
     DIRECTORY_RESERVE = "directory reserve"
-    """The transaction is being opened in the directory."""
+    """The transaction is being recorded in the directory (one that timed out may be)."""
+    REFUSED = "directory refused"
+    """The directory did not record it (another run of the request id holds the generation,
+    a rollback stopped the routes, an end's lease is gone): nothing of it to abort."""
     PREFILL = "prefill"
-    """The hand-off runs: P prefills and sends, D waits for publication."""
+    """Recorded: the grant and the DecodeStream left; P prefills and sends, D waits for
+    publication. The transaction may be open unpublished."""
     DECODE = "decode"
     """Token 0 arrived: D decodes from PUBLISHED K/V and owns the transaction's release."""
+    DIVERGED = "digests differ"
+    """D published K/V whose digest is not the one P computed: D drops it on Cancel."""
     COLOCATED = "colocated generate"
     """W computes the prompt and decodes; no transaction."""
 
@@ -44,9 +54,11 @@ class Stage(enum.Enum):
 _MOVES = Moves({
     Stage.PLACED: {Stage.DECODE_RESERVE, Stage.COLOCATED},
     Stage.DECODE_RESERVE: {Stage.DIRECTORY_RESERVE},
-    Stage.DIRECTORY_RESERVE: {Stage.PREFILL},
-    Stage.PREFILL: {Stage.DECODE},
+    Stage.DIRECTORY_RESERVE: {Stage.PREFILL, Stage.REFUSED},
+    Stage.REFUSED: (),
+    Stage.PREFILL: {Stage.DECODE, Stage.DIVERGED},
     Stage.DECODE: (),
+    Stage.DIVERGED: (),
     Stage.COLOCATED: (),
 })
 
@@ -100,12 +112,8 @@ class Attempt:
     prefill: WorkerRecord | None = None
     route_epoch: int = 0
     stage: Stage = Stage.PLACED
-    txn_open: bool = False
-    """The directory transaction may exist unpublished (Abort on teardown)."""
-    prefill_done: bool = False
-    """Prefill.Prefill returned successfully."""
-    prefill_kv_digest: str = ""
-    """PrefillResult.kv_digest, once prefill returned."""
+    prefill_reply: PrefillDone | None = None
+    """Prefill.Prefill's result, once it returned successfully."""
     sealed_kv_digest: str = ""
     """The prefill's digest by its own seal, relayed with token 0 and opened here with its
     registered key (router/requests/seals.py): compared without its reply."""
@@ -113,8 +121,6 @@ class Attempt:
     """The decode's stream items from its token 0 on, held until prefill's reply lets the
     router compare the two ends' K/V digests (none goes out before), unless the decode's
     token 0 brought the prefill's seal over its digest (the prefill's token 0 went out)."""
-    discard_kv: bool = False
-    """The digests differed: the decode worker drops the published blocks from its cache."""
     prefill_handle: int | None = None
     """Overlay entry of the prompt tokens queued at P (dropped when prefill returns)."""
     tokens_seen: int = 0
@@ -126,10 +132,12 @@ class Attempt:
     stream_task: asyncio.Task | None = None
     prefill_task: asyncio.Task | None = None
     reserve_task: asyncio.Task | None = None
-    """The directory's Reserve of a disaggregated attempt (its answer comes through the queue)."""
+    """The directory's Reserve of a disaggregated attempt (awaited in its start; a teardown
+    waits for it, so that its Abort never overtakes it)."""
     started: bool = False
-    """The Started event went out (a disaggregated attempt's comes with the directory's answer
-    or before its first token, whichever is first)."""
+    """The client was told of this attempt (its Started event): an output fact, not a stage.
+    A disaggregated attempt's goes out once the directory recorded it, or with the
+    prefill's token 0 if that came first."""
     number: int = 0
     """1 for the request's first attempt, ...; the generation unless the request id
     ran before (then generations continue above the earlier run's). 0: = generation."""
@@ -141,14 +149,35 @@ class Attempt:
         self.number = self.number or self.generation
 
     @property
+    def txn_open(self) -> bool:
+        """The directory transaction may exist unpublished (Abort on teardown): from its
+        Reserve on, until it was refused or D's token 0 said it is published."""
+        return self.stage in (Stage.DIRECTORY_RESERVE, Stage.PREFILL)
+
+    @property
+    def discard_kv(self) -> bool:
+        """The two ends' digests differed: D drops the published blocks from its cache."""
+        return self.stage is Stage.DIVERGED
+
+    @property
+    def prefill_done(self) -> bool:
+        """Prefill.Prefill returned successfully."""
+        return self.prefill_reply is not None
+
+    @property
+    def prefill_kv_digest(self) -> str:
+        """The prefill's K/V digest by its reply ("" before it)."""
+        return self.prefill_reply.kv_digest if self.prefill_reply is not None else ""
+
+    @property
     def decode_engaged(self) -> bool:
         """D (or W) may hold state for this generation (Cancel on teardown)."""
         return self.stage is not Stage.PLACED
 
     @property
     def prefill_engaged(self) -> bool:
-        """P was asked to prefill (Cancel on teardown); the call leaves beside the directory's Reserve."""
-        return self.stage in (Stage.PREFILL, Stage.DECODE) or self.prefill_task is not None
+        """P was asked to prefill (Cancel on teardown); its job leaves beside the decode's Reserve."""
+        return self.stage in (Stage.PREFILL, Stage.DECODE, Stage.DIVERGED) or self.prefill_task is not None
 
     def describe(self) -> str:
         """e.g. "attempt 2 (disaggregated prefill-1 -> decode-0)"."""
@@ -167,7 +196,7 @@ def judge_reserve(att: Attempt, answer: TxnAnswer | WorkerCallError, request_id:
         raise AttemptFailed(DIRECTORY_RESERVE, answer.code, answer.message) from answer
     if answer.outcome is Outcome.APPLIED:
         return
-    att.txn_open = False
+    advance(att, Stage.REFUSED)
     what = f"directory answered {answer.outcome.name}"
     if answer.outcome in RAN_BEFORE and answer.current_generation >= att.generation:
         raise GenerationBehind(answer.current_generation, f"{what}: request id {request_id!r} ran before, up to "
@@ -211,13 +240,6 @@ class StreamFailed:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class DirectoryAnswered:
-    """The directory's answer to the attempt's Reserve (or the call's error)."""
-
-    answer: TxnAnswer | WorkerCallError
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class PrefillReturned:
     done: PrefillDone
 
@@ -234,7 +256,7 @@ class Diverged:
     error: RouterError
 
 
-AttemptEvent = FromStream | StreamEnded | StreamFailed | DirectoryAnswered | PrefillReturned | PrefillFailed | Diverged
+AttemptEvent = FromStream | StreamEnded | StreamFailed | PrefillReturned | PrefillFailed | Diverged
 
 
 async def pump(stream: AsyncIterator[StreamItem], queue: asyncio.Queue) -> None:

@@ -14,7 +14,6 @@ from router.requests.attempt import (
     Attempt,
     AttemptEvent,
     AttemptFailed,
-    DirectoryAnswered,
     Diverged,
     FromStream,
     PrefillFailed,
@@ -24,7 +23,6 @@ from router.requests.attempt import (
     StreamFailed,
     advance,
     blame,
-    judge_reserve,
 )
 from router.requests.seals import reply_against_seal, reply_against_token, sealed_token_0
 from router.types import (
@@ -91,9 +89,6 @@ class AttemptDrive:
             match await self._next(att, queue):
                 case Diverged(error):  # P's token 0 is not the one the client has (_prefill_token_0)
                     raise error
-                case DirectoryAnswered(answer) if att.stage is Stage.DIRECTORY_RESERVE:
-                    judge_reserve(att, answer, self.req.request_id, self._view)  # (D's token 0 tells the same)
-                    self._reserved(att)
                 case FromStream(item):
                     if (done := self._from_stream(att, item)) is not None:
                         return done
@@ -154,10 +149,6 @@ class AttemptDrive:
                 return item
         return None
 
-    def _reserved(self, att: Attempt) -> None:  # the directory holds the transaction: the hand-off runs
-        advance(att, Stage.PREFILL)
-        self._started(att)
-
     def _on_token(self, att: Attempt, tok: StreamToken) -> None:
         if tok.index != att.tokens_seen:
             raise AttemptFailed(att.stage.value, StatusCode.INTERNAL,
@@ -166,12 +157,9 @@ class AttemptDrive:
         if att.tokens_seen == 0 and att.route is Route.DISAGGREGATED:
             reply_against_token(att, tok)
         if att.tokens_seen == 0:
-            att.txn_open = False  # D streams only from PUBLISHED K/V; D releases the transaction
             if att.route is Route.COLOCATED:
                 self._inflight.release((att.prefill_handle,))  # W finished the prompt
-            if att.route is Route.DISAGGREGATED:
-                if att.stage is Stage.DIRECTORY_RESERVE:  # published: the directory's answer is on its way
-                    self._reserved(att)
+            if att.route is Route.DISAGGREGATED:  # D streams only from PUBLISHED K/V; D releases it
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1
         out = self._output.offer(att.first_index + tok.index, tok.token_id, att.generation)
@@ -183,7 +171,7 @@ class AttemptDrive:
         the prefill's seal): its digest (against that seal), its tokens' room given back,
         the orchestrator told (the transfer counted, the planner's cost model)."""
         trace.get_current_span().add_event(S.EVENT_PREFILL_DONE)
-        att.prefill_done, att.prefill_kv_digest = True, done.kv_digest
+        att.prefill_reply = done
         reply_against_seal(att)
         self._inflight.release((att.prefill_handle,))
         if self._on_prefill is not None:

@@ -1,6 +1,6 @@
 """How an attempt starts (steps 1-3 of router/requests/attempts.py): a split attempt's job,
-Reserve, grant, DecodeStream and directory Reserve in the order they are needed; a colocated
-attempt's Generate. A mixin of AttemptRunner, whose state it uses."""
+the decode's Reserve, the directory's Reserve, then the grant and the DecodeStream; a
+colocated attempt's Generate. A mixin of AttemptRunner, whose state it uses."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from router.requests.admission import Admitted
 from router.requests.attempt import (
     Attempt,
     AttemptFailed,
-    DirectoryAnswered,
     Diverged,
     PrefillFailed,
     PrefillReturned,
     Stage,
     advance,
+    judge_reserve,
     pump,
 )
 from router.requests.handoff import build_manifest, job_manifest, reserve_call, transfer_id
@@ -65,30 +65,31 @@ class AttemptStart:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch, job=job)
+        # The directory's record before anything that needs it (a streamed P's Begin, the nonce
+        # check of P's AUTH or of the DecodeStream's capability, the Publish): the grant and the
+        # DecodeStream leave once it answered APPLIED, so no party ever asks about a transaction
+        # the directory does not hold yet (docs/design.md, "The protocol is one-way"). P computes
+        # meanwhile; the capability is signed while the Reserve is on its way.
         advance(att, Stage.DIRECTORY_RESERVE)
-        att.txn_open = True  # until the directory says otherwise
-        # The record is awaited where it is needed (the decode's nonce check of P's AUTH, a
-        # streamed prefill's Begin, the Publish): nothing publishes without it.
+        att.reserve_task = asyncio.create_task(self._directory.reserve_txn(
+            manifest, self._timeout(self._cfg.directory_timeout_s)))
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
-        # They leave in the order they are needed: the grant first (P's compute ends soon),
-        # the DecodeStream (its copy of the capability has D consume the nonce before P's
-        # AUTH asks), the directory's Reserve last (needed at publication, or by a streamed
-        # P's Begin, which asks again): each one's setup here would delay the one before.
+        try:
+            answer = await asyncio.shield(att.reserve_task)  # (teardown waits for it when cut short)
+        except WorkerCallError as exc:
+            answer = exc
+        judge_reserve(att, answer, req.request_id, self._view)
+        advance(att, Stage.PREFILL)
+        self._started(att)
+        attempt_span.add_event(S.EVENT_RECORDED)
+        # The grant first (P's compute ends soon), then the DecodeStream (its copy of the
+        # capability has D consume the nonce before P's AUTH asks, most often).
         grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
                                      req.sampling, capability, att.transfer_key))
         attempt_span.add_event(S.EVENT_GRANTED)
         att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
             self._timeout(None)), queue))
-        att.reserve_task = asyncio.create_task(self._reserve_txn(manifest, queue))  # judged by _drive
-
-    async def _reserve_txn(self, manifest, queue: asyncio.Queue) -> None:
-        """Directory.Reserve of the attempt's manifest; its answer (or error) to the queue."""
-        try:
-            queue.put_nowait(DirectoryAnswered(await self._directory.reserve_txn(
-                manifest, self._timeout(self._cfg.directory_timeout_s))))
-        except WorkerCallError as exc:
-            queue.put_nowait(DirectoryAnswered(exc))
 
     def _start_colocated(self, att: Attempt, req: Admitted, queue: asyncio.Queue) -> None:
         w = att.decode

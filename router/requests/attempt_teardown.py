@@ -41,7 +41,6 @@ class AttemptTeardown:
             await asyncio.wait({att.reserve_task}, timeout=self._cfg.directory_timeout_s)
         if att.txn_open:
             await self._quietly(self._directory.abort_txn(rid, transfer_id(rid, g), g, reason, limit))
-            att.txn_open = False
         calls = []
         if att.decode_engaged:
             calls.append(asyncio.create_task(self._quietly(

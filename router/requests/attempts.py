@@ -6,13 +6,16 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
          Prefill.Prefill on P, the job -> computes meanwhile (a transfer too small to
                                         stream; one that may stream waits for its grant)
          Decode.Reserve on D         -> reservation (blocks, data-plane address)
-    2. concurrently, leaving in this order (the order they are needed in)
+    2. Directory.Reserve(manifest)   -> must be APPLIED        [txn RESERVED]; Started.
+                                        Nothing that needs the record leaves before it
+                                        (one-way: no party asks about a transaction the
+                                        directory does not hold yet); P computes meanwhile
+    3. leaving in this order (the order they are needed in)
          the Prefill's grant         -> manifest, destination, capability; P sends token 0
                                         as soon as it is sampled, sends and commits the
                                         K/V; returns after D accepted the commit
          Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
-         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]; Started
-    3. P's token 0                   -> out as soon as it is read, D's Reserve answered or not
+       P's token 0                   -> out as soon as it is read, at any of these steps
                                         (P's own result; a retry reproduces it)
     4. D's token 0 arrives           -> published (D releases it); equal to P's; D's tokens
                                         go out once the two ends' digests compared (P's
@@ -22,7 +25,8 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
 Colocated attempt on W: Started event, Decode.Generate on W, tokens, complete.
 
 Every failure, cancellation or deadline runs one teardown (`_teardown`), in this order:
-Directory.Abort (only while the transaction may be unpublished; after the Reserve's answer),
+Directory.Abort (only while the transaction may be unpublished: `Attempt.txn_open`, read
+from its stage; after the Reserve's answer),
 Decode.Cancel, close the stream call, Prefill.Cancel; in its own task under `asyncio.shield`
 (a second cancellation cannot cut it short). Failures become `AttemptFailed` (the
 orchestrator retries elsewhere) unless retrying cannot help: a worker's INVALID_ARGUMENT

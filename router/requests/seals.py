@@ -23,7 +23,7 @@ import logging
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from router.requests.attempt import Attempt, AttemptFailed
+from router.requests.attempt import Attempt, AttemptFailed, Stage, advance
 from router.requests.handoff import transfer_id
 from router.types import StatusCode, StreamItem, StreamToken
 from runtime.directory.records import WorkerRecord
@@ -64,8 +64,9 @@ def sealed_token_0(att: Attempt, item: StreamItem, request_id: str) -> bool:
     if opened is None:
         return False
     if not opened:
-        att.discard_kv = True
-        raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
+        stage = att.stage.value
+        advance(att, Stage.DIVERGED)
+        raise AttemptFailed(stage, StatusCode.ABORTED,
                             f"K/V digest mismatch: {att.prefill.worker_id}'s seal relayed with token 0 does not "
                             f"open over the digest {att.decode.worker_id} published ({item.kv_digest[:16]}); "
                             f"nothing of the decode's was streamed",
@@ -88,8 +89,9 @@ def reply_against_token(att: Attempt, token: StreamToken) -> None:
     published K/V to be discarded) when their digests differ. Nothing of the decode's was
     streamed; token 0 went out as the prefill's own."""
     if token.kv_digest and att.prefill_kv_digest and token.kv_digest != att.prefill_kv_digest:
-        att.discard_kv = True
-        raise AttemptFailed(att.stage.value, StatusCode.ABORTED,
+        stage = att.stage.value
+        advance(att, Stage.DIVERGED)
+        raise AttemptFailed(stage, StatusCode.ABORTED,
                             f"K/V digest mismatch: {att.prefill.worker_id} computed {att.prefill_kv_digest[:16]}, "
                             f"{att.decode.worker_id} published {token.kv_digest[:16]}; nothing of the decode's was "
                             "streamed", frozenset({att.prefill.worker_id, att.decode.worker_id}))

@@ -32,8 +32,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import tenacity
-
 from pdserve_client.rpc.pd.v1 import capability_pb2
 from runtime.directory.client import NonceRefused, StaleRouteEpoch, TransferNotRecorded
 from runtime.security.capability import (
@@ -45,7 +43,6 @@ from runtime.security.capability import (
     nonce_key,
 )
 from runtime.transfer.base import ChunkKey
-from runtime.worker.directory_ops import RESERVED_WAIT_S, until_recorded
 
 
 def _now_ms() -> int:
@@ -200,26 +197,18 @@ class DestinationGate:
     async def _consume_once(self, cap, transfer_id: str, raw: bytes):
         """Consume the verified capability's nonce once, under its route epoch. A directory
         with the keys checks the signed capability `raw` and needs no record; one without
-        them reads the transfer's record, which the router makes beside its Prefill call:
-        asked again while there is none (1 ms doubling to 50 ms) for up to RESERVED_WAIT_S."""
-        async def consume() -> bool:
-            return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
-
-        async def until_there() -> bool:  # at once first, without the retry machinery (on the path)
-            try:
-                return await consume()
-            except TransferNotRecorded:
-                return await until_recorded(tenacity.retry_if_exception_type(TransferNotRecorded), reraise=True)(
-                    consume)
+        them reads the transfer's record, which the router made before the capability left
+        (docs/design.md, "The protocol is one-way"): asked once, its answer stands."""
         try:
-            fresh = await until_there()
+            fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
         except NonceRefused as e:
             raise CapabilityDenied(Reason.NONCE, f"the directory refused the nonce check: {e} "
                                                  f"(transfer {transfer_id!r})") from None
         except StaleRouteEpoch as e:
             raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
         except TransferNotRecorded as e:
-            raise CapabilityDenied(Reason.TRANSFER, f"{e} after {RESERVED_WAIT_S:.0f} s") from None
+            raise CapabilityDenied(Reason.TRANSFER, f"{e}: the router records a transfer before its "
+                                                    "capability leaves (given up, or never made)") from None
         if not fresh:
             raise CapabilityDenied(Reason.NONCE, f"nonce already used (transfer {transfer_id!r})")
         return cap

@@ -19,36 +19,30 @@ from runtime.directory.records import DirectoryUnavailable
 from runtime.directory.states import Outcome, TxnState
 from runtime.security.seal import Sealer
 
-__all__ = ["RESERVED_WAIT_S", "DirectoryUnavailable", "TxnOps", "until_recorded"]
+__all__ = ["RESERVED_WAIT_S", "DirectoryUnavailable", "TxnOps"]
 
 RELEASE_RETRY_S = 120.0
 """How long a worker keeps retrying the release of a finished transaction."""
 RESERVED_WAIT_S = 2.0
-"""How long a worker asks again about a transaction the directory does not hold yet
-(Begin's and Publish's NOT_FOUND, ConsumeNonce's not_recorded): the router records it
-beside the Prefill's grant (router/requests/attempts.py), so a worker may ask first; and how long a
-destination's unsealed Publish waits for a transaction still RESERVED (a source that
-declares with Begin instead of a seal). Past this the answer stands: the router or the
-source gave up."""
-
-
-def until_recorded(retry: tenacity.retry_base, wait_s: float = RESERVED_WAIT_S, **kw) -> tenacity.AsyncRetrying:
-    """Ask the directory again, 1 ms doubling to 50 ms, for up to `wait_s` while `retry`
-    says the record asked about is not there yet (kw: tenacity's, e.g. reraise)."""
-    return tenacity.AsyncRetrying(retry=retry, wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
-                                  stop=tenacity.stop_after_delay(wait_s), **kw)
+"""How long a destination's unsealed Publish waits for a transaction still RESERVED: a
+source that declares with a Begin instead of a seal may reach the directory second (the
+two ends do not wait for each other). A transaction the directory does not hold is never
+waited for: the router records it before the grant and the DecodeStream leave
+(docs/design.md, "The protocol is one-way"), so NOT_FOUND is an answer, not a race."""
 
 
 async def _asking_again(call: Callable[[], Awaitable[TxnReply]], not_yet: Callable[[TxnReply], bool],
                         wait_s: float) -> TxnReply:
-    """`call`'s reply, asked again (`until_recorded`) while `not_yet(reply)`; past `wait_s`
-    the last reply stands (returned, not raised). The first answer most often stands: it
-    is taken without the retry machinery (~50 µs a call here, on the hand-off's path)."""
+    """`call`'s reply, asked again (1 ms doubling to 50 ms) while `not_yet(reply)`; past
+    `wait_s` the last reply stands (returned, not raised). The first answer most often
+    stands: it is taken without the retry machinery (~50 µs a call here, on the path)."""
     reply = await call()
     if not not_yet(reply):
         return reply
-    retrying = until_recorded(tenacity.retry_if_result(not_yet), wait_s,
-                              retry_error_callback=lambda state: state.outcome.result())
+    retrying = tenacity.AsyncRetrying(retry=tenacity.retry_if_result(not_yet),
+                                      wait=tenacity.wait_exponential(multiplier=0.001, max=0.05),
+                                      stop=tenacity.stop_after_delay(wait_s),
+                                      retry_error_callback=lambda state: state.outcome.result())
     return await retrying(call)
 
 
@@ -67,15 +61,12 @@ class TxnOps:
         """Aborts being retried while the directory is away (strong references)."""
 
     async def begin(self, request_id: str, transfer_id: str, generation: int,
-                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = (),
-                    wait_s: float = RESERVED_WAIT_S) -> TxnReply:
+                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
         """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
-        also declares the source's digest and chunk list. NOT_FOUND is asked again (1 ms
-        doubling to 50 ms) for up to `wait_s`: the router's Reserve may still be on its way."""
-        async def call() -> TxnReply:
-            return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
-                                           kv_digest, chunks)
-        return await _asking_again(call, lambda r: r.outcome is Outcome.NOT_FOUND, wait_s)
+        also declares the source's digest and chunk list. Asked once: the grant that
+        started this transfer left after the directory recorded it."""
+        return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
+                                       kv_digest, chunks)
 
     def seal(self, transfer_id: str, generation: int, evidence: str) -> bytes:
         """This worker's seal, at its current epoch, over its declaration of a transfer
@@ -88,15 +79,14 @@ class TxnOps:
         """VALIDATED -> PUBLISHED, compare-and-set on the request's current generation;
         with ``chunks`` (what arrived), TRANSFERRING -> VALIDATED -> PUBLISHED in one call;
         with ``source_seal`` (relayed from the source's COMMIT), declared first in that call.
-        Asked again (1 ms doubling to 50 ms) for up to `wait_s` while the directory holds no
-        transaction yet (NOT_FOUND: the router's Reserve may land after the chunks, where no
-        capability's nonce check waits for it) or, without a seal, one still RESERVED (a
-        source's declaring Begin may land second)."""
+        Without a seal, asked again (1 ms doubling to 50 ms) for up to `wait_s` while the
+        transaction is still RESERVED (the source's declaring Begin may land second); a
+        NOT_FOUND stands (the record came before the grant: the router gave it up)."""
         async def call() -> TxnReply:
             return await self.client.publish(request_id, transfer_id, generation, self.worker_id,
                                              self.epoch_fn(), kv_digest, chunks, source_seal)
-        return await _asking_again(call, lambda r: r.outcome is Outcome.NOT_FOUND or (
-            r.outcome is Outcome.ILLEGAL_TRANSITION and r.state is TxnState.RESERVED), wait_s)
+        return await _asking_again(call, lambda r: r.outcome is Outcome.ILLEGAL_TRANSITION
+                                   and r.state is TxnState.RESERVED, wait_s)
 
     async def abort(self, request_id: str, transfer_id: str, generation: int,
                     reason: str) -> TxnReply | None:

@@ -87,9 +87,9 @@ def test_another_capability_than_the_copy_ahead_is_checked_the_full_way():
     assert len(consumed) == 2 and len(set(consumed)) == 2 and grant.max_bytes == 300
 
 
-def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refused():
-    """The router records the transfer beside its Prefill call: the nonce is asked again
-    while the directory answers "not recorded", and refused (TRANSFER) once the wait is over."""
+def test_a_transfer_the_directory_has_not_recorded_is_refused_at_once():
+    """The router records the transfer before its capability leaves (one-way): "not
+    recorded" is the answer, refused (TRANSFER) without asking again."""
     from runtime.directory.client import NonceRefused, TransferNotRecorded
 
     def gate_of(answers: list):
@@ -112,12 +112,11 @@ def test_a_transfer_the_directory_has_not_recorded_yet_is_asked_again_then_refus
             return await g.check(credential(raw), "p0", **ASK), asked
         except CapabilityDenied as e:
             return e, asked
-    late = [TransferNotRecorded("r/1"), TransferNotRecorded("r/1"), True]
-    grant, asked = asyncio.run(go(late))
-    assert grant.blocks == frozenset(REGIONS) and len(asked) == 3 and len(set(asked)) == 1
-    denied, asked = asyncio.run(go([]))
-    assert isinstance(denied, CapabilityDenied) and denied.reason is Reason.TRANSFER and len(asked) > 3
-    assert "r/1" in str(denied)
+    grant, asked = asyncio.run(go([True]))
+    assert grant.blocks == frozenset(REGIONS) and len(asked) == 1
+    denied, asked = asyncio.run(go([TransferNotRecorded("r/1"), True]))
+    assert isinstance(denied, CapabilityDenied) and denied.reason is Reason.TRANSFER and len(asked) == 1
+    assert "r/1" in str(denied) and "records a transfer before its capability leaves" in str(denied)
     # The directory refusing the check (its own look at the capability, or the caller) is a
     # refusal of the capability, counted as one, and not asked again.
     refused, asked = asyncio.run(go([NonceRefused("capability denied: expired: expires in -3 ms")]))

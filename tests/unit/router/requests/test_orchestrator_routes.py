@@ -49,9 +49,10 @@ def test_happy_disaggregated_path():
         (FinishReason.LENGTH, 6, Route.DISAGGREGATED, 1)
     assert done.ttft_ms >= 0 and done.tpot_ms >= 0
     assert done.prefill_kv_digest == done.decode_kv_digest == "kv:r/1"
-    # in the order they are needed: P's compute is the critical path, then the stream (its
-    # capability has D consume the nonce before P's AUTH), the record by publication
-    assert [c[0] for c in fake.calls] == ["reserve", "prefill", "decode_stream", "txn_reserve"]
+    # one-way: the record before what needs it; then in the order they are needed: P's
+    # grant (its compute is the critical path), the stream (its capability has D consume
+    # the nonce before P's AUTH, most often)
+    assert [c[0] for c in fake.calls] == ["reserve", "txn_reserve", "prefill", "decode_stream"]
     m = fake.manifests[0]
     assert (m.request_id, m.tenant, m.generation, m.attempt, m.transfer_id, m.reservation_id) == \
         ("r", "t", 1, 1, "r/1", "r/1")
