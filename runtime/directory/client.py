@@ -161,7 +161,8 @@ class StaleRouteEpoch(Exception):
 
 
 class TransferNotRecorded(Exception):
-    """ConsumeNonce named a transfer the directory holds no record of (yet)."""
+    """ConsumeNonce named a transfer the directory holds no record of (the router records
+    one before its capability leaves: given up, or never made)."""
 
 
 class NonceRefused(Exception):
