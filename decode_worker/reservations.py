@@ -97,6 +97,10 @@ class Reservation:
     """The published sequence's token stream; tokens wait in it until DecodeStream reads them."""
     streamed: bool = False
     """A DecodeStream has attached to this reservation."""
+    stream_came: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the router's DecodeStream for it first came: the router sends it once the
+    directory recorded the transaction, so the Publish (and a capability check against
+    the record) waits for it (docs/design.md, "The protocol is one-way")."""
     cancelled: bool = False
     """Cancel came after publication: stop it (before or after it joined the batch)."""
     awaiting_token: bool = False

@@ -39,7 +39,7 @@ from runtime.transfer import (
 )
 from runtime.transfer.base import MissingTransferKey
 from runtime.transfer.chunks import chunk_bytes, chunk_views, plan_chunks
-from runtime.worker.capabilities import DestinationGate
+from runtime.worker.capabilities import DestinationGate, FromRouter
 from runtime.worker.config import DecodeWorkerConfig
 from runtime.worker.directory_ops import TxnOps
 from runtime.worker.events import EventLog, FaultPause
@@ -160,7 +160,7 @@ class DecodeWorker:
             with tracing.attached(res.trace.context):  # its nonce check is the request's call, in its trace
                 res.grant = await self.gate.check(
                     credential, peer, tenant=res.tenant, transfer_id=res.transfer_id, generation=res.generation,
-                    regions=res.regions, num_bytes=res.expected_bytes, ahead=res.ahead)
+                    regions=res.regions, num_bytes=res.expected_bytes, router=FromRouter(res.ahead, res.stream_came))
         except CapabilityDenied as e:
             self.events("capability_denied", request=res.request_id, reason=e.reason.value)
             res.trace.denied(e.reason.value)
@@ -206,6 +206,8 @@ class DecodeWorker:
                 reason = f"aborted while validating: {res.abort_reason}"
             reason = tracing.failed(span, reason)
         if not reason:
+            reason = await self._recorded(res)
+        if not reason:
             reason = await publication.publish(self.txn, res, local, commit.kv_digest, commit.seal)
             if not reason and res.state == ResState.ABORTED:
                 # Aborted (blocks freed) while the directory published: give the publication back.
@@ -247,6 +249,26 @@ class DecodeWorker:
         await self.admission.start(res, commit.first_token)
         return Verdict(True)
 
+    @staticmethod
+    async def _recorded(res: Reservation) -> str:
+        """"" once the router's DecodeStream came (it leaves after the directory recorded the
+        transaction: one-way, no Publish of a transaction not recorded yet); else why not:
+        aborted meanwhile, or the reservation's TTL. Most often it came before the chunks."""
+        if not res.stream_came.is_set():
+            waits = {asyncio.ensure_future(res.stream_came.wait()), asyncio.ensure_future(res.published.wait())}
+            try:
+                await asyncio.wait(waits, timeout=max(0.0, res.deadline_s - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if res.state == ResState.ABORTED:
+            return f"aborted while waiting for its stream: {res.abort_reason}"
+        if not res.stream_came.is_set():
+            return ("no DecodeStream within the reservation TTL (the router sends it once the directory "
+                    "recorded the transaction)")
+        return ""
+
     # ---- 4. decode stream -------------------------------------------------
     def find(self, transfer_id: str) -> Reservation | None:
         """The live reservation of transfer_id, or its finished one no stream has read yet."""
@@ -261,6 +283,7 @@ class DecodeWorker:
         if res is None:
             raise KeyError(self.ended.get(transfer_id, f"no reservation {transfer_id}"))
         res.streamed = True
+        res.stream_came.set()
         if res.state == ResState.PUBLISHED and not res.awaiting_token:
             self._cancel_timer(transfer_id)  # claimed: the unclaimed-publication timer stops
         timeout = max(0.0, res.deadline_s - time.monotonic())

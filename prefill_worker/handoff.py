@@ -322,22 +322,12 @@ class HandOff:
         """COMMIT `chunks` (none: the token's COMMIT of a transfer committed ahead of it)."""
         return await self.w.sender.commit(self.task.dest, self._manifest(chunks, kv_digest, first_token, sealed))
 
-    async def begin(self) -> None:
-        """Directory Begin: open a streamed transfer (TRANSFERRING before its first chunk)."""
-        task = self.task
-        r = await self.w.txn.begin(task.request_id, self.transfer_id, task.generation)
-        if not r.ok:
-            raise TransferRefused(f"directory refused BEGIN: {r.outcome.name}, state "
-                                  f"{r.state.name if r.state else 'none'}")
-
     # ---- the whole --------------------------------------------------------------
     async def run(self) -> PrefillOutcome:
         """Every step in order; raises on any failure (the worker cleans up)."""
         plan = await self.grant()
         await self.allocate()
-        self.arm()
-        if plan.stream:  # the transaction must be TRANSFERRING before the first chunk leaves
-            await self.begin()
+        self.arm()  # (no Begin: the sealed COMMIT declares, the destination's Publish moves it on)
         job = self.submit()
         try:
             try:

@@ -10,17 +10,19 @@ One request:
   2. Computing — chunked prefill on the engine loop; samples token 0 (to the router at once)
   3. Sending   — transfer-set chunks pushed to the destination's reserved blocks.
                  The capability is presented (AUTH) once granted.
-                 Streaming (transfers of at least stream_min_bytes): BEGIN
-                 (TRANSFERRING) before compute, each chunk leaves as soon as prefill
-                 wrote its layer (streaming.py), and once the last one left (most
+                 Streaming (transfers of at least stream_min_bytes): each chunk
+                 leaves as soon as prefill wrote its layer (streaming.py), and once
+                 the last one left (most
                  often before the compute ends) the COMMIT goes ahead of the first
                  token (TOKEN_FOLLOWS: the destination validates and publishes while
                  the compute ends; the COMMIT after it brings the token alone);
                  otherwise after the whole prefill, the COMMIT in the last message
   4. Committed — manifest (chunks, checksums, digest, first token) handed over,
                  the source's declaration sealed in it (runtime/security/seal.py:
-                 no declaring BEGIN); the destination's Publish relays the seal,
-                 the directory opens it and publishes, or the destination refuses
+                 no BEGIN: nothing of the prefill's calls the directory on the way,
+                 so nothing of it depends on when the router's record lands); the
+                 destination's Publish relays the seal, the directory opens it and
+                 publishes (RESERVED to PUBLISHED in one step), or the destination refuses
 Blocks are freed in every case (full prompt blocks stay as prefix cache). Any
 failure once granted aborts the transfer at the destination and the transaction
 (before, neither was reached: the router's teardown aborts its record).

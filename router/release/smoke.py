@@ -251,7 +251,8 @@ async def stale_completion(job: Probe) -> str:
     reservation, manifest = await job.open(generation=1)
     capability = job.ctl.orch.mint(manifest, reservation)
     await job.reserve_txn(reservation, 2)  # a newer generation supersedes generation 1
-    stream = job.decode_stream(1, capability)
+    # The router's stream, as it sends it once the record is there (the decode publishes only after it).
+    stream = asyncio.ensure_future(_drain(job.decode_stream(1, capability)))
     try:
         done = await job.prefill_call(manifest, reservation, capability)
     except WorkerCallError as exc:
@@ -259,8 +260,8 @@ async def stale_completion(job: Probe) -> str:
     else:
         raise SmokeFailed(f"the superseded generation completed its hand-off (K/V digest {done.kv_digest[:12]})")
     finally:
-        with contextlib.suppress(Exception):
-            await stream.aclose()
+        stream.cancel()
+        await asyncio.gather(stream, return_exceptions=True)
     outcome = await job.abort(1)
     if outcome is not Outcome.DUPLICATE:  # DUPLICATE: it was already aborted (superseded), never published
         raise SmokeFailed(f"generation 1's transaction was not left aborted: abort answered {outcome.name}")

@@ -36,13 +36,14 @@ class Stage(enum.Enum):
     DECODE_RESERVE = "decode reserve"
     """D was asked for blocks (a reserve that timed out may still have been granted)."""
     DIRECTORY_RESERVE = "directory reserve"
-    """The transaction is being recorded in the directory (one that timed out may be)."""
+    """The transaction is being recorded in the directory (one that timed out may be); the
+    grant left beside it."""
     REFUSED = "directory refused"
     """The directory did not record it (another run of the request id holds the generation,
     a rollback stopped the routes, an end's lease is gone): nothing of it to abort."""
     PREFILL = "prefill"
-    """Recorded: the grant and the DecodeStream left; P prefills and sends, D waits for
-    publication. The transaction may be open unpublished."""
+    """Recorded: the DecodeStream left; P prefills and sends, D publishes once its stream
+    came. The transaction may be open unpublished."""
     DECODE = "decode"
     """Token 0 arrived: D decodes from PUBLISHED K/V and owns the transaction's release."""
     DIVERGED = "digests differ"

@@ -1,6 +1,7 @@
 """How an attempt starts (steps 1-3 of router/requests/attempts.py): a split attempt's job,
-the decode's Reserve, the directory's Reserve, then the grant and the DecodeStream; a
-colocated attempt's Generate. A mixin of AttemptRunner, whose state it uses."""
+the decode's Reserve, the directory's Reserve and the grant, the DecodeStream once the
+directory answered; a colocated attempt's Generate. A mixin of AttemptRunner, whose state
+it uses."""
 
 from __future__ import annotations
 
@@ -65,15 +66,18 @@ class AttemptStart:
             log.warning("%s: reservation id %r != transfer id %r", att.describe(), reservation.reservation_id, tid)
         manifest = build_manifest(request_id=req.request_id, tenant=req.tenant, generation=g, prompt=req.prompt,
                                   prefill=p, decode=d, reservation=reservation, route_epoch=att.route_epoch, job=job)
-        # The directory's record before anything that needs it (a streamed P's Begin, the nonce
-        # check of P's AUTH or of the DecodeStream's capability, the Publish): the grant and the
-        # DecodeStream leave once it answered APPLIED, so no party ever asks about a transaction
-        # the directory does not hold yet (docs/design.md, "The protocol is one-way"). P computes
-        # meanwhile; the capability is signed while the Reserve is on its way.
+        # One-way (docs/design.md, "The protocol is one-way"): the directory's Reserve leaves
+        # first, then the grant (P computes, sends and commits; nothing of P's needs the record),
+        # and the DecodeStream only once the directory answered APPLIED: the decode publishes,
+        # and checks a capability against the record, only after its stream came, so no party
+        # ever asks about a transaction the directory does not hold yet.
         advance(att, Stage.DIRECTORY_RESERVE)
         att.reserve_task = asyncio.create_task(self._directory.reserve_txn(
             manifest, self._timeout(self._cfg.directory_timeout_s)))
         capability = self._mint(manifest, reservation) if self._mint is not None else b""
+        grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
+                                     req.sampling, capability, att.transfer_key))
+        attempt_span.add_event(S.EVENT_GRANTED)
         try:
             answer = await asyncio.shield(att.reserve_task)  # (teardown waits for it when cut short)
         except WorkerCallError as exc:
@@ -82,11 +86,6 @@ class AttemptStart:
         advance(att, Stage.PREFILL)
         self._started(att)
         attempt_span.add_event(S.EVENT_RECORDED)
-        # The grant first (P's compute ends soon), then the DecodeStream (its copy of the
-        # capability has D consume the nonce before P's AUTH asks, most often).
-        grant.set_result(PrefillCall(manifest, req.prompt, reservation.data_plane_address or d.data_plane_address,
-                                     req.sampling, capability, att.transfer_key))
-        attempt_span.add_event(S.EVENT_GRANTED)
         att.stream_task = asyncio.create_task(pump(self._workers.decode_stream(d, StreamCall(
             req.request_id, g, req.max_tokens, req.sampling, transfer_id=tid, capability=capability),
             self._timeout(None)), queue))

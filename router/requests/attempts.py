@@ -6,15 +6,16 @@ Disaggregated attempt on (P, D), generation g, transfer id "{request_id}/{g}":
          Prefill.Prefill on P, the job -> computes meanwhile (a transfer too small to
                                         stream; one that may stream waits for its grant)
          Decode.Reserve on D         -> reservation (blocks, data-plane address)
-    2. Directory.Reserve(manifest)   -> must be APPLIED        [txn RESERVED]; Started.
-                                        Nothing that needs the record leaves before it
-                                        (one-way: no party asks about a transaction the
-                                        directory does not hold yet); P computes meanwhile
-    3. leaving in this order (the order they are needed in)
+    2. leaving in this order
+         Directory.Reserve(manifest) -> must be APPLIED        [txn RESERVED]; Started
          the Prefill's grant         -> manifest, destination, capability; P sends token 0
                                         as soon as it is sampled, sends and commits the
-                                        K/V; returns after D accepted the commit
-         Decode.DecodeStream on D    -> waits for PUBLISHED, then tokens 0, 1, ...
+                                        K/V; returns after D accepted the commit (nothing
+                                        of P's needs the record)
+    3. once the directory answered APPLIED
+         Decode.DecodeStream on D    -> D publishes only once its stream came: one-way, no
+                                        party asks about a transaction the directory does
+                                        not hold yet; waits for PUBLISHED, then tokens 0, 1, ...
        P's token 0                   -> out as soon as it is read, at any of these steps
                                         (P's own result; a retry reproduces it)
     4. D's token 0 arrives           -> published (D releases it); equal to P's; D's tokens

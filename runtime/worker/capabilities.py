@@ -89,6 +89,17 @@ class Ahead:
     """A sender presented it and was admitted: nobody else may."""
 
 
+@dataclass(frozen=True, slots=True)
+class FromRouter:
+    """What the router told a destination of a transfer, for its sender's check."""
+
+    ahead: Ahead | None = None
+    """Its copy of the capability (DecodeStream), checked ahead of the sender's."""
+    recorded: asyncio.Event | None = None
+    """Set once its DecodeStream came: the directory holds the transfer's record (the
+    router sends the stream only then: docs/design.md, "The protocol is one-way")."""
+
+
 def _ignore(_reason: str) -> None:
     pass
 
@@ -152,18 +163,19 @@ class DestinationGate:
         return Ahead(raw, checked)
 
     async def check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
-                    regions: tuple[int, ...], num_bytes: int, ahead: Ahead | None = None) -> Grant:
+                    regions: tuple[int, ...], num_bytes: int, router: FromRouter = FromRouter()) -> Grant:
         """The grant of a sender's credential; CapabilityDenied (counted) if refused. A
-        refusal of the router's copy (`ahead`) is counted here, when a sender presents."""
+        refusal of the router's copy (`router.ahead`) is counted here, when a sender presents."""
         try:
             return await self._check(credential, peer, tenant=tenant, transfer_id=transfer_id,
-                                     generation=generation, regions=regions, num_bytes=num_bytes, ahead=ahead)
+                                     generation=generation, regions=regions, num_bytes=num_bytes, router=router)
         except CapabilityDenied as e:
             self.on_denied(e.reason.value)
             raise
 
     async def _check(self, credential: dict, peer: str | None, *, tenant: str, transfer_id: str, generation: int,
-                     regions: tuple[int, ...], num_bytes: int, ahead: Ahead | None = None) -> Grant:
+                     regions: tuple[int, ...], num_bytes: int, router: FromRouter = FromRouter()) -> Grant:
+        ahead = router.ahead
         try:
             raw = base64.b64decode(str(credential["capability"]), validate=True)
             source, source_epoch = str(credential["source_worker_id"]), int(credential["source_epoch"])
@@ -182,7 +194,8 @@ class DestinationGate:
             ahead.claimed = True
             return Grant(frozenset(cap.regions), cap.max_bytes)
         ask = self._ask(tenant, source, source_epoch, transfer_id, generation, regions, num_bytes, nonce)
-        cap = await self._consume_once(self.verifier.authorize(raw, ask, None, _now_ms()), transfer_id, raw)
+        cap = await self._consume_once(self.verifier.authorize(raw, ask, None, _now_ms()), transfer_id, raw,
+                                       router.recorded)
         return Grant(frozenset(cap.regions), cap.max_bytes)
 
     def _ask(self, tenant: str, source: str, source_epoch: int, transfer_id: str, generation: int,
@@ -194,13 +207,29 @@ class DestinationGate:
             destination_epoch=self.epoch(), transfer_id=transfer_id, generation=generation,
             cache_abi_digest=self.abi_digest, direction=PUSH, regions=regions, num_bytes=num_bytes, nonce=nonce)
 
-    async def _consume_once(self, cap, transfer_id: str, raw: bytes):
+    async def _consume_once(self, cap, transfer_id: str, raw: bytes, recorded: asyncio.Event | None = None):
         """Consume the verified capability's nonce once, under its route epoch. A directory
         with the keys checks the signed capability `raw` and needs no record; one without
-        them reads the transfer's record, which the router made before the capability left
-        (docs/design.md, "The protocol is one-way"): asked once, its answer stands."""
+        them reads the transfer's record. The router sends its DecodeStream only once the
+        directory recorded the transfer (docs/design.md, "The protocol is one-way"): a
+        sender's AUTH that came before it and finds no record waits for `recorded` (the
+        stream came), within the capability's lifetime, and asks once more; without
+        `recorded` (the router's own copy, sent after the record) the answer stands."""
+        async def consume() -> bool:
+            return await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
         try:
-            fresh = await self._consume(nonce_key(cap.nonce), cap.expires_unix_ms, transfer_id, cap.route_epoch, raw)
+            try:
+                fresh = await consume()
+            except TransferNotRecorded:
+                if recorded is None or recorded.is_set():
+                    raise
+                try:
+                    async with asyncio.timeout(max(0.0, (cap.expires_unix_ms - _now_ms()) / 1000)):
+                        await recorded.wait()
+                except TimeoutError:
+                    raise TransferNotRecorded(f"no record of transfer {transfer_id!r} and no word from the router "
+                                              "that there is one") from None
+                fresh = await consume()
         except NonceRefused as e:
             raise CapabilityDenied(Reason.NONCE, f"the directory refused the nonce check: {e} "
                                                  f"(transfer {transfer_id!r})") from None
@@ -208,7 +237,7 @@ class DestinationGate:
             raise CapabilityDenied(Reason.ROUTE_EPOCH, f"{e} (transfer {transfer_id!r})") from None
         except TransferNotRecorded as e:
             raise CapabilityDenied(Reason.TRANSFER, f"{e}: the router records a transfer before its "
-                                                    "capability leaves (given up, or never made)") from None
+                                                    "DecodeStream leaves (given up, or never made)") from None
         if not fresh:
             raise CapabilityDenied(Reason.NONCE, f"nonce already used (transfer {transfer_id!r})")
         return cap

@@ -25,10 +25,11 @@ RELEASE_RETRY_S = 120.0
 """How long a worker keeps retrying the release of a finished transaction."""
 RESERVED_WAIT_S = 2.0
 """How long a destination's unsealed Publish waits for a transaction still RESERVED: a
-source that declares with a Begin instead of a seal may reach the directory second (the
-two ends do not wait for each other). A transaction the directory does not hold is never
-waited for: the router records it before the grant and the DecodeStream leave
-(docs/design.md, "The protocol is one-way"), so NOT_FOUND is an answer, not a race."""
+source that declares with a Begin instead of a seal (not pdserve's prefill, which seals
+its COMMIT) may reach the directory second. A transaction the directory does not hold is
+never waited for: the decode publishes once the router's DecodeStream came, which leaves
+after the directory recorded the transaction (docs/design.md, "The protocol is
+one-way"), so NOT_FOUND is an answer, not a race."""
 
 
 async def _asking_again(call: Callable[[], Awaitable[TxnReply]], not_yet: Callable[[TxnReply], bool],
@@ -47,7 +48,8 @@ async def _asking_again(call: Callable[[], Awaitable[TxnReply]], not_yet: Callab
 
 
 class TxnOps:
-    """begin / publish / abort / release for one worker identity, and its seal."""
+    """publish / abort / release for one worker identity, and its seal (a source declares
+    under its seal in its COMMIT; nothing of a hand-off Begins: docs/design.md)."""
 
     def __init__(self, client: DirectoryClient, worker_id: str,
                  epoch_fn: Callable[[], int] = lambda: 0, sealer: Sealer | None = None):
@@ -59,14 +61,6 @@ class TxnOps:
         """This process's sealing key; its public half is registered (runtime/security/seal.py)."""
         self._background = TaskSet()
         """Aborts being retried while the directory is away (strong references)."""
-
-    async def begin(self, request_id: str, transfer_id: str, generation: int,
-                    kv_digest: str = "", chunks: Sequence[manifest_pb2.ChunkSpec] = ()) -> TxnReply:
-        """RESERVED -> TRANSFERRING; with ``kv_digest`` and ``chunks`` (with checksums)
-        also declares the source's digest and chunk list. Asked once: the grant that
-        started this transfer left after the directory recorded it."""
-        return await self.client.begin(request_id, transfer_id, generation, self.worker_id, self.epoch_fn(),
-                                       kv_digest, chunks)
 
     def seal(self, transfer_id: str, generation: int, evidence: str) -> bytes:
         """This worker's seal, at its current epoch, over its declaration of a transfer

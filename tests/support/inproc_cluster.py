@@ -125,10 +125,16 @@ class InprocCluster:
         assert reply.ok, reply
         return res
 
+    def router_stream(self, res) -> asyncio.Future:
+        """The router's DecodeStream of reservation `res`, as a task: its tokens, or its error
+        (RuntimeError: the transfer was aborted). The router sends it once the directory
+        recorded the transfer, and the decode publishes only after it came."""
+        return asyncio.ensure_future(self.collect(self.decode.stream(res.transfer_id)))
+
     async def handoff(self, request_id: str, prompt: list[int], max_tokens: int, generation: int = 1):
         """A whole split request: (tokens, the prefill's outcome)."""
         res = await self.reserve(request_id, prompt, max_tokens, generation)
-        stream = asyncio.ensure_future(self.collect(self.decode.stream(res.transfer_id)))
+        stream = self.router_stream(res)
         outcome = await self.send(request_id, res, prompt, generation=generation)
         return await stream, outcome
 

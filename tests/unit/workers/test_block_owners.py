@@ -129,8 +129,10 @@ class FakeDecodeTxn(FakeTxn):
     def __init__(self):
         super().__init__()
         self.released: list[str] = []
+        self.published: list[str] = []
 
     async def publish(self, request_id, transfer_id, generation, digest, chunks=(), source_seal=b""):
+        self.published.append(transfer_id)
         return _Reply()
 
     async def release(self, request_id, transfer_id, generation):
@@ -138,8 +140,9 @@ class FakeDecodeTxn(FakeTxn):
 
 
 def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
-    """The router died between the commit and its DecodeStream call: the sequence
-    would decode to max_tokens holding its blocks; the TTL stops it and frees them."""
+    """The router's DecodeStream came (the decode may publish), then the router died before
+    the commit: the published sequence would decode to max_tokens holding its blocks; the
+    TTL stops it and frees them."""
     from decode_worker.worker import DecodeWorker
     from runtime.transfer.inproc import InprocReceiver, InprocSender
 
@@ -157,6 +160,11 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
         prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
         sampling = SamplingParams(ignore_eos=True)
         res = await decode.reserve("r", "t", 1, PROMPT, 1900, sampling, "")
+        gone = asyncio.ensure_future(anext(decode.stream("r/1")))  # the router's stream, then the router dies
+        while not res.streamed:
+            await asyncio.sleep(0.001)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
         await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
                               first_token_pos=0, prompt=PROMPT, sampling=sampling,
                               dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
@@ -180,5 +188,43 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
     assert seen["decoding"]["active_blocks"] > 0 and seen["decoding"]["reserved_blocks"] == 0
     assert seen["released"] == ["r/1"]
     assert seen["steps"] < 1900  # stopped long before max_tokens
+    assert_no_leak(d_loop.engine)
+    assert_no_leak(p_loop.engine)
+
+
+def test_without_the_routers_stream_nothing_is_published_and_everything_comes_back():
+    """The router died before its DecodeStream (which it sends once the directory recorded
+    the transfer): the decode publishes nothing; the prefill's COMMIT is refused at the
+    reservation TTL and both sides' blocks come back."""
+    from decode_worker.reservations import ResState
+    from decode_worker.worker import DecodeWorker
+    from prefill_worker.handoff import TransferRefused
+    from runtime.transfer.inproc import InprocReceiver, InprocSender
+
+    p_loop, d_loop = EngineLoop(tiny_engine(num_blocks=64)), EngineLoop(tiny_engine(num_blocks=256))
+    p_loop.start()
+    d_loop.start()
+    cfg = WorkerConfig(reservation_ttl_s=0.5, stream_layers=False, transport="inproc")
+
+    async def go():
+        receiver = InprocReceiver("d0-no-stream")
+        await receiver.start()
+        txn = FakeDecodeTxn()
+        decode = DecodeWorker(cfg, d_loop, receiver, txn)
+        prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
+        sampling = SamplingParams(ignore_eos=True)
+        res = await decode.reserve("r", "t", 1, PROMPT, 8, sampling, "")
+        with pytest.raises(TransferRefused, match="no DecodeStream within the reservation TTL"):
+            await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
+                                  first_token_pos=0, prompt=PROMPT, sampling=sampling,
+                                  dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
+        assert res.state is ResState.ABORTED and txn.published == []
+        await receiver.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        p_loop.stop()
+        d_loop.stop()
     assert_no_leak(d_loop.engine)
     assert_no_leak(p_loop.engine)

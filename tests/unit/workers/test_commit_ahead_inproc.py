@@ -151,11 +151,13 @@ def test_a_decode_cancelled_between_commit_and_token_refuses_the_token():
         async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:
             rid = "c@sampled@token_late"
             res = await c.reserve(rid, PROMPT, 4)
+            stream = c.router_stream(res)
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             assert await c.decode.cancel(rid, 1, "router teardown")
             with pytest.raises(TransferRefused, match="not expected"):
                 await prefill  # its token's COMMIT finds the transfer gone
+            await asyncio.gather(stream, return_exceptions=True)
             await c.assert_all_returned()
             return await c.directory.lookup(rid, res.transfer_id), res
 
@@ -169,13 +171,14 @@ def test_no_token_within_the_reservation_ttl_gives_everything_back():
         async with InprocCluster(fault_pause_s=30.0, **STREAMED) as c:
             rid = "d@sampled@token_late"
             res = await c.reserve(rid, PROMPT, 4)  # its own TTL is the default's: the prefill may be slow
+            stream = c.router_stream(res)
             c.decode.cfg = c.decode.cfg.replace(reservation_ttl_s=0.3)  # what the publication arms
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             while res.state is not ResState.ABORTED:
                 await asyncio.sleep(0.01)
             await c.prefill.cancel(rid, 1)  # the router's teardown, once its attempt failed
-            await asyncio.gather(prefill, return_exceptions=True)
+            await asyncio.gather(prefill, stream, return_exceptions=True)
             await c.assert_all_returned()
             return await c.directory.lookup(rid, res.transfer_id), res
 

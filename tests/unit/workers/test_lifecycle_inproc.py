@@ -113,8 +113,11 @@ def test_a_seal_that_does_not_open_over_what_the_destination_holds_publishes_not
 
             c.p.txn.seal = lying_seal
             res = await c.reserve("lie", PROMPT, 4)
+            stream = c.router_stream(res)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: CHECKSUM_CONFLICT"):
                 await c.send("lie", res, PROMPT)
+            with pytest.raises(RuntimeError, match="aborted"):
+                await stream
             await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("lie", "lie/1")
             return record, res
@@ -139,8 +142,11 @@ def test_bytes_changed_after_their_checksum_are_refused_by_the_directory():
 
             c.decode._on_commit = corrupt_then_commit
             res = await c.reserve("stray", PROMPT, 4)
+            stream = c.router_stream(res)
             with pytest.raises(TransferRefused, match="CHECKSUM_CONFLICT"):
                 await c.send("stray", res, PROMPT)
+            with pytest.raises(RuntimeError, match="aborted"):
+                await stream
             await c.assert_all_returned()
             return res
 
@@ -236,8 +242,11 @@ def test_a_destination_that_drops_the_seal_cannot_publish():
 
             c.d.txn.client.publish = unsealed
             res = await c.reserve("bare", PROMPT, 4)
+            stream = c.router_stream(res)
             with pytest.raises(TransferRefused, match="directory refused VALIDATED: ILLEGAL_TRANSITION"):
                 await c.send("bare", res, PROMPT)
+            with pytest.raises(RuntimeError, match="aborted"):
+                await stream
             await c.assert_all_returned()  # the release may follow the stream's end
             record = await c.directory.lookup("bare", "bare/1")
             return record

@@ -50,9 +50,18 @@ def test_the_verdict_waits_until_the_stream_has_handed_token_0_on():
 
 
 def test_with_no_stream_attached_the_verdict_does_not_wait():
+    """The router's stream came (the decode may publish) and its caller left before the
+    publication: the VERDICT does not wait for a token 0 nobody reads; a stream that comes
+    later reads every token."""
     async def go():
         async with InprocCluster() as c:
             res = await c.reserve("r", PROMPT, 3)
+            first = c.router_stream(res)
+            while not res.streamed:
+                await asyncio.sleep(0.001)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            assert not res.streamed
             outcome = await asyncio.wait_for(c.send("r", res, PROMPT), 10)  # not TOKEN_0_WAIT_S
             tokens = await c.collect(c.decode.stream(res.transfer_id))  # the stream comes later
             reference = await c.colocated("ref", PROMPT, 3)

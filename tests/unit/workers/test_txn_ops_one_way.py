@@ -1,7 +1,7 @@
-"""The protocol is one-way (docs/design.md): the router records a transaction before the
-grant and the DecodeStream leave, so a worker's Begin or Publish that finds no record has
-its answer (NOT_FOUND, asked once). The one wait left is between the two ends: an unsealed
-destination's Publish waits, bounded, for the source's declaring Begin."""
+"""The protocol is one-way (docs/design.md): the decode publishes once the router's
+DecodeStream came, which leaves after the directory recorded the transaction, so a Publish
+that finds no record has its answer (NOT_FOUND, asked once). The one wait left is between
+the two ends: an unsealed Publish waits, bounded, for a source's declaring Begin."""
 
 from __future__ import annotations
 
@@ -11,40 +11,6 @@ import time
 from runtime.directory.client import TxnReply
 from runtime.directory.states import Outcome, TxnState
 from runtime.worker.directory_ops import TxnOps
-
-
-class Directory:
-    """Answers NOT_FOUND until `reserved_after` Begins were asked, then APPLIED."""
-
-    def __init__(self, reserved_after: int | None):
-        self.reserved_after = reserved_after
-        self.calls = 0
-
-    async def begin(self, request_id, transfer_id, generation, worker_id, epoch, kv_digest, chunks):
-        self.calls += 1
-        if self.reserved_after is None or self.calls <= self.reserved_after:
-            return TxnReply(request_id, transfer_id, Outcome.NOT_FOUND, None, 0)
-        return TxnReply(request_id, transfer_id, Outcome.APPLIED, TxnState.TRANSFERRING, generation)
-
-
-def test_begin_takes_not_found_as_the_answer():
-    directory = Directory(reserved_after=3)
-    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
-    assert (r.outcome, directory.calls) == (Outcome.NOT_FOUND, 1)
-    directory = Directory(reserved_after=0)
-    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
-    assert (r.outcome, r.state, directory.calls) == (Outcome.APPLIED, TxnState.TRANSFERRING, 1)
-
-
-def test_other_refusals_are_answered_at_once():
-    class Stale(Directory):
-        async def begin(self, *a):
-            self.calls += 1
-            return TxnReply("r", "r/1", Outcome.STALE_GENERATION, TxnState.ABORTED, 2)
-
-    directory = Stale(None)
-    r = asyncio.run(TxnOps(directory, "p0", lambda: 7).begin("r", "r/1", 1))
-    assert (r.outcome, directory.calls) == (Outcome.STALE_GENERATION, 1)
 
 
 class Publisher:

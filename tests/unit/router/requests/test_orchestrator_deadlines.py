@@ -183,10 +183,10 @@ def test_attempts_failing_on_the_requests_own_deadline_end_deadline_exceeded_wit
 
 
 def test_a_cancel_while_the_directory_reserves_aborts_after_its_answer():
-    """A cancel while the directory records the attempt (nothing granted yet: the grant and
-    the DecodeStream wait for the record) waits for the Reserve's answer before the Abort,
-    which must not overtake a Reserve the directory applies after it (a record left
-    RESERVED). No token flowed: the request ends CANCELLED."""
+    """The attempt streams before the directory answered its Reserve (the prefill's token 0
+    needs no record): a cancel then waits for that answer before the Abort, which must
+    not overtake a Reserve the directory applies after it (a record left RESERVED). The
+    DecodeStream, which leaves once the directory answered, never left."""
     fake = two_by_two()
     reserving = fake.reserve_txn
 
@@ -205,15 +205,14 @@ def test_a_cancel_while_the_directory_reserves_aborts_after_its_answer():
         while not any(c[0] == "txn_reserve_sent" for c in fake.calls):
             await asyncio.sleep(0.005)
         assert await orch.cancel("r", "changed my mind")
-        with pytest.raises(RouterError, match="CANCELLED: request cancelled: changed my mind"):
-            async for _ in run_.stream():
-                pass
+        async for _ in run_.stream():
+            pass
         await orch.drain()
         return orch
 
     orch = run(go())
     ops = [c[0] for c in fake.calls]
     assert ops.index("txn_reserve_answered") < ops.index("txn_abort")
-    assert fake.ops("prefill", "decode_stream") == []  # neither the grant nor the stream left
+    assert fake.ops("prefill") and not fake.ops("decode_stream")  # granted; the stream waits for the record
     assert fake.txns["r/1"] == "ABORTED"
     assert_no_leaks(orch, fake)
