@@ -139,10 +139,10 @@ class FakeDecodeTxn(FakeTxn):
         self.released.append(transfer_id)
 
 
-def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
-    """The router's DecodeStream came (the decode may publish), then the router died before
-    the commit: the published sequence would decode to max_tokens holding its blocks; the
-    TTL stops it and frees them."""
+def _on_a_split_pair(receiver_name: str, body) -> None:
+    """Run `await body(decode, prefill, receiver, txn)` on a tiny decode and prefill worker
+    over the inproc data plane (reservation TTL 0.5 s), then check neither engine leaked a
+    block."""
     from decode_worker.worker import DecodeWorker
     from runtime.transfer.inproc import InprocReceiver, InprocSender
 
@@ -150,14 +150,45 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
     p_loop.start()
     d_loop.start()
     cfg = WorkerConfig(reservation_ttl_s=0.5, stream_layers=False, transport="inproc")
-    seen = {}
 
     async def go():
-        receiver = InprocReceiver("d0-unclaimed")
+        receiver = InprocReceiver(receiver_name)
         await receiver.start()
         txn = FakeDecodeTxn()
-        decode = DecodeWorker(cfg, d_loop, receiver, txn)
-        prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
+        try:
+            await body(DecodeWorker(cfg, d_loop, receiver, txn), PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn()),
+                       receiver, txn)
+            for _ in range(500):  # the frees are queued engine-loop calls
+                await p_loop.call(lambda e: None)
+                await d_loop.call(lambda e: None)
+                if all(lp.engine.num_free_blocks == lp.engine.blocks.num_blocks for lp in (p_loop, d_loop)):
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await receiver.stop()
+
+    try:
+        asyncio.run(go())
+    finally:
+        p_loop.stop()
+        d_loop.stop()
+    assert_no_leak(d_loop.engine)
+    assert_no_leak(p_loop.engine)
+
+
+def _send(prefill, receiver, res, sampling):
+    return prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1", first_token_pos=0,
+                           prompt=PROMPT, sampling=sampling, dest=receiver.address, abi_digest="",
+                           chunks=res.expected_layouts())
+
+
+def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
+    """The router's DecodeStream came (the decode may publish), then the router died before
+    the commit: the published sequence would decode to max_tokens holding its blocks; the
+    TTL stops it and frees them."""
+    seen = {}
+
+    async def body(decode, prefill, receiver, txn):
         sampling = SamplingParams(ignore_eos=True)
         res = await decode.reserve("r", "t", 1, PROMPT, 1900, sampling, "")
         gone = asyncio.ensure_future(anext(decode.stream("r/1")))  # the router's stream, then the router dies
@@ -165,31 +196,22 @@ def test_a_published_sequence_nobody_streams_is_stopped_at_the_ttl():
             await asyncio.sleep(0.001)
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
-        await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
-                              first_token_pos=0, prompt=PROMPT, sampling=sampling,
-                              dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
-        seen["decoding"] = block_counts(d_loop.engine, decode.reserved_blocks())
+        await _send(prefill, receiver, res, sampling)
+        seen["decoding"] = block_counts(decode.engine, decode.reserved_blocks())
         for _ in range(300):
             await asyncio.sleep(0.05)
             if txn.released:
                 break
         seen["released"] = list(txn.released)
-        seen["steps"] = d_loop.steps
+        seen["steps"] = decode.loop.steps
         with pytest.raises(RuntimeError, match="no DecodeStream came within 0.5 s"):  # a late stream
             async for _ in decode.stream("r/1"):
                 pass
-        await receiver.stop()
 
-    try:
-        asyncio.run(go())
-    finally:
-        p_loop.stop()
-        d_loop.stop()
+    _on_a_split_pair("d0-unclaimed", body)
     assert seen["decoding"]["active_blocks"] > 0 and seen["decoding"]["reserved_blocks"] == 0
     assert seen["released"] == ["r/1"]
     assert seen["steps"] < 1900  # stopped long before max_tokens
-    assert_no_leak(d_loop.engine)
-    assert_no_leak(p_loop.engine)
 
 
 def test_without_the_routers_stream_nothing_is_published_and_everything_comes_back():
@@ -197,34 +219,13 @@ def test_without_the_routers_stream_nothing_is_published_and_everything_comes_ba
     the transfer): the decode publishes nothing; the prefill's COMMIT is refused at the
     reservation TTL and both sides' blocks come back."""
     from decode_worker.reservations import ResState
-    from decode_worker.worker import DecodeWorker
     from prefill_worker.handoff import TransferRefused
-    from runtime.transfer.inproc import InprocReceiver, InprocSender
 
-    p_loop, d_loop = EngineLoop(tiny_engine(num_blocks=64)), EngineLoop(tiny_engine(num_blocks=256))
-    p_loop.start()
-    d_loop.start()
-    cfg = WorkerConfig(reservation_ttl_s=0.5, stream_layers=False, transport="inproc")
-
-    async def go():
-        receiver = InprocReceiver("d0-no-stream")
-        await receiver.start()
-        txn = FakeDecodeTxn()
-        decode = DecodeWorker(cfg, d_loop, receiver, txn)
-        prefill = PrefillWorker(cfg, p_loop, InprocSender(), FakeTxn())
+    async def body(decode, prefill, receiver, txn):
         sampling = SamplingParams(ignore_eos=True)
         res = await decode.reserve("r", "t", 1, PROMPT, 8, sampling, "")
         with pytest.raises(TransferRefused, match="no DecodeStream within the reservation TTL"):
-            await prefill.prefill(request_id="r", tenant="t", generation=1, transfer_id="r/1",
-                                  first_token_pos=0, prompt=PROMPT, sampling=sampling,
-                                  dest=receiver.address, abi_digest="", chunks=res.expected_layouts())
+            await _send(prefill, receiver, res, sampling)
         assert res.state is ResState.ABORTED and txn.published == []
-        await receiver.stop()
 
-    try:
-        asyncio.run(go())
-    finally:
-        p_loop.stop()
-        d_loop.stop()
-    assert_no_leak(d_loop.engine)
-    assert_no_leak(p_loop.engine)
+    _on_a_split_pair("d0-no-stream", body)
