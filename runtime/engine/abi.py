@@ -3,7 +3,8 @@
 The descriptor names the byte layout (layers, K/V heads, head dim, dtype, block
 size, layout), what the bytes mean (RoPE parameters — keys are stored rotated),
 whose they are (model identity = digest of config and weights), and the numerics
-that produced them (attention tile, kernel family): two engines whose kernels would
+that produced them (the engine and its numerics version, whether it is batch-invariant,
+attention tile, kernel family): two engines whose kernels would
 compute different bits for the same prompt must not exchange K/V, or a
 disaggregated request would decode from K/V its decode worker could not have
 computed itself. Two engines exchange K/V only when their `digest` values are equal.
@@ -22,6 +23,11 @@ import xxhash
 
 from .config import ModelConfig
 from .errors import AbiMismatch
+
+PDSERVE_ENGINE = "pdserve/1"
+"""This engine's name in the ABI, with its numerics version: bumped when a change of its
+kernels or attention would give other bits for the same prompt (`kernels` and
+`attn_tile_tokens` name the settings; this names the code)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,14 @@ class CacheAbi:
     same bits on every CPU; torch's are named with torch's version and ATen's CPU
     capability. A worker whose start-up self-check failed has a name of its own here
     (selfcheck.py), so it pairs with nobody."""
+    engine: str = PDSERVE_ENGINE
+    """The engine that writes the K/V, with the version of its numerics ("pdserve/1" for
+    this one; another engine names itself and its build). Two engines never pair: the
+    same model on another engine computes other bits."""
+    batch_invariant: bool = True
+    """Whether a sequence's K/V does not depend on what it was batched with (this engine:
+    always, tested). A worker that promises a hand-off bit-equal to colocated pairs only
+    with one that promises the same."""
 
     @functools.cached_property
     def digest(self) -> str:
@@ -64,7 +78,8 @@ class CacheAbi:
 
     def summary(self) -> str:
         """The fields that most often differ between two workers, for error messages."""
-        return (f"{self.dtype}, block {self.block_size}, attention tile {self.attn_tile_tokens}, "
+        return (f"engine {self.engine}{'' if self.batch_invariant else ' (not batch-invariant)'}, "
+                f"{self.dtype}, block {self.block_size}, attention tile {self.attn_tile_tokens}, "
                 f"kernels {self.kernels}, model {self.model_identity[:12]}")
 
     def to_dict(self) -> dict:
