@@ -1,10 +1,13 @@
-"""A decode worker hung mid-stream (SIGSTOP) is noticed when its lease expires.
+"""A decode worker hung mid-stream (SIGSTOP) is noticed within seconds.
 
 Real processes (2 decode workers, tiny, colocated requests), router token timeout
-raised to 120 s: the only way the request can finish well before that is the router
-noticing the stopped worker's lease expire (router/requests/attempts.py, liveness check).
-The request then completes on the other worker with the same tokens; once the hung
-worker resumes it finds its lease lost, registers again, and nothing leaks.
+raised to 120 s: the request can finish well before that only if the router notices the
+stopped worker, by whichever comes first of its lease expiring (2 s here; the attempt's
+liveness check, router/requests/attempt_drive.py) and its call's keepalive ping going
+unanswered (~3 s, router/grpc_gateway.py): SIGSTOP freezes gRPC's threads too, and under
+load either may win. The request then completes on the other worker with the same
+tokens; once the hung worker resumes it finds its lease lost, registers again, and
+nothing leaks.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def cluster(tmp_path):
     c.down()
 
 
-def test_a_stopped_decode_worker_is_noticed_by_its_lease(cluster):
+def test_a_stopped_decode_worker_is_noticed_within_seconds(cluster):
     with client(cluster, timeout_s=180) as sdk:
         reference = sdk.generate_full(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True)
         stream = sdk.generate(prompt_ids=PROMPT, max_tokens=MAX_TOKENS, ignore_eos=True,
@@ -45,8 +48,11 @@ def test_a_stopped_decode_worker_is_noticed_by_its_lease(cluster):
     try:
         assert tokens == reference.token_ids and result.token_ids == reference.token_ids
         assert result.attempts == 2, result
-        assert f"{victim}'s lease" in result.failed_attempts and "dead or hung" in result.failed_attempts
-        assert elapsed < 60, f"took {elapsed:.0f} s: noticed by a timeout, not by the lease"
+        failed = result.failed_attempts
+        by_lease = f"{victim}'s lease" in failed and "dead or hung" in failed
+        by_ping = f"on {victim}" in failed and "ping timeout" in failed
+        assert by_lease or by_ping, failed
+        assert elapsed < 60, f"took {elapsed:.0f} s: noticed by the token timeout, not by the lease or the ping"
     finally:
         cluster.signal(victim, signal.SIGCONT)
     assert_cluster_clean(cluster, timeout_s=30)
