@@ -42,7 +42,7 @@ def test_the_commit_goes_ahead_and_the_token_admits_the_request():
         async with InprocCluster(fault_pause_s=2.0, **STREAMED) as c:  # the compute's tail: 2 s (a loaded machine)
             rid = "a@sampled@token_late"
             res = await c.reserve(rid, PROMPT, 4)
-            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            stream = c.router_stream(res)
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             during = (await c.directory.lookup(rid, res.transfer_id)).state, res.published.is_set()
@@ -108,7 +108,7 @@ def test_the_token_commit_leaves_from_token_0s_callback_when_the_compute_tail_is
                 return token
             engine.prefill_chunk = slow_tail
             res = await c.reserve("f", PROMPT, 4)
-            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            stream = c.router_stream(res)
             outcome = await c.send("f", res, PROMPT)
             tokens = await stream
             engine.prefill_chunk = real
@@ -130,7 +130,7 @@ def test_a_prefill_cancelled_between_commit_and_token_releases_the_publication()
         async with InprocCluster(fault_pause_s=30.0, **STREAMED) as c:
             rid = "b@sampled@token_late"
             res = await c.reserve(rid, PROMPT, 4)
-            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            stream = c.router_stream(res)
             prefill = asyncio.ensure_future(c.send(rid, res, PROMPT))
             await published_ahead(c, res)
             assert await c.prefill.cancel(rid, 1)

@@ -31,7 +31,7 @@ def plans(tmp_path, cfg: dict, request_ids: list[str]) -> dict[str, dict]:
         async with InprocCluster(fault_pause_s=0.05, event_log=str(log), **cfg) as c:
             for rid in request_ids:
                 res = await c.reserve(rid, PROMPT, 3)
-                stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+                stream = c.router_stream(res)
                 await c.send(rid, res, PROMPT)
                 assert len(await stream) == 3
             await c.assert_all_returned()

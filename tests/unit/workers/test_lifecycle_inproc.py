@@ -284,7 +284,7 @@ async def _job_then_grant(c: InprocCluster, request_id: str, prompt: list[int], 
         task = c.prefill.tasks.get(f"{request_id}/1")
     seen = (list(calls), None if task is None or task.seq is None else list(task.seq.output_ids))
     res = await c.reserve(request_id, prompt, 4)
-    stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+    stream = c.router_stream(res)
     grant.set_result(Target(c.receiver.address, res.first_block * c.d.loop.engine.block_size,
                             res.expected_layouts(), "d0", c.manifest(request_id, 1, prompt, res)))
     outcome = await run
@@ -333,7 +333,7 @@ def test_the_reply_does_not_wait_for_the_blocks_to_be_freed():
                 await release(task, transfer_id)
             c.prefill._release = held
             res = await c.reserve("f", PROMPT, 3)
-            stream = asyncio.ensure_future(c.collect(c.decode.stream(res.transfer_id)))
+            stream = c.router_stream(res)
             outcome = await asyncio.wait_for(c.send("f", res, PROMPT), 10)
             owned, held_blocks = list(c.prefill.tasks), c.prefill.held_blocks()
             gate.set()

@@ -59,7 +59,7 @@ def test_a_job_that_finds_the_pool_full_waits_and_is_served():
         async with InprocCluster(prefill_blocks=POOL) as c:
             gate = hold_commit(c, "a")
             res_a, res_b = await c.reserve("a", LARGE, 3), await c.reserve("b", MIDDLE, 3)
-            streams = [asyncio.ensure_future(c.collect(c.decode.stream(r.transfer_id))) for r in (res_a, res_b)]
+            streams = [c.router_stream(r) for r in (res_a, res_b)]
             run_a = asyncio.ensure_future(c.send("a", res_a, LARGE))
             await until(lambda: c.prefill.held_blocks() == 10, "the first prefill's blocks")
             run_b = asyncio.ensure_future(c.send("b", res_b, MIDDLE))
