@@ -128,8 +128,8 @@ class Admission:
         came between publication and now stops it here."""
         seq, sink = res.seq, res.sink
         self.engine.commit_import(seq, first_token)  # token 0 is in the stream already (start)
-        blocks = self.engine.blocks.blocks  # what this hand-off registered, for a later discard
-        self.imported[res.transfer_id] = [(b, blocks[b].key) for b in seq.block_table[res.first_block:res.last_block]]
+        # what this hand-off registered, for a later discard
+        self.imported[res.transfer_id] = self.engine.prefix_keys(seq, res.first_block, res.last_block)
         while len(self.imported) > IMPORTED_KEPT:
             self.imported.popitem(last=False)
         if res.cancelled:
@@ -149,6 +149,5 @@ class Admission:
             if ref.request_id != request_id or generation not in (0, ref.generation):
                 continue
             imported = self.imported.pop(tid)
-            await self.loop.call(lambda e, imported=imported: e.blocks.unregister(
-                [bid for bid, key in imported if key is not None and e.blocks.blocks[bid].key == key]))
+            await self.loop.call(lambda e, imported=imported: e.forget_prefix(imported))
             log.warning("%s: published K/V discarded from the prefix cache: %s", tid, reason)

@@ -103,8 +103,8 @@ class DecodeWorker:
         for old in [r for r in self.reservations.values()
                     if r.request_id == request_id and r.generation < generation]:
             await self.abort_unpublished(old, f"superseded by generation {generation}")
-        seq = await self.loop.add_request(transfer_id, prompt, max_tokens, sampling, tenant)
-        bs, layers = self.engine.block_size, self.engine.model_cfg.num_hidden_layers
+        seq = await self.loop.add_request(transfer_id, prompt, max_tokens, sampling, tenant, receive=True)
+        bs, layers = self.engine.block_size, self.engine.num_layers
         first, last = seq.num_cached_tokens // bs, -(-len(prompt) // bs)
         plan = plan_chunks(layers, first, last, self._chunk_blocks())
         res = Reservation(transfer_id, request_id, tenant, generation, seq, layers, first, last,
@@ -128,7 +128,7 @@ class DecodeWorker:
     def _chunk_blocks(self) -> int:
         """Blocks per chunk: one prefill chunk's worth (the source's layers open that
         many blocks at a time; engines that pair share the chunk size), capped."""
-        per_prefill_chunk = max(1, self.engine.cfg.chunk_tokens // self.engine.block_size)
+        per_prefill_chunk = max(1, self.engine.chunk_tokens // self.engine.block_size)
         return max(1, min(self.cfg.max_chunk_blocks, per_prefill_chunk))
 
     def _check_limits(self, max_tokens: int) -> None:
@@ -232,7 +232,7 @@ class DecodeWorker:
         return Verdict(True)
 
     def _token_error(self, token: int) -> str:
-        return "" if 0 <= token < self.engine.model_cfg.vocab_size else f"first token {token} outside the vocabulary"
+        return "" if 0 <= token < self.engine.vocab_size else f"first token {token} outside the vocabulary"
 
     async def _on_token(self, res: Reservation, commit: TransferCommit) -> Verdict:
         """The token's COMMIT of a transfer published ahead of it: admit, or give it all back."""

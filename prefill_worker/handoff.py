@@ -98,7 +98,7 @@ class HandOff:
         """Decide the plan: granted now (its check awaited here) or later (checked while this
         computes, `task.granting`)."""
         cfg, e = self.w.cfg, self.e
-        whole = -(-len(self.prompt) // e.block_size) * e.model_cfg.num_hidden_layers * e.cache.block_bytes_per_layer
+        whole = -(-len(self.prompt) // e.block_size) * e.num_layers * e.block_bytes_per_layer
         target_now = isinstance(self.target, asyncio.Future) and self.target.done()
         if not target_now and not streams(cfg, whole):  # checked as soon as it lands, presented while this computes
             self.task.granting = asyncio.ensure_future(self._granted())
@@ -145,7 +145,7 @@ class HandOff:
             self.w.events("layer_written", request=self.rid, layer=layer, token_end=end)
             if end >= n:
                 kv.final(layer)
-        self.gate = ProducerGate(self.e.model_cfg.num_hidden_layers, self.seq.num_cached_tokens, n,
+        self.gate = ProducerGate(self.e.num_layers, self.seq.num_cached_tokens, n,
                                  asyncio.get_running_loop(), written)
         self.early = early = TokenCommit(self.plan.token_commit_early, lambda: task.state is TaskState.COMPUTING and (
             (auth := task.auth) is None or (auth.done() and not auth.cancelled() and auth.exception() is None)))
@@ -250,7 +250,7 @@ class HandOff:
         ~70 ms of a 2,048-token prompt on `small`). Returns (digest, committed ahead)."""
         await self.streamer
         kv, order = self.kv, {key: i for i, key in enumerate(self.keys)}
-        if kv.hashed == self.e.model_cfg.num_hidden_layers:  # all hashed: only the finish
+        if kv.hashed == self.e.num_layers:  # all hashed: only the finish
             kv_digest = kv.hexdigest()
         else:  # a layer not final yet (the plan did not reach the prompt's end): after the compute
             kv_digest = await self.w.loop.call(lambda en: kv.hexdigest())

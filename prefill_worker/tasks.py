@@ -117,7 +117,7 @@ class Target:
 
 def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: list[Layout]) -> list[ChunkKey]:
     """The chunks to send, checked: they tile the transfer set with `engine`'s sizes."""
-    bs, layers = engine.block_size, engine.model_cfg.num_hidden_layers
+    bs, layers = engine.block_size, engine.num_layers
     n_blocks = -(-prompt_len // bs)
     if first_token_pos % bs or not 0 <= first_token_pos // bs <= n_blocks:
         raise InvalidRequest(f"token_interval.start {first_token_pos} is not a block boundary "
@@ -125,7 +125,7 @@ def send_plan(engine: Engine, first_token_pos: int, prompt_len: int, chunks: lis
     why = tiling_error(chunks, first_token_pos // bs, n_blocks, layers)
     plan = [ChunkKey(layer, start, count) for layer, start, count, _ in chunks]
     if not why and any(nbytes != chunk_bytes(engine, key) for key, (*_, nbytes) in zip(plan, chunks)):
-        why = f"chunk sizes are not this engine's {engine.cache.block_bytes_per_layer} B per block"
+        why = f"chunk sizes are not this engine's {engine.block_bytes_per_layer} B per block"
     if why:
         raise InvalidRequest(f"manifest.expected_chunks: {why}")
     return plan

@@ -33,11 +33,19 @@ COMMANDS = {
 """Each sub-command's one-line help (`pdserve --help` lists them)."""
 
 
+VLLM_BLOCK_SIZE = 128
+"""Tokens per block of vLLM workers (`up --engine vllm`): vLLM-CPU's."""
+
+
 def _spec(args):
     from tooling.cluster.launcher import ClusterSpec
 
+    vllm = args.engine == "vllm"  # vLLM on CPU: blocks of a multiple of 32 tokens (its default there: 128)
     return ClusterSpec(prefill=args.prefill, decode=args.decode, mixed=args.mixed, model=args.model, mode=args.mode,
-                       transport=args.transport, num_blocks=args.num_blocks,
+                       engine=args.engine, block_size=VLLM_BLOCK_SIZE if vllm else ClusterSpec.block_size,
+                       transport=args.transport,  # vLLM's blocks: the same tokens in all
+                       num_blocks=max(8, args.num_blocks * ClusterSpec.block_size // VLLM_BLOCK_SIZE) if vllm
+                       else args.num_blocks,
                        state_dir=args.state_dir, insecure=args.insecure, traces=not args.no_traces,
                        otlp_endpoint=args.otlp_endpoint)
 
@@ -238,6 +246,9 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=ClusterSpec.model, metavar="PRESET|DIR",
                    help=f"a seeded preset (tiny, small) or a Hugging Face Llama checkpoint directory "
                         f"(default {ClusterSpec.model})")
+    p.add_argument("--engine", default=ClusterSpec.engine, choices=("pdserve", "vllm"),
+                   help="the workers' engine: pdserve's (exact, CPU) or vLLM's (any model vLLM serves; "
+                        "needs `make vllm-env`; a preset is exported for it) (default pdserve)")
     p.add_argument("--mode", default=ClusterSpec.mode, choices=contract.MODES,
                    help=f"the router's serving mode for requests that name none (default {ClusterSpec.mode})")
     p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"),

@@ -23,7 +23,7 @@ class LayerDigest:
     def __init__(self, engine: Engine, seq: Sequence, num_tokens: int | None = None):
         self._engine = engine
         self._state = engine.kv_digest_start(seq, num_tokens)
-        self._final = [False] * engine.model_cfg.num_hidden_layers
+        self._final = [False] * engine.num_layers
         self.hashed = 0
         """Layers hashed so far (a prefix of the model's layers)."""
 

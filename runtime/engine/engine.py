@@ -154,8 +154,10 @@ class Engine:
 
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     sampling: SamplingParams | None = None, salt: bytes = b"",
-                    reuse_prefix: bool = True) -> Sequence:
-        """Validate and reserve blocks for prompt + max_tokens, reusing cached prefix blocks.
+                    reuse_prefix: bool = True, receive: bool = False) -> Sequence:
+        """Validate and reserve blocks for prompt + max_tokens, reusing cached prefix blocks
+        (`receive`: a decode worker's reservation, whose prompt K/V will be imported; this
+        engine reserves the same blocks either way).
 
         Raises InvalidRequest or OutOfBlocks; on either, nothing is held.
         """
@@ -294,6 +296,15 @@ class Engine:
         count = self.block_range(seq, first, count)
         return [self.cache.byte_views(layer, start, n) for start, n in physical_runs(seq.block_table, first, count)]
 
+    def prefix_keys(self, seq: Sequence, first: int, last: int) -> list[tuple[int, bytes | None]]:
+        """(block, its prefix-cache key) of `seq`'s logical blocks [first, last): what a hand-off
+        registered, for `forget_prefix` if its K/V turns out wrong."""
+        return [(b, self.blocks.blocks[b].key) for b in seq.block_table[first:last]]
+
+    def forget_prefix(self, keyed: list[tuple[int, bytes | None]]) -> None:
+        """Take those blocks out of the prefix cache, where they still hold those keys."""
+        self.blocks.unregister([b for b, key in keyed if key is not None and self.blocks.blocks[b].key == key])
+
     def commit_import(self, seq: Sequence, first_token: int) -> None:
         """Mark the prompt's K/V as present (imported) and continue from `first_token`.
 
@@ -347,6 +358,45 @@ class Engine:
             for first, count, tokens in runs:
                 rows = part[first:first + count].flatten(0, 1)[:tokens]
                 h.update(rows.view(torch.uint8).numpy().data)
+
+    # ---- the contract's figures (runtime/worker/engine_contract.py) -----
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers (each with its own K and V)."""
+        return self.model_cfg.num_hidden_layers
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are in [0, vocab_size)."""
+        return self.model_cfg.vocab_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self.blocks.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks held only by the prefix cache (evictable)."""
+        return self.blocks.num_cached
+
+    @property
+    def block_bytes_per_layer(self) -> int:
+        """Bytes of one block of one layer, K and V."""
+        return self.cache.block_bytes_per_layer
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Most prompt tokens one prefill chunk computes."""
+        return self.cfg.chunk_tokens
+
+    def held_blocks(self) -> list[int]:
+        """Blocks some sequence holds (`pdctl blocks`: held by no live sequence = leaked)."""
+        return [b.block_id for b in self.blocks.blocks if b.ref_count > 0]
+
+    def pool_counts(self) -> tuple[int, int, int]:
+        """(blocks, free and uncached, held by the prefix cache only)."""
+        return self.blocks.num_blocks, len(self.blocks.free_ids), self.blocks.num_cached
 
     @property
     def num_free_blocks(self) -> int:

@@ -26,12 +26,12 @@ def plan_chunks(num_layers: int, first_block: int, last_block: int,
 def chunk_views(engine: Engine, seq: Sequence, key: ChunkKey) -> list[memoryview]:
     """Views of `seq`'s cache memory holding `key`'s bytes: K runs, then V runs (no copy)."""
     runs = engine.kv_views(seq, key.layer, key.block_start, key.block_count)
-    return [k for k, _ in runs] + [v for _, v in runs]
+    return [k for k, _ in runs] + [v for _, v in runs if v.nbytes]  # an engine whose K and V interleave: V empty
 
 
 def chunk_bytes(engine: Engine, key: ChunkKey) -> int:
     """Size of a chunk in bytes."""
-    return key.block_count * engine.cache.block_bytes_per_layer
+    return key.block_count * engine.block_bytes_per_layer
 
 
 def describe_chunk(engine: Engine, seq: Sequence, key: ChunkKey, tkey: TransferKey) -> Chunk:

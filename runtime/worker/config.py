@@ -50,6 +50,14 @@ class NodeConfig(MemberSettings, EngineConfig):
     """Stable name of this worker; empty = role-pid."""
     max_batch: int = env("PD_MAX_BATCH", 64, gt=0)
     """Most sequences in one decode step."""
+    engine: Literal["pdserve", "vllm"] = env("PD_ENGINE", "pdserve")
+    """The engine behind the hand-off: pdserve's own (exact, CPU; the reference) or vLLM's
+    (runtime/vllm: any architecture vLLM serves, GPUs; PD_MODEL a checkpoint directory,
+    the worker run in the environment `make vllm-env` builds)."""
+    vllm_args: str = env("PD_VLLM_ARGS", "")
+    """vLLM engine only: a JSON object of more vLLM engine arguments (EngineArgs), e.g.
+    {"tensor_parallel_size": 2, "quantization": "fp8"}; pdserve sets the cache's size,
+    block size, dtype and connector itself."""
     transport: Literal["ucx", "tcp", "inproc"] = env("PD_TRANSPORT", "ucx")
     """Data-plane backend: ucx, tcp or inproc."""
     transfer_timeout_s: float = env("PD_TRANSFER_TIMEOUT_S", 10.0, gt=0)

@@ -102,12 +102,12 @@ class Snapshot:
 
 def take(engine: Engine) -> Snapshot:
     """Engine thread: the pool and the live sequences' tables, copied."""
-    bm = engine.blocks
     seqs = sorted(engine.live.values(), key=lambda s: s.created_s)
     listed = {b for s in seqs for b in s.block_table}
-    stray = tuple(b.block_id for b in bm.blocks if b.ref_count > 0 and b.block_id not in listed)
+    stray = tuple(b for b in engine.held_blocks() if b not in listed)
     tables = tuple((s, tuple(s.block_table), s.state >= SeqState.DECODING) for s in seqs)
-    return Snapshot(bm.num_blocks, len(bm.free_ids), bm.num_cached, tables, stray, time.monotonic())
+    total, free, cached = engine.pool_counts()
+    return Snapshot(total, free, cached, tables, stray, time.monotonic())
 
 
 Claim = tuple[HoldState, HoldState]

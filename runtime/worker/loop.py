@@ -138,12 +138,13 @@ class EngineLoop:
             raise
 
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-                    tenant: str) -> Awaitable[Sequence]:
+                    tenant: str, receive: bool = False) -> Awaitable[Sequence]:
         """Allocate a sequence for `prompt` (its prefix cache salted by `tenant`: no tenant
-        reuses another's blocks): inline when the engine is idle, given back if the caller
-        stops waiting (the ownership invariant)."""
-        return self.call(lambda e: e.add_request(request_id, prompt, max_tokens, sampling, salt=tenant.encode()),
-                         undo=Engine.free, inline=True)
+        reuses another's blocks; `receive`: a reservation whose K/V is imported): inline when
+        the engine is idle, given back if the caller stops waiting (the ownership invariant)."""
+        return self.call(lambda e: e.add_request(request_id, prompt, max_tokens, sampling, salt=tenant.encode(),
+                                                 receive=receive),
+                         undo=lambda e, seq: e.free(seq), inline=True)
 
     def submit_prefill(self, job: Job) -> None:
         """Queue a sequence for (chunked) prefill; afterwards it decodes unless prefill_only.

@@ -204,7 +204,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
     def reserved() -> int:
         return sum(r.reserved_blocks() for r in roles)
 
-    node.metrics.bind(lambda: loop.engine.num_free_blocks, reserved, lambda: loop.engine.blocks.num_blocks,
+    node.metrics.bind(lambda: loop.engine.num_free_blocks, reserved, lambda: loop.engine.num_blocks,
                       lambda: pending_prefill_tokens(loop, roles), lambda: loop.active_decode,
                       [t for role in roles for t in role.transports])
     metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)

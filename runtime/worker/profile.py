@@ -125,7 +125,7 @@ def calibrate(engine: Engine, budget_s: float = 5.0) -> CostProfile:
     """Measure and fit this engine's profile; runs on the engine's thread, before
     the worker serves anything. Frees every block it allocates."""
     rng = random.Random(0)
-    vocab = engine.model_cfg.vocab_size
+    vocab = engine.vocab_size
     tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
     greedy = SamplingParams(ignore_eos=True)
     start = time.perf_counter()

@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from filelock import FileLock
+
 from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
 from runtime.common.private_files import CHILD_UMASK, make_private, private_dir, private_open, private_write
@@ -47,6 +49,9 @@ from .redis_proc import find_redis_server, pings
 ROUTER_ADDRESS_NAME = Path(contract.ROUTER_ADDRESS_FILE).name
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+"""The interpreter of vLLM workers (`make vllm-env`; ClusterSpec.vllm_python names another)."""
+
 CAPABILITY_SIGNING_KEY = "capability-signing.pem"  # the router's Ed25519 key (capability.py), in the TLS dir
 CAPABILITY_PUBLIC_KEYS = "capability-keys.json"  # the workers' public key set
 
@@ -60,6 +65,12 @@ class ClusterSpec:
     mixed: int = 0
     """Decode workers that also serve Prefill (`--serve-prefill`, directory role mixed)."""
     model: str = "tiny"
+    engine: str = "pdserve"
+    """The workers' engine: pdserve's, or "vllm" (runtime/vllm), whose workers run in the
+    environment `make vllm-env` builds (`vllm_python`); a preset `model` is exported for
+    it as a checkpoint directory in the state folder."""
+    vllm_python: str = ""
+    """The interpreter of vLLM workers; empty: .venv-vllm/bin/python (`make vllm-env`)."""
     mode: str = "disaggregated"
     transport: str = "ucx"
     num_blocks: int = 512
@@ -142,6 +153,10 @@ class LocalCluster:
         if name == "directory" and self.redis_url:
             env["PD_REDIS_URL"] = self.redis_url
         env.update(collector.env_for(self, name))
+        if self.roles.get(name) in ("prefill", "decode", "mixed"):
+            env["PD_ENGINE"] = self.spec.engine
+            if self.spec.engine == "vllm":  # OpenMP's count on every thread (process.build_vllm_loop)
+                env["OMP_NUM_THREADS"] = str(self.spec.torch_threads)
         env.update(self.spec.env)
         env.update(self.spec.worker_env.get(name, {}))
         return env
@@ -199,13 +214,14 @@ class LocalCluster:
         self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv), metrics_url)
         return proc
 
-    def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True) -> str:
+    def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True,
+                 python: str = sys.executable) -> str:
         """Start `module` on free loopback ports; retried on others, twice, if one was taken
         before the process bound it (another launcher picked it too)."""
         for attempt in range(3):
             address = f"127.0.0.1:{free_port()}"
             metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
-            proc = self._spawn(name, [sys.executable, "-m", module, "--listen", address, *metrics_flags, *args],
+            proc = self._spawn(name, [python, "-m", module, "--listen", address, *metrics_flags, *args],
                                address, metrics_url)
             try:
                 self._wait(name, address, timeout_s, proc)
@@ -253,13 +269,34 @@ class LocalCluster:
         name = f"{role}-{index}"
         module = "decode_worker" if role == "mixed" else f"{role}_worker"
         extra = ["--serve-prefill"] if role == "mixed" else []
+        python, model = self._engine_runtime()
         return self._service(name, module, [*extra,
-            "--directory", self.directory_address, "--worker-id", name, "--model", s.model,
+            "--directory", self.directory_address, "--worker-id", name, "--model", model,
             "--num-blocks", str(role == "prefill" and s.prefill_num_blocks or s.num_blocks),
             "--block-size", str(s.block_size),
             "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
             "--torch-threads", str(s.torch_threads),
-            "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s)
+            "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s, python=python)
+
+    def _engine_runtime(self) -> tuple[str, str]:
+        """(the workers' interpreter, the model they load): vLLM's environment and a
+        checkpoint directory (a preset exported once into the state folder) for vLLM."""
+        if self.spec.engine != "vllm":
+            return sys.executable, self.spec.model
+        python = self.spec.vllm_python or str(VLLM_PYTHON)
+        if not Path(python).exists():
+            raise RuntimeError(f"vLLM workers need vLLM's environment: {python} is missing (make vllm-env)")
+        from runtime.engine.checkpoint import export_preset
+        from runtime.engine.presets import PRESETS
+
+        name, _, seed = self.spec.model.partition("@")
+        if name not in PRESETS:
+            return python, self.spec.model
+        out = self.state / "checkpoints" / self.spec.model
+        with FileLock(f"{out}.lock"):  # the workers start together
+            if not (out / "config.json").exists():
+                export_preset(name, out, int(seed or 0))
+        return python, str(out)
 
     def start_workers(self, timeout_s: float = 180.0) -> None:
         """Every worker of the spec (after `start_base`), at once (most of a start is each process importing

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from prefill_worker.tasks import whole_keys
 from runtime.transfer import ChunkKey
 
-ENGINE = SimpleNamespace(cache=SimpleNamespace(block_bytes_per_layer=4096))
+ENGINE = SimpleNamespace(block_bytes_per_layer=4096)
 PLAN = [ChunkKey(layer, 0, 2) for layer in range(4)]  # 4 x 8 KiB
 
 

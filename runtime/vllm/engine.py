@@ -1,0 +1,468 @@
+"""`VllmEngine`: vLLM's engine core behind the hand-off's engine contract
+(runtime/worker/engine_contract.py; docs/design.md, Engines: vLLM).
+
+vLLM's scheduler decides what runs in each step (continuous batching, chunked prefill,
+its prefix cache); the worker's engine loop pulls results from it. A contract call steps
+the core until the sequences it asks about have what it wants, and every token a step
+gives is kept for the sequence it belongs to, whichever call stepped:
+
+    add_request     validated and priced here; a decode reservation (receive=True) is
+                    handed to vLLM now and stepped once, so that its scheduler allocates
+                    the blocks the Reserve grants (the connector's update_state_after_alloc);
+                    any other request goes to vLLM at its first prefill_chunk, with its
+                    on_layer listener in place before a layer of it can be computed
+    prefill_chunk   steps until this sequence computed more of its prompt, or sampled
+    decode_step     steps until each sequence has its next token
+    commit_import   token 0 (the prefill's) becomes the request's first output and the
+                    connector reports the K/V received: vLLM schedules it from there,
+                    computing token 0's K/V and sampling token 1
+    free            abort if running; the blocks vLLM kept for pdserve (the connector's
+                    request_finished) go back now, not at a later step
+
+Blocks: pdserve admits a request only when blocks_needed(prompt, max_tokens) fit beside
+every live sequence's, so vLLM never preempts a sequence whose blocks a transfer reads.
+
+Numerics: the ABI names vLLM and its version, the attention backend, the layout of its
+cache and whether vLLM's batch-invariant mode is on; only then is a hand-off between two
+vLLM workers bit-equal to colocated. Without it the directory still verifies the bytes
+(the digests of both ends), and equality with colocated is measured, not promised.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+import torch
+import xxhash
+
+from runtime.engine.abi import CacheAbi
+from runtime.engine.errors import InvalidRequest, OutOfBlocks
+from runtime.engine.sampler import SamplingParams
+from runtime.engine.sequence import FinishReason, SeqState, Sequence
+
+from .connector import RECEIVE, PdserveConnector
+
+log = logging.getLogger(__name__)
+
+LAYER = re.compile(r"\.layers\.(\d+)\.")
+LAYOUT = "vllm-cpu:[block][kv_head][K tokens | V tokens][head_dim]"
+"""The CPU backend's cache: per layer [blocks, kv_heads, block_size, 2 * head_dim], each
+head's block holding its tokens' K rows then their V rows."""
+MAX_IDLE_STEPS = 64
+"""Steps a call may take without the sequences it waits for moving: past this, vLLM lost
+them (an internal error), and the call says so instead of spinning."""
+
+
+def model_identity(model_dir: Path) -> str:
+    """xxh3-128 of config.json and every safetensors file, streamed (what the K/V depends
+    on; a directory vLLM reads, whatever its architecture)."""
+    h = xxhash.xxh3_128((model_dir / "config.json").read_bytes())
+    for f in sorted(model_dir.glob("*.safetensors")):
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(16 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+class VllmEngine:
+    """vLLM's engine core in this process, driven through the hand-off's contract."""
+
+    def __init__(self, model: str, *, block_size: int = 128, num_blocks: int = 64,
+                 max_model_len: int = 0, chunk_tokens: int = 512, max_batch: int = 32,
+                 dtype: str = "float32", extra: dict | None = None):
+        from vllm import envs
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+        root = Path(model)
+        if not (root / "config.json").is_file():
+            raise ValueError(f"vLLM engine: {model!r} is not a checkpoint directory (no config.json)")
+        hf = json.loads((root / "config.json").read_text())
+        layers, heads = hf["num_hidden_layers"], hf.get("num_key_value_heads", hf["num_attention_heads"])
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        self.block_bytes_per_layer = 2 * heads * block_size * head_dim * itemsize
+        max_model_len = max_model_len or min(hf.get("max_position_embeddings", 4096), 4096)
+        args = EngineArgs(
+            model=str(root), skip_tokenizer_init=True, enforce_eager=True, dtype=dtype, seed=0,
+            block_size=block_size, max_model_len=max_model_len, enable_prefix_caching=True,
+            kv_cache_memory_bytes=num_blocks * layers * self.block_bytes_per_layer,
+            max_num_batched_tokens=max(chunk_tokens, block_size), max_num_seqs=max_batch,
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="PdserveConnector", kv_connector_module_path="runtime.vllm.connector",
+                kv_role="kv_both"),
+            **(extra or {}))
+        started = time.perf_counter()
+        self.core = EngineCore(args.create_engine_config(), UniProcExecutor, log_stats=False)
+        self.sched = self.core.scheduler
+        self.sched_conn: PdserveConnector = self.sched.connector
+        self.worker_conn: PdserveConnector = get_kv_transfer_group()
+        self.sched_conn.bind(self)
+        self.worker_conn.bind(self)
+        self.layers = self._layer_views(self.worker_conn.kv_caches, layers)
+        self.num_layers, self.vocab_size = layers, hf["vocab_size"]
+        self.eos_ids = frozenset(hf["eos_token_id"] if isinstance(hf.get("eos_token_id"), list)
+                                 else [hf.get("eos_token_id", -1)])
+        self.max_model_len, self.chunk_tokens, self._block_size = max_model_len, chunk_tokens, block_size
+        self.num_blocks = self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.name = str(root)
+        self.abi = self._abi(root, hf, heads, head_dim, dtype, bool(envs.VLLM_BATCH_INVARIANT))
+        self.live: dict[int, Sequence] = {}
+        self._seqs: dict[str, Sequence] = {}          # vLLM request id -> sequence
+        self._vid: dict[int, str] = {}                # id(sequence) -> vLLM request id
+        self._tokens: dict[str, collections.deque] = {}
+        self._listeners: dict[str, object] = {}       # vLLM request id -> on_layer
+        self._priced: dict[int, int] = {}             # id(sequence) -> blocks it may take
+        self._ids = itertools.count()
+        log.info("%s engine core over %s: %d blocks of %d tokens, started in %.1f s (%s)",
+                 self.abi.engine, root, self.num_blocks, block_size, time.perf_counter() - started,
+                 self.abi.kernels)
+
+    def _abi(self, root: Path, hf: dict, heads: int, head_dim: int, dtype: str, batch_invariant: bool) -> CacheAbi:
+        """What this vLLM's K/V bytes are: layout, model, and numerics (vLLM's version, its
+        attention backend, torch's build and CPU capability, batch invariance)."""
+        import vllm
+
+        backend = self.core.model_executor.driver_worker.worker.model_runner.attn_groups[0][0].backend
+        return CacheAbi(
+            num_layers=self.num_layers, num_kv_heads=heads, head_dim=head_dim, dtype=dtype,
+            block_size=self._block_size, layout=LAYOUT, rope_theta=float(hf.get("rope_theta", 0.0)),
+            rope_scaling=json.dumps(hf.get("rope_scaling"), sort_keys=True),
+            model_identity=model_identity(root), attn_tile_tokens=0,
+            kernels=f"{backend.get_name()}:torch-{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}",
+            engine=f"vllm/{vllm.__version__}", batch_invariant=batch_invariant)
+
+    @staticmethod
+    def _layer_views(kv_caches: dict, layers: int) -> list[tuple[torch.Tensor, memoryview]]:
+        """(tensor, flat byte view) of each layer's cache, by layer index."""
+        by_index = {}
+        for name, t in kv_caches.items():
+            m = LAYER.search(f".{name}")
+            if m is None or not t.is_contiguous():
+                raise RuntimeError(f"vLLM's K/V tensor {name} ({tuple(t.shape)}) is not a contiguous layer cache")
+            by_index[int(m.group(1))] = (t, memoryview(t.view(torch.uint8).numpy()).cast("B"))
+        if sorted(by_index) != list(range(layers)):
+            raise RuntimeError(f"vLLM registered K/V for layers {sorted(by_index)}, expected 0..{layers - 1}")
+        return [by_index[i] for i in range(layers)]
+
+    # ---- the contract's figures ----------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a new request may take: what vLLM has free, less what admitted sequences
+        may still take (priced at admission, so vLLM never preempts one)."""
+        taken = sum(self._priced.values())
+        return max(0, min(self.sched.kv_cache_manager.block_pool.get_num_free_blocks(), self.num_blocks - taken))
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.pool_counts()[2]
+
+    def blocks_needed(self, prompt_len: int, max_tokens: int) -> int:
+        return -(-(prompt_len + max_tokens) // self._block_size)
+
+    def held_blocks(self) -> list[int]:
+        """Blocks some request holds in vLLM's pool (its null block aside)."""
+        pool = self.sched.kv_cache_manager.block_pool
+        return [b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null]
+
+    def pool_counts(self) -> tuple[int, int, int]:
+        """(blocks, free and uncached, held by the prefix cache only)."""
+        pool = self.sched.kv_cache_manager.block_pool
+        free = pool.get_num_free_blocks()
+        cached = sum(1 for b in pool.blocks if b.ref_cnt == 0 and b.block_hash is not None and not b.is_null)
+        return self.num_blocks, free - cached, cached
+
+    # ---- admission -------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None) -> None:
+        n = len(prompt_ids)
+        if n == 0:
+            raise InvalidRequest("prompt is empty")
+        if max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}")
+        if n + max_tokens > self.max_model_len:
+            raise InvalidRequest(f"prompt {n} + max_tokens {max_tokens} exceeds the context length "
+                                 f"{self.max_model_len}")
+        if sampling is not None and sampling.first_step:
+            raise InvalidRequest("the vLLM engine does not replay outputs (first_step): it is not batch-invariant")
+        for i, t in enumerate(prompt_ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise InvalidRequest(f"token id {t!r} at position {i} is outside the vocabulary [0, {self.vocab_size})")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                    sampling: SamplingParams | None = None, salt: bytes = b"",
+                    reuse_prefix: bool = True, receive: bool = False) -> Sequence:
+        """Validate and price the request; a reservation (`receive`) gets its blocks from
+        vLLM now (OutOfBlocks when vLLM cannot place them, holding nothing then)."""
+        prompt_ids = list(prompt_ids)
+        self.validate(prompt_ids, max_tokens, sampling)
+        need = self.blocks_needed(len(prompt_ids), max_tokens)
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(f"{need} blocks needed, {self.num_free_blocks} free")
+        seq = Sequence(request_id, prompt_ids, max_tokens, sampling or SamplingParams(), salt)
+        vid = f"{request_id}#{next(self._ids)}"
+        self._vid[id(seq)], self._seqs[vid], self._priced[id(seq)] = vid, seq, need
+        self._tokens[vid] = collections.deque()
+        self.live[id(seq)] = seq
+        if receive:
+            self._submit(seq, reuse_prefix, {"pdserve": RECEIVE})
+            self._step()
+            if not seq.block_table:
+                self.free(seq)
+                raise OutOfBlocks(f"vLLM did not allocate {need} blocks for {request_id}")
+        return seq
+
+    def _submit(self, seq: Sequence, reuse_prefix: bool = True, transfer: dict | None = None) -> None:
+        from vllm import SamplingParams as VSampling
+        from vllm.v1.engine import EngineCoreRequest
+
+        s = seq.sampling
+        extra = {"kv_transfer_params": transfer} if transfer else None
+        params = VSampling(max_tokens=seq.max_tokens, temperature=s.temperature, top_k=s.top_k or 0,
+                           top_p=s.top_p, seed=s.seed or None, stop_token_ids=list(s.stop_token_ids),
+                           ignore_eos=s.ignore_eos, extra_args=extra,
+                           skip_reading_prefix_cache=not reuse_prefix or None)
+        req = EngineCoreRequest(
+            request_id=self._vid[id(seq)], prompt_token_ids=list(seq.prompt_ids), mm_features=None,
+            sampling_params=params, pooling_params=None, arrival_time=time.time(), lora_request=None,
+            cache_salt=seq.salt.hex() or None, data_parallel_rank=None)
+        request, wave = self.core.preprocess_add_request(req)
+        self.core.add_request(request, wave)
+
+    # ---- connector callbacks (engine thread) -----------------------------------------
+    def on_allocated(self, vid: str, cached_tokens: int) -> None:
+        """A reservation's blocks: vLLM's allocation (its local prefix hit first)."""
+        seq = self._seqs.get(vid)
+        if seq is not None:
+            seq.num_cached_tokens = seq.num_computed_tokens = cached_tokens
+            seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+
+    def step_writes(self, out) -> dict[str, tuple[int, int]]:
+        """Which prompt tokens each listened-to request computes in this step."""
+        writes = {}
+        for vid, n in out.num_scheduled_tokens.items():
+            if vid in self._listeners and (req := self.sched.requests.get(vid)) is not None:
+                start = req.num_computed_tokens
+                if start < req.num_prompt_tokens:
+                    writes[vid] = (start, min(start + n, req.num_prompt_tokens))
+        return writes
+
+    def layer_written(self, layer_name: str, writes: dict[str, tuple[int, int]]) -> None:
+        """An attention layer wrote this step's K/V: each listener hears it."""
+        m = LAYER.search(f".{layer_name}")
+        if m is None:
+            return
+        layer = int(m.group(1))
+        for vid, (start, end) in writes.items():
+            seq, listener = self._seqs.get(vid), self._listeners.get(vid)
+            if seq is None or listener is None:
+                continue
+            if layer == 0:  # the table the views read, before anyone hears of these tokens
+                seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+            listener(layer, start, end)
+
+    def holds(self, vid: str) -> bool:
+        """Whether a finished vLLM request's blocks wait for pdserve's `free`."""
+        return vid in self._seqs
+
+    # ---- compute -----------------------------------------------------------------------
+    def _step(self) -> None:
+        outputs, _ = self.core.step()
+        for batch in outputs.values():
+            for out in batch.outputs:
+                if out.request_id in self._tokens:
+                    self._tokens[out.request_id].extend(out.new_token_ids)
+        blocks_of = self.sched.kv_cache_manager.get_block_ids
+        for vid, seq in self._seqs.items():
+            if (req := self.sched.requests.get(vid)) is None:
+                continue
+            if len(table := blocks_of(vid)[0]) != len(seq.block_table):  # a new list: other threads read it
+                seq.block_table = list(table)
+            if seq.state < SeqState.DECODING:
+                seq.num_computed_tokens = max(seq.num_computed_tokens,
+                                              min(req.num_computed_tokens, seq.num_prompt_tokens))
+
+    def prefill_chunk(self, seq: Sequence, on_layer=None, max_chunk_tokens: int = 0) -> int | None:
+        """vLLM's next step of this prompt (its chunking); the first output token after the last."""
+        assert seq.state <= SeqState.PREFILLING, f"prefill of a {seq.state.name} sequence"
+        vid = self._vid[id(seq)]
+        if seq.state == SeqState.WAITING:
+            if on_layer is not None:
+                self._listeners[vid] = on_layer
+            self._submit(seq)
+            seq.state = SeqState.PREFILLING
+        before = seq.num_computed_tokens
+        for _ in range(MAX_IDLE_STEPS):
+            if self._tokens[vid]:
+                seq.num_computed_tokens = seq.num_prompt_tokens
+                self._listeners.pop(vid, None)
+                token = self._tokens[vid].popleft()
+                self._append(seq, token)
+                return token
+            if seq.num_computed_tokens > before:
+                return None
+            self._step()
+        raise RuntimeError(f"vLLM made no progress on {seq.request_id} in {MAX_IDLE_STEPS} steps")
+
+    def prefill(self, seq: Sequence, on_layer=None) -> int:
+        """The whole prompt; the first output token."""
+        while (token := self.prefill_chunk(seq, on_layer)) is None:
+            pass
+        return token
+
+    def decode_step(self, seqs: list[Sequence]) -> list[int]:
+        """Each sequence's next token (vLLM batches whatever it runs)."""
+        assert seqs and all(s.state == SeqState.DECODING for s in seqs)
+        queues = [self._tokens[self._vid[id(s)]] for s in seqs]
+        for _ in range(MAX_IDLE_STEPS):
+            if all(queues):
+                break
+            self._step()
+        else:
+            raise RuntimeError(f"vLLM gave no token for {[s.request_id for s, q in zip(seqs, queues) if not q]}")
+        tokens = [q.popleft() for q in queues]
+        for s, t in zip(seqs, tokens):
+            s.num_computed_tokens += 1
+            self._append(s, t)
+        return tokens
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.output_ids.append(token)
+        seq.state = SeqState.DECODING
+        s = seq.sampling
+        if token in s.stop_token_ids or (not s.ignore_eos and token in self.eos_ids):
+            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.STOP
+        elif len(seq.output_ids) >= seq.max_tokens:
+            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.LENGTH
+        elif seq.num_tokens >= self.max_model_len:
+            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.CONTEXT
+
+    def commit_import(self, seq: Sequence, first_token: int) -> None:
+        """The prompt's K/V was received and validated: token 0 is the request's first
+        output, and vLLM may schedule it (the connector's get_finished)."""
+        assert seq.state == SeqState.WAITING, f"commit of a {seq.state.name} sequence"
+        if not 0 <= first_token < self.vocab_size:
+            raise InvalidRequest(f"first token {first_token} is outside the vocabulary")
+        vid = self._vid[id(seq)]
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self._append(seq, first_token)
+        if seq.is_finished:
+            return
+        # vLLM's model runner learns a request's tokens from its prompt when first scheduled
+        # (an output it did not sample itself would be out of its books): token 0 joins the
+        # prompt it computes, and the request has one output fewer to give.
+        req = self.sched.requests[vid]
+        req.prompt_token_ids = [*req.prompt_token_ids, first_token]
+        req.num_prompt_tokens += 1
+        req._all_token_ids.append(first_token)
+        req.max_tokens -= 1
+        req.sampling_params.max_tokens = req.max_tokens
+        req.update_block_hashes()
+        self.worker_conn.received.add(vid)
+
+    def prefix_keys(self, seq: Sequence, first: int, last: int) -> list[tuple[int, bytes | None]]:
+        """What `forget_prefix` needs of a hand-off's blocks: vLLM keeps no keys pdserve can
+        target one by one, so nothing (forget_prefix drops the unused prefix cache)."""
+        return []
+
+    def forget_prefix(self, keyed: list) -> None:
+        """A hand-off's K/V turned out wrong: drop vLLM's prefix cache (what no running
+        request uses; vLLM cannot take single blocks out)."""
+        if not self.sched.kv_cache_manager.reset_prefix_cache():
+            log.warning("vLLM's prefix cache not reset: blocks in use")
+
+    # ---- the cache's bytes -------------------------------------------------------------
+    def kv_views(self, seq: Sequence, layer: int, first: int = 0,
+                 count: int | None = None) -> list[tuple[memoryview, memoryview]]:
+        """One view per run of consecutive physical blocks (a block's K and V interleave by
+        head: the V view is empty)."""
+        table = seq.block_table
+        count = -(-seq.num_prompt_tokens // self._block_size) - first if count is None else count
+        if first < 0 or count < 0 or first + count > len(table):
+            raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's {len(table)} blocks")
+        flat, bpb, empty = self.layers[layer][1], self.block_bytes_per_layer, memoryview(b"")
+        views, i = [], first
+        while i < first + count:
+            j = i + 1
+            while j < first + count and table[j] == table[j - 1] + 1:
+                j += 1
+            views.append((flat[table[i] * bpb:(table[j - 1] + 1) * bpb], empty))
+            i = j
+        return views
+
+    def kv_digest_start(self, seq: Sequence, num_tokens: int | None = None) -> list:
+        """[hasher, sequence, tokens] for kv_digest_layer (the table is read per layer: a
+        prefill's is complete only once its last layer is)."""
+        return [xxhash.xxh3_128(), seq, seq.num_prompt_tokens if num_tokens is None else num_tokens]
+
+    def kv_digest_layer(self, state: list, layer: int) -> None:
+        """Hash `layer`'s K then V rows of token slots [0, n), head by head, block by block."""
+        h, seq, n = state
+        nb = -(-n // self._block_size)
+        t = self.layers[layer][0]
+        kv = t.view(t.shape[0], t.shape[1], 2, self._block_size, -1)
+        blocks = kv.index_select(0, torch.tensor(seq.block_table[:nb], dtype=torch.long))
+        tail = n - (nb - 1) * self._block_size
+        if nb > 1:
+            h.update(blocks[:nb - 1].contiguous().view(torch.uint8).numpy().data)
+        h.update(blocks[nb - 1:, :, :, :tail].contiguous().view(torch.uint8).numpy().data)
+
+    def kv_digest(self, seq: Sequence, num_tokens: int | None = None) -> str:
+        state = self.kv_digest_start(seq, num_tokens)
+        for layer in range(self.num_layers):
+            self.kv_digest_layer(state, layer)
+        return state[0].hexdigest()
+
+    # ---- end -------------------------------------------------------------------------------
+    def free(self, seq: Sequence) -> None:
+        """Every block of `seq` back now (idempotent): vLLM aborts it if it runs, then lets
+        go of the blocks its connector kept."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        vid = self._vid.pop(id(seq), None)
+        self.live.pop(id(seq), None)
+        self._priced.pop(id(seq), None)
+        if not seq.is_finished:
+            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.ABORTED
+        seq.block_table = []
+        if vid is None:
+            return
+        self._listeners.pop(vid, None)
+        self._tokens.pop(vid, None)
+        self.worker_conn.received.discard(vid)
+        req = self.sched.requests.get(vid)
+        if req is not None and not req.is_finished():
+            self.core.abort_requests([vid])
+        self._seqs.pop(vid, None)
+        req = self.sched.requests.get(vid)
+        if req is not None:  # kept for pdserve (request_finished) or for a receive in flight
+            # The scheduler's own handling of a transfer the connector reports finished:
+            # it frees the finished request's blocks.
+            done = {vid}
+            self.sched._update_from_kv_xfer_finished(KVConnectorOutput(finished_sending=done))
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
+                 request_id: str = "local") -> list[int]:
+        """One request colocated, to completion (tests, benchmarks)."""
+        seq = self.add_request(request_id, prompt_ids, max_tokens, sampling)
+        try:
+            while self.prefill_chunk(seq) is None:
+                pass
+            while not seq.is_finished:
+                self.decode_step([seq])
+            return list(seq.output_ids)
+        finally:
+            self.free(seq)
