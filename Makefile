@@ -19,7 +19,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test vllm-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-directory trace-viewer clean down
+.PHONY: run test vllm-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -115,6 +115,13 @@ bench-tracing: $(STAMP) $(NATIVE)
 
 bench-handoff: $(STAMP) $(NATIVE)
 	$(VPY) bench/handoff.py
+
+# vLLM behind pdserve against vLLM's own P/D (NixlConnector: the nixl wheels go into vLLM's
+# environment here, for this baseline only) and against vLLM alone (bench/vllm.py).
+bench-vllm: $(STAMP) $(NATIVE) $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(VLLM_VENV)/vllm-pins.txt nixl-cu12==1.5.1
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps nixl==1.5.1
+	$(VPY) bench/vllm.py
 
 bench-directory: $(STAMP)
 	$(VPY) bench/directory.py

@@ -58,6 +58,8 @@ class PrefillWorker:
 
     def __init__(self, cfg: PrefillWorkerConfig, loop: EngineLoop, sender: KVSender, txn: TxnOps,
                  gate: SourceGate | None = None, metrics: WorkerMetrics | None = None):
+        if "stream_layers" not in cfg.model_fields_set and not loop.engine.streams_layers:
+            cfg = cfg.replace(stream_layers=False)  # PD_STREAM_LAYERS unset: the engine's default
         self.cfg, self.metrics = cfg, metrics or WorkerMetrics()
         """Where completed hand-offs are counted (pd_kv_transfer_bytes_total, exposed time)."""
         self.gate = gate

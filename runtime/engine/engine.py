@@ -80,6 +80,8 @@ class Engine:
         self.abi: CacheAbi = make_abi(model_cfg, self.identity, self.cfg.dtype,
                                       self.cfg.block_size, LAYOUT, self.cfg.attn_tile_tokens,
                                       kernel_family())
+        self.streams_layers = True
+        """Its prefill's layers stream by default (PD_STREAM_LAYERS, measured there)."""
         self.last_logits: torch.Tensor | None = None
         """float32 logits of the latest forward ([1, V] prefill, [B, V] decode), for tests."""
 

@@ -34,8 +34,8 @@ import collections
 import itertools
 import json
 import logging
-import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,16 +47,31 @@ from runtime.engine.sampler import SamplingParams
 from runtime.engine.sequence import FinishReason, SeqState, Sequence
 
 from .connector import RECEIVE, PdserveConnector
+from .kv_memory import KvMemory, layer_index
 
 log = logging.getLogger(__name__)
 
-LAYER = re.compile(r"\.layers\.(\d+)\.")
-LAYOUT = "vllm-cpu:[block][kv_head][K tokens | V tokens][head_dim]"
-"""The CPU backend's cache: per layer [blocks, kv_heads, block_size, 2 * head_dim], each
-head's block holding its tokens' K rows then their V rows."""
 MAX_IDLE_STEPS = 64
 """Steps a call may take without the sequences it waits for moving: past this, vLLM lost
 them (an internal error), and the call says so instead of spinning."""
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """How a worker runs vLLM (runtime/worker/config.py has their variables)."""
+
+    block_size: int = 128
+    num_blocks: int = 64
+    max_model_len: int = 0
+    """0: the model's positions, at most 4,096."""
+    chunk_tokens: int = 512
+    """vLLM's max_num_batched_tokens (its prefill chunk), at least a block."""
+    max_batch: int = 32
+    dtype: str = "float32"
+    staging: str = "auto"
+    """The K/V's way to the transport (kv_memory.py): auto, on (always staged) or off."""
+    extra: dict = field(default_factory=dict)
+    """More vLLM engine arguments (EngineArgs)."""
 
 
 def model_identity(model_dir: Path) -> str:
@@ -74,9 +89,7 @@ def model_identity(model_dir: Path) -> str:
 class VllmEngine:
     """vLLM's engine core in this process, driven through the hand-off's contract."""
 
-    def __init__(self, model: str, *, block_size: int = 128, num_blocks: int = 64,
-                 max_model_len: int = 0, chunk_tokens: int = 512, max_batch: int = 32,
-                 dtype: str = "float32", extra: dict | None = None):
+    def __init__(self, model: str, options: VllmOptions | None = None):
         from vllm import envs
         from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -84,6 +97,9 @@ class VllmEngine:
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
+        o = options or VllmOptions()
+        block_size, num_blocks, max_model_len, dtype = o.block_size, o.num_blocks, o.max_model_len, o.dtype
+        chunk_tokens, max_batch, staging, extra = o.chunk_tokens, o.max_batch, o.staging, o.extra
         root = Path(model)
         if not (root / "config.json").is_file():
             raise ValueError(f"vLLM engine: {model!r} is not a checkpoint directory (no config.json)")
@@ -109,7 +125,10 @@ class VllmEngine:
         self.worker_conn: PdserveConnector = get_kv_transfer_group()
         self.sched_conn.bind(self)
         self.worker_conn.bind(self)
-        self.layers = self._layer_views(self.worker_conn.kv_caches, layers)
+        self.kv = KvMemory(self.worker_conn.kv_caches, layers, block_size, staging)
+        self.block_bytes_per_layer = self.kv.block_bytes
+        # Streaming sends share a CPU cache's cores with the compute; a GPU's copies do not.
+        self.streams_layers = self.kv.staged
         self.num_layers, self.vocab_size = layers, hf["vocab_size"]
         self.eos_ids = frozenset(hf["eos_token_id"] if isinstance(hf.get("eos_token_id"), list)
                                  else [hf.get("eos_token_id", -1)])
@@ -123,6 +142,7 @@ class VllmEngine:
         self._tokens: dict[str, collections.deque] = {}
         self._listeners: dict[str, object] = {}       # vLLM request id -> on_layer
         self._priced: dict[int, int] = {}             # id(sequence) -> blocks it may take
+        self._receiving: set[int] = set()             # id(sequence) of reservations
         self._ids = itertools.count()
         log.info("%s engine core over %s: %d blocks of %d tokens, started in %.1f s (%s)",
                  self.abi.engine, root, self.num_blocks, block_size, time.perf_counter() - started,
@@ -136,24 +156,11 @@ class VllmEngine:
         backend = self.core.model_executor.driver_worker.worker.model_runner.attn_groups[0][0].backend
         return CacheAbi(
             num_layers=self.num_layers, num_kv_heads=heads, head_dim=head_dim, dtype=dtype,
-            block_size=self._block_size, layout=LAYOUT, rope_theta=float(hf.get("rope_theta", 0.0)),
+            block_size=self._block_size, layout=self.kv.layout, rope_theta=float(hf.get("rope_theta", 0.0)),
             rope_scaling=json.dumps(hf.get("rope_scaling"), sort_keys=True),
             model_identity=model_identity(root), attn_tile_tokens=0,
             kernels=f"{backend.get_name()}:torch-{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}",
             engine=f"vllm/{vllm.__version__}", batch_invariant=batch_invariant)
-
-    @staticmethod
-    def _layer_views(kv_caches: dict, layers: int) -> list[tuple[torch.Tensor, memoryview]]:
-        """(tensor, flat byte view) of each layer's cache, by layer index."""
-        by_index = {}
-        for name, t in kv_caches.items():
-            m = LAYER.search(f".{name}")
-            if m is None or not t.is_contiguous():
-                raise RuntimeError(f"vLLM's K/V tensor {name} ({tuple(t.shape)}) is not a contiguous layer cache")
-            by_index[int(m.group(1))] = (t, memoryview(t.view(torch.uint8).numpy()).cast("B"))
-        if sorted(by_index) != list(range(layers)):
-            raise RuntimeError(f"vLLM registered K/V for layers {sorted(by_index)}, expected 0..{layers - 1}")
-        return [by_index[i] for i in range(layers)]
 
     # ---- the contract's figures ----------------------------------------------------
     @property
@@ -211,19 +218,26 @@ class VllmEngine:
         self.validate(prompt_ids, max_tokens, sampling)
         need = self.blocks_needed(len(prompt_ids), max_tokens)
         if need > self.num_free_blocks:
-            raise OutOfBlocks(f"{need} blocks needed, {self.num_free_blocks} free")
+            raise OutOfBlocks(need, self.num_free_blocks, self.num_blocks)
         seq = Sequence(request_id, prompt_ids, max_tokens, sampling or SamplingParams(), salt)
         vid = f"{request_id}#{next(self._ids)}"
         self._vid[id(seq)], self._seqs[vid], self._priced[id(seq)] = vid, seq, need
         self._tokens[vid] = collections.deque()
         self.live[id(seq)] = seq
         if receive:
+            self._receiving.add(id(seq))
             self._submit(seq, reuse_prefix, {"pdserve": RECEIVE})
             self._step()
-            if not seq.block_table:
+            if not seq.block_table:  # vLLM's scheduler could not place it now
                 self.free(seq)
-                raise OutOfBlocks(f"vLLM did not allocate {need} blocks for {request_id}")
+                raise OutOfBlocks(need, self.num_free_blocks, self.num_blocks)
+            self.kv.open(id(seq), self._prompt_blocks(seq))
+            if self.kv.staged:  # the prefix hit's blocks, for the digest
+                self.kv.stage_out(id(seq), seq.block_table, 0, seq.num_cached_tokens // self._block_size)
         return seq
+
+    def _prompt_blocks(self, seq: Sequence) -> int:
+        return -(-seq.num_prompt_tokens // self._block_size)
 
     def _submit(self, seq: Sequence, reuse_prefix: bool = True, transfer: dict | None = None) -> None:
         from vllm import SamplingParams as VSampling
@@ -262,10 +276,9 @@ class VllmEngine:
 
     def layer_written(self, layer_name: str, writes: dict[str, tuple[int, int]]) -> None:
         """An attention layer wrote this step's K/V: each listener hears it."""
-        m = LAYER.search(f".{layer_name}")
-        if m is None:
+        layer = layer_index(layer_name)
+        if layer is None:
             return
-        layer = int(m.group(1))
         for vid, (start, end) in writes.items():
             seq, listener = self._seqs.get(vid), self._listeners.get(vid)
             if seq is None or listener is None:
@@ -302,6 +315,7 @@ class VllmEngine:
         if seq.state == SeqState.WAITING:
             if on_layer is not None:
                 self._listeners[vid] = on_layer
+            self.kv.open(id(seq), self._prompt_blocks(seq))
             self._submit(seq)
             seq.state = SeqState.PREFILLING
         before = seq.num_computed_tokens
@@ -364,6 +378,8 @@ class VllmEngine:
         # vLLM's model runner learns a request's tokens from its prompt when first scheduled
         # (an output it did not sample itself would be out of its books): token 0 joins the
         # prompt it computes, and the request has one output fewer to give.
+        # The received blocks into the cache, if they were staged (kv_memory.py).
+        self.kv.stage_in(id(seq), seq.block_table, seq.num_cached_tokens // self._block_size, self._prompt_blocks(seq))
         req = self.sched.requests[vid]
         req.prompt_token_ids = [*req.prompt_token_ids, first_token]
         req.num_prompt_tokens += 1
@@ -387,21 +403,16 @@ class VllmEngine:
     # ---- the cache's bytes -------------------------------------------------------------
     def kv_views(self, seq: Sequence, layer: int, first: int = 0,
                  count: int | None = None) -> list[tuple[memoryview, memoryview]]:
-        """One view per run of consecutive physical blocks (a block's K and V interleave by
-        head: the V view is empty)."""
+        """One view per run of blocks (a block's K and V are one run in every vLLM layout: the
+        V view is empty); a staged sender's blocks are copied out first (kv_memory.py)."""
         table = seq.block_table
-        count = -(-seq.num_prompt_tokens // self._block_size) - first if count is None else count
+        count = self._prompt_blocks(seq) - first if count is None else count
         if first < 0 or count < 0 or first + count > len(table):
             raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's {len(table)} blocks")
-        flat, bpb, empty = self.layers[layer][1], self.block_bytes_per_layer, memoryview(b"")
-        views, i = [], first
-        while i < first + count:
-            j = i + 1
-            while j < first + count and table[j] == table[j - 1] + 1:
-                j += 1
-            views.append((flat[table[i] * bpb:(table[j - 1] + 1) * bpb], empty))
-            i = j
-        return views
+        if self.kv.staged and id(seq) not in self._receiving:
+            self.kv.stage_out(id(seq), table, first, count, range(layer, layer + 1))
+        empty = memoryview(bytearray())  # writable, as a receiver expects its views
+        return [(v, empty) for v in self.kv.views(id(seq), table, layer, first, count)]
 
     def kv_digest_start(self, seq: Sequence, num_tokens: int | None = None) -> list:
         """[hasher, sequence, tokens] for kv_digest_layer (the table is read per layer: a
@@ -409,16 +420,19 @@ class VllmEngine:
         return [xxhash.xxh3_128(), seq, seq.num_prompt_tokens if num_tokens is None else num_tokens]
 
     def kv_digest_layer(self, state: list, layer: int) -> None:
-        """Hash `layer`'s K then V rows of token slots [0, n), head by head, block by block."""
+        """Hash `layer`'s token slots [0, n), block by block in table order: full blocks as they
+        are (a run of consecutive blocks at once), then the last block's first slots."""
         h, seq, n = state
-        nb = -(-n // self._block_size)
-        t = self.layers[layer][0]
-        kv = t.view(t.shape[0], t.shape[1], 2, self._block_size, -1)
-        blocks = kv.index_select(0, torch.tensor(seq.block_table[:nb], dtype=torch.long))
-        tail = n - (nb - 1) * self._block_size
-        if nb > 1:
-            h.update(blocks[:nb - 1].contiguous().view(torch.uint8).numpy().data)
-        h.update(blocks[nb - 1:, :, :, :tail].contiguous().view(torch.uint8).numpy().data)
+        bs = self._block_size
+        nb = -(-n // bs)
+        full = nb if n % bs == 0 else nb - 1
+        table = seq.block_table[:nb]
+        if self.kv.staged and id(seq) not in self._receiving:
+            self.kv.stage_out(id(seq), table, 0, nb, range(layer, layer + 1))
+        for view in self.kv.views(id(seq), table, layer, 0, full):
+            h.update(view)
+        if full < nb:
+            h.update(self.kv.tail(id(seq), table, layer, nb - 1, n - full * bs, bs))
 
     def kv_digest(self, seq: Sequence, num_tokens: int | None = None) -> str:
         state = self.kv_digest_start(seq, num_tokens)
@@ -442,6 +456,8 @@ class VllmEngine:
             return
         self._listeners.pop(vid, None)
         self._tokens.pop(vid, None)
+        self.kv.close(id(seq))
+        self._receiving.discard(id(seq))
         self.worker_conn.received.discard(vid)
         req = self.sched.requests.get(vid)
         if req is not None and not req.is_finished():

@@ -60,6 +60,9 @@ class HandOffEngine(Protocol):
     """The cache's layout, model and numerics: what K/V bytes mean, by digest."""
     max_model_len: int
     """The most tokens, prompt and output, one sequence may hold."""
+    streams_layers: bool
+    """Whether a prefill's K/V should leave layer by layer as it is written, by default
+    (PD_STREAM_LAYERS unset): False where the sends would take the compute's own cores."""
 
     @property
     def block_size(self) -> int:

