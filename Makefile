@@ -123,6 +123,11 @@ bench-vllm: $(STAMP) $(NATIVE) $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps nixl==1.5.1
 	$(VPY) bench/vllm.py
 
+# The device check (bench/gpu_check.py): vLLM on CUDA behind the hand-off, on a host with an
+# NVIDIA GPU and vLLM's CUDA environment (make vllm-env there); never part of `make test`.
+gpu-check: $(STAMP) $(NATIVE) $(VLLM_STAMP)
+	$(VPY) bench/gpu_check.py
+
 bench-directory: $(STAMP)
 	$(VPY) bench/directory.py
 
@@ -136,10 +141,12 @@ trace-viewer:
 
 # The container image (deploy/Containerfile, deploy/README.md), never part of `make test`
 # (tests/unit/deploy lints it there). TORCH_VARIANT=cpu|cuda picks torch's build;
+# VLLM_VERSION=0.32.0 (cuda) adds vLLM for PD_ENGINE=vllm workers (tag ...-cuda-vllm);
 # BASE_IMAGE and IMAGE_ARGS pass through (e.g. IMAGE_ARGS='--platform linux/amd64').
 IMAGE         ?= localhost/pdserve
 TORCH_VARIANT ?= cpu
-IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(TORCH_VARIANT)
+VLLM_VERSION  ?=
+IMAGE_TAG     ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)-$(TORCH_VARIANT)$(if $(VLLM_VERSION),-vllm)
 BASE_IMAGE    ?=
 IMAGE_ARGS    ?=
 # One `command -v` per name: given several, dash (Debian's /bin/sh) answers for none once the
@@ -149,7 +156,7 @@ image:
 	@test -n "$(BUILDER)" || { echo "make image: needs buildah, podman or docker" \
 	  "(Debian: apt-get install buildah podman)"; exit 1; }
 	$(BUILDER) build -f deploy/Containerfile -t $(IMAGE):$(IMAGE_TAG) \
-	  --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
+	  --build-arg TORCH_VARIANT=$(TORCH_VARIANT) $(if $(VLLM_VERSION),--build-arg VLLM_VERSION=$(VLLM_VERSION)) \
 	  $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	  --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \

@@ -17,6 +17,8 @@ binds itself to them after start-up (`bind`); the engine core runs in the worker
     save_kv_layer                     a layer's K/V of those tokens is written: on_layer
     get_finished                      a received prompt was validated and published: vLLM
                                       may schedule it (commit_import)
+    start_load_kv                     its first step: a seeded sampler draws the prefill's
+                                      token 0 once, so token 1 is colocated's
 
 What pdserve's transport moves (the bytes) never passes through vLLM: the sender reads
 the blocks vLLM wrote, the receiver writes the blocks vLLM granted, both through
@@ -46,6 +48,9 @@ class PdserveMeta(KVConnectorMetadata):
     """One step's writes: vLLM request id -> (first token, end) of the tokens it computes."""
 
     writes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    advance: list[str] = field(default_factory=list)
+    """Received requests scheduled for the first time: their sampler already drew token 0
+    on the prefill's side, so theirs draws once before token 1 (VllmEngine.advance_samplers)."""
 
 
 class PdserveConnector(KVConnectorBase_V1):
@@ -74,7 +79,9 @@ class PdserveConnector(KVConnectorBase_V1):
             self.engine.on_allocated(request.request_id, request.num_prompt_tokens - num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> PdserveMeta:
-        return PdserveMeta(self.engine.step_writes(scheduler_output) if self.engine is not None else {})
+        if self.engine is None:
+            return PdserveMeta()
+        return PdserveMeta(self.engine.step_writes(scheduler_output), self.engine.step_advances(scheduler_output))
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # A pdserve sequence's blocks are its until `free` (a sender may still read them).
@@ -85,7 +92,11 @@ class PdserveConnector(KVConnectorBase_V1):
         self.kv_caches = dict(kv_caches)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        """Nothing to load: the receiver wrote the blocks before the commit."""
+        """Nothing to load (the receiver wrote the blocks before the commit); a received
+        request's seeded sampler catches up with the prefill's draw of token 0."""
+        meta = self._get_connector_metadata()
+        if self.engine is not None and isinstance(meta, PdserveMeta) and meta.advance:
+            self.engine.advance_samplers(meta.advance)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for (start_load_kv)."""

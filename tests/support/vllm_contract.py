@@ -22,12 +22,13 @@ from runtime.engine import InvalidRequest, OutOfBlocks, SamplingParams
 from runtime.vllm.engine import VllmEngine, VllmOptions
 
 GREEDY = SamplingParams(ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
 
 
-def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int) -> dict:
+def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: SamplingParams = GREEDY) -> dict:
     layers_final: set[int] = set()
-    src = e.add_request("r", prompt, 1, GREEDY)
-    dst = e.add_request("r", prompt, max_tokens, GREEDY, receive=True)
+    src = e.add_request("r", prompt, 1, sampling)
+    dst = e.add_request("r", prompt, max_tokens, sampling, receive=True)
     token = None
     while token is None:
         token = e.prefill_chunk(src, on_layer=lambda layer, start, end: layers_final.add(layer)
@@ -49,7 +50,8 @@ def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int) -> dict:
     e.free(dst)
     e.free(dst)  # idempotent
     return {"cached_blocks": first, "layers_final": len(layers_final) == e.num_layers,
-            "digests_equal": digests[0] == digests[1], "tokens_equal": tokens == e.generate(prompt, max_tokens, GREEDY)}
+            "digests_equal": digests[0] == digests[1],
+            "tokens_equal": tokens == e.generate(prompt, max_tokens, sampling)}
 
 
 def failures(e: VllmEngine) -> dict:
@@ -84,6 +86,12 @@ def main() -> None:
     prompts["300 with a 2-block prefix hit"] = prompts["300"][:256] + [rng.randrange(3, 32000) for _ in range(44)]
     for name, prompt in prompts.items():
         report[name] = hand_off(e, prompt, 12)
+    report["200 seeded"] = hand_off(e, [rng.randrange(3, 32000) for _ in range(200)], 12, SEEDED)
+    try:
+        e.add_request("seeded, chunked", [9] * 300, 4, SEEDED)
+        report["seeded_chunked_refused"] = False
+    except InvalidRequest as exc:
+        report["seeded_chunked_refused"] = "seed" in str(exc)
     report["failures"] = failures(e)
     report["left"] = {"live": len(e.live), "vllm_requests": len(e.sched.requests), "held_blocks": e.held_blocks()}
     print("RESULT " + json.dumps(report), flush=True)

@@ -41,7 +41,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "pdserve.tag" -}}
-{{- default (printf "%s-%s" .Chart.AppVersion .Values.image.variant) .Values.image.tag -}}
+{{- default (printf "%s-%s%s" .Chart.AppVersion .Values.image.variant (ternary "-vllm" "" (eq .Values.engine.name "vllm"))) .Values.image.tag -}}
 {{- end -}}
 
 {{- define "pdserve.image" -}}

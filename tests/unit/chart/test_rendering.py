@@ -268,3 +268,32 @@ def test_the_directory_accepts_the_redis_settings_the_chart_gives_it(values, mon
             monkeypatch.setenv(key, re.sub(r"\$\((\w+)\)", lambda m: plain.get(m.group(1), ""), str(value)))
     config = DirectoryConfig.from_env()
     assert config.redis_url or config.redis_sentinels
+
+
+def test_vllm_workers_get_the_engine_its_arguments_and_the_vllm_image():
+    objs = render(files=(str(CHART / "ci" / "vllm-values.yaml"),))
+    for name, spec in pod_specs(objs).items():
+        if not name.endswith(("-prefill", "-decode")):
+            continue
+        (worker,) = [c for c in spec["containers"] if c["name"] == "worker"]
+        env = env_of(worker)
+        assert env["PD_ENGINE"] == "vllm" and env["PD_VLLM_HOST_STAGING"] == "auto", name
+        assert env["PD_VLLM_ARGS"] == '{"enable_chunked_prefill":true,"gpu_memory_utilization":0.85}', name
+        assert env["PD_MODEL"] == "/models/llama-3.1-8b-instruct"
+        assert worker["image"].endswith(":0.1.0-cuda-vllm"), worker["image"]
+
+
+def test_the_default_engine_is_pdserves_and_its_image_has_no_vllm(defaults):
+    for spec in pod_specs(defaults).values():
+        for c in spec["containers"]:
+            assert not c["image"].endswith("-vllm")
+            if c["name"] == "worker":
+                assert env_of(c)["PD_ENGINE"] == "pdserve" and "PD_VLLM_ARGS" not in env_of(c)
+
+
+def test_tensor_parallelism_with_vllm_is_refused_saying_it_is_not_built():
+    from tests.support.helm import template
+
+    out = template({"engine": {"name": "vllm", "vllm": {"args": {"tensor_parallel_size": 2}}}}, (), (), check=False)
+    assert out.returncode != 0
+    assert "tensor_parallel_size=2: tensor parallelism is not built yet" in out.stderr, out.stderr
