@@ -419,15 +419,25 @@ class VllmEngine:
         self.worker_conn.received.add(vid)
 
     def prefix_keys(self, seq: Sequence, first: int, last: int) -> list[tuple[int, bytes | None]]:
-        """What `forget_prefix` needs of a hand-off's blocks: vLLM keeps no keys pdserve can
-        target one by one, so nothing (forget_prefix drops the unused prefix cache)."""
-        return []
+        """(block, the prefix-cache hash vLLM gives it) of the sequence's full prompt blocks in
+        [first, last): what a hand-off put in vLLM's prefix cache (vLLM caches them at the
+        request's first step; the hash is the request's, known now)."""
+        vid = self._vid.get(id(seq))
+        req = self.sched.requests.get(vid) if vid is not None else None
+        if req is None:
+            return []
+        full = min(last, seq.num_prompt_tokens // self._block_size, len(req.block_hashes))
+        return [(seq.block_table[j], bytes(req.block_hashes[j])) for j in range(first, full)]
 
-    def forget_prefix(self, keyed: list) -> None:
-        """A hand-off's K/V turned out wrong: drop vLLM's prefix cache (what no running
-        request uses; vLLM cannot take single blocks out)."""
-        if not self.sched.kv_cache_manager.reset_prefix_cache():
-            log.warning("vLLM's prefix cache not reset: blocks in use")
+    def forget_prefix(self, keyed: list[tuple[int, bytes | None]]) -> None:
+        """Those blocks leave vLLM's prefix cache where they still hold those hashes (a block
+        since reused for other tokens stays); a running request keeps its blocks."""
+        from vllm.v1.core.kv_cache_utils import get_block_hash
+
+        pool = self.sched.kv_cache_manager.block_pool
+        gone = {b for b, key in keyed if key is not None and (h := pool.blocks[b].block_hash) is not None
+                and bytes(get_block_hash(h)) == key}
+        self.sched.kv_cache_manager.evict_blocks(gone)
 
     # ---- the cache's bytes -------------------------------------------------------------
     def kv_views(self, seq: Sequence, layer: int, first: int = 0,

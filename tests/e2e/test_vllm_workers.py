@@ -78,6 +78,7 @@ def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging):
         assert report[case] == {"cached_blocks": 2 if "hit" in case else 0, "layers_final": True,
                                 "digests_equal": True, "tokens_equal": True}, (case, report[case])
     assert report["seeded_chunked_refused"]
+    assert report["discard"] == {"before": True, "after": False}  # a bad hand-off's blocks leave the cache
     assert all(report["failures"].values()) and len(report["failures"]) == 4, report["failures"]
     assert report["left"] == {"live": 0, "vllm_requests": 0, "held_blocks": []}
 

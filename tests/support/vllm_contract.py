@@ -7,7 +7,9 @@ computes the prompt with its on_layer listener, a reservation (receive=True) get
 blocks, the K/V moves through both ends' views as a byte stream (as the transport moves
 it: the two tables' runs need not match), then commit and decode. Reported per case: the
 two digests equal, the tokens equal to a colocated run of the prompt, the prefix hit the
-reservation started from; then the contract's failure semantics (an over-large and an
+reservation started from; a hand-off's blocks taken out of vLLM's prefix cache again (what
+a decode worker does when the router finds two ends' digests differ); then the contract's
+failure semantics (an over-large and an
 invalid request hold nothing; an aborted reservation and a double free give every block
 back) and what is left held.
 """
@@ -25,7 +27,8 @@ GREEDY = SamplingParams(ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
 
 
-def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: SamplingParams = GREEDY) -> dict:
+def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: SamplingParams = GREEDY,
+             discard: dict | None = None) -> dict:
     layers_final: set[int] = set()
     src = e.add_request("r", prompt, 1, sampling)
     dst = e.add_request("r", prompt, max_tokens, sampling, receive=True)
@@ -44,11 +47,17 @@ def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: Sampli
     digests = e.kv_digest(src), e.kv_digest(dst)
     e.free(src)
     e.commit_import(dst, token)
+    keys = e.prefix_keys(dst, first, blocks)  # what the decode worker keeps for a discard
     while not dst.is_finished:
         e.decode_step([dst])
     tokens = list(dst.output_ids)
     e.free(dst)
     e.free(dst)  # idempotent
+    if discard is not None:
+        pool = e.sched.kv_cache_manager.block_pool
+        discard["before"] = bool(keys) and all(pool.blocks[b].block_hash is not None for b, _ in keys)
+        e.forget_prefix(keys)
+        discard["after"] = any(pool.blocks[b].block_hash is not None for b, _ in keys)
     return {"cached_blocks": first, "layers_final": len(layers_final) == e.num_layers,
             "digests_equal": digests[0] == digests[1],
             "tokens_equal": tokens == e.generate(prompt, max_tokens, sampling)}
@@ -86,6 +95,8 @@ def main() -> None:
     prompts["300 with a 2-block prefix hit"] = prompts["300"][:256] + [rng.randrange(3, 32000) for _ in range(44)]
     for name, prompt in prompts.items():
         report[name] = hand_off(e, prompt, 12)
+    report["discard"] = {}
+    hand_off(e, [rng.randrange(3, 32000) for _ in range(300)], 4, discard=report["discard"])
     report["200 seeded"] = hand_off(e, [rng.randrange(3, 32000) for _ in range(200)], 12, SEEDED)
     try:
         e.add_request("seeded, chunked", [9] * 300, 4, SEEDED)
