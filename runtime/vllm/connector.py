@@ -48,6 +48,12 @@ class PdserveMeta(KVConnectorMetadata):
     """One step's writes: vLLM request id -> (first token, end) of the tokens it computes."""
 
     writes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    stage_out: dict[str, tuple[str, int, int, list[int]]] = field(default_factory=dict)
+    """Tensor-parallel: (shared buffer, its blocks, first logical block, physical blocks) each
+    rank copies its shard of out of its cache after this step's forward (wait_for_save)."""
+    stage_in: dict[str, tuple[str, int, int, list[int]]] = field(default_factory=dict)
+    """Tensor-parallel: the same, copied into each rank's cache (start_load_kv), then reported
+    received (get_finished): the commit of a staged reservation."""
     advance: list[str] = field(default_factory=list)
     """Received requests scheduled for the first time: their sampler already drew token 0
     on the prefill's side, so theirs draws once before token 1 (VllmEngine.advance_samplers)."""
@@ -61,6 +67,7 @@ class PdserveConnector(KVConnectorBase_V1):
         self.engine = None
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.received: set[str] = set()
+        self._shard_kv = None  # a tensor-parallel rank's view of its cache (kv_memory.KvMemory)
         """Worker side: requests whose K/V was committed, for the next get_finished."""
 
     def bind(self, engine) -> None:
@@ -79,9 +86,7 @@ class PdserveConnector(KVConnectorBase_V1):
             self.engine.on_allocated(request.request_id, request.num_prompt_tokens - num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> PdserveMeta:
-        if self.engine is None:
-            return PdserveMeta()
-        return PdserveMeta(self.engine.step_writes(scheduler_output), self.engine.step_advances(scheduler_output))
+        return PdserveMeta() if self.engine is None else self.engine.connector_meta(scheduler_output)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         # A pdserve sequence's blocks are its until `free` (a sender may still read them).
@@ -95,8 +100,13 @@ class PdserveConnector(KVConnectorBase_V1):
         """Nothing to load (the receiver wrote the blocks before the commit); a received
         request's seeded sampler catches up with the prefill's draw of token 0."""
         meta = self._get_connector_metadata()
-        if self.engine is not None and isinstance(meta, PdserveMeta) and meta.advance:
+        if not isinstance(meta, PdserveMeta):
+            return
+        if self.engine is not None and meta.advance:
             self.engine.advance_samplers(meta.advance)
+        for vid, span in meta.stage_in.items():  # a tensor-parallel rank
+            self._shards(span, out=False)
+            self.received.add(vid)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for (start_load_kv)."""
@@ -107,7 +117,22 @@ class PdserveConnector(KVConnectorBase_V1):
             self.engine.layer_written(layer_name, meta.writes)
 
     def wait_for_save(self) -> None:
-        """Sends are pdserve's, on its event loop; the blocks stay until `free`."""
+        """Sends are pdserve's, on its event loop; the blocks stay until `free`. A tensor-parallel
+        rank copies its shard of this step's prompt blocks into the shared buffers first."""
+        meta = self._get_connector_metadata()
+        if isinstance(meta, PdserveMeta):
+            for span in meta.stage_out.values():
+                self._shards(span, out=True)
+
+    def _shards(self, span: tuple[str, int, int, list[int]], out: bool) -> None:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        from .kv_memory import KvMemory, shard_io
+
+        if self._shard_kv is None:
+            self._shard_kv = KvMemory(self.kv_caches, len(self.kv_caches), 0, "on")
+        shard_io(self._shard_kv, (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()),
+                 len(self.kv_caches), span, out)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         done, self.received = self.received, set()

@@ -46,8 +46,8 @@ from runtime.engine.errors import InvalidRequest, OutOfBlocks
 from runtime.engine.sampler import SamplingParams
 from runtime.engine.sequence import FinishReason, SeqState, Sequence
 
-from .connector import RECEIVE, PdserveConnector
-from .kv_memory import KvMemory, layer_index
+from .connector import RECEIVE, PdserveConnector, PdserveMeta
+from .kv_memory import KvMemory, SharedStaging, layer_index
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,32 @@ class VllmOptions:
     """More vLLM engine arguments (EngineArgs)."""
 
 
+def engine_args(root: Path, o: VllmOptions, max_model_len: int, kv_bytes: int):
+    """vLLM's engine arguments: pdserve's cache size, block, dtype, batch and chunk, and its
+    KV connector in both roles; the options' own (`extra`) beside them. Tensor-parallel on
+    CPU: each rank bound to its share of this process's CPUs (VLLM_CPU_OMP_THREADS_BIND,
+    unless set)."""
+    import os
+
+    from vllm.config import KVTransferConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    tp = int(o.extra.get("tensor_parallel_size", 1))
+    cpus = sorted(os.sched_getaffinity(0))
+    if tp > 1 and len(cpus) >= tp and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        share = len(cpus) // tp
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(map(str, cpus[r * share:(r + 1) * share])) for r in range(tp))
+    return EngineArgs(
+        model=str(root), skip_tokenizer_init=True, enforce_eager=True, dtype=o.dtype, seed=0,
+        block_size=o.block_size, max_model_len=max_model_len, enable_prefix_caching=True,
+        kv_cache_memory_bytes=kv_bytes, max_num_batched_tokens=max(o.chunk_tokens, o.block_size),
+        max_num_seqs=o.max_batch,
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="PdserveConnector", kv_connector_module_path="runtime.vllm.connector", kv_role="kv_both"),
+        **o.extra)
+
+
 def model_identity(model_dir: Path) -> str:
     """xxh3-128 of config.json and every safetensors file, streamed (what the K/V depends
     on; a directory vLLM reads, whatever its architecture)."""
@@ -91,15 +117,15 @@ class VllmEngine:
 
     def __init__(self, model: str, options: VllmOptions | None = None):
         from vllm import envs
-        from vllm.config import KVTransferConfig
-        from vllm.distributed.kv_transfer import get_kv_transfer_group
-        from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
         from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
         o = options or VllmOptions()
         block_size, num_blocks, max_model_len, dtype = o.block_size, o.num_blocks, o.max_model_len, o.dtype
-        chunk_tokens, max_batch, staging, extra = o.chunk_tokens, o.max_batch, o.staging, o.extra
+        chunk_tokens, staging, extra = o.chunk_tokens, o.staging, o.extra
+        self.tp = int(extra.get("tensor_parallel_size", 1))
+        """Tensor-parallel ranks: above 1 the K/V lives in vLLM's rank processes (SharedStaging)."""
         root = Path(model)
         if not (root / "config.json").is_file():
             raise ValueError(f"vLLM engine: {model!r} is not a checkpoint directory (no config.json)")
@@ -109,27 +135,14 @@ class VllmEngine:
         itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
         self.block_bytes_per_layer = 2 * heads * block_size * head_dim * itemsize
         max_model_len = max_model_len or min(hf.get("max_position_embeddings", 4096), 4096)
-        args = EngineArgs(
-            model=str(root), skip_tokenizer_init=True, enforce_eager=True, dtype=dtype, seed=0,
-            block_size=block_size, max_model_len=max_model_len, enable_prefix_caching=True,
-            kv_cache_memory_bytes=num_blocks * layers * self.block_bytes_per_layer,
-            max_num_batched_tokens=max(chunk_tokens, block_size), max_num_seqs=max_batch,
-            kv_transfer_config=KVTransferConfig(
-                kv_connector="PdserveConnector", kv_connector_module_path="runtime.vllm.connector",
-                kv_role="kv_both"),
-            **(extra or {}))
+        args = engine_args(root, o, max_model_len, num_blocks * layers * self.block_bytes_per_layer // self.tp)
         started = time.perf_counter()
-        self.core = EngineCore(args.create_engine_config(), UniProcExecutor, log_stats=False)
+        self.core = EngineCore(args.create_engine_config(), MultiprocExecutor if self.tp > 1 else UniProcExecutor,
+                               log_stats=False)
         self.sched = self.core.scheduler
         self.sched_conn: PdserveConnector = self.sched.connector
-        self.worker_conn: PdserveConnector = get_kv_transfer_group()
         self.sched_conn.bind(self)
-        self.worker_conn.bind(self)
-        self.kv = KvMemory(self.worker_conn.kv_caches, layers, block_size, staging)
-        self._cpu = self.kv.device.type == "cpu"
-        self.block_bytes_per_layer = self.kv.block_bytes
-        # Streaming sends share a CPU cache's cores with the compute; a GPU's copies do not.
-        self.streams_layers = self.kv.staged
+        self._memory(layers, heads, head_dim, block_size, dtype, staging)
         self.num_layers, self.vocab_size = layers, hf["vocab_size"]
         self.eos_ids = frozenset(hf["eos_token_id"] if isinstance(hf.get("eos_token_id"), list)
                                  else [hf.get("eos_token_id", -1)])
@@ -145,23 +158,51 @@ class VllmEngine:
         self._priced: dict[int, int] = {}             # id(sequence) -> blocks it may take
         self._receiving: set[int] = set()             # id(sequence) of reservations
         self._committed: set[str] = set()             # received, seeded, not yet scheduled
+        self._stage_out: dict[str, tuple[int, int]] = {}  # tp: logical blocks the ranks copy out next
+        self._stage_in: dict[str, tuple[int, int]] = {}   # tp: logical blocks the ranks copy in next
+        self._written: dict[str, tuple[int, int]] = {}    # tp: what the step in flight computes
+        self._copied: dict[str, int] = {}                 # tp: full prompt blocks the ranks copied out
         self._ids = itertools.count()
         log.info("%s engine core over %s: %d blocks of %d tokens, started in %.1f s (%s)",
                  self.abi.engine, root, self.num_blocks, block_size, time.perf_counter() - started,
                  self.abi.kernels)
+
+    def _memory(self, layers: int, heads: int, head_dim: int, block_size: int, dtype: str, staging: str) -> None:
+        """How the transport reaches the K/V (kv_memory.py): this process's cache, in place or
+        staged, or (tensor-parallel) shared buffers the ranks fill and drain."""
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+        from vllm.platforms import current_platform
+
+        self._cpu = current_platform.is_cpu()
+        if self.tp > 1:
+            self.worker_conn = None
+            shard = (heads // self.tp, block_size, 2 * head_dim) if self._cpu else \
+                (2, block_size, heads // self.tp, head_dim)
+            self.kv = SharedStaging(layers, self.tp, shard, getattr(torch, dtype), planes=not self._cpu)
+            self.streams_layers = False  # the ranks' copies are known per step, not per layer
+        else:
+            self.worker_conn = get_kv_transfer_group()
+            self.worker_conn.bind(self)
+            self.kv = KvMemory(self.worker_conn.kv_caches, layers, block_size, staging)
+            # Streaming sends share a CPU cache's cores with the compute; a GPU's copies do not.
+            self.streams_layers = self.kv.staged
+        self.block_bytes_per_layer = self.kv.block_bytes
 
     def _abi(self, root: Path, hf: dict, heads: int, head_dim: int, dtype: str, batch_invariant: bool) -> CacheAbi:
         """What this vLLM's K/V bytes are: layout, model, and numerics (vLLM's version, its
         attention backend, torch's build and CPU capability, batch invariance)."""
         import vllm
 
-        backend = self.core.model_executor.driver_worker.worker.model_runner.attn_groups[0][0].backend
+        if self.worker_conn is not None:
+            backend = self.core.model_executor.driver_worker.worker.model_runner.attn_groups[0][0].backend.get_name()
+        else:  # the ranks' runners are in their own processes: named by their platform and count
+            backend = f"{'CPU_ATTN' if self._cpu else 'GPU'}:tp{self.tp}"
         return CacheAbi(
             num_layers=self.num_layers, num_kv_heads=heads, head_dim=head_dim, dtype=dtype,
             block_size=self._block_size, layout=self.kv.layout, rope_theta=float(hf.get("rope_theta", 0.0)),
             rope_scaling=json.dumps(hf.get("rope_scaling"), sort_keys=True),
             model_identity=model_identity(root), attn_tile_tokens=0,
-            kernels=f"{backend.get_name()}:torch-{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}",
+            kernels=f"{backend}:torch-{torch.__version__}:{torch.backends.cpu.get_cpu_capability()}",
             engine=f"vllm/{vllm.__version__}", batch_invariant=batch_invariant)
 
     # ---- the contract's figures ----------------------------------------------------
@@ -207,6 +248,9 @@ class VllmEngine:
                                  f"{self.max_model_len}")
         if sampling is not None and sampling.first_step:
             raise InvalidRequest("the vLLM engine does not replay outputs (first_step): it is not batch-invariant")
+        if sampling is not None and sampling.seed and self.tp > 1:
+            raise InvalidRequest("a seeded request on a tensor-parallel vLLM worker: its sampler runs in the "
+                                 "rank processes, whose draw of token 0 pdserve cannot replay; send no seed")
         if sampling is not None and sampling.seed and self._cpu and n > self.chunk_tokens:
             # vLLM-CPU rewinds a seeded sampler after a chunk's discarded sample, which its CPU
             # generator cannot do (the engine step fails): refused before it reaches vLLM.
@@ -239,8 +283,7 @@ class VllmEngine:
             if not seq.block_table:  # vLLM's scheduler could not place it now
                 self.free(seq)
                 raise OutOfBlocks(need, self.num_free_blocks, self.num_blocks)
-            self.kv.open(id(seq), self._prompt_blocks(seq))
-            if self.kv.staged:  # the prefix hit's blocks, for the digest
+            if self.kv.staged and self.tp == 1:  # the prefix hit's blocks, for the digest
                 self.kv.stage_out(id(seq), seq.block_table, 0, seq.num_cached_tokens // self._block_size)
         return seq
 
@@ -271,15 +314,49 @@ class VllmEngine:
         if seq is not None:
             seq.num_cached_tokens = seq.num_computed_tokens = cached_tokens
             seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+            self.kv.open(id(seq), self._prompt_blocks(seq))
+            if self.tp > 1 and cached_tokens:  # the ranks copy the prefix hit out in this very step
+                self._stage_out[vid] = (0, cached_tokens // self._block_size)
+
+    def connector_meta(self, out) -> PdserveMeta:
+        """This step's instructions to the worker side of the connector."""
+        meta = PdserveMeta(writes=self.step_writes(out), advance=self.step_advances(out))
+        if self.tp > 1:
+            for vid, (_, end) in self._written.items():  # the prompt blocks this step writes, and
+                # those before them not copied out yet (a prefix hit's, at the first step)
+                first, last = self._copied.get(vid, 0), -(-end // self._block_size)
+                self._copied[vid] = end // self._block_size
+                lo, hi = self._stage_out.get(vid, (first, last))
+                self._stage_out[vid] = (min(lo, first), max(hi, last))
+            meta.stage_out, self._stage_out = self._shared(self._stage_out), {}
+            meta.stage_in, self._stage_in = self._shared(self._stage_in), {}
+        return meta
+
+    def _shared(self, spans: dict[str, tuple[int, int]]) -> dict[str, tuple[str, int, int, list[int]]]:
+        """(buffer, its blocks, first logical block, physical blocks) of each span to copy."""
+        got = {}
+        for vid, (first, last) in spans.items():
+            seq = self._seqs.get(vid)
+            if seq is not None and last > first:  # the table as this step's allocation left it
+                seq.block_table = table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+                got[vid] = (self.kv.name(id(seq)), self._prompt_blocks(seq), first, table[first:last])
+        return got
 
     def step_writes(self, out) -> dict[str, tuple[int, int]]:
         """Which prompt tokens each listened-to request computes in this step."""
-        writes = {}
+        writes, self._written = {}, {}
         for vid, n in out.num_scheduled_tokens.items():
-            if vid in self._listeners and (req := self.sched.requests.get(vid)) is not None:
-                start = req.num_computed_tokens
-                if start < req.num_prompt_tokens:
-                    writes[vid] = (start, min(start + n, req.num_prompt_tokens))
+            if (req := self.sched.requests.get(vid)) is None or vid not in self._seqs:
+                continue
+            start = req.num_computed_tokens
+            if start < req.num_prompt_tokens and id(self._seqs[vid]) not in self._receiving:
+                span = (start, min(start + n, req.num_prompt_tokens))
+                self._written[vid] = span  # tensor-parallel: the ranks copy these blocks out
+                if vid in self._listeners:
+                    writes[vid] = span
+            if start < req.num_prompt_tokens and vid in self._listeners and self.tp == 1:
+                seq = self._seqs[vid]  # the table the views read, before anyone hears of these tokens
+                seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
         return writes
 
     def step_advances(self, out) -> list[str]:
@@ -307,12 +384,9 @@ class VllmEngine:
         if layer is None:
             return
         for vid, (start, end) in writes.items():
-            seq, listener = self._seqs.get(vid), self._listeners.get(vid)
-            if seq is None or listener is None:
-                continue
-            if layer == 0:  # the table the views read, before anyone hears of these tokens
-                seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
-            listener(layer, start, end)
+            listener = self._listeners.get(vid)
+            if listener is not None:
+                listener(layer, start, end)
 
     def holds(self, vid: str) -> bool:
         """Whether a finished vLLM request's blocks wait for pdserve's `free`."""
@@ -321,6 +395,12 @@ class VllmEngine:
     # ---- compute -----------------------------------------------------------------------
     def _step(self) -> None:
         outputs, _ = self.core.step()
+        if self.tp > 1:  # the ranks copied this step's prompt blocks out: every layer is there
+            for vid, (start, end) in self._written.items():
+                if (listener := self._listeners.get(vid)) is not None:
+                    for layer in range(self.num_layers):
+                        listener(layer, start, end)
+            self._written = {}
         for batch in outputs.values():
             for out in batch.outputs:
                 if out.request_id in self._tokens:
@@ -405,7 +485,7 @@ class VllmEngine:
         # vLLM's model runner learns a request's tokens from its prompt when first scheduled
         # (an output it did not sample itself would be out of its books): token 0 joins the
         # prompt it computes, and the request has one output fewer to give.
-        # The received blocks into the cache, if they were staged (kv_memory.py).
+        # The received blocks into the cache, if they were staged here (kv_memory.py).
         self.kv.stage_in(id(seq), seq.block_table, seq.num_cached_tokens // self._block_size, self._prompt_blocks(seq))
         req = self.sched.requests[vid]
         req.prompt_token_ids = [*req.prompt_token_ids, first_token]
@@ -416,7 +496,10 @@ class VllmEngine:
         req.update_block_hashes()
         if seq.sampling.seed:
             self._committed.add(vid)
-        self.worker_conn.received.add(vid)
+        if self.tp > 1:  # the ranks copy the received blocks in, then report them received
+            self._stage_in[vid] = (seq.num_cached_tokens // self._block_size, self._prompt_blocks(seq))
+        else:
+            self.worker_conn.received.add(vid)
 
     def prefix_keys(self, seq: Sequence, first: int, last: int) -> list[tuple[int, bytes | None]]:
         """(block, the prefix-cache hash vLLM gives it) of the sequence's full prompt blocks in
@@ -448,7 +531,7 @@ class VllmEngine:
         count = self._prompt_blocks(seq) - first if count is None else count
         if first < 0 or count < 0 or first + count > len(table):
             raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's {len(table)} blocks")
-        if self.kv.staged and id(seq) not in self._receiving:
+        if self.kv.staged and self.tp == 1 and id(seq) not in self._receiving:
             self.kv.stage_out(id(seq), table, first, count, range(layer, layer + 1))
         empty = memoryview(bytearray())  # writable, as a receiver expects its views
         return [(v, empty) for v in self.kv.views(id(seq), table, layer, first, count)]
@@ -466,7 +549,7 @@ class VllmEngine:
         nb = -(-n // bs)
         full = nb if n % bs == 0 else nb - 1
         table = seq.block_table[:nb]
-        if self.kv.staged and id(seq) not in self._receiving:
+        if self.kv.staged and self.tp == 1 and id(seq) not in self._receiving:
             self.kv.stage_out(id(seq), table, 0, nb, range(layer, layer + 1))
         for view in self.kv.views(id(seq), table, layer, 0, full):
             h.update(view)
@@ -496,9 +579,12 @@ class VllmEngine:
         self._listeners.pop(vid, None)
         self._tokens.pop(vid, None)
         self._committed.discard(vid)
+        for pending in (self._stage_out, self._stage_in, self._written, self._copied):
+            pending.pop(vid, None)
         self.kv.close(id(seq))
         self._receiving.discard(id(seq))
-        self.worker_conn.received.discard(vid)
+        if self.worker_conn is not None:
+            self.worker_conn.received.discard(vid)
         req = self.sched.requests.get(vid)
         if req is not None and not req.is_finished():
             self.core.abort_requests([vid])

