@@ -47,7 +47,8 @@ def _spec(args):
                        num_blocks=max(8, args.num_blocks * ClusterSpec.block_size // VLLM_BLOCK_SIZE) if vllm
                        else args.num_blocks,
                        state_dir=args.state_dir, insecure=args.insecure, traces=not args.no_traces,
-                       otlp_endpoint=args.otlp_endpoint)
+                       otlp_endpoint=args.otlp_endpoint,
+                       env={"PD_VLLM_ARGS": args.vllm_args} if args.vllm_args else {})
 
 
 def cmd_up(args) -> int:
@@ -249,6 +250,9 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=ClusterSpec.engine, choices=("pdserve", "vllm"),
                    help="the workers' engine: pdserve's (exact, CPU) or vLLM's (any model vLLM serves; "
                         "needs `make vllm-env`; a preset is exported for it) (default pdserve)")
+    p.add_argument("--vllm-args", default="", metavar="JSON",
+                   help='more vLLM engine arguments for --engine vllm, e.g. \'{"tensor_parallel_size": 2}\' '
+                        "(PD_VLLM_ARGS)")
     p.add_argument("--mode", default=ClusterSpec.mode, choices=contract.MODES,
                    help=f"the router's serving mode for requests that name none (default {ClusterSpec.mode})")
     p.add_argument("--transport", default=ClusterSpec.transport, choices=("ucx", "tcp"),

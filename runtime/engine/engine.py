@@ -30,7 +30,7 @@ from .ops import kernel_family
 from .prefix import hash_blocks
 from .presets import DEFAULT_SEED, PRESETS, preset_config, seeded_weights
 from .sampler import SamplingParams, sample
-from .sequence import FinishReason, SeqState, Sequence
+from .sequence import FinishReason, SeqState, Sequence, append_token
 
 # on_layer(layer, token_start, token_end): layer's K/V for those tokens is in the cache.
 LayerWritten = Callable[[int, int, int], None]
@@ -245,15 +245,7 @@ class Engine:
         return tokens
 
     def _append(self, seq: Sequence, token: int) -> None:
-        seq.output_ids.append(token)
-        seq.state = SeqState.DECODING
-        stops = seq.sampling.stop_token_ids
-        if token in stops or (not seq.sampling.ignore_eos and token in self.model_cfg.eos_ids):
-            self._finish(seq, FinishReason.STOP)
-        elif len(seq.output_ids) >= seq.max_tokens:
-            self._finish(seq, FinishReason.LENGTH)
-        elif seq.num_tokens >= self.max_model_len:
-            self._finish(seq, FinishReason.CONTEXT)
+        append_token(seq, token, self.model_cfg.eos_ids, self.max_model_len)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.state = SeqState.FINISHED

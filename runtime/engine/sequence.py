@@ -84,3 +84,19 @@ class Sequence:
     def is_finished(self) -> bool:
         """True once generation has stopped."""
         return self.state >= SeqState.FINISHED
+
+
+def append_token(seq: Sequence, token: int, eos_ids, max_model_len: int) -> None:
+    """`token` is the sequence's next output: it decodes, or it is finished by a stop or EOS
+    token (unless ignore_eos), by max_tokens, or by the context length (every engine's rule)."""
+    seq.output_ids.append(token)
+    seq.state = SeqState.DECODING
+    reason = None
+    if token in seq.sampling.stop_token_ids or (not seq.sampling.ignore_eos and token in eos_ids):
+        reason = FinishReason.STOP
+    elif len(seq.output_ids) >= seq.max_tokens:
+        reason = FinishReason.LENGTH
+    elif seq.num_tokens >= max_model_len:
+        reason = FinishReason.CONTEXT
+    if reason is not None:
+        seq.state, seq.finish_reason = SeqState.FINISHED, reason

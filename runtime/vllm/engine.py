@@ -44,7 +44,7 @@ import xxhash
 from runtime.engine.abi import CacheAbi
 from runtime.engine.errors import InvalidRequest, OutOfBlocks
 from runtime.engine.sampler import SamplingParams
-from runtime.engine.sequence import FinishReason, SeqState, Sequence
+from runtime.engine.sequence import FinishReason, SeqState, Sequence, append_token
 
 from .connector import RECEIVE, PdserveConnector, PdserveMeta
 from .kv_memory import KvMemory, SharedStaging, layer_index
@@ -461,15 +461,7 @@ class VllmEngine:
         return tokens
 
     def _append(self, seq: Sequence, token: int) -> None:
-        seq.output_ids.append(token)
-        seq.state = SeqState.DECODING
-        s = seq.sampling
-        if token in s.stop_token_ids or (not s.ignore_eos and token in self.eos_ids):
-            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.STOP
-        elif len(seq.output_ids) >= seq.max_tokens:
-            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.LENGTH
-        elif seq.num_tokens >= self.max_model_len:
-            seq.state, seq.finish_reason = SeqState.FINISHED, FinishReason.CONTEXT
+        append_token(seq, token, self.eos_ids, self.max_model_len)
 
     def commit_import(self, seq: Sequence, first_token: int) -> None:
         """The prompt's K/V was received and validated: token 0 is the request's first

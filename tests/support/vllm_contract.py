@@ -2,10 +2,8 @@
 (`.venv-vllm/bin/python -m tests.support.vllm_contract CHECKPOINT STAGING`; run by
 tests/e2e/test_vllm_workers.py, which asserts on the JSON line it prints).
 
-One VllmEngine plays both ends (vLLM's engine core is one per process): a prefill sequence
-computes the prompt with its on_layer listener, a reservation (receive=True) gets vLLM's
-blocks, the K/V moves through both ends' views as a byte stream (as the transport moves
-it: the two tables' runs need not match), then commit and decode. Reported per case: the
+One VllmEngine plays both ends (vLLM's engine core is one per process) of the hand-off
+tests/support/handoff_harness.py drives through the contract's calls. Reported per case: the
 two digests equal, the tokens equal to a colocated run of the prompt, the prefix hit the
 reservation started from; a hand-off's blocks taken out of vLLM's prefix cache again (what
 a decode worker does when the router finds two ends' digests differ); then the contract's
@@ -22,6 +20,7 @@ import sys
 
 from runtime.engine import InvalidRequest, OutOfBlocks, SamplingParams
 from runtime.vllm.engine import VllmEngine, VllmOptions
+from tests.support import handoff_harness as harness
 
 GREEDY = SamplingParams(ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
@@ -29,38 +28,16 @@ SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
 
 def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: SamplingParams = GREEDY,
              discard: dict | None = None) -> dict:
-    layers_final: set[int] = set()
-    src = e.add_request("r", prompt, 1, sampling)
-    dst = e.add_request("r", prompt, max_tokens, sampling, receive=True)
-    token = None
-    while token is None:
-        token = e.prefill_chunk(src, on_layer=lambda layer, start, end: layers_final.add(layer)
-                                if end >= len(prompt) else None)
-    first, blocks = dst.num_cached_tokens // e.block_size, -(-len(prompt) // e.block_size)
-    for layer in sorted(layers_final):  # a layer's views are read once it is final
-        data = b"".join(bytes(k) + bytes(v) for k, v in e.kv_views(src, layer, first, blocks - first))
-        at = 0
-        for k, v in e.kv_views(dst, layer, first, blocks - first):
-            for view in (k, v):
-                view[:] = data[at:at + view.nbytes]
-                at += view.nbytes
-    digests = e.kv_digest(src), e.kv_digest(dst)
-    e.free(src)
-    e.commit_import(dst, token)
-    keys = e.prefix_keys(dst, first, blocks)  # what the decode worker keeps for a discard
-    while not dst.is_finished:
-        e.decode_step([dst])
-    tokens = list(dst.output_ids)
-    e.free(dst)
-    e.free(dst)  # idempotent
-    if discard is not None:
+    done = harness.hand_off(e, e, prompt, max_tokens, sampling)
+    if discard is not None:  # the hand-off's blocks out of vLLM's prefix cache again
         pool = e.sched.kv_cache_manager.block_pool
-        discard["before"] = bool(keys) and all(pool.blocks[b].block_hash is not None for b, _ in keys)
-        e.forget_prefix(keys)
-        discard["after"] = any(pool.blocks[b].block_hash is not None for b, _ in keys)
-    return {"cached_blocks": first, "layers_final": len(layers_final) == e.num_layers,
-            "digests_equal": digests[0] == digests[1],
-            "tokens_equal": tokens == e.generate(prompt, max_tokens, sampling)}
+        discard["before"] = bool(done.prefix_keys) and all(pool.blocks[b].block_hash is not None
+                                                           for b, _ in done.prefix_keys)
+        e.forget_prefix(done.prefix_keys)
+        discard["after"] = any(pool.blocks[b].block_hash is not None for b, _ in done.prefix_keys)
+    return {"cached_blocks": done.first_block, "layers_final": done.layers_final,
+            "digests_equal": done.p_digest == done.d_digest,
+            "tokens_equal": done.tokens == e.generate(prompt, max_tokens, sampling)}
 
 
 def failures(e: VllmEngine) -> dict:
