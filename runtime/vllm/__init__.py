@@ -1,4 +1,4 @@
-"""vLLM as a worker's engine behind pdserve's hand-off (docs/design.md, Engines).
+"""vLLM as a worker's engine behind pdserve's hand-off (docs/design.md, The engine: vLLM behind the contract).
 
 `VllmEngine` (engine.py) keeps the hand-off's engine contract
 (runtime/worker/engine_contract.py) with vLLM's own engine core in the worker process;

@@ -1,5 +1,5 @@
 """pdserve's KV connector for vLLM (its KV connector API v1): how vLLM's scheduler and
-attention layers take part in pdserve's hand-off (docs/design.md, Engines: vLLM).
+attention layers take part in pdserve's hand-off (docs/design.md, The engine: vLLM behind the contract).
 
 One class, two instances in the worker process (vLLM makes one per role): the scheduler
 side decides what vLLM allocates and keeps, the worker side hears each attention layer

@@ -1,5 +1,5 @@
 """`VllmEngine`: vLLM's engine core behind the hand-off's engine contract
-(runtime/worker/engine_contract.py; docs/design.md, Engines: vLLM).
+(runtime/worker/engine_contract.py; docs/design.md, The engine: vLLM behind the contract).
 
 vLLM's scheduler decides what runs in each step (continuous batching, chunked prefill,
 its prefix cache); the worker's engine loop pulls results from it. A contract call steps

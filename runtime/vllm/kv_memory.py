@@ -1,4 +1,4 @@
-"""vLLM's K/V tensors as pdserve's transport sees them (docs/design.md, The engine: vLLM).
+"""vLLM's K/V tensors as pdserve's transport sees them (docs/design.md, The engine: vLLM behind the contract).
 
 Two ways to the bytes, one code path above them:
 
