@@ -29,7 +29,9 @@ Rows (JSON lines), ratios from this run:
     colocated       pdserve with vLLM workers against vLLM alone, colocated: TTFT (ratio
                     vLLM / pdserve) and decode tokens/s of one stream (ratio pdserve / vLLM);
                     target >= 0.95 each
-Tokens: each system's disaggregated tokens are checked against its colocated ones.
+Tokens: each system's disaggregated tokens are checked against its colocated ones; and
+    batched_equality  12 greedy requests disaggregated at once against each alone, colocated
+                   (vLLM-CPU is not batch-invariant: equality measured, not promised)
 """
 
 from __future__ import annotations
@@ -200,6 +202,26 @@ def decode_rate(run, system: str) -> float:
     return statistics.median(rates)
 
 
+def batched_equality(sdk, system: str, n: int = 12) -> None:
+    """vLLM-CPU is not batch-invariant: how many of `n` greedy requests, run disaggregated all
+    at once (decoded in one batch), give the tokens each gives colocated and alone."""
+    import threading
+
+    prompts = [fresh(rng.randrange(100, 300)) for _ in range(n)]  # all of them fit the pool at once
+    together: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        together[i] = pdserve(sdk, prompts[i], 32, "disaggregated")[0]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    equal = sum(together[i] == pdserve(sdk, p, 32, "colocated")[0] for i, p in enumerate(prompts))
+    emit(metric="batched_equality", system=system, requests=n, tokens=32, equal_to_colocated_alone=equal,
+         note="measured, not promised: vLLM-CPU is not batch-invariant")
+
+
 def run_pdserve(tmp: Path, env: dict[str, str], system: str) -> tuple[dict, float]:
     """pdserve with vLLM workers (`env` over the workers' defaults): TTFT medians, and the
     decode rate of one colocated stream (the default configuration only)."""
@@ -212,6 +234,8 @@ def run_pdserve(tmp: Path, env: dict[str, str], system: str) -> tuple[dict, floa
         with cluster.client("client") as sdk:
             med = ttfts(lambda prompt, n, m: pdserve(sdk, prompt, n, m), ("disaggregated", "colocated"), system)
             rate = 0.0 if env else decode_rate(lambda prompt, n: pdserve(sdk, prompt, n, "colocated"), system)
+            if not env:
+                batched_equality(sdk, system)
     finally:
         cluster.down()
     return med, rate
