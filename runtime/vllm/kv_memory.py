@@ -25,6 +25,8 @@ import re
 
 import torch
 
+from runtime.engine.engine import physical_runs
+
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -32,6 +34,19 @@ def layer_index(name: str) -> int | None:
     """The decoder layer a vLLM attention layer's name names (model.layers.3.self_attn.attn)."""
     m = LAYER.search(f".{name}")
     return None if m is None else int(m.group(1))
+
+
+def first_slots(block: memoryview, dtype: torch.dtype, planes: bool, ranks: int, heads: int, block_size: int,
+                slots: int) -> bytes:
+    """One block's bytes (`ranks` shards of it, in rank order) with each shard's token slots
+    past `slots` left out, K then V as the layout orders them: K and V planes, [2, block,
+    heads, head_dim] per shard; block-major (vLLM-CPU), [heads, 2, block, head_dim]."""
+    raw = torch.frombuffer(block, dtype=torch.uint8).view(dtype)
+    if planes:
+        rows = raw.view(ranks, 2, block_size, -1)[:, :, :slots]
+    else:
+        rows = raw.view(ranks, heads, 2, block_size, -1)[:, :, :, :slots]
+    return rows.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 class KvMemory:
@@ -118,27 +133,16 @@ class KvMemory:
     def views(self, key: int, table: list[int], layer: int, first: int, count: int) -> list[memoryview]:
         """One view per run of consecutive blocks of logical blocks [first, first + count)."""
         flat, index = self.source(key, table, layer)
-        bpb, views, i = self.block_bytes, [], first
-        while i < first + count:
-            j = i + 1
-            while j < first + count and index[j] == index[j - 1] + 1:
-                j += 1
-            views.append(flat[index[i] * bpb:(index[j - 1] + 1) * bpb])
-            i = j
-        return views
+        bpb = self.block_bytes
+        return [flat[start * bpb:(start + n) * bpb] for start, n in physical_runs(index, first, count)]
 
     def tail(self, key: int, table: list[int], layer: int, block: int, slots: int, block_size: int) -> bytes:
         """The first `slots` token slots of a logical block, K then V, head by head (the layout's
         order with the slots past them left out)."""
         flat, index = self.source(key, table, layer)
-        raw = torch.frombuffer(flat[index[block] * self.block_bytes:(index[block] + 1) * self.block_bytes],
-                               dtype=torch.uint8)
         t = self.tensors[layer]
-        if self.planes:  # [2, block_size, heads, head_dim] per block
-            rows = raw.view(t.dtype).view(2, block_size, -1)[:, :slots]
-        else:  # [kv_heads, block_size, 2 * head_dim] per block (vLLM-CPU)
-            rows = raw.view(t.dtype).view(t.shape[1], 2, block_size, -1)[:, :, :slots]
-        return rows.contiguous().view(torch.uint8).numpy().tobytes()
+        return first_slots(flat[index[block] * self.block_bytes:(index[block] + 1) * self.block_bytes], t.dtype,
+                           self.planes, 1, 0 if self.planes else t.shape[1], block_size, slots)
 
 
 class SharedStaging:
@@ -203,13 +207,9 @@ class SharedStaging:
 
     def tail(self, key: int, table: list[int], layer: int, block: int, slots: int, block_size: int) -> bytes:
         """Each shard's first `slots` token slots, in rank order."""
-        raw = torch.frombuffer(self._shm[key][1][layer][block * self.block_bytes:(block + 1) * self.block_bytes],
-                               dtype=torch.uint8).view(self.dtype).view(self.ranks, *self.shard_shape)
-        if self.planes:  # [ranks, 2, block, heads, head_dim]
-            rows = raw[:, :, :slots]
-        else:  # [ranks, heads, 2, block, head_dim] per block (vLLM-CPU)
-            rows = raw.view(self.ranks, self.shard_shape[0], 2, block_size, -1)[:, :, :, :slots]
-        return rows.contiguous().view(torch.uint8).numpy().tobytes()
+        return first_slots(self._shm[key][1][layer][block * self.block_bytes:(block + 1) * self.block_bytes],
+                           self.dtype, self.planes, self.ranks, 0 if self.planes else self.shard_shape[0],
+                           block_size, slots)
 
 
 def shard_io(kv: KvMemory, rank: tuple[int, int], layers: int, span: tuple[str, int, int, list[int]],

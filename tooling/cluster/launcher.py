@@ -31,8 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
-
 from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
 from runtime.common.private_files import CHILD_UMASK, make_private, private_dir, private_open, private_write
@@ -67,8 +65,8 @@ class ClusterSpec:
     model: str = "tiny"
     engine: str = "pdserve"
     """The workers' engine: pdserve's, or "vllm" (runtime/vllm), whose workers run in the
-    environment `make vllm-env` builds (`vllm_python`); a preset `model` is exported for
-    it as a checkpoint directory in the state folder."""
+    environment `make vllm-env` builds (`vllm_python`); a vLLM worker exports a preset
+    `model` as a checkpoint directory itself (runtime/worker/process.vllm_checkpoint)."""
     vllm_python: str = ""
     """The interpreter of vLLM workers; empty: .venv-vllm/bin/python (`make vllm-env`)."""
     mode: str = "disaggregated"
@@ -269,34 +267,23 @@ class LocalCluster:
         name = f"{role}-{index}"
         module = "decode_worker" if role == "mixed" else f"{role}_worker"
         extra = ["--serve-prefill"] if role == "mixed" else []
-        python, model = self._engine_runtime()
         return self._service(name, module, [*extra,
-            "--directory", self.directory_address, "--worker-id", name, "--model", model,
+            "--directory", self.directory_address, "--worker-id", name, "--model", s.model,
             "--num-blocks", str(role == "prefill" and s.prefill_num_blocks or s.num_blocks),
             "--block-size", str(s.block_size),
             "--chunk-tokens", str(s.chunk_tokens), "--transport", s.transport,
             "--torch-threads", str(s.torch_threads),
-            "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s, python=python)
+            "--reservation-ttl-s", str(s.reservation_ttl_s)], timeout_s, python=self._worker_python())
 
-    def _engine_runtime(self) -> tuple[str, str]:
-        """(the workers' interpreter, the model they load): vLLM's environment and a
-        checkpoint directory (a preset exported once into the state folder) for vLLM."""
+    def _worker_python(self) -> str:
+        """The workers' interpreter: this one, or vLLM's environment for vLLM workers (which
+        export a preset model themselves: runtime/worker/process.vllm_checkpoint)."""
         if self.spec.engine != "vllm":
-            return sys.executable, self.spec.model
+            return sys.executable
         python = self.spec.vllm_python or str(VLLM_PYTHON)
         if not Path(python).exists():
             raise RuntimeError(f"vLLM workers need vLLM's environment: {python} is missing (make vllm-env)")
-        from runtime.engine.checkpoint import export_preset
-        from runtime.engine.presets import PRESETS
-
-        name, _, seed = self.spec.model.partition("@")
-        if name not in PRESETS:
-            return python, self.spec.model
-        out = self.state / "checkpoints" / self.spec.model
-        with FileLock(f"{out}.lock"):  # the workers start together
-            if not (out / "config.json").exists():
-                export_preset(name, out, int(seed or 0))
-        return python, str(out)
+        return python
 
     def start_workers(self, timeout_s: float = 180.0) -> None:
         """Every worker of the spec (after `start_base`), at once (most of a start is each process importing
