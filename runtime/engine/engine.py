@@ -53,6 +53,20 @@ def physical_runs(table: list[int], first: int, count: int) -> list[tuple[int, i
     return [(start, n) for start, n in runs]
 
 
+def generate(engine, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
+             request_id: str = "local") -> list[int]:
+    """One request colocated to completion through the contract's calls, then freed (any
+    engine: tests, benchmarks, calibration)."""
+    seq = engine.add_request(request_id, prompt_ids, max_tokens, sampling)
+    try:
+        engine.prefill(seq)
+        while not seq.is_finished:
+            engine.decode_step([seq])
+        return list(seq.output_ids)
+    finally:
+        engine.free(seq)
+
+
 class Engine:
     """A Llama model with a paged K/V cache, prefix reuse and K/V export/import."""
 
@@ -243,14 +257,7 @@ class Engine:
     def generate(self, prompt_ids: list[int], max_tokens: int,
                  sampling: SamplingParams | None = None, request_id: str = "local") -> list[int]:
         """Convenience: prefill + decode one request to completion, then free it."""
-        seq = self.add_request(request_id, prompt_ids, max_tokens, sampling)
-        try:
-            self.prefill(seq)
-            while not seq.is_finished:
-                self.decode_step([seq])
-            return list(seq.output_ids)
-        finally:
-            self.free(seq)
+        return generate(self, prompt_ids, max_tokens, sampling, request_id)
 
     # ---- K/V export / import (see kv_io.py) ----------------------------
     def block_range(self, seq: Sequence, first: int, count: int | None) -> int:

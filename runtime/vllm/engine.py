@@ -42,6 +42,7 @@ import torch
 import xxhash
 
 from runtime.engine.abi import CacheAbi
+from runtime.engine.engine import generate
 from runtime.engine.errors import InvalidRequest, OutOfBlocks
 from runtime.engine.sampler import SamplingParams
 from runtime.engine.sequence import FinishReason, SeqState, Sequence, append_token, block_range, check_request
@@ -582,12 +583,5 @@ class VllmEngine:
 
     def generate(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
                  request_id: str = "local") -> list[int]:
-        """One request colocated, to completion (tests, benchmarks)."""
-        seq = self.add_request(request_id, prompt_ids, max_tokens, sampling)
-        try:
-            self.prefill(seq)
-            while not seq.is_finished:
-                self.decode_step([seq])
-            return list(seq.output_ids)
-        finally:
-            self.free(seq)
+        """One request colocated, to completion (tests, benchmarks): engine.generate."""
+        return generate(self, prompt_ids, max_tokens, sampling, request_id)
