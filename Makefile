@@ -12,6 +12,12 @@ TORCH   := torch==2.13.0
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
+# The load generator's environment (deploy/loadgen-env.sh): AIPerf, the OpenAI-API benchmark
+# bench/loadgen.py runs against the router's OpenAI front. It pins its own transformers, numpy
+# and aiohttp and brings a dashboard stack, so the default environment never holds it.
+LOADGEN_VENV  := .venv-loadgen
+LOADGEN_STAMP := $(LOADGEN_VENV)/.installed
+
 # Compiled builds, rebuilt when a source changes: the router's per-request modules
 # (router/native.py; without Cython or a compiler the router runs its source) and the
 # engine's exact kernels (runtime/kernels; without a compiler the engine runs torch's,
@@ -19,7 +25,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test vllm-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
+.PHONY: run test vllm-env loadgen-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -39,6 +45,12 @@ $(VLLM_STAMP): deploy/vllm-env.sh deploy/torch-ucx.sh pyproject.toml client/pypr
 	@touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+$(LOADGEN_STAMP): deploy/loadgen-env.sh
+	deploy/loadgen-env.sh $(LOADGEN_VENV) $(PY)
+	@touch $(LOADGEN_STAMP)
+
+loadgen-env: $(LOADGEN_STAMP)
 
 $(NATIVE): $(STAMP) $(NATIVE_SRC)
 	$(VPY) -m router.native_build
@@ -66,9 +78,10 @@ run: $(STAMP) $(NATIVE)
 # ran it faster here (17:41 against 19:24) but starve the two cores enough that the auto
 # router's load-sensitive verdicts flip (tests/e2e/test_router_auto.py failed in a fresh
 # clone's CI with -n 3): fewer cluster starts is the way to a shorter suite, not more workers.
-# vLLM's environment comes first (tests/e2e/test_vllm_workers.py runs vLLM workers from it);
-# pytest run without it skips that module, saying why.
-test: $(STAMP) $(NATIVE) $(VLLM_STAMP) browser chart-check
+# vLLM's environment comes first (tests/e2e/test_vllm_workers.py runs vLLM workers from it),
+# and AIPerf's (tests/e2e/test_openai_front.py drives the front with it); pytest run without
+# them skips those tests, saying why.
+test: $(STAMP) $(NATIVE) $(VLLM_STAMP) $(LOADGEN_STAMP) browser chart-check
 	$(VENV)/bin/ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=30 tests
 
@@ -185,4 +198,4 @@ down: $(STAMP)
 	$(VPY) -m tooling.cli down
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(PHOENIX) .pdserve .tools
+	rm -rf $(VENV) $(VLLM_VENV) $(LOADGEN_VENV) $(PHOENIX) .pdserve .tools

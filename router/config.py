@@ -24,6 +24,21 @@ class RouterConfig(MemberSettings):
     listen_addr: str = env("PD_ROUTER_LISTEN", contract.DEFAULT_ROUTER_ADDRESS)
     """gRPC listen address of the Router and Admin services."""
 
+    http_listen: str = env("PD_ROUTER_HTTP_LISTEN", "")
+    """Listen address of the OpenAI-compatible HTTP front (router/http; HTTPS with this
+    router's certificate unless PD_INSECURE); empty: no front."""
+
+    api_keys_file: str = env("PD_ROUTER_API_KEYS", "")
+    """The front's API key file: ``<tenant> sha256:<hex>`` a line (router/http/keys.py;
+    `pdserve api-key create`). Empty with security on: the front refuses every request 401."""
+
+    served_model_name: str = env("PD_ROUTER_SERVED_MODEL_NAME", "")
+    """The model name the front answers to and lists (empty: the preset's name, or the
+    checkpoint directory's)."""
+
+    http_max_body_bytes: int = env("PD_ROUTER_HTTP_MAX_BODY_BYTES", 16 << 20, ge=1024)
+    """Largest request body the front reads; a bigger one is refused 413 before it is read."""
+
     default_mode: str = env("PD_ROUTER_MODE", "disaggregated")
     """Mode of requests with mode UNSPECIFIED: ``disaggregated`` / ``colocated``
     (forced routes), ``auto`` (per-request choice from predicted TTFT/TPOT, may
@@ -258,6 +273,20 @@ class RouterConfig(MemberSettings):
         if mode not in MODES:
             raise ValueError(f"default_mode must be one of {MODES}, got {mode!r}")
         return mode
+
+    @field_validator("http_listen")
+    @classmethod
+    def _listen_form(cls, address: str) -> str:
+        port = address.rpartition(":")[2]
+        if address and not (":" in address and port.isdigit() and int(port) < 65536):
+            raise ValueError(f"http_listen must be host:port, got {address!r}")
+        return address
+
+    def served_name(self) -> str:
+        """The name the HTTP front serves the model under."""
+        if self.served_model_name:
+            return self.served_model_name
+        return (self.model.rstrip("/").rpartition("/")[2] or self.model) if self.model else "pdserve"
 
     @field_validator("tenant_slos")
     @classmethod

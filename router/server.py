@@ -20,6 +20,7 @@ from router.edge.intake import Intake, add_router_servicer
 from router.edge.refusal import Refusal, bounded, quote, too_long
 from router.gateway import DirectoryGateway, WorkerGateway
 from router.grpc_gateway import GrpcDirectoryGateway, GrpcWorkerGateway, grpc_code
+from router.http.front import start_front
 from router.identity import caller_tenant
 from router.release.controller import ReleaseController
 from router.release.manifest import tokenizer_identity
@@ -172,6 +173,7 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
     orchestrator = build(config, security, tokenizer)
     release = ReleaseController(orchestrator, config.router_id, config, tokenizer_identity(tokenizer))
     server, port, health = await start(config, orchestrator, security, ready=False, release=release)
+    http = await start_front(config, orchestrator, security)
     release.start()
     readiness = asyncio.create_task(ready_once_directory_answers(orchestrator, health), name="readiness")
     metrics = serve_metrics(config.metrics_listen, orchestrator.metrics.registry, security)
@@ -186,6 +188,8 @@ async def serve(config: RouterConfig, security: Security, tokenizer: Any | None 
     try:
         await wait_for_shutdown(server, health, on_stop=orchestrator.close)
     finally:
+        if http is not None:
+            await http.close()
         readiness.cancel()
         await release.close()
         if metrics is not None:

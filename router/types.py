@@ -133,6 +133,8 @@ class GenerateParams:
     deadline_ms: int = 0
     slo: Slo = Slo()
     """Targets the request names (0 fields fall back to its tenant's defaults)."""
+    priority: int = 0
+    """Order in its tenant's admission queue: higher goes first, equal ones in arrival order."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ COMMANDS = {
     "demo": "up (unless running), then a few requests printed with their route, TTFT and TPOT",
     "down": "stop the local cluster's processes, newest first (--purge: and remove its state dir)",
     "client-cert": "issue a client certificate for a tenant from the local CA",
+    "api-key": "create an API key for a tenant, for the OpenAI-compatible HTTPS front",
     "export-checkpoint": "write a seeded preset as a Hugging Face Llama checkpoint directory",
 }
 """Each sub-command's one-line help (`pdserve --help` lists them)."""
@@ -57,7 +58,9 @@ def cmd_up(args) -> int:
     try:
         running = LocalCluster.load(args.state_dir)
         if all(running.alive().values()):
-            for line in _release_lines(running):
+            from tooling.front import front_line
+
+            for line in [front_line(running), *_release_lines(running)]:
                 print(line, file=sys.stderr)
             print(running.router_address)
             return 0
@@ -71,7 +74,9 @@ def cmd_up(args) -> int:
     if cluster.otlp_endpoint:
         print(f"  traces -> {cluster.otlp_endpoint}" + (f" ({cluster.state / SPANS_FILE}; pdctl trace REQUEST_ID)"
               if "collector" in cluster.procs else ""), file=sys.stderr)
-    for line in _scrape_lines(cluster) + _release_lines(cluster):
+    from tooling.front import front_line
+
+    for line in [*_scrape_lines(cluster), front_line(cluster), *_release_lines(cluster)]:
         print(line, file=sys.stderr)
     print(address)
     return 0
@@ -176,8 +181,20 @@ def cmd_demo(args) -> int:
         if earlier is not res.token_ids:
             print(f"{'':16}the same prompt, {route} earlier: "
                   f"{'the same tokens' if earlier == res.token_ids else 'OTHER TOKENS (not exact)'}")
+    print(_front_demo(cluster, args.max_tokens))
     print("\n" + next_steps(cluster))
     return 0
+
+
+def _front_demo(cluster, max_tokens: int) -> str:
+    """A text request through the OpenAI-compatible front, then how to call it."""
+    from tooling.front import demo_chat, how_to_call
+
+    try:
+        lines = demo_chat(cluster, max_tokens)
+    except Exception as exc:  # noqa: BLE001 -- the gRPC demo above stands; say what the front did
+        lines = [f"[http chat    ] failed: {type(exc).__name__}: {exc}"]
+    return "\n".join(lines) + "\n\n" + how_to_call(cluster)
 
 
 def _no_route(client) -> str:
@@ -222,6 +239,29 @@ def cmd_client_cert(args) -> int:
     cluster.issue_client(args.tenant)
     stem = cluster.tls_dir / f"client-{args.tenant}"
     print(f"PD_TLS_CERT={stem}.crt PD_TLS_KEY={stem}.key PD_TLS_CA={cluster.tls_dir / 'ca.crt'}")
+    return 0
+
+
+def cmd_api_key(args) -> int:
+    """`pdserve api-key create TENANT`: a key for the front (router/http/keys.py). The key
+    goes to stdout, once; only its hash is kept, in the local cluster's key file (which the
+    router re-reads), or, with --hash-only, in the line printed for a key file or Secret."""
+    from router.http.keys import create
+    from tooling.cluster.launcher import API_KEYS_FILE
+    from tooling.cluster.progress import shown_path
+
+    key, line = create(args.tenant)
+    if args.hash_only:
+        print(f"add this line to the router's key file (PD_ROUTER_API_KEYS; the chart's router.http.apiKeys): {line}",
+              file=sys.stderr)
+    else:
+        from router.http.keys import append
+
+        path = Path(args.state_dir) / API_KEYS_FILE
+        append(path, line)
+        print(f"key for tenant {args.tenant!r} added to {shown_path(path)} (its hash only); the router "
+              "takes it within a second. The key, shown this once:", file=sys.stderr)
+    print(key)
     return 0
 
 
@@ -294,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("client-cert", help=COMMANDS["client-cert"], description=COMMANDS["client-cert"])
     p.add_argument("tenant", help="the tenant the certificate names (its requests are that tenant's)")
     _state_dir(p)
+    p = sub.add_parser("api-key", help=COMMANDS["api-key"], description=COMMANDS["api-key"])
+    keys = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="create: a new key")
+    k = keys.add_parser("create", help="a new key for TENANT: printed once, its hash kept")
+    k.add_argument("tenant", help="the tenant the key's requests act for")
+    k.add_argument("--hash-only", action="store_true",
+                   help="write no file: print the key and the key-file line to add (a Secret's, a cluster's)")
+    _state_dir(k)
     p = sub.add_parser("export-checkpoint", help=COMMANDS["export-checkpoint"],
                        description=COMMANDS["export-checkpoint"])
     p.add_argument("--preset", required=True, help="the preset to write (tiny, small)")
@@ -308,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `pdserve` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     handler = {"up": cmd_up, "down": cmd_down_and_purge if getattr(args, "purge", False) else cmd_down,
-               "demo": cmd_demo, "client-cert": cmd_client_cert,
+               "demo": cmd_demo, "client-cert": cmd_client_cert, "api-key": cmd_api_key,
                "export-checkpoint": cmd_export}[args.cmd]
     try:
         return handler(args)

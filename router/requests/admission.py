@@ -40,6 +40,8 @@ class Admitted:
     """Router mode (router/requests/planner.py): the request's own, or the router default."""
     slo: Slo = Slo()
     """Targets as the request named them (tenant defaults are applied by the planner)."""
+    priority: int = 0
+    """Its place among its tenant's requests in the admission queue (higher first)."""
 
     def replaying(self, given: Sequence[int]) -> Admitted:
         """The request as an attempt runs it after the client got `given` (its first outputs,
@@ -104,6 +106,7 @@ def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Rout
         deadline_s=deadline_ms / 1000.0 if deadline_ms else None,
         mode=mode,
         slo=params.slo,
+        priority=params.priority,
     )
 
 

@@ -52,7 +52,7 @@ from router.requests.planner import Plan, Planner
 from router.requests.queueing import AdmissionQueue
 from router.requests.request_run import RecentGenerations, RequestRun
 from router.requests.retries import RetryPolicy
-from router.types import Event, FinishReason, GenerateParams, PrefillDone, RouterError, StatusCode, TokenOut
+from router.types import Event, GenerateParams, PrefillDone, RouterError, StatusCode, TokenOut
 from runtime.common.tasks import TaskSet
 from runtime.directory.records import ClusterSnapshot
 from runtime.telemetry.catalog import RouterMetrics
@@ -234,7 +234,7 @@ class Orchestrator(RetryPolicy):
                 raise
             if run.output.tokens:
                 last = run.runner.last
-                run.end(run.output.completed(FinishReason.CANCELLED, last.route if last else req.route,
+                run.end(run.output.completed(run.cancel_finish, last.route if last else req.route,
                                              last.generation if last else 0))
             else:
                 run.end(RouterError(StatusCode.CANCELLED, f"request cancelled: {run.cancel_reason}"))

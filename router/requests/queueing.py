@@ -53,6 +53,7 @@ class _Waiter:
     blocks: Callable[[WorkerRecord], int]
     granted: asyncio.Future
     since_s: float
+    priority: int = 0
 
 
 class AdmissionQueue:
@@ -133,10 +134,12 @@ class AdmissionQueue:
         return not self._queues.get(tenant) and fits(cluster) is not None and not self._starved(cluster)
 
     async def wait(self, tenant: str, request_id: str, fits: Fits, blocks: Callable[[WorkerRecord], int],
-                   patience_s: float | None) -> int:
+                   patience_s: float | None, priority: int = 0) -> int:
         """Wait for room; returns the overlay handle of the grant's hold (the caller
         removes it once its attempt counts its own dispatch). Raises RouterError
-        RESOURCE_EXHAUSTED when the queue is full or `patience_s` runs out."""
+        RESOURCE_EXHAUSTED when the queue is full or `patience_s` runs out. `priority`:
+        the waiter goes ahead of its tenant's waiters of lower priority (never another
+        tenant's: tenants stay round robin)."""
         queue = self._queues.get(tenant)
         if queue is not None and len(queue) >= self.per_tenant:
             raise RouterError(StatusCode.RESOURCE_EXHAUSTED,
@@ -147,11 +150,12 @@ class AdmissionQueue:
                               "no K/V room now, and what is left of the deadline does not cover the "
                               "request's predicted service time")
         waiter = _Waiter(tenant, request_id, fits, blocks, asyncio.get_running_loop().create_future(),
-                         self._clock())
+                         self._clock(), priority)
         if queue is None:
             queue = self._queues[tenant] = collections.deque()
             self._turn.append(tenant)
-        queue.append(waiter)
+        ahead = next((i for i, w in enumerate(queue) if w.priority < priority), len(queue))
+        queue.insert(ahead, waiter)
         self._ensure_pump()
         self.kick()
         try:

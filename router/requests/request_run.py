@@ -42,6 +42,9 @@ class RequestRun:
         self.migrated_at: float | None = None
         """When an attempt failed after tokens went out (None: not since the last token)."""
         self.cancel_reason: str | None = None
+        self.cancel_finish = FinishReason.CANCELLED
+        """How a request cancelled after tokens went out finishes (STOP: the client's stop
+        string matched, router/http/stops.py; it has all it asked for)."""
         self.finished = False
         self.trace = RequestTrace(req)
         self.outcome: Completed | RouterError | None = None
@@ -81,12 +84,14 @@ class RequestRun:
         return RouterError(StatusCode.DEADLINE_EXCEEDED,
                            f"request deadline of {self.req.deadline_s * 1000:.0f} ms passed{where}{earlier}")
 
-    def cancel(self, reason: str) -> None:
-        """Stop the request: its attempt tears down, then the stream ends CANCELLED. A
-        request still in admission (no task yet) is refused CANCELLED when admission ends."""
-        if (self.task is not None and self.task.done()) or self.cancel_reason is not None:
+    def cancel(self, reason: str, finish: FinishReason = FinishReason.CANCELLED) -> None:
+        """Stop the request: its attempt tears down, then the stream ends with `finish`
+        (CANCELLED, or STOP for a stop string) once tokens went out, CANCELLED before. A
+        request still in admission (no task yet) is refused CANCELLED when admission ends.
+        A no-op once the request finished (its terminal event queued)."""
+        if self.finished or (self.task is not None and self.task.done()) or self.cancel_reason is not None:
             return
-        self.cancel_reason = reason
+        self.cancel_reason, self.cancel_finish = reason, finish
         if self.task is not None:
             self.task.cancel()
 

@@ -175,7 +175,8 @@ class RetryPolicy:
         req = run.req
         try:
             self.view.overlay.remove(await self.queue.wait(
-                req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run)))
+                req.tenant, req.request_id, fits, req.demand.blocks_on, self._patience_s(run),
+                req.priority))
         except RouterError as exc:
             refused = f"; refused for room: {'; '.join(run.refusals[-2:])}" if run.refusals else ""
             raise RouterError(exc.code, exc.message + refused) from None

@@ -1,8 +1,9 @@
 """Text on the router's side: the optional tokenizer and incremental detokenization.
 
 The router tokenizes text prompts and attaches a text piece to each streamed
-token when the configured model directory has a ``tokenizer.json``. Presets
-(and directories without one) leave the router token-ids-only: text prompts
+token when it has a tokenizer: a checkpoint directory's ``tokenizer.json``, or a
+preset's own (runtime/engine/preset_tokenizer.py, so the embedded default serves
+text too). A directory without one leaves the router token-ids-only: text prompts
 are rejected with INVALID_ARGUMENT and token pieces are empty.
 """
 
@@ -15,17 +16,18 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 def load_tokenizer(model: str) -> Any | None:
-    """The `tokenizers.Tokenizer` of checkpoint directory `model`, or None.
+    """The `tokenizers.Tokenizer` of `model`: a checkpoint directory's tokenizer.json, or
+    a preset's (`name` or `name@seed`) own; None for an empty value, a directory without
+    tokenizer.json, or a name that is neither (the workers judge the model; the router only
+    tokenizes). An existing path that is not a directory is an error.
 
-    None for an empty value, a preset name, or a directory without
-    tokenizer.json. An existing path that is not a directory is an error.
-    """
+    A preset's imports the engine package, and with it torch (runtime/engine/__init__.py):
+    about 1.5 s and 190 MB more for a router on a preset; a checkpoint's does not."""
     if not model:
         return None
     path = Path(model)
     if not path.exists():
-        log.info("model %r is not a directory; treating it as a preset (no tokenizer)", model)
-        return None
+        return _preset_tokenizer(model)
     if not path.is_dir():
         raise ValueError(f"--model {model!r} is neither a checkpoint directory nor a preset name")
     tok_file = path / "tokenizer.json"
@@ -35,6 +37,17 @@ def load_tokenizer(model: str) -> Any | None:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(tok_file))
+
+
+def _preset_tokenizer(model: str) -> Any | None:
+    from runtime.engine.preset_tokenizer import preset_tokenizer
+    from runtime.engine.presets import PRESETS, preset_config
+
+    name = model.partition("@")[0]
+    if name not in PRESETS:
+        log.warning("model %r is neither a directory nor a preset %s; no tokenizer", model, sorted(PRESETS))
+        return None
+    return preset_tokenizer(preset_config(name))
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

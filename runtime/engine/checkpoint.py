@@ -1,9 +1,11 @@
 """Hugging Face Llama-format checkpoints: one loading path for presets and real models.
 
 A checkpoint directory holds `config.json`, `model.safetensors` or a sharded
-`model.safetensors.index.json`, and optionally `tokenizer.json`. Presets are
-exported in exactly this format (`pdserve export-checkpoint`), so tests of the
-loader cover the path a real model takes on a GPU cluster. Nothing is downloaded.
+`model.safetensors.index.json`, and optionally `tokenizer.json` (with
+`tokenizer_config.json` and `chat_template.jinja` beside it, as transformers saves them).
+Presets are exported in exactly this format (`pdserve export-checkpoint`), their
+tokenizer included (runtime/engine/preset_tokenizer.py), so tests of the loader cover the
+path a real model takes on a GPU cluster. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .errors import CheckpointError
+from .preset_tokenizer import save_preset_tokenizer
 from .presets import DEFAULT_SEED, hf_weight_shapes, preset_config, seeded_weights
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -103,9 +106,12 @@ def save_checkpoint(cfg: ModelConfig, weights: dict[str, torch.Tensor], out: str
 
 def export_preset(name: str, out: str | Path, seed: int = DEFAULT_SEED,
                   max_shard_bytes: int = 0) -> Path:
-    """`pdserve export-checkpoint`: write preset `name` as a Hugging Face directory."""
+    """`pdserve export-checkpoint`: write preset `name` as a Hugging Face directory, its
+    tokenizer and chat template included (transformers' AutoTokenizer loads them)."""
     cfg = preset_config(name)
-    return save_checkpoint(cfg, seeded_weights(cfg, seed), out, max_shard_bytes)
+    root = save_checkpoint(cfg, seeded_weights(cfg, seed), out, max_shard_bytes)
+    save_preset_tokenizer(cfg, root)
+    return root
 
 
 def load_tokenizer(path: str | Path):

@@ -11,15 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-import torch
 from pydantic import model_validator
 from pydantic_settings import SettingsConfigDict
 
 from runtime.common.settings import Settings, env
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes an engine computes in, by torch's names (torch is imported where a dtype is made:
+the router reads presets' configs for their tokenizers without it)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,9 @@ class EngineConfig(Settings):
     @property
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype named by `dtype`."""
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def engine_config(self) -> EngineConfig:
         """Just the engine's settings (the worker's settings carry them among others)."""

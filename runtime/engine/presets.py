@@ -10,9 +10,12 @@ AVX2 and an AVX-512 host would have built different "tiny@0" models.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from .config import ModelConfig
 
@@ -70,6 +73,8 @@ def seeded_weights(cfg: ModelConfig, seed: int = DEFAULT_SEED) -> dict[str, torc
     that drops them is caught by the reference comparison. (The scalings are single
     IEEE operations: the same bits everywhere.)
     """
+    import torch  # here: the router reads PRESETS (their tokenizers) without torch
+
     rng = np.random.Generator(np.random.PCG64(seed))
     out = {}
     for name, shape in hf_weight_shapes(cfg).items():

@@ -123,6 +123,19 @@ class Security:
         ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
+    def https_ssl(self) -> ssl.SSLContext | None:
+        """A server context for HTTPS (the router's OpenAI-compatible front): this
+        certificate, no client certificate asked for (browsers and SDKs carry none; API keys
+        say who calls), TLS 1.2 or newer (None: plaintext)."""
+        if self.files is None:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        _load(ctx, self.files)
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
     def client_ssl(self) -> ssl.SSLContext | None:
         """A client context presenting this certificate, trusting only the CA."""
         if self.files is None:

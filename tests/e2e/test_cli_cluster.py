@@ -119,15 +119,24 @@ def test_pdctl_generate_trace_status_and_a_bad_request(up):
     assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "512" in bad.stderr
 
 
-@pytest.mark.parametrize("flags", [[], ["--ids"]])
-def test_generate_without_a_tokenizer_prints_no_empty_line(up, flags):
-    """The tiny preset has no tokenizer: its tokens stream as empty text."""
-    gen = pdctl(up.cluster, "generate", "--prompt-ids", "5,6,7,8,9", "--max-tokens", "4", "--ignore-eos", *flags)
+def test_generate_prints_ids_on_one_line_and_the_presets_text_as_json_reports_it(up):
+    """--ids: the ids on one line that ends, then the summary. Without it: the tiny preset's
+    tokenizer (runtime/engine/preset_tokenizer.py) takes a text prompt and its tokens stream
+    as text, the text --json reports for the same greedy request. (A router without a
+    tokenizer streams empty text: tests/unit/sdk/test_sdk_async_cli.py.)"""
+    gen = pdctl(up.cluster, "generate", "--prompt-ids", "5,6,7,8,9", "--max-tokens", "4", "--ignore-eos", "--ids")
     assert gen.returncode == 0, gen.stderr
     lines = gen.stdout.split("\n")
     assert lines[-1] == "" and "" not in lines[:-1], gen.stdout  # each line ends; none is empty
-    first = lines[0] if flags else lines[0].removeprefix("token_ids: ").replace(",", " ")
-    assert len(first.split()) == 4 and lines[1].startswith("-- request_id="), gen.stdout
+    assert len(lines[0].split()) == 4 and lines[1].startswith("-- request_id="), gen.stdout
+
+    ask = ("generate", "--prompt", "Hello, world", "--max-tokens", "8", "--ignore-eos", "--temperature", "0")
+    shown, as_json = pdctl(up.cluster, *ask), pdctl(up.cluster, *ask, "--json")
+    assert shown.returncode == 0 and as_json.returncode == 0, shown.stderr + as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert len(result["token_ids"]) == 8 and result["text"], result
+    text = result["text"] + ("" if result["text"].endswith("\n") else "\n")  # the line the tokens opened ends
+    assert shown.stdout.startswith(text + "-- request_id="), (shown.stdout, result["text"])
 
 
 def _table(text: str) -> dict[str, dict[str, str]]:

@@ -19,12 +19,18 @@ from pdserve_client.rpc.pd.v1 import (
     router_pb2,
     router_pb2_grpc,
 )
+from runtime.engine.checkpoint import export_preset
 from tests.support.cluster import assert_cluster_clean, channel, client, start_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("bad"), prefill=1, decode=1)
+    # The tiny preset exported without its tokenizer.json: a router without a tokenizer,
+    # which refuses text prompts (the preset by name has one: runtime/engine/preset_tokenizer.py).
+    home = tmp_path_factory.mktemp("bad")
+    model = export_preset("tiny", home / "tiny-without-tokenizer")
+    (model / "tokenizer.json").unlink()
+    c = start_cluster(home, prefill=1, decode=1, model=str(model))
     yield c
     c.down()
 

@@ -27,12 +27,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pdserve_client import Client, contract
 from pdserve_client.tls import TlsFiles
+from router.http import keys as api_keys
 from runtime.common.private_files import CHILD_UMASK, make_private, private_dir, private_open, private_write
 from runtime.security.capability import generate_signing_key
 from runtime.security.pki import Identity, LocalCA
@@ -50,6 +52,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 """The interpreter of vLLM workers (`make vllm-env`; ClusterSpec.vllm_python names another)."""
 
+API_KEYS_FILE = "api-keys"
+"""The router's key file (hashes only: router/http/keys.py), in the state dir."""
+API_KEY_FILE = "api-key"
+"""The local user's own key for the front, private, beside it (the demo's curl line reads it)."""
 CAPABILITY_SIGNING_KEY = "capability-signing.pem"  # the router's Ed25519 key (capability.py), in the TLS dir
 CAPABILITY_PUBLIC_KEYS = "capability-keys.json"  # the workers' public key set
 
@@ -123,6 +129,8 @@ class LocalCluster:
         self._popen: dict[str, subprocess.Popen] = {}
         self._log_from: dict[str, int] = {}  # where each log stood when its process last started
         self.router_address = ""
+        self.http_address = ""
+        """host:port of the router's OpenAI-compatible front."""
         self.directory_address = ""
         self.redis_url = ""
         self.tls_dir = self.state / "tls"
@@ -146,6 +154,7 @@ class LocalCluster:
                         contract.TLS_CA_ENV: str(d / contract.TLS_CA_FILE)})
             if self.roles[name] == "router":
                 env["PD_CAPABILITY_SIGNING_KEY"] = str(d / CAPABILITY_SIGNING_KEY)
+                env["PD_ROUTER_API_KEYS"] = str(self.state / API_KEYS_FILE)
             elif self.roles[name] in ("prefill", "decode", "mixed", "directory"):  # the directory: nonce checks
                 env["PD_CAPABILITY_PUBLIC_KEYS"] = str(d / CAPABILITY_PUBLIC_KEYS)
         if name == "directory" and self.redis_url:
@@ -212,14 +221,16 @@ class LocalCluster:
         self.procs[name] = Proc(name, proc.pid, address, str(log_path), list(argv), metrics_url)
         return proc
 
-    def _service(self, name: str, module: str, args: list[str], timeout_s: float, metrics: bool = True,
-                 python: str = sys.executable) -> str:
+    def _service(self, name: str, module: str, args: list[str] | Callable[[], list[str]], timeout_s: float,
+                 metrics: bool = True, python: str = sys.executable) -> str:
         """Start `module` on free loopback ports; retried on others, twice, if one was taken
-        before the process bound it (another launcher picked it too)."""
+        before the process bound it (another launcher picked it too). `args` may be a
+        function: called again for each try (flags that name ports of their own)."""
         for attempt in range(3):
             address = f"127.0.0.1:{free_port()}"
             metrics_flags, metrics_url = metrics_endpoint(self.spec.insecure) if metrics else ([], "")
-            proc = self._spawn(name, [python, "-m", module, "--listen", address, *metrics_flags, *args],
+            more = args() if callable(args) else args
+            proc = self._spawn(name, [python, "-m", module, "--listen", address, *metrics_flags, *more],
                                address, metrics_url)
             try:
                 self._wait(name, address, timeout_s, proc)
@@ -322,14 +333,33 @@ class LocalCluster:
     def start_router(self, timeout_s: float = 180.0) -> str:
         """The router (after the workers); records the cluster in its state dir."""
         self._issue("router", "router")
-        self.router_address = self._service("router", "router", [
-            "--directory", self.directory_address, "--mode", self.spec.mode,
-            "--model", self.spec.model], timeout_s)
+        if not self.spec.insecure:
+            ensure_api_key(self.state, self.spec.tenant)
+
+        def args() -> list[str]:
+            self.http_address = f"127.0.0.1:{free_port()}"
+            return ["--directory", self.directory_address, "--mode", self.spec.mode, "--model", self.spec.model,
+                    "--http-listen", self.http_address]
+
+        self.router_address = self._service("router", "router", args, timeout_s)
         self._save()
         return self.router_address
 
+    @property
+    def api_key(self) -> str:
+        """The local user's key for the front (tenant `spec.tenant`); '' when insecure."""
+        mine = self.state / API_KEY_FILE
+        return mine.read_text().strip() if mine.is_file() else ""
+
+    @property
+    def http_url(self) -> str:
+        """The OpenAI-compatible front's base URL (router/http), '' before the router starts."""
+        if not self.http_address:
+            return ""
+        return f"{'http' if self.spec.insecure else 'https'}://{self.http_address}/v1"
+
     def _save(self) -> None:
-        data = {"spec": asdict(self.spec), "router": self.router_address,
+        data = {"spec": asdict(self.spec), "router": self.router_address, "http": self.http_address,
                 "directory": self.directory_address, "redis": self.redis_url, "roles": self.roles,
                 "otlp_endpoint": self.otlp_endpoint,
                 "procs": {k: asdict(v) for k, v in self.procs.items()}}
@@ -343,6 +373,7 @@ class LocalCluster:
         data = json.loads((Path(state_dir) / "cluster.json").read_text())
         cluster = cls(ClusterSpec(**data["spec"]))
         cluster.router_address = data["router"]
+        cluster.http_address = data.get("http", "")
         cluster.directory_address = data["directory"]
         cluster.redis_url = data["redis"]
         cluster.roles = data.get("roles", {})
@@ -429,3 +460,15 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.down()
+
+
+def ensure_api_key(state: Path, tenant: str) -> str:
+    """The local user's API key for the front: made once per state dir, for `tenant`; its
+    hash joins the router's key file, the key itself stays in a private file beside it."""
+    mine = state / API_KEY_FILE
+    if mine.is_file() and (state / API_KEYS_FILE).is_file():
+        return mine.read_text().strip()
+    key, line = api_keys.create(tenant)
+    api_keys.append(state / API_KEYS_FILE, line)
+    private_write(mine, key + "\n")
+    return key

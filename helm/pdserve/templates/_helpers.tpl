@@ -61,6 +61,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-router:%d" (include "pdserve.fullname" .) (int .Values.router.port) -}}
 {{- end -}}
 
+{{/* The router's HTTP front (router/http): its port's name, and the Secret of its API key
+file ("" when no key is configured). */}}
+{{- define "pdserve.httpPortName" -}}
+{{- ternary "https" "http" .Values.security.enabled -}}
+{{- end -}}
+
+{{- define "pdserve.apiKeysSecret" -}}
+{{- $k := .Values.router.http.apiKeys -}}
+{{- if $k.existingSecret -}}
+{{- $k.existingSecret -}}
+{{- else if $k.keys -}}
+{{- printf "%s-api-keys" (include "pdserve.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "pdserve.caSecret" -}}
 {{- default (printf "%s-ca" (include "pdserve.fullname" .)) .Values.security.ca.existingSecret -}}
 {{- end -}}
@@ -89,8 +104,9 @@ certificate)? "true"/"" */}}
 
 {{/*
 The pod's own certificate: init container pd-cert signs it with the CA Secret, which is
-mounted into this container only (runtime/security/podcert.py).
-(dict "ctx" $ "role" "decode" "name" "$(POD_NAME)")
+mounted into this container only (runtime/security/podcert.py). "hosts": more DNS names
+(the router's Service names, which clients of its HTTPS front check).
+(dict "ctx" $ "role" "decode" "name" "$(POD_NAME)" ["hosts" (list ...)])
 */}}
 {{- define "pdserve.certInit" -}}
 - name: pd-cert
@@ -98,6 +114,9 @@ mounted into this container only (runtime/security/podcert.py).
   imagePullPolicy: {{ .ctx.Values.image.pullPolicy }}
   command: [python, -m, runtime.security.podcert, --ca-dir, /pd/ca, --out, /pd/tls,
             --role, {{ .role | quote }}, --name, {{ .name | quote }}, --host, "$(POD_IP)",
+            {{- range .hosts }}
+            --host, {{ . | quote }},
+            {{- end }}
             --days, {{ .ctx.Values.security.certValidityDays | quote }}]
   env:
     {{- include "pdserve.podEnv" . | nindent 4 }}
@@ -161,7 +180,9 @@ exec:
 {{- end -}}
 
 {{/* startup (model load), readiness (SERVING: registered with a live lease), liveness
-(any answer). (dict "port" .. "service" .. "startup" {periodSeconds, failureThreshold}) */}}
+(any answer). (dict "port" .. "service" .. "startup" {periodSeconds, failureThreshold}
+["ready" (dict "port" "https" "scheme" "HTTPS")]): with "ready", readiness is a GET of
+/ready on that port instead (the router's HTTP front: it asks for no client certificate). */}}
 {{- define "pdserve.probes" -}}
 startupProbe:
   {{- include "pdserve.probeCommand" (dict "port" .port "service" .service "alive" true) | nindent 2 }}
@@ -169,7 +190,11 @@ startupProbe:
   failureThreshold: {{ .startup.failureThreshold }}
   timeoutSeconds: 5
 readinessProbe:
+  {{- with .ready }}
+  httpGet: {path: /ready, port: {{ .port }}, scheme: {{ .scheme }}}
+  {{- else }}
   {{- include "pdserve.probeCommand" (dict "port" .port "service" .service) | nindent 2 }}
+  {{- end }}
   periodSeconds: 5
   failureThreshold: 2
   successThreshold: 1

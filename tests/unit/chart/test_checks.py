@@ -1,24 +1,29 @@
 """The chart checked by the real tools (`make chart-check`): `helm lint --strict`, every
 rendered object of every value set under helm/pdserve/ci validated strictly against two
-Kubernetes versions' schemas (kubernetes-validate), `helm install --dry-run=client`, and
-the values refused with their messages (values.schema.json, templates/validate.yaml)."""
+Kubernetes versions' schemas (kubernetes-validate) or, for Gateway API objects, against the
+CRD's schema (gateway_api.py), `helm install --dry-run=client`, and the values refused with
+their messages (values.schema.json, templates/validate.yaml)."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from tests.support import REPO
 from tests.support.helm import CHART, chart_command, helm, render, template
+from tests.unit.chart import gateway_api
 
 KUBERNETES = ("1.31.0", "1.35.0")
 """Two Kubernetes versions the installed kubernetes-validate ships schemas of."""
 CUSTOM = {"cert-manager.io/v1", "monitoring.coreos.com/v1"}
 """API groups of CRDs kubernetes-validate has no schema for; checked by fields below."""
+GATEWAY = {"gateway.networking.k8s.io/v1"}
+"""Gateway API: validated strictly against the CRD's own schema (gateway_api.py)."""
 CI = sorted((CHART / "ci").glob("*-values.yaml"))
 APIS = ("cert-manager.io/v1", "monitoring.coreos.com/v1")
 
@@ -36,6 +41,9 @@ def test_every_object_is_valid_kubernetes(values, apis):
     objs = render(files=(str(values),), api_versions=apis)
     assert objs
     for obj in objs:
+        if obj["apiVersion"] in GATEWAY:
+            gateway_api.validate(obj)
+            continue
         if obj["apiVersion"] in CUSTOM:
             assert obj["kind"] in ("Certificate", "Issuer", "PodMonitor") and obj["spec"], obj["kind"]
             continue
@@ -56,10 +64,43 @@ def test_the_validator_refuses_what_kubernetes_would():
         kubernetes_validate.validate(bad, KUBERNETES[1], strict=True)
 
 
+def test_the_gateway_validator_refuses_what_the_crd_would():
+    """The Gateway API check can fail: a wrong type, a value outside an enum, a missing
+    required field, an unknown field (strict, like the API server's field validation)."""
+    route = next(o for o in render(files=(str(CHART / "ci" / "http-front-values.yaml"),)) if o["kind"] == "HTTPRoute")
+    gateway_api.validate(route)
+    breaks = [
+        lambda r: r["spec"]["rules"][0]["backendRefs"][0].update(port="https"),  # a Service port number
+        lambda r: r["spec"]["rules"][0]["matches"][0]["path"].update(type="Prefix"),  # PathPrefix
+        lambda r: r["spec"]["parentRefs"][0].pop("name"),
+        lambda r: r["spec"]["rules"][0].update(backends=r["spec"]["rules"][0].pop("backendRefs")),
+        lambda r: r["metadata"].update(label={"a": "b"}),
+        lambda r: r["spec"]["rules"][0]["timeouts"].update(request="5 minutes"),
+    ]
+    for i, breaking in enumerate(breaks):
+        bad = yaml.safe_load(yaml.safe_dump(route))
+        breaking(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            gateway_api.validate(bad)
+            pytest.fail(f"break {i} accepted")
+    with pytest.raises(KeyError):
+        gateway_api.validate({**route, "apiVersion": "gateway.networking.k8s.io/v1beta1"})
+
+
 def test_install_dry_run_client():
     out = chart_command("install pd", "--dry-run=client", "--namespace", "serving")
     assert "STATUS: pending-install" in out.stdout
     assert "helm test pd -n serving --logs" in out.stdout  # NOTES: how to run the smoke test
+    # No API key yet: the front refuses everything, and NOTES says how to make one.
+    assert "no API key is configured: the front refuses every /v1 request with 401" in out.stdout
+    assert "pdserve api-key create TENANT --hash-only" in out.stdout
+
+
+def test_notes_name_the_key_secret_and_what_an_exposed_front_needs():
+    out = chart_command("install pd", "--dry-run=client", "--namespace", "serving", "-f",
+                        str(CHART / "ci" / "http-front-values.yaml")).stdout
+    assert "401" not in out and "key file in Secret pd-pdserve-api-keys" in out
+    assert "BackendTLSPolicy" in out and "networkPolicy.httpFrom" in out
 
 
 def _refused(values: dict, api_versions: tuple[str, ...] = ()) -> str:
@@ -77,6 +118,19 @@ def _refused(values: dict, api_versions: tuple[str, ...] = ()) -> str:
     ({"redis": {"ha": {"enabled": True}, "external": {"url": "redis://r:6379/0"}}}, "at '/redis/external/url'"),
     ({"security": {"enabled": False}, "networkPolicy": {"enabled": False},
       "router": {"service": {"type": "LoadBalancer"}}}, "at '/router/service/type'"),
+    ({"router": {"http": {"port": "8000"}}}, "at '/router/http/port'"),
+    ({"router": {"http": {"apiKeys": {"keys": [{"tenant": "gold team", "sha256": "0" * 64}]}}}},
+     "at '/router/http/apiKeys/keys/0/tenant'"),
+    ({"router": {"http": {"apiKeys": {"keys": [{"tenant": "#gold", "sha256": "0" * 64}]}}}},  # a comment line
+     "at '/router/http/apiKeys/keys/0/tenant'"),
+    ({"router": {"http": {"apiKeys": {"keys": [{"tenant": "gold", "sha256": "pds-the-key-itself"}]}}}},
+     "at '/router/http/apiKeys/keys/0/sha256'"),
+    ({"router": {"http": {"apiKeys": {"keys": [{"tenant": "gold", "hash": "0" * 64}]}}}},
+     "at '/router/http/apiKeys/keys/0'"),
+    ({"router": {"http": {"ingress": {"hosts": [{"host": "a.example.com", "paths": ["/"]}]}}}},
+     "at '/router/http/ingress/hosts/0/paths/0'"),
+    ({"router": {"http": {"httpRoute": {"timeouts": {"request": "5 minutes"}}}}},
+     "at '/router/http/httpRoute/timeouts/request'"),
 ])
 def test_the_schema_refuses_wrong_types_and_combinations(values, message):
     assert message in _refused(values)
@@ -96,6 +150,18 @@ def test_the_schema_refuses_wrong_types_and_combinations(values, message):
     ({"redis": {"ha": {"enabled": True, "sentinel": {"quorum": 4}}}}, "quorum cannot exceed"),
     ({"observability": {"serviceMonitor": {"enabled": True}}}, "serves no monitoring.coreos.com/v1"),
     ({"security": {"certManager": {"enabled": True}}}, "serves no cert-manager.io/v1"),
+    ({"router": {"http": {"apiKeys": {"existingSecret": "k", "keys": [{"tenant": "a", "sha256": "0" * 64}]}}}},
+     "set one of router.http.apiKeys.existingSecret and router.http.apiKeys.keys"),
+    ({"router": {"http": {"port": 9464}}}, "router.http.port=9464 is already the router's gRPC or metrics port"),
+    ({"router": {"http": {"enabled": False, "ingress": {"enabled": True, "hosts": [{"host": "a"}]}}}},
+     "router.http.ingress.enabled needs router.http.enabled"),
+    ({"security": {"enabled": False},
+      "router": {"http": {"httpRoute": {"enabled": True, "parentRefs": [{"name": "g"}]}}}},
+     "router.http.httpRoute.enabled with security.enabled=false would expose a plaintext front"),
+    ({"router": {"http": {"ingress": {"enabled": True}}}},
+     "router.http.ingress.enabled needs router.http.ingress.hosts"),
+    ({"router": {"http": {"httpRoute": {"enabled": True}}}},
+     "router.http.httpRoute.enabled needs router.http.httpRoute.parentRefs"),
 ])
 def test_validate_refuses_removed_keys_and_impossible_combinations_with_a_message(values, message):
     assert message in _refused(values)

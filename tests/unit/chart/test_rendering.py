@@ -4,6 +4,8 @@ real helm renders (tests/support/helm.py)."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from tests.support.helm import CHART, render
@@ -58,6 +60,10 @@ def test_pdserve_probes_are_mtls_exec_probes_and_readiness_means_serving(default
         if "redis" in name or spec.get("restartPolicy") == "Never":
             continue
         c = spec["containers"][0]
+        if name == "pd-pdserve-router":  # readiness on its HTTP front's /ready (below)
+            assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "https", "scheme": "HTTPS"}
+            assert "--alive" in c["livenessProbe"]["exec"]["command"]
+            continue
         ready = c["readinessProbe"]["exec"]["command"]
         assert ready[:3] == ["python", "-m", "runtime.common.healthcheck"] and "--alive" not in ready, name
         assert "--alive" in c["livenessProbe"]["exec"]["command"], name  # a NOT_SERVING worker is not killed
@@ -304,3 +310,159 @@ def test_a_vllm_workers_tensor_parallelism_is_its_pods_gpus():
     out = template({"engine": {"name": "vllm", "vllm": {"args": {"tensor_parallel_size": 2}}}}, (), (), check=False)
     assert out.returncode != 0
     assert "tensor_parallel_size=2, but each prefill worker gets 1 GPUs" in out.stderr, out.stderr
+
+
+# ---- the router's OpenAI-compatible front (router/http) --------------------------------
+
+FRONT = CHART / "ci" / "http-front-values.yaml"
+GOLD = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+"""sha256 of "foo": the key file holds hashes only."""
+
+
+def router_of(objs: list[dict]) -> dict:
+    (c,) = [c for c in pod_specs(objs)["pd-pdserve-router"]["containers"] if c["name"] == "router"]
+    return c
+
+
+def test_the_front_is_on_by_default_on_a_named_https_port_of_the_pod_and_the_service(defaults):
+    c = router_of(defaults)
+    assert {"name": "https", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
+    env = env_of(c)
+    assert env["PD_ROUTER_HTTP_LISTEN"] == "0.0.0.0:8000"
+    assert env["PD_TLS_CERT"] == "/pd/tls/tls.crt"  # the router's own certificate serves HTTPS too
+    assert "PD_ROUTER_SERVED_MODEL_NAME" not in env  # empty: the model's own name
+    ports = {p["name"]: p for p in kinds(defaults, "Service")["pd-pdserve-router"]["spec"]["ports"]}
+    assert ports["https"] == {"name": "https", "port": 8000, "targetPort": "https", "protocol": "TCP",
+                              "appProtocol": "https"}
+    assert ports["grpc"]["port"] == 50080
+
+
+def test_the_routers_certificate_names_its_service_for_the_fronts_clients(defaults):
+    cert = pod_specs(defaults)["pd-pdserve-router"]["initContainers"][0]["command"]
+    hosts = [cert[i + 1] for i, a in enumerate(cert) if a == "--host"]
+    assert hosts == ["$(POD_IP)", "pd-pdserve-router", "pd-pdserve-router.serving", "pd-pdserve-router.serving.svc",
+                     "pd-pdserve-router.serving.svc.cluster.local"]
+
+
+def test_readiness_is_an_https_get_of_ready_and_liveness_stays_on_grpc(defaults):
+    c = router_of(defaults)
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "https", "scheme": "HTTPS"}
+    assert "exec" not in c["readinessProbe"]
+    for probe in ("startupProbe", "livenessProbe"):
+        assert c[probe]["exec"]["command"][:3] == ["python", "-m", "runtime.common.healthcheck"], probe
+        assert "--alive" in c[probe]["exec"]["command"], probe
+
+
+def test_without_keys_no_key_file_is_mounted(defaults):
+    c = router_of(defaults)
+    assert "PD_ROUTER_API_KEYS" not in env_of(c)
+    assert "api-keys" not in {m["name"] for m in c["volumeMounts"]}
+    assert not [o for o in defaults if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-api-keys")]
+
+
+def test_listed_keys_become_a_secret_mounted_read_only_and_named_by_the_env():
+    objs = render(files=(str(FRONT),))
+    secret = kinds(objs, "Secret")["pd-pdserve-api-keys"]
+    text = base64.b64decode(secret["data"]["api-keys"]).decode()
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines[0] == f"gold sha256:{GOLD}" and lines[1].startswith("silver sha256:")  # `sha256:` is optional
+    c = router_of(objs)
+    env = env_of(c)
+    assert env["PD_ROUTER_API_KEYS"] == "/pd/api-keys/api-keys"
+    assert env["PD_ROUTER_SERVED_MODEL_NAME"] == "llama-3.1-8b-instruct"
+    assert env["PD_ROUTER_HTTP_LISTEN"] == "0.0.0.0:8443"
+    assert {"name": "api-keys", "mountPath": "/pd/api-keys", "readOnly": True} in c["volumeMounts"]
+    vol = {v["name"]: v for v in pod_specs(objs)["pd-pdserve-router"]["volumes"]}["api-keys"]
+    assert vol["secret"] == {"secretName": "pd-pdserve-api-keys", "defaultMode": 0o400,
+                             "items": [{"key": "api-keys", "path": "api-keys"}]}
+
+
+def test_the_router_reads_the_key_file_and_settings_the_chart_renders():
+    """The chart and the router agree: router/http/keys.py parses the rendered key file,
+    and RouterConfig takes the rendered environment."""
+    from router.config import RouterConfig
+    from router.http.keys import parse
+
+    objs = render(files=(str(FRONT),))
+    text = base64.b64decode(kinds(objs, "Secret")["pd-pdserve-api-keys"]["data"]["api-keys"]).decode()
+    assert parse(text, "api-keys")[f"sha256:{GOLD}"] == "gold"
+    env = {k: v for k, v in env_of(router_of(objs)).items() if k.startswith("PD_") and isinstance(v, str)}
+    config = RouterConfig.from_env(env)
+    assert config.http_listen == "0.0.0.0:8443" and config.api_keys_file == "/pd/api-keys/api-keys"
+    assert config.served_name() == "llama-3.1-8b-instruct"
+
+
+def test_an_existing_key_secret_is_mounted_and_none_is_rendered():
+    objs = render({"router": {"http": {"apiKeys": {"existingSecret": "tenant-keys"}}}})
+    vol = {v["name"]: v for v in pod_specs(objs)["pd-pdserve-router"]["volumes"]}["api-keys"]
+    assert vol["secret"]["secretName"] == "tenant-keys" and vol["secret"]["items"] == [
+        {"key": "api-keys", "path": "api-keys"}]
+    assert env_of(router_of(objs))["PD_ROUTER_API_KEYS"] == "/pd/api-keys/api-keys"
+    assert "pd-pdserve-api-keys" not in kinds(objs, "Secret")
+
+
+def test_the_front_off_changes_no_port_probe_or_certificate():
+    objs = render({"router": {"http": {"enabled": False, "apiKeys": {"existingSecret": "tenant-keys"}}}})
+    c = router_of(objs)
+    assert [p["name"] for p in c["ports"]] == ["grpc", "metrics"]
+    assert c["readinessProbe"]["exec"]["command"] == ["python", "-m", "runtime.common.healthcheck", "--address",
+                                                      "127.0.0.1:50080", "--service", "router"]
+    assert env_of(c)["PD_ROUTER_HTTP_LISTEN"] == ""  # off, whatever the router's default
+    assert "PD_ROUTER_API_KEYS" not in env_of(c) and "api-keys" not in {m["name"] for m in c["volumeMounts"]}
+    assert [p["name"] for p in kinds(objs, "Service")["pd-pdserve-router"]["spec"]["ports"]] == ["grpc"]
+    cert = pod_specs(objs)["pd-pdserve-router"]["initContainers"][0]["command"]
+    assert cert.count("--host") == 1
+    router_policy = kinds(objs, "NetworkPolicy")["pd-pdserve-router"]["spec"]
+    assert 8000 not in {p["port"] for rule in router_policy["ingress"] for p in rule["ports"]}
+
+
+def test_without_security_the_front_is_plain_http_on_a_port_named_http():
+    objs = render(files=(str(CHART / "ci" / "dev-insecure-values.yaml"),))
+    c = router_of(objs)
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http", "scheme": "HTTP"}
+    ports = {p["name"]: p for p in kinds(objs, "Service")["pd-pdserve-router"]["spec"]["ports"]}
+    assert ports["http"]["appProtocol"] == "http" and "https" not in ports
+
+
+def test_ingress_and_httproute_only_when_enabled(defaults):
+    assert not kinds(defaults, "Ingress") and not kinds(defaults, "HTTPRoute")
+    objs = render(files=(str(FRONT),))
+    ing = kinds(objs, "Ingress")["pd-pdserve-router"]
+    assert ing["metadata"]["annotations"] == {"nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
+                                              "nginx.ingress.kubernetes.io/proxy-read-timeout": "300"}
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    paths = {(r["host"], p["path"]): p["backend"]["service"] for r in ing["spec"]["rules"] for p in r["http"]["paths"]}
+    assert paths == {("llm.example.com", "/"): {"name": "pd-pdserve-router", "port": {"name": "https"}},
+                     ("api.example.com", "/v1"): {"name": "pd-pdserve-router", "port": {"name": "https"}}}
+    assert ing["spec"]["tls"] == [{"secretName": "llm-example-tls", "hosts": ["llm.example.com", "api.example.com"]}]
+    route = kinds(objs, "HTTPRoute")["pd-pdserve-router"]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways", "sectionName": "https"}]
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"name": "pd-pdserve-router", "port": 8443}]  # the Service's port number
+    assert rule["timeouts"] == {"request": "300s"}
+
+
+def test_an_ingress_annotation_wins_over_the_nginx_default():
+    objs = render({"router": {"http": {"ingress": {
+        "enabled": True, "className": "nginx", "hosts": [{"host": "a.example.com"}],
+        "annotations": {"nginx.ingress.kubernetes.io/backend-protocol": "GRPCS"}}}}})
+    ann = kinds(objs, "Ingress")["pd-pdserve-router"]["metadata"]["annotations"]
+    assert ann == {"nginx.ingress.kubernetes.io/backend-protocol": "GRPCS"}
+    other = render({"router": {"http": {"ingress": {"enabled": True, "className": "traefik",
+                                                    "hosts": [{"host": "a.example.com"}]}}}})
+    assert "annotations" not in kinds(other, "Ingress")["pd-pdserve-router"]["metadata"]
+
+
+def test_the_network_policy_lets_http_front_clients_in_on_its_port_only(defaults):
+    rules = kinds(defaults, "NetworkPolicy")["pd-pdserve-router"]["spec"]["ingress"]
+    front = [r for r in rules if r["ports"] == [{"port": 8000, "protocol": "TCP"}]]
+    clients = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pdserve.io/client": "true"}}}
+    assert front == [{"from": [clients], "ports": [{"port": 8000, "protocol": "TCP"}]}]
+    objs = render(files=(str(FRONT),))
+    rules = kinds(objs, "NetworkPolicy")["pd-pdserve-router"]["spec"]["ingress"]
+    (front,) = [r for r in rules if r["ports"] == [{"port": 8443, "protocol": "TCP"}]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in front["from"]
+    grpc = [r for r in rules if r["ports"] == [{"port": 50080, "protocol": "TCP"}]]
+    assert all("ingress-nginx" not in str(r) for r in grpc)  # the Ingress controller reaches the front only

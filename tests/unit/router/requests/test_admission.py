@@ -99,7 +99,15 @@ def test_detokenizer_holds_back_cut_characters(tmp_path):
     pieces = [detok.add(t) for t in (0x61, 0xC3, 0xA9, 0x62)]
     assert pieces == ["a", "", "é", "b"]
     assert Detokenizer(None).add(5) == ""
-    assert load_tokenizer("tiny") is None and load_tokenizer("") is None
+
+
+def test_a_tokenizer_for_presets_and_checkpoints_with_tokenizer_json_only(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory without tokenizer.json
+    assert load_tokenizer(str(tmp_path)) is None and load_tokenizer("") is None
+    assert load_tokenizer("no-such-preset") is None  # the workers judge the model; the router only tokenizes
+    assert load_tokenizer("tiny").get_vocab_size() == 512 and load_tokenizer("tiny@7") is load_tokenizer("tiny")
+    with pytest.raises(ValueError, match="neither a checkpoint directory nor a preset"):
+        load_tokenizer(str(tmp_path / "config.json"))
 
 
 def test_output_log_times_tokens_and_checks_replays():

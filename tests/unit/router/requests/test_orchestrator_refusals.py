@@ -64,6 +64,25 @@ def test_validation_errors_name_the_problem_and_do_no_work(kw, code, needle):
     assert orch.in_flight == 0
 
 
+def test_a_checkpoint_without_tokenizer_json_refuses_text_prompts(tmp_path):
+    from router.requests.text import load_tokenizer
+
+    (tmp_path / "config.json").write_text("{}")
+    tokenizer = load_tokenizer(str(tmp_path))
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(), tokenizer=tokenizer)
+        with pytest.raises(RouterError) as err:
+            await orch.submit(params(prompt_token_ids=None, prompt_text="hello"))
+        return orch, err.value
+
+    orch, error = run(go())
+    assert tokenizer is None and error.code is StatusCode.INVALID_ARGUMENT
+    assert "prompt_text needs a tokenizer, and this router has none" in error.message, error.message
+    assert not [c for c in fake.calls if c[0] != "snapshot"] and orch.in_flight == 0
+
+
 def test_no_workers_is_unavailable_and_duplicates_are_rejected():
     empty = FakeCluster([])
 

@@ -133,6 +133,26 @@ def test_text_prompts_and_token_text_with_a_tokenizer(tmp_path):
     assert "".join(pieces).split() == [f"w{t}" for t in model_tokens((3, 1, 4), 3)]
 
 
+def test_text_prompts_and_token_text_on_a_preset():
+    from router.requests.text import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")  # the preset's own (runtime/engine/preset_tokenizer.py)
+    prompt = tuple(tokenizer.encode("Hello, world").ids)
+    fake = two_by_two()
+
+    async def go():
+        orch = Orchestrator(fake, fake, config(), tokenizer=tokenizer)
+        return orch, await collect(orch, params(prompt_token_ids=None, prompt_text="Hello, world", max_tokens=5))
+
+    orch, (events, error) = run(go())
+    assert error is None and prompt[0] == 1  # <s> first
+    out = model_tokens(prompt, 5)
+    assert [t for _, t in tokens_of(events)] == out
+    streamed = "".join(e.text for e in events if isinstance(e, TokenOut))
+    assert tokenizer.decode(out, skip_special_tokens=True).startswith(streamed)
+    assert_no_leaks(orch, fake)
+
+
 @pytest.mark.parametrize("mode", [Mode.COLOCATED, Mode.DISAGGREGATED])
 def test_a_burst_planned_before_any_attempt_runs_spreads_over_workers(mode):
     # Four requests submitted back to back are all planned before the first one's

@@ -99,6 +99,29 @@ def test_tenants_are_served_round_robin():
     assert_no_leaks(orch, fake)
 
 
+def test_a_higher_priority_goes_ahead_of_its_tenants_waiters_only():
+    """With room for one at a time, tenant a's urgent request (priority 5) arriving after
+    four of a's waiting ones is a's next; tenant b's turn in the round robin is kept (a's
+    turn came first: its first waiter queued before b's)."""
+    fake = Gauged(free_blocks=NEED)
+
+    async def go():
+        orch = Orchestrator(fake, fake, config())
+        runs = [asyncio.ensure_future(collect(orch, params(request_id=f"a{i}", tenant="a", deadline_ms=20_000,
+                                                           mode=Mode.DISAGGREGATED))) for i in range(5)]
+        await asyncio.sleep(0.02)
+        runs.append(asyncio.ensure_future(collect(orch, params(request_id="b0", tenant="b", deadline_ms=20_000,
+                                                               mode=Mode.DISAGGREGATED))))
+        runs.append(asyncio.ensure_future(collect(orch, params(request_id="urgent", tenant="a", priority=5,
+                                                               deadline_ms=20_000, mode=Mode.DISAGGREGATED))))
+        return orch, await asyncio.gather(*runs)
+
+    orch, results = run(go(), timeout_s=30)
+    assert all(e is None for _, e in results), [e for _, e in results]
+    assert fake.order[:4] == ["a0", "urgent", "b0", "a1"], fake.order
+    assert_no_leaks(orch, fake)
+
+
 def test_a_tenants_queue_is_bounded():
     fake = Gauged(free_blocks=NEED)
     orch, results = _burst(fake, [params(request_id=f"r{i}", deadline_ms=20_000, mode=Mode.DISAGGREGATED)
