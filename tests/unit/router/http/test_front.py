@@ -205,3 +205,18 @@ def test_health_and_ready_need_no_key(served):
     assert httpx2.get(base + "/health", verify=served.tls).json() == {"status": "ok"}
     ready = httpx2.get(base + "/ready", verify=served.tls)
     assert ready.status_code == 200 and ready.json()["decode_workers"] == 2
+
+
+def test_the_listener_turns_nagle_off_for_every_connection():
+    """asyncio disables Nagle only on sockets whose proto is IPPROTO_TCP; the front's own
+    socket must say so, or each SSE chunk waits for the client's delayed ACK (~40 ms)."""
+    import socket
+
+    from router.http.server import _bind
+
+    sock = _bind("127.0.0.1:0")
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        sock.close()
