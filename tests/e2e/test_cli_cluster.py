@@ -218,6 +218,26 @@ def test_demo_runs_and_its_hint_names_commands_that_run(up):
         assert ran.returncode == 0 and says in ran.stdout, (command, ran.stderr)
 
 
+def test_the_demo_serves_text_over_https_and_its_curl_and_openai_lines_run_as_printed(up):
+    """`make run`'s OpenAI part: a chat through the front, then a curl line and an `openai`
+    program that run as printed, from where the demo ran, and `up` names the front's URL."""
+    _, line = up.first(r"^router: gRPC ")
+    assert f"OpenAI-compatible API https://{up.cluster.http_address}/v1" in line, line
+    demo = run(["tooling.cli", "demo", "--max-tokens", "6"], up.home)
+    assert demo.returncode == 0, demo.stderr
+    assert re.search(r"^\[http chat    \] '.*'$", demo.stdout, re.M) and "over HTTPS" in demo.stdout, demo.stdout
+    lines = demo.stdout.splitlines()
+    curl = lines[lines.index("OpenAI-compatible API at " + up.cluster.http_url + "; with curl:") + 1].strip()
+    ran = _runs(curl, up.home)
+    events = [e for e in ran.stdout.split("\n\n") if e.startswith("data: ")]
+    assert ran.returncode == 0 and events[-1] == "data: [DONE]", (curl, ran.stdout, ran.stderr)
+    assert json.loads(events[0][6:])["object"] == "chat.completion.chunk"
+    start = lines.index("with the openai package:") + 1
+    program = "\n".join(lines[start:lines.index("EOF", start) + 1])
+    ran = _runs(program, up.home)
+    assert ran.returncode == 0 and "completion_tokens=12" in ran.stdout, (program, ran.stdout, ran.stderr)
+
+
 def test_the_hint_from_another_directory_names_the_router_certificates_and_state_dir(up):
     elsewhere = up.home / "elsewhere"
     elsewhere.mkdir()
