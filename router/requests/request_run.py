@@ -128,7 +128,11 @@ class RecentGenerations:
 
     def last(self, req: Admitted) -> int:
         """The generation to go above (0: none known)."""
-        return self._last.get((req.tenant, req.request_id), 0)
+        return self.last_of(req.tenant, req.request_id)
+
+    def last_of(self, tenant: str, request_id: str) -> int:
+        """The last generation used for `tenant`'s request `request_id` (0: none known)."""
+        return self._last.get((tenant, request_id), 0)
 
     def note(self, req: Admitted, generation: int) -> None:
         """`generation` was used (or found used) for `req`."""

@@ -6,12 +6,14 @@ x-request-id, and bad input that gets its status and message and leaks nothing."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 
 import httpx2
@@ -30,7 +32,10 @@ MODEL = "tiny"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("openai"), prefill=1, decode=1)
+    # One waiter per tenant in the admission queue, and 64 blocks (1,024 tokens) a worker:
+    # two long requests fill the decode worker and its queue, so a third is refused 429.
+    c = start_cluster(tmp_path_factory.mktemp("openai"), prefill=1, decode=1, num_blocks=64,
+                      env={"PD_ROUTER_QUEUE_PER_TENANT": "1"})
     yield c
     c.down()
 
@@ -150,6 +155,45 @@ def test_bad_input_gets_its_status_and_leaks_nothing(cluster, body, status, says
     assert r.status_code == status, r.text
     assert says in r.json()["error"]["message"], r.text
     assert_cluster_clean(cluster)
+
+
+def test_a_full_admission_queue_is_429_with_retry_after_and_a_deadline_504(cluster):
+    """With the openai package: a request that fills the decode worker streams; a second
+    waits in its tenant's queue (one place); a third is refused 429 with Retry-After. A
+    request whose deadline passes before it ends is 504; nothing is held after."""
+    c = sdk(cluster)
+    long = {"model": MODEL, "prompt": [7] * 16, "max_tokens": 1000, "stream": True,
+            "extra_body": {"ignore_eos": True, "mode": "colocated"}}
+    first = c.completions.create(**long)
+    next(iter(first))
+    second = threading.Thread(target=lambda: _drain_quietly(c, long), daemon=True)
+    second.start()
+    deadline = time.monotonic() + 10
+    while _queued(cluster) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(openai.RateLimitError) as refused:
+        c.completions.create(model=MODEL, prompt=[8] * 16, max_tokens=8, extra_body={"mode": "colocated"})
+    assert refused.value.response.headers["retry-after"] == "1" and "queue" in refused.value.message
+    first.close()
+    second.join(30)
+    with pytest.raises(openai.APIStatusError) as late:
+        c.completions.create(model=MODEL, prompt=[9] * 16, max_tokens=900,
+                             extra_body={"ignore_eos": True, "mode": "colocated", "deadline_ms": 300})
+    assert late.value.status_code == 504 and "deadline" in late.value.message
+    assert_cluster_clean(cluster)
+
+
+def _drain_quietly(c: openai.OpenAI, request: dict) -> None:
+    with contextlib.suppress(openai.OpenAIError):
+        for _ in c.completions.create(**request):
+            pass
+
+
+def _queued(cluster) -> float:
+    """Requests waiting in the router's admission queue (its /metrics)."""
+    from tests.support.metrics import scrape_process
+
+    return scrape_process(cluster, "router").value("pd_admission_queue_depth")
 
 
 def test_a_missing_or_wrong_key_is_401(cluster):

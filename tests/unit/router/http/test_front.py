@@ -220,3 +220,22 @@ def test_the_listener_turns_nagle_off_for_every_connection():
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     finally:
         sock.close()
+
+
+def test_insecure_the_front_is_plain_http_and_the_body_names_the_tenant(tmp_path):
+    """PD_INSECURE: no TLS, no key; the request's own `tenant` decides, as on the gRPC front."""
+    from tests.support.orchestrator import two_by_two
+
+    from .conftest import Served
+
+    s = Served(two_by_two(), tmp_path, secure=False)
+    try:
+        assert s.url.startswith("http://")
+        r = httpx2.post(s.url + "/completions", json={"prompt": [1, 2, 3], "max_tokens": 2, "tenant": "zeta",
+                                                      "mode": "colocated"})
+        assert r.status_code == 200, r.text
+        assert s.orch.generations.last_of("zeta", r.headers["x-request-id"]) == 1
+        s.wait_idle()
+        assert_no_leaks(s.orch, s.fake)
+    finally:
+        s.close()
