@@ -15,6 +15,8 @@ from runtime.security.tls import Security
 
 log = logging.getLogger(__name__)
 
+KEEP_ALIVE_S = 65
+
 
 class _InProcess(uvicorn.Server):
     """uvicorn without its signal handlers: the router's own SIGTERM handling stops it."""
@@ -62,6 +64,10 @@ async def start_http(app, address: str, security: Security) -> HttpListener:
     ctx = security.https_ssl()
     config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", log_config=None,
                             access_log=False, server_header=False, timeout_graceful_shutdown=1,
+                            # Idle kept-alive connections live past a load balancer's 60 s idle
+                            # timeout (the balancer closes first, never a request on a dying
+                            # connection), not uvicorn's 5 s (a TLS handshake again after each pause).
+                            timeout_keep_alive=KEEP_ALIVE_S,
                             ssl_context_factory=(lambda _config, _default: ctx) if ctx is not None else None)
     sock = _bind(address)
     server = _InProcess(config)
