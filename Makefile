@@ -25,7 +25,7 @@ LOADGEN_STAMP := $(LOADGEN_VENV)/.installed
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test vllm-env loadgen-env gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
+.PHONY: run test vllm-env loadgen-env bench-front bench-loadgen gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -101,6 +101,17 @@ proto: $(STAMP)
 # The blocking client (client/pdserve_client/_sync/client.py) from the asyncio one, checked in like the stubs.
 sync-client: $(STAMP)
 	$(VPY) client/gen_sync.py
+
+bench-front: $(STAMP) $(NATIVE)
+	$(VPY) bench/openai_front.py
+
+# AIPerf against the local cluster's front (`pdserve up`, left running like `make run`), with the
+# exported preset's tokenizer; its report goes to bench/results/loadgen-aiperf.json.
+bench-loadgen: $(STAMP) $(NATIVE) $(LOADGEN_STAMP)
+	$(VPY) -m tooling.cli up >/dev/null
+	$(VPY) -m tooling.cli export-checkpoint --preset tiny --out bench/out/tiny-checkpoint >/dev/null
+	$(VPY) bench/loadgen.py --base-url "$$($(VPY) -c 'from tooling.cluster.launcher import LocalCluster; print(LocalCluster.load().http_url)')" \
+	  --api-key "$$(cat .pdserve/api-key)" --ca .pdserve/tls/ca.crt --tokenizer bench/out/tiny-checkpoint --model tiny
 
 bench-engine: $(STAMP) $(NATIVE)
 	$(VPY) bench/engine.py
