@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -50,6 +51,12 @@ def _error(err: ApiError) -> Response:
     return Response(err.body(), err.status, err.headers(), media_type="application/json")
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such path, a method the path does not take) in OpenAI's shape."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return _error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind))
+
+
 class Front:
     """The HTTP front of one router over its orchestrator."""
 
@@ -60,13 +67,33 @@ class Front:
         self.prompts = prompts
         self.keys = keys
         self.started = int(time.time())
-        self.app = Starlette(routes=[
+        self._routes = Starlette(routes=[
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
             Route("/v1/models", self._guard(self.models), methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
-        ])
+        ], exception_handlers={HTTPException: _http_error})
+        self._counted = orchestrator.metrics.http_responses
+        self._paths = frozenset(r.path for r in self._routes.routes)
+
+    async def app(self, scope, receive, send) -> None:
+        """The ASGI app: the routes, each response counted by endpoint and status."""
+        if scope["type"] != "http":
+            return await self._routes(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self._paths else "other"
+        status = "499"
+
+        async def counting(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self._routes(scope, receive, counting)
+        finally:
+            self._counted.labels(endpoint, status).inc()
 
     @staticmethod
     def _guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

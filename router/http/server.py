@@ -62,7 +62,7 @@ async def start_http(app, address: str, security: Security) -> HttpListener:
     """Serve `app` on `address` (host:port; port 0 picks one), HTTPS with the router's
     certificate unless insecure."""
     ctx = security.https_ssl()
-    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", log_config=None,
+    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off", log_config=None, interface="asgi3",
                             access_log=False, server_header=False, timeout_graceful_shutdown=1,
                             # Idle kept-alive connections live past a load balancer's 60 s idle
                             # timeout (the balancer closes first, never a request on a dying

@@ -134,6 +134,9 @@ class RouterMetrics:
                                          buckets=LATENCY_BUCKETS_S, registry=r)
         self.in_flight = Gauge("pd_requests_in_flight", "Requests admitted and not yet finished.", registry=r)
         self.queue_depth = Gauge("pd_admission_queue_depth", "Requests waiting for K/V room.", registry=r)
+        self.http_responses = Counter("pd_http_responses", "Responses of the OpenAI-compatible front (router/"
+                                      "http), by endpoint and HTTP status (499: the client left before one).",
+                                      ["endpoint", "status"], registry=r)
         self.drain_depth = Gauge("pd_drain_depth", "Unpublished transfers a rollback's DRAIN_OR_ABORT_TRANSFERS "
                                  "step still waits on (0 outside a drain).", registry=r)
         self.rollback = Histogram("pd_rollback_duration_seconds", "Rollback duration by step (a step's run by "

@@ -239,3 +239,18 @@ def test_insecure_the_front_is_plain_http_and_the_body_names_the_tenant(tmp_path
         assert_no_leaks(s.orch, s.fake)
     finally:
         s.close()
+
+
+def test_every_response_is_counted_by_endpoint_and_status(served):
+    def count(endpoint: str, status: str) -> float:
+        return served.orch.metrics.registry.get_sample_value(
+            "pd_http_responses_total", {"endpoint": endpoint, "status": status}) or 0.0
+
+    served.client().completions.create(model=MODEL, prompt=[1, 2], max_tokens=2)
+    _status(lambda: served.client(key="pds-nope").completions.create(model=MODEL, prompt=[1], max_tokens=2))
+    nowhere = httpx2.get(served.url.removesuffix("/v1") + "/nowhere", verify=served.tls)
+    assert nowhere.json()["error"]["message"] == "GET /nowhere: Not Found"
+    wrong = httpx2.get(served.url + "/completions", verify=served.tls)
+    assert wrong.status_code == 405 and "Method Not Allowed" in wrong.json()["error"]["message"]
+    assert count("/v1/completions", "200") == 1 and count("/v1/completions", "401") == 1
+    assert count("other", "404") == 1
