@@ -36,6 +36,11 @@ class RouterConfig(MemberSettings):
     """The model name the front answers to and lists (empty: the preset's name, or the
     checkpoint directory's)."""
 
+    http_cors_origins: str = env("PD_ROUTER_HTTP_CORS_ORIGINS", "")
+    """Origins a browser page may call the front from (comma-separated, ``*`` for any;
+    empty: none, and no CORS headers are sent). Keys still apply: CORS only lets the
+    browser send the request."""
+
     http_max_body_bytes: int = env("PD_ROUTER_HTTP_MAX_BODY_BYTES", 16 << 20, ge=1024)
     """Largest request body the front reads; a bigger one is refused 413 before it is read."""
 

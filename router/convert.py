@@ -27,6 +27,7 @@ from router.types import (
     StreamComplete,
     StreamItem,
     StreamToken,
+    TokenLogprobs,
     TokenOut,
     WorkerCallError,
 )
@@ -56,19 +57,34 @@ def txn_record_to_pb(r: Any) -> manifest_pb2.Transaction:
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> Sampling:
-    """SamplingParams -> Sampling (seed None when unset)."""
+    """SamplingParams -> Sampling (seed and logprobs None when unset)."""
     return Sampling(pb.temperature, pb.top_k, pb.top_p, pb.seed if pb.HasField("seed") else None,
-                    tuple(pb.stop_token_ids), pb.ignore_eos, pb.first_step)
+                    tuple(pb.stop_token_ids), pb.ignore_eos, pb.first_step,
+                    pb.logprobs if pb.HasField("logprobs") else None)
 
 
 def sampling_to_pb(s: Sampling) -> common_pb2.SamplingParams:
-    """Sampling -> SamplingParams (seed left unset when None)."""
-    pb = common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                   stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
-                                   first_step=s.first_step)
-    if s.seed is not None:
-        pb.seed = s.seed
-    return pb
+    """Sampling -> SamplingParams (seed and logprobs left unset when None)."""
+    return common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                                     stop_token_ids=list(s.stop_token_ids), ignore_eos=s.ignore_eos,
+                                     first_step=s.first_step, logprobs=s.logprobs)
+
+
+def logprobs_from_pb(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    """pd.v1.TokenLogprobs -> TokenLogprobs; WorkerCallError (INTERNAL) when its two lists
+    differ in length (a worker's bug, not a value to guess from)."""
+    if len(pb.top_token_ids) != len(pb.top_logprobs):
+        raise WorkerCallError(StatusCode.INTERNAL, f"TokenLogprobs lists {len(pb.top_token_ids)} top ids and "
+                                                   f"{len(pb.top_logprobs)} top logprobs")
+    return TokenLogprobs(pb.logprob, tuple(zip(pb.top_token_ids, pb.top_logprobs)))
+
+
+def logprobs_to_pb(lp: TokenLogprobs | None) -> common_pb2.TokenLogprobs | None:
+    """TokenLogprobs -> pd.v1.TokenLogprobs (None stays None: the field unset)."""
+    if lp is None:
+        return None
+    return common_pb2.TokenLogprobs(logprob=lp.logprob, top_token_ids=[i for i, _ in lp.top],
+                                    top_logprobs=[v for _, v in lp.top])
 
 
 def reserve_call_to_pb(c: ReserveCall) -> decode_pb2.DecodeReserveRequest:
@@ -123,7 +139,8 @@ def token_event_from_pb(ev: decode_pb2.TokenEvent) -> StreamItem:
     kind = ev.WhichOneof("event")
     if kind == "token":
         t = ev.token
-        return StreamToken(t.token_id, t.index, t.kv_digest, t.source_seal, tuple(t.chunks))
+        return StreamToken(t.token_id, t.index, t.kv_digest, t.source_seal, tuple(t.chunks),
+                           logprobs_from_pb(t.logprobs) if t.HasField("logprobs") else None)
     if kind == "complete":
         return StreamComplete(_FINISH_FROM_PB.get(ev.complete.finish_reason, FinishReason.STOP),
                               ev.complete.num_tokens, ev.complete.kv_digest)
@@ -158,7 +175,8 @@ def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:
             decode_worker_id=ev.decode_worker_id, generation=ev.generation, route_epoch=ev.route_epoch))
     if isinstance(ev, TokenOut):
         return E(request_id=request_id, token=E.Token(token_id=ev.token_id, text=ev.text, index=ev.index,
-                                                      time_since_start_ms=ev.time_since_start_ms))
+                                                      time_since_start_ms=ev.time_since_start_ms,
+                                                      logprobs=logprobs_to_pb(ev.logprobs)))
     assert isinstance(ev, Completed)
     return E(request_id=request_id, complete=E.Complete(
         finish_reason=_FINISH_TO_PB[ev.finish_reason], ttft_ms=ev.ttft_ms, tpot_ms=ev.tpot_ms,

@@ -35,6 +35,7 @@ from router.types import (
     StatusCode,
     StreamCall,
     StreamItem,
+    TokenLogprobs,
     TxnAnswer,
     WorkerCallError,
 )
@@ -54,14 +55,15 @@ class WorkerGateway(abc.ABC):
     @abc.abstractmethod
     async def prefill(self, worker: WorkerRecord, call: PrefillCall, timeout_s: float,
                       grant: Awaitable[PrefillCall] | None = None,
-                      on_first_token: Callable[[int], None] | None = None,
+                      on_first_token: Callable[[int, TokenLogprobs | None], None] | None = None,
                       job_sent: asyncio.Future | None = None) -> PrefillDone:
         """Prefill.Prefill: compute the prompt and hand its K/V to the destination;
         returns once the destination accepted the commit. `grant`: `call` is the job
         alone (no destination), sent now; the grant (the whole call) follows once it
         resolves, on the same call (an error or a cancel there cancels the call).
-        `on_first_token(token)`: told token 0 as soon as the prefill sampled it (read
-        once the grant left), before the hand-off ends. `job_sent`: resolved once the
+        `on_first_token(token, logprobs)`: told token 0 as soon as the prefill sampled it
+        (read once the grant left), before the hand-off ends; `logprobs` when the request
+        asked (Sampling.logprobs), else None. `job_sent`: resolved once the
         job left (or the call ended without it), so the caller can send what follows it."""
 
     @abc.abstractmethod

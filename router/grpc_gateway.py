@@ -35,6 +35,7 @@ from router.types import (
     StreamCall,
     StreamComplete,
     StreamItem,
+    TokenLogprobs,
     TxnAnswer,
     WorkerCallError,
 )
@@ -148,7 +149,7 @@ class GrpcWorkerGateway(WorkerGateway):
 
     async def prefill(self, worker: WorkerRecord, call: PrefillCall, timeout_s: float,
                       grant: Awaitable[PrefillCall] | None = None,
-                      on_first_token: Callable[[int], None] | None = None,
+                      on_first_token: Callable[[int, TokenLogprobs | None], None] | None = None,
                       job_sent: asyncio.Future | None = None) -> PrefillDone:
         rpc = self._prefill(worker).Prefill(timeout=timeout_s)
         # The job, then the grant, written beside the reading: the prefill's token 0 is read as
@@ -159,7 +160,9 @@ class GrpcWorkerGateway(WorkerGateway):
                 if event.HasField("result"):
                     return convert.prefill_done_from_pb(event.result)
                 if on_first_token is not None and event.HasField("first_token"):
-                    on_first_token(event.first_token.token_id)
+                    first = event.first_token
+                    on_first_token(first.token_id,
+                                   convert.logprobs_from_pb(first.logprobs) if first.HasField("logprobs") else None)
         except grpc.aio.AioRpcError as exc:
             if writer.done() and not writer.cancelled() and writer.exception() is not None:
                 raise writer.exception() from None  # the grant failed: the call was cancelled for it

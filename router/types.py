@@ -109,6 +109,22 @@ class Sampling:
     ignore_eos: bool = False
     first_step: int = 0
     """The prompt's last first_step tokens are outputs already given (a resumed stream)."""
+    logprobs: int | None = None
+    """Log-probabilities with every token (TokenLogprobs): None, none; 0, the chosen token's
+    only; k, also the k most likely (admission takes 0..contract.MAX_LOGPROBS)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One output token's log-probabilities (pd.v1.TokenLogprobs): the model's raw
+    log-softmax at its position, before temperature, top-k and top-p (vLLM's default, not
+    OpenAI's distribution sampled), float32 values as Python floats."""
+
+    logprob: float
+    """The token's own."""
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability) of the Sampling.logprobs most likely tokens, most likely
+    first, ties by lower id; the token itself is among them when it ranks that high."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -231,6 +247,8 @@ class StreamToken:
     """Token 0 of a hand-off the source sealed: its seal over its declaration, relayed."""
     chunks: tuple = ()
     """The chunk list (ChunkSpecs with checksums) the seal covers."""
+    logprobs: TokenLogprobs | None = None
+    """When the request asked; None on a hand-off's token 0 (the prefill's carries them)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -267,6 +285,9 @@ class TokenOut:
     time_since_start_ms: float
     decoding: bool = True
     """A decode worker streamed it (False: a prefill's token 0, before any decode step)."""
+    logprobs: TokenLogprobs | None = None
+    """Its log-probabilities, when the request asked (Sampling.logprobs), else None. A top
+    alternative is an id: its text is the tokenizer's decoding of that id alone."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -41,6 +43,8 @@ class FrontConfig:
     max_body_bytes: int
     secure: bool = True
     """Keys required (False: PD_INSECURE, every caller is let in, as on the gRPC front)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins browsers may call from (Starlette's CORSMiddleware); none: no CORS."""
 
 
 def _json(obj, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -71,9 +75,14 @@ class Front:
             Route("/v1/completions", self._guard(self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self._guard(self.chat), methods=["POST"]),
             Route("/v1/models", self._guard(self.models), methods=["GET"]),
+            Route("/v1/models/{model:path}", self._guard(self.model), methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
-        ], exception_handlers={HTTPException: _http_error})
+        ], exception_handlers={HTTPException: _http_error}, middleware=[
+            Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                       allow_headers=["authorization", "content-type", "x-request-id", "traceparent"],
+                       expose_headers=["x-request-id", "x-pdserve-route", "x-pdserve-ttft-ms", "retry-after"]),
+        ] if config.cors_origins else [])
         self._counted = orchestrator.metrics.http_responses
         self._paths = frozenset(r.path for r in self._routes.routes)
 
@@ -200,11 +209,20 @@ class Front:
 
     async def models(self, request: Request) -> Response:
         self.tenant(request)
+        return _json({"object": "list", "data": [await self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{model}: the served model's card, 404 for any other."""
+        self.tenant(request)
+        self.check_model(request.path_params["model"])
+        return _json(await self._model_card())
+
+    async def _model_card(self) -> dict:
+        """The served model as OpenAI lists one, with its length and the workers' cache ABI digests."""
         cluster = self.orch.view.last
         digests = sorted({w.cache_abi_digest for w in cluster.workers if w.cache_abi_digest}) if cluster else []
-        return _json({"object": "list", "data": [{
-            "id": self.config.model_name, "object": "model", "created": self.started, "owned_by": "pdserve",
-            "max_model_len": await self.limit_tokens(), "cache_abi_digests": digests}]})
+        return {"id": self.config.model_name, "object": "model", "created": self.started, "owned_by": "pdserve",
+                "max_model_len": await self.limit_tokens(), "cache_abi_digests": digests}
 
     async def health(self, request: Request) -> Response:
         """Liveness: the router's loop answers."""

@@ -25,7 +25,9 @@ def build_front(config: RouterConfig, orchestrator: Orchestrator, security: Secu
             raise SettingsError(f"PD_ROUTER_API_KEYS: {exc}") from None
     tokenizer = orchestrator.tokenizer
     template = ChatTemplate.load(config.model, tokenizer) if tokenizer is not None else None
-    front_config = FrontConfig(config.served_name(), config.http_max_body_bytes, secure=security.secure)
+    origins = tuple(o.strip() for o in config.http_cors_origins.split(",") if o.strip())
+    front_config = FrontConfig(config.served_name(), config.http_max_body_bytes, secure=security.secure,
+                               cors_origins=origins)
     return Front(orchestrator, front_config, Prompts(tokenizer, template), keys)
 
 

@@ -130,6 +130,9 @@ def _check_sampling(s: Sampling, seed_source: Callable[[], int]) -> Sampling:
         raise _invalid(f"sampling.temperature must be a finite number >= 0, got {s.temperature}")
     if not math.isfinite(s.top_p):
         raise _invalid(f"sampling.top_p must be finite, got {s.top_p}")
+    if s.logprobs is not None and not 0 <= s.logprobs <= contract.MAX_LOGPROBS:
+        raise _invalid(f"sampling.logprobs must be in 0..{contract.MAX_LOGPROBS} (how many most likely tokens "
+                       f"to list beside each token's own), got {s.logprobs}")
     if s.seed is None and s.temperature > 0:
         # A retry after partial output must reproduce the tokens already sent,
         # so every attempt of a sampled request uses one router-chosen seed.

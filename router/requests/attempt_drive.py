@@ -119,9 +119,11 @@ class AttemptDrive:
 
     def _from_stream(self, att: Attempt, item: StreamItem) -> StreamComplete | None:
         """A stream item: a token out (or held until the prefill's digest is known: a
-        hand-off's, unless its seal came with token 0), or the complete event returned."""
+        hand-off's, unless its seal came with token 0 and no log-probabilities wait for the
+        prefill's token 0), or the complete event returned."""
         split = att.route is Route.DISAGGREGATED
-        if split and not att.held and sealed_token_0(att, item, self.req.request_id):  # a relayed seal must open
+        if split and not att.held and not self._awaits_prefill_logprobs(att) \
+                and sealed_token_0(att, item, self.req.request_id):  # a relayed seal must open
             self._on_token(att, item)
             return None
         if split and not att.prefill_done and not att.sealed_kv_digest \
@@ -135,6 +137,14 @@ class AttemptDrive:
             return None
         self._output.check_finished(att.first_index + att.tokens_seen, att.generation)
         return item
+
+    def _awaits_prefill_logprobs(self, att: Attempt) -> bool:
+        """Whether the hand-off's token 0 the client has not had yet must be the prefill's:
+        asked with log-probabilities, only its FirstToken carries them (the decode did not
+        sample it). The decode's stream is then held as without a seal, until the Prefill's
+        reply, which leaves after its FirstToken: the prefill's token 0 goes out first, the
+        decode's replays it. Rare: the FirstToken most often comes first."""
+        return self.req.sampling.logprobs is not None and len(self._output.tokens) <= att.first_index
 
     def _release_held(self, att: Attempt, done: PrefillDone) -> StreamComplete | None:
         """The prefill returned: its digest judged, the items held since token 0 go out (the
@@ -162,7 +172,7 @@ class AttemptDrive:
             if att.route is Route.DISAGGREGATED:  # D streams only from PUBLISHED K/V; D releases it
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1
-        out = self._output.offer(att.first_index + tok.index, tok.token_id, att.generation)
+        out = self._output.offer(att.first_index + tok.index, tok.token_id, att.generation, logprobs=tok.logprobs)
         if out is not None:
             self._emit(out)
 

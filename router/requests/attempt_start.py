@@ -24,7 +24,17 @@ from router.requests.attempt import (
     pump,
 )
 from router.requests.handoff import build_manifest, job_manifest, reserve_call, transfer_id
-from router.types import PrefillCall, PrefillDone, Route, RouterError, Started, StatusCode, StreamCall, WorkerCallError
+from router.types import (
+    PrefillCall,
+    PrefillDone,
+    Route,
+    RouterError,
+    Started,
+    StatusCode,
+    StreamCall,
+    TokenLogprobs,
+    WorkerCallError,
+)
 
 log = logging.getLogger("router.requests.attempts")  # (its records keep their logger's name)
 
@@ -104,8 +114,9 @@ class AttemptStart:
                        grant: asyncio.Future[PrefillCall] | None = None,
                        job_sent: asyncio.Future | None = None) -> PrefillDone | None:
         try:
-            done = await self._workers.prefill(att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
-                                               lambda token: self._prefill_token_0(att, token, queue), job_sent)
+            done = await self._workers.prefill(
+                att.prefill, call, self._timeout(self._cfg.prefill_timeout_s), grant,
+                lambda token, logprobs=None: self._prefill_token_0(att, token, queue, logprobs), job_sent)
             queue.put_nowait(PrefillReturned(done))
             return done
         except WorkerCallError as exc:
@@ -113,10 +124,12 @@ class AttemptStart:
         except Exception as exc:  # noqa: BLE001 - a gateway bug must not hang the attempt
             queue.put_nowait(PrefillFailed(WorkerCallError(StatusCode.INTERNAL, repr(exc))))
 
-    def _prefill_token_0(self, att: Attempt, token: int, queue: asyncio.Queue) -> None:
-        """P's token 0, out as soon as it is read: before the decode's Reserve answered too."""
+    def _prefill_token_0(self, att: Attempt, token: int, queue: asyncio.Queue,
+                         logprobs: TokenLogprobs | None = None) -> None:
+        """P's token 0, out as soon as it is read: before the decode's Reserve answered too
+        (with its log-probabilities, which only P has: `AttemptDrive._from_stream`)."""
         try:
-            out = self._output.offer(att.first_index, token, att.generation, decoding=False)
+            out = self._output.offer(att.first_index, token, att.generation, decoding=False, logprobs=logprobs)
         except RouterError as exc:  # raised where the attempt's events are judged
             queue.put_nowait(Diverged(exc))
             return

@@ -4,7 +4,8 @@ Exactness (docs/design.md, Principles) makes a retry after partial output seamle
 attempt resumes after all but the last forwarded token (`resume_point`; its prompt is
 followed by them, replayed as decode computed them), so its first token is the last one
 forwarded, computed again; a token below the forwarded count is compared with what the
-client already has and suppressed; a mismatch is a correctness bug and ends the request
+client already has and suppressed (its log-probabilities with it: the client has the
+first ones); a mismatch is a correctness bug and ends the request
 with INTERNAL ("divergence at index i"). Also measures TTFT and TPOT at the router.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.requests.text import Detokenizer
-from router.types import Completed, FinishReason, Route, RouterError, StatusCode, TokenOut
+from router.types import Completed, FinishReason, Route, RouterError, StatusCode, TokenLogprobs, TokenOut
 
 
 class OutputLog:
@@ -30,10 +31,11 @@ class OutputLog:
         self._decoding_s: float | None = None
         """When a decode worker's token 0 came (the prefill's may have gone out before)."""
 
-    def offer(self, index: int, token_id: int, generation: int, decoding: bool = True) -> TokenOut | None:
+    def offer(self, index: int, token_id: int, generation: int, decoding: bool = True,
+              logprobs: TokenLogprobs | None = None) -> TokenOut | None:
         """A token from an attempt: the event to forward, or None when it replays an
         already-forwarded token. Raises RouterError(INTERNAL) on divergence. `decoding`
-        False: a prefill's token 0 (TokenOut.decoding)."""
+        False: a prefill's token 0 (TokenOut.decoding); `logprobs` go out with it."""
         now = self._clock()
         if decoding and index == 0:
             self._decoding_s = now
@@ -47,7 +49,7 @@ class OutputLog:
         if self._first_s is None:
             self._first_s = now
         self.tokens.append(token_id)
-        return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now), decoding)
+        return TokenOut(token_id, self._detok.add(token_id), index, self._ms(now), decoding, logprobs)
 
     def resume_point(self) -> int:
         """How many forwarded tokens the next attempt replays as prompt: all but the last,

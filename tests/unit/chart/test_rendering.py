@@ -331,6 +331,7 @@ def test_the_front_is_on_by_default_on_a_named_https_port_of_the_pod_and_the_ser
     assert env["PD_ROUTER_HTTP_LISTEN"] == "0.0.0.0:8000"
     assert env["PD_TLS_CERT"] == "/pd/tls/tls.crt"  # the router's own certificate serves HTTPS too
     assert "PD_ROUTER_SERVED_MODEL_NAME" not in env  # empty: the model's own name
+    assert "PD_ROUTER_HTTP_CORS_ORIGINS" not in env  # none: browsers refuse cross-origin calls
     ports = {p["name"]: p for p in kinds(defaults, "Service")["pd-pdserve-router"]["spec"]["ports"]}
     assert ports["https"] == {"name": "https", "port": 8000, "targetPort": "https", "protocol": "TCP",
                               "appProtocol": "https"}
@@ -466,3 +467,8 @@ def test_the_network_policy_lets_http_front_clients_in_on_its_port_only(defaults
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in front["from"]
     grpc = [r for r in rules if r["ports"] == [{"port": 50080, "protocol": "TCP"}]]
     assert all("ingress-nginx" not in str(r) for r in grpc)  # the Ingress controller reaches the front only
+
+
+def test_cors_origins_reach_the_router_as_one_list():
+    env = env_of(router_of(render({"router": {"http": {"corsOrigins": ["https://a.example", "https://b.example"]}}})))
+    assert env["PD_ROUTER_HTTP_CORS_ORIGINS"] == "https://a.example,https://b.example"

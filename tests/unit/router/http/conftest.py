@@ -29,7 +29,7 @@ MODEL = "tiny"
 class Served:
     """A front, its orchestrator and fake cluster, and the loop they run on."""
 
-    def __init__(self, fake: FakeCluster, tmp: Path, secure: bool = True, **cfg):
+    def __init__(self, fake: FakeCluster, tmp: Path, secure: bool = True, cors: tuple[str, ...] = (), **cfg):
         self.fake = fake
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -42,7 +42,7 @@ class Served:
         tokenizer = load_tokenizer(MODEL)
         self.orch = Orchestrator(fake, fake, config(**cfg), tokenizer)
         security = pki.security("router", "router") if secure else pki.Security.insecure()
-        front = Front(self.orch, FrontConfig(MODEL, 64 << 10, secure=secure),
+        front = Front(self.orch, FrontConfig(MODEL, 64 << 10, secure=secure, cors_origins=cors),
                       Prompts(tokenizer, ChatTemplate.load(MODEL, tokenizer)), ApiKeys.load(keys_file))
         self.listener = self.call(start_http(front.app, "127.0.0.1:0", security))
         self.url = f"{self.listener.scheme}://127.0.0.1:{self.listener.port}/v1"

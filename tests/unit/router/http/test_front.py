@@ -254,3 +254,35 @@ def test_every_response_is_counted_by_endpoint_and_status(served):
     assert wrong.status_code == 405 and "Method Not Allowed" in wrong.json()["error"]["message"]
     assert count("/v1/completions", "200") == 1 and count("/v1/completions", "401") == 1
     assert count("other", "404") == 1
+
+
+def test_a_model_is_retrieved_by_name(served):
+    assert served.client().models.retrieve(MODEL).id == MODEL
+    assert _status(lambda: served.client().models.retrieve("llama-70b")).status_code == 404
+
+
+def test_cors_only_for_the_origins_configured(tmp_path):
+    """A browser page from an allowed origin gets its preflight and the exposed headers;
+    another origin, or a front without origins, gets no CORS header (the browser refuses)."""
+    from tests.support.orchestrator import two_by_two
+
+    from .conftest import Served
+
+    s = Served(two_by_two(), tmp_path, cors=("https://app.example",))
+    try:
+        ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+        ok = httpx2.options(s.url + "/completions", verify=s.tls, headers={"Origin": "https://app.example", **ask})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
+        other = httpx2.options(s.url + "/completions", verify=s.tls, headers={"Origin": "https://evil.example", **ask})
+        assert "access-control-allow-origin" not in other.headers
+        r = httpx2.post(s.url + "/completions", verify=s.tls, json={"prompt": [1], "max_tokens": 1},
+                        headers={"Origin": "https://app.example", "Authorization": f"Bearer {s.key}"})
+        assert r.status_code == 200 and "x-pdserve-route" in r.headers["access-control-expose-headers"]
+    finally:
+        s.close()
+
+
+def test_no_cors_headers_without_origins(served):
+    r = httpx2.options(served.url + "/completions", verify=served.tls,
+                       headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in r.headers
