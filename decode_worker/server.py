@@ -8,7 +8,7 @@ import time
 import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, manifest_pb2
-from runtime.worker.convert import finish_to_proto, sampling_from_proto, status_of
+from runtime.worker.convert import finish_to_proto, logprobs_to_proto, sampling_from_proto, status_of
 from runtime.worker.loop import TokenOut
 
 from .reservations import Reservation, ResState
@@ -109,7 +109,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 first_ms = first_ms or now_ms
                 n += 1
                 token = decode_pb2.TokenEvent.Token(token_id=item.token_id, index=item.index,
-                                                    time_since_start_ms=now_ms)
+                                                    time_since_start_ms=now_ms,
+                                                    logprobs=logprobs_to_proto(item.logprobs))
                 if item.index == 0 and res is not None:
                     token.kv_digest = res.kv_digest
                     if res.source_seal:

@@ -77,7 +77,7 @@ class HandOff:
 
     def __init__(self, worker: Worker, task: Task, tenant: str, transfer_id: str, prompt: list[int],
                  sampling: SamplingParams, target: Awaitable[Target],
-                 on_first_token: Callable[[int], None] | None):
+                 on_first_token: Callable[[TokenOut], None] | None):
         self.w, self.task, self.tenant, self.transfer_id = worker, task, tenant, transfer_id
         self.prompt, self.sampling, self.target, self.on_first_token = prompt, sampling, target, on_first_token
         self.e = worker.engine
@@ -150,8 +150,9 @@ class HandOff:
         self.early = early = TokenCommit(self.plan.token_commit_early, lambda: task.state is TaskState.COMPUTING and (
             (auth := task.auth) is None or (auth.done() and not auth.cancelled() and auth.exception() is None)))
         first = self.on_first_token
-        self.sink = AsyncSink(asyncio.get_running_loop(), on_first=early.on_first if first is None else
-                              lambda token: (early.on_first(token), first(token)))  # the COMMIT posts first
+        self.sink = AsyncSink(asyncio.get_running_loop(), on_first=(lambda item: early.on_first(item.token_id))
+                              if first is None else  # the COMMIT posts first
+                              lambda item: (early.on_first(item.token_id), first(item)))
 
     def submit(self) -> Job:
         """The prefill to the engine loop; streamed, the chunks follow its layers out and the

@@ -13,8 +13,9 @@ from runtime.directory.wire import chunk_layouts
 from runtime.engine import InvalidRequest
 from runtime.security.capability import CapabilityDenied
 from runtime.transfer import TransferError
-from runtime.worker.convert import sampling_from_proto, status_of
+from runtime.worker.convert import logprobs_to_proto, sampling_from_proto, status_of
 from runtime.worker.directory_ops import DirectoryUnavailable
+from runtime.worker.loop import TokenOut
 
 from .commit import settle
 from .handoff import TransferRefused
@@ -44,7 +45,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             target.set_result(_target(request))
         else:
             target = asyncio.ensure_future(_grant(m, requests))
-        token: asyncio.Future[int] = asyncio.get_running_loop().create_future()  # sampled once
+        token: asyncio.Future[TokenOut] = asyncio.get_running_loop().create_future()  # sampled once
         run = None
         try:
             run = asyncio.ensure_future(self.worker.prefill(
@@ -55,7 +56,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await asyncio.wait((run, token), return_when=asyncio.FIRST_COMPLETED)
             if token.done():
                 trace.get_current_span().add_event(EVENT_FIRST_TOKEN)  # the call's span
-                yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(token_id=token.result()))
+                first = token.result()
+                yield prefill_pb2.PrefillEvent(first_token=prefill_pb2.FirstToken(
+                    token_id=first.token_id, logprobs=logprobs_to_proto(first.logprobs)))
             out = await run
         except grpc.aio.AbortError:  # a malformed grant (MalformedRequests) ended the call already
             raise

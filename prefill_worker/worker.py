@@ -43,7 +43,7 @@ from runtime.worker.capabilities import SourceGate
 from runtime.worker.config import PrefillWorkerConfig
 from runtime.worker.directory_ops import TxnOps
 from runtime.worker.events import EventLog, FaultPause
-from runtime.worker.loop import EngineLoop
+from runtime.worker.loop import EngineLoop, TokenOut
 
 from .commit import settle
 from .handoff import HandOff
@@ -76,13 +76,14 @@ class PrefillWorker:
                       prompt: list[int], sampling: SamplingParams, abi_digest: str,
                       first_token_pos: int = 0, dest: str = "", chunks: list[Layout] = (),
                       manifest=None, capability: bytes = b"", target: Awaitable[Target] | None = None,
-                      on_first_token: Callable[[int], None] | None = None) -> PrefillOutcome:
+                      on_first_token: Callable[[TokenOut], None] | None = None) -> PrefillOutcome:
         """Compute, send and commit one transfer; raises on any failure (after cleanup).
         ``chunks`` is the manifest's expected list: exactly what is sent. With a gate, the
         capability must grant exactly this transfer (CapabilityDenied before anything is read).
         ``target``: the destination, the grant's, comes later (instead of these arguments);
         one too small to stream computes meanwhile. Nothing is read or sent before it.
-        ``on_first_token(token)``: token 0, on the loop as soon as it is sampled (to the router)."""
+        ``on_first_token(item)``: token 0 (with its log-probabilities, when asked), on the loop
+        as soon as it is sampled (to the router)."""
         if abi_digest:
             self.engine.abi.check_compatible(abi_digest)
         if target is None:
@@ -124,7 +125,7 @@ class PrefillWorker:
 
     async def _compute_and_send(self, task: Task, tenant: str, transfer_id: str, prompt: list[int],
                                 sampling: SamplingParams, target: Awaitable[Target],
-                                on_first_token: Callable[[int], None] | None) -> PrefillOutcome:
+                                on_first_token: Callable[[TokenOut], None] | None) -> PrefillOutcome:
         try:
             return await HandOff(self, task, tenant, transfer_id, prompt, sampling, target, on_first_token).run()
         finally:

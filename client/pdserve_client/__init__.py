@@ -19,12 +19,13 @@ from pdserve_client.types import (
     PdError,
     RouteInfo,
     TokenEvent,
+    TokenLogprobs,
     TransactionInfo,
     WorkerStatus,
 )
 
 __all__ = [
     "AsyncClient", "AsyncTokenStream", "Client", "ClusterStatus", "GenerateOptions", "GenerationResult",
-    "InvalidArgumentError", "ModeChange", "PdError", "RouteInfo", "TokenEvent", "TokenStream", "TransactionInfo",
-    "WorkerStatus", "resolve_router_address",
+    "InvalidArgumentError", "ModeChange", "PdError", "RouteInfo", "TokenEvent", "TokenLogprobs", "TokenStream",
+    "TransactionInfo", "WorkerStatus", "resolve_router_address",
 ]

@@ -64,6 +64,10 @@ class GenerateOptions:
     the same prompt, sampling and seed already gave; the tokens after them come, exactly
     as an uninterrupted run gives them (max_tokens counts only those). Less than the
     prompt's length."""
+    logprobs: int | None = None
+    """Log-probabilities with each token (TokenEvent.logprobs): None, none; 0, the chosen
+    token's only; k in 1..20 (contract.MAX_LOGPROBS), also the k most likely tokens'. The
+    model's own, before temperature, top-k and top-p."""
     mode: str | None = None
     """Serving mode, one of contract.MODES ('disaggregated', 'colocated', 'auto', 'shadow',
     'canary'), any case; None: the router's default."""
@@ -94,6 +98,8 @@ class GenerateOptions:
                            self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", stop_ids)
         _check_int("first_step", self.first_step, 0, UINT32_MAX)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, contract.MAX_LOGPROBS)
         if not isinstance(self.ignore_eos, bool):
             raise _invalid("ignore_eos", "True or False", self.ignore_eos)
         if self.mode is not None:

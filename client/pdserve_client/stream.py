@@ -70,7 +70,8 @@ class StreamTally:
         if token.index < len(self.tokens):
             return None  # replay of a position already delivered
         event = TokenEvent(index=token.index, token_id=token.token_id, text=token.text,
-                           t_ms=self.elapsed_ms(now_s), server_t_ms=token.time_since_start_ms)
+                           t_ms=self.elapsed_ms(now_s), server_t_ms=token.time_since_start_ms,
+                           logprobs=wire.logprobs_from_proto(token.logprobs) if token.HasField("logprobs") else None)
         self.tokens.append(event)
         return event
 

@@ -56,6 +56,20 @@ class TokenEvent:
     """Client-side ms from the `generate` call to this token's arrival."""
     server_t_ms: float = 0.0
     """Router-side ms from request receipt to this token."""
+    logprobs: TokenLogprobs | None = None
+    """Its log-probabilities, when the request asked (GenerateOptions.logprobs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A token's log-probabilities: the model's own log-softmax at its position (before
+    temperature, top-k and top-p), float32 values."""
+
+    logprob: float
+    """The token's own."""
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability) of the GenerateOptions.logprobs most likely tokens, most
+    likely first, ties by lower id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from pdserve_client.types import (
     InvalidArgumentError,
     ModeChange,
     PdError,
+    TokenLogprobs,
     TransactionInfo,
     WorkerStatus,
 )
@@ -112,6 +113,7 @@ def build_generate_request(
         sampling=common_pb2.SamplingParams(
             temperature=float(o.temperature), top_k=o.top_k, top_p=float(o.top_p),
             stop_token_ids=o.stop_token_ids, ignore_eos=o.ignore_eos, first_step=o.first_step,
+            logprobs=o.logprobs,
         ),
         slo=common_pb2.Slo(ttft_ms=float(o.slo_ttft_ms or 0.0), tpot_ms=float(o.slo_tpot_ms or 0.0)),
     )
@@ -203,6 +205,11 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
         canary_fraction=response.canary_fraction,
         route_epoch=response.route_epoch,
     )
+
+
+def logprobs_from_proto(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    """pd.v1.TokenLogprobs -> TokenLogprobs (top: its two lists paired)."""
+    return TokenLogprobs(pb.logprob, tuple(zip(pb.top_token_ids, pb.top_logprobs)))
 
 
 def transaction_from_proto(t: manifest_pb2.Transaction) -> TransactionInfo:

@@ -79,6 +79,8 @@ def _add_generate(commands, shared: argparse.ArgumentParser) -> None:
     gen.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     gen.add_argument("--first-step", type=int, default=0,
                      help="resume: the prompt ends with this many tokens already given; the rest follow")
+    gen.add_argument("--logprobs", type=int, default=None,
+                     help="log-probabilities with each token: the chosen token's and the N most likely (0..20)")
     gen.add_argument("--tenant", default="", help="tenant (default: the one the client certificate names)")
     gen.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT target for admission/routing")
     gen.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT target for admission/routing")

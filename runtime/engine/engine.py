@@ -29,7 +29,7 @@ from .model import LlamaModel
 from .ops import kernel_family
 from .prefix import hash_blocks
 from .presets import DEFAULT_SEED, PRESETS, preset_config, seeded_weights
-from .sampler import SamplingParams, sample
+from .sampler import SamplingParams, TokenLogprobs, logprobs_of, sample
 from .sequence import FinishReason, SeqState, Sequence, append_token, block_range, check_request
 
 # on_layer(layer, token_start, token_end): layer's K/V for those tokens is in the cache.
@@ -205,7 +205,7 @@ class Engine:
         if end < seq.num_prompt_tokens:
             return None
         token = sample(logits, [seq.sampling], [seq.next_step])[0]
-        self._append(seq, token)
+        self._append(seq, token, logprobs_of(logits, [token], [seq.sampling])[0])
         return token
 
     def prefill(self, seq: Sequence, on_layer: LayerWritten | None = None) -> int:
@@ -232,14 +232,15 @@ class Engine:
             torch.tensor(positions, dtype=torch.long), torch.tensor(slots, dtype=torch.long),
             meta, self.cache)
         self.last_logits = logits
-        tokens = sample(logits, [s.sampling for s in seqs], [s.next_step for s in seqs])
-        for s, t in zip(seqs, tokens):
+        params = [s.sampling for s in seqs]
+        tokens = sample(logits, params, [s.next_step for s in seqs])
+        for s, t, lp in zip(seqs, tokens, logprobs_of(logits, tokens, params)):
             s.num_computed_tokens += 1
-            self._append(s, t)
+            self._append(s, t, lp)
         return tokens
 
-    def _append(self, seq: Sequence, token: int) -> None:
-        append_token(seq, token, self.model_cfg.eos_ids, self.max_model_len)
+    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> None:
+        append_token(seq, token, self.model_cfg.eos_ids, self.max_model_len, logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.state = SeqState.FINISHED

@@ -10,15 +10,25 @@ The draw itself is ours, not torch.multinomial's (an exponential race over ATen'
 transform of its generator and the C library's log, whose code glibc picks by CPU, FMA
 or not): one uniform from the step's seed, looked up in the in-order float64 running
 sum of the probabilities.
+
+Log-probabilities (`SamplingParams.logprobs`) are the model's own: the log-softmax of
+the raw logits, before temperature, top-k and top-p (vLLM's default, `raw_logprobs`),
+so a token's are the same whatever the request's sampling. They are computed per row
+from the row's logits, which are batch-invariant (ops.py), by the same exact exp and
+in-order sum as the softmax, and a software log: the same bits in any batch, chunking
+or hand-off, on every CPU.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from pdserve_client.contract import MAX_LOGPROBS
 
 from .ops import exp_, row_sum
 
@@ -45,8 +55,13 @@ class SamplingParams:
     tokens with first_step k: the last k prompt tokens are outputs replayed (their K/V
     is computed as decode computed it, runtime/engine/engine.py), and the draws go on
     at step k, so the rest is the bits an uninterrupted run gives."""
+    logprobs: int | None = None
+    """Log-probabilities with each sampled token (`TokenLogprobs`): None, none; 0, the
+    chosen token's only; k, also the k most likely tokens (at most MAX_LOGPROBS)."""
 
     def __post_init__(self):
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs {self.logprobs} not in [0, {MAX_LOGPROBS}]")
         if self.first_step < 0:
             raise ValueError(f"first_step {self.first_step} < 0")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -121,3 +136,51 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int])
     if all(p.greedy for p in params):
         return torch.argmax(logits, dim=-1).tolist()
     return [sample_one(logits[i], p, s) for i, (p, s) in enumerate(zip(params, steps))]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One sampled token's log-probabilities (float32 values, held as Python floats)."""
+
+    logprob: float
+    """The chosen token's."""
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability) of the k most likely tokens, most likely first, ties
+    by lower id (k: SamplingParams.logprobs)."""
+
+
+_LN = decimal.Context(prec=34)
+"""The log of a row's sum in software, correctly rounded: the C library's log is picked
+by CPU (FMA or not), and its last bit with it."""
+
+
+def log_softmax(logits: torch.Tensor) -> np.ndarray:
+    """float32 logits [V] -> float32 log-probabilities [V]: (x - max) - log(sum(exp(x - max))),
+    the exp and the sum the exact kernels' (as `softmax`), the log `_LN`'s in float64, the
+    difference taken in float64 and rounded once."""
+    shifted = logits - logits.max()  # [V] float32, a new contiguous tensor
+    total = float(row_sum(exp_(shifted.clone())[None])[0])
+    log_total = float(_LN.ln(decimal.Decimal(total)))
+    return (shifted.numpy().astype(np.float64) - log_total).astype(np.float32)
+
+
+def token_logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprobs:
+    """`token`'s log-probability under float32 logits [V] and the k most likely tokens'
+    (ties by lower id: the k-th largest value found by partition, the tokens at or
+    above it ordered by value, then id)."""
+    lp = log_softmax(logits)
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        k = min(k, lp.size)
+        floor = np.partition(lp, lp.size - k)[lp.size - k]
+        ids = np.flatnonzero(lp >= floor)
+        ranked = ids[np.lexsort((ids, -lp[ids]))][:k]
+        top = tuple((int(i), float(lp[i])) for i in ranked)
+    return TokenLogprobs(float(lp[token]), top)
+
+
+def logprobs_of(logits: torch.Tensor, tokens: list[int], params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+    """Each row's `token_logprobs` for the token sampled from it, where its request asked
+    (None elsewhere: nothing is computed for it).  logits: [B, V] float32."""
+    return [None if p.logprobs is None else token_logprobs(logits[i], t, p.logprobs)
+            for i, (t, p) in enumerate(zip(tokens, params))]

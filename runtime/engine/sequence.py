@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequest
-from .sampler import SamplingParams
+from .sampler import SamplingParams, TokenLogprobs
 
 
 class SeqState(enum.IntEnum):
@@ -50,6 +50,9 @@ class Sequence:
     num_computed_tokens: int = 0
     """Tokens whose K/V is in the cache (cached + computed)."""
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """Beside output_ids when the request asked (SamplingParams.logprobs), else empty;
+    None for a token this engine did not sample (a hand-off's token 0)."""
     state: SeqState = SeqState.WAITING
     finish_reason: FinishReason | None = None
     created_s: float = field(default_factory=time.monotonic)
@@ -86,11 +89,19 @@ class Sequence:
         """True once generation has stopped."""
         return self.state >= SeqState.FINISHED
 
+    def logprobs_of(self, index: int) -> TokenLogprobs | None:
+        """Output `index`'s log-probabilities (None: not asked, or not sampled here)."""
+        return self.output_logprobs[index] if index < len(self.output_logprobs) else None
 
-def append_token(seq: Sequence, token: int, eos_ids, max_model_len: int) -> None:
+
+def append_token(seq: Sequence, token: int, eos_ids, max_model_len: int,
+                 logprobs: TokenLogprobs | None = None) -> None:
     """`token` is the sequence's next output: it decodes, or it is finished by a stop or EOS
-    token (unless ignore_eos), by max_tokens, or by the context length (every engine's rule)."""
+    token (unless ignore_eos), by max_tokens, or by the context length (every engine's rule).
+    `logprobs`: its log-probabilities, kept when the request asked."""
     seq.output_ids.append(token)
+    if seq.sampling.logprobs is not None:
+        seq.output_logprobs.append(logprobs)
     seq.state = SeqState.DECODING
     reason = None
     if token in seq.sampling.stop_token_ids or (not seq.sampling.ignore_eos and token in eos_ids):

@@ -12,6 +12,8 @@ gives is kept for the sequence it belongs to, whichever call stepped:
                     any other request goes to vLLM at its first prefill_chunk, with its
                     on_layer listener in place before a layer of it can be computed
     prefill_chunk   steps until this sequence computed more of its prompt, or sampled
+                    (a token's log-probabilities, when asked, are vLLM's `raw_logprobs`:
+                    its EngineCore outputs' new_logprobs, `vllm_logprobs`)
     decode_step     steps until each sequence has its next token
     commit_import   token 0 (the prefill's) becomes the request's first output and the
                     connector reports the K/V received: vLLM schedules it from there,
@@ -44,7 +46,7 @@ import xxhash
 from runtime.engine.abi import CacheAbi
 from runtime.engine.engine import generate
 from runtime.engine.errors import InvalidRequest, OutOfBlocks
-from runtime.engine.sampler import SamplingParams
+from runtime.engine.sampler import SamplingParams, TokenLogprobs
 from runtime.engine.sequence import FinishReason, SeqState, Sequence, append_token, block_range, check_request
 
 from .connector import RECEIVE, PdserveConnector, PdserveMeta
@@ -101,6 +103,24 @@ def engine_args(root: Path, o: VllmOptions, max_model_len: int, kv_bytes: int):
         **o.extra)
 
 
+def vllm_logprobs(lists, n: int, k: int | None) -> list[TokenLogprobs | None]:
+    """A step's n new tokens' log-probabilities from vLLM's LogprobsLists (a row per token:
+    the sampled token's, then vLLM's top max_num_logprobs, by torch.topk), the request's k
+    kept and ordered by value, then id (pdserve's order; which of tied tokens at the k-th
+    place vLLM kept is its topk's); None each when not asked.
+
+    vLLM computes them as pdserve's engine does (logprobs_mode `raw_logprobs`: the log-softmax
+    of the raw logits, float32), with its own kernels: equal across a hand-off only where
+    vLLM is batch-invariant, as its tokens are."""
+    if lists is None or k is None:
+        return [None] * n
+    rows = []
+    for ids, values in zip(lists.logprob_token_ids[:n], lists.logprobs[:n]):
+        top = sorted(zip(ids[1:k + 1].tolist(), values[1:k + 1].tolist()), key=lambda t: (-t[1], t[0]))
+        rows.append(TokenLogprobs(float(values[0]), tuple(top)))
+    return rows
+
+
 def model_identity(model_dir: Path) -> str:
     """xxh3-128 of config.json and every safetensors file, streamed (what the K/V depends
     on; a directory vLLM reads, whatever its architecture)."""
@@ -154,7 +174,7 @@ class VllmEngine:
         self.live: dict[int, Sequence] = {}
         self._seqs: dict[str, Sequence] = {}          # vLLM request id -> sequence
         self._vid: dict[int, str] = {}                # id(sequence) -> vLLM request id
-        self._tokens: dict[str, collections.deque] = {}
+        self._tokens: dict[str, collections.deque] = {}  # vLLM request id -> (token, TokenLogprobs | None)
         self._listeners: dict[str, object] = {}       # vLLM request id -> on_layer
         self._priced: dict[int, int] = {}             # id(sequence) -> blocks it may take
         self._receiving: set[int] = set()             # id(sequence) of reservations
@@ -291,7 +311,7 @@ class VllmEngine:
         extra = {"kv_transfer_params": transfer} if transfer else None
         params = VSampling(max_tokens=seq.max_tokens, temperature=s.temperature, top_k=s.top_k or 0,
                            top_p=s.top_p, seed=s.seed or None, stop_token_ids=list(s.stop_token_ids),
-                           ignore_eos=s.ignore_eos, extra_args=extra,
+                           ignore_eos=s.ignore_eos, logprobs=s.logprobs, extra_args=extra,
                            skip_reading_prefix_cache=not reuse_prefix or None)
         req = EngineCoreRequest(
             request_id=self._vid[id(seq)], prompt_token_ids=list(seq.prompt_ids), mm_features=None,
@@ -400,7 +420,9 @@ class VllmEngine:
         for batch in outputs.values():
             for out in batch.outputs:
                 if out.request_id in self._tokens:
-                    self._tokens[out.request_id].extend(out.new_token_ids)
+                    asked = self._seqs[out.request_id].sampling.logprobs
+                    self._tokens[out.request_id].extend(zip(
+                        out.new_token_ids, vllm_logprobs(out.new_logprobs, len(out.new_token_ids), asked)))
         blocks_of = self.sched.kv_cache_manager.get_block_ids
         for vid, seq in self._seqs.items():
             if (req := self.sched.requests.get(vid)) is None:
@@ -426,8 +448,8 @@ class VllmEngine:
             if self._tokens[vid]:
                 seq.num_computed_tokens = seq.num_prompt_tokens
                 self._listeners.pop(vid, None)
-                token = self._tokens[vid].popleft()
-                self._append(seq, token)
+                token, logprobs = self._tokens[vid].popleft()
+                self._append(seq, token, logprobs)
                 return token
             if seq.num_computed_tokens > before:
                 return None
@@ -450,14 +472,14 @@ class VllmEngine:
             self._step()
         else:
             raise RuntimeError(f"vLLM gave no token for {[s.request_id for s, q in zip(seqs, queues) if not q]}")
-        tokens = [q.popleft() for q in queues]
-        for s, t in zip(seqs, tokens):
+        got = [q.popleft() for q in queues]
+        for s, (t, logprobs) in zip(seqs, got):
             s.num_computed_tokens += 1
-            self._append(s, t)
-        return tokens
+            self._append(s, t, logprobs)
+        return [t for t, _ in got]
 
-    def _append(self, seq: Sequence, token: int) -> None:
-        append_token(seq, token, self.eos_ids, self.max_model_len)
+    def _append(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> None:
+        append_token(seq, token, self.eos_ids, self.max_model_len, logprobs)
 
     def commit_import(self, seq: Sequence, first_token: int) -> None:
         """The prompt's K/V was received and validated: token 0 is the request's first

@@ -6,6 +6,7 @@ import grpc
 
 from pdserve_client.rpc.pd.v1 import common_pb2
 from runtime.engine import AbiMismatch, FinishReason, InvalidRequest, OutOfBlocks, SamplingParams
+from runtime.engine.sampler import TokenLogprobs
 from runtime.transfer.base import MissingTransferKey
 
 
@@ -14,14 +15,23 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p if p.top_p else 1.0,
         seed=p.seed if p.HasField("seed") else 0, stop_token_ids=tuple(p.stop_token_ids),
-        ignore_eos=p.ignore_eos, first_step=p.first_step)
+        ignore_eos=p.ignore_eos, first_step=p.first_step,
+        logprobs=p.logprobs if p.HasField("logprobs") else None)
 
 
 def sampling_to_proto(s: SamplingParams) -> common_pb2.SamplingParams:
     """Engine SamplingParams -> proto."""
     return common_pb2.SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                      seed=s.seed, stop_token_ids=list(s.stop_token_ids),
-                                     ignore_eos=s.ignore_eos, first_step=s.first_step)
+                                     ignore_eos=s.ignore_eos, first_step=s.first_step, logprobs=s.logprobs)
+
+
+def logprobs_to_proto(lp: TokenLogprobs | None) -> common_pb2.TokenLogprobs | None:
+    """A token's log-probabilities -> proto (None stays None: the field unset)."""
+    if lp is None:
+        return None
+    return common_pb2.TokenLogprobs(logprob=lp.logprob, top_token_ids=[i for i, _ in lp.top],
+                                    top_logprobs=[v for _, v in lp.top])
 
 
 FINISH = {

@@ -37,6 +37,16 @@ Failure semantics, for every engine:
   outputs (SamplingParams.first_step) give decode's K/V. An engine that cannot promise it
   says so (the router then checks the two ends' digests and regenerates instead of
   resuming: PD_ROUTER_RESUME_MID_STREAM=0).
+
+Log-probabilities (SamplingParams.logprobs set): each token `prefill_chunk` or
+`decode_step` samples has its `TokenLogprobs` (runtime/engine/sampler.py) beside it in
+`seq.output_logprobs` (`append_token(..., logprobs)`; the workers read
+`seq.logprobs_of(index)`): the model's raw log-softmax at that position, before
+temperature, top-k and top-p, with the k most likely tokens, ties by lower id. They are
+exact wherever the tokens are (the same bits in any batch, chunking or hand-off). A token
+the engine did not sample, token 0 given to `commit_import`, has None: the prefill's
+FirstToken carries its values. An engine that cannot give them refuses a request asking
+for them at `add_request` (InvalidRequest, saying so).
 """
 
 from __future__ import annotations

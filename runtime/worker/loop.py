@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.engine import Engine, SamplingParams, Sequence
+from runtime.engine.sampler import TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +313,8 @@ class TokenOut:
     token_id: int
     index: int
     """Position in the output, from 0."""
+    logprobs: TokenLogprobs | None = None
+    """Its log-probabilities, when the request asked and this engine sampled it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,20 +330,20 @@ class AsyncSink:
     """Token/done callbacks that feed an asyncio queue of `TokenOut` ... `SeqDone` on
     `loop` (thread-safe)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_first: Callable[[int], None] | None = None):
-        """on_first(token): run on `loop` with token 0, before it is queued (whoever waits
-        on the queue hears of it a turn later, at least)."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_first: Callable[[TokenOut], None] | None = None):
+        """on_first(item): run on `loop` with token 0's TokenOut, before it is queued
+        (whoever waits on the queue hears of it a turn later, at least)."""
         self.loop, self.on_first = loop, on_first
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def on_token(self, seq: Sequence, token: int, index: int) -> None:
-        """Loop thread: a new token."""
-        self.loop.call_soon_threadsafe(self._put, TokenOut(token, index))
+        """Loop thread: a new token (its log-probabilities read now, beside it)."""
+        self.loop.call_soon_threadsafe(self._put, TokenOut(token, index, seq.logprobs_of(index)))
 
     def _put(self, item: TokenOut) -> None:
         if item.index == 0 and self.on_first is not None:
             try:
-                self.on_first(item.token_id)
+                self.on_first(item)
             except Exception:  # its owner's bug: the token still goes to the queue
                 log.exception("on_first callback failed")
         self.queue.put_nowait(item)

@@ -9,7 +9,8 @@ vllm-env` builds, over UCX with mutual TLS and signed capabilities.
   - disaggregated requests go through pdserve's KV connector: the decode's Reserve makes
     vLLM allocate the blocks the prefill's vLLM writes into (decode-0 stages them through
     a host buffer, as on a GPU; prefill-0 reads its cache in place and streams each layer
-    as vLLM's attention reports it written); tokens equal colocated vLLM's;
+    as vLLM's attention reports it written); tokens equal colocated vLLM's, and so do
+    their log-probabilities, within 1e-3 (vLLM-CPU is not batch-invariant);
   - `pdctl blocks` names a decoding request's vLLM blocks, and nothing is held after;
   - a Reserve carrying another engine's cache ABI is refused, naming vLLM;
   - a forged capability writes nothing and leaves no vLLM block held;
@@ -82,6 +83,8 @@ def test_vllms_engine_keeps_the_hand_offs_contract(tmp_path, staging, tp):
     assert report["seeded_chunked_refused"]
     assert report["discard"] == {"before": True, "after": False}  # a bad hand-off's blocks leave the cache
     assert all(report["failures"].values()) and len(report["failures"]) == 4, report["failures"]
+    lp = report["logprobs"]
+    assert lp["token_0_imported"] and lp["tokens_equal"] and lp["every_token"] and lp["max_diff"] <= 1e-3, lp
     assert report["left"] == {"live": 0, "vllm_requests": 0, "held_blocks": []}
 
 
@@ -98,6 +101,18 @@ def test_disaggregated_through_the_connector_gives_colocated_vllm_tokens(cluster
             assert alone.route == "colocated"
             assert split.token_ids == alone.token_ids, n
             assert len(split.token_ids) == MAX_TOKENS
+    assert_cluster_clean(cluster)
+
+
+def test_vllm_workers_give_logprobs_through_the_router(cluster):
+    """vLLM's raw_logprobs on every token: token 0 the prefill's vLLM's, the rest the decode's."""
+    prompt = _prompt(100, 6)
+    with client(cluster) as sdk:
+        split, alone = (list(sdk.generate(prompt_ids=prompt, max_tokens=4, mode=mode, ignore_eos=True, logprobs=3))
+                        for mode in ("disaggregated", "colocated"))
+    assert [e.token_id for e in split] == [e.token_id for e in alone] and len(split) == 4
+    assert all(e.logprobs is not None and len(e.logprobs.top) == 3 for e in split + alone)
+    assert max(abs(a.logprobs.logprob - b.logprobs.logprob) for a, b in zip(split, alone)) <= 1e-3
     assert_cluster_clean(cluster)
 
 

@@ -23,6 +23,10 @@ class HandOff:
     """on_layer reported every layer's K/V final for the whole prompt."""
     prefix_keys: list
     """What D's prefix cache took from the hand-off (engine.prefix_keys after the commit)."""
+    logprobs: list
+    """D's output_logprobs (SamplingParams.logprobs asked): None for token 0, P's."""
+    first_logprobs: object = None
+    """P's token 0's log-probabilities (P's seq.logprobs_of(0))."""
 
 
 def hand_off(p, d, prompt: list[int], max_tokens: int, sampling) -> HandOff:
@@ -42,12 +46,13 @@ def hand_off(p, d, prompt: list[int], max_tokens: int, sampling) -> HandOff:
                 view[:] = data[at:at + view.nbytes]
                 at += view.nbytes
     digests = p.kv_digest(src), d.kv_digest(dst)
+    first_logprobs = src.logprobs_of(0)
     p.free(src)
     d.commit_import(dst, token)
     keys = d.prefix_keys(dst, first, blocks)
     while not dst.is_finished:
         d.decode_step([dst])
-    tokens = list(dst.output_ids)
+    tokens, logprobs = list(dst.output_ids), list(dst.output_logprobs)
     d.free(dst)
     d.free(dst)  # idempotent
-    return HandOff(tokens, *digests, first, len(layers_final) == p.num_layers, keys)
+    return HandOff(tokens, *digests, first, len(layers_final) == p.num_layers, keys, logprobs, first_logprobs)

@@ -25,6 +25,7 @@ from router.types import (
     StreamCall,
     StreamComplete,
     StreamToken,
+    TokenLogprobs,
     TokenOut,
     TxnAnswer,
     WorkerCallError,
@@ -58,6 +59,14 @@ def model_tokens(prompt, n: int, first_step: int = 0) -> list[int]:
     n tokens after them, as an uninterrupted run gives them."""
     proper = sum(prompt[:len(prompt) - first_step])
     return [(proper * 31 + 7 * i) % VOCAB for i in range(first_step, first_step + n)]
+
+
+def model_logprobs(token: int, step: int, k: int | None) -> TokenLogprobs | None:
+    """The fake model's log-probabilities of output `step`, `token` (None: not asked, k None):
+    a function of both, so every worker agrees, as exact engines do."""
+    if k is None:
+        return None
+    return TokenLogprobs(-(step + 1) / 8, tuple(((token + j) % VOCAB, -j / 4) for j in range(k)))
 
 
 def worker(worker_id: str, role: WorkerRole, free: int = 64, pending: int = 0) -> WorkerRecord:
@@ -102,6 +111,9 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         self.token_gap_s = 0.0
         self.prefill_token_0 = True
         """The prefill sends token 0 as soon as it is sampled (before publication)."""
+        self.token_0_late_s = 0.0
+        """The prefill's token 0 reaches the router this long after publication instead (the
+        decode's token 0 may come first)."""
         self.after_token: Callable[[int], None] | None = None
         """Called with i right after token i was taken, in the same event-loop step as
         the router's queueing of it (a cancel there races the token)."""
@@ -221,11 +233,18 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         if grant is not None:  # the job came first; the call goes on once its grant is there
             call = await grant
         await self._enter("prefill", w.worker_id, call.manifest.request_id, call.manifest.generation)
-        if on_first_token is not None and self.prefill_token_0:  # sampled: it leaves before the hand-off ends
-            on_first_token(model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0])
+        token = model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0]
+        send_token_0 = (lambda: on_first_token(token, model_logprobs(token, call.sampling.first_step,
+                                                                      call.sampling.logprobs))) \
+            if on_first_token is not None and self.prefill_token_0 else (lambda: None)
+        if not self.token_0_late_s:
+            send_token_0()  # sampled: it leaves before the hand-off ends
         tid = call.manifest.transfer_id
         self.txns[tid] = "PUBLISHED"
         self.published[tid].set()
+        if self.token_0_late_s:
+            await asyncio.sleep(self.token_0_late_s)
+            send_token_0()
         self.prefill_sampling = call.sampling
         return PrefillDone(tid, model_tokens(call.prompt_token_ids, 1, call.sampling.first_step)[0],
                            kv_digest=f"kv:{tid}")
@@ -237,19 +256,22 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
         return tokens
 
     async def _stream(self, w: WorkerRecord, call: StreamCall, prompt) -> AsyncIterator:
-        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens, call.sampling.first_step)):
+        s = call.sampling
+        for i, tok in enumerate(self._tokens(w, prompt, call.max_tokens, s.first_step)):
             if self.break_after.get(w.worker_id) == i:
                 raise unavailable(f"{w.worker_id} died mid-stream")
             await asyncio.sleep(self.token_gap_s)
             digest = "" if i or not call.transfer_id else \
                 f"kv:{call.transfer_id}" + ("-corrupt" if w.worker_id in self.corrupt_kv else "")
+            # A hand-off's token 0 was the prefill's: the decode has no log-probabilities for it.
+            logprobs = None if digest else model_logprobs(tok, s.first_step + i, s.logprobs)
             if digest and self.seal is not None:
                 sealer, source, epoch = self.seal
                 sealed = sealer.seal(call.transfer_id, call.generation, source, epoch,
                                      evidence_of(f"kv:{call.transfer_id}", SEALED_CHUNKS))
                 yield StreamToken(tok, i, digest, sealed, SEALED_CHUNKS)
             else:
-                yield StreamToken(tok, i, digest)
+                yield StreamToken(tok, i, digest, logprobs=logprobs)
             if self.after_token is not None:
                 self.after_token(i)
         yield StreamComplete(FinishReason.LENGTH, call.max_tokens, f"kv:{call.transfer_id}" if call.transfer_id else "")
@@ -278,6 +300,16 @@ class FakeCluster(WorkerGateway, DirectoryGateway):
 def two_by_two() -> FakeCluster:
     return FakeCluster([worker("p0", WorkerRole.PREFILL), worker("p1", WorkerRole.PREFILL, pending=10),
                         worker("d0", WorkerRole.DECODE, free=60), worker("d1", WorkerRole.DECODE)])
+
+
+def sealed_cluster(*decodes: str, forged: bool = False) -> FakeCluster:
+    """p0 registered a seal key (the snapshot has it); token 0 relays a seal over p0's
+    digest, made with that key, or with another one (`forged`)."""
+    sealer = Sealer()
+    p0 = dataclasses.replace(worker("p0", WorkerRole.PREFILL), seal_key=sealer.public)
+    fake = FakeCluster([p0, *(worker(d, WorkerRole.DECODE, free=60 - i) for i, d in enumerate(decodes))])
+    fake.seal = (Sealer() if forged else sealer, "p0", p0.epoch)
+    return fake
 
 
 def config(**kw) -> RouterConfig:

@@ -9,7 +9,7 @@ reservation started from; a hand-off's blocks taken out of vLLM's prefix cache a
 a decode worker does when the router finds two ends' digests differ); then the contract's
 failure semantics (an over-large and an
 invalid request hold nothing; an aborted reservation and a double free give every block
-back) and what is left held.
+back), a hand-off's log-probabilities (vLLM's raw_logprobs) and what is left held.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.support import handoff_harness as harness
 
 GREEDY = SamplingParams(ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, ignore_eos=True)
+LOGPROBS = SamplingParams(ignore_eos=True, logprobs=3)
 
 
 def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: SamplingParams = GREEDY,
@@ -38,6 +39,22 @@ def hand_off(e: VllmEngine, prompt: list[int], max_tokens: int, sampling: Sampli
     return {"cached_blocks": done.first_block, "layers_final": done.layers_final,
             "digests_equal": done.p_digest == done.d_digest,
             "tokens_equal": done.tokens == e.generate(prompt, max_tokens, sampling)}
+
+
+def logprobs(e: VllmEngine, prompt: list[int], max_tokens: int) -> dict:
+    """A hand-off asking log-probabilities: token 0's are the prefill's (the decode imported
+    it), every later token's the decode's, each with 3 alternatives, and their largest
+    distance to a colocated run's (vLLM-CPU is not batch-invariant: measured, not promised)."""
+    done = harness.hand_off(e, e, prompt, max_tokens, LOGPROBS)
+    seq = e.add_request("colocated", prompt, max_tokens, LOGPROBS)
+    e.prefill(seq)
+    while not seq.is_finished:
+        e.decode_step([seq])
+    e.free(seq)
+    split = [done.first_logprobs, *done.logprobs[1:]]
+    return {"token_0_imported": done.logprobs[0] is None, "tokens_equal": done.tokens == seq.output_ids,
+            "every_token": all(lp is not None and len(lp.top) == 3 for lp in split + seq.output_logprobs),
+            "max_diff": max(abs(a.logprob - b.logprob) for a, b in zip(split, seq.output_logprobs))}
 
 
 def failures(e: VllmEngine) -> dict:
@@ -83,6 +100,7 @@ def main() -> None:
         report["seeded_chunked_refused"] = False
     except InvalidRequest as exc:
         report["seeded_chunked_refused"] = "seed" in str(exc)
+    report["logprobs"] = logprobs(e, [rng.randrange(3, 32000) for _ in range(100)], 6)
     report["failures"] = failures(e)
     report["left"] = {"live": len(e.live), "vllm_requests": len(e.sched.requests), "held_blocks": e.held_blocks()}
     print("RESULT " + json.dumps(report), flush=True)

@@ -9,11 +9,13 @@ import math
 
 import pytest
 
-from pdserve_client import AsyncClient, GenerateOptions, InvalidArgumentError, PdError
+from pdserve_client import AsyncClient, GenerateOptions, InvalidArgumentError, PdError, TokenLogprobs
 from pdserve_client.options import OPTION_NAMES, resolve_options
-from pdserve_client.rpc.pd.v1 import router_pb2
+from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
 from pdserve_ops.cli import build_parser
-from tests.support.sdk import complete, started
+from tests.support.sdk import complete, started, token
+
+Event = router_pb2.GenerateEvent
 
 
 @pytest.mark.parametrize("fields,name,rule", [
@@ -35,6 +37,8 @@ from tests.support.sdk import complete, started
     (dict(stop_token_ids=7), "stop_token_ids", "a sequence of token ids"),
     (dict(ignore_eos=1), "ignore_eos", "True or False"),
     (dict(first_step=-1), "first_step", "an integer in [0, 4294967295]"),
+    (dict(logprobs=21), "logprobs", "an integer in [0, 20]"),
+    (dict(logprobs=True), "logprobs", "an integer in [0, 20]"),
     (dict(mode="sideways"), "mode", "None or one of disaggregated, colocated, auto, shadow, canary"),
     (dict(tenant=None), "tenant", "a string"),
     (dict(slo_ttft_ms=-5), "slo_ttft_ms", "None or a finite number >= 0"),
@@ -125,3 +129,14 @@ def test_pdctl_has_a_flag_for_every_option():
     args = build_parser().parse_args(["generate", "--prompt", "x", "--max-tokens", "2"])
     assert OPTION_NAMES <= set(vars(args)), OPTION_NAMES - set(vars(args))
     assert GenerateOptions(**{name: getattr(args, name) for name in OPTION_NAMES}) == GenerateOptions(max_tokens=2)
+
+
+def test_logprobs_go_out_in_the_sampling_and_come_back_on_each_token(fake, client):
+    lp = common_pb2.TokenLogprobs(logprob=-0.5, top_token_ids=[7, 3], top_logprobs=[-0.25, -0.5])
+    fake.script = [started(), Event(token=Event.Token(index=0, token_id=3, logprobs=lp)), token(1, 9), complete(2)]
+    events = list(client.generate(prompt_ids=[1, 2], max_tokens=2, logprobs=2))
+    assert events[0].logprobs == TokenLogprobs(-0.5, ((7, -0.25), (3, -0.5))) and events[1].logprobs is None
+    client.generate_full(prompt_ids=[1, 2], max_tokens=2)
+    asked, unasked = fake.requests
+    assert asked.sampling.HasField("logprobs") and asked.sampling.logprobs == 2
+    assert not unasked.sampling.HasField("logprobs")

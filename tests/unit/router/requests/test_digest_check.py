@@ -13,7 +13,6 @@ import pytest
 from router.requests.orchestrator import Orchestrator
 from router.types import Completed, TokenOut
 from runtime.directory.records import WorkerRole
-from runtime.security.seal import Sealer
 from tests.support.orchestrator import (
     PROMPT,
     FakeCluster,
@@ -23,6 +22,7 @@ from tests.support.orchestrator import (
     model_tokens,
     params,
     run,
+    sealed_cluster,
     started,
     worker,
 )
@@ -77,16 +77,6 @@ def test_a_stream_that_ends_before_the_prefill_reply_waits_for_it():
     assert_no_leaks(orch, fake)
 
 
-def _sealed_cluster(*decodes: str, forged: bool = False) -> FakeCluster:
-    """p0 registered a seal key (the snapshot has it); token 0 relays a seal over p0's
-    digest, made with that key, or with another one (`forged`)."""
-    sealer = Sealer()
-    p0 = dataclasses.replace(worker("p0", WorkerRole.PREFILL), seal_key=sealer.public)
-    fake = FakeCluster([p0, *(worker(d, WorkerRole.DECODE, free=60 - i) for i, d in enumerate(decodes))])
-    fake.seal = (Sealer() if forged else sealer, "p0", p0.epoch)
-    return fake
-
-
 def _silent_after_publishing(fake: FakeCluster) -> None:
     """The prefill publishes, then its reply never comes (it died after its verdict)."""
     publishing = fake.prefill
@@ -101,7 +91,7 @@ def test_token_0_with_the_prefills_seal_over_the_decodes_digest_goes_out_without
     """The seal is the prefill's own word on its digest: the comparison needs no reply. A
     prefill that never replies after publishing then costs nothing (its call is cancelled
     once the stream completed), where the held token 0 would wait for the token timeout."""
-    fake = _sealed_cluster("d0")
+    fake = sealed_cluster("d0")
     _silent_after_publishing(fake)
     orch = Orchestrator(fake, fake, config(first_token_timeout_s=5.0, cancel_timeout_s=0.05))
     events, error = run(collect(orch, params(max_tokens=4, mode="disaggregated")))
@@ -116,7 +106,7 @@ def test_token_0_with_the_prefills_seal_over_the_decodes_digest_goes_out_without
 
 
 def test_without_a_seal_key_in_the_snapshot_the_decodes_tokens_wait_for_the_reply():
-    fake = _sealed_cluster("d0")
+    fake = sealed_cluster("d0")
     fake.cluster = dataclasses.replace(fake.cluster, workers=tuple(
         dataclasses.replace(w, seal_key=b"") for w in fake.cluster.workers))
     _silent_after_publishing(fake)
@@ -164,7 +154,7 @@ def test_token_0_goes_out_as_the_prefill_samples_it_before_the_hand_off_ends():
 
 @pytest.mark.parametrize("fault", ["forged seal", "decode digest differs"])
 def test_a_seal_that_does_not_open_over_the_decodes_digest_is_a_mismatch(fault):
-    fake = _sealed_cluster("d0", "d1", forged=fault == "forged seal")
+    fake = sealed_cluster("d0", "d1", forged=fault == "forged seal")
     if fault == "decode digest differs":
         fake.corrupt_kv = {"d0", "d1"}
     _streams_nothing_retries_and_discards(fake)
@@ -173,7 +163,7 @@ def test_a_seal_that_does_not_open_over_the_decodes_digest_is_a_mismatch(fault):
 def test_a_reply_that_trails_the_sealed_stream_is_still_counted_and_learned_from():
     """Token 0 went out by the seal and the stream completed before the Prefill replied:
     the reply, settled after the complete event, counts the hand-off like one that came first."""
-    fake = _sealed_cluster("d0")
+    fake = sealed_cluster("d0")
     replying = fake.prefill
 
     async def late(w, call, timeout_s, grant=None, *more):

@@ -24,37 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/common.proto\x12\x05pd.v1\"K\n\x05\x45rror\x12\x1e\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x10.pd.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\"\x9f\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x12\n\nfirst_step\x18\x07 \x01(\rB\x07\n\x05_seed\"\'\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x02 \x01(\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"[\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ndiscard_kv\x18\x04 \x01(\x08\"3\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\x9b\x01\n\x0eWorkerCapacity\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x18\n\x10max_decode_batch\x18\x02 \x01(\r\x12\x1a\n\x12max_prefill_tokens\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\"\xf6\x01\n\nLoadReport\x12\x1e\n\x16pending_prefill_tokens\x18\x01 \x01(\x04\x12\x1b\n\x13\x61\x63tive_decode_batch\x18\x02 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\r\x12\x17\n\x0freserved_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x1d\n\x15\x61\x63tive_context_tokens\x18\x06 \x01(\x04\x12\x15\n\ractive_blocks\x18\x07 \x01(\r\x12\x15\n\rcached_blocks\x18\x08 \x01(\r\x12\x1a\n\x12\x63onnector_disabled\x18\t \x01(\r\"\xe5\x01\n\x0b\x43ostProfile\x12\x17\n\x0fprefill_base_ms\x18\x01 \x01(\x01\x12\x1c\n\x14prefill_ms_per_token\x18\x02 \x01(\x01\x12\x1b\n\x13prefill_ms_per_pair\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_base_ms\x18\x04 \x01(\x01\x12\x19\n\x11\x64\x65\x63ode_ms_per_seq\x18\x05 \x01(\x01\x12#\n\x1b\x64\x65\x63ode_ms_per_context_token\x18\x06 \x01(\x01\x12\x1a\n\x12kv_bytes_per_block\x18\x07 \x01(\x04\x12\x0e\n\x06source\x18\x08 \x01(\t\"\x91\x03\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x1f\n\x04load\x18\x08 \x01(\x0b\x32\x11.pd.v1.LoadReport\x12\x1d\n\x15lease_expires_unix_ms\x18\t \x01(\x04\x12#\n\x07profile\x18\n \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x0b \x01(\t\x12\x16\n\x0emodel_identity\x18\x0c \x01(\t\x12\x10\n\x08seal_key\x18\r \x01(\x0c\x12\x1d\n\x15load_reported_unix_ms\x18\x0e \x01(\x04*p\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x14\n\x10WORKER_ROLE_BOTH\x10\x03*\x85\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12!\n\x1d\x45RROR_CODE_ADMISSION_REJECTED\x10\x03\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x04\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x05\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x06\x12!\n\x1d\x45RROR_CODE_CACHE_ABI_MISMATCH\x10\x07\x12\x1f\n\x1b\x45RROR_CODE_STALE_GENERATION\x10\x08\x12 \n\x1c\x45RROR_CODE_CAPABILITY_DENIED\x10\t\x12\x1e\n\x1a\x45RROR_CODE_TRANSFER_FAILED\x10\n\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x0b*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/common.proto\x12\x05pd.v1\"K\n\x05\x45rror\x12\x1e\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x10.pd.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\"\xc3\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x12\n\nfirst_step\x18\x07 \x01(\r\x12\x15\n\x08logprobs\x18\x08 \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"M\n\rTokenLogprobs\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x02 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"\'\n\x03Slo\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x02 \x01(\x01\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"[\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ndiscard_kv\x18\x04 \x01(\x08\"3\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\"\x9b\x01\n\x0eWorkerCapacity\x12\x14\n\x0ctotal_blocks\x18\x01 \x01(\r\x12\x18\n\x10max_decode_batch\x18\x02 \x01(\r\x12\x1a\n\x12max_prefill_tokens\x18\x03 \x01(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\"\xf6\x01\n\nLoadReport\x12\x1e\n\x16pending_prefill_tokens\x18\x01 \x01(\x04\x12\x1b\n\x13\x61\x63tive_decode_batch\x18\x02 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x03 \x01(\r\x12\x17\n\x0freserved_blocks\x18\x04 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x05 \x01(\r\x12\x1d\n\x15\x61\x63tive_context_tokens\x18\x06 \x01(\x04\x12\x15\n\ractive_blocks\x18\x07 \x01(\r\x12\x15\n\rcached_blocks\x18\x08 \x01(\r\x12\x1a\n\x12\x63onnector_disabled\x18\t \x01(\r\"\xe5\x01\n\x0b\x43ostProfile\x12\x17\n\x0fprefill_base_ms\x18\x01 \x01(\x01\x12\x1c\n\x14prefill_ms_per_token\x18\x02 \x01(\x01\x12\x1b\n\x13prefill_ms_per_pair\x18\x03 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_base_ms\x18\x04 \x01(\x01\x12\x19\n\x11\x64\x65\x63ode_ms_per_seq\x18\x05 \x01(\x01\x12#\n\x1b\x64\x65\x63ode_ms_per_context_token\x18\x06 \x01(\x01\x12\x1a\n\x12kv_bytes_per_block\x18\x07 \x01(\x04\x12\x0e\n\x06source\x18\x08 \x01(\t\"\x91\x03\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.pd.v1.WorkerRole\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x1a\n\x12\x64\x61ta_plane_address\x18\x04 \x01(\t\x12\x18\n\x10\x63\x61\x63he_abi_digest\x18\x05 \x01(\t\x12\'\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x15.pd.v1.WorkerCapacity\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x1f\n\x04load\x18\x08 \x01(\x0b\x32\x11.pd.v1.LoadReport\x12\x1d\n\x15lease_expires_unix_ms\x18\t \x01(\x04\x12#\n\x07profile\x18\n \x01(\x0b\x32\x12.pd.v1.CostProfile\x12\x1d\n\x15\x63olocated_only_reason\x18\x0b \x01(\t\x12\x16\n\x0emodel_identity\x18\x0c \x01(\t\x12\x10\n\x08seal_key\x18\r \x01(\x0c\x12\x1d\n\x15load_reported_unix_ms\x18\x0e \x01(\x04*p\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x14\n\x10WORKER_ROLE_BOTH\x10\x03*\x85\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12!\n\x1d\x45RROR_CODE_ADMISSION_REJECTED\x10\x03\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x04\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x05\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x06\x12!\n\x1d\x45RROR_CODE_CACHE_ABI_MISMATCH\x10\x07\x12\x1f\n\x1b\x45RROR_CODE_STALE_GENERATION\x10\x08\x12 \n\x1c\x45RROR_CODE_CAPABILITY_DENIED\x10\t\x12\x1e\n\x1a\x45RROR_CODE_TRANSFER_FAILED\x10\n\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x0b*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=1523
-  _globals['_WORKERROLE']._serialized_end=1635
-  _globals['_ERRORCODE']._serialized_start=1638
-  _globals['_ERRORCODE']._serialized_end=2027
-  _globals['_FINISHREASON']._serialized_start=2029
-  _globals['_FINISHREASON']._serialized_end=2153
+  _globals['_WORKERROLE']._serialized_start=1638
+  _globals['_WORKERROLE']._serialized_end=1750
+  _globals['_ERRORCODE']._serialized_start=1753
+  _globals['_ERRORCODE']._serialized_end=2142
+  _globals['_FINISHREASON']._serialized_start=2144
+  _globals['_FINISHREASON']._serialized_end=2268
   _globals['_ERROR']._serialized_start=29
   _globals['_ERROR']._serialized_end=104
   _globals['_SAMPLINGPARAMS']._serialized_start=107
-  _globals['_SAMPLINGPARAMS']._serialized_end=266
-  _globals['_SLO']._serialized_start=268
-  _globals['_SLO']._serialized_end=307
-  _globals['_TOKENIDS']._serialized_start=309
-  _globals['_TOKENIDS']._serialized_end=332
-  _globals['_CANCELREQUEST']._serialized_start=334
-  _globals['_CANCELREQUEST']._serialized_end=425
-  _globals['_CANCELRESPONSE']._serialized_start=427
-  _globals['_CANCELRESPONSE']._serialized_end=478
-  _globals['_WORKERCAPACITY']._serialized_start=481
-  _globals['_WORKERCAPACITY']._serialized_end=636
-  _globals['_LOADREPORT']._serialized_start=639
-  _globals['_LOADREPORT']._serialized_end=885
-  _globals['_COSTPROFILE']._serialized_start=888
-  _globals['_COSTPROFILE']._serialized_end=1117
-  _globals['_WORKERINFO']._serialized_start=1120
-  _globals['_WORKERINFO']._serialized_end=1521
+  _globals['_SAMPLINGPARAMS']._serialized_end=302
+  _globals['_TOKENLOGPROBS']._serialized_start=304
+  _globals['_TOKENLOGPROBS']._serialized_end=381
+  _globals['_SLO']._serialized_start=383
+  _globals['_SLO']._serialized_end=422
+  _globals['_TOKENIDS']._serialized_start=424
+  _globals['_TOKENIDS']._serialized_end=447
+  _globals['_CANCELREQUEST']._serialized_start=449
+  _globals['_CANCELREQUEST']._serialized_end=540
+  _globals['_CANCELRESPONSE']._serialized_start=542
+  _globals['_CANCELRESPONSE']._serialized_end=593
+  _globals['_WORKERCAPACITY']._serialized_start=596
+  _globals['_WORKERCAPACITY']._serialized_end=751
+  _globals['_LOADREPORT']._serialized_start=754
+  _globals['_LOADREPORT']._serialized_end=1000
+  _globals['_COSTPROFILE']._serialized_start=1003
+  _globals['_COSTPROFILE']._serialized_end=1232
+  _globals['_WORKERINFO']._serialized_start=1235
+  _globals['_WORKERINFO']._serialized_end=1636
 # @@protoc_insertion_point(module_scope)

@@ -121,20 +121,22 @@ class DecodeGenerateRequest(_message.Message):
 class TokenEvent(_message.Message):
     __slots__ = ("request_id", "token", "complete", "error")
     class Token(_message.Message):
-        __slots__ = ("token_id", "index", "time_since_start_ms", "kv_digest", "source_seal", "chunks")
+        __slots__ = ("token_id", "index", "time_since_start_ms", "kv_digest", "source_seal", "chunks", "logprobs")
         TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
         INDEX_FIELD_NUMBER: _ClassVar[int]
         TIME_SINCE_START_MS_FIELD_NUMBER: _ClassVar[int]
         KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         SOURCE_SEAL_FIELD_NUMBER: _ClassVar[int]
         CHUNKS_FIELD_NUMBER: _ClassVar[int]
+        LOGPROBS_FIELD_NUMBER: _ClassVar[int]
         token_id: int
         index: int
         time_since_start_ms: float
         kv_digest: str
         source_seal: bytes
         chunks: _containers.RepeatedCompositeFieldContainer[_manifest_pb2.ChunkSpec]
-        def __init__(self, token_id: _Optional[int] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ..., kv_digest: _Optional[str] = ..., source_seal: _Optional[bytes] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ...) -> None: ...
+        logprobs: _common_pb2.TokenLogprobs
+        def __init__(self, token_id: _Optional[int] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ..., kv_digest: _Optional[str] = ..., source_seal: _Optional[bytes] = ..., chunks: _Optional[_Iterable[_Union[_manifest_pb2.ChunkSpec, _Mapping]]] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
     class Complete(_message.Message):
         __slots__ = ("finish_reason", "num_tokens", "first_token_ms", "total_ms", "kv_digest")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]

@@ -26,7 +26,7 @@ from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
 from pdserve_client.rpc.pd.v1 import manifest_pb2 as pd_dot_v1_dot_manifest__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pd/v1/prefill.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\xcf\x01\n\x0ePrefillRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12&\n\x1e\x64\x65stination_data_plane_address\x18\x03 \x01(\t\x12\x12\n\ncapability\x18\x04 \x01(\x0c\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x14\n\x0ctransfer_key\x18\x06 \x01(\x0c\"]\n\x0ePrefillTimings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x13\n\x0btransfer_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xe4\x01\n\rPrefillResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63omputed_tokens\x18\x03 \x01(\r\x12\x15\n\rreused_tokens\x18\x04 \x01(\r\x12\x11\n\tkv_digest\x18\x05 \x01(\t\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.pd.v1.PrefillTimings\x12\x12\n\nsent_bytes\x18\x07 \x01(\x04\x12\x13\n\x0bsent_chunks\x18\x08 \x01(\r\x12\x16\n\x0e\x66irst_token_id\x18\t \x01(\r\"\x1e\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\"i\n\x0cPrefillEvent\x12(\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x11.pd.v1.FirstTokenH\x00\x12&\n\x06result\x18\x02 \x01(\x0b\x32\x14.pd.v1.PrefillResultH\x00\x42\x07\n\x05\x65vent2{\n\x07Prefill\x12\x39\n\x07Prefill\x12\x15.pd.v1.PrefillRequest\x1a\x13.pd.v1.PrefillEvent(\x01\x30\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13pd/v1/prefill.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\x1a\x14pd/v1/manifest.proto\"\xcf\x01\n\x0ePrefillRequest\x12(\n\x08manifest\x18\x01 \x01(\x0b\x32\x16.pd.v1.HandoffManifest\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12&\n\x1e\x64\x65stination_data_plane_address\x18\x03 \x01(\t\x12\x12\n\ncapability\x18\x04 \x01(\x0c\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x14\n\x0ctransfer_key\x18\x06 \x01(\x0c\"]\n\x0ePrefillTimings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x13\n\x0btransfer_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xe4\x01\n\rPrefillResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0btransfer_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63omputed_tokens\x18\x03 \x01(\r\x12\x15\n\rreused_tokens\x18\x04 \x01(\r\x12\x11\n\tkv_digest\x18\x05 \x01(\t\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.pd.v1.PrefillTimings\x12\x12\n\nsent_bytes\x18\x07 \x01(\x04\x12\x13\n\x0bsent_chunks\x18\x08 \x01(\r\x12\x16\n\x0e\x66irst_token_id\x18\t \x01(\r\"F\n\nFirstToken\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12&\n\x08logprobs\x18\x02 \x01(\x0b\x32\x14.pd.v1.TokenLogprobs\"i\n\x0cPrefillEvent\x12(\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x11.pd.v1.FirstTokenH\x00\x12&\n\x06result\x18\x02 \x01(\x0b\x32\x14.pd.v1.PrefillResultH\x00\x42\x07\n\x05\x65vent2{\n\x07Prefill\x12\x39\n\x07Prefill\x12\x15.pd.v1.PrefillRequest\x1a\x13.pd.v1.PrefillEvent(\x01\x30\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,9 +40,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLRESULT']._serialized_start=378
   _globals['_PREFILLRESULT']._serialized_end=606
   _globals['_FIRSTTOKEN']._serialized_start=608
-  _globals['_FIRSTTOKEN']._serialized_end=638
-  _globals['_PREFILLEVENT']._serialized_start=640
-  _globals['_PREFILLEVENT']._serialized_end=745
-  _globals['_PREFILL']._serialized_start=747
-  _globals['_PREFILL']._serialized_end=870
+  _globals['_FIRSTTOKEN']._serialized_end=678
+  _globals['_PREFILLEVENT']._serialized_start=680
+  _globals['_PREFILLEVENT']._serialized_end=785
+  _globals['_PREFILL']._serialized_start=787
+  _globals['_PREFILL']._serialized_end=910
 # @@protoc_insertion_point(module_scope)

@@ -59,10 +59,12 @@ class PrefillResult(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., transfer_id: _Optional[str] = ..., computed_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., kv_digest: _Optional[str] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., sent_bytes: _Optional[int] = ..., sent_chunks: _Optional[int] = ..., first_token_id: _Optional[int] = ...) -> None: ...
 
 class FirstToken(_message.Message):
-    __slots__ = ("token_id",)
+    __slots__ = ("token_id", "logprobs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_id: int
-    def __init__(self, token_id: _Optional[int] = ...) -> None: ...
+    logprobs: _common_pb2.TokenLogprobs
+    def __init__(self, token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class PrefillEvent(_message.Message):
     __slots__ = ("first_token", "result")

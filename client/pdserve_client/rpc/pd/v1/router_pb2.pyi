@@ -69,16 +69,18 @@ class GenerateEvent(_message.Message):
         route_epoch: int
         def __init__(self, route: _Optional[_Union[Route, str]] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., route_epoch: _Optional[int] = ...) -> None: ...
     class Token(_message.Message):
-        __slots__ = ("token_id", "text", "index", "time_since_start_ms")
+        __slots__ = ("token_id", "text", "index", "time_since_start_ms", "logprobs")
         TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
         TEXT_FIELD_NUMBER: _ClassVar[int]
         INDEX_FIELD_NUMBER: _ClassVar[int]
         TIME_SINCE_START_MS_FIELD_NUMBER: _ClassVar[int]
+        LOGPROBS_FIELD_NUMBER: _ClassVar[int]
         token_id: int
         text: str
         index: int
         time_since_start_ms: float
-        def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ...) -> None: ...
+        logprobs: _common_pb2.TokenLogprobs
+        def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
     class Complete(_message.Message):
         __slots__ = ("finish_reason", "ttft_ms", "tpot_ms", "num_tokens", "route", "attempts", "prefill_kv_digest", "decode_kv_digest", "failed_attempts")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
