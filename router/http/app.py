@@ -28,6 +28,7 @@ from . import schema
 from .errors import ApiError, bad_request
 from .generation import Generation, Job
 from .keys import ApiKeys
+from .logprobs import LogprobsFormat
 from .prompt import Prompts
 from .reply import Shape
 
@@ -188,8 +189,9 @@ class Front:
         params = self.params(request, req, tenant, prompt, max_tokens)
         shape = Shape.of(chat, params.request_id, self.config.model_name, req.include_usage)
         parent = tracing.extract(request.headers)
+        fmt = LogprobsFormat(self.prompts.tokenizer, chat) if params.sampling.logprobs is not None else None
         return Generation(self.orch, Job(params, shape, req.stream, req.stop_strings, echo, parent,
-                                         self.prompts.tokenizer))
+                                         self.prompts.tokenizer, fmt))
 
     def params(self, request: Request, req: schema.Common, tenant: str | None, prompt: tuple[int, ...],
                max_tokens: int) -> GenerateParams:
@@ -200,7 +202,8 @@ class Front:
         if len(request_id.encode()) > contract.MAX_REQUEST_ID_BYTES:
             raise bad_request(f"request id is {len(request_id.encode())} bytes; at most "
                               f"{contract.MAX_REQUEST_ID_BYTES}", "request_id")
-        sampling = Sampling(req.temperature, req.top_k, req.top_p, req.seed, ignore_eos=req.ignore_eos)
+        sampling = Sampling(req.temperature, req.top_k, req.top_p, req.seed, ignore_eos=req.ignore_eos,
+                            logprobs=req.logprobs_asked)
         return GenerateParams(request_id=request_id, tenant=tenant if tenant is not None else req.tenant or "",
                               prompt_token_ids=prompt, max_tokens=max_tokens, sampling=sampling,
                               mode=Mode[req.mode.upper()] if req.mode else Mode.UNSPECIFIED,

@@ -31,6 +31,7 @@ from router.types import Completed, FinishReason, GenerateParams, RouterError, S
 from runtime.telemetry import tracing
 
 from .errors import ApiError, from_router
+from .logprobs import LogprobsFormat
 from .reply import DONE, Shape, sse
 from .stops import StopText
 
@@ -52,6 +53,8 @@ class Job:
     trace_context: object | None = None
     """The HTTP request's span context (a child of the client's traceparent)."""
     tokenizer: object | None = None
+    logprobs: LogprobsFormat | None = None
+    """How the tokens' logprobs are given (None: the request asked none)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,6 +68,17 @@ class Progress:
     """The router's text pieces, as they came (before stop strings)."""
     text: list[str] = dataclasses.field(default_factory=list)
     completed: Completed | None = None
+    logprobs: list[dict] = dataclasses.field(default_factory=list)
+    """Entries of the tokens not yet given to the client (all of them, for a whole answer)."""
+    offset: int = 0
+    """Where the next token's text starts in the completion's (echo included)."""
+
+    def take_logprobs(self, fmt: LogprobsFormat | None) -> dict | None:
+        """The `logprobs` object of the entries not yet given, which are given now."""
+        if fmt is None or not self.logprobs:
+            return None
+        block, self.logprobs = fmt.block(self.logprobs), []
+        return block
 
     def tail(self, tokenizer) -> str:
         """What the incremental pieces held back at the end: bytes of a character no later
@@ -137,7 +151,7 @@ class Generation:
     async def _serve(self, send) -> bool:
         """Serve the request; True when a stop string ended it (its run is still going)."""
         run = await self._submit()
-        progress, stop = Progress(), StopText(self.job.stops)
+        progress, stop = Progress(offset=len(self.job.echo)), StopText(self.job.stops)
         async for text in self._texts(run, progress, stop):
             if self.job.stream:
                 await self._chunk(send, progress, text)
@@ -155,6 +169,10 @@ class Generation:
                 if isinstance(event, TokenOut):
                     progress.tokens.append(event.token_id)
                     progress.streamed.append(event.text)
+                    if self.job.logprobs is not None:
+                        progress.logprobs.append(self.job.logprobs.entry(event.token_id, event.logprobs,
+                                                                         progress.offset))
+                        progress.offset += len(event.text)
                     if progress.ttft_ms is None:
                         progress.ttft_ms = event.time_since_start_ms
                     yield stop.feed(event.text)
@@ -189,21 +207,22 @@ class Generation:
                 progress, b"text/event-stream") + [(b"cache-control", b"no-cache")]})
             self._sent_start = True
             text = self.job.echo + text
-        if text or first:
-            await send({"type": "http.response.body", "body": self.job.shape.chunk(text, first=first),
-                        "more_body": True})
+        if text or first or progress.logprobs:
+            await send({"type": "http.response.body", "more_body": True, "body": self.job.shape.chunk(
+                text, first=first, logprobs=progress.take_logprobs(self.job.logprobs))})
 
     async def _end(self, send, progress: Progress, finish: str) -> None:
         shape, prompt_tokens = self.job.shape, len(self.job.params.prompt_token_ids)
         if not self.job.stream:
-            body = shape.whole(self.job.echo + "".join(progress.text), finish, prompt_tokens, len(progress.tokens))
+            body = shape.whole(self.job.echo + "".join(progress.text), finish, prompt_tokens, len(progress.tokens),
+                               progress.take_logprobs(self.job.logprobs))
             await send({"type": "http.response.start", "status": 200,
                         "headers": self._headers(progress, b"application/json")})
             await send({"type": "http.response.body", "body": body})
             return
         if not self._sent_start:
             await self._chunk(send, progress, "")
-        tail = shape.chunk("", finish)
+        tail = shape.chunk("", finish, logprobs=progress.take_logprobs(self.job.logprobs))
         if shape.include_usage:
             tail += shape.usage_chunk(prompt_tokens, len(progress.tokens))
         await send({"type": "http.response.body", "body": tail + DONE})

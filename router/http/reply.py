@@ -44,14 +44,16 @@ class Shape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> bytes:
-        """A stream chunk adding `text` (the chat's first one also names the role)."""
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False,
+              logprobs: dict | None = None) -> bytes:
+        """A stream chunk adding `text` (the chat's first one also names the role) and the
+        `logprobs` of the tokens it covers (router/http/logprobs.py)."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             out = self._envelope("chat.completion.chunk", [choice])
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
             out = self._envelope("text_completion", [choice])
         if self.include_usage:
             out["usage"] = None
@@ -63,14 +65,15 @@ class Shape:
         out["usage"] = usage(prompt_tokens, completion_tokens)
         return sse(out)
 
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+              logprobs: dict | None = None) -> bytes:
         """The answer of a request that did not stream."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
             out = self._envelope("chat.completion", [choice])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": logprobs,
                                                       "finish_reason": finish_reason}])
         out["usage"] = usage(prompt_tokens, completion_tokens)
         return orjson.dumps(out)

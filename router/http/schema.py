@@ -3,7 +3,7 @@
 Types are strict (a string is not a number, 1 is not true; NaN and infinities are
 refused), so a wrong type is a 400 naming the field, never a value silently coerced.
 Fields of OpenAI's API that pdserve cannot honour are refused when set to anything but
-their neutral value (`n` other than 1, penalties, logit_bias, tools, logprobs...), so a
+their neutral value (`n` other than 1, penalties, logit_bias, tools...), so a
 client never gets a result that ignored what it asked for. Unknown fields are ignored,
 as OpenAI's clients add new ones faster than servers learn them.
 
@@ -96,10 +96,15 @@ class CompletionRequest(Common):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: None = None
+    logprobs: int | None = Field(None, ge=0, le=contract.MAX_LOGPROBS)
+    """The chosen token's logprob and the top `logprobs` others', per output token."""
     best_of: Literal[1] | None = None
     suffix: None = None
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt (a batch of one is taken; more is refused: n=1 per request)."""
@@ -140,13 +145,25 @@ class ChatRequest(Common):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: Literal[False] = False
-    top_logprobs: None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=contract.MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
     tool_choice: Literal["none"] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, top: int | None, info) -> int | None:
+        if top is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return top
+
+    @property
+    def logprobs_asked(self) -> int | None:
+        """Sampling.logprobs: None (none), 0 (the chosen token's), k (and the top k)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_budget(self) -> int | None:

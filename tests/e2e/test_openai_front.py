@@ -1,7 +1,7 @@
 """The OpenAI-compatible front on a real local cluster (router/http; docs/design.md, "The
 HTTP front"), driven by the official `openai` package over HTTPS with the cluster's CA
-and an API key `pdserve up` made: text in and text out, the same text disaggregated and
-colocated, a stop string, usage, a cancelled stream, a client's traceparent and
+and an API key `pdserve up` made: text in and text out, the same text and logprobs
+disaggregated and colocated, a stop string, usage, a cancelled stream, a client's traceparent and
 x-request-id, and bad input that gets its status and message and leaks nothing."""
 
 from __future__ import annotations
@@ -68,14 +68,16 @@ PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "æ—¥æ
 def test_a_text_prompt_gives_the_same_text_disaggregated_and_colocated(cluster, temperature, seed):
     c = sdk(cluster)
     for prompt in PROMPTS:
-        texts = {}
+        texts, logprobs = {}, {}
         for mode in ("disaggregated", "colocated"):
             raw = c.completions.with_raw_response.create(
-                model=MODEL, prompt=prompt, max_tokens=16, temperature=temperature, seed=seed,
+                model=MODEL, prompt=prompt, max_tokens=16, temperature=temperature, seed=seed, logprobs=5,
                 extra_body={"mode": mode, "ignore_eos": True})
             assert raw.headers["x-pdserve-route"] == mode
-            texts[mode] = raw.parse().choices[0].text.encode()
+            choice = raw.parse().choices[0]
+            texts[mode], logprobs[mode] = choice.text.encode(), choice.logprobs.model_dump()
         assert texts["disaggregated"] == texts["colocated"], prompt
+        assert logprobs["disaggregated"] == logprobs["colocated"], prompt  # the same floats, every one
     messages = [{"role": "user", "content": PROMPTS[1]}]
     chats = {mode: c.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, seed=seed,
                                              temperature=temperature, extra_body={"mode": mode, "ignore_eos": True})

@@ -111,13 +111,42 @@ def _status(fn) -> openai.APIStatusError:
     return err.value
 
 
+def test_completion_logprobs_come_per_token_with_offsets_streamed_or_whole(served):
+    client = served.client()
+    whole = client.completions.create(model=MODEL, prompt=[3, 4, 5], max_tokens=5, logprobs=3,
+                                      extra_body={"mode": "colocated"})
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert all(len(top) <= 3 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs)
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=MODEL, prompt=[3, 4, 5], max_tokens=5, logprobs=3, stream=True, extra_body={"mode": "colocated"})
+        if c.choices[0].logprobs]
+    assert [v for c in streamed for v in c.token_logprobs] == lp.token_logprobs
+
+
+def test_chat_logprobs_need_logprobs_true_and_give_tokens_with_bytes(served):
+    client = served.client()
+    messages = [{"role": "user", "content": "hi"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, logprobs=True,
+                                         top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) <= 2 for c in content)
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+    err = _status(lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                                         top_logprobs=2))
+    assert err.status_code == 400 and "top_logprobs needs logprobs" in err.body["message"]
+
+
 @pytest.mark.parametrize("kwargs, param", [
     ({"n": 2}, "n"),
     ({"max_tokens": "5"}, "max_tokens"),
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"seed": -3}, "seed"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"stop": [""]}, "stop"),
     ({"extra_body": {"mode": "sideways"}}, "mode"),
     ({"extra_body": {"priority": 10**6}}, "priority"),
