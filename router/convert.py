@@ -163,7 +163,7 @@ def generate_params_from_pb(req: router_pb2.GenerateRequest) -> GenerateParams:
         prompt_token_ids=tuple(req.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
         prompt_text=req.prompt_text if which == "prompt_text" else None,
         max_tokens=req.max_tokens, sampling=sampling_from_pb(req.sampling), mode=mode, deadline_ms=req.deadline_ms,
-        slo=Slo(req.slo.ttft_ms, req.slo.tpot_ms))
+        slo=Slo(req.slo.ttft_ms, req.slo.tpot_ms), priority=req.priority)
 
 
 def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:

@@ -64,6 +64,8 @@ MAX_REQUEST_ID_BYTES = 256
 the data plane's 1,024-byte id field, whatever characters the id uses."""
 MAX_TENANT_BYTES = 128
 """Longest tenant name, in UTF-8 bytes (it keys prefix caches and directory records)."""
+MAX_PRIORITY = 1000
+"""A request's priority lies in [-MAX_PRIORITY, MAX_PRIORITY] (GenerateRequest.priority)."""
 MAX_LOGPROBS = 20
 """Most alternatives a token's log-probabilities may list (SamplingParams.logprobs):
 OpenAI's cap on chat's top_logprobs, and vLLM's default max_logprobs."""

@@ -84,6 +84,9 @@ class GenerateOptions:
     deadline_s: float | None = None
     """Deadline, s from the call, > 0: the router ends the request DEADLINE_EXCEEDED once it
     passes. None: the router's default."""
+    priority: int = 0
+    """Place among the tenant's requests waiting in the router's admission queue, in
+    [-1000, 1000] (contract.MAX_PRIORITY): higher first, equal ones in arrival order."""
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, 1, UINT32_MAX)
@@ -113,6 +116,7 @@ class GenerateOptions:
                 _check_number(name, getattr(self, name), "None or a finite number >= 0", lambda v: v >= 0)
         if self.request_id is not None and (not isinstance(self.request_id, str) or not self.request_id):
             raise _invalid("request_id", "None or a non-empty string", self.request_id)
+        _check_int("priority", self.priority, -contract.MAX_PRIORITY, contract.MAX_PRIORITY)
         if self.deadline_s is not None:
             _check_number("deadline_s", self.deadline_s, f"None or a number in (0, {MAX_DEADLINE_S}]",
                           lambda v: 0 < v <= MAX_DEADLINE_S)

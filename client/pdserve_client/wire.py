@@ -116,6 +116,7 @@ def build_generate_request(
             logprobs=o.logprobs,
         ),
         slo=common_pb2.Slo(ttft_ms=float(o.slo_ttft_ms or 0.0), tpot_ms=float(o.slo_tpot_ms or 0.0)),
+        priority=o.priority,
     )
     if o.seed is not None:
         request.sampling.seed = o.seed  # an explicit 0 is a seed, not "unset"

@@ -84,6 +84,8 @@ def _add_generate(commands, shared: argparse.ArgumentParser) -> None:
     gen.add_argument("--tenant", default="", help="tenant (default: the one the client certificate names)")
     gen.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT target for admission/routing")
     gen.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT target for admission/routing")
+    gen.add_argument("--priority", type=int, default=0,
+                     help="place among the tenant's requests in the admission queue: higher first (-1000..1000)")
     gen.add_argument("--request-id", default=None, help="request id (default: a fresh uuid)")
     gen.add_argument("--deadline-s", type=float, default=None, help="request deadline, s")
     gen.add_argument("--ids", action="store_true", help="print token ids instead of text")

@@ -60,7 +60,7 @@ class Common(BaseModel):
     mode: Literal[contract.MODES] | None = None  # type: ignore[valid-type]
     slo_ttft_ms: NonNegative = 0.0
     slo_tpot_ms: NonNegative = 0.0
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: int = Field(0, ge=-contract.MAX_PRIORITY, le=contract.MAX_PRIORITY)
     deadline_ms: int = Field(0, ge=0, le=(1 << 32) - 1)
     tenant: str | None = None
     request_id: str | None = None

@@ -86,6 +86,9 @@ def admit(params: GenerateParams, config: RouterConfig, default_mode: str | Rout
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > limit:
             raise _invalid(f"{name} is {size} bytes in UTF-8; at most {limit}")
+    if not -contract.MAX_PRIORITY <= params.priority <= contract.MAX_PRIORITY:
+        limit = contract.MAX_PRIORITY
+        raise _invalid(f"priority must be in [-{limit}, {limit}], got {params.priority}")
     prompt = _prompt_ids(params, tokenizer)
     if params.max_tokens <= 0:
         raise _invalid("max_tokens must be > 0, got 0")

@@ -125,3 +125,20 @@ def test_output_log_times_tokens_and_checks_replays():
     now[0] = 10.5
     done = log.completed(FinishReason.STOP, Route.COLOCATED, 2)
     assert (done.ttft_ms, done.tpot_ms, done.num_tokens) == (pytest.approx(100.0), pytest.approx(400.0), 2)
+
+
+def test_priority_is_bounded_and_kept():
+    from pdserve_client import contract
+    from router.config import RouterConfig
+    from router.requests.admission import admit
+    from router.types import GenerateParams, RouterError, StatusCode
+
+    base = dict(prompt_token_ids=(1, 2, 3), max_tokens=2)
+    assert admit(GenerateParams(priority=7, **base), RouterConfig(), "colocated").priority == 7
+    for bad in (contract.MAX_PRIORITY + 1, -contract.MAX_PRIORITY - 1):
+        try:
+            admit(GenerateParams(priority=bad, **base), RouterConfig(), "colocated")
+        except RouterError as exc:
+            assert exc.code is StatusCode.INVALID_ARGUMENT and "priority must be in [-1000, 1000]" in exc.message
+        else:
+            raise AssertionError(f"priority {bad} admitted")

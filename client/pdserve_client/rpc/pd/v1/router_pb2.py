@@ -25,27 +25,27 @@ _sym_db = _symbol_database.Default()
 from pdserve_client.rpc.pd.v1 import common_pb2 as pd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/router.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\"\x89\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12+\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x0f.pd.v1.TokenIdsH\x00\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x19\n\x04mode\x18\x07 \x01(\x0e\x32\x0b.pd.v1.Mode\x12\x17\n\x03slo\x18\x08 \x01(\x0b\x32\n.pd.v1.Slo\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\t \x01(\rB\x08\n\x06prompt\"\xcc\x05\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x07started\x18\x02 \x01(\x0b\x32\x1c.pd.v1.GenerateEvent.StartedH\x00\x12+\n\x05token\x18\x03 \x01(\x0b\x32\x1a.pd.v1.GenerateEvent.TokenH\x00\x12\x31\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x1d.pd.v1.GenerateEvent.CompleteH\x00\x12\x1d\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x1a\x84\x01\n\x07Started\x12\x1b\n\x05route\x18\x01 \x01(\x0e\x32\x0c.pd.v1.Route\x12\x19\n\x11prefill_worker_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x13\n\x0broute_epoch\x18\x05 \x01(\x04\x1a{\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x1b\n\x13time_since_start_ms\x18\x04 \x01(\x01\x12&\n\x08logprobs\x18\x05 \x01(\x0b\x32\x14.pd.v1.TokenLogprobs\x1a\xe9\x01\n\x08\x43omplete\x12*\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x13.pd.v1.FinishReason\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x03 \x01(\x01\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x1b\n\x05route\x18\x05 \x01(\x0e\x32\x0c.pd.v1.Route\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x19\n\x11prefill_kv_digest\x18\x07 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_kv_digest\x18\x08 \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\t \x01(\tB\x07\n\x05\x65vent*y\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODE_DISAGGREGATED\x10\x01\x12\x12\n\x0eMODE_COLOCATED\x10\x02\x12\r\n\tMODE_AUTO\x10\x03\x12\x0f\n\x0bMODE_SHADOW\x10\x04\x12\x0f\n\x0bMODE_CANARY\x10\x05*L\n\x05Route\x12\x15\n\x11ROUTE_UNSPECIFIED\x10\x00\x12\x17\n\x13ROUTE_DISAGGREGATED\x10\x01\x12\x13\n\x0fROUTE_COLOCATED\x10\x02\x32{\n\x06Router\x12:\n\x08Generate\x12\x16.pd.v1.GenerateRequest\x1a\x14.pd.v1.GenerateEvent0\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12pd/v1/router.proto\x12\x05pd.v1\x1a\x12pd/v1/common.proto\"\x9b\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12+\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x0f.pd.v1.TokenIdsH\x00\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\'\n\x08sampling\x18\x06 \x01(\x0b\x32\x15.pd.v1.SamplingParams\x12\x19\n\x04mode\x18\x07 \x01(\x0e\x32\x0b.pd.v1.Mode\x12\x17\n\x03slo\x18\x08 \x01(\x0b\x32\n.pd.v1.Slo\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\t \x01(\r\x12\x10\n\x08priority\x18\n \x01(\x05\x42\x08\n\x06prompt\"\xcc\x05\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\x07started\x18\x02 \x01(\x0b\x32\x1c.pd.v1.GenerateEvent.StartedH\x00\x12+\n\x05token\x18\x03 \x01(\x0b\x32\x1a.pd.v1.GenerateEvent.TokenH\x00\x12\x31\n\x08\x63omplete\x18\x04 \x01(\x0b\x32\x1d.pd.v1.GenerateEvent.CompleteH\x00\x12\x1d\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x0c.pd.v1.ErrorH\x00\x1a\x84\x01\n\x07Started\x12\x1b\n\x05route\x18\x01 \x01(\x0e\x32\x0c.pd.v1.Route\x12\x19\n\x11prefill_worker_id\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x13\n\x0broute_epoch\x18\x05 \x01(\x04\x1a{\n\x05Token\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x1b\n\x13time_since_start_ms\x18\x04 \x01(\x01\x12&\n\x08logprobs\x18\x05 \x01(\x0b\x32\x14.pd.v1.TokenLogprobs\x1a\xe9\x01\n\x08\x43omplete\x12*\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x13.pd.v1.FinishReason\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x0f\n\x07tpot_ms\x18\x03 \x01(\x01\x12\x12\n\nnum_tokens\x18\x04 \x01(\r\x12\x1b\n\x05route\x18\x05 \x01(\x0e\x32\x0c.pd.v1.Route\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x19\n\x11prefill_kv_digest\x18\x07 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_kv_digest\x18\x08 \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\t \x01(\tB\x07\n\x05\x65vent*y\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODE_DISAGGREGATED\x10\x01\x12\x12\n\x0eMODE_COLOCATED\x10\x02\x12\r\n\tMODE_AUTO\x10\x03\x12\x0f\n\x0bMODE_SHADOW\x10\x04\x12\x0f\n\x0bMODE_CANARY\x10\x05*L\n\x05Route\x12\x15\n\x11ROUTE_UNSPECIFIED\x10\x00\x12\x17\n\x13ROUTE_DISAGGREGATED\x10\x01\x12\x13\n\x0fROUTE_COLOCATED\x10\x02\x32{\n\x06Router\x12:\n\x08Generate\x12\x16.pd.v1.GenerateRequest\x1a\x14.pd.v1.GenerateEvent0\x01\x12\x35\n\x06\x43\x61ncel\x12\x14.pd.v1.CancelRequest\x1a\x15.pd.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pd.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1036
-  _globals['_MODE']._serialized_end=1157
-  _globals['_ROUTE']._serialized_start=1159
-  _globals['_ROUTE']._serialized_end=1235
+  _globals['_MODE']._serialized_start=1054
+  _globals['_MODE']._serialized_end=1175
+  _globals['_ROUTE']._serialized_start=1177
+  _globals['_ROUTE']._serialized_end=1253
   _globals['_GENERATEREQUEST']._serialized_start=50
-  _globals['_GENERATEREQUEST']._serialized_end=315
-  _globals['_GENERATEEVENT']._serialized_start=318
-  _globals['_GENERATEEVENT']._serialized_end=1034
-  _globals['_GENERATEEVENT_STARTED']._serialized_start=532
-  _globals['_GENERATEEVENT_STARTED']._serialized_end=664
-  _globals['_GENERATEEVENT_TOKEN']._serialized_start=666
-  _globals['_GENERATEEVENT_TOKEN']._serialized_end=789
-  _globals['_GENERATEEVENT_COMPLETE']._serialized_start=792
-  _globals['_GENERATEEVENT_COMPLETE']._serialized_end=1025
-  _globals['_ROUTER']._serialized_start=1237
-  _globals['_ROUTER']._serialized_end=1360
+  _globals['_GENERATEREQUEST']._serialized_end=333
+  _globals['_GENERATEEVENT']._serialized_start=336
+  _globals['_GENERATEEVENT']._serialized_end=1052
+  _globals['_GENERATEEVENT_STARTED']._serialized_start=550
+  _globals['_GENERATEEVENT_STARTED']._serialized_end=682
+  _globals['_GENERATEEVENT_TOKEN']._serialized_start=684
+  _globals['_GENERATEEVENT_TOKEN']._serialized_end=807
+  _globals['_GENERATEEVENT_COMPLETE']._serialized_start=810
+  _globals['_GENERATEEVENT_COMPLETE']._serialized_end=1043
+  _globals['_ROUTER']._serialized_start=1255
+  _globals['_ROUTER']._serialized_end=1378
 # @@protoc_insertion_point(module_scope)

@@ -32,7 +32,7 @@ ROUTE_DISAGGREGATED: Route
 ROUTE_COLOCATED: Route
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_text", "prompt_token_ids", "max_tokens", "sampling", "mode", "slo", "deadline_ms")
+    __slots__ = ("request_id", "tenant", "prompt_text", "prompt_token_ids", "max_tokens", "sampling", "mode", "slo", "deadline_ms", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class GenerateRequest(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     SLO_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_text: str
@@ -51,7 +52,8 @@ class GenerateRequest(_message.Message):
     mode: Mode
     slo: _common_pb2.Slo
     deadline_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_text: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[Mode, str]] = ..., slo: _Optional[_Union[_common_pb2.Slo, _Mapping]] = ..., deadline_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("request_id", "started", "token", "complete", "error")
