@@ -115,25 +115,24 @@ class Security:
     # ---- raw sockets (the TCP data plane) --------------------------------------
     def server_ssl(self) -> ssl.SSLContext | None:
         """A server context that requires a client certificate from the CA (None: plaintext)."""
-        if self.files is None:
-            return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        _load(ctx, self.files)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        return self._server_context(ssl.TLSVersion.TLSv1_3, ssl.CERT_REQUIRED)
 
     def https_ssl(self) -> ssl.SSLContext | None:
         """A server context for HTTPS (the router's OpenAI-compatible front): this
         certificate, no client certificate asked for (browsers and SDKs carry none; API keys
         say who calls), TLS 1.2 or newer (None: plaintext)."""
+        ctx = self._server_context(ssl.TLSVersion.TLSv1_2, ssl.CERT_NONE)
+        if ctx is not None:
+            ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
+    def _server_context(self, minimum: ssl.TLSVersion, verify: ssl.VerifyMode) -> ssl.SSLContext | None:
         if self.files is None:
             return None
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.minimum_version = minimum
         _load(ctx, self.files)
-        ctx.verify_mode = ssl.CERT_NONE
-        ctx.set_alpn_protocols(["http/1.1"])
+        ctx.verify_mode = verify
         return ctx
 
     def client_ssl(self) -> ssl.SSLContext | None:
