@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import signal
 import socket
 import ssl
 import subprocess
@@ -244,6 +245,26 @@ def test_a_key_created_with_the_cli_works_within_a_second(cluster):
     assert ok.usage.completion_tokens == 2
 
 
+def test_the_sdk_sees_each_refusal_as_its_own_error_class(cluster):
+    """400, 403, 404 and 413 as the openai package raises them: its error classes, the
+    field named, the message saying what was wrong; nothing held after."""
+    c = sdk(cluster)
+    cases = [
+        (openai.BadRequestError, dict(model=MODEL, prompt="x", max_tokens=2, n=2), "n"),
+        (openai.BadRequestError, dict(model=MODEL, prompt="x", max_tokens=2, logprobs=99), "logprobs"),
+        (openai.PermissionDeniedError, dict(model=MODEL, prompt="x", max_tokens=2, extra_body={"tenant": "else"}),
+         "tenant"),
+        (openai.NotFoundError, dict(model="gpt-4o", prompt="x", max_tokens=2), "model"),
+        (openai.APIStatusError, dict(model=MODEL, prompt=list(range(3, 2100)), max_tokens=2), "prompt"),
+    ]
+    for error, kwargs, param in cases:
+        with pytest.raises(error) as raised:
+            c.completions.create(**kwargs)
+        assert raised.value.body["param"] == param, raised.value.body
+    assert raised.value.status_code == 413
+    assert_cluster_clean(cluster)
+
+
 LOADGEN = REPO_ROOT / ".venv-loadgen"
 
 
@@ -265,3 +286,20 @@ def test_an_open_source_load_generator_runs_clean_against_the_front(cluster, tmp
         assert summary[endpoint]["requests"] == 8 and summary[endpoint]["errors"] == 0
         assert summary[endpoint]["output_tokens_per_request"] == 8
     assert_cluster_clean(cluster)
+
+
+def test_no_decode_worker_is_503_and_not_ready(cluster):
+    """Last in this module: its decode worker killed, the front answers 503 with Retry-After
+    once the directory drops it, and /ready says why."""
+    cluster.signal("decode-0", signal.SIGKILL)
+    ready = httpx2.Response(200)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        ready = httpx2.get(cluster.http_url.removesuffix("/v1") + "/ready", verify=_tls(cluster))
+        if ready.status_code == 503:
+            break
+        time.sleep(0.3)
+    assert ready.status_code == 503 and "no decode-capable worker" in ready.json()["reason"], ready.text
+    with pytest.raises(openai.InternalServerError) as refused:
+        sdk(cluster).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "1"
