@@ -235,7 +235,9 @@ def test_the_demo_serves_text_over_https_and_its_curl_and_openai_lines_run_as_pr
     start = lines.index("with the openai package:") + 1
     program = "\n".join(lines[start:lines.index("EOF", start) + 1])
     ran = _runs(program, up.home)
-    assert ran.returncode == 0 and "completion_tokens=12" in ran.stdout, (program, ran.stdout, ran.stderr)
+    # Sampled (OpenAI's default temperature 1) on a random model: it may stop early, at EOS.
+    assert ran.returncode == 0 and re.search(r"^'.*' CompletionUsage\(completion_tokens=(\d+), prompt_tokens=",
+                                             ran.stdout, re.M), (program, ran.stdout, ran.stderr)
 
 
 def test_the_hint_from_another_directory_names_the_router_certificates_and_state_dir(up):
