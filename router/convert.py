@@ -182,4 +182,4 @@ def event_to_pb(request_id: str, ev: Event) -> router_pb2.GenerateEvent:
         finish_reason=_FINISH_TO_PB[ev.finish_reason], ttft_ms=ev.ttft_ms, tpot_ms=ev.tpot_ms,
         num_tokens=ev.num_tokens, route=_ROUTE_TO_PB[ev.route], attempts=ev.attempts,
         prefill_kv_digest=ev.prefill_kv_digest, decode_kv_digest=ev.decode_kv_digest,
-        failed_attempts=ev.failed_attempts))
+        failed_attempts=ev.failed_attempts, text_tail=ev.text_tail))

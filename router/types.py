@@ -312,6 +312,10 @@ class Completed:
     `decode_tpot_ms`, the decode's own cadence (its step price, no lag in it)."""
     decode_tpot_ms: float | None = None
     """(latency - decode_ttft_ms) / (n - 1): the decode's cadence (None: `tpot_ms`)."""
+    text_tail: str = ""
+    """What the tokens' text pieces held back at the end: bytes of a character no later token
+    completed, as the whole output's decoding shows them (U+FFFD); pieces + tail = the
+    decoding of every token (router/requests/text.py Detokenizer.rest)."""
 
     @property
     def decoding_ttft_ms(self) -> float:

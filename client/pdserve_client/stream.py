@@ -83,7 +83,7 @@ class StreamTally:
         return GenerationResult(
             request_id=self.request_id,
             token_ids=[t.token_id for t in self.tokens],
-            text="".join(t.text for t in self.tokens),
+            text="".join(t.text for t in self.tokens) + c.text_tail,
             finish_reason=wire.finish_reason_name(c.finish_reason),
             ttft_ms=ttft_ms,
             tpot_ms=client_tpot_ms(latency_ms, ttft_ms, n),

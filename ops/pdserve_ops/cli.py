@@ -155,14 +155,25 @@ class _TokenLine:
     def __init__(self, out: TextIO, ids: bool, quiet: bool):
         self.out, self.ids, self.quiet = out, ids, quiet
         self.open = False
+        self.shown = 0
+        """Characters of text shown."""
 
     def write(self, token) -> None:
         """Show one token (and flush: the user watches it arrive)."""
-        piece = "" if self.quiet else f"{token.token_id} " if self.ids else token.text
+        self._show("" if self.quiet else f"{token.token_id} " if self.ids else token.text)
+
+    def rest(self, text: str) -> None:
+        """Show what the whole `text` has past the pieces shown (Complete.text_tail: the
+        bytes of a character no later token completed)."""
+        if not (self.quiet or self.ids):
+            self._show(text[self.shown:])
+
+    def _show(self, piece: str) -> None:
         if piece:
             self.out.write(piece)
             self.out.flush()
             self.open = not piece.endswith("\n")
+            self.shown += len(piece)
 
     def end(self) -> None:
         """End the line the tokens left open, if they did."""
@@ -181,6 +192,7 @@ def cmd_generate(client: Client, args: argparse.Namespace, out: TextIO) -> int:
             for token in stream:
                 line.write(token)
             result = stream.collect()
+            line.rest(result.text)
         except (PdError, KeyboardInterrupt):
             line.end()  # before the error on stderr
             raise

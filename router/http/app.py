@@ -190,8 +190,7 @@ class Front:
         shape = Shape.of(chat, params.request_id, self.config.model_name, req.include_usage)
         parent = tracing.extract(request.headers)
         fmt = LogprobsFormat(self.prompts.tokenizer, chat) if params.sampling.logprobs is not None else None
-        return Generation(self.orch, Job(params, shape, req.stream, req.stop_strings, echo, parent,
-                                         self.prompts.tokenizer, fmt))
+        return Generation(self.orch, Job(params, shape, req.stream, req.stop_strings, echo, parent, fmt))
 
     def params(self, request: Request, req: schema.Common, tenant: str | None, prompt: tuple[int, ...],
                max_tokens: int) -> GenerateParams:

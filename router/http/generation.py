@@ -52,7 +52,6 @@ class Job:
     """Text before the completion's own (completions' `echo`: the prompt)."""
     trace_context: object | None = None
     """The HTTP request's span context (a child of the client's traceparent)."""
-    tokenizer: object | None = None
     logprobs: LogprobsFormat | None = None
     """How the tokens' logprobs are given (None: the request asked none)."""
 
@@ -64,8 +63,6 @@ class Progress:
     route: str = ""
     ttft_ms: float | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
-    streamed: list[str] = dataclasses.field(default_factory=list)
-    """The router's text pieces, as they came (before stop strings)."""
     text: list[str] = dataclasses.field(default_factory=list)
     completed: Completed | None = None
     logprobs: list[dict] = dataclasses.field(default_factory=list)
@@ -79,15 +76,6 @@ class Progress:
             return None
         block, self.logprobs = fmt.block(self.logprobs), []
         return block
-
-    def tail(self, tokenizer) -> str:
-        """What the incremental pieces held back at the end: bytes of a character no later
-        token completed (a model may end mid-character, or emit invalid UTF-8), which the
-        whole output's decoding shows as U+FFFD. Whole and streamed answers end equal."""
-        if tokenizer is None or not self.tokens:
-            return ""
-        whole, given = tokenizer.decode(self.tokens, skip_special_tokens=True), "".join(self.streamed)
-        return whole[len(given):] if whole.startswith(given) else ""
 
 
 class Generation:
@@ -168,7 +156,6 @@ class Generation:
             async for event in run.stream():
                 if isinstance(event, TokenOut):
                     progress.tokens.append(event.token_id)
-                    progress.streamed.append(event.text)
                     if self.job.logprobs is not None:
                         progress.logprobs.append(self.job.logprobs.entry(event.token_id, event.logprobs,
                                                                          progress.offset))
@@ -183,7 +170,8 @@ class Generation:
                 elif isinstance(event, Completed):
                     progress.completed = event
                     progress.route = event.route.name.lower()
-            yield stop.feed(progress.tail(self.job.tokenizer))
+            # The pieces' held-back end (Completed.text_tail): whole and streamed answers end alike.
+            yield stop.feed(progress.completed.text_tail if progress.completed is not None else "")
             if not stop.stopped:
                 yield stop.flush()
         except RouterError as exc:

@@ -77,7 +77,7 @@ class OutputLog:
         decoding = None if self._decoding_s in (None, self._first_s) else self._ms(self._decoding_s)
         return Completed(finish_reason, ttft_ms, tpot_ms, n, route, attempts, prefill_kv_digest, decode_kv_digest,
                          failed_attempts, decoding, None if decoding is None else
-                         (latency_ms - decoding) / (n - 1) if n > 1 else 0.0)
+                         (latency_ms - decoding) / (n - 1) if n > 1 else 0.0, text_tail=self._detok.rest())
 
     def _ms(self, t: float) -> float:
         return (t - self._start_s) * 1000.0

@@ -64,6 +64,9 @@ class Detokenizer:
     def __init__(self, tokenizer: Any | None):
         self._tok = tokenizer
         self._stream = None
+        self._ids: list[int] = []
+        self._given = 0
+        """Characters of text given out so far."""
         if tokenizer is not None:
             from tokenizers.decoders import DecodeStream
 
@@ -73,4 +76,15 @@ class Detokenizer:
         """Append one token; returns the new text it completes (may be empty)."""
         if self._stream is None:
             return ""
-        return self._stream.step(self._tok, token_id) or ""
+        self._ids.append(token_id)
+        piece = self._stream.step(self._tok, token_id) or ""
+        self._given += len(piece)
+        return piece
+
+    def rest(self) -> str:
+        """At the end: the text still held back (a character no later token completed, which
+        the whole output's decoding shows as U+FFFD), so that the pieces and it make the
+        decoding of every token. One decode of the output, once a request."""
+        if self._stream is None or not self._ids:
+            return ""
+        return self._tok.decode(self._ids, skip_special_tokens=True)[self._given:]

@@ -112,6 +112,7 @@ def test_streamed_pieces_are_the_decoding_less_a_held_back_cut_character(preset,
     assert streamed == whole or whole.endswith("\ufffd"), (streamed, whole)
     detok = Detokenizer(tok)
     assert "".join(detok.add(i) for i in ids) == streamed
+    assert streamed + detok.rest() == whole  # the router's Complete.text_tail makes it whole
 
 
 def test_a_cut_character_waits_for_its_last_byte():

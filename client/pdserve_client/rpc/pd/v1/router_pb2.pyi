@@ -84,7 +84,7 @@ class GenerateEvent(_message.Message):
         logprobs: _common_pb2.TokenLogprobs
         def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., time_since_start_ms: _Optional[float] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
     class Complete(_message.Message):
-        __slots__ = ("finish_reason", "ttft_ms", "tpot_ms", "num_tokens", "route", "attempts", "prefill_kv_digest", "decode_kv_digest", "failed_attempts")
+        __slots__ = ("finish_reason", "ttft_ms", "tpot_ms", "num_tokens", "route", "attempts", "prefill_kv_digest", "decode_kv_digest", "failed_attempts", "text_tail")
         FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
         TTFT_MS_FIELD_NUMBER: _ClassVar[int]
         TPOT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class GenerateEvent(_message.Message):
         PREFILL_KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         DECODE_KV_DIGEST_FIELD_NUMBER: _ClassVar[int]
         FAILED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+        TEXT_TAIL_FIELD_NUMBER: _ClassVar[int]
         finish_reason: _common_pb2.FinishReason
         ttft_ms: float
         tpot_ms: float
@@ -103,7 +104,8 @@ class GenerateEvent(_message.Message):
         prefill_kv_digest: str
         decode_kv_digest: str
         failed_attempts: str
-        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., route: _Optional[_Union[Route, str]] = ..., attempts: _Optional[int] = ..., prefill_kv_digest: _Optional[str] = ..., decode_kv_digest: _Optional[str] = ..., failed_attempts: _Optional[str] = ...) -> None: ...
+        text_tail: str
+        def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., num_tokens: _Optional[int] = ..., route: _Optional[_Union[Route, str]] = ..., attempts: _Optional[int] = ..., prefill_kv_digest: _Optional[str] = ..., decode_kv_digest: _Optional[str] = ..., failed_attempts: _Optional[str] = ..., text_tail: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
