@@ -169,6 +169,7 @@ class AttemptDrive:
         if att.tokens_seen == 0:
             if att.route is Route.COLOCATED:
                 self._inflight.release((att.prefill_handle,))  # W finished the prompt
+                self._inflight.confirm(att.overlay_handles[0] if att.overlay_handles else None)  # and holds its blocks
             if att.route is Route.DISAGGREGATED:  # D streams only from PUBLISHED K/V; D releases it
                 advance(att, Stage.DECODE)
         att.tokens_seen += 1

@@ -70,6 +70,7 @@ class AttemptStart:
             if exc.code is StatusCode.INVALID_ARGUMENT:
                 raise RouterError(exc.code, exc.message) from exc  # the client's to fix: verbatim
             raise AttemptFailed(att.stage.value, exc.code, exc.message, culprit=d) from exc
+        self._inflight.confirm(blocks)  # D allocated them before answering
         attempt_span = trace.get_current_span()  # router.attempt (a no-op one while tracing is off)
         attempt_span.add_event(S.EVENT_RESERVED)
         if reservation.reservation_id and reservation.reservation_id != tid:

@@ -46,8 +46,10 @@ class InFlight:
                    planned: bool = False) -> tuple[int, int]:
         """Hold a route's load: the reservation's blocks at the decode worker and the
         prompt queued at the computing worker (P, or the colocated worker) until token 0.
-        Returns the (blocks, prefill) handles to `release`."""
-        return (self.overlay.add(decode, blocks=req.demand.blocks_on(decode), planned=planned),
+        Returns the (blocks, prefill) handles to `release`. The blocks count until a report
+        taken after the worker confirmed them (`confirm`) shows them."""
+        return (self.overlay.add(decode, blocks=req.demand.blocks_on(decode), planned=planned,
+                                 confirmed=planned),
                 self.overlay.add(computing, prefill_tokens=len(req.prompt), planned=planned))
 
     def hold_plan(self, plan: Plan, req: Admitted) -> list[int]:
@@ -58,6 +60,10 @@ class InFlight:
         if plan.decode is None or computing is None:
             return []
         return list(self.hold_route(req, computing, plan.decode, planned=True))
+
+    def confirm(self, handle: int | None) -> None:
+        """The worker holds the blocks `handle` counts (router/requests/placement.py LoadOverlay.confirm)."""
+        self.overlay.confirm(handle)
 
     def release(self, handles: Iterable[int | None]) -> None:
         """Give holds back (idempotent per handle; None is no hold)."""

@@ -90,6 +90,10 @@ class _Dispatch:
     started_s: float = 0.0
     """When it was dispatched, kept after its end (dated reports are compared with it)."""
     ended: bool = False
+    confirmed: bool = True
+    """False until the worker said it holds the blocks (`LoadOverlay.confirm`): a report
+    taken after the dispatch was sent may still predate its allocation (the call in flight,
+    or queued behind the worker's busy loop), so only one taken after the confirmation shows it."""
 
 
 SHOWN_TTL_S = 3600.0
@@ -176,8 +180,8 @@ class LoadOverlay:
             if w is None or w.epoch != e.epoch:
                 del self._entries[key]  # that incarnation's state is gone
                 continue
-            if e.planned:
-                continue  # not on the worker yet: no report can show it
+            if e.planned or not e.confirmed:
+                continue  # not on the worker yet (or not known to be): no report can show it
             dated = self._dated.get(e.worker_id)
             if dated is not None:
                 _, lo, hi = dated
@@ -197,15 +201,26 @@ class LoadOverlay:
         self._marks = {w.worker_id: (w.epoch, w.lease_expiry_ms, fetch_id) for w in cluster.workers}
         self._expire()
 
-    def add(self, worker: WorkerRecord, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False) -> int:
+    def add(self, worker: WorkerRecord, prefill_tokens: int = 0, blocks: int = 0, planned: bool = False,
+            confirmed: bool = True) -> int:
         """Count a dispatch against `worker`; returns a handle for `remove`. `planned`:
         a route planned but not dispatched yet (placement counts it, so a burst spreads;
-        the admission queue's room check does not, the request may wait instead)."""
+        the admission queue's room check does not, the request may wait instead).
+        `confirmed` False: no report shows it before `confirm` (blocks the worker allocates
+        when the call reaches it)."""
         self._next_id += 1
         now = self._clock()
         self._entries[self._next_id] = _Dispatch(worker.worker_id, worker.epoch, prefill_tokens, blocks,
-                                                 self._fetches, now, planned, started_s=now)
+                                                 self._fetches, now, planned, started_s=now, confirmed=confirmed)
         return self._next_id
+
+    def confirm(self, handle: int | None) -> None:
+        """The worker holds what dispatch `handle` counts (its Reserve answered, its stream
+        began): from now, a report taken later shows it (idempotent; None is ignored)."""
+        e = self._entries.get(handle) if handle is not None else None
+        if e is None or e.confirmed or e.ended:
+            return
+        e.confirmed, e.after_fetch, e.at_s = True, self._fetches, self._clock()
 
     def remove(self, handle: int | None) -> None:
         """The dispatch ended: stop counting it, or, when a heartbeat showed it, give it back

@@ -145,3 +145,23 @@ def test_undated_reports_from_an_older_directory_keep_the_lease_rule():
     r.now += 0.050
     r.overlay.remove(handle)  # undated: no later report can be placed in time, so dropped
     assert r.overlay.totals() == {} and not r.overlay._entries
+
+
+def test_a_report_taken_before_the_worker_confirmed_the_blocks_does_not_retire_them():
+    """The burst's requeues: a report taken after the call left but before the worker
+    allocated (the call in flight, or queued behind a busy loop) does not show it; an
+    unconfirmed dispatch counts until a report taken after the worker's confirmation."""
+    r = Router()
+    r.read((0, 100, 9.5))
+    r.now = 10.010
+    handle = r.overlay.add(r.d0(), blocks=4, confirmed=False)
+    r.now = 10.040
+    r.read((0, 100, 10.030))  # taken after the dispatch, before the worker allocated: 100 free
+    assert r.overlay.blocks("d0") == 4  # still counted
+    r.now = 10.060
+    r.overlay.confirm(handle)
+    r.read((1, 96, 10.050))  # taken before the confirmation: cannot prove it shows the blocks
+    assert r.overlay.blocks("d0") == 4
+    r.now = 10.100
+    r.read((1, 96, 10.090))  # taken after it: shows them
+    assert r.overlay.blocks("d0") == 0
