@@ -110,7 +110,8 @@ class LoadOverlay:
     it shows that has ended since.
 
     A dispatch counts until (a) its owner removes it (the attempt ended), (b) a load
-    report provably taken after the dispatch shows up, (c) the worker re-registered or
+    report provably taken after the dispatch (after the worker confirmed it, for one added
+    unconfirmed: `confirm`) shows up, (c) the worker re-registered or
     left, or (d) `ttl_s` passed. Double counting in between is conservative: it only
     under-states headroom. After (b) the entry is kept, counting nothing, for its end.
 
