@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from pdserve_client import contract
 from pdserve_client.rpc.pd.v1 import common_pb2, router_pb2
 from router import convert
-from router.requests.admission import max_model_len
+from router.requests.admission import known_max_model_len
 from router.types import GenerateParams, RouterError, StatusCode
 
 from . import wire
@@ -72,9 +72,8 @@ class Intake:
                 return too_long(field, size, limit)
         if sizes.prompt_tokens is None:
             return None
-        cluster = self._view.last  # whatever its age: the limits of workers change rarely
         try:
-            limit = max_model_len(cluster if cluster is not None else await self._view.get())
+            limit = await known_max_model_len(self._view)
         except RouterError as exc:
             return Refusal.of(exc)
         if limit is not None and sizes.prompt_tokens > limit:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pdserve_client import contract
-from router.requests.admission import max_model_len
+from router.requests.admission import known_max_model_len
 from router.requests.orchestrator import Orchestrator
 from router.types import GenerateParams, Mode, RouterError, Sampling, Slo
 from runtime.telemetry import tracing
@@ -155,9 +155,8 @@ class Front:
 
     async def limit_tokens(self) -> int | None:
         """The most tokens a request may hold, prompt and output (None: no worker says)."""
-        cluster = self.orch.view.last
         try:
-            return max_model_len(cluster if cluster is not None else await self.orch.view.get())
+            return await known_max_model_len(self.orch.view)
         except RouterError:
             return None
 
@@ -184,8 +183,8 @@ class Front:
                                 "(prompt and output together)", param="messages" if chat else "prompt",
                            code="context_length_exceeded")
         if max_tokens is None:  # as many as fit
-            max_tokens = min(self.orch.config.max_tokens_limit, (limit or 0) - len(prompt)) if limit else \
-                self.orch.config.max_tokens_limit
+            fit = self.orch.config.max_tokens_limit
+            max_tokens = min(fit, limit - len(prompt)) if limit is not None else fit
         params = self.params(request, req, tenant, prompt, max_tokens)
         shape = Shape.of(chat, params.request_id, self.config.model_name, req.include_usage)
         parent = tracing.extract(request.headers)

@@ -45,10 +45,14 @@ class ApiError(Exception):
     param: str | None = None
     code: str | None = None
 
+    def payload(self) -> dict:
+        """The object OpenAI's clients parse (`openai.APIStatusError.body`); a stream's `error` event carries it too."""
+        return {"error": {"message": bounded(self.message), "type": self.type, "param": self.param,
+                          "code": self.code or str(self.status)}}
+
     def body(self) -> bytes:
-        """The JSON body OpenAI's clients parse (`openai.APIStatusError.body`)."""
-        return orjson.dumps({"error": {"message": bounded(self.message), "type": self.type,
-                                       "param": self.param, "code": self.code or str(self.status)}})
+        """`payload` as a response body."""
+        return orjson.dumps(self.payload())
 
     def headers(self) -> dict[str, str]:
         """Retry-After on the statuses a client should retry."""

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import AsyncIterator
 
-import orjson
 from opentelemetry import trace
 
 from router.requests.orchestrator import Orchestrator
@@ -34,8 +32,6 @@ from .errors import ApiError, from_router
 from .logprobs import LogprobsFormat
 from .reply import DONE, Shape, sse
 from .stops import StopText
-
-log = logging.getLogger(__name__)
 
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.CANCELLED: "abort"}
 
@@ -62,7 +58,7 @@ class Progress:
 
     route: str = ""
     ttft_ms: float | None = None
-    tokens: list[int] = dataclasses.field(default_factory=list)
+    tokens: int = 0
     text: list[str] = dataclasses.field(default_factory=list)
     completed: Completed | None = None
     logprobs: list[dict] = dataclasses.field(default_factory=list)
@@ -155,7 +151,7 @@ class Generation:
         try:
             async for event in run.stream():
                 if isinstance(event, TokenOut):
-                    progress.tokens.append(event.token_id)
+                    progress.tokens += 1
                     if self.job.logprobs is not None:
                         progress.logprobs.append(self.job.logprobs.entry(event.token_id, event.logprobs,
                                                                          progress.offset))
@@ -202,7 +198,7 @@ class Generation:
     async def _end(self, send, progress: Progress, finish: str) -> None:
         shape, prompt_tokens = self.job.shape, len(self.job.params.prompt_token_ids)
         if not self.job.stream:
-            body = shape.whole(self.job.echo + "".join(progress.text), finish, prompt_tokens, len(progress.tokens),
+            body = shape.whole(self.job.echo + "".join(progress.text), finish, prompt_tokens, progress.tokens,
                                progress.take_logprobs(self.job.logprobs))
             await send({"type": "http.response.start", "status": 200,
                         "headers": self._headers(progress, b"application/json")})
@@ -212,7 +208,7 @@ class Generation:
             await self._chunk(send, progress, "")
         tail = shape.chunk("", finish, logprobs=progress.take_logprobs(self.job.logprobs))
         if shape.include_usage:
-            tail += shape.usage_chunk(prompt_tokens, len(progress.tokens))
+            tail += shape.usage_chunk(prompt_tokens, progress.tokens)
         await send({"type": "http.response.body", "body": tail + DONE})
 
     async def _error(self, send, err: ApiError) -> None:
@@ -225,4 +221,4 @@ class Generation:
             await send({"type": "http.response.start", "status": err.status, "headers": headers})
             await send({"type": "http.response.body", "body": err.body()})
             return
-        await send({"type": "http.response.body", "body": sse(orjson.loads(err.body())) + DONE})
+        await send({"type": "http.response.body", "body": sse(err.payload()) + DONE})

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from pdserve_client import contract
+from runtime.common.private_files import private_open
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,7 @@ def append(path: str | Path, line: str) -> None:
     """Add a key line to the file at `path`, created private (0600) when missing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a") as f:
+    with private_open(path, "a") as f:
         f.write(line + "\n")
 
 

@@ -151,6 +151,14 @@ def max_model_len(cluster: ClusterSnapshot) -> int | None:
     return max(lengths) if lengths and all(lengths) else None
 
 
+async def known_max_model_len(view) -> int | None:
+    """`max_model_len` of `view`'s (a ClusterView's) last snapshot, whatever its age (workers'
+    limits change rarely), or of a fresh one before the first; raises RouterError when the
+    directory gives none. The fronts refuse an over-long prompt with it before admission."""
+    cluster = view.last
+    return max_model_len(cluster if cluster is not None else await view.get())
+
+
 def check_cluster(req: Admitted, cluster: ClusterSnapshot) -> None:
     """Checks against the workers' declared capacity; raises RouterError
     (UNAVAILABLE, INVALID_ARGUMENT, RESOURCE_EXHAUSTED).

@@ -67,6 +67,9 @@ class Detokenizer:
         self._ids: list[int] = []
         self._given = 0
         """Characters of text given out so far."""
+        self._holding = False
+        """The last step gave nothing: bytes may be held. DecodeStream gives text only once
+        what it decoded so far ends in a whole character, and then gives all of it."""
         if tokenizer is not None:
             from tokenizers.decoders import DecodeStream
 
@@ -79,12 +82,14 @@ class Detokenizer:
         self._ids.append(token_id)
         piece = self._stream.step(self._tok, token_id) or ""
         self._given += len(piece)
+        self._holding = not piece
         return piece
 
     def rest(self) -> str:
         """At the end: the text still held back (a character no later token completed, which
         the whole output's decoding shows as U+FFFD), so that the pieces and it make the
-        decoding of every token. One decode of the output, once a request."""
-        if self._stream is None or not self._ids:
+        decoding of every token. One decode of the output, only when the last step gave
+        nothing (most requests end on a piece: nothing to decode)."""
+        if self._stream is None or not self._holding:
             return ""
         return self._tok.decode(self._ids, skip_special_tokens=True)[self._given:]
