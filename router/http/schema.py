@@ -14,6 +14,7 @@ pdserve's own options ride in the body beside OpenAI's (`extra_body` in the open
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -179,6 +180,11 @@ def parse(model: type[Common], body: bytes) -> Any:
         raise _first_error(exc) from None
 
 
+_UNION_BRANCH = re.compile(r"(str|int|float|bool|none|[a-z-]+\[.*\])$")
+"""The names pydantic puts in an error's location for a union's branch (`str`, `list[int]`,
+`function-after[...]`), which are not fields: a field's name may begin like one (`stream`)."""
+
+
 def _first_error(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False, include_input=False)
     first = errors[0]
@@ -186,6 +192,6 @@ def _first_error(exc: ValidationError) -> ApiError:
         return bad_request(f"the body is not valid JSON: {first['msg']}")
     if first["type"] == "model_type" or not first["loc"]:
         return bad_request("the body must be a JSON object")
-    param = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "list[", "str")))
+    param = ".".join(str(p) for p in first["loc"] if not _UNION_BRANCH.match(str(p)))
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     return bad_request(f"{param or 'body'}: {first['msg']}{more}", param or None)

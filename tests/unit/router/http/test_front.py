@@ -150,6 +150,8 @@ def test_chat_logprobs_need_logprobs_true_and_give_tokens_with_bytes(served):
     ({"stop": [""]}, "stop"),
     ({"extra_body": {"mode": "sideways"}}, "mode"),
     ({"extra_body": {"priority": 10**6}}, "priority"),
+    ({"extra_body": {"stream": "yes"}}, "stream"),
+    ({"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
 ])
 def test_a_bad_parameter_is_a_400_naming_it(served, kwargs, param):
     err = _status(lambda: served.client().completions.create(model=MODEL, prompt="x", **{"max_tokens": 2, **kwargs}))
