@@ -44,6 +44,8 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from router.requests.text import preset_of
+
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """transformers' SPECIAL_TOKENS_ATTRIBUTES: the special tokens every template may name."""
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -88,13 +90,11 @@ class ChatTemplate:
         if root.exists():
             return None
         from runtime.engine.preset_tokenizer import CHAT_TEMPLATE, tokenizer_config
-        from runtime.engine.presets import PRESETS
 
-        name = model.partition("@")[0]
-        if name not in PRESETS:
+        cfg = preset_of(model)
+        if cfg is None:
             return None
-        return cls.from_sources({"default": CHAT_TEMPLATE}, tokenizer,
-                                special_tokens(tokenizer_config(PRESETS[name])))
+        return cls.from_sources({"default": CHAT_TEMPLATE}, tokenizer, special_tokens(tokenizer_config(cfg)))
 
     @classmethod
     def from_sources(cls, templates: dict[str, str], tokenizer: Any,

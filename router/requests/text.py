@@ -15,14 +15,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+
 def load_tokenizer(model: str) -> Any | None:
     """The `tokenizers.Tokenizer` of `model`: a checkpoint directory's tokenizer.json, or
     a preset's (`name` or `name@seed`) own; None for an empty value, a directory without
     tokenizer.json, or a name that is neither (the workers judge the model; the router only
     tokenizes). An existing path that is not a directory is an error.
 
-    A preset's imports the engine package, and with it torch (runtime/engine/__init__.py):
-    about 1.5 s and 190 MB more for a router on a preset; a checkpoint's does not."""
+    A preset's is built in code (runtime/engine/preset_tokenizer.py), without torch: the
+    engine package imports it only where it computes (runtime/engine/__init__.py)."""
     if not model:
         return None
     path = Path(model)
@@ -39,15 +40,22 @@ def load_tokenizer(model: str) -> Any | None:
     return Tokenizer.from_file(str(tok_file))
 
 
+def preset_of(model: str) -> Any | None:
+    """The ModelConfig of the preset `model` names (`name` or `name@seed`), or None."""
+    from runtime.engine.presets import PRESETS
+
+    return PRESETS.get(model.partition("@")[0])
+
+
 def _preset_tokenizer(model: str) -> Any | None:
     from runtime.engine.preset_tokenizer import preset_tokenizer
-    from runtime.engine.presets import PRESETS, preset_config
+    from runtime.engine.presets import PRESETS
 
-    name = model.partition("@")[0]
-    if name not in PRESETS:
+    cfg = preset_of(model)
+    if cfg is None:
         log.warning("model %r is neither a directory nor a preset %s; no tokenizer", model, sorted(PRESETS))
         return None
-    return preset_tokenizer(preset_config(name))
+    return preset_tokenizer(cfg)
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
