@@ -181,6 +181,12 @@ class WorkerStatus:
     free + reserved + active == total, so a worker at rest shows 0 here."""
     cached_blocks: int = 0
     """Of the free blocks, those holding a reusable prompt prefix."""
+    capacity: dict[str, int] = field(default_factory=dict)
+    """What it declared at registration (pd.v1.WorkerCapacity by field name: total_blocks,
+    max_decode_batch, max_prefill_tokens, block_size, vocab_size, max_model_len)."""
+    profile: dict[str, float | str] = field(default_factory=dict)
+    """The cost profile it measured and registered (pd.v1.CostProfile by field name; empty:
+    none declared): what `pdctl profile save` keeps for the simulator."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,6 +193,8 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
             colocated_only_reason=w.colocated_only_reason,
             active_blocks=w.load.active_blocks,
             cached_blocks=w.load.cached_blocks,
+            capacity=_fields(w.capacity),
+            profile=_fields(w.profile) if w.HasField("profile") and w.profile.source else {},
         )
         for w in response.workers
     ]
@@ -206,6 +208,11 @@ def status_from_proto(response: admin_pb2.StatusResponse) -> ClusterStatus:
         canary_fraction=response.canary_fraction,
         route_epoch=response.route_epoch,
     )
+
+
+def _fields(msg) -> dict:
+    """A flat proto message's fields by name, defaults included."""
+    return {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields}
 
 
 def logprobs_from_proto(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:

@@ -35,7 +35,7 @@ from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.release import stopped_routes_of
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
-from pdserve_ops import cli_blocks, cli_drill, cli_release, trace_cmd
+from pdserve_ops import cli_blocks, cli_drill, cli_plan, cli_release, trace_cmd
 from pdserve_ops.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_blocks.add_parser(commands, shared)
     cli_release.add_parser(commands, shared)
     cli_drill.add_parser(commands, shared)
+    cli_plan.add_parser(commands, shared)
     return parser
 
 
