@@ -154,7 +154,20 @@ class Simulation:
             if self._kick:
                 self._pump()
         self._unserved_left()
-        return RunResult.of(self, workload, time.process_time() - t0)
+        return self._result(workload, time.process_time() - t0)
+
+    def _result(self, workload: Workload, cpu_s: float) -> RunResult:
+        reqs = tuple(self.results)
+        routes: dict[str, int] = {}
+        for r in reqs:
+            routes[r.route] = routes.get(r.route, 0) + 1
+        span = max(self.now, 1e-9)
+        busy: dict[str, list[float]] = {}
+        for w in self.workers:
+            busy.setdefault(w.role.value, []).append(w.busy_ms / span)
+        return RunResult(reqs, self.slo.ttft_ms, self.slo.tpot_ms, workload.rate_rps, self.spec.gpus(self.profile),
+                         routes, {k: sum(v) / len(v) for k, v in busy.items()}, cpu_s,
+                         self.router.decision_us / max(1, len(reqs)))
 
     # ---- the router's side -------------------------------------------------------------
     def _arrive(self, i: int) -> None:

@@ -12,13 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from sim.cluster import Simulation
-    from sim.workload import Workload
 
 ATTAINMENT = 0.9
 """Goodput's share of requests that must meet both targets (DistServe's 90%)."""
@@ -73,20 +68,6 @@ class RunResult:
     """Process CPU time the simulation took."""
     decision_us: float
     """Mean router decision time per arrival (the Planner's plan)."""
-
-    @classmethod
-    def of(cls, sim: Simulation, workload: Workload, cpu_s: float) -> RunResult:
-        reqs = tuple(sim.results)
-        routes: dict[str, int] = {}
-        for r in reqs:
-            routes[r.route] = routes.get(r.route, 0) + 1
-        span = max(sim.now, 1e-9)
-        util: dict[str, list[float]] = {}
-        for w in sim.workers:
-            util.setdefault(w.role.value, []).append(w.busy_ms / span)
-        return cls(reqs, sim.slo.ttft_ms, sim.slo.tpot_ms, workload.rate_rps, sim.spec.gpus(sim.profile), routes,
-                   {k: float(np.mean(v)) for k, v in util.items()}, cpu_s,
-                   sim.router.decision_us / max(1, len(reqs)))
 
     def attainment(self) -> dict[str, float]:
         """Shares of all requests meeting the TTFT target, the TPOT target and both."""

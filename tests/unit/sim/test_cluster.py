@@ -92,7 +92,8 @@ def test_deterministic():
     w = workload(n=100)
     a = Simulation(ClusterSpec(prefill=1, decode=2), make_profile(), "auto", 500, 50).run(w)
     b = Simulation(ClusterSpec(prefill=1, decode=2), make_profile(), "auto", 500, 50).run(w)
-    assert [(r.route, r.ttft_ms, r.tpot_ms) for r in a.requests] == [(r.route, r.ttft_ms, r.tpot_ms) for r in b.requests]
+    assert [(r.route, r.ttft_ms, r.tpot_ms) for r in a.requests] == \
+        [(r.route, r.ttft_ms, r.tpot_ms) for r in b.requests]
 
 
 def test_bad_specs_are_refused():
