@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from sim.cluster import ClusterSpec, Simulation
@@ -244,17 +244,21 @@ class Plan:
 
 
 def least_gpus(workload: Workload, slo_ttft_ms: float, slo_tpot_ms: float, profile: SimProfile | str,
-               max_gpus: int, share: float = ATTAINMENT, **router_overrides) -> Configuration | None:
+               max_gpus: int, share: float = ATTAINMENT, bounds: Mapping[str, tuple[int, int]] | None = None,
+               **router_overrides) -> Configuration | None:
     """The configuration with the fewest GPUs (at most `max_gpus`) whose attainment of both
     targets is at least `share` at the workload's own rate; None when none within the
-    budget does. Tried per worker count (binary search: more workers never serve less),
-    colocated, auto on mixed workers and a few prefill/decode splits."""
+    budget does. `bounds`: (fewest, most) workers per pool (prefill, decode, mixed) the
+    deployment has; a pool not named is free. Tried per worker count (binary search: more
+    workers never serve less): all colocated (mixed workers, or decode workers, which serve
+    colocated requests too), auto on mixed workers, and a few prefill/decode splits."""
     profile = load_profile(profile) if isinstance(profile, str) else profile
     planner = Planner(workload, Targets(slo_ttft_ms, slo_tpot_ms, share), **router_overrides)
     rate = max(workload.rate_rps, 1e-6)
+    b = {pool: (bounds or {}).get(pool, (0, 1 << 30)) for pool in ("prefill", "decode", "mixed")}
 
     def best_at(workers: int) -> Configuration | None:
-        for spec, mode in _candidates(workers):
+        for spec, mode in _candidates(workers, b):
             run = planner.simulate(spec, profile, mode, rate)
             if run.attainment()["both"] >= share:
                 return Configuration(spec.prefill, spec.decode, spec.mixed, mode, profile.name, profile.gpus, rate,
@@ -262,8 +266,9 @@ def least_gpus(workload: Workload, slo_ttft_ms: float, slo_tpot_ms: float, profi
                                      f"{rate:.3g} rps")
         return None
 
-    lo, hi = 1, max_gpus // profile.gpus
-    if hi < 1 or (found := best_at(hi)) is None:
+    lo = max(1, sum(low for low, _ in b.values()))
+    hi = min(max_gpus // profile.gpus, sum(high for _, high in b.values()))
+    if hi < lo or (found := best_at(hi)) is None:
         return None
     while lo < hi:
         mid = (lo + hi) // 2
@@ -275,10 +280,18 @@ def least_gpus(workload: Workload, slo_ttft_ms: float, slo_tpot_ms: float, profi
     return found
 
 
-def _candidates(workers: int) -> list[tuple[ClusterSpec, str]]:
-    out = [(ClusterSpec(mixed=workers), "colocated"), (ClusterSpec(mixed=workers), "auto")]
-    for f in (0.25, 0.5):
-        p = round(workers * f)
-        if 1 <= p < workers:
+def _candidates(workers: int, b: Mapping[str, tuple[int, int]]) -> list[tuple[ClusterSpec, str]]:
+    """The shapes `least_gpus` tries at `workers` workers, within the pools' bounds."""
+    def fits(p: int, d: int, m: int) -> bool:
+        return all(lo <= n <= hi for n, (lo, hi) in zip((p, d, m), (b["prefill"], b["decode"], b["mixed"]))) \
+            and d + m >= 1
+
+    out = []
+    if fits(0, 0, workers):
+        out += [(ClusterSpec(mixed=workers), "colocated"), (ClusterSpec(mixed=workers), "auto")]
+    elif fits(0, workers, 0):
+        out.append((ClusterSpec(decode=workers), "colocated"))
+    for p in sorted({round(workers * f) for f in (0.25, 0.5)} | {b["prefill"][0]}):
+        if 1 <= p < workers and fits(p, workers - p, 0):
             out.append((ClusterSpec(prefill=p, decode=workers - p), "auto"))
     return out

@@ -10,6 +10,7 @@
     pdctl blocks [--orphans-only] [--request R] [--worker W] [--json]   (cli_blocks.py)
     pdctl release status | promote [TARGET] | rollback [--reason R]     (cli_release.py)
     pdctl drill rollback | promote [--cluster local|kube] [--rate R] ...  (cli_drill.py)
+    pdctl autoscale status [--kube --namespace NS --release R] [--json]  (cli_autoscale.py)
 
 `--router` (before or after the command) defaults to $PD_ROUTER, then the
 local launcher's `.pdserve/router.addr`, then 127.0.0.1:50080. The certificate
@@ -35,7 +36,7 @@ from pdserve_client.options import OPTION_NAMES, GenerateOptions
 from pdserve_client.release import stopped_routes_of
 from pdserve_client.tls import TlsConfigError
 from pdserve_client.types import GenerationResult, PdError
-from pdserve_ops import cli_blocks, cli_drill, cli_plan, cli_release, trace_cmd
+from pdserve_ops import cli_autoscale, cli_blocks, cli_drill, cli_plan, cli_release, trace_cmd
 from pdserve_ops.tables import POOL_HEADERS, POOL_HELP, pool_cells, table
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_blocks.add_parser(commands, shared)
     cli_release.add_parser(commands, shared)
     cli_drill.add_parser(commands, shared)
+    cli_autoscale.add_parser(commands, shared)
     cli_plan.add_parser(commands, shared)
     return parser
 

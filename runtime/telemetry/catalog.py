@@ -52,6 +52,9 @@ TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 """Seconds per output token after the first."""
 PROMPT_BUCKETS = (128, 512, 2048, 8192)
 """Upper edges (tokens) of the prompt-length buckets of a workload cell."""
+TOKEN_BUCKETS = tuple(2 ** i for i in range(16))
+"""Tokens: one request's prompt or output length, powers of 2 from 1 to 32768 (the length mix
+the autoscaler reads: autoscaler/observe.py)."""
 
 
 def prompt_bucket(tokens: int) -> str:
@@ -85,6 +88,14 @@ def new_registry() -> CollectorRegistry:
     return registry
 
 
+def _length_histograms(r: CollectorRegistry) -> tuple[Histogram, Histogram]:
+    """The router's per-request prompt and output lengths (the length mix)."""
+    return (Histogram("pd_request_prompt_tokens", "Prompt length of each completed request, tokens.",
+                      buckets=TOKEN_BUCKETS, registry=r),
+            Histogram("pd_request_generation_tokens", "Tokens generated for each completed request.",
+                      buckets=TOKEN_BUCKETS, registry=r))
+
+
 class RouterMetrics:
     """The router's families; the orchestrator calls the methods at each event."""
 
@@ -107,6 +118,7 @@ class RouterMetrics:
                                      ["tenant"], registry=r)
         self.generation_tokens = Counter("pd_generation_tokens", "Tokens generated for completed requests "
                                          "(streamed to the client), by tenant.", ["tenant"], registry=r)
+        self.request_prompt_tokens, self.request_generation_tokens = _length_histograms(r)
         self.slo = Counter("pd_slo_requests", "Completed requests with an SLO target, by workload cell and "
                            "whether every target was met.", ["tenant", "prompt_bucket", "attained"], registry=r)
         self.transfer_attempts = Counter("pd_kv_transfer_attempts", "Disaggregated attempts dispatched "
@@ -186,6 +198,8 @@ class RouterMetrics:
         cell = {"tenant": tenant, "prompt_bucket": prompt_bucket(prompt_tokens)}
         self.prompt_tokens.labels(tenant=tenant).inc(prompt_tokens)
         self.generation_tokens.labels(tenant=tenant).inc(num_tokens)
+        observe(self.request_prompt_tokens, prompt_tokens)
+        observe(self.request_generation_tokens, num_tokens)
         observe(self.ttft.labels(**cell), ttft_s)
         if num_tokens > 1:
             observe(self.tpot.labels(**cell), tpot_s)

@@ -296,6 +296,34 @@ class LocalCluster:
             raise RuntimeError(f"vLLM workers need vLLM's environment: {python} is missing (make vllm-env)")
         return python
 
+    def workers(self, role: str) -> list[str]:
+        """Names of the recorded workers of `role` (prefill, decode, mixed), by index."""
+        names = [n for n in self.procs if self.roles.get(n) == role]
+        return sorted(names, key=lambda n: int(n.rpartition("-")[2]))
+
+    def add_worker(self, role: str, timeout_s: float = 120.0) -> str:
+        """Start one more worker of `role` on the lowest free index, record it in the state
+        dir, and return its name once it serves (the autoscaler's scale-up)."""
+        used = {int(n.rpartition("-")[2]) for n in self.workers(role)}
+        name = f"{role}-{min(set(range(len(used) + 1)) - used)}"
+        try:
+            self.start_worker(role, int(name.rpartition("-")[2]), timeout_s)
+        except BaseException:
+            if name in self.procs:  # it started and failed: leave no record of it
+                self.remove_worker(name, 5.0)
+            raise
+        self._save()
+        return name
+
+    def remove_worker(self, name: str, timeout_s: float = 60.0) -> None:
+        """Stop worker `name` with SIGTERM and wait: it drains (refuses new work, finishes what it
+        has, gives its blocks back, deregisters); SIGKILL only after `timeout_s`. Then forget it."""
+        self.stop(name, timeout_s)
+        del self.procs[name]
+        self._popen.pop(name, None)
+        self.roles.pop(name, None)
+        self._save()
+
     def start_workers(self, timeout_s: float = 180.0) -> None:
         """Every worker of the spec (after `start_base`), at once (most of a start is each process importing
         torch; they are independent until the router reads their registrations)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.support import REPO as ROOT
 
 PRODUCT = ("router", "runtime", "kv_directory", "prefill_worker", "decode_worker", "client/pdserve_client",
-           "ops/pdserve_ops", "tooling", "sim")
+           "ops/pdserve_ops", "tooling", "sim", "autoscaler")
 SERVICES = ("router", "kv_directory", "prefill_worker", "decode_worker")
 
 
