@@ -25,7 +25,7 @@ LOADGEN_STAMP := $(LOADGEN_VENV)/.installed
 NATIVE_SRC := $(wildcard router/*.py router/*/*.py router/*/*.pxd router/*/*/*.py runtime/kernels/*)
 NATIVE  := router/_native/.stamp
 
-.PHONY: run test vllm-env loadgen-env bench-front bench-loadgen gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
+.PHONY: run test vllm-env loadgen-env bench-front bench-loadgen gpu-check chart-check install browser native proto sync-client image image-local image-smoke bench-engine bench-transfer bench-router bench-goodput bench-planner bench-faults bench-migration bench-security bench-tracing bench-handoff bench-vllm bench-directory trace-viewer clean down
 
 # The client distribution (client/: stubs, vocabulary, SDK, pdctl) is installed with
 # the server, which depends on it. torch first, from the index deploy/torch-ucx.sh picks
@@ -124,6 +124,9 @@ bench-router: $(STAMP) $(NATIVE)
 
 bench-goodput: $(STAMP) $(NATIVE)
 	$(VPY) bench/goodput.py
+
+bench-planner: $(STAMP) $(NATIVE)
+	$(VPY) bench/planner.py
 
 bench-faults: $(STAMP) $(NATIVE)
 	$(VPY) bench/faults.py

@@ -7,7 +7,9 @@
               planned route when its decode worker still has room, else places one
     workers   engine loops (sim/engine.py): chunked prefill, continuous batching, the
               K/V pool, prefix reuse, colocated interference
-    hand-off  P's token 0 goes to the client; the K/V moves in the exposed transfer time
+    host      optionally, the cores every process shares (sim/profile.py HostProfile): steps
+            and the fixed costs' hops stretch while the demand exceeds them
+  hand-off  P's token 0 goes to the client; the K/V moves in the exposed transfer time
               of the profile's transport (layer streaming overlaps it with the prefill),
               then Reserve/COMMIT/validate/publish (Overheads.handoff_ms) before D admits
               it at its next iteration; P frees its blocks when the K/V has left
@@ -29,7 +31,7 @@ from router.requests.placement import blocks_needed
 from router.requests.planner import Plan
 from router.types import Completed, FinishReason, PrefillDone, Route, Slo
 from runtime.directory.records import WorkerRole
-from sim.engine import Seq, Worker
+from sim.engine import Seq, SharedHost, Worker
 from sim.metrics import RequestResult, RunResult
 from sim.profile import SimProfile
 from sim.router import SimRouter, prompt_ids, router_config
@@ -105,6 +107,9 @@ class Simulation:
         self._heap: list = []
         self._n = 0
         self.router = SimRouter(router_config(profile, mode, **router_overrides), profile, lambda: self.now / 1000.0)
+        h = profile.host
+        self.host = None if h is None else SharedHost(h.cores, h.token_cpu_ms, h.request_cpu_ms, h.split_cpu_ms,
+                                                      self._busy)
         self.workers = self._make_workers()
         self._by_id = {w.worker_id: w for w in self.workers}
         self._queue: list[_Flight] = []
@@ -120,8 +125,16 @@ class Simulation:
                         (WorkerRole.MIXED, self.spec.mixed)):
             for i in range(n):
                 out.append(Worker(f"{role.value}-{i}", role, self.profile.engine, self._schedule_worker,
-                                  self._token0, self._done, self._freed))
+                                  self._token0, self._done, self._freed, self.host))
         return out
+
+    def _busy(self) -> int:
+        return sum(1 for w in self.workers if w.seg is not None)
+
+    def _cpu_wait(self, t: float) -> float:
+        """How much the shared host stretches a fixed cost (its hops run on the same cores as
+        the workers); 1 when the workers own their hosts."""
+        return self.host.factor(t, extra=0.0) if self.host is not None else 1.0
 
     # ---- the event loop ---------------------------------------------------------------
     def _push(self, t: float, kind: int, obj, version: int = 0) -> None:
@@ -172,6 +185,8 @@ class Simulation:
     # ---- the router's side -------------------------------------------------------------
     def _arrive(self, i: int) -> None:
         r = self._workload.requests[i]
+        if self.host is not None:
+            self.host.request(self.now)
         f = _Flight(i, self.now, prompt_ids(i, r), blocks_needed(r.prompt_tokens, r.output_tokens,
                                                                   self.profile.engine.block_size))
         cluster = self.router.snapshot(self.workers, self.now)
@@ -222,6 +237,8 @@ class Simulation:
         if route is Route.COLOCATED:
             d.submit(f.seq_d, self.now)
             return
+        if self.host is not None:
+            self.host.request(self.now, self.host.split_cpu_ms)
         f.seq_p = Seq(f.index, r.prompt_tokens, r.output_tokens, prefill_only=True, **pfx)
         p.submit(f.seq_p, self.now)
 
@@ -246,9 +263,9 @@ class Simulation:
         o = self.profile.overheads
         self.router.inflight.started(f.booking)
         if not seq.prefill_only:
-            f.token0_ms = t + o.colocated_ms
+            f.token0_ms = t + o.colocated_ms * self._cpu_wait(t)
             return
-        f.token0_ms = t + o.split_ms
+        f.token0_ms = t + o.split_ms * self._cpu_wait(t)
         e, d = self.profile.engine, f.d
         hit_blocks = d.prefix_hit(f.seq_d) // e.block_size
         moved = -(-seq.prompt // e.block_size) - hit_blocks
@@ -267,13 +284,13 @@ class Simulation:
             f.d.release(f.seq_d, self.now)
             self._finish(f, f.seq_p)
             return
-        self._push(self.now + self.profile.overheads.handoff_ms, PUBLISHED, f)
+        self._push(self.now + self.profile.overheads.handoff_ms * self._cpu_wait(self.now), PUBLISHED, f)
 
     def _published(self, f: _Flight) -> None:
         seq = f.seq_d
         seq.generated = 1
         seq.computed = seq.prompt
-        f.decode_start_ms = self.now + self.profile.overheads.colocated_ms
+        f.decode_start_ms = self.now + self.profile.overheads.colocated_ms * self._cpu_wait(self.now)
         f.d.join(seq, self.now)
 
     def _done(self, w: Worker, seq: Seq) -> None:
@@ -282,7 +299,8 @@ class Simulation:
     def _finish(self, f: _Flight, seq: Seq) -> None:
         r = self._workload.requests[f.index]
         n = seq.generated
-        last = seq.last_ms + self.profile.overheads.colocated_ms if n > 1 else f.token0_ms
+        last = seq.last_ms + self.profile.overheads.colocated_ms * self._cpu_wait(seq.last_ms) if n > 1 \
+            else f.token0_ms
         ttft = f.token0_ms - f.arrival_ms
         tpot = (last - f.token0_ms) / (n - 1) if n > 1 else 0.0
         split = f.route is Route.DISAGGREGATED

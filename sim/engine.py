@@ -85,6 +85,8 @@ class Segment:
     a_ms: float = 0.0
     """DECODE: the per-round cost without its context term (A)."""
     c0: int = 0
+    scale: float = 1.0
+    """How much the shared host stretches this segment (1: the worker owns its core)."""
 
 
 class Worker:
@@ -94,10 +96,12 @@ class Worker:
 
     def __init__(self, worker_id: str, role: WorkerRole, engine: EngineProfile,
                  schedule: Callable[[Worker, float], None], token0: Callable[[Worker, Seq, float], None],
-                 done: Callable[[Worker, Seq], None], freed: Callable[[Worker], None]):
+                 done: Callable[[Worker, Seq], None], freed: Callable[[Worker], None],
+                 host: SharedHost | None = None):
         self.worker_id, self.role, self.engine = worker_id, role, engine
         self.can_prefill, self.can_decode = role is not WorkerRole.DECODE, role is not WorkerRole.PREFILL
         self._schedule, self._token0, self._done, self._freed = schedule, token0, done, freed
+        self.host = host
         self.prefill_q: collections.deque[Seq] = collections.deque()
         self.batch: list[Seq] = []
         self.joining: list[Seq] = []
@@ -207,13 +211,17 @@ class Worker:
         b = len(self.batch) + (1 if last and self.can_decode and not head.prefill_only and head.output > 1 else 0)
         ctx = self.context + (head.prompt + 1 if b > len(self.batch) else 0)
         step_ms = self._step_ms(b, ctx) if b else 0.0
-        self._set(Segment(ITER, now, now + chunk_ms + step_ms, chunk=chunk, chunk_ms=chunk_ms, step_ms=step_ms))
+        k = self.host.factor(now) if self.host is not None else 1.0
+        chunk_ms, step_ms = chunk_ms * k, step_ms * k
+        self._set(Segment(ITER, now, now + chunk_ms + step_ms, chunk=chunk, chunk_ms=chunk_ms, step_ms=step_ms,
+                          scale=k))
 
     def _decode(self, now: float) -> None:
         b = len(self.batch)
         rounds = min(q.output - q.generated for q in self.batch)
         a = self._round_fixed_ms(b)
-        s = Segment(DECODE, now, 0.0, rounds=rounds, a_ms=a, c0=self.context)
+        s = Segment(DECODE, now, 0.0, rounds=rounds, a_ms=a, c0=self.context,
+                    scale=self.host.factor(now) if self.host is not None else 1.0)
         s.end_ms = now + self._rounds_ms(s, rounds)
         self._set(s)
 
@@ -253,6 +261,8 @@ class Worker:
             self.prefill_q.popleft()
             head.generated = 1
             head.token0_ms = head.last_ms = t_chunk
+            if self.host is not None:
+                self.host.tokens(t_chunk, 1)
             if self.can_decode and not head.prefill_only and head.output > 1:
                 self.batch.append(head)
                 self.context += head.context
@@ -268,6 +278,8 @@ class Worker:
     def _step_all(self, rounds: int, t: float) -> None:
         """Every sequence of the batch gained `rounds` tokens, the last at `t`."""
         b = len(self.batch)
+        if self.host is not None:
+            self.host.tokens(t, b * rounds)
         self.context += b * rounds
         done = []
         for q in self.batch:
@@ -302,11 +314,11 @@ class Worker:
     def _rounds_ms(self, s: Segment, k: int) -> float:
         """T(k): k decode-only rounds from the segment's start."""
         f, b = self.engine.cost.decode_ms_per_context_token, len(self.batch)
-        return k * (s.a_ms + f * s.c0) + f * b * k * (k - 1) / 2
+        return (k * (s.a_ms + f * s.c0) + f * b * k * (k - 1) / 2) * s.scale
 
     def _rounds_done(self, s: Segment, now: float) -> int:
         """Rounds of `s` complete by `now` (at most s.rounds)."""
-        dt = now - s.start_ms
+        dt = (now - s.start_ms) / s.scale
         if dt <= 0:
             return 0
         f, b = self.engine.cost.decode_ms_per_context_token, len(self.batch)
@@ -317,8 +329,45 @@ class Worker:
         else:
             k = int(dt / lin) if lin > 0 else s.rounds
         k = max(0, min(k, s.rounds))
-        while k > 0 and self._rounds_ms(s, k) > dt + 1e-9:
+        while k > 0 and self._rounds_ms(s, k) / s.scale > dt + 1e-9:
             k -= 1
-        while k < s.rounds and self._rounds_ms(s, k + 1) <= dt + 1e-9:
+        while k < s.rounds and self._rounds_ms(s, k + 1) / s.scale <= dt + 1e-9:
             k += 1
         return k
+
+
+class SharedHost:
+    """The cores a cluster's processes share (sim/profile.py HostProfile): the demand now is
+    the workers computing (one core each) plus the serving path's CPU at the recent token
+    and request rates (exponentially decayed over `window_ms`); a step that starts while the
+    demand exceeds the cores is stretched by demand / cores."""
+
+    def __init__(self, cores: float, token_cpu_ms: float, request_cpu_ms: float, split_cpu_ms: float,
+                 busy: Callable[[], int], window_ms: float = 100.0):
+        self.cores, self.token_cpu_ms, self.request_cpu_ms = cores, token_cpu_ms, request_cpu_ms
+        self.split_cpu_ms = split_cpu_ms
+        self._busy = busy
+        self._tau = window_ms
+        self._cpu = 0.0
+        """Serving-path CPU ms per ms of late (decayed)."""
+        self._t = 0.0
+
+    def _decay(self, now: float) -> None:
+        if now > self._t:
+            self._cpu *= math.exp(-(now - self._t) / self._tau)
+            self._t = now
+
+    def tokens(self, now: float, n: int) -> None:
+        self._decay(now)
+        self._cpu += n * self.token_cpu_ms / self._tau
+
+    def request(self, now: float, cpu_ms: float | None = None) -> None:
+        """A request's CPU (default: `request_cpu_ms`) spent around `now`."""
+        self._decay(now)
+        self._cpu += (self.request_cpu_ms if cpu_ms is None else cpu_ms) / self._tau
+
+    def factor(self, now: float, extra: float = 1.0) -> float:
+        """demand / cores (at least 1); `extra`: cores the asker adds (a worker about to
+        compute: 1; a hop: 0)."""
+        self._decay(now)
+        return max(1.0, (self._busy() + extra + self._cpu) / self.cores)

@@ -11,8 +11,9 @@ at least 90% of requests meet both targets. The search per parallel degree t
     colocated       W mixed workers, the router in colocated mode (the baseline)
     disaggregated   p prefill + (W - p) decode, disaggregated mode; p over a coarse
                     grid, then the neighbours of the best
-    auto            the router's per-request choice (auto mode) on W mixed workers, and
-                    on the best disaggregated split
+    auto            the router's per-request choice (auto mode) on W mixed workers, on
+                    the best disaggregated split, and on that split with its decode
+                    workers mixed (they then serve colocated requests and prefill too)
 
 `least_gpus` answers the autoscaler's question instead: the fewest GPUs whose best
 configuration meets both targets (attainment >= 90%) at a given rate.
@@ -194,9 +195,10 @@ class Planner:
             split = self.disaggregated(profile, workers)
             configs += split
             configs.append(self.goodput(ClusterSpec(mixed=workers), profile, "auto"))
-            if split:
+            if split:  # the per-request choice on the best split, and with its decode pool mixed
                 best = split[0]
                 configs.append(self.goodput(ClusterSpec(best.prefill, best.decode), profile, "auto"))
+                configs.append(self.goodput(ClusterSpec(best.prefill, 0, best.decode), profile, "auto"))
         if not configs:
             raise ValueError(f"no profile fits {gpus} GPU(s)")
         return Plan(tuple(sorted(configs, key=lambda c: -c.goodput_per_gpu)), self.targets, gpus, self.runs)

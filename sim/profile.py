@@ -124,6 +124,33 @@ class Overheads:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class HostProfile:
+    """Processes that share CPU cores (the local cluster: every service on one machine).
+
+    Every worker's compute holds one core while it runs; the serving path costs CPU on the
+    same cores, `token_cpu_ms` per streamed token (the worker's send, the router's relay,
+    the client's receive) and `request_cpu_ms` per request (admission, the decision, the
+    directory's calls). When the demand exceeds `cores`, every worker's steps stretch by
+    demand / cores (processor sharing, taken at each step's start). A GPU cluster's
+    workers own their hosts: no HostProfile."""
+
+    cores: float
+    token_cpu_ms: float = 0.0
+    request_cpu_ms: float = 0.0
+    split_cpu_ms: float = 0.0
+    """A split request's CPU beyond a colocated one's: the hand-off's transaction (reserve,
+    commit, validate, publish through the directory and Redis) and its transfer."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.cores) and self.cores > 0):
+            raise ValueError(f"HostProfile.cores must be > 0, got {self.cores!r}")
+        for name in ("token_cpu_ms", "request_cpu_ms", "split_cpu_ms"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"HostProfile.{name} must be finite and >= 0, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SimProfile:
     """A worker kind, the transport between two workers and the fixed costs."""
 
@@ -136,6 +163,8 @@ class SimProfile:
     model: str = ""
     source: str = ""
     """How it was made: "calibrated <cluster> <date>", "analytic (docs/capacity.md)"."""
+    host: HostProfile | None = None
+    """The cores the cluster's processes share; None: each worker owns its compute."""
 
     @property
     def gpus(self) -> int:
@@ -158,7 +187,8 @@ class SimProfile:
             e["cost"] = CostProfile(**e["cost"])
             return cls(name=d["name"], engine=EngineProfile(**e), transfer=TransferProfile(**d["transfer"]),
                        overheads=Overheads(**d.get("overheads", {})), hardware=d.get("hardware", ""),
-                       model=d.get("model", ""), source=d.get("source", ""))
+                       model=d.get("model", ""), source=d.get("source", ""),
+                       host=HostProfile(**d["host"]) if d.get("host") else None)
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed simulator profile: {e}") from e
 

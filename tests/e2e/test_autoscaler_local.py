@@ -18,7 +18,7 @@ from autoscaler.observe import Observer
 from autoscaler.policy import Policy, Rules, Sizes, Target
 from pdserve_client.types import PdError
 from pdserve_ops.cli import main as pdctl
-from tests.support.cluster import _directory, assert_cluster_clean, client, start_cluster
+from tests.support.cluster import _directory, assert_cluster_clean, client, start_cluster, tls_env
 from tooling.cluster.autoscale import STATUS_FILE, LocalScaler
 
 
@@ -98,3 +98,48 @@ def test_decode_scales_up_and_drains_down_under_load_and_nothing_leaks(cluster):
     record = json.loads((cluster.state / STATUS_FILE).read_text())
     assert [d["action"] for d in record["decisions"]] == ["scale", "scale", "hold"]
     assert pdctl(["autoscale", "status", "--state-dir", str(cluster.state)]) == 0
+
+
+def test_the_clusters_profile_plans_and_drives_the_autoscaler(cluster, tmp_path, monkeypatch):
+    """End to end with the real planner: `pdctl profile save` keeps what the live workers
+    registered, `pdctl plan` plans with that file, and the autoscaler asks the planner about
+    the load the real router observed."""
+    from autoscaler.config import AutoscalerSettings
+    from autoscaler.recommend import recommender
+    from sim.profile import SimProfile
+
+    for k, v in tls_env(cluster, "operator").items():
+        if k.startswith("PD_TLS_"):
+            monkeypatch.setenv(k, v)
+    saved = tmp_path / "local.json"
+    assert pdctl(["--router", cluster.procs["router"].address, "profile", "save", str(saved), "--layers", "2"]) == 0
+    prof = SimProfile.load(saved)
+    with client(cluster, identity="operator") as ops:
+        registered = [w.profile for w in ops.status().workers]
+    assert all(r["source"] for r in registered) and len(registered) == 2
+    assert min(r["prefill_ms_per_token"] for r in registered) <= prof.engine.cost.prefill_ms_per_token \
+        <= max(r["prefill_ms_per_token"] for r in registered)
+    assert prof.engine.block_size == 16 and prof.engine.layers == 2
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{i * 0.05:.3f},{60 + i % 50},{8 + i % 9}\n" for i in range(80)))
+    assert pdctl(["plan", "--trace", str(trace), "--slo-ttft-ms", "200", "--slo-tpot-ms", "20", "--gpus", "2",
+                  "--profile", str(saved), "--quiet", "--json", "--tolerance", "0.1"]) == 0
+
+    settings = AutoscalerSettings(profile=str(saved), slo_ttft_ms=200, slo_tpot_ms=20, max_gpus=4,
+                                  max_decode=3, max_prefill=1)
+    routers = lambda: [cluster.procs["router"].metrics_url]  # noqa: E731
+    auto = Autoscaler(Observer(routers, cluster.identity("monitor").client_ssl(), 60), recommender(settings),
+                      Policy(Rules(up_stable_s=3600, down_stable_s=3600, cooldown_s=0)),
+                      LocalScaler(cluster, drain_timeout_s=40), "local")
+    load = Load(cluster, threads=2)
+    try:
+        auto.step()
+        load.until(lambda: len(load.results) >= 8)
+        d = auto.step()
+    finally:
+        load.finish()
+    assert d.action == "hold" and ("meets TTFT 200 ms, TPOT 20 ms" in d.reason or "no configuration" in d.reason), \
+        d.reason  # the real planner answered for the observed load (and the stable window holds the change)
+    assert_cluster_clean(cluster)

@@ -50,3 +50,16 @@ def test_profile_file_round_trip_and_refusals(tmp_path):
     f.write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         SimProfile.load(f)
+
+
+def test_a_host_round_trips_and_is_checked(tmp_path):
+    import dataclasses
+
+    from sim.profile import HostProfile
+
+    p = dataclasses.replace(make_profile(), host=HostProfile(2.0, 0.3, 1.5))
+    f = tmp_path / "h.json"
+    p.save(f)
+    assert SimProfile.load(f).host == HostProfile(2.0, 0.3, 1.5)
+    with pytest.raises(ValueError, match="cores must be > 0"):
+        HostProfile(0.0)

@@ -103,3 +103,23 @@ def test_bad_specs_are_refused():
         Simulation(ClusterSpec(decode=2), make_profile(), "disaggregated")
     with pytest.raises(ValueError, match="mode must be"):
         Simulation(ClusterSpec(decode=2), make_profile(), "sideways")
+
+
+def test_a_shared_host_stretches_the_steps():
+    """Two workers on one core, and the serving path's CPU beside them: every step of a busy
+    cluster takes longer than on dedicated cores; with cores to spare nothing changes."""
+    import dataclasses
+
+    from sim.profile import HostProfile
+
+    w = workload(rate=30.0, n=150)
+    own = Simulation(ClusterSpec(decode=2), make_profile(), "colocated").run(w)
+    spare = dataclasses.replace(make_profile(), host=HostProfile(cores=64.0))
+    assert [r.ttft_ms for r in Simulation(ClusterSpec(decode=2), spare, "colocated").run(w).requests] == \
+        [r.ttft_ms for r in own.requests]
+    shared = dataclasses.replace(make_profile(), host=HostProfile(cores=1.0, token_cpu_ms=0.2, request_cpu_ms=2.0))
+    sim = Simulation(ClusterSpec(decode=2), shared, "colocated")
+    slow = sim.run(w)
+    assert slow.quantiles("tpot_ms")["p50"] > 1.5 * own.quantiles("tpot_ms")["p50"]
+    assert slow.quantiles("ttft_ms")["p50"] > own.quantiles("ttft_ms")["p50"]
+    check_clean(sim)
