@@ -228,12 +228,16 @@ def fixed_costs(mode: str, engine, real_iso: list[Seen], iso: Workload, real_bur
         ttft = _median_diff(real_iso, simulate(mode, base.apply("steps", engine), iso, (0.0, 0.0)), "ttft_ms") or 0.0
         return Fixed(dataclasses.replace(known.overheads, colocated_ms=max(0.0, ttft)), known.host, step, seq)
     if mode == "disaggregated":
-        probe = dataclasses.replace(known, overheads=dataclasses.replace(known.overheads, split_ms=0.0, handoff_ms=0.0))
+        probe = dataclasses.replace(known, overheads=dataclasses.replace(known.overheads, split_ms=0.0, handoff_ms=0.0,
+                                                                          admit_ms=0.0))
         s = simulate(mode, probe.apply("probe", engine), iso, (0.0, 0.0))
         n = iso.requests[0].output_tokens
         ttft, gap = _median_diff(real_iso, s, "ttft_ms") or 0.0, (_median_diff(real_iso, s, "tpot_ms") or 0.0) * (n - 1)
-        return dataclasses.replace(known, overheads=dataclasses.replace(
-            known.overheads, split_ms=max(0.0, ttft), handoff_ms=max(0.0, gap)))
+        o = dataclasses.replace(known.overheads, split_ms=max(0.0, ttft), handoff_ms=max(0.0, gap))
+        # a burst's streams each sit through every hand-off of the burst admitted beside them
+        s = simulate(mode, dataclasses.replace(known, overheads=o).apply("probe", engine), bw, (0.0, 0.0))
+        stall = (_median_diff(real_burst, s, "tpot_ms") or 0.0) * (bw.requests[0].output_tokens - 1) / len(bw)
+        return dataclasses.replace(known, overheads=dataclasses.replace(o, admit_ms=max(0.0, stall)))
     return known
 
 

@@ -126,6 +126,7 @@ class Simulation:
             for i in range(n):
                 out.append(Worker(f"{role.value}-{i}", role, self.profile.engine, self._schedule_worker,
                                   self._token0, self._done, self._freed, self.host))
+                out[-1].admit_ms = self.profile.overheads.admit_ms
         return out
 
     def _busy(self) -> int:

@@ -67,7 +67,7 @@ class Seq:
         return self.prompt + self.generated
 
 
-ITER, DECODE = 1, 2
+ITER, DECODE, ADMIT = 1, 2, 3
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,6 +102,8 @@ class Worker:
         self.can_prefill, self.can_decode = role is not WorkerRole.DECODE, role is not WorkerRole.PREFILL
         self._schedule, self._token0, self._done, self._freed = schedule, token0, done, freed
         self.host = host
+        self.admit_ms = 0.0
+        """Loop time per hand-off admitted (Overheads.admit_ms; the cluster sets it)."""
         self.prefill_q: collections.deque[Seq] = collections.deque()
         self.batch: list[Seq] = []
         self.joining: list[Seq] = []
@@ -187,7 +189,12 @@ class Worker:
             for q in self.joining:
                 self.batch.append(q)
                 self.context += q.context
+            k = len(self.joining)
             self.joining.clear()
+            if self.admit_ms > 0:  # the imports run first: the batch waits for them
+                scale = self.host.factor(now) if self.host is not None else 1.0
+                self._set(Segment(ADMIT, now, now + self.admit_ms * k * scale, scale=scale))
+                return
         head = self.prefill_q[0] if self.prefill_q else None
         if head is not None and head.blocks == 0 and head.prefill_only:
             need = -(-head.prompt // self.engine.block_size)
@@ -246,7 +253,7 @@ class Worker:
         self.busy_ms += s.end_ms - s.start_ms
         if s.kind == ITER:
             self._end_iteration(s)
-        else:
+        elif s.kind == DECODE:
             self._end_rounds(s)
         self.seg = None
         self._start(now)

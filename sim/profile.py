@@ -115,6 +115,9 @@ class Overheads:
     """After P's last chunk, before D admits: Reserve, COMMIT, validate, publish (the
     directory's round trips and the control plane, bench/handoff.py), beyond the exposed
     transfer."""
+    admit_ms: float = 0.0
+    """D's engine loop per admitted hand-off (the K/V's import and checks run between two
+    iterations): a stall of D's decode batch."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

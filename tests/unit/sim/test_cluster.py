@@ -123,3 +123,17 @@ def test_a_shared_host_stretches_the_steps():
     assert slow.quantiles("tpot_ms")["p50"] > 1.5 * own.quantiles("tpot_ms")["p50"]
     assert slow.quantiles("ttft_ms")["p50"] > own.quantiles("ttft_ms")["p50"]
     check_clean(sim)
+
+
+def test_a_hand_offs_admission_stalls_the_decode_batch():
+    import dataclasses
+
+    w = workload(rate=20.0, n=100, output=40)
+    base = make_profile()
+    slow = dataclasses.replace(base, overheads=dataclasses.replace(base.overheads, admit_ms=20.0))
+    a = Simulation(ClusterSpec(prefill=1, decode=1), base, "disaggregated").run(w)
+    sim = Simulation(ClusterSpec(prefill=1, decode=1), slow, "disaggregated")
+    b = sim.run(w)
+    # about one admission per stream's lifetime per request in flight: tens of ms over ~40 gaps
+    assert b.quantiles("tpot_ms")["p50"] > a.quantiles("tpot_ms")["p50"] + 0.3
+    check_clean(sim)
