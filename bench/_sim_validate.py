@@ -208,6 +208,19 @@ def split_cpu(cluster: LocalCluster, router: Router, engine, host: HostProfile, 
     return dataclasses.replace(host, split_cpu_ms=max(0.0, resid / n - host.request_cpu_ms - 2 * host.token_cpu_ms))
 
 
+def sim_cores(profile: SimProfile, sim: RunResult) -> float:
+    """The cores the simulation says the run kept busy: the workers' compute plus the serving
+    path's CPU (per token, per request, per hand-off), over the run's span."""
+    busy = sum(u * sim.workers[role] for role, u in sim.utilisation.items())
+    h = profile.host
+    if h is None:
+        return busy
+    tokens = sum(r.output_tokens for r in sim.requests if r.served)
+    split = sum(1 for r in sim.requests if r.route == "disaggregated")
+    cpu = tokens * h.token_cpu_ms + len(sim.requests) * h.request_cpu_ms + split * h.split_cpu_ms
+    return busy + cpu / max(1.0, sim.span_ms)
+
+
 def _median_diff(real: list[Seen], sim: RunResult, field: str) -> float | None:
     pairs = [(getattr(x, field), getattr(r, field)) for x, r in zip(real, sim.requests) if x.ok and r.served]
     return statistics.median(a - b for a, b in pairs) if pairs else None

@@ -115,7 +115,8 @@ def part_validate(args, out: Out) -> None:
                      isolated={"real_ttft_ms": [round(s.ttft_ms, 2) for s in real_iso],
                                "real_tpot_ms": [round(s.tpot_ms, 3) for s in real_iso],
                                "burst_tpot_ms": [round(s.tpot_ms, 3) for s in real_burst]})
-            rows = [validate_rate(args, out, v, router, mode, profile, base.scaled(rate), slo) for rate in rates]
+            rows = [validate_rate(args, out, v, cluster, router, mode, profile, base.scaled(rate), slo)
+                    for rate in rates]
             emit_targets(out, mode, rows)
         finally:
             cluster.down()
@@ -149,12 +150,15 @@ def pick_rates(args, base: Workload, profile, slo) -> list[float]:
     return [round(g * f, 3) for f in (0.5, 0.8, 1.0, 1.3)]
 
 
-def validate_rate(args, out: Out, v, router, mode: str, profile, w: Workload, slo) -> dict:
+def validate_rate(args, out: Out, v, cluster, router, mode: str, profile, w: Workload, slo) -> dict:
     prompts = v.prompts_for(w, 256, args.seed)
+    c0, t0 = v.cpu_ms(cluster), time.perf_counter()
     real = asyncio.run(v.replay(router, w, prompts, slo))
+    cores_used = (v.cpu_ms(cluster) - c0) / ((time.perf_counter() - t0) * 1000.0)
     again = asyncio.run(v.replay(router, w, prompts, slo))
     sim = v.simulate(mode, profile, w, slo)
-    row = {"rate_rps": round(w.rate_rps, 4), "requests": len(w), **v.compare(real, again, sim, slo)}
+    row = {"rate_rps": round(w.rate_rps, 4), "requests": len(w), **v.compare(real, again, sim, slo),
+           "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3)}}
     out.emit("validate", mode=mode, **row)
     return row
 

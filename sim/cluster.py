@@ -181,7 +181,8 @@ class Simulation:
             busy.setdefault(w.role.value, []).append(w.busy_ms / span)
         return RunResult(reqs, self.slo.ttft_ms, self.slo.tpot_ms, workload.rate_rps, self.spec.gpus(self.profile),
                          routes, {k: sum(v) / len(v) for k, v in busy.items()}, cpu_s,
-                         self.router.decision_us / max(1, len(reqs)))
+                         self.router.decision_us / max(1, len(reqs)), span,
+                         {k: len(v) for k, v in busy.items()})
 
     # ---- the router's side -------------------------------------------------------------
     def _arrive(self, i: int) -> None:

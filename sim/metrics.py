@@ -68,6 +68,10 @@ class RunResult:
     """Process CPU time the simulation took."""
     decision_us: float
     """Mean router decision time per arrival (the Planner's plan)."""
+    span_ms: float = 0.0
+    """From the first arrival to the last completion."""
+    workers: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Workers per role."""
 
     def attainment(self) -> dict[str, float]:
         """Shares of all requests meeting the TTFT target, the TPOT target and both."""

@@ -132,6 +132,21 @@ class Workload:
         return Workload(tuple(dataclasses.replace(r, arrival_s=(r.arrival_s - t0) * k) for r in self.requests),
                         self.name)
 
+    def spanning(self, seconds: float, max_copies: int = 32) -> Workload:
+        """The requests again and again (each copy after the last, one mean gap apart) until
+        the arrivals span at least `seconds`, at most `max_copies` copies: a short sample at a
+        high rate is one burst, and a cluster's steady state needs arrivals for longer than
+        its requests last."""
+        if len(self) < 2 or self.duration_s >= seconds:
+            return self
+        gap = self.duration_s / (len(self) - 1)
+        period = self.duration_s + gap
+        copies = min(max_copies, int(seconds // period) + 1)
+        t0 = self.requests[0].arrival_s
+        out = [dataclasses.replace(r, arrival_s=r.arrival_s - t0 + k * period) for k in range(copies)
+               for r in self.requests]
+        return Workload(tuple(out), self.name)
+
     def head(self, n: int) -> Workload:
         """The first `n` requests."""
         return Workload(self.requests[:n], self.name)

@@ -27,7 +27,7 @@ def long_docs(n=200) -> Workload:
 def test_short_prompts_loose_ttft_colocated_wins():
     plan = Planner(short_chat(), Targets(5000, 40), rel_tol=0.08).plan([make_profile(chunk=512)], 4)
     col, dis = plan.best("colocated"), plan.best("disaggregated")
-    assert col.goodput_per_gpu > 1.5 * dis.goodput_per_gpu, (col, dis)  # P workers idle, D pool binds
+    assert col.goodput_per_gpu > 1.25 * dis.goodput_per_gpu, (col, dis)  # 4 decoders against at most 3
     assert plan.best().mixed == 4, plan.best()
 
 
@@ -51,7 +51,7 @@ def test_least_gpus_is_the_fewest_that_meet():
     if fewer:  # one GPU fewer meets the targets in no candidate shape
         for spec, mode in [(ClusterSpec(mixed=fewer), "colocated"), (ClusterSpec(mixed=fewer), "auto")]:
             assert planner.simulate(spec, prof, mode, w.rate_rps).attainment()["both"] < 0.9
-    assert least_gpus(w.scaled(5000.0), 2000, 40, prof, max_gpus=2) is None
+    assert least_gpus(w.scaled(1000.0), 2000, 40, prof, max_gpus=2) is None
 
 
 def test_profiles_by_name_and_file(tmp_path):

@@ -55,3 +55,12 @@ def test_the_shared_traces_load():
     code = Workload.from_csv(TRACES / "azure-llm-2023-code.csv")
     assert len(conv) == 19366 and len(code) == 8819
     assert 4.0 < conv.rate_rps < 7.0
+
+
+def test_spanning_repeats_the_sample_for_a_steady_state():
+    w = Workload.synthetic(100.0, 50, seed=3)
+    long = w.spanning(5.0)
+    assert long.duration_s >= 5.0 and len(long) % len(w) == 0
+    assert [r.prompt_tokens for r in long.requests[:50]] == [r.prompt_tokens for r in long.requests[50:100]]
+    assert long.rate_rps == pytest.approx(w.rate_rps, rel=0.05)
+    assert len(w.spanning(1e6, max_copies=4)) == 200 and w.spanning(0.1) is w
