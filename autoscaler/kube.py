@@ -21,7 +21,6 @@ policy never asks twice for the same worker.
 from __future__ import annotations
 
 import json
-import os
 
 from .policy import Sizes
 from .scaler import Scaler, ScalerError
@@ -29,10 +28,13 @@ from .scaler import Scaler, ScalerError
 try:
     import urllib3
     from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
     from kubernetes.client.exceptions import ApiException
+
+    from pdserve_ops.drill import kube as drill_kube
+    from pdserve_ops.drill.cluster import DrillError
+    from pdserve_ops.drill.kube import api_reason
 except ImportError as e:  # the image installs it (the `kube` extra); a local run may not have it
-    raise ImportError("the Kubernetes autoscaler needs the kubernetes client: pip install 'pdserve[kube]'",
+    raise ImportError("the Kubernetes autoscaler needs the kubernetes client: pip install 'pdserve[kube]' (and ./ops)",
                       name=e.name) from e
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -41,24 +43,11 @@ STATUS_KEY = "status.json"  # Must match STATUS_KEY in ops/pdserve_ops/cli_autos
 
 def api_client(context: str | None = None) -> k8s.ApiClient:
     """The pod's service account in a pod without a kubeconfig; else the kubeconfig's
-    `context` ($KUBECONFIG, ~/.kube/config), as kubectl does."""
-    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    `context` ($KUBECONFIG, ~/.kube/config), as kubectl does (the drill's loader)."""
     try:
-        if context is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.path.exists(path):
-            configuration = k8s.Configuration()
-            k8s_config.load_incluster_config(client_configuration=configuration)
-            return k8s.ApiClient(configuration)
-        return k8s_config.new_client_from_config(config_file=path, context=context)
-    except k8s_config.ConfigException as e:
-        raise ScalerError(f"no Kubernetes credentials ({path}): {e}") from None
-
-
-def _reason(e: ApiException) -> str:
-    try:
-        message = json.loads(e.body or "{}").get("message", "")
-    except (ValueError, AttributeError):
-        message = ""
-    return f"{e.status} {e.reason}" + (f": {message}" if message else "")
+        return drill_kube.api_client(context)
+    except DrillError as e:
+        raise ScalerError(str(e)) from None
 
 
 class KubeScaler(Scaler):
@@ -103,7 +92,7 @@ class KubeScaler(Scaler):
         except ApiException as e:
             what = f"ConfigMap {self.namespace}/{self.status_configmap}"
             hint = " (the chart renders it with autoscaler.enabled)" if e.status == 404 else ""
-            raise ScalerError(f"status to {what}: {_reason(e)}{hint}") from None
+            raise ScalerError(f"status to {what}: {api_reason(e)}{hint}") from None
         except urllib3.exceptions.HTTPError as e:
             raise ScalerError(f"the Kubernetes API did not answer: {e}") from None
 
@@ -114,5 +103,5 @@ class KubeScaler(Scaler):
                                f"({pool}.enabled) and PD_AUTOSCALER_DEPLOYMENTS right?")
         if e.status == 403:
             return ScalerError(f"{verb} {where}: forbidden: the autoscaler's Role must grant deployments/scale "
-                               f"get and patch on it: {_reason(e)}")
-        return ScalerError(f"{verb} {where}: {_reason(e)}")
+                               f"get and patch on it: {api_reason(e)}")
+        return ScalerError(f"{verb} {where}: {api_reason(e)}")

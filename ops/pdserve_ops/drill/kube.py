@@ -103,7 +103,8 @@ def api_client(context: str | None) -> k8s.ApiClient:
         raise DrillError(f"no Kubernetes credentials ({where}): {e}") from None
 
 
-def _reason(e: ApiException) -> str:
+def api_reason(e: ApiException) -> str:
+    """An API error as `STATUS REASON: message` (the message from its JSON body, when any)."""
     try:
         message = json.loads(e.body or "{}").get("message", "")
     except (ValueError, AttributeError):
@@ -125,7 +126,7 @@ def _calling(what: str) -> Iterator[None]:
     try:
         yield
     except ApiException as e:
-        raise ApiCallError(what, e.status or 0, _reason(e)) from None
+        raise ApiCallError(what, e.status or 0, api_reason(e)) from None
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ApiCallError(what, 0, f"cannot reach the Kubernetes API: {e}") from None
 
