@@ -173,6 +173,8 @@ class Worker:
         return self.pending_tokens, len(self.batch), ctx
 
     def cached_blocks(self) -> int:
+        if not self.cached:
+            return 0
         return min(sum(self.cached.values()), max(0, self.free_blocks))
 
     # ---- the loop ------------------------------------------------------------------------

@@ -72,16 +72,24 @@ class SimRouter:
                                         e.max_model_len)
         self._profile = e.cost if e.cost.source else dataclasses.replace(e.cost, source="calibrated")
         self._records: dict[str, WorkerRecord] = {}
+        self._keys: dict[str, tuple[int, ...]] = {}
         self.decision_us = 0.0
 
     def record(self, w: Worker, now_ms: float) -> WorkerRecord:
-        """`w` as a snapshot shows it at `now_ms`."""
+        """`w` as a snapshot shows it at `now_ms` (the same record object while its load is
+        unchanged: the router's cost model keeps a row per record, as it does between two
+        heartbeats)."""
         pending, batch, ctx = w.load_at(now_ms)
         free = max(0, w.free_blocks)
+        key = (pending, batch, ctx, free, w.cached_blocks())
+        last = self._records.get(w.worker_id)
+        if last is not None and self._keys.get(w.worker_id) == key:
+            return last
         load = LoadReport(pending, batch, free, 0, w.engine.total_blocks, ctx,
-                          max(0, w.engine.total_blocks - free), w.cached_blocks())
+                          max(0, w.engine.total_blocks - free), key[4])
         rec = WorkerRecord(w.worker_id, w.role, "sim", "", "sim", self._capacity, load, profile=self._profile)
         self._records[w.worker_id] = rec
+        self._keys[w.worker_id] = key
         return rec
 
     def snapshot(self, workers: list[Worker], now_ms: float) -> ClusterSnapshot:
