@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import random
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 import psutil
@@ -285,7 +286,7 @@ def compare(real: list[Seen], again: list[Seen], sim: RunResult, slo: tuple[floa
     a = (attainment(real, slo), attainment(again, slo), sim.attainment()["both"])
     served = [s.ok and r.served for s, r in zip(real, sim.requests)]
     row = {"attainment": {"real": round(a[0], 4), "repeat": round(a[1], 4), "sim": round(a[2], 4)},
-           "routes": {"real": _count(s.route for s in real), "sim": sim.routes},
+           "routes": {"real": dict(Counter(s.route for s in real)), "sim": sim.routes},
            "errors": sum(not s.ok for s in real) + sum(not s.ok for s in again)}
     mean = (a[0] + a[1]) / 2
     checks = {"attainment": abs(a[2] - mean) <= 0.05,
@@ -303,13 +304,6 @@ def compare(real: list[Seen], again: list[Seen], sim: RunResult, slo: tuple[floa
         checks[f"{key}_in_noise"] = mp > 0 and abs(ms / mp - 1) <= max(0.15, noise)
     row["checks"] = checks
     return row
-
-
-def _count(xs) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in xs:
-        out[x] = out.get(x, 0) + 1
-    return out
 
 
 def start(mode: str, out_dir: str, num_blocks: int) -> tuple[LocalCluster, Router]:

@@ -21,6 +21,7 @@ per run, attainment of each target and of both, and each pool's utilisation
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import math
@@ -172,9 +173,7 @@ class Simulation:
 
     def _result(self, workload: Workload, cpu_s: float) -> RunResult:
         reqs = tuple(self.results)
-        routes: dict[str, int] = {}
-        for r in reqs:
-            routes[r.route] = routes.get(r.route, 0) + 1
+        routes = dict(collections.Counter(r.route for r in reqs))
         span = max(self.now, 1e-9)
         busy: dict[str, list[float]] = {}
         for w in self.workers:

@@ -293,7 +293,7 @@ class Worker:
         done = []
         for q in self.batch:
             if q.generated == 1 and math.isnan(q.first_decode_ms):
-                q.first_decode_ms = t if rounds == 1 else self._first_round_end(t, rounds)
+                q.first_decode_ms = t if rounds == 1 else self._first_round_end(t)
             q.generated += rounds
             q.last_ms = t
             if q.generated >= q.output:
@@ -303,7 +303,7 @@ class Worker:
             self.context -= q.context
             self._finish(q, t)
 
-    def _first_round_end(self, t: float, rounds: int) -> float:
+    def _first_round_end(self, t: float) -> float:
         s = self.seg
         return s.start_ms + self._rounds_ms(s, 1) if s is not None and s.kind == DECODE else t
 

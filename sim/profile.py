@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from router.pricing import formula
 from runtime.directory.cost_profile import CostProfile
 
 FORMAT = "pdserve-sim-profile/1"
@@ -58,9 +59,7 @@ class EngineProfile:
     def prefill_ms(self, new: int, reused: int) -> float:
         """The forward pass over `new` prompt tokens after `reused` cached ones (one chunk)."""
         c = self.cost
-        if new <= 0:
-            return 0.0
-        return c.prefill_base_ms + c.prefill_ms_per_token * new + c.prefill_ms_per_pair * new * (reused + new / 2)
+        return formula.prefill_ms(c.prefill_base_ms, c.prefill_ms_per_token, c.prefill_ms_per_pair, new, reused, 1.0)
 
     def decode_step_ms(self, batch: int, context: int) -> float:
         """One decode step over `batch` sequences attending over `context` tokens in all."""
