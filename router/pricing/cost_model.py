@@ -120,10 +120,14 @@ class CostModel:
         """A split route's decode after its token 0, beyond transfer and admission (`handoff_lag_ms`)."""
         self._latency_ms = config.transfer_latency_ms
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
-        self._rows: dict[int, tuple[WorkerRecord, WorkerCosts]] = {}
+        self._rows: dict[int, tuple[WorkerRecord, int, WorkerCosts]] = {}
+        """id(record) -> (the record, its worker's row version then, its row without extras)."""
         self.version = 0
-        """Bumped by every correction; rows built under an older version are rebuilt."""
-        self._rows_version = 0
+        """Bumped by every correction."""
+        self._row_version: dict[str, int] = {}
+        """Per worker: bumped by the corrections its row carries (its prefill and decode
+        factors); a cached row built under an older one is rebuilt. Transfer, overhead and
+        lag corrections are read when a route is priced, not from the row."""
 
     # ---- pricing --------------------------------------------------------
     def profile(self, w: WorkerRecord) -> CostProfile:
@@ -136,20 +140,20 @@ class CostModel:
         show yet (prompt tokens queued, blocks reserved, sequences added to the batch);
         `streams`: this router's own streams at `w` (router/requests/streams.py): (started,
         planned and not started, ms until the first planned one starts)."""
-        if self._rows_version != self.version:
-            self._rows.clear()
-            self._rows_version = self.version
-        plain = not (extra_tokens or extra_blocks or extra_seqs or streams)
-        if plain:
-            hit = self._rows.get(id(w))
-            if hit is not None and hit[0] is w:
-                return hit[1]
-        row = self._build(w, extra_tokens, extra_blocks, extra_seqs, streams)
-        if plain:
+        if extra_tokens or extra_blocks or extra_seqs:
+            return self._build(w, extra_tokens, extra_blocks, extra_seqs, streams)
+        version = self._row_version.get(w.worker_id, 0)
+        hit = self._rows.get(id(w))
+        if hit is not None and hit[0] is w and hit[1] == version:
+            row = hit[2]
+        else:
+            row = self._build(w, 0, 0, 0)
             if len(self._rows) > 4096:
                 self._rows.clear()
-            self._rows[id(w)] = (w, row)
-        return row
+            self._rows[id(w)] = (w, version, row)
+        if streams is None:
+            return row
+        return row.with_streams(max(row.batch, streams[0]), streams[1], streams[2])
 
     def _build(self, w: WorkerRecord, extra_tokens: int, extra_blocks: int, extra_seqs: int,
                streams: tuple[int, int, float] | None = None) -> WorkerCosts:
@@ -237,7 +241,7 @@ class CostModel:
         r = ratio(observed_ms, raw)
         if r is not None:
             self._prefill.setdefault(w.worker_id, Sized()).update(new, r, self._alpha)
-            self.version += 1
+            self._row_changed(w.worker_id)
 
     def observe_transfer(self, source: WorkerRecord, dest: WorkerRecord, nbytes: int, observed_ms: float) -> None:
         """A hand-off of `nbytes` had `observed_ms` of exposed transfer time."""
@@ -285,10 +289,11 @@ class CostModel:
             (implied, observed_ms))
         if clean:
             self._update(self._decode, w.worker_id, implied)
-            return
-        e = self._decode.setdefault(w.worker_id, Ewma(1.0))
-        e.update_low(implied, self._alpha, e.value)
-        self.version += 1
+        else:
+            e = self._decode.setdefault(w.worker_id, Ewma(1.0))
+            e.update_low(implied, self._alpha, e.value)
+            self.version += 1
+        self._row_changed(w.worker_id)
 
     def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False,
                      carried_ms: float | None = None) -> None:
@@ -330,7 +335,7 @@ class CostModel:
         # c.prefill_ms carried W's factor of this size at decision time (`carried`): compose with that.
         f = sized.factor(c.compute_tokens) if carried is None else carried
         sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * f)), self._alpha)
-        self.version += 1
+        self._row_changed(c.decode.worker_id)
 
     def observe_handoff(self, c: Candidate, lag_ms: float) -> None:
         """A split request priced as `c` saw its decode's token 0 `lag_ms` after the
@@ -341,6 +346,11 @@ class CostModel:
             return
         self._lag.update(max(0.0, lag_ms - c.transfer_ms - c.admission_ms), self._alpha)
         self.version += 1
+
+    def _row_changed(self, worker_id: str) -> None:
+        """A correction `worker_id`'s cost row carries changed: its cached rows are stale."""
+        self.version += 1
+        self._row_version[worker_id] = self._row_version.get(worker_id, 0) + 1
 
     def _update(self, table: dict, key, ratio: float | None) -> None:
         if ratio is None:

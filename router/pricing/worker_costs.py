@@ -78,6 +78,15 @@ class WorkerCosts:
         if self.live < 0:
             self.live = self.batch
 
+    def with_streams(self, live: int, planned: int, next_start_ms: float) -> WorkerCosts:
+        """This row with this router's streams at the worker folded in (`CostModel.costs`):
+        a copy, the load-dependent terms not computed again."""
+        c = object.__new__(WorkerCosts)
+        for name in _FIELDS:  # copy.copy's generic path cost more than building the row
+            setattr(c, name, getattr(self, name))
+        c.live, c.planned, c.next_start_ms = live, planned, next_start_ms
+        return c
+
     def overlap_ms(self, prefill_ms: float, end_ms: float) -> float:
         """How much of a prefill of `prefill_ms` ending `end_ms` from now runs while a
         stream here decodes (formula.overlap_ms over this worker's streams)."""
@@ -115,3 +124,6 @@ class WorkerCosts:
         queued here (and `extra_prefill_ms`) spread over the request's tokens (formula.tpot_ms)."""
         return tpot_ms(self.tpot_base, self.tpot_per_token, prompt_tokens + max_tokens // 2,
                        self.queue_ms + extra_prefill_ms, max(1, max_tokens - 1))
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerCosts))

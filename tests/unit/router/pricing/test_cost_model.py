@@ -242,3 +242,33 @@ def test_sequences_the_router_gives_back_leave_the_live_streams_too():
     assert (new_one.batch, new_one.live) == (2, 1)
     own = model.costs(stale, extra_seqs=-1, streams=(2, 0, float("inf")))
     assert own.live == 2
+
+
+def test_cached_rows_follow_their_own_workers_corrections_and_carry_the_streams():
+    """`costs` keeps a worker's row while neither its record nor its own corrections
+    change, and folds this router's streams into a copy: every field equals a row built
+    from scratch, before and after a correction of that worker, and another worker's
+    correction leaves its row cached."""
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5))
+    a = w(pending_prefill_tokens=40, active_decode_batch=2, active_context_tokens=300)
+    b = dataclasses.replace(a, worker_id="b")
+
+    def fresh(record, streams=None):
+        return model._build(record, 0, 0, 0, streams)
+
+    def same(x, y):
+        return all(getattr(x, f.name) == getattr(y, f.name) for f in dataclasses.fields(x))
+
+    first = model.costs(a)
+    assert model.costs(a) is first and same(first, fresh(a))
+    for streams in ((3, 1, 250.0), (0, 2, 0.0), (1, 0, float("inf"))):
+        row = model.costs(a, streams=streams)
+        assert row is not first and same(row, fresh(a, streams))
+        assert (row.live, row.planned, row.next_start_ms) == (max(2, streams[0]), streams[1], streams[2])
+    assert first.live == 2 and first.planned == 0  # the cached row itself is untouched
+    kept_b = model.costs(b)
+    model.observe_prefill(a, 100, 0, 10 * first.prefill_ms(100, 0))
+    model.observe_tpot(a, 10.0, 30.0)
+    after = model.costs(a, streams=(1, 1, 5.0))
+    assert same(after, fresh(a, (1, 1, 5.0))) and after.pre_tok > first.pre_tok and after.dec_base > first.dec_base
+    assert model.costs(b) is kept_b

@@ -56,8 +56,12 @@ def test_table_is_built_once_per_snapshot_and_rebuilt_for_new_rows():
     assert CostTable.of(rows) is CostTable.of(list(rows))  # same row objects, another list
     table = CostTable.of(rows)
     assert CostTable.of(table) is table
-    model.observe_transfer(workers[0], workers[-1], 1 << 20, 5.0)  # a correction: new rows
-    assert CostTable.of([model.costs(w) for w in workers]) is not table
+    model.observe_transfer(workers[0], workers[-1], 1 << 20, 5.0)  # priced per route, not in the rows
+    assert CostTable.of([model.costs(w) for w in workers]) is table
+    model.observe_prefill(workers[0], 100, 0, 50.0)  # a correction w0's row carries: a new row, a new table
+    again = [model.costs(w) for w in workers]
+    assert again[0] is not rows[0] and all(a is b for a, b in zip(again[1:], rows[1:]))
+    assert CostTable.of(again) is not table
 
 
 @pytest.mark.parametrize("live", [True, False])

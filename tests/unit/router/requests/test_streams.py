@@ -7,7 +7,9 @@ steps of 10 ms per sequence, split overhead 5 ms, colocated overhead 1 ms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 
 import pytest
 
@@ -54,6 +56,50 @@ def test_book_reports_planned_and_started_streams_per_worker():
         book.drop(h)
     assert len(book) == 0 and book.at() == {}
 
+
+
+def test_the_book_agrees_with_a_recount_of_its_streams_through_many_bookings():
+    """`at` keeps per-worker tallies and a lazily cleaned heap of starts; a recount of
+    every live stream (what `at` once did) must give the same answer after any sequence
+    of bookings, starts, drops, re-registrations and clock moves."""
+    rng = random.Random(7)
+    clock = Clock()
+    book = StreamBook(clock)
+    workers = [worker(f"w{i}", WorkerRole.DECODE) for i in range(4)]
+    live: dict[int, list] = {}  # handle -> [worker id, epoch, start_s, started]
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.4:
+            w = rng.choice(workers)
+            ttft = rng.choice([math.nan, 0.0, rng.uniform(0, 2000)])
+            h = book.book(w, ttft)
+            wait = ttft / 1000 if math.isfinite(ttft) and ttft > 0 else 0.0
+            live[h] = [w.worker_id, w.epoch, clock.now + wait, False]
+        elif op < 0.6 and live:
+            h = rng.choice(list(live))
+            book.started(h)
+            live[h][3] = True
+        elif op < 0.85 and live:
+            h = rng.choice(list(live))
+            book.drop(h)
+            del live[h]
+        elif op < 0.9:
+            i = rng.randrange(len(workers))  # the worker re-registers: its old streams no longer count
+            workers[i] = dataclasses.replace(workers[i], epoch=workers[i].epoch + 1)
+        else:
+            clock.now += rng.uniform(0, 0.5)
+        epochs = {w.worker_id: w.epoch for w in workers} if step % 2 else None
+        want: dict[str, tuple[int, int, float]] = {}
+        for wid, epoch, start_s, started in live.values():
+            if epochs is not None and epochs.get(wid) != epoch:
+                continue
+            s, p, n = want.get(wid, (0, 0, math.inf))
+            want[wid] = (s + 1, p, n) if started else (s, p + 1, min(n, max(0.0, (start_s - clock.now) * 1000)))
+        got = book.at(epochs)
+        assert got.keys() == want.keys()
+        for wid, (s, p, n) in want.items():
+            assert got[wid][:2] == (s, p) and got[wid][2] == pytest.approx(n)
+    assert len(book) == len(live)
 
 def burst_rows(model: CostModel, first_start_ms: float):
     """Two idle mixed workers just after the router planned a 1000-token prompt r1
