@@ -71,6 +71,13 @@ class RouterConfig(MemberSettings):
     """Auto mode disaggregates only when the best split route outscores the best
     colocated one by more than this (ties stay colocated: no transfer, fewer failure modes)."""
 
+    decode_prefill_tokens: int = env("PD_ROUTER_DECODE_PREFILL_TOKENS", 256, ge=0)
+    """Auto mode colocates a request on a decode worker (role DECODE) while a prefill worker
+    could take it only when the decode worker computes at most this many of its prompt
+    tokens and has no prefill queued (router/pricing/decision.py `by_role`): a short prompt
+    skips the hand-off, a longer one stalls the streams there and delays every hand-off
+    to it. 0: never while a split route exists. Mixed workers have no such limit."""
+
     reject_slack: float = env("PD_ROUTER_REJECT_SLACK", 0.5, ge=0)
     """Auto mode rejects (RESOURCE_EXHAUSTED) only when even the closest candidate's
     prediction exceeds a target by more than this fraction of it (0.5: predicted

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from router.pricing.candidate import DISTURB, Candidate, ScoreBatch
 from router.pricing.cost_model import CostModel
-from router.pricing.decision import NO_WORKER, late, pick, rejected, shortfall, violations, weighted_scores
+from router.pricing.decision import NO_WORKER, late, left_out, pick, rejected, shortfall, violations, weighted_scores
 from router.pricing.formula import handoff_ms, route_key
 from router.pricing.interference import eligible, harmful, least_stalled
 from router.pricing.routes import colocated_key, price_colocated, price_pair, usable_hit
@@ -79,10 +79,19 @@ def reference_candidates(model: CostModel, rows: Sequence[WorkerCosts], req: Req
 def choose(cands: Sequence[Candidate], req: RequestShape, params: DecisionParams) -> Decision:
     """`choose_rows` (router/pricing/decision.py) written over Candidate objects: score
     them all, gate on the targets and interference, choose."""
+    note = ""
+    limit = params.decode_prefill_tokens
+    if limit >= 0 and any(c.route is Route.DISAGGREGATED for c in cands):
+        kept = [c for c in cands if c.route is Route.DISAGGREGATED or c.decode.can_prefill
+                or (c.compute_tokens <= limit and c.queue_tokens <= 0)]
+        if len(kept) < len(cands):
+            note = left_out(len(cands) - len(kept))
+        cands = kept
     if not cands:
         return Decision(Outcome.REJECT, None, None, None, NO_WORKER)
     score_all(cands, req, params.scorers)
     e = eligible([c.row() for c in cands], req.slo_ttft_ms, req.slo_tpot_ms, req.max_tokens)
+    e = e._replace(note=e.note + note)
     feasible = [c for c in cands if not c.violations]
     pool = [cands[i] for i in e.at]
     pool_dis, pool_col = _best(pool, Route.DISAGGREGATED), _best(pool, Route.COLOCATED)

@@ -55,6 +55,11 @@ class DecisionParams:
     scorers: tuple[tuple[float, Scorer], ...]
     top_k: int = 4
     margin: float = 0.05
+    decode_prefill_tokens: int = -1
+    """Auto mode's limit on prefill work at decode workers (RouterConfig, router/pricing/decision.py
+    `by_role`): while any split route is priced, a colocated route on a worker of role
+    DECODE is kept only when it computes at most this many prompt tokens and the worker
+    has no prefill queued; -1: no limit (the other modes)."""
 
 
 @dataclasses.dataclass(slots=True)

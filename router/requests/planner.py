@@ -2,7 +2,9 @@
 
     disaggregated  the split route on the pair `choose_pair` ranks best (no SLO rejection)
     colocated      one worker, `choose_colocated` (no SLO rejection)
-    auto           the per-request decision (router/pricing/decision.py): split, colocated,
+    auto           the per-request decision (router/pricing/decision.py): split, colocated
+                   (on a decode worker only a short prompt, or when no split route exists:
+                   `by_role`),
                    or reject with RESOURCE_EXHAUSTED before any work -- but only when
                    even the closest candidate misses a target by more than
                    `reject_slack`, on prices completions have confirmed (TPOT:
@@ -97,6 +99,8 @@ class Planner:
         self.prefix = PrefixIndex(config.prefix_index_blocks or 4096)
         self.log = DecisionLog(config.decision_log_size)
         self.params = DecisionParams(build(config.weights()), config.candidate_top_k, config.disaggregation_margin)
+        self.auto_params = dataclasses.replace(self.params, decode_prefill_tokens=config.decode_prefill_tokens)
+        """Auto mode's: prefill work at decode workers limited while a split route exists."""
         self.canary_fraction = config.canary_fraction
         self._arrivals: dict[str, int] = {}
         """Per decode worker: requests planned onto it (streams joining its batch,
@@ -132,12 +136,13 @@ class Planner:
             decision = None
         else:
             fit = lambda r: rejects(r.worker, demand) is None  # noqa: E731
+            params = self.auto_params if mode == "auto" else self.params
             decision = None
             if avoid:  # recently failed workers only when nothing else can serve
-                decision = decide(self.costs, rows, req, self.params,
+                decision = decide(self.costs, rows, req, params,
                                   lambda r: avoid.get(r.worker.worker_id, 0) == 0 and fit(r))
             if decision is None or not (decision.best_colocated or decision.best_disaggregated):
-                decision = decide(self.costs, rows, req, self.params, fit)
+                decision = decide(self.costs, rows, req, params, fit)
             plan = self._by_mode(mode, request_id, decision, req)
         plan.hashes = hashes
         if plan.predicted is not None:

@@ -78,4 +78,5 @@ def random_table(seed: int) -> tuple[random.Random, int, list[WorkerRecord], Cos
 
 
 def random_params(rng: random.Random) -> DecisionParams:
-    return DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)))
+    return DecisionParams(build(CFG.weights()), rng.choice((1, 2, 4, 8)), rng.choice((0.0, 0.05)),
+                          rng.choice((-1, 0, 16, 256)))

@@ -75,6 +75,29 @@ def test_auto_runs_short_prompt_colocated_and_records_observed_times():
     assert_no_leaks(orch, fake)
 
 
+def test_auto_colocates_on_a_decode_worker_only_a_short_prompt_with_nothing_queued_there():
+    """Prefill and decode pools (decision.py `by_role`): the short prompt that runs
+    colocated above runs split once it is longer than `decode_prefill_tokens`, or once
+    the decode workers have prefill queued; with no prefill worker it runs colocated on
+    a decode worker whatever its length."""
+    prompt = params(mode=Mode.AUTO).prompt_token_ids
+    fake = profiled(two_by_two())
+    orch, events, error = go(fake, params(mode=Mode.AUTO), decode_prefill_tokens=len(prompt) - 1)
+    assert error is None and started(events)[0].route is Route.DISAGGREGATED
+    assert "colocated route(s) on decode workers left out" in orch.planner.log.get("r").reason
+    assert_no_leaks(orch, fake)
+    queued = profiled(two_by_two())
+    queued.cluster = dataclasses.replace(queued.cluster, workers=tuple(
+        dataclasses.replace(w, load=dataclasses.replace(w.load, pending_prefill_tokens=8))
+        if w.role is WorkerRole.DECODE else w for w in queued.cluster.workers))
+    orch, events, error = go(queued, params(mode=Mode.AUTO))
+    assert error is None and started(events)[0].route is Route.DISAGGREGATED
+    decode_only = profiled(FakeCluster([worker("d0", WorkerRole.DECODE), worker("d1", WorkerRole.DECODE)]))
+    orch, events, error = go(decode_only, params(mode=Mode.AUTO), decode_prefill_tokens=0)
+    assert error is None and started(events)[0].route is Route.COLOCATED
+    assert_no_leaks(orch, decode_only)
+
+
 def test_auto_splits_a_long_prompt_beside_running_streams():
     fake = profiled(two_by_two(), busy_decode=2)
     orch, events, error = go(fake, params(mode=Mode.AUTO, prompt_token_ids=tuple(range(1, 200)), max_tokens=8))
