@@ -170,7 +170,8 @@ def part_answers(args, out: Out) -> None:
     mixed = interleave([conv.scaled(conv.rate_rps), code.scaled(conv.rate_rps)], name="conv+code")
     targets = Targets(args.slo_ttft_ms, args.slo_tpot_ms)
     prof = load_profile(args.profile)
-    for name, w in (("conv", conv), ("code", code), ("conv+code", mixed)):
+    wanted = args.answer_traces.split(",")
+    for name, w in [(n, w) for n, w in (("conv", conv), ("code", code), ("conv+code", mixed)) if n in wanted]:
         for gpus in [int(g) for g in args.gpus.split(",")]:
             t0 = time.process_time()
             plan = Planner(w, targets, rel_tol=args.tolerance).plan([prof], gpus)
@@ -215,6 +216,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="h100-llama3-8b-tp1", help="answers: the profile")
     ap.add_argument("--gpus", default="8,16,64", help="answers: GPU budgets")
+    ap.add_argument("--answer-traces", default="conv,code,conv+code", help="answers: which traces (comma-separated)")
     ap.add_argument("--slo-ttft-ms", type=float, default=500.0, help="answers: TTFT target")
     ap.add_argument("--slo-tpot-ms", type=float, default=30.0, help="answers: TPOT target")
     ap.add_argument("--answers-requests", type=int, default=1000)

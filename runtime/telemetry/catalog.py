@@ -260,7 +260,7 @@ class WorkerMetrics:
     def bind(self, free: Callable[[], float], reserved: Callable[[], float], total: Callable[[], float],
              prefill_queue: Callable[[], float], decode_batch: Callable[[], float],
              transports: Iterable[object] = ()) -> None:
-        """Read the gauges at each scrape, and each transport's own samples (its
+        """Read the gauges at each scrape, and each transport's own samples and the engine loop's (their
         metrics(): credit window use, chunks, paths)."""
         for gauge, read in ((self.free_blocks, free), (self.reserved_blocks, reserved),
                             (self.total_blocks, total), (self.prefill_queue, prefill_queue),

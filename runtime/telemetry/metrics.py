@@ -47,6 +47,12 @@ HELP = {
     "pd_dataplane_rejected": "Data-plane messages dropped unread or refused, by side and reason (ucx: a MAC "
                              "that does not hold, an unknown transfer, a replay, a message nobody receives...).",
     "pd_dataplane_endpoints": "UCX endpoints the process holds (to peers that proved a transfer key, and itself).",
+    "pd_engine_loop_seconds": "The engine loop thread's time by phase (commands: imports, allocations and frees; "
+                              "prefill: chunks; decode: steps; idle: waiting for work) and clock (wall; cpu: the "
+                              "thread's own CPU time; wall above cpu in a phase is time the thread was runnable "
+                              "and not running: other threads holding the GIL, or the cores busy elsewhere).",
+    "pd_engine_loop_runs": "Engine loop phases run, by phase (decode: steps).",
+    "pd_engine_loop_decoded_sequences": "Sequences summed over the decode steps (over the steps: the mean batch).",
 }
 """HELP text by family name (a counter's name without _total); others get their name.
 Names must match the transports' metrics() (runtime/transfer/ucx/sender.py, ucx/receiver.py)."""

@@ -47,6 +47,10 @@ DoneCallback = Callable[[Sequence, "BaseException | None"], None]
 LayerCallback = Callable[[int, int, int], None]
 
 
+PHASES = ("commands", "prefill", "decode", "idle")
+"""The engine loop's phases, as `metrics` labels them."""
+
+
 @dataclass(slots=True)
 class Job:
     """A sequence the loop is working on, and whom to tell."""
@@ -83,6 +87,10 @@ class EngineLoop:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.steps = 0
+        self.decoded = 0
+        """Sequences summed over the decode steps."""
+        self._clock: dict[str, list[float]] = {phase: [0.0, 0.0, 0] for phase in PHASES}
+        """Per phase: [wall s, this thread's CPU s, runs] (`metrics`)."""
 
     # ---- lifecycle ----------------------------------------------------
     def start(self) -> None:
@@ -185,16 +193,39 @@ class EngineLoop:
 
     # ---- the loop -------------------------------------------------------
     def _run(self) -> None:
+        timed = self._timed
         while not self._stop:
             self._wake.clear()
             with self._engine_lock:
-                did = self._run_commands()
-                did |= self._prefill_one_chunk()
-                did |= self._decode_one_step()
+                did = timed("commands", self._run_commands)
+                did |= timed("prefill", self._prefill_one_chunk)
+                did |= timed("decode", self._decode_one_step)
             if not did:
-                self._wake.wait(timeout=0.5)
+                timed("idle", lambda: self._wake.wait(timeout=0.5))
         with self._engine_lock:
             self._shutdown()
+
+    def _timed(self, phase: str, fn: Callable[[], bool]) -> bool:
+        """Run one phase of an iteration; when it did something, add its wall and CPU time."""
+        w0, c0 = time.perf_counter(), time.thread_time()
+        did = fn()
+        if did or phase == "idle":
+            c = self._clock[phase]
+            c[0] += time.perf_counter() - w0
+            c[1] += time.thread_time() - c0
+            c[2] += 1
+        return did
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        """Samples for the worker's metrics (runtime/telemetry/metrics.py SampleCollector):
+        the loop thread's wall and CPU time per phase, the phases run, the sequences decoded."""
+        out: list[tuple[str, dict[str, str], float]] = []
+        for phase, (wall, cpu, runs) in self._clock.items():
+            out += [("pd_engine_loop_seconds_total", {"phase": phase, "clock": "wall"}, wall),
+                    ("pd_engine_loop_seconds_total", {"phase": phase, "clock": "cpu"}, cpu),
+                    ("pd_engine_loop_runs_total", {"phase": phase}, runs)]
+        out.append(("pd_engine_loop_decoded_sequences_total", {}, self.decoded))
+        return out
 
     def _run_commands(self) -> bool:
         did = False
@@ -271,6 +302,7 @@ class EngineLoop:
                 self._finish(job, e)
             return True
         self.steps += 1
+        self.decoded += len(batch)
         # Rotate so that a batch larger than max_batch shares steps fairly.
         self._decode = self._decode[len(batch):] + batch
         for job, token in zip(batch, tokens):

@@ -206,7 +206,7 @@ async def run_node(role: str, argv: list[str] | None = None) -> None:
 
     node.metrics.bind(lambda: loop.engine.num_free_blocks, reserved, lambda: loop.engine.num_blocks,
                       lambda: pending_prefill_tokens(loop, roles), lambda: loop.active_decode,
-                      [t for role in roles for t in role.transports])
+                      [loop, *(t for role in roles for t in role.transports)])
     metrics = serve_metrics(cfg.metrics_listen, node.metrics.registry, security)
     log.info("%s worker %s serving on %s%s", kind.value, cfg.worker_id, advertised(cfg, port),
              f", data plane {loggable(data_plane)}" if data_plane else "")
