@@ -306,6 +306,44 @@ def compare(real: list[Seen], again: list[Seen], sim: RunResult, slo: tuple[floa
     return row
 
 
+def loop_counters(cluster: LocalCluster) -> dict[str, dict[str, float]]:
+    """Per worker process: its engine loop's pd_engine_loop_* counters now (scraped over mTLS
+    with the monitor's certificate), keyed `name/label values`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from autoscaler.observe import scrape
+
+    ctx = cluster.identity("monitor").client_ssl()
+    out: dict[str, dict[str, float]] = {}
+    for name, proc in cluster.procs.items():
+        if not proc.metrics_url or cluster.roles.get(name) not in ("prefill", "decode", "mixed"):
+            continue
+        out[name] = {s.name + "".join(f"/{v}" for _, v in sorted(s.labels.items())): s.value
+                     for f in text_string_to_metric_families(scrape(proc.metrics_url, ctx))
+                     if f.name.startswith("pd_engine_loop") for s in f.samples if s.name.endswith("_total")}
+    return out
+
+
+def loop_use(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+             wall_s: float) -> dict[str, dict[str, float]]:
+    """Per worker, what its engine loop did between two `loop_counters`: decode steps, the mean
+    step's wall and CPU ms and mean batch, and the share of the wall time in each phase."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {})
+        d = {k: v - b.get(k, 0.0) for k, v in a.items()}
+        steps = d.get("pd_engine_loop_runs_total/decode", 0.0)
+        per = {"steps": int(steps)}
+        if steps:
+            per.update(step_wall_ms=round(1000 * d["pd_engine_loop_seconds_total/wall/decode"] / steps, 4),
+                       step_cpu_ms=round(1000 * d["pd_engine_loop_seconds_total/cpu/decode"] / steps, 4),
+                       batch=round(d["pd_engine_loop_decoded_sequences_total"] / steps, 3))
+        for phase in ("commands", "prefill", "decode", "idle"):
+            per[f"{phase}_share"] = round(d.get(f"pd_engine_loop_seconds_total/wall/{phase}", 0.0) / wall_s, 4)
+        out[name] = per
+    return out
+
+
 def start(mode: str, out_dir: str, num_blocks: int) -> tuple[LocalCluster, Router]:
     cluster = LocalCluster(local_spec(mode, out_dir, num_blocks))
     return cluster, Router(cluster.up(), cluster.client_files())

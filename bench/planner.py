@@ -10,7 +10,9 @@ stdout: JSON lines, each with "bench": "planner" and a "part":
             simulation's CPU time, and as its baseline the router decisions alone (the
             Planner's `plan` per arrival, the same snapshots): what share the engine model adds
   validate  per mode and rate: attainment (real, the real run repeated, simulated) and per-request
-            TTFT and TPOT errors (sim vs real, and the repeat vs real: the noise), then a
+            TTFT and TPOT errors (sim vs real, and the repeat vs real: the noise), each worker's
+            engine loop during the first real run (mean step wall and CPU ms, batch, phase shares:
+            `engine_loops`), then a
             `target` line per mode (attainment within 5 points at every rate, TTFT and TPOT
             medians within 15%), met, or inside the measured noise, or not met
   answers   per trace and GPU budget: the best colocated, disaggregated and auto configurations
@@ -152,13 +154,17 @@ def pick_rates(args, base: Workload, profile, slo) -> list[float]:
 
 def validate_rate(args, out: Out, v, cluster, router, mode: str, profile, w: Workload, slo) -> dict:
     prompts = v.prompts_for(w, 256, args.seed)
+    loops0 = v.loop_counters(cluster)
     c0, t0 = v.cpu_ms(cluster), time.perf_counter()
     real = asyncio.run(v.replay(router, w, prompts, slo))
-    cores_used = (v.cpu_ms(cluster) - c0) / ((time.perf_counter() - t0) * 1000.0)
+    wall_s = time.perf_counter() - t0
+    cores_used = (v.cpu_ms(cluster) - c0) / (wall_s * 1000.0)
+    loops = v.loop_use(loops0, v.loop_counters(cluster), wall_s)
     again = asyncio.run(v.replay(router, w, prompts, slo))
     sim = v.simulate(mode, profile, w, slo)
     row = {"rate_rps": round(w.rate_rps, 4), "requests": len(w), **v.compare(real, again, sim, slo),
-           "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3)}}
+           "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3)},
+           "engine_loops": loops}
     out.emit("validate", mode=mode, **row)
     return row
 
