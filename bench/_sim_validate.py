@@ -153,15 +153,22 @@ class Fixed:
 def cpu_ms(cluster: LocalCluster) -> float:
     """CPU time so far of every process of the cluster (Redis included) and of this one (the
     client), ms."""
-    total = 0.0
-    for proc in cluster.procs.values():
+    return sum(cpu_by_process(cluster).values())
+
+
+def cpu_by_process(cluster: LocalCluster) -> dict[str, float]:
+    """CPU time so far of each process of the cluster (Redis included) and of this one
+    ("client"), ms."""
+    out = {}
+    for name, proc in cluster.procs.items():
         try:
             t = psutil.Process(proc.pid).cpu_times()
         except psutil.Error:
             continue
-        total += t.user + t.system + t.children_user + t.children_system
+        out[name] = (t.user + t.system + t.children_user + t.children_system) * 1000.0
     me = psutil.Process().cpu_times()
-    return (total + me.user + me.system) * 1000.0
+    out["client"] = (me.user + me.system) * 1000.0
+    return out
 
 
 def measured_cpu(cluster: LocalCluster, router: Router, w: Workload) -> tuple[float, float, list[Seen]]:

@@ -155,15 +155,17 @@ def pick_rates(args, base: Workload, profile, slo) -> list[float]:
 def validate_rate(args, out: Out, v, cluster, router, mode: str, profile, w: Workload, slo) -> dict:
     prompts = v.prompts_for(w, 256, args.seed)
     loops0 = v.loop_counters(cluster)
-    c0, t0 = v.cpu_ms(cluster), time.perf_counter()
+    c0, t0 = v.cpu_by_process(cluster), time.perf_counter()
     real = asyncio.run(v.replay(router, w, prompts, slo))
     wall_s = time.perf_counter() - t0
-    cores_used = (v.cpu_ms(cluster) - c0) / (wall_s * 1000.0)
+    per_process = {k: round((x - c0.get(k, 0.0)) / (wall_s * 1000.0), 3) for k, x in v.cpu_by_process(cluster).items()}
+    cores_used = sum(per_process.values())
     loops = v.loop_use(loops0, v.loop_counters(cluster), wall_s)
     again = asyncio.run(v.replay(router, w, prompts, slo))
     sim = v.simulate(mode, profile, w, slo)
     row = {"rate_rps": round(w.rate_rps, 4), "requests": len(w), **v.compare(real, again, sim, slo),
-           "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3)},
+           "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3),
+                          "real_by_process": per_process},
            "engine_loops": loops}
     out.emit("validate", mode=mode, **row)
     return row
