@@ -58,6 +58,10 @@ class Seen:
     tpot_ms: float
     route: str
     ok: bool
+    first_gap_ms: float = float("nan")
+    """Token 0 to token 1 at the client (a split route's hand-off is in it)."""
+    later_gap_ms: float = float("nan")
+    """The mean gap after token 1 (the decode worker's cadence)."""
 
 
 def slice_of(w: Workload, start: int, n: int, prompt_div: float, output_div: float, max_prompt: int,
@@ -89,7 +93,10 @@ async def _one(client: AsyncClient, prompt: list[int], r: Request, slo: tuple[fl
                                          slo_ttft_ms=slo[0], slo_tpot_ms=slo[1], deadline_s=REQUEST_DEADLINE_S)
     except PdError as e:
         return Seen(float("inf"), float("inf"), f"error:{e.code}", False)
-    return Seen(res.ttft_ms, client_tpot_ms(res.latency_ms, res.ttft_ms, res.num_tokens), res.route, True)
+    t = res.token_times_ms
+    first = t[1] - t[0] if len(t) > 1 else float("nan")
+    later = (t[-1] - t[1]) / (len(t) - 2) if len(t) > 2 else float("nan")
+    return Seen(res.ttft_ms, client_tpot_ms(res.latency_ms, res.ttft_ms, res.num_tokens), res.route, True, first, later)
 
 
 async def replay(router: Router, w: Workload, prompts: Sequence[list[int]], slo: tuple[float, float]) -> list[Seen]:
@@ -230,31 +237,80 @@ def sim_cores(profile: SimProfile, sim: RunResult) -> float:
 
 
 def _median_diff(real: list[Seen], sim: RunResult, field: str) -> float | None:
-    pairs = [(getattr(x, field), getattr(r, field)) for x, r in zip(real, sim.requests) if x.ok and r.served]
+    pairs = [(getattr(x, field), getattr(r, field)) for x, r in zip(real, sim.requests)
+             if x.ok and r.served and getattr(x, field) == getattr(x, field) and getattr(r, field) == getattr(r, field)]
     return statistics.median(a - b for a, b in pairs) if pairs else None
 
 
+def replay_with_steps(cluster: LocalCluster, router: Router, w: Workload,
+                      prompts: Sequence[list[int]]) -> tuple[list[Seen], tuple[float, float, float] | None]:
+    """Replay `w` (no targets) and read the decoding workers' engine loops meanwhile: what the
+    clients saw, and (mean batch, mean decode step wall ms, its CPU ms) over all their steps
+    (None: no step)."""
+    before = loop_counters(cluster)
+    seen = asyncio.run(replay(router, w, prompts, (0.0, 0.0)))
+    after = loop_counters(cluster)
+    keys = ("pd_engine_loop_runs_total/decode", "pd_engine_loop_decoded_sequences_total",
+            "pd_engine_loop_seconds_total/wall/decode", "pd_engine_loop_seconds_total/cpu/decode")
+    steps, seqs, wall, cpu = (sum(a.get(k, 0.0) - before.get(name, {}).get(k, 0.0) for name, a in after.items())
+                              for k in keys)
+    return seen, ((seqs / steps, 1000.0 * wall / steps, 1000.0 * cpu / steps) if steps else None)
+
+
+def step_costs(engine, iso: Workload, one: tuple[float, float, float] | None, bw: Workload,
+               many: tuple[float, float, float] | None) -> tuple[float, float] | None:
+    """(per step, per sequence) decode cost beyond the profile's, from the engine loops' steps
+    alone (`one`) and in a burst (`many`), each (batch, wall ms, CPU ms) of replay_with_steps;
+    None when they do not say. Alone, the wall time: what a step costs beyond the model (the
+    loop, the callbacks, and the GIL and core waits it pays even on a quiet host). Per sequence,
+    the CPU time's growth over the burst, times the same wall/CPU ratio: the burst's wall time
+    also holds its own prefills' competition for the cores, which the host model adds itself."""
+    if one is None or many is None or many[0] < one[0] + 0.5 or one[2] <= 0:
+        return None
+    ratio = one[1] / one[2]
+
+    def model(w: Workload, batch: float) -> float:
+        ctx = statistics.fmean(r.prompt_tokens + r.output_tokens / 2 for r in w.requests)
+        return engine.decode_step_ms(max(1, round(batch)), int(batch * ctx))
+
+    seq = max(0.0, ratio * (many[2] - one[2]) / (many[0] - one[0])
+              - (model(bw, many[0]) - model(iso, one[0])) / (many[0] - one[0]))
+    step = max(0.0, one[1] - model(iso, one[0]) - seq * one[0])
+    return step, seq
+
+
 def fixed_costs(mode: str, engine, real_iso: list[Seen], iso: Workload, real_burst: list[Seen], bw: Workload,
-                known: Fixed) -> Fixed:
-    """Colocated: the per-step costs (TPOT alone and in a batch of len(bw)) and colocated_ms
-    (TTFT alone); disaggregated: split_ms (TTFT) and handoff_ms (the first token gap less the
-    per-step costs already known); auto: what the two found."""
+                known: Fixed, steps: tuple = (None, None)) -> Fixed:
+    """Colocated: the per-step costs and colocated_ms (TTFT alone). The per-step costs are the
+    engine loops' measured decode steps less the profile's (`step_costs`, from `steps`:
+    replay_with_steps of `iso` and `bw`; without them, the clients' TPOT alone and in the
+    burst, which carries the relay's jitter and the burst's competition for the cores).
+    Disaggregated: split_ms (TTFT) and handoff_ms (the first
+    token gap), then admit_ms (the burst's stall); auto: what the two found."""
     if mode == "colocated":
         zero = Fixed(host=known.host)
-        d1 = _median_diff(real_iso, simulate(mode, zero.apply("zero", engine), iso, (0.0, 0.0)), "tpot_ms") or 0.0
-        db = _median_diff(real_burst, simulate(mode, zero.apply("zero", engine), bw, (0.0, 0.0)), "tpot_ms") or 0.0
-        seq = max(0.0, (db - d1) / max(1, len(bw) - 1))
-        step = max(0.0, d1 - seq)
+        measured = step_costs(engine, iso, steps[0], bw, steps[1])
+        if measured is not None:
+            step, seq = measured
+        else:
+            d1 = _median_diff(real_iso, simulate(mode, zero.apply("zero", engine), iso, (0.0, 0.0)), "tpot_ms") or 0.0
+            db = _median_diff(real_burst, simulate(mode, zero.apply("zero", engine), bw, (0.0, 0.0)), "tpot_ms") or 0.0
+            seq = max(0.0, (db - d1) / max(1, len(bw) - 1))
+            step = max(0.0, d1 - seq)
         base = Fixed(Overheads(0.0, 0.0, 0.0), known.host, step, seq)
         ttft = _median_diff(real_iso, simulate(mode, base.apply("steps", engine), iso, (0.0, 0.0)), "ttft_ms") or 0.0
         return Fixed(dataclasses.replace(known.overheads, colocated_ms=max(0.0, ttft)), known.host, step, seq)
     if mode == "disaggregated":
         probe = dataclasses.replace(known, overheads=dataclasses.replace(known.overheads, split_ms=0.0, handoff_ms=0.0,
                                                                           admit_ms=0.0))
-        s = simulate(mode, probe.apply("probe", engine), iso, (0.0, 0.0))
-        n = iso.requests[0].output_tokens
-        ttft, gap = _median_diff(real_iso, s, "ttft_ms") or 0.0, (_median_diff(real_iso, s, "tpot_ms") or 0.0) * (n - 1)
-        o = dataclasses.replace(known.overheads, split_ms=max(0.0, ttft), handoff_ms=max(0.0, gap))
+        o = probe.overheads
+        for _ in range(2):  # TTFT holds split_ms, the first token gap the hand-off (twice: the simulator
+            # stretches both with the workers' load, sim/cluster.py `_queued`)
+            s = simulate(mode, dataclasses.replace(known, overheads=o).apply("probe", engine), iso, (0.0, 0.0))
+            o = dataclasses.replace(o, split_ms=max(0.0, o.split_ms + (_median_diff(real_iso, s, "ttft_ms") or 0.0)))
+            s = simulate(mode, dataclasses.replace(known, overheads=o).apply("probe", engine), iso, (0.0, 0.0))
+            o = dataclasses.replace(o, handoff_ms=max(0.0, o.handoff_ms + (_median_diff(real_iso, s, "first_gap_ms")
+                                                                           or 0.0)))
         # a burst's streams each sit through every hand-off of the burst admitted beside them
         s = simulate(mode, dataclasses.replace(known, overheads=o).apply("probe", engine), bw, (0.0, 0.0))
         stall = (_median_diff(real_burst, s, "tpot_ms") or 0.0) * (bw.requests[0].output_tokens - 1) / len(bw)
@@ -311,6 +367,20 @@ def compare(real: list[Seen], again: list[Seen], sim: RunResult, slo: tuple[floa
         checks[f"{key}_in_noise"] = mp > 0 and abs(ms / mp - 1) <= max(0.15, noise)
     row["checks"] = checks
     return row
+
+
+def gaps(seen: Sequence[Seen], sim: RunResult) -> dict[str, float]:
+    """Medians over the served requests of the first token gap (a split route's hand-off is in
+    it), real and simulated, and of the real later gaps' mean (the cadence after it)."""
+    ok = [s for s in seen if s.ok and s.first_gap_ms == s.first_gap_ms and s.later_gap_ms == s.later_gap_ms]
+    first_sim = [r.first_gap_ms for r in sim.requests if r.served and r.first_gap_ms == r.first_gap_ms]
+    out = {}
+    if ok:
+        out.update(first=round(statistics.median(s.first_gap_ms for s in ok), 3),
+                   later=round(statistics.median(s.later_gap_ms for s in ok), 3))
+    if first_sim:
+        out["first_sim"] = round(statistics.median(first_sim), 3)
+    return out
 
 
 def loop_counters(cluster: LocalCluster) -> dict[str, dict[str, float]]:

@@ -101,16 +101,16 @@ def part_validate(args, out: Out) -> None:
                 known = v.Fixed(host=v.host_profile(cluster, router, engine, med_p))
             if mode == "disaggregated" and known.host is not None:
                 known = dataclasses.replace(known, host=v.split_cpu(cluster, router, engine, known.host, med_p))
-            real_iso = asyncio.run(v.replay(router, iso, v.prompts_for(iso, 256, 7), (0.0, 0.0)))
-            real_burst = asyncio.run(v.replay(router, bw, v.prompts_for(bw, 256, 8), (0.0, 0.0)))
-            known = v.fixed_costs(mode, engine, real_iso, iso, real_burst, bw, known)
+            real_iso, steps_iso = v.replay_with_steps(cluster, router, iso, v.prompts_for(iso, 256, 7))
+            real_burst, steps_burst = v.replay_with_steps(cluster, router, bw, v.prompts_for(bw, 256, 8))
+            known = v.fixed_costs(mode, engine, real_iso, iso, real_burst, bw, known, (steps_iso, steps_burst))
             profile = known.apply(f"local-{mode}", engine)
             if slo is None:
                 ok = [s for s in real_iso if s.ok]
                 slo = (args.ttft_x * sorted(s.ttft_ms for s in ok)[len(ok) // 2],
                        args.tpot_x * sorted(s.tpot_ms for s in ok)[len(ok) // 2])
                 rates = pick_rates(args, base, profile, slo)
-            out.emit("validate", mode=mode, kind="profile", engine=engine.cost.to_json(),
+            out.emit("validate", mode=mode, kind="profile", engine=engine.cost.to_json(), sim_profile=profile.to_dict(),
                      overheads=vars_of(known.overheads), host=vars_of(known.host) if known.host else None,
                      step_ms=round(known.step_ms, 4),
                      seq_ms=round(known.seq_ms, 4), slo_ms=[round(x, 2) for x in slo], rates=rates,
@@ -166,7 +166,7 @@ def validate_rate(args, out: Out, v, cluster, router, mode: str, profile, w: Wor
     row = {"rate_rps": round(w.rate_rps, 4), "requests": len(w), **v.compare(real, again, sim, slo),
            "cores_busy": {"real": round(cores_used, 3), "sim": round(v.sim_cores(profile, sim), 3),
                           "real_by_process": per_process},
-           "engine_loops": loops}
+           "engine_loops": loops, "gaps_ms": v.gaps(real, sim)}
     out.emit("validate", mode=mode, **row)
     return row
 

@@ -40,6 +40,9 @@ from sim.workload import Workload
 
 MODES = ("colocated", "disaggregated", "auto")
 
+MAX_QUEUE_SHARE = 0.9
+"""The busy share past which a hand-off's wait at D stops growing (`Simulation._handoff_ms`)."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterSpec:
@@ -266,7 +269,7 @@ class Simulation:
         if not seq.prefill_only:
             f.token0_ms = t + o.colocated_ms * self._cpu_wait(t)
             return
-        f.token0_ms = t + o.split_ms * self._cpu_wait(t)
+        f.token0_ms = t + self._queued(o.split_ms * self._cpu_wait(t), w, t)
         e, d = self.profile.engine, f.d
         hit_blocks = d.prefix_hit(f.seq_d) // e.block_size
         moved = -(-seq.prompt // e.block_size) - hit_blocks
@@ -285,7 +288,21 @@ class Simulation:
             f.d.release(f.seq_d, self.now)
             self._finish(f, f.seq_p)
             return
-        self._push(self.now + self.profile.overheads.handoff_ms * self._cpu_wait(self.now), PUBLISHED, f)
+        self._push(self.now + self._handoff_ms(f), PUBLISHED, f)
+
+    def _handoff_ms(self, f: _Flight) -> float:
+        """The hand-off's control plane (Overheads.handoff_ms). On a shared host its steps at
+        D (the COMMIT, the checks, the publication, the import command) queue behind D's
+        engine loop for the GIL and the cores (`_queued`: bench/results/planner.md, the real
+        first token gap grew so with the decode loop's busy share)."""
+        return self._queued(self.profile.overheads.handoff_ms * self._cpu_wait(self.now), f.d, self.now)
+
+    def _queued(self, ms: float, w: Worker, t: float) -> float:
+        """`ms` of a split route's control plane at worker `w` (P's token 0 and its sends; D's
+        hand-off), queued behind `w`'s engine loop on a shared host: / (1 - its recent busy share)."""
+        if self.host is None:
+            return ms
+        return ms / (1.0 - min(MAX_QUEUE_SHARE, w.recent_busy(t)))
 
     def _published(self, f: _Flight) -> None:
         seq = f.seq_d
@@ -312,10 +329,13 @@ class Simulation:
                                         decode_tpot_ms=dtpot))
         self.router.inflight.drop(f.booking)
         del self._flights[f.index]
-        self._end(f, f.route.name.lower(), ttft, tpot)
+        first = seq.first_decode_ms + self.profile.overheads.colocated_ms * self._cpu_wait(seq.first_decode_ms) \
+            - f.token0_ms if n > 1 else math.nan
+        self._end(f, f.route.name.lower(), ttft, tpot, first)
         assert r.output_tokens == n, f"request {f.index} generated {n} of {r.output_tokens} tokens"
 
-    def _end(self, f: _Flight, route: str, ttft: float = math.nan, tpot: float = math.nan) -> None:
+    def _end(self, f: _Flight, route: str, ttft: float = math.nan, tpot: float = math.nan,
+             first_gap: float = math.nan) -> None:
         r = self._workload.requests[f.index]
         c = f.plan.predicted if f.plan is not None else None
         self.results[f.index] = RequestResult(
@@ -323,7 +343,7 @@ class Simulation:
             (f.dispatch_ms - f.arrival_ms) if not math.isnan(f.dispatch_ms) else math.nan,
             c.ttft_ms if c else math.nan, c.tpot_ms if c else math.nan,
             f.p.worker_id if f.p is not None and route == "disaggregated" else "",
-            f.d.worker_id if f.d is not None else "", r.kind)
+            f.d.worker_id if f.d is not None else "", r.kind, first_gap)
 
     def _unserved_left(self) -> None:
         """Requests still waiting when nothing else can happen (their blocks never fit)."""

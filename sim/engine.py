@@ -69,6 +69,9 @@ class Seq:
 
 ITER, DECODE, ADMIT = 1, 2, 3
 
+BUSY_WINDOW_MS = 200.0
+"""The window of a worker's recent busy share (`Worker.recent_busy`)."""
+
 
 @dataclasses.dataclass(slots=True)
 class Segment:
@@ -117,8 +120,23 @@ class Worker:
         """Prefix group -> leading blocks cached here (LRU)."""
         self.busy_ms = 0.0
         """Time spent computing (for utilisation)."""
+        self._recent = 0.0
+        """Busy share over the last BUSY_WINDOW_MS (exponentially weighted), as of `_recent_t`."""
+        self._recent_t = 0.0
         self.pending_tokens = 0
         """Prompt tokens queued or in prefill, not yet computed."""
+
+    def recent_busy(self, now: float) -> float:
+        """The share of the last ~BUSY_WINDOW_MS this worker's loop spent computing
+        (exponentially weighted; the segment running now counted up to `now`)."""
+        s = self.seg
+        if s is None or now <= s.start_ms:
+            return self._recent_at(now)
+        return self._recent_at(s.start_ms) * math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS) \
+            + 1.0 - math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS)
+
+    def _recent_at(self, t: float) -> float:
+        return self._recent * math.exp(-max(0.0, t - self._recent_t) / BUSY_WINDOW_MS)
 
     # ---- what the cluster does ----------------------------------------------------
     def reserve(self, seq: Seq, blocks: int) -> None:
@@ -253,6 +271,9 @@ class Worker:
         s = self.seg
         assert s is not None and abs(s.end_ms - now) < 1e-6, "a stale event reached the worker"
         self.busy_ms += s.end_ms - s.start_ms
+        self._recent = self._recent_at(s.start_ms) * math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS) \
+            + 1.0 - math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS)
+        self._recent_t = now
         if s.kind == ITER:
             self._end_iteration(s)
         elif s.kind == DECODE:

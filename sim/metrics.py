@@ -38,6 +38,8 @@ class RequestResult:
     prefill_worker: str
     decode_worker: str
     kind: str = ""
+    first_gap_ms: float = math.nan
+    """Token 0 to token 1 (a split route's hand-off is in it)."""
 
     @property
     def served(self) -> bool:
