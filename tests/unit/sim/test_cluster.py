@@ -4,6 +4,7 @@ the mode says, and the router's own decision code deciding (a change to it shows
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -137,3 +138,27 @@ def test_a_hand_offs_admission_stalls_the_decode_batch():
     # about one admission per stream's lifetime per request in flight: tens of ms over ~40 gaps
     assert b.quantiles("tpot_ms")["p50"] > a.quantiles("tpot_ms")["p50"] + 0.3
     check_clean(sim)
+
+
+def test_on_a_shared_host_a_busy_decode_worker_delays_the_hand_off():
+    """sim/cluster.py `_queued`: the hand-off's control plane at D waits behind D's engine loop
+    on a shared host (/ (1 - D's recent busy share)): the first token gap grows with the load,
+    by more than the steps alone make it grow without the rule (cores to spare: no stretch)."""
+    import dataclasses
+
+    from sim.profile import HostProfile
+
+    base = make_profile()
+    slow_handoff = dataclasses.replace(base, overheads=dataclasses.replace(base.overheads, handoff_ms=8.0))
+    shared = dataclasses.replace(slow_handoff, host=HostProfile(cores=64.0))
+
+    def first_gap(profile, rate):
+        sim = Simulation(ClusterSpec(prefill=1, decode=1), profile, "disaggregated")
+        res = sim.run(workload(rate=rate, n=120, output=40))
+        check_clean(sim)
+        return statistics.median(r.first_gap_ms for r in res.requests if r.served)
+
+    own_light, own_busy = first_gap(slow_handoff, 1.0), first_gap(slow_handoff, 25.0)
+    shared_light, shared_busy = first_gap(shared, 1.0), first_gap(shared, 25.0)
+    assert shared_light == pytest.approx(own_light, rel=0.15)  # an idle D: the same hand-off
+    assert shared_busy - own_busy > 4.0  # a busy D: the hand-off waits behind its loop

@@ -139,3 +139,28 @@ def test_prefix_cache_reuses_a_groups_blocks():
     d.run()
     assert first.reused == 0 and second.reused == 640
     assert second.compute_ms == pytest.approx(2.0 + 0.05 * 360)
+
+
+def test_recent_busy_share_rises_while_computing_and_decays_after():
+    """Worker.recent_busy: exponentially weighted over BUSY_WINDOW_MS; one window of
+    continuous work from idle gives 1 - 1/e, and a window of rest after it divides that by e."""
+    from sim.engine import BUSY_WINDOW_MS
+
+    d = Driver(WorkerRole.MIXED, chunk=512)
+    assert d.w.recent_busy(0.0) == 0.0
+    d.at(0.0, "join", Seq(0, 100, 10_000))  # decodes far beyond the window
+    d.heap.sort()
+    t, _, what, x = heapq.heappop(d.heap)
+    d.w.reserve(x, 400)
+    x.generated = 1
+    d.w.join(x, t)
+    assert d.w.recent_busy(BUSY_WINDOW_MS) == pytest.approx(1 - math.exp(-1), rel=1e-6)
+    assert d.w.recent_busy(10 * BUSY_WINDOW_MS) == pytest.approx(1.0, abs=1e-4)
+
+    idle = Driver(WorkerRole.MIXED)
+    idle.at(0.0, "join", Seq(0, 100, 2))
+    idle.run()
+    end = idle.done[0].last_ms
+    after = idle.w.recent_busy(end)
+    assert 0 < after < 1
+    assert idle.w.recent_busy(end + BUSY_WINDOW_MS) == pytest.approx(after / math.e, rel=1e-6)
