@@ -112,6 +112,13 @@ class RouterConfig(MemberSettings):
     prices that would have rejected it. Either way, a TPOT prediction never
     rejects while the decode worker's recent streams ran well under the target."""
 
+    reject_evidence_s: float = env("PD_ROUTER_REJECT_EVIDENCE_S", 30.0, gt=0)
+    """How long a completion confirms a worker's price for auto mode's rejections: a decode
+    price is confirmed only by streams that ended at most this long ago, a prefill price
+    only by a correction at most this old. Only executed requests correct prices, so
+    without an age an overload's prices, once confirmed, rejected every later request on
+    an idle cluster and nothing ever corrected them back."""
+
     candidate_top_k: int = env("PD_ROUTER_CANDIDATE_TOP_K", 4, gt=0)
     """Prefill and decode workers kept after the cheap per-worker bound; pairs are their product."""
 

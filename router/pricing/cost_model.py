@@ -68,6 +68,8 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+import time
+from collections.abc import Callable
 
 from router.config import RouterConfig
 from router.pricing.candidate import Candidate
@@ -100,15 +102,19 @@ CONFIRM_AGREE = 1.5
 class CostModel:
     """Profiles, online corrections and the cached per-worker cost rows."""
 
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
         self._cfg = config
+        self._clock = clock
+        self._evidence_s = config.reject_evidence_s
         self._alpha = config.cost_ewma_alpha
         self._default = CostProfile(prefill_ms_per_token=config.default_prefill_ms_per_token,
                                     decode_base_ms=config.default_decode_step_ms, source="default")
         self._prefill: dict[str, Sized] = {}
         self._decode: dict[str, Ewma] = {}
-        self._decode_recent: dict[str, collections.deque[tuple[float, float]]] = {}
-        """Per worker: (implied decode factor, observed TPOT ms) of its last DECODE_RECENT streams."""
+        self._decode_recent: dict[str, collections.deque[tuple[float, float, float]]] = {}
+        """Per worker: (implied decode factor, observed TPOT ms, clock s) of its last DECODE_RECENT streams."""
+        self._prefill_at: dict[str, float] = {}
+        """Per worker: when a completion last corrected its prefill (clock s)."""
         self._path: dict[tuple[str, str], Sized] = {}
         self._path_all = Sized()
         self._default_overhead = {Route.DISAGGREGATED: config.disaggregated_overhead_ms,
@@ -207,25 +213,37 @@ class CostModel:
         return self._default_overhead[Route.DISAGGREGATED]
 
     def prefill_confirmed(self, c: Candidate) -> bool:
-        """Has a completion on this router corrected the computing worker's prefill?"""
+        """Has a completion on this router corrected the computing worker's prefill, within
+        the last `reject_evidence_s`?"""
         computing = c.prefill if c.prefill is not None else c.decode
-        return computing.worker_id in self._prefill
+        at = self._prefill_at.get(computing.worker_id)
+        return at is not None and self._clock() - at <= self._evidence_s
 
     def decode_confirmed(self, worker_id: str) -> bool:
         """Is `worker_id`'s decode price confirmed: at least CONFIRM_SAMPLES recent
-        observations whose implied factors agree (within CONFIRM_AGREE), and the
-        current factor no higher than the largest of them? One stream, or streams
-        that disagree (interference the prediction did not know of), confirm nothing."""
-        recent = self._decode_recent.get(worker_id)
-        if not recent or len(recent) < CONFIRM_SAMPLES:
+        observations (ended within `reject_evidence_s`) whose implied factors agree (within
+        CONFIRM_AGREE), and the current factor no higher than the largest of them? One
+        stream, or streams that disagree (interference the prediction did not know of), or
+        old ones (what the worker did before the load went), confirm nothing."""
+        recent = self._recent(worker_id)
+        if len(recent) < CONFIRM_SAMPLES:
             return False
-        last = [f for f, _ in list(recent)[-CONFIRM_SAMPLES:]]
+        last = [f for f, _, _ in recent[-CONFIRM_SAMPLES:]]
         return max(last) <= CONFIRM_AGREE * min(last) and self.decode_factor(worker_id) <= max(last) * 1.0001
 
     def observed_tpot_ms(self, worker_id: str) -> float | None:
-        """Median TPOT of `worker_id`'s recent streams (None before any)."""
+        """Median TPOT of `worker_id`'s recent streams (ended within `reject_evidence_s`;
+        None without any)."""
+        recent = self._recent(worker_id)
+        return statistics.median(ms for _, ms, _ in recent) if recent else None
+
+    def _recent(self, worker_id: str) -> list[tuple[float, float, float]]:
+        """`worker_id`'s recent decode observations still young enough to confirm a price."""
         recent = self._decode_recent.get(worker_id)
-        return statistics.median(ms for _, ms in recent) if recent else None
+        if not recent:
+            return []
+        oldest = self._clock() - self._evidence_s
+        return [o for o in recent if o[2] >= oldest]
 
     def confirmed(self, c: Candidate) -> bool:
         """Is `c` priced by more than the start-up calibration: the computing
@@ -241,6 +259,7 @@ class CostModel:
         r = ratio(observed_ms, raw)
         if r is not None:
             self._prefill.setdefault(w.worker_id, Sized()).update(new, r, self._alpha)
+            self._prefill_at[w.worker_id] = self._clock()
             self._row_changed(w.worker_id)
 
     def observe_transfer(self, source: WorkerRecord, dest: WorkerRecord, nbytes: int, observed_ms: float) -> None:
@@ -286,7 +305,7 @@ class CostModel:
         f = self.decode_factor(w.worker_id) if carried is None else carried
         implied = min(CLAMP, max(1 / CLAMP, r * f))
         self._decode_recent.setdefault(w.worker_id, collections.deque(maxlen=DECODE_RECENT)).append(
-            (implied, observed_ms))
+            (implied, observed_ms, self._clock()))
         if clean:
             self._update(self._decode, w.worker_id, implied)
         else:
@@ -335,6 +354,7 @@ class CostModel:
         # c.prefill_ms carried W's factor of this size at decision time (`carried`): compose with that.
         f = sized.factor(c.compute_tokens) if carried is None else carried
         sized.update(c.compute_tokens, min(CLAMP, max(1 / CLAMP, r * f)), self._alpha)
+        self._prefill_at[c.decode.worker_id] = self._clock()
         self._row_changed(c.decode.worker_id)
 
     def observe_handoff(self, c: Candidate, lag_ms: float) -> None:

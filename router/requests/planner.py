@@ -92,7 +92,7 @@ class Planner:
 
     def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.costs = CostModel(config)
+        self.costs = CostModel(config, clock)
         self.streams = StreamBook(clock)
         """This router's planned and started streams (router/requests/streams.py): booked and
         dropped by the orchestrator, read into the cost rows."""

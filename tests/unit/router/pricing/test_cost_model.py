@@ -272,3 +272,27 @@ def test_cached_rows_follow_their_own_workers_corrections_and_carry_the_streams(
     after = model.costs(a, streams=(1, 1, 5.0))
     assert same(after, fresh(a, (1, 1, 5.0))) and after.pre_tok > first.pre_tok and after.dec_base > first.dec_base
     assert model.costs(b) is kept_b
+
+
+def test_what_confirms_a_price_for_a_rejection_expires():
+    """An overload's streams confirm a high decode price, and a completion a prefill price,
+    for `reject_evidence_s`; after that (nothing executed on those workers meanwhile: every
+    request was rejected) they confirm nothing, so auto mode admits again and the next
+    completions correct the prices. The factors themselves stay as they were."""
+    now = [100.0]
+    model = CostModel(RouterConfig(cost_ewma_alpha=0.5, reject_evidence_s=30.0), clock=lambda: now[0])
+    worker = w()
+    for ms in (60.0, 62.0, 58.0):  # 6x the price, three agreeing streams
+        model.observe_tpot(worker, 10.0, ms, carried=1.0)
+    model.observe_prefill(worker, 100, 0, 500.0)
+    col = price_colocated(model, model.costs(worker), RequestShape(100, 8, 16, 0, 0))
+    assert model.decode_confirmed("w") and model.observed_tpot_ms("w") == 60.0 and model.prefill_confirmed(col)
+    now[0] += 29.0
+    assert model.decode_confirmed("w") and model.prefill_confirmed(col)
+    factor = model.decode_factor("w")
+    now[0] += 2.0
+    assert not model.decode_confirmed("w") and model.observed_tpot_ms("w") is None
+    assert not model.prefill_confirmed(col) and not model.confirmed(col)
+    assert model.decode_factor("w") == factor
+    model.observe_tpot(worker, 10.0, 11.0, carried=1.0)  # one fresh stream: not yet several
+    assert not model.decode_confirmed("w") and model.observed_tpot_ms("w") == 11.0

@@ -395,3 +395,27 @@ def test_an_impossible_target_is_rejected_on_calibration_alone():
     planner = Planner(config())
     plan = planner.plan("a", "t", tuple(range(1, 9)), 6, "auto", Slo(tpot_ms=0.001), _one_by_one())
     assert plan.outcome is Outcome.REJECT and "TPOT" in plan.reason
+
+
+def test_an_overloads_prices_reject_only_while_they_are_recent():
+    """After an overload the decode workers' confirmed prices are 10x an idle step: auto
+    rejects a tight-TPOT request on them. Once that evidence is older than
+    `reject_evidence_s` (every request since was rejected, so nothing corrected it), the same
+    request on the same idle cluster is admitted and runs, and its completion corrects."""
+    now = [1000.0]
+    planner = Planner(config(cost_ewma_alpha=1.0, reject_evidence_s=30.0), clock=lambda: now[0])
+    cluster = profiled(two_by_two()).cluster
+    for rec in cluster.workers:
+        planner.costs.observe_prefill(rec, 9, 0, 9.0)
+        if rec.can_decode:
+            for _ in range(3):
+                planner.costs.observe_tpot(rec, 10.0, 100.0, carried=1.0)
+    prompt, slo = tuple(range(1, 10)), Slo(tpot_ms=20.0)
+    locked = planner.plan("a", "t", prompt, 8, "auto", slo, cluster)
+    assert locked.outcome is Outcome.REJECT, locked.reason
+    now[0] += 31.0
+    fresh = planner.plan("b", "t", prompt, 8, "auto", slo, cluster)
+    assert fresh.outcome is not Outcome.REJECT and fresh.decode is not None, fresh.reason
+    c = fresh.predicted
+    planner.completed("b", fresh, Completed(None, c.ttft_ms, 10.0, 8, c.route, 1), fresh.prefill, fresh.decode)
+    assert planner.costs.decode_factor(fresh.decode.worker_id) < 10.0
