@@ -128,8 +128,6 @@ class CostModel:
         self._ms_per_byte = 1.0 / (config.transfer_mb_per_s * 1000.0)
         self._rows: dict[int, tuple[WorkerRecord, int, WorkerCosts]] = {}
         """id(record) -> (the record, its worker's row version then, its row without extras)."""
-        self.version = 0
-        """Bumped by every correction."""
         self._row_version: dict[str, int] = {}
         """Per worker: bumped by the corrections its row carries (its prefill and decode
         factors); a cached row built under an older one is rebuilt. Transfer, overhead and
@@ -269,7 +267,6 @@ class CostModel:
         if r is not None:
             self._path.setdefault((source.worker_id, dest.worker_id), Sized()).update(nbytes, r, self._alpha)
             self._path_all.update(nbytes, r, self._alpha)
-            self.version += 1
 
     def decode_factor(self, worker_id: str) -> float:
         """`worker_id`'s current decode correction (what a prediction made now carries)."""
@@ -311,7 +308,6 @@ class CostModel:
         else:
             e = self._decode.setdefault(w.worker_id, Ewma(1.0))
             e.update_low(implied, self._alpha, e.value)
-            self.version += 1
         self._row_changed(w.worker_id)
 
     def observe_ttft(self, route: Route, predicted_ms: float, observed_ms: float, clean: bool = False,
@@ -328,7 +324,6 @@ class CostModel:
             e.update(x, self._alpha)
         else:
             e.update_low(x, self._alpha, self._default_overhead[route])
-        self.version += 1
 
     def observe_first_token(self, c: Candidate, observed_ms: float, carried: float | None = None) -> None:
         """A request priced as `c` saw its first token after `observed_ms`.
@@ -365,11 +360,9 @@ class CostModel:
         if c.route is not Route.DISAGGREGATED or not math.isfinite(lag_ms) or lag_ms < 0:
             return
         self._lag.update(max(0.0, lag_ms - c.transfer_ms - c.admission_ms), self._alpha)
-        self.version += 1
 
     def _row_changed(self, worker_id: str) -> None:
         """A correction `worker_id`'s cost row carries changed: its cached rows are stale."""
-        self.version += 1
         self._row_version[worker_id] = self._row_version.get(worker_id, 0) + 1
 
     def _update(self, table: dict, key, ratio: float | None) -> None:
@@ -379,7 +372,6 @@ class CostModel:
         if e is None:
             table[key] = e = Ewma(1.0)
         e.update(ratio, self._alpha)
-        self.version += 1
 
     def corrections(self) -> dict[str, float]:
         """Current factors and overheads, for logs and tests (sized ones: their overall factor)."""

@@ -169,8 +169,8 @@ def by_role(rows: Sequence[Row], limit: int) -> tuple[Sequence[Row], str]:
     there delays every hand-off to it (its admission waits for the iteration), so the
     split routes of the next requests look late and more prompts go colocated to it.
     In the simulator a 7-prefill, 1-decode cluster fell from 99% to 61% attainment that
-    way (docs/architecture.md, "Decode workers do not prefill while a prefill worker
-    can"). Colocating on a decode worker stays the fallback for when no prefill worker
+    way (docs/architecture.md, "Decode workers prefill only short prompts while a
+    prefill worker can take the request"). Colocating on a decode worker stays the fallback for when no prefill worker
     can take the request; per-request colocation is what mixed workers are for."""
     if not any(r[ROUTE] is Route.DISAGGREGATED for r in rows):
         return rows, ""
