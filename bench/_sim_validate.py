@@ -249,11 +249,8 @@ def replay_with_steps(cluster: LocalCluster, router: Router, w: Workload,
     (None: no step)."""
     before = loop_counters(cluster)
     seen = asyncio.run(replay(router, w, prompts, (0.0, 0.0)))
-    after = loop_counters(cluster)
-    keys = ("pd_engine_loop_runs_total/decode", "pd_engine_loop_decoded_sequences_total",
-            "pd_engine_loop_seconds_total/wall/decode", "pd_engine_loop_seconds_total/cpu/decode")
-    steps, seqs, wall, cpu = (sum(a.get(k, 0.0) - before.get(name, {}).get(k, 0.0) for name, a in after.items())
-                              for k in keys)
+    deltas = loop_deltas(before, loop_counters(cluster)).values()
+    steps, seqs, wall, cpu = (sum(d.get(k, 0.0) for d in deltas) for k in (STEPS, SEQS, STEP_WALL, STEP_CPU))
     return seen, ((seqs / steps, 1000.0 * wall / steps, 1000.0 * cpu / steps) if steps else None)
 
 
@@ -406,19 +403,26 @@ def loop_use(before: dict[str, dict[str, float]], after: dict[str, dict[str, flo
     """Per worker, what its engine loop did between two `loop_counters`: decode steps, the mean
     step's wall and CPU ms and mean batch, and the share of the wall time in each phase."""
     out = {}
-    for name, a in after.items():
-        b = before.get(name, {})
-        d = {k: v - b.get(k, 0.0) for k, v in a.items()}
-        steps = d.get("pd_engine_loop_runs_total/decode", 0.0)
+    for name, d in loop_deltas(before, after).items():
+        steps = d.get(STEPS, 0.0)
         per = {"steps": int(steps)}
         if steps:
-            per.update(step_wall_ms=round(1000 * d["pd_engine_loop_seconds_total/wall/decode"] / steps, 4),
-                       step_cpu_ms=round(1000 * d["pd_engine_loop_seconds_total/cpu/decode"] / steps, 4),
-                       batch=round(d["pd_engine_loop_decoded_sequences_total"] / steps, 3))
+            per.update(step_wall_ms=round(1000 * d[STEP_WALL] / steps, 4),
+                       step_cpu_ms=round(1000 * d[STEP_CPU] / steps, 4), batch=round(d[SEQS] / steps, 3))
         for phase in ("commands", "prefill", "decode", "idle"):
             per[f"{phase}_share"] = round(d.get(f"pd_engine_loop_seconds_total/wall/{phase}", 0.0) / wall_s, 4)
         out[name] = per
     return out
+
+
+STEPS, SEQS = "pd_engine_loop_runs_total/decode", "pd_engine_loop_decoded_sequences_total"
+STEP_WALL, STEP_CPU = "pd_engine_loop_seconds_total/wall/decode", "pd_engine_loop_seconds_total/cpu/decode"
+"""`loop_counters` keys: decode steps, sequences over them, their wall and CPU seconds."""
+
+
+def loop_deltas(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per worker, how much each of its `loop_counters` grew between two readings."""
+    return {name: {k: v - before.get(name, {}).get(k, 0.0) for k, v in a.items()} for name, a in after.items()}
 
 
 def start(mode: str, out_dir: str, num_blocks: int) -> tuple[LocalCluster, Router]:

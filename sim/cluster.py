@@ -140,6 +140,11 @@ class Simulation:
     def _busy(self) -> int:
         return sum(1 for w in self.workers if w.seg is not None)
 
+    def _relayed(self, t: float) -> float:
+        """When a token a worker emits at `t` reaches the client (Overheads.colocated_ms: the
+        worker's and the router's hops, stretched by the shared host)."""
+        return t + self.profile.overheads.colocated_ms * self._cpu_wait(t)
+
     def _cpu_wait(self, t: float) -> float:
         """How much the shared host stretches a fixed cost (its hops run on the same cores as
         the workers); 1 when the workers own their hosts."""
@@ -271,7 +276,7 @@ class Simulation:
         o = self.profile.overheads
         self.router.inflight.started(f.booking)
         if not seq.prefill_only:
-            f.token0_ms = t + o.colocated_ms * self._cpu_wait(t)
+            f.token0_ms = self._relayed(t)
             return
         f.token0_ms = t + self._queued(o.split_ms * self._cpu_wait(t), w, t)
         e, d = self.profile.engine, f.d
@@ -312,7 +317,7 @@ class Simulation:
         seq = f.seq_d
         seq.generated = 1
         seq.computed = seq.prompt
-        f.decode_start_ms = self.now + self.profile.overheads.colocated_ms * self._cpu_wait(self.now)
+        f.decode_start_ms = self._relayed(self.now)
         f.d.join(seq, self.now)
 
     def _done(self, w: Worker, seq: Seq) -> None:
@@ -321,8 +326,7 @@ class Simulation:
     def _finish(self, f: _Flight, seq: Seq) -> None:
         r = self._workload.requests[f.index]
         n = seq.generated
-        last = seq.last_ms + self.profile.overheads.colocated_ms * self._cpu_wait(seq.last_ms) if n > 1 \
-            else f.token0_ms
+        last = self._relayed(seq.last_ms) if n > 1 else f.token0_ms
         ttft = f.token0_ms - f.arrival_ms
         tpot = (last - f.token0_ms) / (n - 1) if n > 1 else 0.0
         split = f.route is Route.DISAGGREGATED
@@ -333,8 +337,7 @@ class Simulation:
                                         decode_tpot_ms=dtpot))
         self.router.inflight.drop(f.booking)
         del self._flights[f.index]
-        first = seq.first_decode_ms + self.profile.overheads.colocated_ms * self._cpu_wait(seq.first_decode_ms) \
-            - f.token0_ms if n > 1 else math.nan
+        first = self._relayed(seq.first_decode_ms) - f.token0_ms if n > 1 else math.nan
         self._end(f, f.route.name.lower(), ttft, tpot, first)
         assert r.output_tokens == n, f"request {f.index} generated {n} of {r.output_tokens} tokens"
 

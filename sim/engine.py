@@ -132,11 +132,15 @@ class Worker:
         s = self.seg
         if s is None or now <= s.start_ms:
             return self._recent_at(now)
-        return self._recent_at(s.start_ms) * math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS) \
-            + 1.0 - math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS)
+        return self._busy_since(s.start_ms, now)
 
     def _recent_at(self, t: float) -> float:
         return self._recent * math.exp(-max(0.0, t - self._recent_t) / BUSY_WINDOW_MS)
+
+    def _busy_since(self, start: float, now: float) -> float:
+        """The recent busy share at `now` after computing without a pause since `start`."""
+        decay = math.exp(-(now - start) / BUSY_WINDOW_MS)
+        return self._recent_at(start) * decay + 1.0 - decay
 
     # ---- what the cluster does ----------------------------------------------------
     def reserve(self, seq: Seq, blocks: int) -> None:
@@ -271,9 +275,7 @@ class Worker:
         s = self.seg
         assert s is not None and abs(s.end_ms - now) < 1e-6, "a stale event reached the worker"
         self.busy_ms += s.end_ms - s.start_ms
-        self._recent = self._recent_at(s.start_ms) * math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS) \
-            + 1.0 - math.exp(-(now - s.start_ms) / BUSY_WINDOW_MS)
-        self._recent_t = now
+        self._recent, self._recent_t = self._busy_since(s.start_ms, now), now
         if s.kind == ITER:
             self._end_iteration(s)
         elif s.kind == DECODE:
